@@ -1,0 +1,716 @@
+/*
+ * client.c — libzeroclient: one DEALER socket to the node's zerod, the
+ * rank's shm buffers, and the futures the daemon completes.
+ *
+ * Every call takes the client's mutex. Waiting never holds it: a waiter
+ * drains incoming messages under the lock, then sleeps in poll() on the
+ * socket's ZMQ_FD without it. ZMQ_FD is edge-like (it signals when the
+ * socket's state changes, not while messages wait), so a waiter drains until
+ * EAGAIN before sleeping, and sleeps in short slices in case another thread
+ * consumed the edge.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common.h"
+#include "plan.h"
+#include "wire.h"
+#include "zeroclient.h"
+
+#define WAIT_SLICE_MS 10
+#define DEFAULT_CONNECT_TIMEOUT_MS 30000
+
+enum future_kind { FUTURE_BUCKET, FUTURE_STEP };
+
+struct zc_future {
+	zc_client *c; /* NULL once the client is closed */
+	enum future_kind kind;
+	uint64_t iteration;
+	uint32_t bucket;
+	int state; /* 0 pending, 1 done, < 0 failed */
+	char msg[256];
+	struct zc_future *prev, *next;
+};
+
+struct shm_buf {
+	char name[128];
+	float *base;
+	size_t bytes;
+};
+
+struct zc_client {
+	pthread_mutex_t mu;
+	void *zctx, *sock;
+	int zfd;
+	char job_id[ZEROD_JOB_ID_MAX + 1];
+	struct zc_config cfg;
+
+	struct plan *plan;
+	struct shm_buf grad, param;
+	bool registered;
+	int plan_result; /* 0 waiting, 1 ok, < 0 error */
+	int hello_result;
+	char reply_msg[256];
+
+	uint64_t iter;
+	uint64_t steps_done; /* iterations whose StepDone arrived */
+	int job_error;       /* fatal error: every later future fails with it */
+	char job_msg[256];
+	int last_error;
+	struct zc_future *futures;
+};
+
+/* ---------------------------------------------------------- helpers --- */
+
+static int send_env(zc_client *c, const Zerod__V1__Envelope *env)
+{
+	int r = wire_send(c->sock, NULL, 0, env);
+	return r == -EHOSTUNREACH ? ZC_ECONNECT : r;
+}
+
+static void future_link(zc_client *c, struct zc_future *f)
+{
+	f->c = c;
+	f->next = c->futures;
+	if (c->futures)
+		c->futures->prev = f;
+	c->futures = f;
+}
+
+static void future_unlink(struct zc_future *f)
+{
+	zc_client *c = f->c;
+
+	if (!c)
+		return;
+	if (f->prev)
+		f->prev->next = f->next;
+	else
+		c->futures = f->next;
+	if (f->next)
+		f->next->prev = f->prev;
+	f->prev = f->next = NULL;
+}
+
+static void future_settle(struct zc_future *f, int state, const char *msg)
+{
+	if (f->state != 0)
+		return;
+	f->state = state;
+	snprintf(f->msg, sizeof(f->msg), "%s", msg ? msg : "");
+}
+
+static void fail_all(zc_client *c, int code, const char *msg)
+{
+	for (struct zc_future *f = c->futures; f; f = f->next)
+		future_settle(f, code, msg);
+}
+
+/* ------------------------------------------------------- dispatching --- */
+
+static void handle_error(zc_client *c, const Zerod__V1__Error *e)
+{
+	int code = wire_error_from_pb(e->code);
+	bool matched = false;
+
+	if (e->fatal) {
+		if (!c->job_error) {
+			c->job_error = code;
+			snprintf(c->job_msg, sizeof(c->job_msg), "%s", e->message);
+		}
+		fail_all(c, code, e->message);
+		if (c->plan_result == 0)
+			c->plan_result = code;
+		if (c->hello_result == 0)
+			c->hello_result = code;
+		snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", e->message);
+		return;
+	}
+	if (e->has_bucket && e->has_iteration) {
+		for (struct zc_future *f = c->futures; f; f = f->next)
+			if (f->kind == FUTURE_BUCKET && f->state == 0 && f->bucket == e->bucket &&
+			    f->iteration == e->iteration) {
+				future_settle(f, code, e->message);
+				matched = true;
+				break;
+			}
+	}
+	if (!matched && c->plan_result == 0 && c->registered) {
+		/* the answer to RegisterPlan */
+		c->plan_result = code;
+		snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", e->message);
+		return;
+	}
+	if (!matched && !c->last_error) {
+		c->last_error = code;
+		snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", e->message);
+	}
+}
+
+static void handle(zc_client *c, const Zerod__V1__Envelope *env)
+{
+	switch (env->body_case) {
+	case ZEROD__V1__ENVELOPE__BODY_HELLO_OK:
+		c->hello_result = 1;
+		break;
+	case ZEROD__V1__ENVELOPE__BODY_PLAN_OK:
+		c->plan_result = 1;
+		break;
+	case ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE:
+		for (struct zc_future *f = c->futures; f; f = f->next)
+			if (f->kind == FUTURE_BUCKET && f->bucket == env->bucket_done->bucket &&
+			    f->iteration == env->bucket_done->iteration)
+				future_settle(f, 1, NULL);
+		break;
+	case ZEROD__V1__ENVELOPE__BODY_STEP_DONE:
+		if (env->step_done->iteration + 1 > c->steps_done)
+			c->steps_done = env->step_done->iteration + 1;
+		for (struct zc_future *f = c->futures; f; f = f->next)
+			if (f->kind == FUTURE_STEP && f->iteration < c->steps_done)
+				future_settle(f, 1, NULL);
+		break;
+	case ZEROD__V1__ENVELOPE__BODY_ERROR:
+		handle_error(c, env->error);
+		break;
+	default:
+		if (!c->last_error)
+			c->last_error = ZC_EPROTO;
+		break;
+	}
+}
+
+/* Drain every message that has arrived. Called with c->mu held. */
+static int dispatch_locked(zc_client *c)
+{
+	int n = 0;
+
+	for (;;) {
+		Zerod__V1__Envelope *env;
+		zmq_msg_t msg;
+
+		zmq_msg_init(&msg);
+		if (zmq_msg_recv(&msg, c->sock, ZMQ_DONTWAIT) < 0) {
+			int e = zmq_errno();
+			zmq_msg_close(&msg);
+			return e == EAGAIN ? n : -e;
+		}
+		if (wire_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &env) == 0) {
+			handle(c, env);
+			wire_free(env);
+		} else if (!c->last_error) {
+			c->last_error = ZC_EPROTO;
+		}
+		zmq_msg_close(&msg);
+		n++;
+	}
+}
+
+int zc_dispatch(zc_client *c)
+{
+	int r;
+
+	if (!c)
+		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	r = dispatch_locked(c);
+	pthread_mutex_unlock(&c->mu);
+	return r;
+}
+
+int zc_fd(zc_client *c)
+{
+	return c ? c->zfd : -EINVAL;
+}
+
+/* Wait until *flag (read under the lock) is non-zero or the deadline passes.
+ * deadline_ms < 0: forever. Returns the flag's value, or 0 on timeout. */
+static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
+{
+	for (;;) {
+		struct pollfd pfd = {.fd = c->zfd, .events = POLLIN};
+		int v, slice = WAIT_SLICE_MS;
+		int64_t now;
+
+		pthread_mutex_lock(&c->mu);
+		dispatch_locked(c);
+		v = *flag;
+		pthread_mutex_unlock(&c->mu);
+		if (v != 0)
+			return v;
+		now = now_ms();
+		if (deadline_ms >= 0) {
+			if (now >= deadline_ms)
+				return 0;
+			slice = (int)MIN((int64_t)slice, deadline_ms - now);
+		}
+		poll(&pfd, 1, slice);
+	}
+}
+
+/* ----------------------------------------------------------- connect --- */
+
+static const char *default_socket(char *buf, size_t len)
+{
+	const char *s = getenv("ZEROD_SOCKET");
+
+	if (s && *s)
+		return s;
+	s = getenv("XDG_RUNTIME_DIR");
+	if (s && *s) {
+		snprintf(buf, len, "%s/zerod/zerod.sock", s);
+		if (access(buf, F_OK) == 0)
+			return buf;
+	}
+	return "/run/zerod/zerod.sock";
+}
+
+int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Hello h = ZEROD__V1__HELLO__INIT;
+	char pathbuf[512], endpoint[600];
+	const char *path;
+	int zero = 0, r, timeout;
+	int64_t maxmsg = ZEROD_MAX_MSG_BYTES;
+	size_t fdlen = sizeof(int);
+	zc_client *c;
+
+	if (!cfg || !ret_client || !job_id_valid(cfg->job_id) || cfg->world_size == 0 ||
+	    cfg->rank >= cfg->world_size || cfg->local_size == 0 ||
+	    cfg->local_rank >= cfg->local_size || cfg->connect_timeout_ms < 0)
+		return -EINVAL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	pthread_mutex_init(&c->mu, NULL);
+	c->cfg = *cfg;
+	snprintf(c->job_id, sizeof(c->job_id), "%s", cfg->job_id);
+	c->cfg.job_id = c->job_id;
+	c->cfg.socket = NULL;
+	timeout = cfg->connect_timeout_ms ? cfg->connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
+	c->cfg.connect_timeout_ms = timeout;
+
+	path = cfg->socket ? cfg->socket : default_socket(pathbuf, sizeof(pathbuf));
+	snprintf(endpoint, sizeof(endpoint), "ipc://%s", path);
+	c->zctx = zmq_ctx_new();
+	if (!c->zctx) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+	if (!c->sock) {
+		r = -zmq_errno();
+		goto fail;
+	}
+	zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero));
+	zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+	if (zmq_connect(c->sock, endpoint) < 0) {
+		r = ZC_ECONNECT;
+		goto fail;
+	}
+	zmq_getsockopt(c->sock, ZMQ_FD, &c->zfd, &fdlen);
+
+	h.protocol_version = ZC_PROTOCOL_VERSION;
+	h.job_id = c->job_id;
+	h.rank = cfg->rank;
+	h.world_size = cfg->world_size;
+	h.local_rank = cfg->local_rank;
+	h.local_size = cfg->local_size;
+	h.pid = getpid();
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	r = send_env(c, &env);
+	if (r < 0)
+		goto fail;
+	r = wait_for(c, &c->hello_result, now_ms() + timeout);
+	if (r == 0) {
+		r = ZC_ECONNECT;
+		snprintf(c->reply_msg, sizeof(c->reply_msg), "no zerod answered on %.180s within %d ms",
+			 path, timeout);
+	}
+	if (r < 0) {
+		if (cfg->error_text && cfg->error_text_len)
+			snprintf(cfg->error_text, cfg->error_text_len, "%s", c->reply_msg);
+		goto fail;
+	}
+	c->job_error = 0; /* a refused Hello was not a job failure */
+	fail_all(c, 0, NULL);
+	*ret_client = c;
+	return 0;
+fail:
+	zc_close(c);
+	return r;
+}
+
+static void shm_release(struct shm_buf *b)
+{
+	if (b->base)
+		munmap(b->base, b->bytes);
+	if (b->name[0])
+		shm_unlink(b->name); /* the daemon unlinks it when mapped: ENOENT is fine */
+	b->base = NULL;
+	b->name[0] = 0;
+}
+
+void zc_close(zc_client *c)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Goodbye bye = ZEROD__V1__GOODBYE__INIT;
+
+	if (!c)
+		return;
+	if (c->sock && c->hello_result == 1) {
+		env.body_case = ZEROD__V1__ENVELOPE__BODY_GOODBYE;
+		env.goodbye = &bye;
+		(void)send_env(c, &env);
+	}
+	pthread_mutex_lock(&c->mu);
+	while (c->futures) {
+		struct zc_future *f = c->futures;
+		future_settle(f, ZC_ESTATE, "the client was closed");
+		future_unlink(f);
+		f->c = NULL;
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (c->sock) {
+		/* let the goodbye leave before the socket goes */
+		int linger = 200;
+		zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
+		zmq_close(c->sock);
+	}
+	if (c->zctx)
+		zmq_ctx_term(c->zctx);
+	shm_release(&c->grad);
+	shm_release(&c->param);
+	plan_free(c->plan);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+}
+
+/* ----------------------------------------------------------- buffers --- */
+
+static int shm_create(zc_client *c, const char *kind, size_t bytes, struct shm_buf *b)
+{
+	uint32_t rnd = 0;
+	void *base;
+	int fd, r;
+
+	(void)!getrandom(&rnd, sizeof(rnd), 0);
+	snprintf(b->name, sizeof(b->name), "/zerod.%.64s.r%u.%d.%08x.%s", c->job_id, c->cfg.rank,
+		 (int)getpid(), rnd, kind);
+	fd = shm_open(b->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		b->name[0] = 0;
+		return -errno;
+	}
+	if (ftruncate(fd, (off_t)bytes) < 0) {
+		r = -errno;
+		close(fd);
+		shm_release(b);
+		return r;
+	}
+	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	r = -errno;
+	close(fd);
+	if (base == MAP_FAILED) {
+		shm_release(b);
+		return r;
+	}
+	b->base = base;
+	b->bytes = bytes;
+	return 0;
+}
+
+int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
+{
+	struct plan *p;
+	char err[256];
+	int r;
+
+	if (!c || !zp)
+		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	if (c->plan) {
+		r = ZC_ESTATE;
+		goto out;
+	}
+	r = plan_from_zc(zp, &p, err, sizeof(err));
+	if (r < 0) {
+		snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", err);
+		goto out;
+	}
+	r = shm_create(c, "grad", plan_buffer_bytes(p), &c->grad);
+	if (r >= 0)
+		r = shm_create(c, "param", plan_buffer_bytes(p), &c->param);
+	if (r < 0) {
+		shm_release(&c->grad);
+		plan_free(p);
+		goto out;
+	}
+	c->plan = p;
+out:
+	pthread_mutex_unlock(&c->mu);
+	return r;
+}
+
+static float *bucket_ptr(zc_client *c, const struct shm_buf *b, uint32_t bucket)
+{
+	if (!c || !c->plan || bucket >= c->plan->nbuckets)
+		return NULL;
+	return b->base + c->plan->buckets[bucket].base;
+}
+
+float *zc_grad_buffer(zc_client *c, uint32_t bucket)
+{
+	return c ? bucket_ptr(c, &c->grad, bucket) : NULL;
+}
+
+float *zc_param_buffer(zc_client *c, uint32_t bucket)
+{
+	return c ? bucket_ptr(c, &c->param, bucket) : NULL;
+}
+
+const char *zc_error_message(zc_client *c)
+{
+	return c ? c->reply_msg : "";
+}
+
+int zc_register_plan(zc_client *c)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
+	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
+	Zerod__V1__Plan pb;
+	int r;
+
+	if (!c)
+		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	if (!c->plan || c->registered) {
+		pthread_mutex_unlock(&c->mu);
+		return ZC_ESTATE;
+	}
+	r = plan_to_pb(c->plan, &pb);
+	if (r < 0) {
+		pthread_mutex_unlock(&c->mu);
+		return r;
+	}
+	shm.grad_name = c->grad.name;
+	shm.grad_bytes = c->grad.bytes;
+	shm.param_name = c->param.name;
+	shm.param_bytes = c->param.bytes;
+	rp.plan = &pb;
+	rp.shm = &shm;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
+	env.register_plan = &rp;
+	c->plan_result = 0;
+	c->registered = true;
+	r = send_env(c, &env);
+	plan_pb_free(&pb);
+	pthread_mutex_unlock(&c->mu);
+	if (r < 0)
+		return r;
+	r = wait_for(c, &c->plan_result, now_ms() + c->cfg.connect_timeout_ms);
+	if (r == 0) {
+		snprintf(c->reply_msg, sizeof(c->reply_msg),
+			 "not every rank registered within %d ms", c->cfg.connect_timeout_ms);
+		return ZC_ETIMEDOUT;
+	}
+	return r < 0 ? r : 0;
+}
+
+/* --------------------------------------------------------- iteration --- */
+
+static struct zc_future *future_new(zc_client *c, enum future_kind kind, uint64_t it,
+				    uint32_t bucket)
+{
+	struct zc_future *f = calloc(1, sizeof(*f));
+
+	if (!f)
+		return NULL;
+	f->kind = kind;
+	f->iteration = it;
+	f->bucket = bucket;
+	future_link(c, f);
+	if (c->job_error)
+		future_settle(f, c->job_error, c->job_msg);
+	return f;
+}
+
+int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
+	struct zc_future *f = NULL;
+	int r;
+
+	if (!c)
+		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	if (c->plan_result != 1) {
+		r = c->job_error ? c->job_error : ZC_ESTATE;
+		goto out;
+	}
+	if (c->job_error) {
+		r = c->job_error;
+		goto out;
+	}
+	if (ret_future) {
+		f = future_new(c, FUTURE_BUCKET, c->iter, bucket);
+		if (!f) {
+			r = -ENOMEM;
+			goto out;
+		}
+	}
+	br.iteration = c->iter;
+	br.bucket = bucket;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
+	env.bucket_ready = &br;
+	r = send_env(c, &env);
+	if (r < 0) {
+		if (f) {
+			future_unlink(f);
+			free(f);
+		}
+		goto out;
+	}
+	if (bucket == c->plan->nbuckets - 1)
+		c->iter++;
+	if (ret_future)
+		*ret_future = f;
+out:
+	pthread_mutex_unlock(&c->mu);
+	return r;
+}
+
+int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
+{
+	struct zc_future *f;
+
+	if (!c || !ret_future)
+		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	dispatch_locked(c);
+	f = future_new(c, FUTURE_STEP, iteration, 0);
+	if (f && iteration < c->steps_done)
+		future_settle(f, 1, NULL);
+	pthread_mutex_unlock(&c->mu);
+	if (!f)
+		return -ENOMEM;
+	*ret_future = f;
+	return 0;
+}
+
+uint64_t zc_iteration(zc_client *c)
+{
+	uint64_t it;
+
+	pthread_mutex_lock(&c->mu);
+	it = c->iter;
+	pthread_mutex_unlock(&c->mu);
+	return it;
+}
+
+int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__SetHyper sh = ZEROD__V1__SET_HYPER__INIT;
+	Zerod__V1__ParamGroup pg;
+	char err[160];
+	int r;
+
+	if (!c || !hp)
+		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	if (c->plan_result != 1) {
+		r = ZC_ESTATE;
+		goto out;
+	}
+	if (group >= c->plan->ngroups || plan_group_check(c->plan->optimizer, hp, err,
+							  sizeof(err)) < 0) {
+		r = ZC_EHYPER;
+		goto out;
+	}
+	plan_group_to_pb(hp, &pg);
+	sh.iteration = c->iter;
+	sh.group = group;
+	sh.values = &pg;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_HYPER;
+	env.set_hyper = &sh;
+	r = send_env(c, &env);
+out:
+	pthread_mutex_unlock(&c->mu);
+	return r;
+}
+
+int zc_last_error(zc_client *c)
+{
+	int r;
+
+	if (!c)
+		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	dispatch_locked(c);
+	r = c->last_error ? c->last_error : c->job_error;
+	pthread_mutex_unlock(&c->mu);
+	return r;
+}
+
+/* ----------------------------------------------------------- futures --- */
+
+int zc_future_poll(zc_future *f)
+{
+	int st;
+
+	if (!f)
+		return -EINVAL;
+	if (!f->c)
+		return f->state;
+	pthread_mutex_lock(&f->c->mu);
+	dispatch_locked(f->c);
+	st = f->state;
+	pthread_mutex_unlock(&f->c->mu);
+	return st;
+}
+
+int zc_future_wait(zc_future *f, int timeout_ms)
+{
+	int r;
+
+	if (!f)
+		return -EINVAL;
+	if (!f->c)
+		return f->state;
+	r = wait_for(f->c, &f->state, timeout_ms < 0 ? -1 : now_ms() + timeout_ms);
+	return r;
+}
+
+const char *zc_future_message(zc_future *f)
+{
+	return f ? f->msg : "";
+}
+
+void zc_future_free(zc_future *f)
+{
+	zc_client *c;
+
+	if (!f)
+		return;
+	c = f->c;
+	if (c) {
+		pthread_mutex_lock(&c->mu);
+		future_unlink(f);
+		pthread_mutex_unlock(&c->mu);
+	}
+	free(f);
+}

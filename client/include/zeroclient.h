@@ -1,0 +1,287 @@
+/*
+ * zeroclient.h — the public C API of libzeroclient, the trainer side of zerod.
+ *
+ * A trainer process (one rank of a data-parallel job) connects to the zerod of
+ * its node, allocates its gradient and parameter buffers through the library
+ * (POSIX shared memory the daemon maps), registers the job's plan, and then,
+ * during each backward pass, hands every gradient bucket to the daemon with
+ * zc_bucket_ready(). The daemon averages the bucket over all ranks, runs the
+ * sharded optimizer step and writes the updated parameters back into every
+ * rank's parameter buffer; futures report each of those completions.
+ *
+ * Conventions (as libuv / systemd):
+ *  - every int-returning function returns >= 0 on success and a negative code
+ *    on failure: -errno for system errors, a ZC_E... code below otherwise;
+ *    zc_strerror() names both;
+ *  - out-parameters are named ret_* and are written only on success;
+ *  - destructors accept NULL;
+ *  - the library never logs and never calls exit().
+ *
+ * Threads: a zc_client and the futures it returned may be used from several
+ * threads; calls are serialised by a mutex inside the client. Blocking calls
+ * (zc_register_plan, zc_future_wait) release that mutex while they wait, so
+ * another thread may call zc_bucket_ready() meanwhile. zc_close() must not
+ * race with any other call on the same client.
+ */
+#ifndef ZEROCLIENT_H
+#define ZEROCLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Protocol version spoken by this library; a daemon speaking another one
+ * answers ZC_EVERSION. */
+#define ZC_PROTOCOL_VERSION 1
+
+/*
+ * The error list. X(name, value, text): value is the negative code returned
+ * by the API; the protocol's ErrorCode enum (proto/zerod.proto) mirrors it
+ * with the positive value (a unit test keeps the two in step).
+ */
+#define ZC_ERRORS(X)                                                                               \
+	X(EPROTO, -1001, "malformed or unexpected message")                                        \
+	X(EVERSION, -1002, "protocol version mismatch")                                            \
+	X(EPLANINVAL, -1003, "invalid plan")                                                       \
+	X(EPLANMISMATCH, -1004, "plan differs between ranks")                                      \
+	X(ESIZE, -1005, "buffer size does not match the plan")                                     \
+	X(EBUCKET, -1006, "unknown bucket index")                                                  \
+	X(EORDER, -1007, "bucket out of order")                                                    \
+	X(EDUPBUCKET, -1008, "duplicate bucket in this iteration")                                 \
+	X(EEARLY, -1009, "bucket of the next iteration before the step completed")                 \
+	X(ERANK, -1010, "invalid rank or world size")                                              \
+	X(EDUPRANK, -1011, "rank already connected to this job")                                   \
+	X(EWORLD, -1012, "world size differs between ranks")                                       \
+	X(ERANKDEAD, -1013, "a trainer of the job died")                                           \
+	X(ETIMEDOUT, -1014, "timed out")                                                           \
+	X(ESHUTDOWN, -1015, "daemon shutting down")                                                \
+	X(EJOBFAILED, -1016, "the job failed earlier")                                             \
+	X(ESTATE, -1017, "call not valid in this state")                                           \
+	X(EHYPER, -1018, "hyperparameter change rejected")                                         \
+	X(ENOTSUP, -1019, "not supported by this daemon")                                          \
+	X(ELIMIT, -1020, "daemon limit exceeded")                                                  \
+	X(EMAP, -1021, "daemon cannot map the shared buffer")                                      \
+	X(ECONNECT, -1022, "cannot reach the daemon")                                              \
+	X(EINTERNAL, -1023, "internal daemon error")
+
+enum zc_error {
+#define ZC__ERROR_ENUM(name, value, text) ZC_##name = (value),
+	ZC_ERRORS(ZC__ERROR_ENUM)
+#undef ZC__ERROR_ENUM
+};
+
+/* Text for any code returned by this API (ZC_E... or -errno). Never NULL;
+ * returns a static string. Thread-safe, non-blocking. */
+const char *zc_strerror(int code);
+
+/* Symbolic name ("ZC_EORDER", "ENOENT", ...) for a code; static string,
+ * "ZC_EUNKNOWN" for an unknown code. Thread-safe, non-blocking. */
+const char *zc_strerror_name(int code);
+
+/* ---------------------------------------------------------------- plan --- */
+
+enum zc_optimizer {
+	ZC_OPT_SGD = 1,   /* torch.optim.SGD */
+	ZC_OPT_ADAM = 2,  /* torch.optim.Adam */
+	ZC_OPT_ADAMW = 3, /* torch.optim.AdamW */
+};
+
+enum zc_shard_mode {
+	/* all-reduce each bucket; the bucket's owner steps it and broadcasts it.
+	 * Owners: size-balanced and deterministic; large buckets may be split. */
+	ZC_SHARD_BUCKET = 1,
+	/* reduce-scatter each bucket; every rank steps its own 1/W; all-gather. */
+	ZC_SHARD_SLICE = 2,
+};
+
+enum zc_step_mode {
+	ZC_STEP_INTERLEAVED = 1, /* step each bucket as soon as it is reduced */
+	ZC_STEP_AT_END = 2,      /* step every bucket after the last one is reduced */
+};
+
+/* Hyperparameters of one parameter group, with torch's meaning and defaults
+ * (ZC_PARAM_GROUP_INIT). Fields an optimizer does not use are ignored. */
+struct zc_param_group {
+	double lr;
+	double momentum, dampening; /* SGD */
+	double weight_decay;        /* SGD, Adam: L2 into the gradient; AdamW: decoupled */
+	double beta1, beta2, eps;   /* Adam, AdamW */
+	bool nesterov;              /* SGD */
+	bool amsgrad;               /* Adam, AdamW */
+	bool maximize;              /* all */
+};
+
+#define ZC_PARAM_GROUP_INIT                                                                        \
+	{                                                                                          \
+		.lr = 1e-3, .momentum = 0, .dampening = 0, .weight_decay = 0, .beta1 = 0.9,        \
+		.beta2 = 0.999, .eps = 1e-8, .nesterov = false, .amsgrad = false,                  \
+		.maximize = false                                                                  \
+	}
+
+/* A contiguous run of one parameter group inside a bucket, in elements. */
+struct zc_segment {
+	uint64_t offset; /* from the start of the bucket */
+	uint64_t numel;
+	uint32_t group; /* index into zc_plan.groups */
+};
+
+/* One gradient bucket: numel fp32 elements, tiled exactly by its segments
+ * (in offset order, no gap, no overlap). */
+struct zc_bucket {
+	uint64_t numel;
+	uint32_t nsegments;
+	const struct zc_segment *segments;
+};
+
+/* The whole layout + optimizer of a job. Every rank must declare the same
+ * plan; a difference is ZC_EPLANMISMATCH naming the rank and the field.
+ * Buckets are numbered in the order backward produces them. */
+struct zc_plan {
+	enum zc_optimizer optimizer;
+	enum zc_shard_mode shard_mode;
+	enum zc_step_mode step_mode;
+	uint32_t ngroups;
+	const struct zc_param_group *groups;
+	uint32_t nbuckets;
+	const struct zc_bucket *buckets;
+};
+
+/* ------------------------------------------------------------- connect --- */
+
+typedef struct zc_client zc_client;
+typedef struct zc_future zc_future;
+
+/* Connection settings. Zero-initialise (ZC_CONFIG_INIT) and fill in. */
+struct zc_config {
+	const char *socket;   /* daemon socket path; NULL: $ZEROD_SOCKET, else
+	                         $XDG_RUNTIME_DIR/zerod/zerod.sock, else /run/zerod/zerod.sock */
+	const char *job_id;   /* 1..64 chars of [A-Za-z0-9._-] */
+	uint32_t rank;        /* group rank of this trainer, < world_size */
+	uint32_t world_size;  /* ranks in the job */
+	uint32_t local_rank;  /* rank on this node, < local_size */
+	uint32_t local_size;  /* ranks of the job on this node */
+	int connect_timeout_ms; /* zc_connect and zc_register_plan; 0: 30000 */
+	char *error_text;       /* optional: zc_connect copies the reason of a failure here */
+	size_t error_text_len;
+};
+
+#define ZC_CONFIG_INIT {0}
+
+/* Connect to the daemon and join job cfg->job_id as cfg->rank (Hello
+ * handshake). Blocks up to connect_timeout_ms. On success *ret_client is
+ * owned by the caller and released with zc_close(). */
+int zc_connect(const struct zc_config *cfg, zc_client **ret_client);
+
+/* Leave the job and free the client and its buffers. Futures still held by
+ * the caller stay valid (pending ones fail with ZC_ESTATE) and are still
+ * freed with zc_future_free(). Accepts NULL. Non-blocking beyond a
+ * best-effort goodbye message. */
+void zc_close(zc_client *c);
+
+/* ------------------------------------------------------------- buffers --- */
+
+/*
+ * Allocate this rank's gradient and parameter buffers for plan: POSIX shared
+ * memory (mode 0600, zero-filled) that the daemon maps when the plan is
+ * registered. The plan is validated and copied; the caller keeps *plan.
+ * May be called once per client. Non-blocking.
+ */
+int zc_alloc_buffers(zc_client *c, const struct zc_plan *plan);
+
+/* Base of bucket b's gradient / parameter buffer (numel fp32 elements), valid
+ * from zc_alloc_buffers() until zc_close(). The trainer writes gradients
+ * before zc_bucket_ready(b) and must not write them again until that
+ * bucket's future completed. The daemon writes parameters: they are stable
+ * once the iteration's step future completed. NULL if b is out of range or
+ * no buffers are allocated. Thread-safe, non-blocking. */
+float *zc_grad_buffer(zc_client *c, uint32_t bucket);
+float *zc_param_buffer(zc_client *c, uint32_t bucket);
+
+/*
+ * Register the plan of zc_alloc_buffers() with the daemon and block until
+ * every rank of the job has registered the same plan, or an error, or
+ * connect_timeout_ms. The daemon starts from rank 0's parameter buffers
+ * (fill them before this call): on return every rank's parameter buffers
+ * hold rank 0's initial parameters and the optimizer state is fresh.
+ */
+int zc_register_plan(zc_client *c);
+
+/* ----------------------------------------------------------- iteration --- */
+
+/*
+ * Hand bucket b of the current iteration to the daemon. Buckets must go in
+ * order 0, 1, 2, ... each iteration; after the last one the client moves on
+ * to the next iteration. Non-blocking (one message). On success
+ * *ret_future (may be NULL if not wanted) completes when bucket b is reduced
+ * over all ranks (BucketDone); the caller owns it and frees it with
+ * zc_future_free(). An ordering error is reported by the daemon through the
+ * future (ZC_EORDER, ZC_EDUPBUCKET, ZC_EBUCKET, ZC_EEARLY).
+ */
+int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future);
+
+/* Future of iteration's step: completes when every parameter update of that
+ * iteration has landed in every local rank's parameter buffer (StepDone).
+ * May be asked before, during or after the iteration; an iteration that
+ * already completed gives a future that is already done. Caller owns
+ * *ret_future. Non-blocking. */
+int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future);
+
+/* Iteration the next zc_bucket_ready() belongs to (0 for the first; it moves
+ * on after the last bucket of an iteration is handed over). Non-blocking. */
+uint64_t zc_iteration(zc_client *c);
+
+/* Change group's hyperparameters from the next iteration that has not
+ * started on this rank (e.g. an LR schedule). Every rank should make the same
+ * call; different values for the same iteration are ZC_EHYPER. Non-blocking;
+ * a rejection is reported by the next future that completes with an error,
+ * and by zc_last_error(). */
+int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp);
+
+/* The daemon's explanation of the last error a call on c returned (for
+ * example which field of the plan differs from rank 0's); "" if none. Valid
+ * until the next call on c. */
+const char *zc_error_message(zc_client *c);
+
+/* First asynchronous error the daemon reported to this client that was not
+ * tied to a future (0 if none). Non-blocking. */
+int zc_last_error(zc_client *c);
+
+/* -------------------------------------------------------------- futures --- */
+
+/* Poll without blocking: 1 done (ok), 0 pending, < 0 failed with that code.
+ * Processes messages that arrived. */
+int zc_future_poll(zc_future *f);
+
+/* Wait up to timeout_ms (< 0: forever) for f: 1 done, 0 timed out (still
+ * pending), < 0 failed with that code. */
+int zc_future_wait(zc_future *f, int timeout_ms);
+
+/* Text the daemon attached to a failed future (names rank, bucket...);
+ * "" if none. Valid until zc_future_free(). */
+const char *zc_future_message(zc_future *f);
+
+/* Free a future (pending or not). Accepts NULL. */
+void zc_future_free(zc_future *f);
+
+/*
+ * A file descriptor for the caller's own event loop: it becomes readable
+ * when messages from the daemon may be waiting. When it does, call
+ * zc_dispatch() and then check the futures. The fd belongs to the client;
+ * do not read or close it. Edge semantics: call zc_dispatch() after each
+ * wake-up, until it returns 0.
+ */
+int zc_fd(zc_client *c);
+
+/* Process every message that has arrived, without blocking. Returns the
+ * number of messages processed (>= 0) or a negative code. */
+int zc_dispatch(zc_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZEROCLIENT_H */

@@ -1,0 +1,37 @@
+/*
+ * common.h — small helpers shared by libzeroclient and the daemon (internal;
+ * nothing here is exported from the client library).
+ */
+#ifndef ZEROD_COMMON_H
+#define ZEROD_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#define ZEROD_VERSION_STRING "0.1.0"
+
+/* Largest message either side accepts (ZMQ_MAXMSGSIZE). */
+#define ZEROD_MAX_MSG_BYTES (32 * 1024 * 1024)
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* true for the ZC_E... codes of ZC_ERRORS (not -errno). */
+bool zc__is_error_code(int code);
+
+/* Monotonic clock in milliseconds. */
+static inline int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Job ids: 1..64 characters of [A-Za-z0-9._-]. */
+#define ZEROD_JOB_ID_MAX 64
+bool job_id_valid(const char *id);
+
+#endif

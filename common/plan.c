@@ -1,0 +1,506 @@
+/*
+ * plan.c — validation, copying, hashing and comparison of plans. Everything a
+ * client declares passes through plan_from_pb() in the daemon, so this is the
+ * edge where a plan's sizes, indices and hyperparameters are checked and
+ * bounded.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "plan.h"
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return ZC_EPLANINVAL;
+}
+
+const char *plan_optimizer_name(enum zc_optimizer o)
+{
+	switch (o) {
+	case ZC_OPT_SGD:
+		return "sgd";
+	case ZC_OPT_ADAM:
+		return "adam";
+	case ZC_OPT_ADAMW:
+		return "adamw";
+	}
+	return "?";
+}
+
+const char *plan_shard_name(enum zc_shard_mode m)
+{
+	switch (m) {
+	case ZC_SHARD_BUCKET:
+		return "bucket";
+	case ZC_SHARD_SLICE:
+		return "slice";
+	}
+	return "?";
+}
+
+const char *plan_step_name(enum zc_step_mode m)
+{
+	switch (m) {
+	case ZC_STEP_INTERLEAVED:
+		return "interleaved";
+	case ZC_STEP_AT_END:
+		return "at_end";
+	}
+	return "?";
+}
+
+static bool finite_nonneg(double x)
+{
+	return isfinite(x) && x >= 0;
+}
+
+int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char *err,
+		     size_t errlen)
+{
+	if (!finite_nonneg(g->lr))
+		return fail(err, errlen, "lr must be finite and >= 0 (got %g)", g->lr);
+	if (!finite_nonneg(g->weight_decay))
+		return fail(err, errlen, "weight_decay must be finite and >= 0 (got %g)",
+			    g->weight_decay);
+	if (opt == ZC_OPT_SGD) {
+		if (!finite_nonneg(g->momentum))
+			return fail(err, errlen, "momentum must be finite and >= 0 (got %g)",
+				    g->momentum);
+		if (!isfinite(g->dampening))
+			return fail(err, errlen, "dampening must be finite");
+		if (g->nesterov && (g->momentum <= 0 || g->dampening != 0))
+			return fail(err, errlen,
+				    "nesterov needs momentum > 0 and dampening 0 (as torch)");
+	} else {
+		if (!(g->beta1 >= 0 && g->beta1 < 1))
+			return fail(err, errlen, "beta1 must be in [0, 1) (got %g)", g->beta1);
+		if (!(g->beta2 >= 0 && g->beta2 < 1))
+			return fail(err, errlen, "beta2 must be in [0, 1) (got %g)", g->beta2);
+		if (!finite_nonneg(g->eps))
+			return fail(err, errlen, "eps must be finite and >= 0 (got %g)", g->eps);
+	}
+	return 0;
+}
+
+void plan_free(struct plan *p)
+{
+	if (!p)
+		return;
+	if (p->buckets)
+		for (uint32_t b = 0; b < p->nbuckets; b++)
+			free(p->buckets[b].segments);
+	free(p->buckets);
+	free(p->groups);
+	free(p);
+}
+
+/* FNV-1a, 64 bit: a stable fingerprint of the plan for logs and PlanOk. */
+static void hash_bytes(uint64_t *h, const void *data, size_t n)
+{
+	const unsigned char *s = data;
+
+	for (size_t i = 0; i < n; i++) {
+		*h ^= s[i];
+		*h *= 1099511628211ull;
+	}
+}
+
+#define HASH_FIELD(h, v)                                                                           \
+	do {                                                                                       \
+		__typeof__(v) hash_tmp_ = (v);                                                     \
+		hash_bytes((h), &hash_tmp_, sizeof(hash_tmp_));                                    \
+	} while (0)
+
+static uint64_t plan_hash(const struct plan *p)
+{
+	uint64_t h = 14695981039346656037ull;
+
+	HASH_FIELD(&h, (uint32_t)p->optimizer);
+	HASH_FIELD(&h, (uint32_t)p->shard_mode);
+	HASH_FIELD(&h, (uint32_t)p->step_mode);
+	HASH_FIELD(&h, p->ngroups);
+	for (uint32_t g = 0; g < p->ngroups; g++) {
+		const struct zc_param_group *pg = &p->groups[g];
+		double d[] = {pg->lr,    pg->momentum, pg->dampening, pg->weight_decay,
+			      pg->beta1, pg->beta2,    pg->eps};
+		uint8_t f[] = {pg->nesterov, pg->amsgrad, pg->maximize};
+		hash_bytes(&h, d, sizeof(d));
+		hash_bytes(&h, f, sizeof(f));
+	}
+	HASH_FIELD(&h, p->nbuckets);
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		HASH_FIELD(&h, p->buckets[b].numel);
+		HASH_FIELD(&h, p->buckets[b].nsegments);
+		for (uint32_t s = 0; s < p->buckets[b].nsegments; s++) {
+			const struct zc_segment *sg = &p->buckets[b].segments[s];
+			HASH_FIELD(&h, sg->offset);
+			HASH_FIELD(&h, sg->numel);
+			HASH_FIELD(&h, sg->group);
+		}
+	}
+	return h;
+}
+
+/*
+ * Checks shared by both sources once the scalar fields are copied: segments
+ * tile each bucket exactly, indices are in range, totals are bounded; then
+ * computes the flat layout and the hash.
+ */
+static int plan_finish(struct plan *p, char *err, size_t errlen)
+{
+	uint64_t base = 0, nseg = 0;
+
+	if (p->optimizer < ZC_OPT_SGD || p->optimizer > ZC_OPT_ADAMW)
+		return fail(err, errlen, "optimizer: unknown value %d", (int)p->optimizer);
+	if (p->shard_mode != ZC_SHARD_BUCKET && p->shard_mode != ZC_SHARD_SLICE)
+		return fail(err, errlen, "shard_mode: unknown value %d", (int)p->shard_mode);
+	if (p->step_mode != ZC_STEP_INTERLEAVED && p->step_mode != ZC_STEP_AT_END)
+		return fail(err, errlen, "step_mode: unknown value %d", (int)p->step_mode);
+	if (p->ngroups == 0 || p->ngroups > PLAN_MAX_GROUPS)
+		return fail(err, errlen, "groups: need 1..%u, got %u", PLAN_MAX_GROUPS,
+			    p->ngroups);
+	if (p->nbuckets == 0 || p->nbuckets > PLAN_MAX_BUCKETS)
+		return fail(err, errlen, "buckets: need 1..%u, got %u", PLAN_MAX_BUCKETS,
+			    p->nbuckets);
+	for (uint32_t g = 0; g < p->ngroups; g++) {
+		char why[160];
+		if (plan_group_check(p->optimizer, &p->groups[g], why, sizeof(why)) < 0)
+			return fail(err, errlen, "groups[%u]: %s", g, why);
+	}
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		struct plan_bucket *bk = &p->buckets[b];
+		uint64_t at = 0;
+
+		if (bk->numel == 0 || bk->numel > PLAN_MAX_NUMEL)
+			return fail(err, errlen, "buckets[%u].numel: %" PRIu64 " out of range", b,
+				    bk->numel);
+		if (bk->nsegments == 0)
+			return fail(err, errlen, "buckets[%u]: no segments", b);
+		nseg += bk->nsegments;
+		if (nseg > PLAN_MAX_SEGMENTS)
+			return fail(err, errlen, "more than %u segments", PLAN_MAX_SEGMENTS);
+		for (uint32_t s = 0; s < bk->nsegments; s++) {
+			const struct zc_segment *sg = &bk->segments[s];
+			if (sg->group >= p->ngroups)
+				return fail(err, errlen,
+					    "buckets[%u].segments[%u].group: %u, only %u groups", b,
+					    s, sg->group, p->ngroups);
+			if (sg->offset != at)
+				return fail(err, errlen,
+					    "buckets[%u].segments[%u].offset: %" PRIu64
+					    ", expected %" PRIu64 " (segments must tile the bucket)",
+					    b, s, sg->offset, at);
+			if (sg->numel == 0 || sg->numel > bk->numel - at)
+				return fail(err, errlen,
+					    "buckets[%u].segments[%u].numel: %" PRIu64
+					    " does not fit the bucket",
+					    b, s, sg->numel);
+			at += sg->numel;
+		}
+		if (at != bk->numel)
+			return fail(err, errlen,
+				    "buckets[%u]: segments cover %" PRIu64 " of %" PRIu64
+				    " elements",
+				    b, at, bk->numel);
+		bk->base = base;
+		base += (bk->numel + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+		if (base > PLAN_MAX_NUMEL)
+			return fail(err, errlen, "plan larger than %llu elements", PLAN_MAX_NUMEL);
+	}
+	p->total_numel = base;
+	p->hash = plan_hash(p);
+	return 0;
+}
+
+static struct plan *plan_alloc(uint32_t ngroups, uint32_t nbuckets)
+{
+	struct plan *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return NULL;
+	p->ngroups = ngroups;
+	p->nbuckets = nbuckets;
+	p->groups = calloc(ngroups ? ngroups : 1, sizeof(*p->groups));
+	p->buckets = calloc(nbuckets ? nbuckets : 1, sizeof(*p->buckets));
+	if (!p->groups || !p->buckets) {
+		plan_free(p);
+		return NULL;
+	}
+	return p;
+}
+
+int plan_from_zc(const struct zc_plan *in, struct plan **ret, char *err, size_t errlen)
+{
+	struct plan *p;
+	int r;
+
+	if (!in)
+		return fail(err, errlen, "no plan");
+	if (in->ngroups > PLAN_MAX_GROUPS || in->nbuckets > PLAN_MAX_BUCKETS)
+		return fail(err, errlen, "too many groups or buckets");
+	if ((in->ngroups && !in->groups) || (in->nbuckets && !in->buckets))
+		return fail(err, errlen, "groups or buckets array is NULL");
+	p = plan_alloc(in->ngroups, in->nbuckets);
+	if (!p)
+		return -ENOMEM;
+	p->optimizer = in->optimizer;
+	p->shard_mode = in->shard_mode;
+	p->step_mode = in->step_mode;
+	memcpy(p->groups, in->groups, in->ngroups * sizeof(*p->groups));
+	for (uint32_t b = 0; b < in->nbuckets; b++) {
+		const struct zc_bucket *src = &in->buckets[b];
+		struct plan_bucket *dst = &p->buckets[b];
+
+		if (src->nsegments > PLAN_MAX_SEGMENTS || (src->nsegments && !src->segments)) {
+			r = fail(err, errlen, "buckets[%u]: bad segment array", b);
+			goto out;
+		}
+		dst->numel = src->numel;
+		dst->nsegments = src->nsegments;
+		dst->segments = calloc(src->nsegments ? src->nsegments : 1, sizeof(*dst->segments));
+		if (!dst->segments) {
+			r = -ENOMEM;
+			goto out;
+		}
+		memcpy(dst->segments, src->segments, src->nsegments * sizeof(*dst->segments));
+	}
+	r = plan_finish(p, err, errlen);
+	if (r < 0)
+		goto out;
+	*ret = p;
+	return 0;
+out:
+	plan_free(p);
+	return r;
+}
+
+void plan_group_from_pb(const Zerod__V1__ParamGroup *in, struct zc_param_group *out)
+{
+	/* protobuf-c fills absent optional fields with the .proto defaults. */
+	*out = (struct zc_param_group){
+		.lr = in->lr,
+		.momentum = in->momentum,
+		.dampening = in->dampening,
+		.weight_decay = in->weight_decay,
+		.beta1 = in->beta1,
+		.beta2 = in->beta2,
+		.eps = in->eps,
+		.nesterov = in->nesterov,
+		.amsgrad = in->amsgrad,
+		.maximize = in->maximize,
+	};
+}
+
+void plan_group_to_pb(const struct zc_param_group *in, Zerod__V1__ParamGroup *out)
+{
+	zerod__v1__param_group__init(out);
+	out->lr = in->lr;
+	out->has_momentum = out->has_dampening = out->has_weight_decay = 1;
+	out->has_beta1 = out->has_beta2 = out->has_eps = 1;
+	out->has_nesterov = out->has_amsgrad = out->has_maximize = 1;
+	out->momentum = in->momentum;
+	out->dampening = in->dampening;
+	out->weight_decay = in->weight_decay;
+	out->beta1 = in->beta1;
+	out->beta2 = in->beta2;
+	out->eps = in->eps;
+	out->nesterov = in->nesterov;
+	out->amsgrad = in->amsgrad;
+	out->maximize = in->maximize;
+}
+
+int plan_from_pb(const Zerod__V1__Plan *in, struct plan **ret, char *err, size_t errlen)
+{
+	struct plan *p;
+	int r;
+
+	if (in->n_groups > PLAN_MAX_GROUPS || in->n_buckets > PLAN_MAX_BUCKETS)
+		return fail(err, errlen, "too many groups (%zu) or buckets (%zu)", in->n_groups,
+			    in->n_buckets);
+	p = plan_alloc((uint32_t)in->n_groups, (uint32_t)in->n_buckets);
+	if (!p)
+		return -ENOMEM;
+	p->optimizer = (enum zc_optimizer)in->optimizer;
+	p->shard_mode = (enum zc_shard_mode)in->shard_mode;
+	p->step_mode = (enum zc_step_mode)in->step_mode;
+	for (size_t g = 0; g < in->n_groups; g++)
+		plan_group_from_pb(in->groups[g], &p->groups[g]);
+	for (size_t b = 0; b < in->n_buckets; b++) {
+		const Zerod__V1__Bucket *src = in->buckets[b];
+		struct plan_bucket *dst = &p->buckets[b];
+
+		if (src->n_segments > PLAN_MAX_SEGMENTS) {
+			r = fail(err, errlen, "buckets[%zu]: too many segments", b);
+			goto out;
+		}
+		dst->numel = src->numel;
+		dst->nsegments = (uint32_t)src->n_segments;
+		dst->segments = calloc(src->n_segments ? src->n_segments : 1,
+				       sizeof(*dst->segments));
+		if (!dst->segments) {
+			r = -ENOMEM;
+			goto out;
+		}
+		for (size_t s = 0; s < src->n_segments; s++)
+			dst->segments[s] = (struct zc_segment){
+				.offset = src->segments[s]->offset,
+				.numel = src->segments[s]->numel,
+				.group = src->segments[s]->group,
+			};
+	}
+	r = plan_finish(p, err, errlen);
+	if (r < 0)
+		goto out;
+	*ret = p;
+	return 0;
+out:
+	plan_free(p);
+	return r;
+}
+
+void plan_pb_free(Zerod__V1__Plan *pb)
+{
+	if (!pb)
+		return;
+	if (pb->groups)
+		free(pb->groups[0]);
+	free(pb->groups);
+	if (pb->buckets) {
+		for (size_t b = 0; b < pb->n_buckets; b++) {
+			if (pb->buckets[b] && pb->buckets[b]->segments)
+				free(pb->buckets[b]->segments[0]);
+			if (pb->buckets[b])
+				free(pb->buckets[b]->segments);
+		}
+		free(pb->buckets[0]);
+	}
+	free(pb->buckets);
+	pb->groups = NULL;
+	pb->buckets = NULL;
+}
+
+int plan_to_pb(const struct plan *p, Zerod__V1__Plan *out)
+{
+	Zerod__V1__ParamGroup *groups;
+	Zerod__V1__Bucket *buckets;
+
+	zerod__v1__plan__init(out);
+	out->optimizer = (Zerod__V1__Optimizer)p->optimizer;
+	out->shard_mode = (Zerod__V1__ShardMode)p->shard_mode;
+	out->step_mode = (Zerod__V1__StepMode)p->step_mode;
+	out->groups = calloc(p->ngroups, sizeof(*out->groups));
+	groups = calloc(p->ngroups, sizeof(*groups));
+	out->buckets = calloc(p->nbuckets, sizeof(*out->buckets));
+	buckets = calloc(p->nbuckets, sizeof(*buckets));
+	if (!out->groups || !groups || !out->buckets || !buckets) {
+		free(groups);
+		free(buckets);
+		plan_pb_free(out);
+		return -ENOMEM;
+	}
+	out->n_groups = p->ngroups;
+	for (uint32_t g = 0; g < p->ngroups; g++) {
+		plan_group_to_pb(&p->groups[g], &groups[g]);
+		out->groups[g] = &groups[g];
+	}
+	out->n_buckets = p->nbuckets;
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		const struct plan_bucket *bk = &p->buckets[b];
+		Zerod__V1__Segment *segs;
+
+		zerod__v1__bucket__init(&buckets[b]);
+		out->buckets[b] = &buckets[b];
+		buckets[b].numel = bk->numel;
+		buckets[b].segments = calloc(bk->nsegments, sizeof(*buckets[b].segments));
+		segs = calloc(bk->nsegments, sizeof(*segs));
+		if (!buckets[b].segments || !segs) {
+			free(segs);
+			plan_pb_free(out);
+			return -ENOMEM;
+		}
+		buckets[b].n_segments = bk->nsegments;
+		for (uint32_t s = 0; s < bk->nsegments; s++) {
+			zerod__v1__segment__init(&segs[s]);
+			segs[s].offset = bk->segments[s].offset;
+			segs[s].numel = bk->segments[s].numel;
+			segs[s].group = bk->segments[s].group;
+			buckets[b].segments[s] = &segs[s];
+		}
+	}
+	return 0;
+}
+
+#define DIFF(cond, ...)                                                                            \
+	do {                                                                                       \
+		if (cond) {                                                                        \
+			snprintf(field, len, __VA_ARGS__);                                         \
+			return 1;                                                                  \
+		}                                                                                  \
+	} while (0)
+
+static int group_diff(uint32_t g, const struct zc_param_group *a, const struct zc_param_group *b,
+		      char *field, size_t len)
+{
+#define DIFF_D(name) DIFF(a->name != b->name, "groups[%u]." #name ": %g vs %g", g, a->name, b->name)
+#define DIFF_B(name) DIFF(a->name != b->name, "groups[%u]." #name ": %d vs %d", g, a->name, b->name)
+	DIFF_D(lr);
+	DIFF_D(momentum);
+	DIFF_D(dampening);
+	DIFF_D(weight_decay);
+	DIFF_D(beta1);
+	DIFF_D(beta2);
+	DIFF_D(eps);
+	DIFF_B(nesterov);
+	DIFF_B(amsgrad);
+	DIFF_B(maximize);
+#undef DIFF_D
+#undef DIFF_B
+	return 0;
+}
+
+int plan_diff(const struct plan *a, const struct plan *b, char *field, size_t len)
+{
+	DIFF(a->optimizer != b->optimizer, "optimizer: %s vs %s", plan_optimizer_name(a->optimizer),
+	     plan_optimizer_name(b->optimizer));
+	DIFF(a->shard_mode != b->shard_mode, "shard_mode: %s vs %s",
+	     plan_shard_name(a->shard_mode), plan_shard_name(b->shard_mode));
+	DIFF(a->step_mode != b->step_mode, "step_mode: %s vs %s", plan_step_name(a->step_mode),
+	     plan_step_name(b->step_mode));
+	DIFF(a->ngroups != b->ngroups, "ngroups: %u vs %u", a->ngroups, b->ngroups);
+	for (uint32_t g = 0; g < a->ngroups; g++)
+		if (group_diff(g, &a->groups[g], &b->groups[g], field, len))
+			return 1;
+	DIFF(a->nbuckets != b->nbuckets, "nbuckets: %u vs %u", a->nbuckets, b->nbuckets);
+	for (uint32_t k = 0; k < a->nbuckets; k++) {
+		const struct plan_bucket *x = &a->buckets[k], *y = &b->buckets[k];
+		DIFF(x->numel != y->numel, "buckets[%u].numel: %" PRIu64 " vs %" PRIu64, k,
+		     x->numel, y->numel);
+		DIFF(x->nsegments != y->nsegments, "buckets[%u].nsegments: %u vs %u", k,
+		     x->nsegments, y->nsegments);
+		for (uint32_t s = 0; s < x->nsegments; s++) {
+			const struct zc_segment *u = &x->segments[s], *v = &y->segments[s];
+			DIFF(u->numel != v->numel,
+			     "buckets[%u].segments[%u].numel: %" PRIu64 " vs %" PRIu64, k, s,
+			     u->numel, v->numel);
+			DIFF(u->group != v->group, "buckets[%u].segments[%u].group: %u vs %u", k, s,
+			     u->group, v->group);
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,76 @@
+/*
+ * plan.h — the validated, owned form of a job's plan (bucket layout,
+ * parameter groups, optimizer, modes), its conversion from the public
+ * zc_plan and from the wire, its hash and a field-by-field comparison.
+ *
+ * Flat layout: all buckets of a rank live in one buffer; bucket b starts at
+ * element base[b], aligned to PLAN_ALIGN elements so every bucket starts on a
+ * cache line.
+ */
+#ifndef ZEROD_PLAN_H
+#define ZEROD_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "zeroclient.h"
+#include "zerod.pb-c.h"
+
+#define PLAN_ALIGN 16u                  /* elements (64 bytes) */
+#define PLAN_MAX_GROUPS 1024u
+#define PLAN_MAX_BUCKETS 65536u
+#define PLAN_MAX_SEGMENTS (1u << 20)    /* over all buckets */
+#define PLAN_MAX_NUMEL (1ull << 32)     /* elements over all buckets */
+
+struct plan_bucket {
+	uint64_t numel;
+	uint64_t base; /* first element in the flat buffer */
+	uint32_t nsegments;
+	struct zc_segment *segments;
+};
+
+struct plan {
+	enum zc_optimizer optimizer;
+	enum zc_shard_mode shard_mode;
+	enum zc_step_mode step_mode;
+	uint32_t ngroups;
+	struct zc_param_group *groups;
+	uint32_t nbuckets;
+	struct plan_bucket *buckets;
+	uint64_t total_numel; /* flat buffer length in elements, with padding */
+	uint64_t hash;
+};
+
+/* Validate and copy. On failure returns ZC_EPLANINVAL (or -ENOMEM) and
+ * writes the reason into err. */
+int plan_from_zc(const struct zc_plan *in, struct plan **ret, char *err, size_t errlen);
+int plan_from_pb(const Zerod__V1__Plan *in, struct plan **ret, char *err, size_t errlen);
+
+/* Fill a wire Plan from p. Allocates arrays freed by plan_pb_free(). */
+int plan_to_pb(const struct plan *p, Zerod__V1__Plan *out);
+void plan_pb_free(Zerod__V1__Plan *pb);
+
+void plan_free(struct plan *p);
+
+/* Bytes of one rank's gradient (or parameter) buffer. */
+static inline uint64_t plan_buffer_bytes(const struct plan *p)
+{
+	return p->total_numel * sizeof(float);
+}
+
+/* Validate one group's hyperparameters for optimizer opt (torch's rules). */
+int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char *err,
+		     size_t errlen);
+
+void plan_group_from_pb(const Zerod__V1__ParamGroup *in, struct zc_param_group *out);
+void plan_group_to_pb(const struct zc_param_group *in, Zerod__V1__ParamGroup *out);
+
+/* 0 if a and b are equal; otherwise 1 and the first differing field with
+ * both values ("buckets[3].segments[1].numel: 4096 vs 2048") in field. */
+int plan_diff(const struct plan *a, const struct plan *b, char *field, size_t len);
+
+const char *plan_optimizer_name(enum zc_optimizer o);
+const char *plan_shard_name(enum zc_shard_mode m);
+const char *plan_step_name(enum zc_step_mode m);
+
+#endif

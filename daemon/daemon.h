@@ -1,0 +1,153 @@
+/*
+ * daemon.h — the daemon's state, owned by the loop thread, and the entry
+ * points of its subsystems:
+ *   daemon.c  start/stop order, signals, timer
+ *   session.c client connections: receive, decode, dispatch table, replies
+ *   job.c     jobs: joining, plan registration, activation, failure, teardown
+ *   sched.c   iterations: bucket order, op submission, completions, stalls
+ */
+#ifndef ZEROD_DAEMON_H
+#define ZEROD_DAEMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "engine.h"
+#include "plan.h"
+#include "shard.h"
+#include "zerod.pb-c.h"
+
+#define ZEROD_MAX_WORLD 4096u
+#define ZEROD_ROUTE_MAX 256
+
+struct loop;
+struct pool;
+struct mem_map;
+
+struct daemon_config {
+	const char *socket_path;
+	int stall_timeout_ms;   /* an iteration that makes no progress this long fails */
+	int shutdown_timeout_ms;
+	unsigned workers;       /* CPU worker threads; 0: one per CPU */
+	unsigned max_jobs;
+	int log_level;
+};
+
+struct daemon_stats {
+	uint64_t jobs;
+	uint64_t iterations;
+	uint64_t buckets;
+	uint64_t reduced_elems;
+	uint64_t stepped_elems;
+	uint64_t errors_sent;
+};
+
+struct session {
+	struct session *next;
+	uint8_t route[ZEROD_ROUTE_MAX];
+	size_t route_len;
+	struct daemon *d;
+	struct job *job;
+	uint32_t rank;
+	pid_t pid;
+	int pidfd;
+};
+
+enum job_state {
+	JOB_JOINING,  /* ranks connect and register the plan */
+	JOB_STARTING, /* every rank registered: ENGINE_INIT running */
+	JOB_ACTIVE,   /* iterations */
+	JOB_FAILED,   /* err/errmsg say why; waits for its ranks to leave */
+};
+
+struct hyper_change {
+	uint64_t iteration;
+	uint32_t group;
+	uint32_t rank; /* who asked first */
+	struct zc_param_group values;
+	struct hyper_change *next;
+};
+
+struct job {
+	struct job *next;
+	struct daemon *d;
+	char id[ZEROD_JOB_ID_MAX + 1];
+	uint32_t world;
+	enum job_state state;
+	int err;
+	char errmsg[256];
+	bool quiet_end; /* ended between iterations by a rank leaving: not an error */
+
+	struct session **ranks;     /* [world] */
+	struct plan **plans;        /* [world]: what each rank registered */
+	struct mem_map **grad_map;  /* [world] */
+	struct mem_map **param_map; /* [world] */
+	uint32_t nconnected, nregistered;
+
+	struct plan *plan;          /* the job's plan, once every rank agreed */
+	struct shard_map *shard;
+	struct engine *eng;
+	bool eng_running;           /* until its ENGINE_STOP completion */
+
+	/* iteration state (sched.c) */
+	uint64_t iter;
+	uint32_t *next_bucket; /* [world] */
+	uint32_t *arrived;     /* [nbuckets] */
+	uint64_t snap_iter;    /* iteration whose hyperparameters are fixed, or UINT64_MAX */
+	struct zc_param_group *groups; /* current hyperparameters */
+	struct hyper_change *changes;  /* pending, by iteration */
+	int64_t progress_ms;   /* last time the iteration moved */
+	bool in_flight;        /* some bucket of iteration `iter` arrived */
+
+	uint64_t iterations_done, buckets_done;
+};
+
+struct daemon {
+	struct daemon_config cfg;
+	void *zctx, *router;
+	struct loop *loop;
+	struct pool *pool;
+	struct completion_queue *cq;
+	int sigfd, timerfd;
+	struct session *sessions;
+	struct job *jobs;
+	unsigned njobs;
+	bool stopping;
+	int64_t stop_deadline_ms;
+	const struct coll_ops *coll;
+	const struct mem_ops *mem;
+	const struct optim_ops *optim;
+	struct daemon_stats stats;
+};
+
+/* daemon.c */
+int daemon_run(const struct daemon_config *cfg);
+
+/* session.c */
+void session_on_router(struct loop *l, void *userdata);
+int session_send(struct session *s, const Zerod__V1__Envelope *env);
+void session_send_error(struct session *s, int code, bool fatal, int64_t iteration,
+			int64_t bucket, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+void session_drop(struct session *s, bool died);
+void session_free_all(struct daemon *d);
+
+/* job.c */
+int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, char *err,
+	     size_t errlen);
+void job_register_plan(struct job *j, struct session *s, const Zerod__V1__RegisterPlan *m);
+void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+void job_leave(struct job *j, struct session *s, bool died);
+void job_maybe_free(struct job *j);
+void job_free_all(struct daemon *d);
+void job_broadcast(struct job *j, const Zerod__V1__Envelope *env);
+
+/* sched.c */
+void sched_start(struct job *j);
+void sched_bucket_ready(struct job *j, struct session *s, const Zerod__V1__BucketReady *m);
+void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper *m);
+void sched_on_done(struct daemon *d, struct engine_done *done);
+void sched_check_stalls(struct daemon *d, int64_t now);
+
+#endif

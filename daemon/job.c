@@ -1,0 +1,360 @@
+/*
+ * job.c — jobs on this daemon: a job id, W ranks, its plan and its engine.
+ * Jobs are isolated from one another: each has its own buffers, state and
+ * executor thread, and a failure ends only that job.
+ *
+ * Life: JOINING (ranks say Hello and register the plan; every plan is
+ * compared with the others and every buffer mapped and size-checked) ->
+ * STARTING (all registered: engine created, ENGINE_INIT copies rank 0's
+ * parameters) -> ACTIVE (iterations, sched.c) -> FAILED (a named error; the
+ * remaining ranks are told and the job is freed when the last one leaves).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "daemon.h"
+#include "log.h"
+#include "mem/mem.h"
+
+static struct job *job_find(struct daemon *d, const char *id)
+{
+	for (struct job *j = d->jobs; j; j = j->next)
+		if (strcmp(j->id, id) == 0)
+			return j;
+	return NULL;
+}
+
+static struct job *job_new(struct daemon *d, const char *id, uint32_t world)
+{
+	struct job *j = calloc(1, sizeof(*j));
+
+	if (!j)
+		return NULL;
+	j->d = d;
+	snprintf(j->id, sizeof(j->id), "%s", id);
+	j->world = world;
+	j->snap_iter = UINT64_MAX;
+	j->ranks = calloc(world, sizeof(*j->ranks));
+	j->plans = calloc(world, sizeof(*j->plans));
+	j->grad_map = calloc(world, sizeof(*j->grad_map));
+	j->param_map = calloc(world, sizeof(*j->param_map));
+	j->next_bucket = calloc(world, sizeof(*j->next_bucket));
+	if (!j->ranks || !j->plans || !j->grad_map || !j->param_map || !j->next_bucket) {
+		free(j->ranks);
+		free(j->plans);
+		free(j->grad_map);
+		free(j->param_map);
+		free(j->next_bucket);
+		free(j);
+		return NULL;
+	}
+	j->next = d->jobs;
+	d->jobs = j;
+	d->njobs++;
+	d->stats.jobs++;
+	return j;
+}
+
+static void job_free(struct job *j)
+{
+	struct daemon *d = j->d;
+	struct engine_stats es = {0};
+
+	for (struct job **pp = &d->jobs; *pp; pp = &(*pp)->next)
+		if (*pp == j) {
+			*pp = j->next;
+			break;
+		}
+	d->njobs--;
+	if (j->eng) {
+		engine_stats(j->eng, &es);
+		engine_free(j->eng);
+	}
+	d->stats.reduced_elems += es.reduced_elems;
+	d->stats.stepped_elems += es.stepped_elems;
+	log_info("job %s: ended (%s%s%s): %u ranks, %" PRIu64 " iterations, %" PRIu64
+		 " buckets, %.1f MB reduced, %" PRIu64 " elements stepped",
+		 j->id, j->quiet_end ? "ok" : zc_strerror_name(j->err), j->quiet_end ? "" : ": ",
+		 j->quiet_end ? "" : j->errmsg, j->world, j->iterations_done, j->buckets_done,
+		 (double)es.reduced_elems * sizeof(float) / 1e6, es.stepped_elems);
+	for (uint32_t r = 0; r < j->world; r++) {
+		d->mem->unmap(j->grad_map[r]);
+		d->mem->unmap(j->param_map[r]);
+		plan_free(j->plans[r]);
+	}
+	while (j->changes) {
+		struct hyper_change *c = j->changes;
+		j->changes = c->next;
+		free(c);
+	}
+	shard_map_free(j->shard);
+	free(j->ranks);
+	free(j->plans);
+	free(j->grad_map);
+	free(j->param_map);
+	free(j->next_bucket);
+	free(j->arrived);
+	free(j->groups);
+	free(j);
+}
+
+void job_maybe_free(struct job *j)
+{
+	if (j->nconnected == 0 && !j->eng_running)
+		job_free(j);
+}
+
+void job_free_all(struct daemon *d)
+{
+	while (d->jobs) {
+		struct job *j = d->jobs;
+		for (uint32_t r = 0; r < j->world; r++)
+			j->ranks[r] = NULL;
+		j->nconnected = 0;
+		job_free(j);
+	}
+}
+
+void job_broadcast(struct job *j, const Zerod__V1__Envelope *env)
+{
+	for (uint32_t r = 0; r < j->world; r++)
+		if (j->ranks[r])
+			session_send(j->ranks[r], env);
+}
+
+void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (j->state == JOB_FAILED)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(j->errmsg, sizeof(j->errmsg), fmt, ap);
+	va_end(ap);
+	j->err = code;
+	j->state = JOB_FAILED;
+	j->quiet_end = !loud;
+	if (loud)
+		log_notice("job %s: failed: %s: %s", j->id, zc_strerror_name(code), j->errmsg);
+	else
+		log_info("job %s: ends: %s", j->id, j->errmsg);
+	if (loud)
+		for (uint32_t r = 0; r < j->world; r++)
+			if (j->ranks[r])
+				session_send_error(j->ranks[r], code, true, (int64_t)j->iter, -1,
+						   "job %s: %s", j->id, j->errmsg);
+	if (j->eng && j->eng_running)
+		engine_stop(j->eng);
+}
+
+int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, char *err,
+	     size_t errlen)
+{
+	struct job *j;
+
+	if (!job_id_valid(h->job_id)) {
+		snprintf(err, errlen, "job id must be 1..%d characters of [A-Za-z0-9._-]",
+			 ZEROD_JOB_ID_MAX);
+		return ZC_EPROTO;
+	}
+	if (h->world_size == 0 || h->world_size > ZEROD_MAX_WORLD || h->rank >= h->world_size) {
+		snprintf(err, errlen, "rank %u of world %u: need 0 <= rank < world <= %u", h->rank,
+			 h->world_size, ZEROD_MAX_WORLD);
+		return ZC_ERANK;
+	}
+	if (h->local_size == 0 || h->local_rank >= h->local_size ||
+	    h->local_size > h->world_size) {
+		snprintf(err, errlen, "local rank %u of local size %u (world %u) is not valid",
+			 h->local_rank, h->local_size, h->world_size);
+		return ZC_ERANK;
+	}
+	if (h->local_size != h->world_size) {
+		snprintf(err, errlen,
+			 "job %s spans several nodes (%u of %u ranks here): this zerod serves "
+			 "single-node jobs only",
+			 h->job_id, h->local_size, h->world_size);
+		return ZC_ENOTSUP;
+	}
+	j = job_find(d, h->job_id);
+	if (j && j->state == JOB_FAILED) {
+		snprintf(err, errlen, "job %s failed earlier (%s: %s); wait for its ranks to leave",
+			 j->id, zc_strerror_name(j->err), j->errmsg);
+		return ZC_EJOBFAILED;
+	}
+	if (j && j->world != h->world_size) {
+		snprintf(err, errlen, "job %s has world size %u, rank %u says %u", j->id, j->world,
+			 h->rank, h->world_size);
+		return ZC_EWORLD;
+	}
+	if (j && j->ranks[h->rank]) {
+		snprintf(err, errlen, "job %s: rank %u is already connected (pid %d)", j->id,
+			 h->rank, (int)j->ranks[h->rank]->pid);
+		return ZC_EDUPRANK;
+	}
+	if (j && j->state != JOB_JOINING) {
+		snprintf(err, errlen, "job %s is already running", j->id);
+		return ZC_ESTATE;
+	}
+	if (!j) {
+		if (d->njobs >= d->cfg.max_jobs) {
+			snprintf(err, errlen, "zerod already serves %u jobs (--max-jobs)", d->njobs);
+			return ZC_ELIMIT;
+		}
+		j = job_new(d, h->job_id, h->world_size);
+		if (!j) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+		log_info("job %s: new, world %u", j->id, j->world);
+	}
+	j->ranks[h->rank] = s;
+	j->nconnected++;
+	s->job = j;
+	log_info("job %s: rank %u joined (pid %d, %u/%u)", j->id, h->rank, (int)h->pid,
+		 j->nconnected, j->world);
+	return 0;
+}
+
+/* Every rank registered: build the job's shard map, state and engine. */
+static void job_start(struct job *j)
+{
+	struct daemon *d = j->d;
+	float **grads = calloc(j->world, sizeof(*grads));
+	float **params = calloc(j->world, sizeof(*params));
+	struct engine_config ec;
+	int r;
+
+	if (!grads || !params) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t k = 0; k < j->world; k++) {
+		grads[k] = d->mem->ptr(j->grad_map[k]);
+		params[k] = d->mem->ptr(j->param_map[k]);
+	}
+	j->plan = j->plans[0];
+	j->plans[0] = NULL;
+	r = shard_assign(j->plan, j->world, &j->shard);
+	if (r < 0)
+		goto out;
+	ec = (struct engine_config){
+		.tag = j,
+		.plan = j->plan,
+		.shard = j->shard,
+		.world = j->world,
+		.grads = grads,
+		.params = params,
+		.coll = d->coll,
+		.optim = d->optim,
+		.pool = d->pool,
+		.cq = d->cq,
+	};
+	r = engine_new(&ec, &j->eng);
+	if (r < 0)
+		goto out;
+	j->eng_running = true;
+	j->state = JOB_STARTING;
+	r = engine_submit(j->eng, ENGINE_INIT, 0, 0, j->plan->nbuckets - 1, NULL);
+	if (r < 0)
+		goto out;
+	log_info("job %s: plan %016" PRIx64 ": %s, shard %s (%u units), step %s, %u buckets, "
+		 "%" PRIu64 " elements",
+		 j->id, j->plan->hash, plan_optimizer_name(j->plan->optimizer),
+		 plan_shard_name(j->plan->shard_mode), j->shard->nunits,
+		 plan_step_name(j->plan->step_mode), j->plan->nbuckets, j->plan->total_numel);
+out:
+	/* the engine copied the arrays */
+	free(grads);
+	free(params);
+	if (r < 0)
+		job_fail(j, r == -ENOMEM ? ZC_ELIMIT : ZC_EINTERNAL, true,
+			 "cannot start the job: %s", zc_strerror(r));
+}
+
+void job_register_plan(struct job *j, struct session *s, const Zerod__V1__RegisterPlan *m)
+{
+	struct daemon *d = j->d;
+	struct plan *p = NULL;
+	struct mem_desc gd, pd;
+	char err[256], field[192];
+	int r;
+
+	if (j->state == JOB_FAILED) {
+		session_send_error(s, ZC_EJOBFAILED, true, -1, -1, "job %s failed: %s", j->id,
+				   j->errmsg);
+		return;
+	}
+	if (j->state != JOB_JOINING || j->plans[s->rank] || j->grad_map[s->rank]) {
+		session_send_error(s, ZC_ENOTSUP, false, -1, -1,
+				   "job %s: rank %u already registered a plan; changing the plan "
+				   "of a running job is not supported",
+				   j->id, s->rank);
+		return;
+	}
+	r = plan_from_pb(m->plan, &p, err, sizeof(err));
+	if (r < 0) {
+		session_send_error(s, r, false, -1, -1, "rank %u: invalid plan: %s", s->rank, err);
+		return;
+	}
+	for (uint32_t k = 0; k < j->world; k++) {
+		if (k == s->rank || !j->plans[k])
+			continue;
+		if (plan_diff(j->plans[k], p, field, sizeof(field))) {
+			session_send_error(s, ZC_EPLANMISMATCH, false, -1, -1,
+					   "plan of rank %u differs from rank %u's at %s (rank %u "
+					   "vs rank %u)",
+					   s->rank, k, field, k, s->rank);
+			plan_free(p);
+			return;
+		}
+		break; /* the registered plans agree with each other already */
+	}
+	gd = (struct mem_desc){.shm_name = m->shm->grad_name, .bytes = m->shm->grad_bytes};
+	pd = (struct mem_desc){.shm_name = m->shm->param_name, .bytes = m->shm->param_bytes};
+	r = d->mem->map(&gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
+	if (r >= 0) {
+		r = d->mem->map(&pd, plan_buffer_bytes(p), &j->param_map[s->rank], err,
+				sizeof(err));
+		if (r < 0) {
+			d->mem->unmap(j->grad_map[s->rank]);
+			j->grad_map[s->rank] = NULL;
+		}
+	}
+	if (r < 0) {
+		session_send_error(s, r, false, -1, -1, "rank %u: %s", s->rank, err);
+		plan_free(p);
+		return;
+	}
+	j->plans[s->rank] = p;
+	j->nregistered++;
+	j->progress_ms = now_ms();
+	log_info("job %s: rank %u registered plan %016" PRIx64 " (%u/%u)", j->id, s->rank,
+		 p->hash, j->nregistered, j->world);
+	if (j->nregistered == j->world)
+		job_start(j);
+}
+
+void job_leave(struct job *j, struct session *s, bool died)
+{
+	if (j->ranks[s->rank] == s) {
+		j->ranks[s->rank] = NULL;
+		j->nconnected--;
+	}
+	/* Between iterations a rank that says goodbye ends the job quietly: the
+	 * others are not waiting on anything. Otherwise they are told now. */
+	if (j->state != JOB_FAILED) {
+		bool idle = j->state == JOB_ACTIVE && !j->in_flight;
+		if (died)
+			job_fail(j, ZC_ERANKDEAD, true, "rank %u (pid %d) died%s", s->rank,
+				 (int)s->pid, idle ? "" : " during an iteration");
+		else
+			job_fail(j, ZC_ERANKDEAD, !idle, "rank %u (pid %d) left the job", s->rank,
+				 (int)s->pid);
+	}
+	job_maybe_free(j);
+}

@@ -1,0 +1,36 @@
+/*
+ * mem.h — the buffer backend interface: how the daemon gets at a trainer's
+ * gradient and parameter buffers. mem/shm.c maps POSIX shared memory (host);
+ * mem/cuda.c will open CUDA IPC handles.
+ */
+#ifndef ZEROD_MEM_H
+#define ZEROD_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* What a client sent to describe one buffer. */
+struct mem_desc {
+	const char *shm_name; /* host: POSIX shm object name, "/..." */
+	uint64_t bytes;       /* what the client claims the buffer holds */
+};
+
+struct mem_map;
+
+struct mem_ops {
+	const char *name;
+	/* Map the buffer desc describes; it must hold exactly `bytes` (the
+	 * plan's size): otherwise ZC_ESIZE, and ZC_EMAP if it cannot be opened;
+	 * err says why. Called on the loop thread: only quick syscalls. The
+	 * name is unlinked once mapped, so nothing outlives the job. */
+	int (*map)(const struct mem_desc *desc, uint64_t bytes, struct mem_map **ret, char *err,
+		   size_t errlen);
+	/* Base address of the mapping; valid until unmap. */
+	void *(*ptr)(struct mem_map *m);
+	/* Release the mapping. Accepts NULL. No worker may still use it. */
+	void (*unmap)(struct mem_map *m);
+};
+
+extern const struct mem_ops mem_shm_ops;
+
+#endif

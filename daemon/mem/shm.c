@@ -1,0 +1,106 @@
+/*
+ * shm.c — host buffers: POSIX shared memory created by libzeroclient (mode
+ * 0600) and mapped here once per plan. The daemon unlinks the name right
+ * after mapping: both sides keep their mappings, and no name can leak when
+ * either side dies.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mem/mem.h"
+#include "zeroclient.h"
+
+struct mem_map {
+	void *base;
+	size_t len;
+};
+
+static bool shm_name_ok(const char *n)
+{
+	size_t len;
+
+	if (!n || n[0] != '/')
+		return false;
+	len = strlen(n);
+	return len > 1 && len < 240 && !strchr(n + 1, '/');
+}
+
+static int shm_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map **ret, char *err,
+		   size_t errlen)
+{
+	struct mem_map *m;
+	struct stat st;
+	void *base;
+	int fd, r;
+
+	if (!shm_name_ok(desc->shm_name)) {
+		snprintf(err, errlen, "bad shared memory name");
+		return ZC_EMAP;
+	}
+	if (desc->bytes != bytes) {
+		snprintf(err, errlen, "%s: client says %" PRIu64 " bytes, the plan needs %" PRIu64,
+			 desc->shm_name, desc->bytes, bytes);
+		return ZC_ESIZE;
+	}
+	fd = shm_open(desc->shm_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+	if (fd < 0) {
+		r = errno;
+		snprintf(err, errlen, "%s: %s", desc->shm_name, strerror(r));
+		return ZC_EMAP;
+	}
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "%s: not a shared memory object", desc->shm_name);
+		close(fd);
+		return ZC_EMAP;
+	}
+	if ((uint64_t)st.st_size != bytes) {
+		snprintf(err, errlen, "%s holds %jd bytes, the plan needs %" PRIu64,
+			 desc->shm_name, (intmax_t)st.st_size, bytes);
+		close(fd);
+		return ZC_ESIZE;
+	}
+	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	r = errno;
+	close(fd);
+	if (base == MAP_FAILED) {
+		snprintf(err, errlen, "%s: mmap: %s", desc->shm_name, strerror(r));
+		return ZC_EMAP;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		munmap(base, bytes);
+		return -ENOMEM;
+	}
+	shm_unlink(desc->shm_name);
+	m->base = base;
+	m->len = bytes;
+	*ret = m;
+	return 0;
+}
+
+static void *shm_ptr(struct mem_map *m)
+{
+	return m->base;
+}
+
+static void shm_unmap(struct mem_map *m)
+{
+	if (!m)
+		return;
+	munmap(m->base, m->len);
+	free(m);
+}
+
+const struct mem_ops mem_shm_ops = {
+	.name = "shm",
+	.map = shm_map,
+	.ptr = shm_ptr,
+	.unmap = shm_unmap,
+};

@@ -1,0 +1,172 @@
+/*
+ * pool.c — worker threads that take chunks of parallel_for batches. A batch
+ * lives on its caller's stack; workers claim indices with an atomic counter
+ * and the last one to finish wakes the caller.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "pool.h"
+
+struct batch {
+	void (*fn)(void *ctx, size_t i);
+	void *ctx;
+	size_t n;
+	atomic_size_t next;
+	size_t done;    /* under pool.mu */
+	unsigned users; /* workers holding a pointer to this batch, under pool.mu */
+	struct batch *qnext;
+};
+
+struct pool {
+	pthread_mutex_t mu;
+	pthread_cond_t work; /* workers: a batch was queued or stop */
+	pthread_cond_t done; /* callers: some batch finished */
+	struct batch *head, *tail;
+	bool stop;
+	unsigned nthreads;
+	pthread_t *threads;
+};
+
+/* Claim and run indices of b until none are left; returns how many ran. */
+static size_t batch_drain(struct batch *b)
+{
+	size_t ran = 0, i;
+
+	while ((i = atomic_fetch_add(&b->next, 1)) < b->n) {
+		b->fn(b->ctx, i);
+		ran++;
+	}
+	return ran;
+}
+
+static void batch_unqueue_locked(struct pool *p, struct batch *b)
+{
+	struct batch **pp = &p->head, *prev = NULL;
+
+	for (; *pp; prev = *pp, pp = &(*pp)->qnext)
+		if (*pp == b) {
+			*pp = b->qnext;
+			if (p->tail == b)
+				p->tail = prev;
+			return;
+		}
+}
+
+static void *worker(void *arg)
+{
+	struct pool *p = arg;
+
+	pthread_mutex_lock(&p->mu);
+	for (;;) {
+		struct batch *b = p->head;
+		size_t ran;
+
+		while (b && atomic_load(&b->next) >= b->n)
+			b = b->qnext;
+		if (!b) {
+			if (p->stop)
+				break;
+			pthread_cond_wait(&p->work, &p->mu);
+			continue;
+		}
+		b->users++;
+		pthread_mutex_unlock(&p->mu);
+		ran = batch_drain(b);
+		pthread_mutex_lock(&p->mu);
+		b->done += ran;
+		/* the caller's stack frame holds b: it may return once we let go */
+		if (--b->users == 0 && b->done == b->n)
+			pthread_cond_broadcast(&p->done);
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+int pool_new(unsigned nthreads, struct pool **ret)
+{
+	struct pool *p;
+
+	if (nthreads == 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		nthreads = n > 0 ? (unsigned)n : 1;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->work, NULL);
+	pthread_cond_init(&p->done, NULL);
+	p->threads = calloc(nthreads, sizeof(*p->threads));
+	if (!p->threads) {
+		pool_free(p);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < nthreads; i++) {
+		int r = pthread_create(&p->threads[i], NULL, worker, p);
+		if (r) {
+			pool_free(p);
+			return -r;
+		}
+		p->nthreads++;
+	}
+	*ret = p;
+	return 0;
+}
+
+void pool_free(struct pool *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->stop = true;
+	pthread_cond_broadcast(&p->work);
+	pthread_mutex_unlock(&p->mu);
+	for (unsigned i = 0; i < p->nthreads; i++)
+		pthread_join(p->threads[i], NULL);
+	free(p->threads);
+	pthread_cond_destroy(&p->work);
+	pthread_cond_destroy(&p->done);
+	pthread_mutex_destroy(&p->mu);
+	free(p);
+}
+
+unsigned pool_threads(const struct pool *p)
+{
+	return p->nthreads;
+}
+
+void pool_parallel_for(struct pool *p, size_t n, void (*fn)(void *ctx, size_t i), void *ctx)
+{
+	struct batch b = {.fn = fn, .ctx = ctx, .n = n};
+	size_t ran;
+
+	if (n == 0)
+		return;
+	if (n == 1) {
+		fn(ctx, 0);
+		return;
+	}
+	atomic_init(&b.next, 0);
+	pthread_mutex_lock(&p->mu);
+	if (p->tail)
+		p->tail->qnext = &b;
+	else
+		p->head = &b;
+	p->tail = &b;
+	pthread_cond_broadcast(&p->work);
+	pthread_mutex_unlock(&p->mu);
+
+	ran = batch_drain(&b);
+
+	pthread_mutex_lock(&p->mu);
+	b.done += ran;
+	batch_unqueue_locked(p, &b);
+	while (b.done < b.n || b.users > 0)
+		pthread_cond_wait(&p->done, &p->mu);
+	pthread_mutex_unlock(&p->mu);
+}

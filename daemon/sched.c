@@ -1,0 +1,314 @@
+/*
+ * sched.c — iterations. Checks the hook order of every bucket (0, 1, 2, ...
+ * per rank and iteration), counts arrivals, and once bucket b is ready on
+ * every rank submits its ops to the engine in plan order:
+ *
+ *   interleaved:  REDUCE(b) STEP(b) BCAST(b)      for each b
+ *   at_end:       REDUCE(b) for each b, then STEP(all) BCAST(all)
+ *
+ * Completions become BucketDone(t, b) after REDUCE(b) and StepDone(t) after
+ * the last BCAST. Bucket b is complete on all ranks only after every rank sent
+ * b, and each rank sends in order, so ops are always submitted in bucket
+ * order. A bad bucket is an error to its sender and changes nothing else; a
+ * rank that stops sending is named by the stall check.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "daemon.h"
+#include "log.h"
+
+void sched_start(struct job *j)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__PlanOk ok = ZEROD__V1__PLAN_OK__INIT;
+
+	j->arrived = calloc(j->plan->nbuckets, sizeof(*j->arrived));
+	j->groups = calloc(j->plan->ngroups, sizeof(*j->groups));
+	if (!j->arrived || !j->groups) {
+		job_fail(j, ZC_ELIMIT, true, "out of memory");
+		return;
+	}
+	memcpy(j->groups, j->plan->groups, j->plan->ngroups * sizeof(*j->groups));
+	j->state = JOB_ACTIVE;
+	j->progress_ms = now_ms();
+	ok.plan_hash = j->plan->hash;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_PLAN_OK;
+	env.plan_ok = &ok;
+	job_broadcast(j, &env);
+	log_info("job %s: active", j->id);
+}
+
+static bool job_usable(struct job *j, struct session *s, int64_t iteration, int64_t bucket)
+{
+	if (j->state == JOB_ACTIVE)
+		return true;
+	if (j->state == JOB_FAILED)
+		session_send_error(s, ZC_EJOBFAILED, true, iteration, bucket, "job %s failed: %s: %s",
+				   j->id, zc_strerror_name(j->err), j->errmsg);
+	else
+		session_send_error(s, ZC_ESTATE, false, iteration, bucket,
+				   "job %s: the plan is not registered by every rank yet", j->id);
+	return false;
+}
+
+/* Fix iteration t's hyperparameters: apply the changes due by t. */
+static int take_snapshot(struct job *j, uint64_t t)
+{
+	struct zc_param_group *snap;
+	bool changed = false;
+
+	while (j->changes && j->changes->iteration <= t) {
+		struct hyper_change *c = j->changes;
+		j->groups[c->group] = c->values;
+		j->changes = c->next;
+		free(c);
+		changed = true;
+	}
+	j->snap_iter = t;
+	if (!changed)
+		return 0;
+	snap = malloc(j->plan->ngroups * sizeof(*snap));
+	if (!snap)
+		return -ENOMEM;
+	memcpy(snap, j->groups, j->plan->ngroups * sizeof(*snap));
+	return engine_submit(j->eng, ENGINE_HYPER, t, 0, 0, snap);
+}
+
+static void bucket_complete(struct job *j, uint32_t b)
+{
+	uint32_t last = j->plan->nbuckets - 1;
+	uint64_t t = j->iter;
+	int r = 0;
+
+	if (b == 0)
+		r = take_snapshot(j, t);
+	if (r >= 0)
+		r = engine_submit(j->eng, ENGINE_REDUCE, t, b, b, NULL);
+	if (r >= 0 && j->plan->step_mode == ZC_STEP_INTERLEAVED) {
+		r = engine_submit(j->eng, ENGINE_STEP, t, b, b, NULL);
+		if (r >= 0)
+			r = engine_submit(j->eng, ENGINE_BCAST, t, b, b, NULL);
+	} else if (r >= 0 && b == last) {
+		r = engine_submit(j->eng, ENGINE_STEP, t, 0, last, NULL);
+		if (r >= 0)
+			r = engine_submit(j->eng, ENGINE_BCAST, t, 0, last, NULL);
+	}
+	if (r < 0)
+		job_fail(j, ZC_EINTERNAL, true, "cannot queue iteration %" PRIu64 " bucket %u: %s",
+			 t, b, zc_strerror(r));
+}
+
+void sched_bucket_ready(struct job *j, struct session *s, const Zerod__V1__BucketReady *m)
+{
+	int64_t it = (int64_t)m->iteration, bk = m->bucket;
+	uint32_t nb, next;
+
+	if (!job_usable(j, s, it, bk))
+		return;
+	nb = j->plan->nbuckets;
+	if (m->bucket >= nb) {
+		session_send_error(s, ZC_EBUCKET, false, it, bk,
+				   "bucket %u does not exist: the plan has %u buckets", m->bucket,
+				   nb);
+		return;
+	}
+	if (m->iteration > j->iter) {
+		session_send_error(s, ZC_EEARLY, false, it, bk,
+				   "bucket %u of iteration %" PRIu64 " arrived while iteration %" PRIu64
+				   " is still in flight: wait for its step before the next backward",
+				   m->bucket, m->iteration, j->iter);
+		return;
+	}
+	if (m->iteration < j->iter) {
+		session_send_error(s, ZC_EDUPBUCKET, false, it, bk,
+				   "iteration %" PRIu64 " is already complete (now %" PRIu64 ")",
+				   m->iteration, j->iter);
+		return;
+	}
+	next = j->next_bucket[s->rank];
+	if (m->bucket < next) {
+		session_send_error(s, ZC_EDUPBUCKET, false, it, bk,
+				   "rank %u sent bucket %u twice in iteration %" PRIu64, s->rank,
+				   m->bucket, m->iteration);
+		return;
+	}
+	if (m->bucket > next) {
+		session_send_error(s, ZC_EORDER, false, it, bk,
+				   "rank %u sent bucket %u but bucket %u comes first (buckets go "
+				   "0, 1, 2, ... every iteration)",
+				   s->rank, m->bucket, next);
+		return;
+	}
+	j->next_bucket[s->rank] = next + 1;
+	j->in_flight = true;
+	j->progress_ms = now_ms();
+	if (++j->arrived[m->bucket] == j->world)
+		bucket_complete(j, m->bucket);
+}
+
+void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper *m)
+{
+	struct zc_param_group g;
+	struct hyper_change **pp, *c;
+	char err[192];
+
+	if (!job_usable(j, s, (int64_t)m->iteration, -1))
+		return;
+	if (m->group >= j->plan->ngroups) {
+		session_send_error(s, ZC_EHYPER, false, -1, -1,
+				   "group %u does not exist: the plan has %u groups", m->group,
+				   j->plan->ngroups);
+		return;
+	}
+	plan_group_from_pb(m->values, &g);
+	if (plan_group_check(j->plan->optimizer, &g, err, sizeof(err)) < 0) {
+		session_send_error(s, ZC_EHYPER, false, -1, -1, "group %u: %s", m->group, err);
+		return;
+	}
+	if (j->snap_iter != UINT64_MAX && m->iteration <= j->snap_iter) {
+		session_send_error(s, ZC_EHYPER, false, (int64_t)m->iteration, -1,
+				   "rank %u: hyperparameters for iteration %" PRIu64
+				   " arrived after it started",
+				   s->rank, m->iteration);
+		return;
+	}
+	for (pp = &j->changes; *pp; pp = &(*pp)->next) {
+		c = *pp;
+		if (c->iteration == m->iteration && c->group == m->group) {
+			if (memcmp(&c->values, &g, sizeof(g)) != 0)
+				session_send_error(s, ZC_EHYPER, false, (int64_t)m->iteration, -1,
+						   "rank %u sets other hyperparameters for group %u "
+						   "at iteration %" PRIu64 " than rank %u",
+						   s->rank, m->group, m->iteration, c->rank);
+			return;
+		}
+		if (c->iteration > m->iteration)
+			break;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		session_send_error(s, ZC_ELIMIT, false, -1, -1, "out of memory");
+		return;
+	}
+	*c = (struct hyper_change){
+		.iteration = m->iteration, .group = m->group, .rank = s->rank, .values = g, .next = *pp};
+	*pp = c;
+}
+
+static void send_bucket_done(struct job *j, uint64_t t, uint32_t b)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__BucketDone bd = ZEROD__V1__BUCKET_DONE__INIT;
+
+	bd.iteration = t;
+	bd.bucket = b;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE;
+	env.bucket_done = &bd;
+	job_broadcast(j, &env);
+}
+
+static void finish_iteration(struct job *j, uint64_t t)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__StepDone sd = ZEROD__V1__STEP_DONE__INIT;
+
+	/* Every rank sent every bucket (early buckets are refused), so the
+	 * counters can start over. */
+	memset(j->next_bucket, 0, j->world * sizeof(*j->next_bucket));
+	memset(j->arrived, 0, j->plan->nbuckets * sizeof(*j->arrived));
+	j->iter = t + 1;
+	j->in_flight = false;
+	j->iterations_done++;
+	j->d->stats.iterations++;
+	j->progress_ms = now_ms();
+	sd.iteration = t;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_STEP_DONE;
+	env.step_done = &sd;
+	job_broadcast(j, &env);
+}
+
+void sched_on_done(struct daemon *d, struct engine_done *done)
+{
+	struct job *j = done->tag;
+
+	(void)d;
+	if (done->kind == ENGINE_STOP) {
+		j->eng_running = false;
+		job_maybe_free(j);
+		return;
+	}
+	if (j->state == JOB_FAILED)
+		return;
+	if (done->status < 0) {
+		job_fail(j, ZC_EINTERNAL, true, "%s of buckets %u..%u failed: %s",
+			 engine_op_name(done->kind), done->lo, done->hi, zc_strerror(done->status));
+		return;
+	}
+	j->progress_ms = now_ms();
+	switch (done->kind) {
+	case ENGINE_INIT:
+		sched_start(j);
+		break;
+	case ENGINE_REDUCE:
+		j->buckets_done++;
+		j->d->stats.buckets++;
+		send_bucket_done(j, done->iteration, done->lo);
+		break;
+	case ENGINE_BCAST:
+		if (done->hi == j->plan->nbuckets - 1)
+			finish_iteration(j, done->iteration);
+		break;
+	default:
+		break;
+	}
+}
+
+/* Name who the job waits for: the ranks that have not sent the next bucket. */
+static void describe_wait(struct job *j, char *buf, size_t len)
+{
+	size_t at = 0;
+	int shown = 0;
+
+	buf[0] = 0;
+	for (uint32_t r = 0; r < j->world && at + 64 < len; r++) {
+		uint32_t nb = j->state == JOB_ACTIVE ? j->plan->nbuckets : 1;
+		bool waiting = j->state == JOB_ACTIVE ? j->next_bucket[r] < nb : !j->plans[r];
+		if (!waiting)
+			continue;
+		if (j->state == JOB_ACTIVE)
+			at += (size_t)snprintf(buf + at, len - at, "%srank %u (bucket %u of %u)",
+					       shown ? ", " : "", r, j->next_bucket[r], nb);
+		else
+			at += (size_t)snprintf(buf + at, len - at, "%srank %u%s", shown ? ", " : "",
+					       r, j->ranks[r] ? "" : " (not connected)");
+		shown++;
+	}
+	if (!shown)
+		snprintf(buf, len, "the engine (no rank is missing)");
+}
+
+void sched_check_stalls(struct daemon *d, int64_t now)
+{
+	for (struct job *j = d->jobs; j; j = j->next) {
+		char who[384];
+		bool waiting = (j->state == JOB_ACTIVE && j->in_flight) ||
+			       (j->state == JOB_JOINING && j->nregistered > 0);
+
+		if (!waiting || now - j->progress_ms < d->cfg.stall_timeout_ms)
+			continue;
+		describe_wait(j, who, sizeof(who));
+		if (j->state == JOB_ACTIVE)
+			job_fail(j, ZC_ETIMEDOUT, true,
+				 "iteration %" PRIu64 " made no progress for %d ms; waiting for %s",
+				 j->iter, d->cfg.stall_timeout_ms, who);
+		else
+			job_fail(j, ZC_ETIMEDOUT, true,
+				 "plan registration made no progress for %d ms; waiting for %s",
+				 d->cfg.stall_timeout_ms, who);
+	}
+}

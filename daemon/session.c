@@ -1,0 +1,292 @@
+/*
+ * session.c — client connections on the ROUTER socket. Receives every
+ * message, decodes it (wire.c), checks that it fits the connection's state
+ * and dispatches it through one table. Anything malformed or unexpected gets
+ * an Error reply naming what was wrong; nothing a client sends can stop the
+ * daemon or reach another job.
+ *
+ * A session exists from an accepted Hello until Goodbye, the trainer's death
+ * (its pidfd), or a failed send.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common.h"
+#include "daemon.h"
+#include "log.h"
+#include "loop.h"
+#include "wire.h"
+
+static struct session *session_find(struct daemon *d, const void *route, size_t len)
+{
+	for (struct session *s = d->sessions; s; s = s->next)
+		if (s->route_len == len && memcmp(s->route, route, len) == 0)
+			return s;
+	return NULL;
+}
+
+int session_send(struct session *s, const Zerod__V1__Envelope *env)
+{
+	int r = wire_send(s->d->router, s->route, s->route_len, env);
+
+	if (r < 0)
+		log_warning("job %s rank %u: cannot send %s: %s", s->job ? s->job->id : "-",
+			    s->rank, wire_body_name(env->body_case), zc_strerror(r));
+	return r;
+}
+
+static void reply_error(struct daemon *d, const void *route, size_t len, int code,
+			const char *msg)
+{
+	d->stats.errors_sent++;
+	(void)wire_send_error(d->router, route, len, code, true, -1, -1, msg);
+}
+
+void session_send_error(struct session *s, int code, bool fatal, int64_t iteration,
+			int64_t bucket, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	s->d->stats.errors_sent++;
+	log_info("job %s rank %u: %s: %s", s->job ? s->job->id : "-", s->rank,
+		 zc_strerror_name(code), msg);
+	(void)wire_send_error(s->d->router, s->route, s->route_len, code, fatal, iteration, bucket,
+			      msg);
+}
+
+static void on_pidfd(struct loop *l, void *userdata)
+{
+	struct session *s = userdata;
+
+	(void)l;
+	log_notice("job %s rank %u: trainer pid %d exited", s->job ? s->job->id : "-", s->rank,
+		   (int)s->pid);
+	session_drop(s, true);
+}
+
+void session_drop(struct session *s, bool died)
+{
+	struct daemon *d = s->d;
+
+	for (struct session **pp = &d->sessions; *pp; pp = &(*pp)->next)
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	if (s->pidfd >= 0) {
+		loop_remove_fd(d->loop, s->pidfd);
+		close(s->pidfd);
+	}
+	if (s->job)
+		job_leave(s->job, s, died);
+	free(s);
+}
+
+void session_free_all(struct daemon *d)
+{
+	while (d->sessions) {
+		struct session *s = d->sessions;
+		d->sessions = s->next;
+		if (s->pidfd >= 0)
+			close(s->pidfd);
+		free(s);
+	}
+}
+
+/* ------------------------------------------------------- handlers --- */
+
+static void on_hello(struct daemon *d, const void *route, size_t rlen, struct session *s,
+		     const Zerod__V1__Envelope *env)
+{
+	const Zerod__V1__Hello *h = env->hello;
+	Zerod__V1__Envelope out = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__HelloOk ok = ZEROD__V1__HELLO_OK__INIT;
+	char err[256];
+	int r;
+
+	if (s) {
+		session_send_error(s, ZC_ESTATE, false, -1, -1, "second Hello on one connection");
+		return;
+	}
+	if (h->protocol_version != ZC_PROTOCOL_VERSION) {
+		snprintf(err, sizeof(err), "client speaks protocol %u, zerod %s speaks %u",
+			 h->protocol_version, ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION);
+		reply_error(d, route, rlen, ZC_EVERSION, err);
+		return;
+	}
+	if (d->stopping) {
+		reply_error(d, route, rlen, ZC_ESHUTDOWN, "zerod is shutting down");
+		return;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		reply_error(d, route, rlen, -ENOMEM, "out of memory");
+		return;
+	}
+	memcpy(s->route, route, rlen);
+	s->route_len = rlen;
+	s->d = d;
+	s->pidfd = -1;
+	s->rank = h->rank;
+	s->pid = h->pid;
+	r = job_join(d, s, h, err, sizeof(err));
+	if (r < 0) {
+		reply_error(d, route, rlen, r, err);
+		free(s);
+		return;
+	}
+	/* A dead trainer is noticed at once through its pidfd. Without one
+	 * (pid in another namespace) the stall timeout still ends the wait. */
+	s->pidfd = h->pid > 0 ? (int)syscall(SYS_pidfd_open, h->pid, 0) : -1;
+	if (s->pidfd >= 0) {
+		if (loop_add_fd(d->loop, s->pidfd, on_pidfd, s) < 0) {
+			close(s->pidfd);
+			s->pidfd = -1;
+		}
+	} else {
+		log_warning("job %s rank %u: cannot watch pid %d (%s); relying on the stall "
+			    "timeout",
+			    s->job->id, s->rank, (int)h->pid, strerror(errno));
+	}
+	s->next = d->sessions;
+	d->sessions = s;
+
+	ok.protocol_version = ZC_PROTOCOL_VERSION;
+	ok.daemon_version = (char *)ZEROD_VERSION_STRING;
+	out.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO_OK;
+	out.hello_ok = &ok;
+	session_send(s, &out);
+}
+
+static void on_register_plan(struct daemon *d, const void *route, size_t rlen,
+			     struct session *s, const Zerod__V1__Envelope *env)
+{
+	(void)d, (void)route, (void)rlen;
+	job_register_plan(s->job, s, env->register_plan);
+}
+
+static void on_bucket_ready(struct daemon *d, const void *route, size_t rlen, struct session *s,
+			    const Zerod__V1__Envelope *env)
+{
+	(void)d, (void)route, (void)rlen;
+	sched_bucket_ready(s->job, s, env->bucket_ready);
+}
+
+static void on_set_hyper(struct daemon *d, const void *route, size_t rlen, struct session *s,
+			 const Zerod__V1__Envelope *env)
+{
+	(void)d, (void)route, (void)rlen;
+	sched_set_hyper(s->job, s, env->set_hyper);
+}
+
+static void on_goodbye(struct daemon *d, const void *route, size_t rlen, struct session *s,
+		       const Zerod__V1__Envelope *env)
+{
+	(void)d, (void)route, (void)rlen, (void)env;
+	session_drop(s, false);
+}
+
+enum { NEEDS_SESSION = 1 << 0 };
+
+static const struct handler {
+	Zerod__V1__Envelope__BodyCase body;
+	void (*fn)(struct daemon *d, const void *route, size_t rlen, struct session *s,
+		   const Zerod__V1__Envelope *env);
+	unsigned flags;
+} handlers[] = {
+	{ZEROD__V1__ENVELOPE__BODY_HELLO, on_hello, 0},
+	{ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN, on_register_plan, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_BUCKET_READY, on_bucket_ready, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_SET_HYPER, on_set_hyper, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_GOODBYE, on_goodbye, NEEDS_SESSION},
+};
+
+static void dispatch(struct daemon *d, const void *route, size_t rlen, const void *buf,
+		     size_t len)
+{
+	struct session *s = session_find(d, route, rlen);
+	Zerod__V1__Envelope *env;
+	const struct handler *h = NULL;
+	char msg[160];
+
+	if (wire_decode(buf, len, &env) < 0) {
+		snprintf(msg, sizeof(msg), "cannot decode a %zu-byte message as zerod.v1.Envelope",
+			 len);
+		if (s)
+			session_send_error(s, ZC_EPROTO, false, -1, -1, "%s", msg);
+		else
+			reply_error(d, route, rlen, ZC_EPROTO, msg);
+		return;
+	}
+	for (size_t i = 0; i < ARRAY_SIZE(handlers); i++)
+		if (handlers[i].body == env->body_case)
+			h = &handlers[i];
+	if (!h) {
+		snprintf(msg, sizeof(msg), "%s is not a message a client sends",
+			 wire_body_name(env->body_case));
+		if (s)
+			session_send_error(s, ZC_EPROTO, false, -1, -1, "%s", msg);
+		else
+			reply_error(d, route, rlen, ZC_EPROTO, msg);
+	} else if ((h->flags & NEEDS_SESSION) && !s) {
+		snprintf(msg, sizeof(msg), "%s before Hello", wire_body_name(env->body_case));
+		reply_error(d, route, rlen, ZC_EPROTO, msg);
+	} else {
+		h->fn(d, route, rlen, s, env);
+	}
+	wire_free(env);
+}
+
+void session_on_router(struct loop *l, void *userdata)
+{
+	struct daemon *d = userdata;
+
+	(void)l;
+	/* Drain what is queued now, a bounded number at a time, so one busy
+	 * client cannot starve completions and signals. */
+	for (int budget = 256; budget > 0; budget--) {
+		zmq_msg_t route, body;
+		int more = 0;
+		size_t more_len = sizeof(more);
+
+		zmq_msg_init(&route);
+		if (zmq_msg_recv(&route, d->router, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&route);
+			break;
+		}
+		zmq_msg_init(&body);
+		if (!zmq_msg_more(&route) || zmq_msg_recv(&body, d->router, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&body);
+			zmq_msg_close(&route);
+			continue;
+		}
+		zmq_getsockopt(d->router, ZMQ_RCVMORE, &more, &more_len);
+		if (more) {
+			/* a multi-frame message: drop the rest, answer once */
+			while (more) {
+				zmq_msg_t extra;
+				zmq_msg_init(&extra);
+				zmq_msg_recv(&extra, d->router, ZMQ_DONTWAIT);
+				more = zmq_msg_more(&extra);
+				zmq_msg_close(&extra);
+			}
+			reply_error(d, zmq_msg_data(&route), zmq_msg_size(&route), ZC_EPROTO,
+				    "multi-frame message: send one Envelope per message");
+		} else if (zmq_msg_size(&route) <= ZEROD_ROUTE_MAX) {
+			dispatch(d, zmq_msg_data(&route), zmq_msg_size(&route),
+				 zmq_msg_data(&body), zmq_msg_size(&body));
+		}
+		zmq_msg_close(&body);
+		zmq_msg_close(&route);
+	}
+}
