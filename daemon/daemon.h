@@ -48,6 +48,7 @@ struct session {
 	uint8_t route[ZEROD_ROUTE_MAX];
 	size_t route_len;
 	struct daemon *d;
+	uint64_t serial; /* never reused, unlike the address */
 	struct job *job;
 	uint32_t rank;
 	pid_t pid;
@@ -111,6 +112,7 @@ struct daemon {
 	struct completion_queue *cq;
 	int sigfd, timerfd;
 	struct session *sessions;
+	uint64_t session_serial;
 	struct job *jobs;
 	unsigned njobs;
 	bool stopping;

@@ -349,12 +349,9 @@ void job_leave(struct job *j, struct session *s, bool died)
 	 * others are not waiting on anything. Otherwise they are told now. */
 	if (j->state != JOB_FAILED) {
 		bool idle = j->state == JOB_ACTIVE && !j->in_flight;
-		if (died)
-			job_fail(j, ZC_ERANKDEAD, true, "rank %u (pid %d) died%s", s->rank,
-				 (int)s->pid, idle ? "" : " during an iteration");
-		else
-			job_fail(j, ZC_ERANKDEAD, !idle, "rank %u (pid %d) left the job", s->rank,
-				 (int)s->pid);
+		job_fail(j, ZC_ERANKDEAD, !idle, "rank %u (pid %d) %s", s->rank, (int)s->pid,
+			 !died ? "left the job" : idle ? "exited between iterations"
+						       : "died during an iteration");
 	}
 	job_maybe_free(j);
 }

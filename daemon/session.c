@@ -31,6 +31,14 @@ static struct session *session_find(struct daemon *d, const void *route, size_t 
 	return NULL;
 }
 
+static struct session *session_find_serial(struct daemon *d, uint64_t serial)
+{
+	for (struct session *x = d->sessions; x; x = x->next)
+		if (x->serial == serial)
+			return x;
+	return NULL;
+}
+
 int session_send(struct session *s, const Zerod__V1__Envelope *env)
 {
 	int r = wire_send(s->d->router, s->route, s->route_len, env);
@@ -67,8 +75,15 @@ void session_send_error(struct session *s, int code, bool fatal, int64_t iterati
 static void on_pidfd(struct loop *l, void *userdata)
 {
 	struct session *s = userdata;
+	struct daemon *d = s->d;
+	uint64_t serial = s->serial;
 
-	(void)l;
+	/* A Goodbye sent just before exiting may still wait in the socket: it
+	 * may free s, so look the session up again afterwards. */
+	session_on_router(l, d);
+	s = session_find_serial(d, serial);
+	if (!s)
+		return;
 	log_notice("job %s rank %u: trainer pid %d exited", s->job ? s->job->id : "-", s->rank,
 		   (int)s->pid);
 	session_drop(s, true);
@@ -136,6 +151,7 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	memcpy(s->route, route, rlen);
 	s->route_len = rlen;
 	s->d = d;
+	s->serial = ++d->session_serial;
 	s->pidfd = -1;
 	s->rank = h->rank;
 	s->pid = h->pid;

@@ -1,0 +1,171 @@
+/* harness.c — see harness.h. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static int64_t ms_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int zd_start(struct zd *d, const char *const *extra)
+{
+	const char *bin = getenv("ZEROD_BIN");
+	const char *argv[32];
+	int n = 0;
+	int64_t deadline;
+
+	memset(d, 0, sizeof(*d));
+	if (!bin)
+		return -ENOENT;
+	snprintf(d->dir, sizeof(d->dir), "/tmp/zerod-test.XXXXXX");
+	if (!mkdtemp(d->dir))
+		return -errno;
+	snprintf(d->sock, sizeof(d->sock), "%s/zerod.sock", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/zerod.log", d->dir);
+	argv[n++] = bin;
+	argv[n++] = "--socket";
+	argv[n++] = d->sock;
+	for (; extra && *extra && n < 30; extra++)
+		argv[n++] = *extra;
+	argv[n] = NULL;
+	d->pid = fork();
+	if (d->pid < 0)
+		return -errno;
+	if (d->pid == 0) {
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0) {
+			dup2(fd, 2);
+			close(fd);
+		}
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	deadline = ms_now() + 10000;
+	while (ms_now() < deadline) {
+		if (access(d->sock, F_OK) == 0)
+			return 0;
+		if (waitpid(d->pid, NULL, WNOHANG) == d->pid) {
+			d->pid = 0;
+			zd_dump_log(d);
+			return -ECHILD;
+		}
+		usleep(5000);
+	}
+	return -ETIMEDOUT;
+}
+
+bool zd_alive(struct zd *d)
+{
+	return d->pid > 0 && waitpid(d->pid, NULL, WNOHANG) == 0;
+}
+
+int zd_stop(struct zd *d, int timeout_ms)
+{
+	char cmd[300];
+	int r;
+
+	if (d->pid <= 0)
+		return -ECHILD;
+	kill(d->pid, SIGTERM);
+	r = wait_child(d->pid, timeout_ms);
+	d->pid = 0;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
+	if (!getenv("ZEROD_TEST_KEEP"))
+		(void)!system(cmd);
+	return r;
+}
+
+void zd_dump_log(const struct zd *d)
+{
+	char line[1200];
+	FILE *f = fopen(d->log, "r");
+
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f))
+		printf("# zerod: %s", line);
+	fclose(f);
+	fflush(stdout);
+}
+
+bool zd_log_has(const struct zd *d, const char *needle)
+{
+	char line[1200];
+	bool found = false;
+	FILE *f = fopen(d->log, "r");
+
+	if (!f)
+		return false;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, needle) != NULL;
+	fclose(f);
+	return found;
+}
+
+pid_t spawn(int (*fn)(void *arg, int idx), void *arg, int idx)
+{
+	pid_t pid;
+
+	fflush(stdout);
+	fflush(stderr);
+	pid = fork();
+	if (pid == 0)
+		_exit(fn(arg, idx));
+	return pid;
+}
+
+int wait_child(pid_t pid, int timeout_ms)
+{
+	int64_t deadline = ms_now() + timeout_ms;
+	int st;
+
+	for (;;) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		if (r < 0)
+			return -errno;
+		if (ms_now() >= deadline) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			return -ETIMEDOUT;
+		}
+		usleep(2000);
+	}
+}
+
+struct zc_config test_config(const struct zd *d, const char *job, uint32_t rank, uint32_t world)
+{
+	struct zc_config c = ZC_CONFIG_INIT;
+
+	c.socket = d->sock;
+	c.job_id = job;
+	c.rank = rank;
+	c.world_size = world;
+	c.local_rank = rank;
+	c.local_size = world;
+	c.connect_timeout_ms = 10000;
+	return c;
+}
+
+float det_uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c)
+{
+	uint64_t z = seed * 0x9e3779b97f4a7c15ull ^ a * 0xc2b2ae3d27d4eb4full ^
+		     b * 0x165667b19e3779f9ull ^ c * 0x27d4eb2f165667c5ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return (float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}

@@ -1,0 +1,48 @@
+/*
+ * harness.h — what integration tests need to run real processes: a real zerod
+ * on a private socket in a fresh temporary directory, forked trainer
+ * processes with timeouts, and the deterministic data both the trainers and
+ * the reference computations use.
+ */
+#ifndef ZEROD_TEST_HARNESS_H
+#define ZEROD_TEST_HARNESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "zeroclient.h"
+
+struct zd {
+	char dir[128];
+	char sock[192];
+	char log[192];
+	pid_t pid;
+};
+
+/* Start $ZEROD_BIN --socket DIR/zerod.sock [extra...] (NULL-terminated) and
+ * wait until it serves. 0 or -errno. */
+int zd_start(struct zd *d, const char *const *extra);
+/* SIGTERM and wait up to timeout_ms: the exit status (0..255), 128+signal,
+ * or -ETIMEDOUT (then it is SIGKILLed). Removes the directory. */
+int zd_stop(struct zd *d, int timeout_ms);
+bool zd_alive(struct zd *d);
+/* Copy the daemon's log into the TAP output as comments. */
+void zd_dump_log(const struct zd *d);
+/* true if the daemon's log contains needle. */
+bool zd_log_has(const struct zd *d, const char *needle);
+
+/* Fork a child that returns fn(arg, idx) as its exit status. */
+pid_t spawn(int (*fn)(void *arg, int idx), void *arg, int idx);
+/* Wait for a child up to timeout_ms: its exit status, 128+signal, or
+ * -ETIMEDOUT (then it is SIGKILLed and reaped). */
+int wait_child(pid_t pid, int timeout_ms);
+
+/* A client config for `job` rank/world on d's socket, single node. */
+struct zc_config test_config(const struct zd *d, const char *job, uint32_t rank,
+			     uint32_t world);
+
+/* Deterministic value in [-1, 1) for (seed, a, b, c). */
+float det_uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
+
+#endif

@@ -1,0 +1,287 @@
+/* trainer.c — see trainer.h. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "trainer.h"
+
+static const uint64_t bucket_sizes[] = {1000, 37, 4099, 16, 2500};
+#define NB (sizeof(bucket_sizes) / sizeof(bucket_sizes[0]))
+
+void train_make_plan(const struct train_spec *s, struct train_plan *tp)
+{
+	memset(tp, 0, sizeof(*tp));
+	for (int g = 0; g < TRAIN_MAX_GROUPS; g++)
+		tp->groups[g] = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
+	if (s->optimizer == ZC_OPT_SGD) {
+		tp->groups[0].lr = 0.05;
+		tp->groups[0].momentum = 0.9;
+		tp->groups[0].nesterov = true;
+		tp->groups[1].lr = 0.02;
+		tp->groups[1].momentum = 0.5;
+		tp->groups[1].dampening = 0.1;
+		tp->groups[1].weight_decay = 0.01;
+		tp->groups[2].lr = 0.01;
+		tp->groups[2].weight_decay = 0.001;
+		tp->groups[2].maximize = true;
+	} else {
+		tp->groups[0].lr = 1e-2;
+		tp->groups[1].lr = 2e-3;
+		tp->groups[1].beta1 = 0.8;
+		tp->groups[1].beta2 = 0.99;
+		tp->groups[1].eps = 1e-6;
+		tp->groups[1].weight_decay = 0.01;
+		tp->groups[1].amsgrad = true;
+		tp->groups[2].lr = 5e-3;
+		tp->groups[2].weight_decay = 0.05;
+		tp->groups[2].maximize = true;
+	}
+	for (uint32_t b = 0; b < NB; b++) {
+		/* 1 to 3 segments per bucket, cycling through the groups */
+		uint64_t n = bucket_sizes[b], off = 0;
+		uint32_t nseg = n < 20 ? 1 : 1 + b % 3;
+		for (uint32_t k = 0; k < nseg; k++) {
+			uint64_t len = k + 1 == nseg ? n - off : n / (nseg + 1);
+			tp->segs[b][k] = (struct zc_segment){off, len, (b + k) % TRAIN_MAX_GROUPS};
+			off += len;
+		}
+		tp->buckets[b] = (struct zc_bucket){n, nseg, tp->segs[b]};
+	}
+	tp->plan = (struct zc_plan){
+		.optimizer = s->optimizer,
+		.shard_mode = s->shard_mode,
+		.step_mode = s->step_mode,
+		.ngroups = TRAIN_MAX_GROUPS,
+		.groups = tp->groups,
+		.nbuckets = NB,
+		.buckets = tp->buckets,
+	};
+}
+
+static float grad_value(const struct train_spec *s, uint32_t rank, int it, uint32_t b, uint64_t i)
+{
+	return det_uniform(s->seed, rank, (uint64_t)it, ((uint64_t)b << 32) | i);
+}
+
+static float init_value(const struct train_spec *s, uint32_t b, uint64_t i)
+{
+	return det_uniform(s->seed ^ 0x5eed, 0, b, i);
+}
+
+/* ---- the reference: one process, no sharding, plain loops ---- */
+
+struct ref_state {
+	float *p, *m, *v, *vmax;
+	uint64_t n;
+};
+
+static void ref_sgd(const struct zc_param_group *h, float *p, const float *g, float *m, bool first,
+		    uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		float d = h->maximize ? -g[i] : g[i];
+		if (h->weight_decay != 0)
+			d = d + (float)h->weight_decay * p[i];
+		if (h->momentum != 0) {
+			if (first)
+				m[i] = d;
+			else
+				m[i] = (float)h->momentum * m[i] + (float)(1 - h->dampening) * d;
+			d = h->nesterov ? d + (float)h->momentum * m[i] : m[i];
+		}
+		p[i] = p[i] - (float)h->lr * d;
+	}
+}
+
+static void ref_adam(bool decoupled, const struct zc_param_group *h, uint64_t step, float *p,
+		     const float *g, float *m, float *v, float *vmax, uint64_t n)
+{
+	double bc1 = 1 - pow(h->beta1, (double)step), bc2 = 1 - pow(h->beta2, (double)step);
+	double ss = h->lr / bc1, r2 = sqrt(bc2);
+
+	for (uint64_t i = 0; i < n; i++) {
+		float gi = h->maximize ? -g[i] : g[i], den;
+		if (decoupled)
+			p[i] = p[i] * (float)(1 - h->lr * h->weight_decay);
+		else if (h->weight_decay != 0)
+			gi = gi + (float)h->weight_decay * p[i];
+		m[i] = m[i] * (float)h->beta1 + (float)(1 - h->beta1) * gi;
+		v[i] = v[i] * (float)h->beta2 + ((float)(1 - h->beta2) * gi) * gi;
+		if (h->amsgrad) {
+			vmax[i] = vmax[i] > v[i] ? vmax[i] : v[i];
+			den = sqrtf(vmax[i]) / (float)r2 + (float)h->eps;
+		} else {
+			den = sqrtf(v[i]) / (float)r2 + (float)h->eps;
+		}
+		p[i] = p[i] + ((float)(-ss) * m[i]) / den;
+	}
+}
+
+static float *reference(const struct train_spec *s, const struct train_plan *tp)
+{
+	uint64_t total = 0, *base = calloc(NB, sizeof(*base));
+	struct zc_param_group groups[TRAIN_MAX_GROUPS];
+	float *p, *m, *v, *vmax, *g;
+
+	for (uint32_t b = 0; b < NB; b++) {
+		base[b] = total;
+		total += bucket_sizes[b];
+	}
+	p = calloc(total, 4), m = calloc(total, 4), v = calloc(total, 4);
+	vmax = calloc(total, 4), g = calloc(total, 4);
+	memcpy(groups, tp->groups, sizeof(groups));
+	for (uint32_t b = 0; b < NB; b++)
+		for (uint64_t i = 0; i < bucket_sizes[b]; i++)
+			p[base[b] + i] = init_value(s, b, i);
+	for (int it = 0; it < s->iters; it++) {
+		if (it == s->hyper_iter)
+			groups[0].lr *= 0.5;
+		for (uint32_t b = 0; b < NB; b++)
+			for (uint64_t i = 0; i < bucket_sizes[b]; i++) {
+				float sum = grad_value(s, 0, it, b, i);
+				for (uint32_t r = 1; r < s->world; r++)
+					sum += grad_value(s, r, it, b, i);
+				g[base[b] + i] = sum / (float)s->world;
+			}
+		for (uint32_t b = 0; b < NB; b++)
+			for (uint32_t k = 0; k < tp->buckets[b].nsegments; k++) {
+				const struct zc_segment *sg = &tp->buckets[b].segments[k];
+				const struct zc_param_group *h = &groups[sg->group];
+				uint64_t o = base[b] + sg->offset;
+				if (s->optimizer == ZC_OPT_SGD)
+					ref_sgd(h, p + o, g + o, m + o, it == 0, sg->numel);
+				else
+					ref_adam(s->optimizer == ZC_OPT_ADAMW, h, (uint64_t)it + 1,
+						 p + o, g + o, m + o, v + o, vmax + o, sg->numel);
+			}
+	}
+	free(base);
+	free(m);
+	free(v);
+	free(vmax);
+	free(g);
+	return p;
+}
+
+/* ---- one rank ---- */
+
+int train_rank(const struct train_spec *s, uint32_t rank)
+{
+	struct train_plan tp;
+	struct zc_config cfg = ZC_CONFIG_INIT;
+	char errtext[256] = "";
+	zc_client *c = NULL;
+	zc_future *bf[NB];
+	float *ref = NULL;
+	int r, bad = 0;
+	uint64_t at = 0;
+
+	train_make_plan(s, &tp);
+	cfg.socket = s->socket;
+	cfg.job_id = s->job;
+	cfg.rank = cfg.local_rank = rank;
+	cfg.world_size = cfg.local_size = s->world;
+	cfg.connect_timeout_ms = 15000;
+	cfg.error_text = errtext;
+	cfg.error_text_len = sizeof(errtext);
+	r = zc_connect(&cfg, &c);
+	if (r < 0) {
+		printf("# %s rank %u: connect: %s: %s\n", s->job, rank, zc_strerror_name(r), errtext);
+		return 1;
+	}
+	r = zc_alloc_buffers(c, &tp.plan);
+	if (r < 0)
+		goto fail;
+	for (uint32_t b = 0; b < NB; b++) {
+		float *pb = zc_param_buffer(c, b);
+		for (uint64_t i = 0; i < bucket_sizes[b]; i++)
+			/* only rank 0's initial values may survive */
+			pb[i] = rank == 0 ? init_value(s, b, i) : 1234.5f;
+	}
+	r = zc_register_plan(c);
+	if (r < 0)
+		goto fail;
+	for (uint32_t b = 0; b < NB; b++)
+		for (uint64_t i = 0; i < bucket_sizes[b]; i++)
+			if (zc_param_buffer(c, b)[i] != init_value(s, b, i)) {
+				printf("# %s rank %u: after registration bucket %u[%lu] is %g, not rank "
+				       "0's %g\n",
+				       s->job, rank, b, (unsigned long)i, zc_param_buffer(c, b)[i],
+				       init_value(s, b, i));
+				bad = 1;
+				goto out;
+			}
+	for (int it = 0; it < s->iters; it++) {
+		zc_future *step = NULL;
+
+		if (it == s->hyper_iter) {
+			struct zc_param_group h = tp.groups[0];
+			h.lr *= 0.5;
+			r = zc_set_hyper(c, 0, &h);
+			if (r < 0)
+				goto fail;
+		}
+		for (uint32_t b = 0; b < NB; b++) {
+			float *gb = zc_grad_buffer(c, b);
+			for (uint64_t i = 0; i < bucket_sizes[b]; i++)
+				gb[i] = grad_value(s, rank, it, b, i);
+			r = zc_bucket_ready(c, b, &bf[b]);
+			if (r < 0)
+				goto fail;
+		}
+		r = zc_step_future(c, (uint64_t)it, &step);
+		if (r >= 0)
+			r = zc_future_wait(step, 20000);
+		if (r <= 0) {
+			printf("# %s rank %u: iteration %d step: %s: %s\n", s->job, rank, it,
+			       r ? zc_strerror_name(r) : "timed out", zc_future_message(step));
+			zc_future_free(step);
+			for (uint32_t b = 0; b < NB; b++)
+				zc_future_free(bf[b]);
+			bad = 1;
+			goto out;
+		}
+		zc_future_free(step);
+		for (uint32_t b = 0; b < NB; b++) {
+			/* the step completes after every bucket's reduction */
+			int st = zc_future_poll(bf[b]);
+			if (st != 1) {
+				printf("# %s rank %u: iteration %d bucket %u future: %d\n", s->job,
+				       rank, it, b, st);
+				bad = 1;
+			}
+			zc_future_free(bf[b]);
+		}
+		if (bad)
+			goto out;
+		if (s->sleep_us)
+			usleep((useconds_t)s->sleep_us);
+	}
+	ref = reference(s, &tp);
+	for (uint32_t b = 0; b < NB && bad < 5; b++) {
+		const float *pb = zc_param_buffer(c, b);
+		for (uint64_t i = 0; i < bucket_sizes[b] && bad < 5; i++, at++) {
+			float want = ref[at], got = pb[i];
+			bool ok = s->tolerance == 0
+					  ? memcmp(&want, &got, sizeof(float)) == 0
+					  : fabs((double)got - want) <=
+						    s->tolerance * fmax(fabs((double)want), 1e-3);
+			if (!ok) {
+				printf("# %s rank %u: bucket %u[%lu] = %.9g, reference %.9g\n",
+				       s->job, rank, b, (unsigned long)i, got, want);
+				bad++;
+			}
+		}
+	}
+out:
+	free(ref);
+	zc_close(c);
+	return bad ? 1 : 0;
+fail:
+	printf("# %s rank %u: %s: %s\n", s->job, rank, zc_strerror_name(r), zc_error_message(c));
+	zc_close(c);
+	return 1;
+}

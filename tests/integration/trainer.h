@@ -1,0 +1,49 @@
+/*
+ * trainer.h — a test trainer rank and its single-process reference.
+ *
+ * Every rank of a job feeds gradients that differ per rank, iteration and
+ * element (det_uniform), hands its buckets over in order, waits for the
+ * step, and at the end compares its parameter buffers with a non-sharded,
+ * single-process reference computed here: the average of all ranks'
+ * gradients, then the optimizer loops written out independently of the
+ * daemon's kernels (in the order optim.h documents).
+ */
+#ifndef ZEROD_TEST_TRAINER_H
+#define ZEROD_TEST_TRAINER_H
+
+#include <stdint.h>
+
+#include "zeroclient.h"
+
+#define TRAIN_MAX_GROUPS 3
+#define TRAIN_MAX_BUCKETS 8
+
+struct train_spec {
+	const char *socket;
+	const char *job;
+	uint32_t world;
+	enum zc_optimizer optimizer;
+	enum zc_shard_mode shard_mode;
+	enum zc_step_mode step_mode;
+	int iters;
+	uint64_t seed;
+	int hyper_iter;    /* from this iteration on, group 0's lr is halved (< 0: never) */
+	int sleep_us;      /* pause per iteration (to make a job last) */
+	double tolerance;  /* 0: bit-exact, else max relative difference */
+};
+
+/* The plan the tests use for spec (groups and buckets in static storage
+ * owned by *storage). */
+struct train_plan {
+	struct zc_param_group groups[TRAIN_MAX_GROUPS];
+	struct zc_segment segs[TRAIN_MAX_BUCKETS][4];
+	struct zc_bucket buckets[TRAIN_MAX_BUCKETS];
+	struct zc_plan plan;
+};
+void train_make_plan(const struct train_spec *s, struct train_plan *tp);
+
+/* Run rank `rank` to the end; 0 if its final parameters match the
+ * reference, else 1 (reasons printed as TAP comments). */
+int train_rank(const struct train_spec *s, uint32_t rank);
+
+#endif
