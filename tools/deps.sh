@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install what building and testing zerod needs, from Debian's packages, only
+# where it is missing. Sourced or run by tools/demo.sh and tools/test.sh.
+set -euo pipefail
+
+ZEROD_PACKAGES=(
+    gcc pkg-config meson ninja-build cmake
+    libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev
+    python3
+)
+
+missing=()
+for p in "${ZEROD_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "zerod: installing ${missing[*]}" >&2
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null || { echo "zerod: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+        sudo="sudo"
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
