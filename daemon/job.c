@@ -93,6 +93,7 @@ static void job_free(struct job *j)
 		free(c);
 	}
 	shard_map_free(j->shard);
+	plan_free(j->plan);
 	free(j->ranks);
 	free(j->plans);
 	free(j->grad_map);

@@ -1,0 +1,941 @@
+/*
+ * test_badinput.c — one real zerod (--stall-timeout 1500) fed everything a
+ * trainer can get wrong: bytes that are not an Envelope, truncated and
+ * multi-frame messages, a wrong protocol version, messages out of state,
+ * buffers of the wrong size, buckets out of order / twice / unknown / early,
+ * a duplicate rank, a plan that differs between ranks, a trainer killed
+ * mid-iteration and one that stalls. Each must get its exact ZC_E... code
+ * (naming what was wrong), and none may disturb the background job "bg"
+ * that trains through all of it and must end with the reference parameters.
+ *
+ * The parent never creates a ZeroMQ context: every client (libzeroclient or
+ * a raw DEALER socket) lives in a forked child that exits 0 when everything
+ * it saw was as expected and prints its reasons as TAP comments otherwise.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "harness.h"
+#include "plan.h"
+#include "testlib.h"
+#include "trainer.h"
+#include "wire.h"
+
+#define STALL_MS 1500
+
+static struct zd daemon_;
+
+/* ------------------------------------------------------ child side --- */
+
+static int child_bad; /* per process: each child starts from the parent's 0 */
+
+#define EXPECT(cond, ...)                                                                          \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			child_bad = 1;                                                             \
+			printf("# [%s] EXPECT(%s) failed: ", __func__, #cond);                     \
+			printf(__VA_ARGS__);                                                       \
+			printf("\n");                                                              \
+			fflush(stdout);                                                            \
+		}                                                                                  \
+	} while (0)
+
+static int64_t ms_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static bool contains(const char *hay, const char *needle)
+{
+	return hay && strstr(hay, needle) != NULL;
+}
+
+/* One byte through a pipe, to order steps of different children. */
+static void signal_pipe(int fd)
+{
+	(void)!write(fd, "x", 1);
+}
+
+static bool wait_pipe(int fd, int timeout_ms)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	char ch;
+
+	return poll(&p, 1, timeout_ms) == 1 && read(fd, &ch, 1) == 1;
+}
+
+/* ---- raw DEALER: what a broken or hostile client could send ---- */
+
+struct raw {
+	void *ctx, *sock;
+};
+
+static int raw_open(struct raw *r)
+{
+	char ep[256];
+	int zero = 0, tmo = 5000;
+
+	r->ctx = zmq_ctx_new();
+	r->sock = r->ctx ? zmq_socket(r->ctx, ZMQ_DEALER) : NULL;
+	if (!r->sock) {
+		printf("# raw socket: %s\n", zmq_strerror(zmq_errno()));
+		return -1;
+	}
+	zmq_setsockopt(r->sock, ZMQ_LINGER, &zero, sizeof(zero));
+	zmq_setsockopt(r->sock, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+	snprintf(ep, sizeof(ep), "ipc://%s", daemon_.sock);
+	if (zmq_connect(r->sock, ep) < 0) {
+		printf("# raw connect %s: %s\n", ep, zmq_strerror(zmq_errno()));
+		return -1;
+	}
+	return 0;
+}
+
+static void raw_close(struct raw *r)
+{
+	if (r->sock)
+		zmq_close(r->sock);
+	if (r->ctx)
+		zmq_ctx_term(r->ctx);
+}
+
+static void raw_send_bytes(struct raw *r, const void *buf, size_t len, int flags)
+{
+	int rc = zmq_send(r->sock, buf, len, flags);
+	EXPECT(rc == (int)len, "zmq_send: %s", zmq_strerror(zmq_errno()));
+}
+
+static void raw_send(struct raw *r, const Zerod__V1__Envelope *env)
+{
+	int rc = wire_send(r->sock, NULL, 0, env);
+	EXPECT(rc >= 0, "wire_send: %d", rc);
+}
+
+/* Receive one Envelope (5 s at most); NULL (and a failure) if none. */
+static Zerod__V1__Envelope *raw_recv(struct raw *r, const char *what)
+{
+	Zerod__V1__Envelope *env = NULL;
+	zmq_msg_t m;
+	int rc;
+
+	zmq_msg_init(&m);
+	rc = zmq_msg_recv(&m, r->sock, 0);
+	if (rc < 0) {
+		EXPECT(rc >= 0, "%s: no reply from zerod: %s", what, zmq_strerror(zmq_errno()));
+		zmq_msg_close(&m);
+		return NULL;
+	}
+	EXPECT(!zmq_msg_more(&m), "%s: the reply has more than one frame", what);
+	rc = wire_decode(zmq_msg_data(&m), zmq_msg_size(&m), &env);
+	EXPECT(rc == 0, "%s: the reply (%zu bytes) does not decode", what, zmq_msg_size(&m));
+	zmq_msg_close(&m);
+	return rc == 0 ? env : NULL;
+}
+
+/* The next reply must be Error{code} whose message contains needle. */
+static void raw_expect_error(struct raw *r, int code, const char *needle, const char *what)
+{
+	Zerod__V1__Envelope *env = raw_recv(r, what);
+
+	if (!env)
+		return;
+	if (env->body_case != ZEROD__V1__ENVELOPE__BODY_ERROR) {
+		EXPECT(env->body_case == ZEROD__V1__ENVELOPE__BODY_ERROR,
+		       "%s: got %s, not Error %s", what, wire_body_name(env->body_case),
+		       zc_strerror_name(code));
+	} else {
+		int got = -(int)env->error->code;
+		printf("# %s -> %s: %s\n", what, zc_strerror_name(got), env->error->message);
+		EXPECT(got == code, "%s: got %s (%d), want %s: %s", what, zc_strerror_name(got),
+		       got, zc_strerror_name(code), env->error->message);
+		EXPECT(contains(env->error->message, needle), "%s: message \"%s\" lacks \"%s\"",
+		       what, env->error->message, needle);
+	}
+	wire_free(env);
+}
+
+static void raw_expect_body(struct raw *r, Zerod__V1__Envelope__BodyCase body, const char *what)
+{
+	Zerod__V1__Envelope *env = raw_recv(r, what);
+
+	if (!env)
+		return;
+	EXPECT(env->body_case == body, "%s: got %s (%s), want %s", what,
+	       wire_body_name(env->body_case),
+	       env->body_case == ZEROD__V1__ENVELOPE__BODY_ERROR ? env->error->message : "",
+	       wire_body_name(body));
+	wire_free(env);
+}
+
+static void fill_hello(Zerod__V1__Hello *h, const char *job, uint32_t rank, uint32_t world)
+{
+	*h = (Zerod__V1__Hello)ZEROD__V1__HELLO__INIT;
+	h->protocol_version = ZC_PROTOCOL_VERSION;
+	h->job_id = (char *)job;
+	h->rank = rank;
+	h->world_size = world;
+	h->local_rank = rank;
+	h->local_size = world;
+	h->pid = getpid();
+}
+
+static void raw_hello(struct raw *r, const char *job)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Hello h;
+
+	fill_hello(&h, job, 0, 1);
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	raw_send(r, &env);
+	raw_expect_body(r, ZEROD__V1__ENVELOPE__BODY_HELLO_OK, "Hello");
+}
+
+static void raw_goodbye(struct raw *r)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Goodbye g = ZEROD__V1__GOODBYE__INIT;
+
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_GOODBYE;
+	env.goodbye = &g;
+	raw_send(r, &env);
+}
+
+/* ---- libzeroclient: a small plan of 1..4 buckets, one SGD group ---- */
+
+struct small_plan {
+	struct zc_param_group group;
+	struct zc_segment segs[4];
+	struct zc_bucket buckets[4];
+	struct zc_plan plan;
+};
+
+static void small_plan(struct small_plan *sp, uint32_t nbuckets, uint64_t bucket1_numel)
+{
+	uint64_t sizes[4] = {64, 100, 33, 16};
+
+	if (bucket1_numel)
+		sizes[1] = bucket1_numel;
+	memset(sp, 0, sizeof(*sp));
+	sp->group = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
+	sp->group.lr = 0.1;
+	for (uint32_t b = 0; b < 4; b++) {
+		sp->segs[b] = (struct zc_segment){0, sizes[b], 0};
+		sp->buckets[b] = (struct zc_bucket){sizes[b], 1, &sp->segs[b]};
+	}
+	sp->plan = (struct zc_plan){
+		.optimizer = ZC_OPT_SGD,
+		.shard_mode = ZC_SHARD_BUCKET,
+		.step_mode = ZC_STEP_INTERLEAVED,
+		.ngroups = 1,
+		.groups = &sp->group,
+		.nbuckets = nbuckets,
+		.buckets = sp->buckets,
+	};
+}
+
+static zc_client *connect_rank(const char *job, uint32_t rank, uint32_t world)
+{
+	struct zc_config cfg = test_config(&daemon_, job, rank, world);
+	char err[256] = "";
+	zc_client *c = NULL;
+	int r;
+
+	cfg.error_text = err;
+	cfg.error_text_len = sizeof(err);
+	r = zc_connect(&cfg, &c);
+	EXPECT(r == 0, "%s rank %u: zc_connect: %s: %s", job, rank, zc_strerror_name(r), err);
+	return r == 0 ? c : NULL;
+}
+
+/* Connect, allocate, fill gradients and register: a rank ready to send. */
+static zc_client *join(const char *job, uint32_t rank, uint32_t world, uint32_t nbuckets)
+{
+	struct small_plan sp;
+	zc_client *c = connect_rank(job, rank, world);
+	int r;
+
+	if (!c)
+		return NULL;
+	small_plan(&sp, nbuckets, 0);
+	r = zc_alloc_buffers(c, &sp.plan);
+	EXPECT(r == 0, "%s rank %u: zc_alloc_buffers: %s", job, rank, zc_strerror_name(r));
+	if (r == 0) {
+		for (uint32_t b = 0; b < nbuckets; b++)
+			for (uint64_t i = 0; i < sp.buckets[b].numel; i++)
+				zc_grad_buffer(c, b)[i] = det_uniform(9, rank, b, i);
+		r = zc_register_plan(c);
+		EXPECT(r == 0, "%s rank %u: zc_register_plan: %s: %s", job, rank,
+		       zc_strerror_name(r), zc_error_message(c));
+	}
+	if (r != 0) {
+		zc_close(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* Wait for f (5 s) and expect `want` (1: done; else a ZC_E... code) with
+ * needle in its message. */
+static void expect_future(zc_future *f, int want, const char *needle, const char *what)
+{
+	int st = zc_future_wait(f, 5000);
+
+	if (st < 0)
+		printf("# %s -> %s: %s\n", what, zc_strerror_name(st), zc_future_message(f));
+	EXPECT(st == want, "%s: future gave %s (%d), want %s: \"%s\"", what,
+	       st == 1 ? "done" : st == 0 ? "still pending after 5 s" : zc_strerror_name(st), st,
+	       want == 1 ? "done" : zc_strerror_name(want), zc_future_message(f));
+	if (needle && st == want)
+		EXPECT(contains(zc_future_message(f), needle), "%s: message \"%s\" lacks \"%s\"",
+		       what, zc_future_message(f), needle);
+}
+
+/* Send every bucket of the current iteration; the step of `it` must complete. */
+static void finish_iteration(zc_client *c, uint32_t from, uint32_t nbuckets, uint64_t it,
+			     const char *what)
+{
+	zc_future *bf[4] = {0}, *step = NULL;
+	int r;
+
+	for (uint32_t b = from; b < nbuckets; b++) {
+		r = zc_bucket_ready(c, b, &bf[b]);
+		EXPECT(r == 0, "%s: zc_bucket_ready(%u): %s", what, b, zc_strerror_name(r));
+	}
+	r = zc_step_future(c, it, &step);
+	EXPECT(r == 0, "%s: zc_step_future: %s", what, zc_strerror_name(r));
+	if (r == 0)
+		expect_future(step, 1, NULL, what);
+	for (uint32_t b = from; b < nbuckets; b++)
+		if (bf[b])
+			EXPECT(zc_future_poll(bf[b]) == 1, "%s: bucket %u future: %d", what, b,
+			       zc_future_poll(bf[b]));
+	zc_future_free(step);
+	for (uint32_t b = 0; b < 4; b++)
+		zc_future_free(bf[b]);
+}
+
+/* ----------------------------------------------------- parent side --- */
+
+/* Fork n children running fn(arg, i) and expect exit status want[i]. */
+static void run_children(int (*fn)(void *, int), void *arg, int n, const int *want,
+			 int timeout_ms)
+{
+	pid_t pids[8];
+
+	REQUIRE(zd_alive(&daemon_), "zerod is not running");
+	for (int i = 0; i < n; i++) {
+		pids[i] = spawn(fn, arg, i);
+		REQUIRE(pids[i] > 0, "fork: %s", strerror(errno));
+	}
+	for (int i = 0; i < n; i++) {
+		int st = wait_child(pids[i], timeout_ms);
+		int w = want ? want[i] : 0;
+		CHECK(st == w, "child %d exited with %d, want %d", i, st, w);
+	}
+	CHECK(zd_alive(&daemon_), "zerod died");
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+/* ------------------------------------------------- background job --- */
+
+static struct train_spec bg_spec;
+static pid_t bg_pids[2];
+static bool bg_ran_through; /* still training when the last bad case ended */
+
+static int bg_main(void *arg, int idx)
+{
+	return train_rank(arg, (uint32_t)idx);
+}
+
+static void t_bg_start(void)
+{
+	bg_spec = (struct train_spec){
+		.socket = daemon_.sock,
+		.job = "bg",
+		.world = 2,
+		.optimizer = ZC_OPT_ADAM,
+		.shard_mode = ZC_SHARD_BUCKET,
+		.step_mode = ZC_STEP_INTERLEAVED,
+		.iters = 400,
+		.seed = 1234,
+		.hyper_iter = -1,
+		.sleep_us = 10000,
+		.tolerance = 1e-6,
+	};
+	REQUIRE(zd_alive(&daemon_), "zerod is not running");
+	for (int r = 0; r < 2; r++) {
+		bg_pids[r] = spawn(bg_main, &bg_spec, r);
+		REQUIRE(bg_pids[r] > 0, "fork: %s", strerror(errno));
+	}
+	/* let it connect and get going before the bad cases start */
+	for (int i = 0; i < 500 && !zd_log_has(&daemon_, "job bg: active"); i++)
+		usleep(10000);
+	CHECK(zd_log_has(&daemon_, "job bg: active"), "job bg did not become active in 5 s");
+}
+
+/* ------------------------------------------------------------ cases --- */
+
+/* 1. bytes that are not an Envelope */
+static int c_garbage(void *arg, int idx)
+{
+	static const unsigned char overlong[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+						 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+	static const unsigned char badlen[] = {0x0a, 0xf0, 0xff, 0xff, 0x7f, 0x08, 0x01};
+	struct raw r = {0};
+
+	(void)arg, (void)idx;
+	if (raw_open(&r) < 0)
+		return 1;
+	raw_send_bytes(&r, overlong, sizeof(overlong), 0);
+	raw_expect_error(&r, ZC_EPROTO, "cannot decode a 12-byte message", "overlong varint");
+	raw_send_bytes(&r, badlen, sizeof(badlen), 0);
+	raw_expect_error(&r, ZC_EPROTO, "cannot decode", "field longer than the message");
+	raw_send_bytes(&r, "", 0, 0);
+	raw_expect_error(&r, ZC_EPROTO, "cannot decode a 0-byte message", "empty message");
+	raw_close(&r);
+	return child_bad;
+}
+
+static void t_garbage(void)
+{
+	run_children(c_garbage, NULL, 1, NULL, 10000);
+}
+
+/* 2. the first half of a packed Hello */
+static int c_truncated(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Hello h;
+	struct raw r = {0};
+	char want[64];
+	void *buf;
+	size_t len;
+
+	(void)arg, (void)idx;
+	if (raw_open(&r) < 0)
+		return 1;
+	fill_hello(&h, "truncated", 0, 1);
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	if (wire_encode(&env, &buf, &len) < 0)
+		return 1;
+	raw_send_bytes(&r, buf, len / 2, 0);
+	snprintf(want, sizeof(want), "cannot decode a %zu-byte message", len / 2);
+	raw_expect_error(&r, ZC_EPROTO, want, "truncated Hello");
+	/* the whole message on the same connection is still welcome */
+	raw_send_bytes(&r, buf, len, 0);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_HELLO_OK, "whole Hello after a truncated one");
+	raw_goodbye(&r);
+	free(buf);
+	raw_close(&r);
+	return child_bad;
+}
+
+static void t_truncated(void)
+{
+	run_children(c_truncated, NULL, 1, NULL, 10000);
+}
+
+/* 3. protocol version 99 */
+static int c_version(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Hello h;
+	struct raw r = {0};
+
+	(void)arg, (void)idx;
+	if (raw_open(&r) < 0)
+		return 1;
+	fill_hello(&h, "version", 0, 1);
+	h.protocol_version = 99;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_EVERSION, "protocol 99", "Hello with protocol_version 99");
+	raw_close(&r);
+	return child_bad;
+}
+
+static void t_version(void)
+{
+	run_children(c_version, NULL, 1, NULL, 10000);
+}
+
+/* 4. a message before Hello, a server-only message, a multi-frame message */
+static int c_state(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
+	Zerod__V1__HelloOk ok = ZEROD__V1__HELLO_OK__INIT;
+	Zerod__V1__Hello h;
+	struct raw r = {0};
+	void *buf;
+	size_t len;
+
+	(void)arg, (void)idx;
+	if (raw_open(&r) < 0)
+		return 1;
+	br.iteration = 0;
+	br.bucket = 0;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
+	env.bucket_ready = &br;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_EPROTO, "before Hello", "BucketReady before Hello");
+
+	ok.protocol_version = 1;
+	ok.daemon_version = "0";
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO_OK;
+	env.hello_ok = &ok;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_EPROTO, "not a message a client sends", "HelloOk from a client");
+
+	/* a valid Hello, but in the first of two frames: refused as a whole */
+	fill_hello(&h, "multiframe", 0, 1);
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	if (wire_encode(&env, &buf, &len) < 0)
+		return 1;
+	raw_send_bytes(&r, buf, len, ZMQ_SNDMORE);
+	raw_send_bytes(&r, "tail", 4, 0);
+	raw_expect_error(&r, ZC_EPROTO, "multi-frame", "two-frame Hello");
+	/* nothing of it was taken: a single-frame Hello now joins */
+	raw_send_bytes(&r, buf, len, 0);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_HELLO_OK, "Hello after the multi-frame one");
+	raw_goodbye(&r);
+	free(buf);
+	raw_close(&r);
+	return child_bad;
+}
+
+static void t_state(void)
+{
+	run_children(c_state, NULL, 1, NULL, 10000);
+}
+
+/* 5. shm buffers of the wrong size, and a grad_bytes that does not match */
+static int make_shm(const char *name, size_t bytes)
+{
+	int fd = shm_open(name, O_RDWR | O_CREAT | O_TRUNC, 0600);
+
+	if (fd < 0 || ftruncate(fd, (off_t)bytes) < 0) {
+		printf("# shm %s: %s\n", name, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	close(fd);
+	return 0;
+}
+
+static int c_size(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
+	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
+	Zerod__V1__Plan pb;
+	struct small_plan sp;
+	struct plan *p = NULL;
+	char small[96], grad[96], param[96], err[256], want[160];
+	struct raw r = {0};
+	uint64_t bytes;
+
+	(void)arg, (void)idx;
+	small_plan(&sp, 2, 0);
+	if (plan_from_zc(&sp.plan, &p, err, sizeof(err)) < 0 || plan_to_pb(p, &pb) < 0) {
+		printf("# plan: %s\n", err);
+		return 1;
+	}
+	bytes = plan_buffer_bytes(p);
+	snprintf(small, sizeof(small), "/zerodtest-size-%d-small", (int)getpid());
+	snprintf(grad, sizeof(grad), "/zerodtest-size-%d-grad", (int)getpid());
+	snprintf(param, sizeof(param), "/zerodtest-size-%d-param", (int)getpid());
+	if (make_shm(small, bytes / 2) < 0 || make_shm(grad, bytes) < 0 ||
+	    make_shm(param, bytes) < 0)
+		return 1;
+	if (raw_open(&r) < 0)
+		return 1;
+	raw_hello(&r, "size");
+
+	rp.plan = &pb;
+	rp.shm = &shm;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
+	env.register_plan = &rp;
+
+	/* the object is half the size the plan needs (and the claim says) */
+	shm.grad_name = small;
+	shm.grad_bytes = bytes;
+	shm.param_name = param;
+	shm.param_bytes = bytes;
+	raw_send(&r, &env);
+	snprintf(want, sizeof(want), "holds %lu bytes, the plan needs %lu",
+		 (unsigned long)(bytes / 2), (unsigned long)bytes);
+	raw_expect_error(&r, ZC_ESIZE, want, "grad object too small");
+
+	/* the claim differs from the plan */
+	shm.grad_name = grad;
+	shm.grad_bytes = bytes + 4;
+	raw_send(&r, &env);
+	snprintf(want, sizeof(want), "client says %lu bytes, the plan needs %lu",
+		 (unsigned long)(bytes + 4), (unsigned long)bytes);
+	raw_expect_error(&r, ZC_ESIZE, want, "grad_bytes mismatch");
+
+	/* the session and the job survived: the right sizes register */
+	shm.grad_bytes = bytes;
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan with the right sizes");
+	raw_goodbye(&r);
+
+	shm_unlink(small);
+	shm_unlink(grad);
+	shm_unlink(param);
+	plan_pb_free(&pb);
+	plan_free(p);
+	raw_close(&r);
+	return child_bad;
+}
+
+static void t_size(void)
+{
+	run_children(c_size, NULL, 1, NULL, 10000);
+}
+
+/* 6. bucket 1 before bucket 0 */
+static int c_order(void *arg, int idx)
+{
+	zc_client *c = join("order", 0, 1, 3);
+	zc_future *f = NULL;
+	int r;
+
+	(void)arg, (void)idx;
+	if (!c)
+		return 1;
+	r = zc_bucket_ready(c, 1, &f);
+	EXPECT(r == 0, "zc_bucket_ready(1): %s", zc_strerror_name(r));
+	if (r == 0)
+		expect_future(f, ZC_EORDER, "bucket 0 comes first", "bucket 1 first");
+	zc_future_free(f);
+	EXPECT(zc_iteration(c) == 0, "iteration %lu", (unsigned long)zc_iteration(c));
+	/* a rejected bucket changed nothing: the iteration goes through */
+	finish_iteration(c, 0, 3, 0, "iteration 0 after EORDER");
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_order(void)
+{
+	run_children(c_order, NULL, 1, NULL, 15000);
+}
+
+/* 7. the same bucket twice, and bucket 7 of a 3-bucket plan */
+static int c_dupbucket(void *arg, int idx)
+{
+	zc_client *c = join("dupbucket", 0, 1, 3);
+	zc_future *f0 = NULL, *fd = NULL, *f7 = NULL;
+
+	(void)arg, (void)idx;
+	if (!c)
+		return 1;
+	EXPECT(zc_bucket_ready(c, 0, &f0) == 0, "zc_bucket_ready(0)");
+	expect_future(f0, 1, NULL, "bucket 0 (world 1: reduced at once)");
+	EXPECT(zc_bucket_ready(c, 0, &fd) == 0, "zc_bucket_ready(0) again");
+	expect_future(fd, ZC_EDUPBUCKET, "bucket 0 twice", "bucket 0 again");
+	EXPECT(zc_bucket_ready(c, 7, &f7) == 0, "zc_bucket_ready(7)");
+	expect_future(f7, ZC_EBUCKET, "bucket 7 does not exist", "bucket 7");
+	zc_future_free(f0);
+	zc_future_free(fd);
+	zc_future_free(f7);
+	finish_iteration(c, 1, 3, 0, "iteration 0 after EDUPBUCKET/EBUCKET");
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_dupbucket(void)
+{
+	run_children(c_dupbucket, NULL, 1, NULL, 15000);
+}
+
+/* 8. bucket 0 of iteration 1 before iteration 0 completed */
+static int early_pipe[2];
+
+static int c_early(void *arg, int idx)
+{
+	zc_client *c = join("early", (uint32_t)idx, 2, 3);
+	zc_future *bf[3] = {0}, *step = NULL, *fe = NULL;
+
+	(void)arg;
+	if (!c) {
+		if (idx == 0)
+			signal_pipe(early_pipe[1]);
+		return 1;
+	}
+	if (idx == 1) {
+		EXPECT(wait_pipe(early_pipe[0], 10000), "rank 0 never got to its early bucket");
+		finish_iteration(c, 0, 3, 0, "rank 1 iteration 0");
+		zc_close(c);
+		return child_bad;
+	}
+	for (uint32_t b = 0; b < 3; b++)
+		EXPECT(zc_bucket_ready(c, b, &bf[b]) == 0, "zc_bucket_ready(%u)", b);
+	EXPECT(zc_step_future(c, 0, &step) == 0, "zc_step_future");
+	EXPECT(zc_iteration(c) == 1, "client at iteration %lu", (unsigned long)zc_iteration(c));
+	EXPECT(zc_bucket_ready(c, 0, &fe) == 0, "zc_bucket_ready(0) of iteration 1");
+	expect_future(fe, ZC_EEARLY, "still in flight", "bucket 0 of iteration 1");
+	EXPECT(zc_future_poll(step) == 0, "step 0 settled (%d) before rank 1 sent anything",
+	       zc_future_poll(step));
+	signal_pipe(early_pipe[1]);
+	expect_future(step, 1, NULL, "rank 0 step 0");
+	for (uint32_t b = 0; b < 3; b++) {
+		EXPECT(zc_future_poll(bf[b]) == 1, "bucket %u future %d", b, zc_future_poll(bf[b]));
+		zc_future_free(bf[b]);
+	}
+	zc_future_free(fe);
+	zc_future_free(step);
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_early(void)
+{
+	REQUIRE(pipe(early_pipe) == 0, "pipe");
+	run_children(c_early, NULL, 2, NULL, 20000);
+	close(early_pipe[0]);
+	close(early_pipe[1]);
+}
+
+/* 9. two clients as rank 0 of one job */
+static int c_duprank(void *arg, int idx)
+{
+	struct zc_config cfg = test_config(&daemon_, "duprank", 0, 2);
+	char err[256] = "";
+	zc_client *c1 = connect_rank("duprank", 0, 2), *c2 = NULL;
+	int r;
+
+	(void)arg, (void)idx;
+	if (!c1)
+		return 1;
+	cfg.error_text = err;
+	cfg.error_text_len = sizeof(err);
+	r = zc_connect(&cfg, &c2);
+	printf("# second rank 0 -> %s: %s\n", zc_strerror_name(r), err);
+	EXPECT(r == ZC_EDUPRANK, "second rank 0: %s (%d): %s", zc_strerror_name(r), r, err);
+	EXPECT(contains(err, "rank 0 is already connected"), "message \"%s\"", err);
+	if (r == 0)
+		zc_close(c2);
+	zc_close(c1);
+	return child_bad;
+}
+
+static void t_duprank(void)
+{
+	run_children(c_duprank, NULL, 1, NULL, 15000);
+}
+
+/* 10. rank 1's bucket 1 has another numel than rank 0's */
+static int c_planmm(void *arg, int idx)
+{
+	struct small_plan sp;
+	zc_client *c = connect_rank("planmm", (uint32_t)idx, 2);
+	int r;
+
+	(void)arg;
+	if (!c)
+		return 1;
+	small_plan(&sp, 3, idx == 1 ? 101 : 0);
+	r = zc_alloc_buffers(c, &sp.plan);
+	EXPECT(r == 0, "zc_alloc_buffers: %s", zc_strerror_name(r));
+	if (idx == 1) {
+		/* register after rank 0, so that it is rank 1's plan that differs */
+		for (int i = 0; i < 500 && !zd_log_has(&daemon_, "job planmm: rank 0 registered"); i++)
+			usleep(10000);
+		EXPECT(zd_log_has(&daemon_, "job planmm: rank 0 registered"),
+		       "rank 0 did not register within 5 s");
+		r = zc_register_plan(c);
+		printf("# rank 1 register -> %s: %s\n", zc_strerror_name(r), zc_error_message(c));
+		EXPECT(r == ZC_EPLANMISMATCH, "zc_register_plan: %s (%d): %s", zc_strerror_name(r),
+		       r, zc_error_message(c));
+		EXPECT(contains(zc_error_message(c), "buckets[1].numel"), "message \"%s\"",
+		       zc_error_message(c));
+		EXPECT(contains(zc_error_message(c), "rank 1"), "message \"%s\"",
+		       zc_error_message(c));
+	} else {
+		/* waits for rank 1, which leaves after its refusal */
+		r = zc_register_plan(c);
+		printf("# rank 0 register -> %s: %s\n", zc_strerror_name(r), zc_error_message(c));
+		EXPECT(r == ZC_ERANKDEAD, "rank 0 zc_register_plan: %s (%d): %s",
+		       zc_strerror_name(r), r, zc_error_message(c));
+	}
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_planmm(void)
+{
+	run_children(c_planmm, NULL, 2, NULL, 20000);
+}
+
+/* 11. rank 2 of 3 sends bucket 0 and is SIGKILLed */
+static int killed_pipe[2];
+
+static int c_killed(void *arg, int idx)
+{
+	zc_client *c = join("killed", (uint32_t)idx, 3, 3);
+	zc_future *step = NULL, *f = NULL;
+
+	(void)arg;
+	if (!c)
+		return 1;
+	if (idx == 2) {
+		int st;
+		EXPECT(wait_pipe(killed_pipe[0], 10000) && wait_pipe(killed_pipe[0], 10000),
+		       "ranks 0 and 1 never sent their buckets");
+		EXPECT(zc_bucket_ready(c, 0, &f) == 0, "zc_bucket_ready(0)");
+		/* bucket 0 is complete with it: its arrival is confirmed */
+		st = zc_future_wait(f, 5000);
+		EXPECT(st == 1, "rank 2 bucket 0: %d %s", st, zc_future_message(f));
+		if (child_bad)
+			return 1;
+		raise(SIGKILL);
+		return 2;
+	}
+	finish_iteration(c, 0, 0, 0, "unused"); /* no-op guard for the compiler */
+	for (uint32_t b = 0; b < 3; b++)
+		EXPECT(zc_bucket_ready(c, b, NULL) == 0, "zc_bucket_ready(%u)", b);
+	EXPECT(zc_step_future(c, 0, &step) == 0, "zc_step_future");
+	{
+		int64_t t0 = ms_now(), el;
+		signal_pipe(killed_pipe[1]);
+		expect_future(step, ZC_ERANKDEAD, "rank 2", "step 0 with rank 2 killed");
+		el = ms_now() - t0;
+		printf("# rank %d: step failed %ld ms after its buckets\n", idx, (long)el);
+		EXPECT(el < STALL_MS, "the death was noticed after %ld ms (stall timeout %d)",
+		       (long)el, STALL_MS);
+	}
+	zc_future_free(step);
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_killed(void)
+{
+	static const int want[3] = {0, 0, 128 + SIGKILL};
+
+	REQUIRE(pipe(killed_pipe) == 0, "pipe");
+	run_children(c_killed, NULL, 3, want, 20000);
+	close(killed_pipe[0]);
+	close(killed_pipe[1]);
+}
+
+/* 12. rank 1 of 2 is alive but never sends */
+static int c_stalled(void *arg, int idx)
+{
+	zc_client *c = join("stalled", (uint32_t)idx, 2, 3);
+	zc_future *step = NULL;
+	int64_t t0, el;
+
+	(void)arg;
+	if (!c)
+		return 1;
+	if (idx == 0)
+		for (uint32_t b = 0; b < 3; b++)
+			EXPECT(zc_bucket_ready(c, b, NULL) == 0, "zc_bucket_ready(%u)", b);
+	EXPECT(zc_step_future(c, 0, &step) == 0, "zc_step_future");
+	t0 = ms_now();
+	expect_future(step, ZC_ETIMEDOUT, "rank 1", idx ? "rank 1 step 0" : "rank 0 step 0");
+	el = ms_now() - t0;
+	printf("# rank %d: step failed after %ld ms\n", idx, (long)el);
+	zc_future_free(step);
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_stalled(void)
+{
+	run_children(c_stalled, NULL, 2, NULL, 20000);
+	bg_ran_through = wait_child(bg_pids[0], 0) == -ETIMEDOUT ? false : false;
+}
+
+/* 13. a fresh job after all that, the background job, and a clean stop */
+static void t_fresh_job(void)
+{
+	static struct train_spec s;
+	static const int want[2] = {0, 0};
+
+	s = (struct train_spec){
+		.socket = daemon_.sock,
+		.job = "fresh",
+		.world = 2,
+		.optimizer = ZC_OPT_SGD,
+		.shard_mode = ZC_SHARD_SLICE,
+		.step_mode = ZC_STEP_AT_END,
+		.iters = 20,
+		.seed = 99,
+		.hyper_iter = 5,
+		.tolerance = 0,
+	};
+	run_children(bg_main, &s, 2, want, 30000);
+}
+
+static void t_bg_job(void)
+{
+	CHECK(bg_ran_through, "job bg ended before the bad cases did: make it longer");
+	for (int r = 0; r < 2; r++) {
+		int st = wait_child(bg_pids[r], 30000);
+		CHECK(st == 0, "bg rank %d exited with %d", r, st);
+	}
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+static void t_daemon_stops_cleanly(void)
+{
+	int st = zd_stop(&daemon_, 10000);
+	CHECK(st == 0, "zerod exited with %d after SIGTERM", st);
+}
+
+static const struct test_case cases[] = {
+	{"bg_job_starts", t_bg_start},
+	{"garbage_bytes_EPROTO", t_garbage},
+	{"truncated_hello_EPROTO", t_truncated},
+	{"version_mismatch_EVERSION", t_version},
+	{"before_hello_and_multiframe_EPROTO", t_state},
+	{"wrong_buffer_sizes_ESIZE", t_size},
+	{"bucket_out_of_order_EORDER", t_order},
+	{"duplicate_and_unknown_bucket", t_dupbucket},
+	{"early_bucket_EEARLY", t_early},
+	{"duplicate_rank_EDUPRANK", t_duprank},
+	{"plan_mismatch_EPLANMISMATCH", t_planmm},
+	{"trainer_killed_ERANKDEAD", t_killed},
+	{"trainer_stalled_ETIMEDOUT", t_stalled},
+	{"fresh_job_trains", t_fresh_job},
+	{"bg_job_survived", t_bg_job},
+	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
+};
+
+int main(int argc, char **argv)
+{
+	static const char *const extra[] = {"--stall-timeout", "1500", NULL};
+	int r = zd_start(&daemon_, extra);
+
+	if (r < 0) {
+		printf("Bail out! cannot start zerod ($ZEROD_BIN): %d\n", r);
+		return 1;
+	}
+	r = test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+	if (daemon_.pid > 0)
+		zd_stop(&daemon_, 5000);
+	return r;
+}

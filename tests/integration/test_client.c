@@ -1,0 +1,239 @@
+/*
+ * test_client.c — libzeroclient's future interface against a real zerod:
+ * polling, waiting with a timeout that expires, the file descriptor for a
+ * caller's own event loop, futures asked for after the fact, a bucket_ready
+ * from a second thread while the first waits, and calls in the wrong state.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "testlib.h"
+
+static struct zd daemon_;
+
+static const struct zc_param_group group = {.lr = 0.1, .momentum = 0.9};
+static const struct zc_segment segs[2][1] = {{{0, 64, 0}}, {{0, 100, 0}}};
+static const struct zc_bucket buckets[2] = {{64, 1, segs[0]}, {100, 1, segs[1]}};
+static const struct zc_plan plan = {ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group, 2,
+				    buckets};
+
+static int64_t ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+#define FAIL(...)                                                                                  \
+	do {                                                                                       \
+		printf("# " __VA_ARGS__);                                                          \
+		printf("\n");                                                                      \
+		return 1;                                                                          \
+	} while (0)
+
+static zc_client *join(const char *job, uint32_t rank, uint32_t world)
+{
+	struct zc_config cfg = test_config(&daemon_, job, rank, world);
+	zc_client *c = NULL;
+	int r = zc_connect(&cfg, &c);
+
+	if (r < 0) {
+		printf("# %s rank %u: connect: %s\n", job, rank, zc_strerror_name(r));
+		return NULL;
+	}
+	r = zc_alloc_buffers(c, &plan);
+	if (r >= 0)
+		r = zc_register_plan(c);
+	if (r < 0) {
+		printf("# %s rank %u: register: %s %s\n", job, rank, zc_strerror_name(r),
+		       zc_error_message(c));
+		zc_close(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* rank 0 of "fd": everything through zc_fd + poll + zc_dispatch. */
+static int fd_rank(void *arg, int rank)
+{
+	zc_client *c = join(arg, (uint32_t)rank, 2);
+	zc_future *b0 = NULL, *b1 = NULL, *step = NULL;
+	int64_t deadline;
+
+	if (!c)
+		return 1;
+	if (zc_bucket_ready(c, 0, &b0) < 0 || zc_bucket_ready(c, 1, &b1) < 0 ||
+	    zc_step_future(c, 0, &step) < 0)
+		FAIL("rank %d: submit failed", rank);
+	deadline = ms() + 10000;
+	while (zc_future_poll(step) == 0 && ms() < deadline) {
+		struct pollfd p = {.fd = zc_fd(c), .events = POLLIN};
+		poll(&p, 1, 1000);
+		if (zc_dispatch(c) < 0)
+			FAIL("zc_dispatch failed");
+	}
+	if (zc_future_poll(step) != 1)
+		FAIL("rank %d: step future %d through the fd loop", rank, zc_future_poll(step));
+	if (zc_future_poll(b0) != 1 || zc_future_poll(b1) != 1)
+		FAIL("rank %d: bucket futures not done when the step is", rank);
+	zc_future_free(step);
+	/* a future for an iteration that is already done, is done */
+	if (zc_step_future(c, 0, &step) < 0 || zc_future_poll(step) != 1)
+		FAIL("rank %d: late step future not done", rank);
+	zc_future_free(step);
+	zc_future_free(b0);
+	zc_future_free(b1);
+	if (zc_iteration(c) != 1)
+		FAIL("iteration %lu after one step", (unsigned long)zc_iteration(c));
+	zc_close(c);
+	return 0;
+}
+
+static void t_fd_event_loop(void)
+{
+	pid_t a = spawn(fd_rank, "fd", 0), b = spawn(fd_rank, "fd", 1);
+	CHECK(wait_child(a, 20000) == 0, "rank 0 failed");
+	CHECK(wait_child(b, 20000) == 0, "rank 1 failed");
+}
+
+/* Rank 0 waits with a short timeout while rank 1 is late: 0, then done. A
+ * second thread hands over bucket 1 while the main thread waits. */
+struct late {
+	zc_client *c;
+	int r;
+};
+
+static void *second_thread(void *arg)
+{
+	struct late *l = arg;
+	usleep(50000);
+	l->r = zc_bucket_ready(l->c, 1, NULL);
+	return NULL;
+}
+
+static int timeout_rank(void *arg, int rank)
+{
+	zc_client *c = join(arg, (uint32_t)rank, 2);
+	zc_future *step = NULL;
+	int64_t t0;
+	int r;
+
+	if (!c)
+		return 1;
+	if (rank == 1) {
+		usleep(600000);
+		zc_bucket_ready(c, 0, NULL);
+		zc_bucket_ready(c, 1, NULL);
+	} else {
+		struct late l = {.c = c};
+		pthread_t th;
+
+		zc_bucket_ready(c, 0, NULL);
+		pthread_create(&th, NULL, second_thread, &l);
+		if (zc_step_future(c, 0, &step) < 0)
+			FAIL("step future");
+		t0 = ms();
+		r = zc_future_wait(step, 200);
+		if (r != 0)
+			FAIL("wait(200) with rank 1 late returned %d, expected 0 (pending)", r);
+		if (ms() - t0 < 150 || ms() - t0 > 2000)
+			FAIL("wait(200) took %ld ms", (long)(ms() - t0));
+		pthread_join(th, NULL);
+		if (l.r < 0)
+			FAIL("bucket_ready from a second thread: %s", zc_strerror_name(l.r));
+		r = zc_future_wait(step, 10000);
+		if (r != 1)
+			FAIL("step after rank 1 caught up: %d (%s)", r, zc_future_message(step));
+		zc_future_free(step);
+	}
+	/* let the other rank finish its iteration before leaving */
+	if (zc_step_future(c, 0, &step) == 0) {
+		zc_future_wait(step, 10000);
+		zc_future_free(step);
+	}
+	zc_close(c);
+	return 0;
+}
+
+static void t_wait_timeout_and_threads(void)
+{
+	pid_t a = spawn(timeout_rank, "timeout", 0), b = spawn(timeout_rank, "timeout", 1);
+	CHECK(wait_child(a, 20000) == 0, "rank 0 failed");
+	CHECK(wait_child(b, 20000) == 0, "rank 1 failed");
+}
+
+static int state_checks(void *arg, int idx)
+{
+	struct zc_config cfg = test_config(&daemon_, "state", 0, 1);
+	zc_client *c = NULL;
+	zc_future *f = NULL;
+	int r;
+
+	(void)arg, (void)idx;
+	if ((r = zc_connect(&cfg, &c)) < 0)
+		FAIL("connect: %s", zc_strerror_name(r));
+	if ((r = zc_bucket_ready(c, 0, &f)) != ZC_ESTATE)
+		FAIL("bucket_ready before the plan: %d, expected ZC_ESTATE", r);
+	if ((r = zc_register_plan(c)) != ZC_ESTATE)
+		FAIL("register before alloc: %d, expected ZC_ESTATE", r);
+	if (zc_grad_buffer(c, 0) != NULL)
+		FAIL("a grad buffer before alloc");
+	if ((r = zc_alloc_buffers(c, &plan)) < 0)
+		FAIL("alloc: %s", zc_strerror_name(r));
+	if (zc_grad_buffer(c, 2) != NULL)
+		FAIL("a buffer for bucket 2 of 2");
+	if ((r = zc_alloc_buffers(c, &plan)) != ZC_ESTATE)
+		FAIL("second alloc: %d", r);
+	if ((r = zc_register_plan(c)) < 0)
+		FAIL("register: %s", zc_strerror_name(r));
+	struct zc_param_group bad = group;
+	bad.lr = -1;
+	if ((r = zc_set_hyper(c, 0, &bad)) != ZC_EHYPER)
+		FAIL("negative lr: %d, expected ZC_EHYPER", r);
+	if ((r = zc_set_hyper(c, 5, &group)) != ZC_EHYPER)
+		FAIL("group 5 of 1: %d, expected ZC_EHYPER", r);
+	zc_close(c);
+
+	/* nobody listening */
+	cfg.socket = "/nonexistent/zerod.sock";
+	cfg.connect_timeout_ms = 300;
+	if ((r = zc_connect(&cfg, &c)) != ZC_ECONNECT)
+		FAIL("connect to nothing: %d, expected ZC_ECONNECT", r);
+	cfg.job_id = "bad/job";
+	if ((r = zc_connect(&cfg, &c)) != -EINVAL)
+		FAIL("bad job id: %d, expected -EINVAL", r);
+	return 0;
+}
+
+static void t_wrong_state(void)
+{
+	CHECK(wait_child(spawn(state_checks, NULL, 0), 20000) == 0, "state checks failed");
+}
+
+static void t_daemon_stops_cleanly(void)
+{
+	CHECK(zd_stop(&daemon_, 10000) == 0, "zerod did not exit 0");
+}
+
+static const struct test_case cases[] = {
+	{"fd_event_loop", t_fd_event_loop},
+	{"wait_timeout_and_second_thread", t_wait_timeout_and_threads},
+	{"wrong_state_calls", t_wrong_state},
+	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
+};
+
+int main(int argc, char **argv)
+{
+	if (zd_start(&daemon_, NULL) < 0) {
+		printf("Bail out! cannot start zerod ($ZEROD_BIN)\n");
+		return 1;
+	}
+	return test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+}
