@@ -27,7 +27,7 @@
 #include "wire.h"
 #include "zeroclient.h"
 
-#define WAIT_SLICE_MS 10
+#define WAIT_SLICE_MS              10
 #define DEFAULT_CONNECT_TIMEOUT_MS 30000
 
 enum future_kind { FUTURE_BUCKET, FUTURE_STEP };
@@ -335,8 +335,8 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 	r = wait_for(c, &c->hello_result, now_ms() + timeout);
 	if (r == 0) {
 		r = ZC_ECONNECT;
-		snprintf(c->reply_msg, sizeof(c->reply_msg), "no zerod answered on %.180s within %d ms",
-			 path, timeout);
+		snprintf(c->reply_msg, sizeof(c->reply_msg),
+			 "no zerod answered on %.180s within %d ms", path, timeout);
 	}
 	if (r < 0) {
 		if (cfg->error_text && cfg->error_text_len)
@@ -636,8 +636,8 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 		r = ZC_ESTATE;
 		goto out;
 	}
-	if (group >= c->plan->ngroups || plan_group_check(c->plan->optimizer, hp, err,
-							  sizeof(err)) < 0) {
+	if (group >= c->plan->ngroups ||
+	    plan_group_check(c->plan->optimizer, hp, err, sizeof(err)) < 0) {
 		r = ZC_EHYPER;
 		goto out;
 	}

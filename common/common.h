@@ -16,8 +16,8 @@
 #define ZEROD_MAX_MSG_BYTES (32 * 1024 * 1024)
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define MIN(a, b)     ((a) < (b) ? (a) : (b))
+#define MAX(a, b)     ((a) > (b) ? (a) : (b))
 
 /* true for the ZC_E... codes of ZC_ERRORS (not -errno). */
 bool zc__is_error_code(int code);

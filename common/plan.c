@@ -173,8 +173,7 @@ static int plan_finish(struct plan *p, char *err, size_t errlen)
 	if (p->step_mode != ZC_STEP_INTERLEAVED && p->step_mode != ZC_STEP_AT_END)
 		return fail(err, errlen, "step_mode: unknown value %d", (int)p->step_mode);
 	if (p->ngroups == 0 || p->ngroups > PLAN_MAX_GROUPS)
-		return fail(err, errlen, "groups: need 1..%u, got %u", PLAN_MAX_GROUPS,
-			    p->ngroups);
+		return fail(err, errlen, "groups: need 1..%u, got %u", PLAN_MAX_GROUPS, p->ngroups);
 	if (p->nbuckets == 0 || p->nbuckets > PLAN_MAX_BUCKETS)
 		return fail(err, errlen, "buckets: need 1..%u, got %u", PLAN_MAX_BUCKETS,
 			    p->nbuckets);
@@ -204,7 +203,8 @@ static int plan_finish(struct plan *p, char *err, size_t errlen)
 			if (sg->offset != at)
 				return fail(err, errlen,
 					    "buckets[%u].segments[%u].offset: %" PRIu64
-					    ", expected %" PRIu64 " (segments must tile the bucket)",
+					    ", expected %" PRIu64
+					    " (segments must tile the bucket)",
 					    b, s, sg->offset, at);
 			if (sg->numel == 0 || sg->numel > bk->numel - at)
 				return fail(err, errlen,
@@ -351,8 +351,8 @@ int plan_from_pb(const Zerod__V1__Plan *in, struct plan **ret, char *err, size_t
 		}
 		dst->numel = src->numel;
 		dst->nsegments = (uint32_t)src->n_segments;
-		dst->segments = calloc(src->n_segments ? src->n_segments : 1,
-				       sizeof(*dst->segments));
+		dst->segments =
+			calloc(src->n_segments ? src->n_segments : 1, sizeof(*dst->segments));
 		if (!dst->segments) {
 			r = -ENOMEM;
 			goto out;
@@ -478,8 +478,8 @@ int plan_diff(const struct plan *a, const struct plan *b, char *field, size_t le
 {
 	DIFF(a->optimizer != b->optimizer, "optimizer: %s vs %s", plan_optimizer_name(a->optimizer),
 	     plan_optimizer_name(b->optimizer));
-	DIFF(a->shard_mode != b->shard_mode, "shard_mode: %s vs %s",
-	     plan_shard_name(a->shard_mode), plan_shard_name(b->shard_mode));
+	DIFF(a->shard_mode != b->shard_mode, "shard_mode: %s vs %s", plan_shard_name(a->shard_mode),
+	     plan_shard_name(b->shard_mode));
 	DIFF(a->step_mode != b->step_mode, "step_mode: %s vs %s", plan_step_name(a->step_mode),
 	     plan_step_name(b->step_mode));
 	DIFF(a->ngroups != b->ngroups, "ngroups: %u vs %u", a->ngroups, b->ngroups);

@@ -16,11 +16,11 @@
 #include "zeroclient.h"
 #include "zerod.pb-c.h"
 
-#define PLAN_ALIGN 16u                  /* elements (64 bytes) */
-#define PLAN_MAX_GROUPS 1024u
-#define PLAN_MAX_BUCKETS 65536u
-#define PLAN_MAX_SEGMENTS (1u << 20)    /* over all buckets */
-#define PLAN_MAX_NUMEL (1ull << 32)     /* elements over all buckets */
+#define PLAN_ALIGN        16u /* elements (64 bytes) */
+#define PLAN_MAX_GROUPS   1024u
+#define PLAN_MAX_BUCKETS  65536u
+#define PLAN_MAX_SEGMENTS (1u << 20)   /* over all buckets */
+#define PLAN_MAX_NUMEL    (1ull << 32) /* elements over all buckets */
 
 struct plan_bucket {
 	uint64_t numel;

@@ -241,8 +241,8 @@ int daemon_run(const struct daemon_config *cfg)
 		goto out;
 
 	log_notice("zerod %s: serving %s (backends: coll %s, mem %s, optim %s; %u workers)",
-		   ZEROD_VERSION_STRING, cfg->socket_path, d.coll->name, d.mem->name,
-		   d.optim->name, pool_threads(d.pool));
+		   ZEROD_VERSION_STRING, cfg->socket_path, d.coll->name, d.mem->name, d.optim->name,
+		   pool_threads(d.pool));
 	r = loop_run(d.loop);
 	log_notice("zerod: served %" PRIu64 " jobs: %" PRIu64 " iterations, %" PRIu64
 		   " buckets reduced, %" PRIu64 " errors sent",

@@ -27,9 +27,9 @@ struct mem_map;
 
 struct daemon_config {
 	const char *socket_path;
-	int stall_timeout_ms;   /* an iteration that makes no progress this long fails */
+	int stall_timeout_ms; /* an iteration that makes no progress this long fails */
 	int shutdown_timeout_ms;
-	unsigned workers;       /* CPU worker threads; 0: one per CPU */
+	unsigned workers; /* CPU worker threads; 0: one per CPU */
 	unsigned max_jobs;
 	int log_level;
 };
@@ -86,10 +86,10 @@ struct job {
 	struct mem_map **param_map; /* [world] */
 	uint32_t nconnected, nregistered;
 
-	struct plan *plan;          /* the job's plan, once every rank agreed */
+	struct plan *plan; /* the job's plan, once every rank agreed */
 	struct shard_map *shard;
 	struct engine *eng;
-	bool eng_running;           /* until its ENGINE_STOP completion */
+	bool eng_running; /* until its ENGINE_STOP completion */
 
 	/* iteration state (sched.c) */
 	uint64_t iter;
@@ -98,8 +98,8 @@ struct job {
 	uint64_t snap_iter;    /* iteration whose hyperparameters are fixed, or UINT64_MAX */
 	struct zc_param_group *groups; /* current hyperparameters */
 	struct hyper_change *changes;  /* pending, by iteration */
-	int64_t progress_ms;   /* last time the iteration moved */
-	bool in_flight;        /* some bucket of iteration `iter` arrived */
+	int64_t progress_ms;           /* last time the iteration moved */
+	bool in_flight;                /* some bucket of iteration `iter` arrived */
 
 	uint64_t iterations_done, buckets_done;
 };
@@ -129,8 +129,8 @@ int daemon_run(const struct daemon_config *cfg);
 /* session.c */
 void session_on_router(struct loop *l, void *userdata);
 int session_send(struct session *s, const Zerod__V1__Envelope *env);
-void session_send_error(struct session *s, int code, bool fatal, int64_t iteration,
-			int64_t bucket, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+void session_send_error(struct session *s, int code, bool fatal, int64_t iteration, int64_t bucket,
+			const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 void session_drop(struct session *s, bool died);
 void session_free_all(struct daemon *d);
 

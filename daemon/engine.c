@@ -54,9 +54,9 @@ struct engine {
 	float *gsum, *master, *m, *v, *vmax;
 	struct piece *pieces;
 	uint32_t npieces;
-	uint32_t *bucket_piece; /* [nbuckets + 1] */
-	struct chunk *chunks;   /* local pieces only */
-	uint32_t *bucket_chunk; /* [nbuckets + 1] */
+	uint32_t *bucket_piece;    /* [nbuckets + 1] */
+	struct chunk *chunks;      /* local pieces only */
+	uint32_t *bucket_chunk;    /* [nbuckets + 1] */
 	struct coll_range *ranges; /* one per shard unit */
 	struct zc_param_group *groups;
 
@@ -74,8 +74,8 @@ struct engine {
 const char *engine_op_name(enum engine_op_kind k)
 {
 	static const char *const names[] = {
-		[ENGINE_INIT] = "init",	  [ENGINE_HYPER] = "hyper", [ENGINE_REDUCE] = "reduce",
-		[ENGINE_STEP] = "step",	  [ENGINE_BCAST] = "bcast", [ENGINE_STOP] = "stop",
+		[ENGINE_INIT] = "init", [ENGINE_HYPER] = "hyper", [ENGINE_REDUCE] = "reduce",
+		[ENGINE_STEP] = "step", [ENGINE_BCAST] = "bcast", [ENGINE_STOP] = "stop",
 	};
 	return k <= ENGINE_STOP ? names[k] : "?";
 }

@@ -168,8 +168,7 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 			 h->world_size, ZEROD_MAX_WORLD);
 		return ZC_ERANK;
 	}
-	if (h->local_size == 0 || h->local_rank >= h->local_size ||
-	    h->local_size > h->world_size) {
+	if (h->local_size == 0 || h->local_rank >= h->local_size || h->local_size > h->world_size) {
 		snprintf(err, errlen, "local rank %u of local size %u (world %u) is not valid",
 			 h->local_rank, h->local_size, h->world_size);
 		return ZC_ERANK;
@@ -203,7 +202,8 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 	}
 	if (!j) {
 		if (d->njobs >= d->cfg.max_jobs) {
-			snprintf(err, errlen, "zerod already serves %u jobs (--max-jobs)", d->njobs);
+			snprintf(err, errlen, "zerod already serves %u jobs (--max-jobs)",
+				 d->njobs);
 			return ZC_ELIMIT;
 		}
 		j = job_new(d, h->job_id, h->world_size);
@@ -334,8 +334,8 @@ void job_register_plan(struct job *j, struct session *s, const Zerod__V1__Regist
 	j->plans[s->rank] = p;
 	j->nregistered++;
 	j->progress_ms = now_ms();
-	log_info("job %s: rank %u registered plan %016" PRIx64 " (%u/%u)", j->id, s->rank,
-		 p->hash, j->nregistered, j->world);
+	log_info("job %s: rank %u registered plan %016" PRIx64 " (%u/%u)", j->id, s->rank, p->hash,
+		 j->nregistered, j->world);
 	if (j->nregistered == j->world)
 		job_start(j);
 }
@@ -351,8 +351,9 @@ void job_leave(struct job *j, struct session *s, bool died)
 	if (j->state != JOB_FAILED) {
 		bool idle = j->state == JOB_ACTIVE && !j->in_flight;
 		job_fail(j, ZC_ERANKDEAD, !idle, "rank %u (pid %d) %s", s->rank, (int)s->pid,
-			 !died ? "left the job" : idle ? "exited between iterations"
-						       : "died during an iteration");
+			 !died  ? "left the job"
+			 : idle ? "exited between iterations"
+				: "died during an iteration");
 	}
 	job_maybe_free(j);
 }

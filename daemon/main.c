@@ -9,16 +9,15 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: zerod [options]\n"
-		"  -s, --socket PATH        socket (default $ZEROD_SOCKET, else\n"
-		"                           $RUNTIME_DIRECTORY/zerod.sock)\n"
-		"      --stall-timeout MS   fail an iteration stalled this long (60000)\n"
-		"      --workers N          CPU worker threads (0: one per CPU)\n"
-		"      --max-jobs N         jobs served at once (64)\n"
-		"  -v, --verbose            debug logging\n"
-		"  -q, --quiet              warnings and errors only\n"
-		"      --version\n");
+	fprintf(f, "usage: zerod [options]\n"
+		   "  -s, --socket PATH        socket (default $ZEROD_SOCKET, else\n"
+		   "                           $RUNTIME_DIRECTORY/zerod.sock)\n"
+		   "      --stall-timeout MS   fail an iteration stalled this long (60000)\n"
+		   "      --workers N          CPU worker threads (0: one per CPU)\n"
+		   "      --max-jobs N         jobs served at once (64)\n"
+		   "  -v, --verbose            debug logging\n"
+		   "  -q, --quiet              warnings and errors only\n"
+		   "      --version\n");
 }
 
 static int parse_int(const char *s, int min, int *ret)
@@ -80,7 +79,8 @@ int main(int argc, char **argv)
 			cfg.log_level = 4;
 			break;
 		case 'V':
-			printf("zerod %s (protocol %d)\n", ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION);
+			printf("zerod %s (protocol %d)\n", ZEROD_VERSION_STRING,
+			       ZC_PROTOCOL_VERSION);
 			return 0;
 		case 'h':
 			usage(stdout);

@@ -48,8 +48,9 @@ static bool job_usable(struct job *j, struct session *s, int64_t iteration, int6
 	if (j->state == JOB_ACTIVE)
 		return true;
 	if (j->state == JOB_FAILED)
-		session_send_error(s, ZC_EJOBFAILED, true, iteration, bucket, "job %s failed: %s: %s",
-				   j->id, zc_strerror_name(j->err), j->errmsg);
+		session_send_error(s, ZC_EJOBFAILED, true, iteration, bucket,
+				   "job %s failed: %s: %s", j->id, zc_strerror_name(j->err),
+				   j->errmsg);
 	else
 		session_send_error(s, ZC_ESTATE, false, iteration, bucket,
 				   "job %s: the plan is not registered by every rank yet", j->id);
@@ -118,10 +119,11 @@ void sched_bucket_ready(struct job *j, struct session *s, const Zerod__V1__Bucke
 		return;
 	}
 	if (m->iteration > j->iter) {
-		session_send_error(s, ZC_EEARLY, false, it, bk,
-				   "bucket %u of iteration %" PRIu64 " arrived while iteration %" PRIu64
-				   " is still in flight: wait for its step before the next backward",
-				   m->bucket, m->iteration, j->iter);
+		session_send_error(
+			s, ZC_EEARLY, false, it, bk,
+			"bucket %u of iteration %" PRIu64 " arrived while iteration %" PRIu64
+			" is still in flight: wait for its step before the next backward",
+			m->bucket, m->iteration, j->iter);
 		return;
 	}
 	if (m->iteration < j->iter) {
@@ -181,10 +183,11 @@ void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper
 		c = *pp;
 		if (c->iteration == m->iteration && c->group == m->group) {
 			if (memcmp(&c->values, &g, sizeof(g)) != 0)
-				session_send_error(s, ZC_EHYPER, false, (int64_t)m->iteration, -1,
-						   "rank %u sets other hyperparameters for group %u "
-						   "at iteration %" PRIu64 " than rank %u",
-						   s->rank, m->group, m->iteration, c->rank);
+				session_send_error(
+					s, ZC_EHYPER, false, (int64_t)m->iteration, -1,
+					"rank %u sets other hyperparameters for group %u "
+					"at iteration %" PRIu64 " than rank %u",
+					s->rank, m->group, m->iteration, c->rank);
 			return;
 		}
 		if (c->iteration > m->iteration)
@@ -195,8 +198,11 @@ void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper
 		session_send_error(s, ZC_ELIMIT, false, -1, -1, "out of memory");
 		return;
 	}
-	*c = (struct hyper_change){
-		.iteration = m->iteration, .group = m->group, .rank = s->rank, .values = g, .next = *pp};
+	*c = (struct hyper_change){.iteration = m->iteration,
+				   .group = m->group,
+				   .rank = s->rank,
+				   .values = g,
+				   .next = *pp};
 	*pp = c;
 }
 

@@ -49,15 +49,14 @@ int session_send(struct session *s, const Zerod__V1__Envelope *env)
 	return r;
 }
 
-static void reply_error(struct daemon *d, const void *route, size_t len, int code,
-			const char *msg)
+static void reply_error(struct daemon *d, const void *route, size_t len, int code, const char *msg)
 {
 	d->stats.errors_sent++;
 	(void)wire_send_error(d->router, route, len, code, true, -1, -1, msg);
 }
 
-void session_send_error(struct session *s, int code, bool fatal, int64_t iteration,
-			int64_t bucket, const char *fmt, ...)
+void session_send_error(struct session *s, int code, bool fatal, int64_t iteration, int64_t bucket,
+			const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
@@ -184,8 +183,8 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	session_send(s, &out);
 }
 
-static void on_register_plan(struct daemon *d, const void *route, size_t rlen,
-			     struct session *s, const Zerod__V1__Envelope *env)
+static void on_register_plan(struct daemon *d, const void *route, size_t rlen, struct session *s,
+			     const Zerod__V1__Envelope *env)
 {
 	(void)d, (void)route, (void)rlen;
 	job_register_plan(s->job, s, env->register_plan);
@@ -227,8 +226,7 @@ static const struct handler {
 	{ZEROD__V1__ENVELOPE__BODY_GOODBYE, on_goodbye, NEEDS_SESSION},
 };
 
-static void dispatch(struct daemon *d, const void *route, size_t rlen, const void *buf,
-		     size_t len)
+static void dispatch(struct daemon *d, const void *route, size_t rlen, const void *buf, size_t len)
 {
 	struct session *s = session_find(d, route, rlen);
 	Zerod__V1__Envelope *env;
@@ -299,8 +297,8 @@ void session_on_router(struct loop *l, void *userdata)
 			reply_error(d, zmq_msg_data(&route), zmq_msg_size(&route), ZC_EPROTO,
 				    "multi-frame message: send one Envelope per message");
 		} else if (zmq_msg_size(&route) <= ZEROD_ROUTE_MAX) {
-			dispatch(d, zmq_msg_data(&route), zmq_msg_size(&route),
-				 zmq_msg_data(&body), zmq_msg_size(&body));
+			dispatch(d, zmq_msg_data(&route), zmq_msg_size(&route), zmq_msg_data(&body),
+				 zmq_msg_size(&body));
 		}
 		zmq_msg_close(&body);
 		zmq_msg_close(&route);

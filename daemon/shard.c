@@ -48,7 +48,8 @@ static uint64_t total_numel(const struct plan *p)
 }
 
 /* Pieces of every bucket, none larger than cap (near-equal splits). */
-static int split_buckets(const struct plan *p, uint64_t cap, struct shard_unit **ret, uint32_t *ret_n)
+static int split_buckets(const struct plan *p, uint64_t cap, struct shard_unit **ret,
+			 uint32_t *ret_n)
 {
 	struct shard_unit *u;
 	uint64_t n = 0;

@@ -17,7 +17,7 @@ struct test_case {
 	void (*fn)(void);
 };
 
-extern int test_failed_;     /* failures in the current case */
+extern int test_failed_;       /* failures in the current case */
 extern const char *test_skip_; /* non-NULL: the current case is skipped, with this reason */
 
 #define CHECK(cond, ...)                                                                           \
@@ -63,7 +63,7 @@ int test_main(const struct test_case *cases, size_t n, int argc, char **argv);
 #define TEST_MAIN(table)                                                                           \
 	int main(int argc, char **argv)                                                            \
 	{                                                                                          \
-		return test_main(table, sizeof(table) / sizeof(table[0]), argc, argv);            \
+		return test_main(table, sizeof(table) / sizeof(table[0]), argc, argv);             \
 	}
 
 #endif

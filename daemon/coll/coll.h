@@ -17,9 +17,9 @@
 struct pool;
 
 struct coll_config {
-	uint32_t world;  /* ranks in the job */
-	float **grads;   /* [world]: each local rank's gradient buffer base (NULL if remote) */
-	float **params;  /* [world]: each local rank's parameter buffer base (NULL if remote) */
+	uint32_t world; /* ranks in the job */
+	float **grads;  /* [world]: each local rank's gradient buffer base (NULL if remote) */
+	float **params; /* [world]: each local rank's parameter buffer base (NULL if remote) */
 	struct pool *pool;
 };
 

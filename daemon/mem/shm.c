@@ -61,8 +61,8 @@ static int shm_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map *
 		return ZC_EMAP;
 	}
 	if ((uint64_t)st.st_size != bytes) {
-		snprintf(err, errlen, "%s holds %jd bytes, the plan needs %" PRIu64,
-			 desc->shm_name, (intmax_t)st.st_size, bytes);
+		snprintf(err, errlen, "%s holds %jd bytes, the plan needs %" PRIu64, desc->shm_name,
+			 (intmax_t)st.st_size, bytes);
 		close(fd);
 		return ZC_ESIZE;
 	}

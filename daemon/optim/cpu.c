@@ -55,10 +55,10 @@ enum sgd_mom {
 };
 
 typedef void sgd_kernel(float *restrict p, const float *restrict g, float *restrict m, size_t n,
-                        struct sgd_k k);
+			struct sgd_k k);
 
 BODY sgd_body(float *restrict p, const float *restrict g, float *restrict m, size_t n,
-              struct sgd_k k, bool maximize, bool wd, enum sgd_mom mode, bool nesterov)
+	      struct sgd_k k, bool maximize, bool wd, enum sgd_mom mode, bool nesterov)
 {
 	for (size_t i = 0; i < n; i++) {
 		float d = maximize ? -g[i] : g[i];
@@ -102,18 +102,18 @@ static void sgd_step(const struct optim_args *a)
 {
 	const struct zc_param_group *hp = a->hp;
 	struct sgd_k k = {
-	        .lr = (float)hp->lr,
-	        .wd = (float)hp->weight_decay,
-	        .mom = (float)hp->momentum,
-	        .damp1 = (float)(1 - hp->dampening),
+		.lr = (float)hp->lr,
+		.wd = (float)hp->weight_decay,
+		.mom = (float)hp->momentum,
+		.damp1 = (float)(1 - hp->dampening),
 	};
 	enum sgd_mom mode = hp->momentum == 0   ? MOM_NONE
-	                    : a->first_momentum ? MOM_FIRST
-	                                        : MOM_LATER;
+			    : a->first_momentum ? MOM_FIRST
+						: MOM_LATER;
 	bool nesterov = mode != MOM_NONE && hp->nesterov;
 
 	sgd_kernels[hp->maximize][hp->weight_decay != 0][mode][nesterov](a->param, a->grad, a->m,
-	                                                                 a->n, k);
+									 a->n, k);
 }
 
 /* ---------------------------------------------------------- Adam/AdamW --- */
@@ -134,11 +134,11 @@ enum adam_wd {
 };
 
 typedef void adam_kernel(float *restrict p, const float *restrict g, float *restrict m,
-                         float *restrict v, float *restrict vmax, size_t n, struct adam_k k);
+			 float *restrict v, float *restrict vmax, size_t n, struct adam_k k);
 
 BODY adam_body(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
-               float *restrict vmax, size_t n, struct adam_k k, bool maximize, enum adam_wd wd,
-               bool amsgrad)
+	       float *restrict vmax, size_t n, struct adam_k k, bool maximize, enum adam_wd wd,
+	       bool amsgrad)
 {
 	for (size_t i = 0; i < n; i++) {
 		float gi = maximize ? -g[i] : g[i];
@@ -166,8 +166,8 @@ BODY adam_body(float *restrict p, const float *restrict g, float *restrict m, fl
 #define ADAM_NAME(mx, wd, ams) adam_##mx##_##wd##_##ams
 #define ADAM_DEFINE(mx, wd, ams)                                                                   \
 	static OPTIM_CLONES void ADAM_NAME(mx, wd, ams)(                                           \
-	        float *restrict p, const float *restrict g, float *restrict m, float *restrict v,  \
-	        float *restrict vmax, size_t n, struct adam_k k)                                   \
+		float *restrict p, const float *restrict g, float *restrict m, float *restrict v,  \
+		float *restrict vmax, size_t n, struct adam_k k)                                   \
 	{                                                                                          \
 		adam_body(p, g, m, v, vmax, n, k, mx, wd, ams);                                    \
 	}
@@ -196,20 +196,20 @@ static void adam_step(const struct optim_args *a)
 	double bc2 = 1 - pow(hp->beta2, (double)a->step);
 	double s = hp->lr / bc1;
 	struct adam_k k = {
-	        .b1 = (float)hp->beta1,
-	        .c1 = (float)(1 - hp->beta1),
-	        .b2 = (float)hp->beta2,
-	        .c2 = (float)(1 - hp->beta2),
-	        .r = (float)sqrt(bc2),
-	        .eps = (float)hp->eps,
-	        .neg_s = (float)(-s),
-	        .wd = (float)hp->weight_decay,
-	        .decay = (float)(1 - hp->lr * hp->weight_decay),
+		.b1 = (float)hp->beta1,
+		.c1 = (float)(1 - hp->beta1),
+		.b2 = (float)hp->beta2,
+		.c2 = (float)(1 - hp->beta2),
+		.r = (float)sqrt(bc2),
+		.eps = (float)hp->eps,
+		.neg_s = (float)(-s),
+		.wd = (float)hp->weight_decay,
+		.decay = (float)(1 - hp->lr * hp->weight_decay),
 	};
 	enum adam_wd wd = adamw ? WD_DECOUPLED : hp->weight_decay != 0 ? WD_L2 : WD_NONE;
 
 	adam_kernels[hp->maximize][wd][hp->amsgrad](a->param, a->grad, a->m, a->v, a->vmax, a->n,
-	                                            k);
+						    k);
 }
 
 /* ------------------------------------------------------------------ ops --- */
@@ -244,7 +244,7 @@ static unsigned cpu_state_floats(enum zc_optimizer kind)
 }
 
 const struct optim_ops optim_cpu_ops = {
-        .name = "cpu",
-        .step = cpu_step,
-        .state_floats = cpu_state_floats,
+	.name = "cpu",
+	.step = cpu_step,
+	.state_floats = cpu_state_floats,
 };

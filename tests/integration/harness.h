@@ -39,8 +39,7 @@ pid_t spawn(int (*fn)(void *arg, int idx), void *arg, int idx);
 int wait_child(pid_t pid, int timeout_ms);
 
 /* A client config for `job` rank/world on d's socket, single node. */
-struct zc_config test_config(const struct zd *d, const char *job, uint32_t rank,
-			     uint32_t world);
+struct zc_config test_config(const struct zd *d, const char *job, uint32_t rank, uint32_t world);
 
 /* Deterministic value in [-1, 1) for (seed, a, b, c). */
 float det_uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c);

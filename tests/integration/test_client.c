@@ -21,8 +21,8 @@ static struct zd daemon_;
 static const struct zc_param_group group = {.lr = 0.1, .momentum = 0.9};
 static const struct zc_segment segs[2][1] = {{{0, 64, 0}}, {{0, 100, 0}}};
 static const struct zc_bucket buckets[2] = {{64, 1, segs[0]}, {100, 1, segs[1]}};
-static const struct zc_plan plan = {ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group, 2,
-				    buckets};
+static const struct zc_plan plan = {ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group,
+				    2,          buckets};
 
 static int64_t ms(void)
 {

@@ -74,14 +74,23 @@ static void t_daemon_stops_cleanly(void)
 	CHECK(st == 0, "zerod exited with %d after SIGTERM", st);
 }
 
-#define ENTRY(o, sh, st) {#o "_" #sh "_" #st, t_##o##_##sh##_##st}
+#define ENTRY(o, sh, st)                                                                           \
+	{                                                                                          \
+#o "_" #sh "_" #st, t_##o##_##sh##_##st                                            \
+	}
 static const struct test_case cases[] = {
-	ENTRY(SGD, BUCKET, INTERLEAVED),   ENTRY(SGD, BUCKET, AT_END),
-	ENTRY(SGD, SLICE, INTERLEAVED),    ENTRY(SGD, SLICE, AT_END),
-	ENTRY(ADAM, BUCKET, INTERLEAVED),  ENTRY(ADAM, BUCKET, AT_END),
-	ENTRY(ADAM, SLICE, INTERLEAVED),   ENTRY(ADAM, SLICE, AT_END),
-	ENTRY(ADAMW, BUCKET, INTERLEAVED), ENTRY(ADAMW, BUCKET, AT_END),
-	ENTRY(ADAMW, SLICE, INTERLEAVED),  ENTRY(ADAMW, SLICE, AT_END),
+	ENTRY(SGD, BUCKET, INTERLEAVED),
+	ENTRY(SGD, BUCKET, AT_END),
+	ENTRY(SGD, SLICE, INTERLEAVED),
+	ENTRY(SGD, SLICE, AT_END),
+	ENTRY(ADAM, BUCKET, INTERLEAVED),
+	ENTRY(ADAM, BUCKET, AT_END),
+	ENTRY(ADAM, SLICE, INTERLEAVED),
+	ENTRY(ADAM, SLICE, AT_END),
+	ENTRY(ADAMW, BUCKET, INTERLEAVED),
+	ENTRY(ADAMW, BUCKET, AT_END),
+	ENTRY(ADAMW, SLICE, INTERLEAVED),
+	ENTRY(ADAMW, SLICE, AT_END),
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 

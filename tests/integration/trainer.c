@@ -189,7 +189,8 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 	cfg.error_text_len = sizeof(errtext);
 	r = zc_connect(&cfg, &c);
 	if (r < 0) {
-		printf("# %s rank %u: connect: %s: %s\n", s->job, rank, zc_strerror_name(r), errtext);
+		printf("# %s rank %u: connect: %s: %s\n", s->job, rank, zc_strerror_name(r),
+		       errtext);
 		return 1;
 	}
 	r = zc_alloc_buffers(c, &tp.plan);
@@ -207,7 +208,8 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 	for (uint32_t b = 0; b < NB; b++)
 		for (uint64_t i = 0; i < bucket_sizes[b]; i++)
 			if (zc_param_buffer(c, b)[i] != init_value(s, b, i)) {
-				printf("# %s rank %u: after registration bucket %u[%lu] is %g, not rank "
+				printf("# %s rank %u: after registration bucket %u[%lu] is %g, not "
+				       "rank "
 				       "0's %g\n",
 				       s->job, rank, b, (unsigned long)i, zc_param_buffer(c, b)[i],
 				       init_value(s, b, i));

@@ -15,7 +15,7 @@
 
 #include "zeroclient.h"
 
-#define TRAIN_MAX_GROUPS 3
+#define TRAIN_MAX_GROUPS  3
 #define TRAIN_MAX_BUCKETS 8
 
 struct train_spec {
@@ -27,9 +27,9 @@ struct train_spec {
 	enum zc_step_mode step_mode;
 	int iters;
 	uint64_t seed;
-	int hyper_iter;    /* from this iteration on, group 0's lr is halved (< 0: never) */
-	int sleep_us;      /* pause per iteration (to make a job last) */
-	double tolerance;  /* 0: bit-exact, else max relative difference */
+	int hyper_iter;   /* from this iteration on, group 0's lr is halved (< 0: never) */
+	int sleep_us;     /* pause per iteration (to make a job last) */
+	double tolerance; /* 0: bit-exact, else max relative difference */
 };
 
 /* The plan the tests use for spec (groups and buckets in static storage

@@ -121,17 +121,18 @@ static void t_error_mirror(void)
 	const ProtobufCEnumDescriptor *d = &zerod__v1__error_code__descriptor;
 	unsigned n = 0;
 
-#define CHECK_MIRROR(name, code, text)                                                            \
+#define CHECK_MIRROR(name, code, text)                                                             \
 	do {                                                                                       \
-		const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value_by_name(d, #name); \
+		const ProtobufCEnumValue *v =                                                      \
+			protobuf_c_enum_descriptor_get_value_by_name(d, #name);                    \
 		n++;                                                                               \
-		CHECK(v && v->value == -(code), "ErrorCode." #name " missing or not %d", -(code));  \
-		CHECK(wire_error_code(ZC_##name) == -(code), #name " maps to %d",                 \
-		      (int)wire_error_code(ZC_##name));                                           \
-		CHECK(wire_error_from_pb((Zerod__V1__ErrorCode)(-(code))) == ZC_##name,          \
-		      #name " does not map back");                                                \
-		CHECK(strcmp(zc_strerror(ZC_##name), text) == 0, #name " text");                    \
-		CHECK(strcmp(zc_strerror_name(ZC_##name), "ZC_" #name) == 0, #name " name");        \
+		CHECK(v && v->value == -(code), "ErrorCode." #name " missing or not %d", -(code)); \
+		CHECK(wire_error_code(ZC_##name) == -(code), #name " maps to %d",                  \
+		      (int)wire_error_code(ZC_##name));                                            \
+		CHECK(wire_error_from_pb((Zerod__V1__ErrorCode)(-(code))) == ZC_##name,            \
+		      #name " does not map back");                                                 \
+		CHECK(strcmp(zc_strerror(ZC_##name), text) == 0, #name " text");                   \
+		CHECK(strcmp(zc_strerror_name(ZC_##name), "ZC_" #name) == 0, #name " name");       \
 	} while (0);
 	ZC_ERRORS(CHECK_MIRROR)
 #undef CHECK_MIRROR

@@ -88,7 +88,7 @@ static void check_guards(const float *a, size_t n, const char *what, const char 
 
 /* Bit-exact comparison; reports the first difference only. */
 static void check_same(const float *got, const float *want, size_t n, const char *what,
-                       const char *ctx)
+		       const char *ctx)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (memcmp(&got[i], &want[i], sizeof(float)) != 0) {
@@ -102,7 +102,7 @@ static void check_same(const float *got, const float *want, size_t n, const char
 /* ----------------------------------------------------------- reference --- */
 
 static void ref_sgd(const struct zc_param_group *hp, bool first, float *p, const float *g, float *m,
-                    size_t n)
+		    size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		float d = hp->maximize ? -g[i] : g[i];
@@ -124,7 +124,7 @@ static void ref_sgd(const struct zc_param_group *hp, bool first, float *p, const
 }
 
 static void ref_adam(enum zc_optimizer kind, const struct zc_param_group *hp, uint64_t step,
-                     float *p, const float *g, float *m, float *v, float *vmax, size_t n)
+		     float *p, const float *g, float *m, float *v, float *vmax, size_t n)
 {
 	double bc1 = 1.0 - pow(hp->beta1, (double)step);
 	double bc2 = 1.0 - pow(hp->beta2, (double)step);
@@ -183,25 +183,25 @@ static void state_copy(struct state *dst, const struct state *src, size_t n)
 }
 
 static void kernel_step(enum zc_optimizer kind, const struct zc_param_group *hp, uint64_t step,
-                        const struct state *s, const float *g, size_t lo, size_t hi)
+			const struct state *s, const float *g, size_t lo, size_t hi)
 {
 	struct optim_args a = {
-	        .kind = kind,
-	        .hp = hp,
-	        .step = step,
-	        .first_momentum = step == 1,
-	        .param = s->p + lo,
-	        .grad = g + lo,
-	        .m = s->m + lo,
-	        .v = kind == ZC_OPT_SGD ? NULL : s->v + lo,
-	        .vmax = s->vmax + lo,
-	        .n = hi - lo,
+		.kind = kind,
+		.hp = hp,
+		.step = step,
+		.first_momentum = step == 1,
+		.param = s->p + lo,
+		.grad = g + lo,
+		.m = s->m + lo,
+		.v = kind == ZC_OPT_SGD ? NULL : s->v + lo,
+		.vmax = s->vmax + lo,
+		.n = hi - lo,
 	};
 	optim_cpu_ops.step(&a);
 }
 
 static void ref_step(enum zc_optimizer kind, const struct zc_param_group *hp, uint64_t step,
-                     const struct state *s, const float *g, size_t n)
+		     const struct state *s, const float *g, size_t n)
 {
 	if (kind == ZC_OPT_SGD)
 		ref_sgd(hp, step == 1, s->p, g, s->m, n);
@@ -210,7 +210,7 @@ static void ref_step(enum zc_optimizer kind, const struct zc_param_group *hp, ui
 }
 
 static void check_state(const struct state *got, const struct state *want, size_t n,
-                        const char *ctx)
+			const char *ctx)
 {
 	check_same(got->p, want->p, n, "param", ctx);
 	check_same(got->m, want->m, n, "m", ctx);
@@ -258,7 +258,7 @@ static void run(enum zc_optimizer kind, const struct zc_param_group *hp, const c
 
 		for (uint64_t t = 1; t <= NSTEPS; t++) {
 			snprintf(ctx, sizeof(ctx), "%s n=%zu step=%llu", name, n,
-			         (unsigned long long)t);
+				 (unsigned long long)t);
 			for (size_t i = 0; i < n; i++)
 				g[i] = (float)rng_range(-3, 3);
 			ref_step(kind, hp, t, &ref, g, n);
@@ -267,7 +267,7 @@ static void run(enum zc_optimizer kind, const struct zc_param_group *hp, const c
 			kernel_step(kind, hp, t, &split, g, n / 3, n);
 			check_state(&whole, &ref, n, ctx);
 			snprintf(ctx, sizeof(ctx), "%s n=%zu step=%llu (split)", name, n,
-			         (unsigned long long)t);
+				 (unsigned long long)t);
 			check_state(&split, &whole, n, ctx);
 		}
 		/* Not vacuous: the parameters really moved. */
@@ -362,14 +362,14 @@ static void test_sgd_first_momentum(void)
 	hp.dampening = 0.5;
 	float p = 1, g = 2, m = sentinel();
 	struct optim_args a = {
-	        .kind = ZC_OPT_SGD,
-	        .hp = &hp,
-	        .step = 1,
-	        .first_momentum = true,
-	        .param = &p,
-	        .grad = &g,
-	        .m = &m,
-	        .n = 1,
+		.kind = ZC_OPT_SGD,
+		.hp = &hp,
+		.step = 1,
+		.first_momentum = true,
+		.param = &p,
+		.grad = &g,
+		.m = &m,
+		.n = 1,
 	};
 
 	optim_cpu_ops.step(&a);
@@ -396,13 +396,13 @@ static void test_sgd_no_momentum_null_m(void)
 		want[i] = (float)i - 0.25f * (1 + 0.5f * (float)i);
 	}
 	struct optim_args a = {
-	        .kind = ZC_OPT_SGD,
-	        .hp = &hp,
-	        .step = 1,
-	        .first_momentum = true,
-	        .param = p,
-	        .grad = g,
-	        .n = 7,
+		.kind = ZC_OPT_SGD,
+		.hp = &hp,
+		.step = 1,
+		.first_momentum = true,
+		.param = p,
+		.grad = g,
+		.n = 7,
 	};
 	optim_cpu_ops.step(&a);
 	check_same(p, want, 7, "param", "sgd m=NULL");
@@ -417,14 +417,14 @@ static void test_sgd_torch_numbers(void)
 	hp.momentum = 0.9;
 	float x = 1, g = 1, buf = 0;
 	struct optim_args a = {
-	        .kind = ZC_OPT_SGD,
-	        .hp = &hp,
-	        .step = 1,
-	        .first_momentum = true,
-	        .param = &x,
-	        .grad = &g,
-	        .m = &buf,
-	        .n = 1,
+		.kind = ZC_OPT_SGD,
+		.hp = &hp,
+		.step = 1,
+		.first_momentum = true,
+		.param = &x,
+		.grad = &g,
+		.m = &buf,
+		.n = 1,
 	};
 
 	optim_cpu_ops.step(&a);
@@ -508,14 +508,14 @@ static void test_adam_no_amsgrad_null_vmax(void)
 			g[i] = (float)rng_range(-1, 1);
 		}
 		struct optim_args a = {
-		        .kind = kind,
-		        .hp = &hp,
-		        .step = 1,
-		        .param = p,
-		        .grad = g,
-		        .m = m,
-		        .v = v,
-		        .n = 33,
+			.kind = kind,
+			.hp = &hp,
+			.step = 1,
+			.param = p,
+			.grad = g,
+			.m = m,
+			.v = v,
+			.n = 33,
 		};
 		optim_cpu_ops.step(&a);
 		ref_adam(kind, &hp, 1, rp, g, rm, rv, NULL, 33);
@@ -531,15 +531,15 @@ static void test_adam_first_step(void)
 	hp.lr = 0.1;
 	float p[2] = {1, 1}, g[2] = {1, -250}, m[2] = {0}, v[2] = {0}, vmax[2] = {0};
 	struct optim_args a = {
-	        .kind = ZC_OPT_ADAM,
-	        .hp = &hp,
-	        .step = 1,
-	        .param = p,
-	        .grad = g,
-	        .m = m,
-	        .v = v,
-	        .vmax = vmax,
-	        .n = 2,
+		.kind = ZC_OPT_ADAM,
+		.hp = &hp,
+		.step = 1,
+		.param = p,
+		.grad = g,
+		.m = m,
+		.v = v,
+		.vmax = vmax,
+		.n = 2,
 	};
 
 	optim_cpu_ops.step(&a);
@@ -557,14 +557,14 @@ static void test_adamw_decay(void)
 	hp.weight_decay = 0.5;
 	float p = 1, g = 0, m = 0, v = 0;
 	struct optim_args a = {
-	        .kind = ZC_OPT_ADAMW,
-	        .hp = &hp,
-	        .step = 1,
-	        .param = &p,
-	        .grad = &g,
-	        .m = &m,
-	        .v = &v,
-	        .n = 1,
+		.kind = ZC_OPT_ADAMW,
+		.hp = &hp,
+		.step = 1,
+		.param = &p,
+		.grad = &g,
+		.m = &m,
+		.v = &v,
+		.n = 1,
 	};
 
 	optim_cpu_ops.step(&a);
@@ -584,15 +584,15 @@ static void test_adam_amsgrad_max(void)
 	float p[3] = {0, 0, 0}, g[3] = {4, 4, NAN}, m[3] = {0}, v[3] = {0};
 	float vmax[3] = {0, NAN, 0};
 	struct optim_args a = {
-	        .kind = ZC_OPT_ADAM,
-	        .hp = &hp,
-	        .step = 1,
-	        .param = p,
-	        .grad = g,
-	        .m = m,
-	        .v = v,
-	        .vmax = vmax,
-	        .n = 3,
+		.kind = ZC_OPT_ADAM,
+		.hp = &hp,
+		.step = 1,
+		.param = p,
+		.grad = g,
+		.m = m,
+		.v = v,
+		.vmax = vmax,
+		.n = 3,
 	};
 
 	optim_cpu_ops.step(&a);
@@ -615,15 +615,15 @@ static void test_zero_weight_decay_skipped(void)
 		struct zc_param_group hp = ZC_PARAM_GROUP_INIT;
 		float p = INFINITY, g = 1, m = 0, v = 0;
 		struct optim_args a = {
-		        .kind = kind,
-		        .hp = &hp,
-		        .step = 1,
-		        .first_momentum = true,
-		        .param = &p,
-		        .grad = &g,
-		        .m = &m,
-		        .v = kind == ZC_OPT_SGD ? NULL : &v,
-		        .n = 1,
+			.kind = kind,
+			.hp = &hp,
+			.step = 1,
+			.first_momentum = true,
+			.param = &p,
+			.grad = &g,
+			.m = &m,
+			.v = kind == ZC_OPT_SGD ? NULL : &v,
+			.n = 1,
 		};
 		optim_cpu_ops.step(&a);
 		CHECK(p == INFINITY, "%s: p = %a", kind == ZC_OPT_SGD ? "sgd" : "adam", p);
@@ -658,26 +658,26 @@ static void test_random_sweep(void)
 }
 
 static const struct test_case cases[] = {
-        {"ops", test_ops},
-        {"sgd_plain", test_sgd_plain},
-        {"sgd_momentum", test_sgd_momentum},
-        {"sgd_dampening", test_sgd_dampening},
-        {"sgd_nesterov", test_sgd_nesterov},
-        {"sgd_weight_decay", test_sgd_weight_decay},
-        {"sgd_maximize", test_sgd_maximize},
-        {"sgd_first_momentum", test_sgd_first_momentum},
-        {"sgd_no_momentum_null_m", test_sgd_no_momentum_null_m},
-        {"sgd_torch_numbers", test_sgd_torch_numbers},
-        {"adam_plain", test_adam_plain},
-        {"adam_amsgrad", test_adam_amsgrad},
-        {"adam_maximize", test_adam_maximize},
-        {"adam_weight_decay", test_adam_weight_decay},
-        {"adam_no_amsgrad_null_vmax", test_adam_no_amsgrad_null_vmax},
-        {"adam_first_step", test_adam_first_step},
-        {"adamw_decay", test_adamw_decay},
-        {"adam_amsgrad_max", test_adam_amsgrad_max},
-        {"zero_weight_decay_skipped", test_zero_weight_decay_skipped},
-        {"random_sweep", test_random_sweep},
+	{"ops", test_ops},
+	{"sgd_plain", test_sgd_plain},
+	{"sgd_momentum", test_sgd_momentum},
+	{"sgd_dampening", test_sgd_dampening},
+	{"sgd_nesterov", test_sgd_nesterov},
+	{"sgd_weight_decay", test_sgd_weight_decay},
+	{"sgd_maximize", test_sgd_maximize},
+	{"sgd_first_momentum", test_sgd_first_momentum},
+	{"sgd_no_momentum_null_m", test_sgd_no_momentum_null_m},
+	{"sgd_torch_numbers", test_sgd_torch_numbers},
+	{"adam_plain", test_adam_plain},
+	{"adam_amsgrad", test_adam_amsgrad},
+	{"adam_maximize", test_adam_maximize},
+	{"adam_weight_decay", test_adam_weight_decay},
+	{"adam_no_amsgrad_null_vmax", test_adam_no_amsgrad_null_vmax},
+	{"adam_first_step", test_adam_first_step},
+	{"adamw_decay", test_adamw_decay},
+	{"adam_amsgrad_max", test_adam_amsgrad_max},
+	{"zero_weight_decay_skipped", test_zero_weight_decay_skipped},
+	{"random_sweep", test_random_sweep},
 };
 
 TEST_MAIN(cases)

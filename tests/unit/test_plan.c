@@ -43,7 +43,8 @@ static void t_valid_layout(void)
 	CHECK(p->buckets[0].base == 0, "bucket 0 base %lu", (unsigned long)p->buckets[0].base);
 	CHECK(p->buckets[1].base == 112, "bucket 1 base %lu, expected 112 (100 aligned to 16)",
 	      (unsigned long)p->buckets[1].base);
-	CHECK(p->total_numel == 144, "total %lu, expected 144 (112 + 17 padded to 32)", (unsigned long)p->total_numel);
+	CHECK(p->total_numel == 144, "total %lu, expected 144 (112 + 17 padded to 32)",
+	      (unsigned long)p->total_numel);
 	CHECK(plan_buffer_bytes(p) == 576, "bytes %lu", (unsigned long)plan_buffer_bytes(p));
 	plan_free(p);
 }
@@ -53,31 +54,73 @@ static void t_valid_layout(void)
 static const struct {
 	const char *name, *needle;
 } invalid_cases[] = {
-	{"gap", "offset"},	    {"overrun", "numel"},	    {"short", "cover"},
-	{"group", "group"},	    {"no buckets", "buckets"},	    {"no groups", "groups"},
-	{"optimizer", "optimizer"}, {"shard", "shard_mode"},	    {"step", "step_mode"},
-	{"lr<0", "lr"},		    {"lr nan", "lr"},		    {"nesterov", "nesterov"},
-	{"beta1", "beta1"},	    {"empty bucket", "numel"},	    {"no segments", "segments"},
+	{"gap", "offset"},
+	{"overrun", "numel"},
+	{"short", "cover"},
+	{"group", "group"},
+	{"no buckets", "buckets"},
+	{"no groups", "groups"},
+	{"optimizer", "optimizer"},
+	{"shard", "shard_mode"},
+	{"step", "step_mode"},
+	{"lr<0", "lr"},
+	{"lr nan", "lr"},
+	{"nesterov", "nesterov"},
+	{"beta1", "beta1"},
+	{"empty bucket", "numel"},
+	{"no segments", "segments"},
 };
 
 static void mutate(struct fixture *f, size_t i)
 {
 	switch (i) {
-	case 0: f->s0[1].offset = 31; break;
-	case 1: f->s0[1].numel = 71; break;
-	case 2: f->s0[1].numel = 69; break;
-	case 3: f->s1[0].group = 2; break;
-	case 4: f->p.nbuckets = 0; break;
-	case 5: f->p.ngroups = 0; break;
-	case 6: f->p.optimizer = (enum zc_optimizer)9; break;
-	case 7: f->p.shard_mode = (enum zc_shard_mode)0; break;
-	case 8: f->p.step_mode = (enum zc_step_mode)7; break;
-	case 9: f->g[0].lr = -1; break;
-	case 10: f->g[0].lr = NAN; break;
-	case 11: f->g[0].nesterov = true; f->g[0].dampening = 0.1; break;
-	case 12: f->p.optimizer = ZC_OPT_ADAM; f->g[1].beta1 = 1.0; break;
-	case 13: f->b[1].numel = 0; break;
-	case 14: f->b[1].nsegments = 0; break;
+	case 0:
+		f->s0[1].offset = 31;
+		break;
+	case 1:
+		f->s0[1].numel = 71;
+		break;
+	case 2:
+		f->s0[1].numel = 69;
+		break;
+	case 3:
+		f->s1[0].group = 2;
+		break;
+	case 4:
+		f->p.nbuckets = 0;
+		break;
+	case 5:
+		f->p.ngroups = 0;
+		break;
+	case 6:
+		f->p.optimizer = (enum zc_optimizer)9;
+		break;
+	case 7:
+		f->p.shard_mode = (enum zc_shard_mode)0;
+		break;
+	case 8:
+		f->p.step_mode = (enum zc_step_mode)7;
+		break;
+	case 9:
+		f->g[0].lr = -1;
+		break;
+	case 10:
+		f->g[0].lr = NAN;
+		break;
+	case 11:
+		f->g[0].nesterov = true;
+		f->g[0].dampening = 0.1;
+		break;
+	case 12:
+		f->p.optimizer = ZC_OPT_ADAM;
+		f->g[1].beta1 = 1.0;
+		break;
+	case 13:
+		f->b[1].numel = 0;
+		break;
+	case 14:
+		f->b[1].nsegments = 0;
+		break;
 	}
 }
 
@@ -92,8 +135,8 @@ static void t_invalid(void)
 		fixture_init(&f);
 		mutate(&f, i);
 		r = plan_from_zc(&f.p, &p, err, sizeof(err));
-		CHECK(r == ZC_EPLANINVAL, "%s: got %d, expected ZC_EPLANINVAL", invalid_cases[i].name,
-		      r);
+		CHECK(r == ZC_EPLANINVAL, "%s: got %d, expected ZC_EPLANINVAL",
+		      invalid_cases[i].name, r);
 		CHECK(strstr(err, invalid_cases[i].needle), "%s: reason '%s' does not name '%s'",
 		      invalid_cases[i].name, err, invalid_cases[i].needle);
 		plan_free(p);
@@ -154,7 +197,8 @@ static void t_wire_round_trip(void)
 	REQUIRE(back, "unpack");
 	CHECK(plan_from_pb(back, &q, err, sizeof(err)) == 0, "plan_from_pb: %s", err);
 	if (q) {
-		CHECK(plan_diff(p, q, field, sizeof(field)) == 0, "round trip differs at %s", field);
+		CHECK(plan_diff(p, q, field, sizeof(field)) == 0, "round trip differs at %s",
+		      field);
 		CHECK(p->hash == q->hash, "hash changed over the wire");
 	}
 	zerod__v1__plan__free_unpacked(back, NULL);

@@ -86,8 +86,8 @@ static void assign_and_check(const uint64_t *sizes, uint32_t n, uint32_t world,
 	REQUIRE(shard_assign(p, world, &m) == 0, "shard_assign failed");
 	REQUIRE(shard_assign(p, world, &m2) == 0, "shard_assign failed");
 	if (check_map(p, world, m))
-		test_note("  (sizes[0]=%lu, n=%u, W=%u, mode=%d)", (unsigned long)sizes[0], n, world,
-			  mode);
+		test_note("  (sizes[0]=%lu, n=%u, W=%u, mode=%d)", (unsigned long)sizes[0], n,
+			  world, mode);
 	CHECK(m->nunits == m2->nunits &&
 		      memcmp(m->units, m2->units, m->nunits * sizeof(*m->units)) == 0,
 	      "two calls gave different maps");

@@ -187,8 +187,8 @@ int main(int argc, char **argv)
 			iters = atoi(optarg);
 			break;
 		case 'm':
-			plan.shard_mode = strcmp(optarg, "slice") == 0 ? ZC_SHARD_SLICE
-								       : ZC_SHARD_BUCKET;
+			plan.shard_mode =
+				strcmp(optarg, "slice") == 0 ? ZC_SHARD_SLICE : ZC_SHARD_BUCKET;
 			break;
 		default:
 			fprintf(stderr, "usage: zerod-demo-trainer -s SOCKET -r RANK -w WORLD "
@@ -211,10 +211,14 @@ int main(int argc, char **argv)
 	r = zc_alloc_buffers(c, &plan);
 	if (r < 0)
 		goto fail;
-	m = (struct model){.w2 = zc_param_buffer(c, 0), .b2 = zc_param_buffer(c, 0) + C * H,
-			   .w1 = zc_param_buffer(c, 1), .b1 = zc_param_buffer(c, 1) + H * D};
-	g = (struct grads){.w2 = zc_grad_buffer(c, 0), .b2 = zc_grad_buffer(c, 0) + C * H,
-			   .w1 = zc_grad_buffer(c, 1), .b1 = zc_grad_buffer(c, 1) + H * D};
+	m = (struct model){.w2 = zc_param_buffer(c, 0),
+			   .b2 = zc_param_buffer(c, 0) + C * H,
+			   .w1 = zc_param_buffer(c, 1),
+			   .b1 = zc_param_buffer(c, 1) + H * D};
+	g = (struct grads){.w2 = zc_grad_buffer(c, 0),
+			   .b2 = zc_grad_buffer(c, 0) + C * H,
+			   .w1 = zc_grad_buffer(c, 1),
+			   .b1 = zc_grad_buffer(c, 1) + H * D};
 	/* Every rank initialises; zerod keeps rank 0's values for everyone. */
 	s = 1000 + cfg.rank;
 	for (int i = 0; i < H * D; i++)
