@@ -19,6 +19,19 @@
 #define MIN(a, b)     ((a) < (b) ? (a) : (b))
 #define MAX(a, b)     ((a) > (b) ? (a) : (b))
 
+/* Hot loops are compiled for several x86-64 levels and the best one is picked
+ * at load time (ifunc), so one binary is portable and still uses wide SIMD. */
+#ifndef ZEROD_SIMD_CLONES
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define ZEROD_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#endif
+#ifndef ZEROD_SIMD_CLONES
+#define ZEROD_SIMD_CLONES
+#endif
+
 /* true for the ZC_E... codes of ZC_ERRORS (not -errno). */
 bool zc__is_error_code(int code);
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "coll/coll.h"
+#include "common.h"
 #include "pool.h"
 
 #define CHUNK (16u * 1024u) /* elements per task: 64 KiB per buffer */
@@ -69,7 +70,7 @@ struct reduce_task {
 	float *out;
 };
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+static ZEROD_SIMD_CLONES void
 reduce_chunk(float *restrict out, float *const *grads, uint32_t world, uint64_t off, size_t n)
 {
 	const float *restrict g0 = grads[0] + off;

@@ -21,20 +21,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "common.h"
 #include "optim/optim.h"
 
-/* -DOPTIM_CLONES= builds only the baseline code, so a test can cover it on a
- * machine that would otherwise pick a wider clone. */
-#ifndef OPTIM_CLONES
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define OPTIM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#endif
-#ifndef OPTIM_CLONES
-#define OPTIM_CLONES
-#endif
+/* -DZEROD_SIMD_CLONES= builds only the baseline code, so a test can cover it
+ * on a machine that would otherwise pick a wider clone. */
+#define OPTIM_CLONES ZEROD_SIMD_CLONES
 
 /* The bodies below take their flags as constants; inlining is what turns
  * them into branch-free loops, so it must not be left to heuristics. */
