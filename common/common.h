@@ -33,7 +33,7 @@
 #endif
 
 /* true for the ZC_E... codes of ZC_ERRORS (not -errno). */
-bool zc__is_error_code(int code);
+bool error_is_zc_code(int code);
 
 /* Monotonic clock in milliseconds. */
 static inline int64_t now_ms(void)

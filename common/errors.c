@@ -45,7 +45,7 @@ const char *zc_strerror_name(int code)
 	return "ZC_EUNKNOWN";
 }
 
-bool zc__is_error_code(int code)
+bool error_is_zc_code(int code)
 {
 	switch (code) {
 #define ZC__ERROR_CASE(name, value, text) case ZC_##name:

@@ -79,14 +79,14 @@ out:
 
 Zerod__V1__ErrorCode wire_error_code(int code)
 {
-	if (zc__is_error_code(code))
+	if (error_is_zc_code(code))
 		return (Zerod__V1__ErrorCode)-code;
 	return ZEROD__V1__ERROR_CODE__EINTERNAL;
 }
 
 int wire_error_from_pb(Zerod__V1__ErrorCode c)
 {
-	if (zc__is_error_code(-(int)c))
+	if (error_is_zc_code(-(int)c))
 		return -(int)c;
 	return ZC_EPROTO;
 }
