@@ -174,15 +174,24 @@ struct zc_config {
 		0                                                                                  \
 	}
 
-/* Connect to the daemon and join job cfg->job_id as cfg->rank (Hello
- * handshake). Blocks up to connect_timeout_ms. On success *ret_client is
- * owned by the caller and released with zc_close(). */
+/*
+ * Connect to the daemon and join job cfg->job_id as cfg->rank (the Hello
+ * handshake, which checks the protocol version).
+ * Ownership: cfg is only read; *ret_client belongs to the caller, released
+ *            with zc_close().
+ * Threads:   any thread.
+ * Blocking:  up to cfg->connect_timeout_ms waiting for the daemon's answer.
+ */
 int zc_connect(const struct zc_config *cfg, zc_client **ret_client);
 
-/* Leave the job and free the client and its buffers. Futures still held by
- * the caller stay valid (pending ones fail with ZC_ESTATE) and are still
- * freed with zc_future_free(). Accepts NULL. Non-blocking beyond a
- * best-effort goodbye message. */
+/*
+ * Leave the job (Goodbye) and free the client and its buffers.
+ * Ownership: frees c; futures still held by the caller stay valid (pending
+ *            ones fail with ZC_ESTATE) and are still freed with
+ *            zc_future_free(). Accepts NULL.
+ * Threads:   no other call on c may run or follow.
+ * Blocking:  at most ~200 ms for the goodbye to leave.
+ */
 void zc_close(zc_client *c);
 
 /* ------------------------------------------------------------- buffers --- */
@@ -190,97 +199,144 @@ void zc_close(zc_client *c);
 /*
  * Allocate this rank's gradient and parameter buffers for plan: POSIX shared
  * memory (mode 0600, zero-filled) that the daemon maps when the plan is
- * registered. The plan is validated and copied; the caller keeps *plan.
- * May be called once per client. Non-blocking.
+ * registered. May be called once per client.
+ * Ownership: plan is validated and copied (ZC_EPLANINVAL, reason in
+ *            zc_error_message()); the buffers belong to c.
+ * Threads:   any thread.  Blocking: no.
  */
 int zc_alloc_buffers(zc_client *c, const struct zc_plan *plan);
 
-/* Base of bucket b's gradient / parameter buffer (numel fp32 elements), valid
- * from zc_alloc_buffers() until zc_close(). The trainer writes gradients
- * before zc_bucket_ready(b) and must not write them again until that
- * bucket's future completed. The daemon writes parameters: they are stable
- * once the iteration's step future completed. NULL if b is out of range or
- * no buffers are allocated. Thread-safe, non-blocking. */
+/*
+ * Base of bucket b's gradient / parameter buffer (numel fp32 elements); NULL
+ * if b is out of range or no buffers are allocated. The trainer writes
+ * gradients before zc_bucket_ready(b) and not again until that bucket's
+ * future completed; the daemon writes parameters, which are stable once the
+ * iteration's step future completed.
+ * Ownership: the memory belongs to c, valid from zc_alloc_buffers() until
+ *            zc_close().
+ * Threads:   any thread.  Blocking: no.
+ */
 float *zc_grad_buffer(zc_client *c, uint32_t bucket);
 float *zc_param_buffer(zc_client *c, uint32_t bucket);
 
 /*
- * Register the plan of zc_alloc_buffers() with the daemon and block until
- * every rank of the job has registered the same plan, or an error, or
- * connect_timeout_ms. The daemon starts from rank 0's parameter buffers
- * (fill them before this call): on return every rank's parameter buffers
- * hold rank 0's initial parameters and the optimizer state is fresh.
+ * Register the plan of zc_alloc_buffers() with the daemon and wait until every
+ * rank of the job has registered the same plan. The daemon starts from rank
+ * 0's parameter buffers (fill them first): on success every rank's parameter
+ * buffers hold rank 0's values and the optimizer state is fresh. Errors:
+ * ZC_EPLANMISMATCH, ZC_ESIZE, ZC_EMAP, ZC_ETIMEDOUT... with the daemon's
+ * reason in zc_error_message().
+ * Ownership: nothing changes hands.
+ * Threads:   any thread; other calls on c may run while it waits.
+ * Blocking:  up to connect_timeout_ms.
  */
 int zc_register_plan(zc_client *c);
 
 /* ----------------------------------------------------------- iteration --- */
 
 /*
- * Hand bucket b of the current iteration to the daemon. Buckets must go in
- * order 0, 1, 2, ... each iteration; after the last one the client moves on
- * to the next iteration. Non-blocking (one message). On success
- * *ret_future (may be NULL if not wanted) completes when bucket b is reduced
- * over all ranks (BucketDone); the caller owns it and frees it with
- * zc_future_free(). An ordering error is reported by the daemon through the
- * future (ZC_EORDER, ZC_EDUPBUCKET, ZC_EBUCKET, ZC_EEARLY).
+ * Hand bucket b of the current iteration to the daemon. Buckets go in order
+ * 0, 1, 2, ... each iteration; after the last one the client moves on to the
+ * next iteration. The daemon reports a bad bucket through the future
+ * (ZC_EORDER, ZC_EDUPBUCKET, ZC_EBUCKET, ZC_EEARLY) and ignores it otherwise.
+ * Ownership: *ret_future (NULL if not wanted) belongs to the caller, freed
+ *            with zc_future_free(); it completes when bucket b is averaged
+ *            over all ranks (BucketDone).
+ * Threads:   any thread.  Blocking: no (one message).
  */
 int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future);
 
-/* Future of iteration's step: completes when every parameter update of that
- * iteration has landed in every local rank's parameter buffer (StepDone).
- * May be asked before, during or after the iteration; an iteration that
- * already completed gives a future that is already done. Caller owns
- * *ret_future. Non-blocking. */
+/*
+ * Future of iteration's step: completes when every parameter update of that
+ * iteration has landed in every local rank's parameter buffer (StepDone). It
+ * may be asked for before, during or after the iteration; one for an
+ * iteration already complete is already done.
+ * Ownership: *ret_future belongs to the caller (zc_future_free()).
+ * Threads:   any thread.  Blocking: no.
+ */
 int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future);
 
-/* Iteration the next zc_bucket_ready() belongs to (0 for the first; it moves
- * on after the last bucket of an iteration is handed over). Non-blocking. */
+/*
+ * Iteration the next zc_bucket_ready() belongs to: 0 first, moving on after
+ * the last bucket of an iteration is handed over.
+ * Threads: any thread.  Blocking: no.
+ */
 uint64_t zc_iteration(zc_client *c);
 
-/* Change group's hyperparameters from the next iteration that has not
- * started on this rank (e.g. an LR schedule). Every rank should make the same
- * call; different values for the same iteration are ZC_EHYPER. Non-blocking;
- * a rejection is reported by the next future that completes with an error,
- * and by zc_last_error(). */
+/*
+ * Change group's hyperparameters from the next iteration this rank has not
+ * started (an LR schedule, say). Every rank makes the same call; other values
+ * for the same iteration from another rank are ZC_EHYPER. Invalid values are
+ * refused here with ZC_EHYPER; a refusal by the daemon shows in
+ * zc_last_error().
+ * Ownership: hp is copied.
+ * Threads:   any thread.  Blocking: no (one message).
+ */
 int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp);
 
-/* The daemon's explanation of the last error a call on c returned (for
- * example which field of the plan differs from rank 0's); "" if none. Valid
- * until the next call on c. */
+/*
+ * The daemon's explanation of the last error a call on c returned (which
+ * field of the plan differs, which rank is missing...); "" if none.
+ * Ownership: the string belongs to c, valid until the next call on c.
+ * Threads:   read it on the thread that got the error.  Blocking: no.
+ */
 const char *zc_error_message(zc_client *c);
 
-/* First asynchronous error the daemon reported to this client that was not
- * tied to a future (0 if none). Non-blocking. */
+/*
+ * First error the daemon reported to this client that no future carried (0
+ * if none): a refused zc_set_hyper(), a bad bucket handed over without a
+ * future, or the job's failure.
+ * Threads: any thread.  Blocking: no (processes messages that arrived).
+ */
 int zc_last_error(zc_client *c);
 
 /* -------------------------------------------------------------- futures --- */
 
-/* Poll without blocking: 1 done (ok), 0 pending, < 0 failed with that code.
- * Processes messages that arrived. */
+/*
+ * Poll: 1 done, 0 pending, < 0 failed with that code (the daemon's reason in
+ * zc_future_message()).
+ * Threads: any thread.  Blocking: no (processes messages that arrived).
+ */
 int zc_future_poll(zc_future *f);
 
-/* Wait up to timeout_ms (< 0: forever) for f: 1 done, 0 timed out (still
- * pending), < 0 failed with that code. */
+/*
+ * Wait up to timeout_ms (< 0: without limit) for f: 1 done, 0 still pending
+ * when the time ran out, < 0 failed with that code.
+ * Threads:  any thread; c's lock is not held while sleeping.
+ * Blocking: up to timeout_ms.
+ */
 int zc_future_wait(zc_future *f, int timeout_ms);
 
-/* Text the daemon attached to a failed future (names rank, bucket...);
- * "" if none. Valid until zc_future_free(). */
+/*
+ * The daemon's reason for a failed future (names the rank, bucket, ...); ""
+ * if none.
+ * Ownership: the string belongs to f, valid until zc_future_free(f).
+ * Threads:   any thread.  Blocking: no.
+ */
 const char *zc_future_message(zc_future *f);
 
-/* Free a future (pending or not). Accepts NULL. */
+/*
+ * Free a future, pending or not. Accepts NULL.
+ * Ownership: frees f.  Threads: not while another thread waits on f.
+ * Blocking:  no.
+ */
 void zc_future_free(zc_future *f);
 
 /*
- * A file descriptor for the caller's own event loop: it becomes readable
- * when messages from the daemon may be waiting. When it does, call
- * zc_dispatch() and then check the futures. The fd belongs to the client;
- * do not read or close it. Edge semantics: call zc_dispatch() after each
- * wake-up, until it returns 0.
+ * A file descriptor for the caller's own event loop: it turns readable when
+ * messages from the daemon may have arrived; then call zc_dispatch() and check
+ * the futures with zc_future_poll(). Like ZMQ_FD, it signals changes, not
+ * levels: call zc_dispatch() after every wake-up before sleeping again.
+ * Ownership: the fd belongs to c; do not read, write or close it.
+ * Threads:   any thread.  Blocking: no.
  */
 int zc_fd(zc_client *c);
 
-/* Process every message that has arrived, without blocking. Returns the
- * number of messages processed (>= 0) or a negative code. */
+/*
+ * Process every message that has arrived: completes futures. Returns how many
+ * were processed (>= 0) or a negative code.
+ * Threads: any thread.  Blocking: no.
+ */
 int zc_dispatch(zc_client *c);
 
 #ifdef __cplusplus
