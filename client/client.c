@@ -37,7 +37,8 @@ struct zc_future {
 	enum future_kind kind;
 	uint64_t iteration;
 	uint32_t bucket;
-	int state; /* 0 pending, 1 done, < 0 failed */
+	uint64_t request; /* the BucketReady that made it */
+	int state;        /* 0 pending, 1 done, < 0 failed */
 	char msg[256];
 	struct zc_future *prev, *next;
 };
@@ -67,14 +68,23 @@ struct zc_client {
 	int job_error;       /* fatal error: every later future fails with it */
 	char job_msg[256];
 	int last_error;
+	uint64_t last_request;
 	struct zc_future *futures;
 };
 
 /* ---------------------------------------------------------- helpers --- */
 
-static int send_env(zc_client *c, const Zerod__V1__Envelope *env)
+/* Send a request under a fresh request id (returned in *ret_id if wanted):
+ * the daemon echoes it on an Error that refuses this request. */
+static int send_env(zc_client *c, Zerod__V1__Envelope *env, uint64_t *ret_id)
 {
-	int r = wire_send(c->sock, NULL, 0, env);
+	int r;
+
+	env->has_request_id = 1;
+	env->request_id = ++c->last_request;
+	r = wire_send(c->sock, NULL, 0, env);
+	if (r >= 0 && ret_id)
+		*ret_id = env->request_id;
 	return r == -EHOSTUNREACH ? ZC_ECONNECT : r;
 }
 
@@ -118,8 +128,9 @@ static void fail_all(zc_client *c, int code, const char *msg)
 
 /* ------------------------------------------------------- dispatching --- */
 
-static void handle_error(zc_client *c, const Zerod__V1__Error *e)
+static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
 {
+	const Zerod__V1__Error *e = env->error;
 	int code = wire_error_from_pb(e->code);
 	bool matched = false;
 
@@ -136,10 +147,11 @@ static void handle_error(zc_client *c, const Zerod__V1__Error *e)
 		snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", e->message);
 		return;
 	}
-	if (e->has_bucket && e->has_iteration) {
+	if (env->has_request_id) {
+		/* the refused BucketReady's own future, not another one of the
+		 * same iteration and bucket */
 		for (struct zc_future *f = c->futures; f; f = f->next)
-			if (f->kind == FUTURE_BUCKET && f->state == 0 && f->bucket == e->bucket &&
-			    f->iteration == e->iteration) {
+			if (f->kind == FUTURE_BUCKET && f->request == env->request_id) {
 				future_settle(f, code, e->message);
 				matched = true;
 				break;
@@ -180,7 +192,7 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 				future_settle(f, 1, NULL);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_ERROR:
-		handle_error(c, env->error);
+		handle_error(c, env);
 		break;
 	default:
 		if (!c->last_error)
@@ -329,7 +341,7 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 	h.pid = getpid();
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &h;
-	r = send_env(c, &env);
+	r = send_env(c, &env, NULL);
 	if (r < 0)
 		goto fail;
 	r = wait_for(c, &c->hello_result, now_ms() + timeout);
@@ -372,7 +384,7 @@ void zc_close(zc_client *c)
 	if (c->sock && c->hello_result == 1) {
 		env.body_case = ZEROD__V1__ENVELOPE__BODY_GOODBYE;
 		env.goodbye = &bye;
-		(void)send_env(c, &env);
+		(void)send_env(c, &env, NULL);
 	}
 	pthread_mutex_lock(&c->mu);
 	while (c->futures) {
@@ -515,7 +527,7 @@ int zc_register_plan(zc_client *c)
 	env.register_plan = &rp;
 	c->plan_result = 0;
 	c->registered = true;
-	r = send_env(c, &env);
+	r = send_env(c, &env, NULL);
 	plan_pb_free(&pb);
 	pthread_mutex_unlock(&c->mu);
 	if (r < 0)
@@ -576,7 +588,7 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 	br.bucket = bucket;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
 	env.bucket_ready = &br;
-	r = send_env(c, &env);
+	r = send_env(c, &env, f ? &f->request : NULL);
 	if (r < 0) {
 		if (f) {
 			future_unlink(f);
@@ -647,7 +659,7 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 	sh.values = &pg;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_HYPER;
 	env.set_hyper = &sh;
-	r = send_env(c, &env);
+	r = send_env(c, &env, NULL);
 out:
 	pthread_mutex_unlock(&c->mu);
 	return r;

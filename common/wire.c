@@ -91,8 +91,8 @@ int wire_error_from_pb(Zerod__V1__ErrorCode c)
 	return ZC_EPROTO;
 }
 
-int wire_send_error(void *zsock, const void *route, size_t route_len, int code, bool fatal,
-		    int64_t iteration, int64_t bucket, const char *msg)
+int wire_send_error(void *zsock, const void *route, size_t route_len, uint64_t request_id, int code,
+		    bool fatal, int64_t iteration, int64_t bucket, const char *msg)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__Error e = ZEROD__V1__ERROR__INIT;
@@ -109,6 +109,8 @@ int wire_send_error(void *zsock, const void *route, size_t route_len, int code, 
 	}
 	e.has_fatal = 1;
 	e.fatal = fatal;
+	env.has_request_id = request_id != 0;
+	env.request_id = request_id;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_ERROR;
 	env.error = &e;
 	return wire_send(zsock, route, route_len, &env);

@@ -28,8 +28,9 @@ const char *wire_body_name(Zerod__V1__Envelope__BodyCase c);
 int wire_send(void *zsock, const void *route, size_t route_len, const Zerod__V1__Envelope *env);
 
 /* Convenience senders. */
-int wire_send_error(void *zsock, const void *route, size_t route_len, int code, bool fatal,
-		    int64_t iteration, int64_t bucket, const char *msg);
+/* request_id: the refused request's id (0: none). */
+int wire_send_error(void *zsock, const void *route, size_t route_len, uint64_t request_id, int code,
+		    bool fatal, int64_t iteration, int64_t bucket, const char *msg);
 
 /* ZC_E... code -> wire enum and back (unknown -> EINTERNAL / EPROTO). */
 Zerod__V1__ErrorCode wire_error_code(int code);

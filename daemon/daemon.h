@@ -113,6 +113,8 @@ struct daemon {
 	int sigfd, timerfd;
 	struct session *sessions;
 	uint64_t session_serial;
+	uint64_t cur_request;        /* request id of the message being handled */
+	struct session *cur_session; /* its sender, if it has a session */
 	struct job *jobs;
 	unsigned njobs;
 	bool stopping;

@@ -52,7 +52,7 @@ int session_send(struct session *s, const Zerod__V1__Envelope *env)
 static void reply_error(struct daemon *d, const void *route, size_t len, int code, const char *msg)
 {
 	d->stats.errors_sent++;
-	(void)wire_send_error(d->router, route, len, code, true, -1, -1, msg);
+	(void)wire_send_error(d->router, route, len, d->cur_request, code, true, -1, -1, msg);
 }
 
 void session_send_error(struct session *s, int code, bool fatal, int64_t iteration, int64_t bucket,
@@ -67,8 +67,10 @@ void session_send_error(struct session *s, int code, bool fatal, int64_t iterati
 	s->d->stats.errors_sent++;
 	log_info("job %s rank %u: %s: %s", s->job ? s->job->id : "-", s->rank,
 		 zc_strerror_name(code), msg);
-	(void)wire_send_error(s->d->router, s->route, s->route_len, code, fatal, iteration, bucket,
-			      msg);
+	/* only the sender of the message being handled gets its request id */
+	(void)wire_send_error(s->d->router, s->route, s->route_len,
+			      s == s->d->cur_session ? s->d->cur_request : 0, code, fatal,
+			      iteration, bucket, msg);
 }
 
 static void on_pidfd(struct loop *l, void *userdata)
@@ -242,6 +244,9 @@ static void dispatch(struct daemon *d, const void *route, size_t rlen, const voi
 			reply_error(d, route, rlen, ZC_EPROTO, msg);
 		return;
 	}
+	/* errors about this message echo its request id to its sender */
+	d->cur_request = env->has_request_id ? env->request_id : 0;
+	d->cur_session = s;
 	for (size_t i = 0; i < ARRAY_SIZE(handlers); i++)
 		if (handlers[i].body == env->body_case)
 			h = &handlers[i];
@@ -258,6 +263,8 @@ static void dispatch(struct daemon *d, const void *route, size_t rlen, const voi
 	} else {
 		h->fn(d, route, rlen, s, env);
 	}
+	d->cur_request = 0;
+	d->cur_session = NULL;
 	wire_free(env);
 }
 

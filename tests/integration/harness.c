@@ -1,6 +1,7 @@
 /* harness.c — see harness.h. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,11 +13,26 @@
 
 #include "harness.h"
 
-static int64_t ms_now(void)
+int child_bad;
+
+int64_t test_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void signal_pipe(int fd)
+{
+	(void)!write(fd, "x", 1);
+}
+
+bool wait_pipe(int fd, int timeout_ms)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	char ch;
+
+	return poll(&p, 1, timeout_ms) == 1 && read(fd, &ch, 1) == 1;
 }
 
 int zd_start(struct zd *d, const char *const *extra)
@@ -52,8 +68,8 @@ int zd_start(struct zd *d, const char *const *extra)
 		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
-	deadline = ms_now() + 10000;
-	while (ms_now() < deadline) {
+	deadline = test_ms() + 10000;
+	while (test_ms() < deadline) {
 		if (access(d->sock, F_OK) == 0)
 			return 0;
 		if (waitpid(d->pid, NULL, WNOHANG) == d->pid) {
@@ -128,7 +144,7 @@ pid_t spawn(int (*fn)(void *arg, int idx), void *arg, int idx)
 
 int wait_child(pid_t pid, int timeout_ms)
 {
-	int64_t deadline = ms_now() + timeout_ms;
+	int64_t deadline = test_ms() + timeout_ms;
 	int st;
 
 	for (;;) {
@@ -137,7 +153,7 @@ int wait_child(pid_t pid, int timeout_ms)
 			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 		if (r < 0)
 			return -errno;
-		if (ms_now() >= deadline) {
+		if (test_ms() >= deadline) {
 			kill(pid, SIGKILL);
 			waitpid(pid, &st, 0);
 			return -ETIMEDOUT;

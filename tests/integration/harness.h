@@ -38,6 +38,27 @@ pid_t spawn(int (*fn)(void *arg, int idx), void *arg, int idx);
  * -ETIMEDOUT (then it is SIGKILLed and reaped). */
 int wait_child(pid_t pid, int timeout_ms);
 
+/* Children of a test report through their exit status: EXPECT() prints a
+ * TAP comment and sets child_bad (each forked child starts from 0). */
+extern int child_bad;
+#define EXPECT(cond, ...)                                                                          \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			child_bad = 1;                                                             \
+			printf("# [%s] EXPECT(%s) failed: ", __func__, #cond);                     \
+			printf(__VA_ARGS__);                                                       \
+			printf("\n");                                                              \
+			fflush(stdout);                                                            \
+		}                                                                                  \
+	} while (0)
+
+/* One byte through a pipe, to order the steps of different processes. */
+void signal_pipe(int fd);
+bool wait_pipe(int fd, int timeout_ms);
+
+/* Monotonic milliseconds. */
+int64_t test_ms(void);
+
 /* A client config for `job` rank/world on d's socket, single node. */
 struct zc_config test_config(const struct zd *d, const char *job, uint32_t rank, uint32_t world);
 

@@ -24,13 +24,6 @@ static const struct zc_bucket buckets[2] = {{64, 1, segs[0]}, {100, 1, segs[1]}}
 static const struct zc_plan plan = {ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group,
 				    2,          buckets};
 
-static int64_t ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 #define FAIL(...)                                                                                  \
 	do {                                                                                       \
 		printf("# " __VA_ARGS__);                                                          \
@@ -72,8 +65,8 @@ static int fd_rank(void *arg, int rank)
 	if (zc_bucket_ready(c, 0, &b0) < 0 || zc_bucket_ready(c, 1, &b1) < 0 ||
 	    zc_step_future(c, 0, &step) < 0)
 		FAIL("rank %d: submit failed", rank);
-	deadline = ms() + 10000;
-	while (zc_future_poll(step) == 0 && ms() < deadline) {
+	deadline = test_ms() + 10000;
+	while (zc_future_poll(step) == 0 && test_ms() < deadline) {
 		struct pollfd p = {.fd = zc_fd(c), .events = POLLIN};
 		poll(&p, 1, 1000);
 		if (zc_dispatch(c) < 0)
@@ -139,12 +132,12 @@ static int timeout_rank(void *arg, int rank)
 		pthread_create(&th, NULL, second_thread, &l);
 		if (zc_step_future(c, 0, &step) < 0)
 			FAIL("step future");
-		t0 = ms();
+		t0 = test_ms();
 		r = zc_future_wait(step, 200);
 		if (r != 0)
 			FAIL("wait(200) with rank 1 late returned %d, expected 0 (pending)", r);
-		if (ms() - t0 < 150 || ms() - t0 > 2000)
-			FAIL("wait(200) took %ld ms", (long)(ms() - t0));
+		if (test_ms() - t0 < 150 || test_ms() - t0 > 2000)
+			FAIL("wait(200) took %ld ms", (long)(test_ms() - t0));
 		pthread_join(th, NULL);
 		if (l.r < 0)
 			FAIL("bucket_ready from a second thread: %s", zc_strerror_name(l.r));

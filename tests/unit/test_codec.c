@@ -68,6 +68,8 @@ static void t_round_trips(void)
 	REQUIRE(out && out->step_done->iteration == 7, "step_done");
 	wire_free(out);
 
+	env.has_request_id = 1;
+	env.request_id = 99;
 	e.code = wire_error_code(ZC_EORDER);
 	e.message = "rank 1 sent bucket 2";
 	e.has_bucket = 1;
@@ -81,6 +83,7 @@ static void t_round_trips(void)
 	CHECK(out->error->has_bucket && out->error->bucket == 2 && !out->error->has_iteration,
 	      "error optional fields changed");
 	CHECK(!out->error->fatal, "fatal defaults to false");
+	CHECK(out->has_request_id && out->request_id == 99, "request id lost");
 	wire_free(out);
 }
 
