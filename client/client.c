@@ -8,6 +8,11 @@
  * socket's state changes, not while messages wait), so a waiter drains until
  * EAGAIN before sleeping, and sleeps in short slices in case another thread
  * consumed the edge.
+ *
+ * A socket monitor reports the connection dropping (zerod exited or was
+ * restarted, which loses the job): every pending and later future then fails
+ * with ZC_ECONNECT instead of waiting forever. One epoll fd covers both the
+ * socket and its monitor, so callers have a single fd to watch.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -52,7 +58,9 @@ struct shm_buf {
 struct zc_client {
 	pthread_mutex_t mu;
 	void *zctx, *sock;
-	int zfd;
+	void *mon; /* PAIR receiving sock's monitor events */
+	int zfd, monfd;
+	int efd; /* epoll over zfd and monfd: what zc_fd() returns */
 	char job_id[ZEROD_JOB_ID_MAX + 1];
 	struct zc_config cfg;
 
@@ -201,11 +209,54 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 	}
 }
 
+static void connection_lost(zc_client *c)
+{
+	const char *msg = "lost the connection to zerod (it exited or restarted; the job's state "
+			  "is gone)";
+
+	if (!c->job_error) {
+		c->job_error = ZC_ECONNECT;
+		snprintf(c->job_msg, sizeof(c->job_msg), "%s", msg);
+	}
+	fail_all(c, ZC_ECONNECT, msg);
+	if (c->hello_result == 0)
+		c->hello_result = ZC_ECONNECT;
+	if (c->plan_result == 0)
+		c->plan_result = ZC_ECONNECT;
+	snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", msg);
+}
+
+/* Monitor events: two frames, (uint16 event, uint32 value) then the address. */
+static void drain_monitor(zc_client *c)
+{
+	for (;;) {
+		zmq_msg_t ev, addr;
+		uint16_t event = 0;
+
+		zmq_msg_init(&ev);
+		if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&ev);
+			return;
+		}
+		if (zmq_msg_size(&ev) >= sizeof(event))
+			memcpy(&event, zmq_msg_data(&ev), sizeof(event));
+		zmq_msg_init(&addr);
+		if (zmq_msg_more(&ev))
+			zmq_msg_recv(&addr, c->mon, ZMQ_DONTWAIT);
+		zmq_msg_close(&addr);
+		zmq_msg_close(&ev);
+		if (event == ZMQ_EVENT_DISCONNECTED)
+			connection_lost(c);
+	}
+}
+
 /* Drain every message that has arrived. Called with c->mu held. */
 static int dispatch_locked(zc_client *c)
 {
 	int n = 0;
 
+	if (c->mon)
+		drain_monitor(c);
 	for (;;) {
 		Zerod__V1__Envelope *env;
 		zmq_msg_t msg;
@@ -241,7 +292,7 @@ int zc_dispatch(zc_client *c)
 
 int zc_fd(zc_client *c)
 {
-	return c ? c->zfd : -EINVAL;
+	return c ? c->efd : -EINVAL;
 }
 
 /* Wait until *flag (read under the lock) is non-zero or the deadline passes.
@@ -249,7 +300,7 @@ int zc_fd(zc_client *c)
 static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
 {
 	for (;;) {
-		struct pollfd pfd = {.fd = c->zfd, .events = POLLIN};
+		struct pollfd pfd = {.fd = c->efd, .events = POLLIN};
 		int v, slice = WAIT_SLICE_MS;
 		int64_t now;
 
@@ -286,6 +337,31 @@ static const char *default_socket(char *buf, size_t len)
 	return "/run/zerod/zerod.sock";
 }
 
+static int epoll_add(int efd, int fd)
+{
+	struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+
+	return epoll_ctl(efd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+static int monitor_open(zc_client *c)
+{
+	char ep[64];
+	size_t fdlen = sizeof(int);
+
+	c->efd = epoll_create1(EPOLL_CLOEXEC);
+	if (c->efd < 0)
+		return -errno;
+	snprintf(ep, sizeof(ep), "inproc://zeroclient-monitor-%p", (void *)c);
+	if (zmq_socket_monitor(c->sock, ep, ZMQ_EVENT_DISCONNECTED) < 0)
+		return -zmq_errno();
+	c->mon = zmq_socket(c->zctx, ZMQ_PAIR);
+	if (!c->mon || zmq_connect(c->mon, ep) < 0)
+		return -zmq_errno();
+	zmq_getsockopt(c->mon, ZMQ_FD, &c->monfd, &fdlen);
+	return epoll_add(c->efd, c->monfd);
+}
+
 int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
@@ -305,6 +381,7 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 	if (!c)
 		return -ENOMEM;
 	pthread_mutex_init(&c->mu, NULL);
+	c->efd = -1;
 	c->cfg = *cfg;
 	snprintf(c->job_id, sizeof(c->job_id), "%s", cfg->job_id);
 	c->cfg.job_id = c->job_id;
@@ -326,11 +403,17 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 	}
 	zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero));
 	zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+	r = monitor_open(c);
+	if (r < 0)
+		goto fail;
 	if (zmq_connect(c->sock, endpoint) < 0) {
 		r = ZC_ECONNECT;
 		goto fail;
 	}
 	zmq_getsockopt(c->sock, ZMQ_FD, &c->zfd, &fdlen);
+	r = epoll_add(c->efd, c->zfd);
+	if (r < 0)
+		goto fail;
 
 	h.protocol_version = ZC_PROTOCOL_VERSION;
 	h.job_id = c->job_id;
@@ -394,6 +477,12 @@ void zc_close(zc_client *c)
 		f->c = NULL;
 	}
 	pthread_mutex_unlock(&c->mu);
+	if (c->mon) {
+		zmq_socket_monitor(c->sock, NULL, 0);
+		zmq_close(c->mon);
+	}
+	if (c->efd >= 0)
+		close(c->efd);
 	if (c->sock) {
 		/* let the goodbye leave before the socket goes */
 		int linger = 200;

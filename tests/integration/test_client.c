@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,6 +211,53 @@ static void t_wrong_state(void)
 	CHECK(wait_child(spawn(state_checks, NULL, 0), 20000) == 0, "state checks failed");
 }
 
+/* zerod is SIGKILLed while both ranks wait without a time limit: the wait
+ * must end with ZC_ECONNECT, not hang. */
+static struct zd doomed;
+static int doomed_pipe[2];
+
+static int orphan_rank(void *arg, int rank)
+{
+	struct zc_config cfg = test_config(&doomed, arg, (uint32_t)rank, 2);
+	zc_client *c = NULL;
+	zc_future *step = NULL;
+	int r;
+
+	if (zc_connect(&cfg, &c) < 0 || zc_alloc_buffers(c, &plan) < 0 || zc_register_plan(c) < 0)
+		FAIL("rank %d: could not join", rank);
+	if (rank == 0 && (zc_bucket_ready(c, 0, NULL) < 0 || zc_bucket_ready(c, 1, NULL) < 0))
+		FAIL("rank 0: bucket_ready");
+	if (zc_step_future(c, 0, &step) < 0)
+		FAIL("step future");
+	signal_pipe(doomed_pipe[1]);
+	r = zc_future_wait(step, -1);
+	if (r != ZC_ECONNECT)
+		FAIL("rank %d: wait after zerod died: %d (%s), expected ZC_ECONNECT", rank, r,
+		     zc_strerror_name(r));
+	if ((r = zc_bucket_ready(c, 0, NULL)) != ZC_ECONNECT)
+		FAIL("rank %d: bucket_ready after zerod died: %d", rank, r);
+	zc_future_free(step);
+	zc_close(c);
+	return 0;
+}
+
+static void t_daemon_killed(void)
+{
+	pid_t a, b;
+
+	REQUIRE(zd_start(&doomed, NULL) == 0, "second zerod");
+	REQUIRE(pipe(doomed_pipe) == 0, "pipe");
+	a = spawn(orphan_rank, "orphan", 0);
+	b = spawn(orphan_rank, "orphan", 1);
+	CHECK(wait_pipe(doomed_pipe[0], 10000) && wait_pipe(doomed_pipe[0], 10000),
+	      "the ranks did not get to wait");
+	usleep(50000);
+	kill(doomed.pid, SIGKILL);
+	CHECK(wait_child(a, 10000) == 0, "rank 0 failed or hung");
+	CHECK(wait_child(b, 10000) == 0, "rank 1 failed or hung");
+	zd_stop(&doomed, 1000);
+}
+
 static void t_daemon_stops_cleanly(void)
 {
 	CHECK(zd_stop(&daemon_, 10000) == 0, "zerod did not exit 0");
@@ -219,6 +267,7 @@ static const struct test_case cases[] = {
 	{"fd_event_loop", t_fd_event_loop},
 	{"wait_timeout_and_second_thread", t_wait_timeout_and_threads},
 	{"wrong_state_calls", t_wrong_state},
+	{"daemon_killed_fails_waiters", t_daemon_killed},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 
