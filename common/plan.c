@@ -474,6 +474,13 @@ static int group_diff(uint32_t g, const struct zc_param_group *a, const struct z
 	return 0;
 }
 
+bool plan_group_equal(const struct zc_param_group *a, const struct zc_param_group *b)
+{
+	char field[160];
+
+	return group_diff(0, a, b, field, sizeof(field)) == 0;
+}
+
 int plan_diff(const struct plan *a, const struct plan *b, char *field, size_t len)
 {
 	DIFF(a->optimizer != b->optimizer, "optimizer: %s vs %s", plan_optimizer_name(a->optimizer),

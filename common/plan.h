@@ -10,6 +10,7 @@
 #ifndef ZEROD_PLAN_H
 #define ZEROD_PLAN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,6 +65,9 @@ int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char
 
 void plan_group_from_pb(const Zerod__V1__ParamGroup *in, struct zc_param_group *out);
 void plan_group_to_pb(const struct zc_param_group *in, Zerod__V1__ParamGroup *out);
+
+/* Field by field (a struct compare would read padding). */
+bool plan_group_equal(const struct zc_param_group *a, const struct zc_param_group *b);
 
 /* 0 if a and b are equal; otherwise 1 and the first differing field with
  * both values ("buckets[3].segments[1].numel: 4096 vs 2048") in field. */

@@ -182,7 +182,7 @@ void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper
 	for (pp = &j->changes; *pp; pp = &(*pp)->next) {
 		c = *pp;
 		if (c->iteration == m->iteration && c->group == m->group) {
-			if (memcmp(&c->values, &g, sizeof(g)) != 0)
+			if (!plan_group_equal(&c->values, &g))
 				session_send_error(
 					s, ZC_EHYPER, false, (int64_t)m->iteration, -1,
 					"rank %u sets other hyperparameters for group %u "
