@@ -95,6 +95,7 @@ static void on_tick(struct loop *l, void *userdata)
 			loop_quit(l);
 		return;
 	}
+	session_check_pids(d);
 	sched_check_stalls(d, now);
 }
 

@@ -134,6 +134,7 @@ int session_send(struct session *s, const Zerod__V1__Envelope *env);
 void session_send_error(struct session *s, int code, bool fatal, int64_t iteration, int64_t bucket,
 			const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 void session_drop(struct session *s, bool died);
+void session_check_pids(struct daemon *d);
 void session_free_all(struct daemon *d);
 
 /* job.c */

@@ -9,6 +9,8 @@
  * (its pidfd), or a failed send.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +90,47 @@ static void on_pidfd(struct loop *l, void *userdata)
 	log_notice("job %s rank %u: trainer pid %d exited", s->job ? s->job->id : "-", s->rank,
 		   (int)s->pid);
 	session_drop(s, true);
+}
+
+/* A zombie has exited too: kill(pid, 0) alone would call it alive. */
+static bool pid_alive(pid_t pid)
+{
+	char path[64], buf[256], *p;
+	ssize_t n;
+	int fd;
+
+	if (kill(pid, 0) < 0 && errno == ESRCH)
+		return false;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno != ENOENT;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return true;
+	buf[n] = 0;
+	p = strrchr(buf, ')'); /* "pid (comm) S ..." */
+	return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
+void session_check_pids(struct daemon *d)
+{
+	struct session *s = d->sessions;
+
+	/* Only for trainers without a pidfd (old kernels, valgrind): the timer
+	 * looks instead, a tick late at most. */
+	while (s) {
+		struct session *next = s->next;
+		if (s->pidfd < 0 && s->pid > 0 && !pid_alive(s->pid)) {
+			log_notice("job %s rank %u: trainer pid %d exited",
+				   s->job ? s->job->id : "-", s->rank, (int)s->pid);
+			session_drop(s, true);
+			/* dropping may drop no other session, but restart to be safe */
+			next = d->sessions;
+		}
+		s = next;
+	}
 }
 
 void session_drop(struct session *s, bool died)
@@ -171,8 +214,7 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 			s->pidfd = -1;
 		}
 	} else {
-		log_warning("job %s rank %u: cannot watch pid %d (%s); relying on the stall "
-			    "timeout",
+		log_warning("job %s rank %u: no pidfd for pid %d (%s); checking it every tick",
 			    s->job->id, s->rank, (int)h->pid, strerror(errno));
 	}
 	s->next = d->sessions;
