@@ -115,6 +115,7 @@ struct daemon {
 	uint64_t session_serial;
 	uint64_t cur_request;        /* request id of the message being handled */
 	struct session *cur_session; /* its sender, if it has a session */
+	pid_t cur_peer_pid;          /* its sender's pid, from the socket (0: unknown) */
 	struct job *jobs;
 	unsigned njobs;
 	bool stopping;

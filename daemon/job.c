@@ -216,7 +216,7 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 	j->ranks[h->rank] = s;
 	j->nconnected++;
 	s->job = j;
-	log_info("job %s: rank %u joined (pid %d, %u/%u)", j->id, h->rank, (int)h->pid,
+	log_info("job %s: rank %u joined (pid %d, %u/%u)", j->id, h->rank, (int)s->pid,
 		 j->nconnected, j->world);
 	return 0;
 }

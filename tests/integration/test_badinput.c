@@ -456,6 +456,43 @@ static void t_version(void)
 	run_children(c_version, NULL, 1, NULL, 10000);
 }
 
+/* A Hello that claims another process's pid (pid 1): the daemon watches the
+ * pid the socket reports instead, so the liar's exit is still noticed. */
+static int c_liar(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Hello h;
+	struct raw r = {0};
+
+	(void)arg, (void)idx;
+	if (raw_open(&r) < 0)
+		return 1;
+	fill_hello(&h, "liar", 1, 2);
+	h.pid = 1;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_HELLO_OK, "Hello claiming pid 1");
+	raw_close(&r); /* and exit without a Goodbye */
+	return child_bad;
+}
+
+static void t_liar(void)
+{
+	char says[96], gone[96];
+	pid_t pid = spawn(c_liar, NULL, 0);
+	int64_t deadline;
+
+	CHECK(wait_child(pid, 10000) == 0, "liar child failed");
+	snprintf(says, sizeof(says), "says pid 1, the socket says pid %d", (int)pid);
+	snprintf(gone, sizeof(gone), "job liar rank 1: trainer pid %d exited", (int)pid);
+	deadline = test_ms() + 3000;
+	while (test_ms() < deadline && !zd_log_has(&daemon_, gone))
+		usleep(10000);
+	CHECK(zd_log_has(&daemon_, says), "no '%s' in the daemon's log", says);
+	CHECK(zd_log_has(&daemon_, gone), "the liar's exit went unnoticed ('%s')", gone);
+}
+
 /* 4. a message before Hello, a server-only message, a multi-frame message */
 static int c_state(void *arg, int idx)
 {
@@ -927,6 +964,7 @@ static const struct test_case cases[] = {
 	{"garbage_bytes_EPROTO", t_garbage},
 	{"truncated_hello_EPROTO", t_truncated},
 	{"version_mismatch_EVERSION", t_version},
+	{"hello_lies_about_pid", t_liar},
 	{"before_hello_and_multiframe_EPROTO", t_state},
 	{"wrong_buffer_sizes_ESIZE", t_size},
 	{"bucket_out_of_order_EORDER", t_order},
