@@ -206,6 +206,67 @@ static size_t mutate(uint8_t *buf, size_t n, size_t cap)
 	}
 }
 
+/* Socket 0 runs a real world-1 job, so bucket and hyperparameter messages
+ * reach an active job's scheduler and engine, not only the edge. */
+static void setup_active(void *s)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Hello h = ZEROD__V1__HELLO__INIT;
+	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
+	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
+	Zerod__V1__Plan pb;
+	struct plan *p = NULL;
+	char gname[64], pname[64];
+	uint8_t buf[4096];
+	int tmo = 5000;
+
+	zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+	h.protocol_version = ZC_PROTOCOL_VERSION;
+	h.job_id = "fuzz-active";
+	h.world_size = h.local_size = 1;
+	h.pid = getpid();
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	zmq_send(s, buf, zerod__v1__envelope__pack(&env, buf), 0);
+	zmq_recv(s, buf, sizeof(buf), 0);
+	if (plan_from_zc(&zplan, &p, NULL, 0) < 0 || plan_to_pb(p, &pb) < 0)
+		return;
+	snprintf(gname, sizeof(gname), "/zerod-fuzz-%d-active-g", getpid());
+	snprintf(pname, sizeof(pname), "/zerod-fuzz-%d-active-p", getpid());
+	make_shm(gname, plan_buffer_bytes(p));
+	make_shm(pname, plan_buffer_bytes(p));
+	shm = (Zerod__V1__ShmBuffers)ZEROD__V1__SHM_BUFFERS__INIT;
+	shm.grad_name = gname;
+	shm.param_name = pname;
+	shm.grad_bytes = shm.param_bytes = plan_buffer_bytes(p);
+	rp.plan = &pb;
+	rp.shm = &shm;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
+	env.register_plan = &rp;
+	zmq_send(s, buf, zerod__v1__envelope__pack(&env, buf), 0);
+	if (zmq_recv(s, buf, sizeof(buf), 0) < 0)
+		printf("# fuzz: no answer to the active job's plan\n");
+	plan_pb_free(&pb);
+	plan_free(p);
+}
+
+/* Mostly in-order buckets for the active job, so its iterations move. */
+static size_t active_bucket(uint8_t *out, uint64_t *it, uint32_t *b)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
+
+	br.iteration = *it;
+	br.bucket = below(10) ? *b : below(4);
+	if (br.bucket == *b && ++*b == 2) {
+		*b = 0;
+		++*it;
+	}
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
+	env.bucket_ready = &br;
+	return zerod__v1__envelope__pack(&env, out);
+}
+
 static int fuzz_main(void *arg, int idx)
 {
 	long iters = (long)(intptr_t)arg;
@@ -215,12 +276,25 @@ static int fuzz_main(void *arg, int idx)
 	(void)idx;
 	groups[0] = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
 	groups[1] = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
+	uint64_t active_it = 0;
+	uint32_t active_b = 0;
+
 	for (int k = 0; k < NSOCK; k++)
 		socks[k] = open_sock(ctx);
+	setup_active(socks[0]);
 	for (long i = 0; i < iters; i++) {
 		int k = (int)below(NSOCK);
-		size_t n = make_seed(buf, sizeof(buf) / 2, 1);
+		size_t n;
 
+		if (k == 0 && below(4)) {
+			/* the active job: clean buckets, now and then a bad one */
+			n = active_bucket(buf, &active_it, &active_b);
+			zmq_send(socks[0], buf, n, ZMQ_DONTWAIT);
+			usleep(below(3) ? 0 : 200);
+			drain(socks[0]);
+			continue;
+		}
+		n = make_seed(buf, sizeof(buf) / 2, 1);
 		n = mutate(buf, n, sizeof(buf));
 		if (below(50) == 0) {
 			/* two frames: the daemon wants one */
@@ -230,7 +304,7 @@ static int fuzz_main(void *arg, int idx)
 			zmq_send(socks[k], buf, n, ZMQ_DONTWAIT);
 		}
 		drain(socks[k]);
-		if (below(300) == 0) {
+		if (k != 0 && below(300) == 0) {
 			/* a new connection: a new routing id */
 			zmq_close(socks[k]);
 			socks[k] = open_sock(ctx);
@@ -243,10 +317,17 @@ static int fuzz_main(void *arg, int idx)
 	}
 	zmq_ctx_term(ctx);
 	for (int g = 0; g < 3; g++) {
-		char name[64];
+		char name[80];
 		snprintf(name, sizeof(name), "/zerod-fuzz-%d-g%d", getpid(), g);
 		shm_unlink(name);
 		snprintf(name, sizeof(name), "/zerod-fuzz-%d-p%d", getpid(), g);
+		shm_unlink(name);
+	}
+	{
+		char name[80];
+		snprintf(name, sizeof(name), "/zerod-fuzz-%d-active-g", getpid());
+		shm_unlink(name);
+		snprintf(name, sizeof(name), "/zerod-fuzz-%d-active-p", getpid());
 		shm_unlink(name);
 	}
 	return 0;
