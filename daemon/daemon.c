@@ -218,6 +218,9 @@ int daemon_run(const struct daemon_config *cfg)
 	r = open_fds(&d);
 	if (r < 0)
 		goto out;
+	r = pool_catch_faults();
+	if (r < 0)
+		goto out;
 	r = pool_new(cfg->workers, &d.pool);
 	if (r < 0)
 		goto out;

@@ -201,12 +201,16 @@ static void step_chunk(void *arg, size_t i)
 	e->cfg.optim->step(&a);
 }
 
-static void op_step(struct engine *e, uint32_t lo, uint32_t hi)
+static int op_step(struct engine *e, uint32_t lo, uint32_t hi)
 {
 	struct step_ctx sc = {.e = e, .first = e->bucket_chunk[lo]};
 	uint32_t nchunks = e->bucket_chunk[hi + 1] - e->bucket_chunk[lo];
+	int r;
 
-	pool_parallel_for(e->cfg.pool, nchunks, step_chunk, &sc);
+	/* only the daemon's own arrays here, but a fault is a fault */
+	r = pool_parallel_for(e->cfg.pool, nchunks, step_chunk, &sc);
+	if (r < 0)
+		return r;
 	for (uint32_t k = e->bucket_piece[lo]; k < e->bucket_piece[hi + 1]; k++) {
 		struct piece *pc = &e->pieces[k];
 		if (!rank_local(e, pc->owner))
@@ -216,6 +220,7 @@ static void op_step(struct engine *e, uint32_t lo, uint32_t hi)
 			pc->has_buf = true;
 		e->stepped += pc->n;
 	}
+	return 0;
 }
 
 static int op_reduce(struct engine *e, uint32_t b)
@@ -256,16 +261,25 @@ static int op_bcast(struct engine *e, uint32_t lo, uint32_t hi)
 	return r;
 }
 
+static void init_unit(void *arg, size_t u)
+{
+	struct engine *e = arg;
+	const struct coll_range *r = &e->ranges[u];
+
+	if (rank_local(e, r->owner))
+		memcpy(e->master + r->off, e->cfg.params[0] + r->off, r->n * sizeof(float));
+}
+
 static int op_init(struct engine *e)
 {
-	const float *src = e->cfg.params[0];
+	int r;
 
-	if (!src)
+	if (!e->cfg.params[0])
 		return -EOPNOTSUPP; /* rank 0 elsewhere: needs the multi-node path */
-	for (uint32_t u = 0; u < e->cfg.shard->nunits; u++)
-		if (rank_local(e, e->ranges[u].owner))
-			memcpy(e->master + e->ranges[u].off, src + e->ranges[u].off,
-			       e->ranges[u].n * sizeof(float));
+	/* through the pool: rank 0's buffer is shared memory (see pool.c) */
+	r = pool_parallel_for(e->cfg.pool, e->cfg.shard->nunits, init_unit, e);
+	if (r < 0)
+		return r;
 	return op_bcast(e, 0, e->cfg.plan->nbuckets - 1);
 }
 
@@ -282,8 +296,7 @@ static int op_run(struct engine *e, struct op *o)
 	case ENGINE_REDUCE:
 		return op_reduce(e, o->lo);
 	case ENGINE_STEP:
-		op_step(e, o->lo, o->hi);
-		return 0;
+		return op_step(e, o->lo, o->hi);
 	case ENGINE_BCAST:
 		return op_bcast(e, o->lo, o->hi);
 	case ENGINE_STOP:

@@ -2,9 +2,16 @@
  * pool.c — worker threads that take chunks of parallel_for batches. A batch
  * lives on its caller's stack; workers claim indices with an atomic counter
  * and the last one to finish wakes the caller.
+ *
+ * Chunks touch trainers' shared memory, which a broken or hostile trainer can
+ * truncate under us: the next access raises SIGBUS. Every chunk runs under a
+ * guard (sigsetjmp) that turns that fault into a failed batch, so the job
+ * fails with a named error and the daemon and its other jobs go on.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -17,6 +24,7 @@ struct batch {
 	void *ctx;
 	size_t n;
 	atomic_size_t next;
+	atomic_bool faulted;
 	size_t done;    /* under pool.mu */
 	unsigned users; /* workers holding a pointer to this batch, under pool.mu */
 	struct batch *qnext;
@@ -32,13 +40,50 @@ struct pool {
 	pthread_t *threads;
 };
 
+static _Thread_local sigjmp_buf *fault_jmp;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+	(void)si, (void)uc;
+	if (fault_jmp)
+		siglongjmp(*fault_jmp, 1);
+	/* not inside a chunk: a real bug, die as we would have */
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+int pool_catch_faults(void)
+{
+	struct sigaction sa = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_NODEFER};
+
+	sigemptyset(&sa.sa_mask);
+	return sigaction(SIGBUS, &sa, NULL) < 0 ? -errno : 0;
+}
+
+/* fn(ctx, i), or false if it touched memory that is gone. SA_NODEFER keeps
+ * SIGBUS unblocked after the jump, so the mask need not be saved. */
+static bool run_guarded(void (*fn)(void *ctx, size_t i), void *ctx, size_t i)
+{
+	sigjmp_buf jb;
+
+	if (sigsetjmp(jb, 0)) {
+		fault_jmp = NULL;
+		return false;
+	}
+	fault_jmp = &jb;
+	fn(ctx, i);
+	fault_jmp = NULL;
+	return true;
+}
+
 /* Claim and run indices of b until none are left; returns how many ran. */
 static size_t batch_drain(struct batch *b)
 {
 	size_t ran = 0, i;
 
 	while ((i = atomic_fetch_add(&b->next, 1)) < b->n) {
-		b->fn(b->ctx, i);
+		if (!run_guarded(b->fn, b->ctx, i))
+			atomic_store(&b->faulted, true);
 		ran++;
 	}
 	return ran;
@@ -140,18 +185,17 @@ unsigned pool_threads(const struct pool *p)
 	return p->nthreads;
 }
 
-void pool_parallel_for(struct pool *p, size_t n, void (*fn)(void *ctx, size_t i), void *ctx)
+int pool_parallel_for(struct pool *p, size_t n, void (*fn)(void *ctx, size_t i), void *ctx)
 {
 	struct batch b = {.fn = fn, .ctx = ctx, .n = n};
 	size_t ran;
 
 	if (n == 0)
-		return;
-	if (n == 1) {
-		fn(ctx, 0);
-		return;
-	}
+		return 0;
+	if (n == 1)
+		return run_guarded(fn, ctx, 0) ? 0 : -EFAULT;
 	atomic_init(&b.next, 0);
+	atomic_init(&b.faulted, false);
 	pthread_mutex_lock(&p->mu);
 	if (p->tail)
 		p->tail->qnext = &b;
@@ -169,4 +213,5 @@ void pool_parallel_for(struct pool *p, size_t n, void (*fn)(void *ctx, size_t i)
 	while (b.done < b.n || b.users > 0)
 		pthread_cond_wait(&p->done, &p->mu);
 	pthread_mutex_unlock(&p->mu);
+	return atomic_load(&b.faulted) ? -EFAULT : 0;
 }

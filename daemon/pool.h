@@ -6,6 +6,7 @@
 #ifndef ZEROD_POOL_H
 #define ZEROD_POOL_H
 
+#include <errno.h>
 #include <stddef.h>
 
 struct pool;
@@ -17,7 +18,13 @@ void pool_free(struct pool *p);
 unsigned pool_threads(const struct pool *p);
 
 /* Run fn(ctx, i) for every i in [0, n), on the workers and the calling
- * thread; blocks until all have returned. Thread-safe. */
-void pool_parallel_for(struct pool *p, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
+ * thread; blocks until all have returned. Thread-safe. Returns 0, or -EFAULT
+ * if some fn hit memory that vanished (SIGBUS: a trainer shrank its shared
+ * buffer); the other indices still ran. */
+int pool_parallel_for(struct pool *p, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
+
+/* Install the SIGBUS handler behind the guard (once per process, before
+ * any batch). */
+int pool_catch_faults(void);
 
 #endif

@@ -250,6 +250,12 @@ void sched_on_done(struct daemon *d, struct engine_done *done)
 	}
 	if (j->state == JOB_FAILED)
 		return;
+	if (done->status == -EFAULT) {
+		job_fail(j, ZC_EMAP, true,
+			 "%s of buckets %u..%u touched a shared buffer that a trainer shrank",
+			 engine_op_name(done->kind), done->lo, done->hi);
+		return;
+	}
 	if (done->status < 0) {
 		job_fail(j, ZC_EINTERNAL, true, "%s of buckets %u..%u failed: %s",
 			 engine_op_name(done->kind), done->lo, done->hi, zc_strerror(done->status));

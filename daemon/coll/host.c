@@ -70,8 +70,8 @@ struct reduce_task {
 	float *out;
 };
 
-static ZEROD_SIMD_CLONES void
-reduce_chunk(float *restrict out, float *const *grads, uint32_t world, uint64_t off, size_t n)
+static ZEROD_SIMD_CLONES void reduce_chunk(float *restrict out, float *const *grads, uint32_t world,
+					   uint64_t off, size_t n)
 {
 	const float *restrict g0 = grads[0] + off;
 	float fw = (float)world;
@@ -100,17 +100,18 @@ static int host_all_reduce(struct coll_group *g, uint64_t off, uint64_t n, float
 {
 	struct reduce_task t = {.g = g, .off = off, .n = n, .out = out};
 
-	pool_parallel_for(g->pool, (n + CHUNK - 1) / CHUNK, reduce_task_run, &t);
-	return 0;
+	return pool_parallel_for(g->pool, (n + CHUNK - 1) / CHUNK, reduce_task_run, &t);
 }
 
 static int host_reduce_scatter(struct coll_group *g, const struct coll_range *r, uint32_t nr,
 			       float *out)
 {
+	int rc = 0;
+
 	/* Every owner is on this node: each range is an all-reduce of its own. */
-	for (uint32_t k = 0; k < nr; k++)
-		host_all_reduce(g, r[k].off, r[k].n, out);
-	return 0;
+	for (uint32_t k = 0; k < nr && rc >= 0; k++)
+		rc = host_all_reduce(g, r[k].off, r[k].n, out);
+	return rc;
 }
 
 /* ---- broadcast ---- */
@@ -138,16 +139,17 @@ static int host_broadcast(struct coll_group *g, uint32_t root, uint64_t off, uin
 	struct copy_task t = {.g = g, .off = off, .n = n, .src = src};
 
 	(void)root; /* the owner's master copy lives in this daemon */
-	pool_parallel_for(g->pool, (n + CHUNK - 1) / CHUNK, copy_task_run, &t);
-	return 0;
+	return pool_parallel_for(g->pool, (n + CHUNK - 1) / CHUNK, copy_task_run, &t);
 }
 
 static int host_all_gather(struct coll_group *g, const struct coll_range *r, uint32_t nr,
 			   const float *src)
 {
-	for (uint32_t k = 0; k < nr; k++)
-		host_broadcast(g, r[k].owner, r[k].off, r[k].n, src);
-	return 0;
+	int rc = 0;
+
+	for (uint32_t k = 0; k < nr && rc >= 0; k++)
+		rc = host_broadcast(g, r[k].owner, r[k].off, r[k].n, src);
+	return rc;
 }
 
 const struct coll_ops coll_host_ops = {

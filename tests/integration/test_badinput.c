@@ -626,6 +626,68 @@ static int c_size(void *arg, int idx)
 	return child_bad;
 }
 
+/* A trainer shrinks its gradient buffer after the daemon mapped it: the next
+ * reduction faults (SIGBUS). Only that job fails, with ZC_EMAP; the daemon
+ * and the job beside it go on. */
+static int c_shrink(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
+	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
+	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
+	Zerod__V1__Plan pb;
+	struct small_plan sp;
+	struct plan *p = NULL;
+	char grad[96], param[96], err[256];
+	struct raw r = {0};
+	uint64_t bytes;
+	int fd;
+
+	(void)arg, (void)idx;
+	small_plan(&sp, 2, 0);
+	if (plan_from_zc(&sp.plan, &p, err, sizeof(err)) < 0 || plan_to_pb(p, &pb) < 0)
+		return 1;
+	bytes = plan_buffer_bytes(p);
+	snprintf(grad, sizeof(grad), "/zerodtest-shrink-%d-grad", (int)getpid());
+	snprintf(param, sizeof(param), "/zerodtest-shrink-%d-param", (int)getpid());
+	if (make_shm(grad, bytes) < 0 || make_shm(param, bytes) < 0)
+		return 1;
+	fd = shm_open(grad, O_RDWR, 0);
+	if (fd < 0 || raw_open(&r) < 0)
+		return 1;
+	raw_hello(&r, "shrink");
+	shm.grad_name = grad;
+	shm.grad_bytes = bytes;
+	shm.param_name = param;
+	shm.param_bytes = bytes;
+	rp.plan = &pb;
+	rp.shm = &shm;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
+	env.register_plan = &rp;
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
+	EXPECT(ftruncate(fd, 0) == 0, "ftruncate: %s", strerror(errno));
+	br.iteration = 0;
+	br.bucket = 0;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
+	env.bucket_ready = &br;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_EMAP, "shrank", "bucket 0 over a truncated buffer");
+	close(fd);
+	shm_unlink(grad);
+	shm_unlink(param);
+	plan_pb_free(&pb);
+	plan_free(p);
+	raw_close(&r);
+	return child_bad;
+}
+
+static void t_shrink(void)
+{
+	run_children(c_shrink, NULL, 1, NULL, 10000);
+	CHECK(zd_alive(&daemon_), "zerod died of a truncated buffer");
+}
+
 static void t_size(void)
 {
 	run_children(c_size, NULL, 1, NULL, 10000);
@@ -967,6 +1029,7 @@ static const struct test_case cases[] = {
 	{"hello_lies_about_pid", t_liar},
 	{"before_hello_and_multiframe_EPROTO", t_state},
 	{"wrong_buffer_sizes_ESIZE", t_size},
+	{"buffer_shrunk_after_mapping_EMAP", t_shrink},
 	{"bucket_out_of_order_EORDER", t_order},
 	{"bucket_out_of_order_no_wait_EORDER", t_order_nowait},
 	{"duplicate_and_unknown_bucket", t_dupbucket},
