@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "engine.h"
@@ -52,6 +53,7 @@ struct session {
 	struct job *job;
 	uint32_t rank;
 	pid_t pid;
+	uid_t uid; /* from the socket; (uid_t)-1 if unknown */
 	int pidfd;
 };
 
@@ -115,7 +117,7 @@ struct daemon {
 	uint64_t session_serial;
 	uint64_t cur_request;        /* request id of the message being handled */
 	struct session *cur_session; /* its sender, if it has a session */
-	pid_t cur_peer_pid;          /* its sender's pid, from the socket (0: unknown) */
+	struct ucred cur_peer;       /* its sender, from the socket (pid 0: unknown) */
 	struct job *jobs;
 	unsigned njobs;
 	bool stopping;

@@ -315,8 +315,10 @@ void job_register_plan(struct job *j, struct session *s, const Zerod__V1__Regist
 		}
 		break; /* the registered plans agree with each other already */
 	}
-	gd = (struct mem_desc){.shm_name = m->shm->grad_name, .bytes = m->shm->grad_bytes};
-	pd = (struct mem_desc){.shm_name = m->shm->param_name, .bytes = m->shm->param_bytes};
+	gd = (struct mem_desc){
+		.shm_name = m->shm->grad_name, .bytes = m->shm->grad_bytes, .owner = s->uid};
+	pd = (struct mem_desc){
+		.shm_name = m->shm->param_name, .bytes = m->shm->param_bytes, .owner = s->uid};
 	r = d->mem->map(&gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
 	if (r >= 0) {
 		r = d->mem->map(&pd, plan_buffer_bytes(p), &j->param_map[s->rank], err,

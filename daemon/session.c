@@ -201,10 +201,10 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	s->rank = h->rank;
 	/* The kernel's word on who is calling beats the Hello's: it is right
 	 * even when the trainer lives in another pid namespace. */
-	s->pid = d->cur_peer_pid > 0 ? d->cur_peer_pid : h->pid;
-	if (d->cur_peer_pid > 0 && h->pid != d->cur_peer_pid)
+	s->pid = d->cur_peer.pid > 0 ? d->cur_peer.pid : h->pid;
+	if (d->cur_peer.pid > 0 && h->pid != d->cur_peer.pid)
 		log_info("job %s rank %u: says pid %d, the socket says pid %d", h->job_id, h->rank,
-			 (int)h->pid, (int)d->cur_peer_pid);
+			 (int)h->pid, (int)d->cur_peer.pid);
 	r = job_join(d, s, h, err, sizeof(err));
 	if (r < 0) {
 		reply_error(d, route, rlen, r, err);
@@ -213,6 +213,7 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	}
 	/* A dead trainer is noticed at once through its pidfd. Without one
 	 * (pid in another namespace) the stall timeout still ends the wait. */
+	s->uid = d->cur_peer.uid;
 	s->pidfd = s->pid > 0 ? (int)syscall(SYS_pidfd_open, s->pid, 0) : -1;
 	if (s->pidfd >= 0) {
 		if (loop_add_fd(d->loop, s->pidfd, on_pidfd, s) < 0) {
@@ -316,17 +317,17 @@ static void dispatch(struct daemon *d, const void *route, size_t rlen, const voi
 	wire_free(env);
 }
 
-/* The pid of the process at the other end of the ipc connection a message
- * came on (SO_PEERCRED on the message's source fd), or 0. */
-static pid_t peer_pid(zmq_msg_t *msg)
+/* Who is at the other end of the ipc connection a message came on
+ * (SO_PEERCRED on the message's source fd); pid 0 if unknown. */
+static struct ucred peer_cred(zmq_msg_t *msg)
 {
-	struct ucred cred;
+	struct ucred cred = {.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
 	socklen_t len = sizeof(cred);
 	int fd = zmq_msg_get(msg, ZMQ_SRCFD);
 
 	if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
-		return 0;
-	return cred.pid;
+		return (struct ucred){.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
+	return cred;
 }
 
 void session_on_router(struct loop *l, void *userdata)
@@ -365,10 +366,10 @@ void session_on_router(struct loop *l, void *userdata)
 			reply_error(d, zmq_msg_data(&route), zmq_msg_size(&route), ZC_EPROTO,
 				    "multi-frame message: send one Envelope per message");
 		} else if (zmq_msg_size(&route) <= ZEROD_ROUTE_MAX) {
-			d->cur_peer_pid = peer_pid(&body);
+			d->cur_peer = peer_cred(&body);
 			dispatch(d, zmq_msg_data(&route), zmq_msg_size(&route), zmq_msg_data(&body),
 				 zmq_msg_size(&body));
-			d->cur_peer_pid = 0;
+			d->cur_peer = (struct ucred){.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
 		}
 		zmq_msg_close(&body);
 		zmq_msg_close(&route);

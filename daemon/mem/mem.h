@@ -8,11 +8,13 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* What a client sent to describe one buffer. */
 struct mem_desc {
 	const char *shm_name; /* host: POSIX shm object name, "/..." */
 	uint64_t bytes;       /* what the client claims the buffer holds */
+	uid_t owner; /* the client's uid: the object must be its own; (uid_t)-1: unchecked */
 };
 
 struct mem_map;

@@ -60,6 +60,13 @@ static int shm_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map *
 		close(fd);
 		return ZC_EMAP;
 	}
+	/* Only the caller's own objects: never another user's memory. */
+	if (desc->owner != (uid_t)-1 && st.st_uid != desc->owner) {
+		snprintf(err, errlen, "%s belongs to uid %u, not to the trainer (uid %u)",
+			 desc->shm_name, (unsigned)st.st_uid, (unsigned)desc->owner);
+		close(fd);
+		return ZC_EMAP;
+	}
 	if ((uint64_t)st.st_size != bytes) {
 		snprintf(err, errlen, "%s holds %jd bytes, the plan needs %" PRIu64, desc->shm_name,
 			 (intmax_t)st.st_size, bytes);

@@ -688,6 +688,63 @@ static void t_shrink(void)
 	CHECK(zd_alive(&daemon_), "zerod died of a truncated buffer");
 }
 
+/* A RegisterPlan naming shared memory of another user (here: nobody) is
+ * refused: the daemon never maps memory that is not the trainer's own. */
+static int c_foreign(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
+	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
+	Zerod__V1__Plan pb;
+	struct small_plan sp;
+	struct plan *p = NULL;
+	char grad[96], param[96], err[256];
+	struct raw r = {0};
+	uint64_t bytes;
+	int fd;
+
+	(void)arg, (void)idx;
+	small_plan(&sp, 2, 0);
+	if (plan_from_zc(&sp.plan, &p, err, sizeof(err)) < 0 || plan_to_pb(p, &pb) < 0)
+		return 1;
+	bytes = plan_buffer_bytes(p);
+	snprintf(grad, sizeof(grad), "/zerodtest-foreign-%d-grad", (int)getpid());
+	snprintf(param, sizeof(param), "/zerodtest-foreign-%d-param", (int)getpid());
+	if (make_shm(grad, bytes) < 0 || make_shm(param, bytes) < 0)
+		return 1;
+	fd = shm_open(grad, O_RDWR, 0);
+	EXPECT(fd >= 0 && fchown(fd, 65534, 65534) == 0, "chown to nobody: %s", strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	if (raw_open(&r) < 0)
+		return 1;
+	raw_hello(&r, "foreign");
+	shm.grad_name = grad;
+	shm.grad_bytes = bytes;
+	shm.param_name = param;
+	shm.param_bytes = bytes;
+	rp.plan = &pb;
+	rp.shm = &shm;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
+	env.register_plan = &rp;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_EMAP, "belongs to uid 65534", "another user's shared memory");
+	raw_goodbye(&r);
+	shm_unlink(grad);
+	shm_unlink(param);
+	plan_pb_free(&pb);
+	plan_free(p);
+	raw_close(&r);
+	return child_bad;
+}
+
+static void t_foreign(void)
+{
+	if (geteuid() != 0)
+		SKIP("needs root to hand a shared memory object to another user");
+	run_children(c_foreign, NULL, 1, NULL, 10000);
+}
+
 static void t_size(void)
 {
 	run_children(c_size, NULL, 1, NULL, 10000);
@@ -1030,6 +1087,7 @@ static const struct test_case cases[] = {
 	{"before_hello_and_multiframe_EPROTO", t_state},
 	{"wrong_buffer_sizes_ESIZE", t_size},
 	{"buffer_shrunk_after_mapping_EMAP", t_shrink},
+	{"another_users_buffer_EMAP", t_foreign},
 	{"bucket_out_of_order_EORDER", t_order},
 	{"bucket_out_of_order_no_wait_EORDER", t_order_nowait},
 	{"duplicate_and_unknown_bucket", t_dupbucket},
