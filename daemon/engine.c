@@ -104,10 +104,16 @@ static int build_pieces(struct engine *e)
 				e->bucket_piece[b] = k;
 				e->bucket_chunk[b] = c;
 			}
+			/* units and segments are both sorted by offset: merge them */
+			uint32_t s0 = 0;
 			for (uint32_t u = sm->bucket_first[b]; u < sm->bucket_first[b + 1]; u++) {
 				const struct shard_unit *un = &sm->units[u];
 				uint64_t lo = un->offset, hi = un->offset + un->numel;
-				for (uint32_t s = 0; s < bk->nsegments; s++) {
+				while (s0 < bk->nsegments &&
+				       bk->segments[s0].offset + bk->segments[s0].numel <= lo)
+					s0++;
+				for (uint32_t s = s0;
+				     s < bk->nsegments && bk->segments[s].offset < hi; s++) {
 					const struct zc_segment *sg = &bk->segments[s];
 					uint64_t a = MAX(lo, sg->offset);
 					uint64_t z = MIN(hi, sg->offset + sg->numel);

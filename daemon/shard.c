@@ -3,6 +3,7 @@
  * tables, no pointers compared, every tie broken by index.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "common.h"
@@ -76,23 +77,51 @@ static int split_buckets(const struct plan *p, uint64_t cap, struct shard_unit *
 	return 0;
 }
 
+/* A min-heap of ranks by (load, rank): the least-loaded rank, lowest first. */
+static bool rank_before(const struct shard_map *m, uint32_t a, uint32_t b)
+{
+	return m->load[a] != m->load[b] ? m->load[a] < m->load[b] : a < b;
+}
+
+static void heap_sift_down(const struct shard_map *m, uint32_t *h, uint32_t n, uint32_t i)
+{
+	for (;;) {
+		uint32_t l = 2 * i + 1, r = l + 1, best = i, t;
+		if (l < n && rank_before(m, h[l], h[best]))
+			best = l;
+		if (r < n && rank_before(m, h[r], h[best]))
+			best = r;
+		if (best == i)
+			return;
+		t = h[i];
+		h[i] = h[best];
+		h[best] = t;
+		i = best;
+	}
+}
+
 static int assign_bucket_mode(const struct plan *p, struct shard_map *m)
 {
 	uint64_t cap = (total_numel(p) + m->world - 1) / m->world;
+	uint32_t *heap;
 	int r;
 
 	r = split_buckets(p, cap ? cap : 1, &m->units, &m->nunits);
 	if (r < 0)
 		return r;
+	heap = malloc(m->world * sizeof(*heap));
+	if (!heap)
+		return -ENOMEM;
+	for (uint32_t w = 0; w < m->world; w++)
+		heap[w] = w; /* all loads 0: already a heap in rank order */
 	qsort(m->units, m->nunits, sizeof(*m->units), unit_cmp_size_desc);
 	for (uint32_t i = 0; i < m->nunits; i++) {
-		uint32_t best = 0;
-		for (uint32_t w = 1; w < m->world; w++)
-			if (m->load[w] < m->load[best])
-				best = w;
+		uint32_t best = heap[0];
 		m->units[i].owner = best;
 		m->load[best] += m->units[i].numel;
+		heap_sift_down(m, heap, m->world, 0);
 	}
+	free(heap);
 	qsort(m->units, m->nunits, sizeof(*m->units), unit_cmp_position);
 	return 0;
 }
