@@ -72,6 +72,7 @@ struct zc_client {
 	char reply_msg[256];
 
 	uint64_t iter;
+	uint32_t sent_in_iter; /* buckets of `iter` handed over so far */
 	uint64_t steps_done; /* iterations whose StepDone arrived */
 	int job_error;       /* fatal error: every later future fails with it */
 	char job_msg[256];
@@ -685,8 +686,11 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 		}
 		goto out;
 	}
-	if (bucket == c->plan->nbuckets - 1)
+	c->sent_in_iter++;
+	if (bucket == c->plan->nbuckets - 1) {
 		c->iter++;
+		c->sent_in_iter = 0;
+	}
 	if (ret_future)
 		*ret_future = f;
 out:
@@ -743,7 +747,8 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 		goto out;
 	}
 	plan_group_to_pb(hp, &pg);
-	sh.iteration = c->iter;
+	/* the next iteration this rank has not started */
+	sh.iteration = c->sent_in_iter ? c->iter + 1 : c->iter;
 	sh.group = group;
 	sh.values = &pg;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_HYPER;

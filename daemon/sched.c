@@ -172,6 +172,16 @@ void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper
 		session_send_error(s, ZC_EHYPER, false, -1, -1, "group %u: %s", m->group, err);
 		return;
 	}
+	/* A trainer names the next iteration it has not started, which is at
+	 * most two ahead of the job's; anything further is refused so pending
+	 * changes stay few (at most 3 per group). */
+	if (m->iteration > j->iter + 2) {
+		session_send_error(s, ZC_EHYPER, false, (int64_t)m->iteration, -1,
+				   "rank %u: hyperparameters for iteration %" PRIu64
+				   " are too far ahead of iteration %" PRIu64,
+				   s->rank, m->iteration, j->iter);
+		return;
+	}
 	if (j->snap_iter != UINT64_MAX && m->iteration <= j->snap_iter) {
 		session_send_error(s, ZC_EHYPER, false, (int64_t)m->iteration, -1,
 				   "rank %u: hyperparameters for iteration %" PRIu64

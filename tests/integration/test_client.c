@@ -206,6 +206,54 @@ static int state_checks(void *arg, int idx)
 	return 0;
 }
 
+/* An LR change made in the middle of a backward pass applies from the next
+ * iteration, not never. lr 0.1 then 0, momentum 0.9, gradients 1, params 0:
+ * after iteration 0 every parameter is -0.1 and iteration 1 leaves it. */
+static int midway_rank(void *arg, int idx)
+{
+	zc_client *c = join(arg, 0, 1);
+	struct zc_param_group g = group;
+	zc_future *step = NULL;
+	float want = 0.0f - (float)0.1 * 1.0f;
+	int r;
+
+	(void)idx;
+	if (!c)
+		return 1;
+	for (int it = 0; it < 2; it++) {
+		for (uint32_t b = 0; b < 2; b++) {
+			for (uint64_t i = 0; i < buckets[b].numel; i++)
+				zc_grad_buffer(c, b)[i] = 1.0f;
+			if (zc_bucket_ready(c, b, NULL) < 0)
+				FAIL("bucket_ready");
+			if (it == 0 && b == 0) {
+				usleep(20000); /* bucket 0 is reduced: iteration 0 has begun */
+				g.lr = 0;
+				if ((r = zc_set_hyper(c, 0, &g)) < 0)
+					FAIL("set_hyper: %s", zc_strerror_name(r));
+			}
+		}
+		if (zc_step_future(c, (uint64_t)it, &step) < 0 || zc_future_wait(step, 10000) != 1)
+			FAIL("iteration %d did not complete", it);
+		zc_future_free(step);
+		for (uint32_t b = 0; b < 2; b++)
+			for (uint64_t i = 0; i < buckets[b].numel; i++)
+				if (zc_param_buffer(c, b)[i] != want)
+					FAIL("iteration %d: bucket %u[%lu] = %.9g, want %.9g", it,
+					     b, (unsigned long)i, zc_param_buffer(c, b)[i], want);
+	}
+	if ((r = zc_last_error(c)) != 0)
+		FAIL("last error %s: %s", zc_strerror_name(r), zc_error_message(c));
+	zc_close(c);
+	return 0;
+}
+
+static void t_hyper_midway(void)
+{
+	CHECK(wait_child(spawn(midway_rank, "midway", 0), 20000) == 0,
+	      "a mid-backward LR change was not applied from the next iteration");
+}
+
 static void t_wrong_state(void)
 {
 	CHECK(wait_child(spawn(state_checks, NULL, 0), 20000) == 0, "state checks failed");
@@ -267,6 +315,7 @@ static const struct test_case cases[] = {
 	{"fd_event_loop", t_fd_event_loop},
 	{"wait_timeout_and_second_thread", t_wait_timeout_and_threads},
 	{"wrong_state_calls", t_wrong_state},
+	{"lr_change_midway_applies_next_iteration", t_hyper_midway},
 	{"daemon_killed_fails_waiters", t_daemon_killed},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
