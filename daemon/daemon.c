@@ -43,6 +43,13 @@ static void on_completions(struct loop *l, void *userdata)
 		free(done);
 		done = next;
 	}
+	session_reap(d);
+}
+
+static void on_router(struct loop *l, void *userdata)
+{
+	session_on_router(l, userdata);
+	session_reap(userdata);
 }
 
 static void begin_shutdown(struct daemon *d, const char *why)
@@ -73,9 +80,11 @@ static void on_signal(struct loop *l, void *userdata)
 
 	while (read(d->sigfd, &si, sizeof(si)) == sizeof(si)) {
 		if (d->stopping) {
+			/* no waiting for executors in the middle of an op: the
+			 * socket goes, shared memory was unlinked when mapped */
 			log_warning("second signal: stopping now");
-			loop_quit(l);
-			return;
+			unlink(d->cfg.socket_path);
+			_exit(1);
 		}
 		begin_shutdown(d, si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
 	}
@@ -97,6 +106,7 @@ static void on_tick(struct loop *l, void *userdata)
 	}
 	session_check_pids(d);
 	sched_check_stalls(d, now);
+	session_reap(d);
 }
 
 /* Refuse to take over the socket of a daemon that is alive (libzmq would
@@ -238,7 +248,7 @@ int daemon_run(const struct daemon_config *cfg)
 	r = open_router(&d);
 	if (r < 0)
 		goto out;
-	if ((r = loop_add_zsock(d.loop, d.router, session_on_router, &d)) < 0 ||
+	if ((r = loop_add_zsock(d.loop, d.router, on_router, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, completion_queue_fd(d.cq), on_completions, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, d.sigfd, on_signal, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, d.timerfd, on_tick, &d)) < 0)

@@ -32,6 +32,8 @@ struct daemon_config {
 	int shutdown_timeout_ms;
 	unsigned workers; /* CPU worker threads; 0: one per CPU */
 	unsigned max_jobs;
+	unsigned max_sessions; /* trainer connections at once */
+	int join_timeout_ms;   /* a job whose ranks connect but never register */
 	int log_level;
 };
 
@@ -55,6 +57,7 @@ struct session {
 	pid_t pid;
 	uid_t uid; /* from the socket; (uid_t)-1 if unknown */
 	int pidfd;
+	int send_failed; /* a send to it failed: dropped by session_reap() */
 };
 
 enum job_state {
@@ -114,6 +117,7 @@ struct daemon {
 	struct completion_queue *cq;
 	int sigfd, timerfd;
 	struct session *sessions;
+	unsigned nsessions;
 	uint64_t session_serial;
 	uint64_t cur_request;        /* request id of the message being handled */
 	struct session *cur_session; /* its sender, if it has a session */
@@ -138,6 +142,7 @@ void session_send_error(struct session *s, int code, bool fatal, int64_t iterati
 			const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 void session_drop(struct session *s, bool died);
 void session_check_pids(struct daemon *d);
+void session_reap(struct daemon *d);
 void session_free_all(struct daemon *d);
 
 /* job.c */

@@ -201,6 +201,11 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 		return ZC_ESTATE;
 	}
 	if (!j) {
+		if (d->nsessions >= d->cfg.max_sessions) {
+			snprintf(err, errlen, "zerod already serves %u trainers (--max-sessions)",
+				 d->nsessions);
+			return ZC_ELIMIT;
+		}
 		if (d->njobs >= d->cfg.max_jobs) {
 			snprintf(err, errlen, "zerod already serves %u jobs (--max-jobs)",
 				 d->njobs);
@@ -215,6 +220,7 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 	}
 	j->ranks[h->rank] = s;
 	j->nconnected++;
+	j->progress_ms = now_ms();
 	s->job = j;
 	log_info("job %s: rank %u joined (pid %d, %u/%u)", j->id, h->rank, (int)s->pid,
 		 j->nconnected, j->world);

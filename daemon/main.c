@@ -14,7 +14,10 @@ static void usage(FILE *f)
 		   "                           $RUNTIME_DIRECTORY/zerod.sock)\n"
 		   "      --stall-timeout MS   fail an iteration stalled this long (60000)\n"
 		   "      --workers N          CPU worker threads (0: one per CPU)\n"
+		   "      --join-timeout MS    fail a job whose ranks connect but never register\n"
+		   "                           (300000)\n"
 		   "      --max-jobs N         jobs served at once (64)\n"
+		   "      --max-sessions N     trainer connections at once (1024)\n"
 		   "  -v, --verbose            debug logging\n"
 		   "  -q, --quiet              warnings and errors only\n"
 		   "      --version\n");
@@ -38,6 +41,8 @@ int main(int argc, char **argv)
 		{"stall-timeout", required_argument, NULL, 'T'},
 		{"workers", required_argument, NULL, 'w'},
 		{"max-jobs", required_argument, NULL, 'J'},
+		{"max-sessions", required_argument, NULL, 'S'},
+		{"join-timeout", required_argument, NULL, 'j'},
 		{"verbose", no_argument, NULL, 'v'},
 		{"quiet", no_argument, NULL, 'q'},
 		{"version", no_argument, NULL, 'V'},
@@ -48,6 +53,8 @@ int main(int argc, char **argv)
 		.stall_timeout_ms = 60000,
 		.shutdown_timeout_ms = 10000,
 		.max_jobs = 64,
+		.max_sessions = 1024,
+		.join_timeout_ms = 300000,
 		.log_level = 6,
 	};
 	char pathbuf[4096];
@@ -71,6 +78,15 @@ int main(int argc, char **argv)
 			if (parse_int(optarg, 1, &v) < 0)
 				goto bad;
 			cfg.max_jobs = (unsigned)v;
+			break;
+		case 'S':
+			if (parse_int(optarg, 1, &v) < 0)
+				goto bad;
+			cfg.max_sessions = (unsigned)v;
+			break;
+		case 'j':
+			if (parse_int(optarg, 1, &cfg.join_timeout_ms) < 0)
+				goto bad;
 			break;
 		case 'v':
 			cfg.log_level = 7;

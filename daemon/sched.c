@@ -318,19 +318,24 @@ void sched_check_stalls(struct daemon *d, int64_t now)
 {
 	for (struct job *j = d->jobs; j; j = j->next) {
 		char who[384];
-		bool waiting = (j->state == JOB_ACTIVE && j->in_flight) ||
-			       (j->state == JOB_JOINING && j->nregistered > 0);
+		/* Ranks wait in an iteration or in zc_register_plan: the stall
+		 * timeout. Nobody waits yet (ranks connected, none registered),
+		 * but the job holds a slot: the longer join timeout. */
+		int limit = j->state == JOB_JOINING && j->nregistered == 0
+				    ? d->cfg.join_timeout_ms
+				    : d->cfg.stall_timeout_ms;
+		bool waiting = (j->state == JOB_ACTIVE && j->in_flight) || j->state == JOB_JOINING;
 
-		if (!waiting || now - j->progress_ms < d->cfg.stall_timeout_ms)
+		if (!waiting || now - j->progress_ms < limit)
 			continue;
 		describe_wait(j, who, sizeof(who));
 		if (j->state == JOB_ACTIVE)
 			job_fail(j, ZC_ETIMEDOUT, true,
 				 "iteration %" PRIu64 " made no progress for %d ms; waiting for %s",
-				 j->iter, d->cfg.stall_timeout_ms, who);
+				 j->iter, limit, who);
 		else
 			job_fail(j, ZC_ETIMEDOUT, true,
 				 "plan registration made no progress for %d ms; waiting for %s",
-				 d->cfg.stall_timeout_ms, who);
+				 limit, who);
 	}
 }

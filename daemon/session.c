@@ -46,10 +46,29 @@ int session_send(struct session *s, const Zerod__V1__Envelope *env)
 {
 	int r = wire_send(s->d->router, s->route, s->route_len, env);
 
-	if (r < 0)
+	/* Gone (EHOSTUNREACH) or not reading (EAGAIN: its queue is full): a
+	 * completion it never gets would hang it, so the session ends. Not
+	 * here, though: callers walk the job's ranks. session_reap() does it. */
+	if (r < 0 && !s->send_failed) {
 		log_warning("job %s rank %u: cannot send %s: %s", s->job ? s->job->id : "-",
 			    s->rank, wire_body_name(env->body_case), zc_strerror(r));
+		s->send_failed = r;
+	}
 	return r;
+}
+
+void session_reap(struct daemon *d)
+{
+	struct session *s = d->sessions;
+
+	while (s) {
+		if (s->send_failed) {
+			session_drop(s, true);
+			s = d->sessions; /* the list changed */
+			continue;
+		}
+		s = s->next;
+	}
 }
 
 static void reply_error(struct daemon *d, const void *route, size_t len, int code, const char *msg)
@@ -141,6 +160,7 @@ void session_drop(struct session *s, bool died)
 	for (struct session **pp = &d->sessions; *pp; pp = &(*pp)->next)
 		if (*pp == s) {
 			*pp = s->next;
+			d->nsessions--;
 			break;
 		}
 	if (s->pidfd >= 0) {
@@ -226,6 +246,7 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	}
 	s->next = d->sessions;
 	d->sessions = s;
+	d->nsessions++;
 
 	ok.protocol_version = ZC_PROTOCOL_VERSION;
 	ok.daemon_version = (char *)ZEROD_VERSION_STRING;

@@ -745,6 +745,37 @@ static void t_foreign(void)
 	run_children(c_foreign, NULL, 1, NULL, 10000);
 }
 
+/* A rank that connects and never registers holds a job slot only until the
+ * join timeout (1000 ms here): then the job fails with ZC_ETIMEDOUT, naming
+ * the rank that never came. */
+static int c_idle(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Hello h;
+	struct raw r = {0};
+	int64_t t0;
+
+	(void)arg, (void)idx;
+	if (raw_open(&r) < 0)
+		return 1;
+	fill_hello(&h, "idle", 0, 2);
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_HELLO_OK, "Hello");
+	t0 = test_ms();
+	raw_expect_error(&r, ZC_ETIMEDOUT, "rank 1 (not connected)", "an idle job");
+	EXPECT(test_ms() - t0 >= 800, "the idle job failed after %ld ms, before the timeout",
+	       (long)(test_ms() - t0));
+	raw_close(&r);
+	return child_bad;
+}
+
+static void t_idle(void)
+{
+	run_children(c_idle, NULL, 1, NULL, 10000);
+}
+
 static void t_size(void)
 {
 	run_children(c_size, NULL, 1, NULL, 10000);
@@ -1088,6 +1119,7 @@ static const struct test_case cases[] = {
 	{"wrong_buffer_sizes_ESIZE", t_size},
 	{"buffer_shrunk_after_mapping_EMAP", t_shrink},
 	{"another_users_buffer_EMAP", t_foreign},
+	{"idle_job_join_timeout_ETIMEDOUT", t_idle},
 	{"bucket_out_of_order_EORDER", t_order},
 	{"bucket_out_of_order_no_wait_EORDER", t_order_nowait},
 	{"duplicate_and_unknown_bucket", t_dupbucket},
@@ -1103,7 +1135,8 @@ static const struct test_case cases[] = {
 
 int main(int argc, char **argv)
 {
-	static const char *const extra[] = {"--stall-timeout", "1500", NULL};
+	static const char *const extra[] = {"--stall-timeout", "1500", "--join-timeout", "1000",
+					    NULL};
 	int r = zd_start(&daemon_, extra);
 
 	if (r < 0) {
