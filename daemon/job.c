@@ -312,11 +312,13 @@ void job_register_plan(struct job *j, struct session *s, const Zerod__V1__Regist
 		if (k == s->rank || !j->plans[k])
 			continue;
 		if (plan_diff(j->plans[k], p, field, sizeof(field))) {
-			session_send_error(s, ZC_EPLANMISMATCH, false, -1, -1,
-					   "plan of rank %u differs from rank %u's at %s (rank %u "
-					   "vs rank %u)",
-					   s->rank, k, field, k, s->rank);
+			/* The job cannot start: every rank, the waiting ones too,
+			 * learns which rank and which field. */
 			plan_free(p);
+			job_fail(
+				j, ZC_EPLANMISMATCH, true,
+				"plan of rank %u differs from rank %u's at %s (rank %u vs rank %u)",
+				s->rank, k, field, k, s->rank);
 			return;
 		}
 		break; /* the registered plans agree with each other already */

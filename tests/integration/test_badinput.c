@@ -975,11 +975,14 @@ static int c_planmm(void *arg, int idx)
 		EXPECT(contains(zc_error_message(c), "rank 1"), "message \"%s\"",
 		       zc_error_message(c));
 	} else {
-		/* waits for rank 1, which leaves after its refusal */
+		/* waits for rank 1: the mismatch fails the job for it too */
 		r = zc_register_plan(c);
 		printf("# rank 0 register -> %s: %s\n", zc_strerror_name(r), zc_error_message(c));
-		EXPECT(r == ZC_ERANKDEAD, "rank 0 zc_register_plan: %s (%d): %s",
+		EXPECT(r == ZC_EPLANMISMATCH, "rank 0 zc_register_plan: %s (%d): %s",
 		       zc_strerror_name(r), r, zc_error_message(c));
+		EXPECT(contains(zc_error_message(c), "rank 1") &&
+			       contains(zc_error_message(c), "buckets[1].numel"),
+		       "message \"%s\"", zc_error_message(c));
 	}
 	zc_close(c);
 	return child_bad;
