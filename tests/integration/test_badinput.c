@@ -559,69 +559,96 @@ static int make_shm(const char *name, size_t bytes)
 	return 0;
 }
 
+/* A world-1 job's RegisterPlan, sent raw: the small plan, and shm objects
+ * of the right size made by the test (the sizes and names may then be
+ * changed before sending). */
+struct raw_reg {
+	struct small_plan sp;
+	struct plan *p;
+	Zerod__V1__Plan pb;
+	Zerod__V1__ShmBuffers shm;
+	Zerod__V1__RegisterPlan rp;
+	Zerod__V1__Envelope env;
+	char grad[96], param[96];
+	uint64_t bytes;
+};
+
+static int raw_reg_init(struct raw_reg *g, const char *tag)
+{
+	char err[256];
+
+	memset(g, 0, sizeof(*g));
+	small_plan(&g->sp, 2, 0);
+	if (plan_from_zc(&g->sp.plan, &g->p, err, sizeof(err)) < 0 ||
+	    plan_to_pb(g->p, &g->pb) < 0) {
+		printf("# plan: %s\n", err);
+		return -1;
+	}
+	g->bytes = plan_buffer_bytes(g->p);
+	snprintf(g->grad, sizeof(g->grad), "/zerodtest-%s-%d-grad", tag, (int)getpid());
+	snprintf(g->param, sizeof(g->param), "/zerodtest-%s-%d-param", tag, (int)getpid());
+	if (make_shm(g->grad, g->bytes) < 0 || make_shm(g->param, g->bytes) < 0)
+		return -1;
+	g->shm = (Zerod__V1__ShmBuffers)ZEROD__V1__SHM_BUFFERS__INIT;
+	g->shm.grad_name = g->grad;
+	g->shm.grad_bytes = g->bytes;
+	g->shm.param_name = g->param;
+	g->shm.param_bytes = g->bytes;
+	g->rp = (Zerod__V1__RegisterPlan)ZEROD__V1__REGISTER_PLAN__INIT;
+	g->rp.plan = &g->pb;
+	g->rp.shm = &g->shm;
+	g->env = (Zerod__V1__Envelope)ZEROD__V1__ENVELOPE__INIT;
+	g->env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
+	g->env.register_plan = &g->rp;
+	return 0;
+}
+
+static void raw_reg_free(struct raw_reg *g)
+{
+	shm_unlink(g->grad);
+	shm_unlink(g->param);
+	if (g->p)
+		plan_pb_free(&g->pb);
+	plan_free(g->p);
+}
+
 static int c_size(void *arg, int idx)
 {
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
-	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
-	Zerod__V1__Plan pb;
-	struct small_plan sp;
-	struct plan *p = NULL;
-	char small[96], grad[96], param[96], err[256], want[160];
+	struct raw_reg g;
 	struct raw r = {0};
-	uint64_t bytes;
+	char small[96], want[160];
 
 	(void)arg, (void)idx;
-	small_plan(&sp, 2, 0);
-	if (plan_from_zc(&sp.plan, &p, err, sizeof(err)) < 0 || plan_to_pb(p, &pb) < 0) {
-		printf("# plan: %s\n", err);
+	if (raw_reg_init(&g, "size") < 0)
 		return 1;
-	}
-	bytes = plan_buffer_bytes(p);
 	snprintf(small, sizeof(small), "/zerodtest-size-%d-small", (int)getpid());
-	snprintf(grad, sizeof(grad), "/zerodtest-size-%d-grad", (int)getpid());
-	snprintf(param, sizeof(param), "/zerodtest-size-%d-param", (int)getpid());
-	if (make_shm(small, bytes / 2) < 0 || make_shm(grad, bytes) < 0 ||
-	    make_shm(param, bytes) < 0)
-		return 1;
-	if (raw_open(&r) < 0)
+	if (make_shm(small, g.bytes / 2) < 0 || raw_open(&r) < 0)
 		return 1;
 	raw_hello(&r, "size");
 
-	rp.plan = &pb;
-	rp.shm = &shm;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
-	env.register_plan = &rp;
-
 	/* the object is half the size the plan needs (and the claim says) */
-	shm.grad_name = small;
-	shm.grad_bytes = bytes;
-	shm.param_name = param;
-	shm.param_bytes = bytes;
-	raw_send(&r, &env);
+	g.shm.grad_name = small;
+	raw_send(&r, &g.env);
 	snprintf(want, sizeof(want), "holds %lu bytes, the plan needs %lu",
-		 (unsigned long)(bytes / 2), (unsigned long)bytes);
+		 (unsigned long)(g.bytes / 2), (unsigned long)g.bytes);
 	raw_expect_error(&r, ZC_ESIZE, want, "grad object too small");
 
 	/* the claim differs from the plan */
-	shm.grad_name = grad;
-	shm.grad_bytes = bytes + 4;
-	raw_send(&r, &env);
+	g.shm.grad_name = g.grad;
+	g.shm.grad_bytes = g.bytes + 4;
+	raw_send(&r, &g.env);
 	snprintf(want, sizeof(want), "client says %lu bytes, the plan needs %lu",
-		 (unsigned long)(bytes + 4), (unsigned long)bytes);
+		 (unsigned long)(g.bytes + 4), (unsigned long)g.bytes);
 	raw_expect_error(&r, ZC_ESIZE, want, "grad_bytes mismatch");
 
 	/* the session and the job survived: the right sizes register */
-	shm.grad_bytes = bytes;
-	raw_send(&r, &env);
+	g.shm.grad_bytes = g.bytes;
+	raw_send(&r, &g.env);
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan with the right sizes");
 	raw_goodbye(&r);
 
 	shm_unlink(small);
-	shm_unlink(grad);
-	shm_unlink(param);
-	plan_pb_free(&pb);
-	plan_free(p);
+	raw_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }
@@ -632,52 +659,28 @@ static int c_size(void *arg, int idx)
 static int c_shrink(void *arg, int idx)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
-	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
 	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
-	Zerod__V1__Plan pb;
-	struct small_plan sp;
-	struct plan *p = NULL;
-	char grad[96], param[96], err[256];
+	struct raw_reg g;
 	struct raw r = {0};
-	uint64_t bytes;
 	int fd;
 
 	(void)arg, (void)idx;
-	small_plan(&sp, 2, 0);
-	if (plan_from_zc(&sp.plan, &p, err, sizeof(err)) < 0 || plan_to_pb(p, &pb) < 0)
+	if (raw_reg_init(&g, "shrink") < 0 || raw_open(&r) < 0)
 		return 1;
-	bytes = plan_buffer_bytes(p);
-	snprintf(grad, sizeof(grad), "/zerodtest-shrink-%d-grad", (int)getpid());
-	snprintf(param, sizeof(param), "/zerodtest-shrink-%d-param", (int)getpid());
-	if (make_shm(grad, bytes) < 0 || make_shm(param, bytes) < 0)
-		return 1;
-	fd = shm_open(grad, O_RDWR, 0);
-	if (fd < 0 || raw_open(&r) < 0)
-		return 1;
+	fd = shm_open(g.grad, O_RDWR, 0);
 	raw_hello(&r, "shrink");
-	shm.grad_name = grad;
-	shm.grad_bytes = bytes;
-	shm.param_name = param;
-	shm.param_bytes = bytes;
-	rp.plan = &pb;
-	rp.shm = &shm;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
-	env.register_plan = &rp;
-	raw_send(&r, &env);
+	raw_send(&r, &g.env);
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
-	EXPECT(ftruncate(fd, 0) == 0, "ftruncate: %s", strerror(errno));
+	EXPECT(fd >= 0 && ftruncate(fd, 0) == 0, "ftruncate: %s", strerror(errno));
 	br.iteration = 0;
 	br.bucket = 0;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
 	env.bucket_ready = &br;
 	raw_send(&r, &env);
 	raw_expect_error(&r, ZC_EMAP, "shrank", "bucket 0 over a truncated buffer");
-	close(fd);
-	shm_unlink(grad);
-	shm_unlink(param);
-	plan_pb_free(&pb);
-	plan_free(p);
+	if (fd >= 0)
+		close(fd);
+	raw_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }
@@ -692,48 +695,22 @@ static void t_shrink(void)
  * refused: the daemon never maps memory that is not the trainer's own. */
 static int c_foreign(void *arg, int idx)
 {
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
-	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
-	Zerod__V1__Plan pb;
-	struct small_plan sp;
-	struct plan *p = NULL;
-	char grad[96], param[96], err[256];
+	struct raw_reg g;
 	struct raw r = {0};
-	uint64_t bytes;
 	int fd;
 
 	(void)arg, (void)idx;
-	small_plan(&sp, 2, 0);
-	if (plan_from_zc(&sp.plan, &p, err, sizeof(err)) < 0 || plan_to_pb(p, &pb) < 0)
+	if (raw_reg_init(&g, "foreign") < 0 || raw_open(&r) < 0)
 		return 1;
-	bytes = plan_buffer_bytes(p);
-	snprintf(grad, sizeof(grad), "/zerodtest-foreign-%d-grad", (int)getpid());
-	snprintf(param, sizeof(param), "/zerodtest-foreign-%d-param", (int)getpid());
-	if (make_shm(grad, bytes) < 0 || make_shm(param, bytes) < 0)
-		return 1;
-	fd = shm_open(grad, O_RDWR, 0);
+	fd = shm_open(g.grad, O_RDWR, 0);
 	EXPECT(fd >= 0 && fchown(fd, 65534, 65534) == 0, "chown to nobody: %s", strerror(errno));
 	if (fd >= 0)
 		close(fd);
-	if (raw_open(&r) < 0)
-		return 1;
 	raw_hello(&r, "foreign");
-	shm.grad_name = grad;
-	shm.grad_bytes = bytes;
-	shm.param_name = param;
-	shm.param_bytes = bytes;
-	rp.plan = &pb;
-	rp.shm = &shm;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
-	env.register_plan = &rp;
-	raw_send(&r, &env);
+	raw_send(&r, &g.env);
 	raw_expect_error(&r, ZC_EMAP, "belongs to uid 65534", "another user's shared memory");
 	raw_goodbye(&r);
-	shm_unlink(grad);
-	shm_unlink(param);
-	plan_pb_free(&pb);
-	plan_free(p);
+	raw_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }
