@@ -544,7 +544,6 @@ static void t_state(void)
 	run_children(c_state, NULL, 1, NULL, 10000);
 }
 
-/* 5. shm buffers of the wrong size, and a grad_bytes that does not match */
 static int make_shm(const char *name, size_t bytes)
 {
 	int fd = shm_open(name, O_RDWR | O_CREAT | O_TRUNC, 0600);
@@ -612,6 +611,7 @@ static void raw_reg_free(struct raw_reg *g)
 	plan_free(g->p);
 }
 
+/* 5. shm buffers of the wrong size, and a grad_bytes that does not match */
 static int c_size(void *arg, int idx)
 {
 	struct raw_reg g;
