@@ -73,8 +73,8 @@ struct zc_client {
 
 	uint64_t iter;
 	uint32_t sent_in_iter; /* buckets of `iter` handed over so far */
-	uint64_t steps_done; /* iterations whose StepDone arrived */
-	int job_error;       /* fatal error: every later future fails with it */
+	uint64_t steps_done;   /* iterations whose StepDone arrived */
+	int job_error;         /* fatal error: every later future fails with it */
 	char job_msg[256];
 	int last_error;
 	uint64_t last_request;
@@ -182,10 +182,12 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 {
 	switch (env->body_case) {
 	case ZEROD__V1__ENVELOPE__BODY_HELLO_OK:
-		c->hello_result = 1;
+		if (c->hello_result == 0) /* not after a lost connection */
+			c->hello_result = 1;
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_PLAN_OK:
-		c->plan_result = 1;
+		if (c->plan_result == 0)
+			c->plan_result = 1;
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE:
 		for (struct zc_future *f = c->futures; f; f = f->next)
@@ -439,8 +441,6 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 			snprintf(cfg->error_text, cfg->error_text_len, "%s", c->reply_msg);
 		goto fail;
 	}
-	c->job_error = 0; /* a refused Hello was not a job failure */
-	fail_all(c, 0, NULL);
 	*ret_client = c;
 	return 0;
 fail:

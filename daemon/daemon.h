@@ -136,7 +136,8 @@ struct daemon {
 int daemon_run(const struct daemon_config *cfg);
 
 /* session.c */
-void session_on_router(struct loop *l, void *userdata);
+/* Handle up to a batch of messages; returns how many. */
+int session_on_router(struct loop *l, void *userdata);
 int session_send(struct session *s, const Zerod__V1__Envelope *env);
 void session_send_error(struct session *s, int code, bool fatal, int64_t iteration, int64_t bucket,
 			const char *fmt, ...) __attribute__((format(printf, 6, 7)));

@@ -180,6 +180,11 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 			 h->job_id, h->local_size, h->world_size);
 		return ZC_ENOTSUP;
 	}
+	if (d->nsessions >= d->cfg.max_sessions) {
+		snprintf(err, errlen, "zerod already serves %u trainers (--max-sessions)",
+			 d->nsessions);
+		return ZC_ELIMIT;
+	}
 	j = job_find(d, h->job_id);
 	if (j && j->state == JOB_FAILED) {
 		snprintf(err, errlen, "job %s failed earlier (%s: %s); wait for its ranks to leave",
@@ -201,11 +206,6 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 		return ZC_ESTATE;
 	}
 	if (!j) {
-		if (d->nsessions >= d->cfg.max_sessions) {
-			snprintf(err, errlen, "zerod already serves %u trainers (--max-sessions)",
-				 d->nsessions);
-			return ZC_ELIMIT;
-		}
 		if (d->njobs >= d->cfg.max_jobs) {
 			snprintf(err, errlen, "zerod already serves %u jobs (--max-jobs)",
 				 d->njobs);

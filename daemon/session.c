@@ -82,6 +82,7 @@ void session_send_error(struct session *s, int code, bool fatal, int64_t iterati
 {
 	char msg[512];
 	va_list ap;
+	int r;
 
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -90,9 +91,11 @@ void session_send_error(struct session *s, int code, bool fatal, int64_t iterati
 	log_info("job %s rank %u: %s: %s", s->job ? s->job->id : "-", s->rank,
 		 zc_strerror_name(code), msg);
 	/* only the sender of the message being handled gets its request id */
-	(void)wire_send_error(s->d->router, s->route, s->route_len,
-			      s == s->d->cur_session ? s->d->cur_request : 0, code, fatal,
-			      iteration, bucket, msg);
+	r = wire_send_error(s->d->router, s->route, s->route_len,
+			    s == s->d->cur_session ? s->d->cur_request : 0, code, fatal, iteration,
+			    bucket, msg);
+	if (r < 0 && !s->send_failed)
+		s->send_failed = r; /* a fatal error it never gets would hang it */
 }
 
 static void on_pidfd(struct loop *l, void *userdata)
@@ -101,9 +104,11 @@ static void on_pidfd(struct loop *l, void *userdata)
 	struct daemon *d = s->d;
 	uint64_t serial = s->serial;
 
-	/* A Goodbye sent just before exiting may still wait in the socket: it
-	 * may free s, so look the session up again afterwards. */
-	session_on_router(l, d);
+	/* A Goodbye sent just before exiting may still wait in the socket:
+	 * read everything first. It may free s, so look the session up again. */
+	while (session_on_router(l, d) > 0 && session_find_serial(d, serial))
+		;
+	session_reap(d);
 	s = session_find_serial(d, serial);
 	if (!s)
 		return;
@@ -183,6 +188,35 @@ void session_free_all(struct daemon *d)
 	}
 }
 
+/*
+ * Is `claimed` the pid of process `pid` as seen from that process's own pid
+ * namespace? /proc/PID/status lists it last on the NSpid line (a trainer in a
+ * container knows itself by that number).
+ */
+static bool pid_is_claimed(pid_t pid, pid_t claimed)
+{
+	char path[64], line[256];
+	bool match = pid == claimed;
+	FILE *f;
+
+	if (match)
+		return true;
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f)) {
+		char *last;
+		if (strncmp(line, "NSpid:", 6) != 0)
+			continue;
+		last = strrchr(line, '\t');
+		match = last && atoi(last + 1) == (int)claimed;
+		break;
+	}
+	fclose(f);
+	return match;
+}
+
 /* ------------------------------------------------------- handlers --- */
 
 static void on_hello(struct daemon *d, const void *route, size_t rlen, struct session *s,
@@ -208,6 +242,18 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 		reply_error(d, route, rlen, ZC_ESHUTDOWN, "zerod is shutting down");
 		return;
 	}
+	/* Who is calling: the kernel's word (SO_PEERCRED). Its pid must be the
+	 * one the Hello names, seen from the trainer's own pid namespace;
+	 * otherwise the connection is gone and its fd already serves someone
+	 * else, or the Hello lies. */
+	if (d->cur_peer.pid <= 0 || !pid_is_claimed(d->cur_peer.pid, h->pid)) {
+		snprintf(err, sizeof(err),
+			 "cannot confirm who is calling: Hello says pid %d, the connection %s%d",
+			 (int)h->pid, d->cur_peer.pid > 0 ? "belongs to pid " : "is gone, pid ",
+			 (int)d->cur_peer.pid);
+		reply_error(d, route, rlen, ZC_EPROTO, err);
+		return;
+	}
 	s = calloc(1, sizeof(*s));
 	if (!s) {
 		reply_error(d, route, rlen, -ENOMEM, "out of memory");
@@ -219,21 +265,17 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	s->serial = ++d->session_serial;
 	s->pidfd = -1;
 	s->rank = h->rank;
-	/* The kernel's word on who is calling beats the Hello's: it is right
-	 * even when the trainer lives in another pid namespace. */
-	s->pid = d->cur_peer.pid > 0 ? d->cur_peer.pid : h->pid;
-	if (d->cur_peer.pid > 0 && h->pid != d->cur_peer.pid)
-		log_info("job %s rank %u: says pid %d, the socket says pid %d", h->job_id, h->rank,
-			 (int)h->pid, (int)d->cur_peer.pid);
+	/* the pid in our namespace, the one a pidfd can watch */
+	s->pid = d->cur_peer.pid;
+	s->uid = d->cur_peer.uid;
 	r = job_join(d, s, h, err, sizeof(err));
 	if (r < 0) {
 		reply_error(d, route, rlen, r, err);
 		free(s);
 		return;
 	}
-	/* A dead trainer is noticed at once through its pidfd. Without one
-	 * (pid in another namespace) the stall timeout still ends the wait. */
-	s->uid = d->cur_peer.uid;
+	/* A dead trainer is noticed at once through its pidfd; without one
+	 * (old kernel) the timer looks every tick. */
 	s->pidfd = s->pid > 0 ? (int)syscall(SYS_pidfd_open, s->pid, 0) : -1;
 	if (s->pidfd >= 0) {
 		if (loop_add_fd(d->loop, s->pidfd, on_pidfd, s) < 0) {
@@ -351,8 +393,10 @@ static struct ucred peer_cred(zmq_msg_t *msg)
 	return cred;
 }
 
-void session_on_router(struct loop *l, void *userdata)
+int session_on_router(struct loop *l, void *userdata)
 {
+	int handled = 0;
+
 	struct daemon *d = userdata;
 
 	(void)l;
@@ -394,5 +438,7 @@ void session_on_router(struct loop *l, void *userdata)
 		}
 		zmq_msg_close(&body);
 		zmq_msg_close(&route);
+		handled++;
 	}
+	return handled;
 }

@@ -14,7 +14,7 @@
 struct mem_desc {
 	const char *shm_name; /* host: POSIX shm object name, "/..." */
 	uint64_t bytes;       /* what the client claims the buffer holds */
-	uid_t owner; /* the client's uid: the object must be its own; (uid_t)-1: unchecked */
+	uid_t owner;          /* the client's uid: the object must be its own */
 };
 
 struct mem_map;

@@ -61,7 +61,7 @@ static int shm_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map *
 		return ZC_EMAP;
 	}
 	/* Only the caller's own objects: never another user's memory. */
-	if (desc->owner != (uid_t)-1 && st.st_uid != desc->owner) {
+	if (desc->owner == (uid_t)-1 || st.st_uid != desc->owner) {
 		snprintf(err, errlen, "%s belongs to uid %u, not to the trainer (uid %u)",
 			 desc->shm_name, (unsigned)st.st_uid, (unsigned)desc->owner);
 		close(fd);

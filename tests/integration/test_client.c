@@ -306,6 +306,38 @@ static void t_daemon_killed(void)
 	zd_stop(&doomed, 1000);
 }
 
+/* --max-sessions counts every trainer connection, of new jobs and old. */
+static struct zd small;
+
+static int limit_checks(void *arg, int idx)
+{
+	zc_client *c[3] = {0};
+	int r = 0;
+
+	(void)arg, (void)idx;
+	for (uint32_t k = 0; k < 3; k++) {
+		struct zc_config cfg = test_config(&small, "crowd", k, 3);
+		r = zc_connect(&cfg, &c[k]);
+		if (k < 2 && r < 0)
+			FAIL("rank %u: %s", k, zc_strerror_name(r));
+	}
+	if (r != ZC_ELIMIT)
+		FAIL("third trainer with --max-sessions 2: %d (%s), expected ZC_ELIMIT", r,
+		     zc_strerror_name(r));
+	for (int k = 0; k < 3; k++)
+		zc_close(c[k]);
+	return 0;
+}
+
+static void t_session_limit(void)
+{
+	static const char *const extra[] = {"--max-sessions", "2", NULL};
+
+	REQUIRE(zd_start(&small, extra) == 0, "zerod --max-sessions 2");
+	CHECK(wait_child(spawn(limit_checks, NULL, 0), 20000) == 0, "session limit not kept");
+	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
+}
+
 static void t_daemon_stops_cleanly(void)
 {
 	CHECK(zd_stop(&daemon_, 10000) == 0, "zerod did not exit 0");
@@ -317,6 +349,7 @@ static const struct test_case cases[] = {
 	{"wrong_state_calls", t_wrong_state},
 	{"lr_change_midway_applies_next_iteration", t_hyper_midway},
 	{"daemon_killed_fails_waiters", t_daemon_killed},
+	{"session_limit", t_session_limit},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 
