@@ -413,9 +413,5 @@ int main(int argc, char **argv)
 {
 	static const char *const extra[] = {"--stall-timeout", "3000", "-q", NULL};
 
-	if (zd_start(&daemon_, extra) < 0) {
-		printf("Bail out! cannot start zerod ($ZEROD_BIN)\n");
-		return 1;
-	}
-	return test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+	return zd_test_main(&daemon_, extra, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

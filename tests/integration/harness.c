@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "testlib.h"
 
 int child_bad;
 
@@ -128,6 +129,21 @@ bool zd_log_has(const struct zd *d, const char *needle)
 		found = strstr(line, needle) != NULL;
 	fclose(f);
 	return found;
+}
+
+int zd_test_main(struct zd *d, const char *const *extra, const struct test_case *cases, size_t n,
+		 int argc, char **argv)
+{
+	int r = zd_start(d, extra);
+
+	if (r < 0) {
+		printf("Bail out! cannot start zerod ($ZEROD_BIN): %s\n", strerror(-r));
+		return 1;
+	}
+	r = test_main(cases, n, argc, argv);
+	if (d->pid > 0)
+		zd_stop(d, 5000);
+	return r;
 }
 
 pid_t spawn(int (*fn)(void *arg, int idx), void *arg, int idx)

@@ -8,6 +8,7 @@
 #define ZEROD_TEST_HARNESS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -31,6 +32,12 @@ bool zd_alive(struct zd *d);
 void zd_dump_log(const struct zd *d);
 /* true if the daemon's log contains needle. */
 bool zd_log_has(const struct zd *d, const char *needle);
+
+/* main() of an integration test: start d (with extra arguments), run the
+ * cases, stop d if a case has not. Bails out (TAP) if zerod cannot start. */
+struct test_case;
+int zd_test_main(struct zd *d, const char *const *extra, const struct test_case *cases, size_t n,
+		 int argc, char **argv);
 
 /* Fork a child that returns fn(arg, idx) as its exit status. */
 pid_t spawn(int (*fn)(void *arg, int idx), void *arg, int idx);

@@ -1115,14 +1115,6 @@ int main(int argc, char **argv)
 {
 	static const char *const extra[] = {"--stall-timeout", "1500", "--join-timeout", "1000",
 					    NULL};
-	int r = zd_start(&daemon_, extra);
 
-	if (r < 0) {
-		printf("Bail out! cannot start zerod ($ZEROD_BIN): %d\n", r);
-		return 1;
-	}
-	r = test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
-	if (daemon_.pid > 0)
-		zd_stop(&daemon_, 5000);
-	return r;
+	return zd_test_main(&daemon_, extra, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

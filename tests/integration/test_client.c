@@ -355,9 +355,5 @@ static const struct test_case cases[] = {
 
 int main(int argc, char **argv)
 {
-	if (zd_start(&daemon_, NULL) < 0) {
-		printf("Bail out! cannot start zerod ($ZEROD_BIN)\n");
-		return 1;
-	}
-	return test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

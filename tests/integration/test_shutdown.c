@@ -239,16 +239,6 @@ static const struct test_case cases[] = {
 
 int main(int argc, char **argv)
 {
-	int r;
-
 	snprintf(shut_job, sizeof(shut_job), "shutdown-%d", (int)getpid());
-	r = zd_start(&daemon_, NULL);
-	if (r < 0) {
-		printf("Bail out! cannot start zerod ($ZEROD_BIN): %d\n", r);
-		return 1;
-	}
-	r = test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
-	if (daemon_.pid > 0)
-		zd_stop(&daemon_, 5000);
-	return r;
+	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

@@ -97,17 +97,11 @@ static const struct test_case cases[] = {
 int main(int argc, char **argv)
 {
 	const char *w = getenv("TEST_WORLD");
-	int r;
 
 	world = w ? (uint32_t)atoi(w) : 2;
 	if (world < 1 || world > 16) {
 		printf("Bail out! TEST_WORLD must be 1..16\n");
 		return 1;
 	}
-	r = zd_start(&daemon_, NULL);
-	if (r < 0) {
-		printf("Bail out! cannot start zerod ($ZEROD_BIN): %d\n", r);
-		return 1;
-	}
-	return test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }
