@@ -59,8 +59,7 @@ struct zc_client {
 	pthread_mutex_t mu;
 	void *zctx, *sock;
 	void *mon; /* PAIR receiving sock's monitor events */
-	int zfd, monfd;
-	int efd; /* epoll over zfd and monfd: what zc_fd() returns */
+	int efd;   /* epoll over the ZMQ_FDs of sock and mon: what zc_fd() returns */
 	char job_id[ZEROD_JOB_ID_MAX + 1];
 	struct zc_config cfg;
 
@@ -137,6 +136,22 @@ static void fail_all(zc_client *c, int code, const char *msg)
 
 /* ------------------------------------------------------- dispatching --- */
 
+/* The job cannot go on for this client: every pending and later future, and
+ * a Hello or RegisterPlan still waiting, fail with code. */
+static void job_failed(zc_client *c, int code, const char *msg)
+{
+	if (!c->job_error) {
+		c->job_error = code;
+		snprintf(c->job_msg, sizeof(c->job_msg), "%s", msg);
+	}
+	fail_all(c, code, msg);
+	if (c->hello_result == 0)
+		c->hello_result = code;
+	if (c->plan_result == 0)
+		c->plan_result = code;
+	snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", msg);
+}
+
 static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
 {
 	const Zerod__V1__Error *e = env->error;
@@ -144,16 +159,7 @@ static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
 	bool matched = false;
 
 	if (e->fatal) {
-		if (!c->job_error) {
-			c->job_error = code;
-			snprintf(c->job_msg, sizeof(c->job_msg), "%s", e->message);
-		}
-		fail_all(c, code, e->message);
-		if (c->plan_result == 0)
-			c->plan_result = code;
-		if (c->hello_result == 0)
-			c->hello_result = code;
-		snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", e->message);
+		job_failed(c, code, e->message);
 		return;
 	}
 	if (env->has_request_id) {
@@ -214,19 +220,9 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 
 static void connection_lost(zc_client *c)
 {
-	const char *msg = "lost the connection to zerod (it exited or restarted; the job's state "
-			  "is gone)";
-
-	if (!c->job_error) {
-		c->job_error = ZC_ECONNECT;
-		snprintf(c->job_msg, sizeof(c->job_msg), "%s", msg);
-	}
-	fail_all(c, ZC_ECONNECT, msg);
-	if (c->hello_result == 0)
-		c->hello_result = ZC_ECONNECT;
-	if (c->plan_result == 0)
-		c->plan_result = ZC_ECONNECT;
-	snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", msg);
+	job_failed(
+		c, ZC_ECONNECT,
+		"lost the connection to zerod (it exited or restarted; the job's state is gone)");
 }
 
 /* Monitor events: two frames, (uint16 event, uint32 value) then the address. */
@@ -340,17 +336,22 @@ static const char *default_socket(char *buf, size_t len)
 	return "/run/zerod/zerod.sock";
 }
 
-static int epoll_add(int efd, int fd)
+/* Watch a ZeroMQ socket's ZMQ_FD in the client's epoll fd. */
+static int epoll_add_zsock(int efd, void *zsock)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+	struct epoll_event ev = {.events = EPOLLIN};
+	size_t len = sizeof(int);
+	int fd;
 
+	if (zmq_getsockopt(zsock, ZMQ_FD, &fd, &len) < 0)
+		return -zmq_errno();
+	ev.data.fd = fd;
 	return epoll_ctl(efd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
 static int monitor_open(zc_client *c)
 {
 	char ep[64];
-	size_t fdlen = sizeof(int);
 
 	c->efd = epoll_create1(EPOLL_CLOEXEC);
 	if (c->efd < 0)
@@ -361,8 +362,7 @@ static int monitor_open(zc_client *c)
 	c->mon = zmq_socket(c->zctx, ZMQ_PAIR);
 	if (!c->mon || zmq_connect(c->mon, ep) < 0)
 		return -zmq_errno();
-	zmq_getsockopt(c->mon, ZMQ_FD, &c->monfd, &fdlen);
-	return epoll_add(c->efd, c->monfd);
+	return epoll_add_zsock(c->efd, c->mon);
 }
 
 int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
@@ -373,7 +373,6 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 	const char *path;
 	int zero = 0, r, timeout;
 	int64_t maxmsg = ZEROD_MAX_MSG_BYTES;
-	size_t fdlen = sizeof(int);
 	zc_client *c;
 
 	if (!cfg || !ret_client || !job_id_valid(cfg->job_id) || cfg->world_size == 0 ||
@@ -413,8 +412,7 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 		r = ZC_ECONNECT;
 		goto fail;
 	}
-	zmq_getsockopt(c->sock, ZMQ_FD, &c->zfd, &fdlen);
-	r = epoll_add(c->efd, c->zfd);
+	r = epoll_add_zsock(c->efd, c->sock);
 	if (r < 0)
 		goto fail;
 

@@ -6,6 +6,7 @@
 #ifndef ZEROD_WIRE_H
 #define ZEROD_WIRE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 

@@ -141,7 +141,14 @@ int session_on_router(struct loop *l, void *userdata);
 int session_send(struct session *s, const Zerod__V1__Envelope *env);
 void session_send_error(struct session *s, int code, bool fatal, int64_t iteration, int64_t bucket,
 			const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-void session_drop(struct session *s, bool died);
+/* Why a session ends: it tells the job's other ranks. */
+enum leave_reason {
+	LEAVE_GOODBYE,     /* the trainer said Goodbye */
+	LEAVE_EXITED,      /* its process is gone (pidfd, or the timer's look) */
+	LEAVE_UNREACHABLE, /* a send to it failed: gone from the socket, or not reading */
+};
+
+void session_drop(struct session *s, enum leave_reason why);
 void session_check_pids(struct daemon *d);
 void session_reap(struct daemon *d);
 void session_free_all(struct daemon *d);
@@ -152,7 +159,7 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 void job_register_plan(struct job *j, struct session *s, const Zerod__V1__RegisterPlan *m);
 void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
-void job_leave(struct job *j, struct session *s, bool died);
+void job_leave(struct job *j, struct session *s, enum leave_reason why);
 void job_maybe_free(struct job *j);
 void job_free_all(struct daemon *d);
 void job_broadcast(struct job *j, const Zerod__V1__Envelope *env);

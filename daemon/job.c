@@ -350,20 +350,22 @@ void job_register_plan(struct job *j, struct session *s, const Zerod__V1__Regist
 		job_start(j);
 }
 
-void job_leave(struct job *j, struct session *s, bool died)
+void job_leave(struct job *j, struct session *s, enum leave_reason why)
 {
 	if (j->ranks[s->rank] == s) {
 		j->ranks[s->rank] = NULL;
 		j->nconnected--;
 	}
-	/* Between iterations a rank that says goodbye ends the job quietly: the
+	/* Between iterations a rank that leaves ends the job quietly: the
 	 * others are not waiting on anything. Otherwise they are told now. */
 	if (j->state != JOB_FAILED) {
 		bool idle = j->state == JOB_ACTIVE && !j->in_flight;
-		job_fail(j, ZC_ERANKDEAD, !idle, "rank %u (pid %d) %s", s->rank, (int)s->pid,
-			 !died  ? "left the job"
-			 : idle ? "exited between iterations"
-				: "died during an iteration");
+		const char *how = why == LEAVE_GOODBYE ? "left the job"
+				  : why == LEAVE_UNREACHABLE
+					  ? "cannot be sent to (gone, or not reading)"
+				  : idle ? "exited between iterations"
+					 : "died during an iteration";
+		job_fail(j, ZC_ERANKDEAD, !idle, "rank %u (pid %d) %s", s->rank, (int)s->pid, how);
 	}
 	job_maybe_free(j);
 }

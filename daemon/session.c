@@ -63,7 +63,7 @@ void session_reap(struct daemon *d)
 
 	while (s) {
 		if (s->send_failed) {
-			session_drop(s, true);
+			session_drop(s, LEAVE_UNREACHABLE);
 			s = d->sessions; /* the list changed */
 			continue;
 		}
@@ -114,7 +114,7 @@ static void on_pidfd(struct loop *l, void *userdata)
 		return;
 	log_notice("job %s rank %u: trainer pid %d exited", s->job ? s->job->id : "-", s->rank,
 		   (int)s->pid);
-	session_drop(s, true);
+	session_drop(s, LEAVE_EXITED);
 }
 
 /* A zombie has exited too: kill(pid, 0) alone would call it alive. */
@@ -150,15 +150,14 @@ void session_check_pids(struct daemon *d)
 		if (s->pidfd < 0 && s->pid > 0 && !pid_alive(s->pid)) {
 			log_notice("job %s rank %u: trainer pid %d exited",
 				   s->job ? s->job->id : "-", s->rank, (int)s->pid);
-			session_drop(s, true);
-			/* dropping may drop no other session, but restart to be safe */
-			next = d->sessions;
+			session_drop(s, LEAVE_EXITED);
+			next = d->sessions; /* the list changed */
 		}
 		s = next;
 	}
 }
 
-void session_drop(struct session *s, bool died)
+void session_drop(struct session *s, enum leave_reason why)
 {
 	struct daemon *d = s->d;
 
@@ -173,7 +172,7 @@ void session_drop(struct session *s, bool died)
 		close(s->pidfd);
 	}
 	if (s->job)
-		job_leave(s->job, s, died);
+		job_leave(s->job, s, why);
 	free(s);
 }
 
@@ -322,7 +321,7 @@ static void on_goodbye(struct daemon *d, const void *route, size_t rlen, struct 
 		       const Zerod__V1__Envelope *env)
 {
 	(void)d, (void)route, (void)rlen, (void)env;
-	session_drop(s, false);
+	session_drop(s, LEAVE_GOODBYE);
 }
 
 enum { NEEDS_SESSION = 1 << 0 };

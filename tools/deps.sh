@@ -5,7 +5,7 @@ set -euo pipefail
 
 ZEROD_PACKAGES=(
     gcc pkg-config meson ninja-build cmake
-    libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev
+    libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
     python3
 )
 

@@ -651,6 +651,42 @@ static int c_size(void *arg, int idx)
 	return child_bad;
 }
 
+/* A trainer that hands over a bucket and drops its connection while its
+ * process lives on. The daemon cannot see a vanished peer until it sends to
+ * it: the stall timeout names the missing bucket, that error cannot be sent,
+ * and the session and job end instead of lingering (the process is alive,
+ * so its pidfd never fires). */
+static int c_vanish(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
+	struct raw_reg g;
+	struct raw r = {0};
+	char want[96];
+
+	(void)arg, (void)idx;
+	if (raw_reg_init(&g, "vanish") < 0 || raw_open(&r) < 0)
+		return 1;
+	raw_hello(&r, "vanish");
+	raw_send(&r, &g.env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
+	env.bucket_ready = &br;
+	raw_send(&r, &env);
+	raw_close(&r); /* no Goodbye, and this process stays */
+	snprintf(want, sizeof(want), "job vanish: ended (ZC_ETIMEDOUT");
+	for (int i = 0; i < 400 && !zd_log_has(&daemon_, want); i++)
+		usleep(10000);
+	EXPECT(zd_log_has(&daemon_, want), "no '%s' in the daemon's log within 4 s", want);
+	raw_reg_free(&g);
+	return child_bad;
+}
+
+static void t_vanish(void)
+{
+	run_children(c_vanish, NULL, 1, NULL, 10000);
+}
+
 /* A trainer shrinks its gradient buffer after the daemon mapped it: the next
  * reduction faults (SIGBUS). Only that job fails, with ZC_EMAP; the daemon
  * and the job beside it go on. */
@@ -1096,6 +1132,7 @@ static const struct test_case cases[] = {
 	{"before_hello_and_multiframe_EPROTO", t_state},
 	{"wrong_buffer_sizes_ESIZE", t_size},
 	{"buffer_shrunk_after_mapping_EMAP", t_shrink},
+	{"connection_dropped_ERANKDEAD", t_vanish},
 	{"another_users_buffer_EMAP", t_foreign},
 	{"idle_job_join_timeout_ETIMEDOUT", t_idle},
 	{"bucket_out_of_order_EORDER", t_order},
