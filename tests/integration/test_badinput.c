@@ -673,6 +673,10 @@ static int c_vanish(void *arg, int idx)
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
 	env.bucket_ready = &br;
 	raw_send(&r, &env);
+	/* Wait for bucket 0's BucketDone, so the daemon has nothing left to send
+	 * until the stall timeout: dropping the connection earlier would race
+	 * that send (which then fails with ZC_ERANKDEAD instead). */
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "bucket 0");
 	raw_close(&r); /* no Goodbye, and this process stays */
 	snprintf(want, sizeof(want), "job vanish: ended (ZC_ETIMEDOUT");
 	for (int i = 0; i < 400 && !zd_log_has(&daemon_, want); i++)
@@ -1132,7 +1136,7 @@ static const struct test_case cases[] = {
 	{"before_hello_and_multiframe_EPROTO", t_state},
 	{"wrong_buffer_sizes_ESIZE", t_size},
 	{"buffer_shrunk_after_mapping_EMAP", t_shrink},
-	{"connection_dropped_ERANKDEAD", t_vanish},
+	{"connection_dropped_ends_job_ETIMEDOUT", t_vanish},
 	{"another_users_buffer_EMAP", t_foreign},
 	{"idle_job_join_timeout_ETIMEDOUT", t_idle},
 	{"bucket_out_of_order_EORDER", t_order},
