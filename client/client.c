@@ -503,11 +503,13 @@ static int shm_create(zc_client *c, const char *kind, size_t bytes, struct shm_b
 {
 	uint32_t rnd = 0;
 	void *base;
+	size_t n;
 	int fd, r;
 
 	(void)!getrandom(&rnd, sizeof(rnd), 0);
-	snprintf(b->name, sizeof(b->name), "/zerod.%.64s.r%u.%d.%08x.%s", c->job_id, c->cfg.rank,
-		 (int)getpid(), rnd, kind);
+	n = (size_t)shm_name_prefix(b->name, sizeof(b->name), c->job_id, c->cfg.rank,
+				    (int)getpid());
+	snprintf(b->name + n, sizeof(b->name) - n, "%08x.%s", rnd, kind);
 	fd = shm_open(b->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		b->name[0] = 0;

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <time.h>
 
 #define ZEROD_VERSION_STRING "0.1.0"
@@ -46,5 +47,14 @@ static inline int64_t now_ms(void)
 /* Job ids: 1..64 characters of [A-Za-z0-9._-]. */
 #define ZEROD_JOB_ID_MAX 64
 bool job_id_valid(const char *id);
+
+/* Host buffers of rank `rank` of job `job` are POSIX shared memory objects
+ * whose names start with "/zerod.<job>.r<rank>.<pid>.", pid as the trainer
+ * knows itself: libzeroclient names them so, and the daemon finds by it what a
+ * trainer that died before registering left behind. Returns snprintf's. */
+static inline int shm_name_prefix(char *buf, size_t len, const char *job, uint32_t rank, int pid)
+{
+	return snprintf(buf, len, "/zerod.%.64s.r%u.%d.", job, rank, pid);
+}
 
 #endif

@@ -54,8 +54,9 @@ struct session {
 	uint64_t serial; /* never reused, unlike the address */
 	struct job *job;
 	uint32_t rank;
-	pid_t pid;
-	uid_t uid; /* from the socket; (uid_t)-1 if unknown */
+	pid_t pid;     /* from the socket */
+	pid_t own_pid; /* the same process as it knows itself (its pid namespace) */
+	uid_t uid;     /* from the socket; (uid_t)-1 if unknown */
 	int pidfd;
 	int send_failed; /* a send to it failed: dropped by session_reap() */
 };

@@ -24,6 +24,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "loop.h"
+#include "mem/mem.h"
 #include "wire.h"
 
 static struct session *session_find(struct daemon *d, const void *route, size_t len)
@@ -171,6 +172,8 @@ void session_drop(struct session *s, enum leave_reason why)
 		loop_remove_fd(d->loop, s->pidfd);
 		close(s->pidfd);
 	}
+	if (s->job && why == LEAVE_EXITED)
+		d->mem->reclaim(s->job->id, s->rank, s->own_pid, s->uid);
 	if (s->job)
 		job_leave(s->job, s, why);
 	free(s);
@@ -266,6 +269,7 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	s->rank = h->rank;
 	/* the pid in our namespace, the one a pidfd can watch */
 	s->pid = d->cur_peer.pid;
+	s->own_pid = h->pid;
 	s->uid = d->cur_peer.uid;
 	r = job_join(d, s, h, err, sizeof(err));
 	if (r < 0) {

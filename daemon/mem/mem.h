@@ -31,6 +31,11 @@ struct mem_ops {
 	void *(*ptr)(struct mem_map *m);
 	/* Release the mapping. Accepts NULL. No worker may still use it. */
 	void (*unmap)(struct mem_map *m);
+	/* The trainer of rank `rank` of job `job` (pid `own_pid` as it knows
+	 * itself, uid `owner`) has exited: remove buffers it created and never
+	 * had mapped, so a trainer that dies before registering leaks nothing.
+	 * Loop thread: only quick syscalls. */
+	void (*reclaim)(const char *job, uint32_t rank, pid_t own_pid, uid_t owner);
 };
 
 extern const struct mem_ops mem_shm_ops;

@@ -2,8 +2,11 @@
  * shm.c — host buffers: POSIX shared memory created by libzeroclient (mode
  * 0600) and mapped here once per plan. The daemon unlinks the name right
  * after mapping: both sides keep their mappings, and no name can leak when
- * either side dies.
+ * either side dies. Buffers of a trainer that dies before registering are
+ * found by their name (common.h's shm_name_prefix) and removed.
  */
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -14,8 +17,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common.h"
+#include "log.h"
 #include "mem/mem.h"
 #include "zeroclient.h"
+
+#define SHM_DIR "/dev/shm" /* where glibc's shm_open keeps the objects */
 
 struct mem_map {
 	void *base;
@@ -105,9 +112,46 @@ static void shm_unmap(struct mem_map *m)
 	free(m);
 }
 
+/* What follows the prefix in libzeroclient's names: 8 hex digits, then
+ * ".grad" or ".param". Anything else belongs to someone else (job ids may
+ * hold dots, so the prefix alone could match another job's names). */
+static bool shm_suffix_ok(const char *s)
+{
+	for (int i = 0; i < 8; i++)
+		if (!isxdigit((unsigned char)s[i]))
+			return false;
+	return strcmp(s + 8, ".grad") == 0 || strcmp(s + 8, ".param") == 0;
+}
+
+static void shm_reclaim(const char *job, uint32_t rank, pid_t own_pid, uid_t owner)
+{
+	char prefix[ZEROD_JOB_ID_MAX + 48];
+	struct dirent *e;
+	struct stat st;
+	size_t n;
+	DIR *dir;
+
+	if (own_pid <= 0 || owner == (uid_t)-1 || !(dir = opendir(SHM_DIR)))
+		return;
+	/* Directory entries have no leading '/'. */
+	n = (size_t)shm_name_prefix(prefix, sizeof(prefix), job, rank, (int)own_pid) - 1;
+	while ((e = readdir(dir))) {
+		if (strncmp(e->d_name, prefix + 1, n) != 0 || !shm_suffix_ok(e->d_name + n))
+			continue;
+		if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    !S_ISREG(st.st_mode) || st.st_uid != owner)
+			continue;
+		if (unlinkat(dirfd(dir), e->d_name, 0) == 0)
+			log_info("job %s rank %u: removed /%s, left by its exited trainer", job,
+				 rank, e->d_name);
+	}
+	closedir(dir);
+}
+
 const struct mem_ops mem_shm_ops = {
 	.name = "shm",
 	.map = shm_map,
 	.ptr = shm_ptr,
 	.unmap = shm_unmap,
+	.reclaim = shm_reclaim,
 };

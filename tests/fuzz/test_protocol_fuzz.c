@@ -358,9 +358,10 @@ static void t_fuzz(void)
 				 .optimizer = ZC_OPT_ADAMW,
 				 .shard_mode = ZC_SHARD_BUCKET,
 				 .step_mode = ZC_STEP_AT_END,
-				 .iters = 60,
+				 .iters = 1000000,
+				 .stop = train_stop_new(), /* trains as long as the fuzzer runs */
 				 .seed = 7,
-				 .hyper_iter = 30,
+				 .hyper_iter = 5,
 				 .sleep_us = 20000,
 				 .tolerance = 1e-6};
 	for (int r = 0; r < 2; r++)
@@ -369,10 +370,13 @@ static void t_fuzz(void)
 	st = wait_child(f, 600000);
 	CHECK(st == 0, "fuzzer exited with %d", st);
 	CHECK(zd_alive(&daemon_), "zerod died under fuzzing");
+	atomic_store(&bg.stop->requested, 1);
 	for (int r = 0; r < 2; r++) {
 		st = wait_child(bg_pids[r], 60000);
 		CHECK(st == 0, "the job beside the fuzzer: rank %d exited with %d", r, st);
 	}
+	CHECK(atomic_load(&bg.stop->stop_at) > 5, "the job beside the fuzzer ran %d iterations",
+	      atomic_load(&bg.stop->stop_at));
 }
 
 static void t_fresh_job(void)

@@ -1,4 +1,5 @@
 /* harness.c — see harness.h. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -200,4 +201,22 @@ float det_uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c)
 	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
 	z ^= z >> 31;
 	return (float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+int shm_count(const char *prefix, bool show)
+{
+	DIR *dir = opendir("/dev/shm");
+	struct dirent *e;
+	int n = 0;
+
+	if (!dir)
+		return 0;
+	while ((e = readdir(dir)))
+		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+			if (show)
+				printf("# in /dev/shm: %s\n", e->d_name);
+			n++;
+		}
+	closedir(dir);
+	return n;
 }

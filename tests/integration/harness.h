@@ -63,6 +63,10 @@ extern int child_bad;
 void signal_pipe(int fd);
 bool wait_pipe(int fd, int timeout_ms);
 
+/* How many objects in /dev/shm have names starting with prefix (no leading
+ * '/'); with show, each is printed as a TAP comment. */
+int shm_count(const char *prefix, bool show);
+
 /* Monotonic milliseconds. */
 int64_t test_ms(void);
 

@@ -321,7 +321,6 @@ static void run_children(int (*fn)(void *, int), void *arg, int n, const int *wa
 
 static struct train_spec bg_spec;
 static pid_t bg_pids[2];
-static bool bg_ran_through; /* still training when the last bad case ended */
 
 /* Both bg ranks still run (without reaping them). */
 static bool bg_running(void)
@@ -350,7 +349,8 @@ static void t_bg_start(void)
 		.optimizer = ZC_OPT_ADAM,
 		.shard_mode = ZC_SHARD_BUCKET,
 		.step_mode = ZC_STEP_INTERLEAVED,
-		.iters = 600,
+		.iters = 1000000,
+		.stop = train_stop_new(),
 		.seed = 1234,
 		.hyper_iter = -1,
 		.sleep_us = 10000,
@@ -1059,6 +1059,62 @@ static void t_killed(void)
 	close(killed_pipe[1]);
 }
 
+/* A trainer killed after allocating its buffers and before registering
+ * them: the daemon never mapped them, so its names are still in /dev/shm.
+ * The daemon removes them once the process is gone, and only them: rank 1
+ * of the same job, alive, keeps its own. */
+static int orphan_pipe[2], orphan_go[2];
+
+static int c_orphan(void *arg, int idx)
+{
+	struct small_plan sp;
+	zc_client *c = connect_rank("orphanshm", (uint32_t)idx, 2);
+	int r;
+
+	(void)arg;
+	if (!c)
+		return 1;
+	small_plan(&sp, 2, 0);
+	r = zc_alloc_buffers(c, &sp.plan);
+	EXPECT(r == 0, "zc_alloc_buffers: %s", zc_strerror_name(r));
+	signal_pipe(orphan_pipe[1]);
+	if (idx == 0)
+		for (;;)
+			pause(); /* until SIGKILL */
+	wait_pipe(orphan_go[0], 10000);
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_orphan_shm(void)
+{
+	char prefix[2][64];
+	pid_t pids[2];
+	int left = -1;
+
+	REQUIRE(pipe(orphan_pipe) == 0 && pipe(orphan_go) == 0, "pipe");
+	for (int i = 0; i < 2; i++) {
+		pids[i] = spawn(c_orphan, NULL, i);
+		snprintf(prefix[i], sizeof(prefix[i]), "zerod.orphanshm.r%d.%d.", i, (int)pids[i]);
+	}
+	CHECK(wait_pipe(orphan_pipe[0], 10000) && wait_pipe(orphan_pipe[0], 10000),
+	      "the ranks did not allocate their buffers");
+	CHECK(shm_count(prefix[0], true) == 2 && shm_count(prefix[1], true) == 2,
+	      "each rank should have 2 buffers in /dev/shm before rank 0 dies");
+	kill(pids[0], SIGKILL);
+	CHECK(wait_child(pids[0], 10000) == 128 + SIGKILL, "rank 0 did not die of SIGKILL");
+	for (int i = 0; i < 300 && (left = shm_count(prefix[0], false)) != 0; i++)
+		usleep(10000);
+	CHECK(left == 0, "%d buffers of the killed rank 0 left in /dev/shm after 3 s", left);
+	CHECK(zd_log_has(&daemon_, "left by its exited trainer"), "the daemon did not log it");
+	CHECK(shm_count(prefix[1], true) == 2, "the buffers of rank 1, alive, were removed too");
+	signal_pipe(orphan_go[1]);
+	CHECK(wait_child(pids[1], 10000) == 0, "rank 1 failed");
+	CHECK(shm_count(prefix[1], true) == 0, "zc_close of rank 1 left its buffers");
+	for (int i = 0; i < 2; i++)
+		close(orphan_pipe[i]), close(orphan_go[i]);
+}
+
 /* 12. rank 1 of 2 is alive but never sends */
 static int c_stalled(void *arg, int idx)
 {
@@ -1085,7 +1141,6 @@ static int c_stalled(void *arg, int idx)
 static void t_stalled(void)
 {
 	run_children(c_stalled, NULL, 2, NULL, 20000);
-	bg_ran_through = bg_running();
 }
 
 /* 13. a fresh job after all that, the background job, and a clean stop */
@@ -1112,11 +1167,14 @@ static void t_fresh_job(void)
 static void t_bg_job(void)
 {
 	REQUIRE(bg_pids[0] > 0, "bg_job_starts did not run");
-	CHECK(bg_ran_through, "job bg ended before the bad cases did: make it longer");
+	CHECK(bg_running(), "job bg ended before the bad cases did");
+	atomic_store(&bg_spec.stop->requested, 1);
 	for (int r = 0; r < 2; r++) {
 		int st = wait_child(bg_pids[r], 30000);
 		CHECK(st == 0, "bg rank %d exited with %d", r, st);
 	}
+	CHECK(atomic_load(&bg_spec.stop->stop_at) > 5, "job bg ran %d iterations",
+	      atomic_load(&bg_spec.stop->stop_at));
 	if (test_failed_)
 		zd_dump_log(&daemon_);
 }
@@ -1146,6 +1204,7 @@ static const struct test_case cases[] = {
 	{"duplicate_rank_EDUPRANK", t_duprank},
 	{"plan_mismatch_EPLANMISMATCH", t_planmm},
 	{"trainer_killed_ERANKDEAD", t_killed},
+	{"trainer_killed_before_registering_leaks_no_shm", t_orphan_shm},
 	{"trainer_stalled_ETIMEDOUT", t_stalled},
 	{"fresh_job_trains", t_fresh_job},
 	{"bg_job_survived", t_bg_job},

@@ -8,7 +8,6 @@
  * The parent never creates a ZeroMQ context: clients live in forked children
  * that exit 0 when everything they saw was as expected.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -174,23 +173,6 @@ static int c_shut(void *arg, int idx)
 }
 
 /* Names in /dev/shm that start with prefix; printed. */
-static int count_shm(const char *prefix)
-{
-	DIR *dir = opendir("/dev/shm");
-	struct dirent *e;
-	int n = 0;
-
-	if (!dir)
-		return 0;
-	while ((e = readdir(dir)))
-		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
-			printf("# left in /dev/shm: %s\n", e->d_name);
-			n++;
-		}
-	closedir(dir);
-	return n;
-}
-
 static void t_sigterm_mid_iteration(void)
 {
 	char prefix[96], dir[sizeof(daemon_.dir)], sock[sizeof(daemon_.sock)], cmd[300];
@@ -207,7 +189,7 @@ static void t_sigterm_mid_iteration(void)
 	CHECK(ready == 2, "only %d of 2 ranks got to the iteration", ready);
 	/* let rank 0's buckets reach the daemon: the iteration is in flight */
 	usleep(200 * 1000);
-	CHECK(count_shm(prefix) == 0, "the daemon left the names of mapped buffers");
+	CHECK(shm_count(prefix, true) == 0, "the daemon left the names of mapped buffers");
 
 	snprintf(dir, sizeof(dir), "%s", daemon_.dir);
 	snprintf(sock, sizeof(sock), "%s", daemon_.sock);
@@ -221,7 +203,7 @@ static void t_sigterm_mid_iteration(void)
 		int cs = wait_child(pids[r], 20000);
 		CHECK(cs == 0, "rank %d exited with %d", r, cs);
 	}
-	CHECK(count_shm(prefix) == 0, "shared memory of job %s left in /dev/shm", shut_job);
+	CHECK(shm_count(prefix, true) == 0, "shared memory of job %s left in /dev/shm", shut_job);
 	if (test_failed_)
 		zd_dump_log(&daemon_);
 	close(ready_pipe[0]);

@@ -1,8 +1,10 @@
 /* trainer.c — see trainer.h. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -120,7 +122,7 @@ static void ref_adam(bool decoupled, const struct zc_param_group *h, uint64_t st
 	}
 }
 
-static float *reference(const struct train_spec *s, const struct train_plan *tp)
+static float *reference(const struct train_spec *s, const struct train_plan *tp, int iters)
 {
 	uint64_t total = 0, *base = calloc(NB, sizeof(*base));
 	struct zc_param_group groups[TRAIN_MAX_GROUPS];
@@ -136,7 +138,7 @@ static float *reference(const struct train_spec *s, const struct train_plan *tp)
 	for (uint32_t b = 0; b < NB; b++)
 		for (uint64_t i = 0; i < bucket_sizes[b]; i++)
 			p[base[b] + i] = init_value(s, b, i);
-	for (int it = 0; it < s->iters; it++) {
+	for (int it = 0; it < iters; it++) {
 		if (it == s->hyper_iter)
 			groups[0].lr *= 0.5;
 		for (uint32_t b = 0; b < NB; b++)
@@ -168,6 +170,29 @@ static float *reference(const struct train_spec *s, const struct train_plan *tp)
 
 /* ---- one rank ---- */
 
+struct train_stop *train_stop_new(void)
+{
+	struct train_stop *st =
+		mmap(NULL, sizeof(*st), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	if (st == MAP_FAILED)
+		abort();
+	atomic_init(&st->requested, 0);
+	atomic_init(&st->stop_at, INT_MAX);
+	return st;
+}
+
+/* Does rank stop before iteration it? (see struct train_stop) */
+static bool stop_before(const struct train_spec *s, uint32_t rank, int it)
+{
+	if (!s->stop)
+		return false;
+	if (rank == 0 && atomic_load(&s->stop->requested) &&
+	    atomic_load(&s->stop->stop_at) == INT_MAX)
+		atomic_store(&s->stop->stop_at, it + 1);
+	return it >= atomic_load(&s->stop->stop_at);
+}
+
 int train_rank(const struct train_spec *s, uint32_t rank)
 {
 	struct train_plan tp;
@@ -176,7 +201,7 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 	zc_client *c = NULL;
 	zc_future *bf[NB];
 	float *ref = NULL;
-	int r, bad = 0;
+	int r, bad = 0, done = 0;
 	uint64_t at = 0;
 
 	train_make_plan(s, &tp);
@@ -216,7 +241,7 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 				bad = 1;
 				goto out;
 			}
-	for (int it = 0; it < s->iters; it++) {
+	for (int it = 0; it < s->iters && !stop_before(s, rank, it); it++, done++) {
 		zc_future *step = NULL;
 
 		if (it == s->hyper_iter) {
@@ -262,7 +287,9 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 		if (s->sleep_us)
 			usleep((useconds_t)s->sleep_us);
 	}
-	ref = reference(s, &tp);
+	if (s->stop)
+		printf("# %s rank %u: stopped after %d iterations\n", s->job, rank, done);
+	ref = reference(s, &tp, done);
 	for (uint32_t b = 0; b < NB && bad < 5; b++) {
 		const float *pb = zc_param_buffer(c, b);
 		for (uint64_t i = 0; i < bucket_sizes[b] && bad < 5; i++, at++) {

@@ -11,12 +11,27 @@
 #ifndef ZEROD_TEST_TRAINER_H
 #define ZEROD_TEST_TRAINER_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "zeroclient.h"
 
 #define TRAIN_MAX_GROUPS  3
 #define TRAIN_MAX_BUCKETS 8
+
+/*
+ * A job that trains until the test says stop, in shared memory (MAP_SHARED)
+ * the ranks inherit. Rank 0 alone picks the last iteration: it sees the
+ * request at the start of iteration i and lets every rank run through i.
+ * No rank can have started i + 1 by then (that needs rank 0's buckets of i),
+ * so all ranks stop at the same iteration.
+ */
+struct train_stop {
+	atomic_int requested;
+	atomic_int stop_at; /* INT_MAX until rank 0 picks */
+};
+/* A fresh train_stop in shared memory (abort()s if it cannot map). */
+struct train_stop *train_stop_new(void);
 
 struct train_spec {
 	const char *socket;
@@ -25,7 +40,8 @@ struct train_spec {
 	enum zc_optimizer optimizer;
 	enum zc_shard_mode shard_mode;
 	enum zc_step_mode step_mode;
-	int iters;
+	int iters;               /* how many, or the most with stop */
+	struct train_stop *stop; /* NULL: run all iters */
 	uint64_t seed;
 	int hyper_iter;   /* from this iteration on, group 0's lr is halved (< 0: never) */
 	int sleep_us;     /* pause per iteration (to make a job last) */
