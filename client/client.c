@@ -158,7 +158,11 @@ static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
 	int code = wire_error_from_pb(e->code);
 	bool matched = false;
 
-	if (e->fatal) {
+	/* The client checks the order of buckets before sending them: a bucket
+	 * the daemon still refuses means the two disagree on where the
+	 * iteration stands, and going on could only hang. */
+	if (e->fatal || code == ZC_EORDER || code == ZC_EDUPBUCKET || code == ZC_EBUCKET ||
+	    code == ZC_EEARLY) {
 		job_failed(c, code, e->message);
 		return;
 	}
@@ -225,9 +229,12 @@ static void connection_lost(zc_client *c)
 		"lost the connection to zerod (it exited or restarted; the job's state is gone)");
 }
 
-/* Monitor events: two frames, (uint16 event, uint32 value) then the address. */
-static void drain_monitor(zc_client *c)
+/* Monitor events: two frames, (uint16 event, uint32 value) then the address.
+ * true if the connection was lost. */
+static bool drain_monitor(zc_client *c)
 {
+	bool lost = false;
+
 	for (;;) {
 		zmq_msg_t ev, addr;
 		uint16_t event = 0;
@@ -235,7 +242,7 @@ static void drain_monitor(zc_client *c)
 		zmq_msg_init(&ev);
 		if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
 			zmq_msg_close(&ev);
-			return;
+			return lost;
 		}
 		if (zmq_msg_size(&ev) >= sizeof(event))
 			memcpy(&event, zmq_msg_data(&ev), sizeof(event));
@@ -245,17 +252,18 @@ static void drain_monitor(zc_client *c)
 		zmq_msg_close(&addr);
 		zmq_msg_close(&ev);
 		if (event == ZMQ_EVENT_DISCONNECTED)
-			connection_lost(c);
+			lost = true;
 	}
 }
 
-/* Drain every message that has arrived. Called with c->mu held. */
+/* Drain every message that has arrived. Called with c->mu held. A lost
+ * connection is acted on after the messages that came before it: the
+ * daemon's last word (ZC_ESHUTDOWN, say) is the better reason. */
 static int dispatch_locked(zc_client *c)
 {
+	bool lost = c->mon && drain_monitor(c);
 	int n = 0;
 
-	if (c->mon)
-		drain_monitor(c);
 	for (;;) {
 		Zerod__V1__Envelope *env;
 		zmq_msg_t msg;
@@ -264,6 +272,8 @@ static int dispatch_locked(zc_client *c)
 		if (zmq_msg_recv(&msg, c->sock, ZMQ_DONTWAIT) < 0) {
 			int e = zmq_errno();
 			zmq_msg_close(&msg);
+			if (lost)
+				connection_lost(c);
 			return e == EAGAIN ? n : -e;
 		}
 		if (wire_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &env) == 0) {
@@ -371,13 +381,14 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 	Zerod__V1__Hello h = ZEROD__V1__HELLO__INIT;
 	char pathbuf[512], endpoint[600];
 	const char *path;
-	int zero = 0, r, timeout;
+	int zero = 0, hwm = ZEROD_QUEUE_MSGS, r, timeout;
 	int64_t maxmsg = ZEROD_MAX_MSG_BYTES;
 	zc_client *c;
 
 	if (!cfg || !ret_client || !job_id_valid(cfg->job_id) || cfg->world_size == 0 ||
 	    cfg->rank >= cfg->world_size || cfg->local_size == 0 ||
-	    cfg->local_rank >= cfg->local_size || cfg->connect_timeout_ms < 0)
+	    cfg->local_rank >= cfg->local_size || cfg->connect_timeout_ms < 0 ||
+	    cfg->register_timeout_ms < 0)
 		return -EINVAL;
 	c = calloc(1, sizeof(*c));
 	if (!c)
@@ -390,6 +401,8 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 	c->cfg.socket = NULL;
 	timeout = cfg->connect_timeout_ms ? cfg->connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
 	c->cfg.connect_timeout_ms = timeout;
+	if (!c->cfg.register_timeout_ms)
+		c->cfg.register_timeout_ms = timeout;
 
 	path = cfg->socket ? cfg->socket : default_socket(pathbuf, sizeof(pathbuf));
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", path);
@@ -405,6 +418,8 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 	}
 	zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero));
 	zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+	zmq_setsockopt(c->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+	zmq_setsockopt(c->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
 	r = monitor_open(c);
 	if (r < 0)
 		goto fail;
@@ -622,10 +637,10 @@ int zc_register_plan(zc_client *c)
 	pthread_mutex_unlock(&c->mu);
 	if (r < 0)
 		return r;
-	r = wait_for(c, &c->plan_result, now_ms() + c->cfg.connect_timeout_ms);
+	r = wait_for(c, &c->plan_result, now_ms() + c->cfg.register_timeout_ms);
 	if (r == 0) {
 		snprintf(c->reply_msg, sizeof(c->reply_msg),
-			 "not every rank registered within %d ms", c->cfg.connect_timeout_ms);
+			 "not every rank registered within %d ms", c->cfg.register_timeout_ms);
 		return ZC_ETIMEDOUT;
 	}
 	return r < 0 ? r : 0;
@@ -649,6 +664,43 @@ static struct zc_future *future_new(zc_client *c, enum future_kind kind, uint64_
 	return f;
 }
 
+/* The daemon's ordering rules, checked before sending: a bucket it would
+ * refuse is refused here, so the client's iteration never drifts from the
+ * daemon's. A StepDone in transit is read first. Called with c->mu held. */
+static int bucket_check(zc_client *c, uint32_t bucket)
+{
+	int r = 0;
+
+	if (bucket >= c->plan->nbuckets) {
+		r = ZC_EBUCKET;
+		snprintf(c->reply_msg, sizeof(c->reply_msg),
+			 "bucket %u does not exist: the plan has %u buckets", bucket,
+			 c->plan->nbuckets);
+	} else if (bucket < c->sent_in_iter) {
+		r = ZC_EDUPBUCKET;
+		snprintf(c->reply_msg, sizeof(c->reply_msg),
+			 "bucket %u twice in iteration %" PRIu64, bucket, c->iter);
+	} else if (bucket > c->sent_in_iter) {
+		r = ZC_EORDER;
+		snprintf(c->reply_msg, sizeof(c->reply_msg),
+			 "bucket %u handed over, but bucket %u comes first (buckets go 0, 1, 2, "
+			 "... every iteration)",
+			 bucket, c->sent_in_iter);
+	} else if (bucket == 0 && c->steps_done < c->iter) {
+		dispatch_locked(c);
+		if (c->job_error)
+			r = c->job_error; /* job_failed() wrote reply_msg */
+		else if (c->steps_done < c->iter) {
+			r = ZC_EEARLY;
+			snprintf(c->reply_msg, sizeof(c->reply_msg),
+				 "bucket 0 of iteration %" PRIu64 " while iteration %" PRIu64
+				 " is still in flight: wait for its step before the next backward",
+				 c->iter, c->iter - 1);
+		}
+	}
+	return r;
+}
+
 int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
@@ -667,6 +719,9 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 		r = c->job_error;
 		goto out;
 	}
+	r = bucket_check(c, bucket);
+	if (r < 0)
+		goto out;
 	if (ret_future) {
 		f = future_new(c, FUTURE_BUCKET, c->iter, bucket);
 		if (!f) {
@@ -705,6 +760,15 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 	if (!c || !ret_future)
 		return -EINVAL;
 	pthread_mutex_lock(&c->mu);
+	if (iteration > c->iter) {
+		/* it could only wait for buckets nobody has handed over yet */
+		snprintf(c->reply_msg, sizeof(c->reply_msg),
+			 "iteration %" PRIu64 " has not begun: this rank's next bucket belongs to "
+			 "iteration %" PRIu64,
+			 iteration, c->iter);
+		pthread_mutex_unlock(&c->mu);
+		return ZC_ESTATE;
+	}
 	dispatch_locked(c);
 	f = future_new(c, FUTURE_STEP, iteration, 0);
 	if (f && iteration < c->steps_done)

@@ -16,6 +16,11 @@
 /* Largest message either side accepts (ZMQ_MAXMSGSIZE). */
 #define ZEROD_MAX_MSG_BYTES (32 * 1024 * 1024)
 
+/* Messages queued per connection, each way (ZMQ_SNDHWM / ZMQ_RCVHWM): two
+ * iterations of the largest plan (65536 buckets) and room for the rest, so a
+ * send never fails with EAGAIN on a queue the protocol itself fills. */
+#define ZEROD_QUEUE_MSGS (2 * 65536 + 4096)
+
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define MIN(a, b)     ((a) < (b) ? (a) : (b))
 #define MAX(a, b)     ((a) > (b) ? (a) : (b))
@@ -42,6 +47,19 @@ static inline int64_t now_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* "1968 B", "64.0 KiB", "1.5 GiB": a size for people, in buf (16 bytes). */
+static inline const char *fmt_bytes(char buf[16], uint64_t n)
+{
+	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+	double v = (double)n;
+	int u = 0;
+
+	while (v >= 1024 && u < 6)
+		v /= 1024, u++;
+	snprintf(buf, 16, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+	return buf;
 }
 
 /* Job ids: 1..64 characters of [A-Za-z0-9._-]. */

@@ -14,12 +14,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common.h"
 #include "zeroclient.h"
 #include "zerod.pb-c.h"
 
 #define PLAN_ALIGN        16u /* elements (64 bytes) */
 #define PLAN_MAX_GROUPS   1024u
 #define PLAN_MAX_BUCKETS  65536u
+_Static_assert(ZEROD_QUEUE_MSGS >= 2 * PLAN_MAX_BUCKETS, "queues hold two iterations");
 #define PLAN_MAX_SEGMENTS (1u << 20)   /* over all buckets */
 #define PLAN_MAX_NUMEL    (1ull << 32) /* elements over all buckets */
 

@@ -134,7 +134,8 @@ static int claim_socket_path(const char *path)
 static int open_router(struct daemon *d)
 {
 	char endpoint[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
-	int one = 1, zero = 0, hwm = 100000;
+	int one = 1, zero = 0, hwm = ZEROD_QUEUE_MSGS;
+	mode_t old_mask;
 	int64_t maxmsg = ZEROD_MAX_MSG_BYTES;
 	int r;
 
@@ -154,14 +155,14 @@ static int open_router(struct daemon *d)
 	zmq_setsockopt(d->router, ZMQ_RCVHWM, &hwm, sizeof(hwm));
 	zmq_setsockopt(d->router, ZMQ_LINGER, &zero, sizeof(zero));
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", d->cfg.socket_path);
-	if (zmq_bind(d->router, endpoint) < 0) {
+	/* the socket file is born 0660 (zmq_bind creates it on this thread):
+	 * no moment with the umask's mode, and clients that see it may use it */
+	old_mask = umask(0117);
+	r = zmq_bind(d->router, endpoint);
+	umask(old_mask);
+	if (r < 0) {
 		r = -zmq_errno();
 		log_err("bind %s: %s", endpoint, zmq_strerror(-r));
-		return r;
-	}
-	if (chmod(d->cfg.socket_path, 0660) < 0) {
-		r = -errno;
-		log_err("chmod %s: %s", d->cfg.socket_path, strerror(-r));
 		return r;
 	}
 	return 0;
@@ -201,6 +202,10 @@ static void daemon_close(struct daemon *d)
 	session_free_all(d);
 	job_free_all(d); /* joins executors, unmaps buffers */
 	if (d->router) {
+		/* the jobs' last errors (ZC_ESHUTDOWN) may still be queued: give
+		 * them a moment to leave, then drop what a stuck peer never read */
+		int linger = 1000;
+		zmq_setsockopt(d->router, ZMQ_LINGER, &linger, sizeof(linger));
 		zmq_close(d->router);
 		unlink(d->cfg.socket_path);
 	}
@@ -218,8 +223,12 @@ static void daemon_close(struct daemon *d)
 int daemon_run(const struct daemon_config *cfg)
 {
 	struct daemon d = {.cfg = *cfg, .sigfd = -1, .timerfd = -1};
+	char size[16];
 	int r;
 
+	if (!d.cfg.max_memory)
+		d.cfg.max_memory =
+			(uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE) / 2;
 	d.coll = &coll_host_ops;
 	d.mem = &mem_shm_ops;
 	d.optim = &optim_cpu_ops;
@@ -254,9 +263,10 @@ int daemon_run(const struct daemon_config *cfg)
 	    (r = loop_add_fd(d.loop, d.timerfd, on_tick, &d)) < 0)
 		goto out;
 
-	log_notice("zerod %s: serving %s (backends: coll %s, mem %s, optim %s; %u workers)",
+	log_notice("zerod %s: serving %s (backends: coll %s, mem %s, optim %s; %u workers; "
+		   "%s for optimizer state)",
 		   ZEROD_VERSION_STRING, cfg->socket_path, d.coll->name, d.mem->name, d.optim->name,
-		   pool_threads(d.pool));
+		   pool_threads(d.pool), fmt_bytes(size, d.cfg.max_memory));
 	r = loop_run(d.loop);
 	log_notice("zerod: served %" PRIu64 " jobs: %" PRIu64 " iterations, %" PRIu64
 		   " buckets reduced, %" PRIu64 " errors sent",

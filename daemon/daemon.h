@@ -34,6 +34,7 @@ struct daemon_config {
 	unsigned max_jobs;
 	unsigned max_sessions; /* trainer connections at once */
 	int join_timeout_ms;   /* a job whose ranks connect but never register */
+	uint64_t max_memory;   /* bytes of optimizer state over all jobs; 0: half the RAM */
 	int log_level;
 };
 
@@ -84,7 +85,8 @@ struct job {
 	enum job_state state;
 	int err;
 	char errmsg[256];
-	bool quiet_end; /* ended between iterations by a rank leaving: not an error */
+	bool quiet_end;  /* ended between iterations by a rank leaving: not an error */
+	uint64_t memory; /* its share of d->memory_used */
 
 	struct session **ranks;     /* [world] */
 	struct plan **plans;        /* [world]: what each rank registered */
@@ -125,6 +127,7 @@ struct daemon {
 	struct ucred cur_peer;       /* its sender, from the socket (pid 0: unknown) */
 	struct job *jobs;
 	unsigned njobs;
+	uint64_t memory_used; /* optimizer state the jobs hold (of cfg.max_memory) */
 	bool stopping;
 	int64_t stop_deadline_ms;
 	const struct coll_ops *coll;

@@ -289,6 +289,18 @@ static int op_init(struct engine *e)
 	return op_bcast(e, 0, e->cfg.plan->nbuckets - 1);
 }
 
+/* The optimizer state and the reduction buffer: five arrays of the job's
+ * size. */
+static void free_state(struct engine *e)
+{
+	float **arrays[] = {&e->gsum, &e->master, &e->m, &e->v, &e->vmax};
+
+	for (size_t i = 0; i < ARRAY_SIZE(arrays); i++) {
+		free(*arrays[i]);
+		*arrays[i] = NULL;
+	}
+}
+
 static int op_run(struct engine *e, struct op *o)
 {
 	switch (o->kind) {
@@ -306,6 +318,7 @@ static int op_run(struct engine *e, struct op *o)
 	case ENGINE_BCAST:
 		return op_bcast(e, o->lo, o->hi);
 	case ENGINE_STOP:
+		free_state(e); /* here, not on the loop thread: it can take a while */
 		return 0;
 	}
 	return -EINVAL;
@@ -378,6 +391,11 @@ static void *engine_thread(void *arg)
 }
 
 /* ------------------------------------------------------------ life --- */
+
+uint64_t engine_memory(const struct plan *plan, const struct optim_ops *optim)
+{
+	return plan->total_numel * sizeof(float) * (2 + optim->state_floats(plan->optimizer));
+}
 
 int engine_new(const struct engine_config *cfg, struct engine **ret)
 {
@@ -503,11 +521,7 @@ void engine_free(struct engine *e)
 	e->cfg.coll->close(e->cg);
 	free(e->cfg.grads);
 	free(e->cfg.params);
-	free(e->gsum);
-	free(e->master);
-	free(e->m);
-	free(e->v);
-	free(e->vmax);
+	free_state(e); /* already done if ENGINE_STOP ran */
 	free(e->pieces);
 	free(e->chunks);
 	free(e->bucket_piece);

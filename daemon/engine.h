@@ -58,6 +58,11 @@ struct engine_config {
 	struct completion_queue *cq;
 };
 
+/* Bytes of state engine_new() allocates for plan: the reduction buffer,
+ * fp32 master weights and the optimizer's moments, one float each per
+ * element. */
+uint64_t engine_memory(const struct plan *plan, const struct optim_ops *optim);
+
 /* Allocate the state and start the executor thread (loop thread; large
  * arrays are calloc'd, so pages are only touched by the executor). */
 int engine_new(const struct engine_config *cfg, struct engine **ret);

@@ -71,6 +71,7 @@ static void job_free(struct job *j)
 			break;
 		}
 	d->njobs--;
+	d->memory_used -= j->memory;
 	if (j->eng) {
 		engine_stats(j->eng, &es);
 		engine_free(j->eng);
@@ -246,6 +247,22 @@ static void job_start(struct job *j)
 	}
 	j->plan = j->plans[0];
 	j->plans[0] = NULL;
+	j->memory = engine_memory(j->plan, d->optim);
+	if (j->memory > d->cfg.max_memory - d->memory_used) {
+		char need[16], left[16], max[16];
+
+		free(grads);
+		free(params);
+		job_fail(j, ZC_ELIMIT, true,
+			 "the job needs %s of optimizer state, zerod has %s of its --max-memory %s "
+			 "left",
+			 fmt_bytes(need, j->memory),
+			 fmt_bytes(left, d->cfg.max_memory - d->memory_used),
+			 fmt_bytes(max, d->cfg.max_memory));
+		j->memory = 0;
+		return;
+	}
+	d->memory_used += j->memory;
 	r = shard_assign(j->plan, j->world, &j->shard);
 	if (r < 0)
 		goto out;

@@ -18,6 +18,8 @@ static void usage(FILE *f)
 		   "                           (300000)\n"
 		   "      --max-jobs N         jobs served at once (64)\n"
 		   "      --max-sessions N     trainer connections at once (1024)\n"
+		   "      --max-memory SIZE    optimizer state of all jobs together, in bytes\n"
+		   "                           or with K, M, G, T (default: half the RAM)\n"
 		   "  -v, --verbose            debug logging\n"
 		   "  -q, --quiet              warnings and errors only\n"
 		   "      --version\n");
@@ -34,6 +36,29 @@ static int parse_int(const char *s, int min, int *ret)
 	return 0;
 }
 
+/* "123", "64K", "1.5G" (binary units) -> bytes > 0. */
+static int parse_size(const char *s, uint64_t *ret)
+{
+	static const char units[] = "KMGT";
+	const char *u;
+	char *end;
+	double v = strtod(s, &end);
+
+	if (end == s || !(v > 0))
+		return -1;
+	if (*end) {
+		u = strchr(units, *end);
+		if (!u || end[1])
+			return -1;
+		for (long i = 0; i <= u - units; i++)
+			v *= 1024;
+	}
+	if (v >= 18e18)
+		return -1;
+	*ret = (uint64_t)v;
+	return *ret ? 0 : -1;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -42,6 +67,7 @@ int main(int argc, char **argv)
 		{"workers", required_argument, NULL, 'w'},
 		{"max-jobs", required_argument, NULL, 'J'},
 		{"max-sessions", required_argument, NULL, 'S'},
+		{"max-memory", required_argument, NULL, 'M'},
 		{"join-timeout", required_argument, NULL, 'j'},
 		{"verbose", no_argument, NULL, 'v'},
 		{"quiet", no_argument, NULL, 'q'},
@@ -86,6 +112,10 @@ int main(int argc, char **argv)
 			break;
 		case 'j':
 			if (parse_int(optarg, 1, &cfg.join_timeout_ms) < 0)
+				goto bad;
+			break;
+		case 'M':
+			if (parse_size(optarg, &cfg.max_memory) < 0)
 				goto bad;
 			break;
 		case 'v':

@@ -172,7 +172,9 @@ void session_drop(struct session *s, enum leave_reason why)
 		loop_remove_fd(d->loop, s->pidfd);
 		close(s->pidfd);
 	}
-	if (s->job && why == LEAVE_EXITED)
+	/* a trainer that dies before its buffers were mapped leaves their names */
+	if (s->job && why == LEAVE_EXITED && s->job->ranks[s->rank] == s &&
+	    !s->job->grad_map[s->rank])
 		d->mem->reclaim(s->job->id, s->rank, s->own_pid, s->uid);
 	if (s->job)
 		job_leave(s->job, s, why);

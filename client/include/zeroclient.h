@@ -74,12 +74,15 @@ enum zc_error {
 #undef ZC__ERROR_ENUM
 };
 
-/* Text for any code returned by this API (ZC_E... or -errno). Never NULL;
- * returns a static string. Thread-safe, non-blocking. */
+/* Text for any code returned by this API (ZC_E... or -errno). Never NULL.
+ * Ownership: a static string; do not free it.
+ * Threads: any thread.  Blocking: no. */
 const char *zc_strerror(int code);
 
-/* Symbolic name ("ZC_EORDER", "ENOENT", ...) for a code; static string,
- * "ZC_EUNKNOWN" for an unknown code. Thread-safe, non-blocking. */
+/* Symbolic name ("ZC_EORDER", "ENOENT", ...) for a code; "ZC_EUNKNOWN" for
+ * an unknown code.
+ * Ownership: a static string; do not free it.
+ * Threads: any thread.  Blocking: no. */
 const char *zc_strerror_name(int code);
 
 /* ---------------------------------------------------------------- plan --- */
@@ -157,15 +160,16 @@ typedef struct zc_future zc_future;
 
 /* Connection settings. Zero-initialise (ZC_CONFIG_INIT) and fill in. */
 struct zc_config {
-	const char *socket;     /* daemon socket path; NULL: $ZEROD_SOCKET, else
-				   $XDG_RUNTIME_DIR/zerod/zerod.sock, else /run/zerod/zerod.sock */
-	const char *job_id;     /* 1..64 chars of [A-Za-z0-9._-] */
-	uint32_t rank;          /* group rank of this trainer, < world_size */
-	uint32_t world_size;    /* ranks in the job */
-	uint32_t local_rank;    /* rank on this node, < local_size */
-	uint32_t local_size;    /* ranks of the job on this node */
-	int connect_timeout_ms; /* zc_connect and zc_register_plan; 0: 30000 */
-	char *error_text;       /* optional: zc_connect copies the reason of a failure here */
+	const char *socket;      /* daemon socket path; NULL: $ZEROD_SOCKET, else
+				    $XDG_RUNTIME_DIR/zerod/zerod.sock, else /run/zerod/zerod.sock */
+	const char *job_id;      /* 1..64 chars of [A-Za-z0-9._-] */
+	uint32_t rank;           /* group rank of this trainer, < world_size */
+	uint32_t world_size;     /* ranks in the job */
+	uint32_t local_rank;     /* rank on this node, < local_size */
+	uint32_t local_size;     /* ranks of the job on this node */
+	int connect_timeout_ms;  /* zc_connect: the daemon's answer; 0: 30000 */
+	int register_timeout_ms; /* zc_register_plan: every rank's plan; 0: connect's */
+	char *error_text;        /* optional: zc_connect copies the reason of a failure here */
 	size_t error_text_len;
 };
 
@@ -228,7 +232,7 @@ float *zc_param_buffer(zc_client *c, uint32_t bucket);
  * reason in zc_error_message().
  * Ownership: nothing changes hands.
  * Threads:   any thread; other calls on c may run while it waits.
- * Blocking:  up to connect_timeout_ms.
+ * Blocking:  up to register_timeout_ms.
  */
 int zc_register_plan(zc_client *c);
 
@@ -237,12 +241,18 @@ int zc_register_plan(zc_client *c);
 /*
  * Hand bucket b of the current iteration to the daemon. Buckets go in order
  * 0, 1, 2, ... each iteration; after the last one the client moves on to the
- * next iteration. The daemon reports a bad bucket through the future
- * (ZC_EORDER, ZC_EDUPBUCKET, ZC_EBUCKET, ZC_EEARLY) and ignores it otherwise.
+ * next iteration, whose bucket 0 waits until this iteration's step future
+ * completed. A bucket out of order is refused here, with nothing sent and
+ * nothing changed: ZC_EORDER (one is skipped), ZC_EDUPBUCKET (already handed
+ * over), ZC_EBUCKET (no such bucket), ZC_EEARLY (the step of the previous
+ * iteration is still running); zc_error_message() says which. Should the
+ * daemon refuse a bucket the client let through, client and daemon disagree
+ * on the iteration, and every future fails with the daemon's code.
  * Ownership: *ret_future (NULL if not wanted) belongs to the caller, freed
  *            with zc_future_free(); it completes when bucket b is averaged
  *            over all ranks (BucketDone).
- * Threads:   any thread.  Blocking: no (one message).
+ * Threads:   any thread.  Blocking: no (one message; the queue holds two
+ *            iterations of the largest plan).
  */
 int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future);
 
@@ -250,7 +260,8 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future);
  * Future of iteration's step: completes when every parameter update of that
  * iteration has landed in every local rank's parameter buffer (StepDone). It
  * may be asked for before, during or after the iteration; one for an
- * iteration already complete is already done.
+ * iteration already complete is already done. An iteration after
+ * zc_iteration() has not begun: ZC_ESTATE.
  * Ownership: *ret_future belongs to the caller (zc_future_free()).
  * Threads:   any thread.  Blocking: no.
  */
@@ -259,7 +270,8 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future);
 /*
  * Iteration the next zc_bucket_ready() belongs to: 0 first, moving on after
  * the last bucket of an iteration is handed over.
- * Threads: any thread.  Blocking: no.
+ * Ownership: nothing changes hands.
+ * Threads:   any thread.  Blocking: no.
  */
 uint64_t zc_iteration(zc_client *c);
 
@@ -286,7 +298,8 @@ const char *zc_error_message(zc_client *c);
  * First error the daemon reported to this client that no future carried (0
  * if none): a refused zc_set_hyper(), a bad bucket handed over without a
  * future, or the job's failure.
- * Threads: any thread.  Blocking: no (processes messages that arrived).
+ * Ownership: nothing changes hands (the text is zc_error_message()'s).
+ * Threads:   any thread.  Blocking: no (processes messages that arrived).
  */
 int zc_last_error(zc_client *c);
 
@@ -295,15 +308,17 @@ int zc_last_error(zc_client *c);
 /*
  * Poll: 1 done, 0 pending, < 0 failed with that code (the daemon's reason in
  * zc_future_message()).
- * Threads: any thread.  Blocking: no (processes messages that arrived).
+ * Ownership: f stays the caller's.
+ * Threads:   any thread.  Blocking: no (processes messages that arrived).
  */
 int zc_future_poll(zc_future *f);
 
 /*
  * Wait up to timeout_ms (< 0: without limit) for f: 1 done, 0 still pending
  * when the time ran out, < 0 failed with that code.
- * Threads:  any thread; c's lock is not held while sleeping.
- * Blocking: up to timeout_ms.
+ * Ownership: f stays the caller's.
+ * Threads:   any thread; c's lock is not held while sleeping.
+ * Blocking:  up to timeout_ms.
  */
 int zc_future_wait(zc_future *f, int timeout_ms);
 
@@ -335,7 +350,8 @@ int zc_fd(zc_client *c);
 /*
  * Process every message that has arrived: completes futures. Returns how many
  * were processed (>= 0) or a negative code.
- * Threads: any thread.  Blocking: no.
+ * Ownership: nothing changes hands.
+ * Threads:   any thread.  Blocking: no.
  */
 int zc_dispatch(zc_client *c);
 

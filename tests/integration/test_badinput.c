@@ -796,7 +796,28 @@ static void t_size(void)
 	run_children(c_size, NULL, 1, NULL, 10000);
 }
 
-/* 6. bucket 1 before bucket 0 */
+/* zc_bucket_ready() refused with `want` and a message holding needle; no
+ * future was handed out and the client's iteration did not move. */
+static void expect_refused(zc_client *c, uint32_t bucket, int want, const char *needle)
+{
+	zc_future *f = NULL;
+	uint64_t it = zc_iteration(c);
+	int r = zc_bucket_ready(c, bucket, &f);
+
+	printf("# zc_bucket_ready(%u) -> %s: %s\n", bucket, zc_strerror_name(r),
+	       zc_error_message(c));
+	EXPECT(r == want, "zc_bucket_ready(%u): %s, want %s", bucket, zc_strerror_name(r),
+	       zc_strerror_name(want));
+	EXPECT(contains(zc_error_message(c), needle), "message \"%s\" lacks \"%s\"",
+	       zc_error_message(c), needle);
+	EXPECT(f == NULL, "a refused bucket handed out a future");
+	EXPECT(zc_iteration(c) == it, "a refused bucket moved the client from iteration %lu to %lu",
+	       (unsigned long)it, (unsigned long)zc_iteration(c));
+	zc_future_free(f);
+}
+
+/* 6. bucket 1 before bucket 0, and the last bucket first: refused by the
+ * client (which keeps the daemon's rules), and the iteration goes through. */
 static int c_order(void *arg, int idx)
 {
 	zc_client *c = join("order", 0, 1, 3);
@@ -806,14 +827,13 @@ static int c_order(void *arg, int idx)
 	(void)arg, (void)idx;
 	if (!c)
 		return 1;
-	r = zc_bucket_ready(c, 1, &f);
-	EXPECT(r == 0, "zc_bucket_ready(1): %s", zc_strerror_name(r));
-	if (r == 0)
-		expect_future(f, ZC_EORDER, "bucket 0 comes first", "bucket 1 first");
-	zc_future_free(f);
-	EXPECT(zc_iteration(c) == 0, "iteration %lu", (unsigned long)zc_iteration(c));
-	/* a rejected bucket changed nothing: the iteration goes through */
+	expect_refused(c, 1, ZC_EORDER, "bucket 0 comes first");
+	expect_refused(c, 2, ZC_EORDER, "bucket 0 comes first");
+	r = zc_step_future(c, 5, &f);
+	EXPECT(r == ZC_ESTATE && f == NULL, "a step future of iteration 5 at 0: %s",
+	       zc_strerror_name(r));
 	finish_iteration(c, 0, 3, 0, "iteration 0 after EORDER");
+	finish_iteration(c, 0, 3, 1, "iteration 1");
 	zc_close(c);
 	return child_bad;
 }
@@ -823,58 +843,72 @@ static void t_order(void)
 	run_children(c_order, NULL, 1, NULL, 15000);
 }
 
-/* 6b. the same, without waiting for the rejection: zeroclient.h promises the
- * ordering error on the future of the call that was wrong, so the rejected
- * bucket 1 must fail with ZC_EORDER and the later, valid bucket 1 complete. */
-static int c_order_nowait(void *arg, int idx)
+/* 6b. the daemon keeps the same rules for whoever speaks the protocol
+ * without libzeroclient: every bad BucketReady gets its named error, and
+ * the iteration then completes. */
+static void raw_bucket(struct raw *r, uint64_t it, uint32_t bucket)
 {
-	zc_client *c = join("order-nowait", 0, 1, 3);
-	zc_future *bad = NULL, *good[3] = {0}, *step = NULL;
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
+
+	br.iteration = it;
+	br.bucket = bucket;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
+	env.bucket_ready = &br;
+	raw_send(r, &env);
+}
+
+static int c_order_raw(void *arg, int idx)
+{
+	struct raw_reg g;
+	struct raw r = {0};
 
 	(void)arg, (void)idx;
-	if (!c)
+	if (raw_reg_init(&g, "order-raw") < 0 || raw_open(&r) < 0)
 		return 1;
-	EXPECT(zc_bucket_ready(c, 1, &bad) == 0, "zc_bucket_ready(1)");
-	for (uint32_t b = 0; b < 3; b++)
-		EXPECT(zc_bucket_ready(c, b, &good[b]) == 0, "zc_bucket_ready(%u)", b);
-	EXPECT(zc_step_future(c, 0, &step) == 0, "zc_step_future");
-	expect_future(step, 1, NULL, "step 0");
-	expect_future(bad, ZC_EORDER, "bucket 0 comes first", "the rejected bucket 1");
-	for (uint32_t b = 0; b < 3; b++) {
-		char what[64];
-		snprintf(what, sizeof(what), "the accepted bucket %u", b);
-		expect_future(good[b], 1, NULL, what);
-		zc_future_free(good[b]);
-	}
-	zc_future_free(bad);
-	zc_future_free(step);
-	zc_close(c);
+	raw_hello(&r, "order-raw");
+	raw_send(&r, &g.env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
+	raw_bucket(&r, 0, 1);
+	raw_expect_error(&r, ZC_EORDER, "bucket 0 comes first", "raw bucket 1 first");
+	raw_bucket(&r, 0, 0);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "raw bucket 0");
+	raw_bucket(&r, 0, 0);
+	raw_expect_error(&r, ZC_EDUPBUCKET, "twice", "raw bucket 0 again");
+	raw_bucket(&r, 0, 7);
+	raw_expect_error(&r, ZC_EBUCKET, "bucket 7 does not exist", "raw bucket 7");
+	raw_bucket(&r, 3, 0);
+	raw_expect_error(&r, ZC_EEARLY, "still in flight", "raw bucket 0 of iteration 3");
+	raw_bucket(&r, 0, 1);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "raw bucket 1");
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STEP_DONE, "raw step 0");
+	raw_bucket(&r, 0, 0);
+	raw_expect_error(&r, ZC_EDUPBUCKET, "already complete", "raw bucket of iteration 0 again");
+	raw_goodbye(&r);
+	raw_reg_free(&g);
+	raw_close(&r);
 	return child_bad;
 }
 
-static void t_order_nowait(void)
+static void t_order_raw(void)
 {
-	run_children(c_order_nowait, NULL, 1, NULL, 30000);
+	run_children(c_order_raw, NULL, 1, NULL, 15000);
 }
 
 /* 7. the same bucket twice, and bucket 7 of a 3-bucket plan */
 static int c_dupbucket(void *arg, int idx)
 {
 	zc_client *c = join("dupbucket", 0, 1, 3);
-	zc_future *f0 = NULL, *fd = NULL, *f7 = NULL;
+	zc_future *f0 = NULL;
 
 	(void)arg, (void)idx;
 	if (!c)
 		return 1;
 	EXPECT(zc_bucket_ready(c, 0, &f0) == 0, "zc_bucket_ready(0)");
 	expect_future(f0, 1, NULL, "bucket 0 (world 1: reduced at once)");
-	EXPECT(zc_bucket_ready(c, 0, &fd) == 0, "zc_bucket_ready(0) again");
-	expect_future(fd, ZC_EDUPBUCKET, "bucket 0 twice", "bucket 0 again");
-	EXPECT(zc_bucket_ready(c, 7, &f7) == 0, "zc_bucket_ready(7)");
-	expect_future(f7, ZC_EBUCKET, "bucket 7 does not exist", "bucket 7");
+	expect_refused(c, 0, ZC_EDUPBUCKET, "bucket 0 twice");
+	expect_refused(c, 7, ZC_EBUCKET, "bucket 7 does not exist");
 	zc_future_free(f0);
-	zc_future_free(fd);
-	zc_future_free(f7);
 	finish_iteration(c, 1, 3, 0, "iteration 0 after EDUPBUCKET/EBUCKET");
 	zc_close(c);
 	return child_bad;
@@ -891,7 +925,7 @@ static int early_pipe[2];
 static int c_early(void *arg, int idx)
 {
 	zc_client *c = join("early", (uint32_t)idx, 2, 3);
-	zc_future *bf[3] = {0}, *step = NULL, *fe = NULL;
+	zc_future *bf[3] = {0}, *step = NULL;
 
 	(void)arg;
 	if (!c) {
@@ -909,8 +943,7 @@ static int c_early(void *arg, int idx)
 		EXPECT(zc_bucket_ready(c, b, &bf[b]) == 0, "zc_bucket_ready(%u)", b);
 	EXPECT(zc_step_future(c, 0, &step) == 0, "zc_step_future");
 	EXPECT(zc_iteration(c) == 1, "client at iteration %lu", (unsigned long)zc_iteration(c));
-	EXPECT(zc_bucket_ready(c, 0, &fe) == 0, "zc_bucket_ready(0) of iteration 1");
-	expect_future(fe, ZC_EEARLY, "still in flight", "bucket 0 of iteration 1");
+	expect_refused(c, 0, ZC_EEARLY, "still in flight");
 	EXPECT(zc_future_poll(step) == 0, "step 0 settled (%d) before rank 1 sent anything",
 	       zc_future_poll(step));
 	signal_pipe(early_pipe[1]);
@@ -919,7 +952,6 @@ static int c_early(void *arg, int idx)
 		EXPECT(zc_future_poll(bf[b]) == 1, "bucket %u future %d", b, zc_future_poll(bf[b]));
 		zc_future_free(bf[b]);
 	}
-	zc_future_free(fe);
 	zc_future_free(step);
 	zc_close(c);
 	return child_bad;
@@ -1198,7 +1230,7 @@ static const struct test_case cases[] = {
 	{"another_users_buffer_EMAP", t_foreign},
 	{"idle_job_join_timeout_ETIMEDOUT", t_idle},
 	{"bucket_out_of_order_EORDER", t_order},
-	{"bucket_out_of_order_no_wait_EORDER", t_order_nowait},
+	{"bucket_rules_kept_by_the_daemon_too", t_order_raw},
 	{"duplicate_and_unknown_bucket", t_dupbucket},
 	{"early_bucket_EEARLY", t_early},
 	{"duplicate_rank_EDUPRANK", t_duprank},

@@ -59,19 +59,24 @@ static int fd_rank(void *arg, int rank)
 {
 	zc_client *c = join(arg, (uint32_t)rank, 2);
 	zc_future *b0 = NULL, *b1 = NULL, *step = NULL;
-	int64_t deadline;
+	int rounds = 0;
 
 	if (!c)
 		return 1;
 	if (zc_bucket_ready(c, 0, &b0) < 0 || zc_bucket_ready(c, 1, &b1) < 0 ||
 	    zc_step_future(c, 0, &step) < 0)
 		FAIL("rank %d: submit failed", rank);
-	deadline = test_ms() + 10000;
-	while (zc_future_poll(step) == 0 && test_ms() < deadline) {
+	/* Only the fd moves this loop on: it must become readable whenever
+	 * messages wait, or poll() times out and the test fails. */
+	while (zc_future_poll(step) == 0) {
 		struct pollfd p = {.fd = zc_fd(c), .events = POLLIN};
-		poll(&p, 1, 1000);
+		if (poll(&p, 1, 10000) != 1)
+			FAIL("rank %d: zc_fd not readable within 10 s while the step is pending",
+			     rank);
 		if (zc_dispatch(c) < 0)
 			FAIL("zc_dispatch failed");
+		if (++rounds > 100000)
+			FAIL("rank %d: zc_fd stays readable with nothing to dispatch", rank);
 	}
 	if (zc_future_poll(step) != 1)
 		FAIL("rank %d: step future %d through the fd loop", rank, zc_future_poll(step));
@@ -338,6 +343,136 @@ static void t_session_limit(void)
 	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
 }
 
+/* A plan of 4096 buckets handed over without waiting: the queue between
+ * client and daemon holds a whole iteration (and two of the largest plan),
+ * so no zc_bucket_ready() fails with EAGAIN, and the steps land. */
+#define MANY 4096
+
+static int many_rank(void *arg, int idx)
+{
+	static struct zc_segment msegs[MANY][1];
+	static struct zc_bucket mb[MANY];
+	struct zc_param_group g = {.lr = 0.5};
+	struct zc_plan mp = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &g, MANY, mb};
+	struct zc_config cfg = test_config(&daemon_, arg, 0, 1);
+	zc_client *c = NULL;
+	int r;
+
+	(void)idx;
+	for (uint32_t b = 0; b < MANY; b++) {
+		msegs[b][0] = (struct zc_segment){0, 2, 0};
+		mb[b] = (struct zc_bucket){2, 1, msegs[b]};
+	}
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &mp)) < 0 ||
+	    (r = zc_register_plan(c)) < 0)
+		FAIL("join: %s %s", zc_strerror_name(r), c ? zc_error_message(c) : "");
+	for (int it = 0; it < 2; it++) {
+		zc_future *step = NULL;
+		for (uint32_t b = 0; b < MANY; b++) {
+			zc_grad_buffer(c, b)[0] = zc_grad_buffer(c, b)[1] = 1.0f;
+			if ((r = zc_bucket_ready(c, b, NULL)) < 0)
+				FAIL("iteration %d bucket %u: %s", it, b, zc_strerror_name(r));
+		}
+		if (zc_step_future(c, (uint64_t)it, &step) < 0 || zc_future_wait(step, 20000) != 1)
+			FAIL("iteration %d: step %s", it, zc_future_message(step));
+		zc_future_free(step);
+	}
+	for (uint32_t b = 0; b < MANY; b++)
+		if (zc_param_buffer(c, b)[1] != -1.0f)
+			FAIL("bucket %u: %g after 2 steps of lr 0.5, want -1", b,
+			     zc_param_buffer(c, b)[1]);
+	if ((r = zc_last_error(c)) != 0)
+		FAIL("last error %s: %s", zc_strerror_name(r), zc_error_message(c));
+	zc_close(c);
+	return 0;
+}
+
+static void t_many_buckets(void)
+{
+	CHECK(wait_child(spawn(many_rank, "many", 0), 60000) == 0,
+	      "4096 buckets handed over at once did not train");
+}
+
+/* register_timeout_ms bounds zc_register_plan() when a rank never comes. */
+static int register_timeout_rank(void *arg, int idx)
+{
+	struct zc_config cfg = test_config(&daemon_, arg, 0, 2);
+	zc_client *c = NULL;
+	int64_t t0, el;
+	int r;
+
+	(void)idx;
+	cfg.register_timeout_ms = 300;
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &plan)) < 0)
+		FAIL("connect: %s", zc_strerror_name(r));
+	t0 = test_ms();
+	r = zc_register_plan(c);
+	el = test_ms() - t0;
+	printf("# register without rank 1 -> %s after %ld ms: %s\n", zc_strerror_name(r), (long)el,
+	       zc_error_message(c));
+	if (r != ZC_ETIMEDOUT)
+		FAIL("register without rank 1: %s, want ZC_ETIMEDOUT", zc_strerror_name(r));
+	if (el < 250)
+		FAIL("register gave up after %ld ms, before its 300 ms", (long)el);
+	zc_close(c);
+	return 0;
+}
+
+static void t_register_timeout(void)
+{
+	CHECK(wait_child(spawn(register_timeout_rank, "regtimeout", 0), 20000) == 0,
+	      "register_timeout_ms not kept");
+}
+
+/* --max-memory bounds the optimizer state of all jobs together: a job that
+ * would not fit fails with ZC_ELIMIT, and the job already there trains on. */
+static int memory_checks(void *arg, int idx)
+{
+	static struct zc_segment bseg = {0, 4096, 0};
+	static struct zc_bucket bb = {4096, 1, &bseg};
+	struct zc_param_group ag = ZC_PARAM_GROUP_INIT;
+	struct zc_plan big = {ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 1, &ag, 1, &bb};
+	struct zc_config cfg = test_config(&small, "fits", 0, 1);
+	zc_client *a = NULL, *b = NULL;
+	zc_future *step = NULL;
+	int r;
+
+	(void)arg, (void)idx;
+	/* plan: 164 elements of SGD with momentum, 3 floats each: 1968 bytes */
+	if ((r = zc_connect(&cfg, &a)) < 0 || (r = zc_alloc_buffers(a, &plan)) < 0 ||
+	    (r = zc_register_plan(a)) < 0)
+		FAIL("a job of 1968 bytes under --max-memory 8K: %s %s", zc_strerror_name(r),
+		     a ? zc_error_message(a) : "");
+	/* 4096 elements of Adam (moments and amsgrad's max, 5 floats each): 80 KiB */
+	cfg = test_config(&small, "too-big", 0, 1);
+	if ((r = zc_connect(&cfg, &b)) < 0 || (r = zc_alloc_buffers(b, &big)) < 0)
+		FAIL("too-big: %s", zc_strerror_name(r));
+	r = zc_register_plan(b);
+	printf("# a job of 80 KiB -> %s: %s\n", zc_strerror_name(r), zc_error_message(b));
+	if (r != ZC_ELIMIT || !strstr(zc_error_message(b), "--max-memory"))
+		FAIL("a job of 80 KiB under --max-memory 8K: %s, want ZC_ELIMIT",
+		     zc_strerror_name(r));
+	zc_close(b);
+	for (uint32_t k = 0; k < 2; k++)
+		if (zc_bucket_ready(a, k, NULL) < 0)
+			FAIL("bucket %u of the job that fits", k);
+	if (zc_step_future(a, 0, &step) < 0 || zc_future_wait(step, 10000) != 1)
+		FAIL("the job that fits did not step: %s", zc_future_message(step));
+	zc_future_free(step);
+	zc_close(a);
+	return 0;
+}
+
+static void t_memory_limit(void)
+{
+	static const char *const extra[] = {"--max-memory", "8K", NULL};
+
+	REQUIRE(zd_start(&small, extra) == 0, "zerod --max-memory 8K");
+	CHECK(zd_log_has(&small, "8.0 KiB for optimizer state"), "the budget is not logged");
+	CHECK(wait_child(spawn(memory_checks, NULL, 0), 20000) == 0, "memory limit not kept");
+	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
+}
+
 static void t_daemon_stops_cleanly(void)
 {
 	CHECK(zd_stop(&daemon_, 10000) == 0, "zerod did not exit 0");
@@ -350,6 +485,9 @@ static const struct test_case cases[] = {
 	{"lr_change_midway_applies_next_iteration", t_hyper_midway},
 	{"daemon_killed_fails_waiters", t_daemon_killed},
 	{"session_limit", t_session_limit},
+	{"many_buckets_at_once", t_many_buckets},
+	{"memory_limit_ELIMIT", t_memory_limit},
+	{"register_timeout", t_register_timeout},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 

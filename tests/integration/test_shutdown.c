@@ -121,10 +121,12 @@ static void t_second_daemon_refused(void)
 
 /* ---- SIGTERM in the middle of an iteration ---- */
 
-static int ready_pipe[2];
+static int ready_pipe[2], gone_pipe[2];
 
-/* rank 0 sends its buckets and waits for the step; rank 1 registers and
- * waits without sending anything. Both must see ZC_ESHUTDOWN. */
+/* rank 0 sends its buckets and waits for the step; rank 1 registers, sends
+ * nothing, and is busy elsewhere until zerod has exited: only then does it
+ * look. Both must see ZC_ESHUTDOWN, which arrived before the connection
+ * was lost (not ZC_ECONNECT). */
 static int c_shut(void *arg, int idx)
 {
 	struct zc_config cfg = test_config(&daemon_, shut_job, (uint32_t)idx, 2);
@@ -157,6 +159,8 @@ static int c_shut(void *arg, int idx)
 			EXPECT(zc_bucket_ready(c, k, NULL) == 0, "zc_bucket_ready(%u)", k);
 	EXPECT(zc_step_future(c, 0, &step) == 0, "zc_step_future");
 	(void)!write(ready_pipe[1], "x", 1);
+	if (idx == 1)
+		EXPECT(wait_pipe(gone_pipe[0], 20000), "rank 1 never heard that zerod exited");
 	r = zc_future_wait(step, 15000);
 	printf("# rank %d step 0 -> %s: %s\n", idx, r == 1 ? "done" : zc_strerror_name(r),
 	       zc_future_message(step));
@@ -180,7 +184,7 @@ static void t_sigterm_mid_iteration(void)
 	int st, ready = 0;
 
 	REQUIRE(zd_alive(&daemon_), "zerod is not running");
-	REQUIRE(pipe(ready_pipe) == 0, "pipe");
+	REQUIRE(pipe(ready_pipe) == 0 && pipe(gone_pipe) == 0, "pipe");
 	snprintf(prefix, sizeof(prefix), "zerod.%s.", shut_job);
 	for (int r = 0; r < 2; r++)
 		pids[r] = spawn(c_shut, NULL, r);
@@ -198,6 +202,7 @@ static void t_sigterm_mid_iteration(void)
 	unsetenv("ZEROD_TEST_KEEP");
 	CHECK(st == 0, "zerod exited with %d after SIGTERM", st);
 	CHECK(access(sock, F_OK) < 0 && errno == ENOENT, "socket file %s is still there", sock);
+	signal_pipe(gone_pipe[1]);
 
 	for (int r = 0; r < 2; r++) {
 		int cs = wait_child(pids[r], 20000);
@@ -206,8 +211,8 @@ static void t_sigterm_mid_iteration(void)
 	CHECK(shm_count(prefix, true) == 0, "shared memory of job %s left in /dev/shm", shut_job);
 	if (test_failed_)
 		zd_dump_log(&daemon_);
-	close(ready_pipe[0]);
-	close(ready_pipe[1]);
+	for (int i = 0; i < 2; i++)
+		close(ready_pipe[i]), close(gone_pipe[i]);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	if (!getenv("ZEROD_TEST_KEEP"))
 		(void)!system(cmd);
