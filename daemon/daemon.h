@@ -60,7 +60,12 @@ struct session {
 	uid_t uid;     /* from the socket; (uid_t)-1 if unknown */
 	int pidfd;
 	int send_failed; /* a send to it failed: dropped by session_reap() */
+	/* errors sent to it are logged at most SESSION_LOG_BURST a second */
+	int64_t log_window;
+	unsigned log_count, log_dropped;
 };
+
+#define SESSION_LOG_BURST 20
 
 enum job_state {
 	JOB_JOINING,  /* ranks connect and register the plan */

@@ -78,6 +78,33 @@ static void reply_error(struct daemon *d, const void *route, size_t len, int cod
 	(void)wire_send_error(d->router, route, len, d->cur_request, code, true, -1, -1, msg);
 }
 
+static void log_dropped(struct session *s)
+{
+	if (s->log_dropped)
+		log_info("job %s rank %u: %u more errors sent to it were not logged",
+			 s->job ? s->job->id : "-", s->rank, s->log_dropped);
+	s->log_dropped = 0;
+}
+
+/* A trainer that sends bad messages in a loop must not flood the log (and
+ * stall the loop thread on a slow journal): SESSION_LOG_BURST a second. */
+static bool log_allowed(struct session *s)
+{
+	int64_t now = now_ms();
+
+	if (now - s->log_window >= 1000) {
+		log_dropped(s);
+		s->log_window = now;
+		s->log_count = 0;
+	}
+	if (s->log_count < SESSION_LOG_BURST) {
+		s->log_count++;
+		return true;
+	}
+	s->log_dropped++;
+	return false;
+}
+
 void session_send_error(struct session *s, int code, bool fatal, int64_t iteration, int64_t bucket,
 			const char *fmt, ...)
 {
@@ -89,8 +116,9 @@ void session_send_error(struct session *s, int code, bool fatal, int64_t iterati
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	s->d->stats.errors_sent++;
-	log_info("job %s rank %u: %s: %s", s->job ? s->job->id : "-", s->rank,
-		 zc_strerror_name(code), msg);
+	if (log_allowed(s))
+		log_info("job %s rank %u: %s: %s", s->job ? s->job->id : "-", s->rank,
+			 zc_strerror_name(code), msg);
 	/* only the sender of the message being handled gets its request id */
 	r = wire_send_error(s->d->router, s->route, s->route_len,
 			    s == s->d->cur_session ? s->d->cur_request : 0, code, fatal, iteration,
@@ -172,6 +200,7 @@ void session_drop(struct session *s, enum leave_reason why)
 		loop_remove_fd(d->loop, s->pidfd);
 		close(s->pidfd);
 	}
+	log_dropped(s);
 	/* a trainer that dies before its buffers were mapped leaves their names */
 	if (s->job && why == LEAVE_EXITED && s->job->ranks[s->rank] == s &&
 	    !s->job->grad_map[s->rank])

@@ -862,6 +862,7 @@ static int c_order_raw(void *arg, int idx)
 {
 	struct raw_reg g;
 	struct raw r = {0};
+	int answered = 0;
 
 	(void)arg, (void)idx;
 	if (raw_reg_init(&g, "order-raw") < 0 || raw_open(&r) < 0)
@@ -884,7 +885,23 @@ static int c_order_raw(void *arg, int idx)
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STEP_DONE, "raw step 0");
 	raw_bucket(&r, 0, 0);
 	raw_expect_error(&r, ZC_EDUPBUCKET, "already complete", "raw bucket of iteration 0 again");
+	/* a flood of bad buckets: every one is answered, the log keeps a few */
+	for (int i = 0; i < 100; i++)
+		raw_bucket(&r, 1, 9);
+	for (int i = 0; i < 100; i++) {
+		Zerod__V1__Envelope *env = raw_recv(&r, "a flood of bad buckets");
+		if (!env)
+			break;
+		answered += env->body_case == ZEROD__V1__ENVELOPE__BODY_ERROR &&
+			    -(int)env->error->code == ZC_EBUCKET;
+		wire_free(env);
+	}
+	EXPECT(answered == 100, "%d of 100 bad buckets answered with ZC_EBUCKET", answered);
 	raw_goodbye(&r);
+	for (int i = 0; i < 300 && !zd_log_has(&daemon_, "were not logged"); i++)
+		usleep(10000);
+	EXPECT(zd_log_has(&daemon_, "were not logged"),
+	       "the log does not say errors were left out");
 	raw_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
