@@ -362,9 +362,9 @@ static void t_bg_start(void)
 		REQUIRE(bg_pids[r] > 0, "fork: %s", strerror(errno));
 	}
 	/* let it connect and get going before the bad cases start */
-	for (int i = 0; i < 500 && !zd_log_has(&daemon_, "job bg: active"); i++)
+	for (int i = 0; i < 1500 && !zd_log_has(&daemon_, "job bg: active"); i++)
 		usleep(10000);
-	CHECK(zd_log_has(&daemon_, "job bg: active"), "job bg did not become active in 5 s");
+	CHECK(zd_log_has(&daemon_, "job bg: active"), "job bg did not become active in 15 s");
 }
 
 /* ------------------------------------------------------------ cases --- */

@@ -117,6 +117,8 @@ static void *second_thread(void *arg)
 	return NULL;
 }
 
+static int late_pipe[2];
+
 static int timeout_rank(void *arg, int rank)
 {
 	zc_client *c = join(arg, (uint32_t)rank, 2);
@@ -127,7 +129,9 @@ static int timeout_rank(void *arg, int rank)
 	if (!c)
 		return 1;
 	if (rank == 1) {
-		usleep(600000);
+		/* late: until rank 0's short wait is over, however slow the machine */
+		if (!wait_pipe(late_pipe[0], 15000))
+			FAIL("rank 0 never finished its short wait");
 		zc_bucket_ready(c, 0, NULL);
 		zc_bucket_ready(c, 1, NULL);
 	} else {
@@ -140,9 +144,10 @@ static int timeout_rank(void *arg, int rank)
 			FAIL("step future");
 		t0 = test_ms();
 		r = zc_future_wait(step, 200);
+		signal_pipe(late_pipe[1]);
 		if (r != 0)
 			FAIL("wait(200) with rank 1 late returned %d, expected 0 (pending)", r);
-		if (test_ms() - t0 < 150 || test_ms() - t0 > 2000)
+		if (test_ms() - t0 < 150 || test_ms() - t0 > 5000)
 			FAIL("wait(200) took %ld ms", (long)(test_ms() - t0));
 		pthread_join(th, NULL);
 		if (l.r < 0)
@@ -163,7 +168,11 @@ static int timeout_rank(void *arg, int rank)
 
 static void t_wait_timeout_and_threads(void)
 {
-	pid_t a = spawn(timeout_rank, "timeout", 0), b = spawn(timeout_rank, "timeout", 1);
+	pid_t a, b;
+
+	REQUIRE(pipe(late_pipe) == 0, "pipe");
+	a = spawn(timeout_rank, "timeout", 0);
+	b = spawn(timeout_rank, "timeout", 1);
 	CHECK(wait_child(a, 20000) == 0, "rank 0 failed");
 	CHECK(wait_child(b, 20000) == 0, "rank 1 failed");
 }
