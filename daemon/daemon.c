@@ -149,11 +149,15 @@ static int open_router(struct daemon *d)
 	if (!d->router)
 		return -zmq_errno();
 	/* No silently dropped completions: a send to a gone peer fails. */
-	zmq_setsockopt(d->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
-	zmq_setsockopt(d->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-	zmq_setsockopt(d->router, ZMQ_SNDHWM, &hwm, sizeof(hwm));
-	zmq_setsockopt(d->router, ZMQ_RCVHWM, &hwm, sizeof(hwm));
-	zmq_setsockopt(d->router, ZMQ_LINGER, &zero, sizeof(zero));
+	if (zmq_setsockopt(d->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
+	    zmq_setsockopt(d->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
+	    zmq_setsockopt(d->router, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
+	    zmq_setsockopt(d->router, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
+	    zmq_setsockopt(d->router, ZMQ_LINGER, &zero, sizeof(zero)) < 0) {
+		r = -zmq_errno();
+		log_err("ROUTER socket options: %s", zmq_strerror(-r));
+		return r;
+	}
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", d->cfg.socket_path);
 	/* the socket file is born 0660 (zmq_bind creates it on this thread):
 	 * no moment with the umask's mode, and clients that see it may use it */
