@@ -140,16 +140,17 @@ static void fail_all(zc_client *c, int code, const char *msg)
  * a Hello or RegisterPlan still waiting, fail with code. */
 static void job_failed(zc_client *c, int code, const char *msg)
 {
+	/* the first reason stands (ZC_ESHUTDOWN, then the lost connection) */
 	if (!c->job_error) {
 		c->job_error = code;
 		snprintf(c->job_msg, sizeof(c->job_msg), "%s", msg);
 	}
-	fail_all(c, code, msg);
+	fail_all(c, c->job_error, c->job_msg);
 	if (c->hello_result == 0)
-		c->hello_result = code;
+		c->hello_result = c->job_error;
 	if (c->plan_result == 0)
-		c->plan_result = code;
-	snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", msg);
+		c->plan_result = c->job_error;
+	snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", c->job_msg);
 }
 
 static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)

@@ -71,7 +71,7 @@ static void job_free(struct job *j)
 			break;
 		}
 	d->njobs--;
-	d->memory_used -= j->memory;
+	d->memory_used -= j->memory; /* 0 once ENGINE_STOP ran */
 	if (j->eng) {
 		engine_stats(j->eng, &es);
 		engine_free(j->eng);

@@ -252,8 +252,11 @@ void sched_on_done(struct daemon *d, struct engine_done *done)
 {
 	struct job *j = done->tag;
 
-	(void)d;
 	if (done->kind == ENGINE_STOP) {
+		/* the executor freed the state: its memory is free for other
+		 * jobs now, not when the last rank of this one leaves */
+		d->memory_used -= j->memory;
+		j->memory = 0;
 		j->eng_running = false;
 		job_maybe_free(j);
 		return;

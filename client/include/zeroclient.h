@@ -160,17 +160,17 @@ typedef struct zc_future zc_future;
 
 /* Connection settings. Zero-initialise (ZC_CONFIG_INIT) and fill in. */
 struct zc_config {
-	const char *socket;      /* daemon socket path; NULL: $ZEROD_SOCKET, else
-				    $XDG_RUNTIME_DIR/zerod/zerod.sock, else /run/zerod/zerod.sock */
-	const char *job_id;      /* 1..64 chars of [A-Za-z0-9._-] */
-	uint32_t rank;           /* group rank of this trainer, < world_size */
-	uint32_t world_size;     /* ranks in the job */
-	uint32_t local_rank;     /* rank on this node, < local_size */
-	uint32_t local_size;     /* ranks of the job on this node */
-	int connect_timeout_ms;  /* zc_connect: the daemon's answer; 0: 30000 */
-	int register_timeout_ms; /* zc_register_plan: every rank's plan; 0: connect's */
-	char *error_text;        /* optional: zc_connect copies the reason of a failure here */
+	const char *socket;     /* daemon socket path; NULL: $ZEROD_SOCKET, else
+				   $XDG_RUNTIME_DIR/zerod/zerod.sock, else /run/zerod/zerod.sock */
+	const char *job_id;     /* 1..64 chars of [A-Za-z0-9._-] */
+	uint32_t rank;          /* group rank of this trainer, < world_size */
+	uint32_t world_size;    /* ranks in the job */
+	uint32_t local_rank;    /* rank on this node, < local_size */
+	uint32_t local_size;    /* ranks of the job on this node */
+	int connect_timeout_ms; /* zc_connect: the daemon's answer; 0: 30000 */
+	char *error_text;       /* optional: zc_connect copies the reason of a failure here */
 	size_t error_text_len;
+	int register_timeout_ms; /* zc_register_plan: every rank's plan; 0: connect's */
 };
 
 #define ZC_CONFIG_INIT                                                                             \

@@ -253,6 +253,19 @@ static size_t mutate(uint8_t *buf, size_t n, size_t cap)
 
 /* Socket 0 runs a real world-1 job, so bucket and hyperparameter messages
  * reach an active job's scheduler and engine, not only the edge. */
+static void say_goodbye(void *s)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Goodbye bye = ZEROD__V1__GOODBYE__INIT;
+	uint8_t buf[64];
+	int linger = 200;
+
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_GOODBYE;
+	env.goodbye = &bye;
+	zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+	zmq_send(s, buf, zerod__v1__envelope__pack(&env, buf), ZMQ_DONTWAIT);
+}
+
 static bool setup_active(void *s, const char *job)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
@@ -330,6 +343,7 @@ static int fuzz_main(void *arg, int idx)
 		if (a.dead) {
 			char job[32];
 			snprintf(job, sizeof(job), "fuzz-active-%d", a.jobs++);
+			say_goodbye(socks[0]); /* so its session and job end */
 			zmq_close(socks[0]);
 			socks[0] = open_sock(ctx);
 			a.it = a.b = 0;
