@@ -487,7 +487,9 @@ static int memory_released(void)
 	wait_child(p1, 10000);
 	r = zc_future_wait(step, 10000);
 	zc_future_free(step);
-	if (r != ZC_ERANKDEAD)
+	/* ZC_ERANKDEAD; or ZC_EJOBFAILED when the daemon saw the death before
+	 * bucket 0 arrived and the job ended between iterations */
+	if (r != ZC_ERANKDEAD && r != ZC_EJOBFAILED)
 		FAIL("job held after its rank 1 was killed: %s", zc_strerror_name(r));
 	/* held's rank 0 is still connected; its executor stops a moment after
 	 * the error went out, so a few tries may see the memory still held */
