@@ -179,6 +179,19 @@ static void raw_goodbye(struct raw *r)
 	raw_send(r, &env);
 }
 
+/* BucketReady(it, bucket) on a raw connection. */
+static void raw_bucket(struct raw *r, uint64_t it, uint32_t bucket)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
+
+	br.iteration = it;
+	br.bucket = bucket;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
+	env.bucket_ready = &br;
+	raw_send(r, &env);
+}
+
 /* ---- libzeroclient: a small plan of 1..4 buckets, one SGD group ---- */
 
 struct small_plan {
@@ -495,7 +508,6 @@ static void t_liar(void)
 static int c_state(void *arg, int idx)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
 	Zerod__V1__HelloOk ok = ZEROD__V1__HELLO_OK__INIT;
 	Zerod__V1__Hello h;
 	struct raw r = {0};
@@ -505,11 +517,7 @@ static int c_state(void *arg, int idx)
 	(void)arg, (void)idx;
 	if (raw_open(&r) < 0)
 		return 1;
-	br.iteration = 0;
-	br.bucket = 0;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
-	env.bucket_ready = &br;
-	raw_send(&r, &env);
+	raw_bucket(&r, 0, 0);
 	raw_expect_error(&r, ZC_EPROTO, "before Hello", "BucketReady before Hello");
 
 	ok.protocol_version = 1;
@@ -658,8 +666,6 @@ static int c_size(void *arg, int idx)
  * so its pidfd never fires). */
 static int c_vanish(void *arg, int idx)
 {
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
 	struct raw_reg g;
 	struct raw r = {0};
 	char want[96];
@@ -670,9 +676,7 @@ static int c_vanish(void *arg, int idx)
 	raw_hello(&r, "vanish");
 	raw_send(&r, &g.env);
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
-	env.bucket_ready = &br;
-	raw_send(&r, &env);
+	raw_bucket(&r, 0, 0);
 	/* Wait for bucket 0's BucketDone, so the daemon has nothing left to send
 	 * until the stall timeout: dropping the connection earlier would race
 	 * that send (which then fails with ZC_ERANKDEAD instead). */
@@ -696,8 +700,6 @@ static void t_vanish(void)
  * and the job beside it go on. */
 static int c_shrink(void *arg, int idx)
 {
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
 	struct raw_reg g;
 	struct raw r = {0};
 	int fd;
@@ -710,11 +712,7 @@ static int c_shrink(void *arg, int idx)
 	raw_send(&r, &g.env);
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
 	EXPECT(fd >= 0 && ftruncate(fd, 0) == 0, "ftruncate: %s", strerror(errno));
-	br.iteration = 0;
-	br.bucket = 0;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
-	env.bucket_ready = &br;
-	raw_send(&r, &env);
+	raw_bucket(&r, 0, 0);
 	raw_expect_error(&r, ZC_EMAP, "shrank", "bucket 0 over a truncated buffer");
 	if (fd >= 0)
 		close(fd);
@@ -846,18 +844,6 @@ static void t_order(void)
 /* 6b. the daemon keeps the same rules for whoever speaks the protocol
  * without libzeroclient: every bad BucketReady gets its named error, and
  * the iteration then completes. */
-static void raw_bucket(struct raw *r, uint64_t it, uint32_t bucket)
-{
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
-
-	br.iteration = it;
-	br.bucket = bucket;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
-	env.bucket_ready = &br;
-	raw_send(r, &env);
-}
-
 static int c_order_raw(void *arg, int idx)
 {
 	struct raw_reg g;
