@@ -20,13 +20,11 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "coll/coll.h"
 #include "common.h"
 #include "daemon.h"
 #include "log.h"
 #include "loop.h"
 #include "mem/mem.h"
-#include "optim/optim.h"
 #include "pool.h"
 
 #define TICK_MS 100
@@ -34,11 +32,11 @@
 static void on_completions(struct loop *l, void *userdata)
 {
 	struct daemon *d = userdata;
-	struct engine_done *done = completion_queue_take(d->cq);
+	struct exec_done *done = completion_queue_take(d->cq);
 
 	(void)l;
 	while (done) {
-		struct engine_done *next = done->next;
+		struct exec_done *next = done->next;
 		sched_on_done(d, done);
 		free(done);
 		done = next;
@@ -65,10 +63,10 @@ static void begin_shutdown(struct daemon *d, const char *why)
 	}
 }
 
-static bool engines_idle(struct daemon *d)
+static bool executors_idle(struct daemon *d)
 {
 	for (struct job *j = d->jobs; j; j = j->next)
-		if (j->eng_running)
+		if (j->exec_running)
 			return false;
 	return true;
 }
@@ -88,7 +86,7 @@ static void on_signal(struct loop *l, void *userdata)
 		}
 		begin_shutdown(d, si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
 	}
-	if (d->stopping && engines_idle(d))
+	if (d->stopping && executors_idle(d))
 		loop_quit(l);
 }
 
@@ -100,7 +98,7 @@ static void on_tick(struct loop *l, void *userdata)
 
 	(void)!read(d->timerfd, &n, sizeof(n));
 	if (d->stopping) {
-		if (engines_idle(d) || now >= d->stop_deadline_ms)
+		if (executors_idle(d) || now >= d->stop_deadline_ms)
 			loop_quit(l);
 		return;
 	}
@@ -199,10 +197,10 @@ static int open_fds(struct daemon *d)
 
 static void daemon_close(struct daemon *d)
 {
-	/* engines are stopped (or the deadline passed: then stop them now) */
+	/* executors are stopped (or the deadline passed: then stop them now) */
 	for (struct job *j = d->jobs; j; j = j->next)
-		if (j->eng_running)
-			engine_stop(j->eng);
+		if (j->exec_running)
+			exec_stop(j->exec);
 	session_free_all(d);
 	job_free_all(d); /* joins executors, unmaps buffers */
 	if (d->router) {
@@ -233,9 +231,7 @@ int daemon_run(const struct daemon_config *cfg)
 	if (!d.cfg.max_memory)
 		d.cfg.max_memory =
 			(uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE) / 2;
-	d.coll = &coll_host_ops;
 	d.mem = &mem_shm_ops;
-	d.optim = &optim_cpu_ops;
 	log_max_level = cfg->log_level;
 
 	r = open_fds(&d);
@@ -267,9 +263,9 @@ int daemon_run(const struct daemon_config *cfg)
 	    (r = loop_add_fd(d.loop, d.timerfd, on_tick, &d)) < 0)
 		goto out;
 
-	log_notice("zerod %s: serving %s (backends: coll %s, mem %s, optim %s; %u workers; "
+	log_notice("zerod %s: serving %s (backends: %s; mem %s; %u workers; "
 		   "%s for optimizer state)",
-		   ZEROD_VERSION_STRING, cfg->socket_path, d.coll->name, d.mem->name, d.optim->name,
+		   ZEROD_VERSION_STRING, cfg->socket_path, backend_host.name, d.mem->name,
 		   pool_threads(d.pool), fmt_bytes(size, d.cfg.max_memory));
 	r = loop_run(d.loop);
 	log_notice("zerod: served %" PRIu64 " jobs: %" PRIu64 " iterations, %" PRIu64

@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
-#include "engine.h"
+#include "exec.h"
 #include "plan.h"
 #include "shard.h"
 #include "zerod.pb-c.h"
@@ -25,6 +25,15 @@
 struct loop;
 struct pool;
 struct mem_map;
+
+/* What serves a job's data plane; chosen per job. */
+struct backend {
+	const char *name;
+	const struct coll_ops *coll;
+	const struct optim_ops *optim;
+};
+
+extern const struct backend backend_host;
 
 struct daemon_config {
 	const char *socket_path;
@@ -69,7 +78,7 @@ struct session {
 
 enum job_state {
 	JOB_JOINING,  /* ranks connect and register the plan */
-	JOB_STARTING, /* every rank registered: ENGINE_INIT running */
+	JOB_STARTING, /* every rank registered: the executor opens the backends */
 	JOB_ACTIVE,   /* iterations */
 	JOB_FAILED,   /* err/errmsg say why; waits for its ranks to leave */
 };
@@ -101,8 +110,13 @@ struct job {
 
 	struct plan *plan; /* the job's plan, once every rank agreed */
 	struct shard_map *shard;
-	struct engine *eng;
-	bool eng_running; /* until its ENGINE_STOP completion */
+	const struct backend *be;
+	uint32_t *node_of;         /* [world]: every rank on node 0 until multi-node */
+	struct zero_topo topo;
+	struct zero_program prog;
+	unsigned state_arrays;     /* OPTIM_M | ... the state was allocated with */
+	struct exec *exec;
+	bool exec_running; /* until its EXEC_STOPPED completion */
 
 	/* iteration state (sched.c) */
 	uint64_t iter;
@@ -135,9 +149,7 @@ struct daemon {
 	uint64_t memory_used; /* optimizer state the jobs hold (of cfg.max_memory) */
 	bool stopping;
 	int64_t stop_deadline_ms;
-	const struct coll_ops *coll;
 	const struct mem_ops *mem;
-	const struct optim_ops *optim;
 	struct daemon_stats stats;
 };
 
@@ -177,7 +189,7 @@ void job_broadcast(struct job *j, const Zerod__V1__Envelope *env);
 void sched_start(struct job *j);
 void sched_bucket_ready(struct job *j, struct session *s, const Zerod__V1__BucketReady *m);
 void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper *m);
-void sched_on_done(struct daemon *d, struct engine_done *done);
+void sched_on_done(struct daemon *d, struct exec_done *done);
 void sched_check_stalls(struct daemon *d, int64_t now);
 
 #endif

@@ -1,12 +1,12 @@
 /*
- * job.c — jobs on this daemon: a job id, W ranks, its plan and its engine.
+ * job.c — jobs on this daemon: a job id, W ranks, its plan and its executor.
  * Jobs are isolated from one another: each has its own buffers, state and
  * executor thread, and a failure ends only that job.
  *
  * Life: JOINING (ranks say Hello and register the plan; every plan is
  * compared with the others and every buffer mapped and size-checked) ->
- * STARTING (all registered: engine created, ENGINE_INIT copies rank 0's
- * parameters) -> ACTIVE (iterations, sched.c) -> FAILED (a named error; the
+ * STARTING (all registered: the executor opens the job's backends and copies
+ * rank 0's parameters) -> ACTIVE (iterations, sched.c) -> FAILED (a named error; the
  * remaining ranks are told and the job is freed when the last one leaves).
  */
 #include <errno.h>
@@ -63,7 +63,7 @@ static struct job *job_new(struct daemon *d, const char *id, uint32_t world)
 static void job_free(struct job *j)
 {
 	struct daemon *d = j->d;
-	struct engine_stats es = {0};
+	struct exec_stats es = {0};
 
 	for (struct job **pp = &d->jobs; *pp; pp = &(*pp)->next)
 		if (*pp == j) {
@@ -71,11 +71,13 @@ static void job_free(struct job *j)
 			break;
 		}
 	d->njobs--;
-	d->memory_used -= j->memory; /* 0 once ENGINE_STOP ran */
-	if (j->eng) {
-		engine_stats(j->eng, &es);
-		engine_free(j->eng);
+	d->memory_used -= j->memory; /* 0 once EXEC_STOPPED came */
+	if (j->exec) {
+		exec_stats(j->exec, &es);
+		exec_free(j->exec);
 	}
+	zero_program_clear(&j->prog);
+	free(j->node_of);
 	d->stats.reduced_elems += es.reduced_elems;
 	d->stats.stepped_elems += es.stepped_elems;
 	log_info("job %s: ended (%s%s%s): %u ranks, %" PRIu64 " iterations, %" PRIu64
@@ -107,7 +109,7 @@ static void job_free(struct job *j)
 
 void job_maybe_free(struct job *j)
 {
-	if (j->nconnected == 0 && !j->eng_running)
+	if (j->nconnected == 0 && !j->exec_running)
 		job_free(j);
 }
 
@@ -150,8 +152,8 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 			if (j->ranks[r])
 				session_send_error(j->ranks[r], code, true, (int64_t)j->iter, -1,
 						   "job %s: %s", j->id, j->errmsg);
-	if (j->eng && j->eng_running)
-		engine_stop(j->eng);
+	if (j->exec && j->exec_running)
+		exec_stop(j->exec);
 }
 
 int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, char *err,
@@ -228,16 +230,20 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 	return 0;
 }
 
-/* Every rank registered: build the job's shard map, state and engine. */
+/* Every rank registered: pick the backend, lay out the shard and the state,
+ * charge the state against --max-memory and start the executor. */
 static void job_start(struct job *j)
 {
 	struct daemon *d = j->d;
 	float **grads = calloc(j->world, sizeof(*grads));
 	float **params = calloc(j->world, sizeof(*params));
-	struct engine_config ec;
+	struct zero_caps caps;
+	struct state *st = NULL;
+	struct exec_config ec;
 	int r;
 
-	if (!grads || !params) {
+	j->node_of = calloc(j->world, sizeof(*j->node_of));
+	if (!grads || !params || !j->node_of) {
 		r = -ENOMEM;
 		goto out;
 	}
@@ -247,12 +253,24 @@ static void job_start(struct job *j)
 	}
 	j->plan = j->plans[0];
 	j->plans[0] = NULL;
-	j->memory = engine_memory(j->plan, d->optim);
+	/* shm buffers: the host backend (the only one yet) */
+	j->be = &backend_host;
+	j->topo = (struct zero_topo){.world = j->world, .nnodes = 1, .node = 0, .node_of = j->node_of};
+	caps = (struct zero_caps){.local_fuse = j->be->coll->local_fuse};
+	r = shard_assign(j->plan, j->world, &j->shard);
+	if (r < 0)
+		goto out;
+	r = zero_program(j->plan, &j->topo, &caps, &j->prog);
+	if (r < 0)
+		goto out;
+	j->state_arrays = j->be->optim->state(j->plan->optimizer, j->plan->groups, j->plan->ngroups);
+	r = state_layout(j->plan, j->shard, &j->topo, j->state_arrays, &st);
+	if (r < 0)
+		goto out;
+	j->memory = state_bytes(st);
 	if (j->memory > d->cfg.max_memory - d->memory_used) {
 		char need[16], left[16], max[16];
 
-		free(grads);
-		free(params);
 		job_fail(j, ZC_ELIMIT, true,
 			 "the job needs %s of optimizer state, zerod has %s of its --max-memory %s "
 			 "left",
@@ -260,39 +278,39 @@ static void job_start(struct job *j)
 			 fmt_bytes(left, d->cfg.max_memory - d->memory_used),
 			 fmt_bytes(max, d->cfg.max_memory));
 		j->memory = 0;
-		return;
+		r = 0;
+		goto out;
 	}
 	d->memory_used += j->memory;
-	r = shard_assign(j->plan, j->world, &j->shard);
-	if (r < 0)
-		goto out;
-	ec = (struct engine_config){
+	ec = (struct exec_config){
 		.tag = j,
 		.plan = j->plan,
 		.shard = j->shard,
+		.prog = &j->prog,
+		.state = st,
 		.world = j->world,
 		.grads = grads,
 		.params = params,
-		.coll = d->coll,
-		.optim = d->optim,
+		.coll = j->be->coll,
+		.optim = j->be->optim,
 		.pool = d->pool,
 		.cq = d->cq,
 	};
-	r = engine_new(&ec, &j->eng);
+	st = NULL; /* the executor's now */
+	r = exec_new(&ec, &j->exec);
 	if (r < 0)
 		goto out;
-	j->eng_running = true;
+	j->exec_running = true;
 	j->state = JOB_STARTING;
-	r = engine_submit(j->eng, ENGINE_INIT, 0, 0, j->plan->nbuckets - 1, NULL);
-	if (r < 0)
-		goto out;
 	log_info("job %s: plan %016" PRIx64 ": %s, shard %s (%u units), step %s, %u buckets, "
-		 "%" PRIu64 " elements",
+		 "%" PRIu64 " elements, backend %s, %u ops per iteration",
 		 j->id, j->plan->hash, plan_optimizer_name(j->plan->optimizer),
 		 plan_shard_name(j->plan->shard_mode), j->shard->nunits,
-		 plan_step_name(j->plan->step_mode), j->plan->nbuckets, j->plan->total_numel);
+		 plan_step_name(j->plan->step_mode), j->plan->nbuckets, j->plan->total_numel,
+		 j->be->name, j->prog.nops);
 out:
-	/* the engine copied the arrays */
+	state_free(st);
+	/* the executor copied the arrays */
 	free(grads);
 	free(params);
 	if (r < 0)

@@ -1,13 +1,10 @@
 /*
  * sched.c — iterations. Checks the hook order of every bucket (0, 1, 2, ...
  * per rank and iteration), counts arrivals, and once bucket b is ready on
- * every rank submits its ops to the engine in plan order:
+ * every rank queues its ops (zero.h) on the job's executor.
  *
- *   interleaved:  REDUCE(b) STEP(b) BCAST(b)      for each b
- *   at_end:       REDUCE(b) for each b, then STEP(all) BCAST(all)
- *
- * Completions become BucketDone(t, b) after REDUCE(b) and StepDone(t) after
- * the last BCAST. Bucket b is complete on all ranks only after every rank sent
+ * Completions become BucketDone(t, b) once bucket b is reduced and StepDone(t)
+ * once every op of the iteration is done. Bucket b is complete on all ranks only after every rank sent
  * b, and each rank sends in order, so ops are always submitted in bucket
  * order. A bad bucket is an error to its sender and changes nothing else; a
  * rank that stops sending is named by the stall check.
@@ -77,28 +74,18 @@ static int take_snapshot(struct job *j, uint64_t t)
 	if (!snap)
 		return -ENOMEM;
 	memcpy(snap, j->groups, j->plan->ngroups * sizeof(*snap));
-	return engine_submit(j->eng, ENGINE_HYPER, t, 0, 0, snap);
+	return exec_hyper(j->exec, snap);
 }
 
 static void bucket_complete(struct job *j, uint32_t b)
 {
-	uint32_t last = j->plan->nbuckets - 1;
 	uint64_t t = j->iter;
 	int r = 0;
 
 	if (b == 0)
 		r = take_snapshot(j, t);
 	if (r >= 0)
-		r = engine_submit(j->eng, ENGINE_REDUCE, t, b, b, NULL);
-	if (r >= 0 && j->plan->step_mode == ZC_STEP_INTERLEAVED) {
-		r = engine_submit(j->eng, ENGINE_STEP, t, b, b, NULL);
-		if (r >= 0)
-			r = engine_submit(j->eng, ENGINE_BCAST, t, b, b, NULL);
-	} else if (r >= 0 && b == last) {
-		r = engine_submit(j->eng, ENGINE_STEP, t, 0, last, NULL);
-		if (r >= 0)
-			r = engine_submit(j->eng, ENGINE_BCAST, t, 0, last, NULL);
-	}
+		r = exec_bucket(j->exec, t, b);
 	if (r < 0)
 		job_fail(j, ZC_EINTERNAL, true, "cannot queue iteration %" PRIu64 " bucket %u: %s",
 			 t, b, zc_strerror(r));
@@ -170,6 +157,16 @@ void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper
 	plan_group_from_pb(m->values, &g);
 	if (plan_group_check(j->plan->optimizer, &g, err, sizeof(err)) < 0) {
 		session_send_error(s, ZC_EHYPER, false, -1, -1, "group %u: %s", m->group, err);
+		return;
+	}
+	/* The state was sized for the plan's groups: an array the job never
+	 * had cannot appear mid-run (torch cannot turn amsgrad on either). */
+	if (j->be->optim->state(j->plan->optimizer, &g, 1) & ~j->state_arrays) {
+		session_send_error(s, ZC_EHYPER, false, -1, -1,
+				   "group %u: %s needs optimizer state this job does not keep: "
+				   "declare it in the plan's groups",
+				   m->group,
+				   j->plan->optimizer == ZC_OPT_SGD ? "momentum" : "amsgrad");
 		return;
 	}
 	/* A trainer names the next iteration it has not started, which is at
@@ -248,47 +245,45 @@ static void finish_iteration(struct job *j, uint64_t t)
 	job_broadcast(j, &env);
 }
 
-void sched_on_done(struct daemon *d, struct engine_done *done)
+void sched_on_done(struct daemon *d, struct exec_done *done)
 {
 	struct job *j = done->tag;
 
-	if (done->kind == ENGINE_STOP) {
+	if (done->ev == EXEC_STOPPED) {
 		/* the executor freed the state: its memory is free for other
 		 * jobs now, not when the last rank of this one leaves */
 		d->memory_used -= j->memory;
 		j->memory = 0;
-		j->eng_running = false;
+		j->exec_running = false;
 		job_maybe_free(j);
 		return;
 	}
 	if (j->state == JOB_FAILED)
 		return;
-	if (done->status == -EFAULT) {
-		job_fail(j, ZC_EMAP, true,
-			 "%s of buckets %u..%u touched a shared buffer that a trainer shrank",
-			 engine_op_name(done->kind), done->lo, done->hi);
-		return;
-	}
-	if (done->status < 0) {
-		job_fail(j, ZC_EINTERNAL, true, "%s of buckets %u..%u failed: %s",
-			 engine_op_name(done->kind), done->lo, done->hi, zc_strerror(done->status));
-		return;
-	}
 	j->progress_ms = now_ms();
-	switch (done->kind) {
-	case ENGINE_INIT:
+	switch (done->ev) {
+	case EXEC_STARTED:
 		sched_start(j);
 		break;
-	case ENGINE_REDUCE:
+	case EXEC_BUCKET_DONE:
 		j->buckets_done++;
 		j->d->stats.buckets++;
-		send_bucket_done(j, done->iteration, done->lo);
+		send_bucket_done(j, done->iteration, done->bucket);
 		break;
-	case ENGINE_BCAST:
-		if (done->hi == j->plan->nbuckets - 1)
-			finish_iteration(j, done->iteration);
+	case EXEC_STEP_DONE:
+		finish_iteration(j, done->iteration);
 		break;
-	default:
+	case EXEC_FAILED:
+		if (done->status == -EFAULT)
+			job_fail(j, ZC_EMAP, true,
+				 "%s of buckets %u..%u touched a shared buffer that a trainer "
+				 "shrank",
+				 done->op, done->lo, done->hi);
+		else
+			job_fail(j, ZC_EINTERNAL, true, "%s of buckets %u..%u failed: %s",
+				 done->op, done->lo, done->hi, zc_strerror(done->status));
+		break;
+	case EXEC_STOPPED:
 		break;
 	}
 }
@@ -314,7 +309,7 @@ static void describe_wait(struct job *j, char *buf, size_t len)
 		shown++;
 	}
 	if (!shown)
-		snprintf(buf, len, "the engine (no rank is missing)");
+		snprintf(buf, len, "the executor (no rank is missing)");
 }
 
 void sched_check_stalls(struct daemon *d, int64_t now)

@@ -213,9 +213,13 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *plan);
 /*
  * Base of bucket b's gradient / parameter buffer (numel fp32 elements); NULL
  * if b is out of range or no buffers are allocated. The trainer writes
- * gradients before zc_bucket_ready(b) and not again until that bucket's
- * future completed; the daemon writes parameters, which are stable once the
- * iteration's step future completed.
+ * gradients before zc_bucket_ready(b) and not again until the iteration's
+ * step future completed (the daemon may read them until then, and where the
+ * reduction comes before the step, as in ZC_STEP_AT_END, it leaves the
+ * average of the ranges a rank owns in that rank's gradient buffer). The
+ * daemon writes parameters, which are stable once the iteration's step
+ * future completed; the trainer may change them between iterations (the
+ * same on every rank), and the next step starts from its values.
  * Ownership: the memory belongs to c, valid from zc_alloc_buffers() until
  *            zc_close().
  * Threads:   any thread.  Blocking: no.

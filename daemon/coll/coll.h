@@ -1,57 +1,83 @@
 /*
- * coll.h — the collectives backend interface: one instance per job on this
- * node. Every call takes flat element offsets into the job's buffers (see
- * plan.h) and blocks until done, so it runs on the job's executor thread,
- * never on the loop thread. All daemons of a job issue the same calls in the
- * same order (sched.c derives the order from the plan).
+ * coll.h — the collectives backend interface: one group per job on this
+ * node. Collectives are asynchronous: submit() issues a request and its
+ * done() callback reports the result, exactly once, from whatever thread the
+ * backend completes on (it may be called before submit() returns). The
+ * executor (exec.c) issues requests from its lane threads, each lane in
+ * order, the same order on every node of the job (zero.c); a backend keeps
+ * lanes apart (separate streams, tags or communicators) so a reduction of a
+ * later bucket never waits behind an earlier broadcast.
  *
- * coll/host.c: ranks on this node, through their mapped shm buffers, reduced
- * and copied by the worker pool. Across nodes (gloo) and on GPUs (nccl) the
- * same table is implemented again.
+ * Lifecycle: open (off the loop thread: a rendezvous or a CUDA IPC open may
+ * block) -> submit* -> [abort] -> close once nothing is in flight.
+ *
+ * coll/host.c: every rank on this node; reductions and copies through the
+ * mapped buffers on the worker pool. Across nodes (gloo) and on GPUs (NCCL)
+ * the same table is implemented again.
  */
 #ifndef ZEROD_COLL_H
 #define ZEROD_COLL_H
 
+#include <stdbool.h>
 #include <stdint.h>
+
+#include "zeroclient.h"
 
 struct pool;
 
+/* A job's buffers on this node. */
 struct coll_config {
-	uint32_t world; /* ranks in the job */
-	float **grads;  /* [world]: each local rank's gradient buffer base (NULL if remote) */
-	float **params; /* [world]: each local rank's parameter buffer base (NULL if remote) */
+	uint32_t world;       /* ranks in the job */
+	float *const *grads;  /* [world]: each local rank's gradient buffer (NULL if remote) */
+	float *const *params; /* [world]: each local rank's parameter buffer (NULL if remote) */
 	struct pool *pool;
 };
 
-/* One rank's share of a reduce-scatter / all-gather. */
+/* One owner's share of a bucket: flat elements [off, off + n). */
 struct coll_range {
 	uint32_t owner;
-	uint64_t off; /* flat element offset */
+	uint64_t off;
 	uint64_t n;
+};
+
+enum coll_kind {
+	/* Average the gradients of each range over all ranks; the result lands
+	 * in the range owner's gradient buffer (others may be scratch). As an
+	 * all-reduce (bucket mode) or a reduce-scatter (slice mode). */
+	COLL_REDUCE,
+	/* Copy each range from its owner's parameters into every rank's:
+	 * broadcasts (bucket mode) or an all-gather (slice mode). */
+	COLL_BCAST,
+};
+
+struct coll_req {
+	enum coll_kind kind;
+	enum zc_shard_mode mode;
+	unsigned lane;
+	const struct coll_range *ranges; /* sorted by offset; they stay valid until done */
+	uint32_t nranges;
+	/* Called once with 0 or a negative code (-ECANCELED after abort). */
+	void (*done)(struct coll_req *req, int status);
 };
 
 struct coll_group;
 
 struct coll_ops {
 	const char *name;
-	/* Create the job's group once every local buffer is mapped (loop thread,
-	 * must not block). cfg's arrays are copied. */
+	/* The daemon sums this node's buffers itself, so a job whose ranks
+	 * are all here needs no collective for its reductions (zero.h). */
+	bool local_fuse;
+	/* Create the job's group once every local buffer is mapped. May block
+	 * (never on the loop thread). cfg's arrays are copied. -EOPNOTSUPP if
+	 * this backend cannot serve the job's topology. */
 	int (*open)(const struct coll_config *cfg, struct coll_group **ret);
-	/* Average the gradients [off, off+n) over all ranks into out[off..]
-	 * on this node. */
-	int (*all_reduce)(struct coll_group *g, uint64_t off, uint64_t n, float *out);
-	/* Average each range over all ranks into out[range] on the node that
-	 * hosts range.owner (other nodes may skip it). */
-	int (*reduce_scatter)(struct coll_group *g, const struct coll_range *r, uint32_t nr,
-			      float *out);
-	/* Copy src[off..off+n) held by rank root into every rank's parameters. */
-	int (*broadcast)(struct coll_group *g, uint32_t root, uint64_t off, uint64_t n,
-			 const float *src);
-	/* Copy each range, held by its owner in src[range], into every rank's
-	 * parameters. */
-	int (*all_gather)(struct coll_group *g, const struct coll_range *r, uint32_t nr,
-			  const float *src);
-	/* Free the group. Accepts NULL. No call may be running. */
+	/* Issue a request. < 0: not issued, done() will not be called. */
+	int (*submit)(struct coll_group *g, struct coll_req *req);
+	/* Any thread: requests in flight and later ones end soon with
+	 * -ECANCELED (a peer is gone, the job failed). Never calls a done()
+	 * itself: the caller may hold the lock its done() callbacks take. */
+	void (*abort)(struct coll_group *g);
+	/* Free the group. Accepts NULL. Nothing may be in flight. */
 	void (*close)(struct coll_group *g);
 };
 

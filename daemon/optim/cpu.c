@@ -1,8 +1,11 @@
 /*
  * cpu.c — the CPU optimizer backend: torch 1.13's SGD / Adam / AdamW element
  * updates (the formulas and their order are in optim.h) over one contiguous
- * range. The caller splits a group across worker threads; nothing here writes
- * shared state, so disjoint ranges may be stepped concurrently.
+ * range, and the fused pass that runs them for a job: per cache-sized chunk,
+ * sum the local ranks' gradients (or take the owner's reduced one), step the
+ * owner's parameters in place, and store the result into every other local
+ * rank while the chunk is still in cache. Chunks are spread over the pool;
+ * disjoint ranges may be stepped concurrently.
  *
  * Results must be bit-identical to the scalar formula, so the compiler may
  * vectorise but never reassociate or contract: this file relies on the build's
@@ -20,9 +23,14 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
 
 #include "common.h"
+#include "hostmem.h"
 #include "optim/optim.h"
+#include "pool.h"
 
 /* -DZEROD_SIMD_CLONES= builds only the baseline code, so a test can cover it
  * on a machine that would otherwise pick a wider clone. */
@@ -222,21 +230,147 @@ static void cpu_step(const struct optim_args *a)
 	assert(!"unknown optimizer kind");
 }
 
-static unsigned cpu_state_floats(enum zc_optimizer kind)
+static unsigned cpu_state(enum zc_optimizer kind, const struct zc_param_group *groups,
+			  uint32_t ngroups)
 {
-	switch (kind) {
-	case ZC_OPT_SGD:
-		return 1; /* momentum buffer (unused while momentum == 0) */
-	case ZC_OPT_ADAM:
-	case ZC_OPT_ADAMW:
-		return 3; /* exp_avg, exp_avg_sq, max_exp_avg_sq (used with amsgrad) */
+	unsigned need = 0;
+
+	if (kind != ZC_OPT_SGD)
+		need |= OPTIM_M | OPTIM_V;
+	for (uint32_t i = 0; i < ngroups; i++) {
+		if (kind == ZC_OPT_SGD && groups[i].momentum != 0)
+			need |= OPTIM_M;
+		if (kind != ZC_OPT_SGD && groups[i].amsgrad)
+			need |= OPTIM_VMAX;
 	}
-	assert(!"unknown optimizer kind");
+	return need;
+}
+
+/* ----------------------------------------------------- the fused pass --- */
+
+struct optim_ctx {
+	struct optim_config cfg; /* with its own copies of the arrays */
+};
+
+static void cpu_close(struct optim_ctx *c)
+{
+	if (!c)
+		return;
+	free((void *)c->cfg.grads);
+	free((void *)c->cfg.params);
+	free((void *)c->cfg.local);
+	free(c);
+}
+
+static int cpu_open(const struct optim_config *cfg, struct optim_ctx **ret)
+{
+	struct optim_ctx *c = calloc(1, sizeof(*c));
+	float **g, **p;
+	uint32_t *l;
+
+	if (!c)
+		return -ENOMEM;
+	c->cfg = *cfg;
+	g = calloc(cfg->world, sizeof(*g));
+	p = calloc(cfg->world, sizeof(*p));
+	l = calloc(cfg->nlocal ? cfg->nlocal : 1, sizeof(*l));
+	c->cfg.grads = g;
+	c->cfg.params = p;
+	c->cfg.local = l;
+	if (!g || !p || !l) {
+		cpu_close(c);
+		return -ENOMEM;
+	}
+	memcpy(g, cfg->grads, cfg->world * sizeof(*g));
+	memcpy(p, cfg->params, cfg->world * sizeof(*p));
+	memcpy(l, cfg->local, cfg->nlocal * sizeof(*l));
+	*ret = c;
 	return 0;
+}
+
+struct run_task {
+	const struct optim_ctx *c;
+	const struct optim_call *call;
+	const uint64_t *first; /* [npieces + 1]: first chunk of each piece */
+};
+
+/* One chunk: its gradient (summed over the local ranks, or the owner's
+ * average), the step on the owner's parameters, then the stores into every
+ * other local rank while the chunk is still in cache. */
+static void run_chunk(void *arg, size_t i)
+{
+	const struct run_task *t = arg;
+	const struct optim_config *cfg = &t->c->cfg;
+	const struct optim_call *call = t->call;
+	uint32_t lo = 0, hi = call->npieces;
+	float scratch[HOST_CHUNK] __attribute__((aligned(64)));
+
+	while (hi - lo > 1) { /* the piece holding chunk i */
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (t->first[mid] <= i)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	const struct optim_piece *pc = &call->pieces[lo];
+	uint64_t x = (i - t->first[lo]) * HOST_CHUNK;
+	uint64_t off = pc->off + x;
+	size_t n = (size_t)MIN((uint64_t)HOST_CHUNK, pc->n - x);
+	float *p = cfg->params[pc->owner] + off;
+	const float *g;
+
+	if (call->grad == OPTIM_GRAD_SUM_LOCAL) {
+		const float *src[cfg->nlocal];
+		for (uint32_t k = 0; k < cfg->nlocal; k++)
+			src[k] = cfg->grads[cfg->local[k]];
+		host_sum(scratch, src, cfg->nlocal, off, n, (float)cfg->world);
+		g = scratch;
+	} else {
+		g = cfg->grads[pc->owner] + off;
+	}
+	struct optim_args a = {
+		.kind = call->kind,
+		.hp = &call->groups[pc->group],
+		.step = pc->step,
+		.first_momentum = pc->first_momentum,
+		.param = p,
+		.grad = g,
+		.m = call->m ? call->m + pc->at + x : NULL,
+		.v = call->v ? call->v + pc->at + x : NULL,
+		.vmax = call->vmax ? call->vmax + pc->at + x : NULL,
+		.n = n,
+	};
+	cpu_step(&a);
+	for (uint32_t k = 0; k < cfg->nlocal; k++)
+		if (cfg->local[k] != pc->owner)
+			host_store(cfg->params[cfg->local[k]] + off, p, n);
+}
+
+static int cpu_run(struct optim_ctx *c, const struct optim_call *call)
+{
+	uint64_t *first, nchunks = 0;
+	int r;
+
+	first = malloc((call->npieces + 1) * sizeof(*first));
+	if (!first)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < call->npieces; k++) {
+		first[k] = nchunks;
+		nchunks += (call->pieces[k].n + HOST_CHUNK - 1) / HOST_CHUNK;
+	}
+	first[call->npieces] = nchunks;
+	struct run_task t = {.c = c, .call = call, .first = first};
+	/* through the guarded pool: these are trainers' shared buffers */
+	r = pool_parallel_for(c->cfg.pool, nchunks, run_chunk, &t);
+	free(first);
+	return r;
 }
 
 const struct optim_ops optim_cpu_ops = {
 	.name = "cpu",
 	.step = cpu_step,
-	.state_floats = cpu_state_floats,
+	.state = cpu_state,
+	.open = cpu_open,
+	.run = cpu_run,
+	.close = cpu_close,
 };

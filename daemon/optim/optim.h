@@ -35,6 +35,8 @@
 
 #include "zeroclient.h"
 
+struct pool;
+
 struct optim_args {
 	enum zc_optimizer kind;
 	const struct zc_param_group *hp;
@@ -48,13 +50,73 @@ struct optim_args {
 	size_t n;
 };
 
+/* The optimizer state arrays a job needs, by its hyperparameters. */
+enum optim_state {
+	OPTIM_M = 1 << 0,    /* SGD momentum buffer (momentum != 0) / Adam exp_avg */
+	OPTIM_V = 1 << 1,    /* Adam exp_avg_sq */
+	OPTIM_VMAX = 1 << 2, /* Adam max_exp_avg_sq (amsgrad) */
+};
+
+/* One contiguous range of one parameter group that this node steps. */
+struct optim_piece {
+	uint32_t group;
+	uint32_t owner;      /* rank whose parameters are the master copy */
+	uint64_t off;        /* flat element offset into the ranks' buffers */
+	uint64_t n;
+	uint64_t at;         /* element offset into the state arrays */
+	uint64_t step;       /* number of this update, 1 for the first */
+	bool first_momentum; /* SGD: no momentum buffer yet */
+};
+
+/* Where a step's gradient comes from. */
+enum optim_grad {
+	/* sum the local ranks' gradients in rank order, then divide by the
+	 * job's world size: the whole job is on this node (fused pass) */
+	OPTIM_GRAD_SUM_LOCAL,
+	/* the owner's gradient buffer already holds the average (REDUCE) */
+	OPTIM_GRAD_OWNER,
+};
+
+/* One step call: pieces of some buckets, on a job's context. The result of
+ * each piece is stored into the owner's parameters and every other local
+ * rank's parameters. */
+struct optim_call {
+	enum zc_optimizer kind;
+	const struct zc_param_group *groups;
+	const struct optim_piece *pieces;
+	uint32_t npieces;
+	enum optim_grad grad;
+	float *m, *v, *vmax; /* state arrays (NULL where not kept) */
+};
+
+/* A job's buffers on this node, as the optimizer context sees them. */
+struct optim_config {
+	uint32_t world;
+	float *const *grads;    /* [world]: NULL for ranks on other nodes */
+	float *const *params;   /* [world] */
+	uint32_t nlocal;
+	const uint32_t *local; /* the local ranks, ascending */
+	struct pool *pool;      /* host: the CPU workers */
+};
+
+struct optim_ctx;
+
 struct optim_ops {
 	const char *name;
 	/* Apply one update to a->n elements. Called on worker threads, never
 	 * the loop; thread-safe for disjoint ranges; pure compute, no errors. */
 	void (*step)(const struct optim_args *a);
-	/* Floats of state kept per element for kind (m, v, vmax). */
-	unsigned (*state_floats)(enum zc_optimizer kind);
+	/* The state arrays kind needs with these groups. */
+	unsigned (*state)(enum zc_optimizer kind, const struct zc_param_group *groups,
+			  uint32_t ngroups);
+	/* Per job: the context its calls run on (host: the pool; cuda: a
+	 * stream). Off the loop thread. cfg's arrays are copied. */
+	int (*open)(const struct optim_config *cfg, struct optim_ctx **ret);
+	/* Run one call to completion (compute lane). 0, -EFAULT if a trainer's
+	 * buffer vanished under it, or another negative code. */
+	int (*run)(struct optim_ctx *c, const struct optim_call *call);
+	/* Free the context. Accepts NULL. No call may be running. */
+	void (*close)(struct optim_ctx *c);
 };
 
 extern const struct optim_ops optim_cpu_ops;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "optim/optim.h"
 #include "testlib.h"
 
@@ -292,15 +293,36 @@ static struct zc_param_group sgd_hp(void)
 	return hp;
 }
 
+/* The state a job keeps: only the arrays its groups need. */
 static void test_ops(void)
 {
+	struct zc_param_group g[2] = {ZC_PARAM_GROUP_INIT, ZC_PARAM_GROUP_INIT};
+	static const struct {
+		enum zc_optimizer kind;
+		double momentum1;
+		bool amsgrad1;
+		unsigned want;
+	} cases[] = {
+		{ZC_OPT_SGD, 0, false, 0},
+		{ZC_OPT_SGD, 0.9, false, OPTIM_M},
+		{ZC_OPT_ADAM, 0, false, OPTIM_M | OPTIM_V},
+		{ZC_OPT_ADAM, 0, true, OPTIM_M | OPTIM_V | OPTIM_VMAX},
+		{ZC_OPT_ADAMW, 0, false, OPTIM_M | OPTIM_V},
+		{ZC_OPT_ADAMW, 0, true, OPTIM_M | OPTIM_V | OPTIM_VMAX},
+	};
+
 	CHECK(strcmp(optim_cpu_ops.name, "cpu") == 0, "name %s", optim_cpu_ops.name);
-	CHECK(optim_cpu_ops.state_floats(ZC_OPT_SGD) == 1, "sgd %u",
-	      optim_cpu_ops.state_floats(ZC_OPT_SGD));
-	CHECK(optim_cpu_ops.state_floats(ZC_OPT_ADAM) == 3, "adam %u",
-	      optim_cpu_ops.state_floats(ZC_OPT_ADAM));
-	CHECK(optim_cpu_ops.state_floats(ZC_OPT_ADAMW) == 3, "adamw %u",
-	      optim_cpu_ops.state_floats(ZC_OPT_ADAMW));
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		unsigned got;
+		/* the second group decides: one group is enough to need an array */
+		g[1].momentum = cases[i].momentum1;
+		g[1].amsgrad = cases[i].amsgrad1;
+		got = optim_cpu_ops.state(cases[i].kind, g, 2);
+		CHECK(got == cases[i].want, "case %zu: state %#x, want %#x", i, got, cases[i].want);
+		CHECK(optim_cpu_ops.state(cases[i].kind, g, 1) ==
+			      (cases[i].kind == ZC_OPT_SGD ? 0u : (unsigned)(OPTIM_M | OPTIM_V)),
+		      "case %zu: first group alone", i);
+	}
 }
 
 static void test_sgd_plain(void)

@@ -1,0 +1,14 @@
+/*
+ * backend.c — the backends a job can be served by, each a set of ops tables
+ * (daemon.h). A job picks its backend when it starts, from the kind of
+ * buffers its ranks registered: shm buffers mean host.
+ */
+#include "coll/coll.h"
+#include "daemon.h"
+#include "optim/optim.h"
+
+const struct backend backend_host = {
+	.name = "host",
+	.coll = &coll_host_ops,
+	.optim = &optim_cpu_ops,
+};

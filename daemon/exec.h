@@ -1,0 +1,70 @@
+/*
+ * exec.h — a job's executor on this node: runs the ops of zero.h on the job's
+ * backends (coll, optim) over its compact state (state.h).
+ *
+ * One thread per lane (reduce, compute, bcast). The loop thread queues ops
+ * and never blocks; each lane runs its ops in order, and an op starts only
+ * once the ops queued before it that touch its buckets are done. Only what
+ * the loop acts on is posted back (completion.h): the job started, a bucket
+ * reduced, an iteration done, a failure, the executor stopped.
+ */
+#ifndef ZEROD_EXEC_H
+#define ZEROD_EXEC_H
+
+#include <stdint.h>
+
+#include "coll/coll.h"
+#include "completion.h"
+#include "optim/optim.h"
+#include "plan.h"
+#include "shard.h"
+#include "state.h"
+#include "zero.h"
+
+struct pool;
+struct exec;
+
+struct exec_config {
+	void *tag; /* given back in every completion */
+	const struct plan *plan;
+	const struct shard_map *shard;
+	const struct zero_program *prog;
+	struct state *state; /* taken over, even on failure */
+	uint32_t world;
+	float *const *grads;  /* [world]: NULL for ranks on other nodes */
+	float *const *params; /* [world] */
+	const struct coll_ops *coll;
+	const struct optim_ops *optim;
+	struct pool *pool;
+	struct completion_queue *cq;
+};
+
+/* Start the lane threads and queue the start: open the backends, allocate
+ * the state, give every rank rank 0's parameters; then EXEC_STARTED (or
+ * EXEC_FAILED). Loop thread; the arrays in cfg are copied. */
+int exec_new(const struct exec_config *cfg, struct exec **ret);
+
+/* Hyperparameters for the steps queued after this (a malloc'd array of
+ * plan->ngroups, taken over even on failure). */
+int exec_hyper(struct exec *e, struct zc_param_group *groups);
+
+/* Bucket b of iteration t is ready on every rank: queue its ops. Buckets of
+ * one iteration come in order; the next iteration starts after its
+ * EXEC_STEP_DONE. */
+int exec_bucket(struct exec *e, uint64_t t, uint32_t b);
+
+/* Drop what is queued, abort the collectives in flight, free the state;
+ * EXEC_STOPPED says the threads are gone. Idempotent. */
+void exec_stop(struct exec *e);
+
+/* Join and free: after EXEC_STOPPED only. Accepts NULL. */
+void exec_free(struct exec *e);
+
+struct exec_stats {
+	uint64_t reduced_elems;
+	uint64_t stepped_elems;
+	uint64_t bcast_elems;
+};
+void exec_stats(struct exec *e, struct exec_stats *ret);
+
+#endif

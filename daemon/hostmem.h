@@ -1,0 +1,27 @@
+/*
+ * hostmem.h — the element loops the host backends share: a sum over the
+ * local ranks' buffers and a store into a rank's buffer. coll/host.c and
+ * optim/cpu.c both use them, so a reduction rounds the same whichever op runs
+ * it.
+ */
+#ifndef ZEROD_HOSTMEM_H
+#define ZEROD_HOSTMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Elements per host task: 32 KiB per buffer, so one chunk's gradients,
+ * parameters and moments stay in L2 between the sum, the step and the
+ * stores. */
+#define HOST_CHUNK (8u * 1024u)
+
+/* out[i] = (src[0][off+i] + src[1][off+i] + ... ) / div, summed in the order
+ * of src. out must not alias any source. */
+void host_sum(float *restrict out, const float *const *src, uint32_t nsrc, uint64_t off, size_t n,
+	      float div);
+
+/* dst[0..n) = src[0..n), with non-temporal stores: the destination is a
+ * trainer's buffer that this pass will not read again. */
+void host_store(float *restrict dst, const float *restrict src, size_t n);
+
+#endif

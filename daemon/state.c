@@ -1,0 +1,125 @@
+/*
+ * state.c — the compact optimizer state of the owned pieces (see state.h).
+ * Pieces come from merging each bucket's shard units with its segments, both
+ * sorted by offset: linear in units + segments.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "common.h"
+#include "state.h"
+
+static unsigned count_arrays(unsigned arrays)
+{
+	return !!(arrays & OPTIM_M) + !!(arrays & OPTIM_V) + !!(arrays & OPTIM_VMAX);
+}
+
+/* One pass counts (s->pieces NULL), the second fills. */
+static uint32_t walk(const struct plan *p, const struct shard_map *sm, const struct zero_topo *t,
+		     struct state *s)
+{
+	uint32_t k = 0;
+	uint64_t at = 0;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		const struct plan_bucket *bk = &p->buckets[b];
+		uint32_t s0 = 0;
+
+		if (s->pieces)
+			s->bucket_first[b] = k;
+		for (uint32_t u = sm->bucket_first[b]; u < sm->bucket_first[b + 1]; u++) {
+			const struct shard_unit *un = &sm->units[u];
+			uint64_t lo = un->offset, hi = un->offset + un->numel;
+
+			if (!zero_local(t, un->owner))
+				continue;
+			while (s0 < bk->nsegments &&
+			       bk->segments[s0].offset + bk->segments[s0].numel <= lo)
+				s0++;
+			for (uint32_t g = s0; g < bk->nsegments && bk->segments[g].offset < hi; g++) {
+				const struct zc_segment *sg = &bk->segments[g];
+				uint64_t a = MAX(lo, sg->offset), z = MIN(hi, sg->offset + sg->numel);
+				if (a >= z)
+					continue;
+				if (s->pieces)
+					s->pieces[k] = (struct optim_piece){
+						.group = sg->group,
+						.owner = un->owner,
+						.off = bk->base + a,
+						.n = z - a,
+						.at = at,
+						.step = 1,
+						.first_momentum = true,
+					};
+				at += z - a;
+				k++;
+			}
+		}
+	}
+	if (s->pieces)
+		s->bucket_first[p->nbuckets] = k;
+	s->nelems = at;
+	return k;
+}
+
+int state_layout(const struct plan *p, const struct shard_map *sm, const struct zero_topo *t,
+		 unsigned arrays, struct state **ret)
+{
+	struct state *s = calloc(1, sizeof(*s));
+	uint32_t n;
+
+	if (!s)
+		return -ENOMEM;
+	s->arrays = arrays;
+	n = walk(p, sm, t, s);
+	s->pieces = calloc(n ? n : 1, sizeof(*s->pieces));
+	s->bucket_first = calloc(p->nbuckets + 1, sizeof(*s->bucket_first));
+	if (!s->pieces || !s->bucket_first) {
+		state_free(s);
+		return -ENOMEM;
+	}
+	s->npieces = walk(p, sm, t, s);
+	*ret = s;
+	return 0;
+}
+
+uint64_t state_bytes(const struct state *s)
+{
+	return s->nelems * count_arrays(s->arrays) * sizeof(float);
+}
+
+int state_alloc(struct state *s)
+{
+	unsigned na = count_arrays(s->arrays);
+	float *at;
+
+	if (na == 0 || s->nelems == 0)
+		return 0;
+	s->arena = calloc(s->nelems * na, sizeof(float));
+	if (!s->arena)
+		return -ENOMEM;
+	at = s->arena;
+	if (s->arrays & OPTIM_M)
+		s->m = at, at += s->nelems;
+	if (s->arrays & OPTIM_V)
+		s->v = at, at += s->nelems;
+	if (s->arrays & OPTIM_VMAX)
+		s->vmax = at;
+	return 0;
+}
+
+void state_release(struct state *s)
+{
+	free(s->arena);
+	s->arena = s->m = s->v = s->vmax = NULL;
+}
+
+void state_free(struct state *s)
+{
+	if (!s)
+		return;
+	state_release(s);
+	free(s->pieces);
+	free(s->bucket_first);
+	free(s);
+}
