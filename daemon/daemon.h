@@ -187,7 +187,9 @@ void job_broadcast(struct job *j, const Zerod__V1__Envelope *env);
 
 /* sched.c */
 void sched_start(struct job *j);
-void sched_bucket_ready(struct job *j, struct session *s, const Zerod__V1__BucketReady *m);
+/* Bucket `bucket` of `iteration` from rank s (any transport: ZeroMQ or a
+ * fast-path ring). A bad bucket is an error to s; nothing else changes. */
+void sched_bucket_ready(struct job *j, struct session *s, uint64_t iteration, uint32_t bucket);
 void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper *m);
 void sched_on_done(struct daemon *d, struct exec_done *done);
 void sched_check_stalls(struct daemon *d, int64_t now);

@@ -91,53 +91,53 @@ static void bucket_complete(struct job *j, uint32_t b)
 			 t, b, zc_strerror(r));
 }
 
-void sched_bucket_ready(struct job *j, struct session *s, const Zerod__V1__BucketReady *m)
+void sched_bucket_ready(struct job *j, struct session *s, uint64_t iteration, uint32_t bucket)
 {
-	int64_t it = (int64_t)m->iteration, bk = m->bucket;
+	int64_t it = (int64_t)iteration, bk = bucket;
 	uint32_t nb, next;
 
 	if (!job_usable(j, s, it, bk))
 		return;
 	nb = j->plan->nbuckets;
-	if (m->bucket >= nb) {
+	if (bucket >= nb) {
 		session_send_error(s, ZC_EBUCKET, false, it, bk,
-				   "bucket %u does not exist: the plan has %u buckets", m->bucket,
+				   "bucket %u does not exist: the plan has %u buckets", bucket,
 				   nb);
 		return;
 	}
-	if (m->iteration > j->iter) {
+	if (iteration > j->iter) {
 		session_send_error(
 			s, ZC_EEARLY, false, it, bk,
 			"bucket %u of iteration %" PRIu64 " arrived while iteration %" PRIu64
 			" is still in flight: wait for its step before the next backward",
-			m->bucket, m->iteration, j->iter);
+			bucket, iteration, j->iter);
 		return;
 	}
-	if (m->iteration < j->iter) {
+	if (iteration < j->iter) {
 		session_send_error(s, ZC_EDUPBUCKET, false, it, bk,
 				   "iteration %" PRIu64 " is already complete (now %" PRIu64 ")",
-				   m->iteration, j->iter);
+				   iteration, j->iter);
 		return;
 	}
 	next = j->next_bucket[s->rank];
-	if (m->bucket < next) {
+	if (bucket < next) {
 		session_send_error(s, ZC_EDUPBUCKET, false, it, bk,
 				   "rank %u sent bucket %u twice in iteration %" PRIu64, s->rank,
-				   m->bucket, m->iteration);
+				   bucket, iteration);
 		return;
 	}
-	if (m->bucket > next) {
+	if (bucket > next) {
 		session_send_error(s, ZC_EORDER, false, it, bk,
 				   "rank %u sent bucket %u but bucket %u comes first (buckets go "
 				   "0, 1, 2, ... every iteration)",
-				   s->rank, m->bucket, next);
+				   s->rank, bucket, next);
 		return;
 	}
 	j->next_bucket[s->rank] = next + 1;
 	j->in_flight = true;
 	j->progress_ms = now_ms();
-	if (++j->arrived[m->bucket] == j->world)
-		bucket_complete(j, m->bucket);
+	if (++j->arrived[bucket] == j->world)
+		bucket_complete(j, bucket);
 }
 
 void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper *m)

@@ -342,7 +342,7 @@ static void on_bucket_ready(struct daemon *d, const void *route, size_t rlen, st
 			    const Zerod__V1__Envelope *env)
 {
 	(void)d, (void)route, (void)rlen;
-	sched_bucket_ready(s->job, s, env->bucket_ready);
+	sched_bucket_ready(s->job, s, env->bucket_ready->iteration, env->bucket_ready->bucket);
 }
 
 static void on_set_hyper(struct daemon *d, const void *route, size_t rlen, struct session *s,
