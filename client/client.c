@@ -811,6 +811,12 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 		r = ZC_EHYPER;
 		goto out;
 	}
+	/* the daemon sized the optimizer state from the plan's groups */
+	if (plan_state_arrays(c->plan->optimizer, hp, 1) &
+	    ~plan_state_arrays(c->plan->optimizer, c->plan->groups, c->plan->ngroups)) {
+		r = ZC_EHYPER;
+		goto out;
+	}
 	plan_group_to_pb(hp, &pg);
 	/* the next iteration this rank has not started */
 	sh.iteration = c->sent_in_iter ? c->iter + 1 : c->iter;

@@ -511,3 +511,17 @@ int plan_diff(const struct plan *a, const struct plan *b, char *field, size_t le
 	}
 	return 0;
 }
+
+unsigned plan_state_arrays(enum zc_optimizer opt, const struct zc_param_group *groups,
+			   uint32_t ngroups)
+{
+	unsigned need = opt == ZC_OPT_SGD ? 0 : PLAN_STATE_M | PLAN_STATE_V;
+
+	for (uint32_t i = 0; i < ngroups; i++) {
+		if (opt == ZC_OPT_SGD && groups[i].momentum != 0)
+			need |= PLAN_STATE_M;
+		if (opt != ZC_OPT_SGD && groups[i].amsgrad)
+			need |= PLAN_STATE_VMAX;
+	}
+	return need;
+}

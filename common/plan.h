@@ -61,6 +61,18 @@ static inline uint64_t plan_buffer_bytes(const struct plan *p)
 	return p->total_numel * sizeof(float);
 }
 
+/* The optimizer state arrays a plan's groups need: torch keeps SGD's momentum
+ * buffer only where momentum != 0 and Adam's max_exp_avg_sq only with
+ * amsgrad. The state is sized from the plan, so a later hyperparameter change
+ * must not need more (plan_state_arrays of the new group & ~the plan's). */
+enum plan_state {
+	PLAN_STATE_M = 1 << 0,    /* SGD momentum buffer / Adam exp_avg */
+	PLAN_STATE_V = 1 << 1,    /* Adam exp_avg_sq */
+	PLAN_STATE_VMAX = 1 << 2, /* Adam max_exp_avg_sq */
+};
+unsigned plan_state_arrays(enum zc_optimizer opt, const struct zc_param_group *groups,
+			   uint32_t ngroups);
+
 /* Validate one group's hyperparameters for optimizer opt (torch's rules). */
 int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char *err,
 		     size_t errlen);

@@ -114,7 +114,7 @@ struct job {
 	uint32_t *node_of;         /* [world]: every rank on node 0 until multi-node */
 	struct zero_topo topo;
 	struct zero_program prog;
-	unsigned state_arrays;     /* OPTIM_M | ... the state was allocated with */
+	unsigned state_arrays;     /* PLAN_STATE_M | ... the state was allocated with */
 	struct exec *exec;
 	bool exec_running; /* until its EXEC_STOPPED completion */
 

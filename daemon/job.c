@@ -263,7 +263,7 @@ static void job_start(struct job *j)
 	r = zero_program(j->plan, &j->topo, &caps, &j->prog);
 	if (r < 0)
 		goto out;
-	j->state_arrays = j->be->optim->state(j->plan->optimizer, j->plan->groups, j->plan->ngroups);
+	j->state_arrays = plan_state_arrays(j->plan->optimizer, j->plan->groups, j->plan->ngroups);
 	r = state_layout(j->plan, j->shard, &j->topo, j->state_arrays, &st);
 	if (r < 0)
 		goto out;

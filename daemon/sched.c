@@ -161,7 +161,7 @@ void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper
 	}
 	/* The state was sized for the plan's groups: an array the job never
 	 * had cannot appear mid-run (torch cannot turn amsgrad on either). */
-	if (j->be->optim->state(j->plan->optimizer, &g, 1) & ~j->state_arrays) {
+	if (plan_state_arrays(j->plan->optimizer, &g, 1) & ~j->state_arrays) {
 		session_send_error(s, ZC_EHYPER, false, -1, -1,
 				   "group %u: %s needs optimizer state this job does not keep: "
 				   "declare it in the plan's groups",

@@ -11,7 +11,7 @@
 
 static unsigned count_arrays(unsigned arrays)
 {
-	return !!(arrays & OPTIM_M) + !!(arrays & OPTIM_V) + !!(arrays & OPTIM_VMAX);
+	return !!(arrays & PLAN_STATE_M) + !!(arrays & PLAN_STATE_V) + !!(arrays & PLAN_STATE_VMAX);
 }
 
 /* One pass counts (s->pieces NULL), the second fills. */
@@ -99,11 +99,11 @@ int state_alloc(struct state *s)
 	if (!s->arena)
 		return -ENOMEM;
 	at = s->arena;
-	if (s->arrays & OPTIM_M)
+	if (s->arrays & PLAN_STATE_M)
 		s->m = at, at += s->nelems;
-	if (s->arrays & OPTIM_V)
+	if (s->arrays & PLAN_STATE_V)
 		s->v = at, at += s->nelems;
-	if (s->arrays & OPTIM_VMAX)
+	if (s->arrays & PLAN_STATE_VMAX)
 		s->vmax = at;
 	return 0;
 }

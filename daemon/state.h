@@ -1,7 +1,7 @@
 /*
  * state.h — the optimizer state of the ranges this node owns, and nothing
  * else: one arena holding, for every owned element, the arrays the job's
- * optimizer needs (optim_ops.state: Adam m and v, vmax only with amsgrad;
+ * optimizer needs (plan_state_arrays: Adam m and v, vmax only with amsgrad;
  * SGD's momentum buffer only when some group has momentum). fp32 parameters
  * have no master copy: the owner rank's parameter buffer is the master, as in
  * torch. Step counts (and SGD's `buf is None`) are kept per piece.
@@ -21,7 +21,7 @@
 #include "zero.h"
 
 struct state {
-	unsigned arrays;             /* OPTIM_M | OPTIM_V | OPTIM_VMAX */
+	unsigned arrays;             /* PLAN_STATE_M | PLAN_STATE_V | PLAN_STATE_VMAX */
 	uint32_t npieces;            /* owned by this node */
 	struct optim_piece *pieces;  /* by bucket, then offset; .at packs the arena */
 	uint32_t *bucket_first;      /* [nbuckets + 1] */

@@ -283,8 +283,10 @@ uint64_t zc_iteration(zc_client *c);
  * Change group's hyperparameters from the next iteration this rank has not
  * started (an LR schedule, say). Every rank makes the same call; other values
  * for the same iteration from another rank are ZC_EHYPER. Invalid values are
- * refused here with ZC_EHYPER; a refusal by the daemon shows in
- * zc_last_error().
+ * refused here with ZC_EHYPER, and so are values that need optimizer state
+ * the plan's groups did not (momentum where every group had none, amsgrad
+ * where no group had it: the daemon sized the state from the plan). A
+ * refusal by the daemon shows in zc_last_error().
  * Ownership: hp is copied.
  * Threads:   any thread.  Blocking: no (one message).
  */

@@ -230,22 +230,6 @@ static void cpu_step(const struct optim_args *a)
 	assert(!"unknown optimizer kind");
 }
 
-static unsigned cpu_state(enum zc_optimizer kind, const struct zc_param_group *groups,
-			  uint32_t ngroups)
-{
-	unsigned need = 0;
-
-	if (kind != ZC_OPT_SGD)
-		need |= OPTIM_M | OPTIM_V;
-	for (uint32_t i = 0; i < ngroups; i++) {
-		if (kind == ZC_OPT_SGD && groups[i].momentum != 0)
-			need |= OPTIM_M;
-		if (kind != ZC_OPT_SGD && groups[i].amsgrad)
-			need |= OPTIM_VMAX;
-	}
-	return need;
-}
-
 /* ----------------------------------------------------- the fused pass --- */
 
 struct optim_ctx {
@@ -369,7 +353,6 @@ static int cpu_run(struct optim_ctx *c, const struct optim_call *call)
 const struct optim_ops optim_cpu_ops = {
 	.name = "cpu",
 	.step = cpu_step,
-	.state = cpu_state,
 	.open = cpu_open,
 	.run = cpu_run,
 	.close = cpu_close,

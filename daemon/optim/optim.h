@@ -50,13 +50,6 @@ struct optim_args {
 	size_t n;
 };
 
-/* The optimizer state arrays a job needs, by its hyperparameters. */
-enum optim_state {
-	OPTIM_M = 1 << 0,    /* SGD momentum buffer (momentum != 0) / Adam exp_avg */
-	OPTIM_V = 1 << 1,    /* Adam exp_avg_sq */
-	OPTIM_VMAX = 1 << 2, /* Adam max_exp_avg_sq (amsgrad) */
-};
-
 /* One contiguous range of one parameter group that this node steps. */
 struct optim_piece {
 	uint32_t group;
@@ -106,9 +99,6 @@ struct optim_ops {
 	/* Apply one update to a->n elements. Called on worker threads, never
 	 * the loop; thread-safe for disjoint ranges; pure compute, no errors. */
 	void (*step)(const struct optim_args *a);
-	/* The state arrays kind needs with these groups. */
-	unsigned (*state)(enum zc_optimizer kind, const struct zc_param_group *groups,
-			  uint32_t ngroups);
 	/* Per job: the context its calls run on (host: the pool; cuda: a
 	 * stream). Off the loop thread. cfg's arrays are copied. */
 	int (*open)(const struct optim_config *cfg, struct optim_ctx **ret);

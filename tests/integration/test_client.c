@@ -268,6 +268,109 @@ static void t_hyper_midway(void)
 	      "a mid-backward LR change was not applied from the next iteration");
 }
 
+/* The owner's parameter buffer is the master: an edit made identically on
+ * every rank between iterations (load_state_dict, an EMA swap) is what the
+ * next step starts from. SGD, lr 0.1, momentum 0.9, gradient r + 1 on rank r:
+ * iteration 1 must start from the edited 5.0, not from the step's own 0.85. */
+static const struct zc_plan edit_plans[] = {
+	{ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group, 2, buckets},
+	{ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group, 2, buckets},
+};
+
+static int edit_rank(void *arg, int rank)
+{
+	const struct zc_plan *pl = &edit_plans[*(int *)arg];
+	struct zc_config cfg = test_config(&daemon_, *(int *)arg ? "edit1" : "edit0",
+					   (uint32_t)rank, 2);
+	float d = (1.0f + 2.0f) / 2.0f, k = (float)0.1, mom = (float)0.9;
+	float buf0 = d, want0 = 1.0f - k * buf0;
+	float buf1 = mom * buf0 + 1.0f * d, want1 = 5.0f - k * buf1;
+	zc_future *step = NULL;
+	zc_client *c = NULL;
+	int r;
+
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, pl)) < 0)
+		FAIL("rank %d: set-up: %s", rank, zc_strerror_name(r));
+	for (uint32_t b = 0; b < 2; b++)
+		for (uint64_t i = 0; i < buckets[b].numel; i++)
+			zc_param_buffer(c, b)[i] = rank == 0 ? 1.0f : -7.0f; /* rank 0's win */
+	if ((r = zc_register_plan(c)) < 0)
+		FAIL("rank %d: register: %s %s", rank, zc_strerror_name(r), zc_error_message(c));
+	for (int it = 0; it < 2; it++) {
+		for (uint32_t b = 0; b < 2; b++) {
+			for (uint64_t i = 0; i < buckets[b].numel; i++)
+				zc_grad_buffer(c, b)[i] = (float)(rank + 1);
+			if (zc_bucket_ready(c, b, NULL) < 0)
+				FAIL("bucket_ready");
+		}
+		if (zc_step_future(c, (uint64_t)it, &step) < 0 || zc_future_wait(step, 10000) != 1)
+			FAIL("rank %d: iteration %d did not complete", rank, it);
+		zc_future_free(step);
+		for (uint32_t b = 0; b < 2; b++)
+			for (uint64_t i = 0; i < buckets[b].numel; i++) {
+				float got = zc_param_buffer(c, b)[i], want = it ? want1 : want0;
+				if (got != want)
+					FAIL("rank %d iteration %d: bucket %u[%lu] = %.9g, want "
+					     "%.9g",
+					     rank, it, b, (unsigned long)i, got, want);
+				zc_param_buffer(c, b)[i] = 5.0f; /* the edit, on every rank */
+			}
+	}
+	zc_close(c);
+	return 0;
+}
+
+static void t_param_edit(void)
+{
+	static int which[2] = {0, 1};
+
+	for (int p = 0; p < 2; p++) {
+		pid_t a = spawn(edit_rank, &which[p], 0), b = spawn(edit_rank, &which[p], 1);
+		CHECK(wait_child(a, 20000) == 0, "plan %d: rank 0 failed", p);
+		CHECK(wait_child(b, 20000) == 0, "plan %d: rank 1 failed", p);
+	}
+}
+
+/* The state is sized from the plan: turning on momentum (SGD) or amsgrad
+ * (Adam) where no group had it is refused at once by the client (the daemon
+ * keeps the same check for clients that speak the protocol themselves). */
+static int growth_rank(void *arg, int idx)
+{
+	static const struct zc_param_group plain = {.lr = 0.1}, adam = ZC_PARAM_GROUP_INIT;
+	const struct zc_plan sgd = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &plain,
+				    2, buckets};
+	const struct zc_plan ad = {ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &adam,
+				   2, buckets};
+	struct zc_config cfg = test_config(&daemon_, idx ? "grow1" : "grow0", 0, 1);
+	struct zc_param_group g;
+	zc_client *c = NULL;
+	int r;
+
+	(void)arg;
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, idx ? &ad : &sgd)) < 0 ||
+	    (r = zc_register_plan(c)) < 0)
+		FAIL("set-up: %s", zc_strerror_name(r));
+	g = idx ? adam : plain;
+	if (idx)
+		g.amsgrad = true;
+	else
+		g.momentum = 0.9;
+	if ((r = zc_set_hyper(c, 0, &g)) != ZC_EHYPER)
+		FAIL("%s turned on mid-run: %d, expected ZC_EHYPER", idx ? "amsgrad" : "momentum", r);
+	g = idx ? adam : plain;
+	g.lr = 0.05;
+	if ((r = zc_set_hyper(c, 0, &g)) < 0)
+		FAIL("a plain lr change: %s", zc_strerror_name(r));
+	zc_close(c);
+	return 0;
+}
+
+static void t_state_growth_refused(void)
+{
+	CHECK(wait_child(spawn(growth_rank, NULL, 0), 20000) == 0, "SGD momentum");
+	CHECK(wait_child(spawn(growth_rank, NULL, 1), 20000) == 0, "Adam amsgrad");
+}
+
 static void t_wrong_state(void)
 {
 	CHECK(wait_child(spawn(state_checks, NULL, 0), 20000) == 0, "state checks failed");
@@ -568,6 +671,8 @@ static const struct test_case cases[] = {
 	{"wait_timeout_and_second_thread", t_wait_timeout_and_threads},
 	{"wrong_state_calls", t_wrong_state},
 	{"lr_change_midway_applies_next_iteration", t_hyper_midway},
+	{"param_edit_between_iterations_is_kept", t_param_edit},
+	{"state_growth_mid_run_refused", t_state_growth_refused},
 	{"daemon_killed_fails_waiters", t_daemon_killed},
 	{"session_limit", t_session_limit},
 	{"many_buckets_at_once", t_many_buckets},

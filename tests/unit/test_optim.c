@@ -16,6 +16,7 @@
 
 #include "common.h"
 #include "optim/optim.h"
+#include "plan.h"
 #include "testlib.h"
 
 /* Lengths: empty, one element, tails below and above one vector, and a large
@@ -304,11 +305,11 @@ static void test_ops(void)
 		unsigned want;
 	} cases[] = {
 		{ZC_OPT_SGD, 0, false, 0},
-		{ZC_OPT_SGD, 0.9, false, OPTIM_M},
-		{ZC_OPT_ADAM, 0, false, OPTIM_M | OPTIM_V},
-		{ZC_OPT_ADAM, 0, true, OPTIM_M | OPTIM_V | OPTIM_VMAX},
-		{ZC_OPT_ADAMW, 0, false, OPTIM_M | OPTIM_V},
-		{ZC_OPT_ADAMW, 0, true, OPTIM_M | OPTIM_V | OPTIM_VMAX},
+		{ZC_OPT_SGD, 0.9, false, PLAN_STATE_M},
+		{ZC_OPT_ADAM, 0, false, PLAN_STATE_M | PLAN_STATE_V},
+		{ZC_OPT_ADAM, 0, true, PLAN_STATE_M | PLAN_STATE_V | PLAN_STATE_VMAX},
+		{ZC_OPT_ADAMW, 0, false, PLAN_STATE_M | PLAN_STATE_V},
+		{ZC_OPT_ADAMW, 0, true, PLAN_STATE_M | PLAN_STATE_V | PLAN_STATE_VMAX},
 	};
 
 	CHECK(strcmp(optim_cpu_ops.name, "cpu") == 0, "name %s", optim_cpu_ops.name);
@@ -317,10 +318,10 @@ static void test_ops(void)
 		/* the second group decides: one group is enough to need an array */
 		g[1].momentum = cases[i].momentum1;
 		g[1].amsgrad = cases[i].amsgrad1;
-		got = optim_cpu_ops.state(cases[i].kind, g, 2);
+		got = plan_state_arrays(cases[i].kind, g, 2);
 		CHECK(got == cases[i].want, "case %zu: state %#x, want %#x", i, got, cases[i].want);
-		CHECK(optim_cpu_ops.state(cases[i].kind, g, 1) ==
-			      (cases[i].kind == ZC_OPT_SGD ? 0u : (unsigned)(OPTIM_M | OPTIM_V)),
+		CHECK(plan_state_arrays(cases[i].kind, g, 1) ==
+			      (cases[i].kind == ZC_OPT_SGD ? 0u : (unsigned)(PLAN_STATE_M | PLAN_STATE_V)),
 		      "case %zu: first group alone", i);
 	}
 }

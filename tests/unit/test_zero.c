@@ -233,7 +233,7 @@ static int node_start(struct node_run *nr, const struct plan *p, const struct sh
 			nr->bufs[k] = calloc(p->total_numel, sizeof(float));
 	if ((r = completion_queue_new(&nr->cq)) < 0 || (r = zero_program(p, t, &caps, &nr->prog)) < 0)
 		return r;
-	r = state_layout(p, sm, t, OPTIM_M | OPTIM_V, &st);
+	r = state_layout(p, sm, t, PLAN_STATE_M | PLAN_STATE_V, &st);
 	if (r < 0)
 		return r;
 	ec = (struct exec_config){.tag = nr,
