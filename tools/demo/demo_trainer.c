@@ -261,10 +261,7 @@ int main(int argc, char **argv)
 			printf("iter %3d  loss %.4f\n", it, loss);
 	}
 	if (cfg.rank == 0) {
-		static float h[B][H];
 		int correct = 0;
-		struct grads dummy = g;
-		(void)h;
 		/* held-out accuracy with the final parameters (forward only) */
 		for (int i = 0; i < B; i++) {
 			int best = 0;
@@ -284,7 +281,6 @@ int main(int argc, char **argv)
 			}
 			correct += best == ey[i];
 		}
-		(void)dummy;
 		printf("held-out accuracy %.1f%% (%d/%d)\n", 100.0 * correct / B, correct, B);
 	}
 	zc_close(c);
