@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build with -Werror, run
-# every meson suite (unit, integration), and print one closing line.
+# every meson suite (unit, integration, fuzz), then the same suites once more
+# built with AddressSanitizer + UBSan (tools/sanitize.sh asan), and print one
+# closing line that counts both runs. Fails if either run fails.
 #
 #   tools/test.sh [meson test args...]     e.g. tools/test.sh --suite unit
+#   ZEROD_TEST_ASAN=0 tools/test.sh        the plain run only
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$top/build}
@@ -10,24 +13,38 @@ build=${BUILD_DIR:-$top/build}
 "$top/tools/deps.sh"
 BUILD_DIR=$build "$top/tools/build.sh"
 
+logs=("$build/meson-logs/testlog.json")
 status=0
 meson test -C "$build" --print-errorlogs "$@" || status=$?
 
-# One line any CI can read: subtests (TAP cases) counted over all suites.
-python3 - "$build/meson-logs/testlog.json" <<'PY' || true
-import json, re, sys
+if [ "${ZEROD_TEST_ASAN:-1}" != 0 ]; then
+    echo "== the same suites under AddressSanitizer + UBSan (${build}-asan)"
+    args=("$@")
+    [ $# -gt 0 ] || args=(--suite unit --suite integration --suite fuzz)
+    rm -f "$build-asan/meson-logs/testlog.json"
+    BUILD_DIR=$build "$top/tools/sanitize.sh" asan "${args[@]}" || status=$?
+    logs+=("$build-asan/meson-logs/testlog.json")
+fi
+
+# One line any CI can read: subtests (TAP cases) counted over all suites and runs.
+python3 - "${logs[@]}" <<'PY' || true
+import json, os, re, sys
 passed = failed = skipped = 0
-for line in open(sys.argv[1]):
-    t = json.loads(line)
-    out = t.get("stdout") or ""
-    ok = len(re.findall(r"^ok \d+.*$", out, re.M))
-    sk = len(re.findall(r"^ok \d+ .*# SKIP", out, re.M))
-    nok = len(re.findall(r"^not ok \d+", out, re.M))
-    if t["result"] not in ("OK", "SKIP", "EXPECTEDFAIL") and nok == 0:
-        nok = 1  # crashed or timed out before its cases said so
-    passed += ok - sk
-    skipped += sk
-    failed += nok
+for path in sys.argv[1:]:
+    if not os.path.exists(path):
+        failed += 1  # that run did not get as far as its tests
+        continue
+    for line in open(path):
+        t = json.loads(line)
+        out = t.get("stdout") or ""
+        ok = len(re.findall(r"^ok \d+.*$", out, re.M))
+        sk = len(re.findall(r"^ok \d+ .*# SKIP", out, re.M))
+        nok = len(re.findall(r"^not ok \d+", out, re.M))
+        if t["result"] not in ("OK", "SKIP", "EXPECTEDFAIL") and nok == 0:
+            nok = 1  # crashed or timed out before its cases said so
+        passed += ok - sk
+        skipped += sk
+        failed += nok
 print(f"tests: {passed} passed, {failed} failed, {skipped} skipped")
 PY
 exit $status

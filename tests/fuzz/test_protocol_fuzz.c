@@ -276,7 +276,7 @@ static bool setup_active(void *s, const char *job)
 	struct plan *p = NULL;
 	char gname[64], pname[64];
 	uint8_t buf[4096];
-	int tmo = 5000;
+	int tmo = test_timeout(5000);
 	bool ok;
 
 	zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
@@ -474,14 +474,16 @@ static void t_stop(void)
 }
 
 static const struct test_case cases[] = {
-	{"fuzz_beside_a_training_job", t_fuzz},
-	{"fresh_job_after_fuzz", t_fresh_job},
+	{"fuzz_beside_a_training_job", t_fuzz, 600000},
+	{"fresh_job_after_fuzz", t_fresh_job, 70000},
 	{"daemon_stops_cleanly", t_stop},
 };
 
 int main(int argc, char **argv)
 {
-	static const char *const extra[] = {"--stall-timeout", "3000", "-q", NULL};
+	char stall[16];
+	const char *const extra[] = {"--stall-timeout", stall, "-q", NULL};
 
+	snprintf(stall, sizeof(stall), "%d", test_timeout(3000));
 	return zd_test_main(&daemon_, extra, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -34,15 +35,34 @@ bool wait_pipe(int fd, int timeout_ms)
 	struct pollfd p = {.fd = fd, .events = POLLIN};
 	char ch;
 
-	return poll(&p, 1, timeout_ms) == 1 && read(fd, &ch, 1) == 1;
+	return poll(&p, 1, test_timeout(timeout_ms)) == 1 && read(fd, &ch, 1) == 1;
+}
+
+_Noreturn void zd_exec(const char *bin, const char *const *args)
+{
+	const char *wrapper = getenv("ZEROD_WRAPPER");
+	char *words = wrapper ? strdup(wrapper) : NULL, *save = NULL;
+	const char *argv[64];
+	int n = 0;
+
+	for (char *w = words ? strtok_r(words, " \t", &save) : NULL; w && n < 32;
+	     w = strtok_r(NULL, " \t", &save))
+		argv[n++] = w;
+	argv[n++] = bin;
+	for (; args && *args && n < 63; args++)
+		argv[n++] = *args;
+	argv[n] = NULL;
+	execvp(argv[0], (char *const *)argv);
+	_exit(127);
 }
 
 int zd_start(struct zd *d, const char *const *extra)
 {
 	const char *bin = getenv("ZEROD_BIN");
-	const char *argv[32];
+	const char *args[32];
 	int n = 0;
 	int64_t deadline;
+	pid_t parent = getpid();
 
 	memset(d, 0, sizeof(*d));
 	if (!bin)
@@ -52,12 +72,12 @@ int zd_start(struct zd *d, const char *const *extra)
 		return -errno;
 	snprintf(d->sock, sizeof(d->sock), "%s/zerod.sock", d->dir);
 	snprintf(d->log, sizeof(d->log), "%s/zerod.log", d->dir);
-	argv[n++] = bin;
-	argv[n++] = "--socket";
-	argv[n++] = d->sock;
-	for (; extra && *extra && n < 30; extra++)
-		argv[n++] = *extra;
-	argv[n] = NULL;
+	args[n++] = "--socket";
+	args[n++] = d->sock;
+	for (; extra && *extra && n < 31; extra++)
+		args[n++] = *extra;
+	args[n] = NULL;
+	fflush(stdout);
 	d->pid = fork();
 	if (d->pid < 0)
 		return -errno;
@@ -67,10 +87,13 @@ int zd_start(struct zd *d, const char *const *extra)
 			dup2(fd, 2);
 			close(fd);
 		}
-		execv(bin, (char *const *)argv);
-		_exit(127);
+		/* no zerod outlives its test, however the test ends */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
+		zd_exec(bin, args);
 	}
-	deadline = test_ms() + 10000;
+	deadline = test_ms() + test_timeout(10000);
 	while (test_ms() < deadline) {
 		if (access(d->sock, F_OK) == 0)
 			return 0;
@@ -86,7 +109,7 @@ int zd_start(struct zd *d, const char *const *extra)
 
 bool zd_alive(struct zd *d)
 {
-	return d->pid > 0 && waitpid(d->pid, NULL, WNOHANG) == 0;
+	return d->pid > 0 && proc_alive(d->pid);
 }
 
 int zd_stop(struct zd *d, int timeout_ms)
@@ -96,8 +119,19 @@ int zd_stop(struct zd *d, int timeout_ms)
 
 	if (d->pid <= 0)
 		return -ECHILD;
-	kill(d->pid, SIGTERM);
+	/* a zerod the runner reaped already (a case stopped it) is not signalled:
+	 * its pid may be another process's by now */
+	if (test_reaped(d->pid) < 0)
+		kill(d->pid, SIGTERM);
 	r = wait_child(d->pid, timeout_ms);
+	/* (no directory: a case stopped it, and said so then) */
+	if (r == ZD_CHECKER_EXIT && access(d->dir, F_OK) == 0) {
+		test_failed_++;
+		printf("# zerod (pid %d) exited with %d: valgrind or a sanitizer found errors in "
+		       "it. Its log:\n",
+		       (int)d->pid, r);
+		zd_dump_log(d);
+	}
 	d->pid = 0;
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
 	if (!getenv("ZEROD_TEST_KEEP"))
@@ -132,6 +166,18 @@ bool zd_log_has(const struct zd *d, const char *needle)
 	return found;
 }
 
+bool zd_wait_log(const struct zd *d, const char *needle, int timeout_ms)
+{
+	int64_t deadline = test_ms() + test_timeout(timeout_ms);
+
+	while (!zd_log_has(d, needle)) {
+		if (test_ms() >= deadline)
+			return false;
+		usleep(10000);
+	}
+	return true;
+}
+
 int zd_test_main(struct zd *d, const char *const *extra, const struct test_case *cases, size_t n,
 		 int argc, char **argv)
 {
@@ -142,8 +188,9 @@ int zd_test_main(struct zd *d, const char *const *extra, const struct test_case 
 		return 1;
 	}
 	r = test_main(cases, n, argc, argv);
-	if (d->pid > 0)
-		zd_stop(d, 5000);
+	/* a case may have stopped it already: then this reads its status */
+	if (d->pid > 0 && zd_stop(d, 5000) == ZD_CHECKER_EXIT)
+		r = 1;
 	return r;
 }
 
@@ -159,21 +206,62 @@ pid_t spawn(int (*fn)(void *arg, int idx), void *arg, int idx)
 	return pid;
 }
 
+/* Is pid a zombie (exited, not yet reaped by its parent)? */
+static bool proc_zombie(pid_t pid)
+{
+	char path[64], buf[256], *p;
+	ssize_t len;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return true; /* gone altogether */
+	len = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (len <= 0)
+		return true;
+	buf[len] = '\0';
+	p = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold anything */
+	return !p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X';
+}
+
+bool proc_alive(pid_t pid)
+{
+	siginfo_t si = {0};
+
+	if (pid <= 0)
+		return false;
+	if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0)
+		return si.si_pid == 0; /* our child: not exited */
+	/* not our child: the runner reaps it (see test_reaped()) */
+	return test_reaped(pid) < 0 && kill(pid, 0) == 0 && !proc_zombie(pid);
+}
+
 int wait_child(pid_t pid, int timeout_ms)
 {
-	int64_t deadline = test_ms() + timeout_ms;
+	int64_t deadline = test_ms() + test_timeout(timeout_ms);
 	int st;
 
 	for (;;) {
 		pid_t r = waitpid(pid, &st, WNOHANG);
 		if (r == pid)
 			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		if (r < 0)
+		if (r < 0 && errno != ECHILD)
 			return -errno;
+		if (r < 0) {
+			/* not our child: the runner reaps it and says how it ended */
+			int s = test_reaped(pid);
+			if (s >= 0)
+				return s;
+			if (kill(pid, 0) < 0 && test_reaped(pid) < 0)
+				return -ECHILD; /* nobody knows this process */
+		}
 		if (test_ms() >= deadline) {
 			kill(pid, SIGKILL);
-			waitpid(pid, &st, 0);
-			return -ETIMEDOUT;
+			if (r == 0)
+				waitpid(pid, &st, 0);
+			return -ETIMEDOUT; /* (the runner reaps one not ours) */
 		}
 		usleep(2000);
 	}
@@ -189,7 +277,7 @@ struct zc_config test_config(const struct zd *d, const char *job, uint32_t rank,
 	c.world_size = world;
 	c.local_rank = rank;
 	c.local_size = world;
-	c.connect_timeout_ms = 10000;
+	c.connect_timeout_ms = test_timeout(10000);
 	return c;
 }
 

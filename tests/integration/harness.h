@@ -21,17 +21,35 @@ struct zd {
 	pid_t pid;
 };
 
+/* Every timeout the harness takes is nominal: it waits test_timeout(ms).
+ *
+ * $ZEROD_WRAPPER, when set, is a command (words split at blanks) that every
+ * zerod the harness starts runs under: the valgrind setup sets it to
+ * `valgrind --error-exitcode=86 ...`, so that zerod itself is checked, not
+ * only the test programs. ZD_CHECKER_EXIT is that exit status, and the one
+ * the sanitizer setups give ASAN/UBSAN/TSAN_OPTIONS=exitcode: a zerod that
+ * exits with it had errors found in it, and zd_stop() fails the case. */
+#define ZD_CHECKER_EXIT 86
+
 /* Start $ZEROD_BIN --socket DIR/zerod.sock [extra...] (NULL-terminated) and
- * wait until it serves. 0 or -errno. */
+ * wait until it serves. 0 or -errno. It dies with the process that started
+ * it (PDEATHSIG). */
 int zd_start(struct zd *d, const char *const *extra);
 /* SIGTERM and wait up to timeout_ms: the exit status (0..255), 128+signal,
- * or -ETIMEDOUT (then it is SIGKILLed). Removes the directory. */
+ * or -ETIMEDOUT (then it is SIGKILLed). Removes the directory. Works from a
+ * case's process for a zerod main() started. An exit with ZD_CHECKER_EXIT
+ * prints the daemon's log and fails the current case. */
 int zd_stop(struct zd *d, int timeout_ms);
 bool zd_alive(struct zd *d);
 /* Copy the daemon's log into the TAP output as comments. */
 void zd_dump_log(const struct zd *d);
 /* true if the daemon's log contains needle. */
 bool zd_log_has(const struct zd *d, const char *needle);
+/* Poll the daemon's log for needle for up to timeout_ms: true once it is there. */
+bool zd_wait_log(const struct zd *d, const char *needle, int timeout_ms);
+/* exec bin with args (argv[1]..., NULL-terminated) under $ZEROD_WRAPPER; on
+ * failure _exit(127). For a forked child that becomes a zerod. */
+_Noreturn void zd_exec(const char *bin, const char *const *args);
 
 /* main() of an integration test: start d (with extra arguments), run the
  * cases, stop d if a case has not. Bails out (TAP) if zerod cannot start. */
@@ -41,9 +59,13 @@ int zd_test_main(struct zd *d, const char *const *extra, const struct test_case 
 
 /* Fork a child that returns fn(arg, idx) as its exit status. */
 pid_t spawn(int (*fn)(void *arg, int idx), void *arg, int idx);
-/* Wait for a child up to timeout_ms: its exit status, 128+signal, or
- * -ETIMEDOUT (then it is SIGKILLed and reaped). */
+/* Wait for a process up to timeout_ms: its exit status, 128+signal, or
+ * -ETIMEDOUT (then it is SIGKILLed and reaped). pid is a child of the caller,
+ * or a process the runner reaps (see test_reaped()). */
 int wait_child(pid_t pid, int timeout_ms);
+/* pid has not exited (not reaping it): a child of the caller, or a process
+ * the runner reaps. */
+bool proc_alive(pid_t pid);
 
 /* Children of a test report through their exit status: EXPECT() prints a
  * TAP comment and sets child_bad (each forked child starts from 0). */

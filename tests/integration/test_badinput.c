@@ -31,7 +31,9 @@
 #include "trainer.h"
 #include "wire.h"
 
-#define STALL_MS 1500
+/* the daemon's --stall-timeout and --join-timeout: 1500 and 1000 ms, scaled
+ * as every wait (set in main()) */
+static int stall_ms, join_ms;
 
 static struct zd daemon_;
 
@@ -51,7 +53,7 @@ struct raw {
 static int raw_open(struct raw *r)
 {
 	char ep[256];
-	int zero = 0, tmo = 5000;
+	int zero = 0, tmo = test_timeout(5000);
 
 	r->ctx = zmq_ctx_new();
 	r->sock = r->ctx ? zmq_socket(r->ctx, ZMQ_DEALER) : NULL;
@@ -270,7 +272,7 @@ static zc_client *join(const char *job, uint32_t rank, uint32_t world, uint32_t 
  * needle in its message. */
 static void expect_future(zc_future *f, int want, const char *needle, const char *what)
 {
-	int st = zc_future_wait(f, 5000);
+	int st = zc_future_wait(f, test_timeout(5000));
 
 	if (st < 0)
 		printf("# %s -> %s: %s\n", what, zc_strerror_name(st), zc_future_message(f));
@@ -332,20 +334,20 @@ static void run_children(int (*fn)(void *, int), void *arg, int n, const int *wa
 
 /* ------------------------------------------------- background job --- */
 
-static struct train_spec bg_spec;
-static pid_t bg_pids[2];
+/* Started by the first case and checked by the last: shared memory (each
+ * case runs in its own process). Its ranks outlive the first case's process
+ * and the runner reaps them. */
+struct bg {
+	struct train_spec spec;
+	struct train_stop *stop; /* shared memory too: made in main() */
+	pid_t pids[2];
+};
+static struct bg *bg;
 
 /* Both bg ranks still run (without reaping them). */
 static bool bg_running(void)
 {
-	for (int r = 0; r < 2; r++) {
-		siginfo_t si = {0};
-		if (bg_pids[r] <= 0 ||
-		    waitid(P_PID, (id_t)bg_pids[r], &si, WEXITED | WNOHANG | WNOWAIT) < 0 ||
-		    si.si_pid != 0)
-			return false;
-	}
-	return true;
+	return proc_alive(bg->pids[0]) && proc_alive(bg->pids[1]);
 }
 
 static int bg_main(void *arg, int idx)
@@ -355,7 +357,7 @@ static int bg_main(void *arg, int idx)
 
 static void t_bg_start(void)
 {
-	bg_spec = (struct train_spec){
+	bg->spec = (struct train_spec){
 		.socket = daemon_.sock,
 		.job = "bg",
 		.world = 2,
@@ -363,7 +365,7 @@ static void t_bg_start(void)
 		.shard_mode = ZC_SHARD_BUCKET,
 		.step_mode = ZC_STEP_INTERLEAVED,
 		.iters = 1000000,
-		.stop = train_stop_new(),
+		.stop = bg->stop,
 		.seed = 1234,
 		.hyper_iter = -1,
 		.sleep_us = 10000,
@@ -371,13 +373,12 @@ static void t_bg_start(void)
 	};
 	REQUIRE(zd_alive(&daemon_), "zerod is not running");
 	for (int r = 0; r < 2; r++) {
-		bg_pids[r] = spawn(bg_main, &bg_spec, r);
-		REQUIRE(bg_pids[r] > 0, "fork: %s", strerror(errno));
+		bg->pids[r] = spawn(bg_main, &bg->spec, r);
+		REQUIRE(bg->pids[r] > 0, "fork: %s", strerror(errno));
 	}
 	/* let it connect and get going before the bad cases start */
-	for (int i = 0; i < 1500 && !zd_log_has(&daemon_, "job bg: active"); i++)
-		usleep(10000);
-	CHECK(zd_log_has(&daemon_, "job bg: active"), "job bg did not become active in 15 s");
+	CHECK(zd_wait_log(&daemon_, "job bg: active", 15000),
+	      "job bg did not become active in 15 s");
 }
 
 /* ------------------------------------------------------------ cases --- */
@@ -683,9 +684,7 @@ static int c_vanish(void *arg, int idx)
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "bucket 0");
 	raw_close(&r); /* no Goodbye, and this process stays */
 	snprintf(want, sizeof(want), "job vanish: ended (ZC_ETIMEDOUT");
-	for (int i = 0; i < 400 && !zd_log_has(&daemon_, want); i++)
-		usleep(10000);
-	EXPECT(zd_log_has(&daemon_, want), "no '%s' in the daemon's log within 4 s", want);
+	EXPECT(zd_wait_log(&daemon_, want, 4000), "no '%s' in the daemon's log within 4 s", want);
 	raw_reg_free(&g);
 	return child_bad;
 }
@@ -778,8 +777,9 @@ static int c_idle(void *arg, int idx)
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_HELLO_OK, "Hello");
 	t0 = test_ms();
 	raw_expect_error(&r, ZC_ETIMEDOUT, "rank 1 (not connected)", "an idle job");
-	EXPECT(test_ms() - t0 >= 800, "the idle job failed after %ld ms, before the timeout",
-	       (long)(test_ms() - t0));
+	EXPECT(test_ms() - t0 >= join_ms * 8 / 10,
+	       "the idle job failed after %ld ms, before the timeout (%d ms)",
+	       (long)(test_ms() - t0), join_ms);
 	raw_close(&r);
 	return child_bad;
 }
@@ -884,9 +884,7 @@ static int c_order_raw(void *arg, int idx)
 	}
 	EXPECT(answered == 100, "%d of 100 bad buckets answered with ZC_EBUCKET", answered);
 	raw_goodbye(&r);
-	for (int i = 0; i < 300 && !zd_log_has(&daemon_, "were not logged"); i++)
-		usleep(10000);
-	EXPECT(zd_log_has(&daemon_, "were not logged"),
+	EXPECT(zd_wait_log(&daemon_, "were not logged", 3000),
 	       "the log does not say errors were left out");
 	raw_reg_free(&g);
 	raw_close(&r);
@@ -1011,10 +1009,7 @@ static int c_planmm(void *arg, int idx)
 	EXPECT(r == 0, "zc_alloc_buffers: %s", zc_strerror_name(r));
 	if (idx == 1) {
 		/* register after rank 0, so that it is rank 1's plan that differs */
-		for (int i = 0; i < 500 && !zd_log_has(&daemon_, "job planmm: rank 0 registered");
-		     i++)
-			usleep(10000);
-		EXPECT(zd_log_has(&daemon_, "job planmm: rank 0 registered"),
+		EXPECT(zd_wait_log(&daemon_, "job planmm: rank 0 registered", 5000),
 		       "rank 0 did not register within 5 s");
 		r = zc_register_plan(c);
 		printf("# rank 1 register -> %s: %s\n", zc_strerror_name(r), zc_error_message(c));
@@ -1060,7 +1055,7 @@ static int c_killed(void *arg, int idx)
 		       "ranks 0 and 1 never sent their buckets");
 		EXPECT(zc_bucket_ready(c, 0, &f) == 0, "zc_bucket_ready(0)");
 		/* bucket 0 is complete with it: its arrival is confirmed */
-		st = zc_future_wait(f, 5000);
+		st = zc_future_wait(f, test_timeout(5000));
 		EXPECT(st == 1, "rank 2 bucket 0: %d %s", st, zc_future_message(f));
 		if (child_bad)
 			return 1;
@@ -1076,8 +1071,8 @@ static int c_killed(void *arg, int idx)
 		expect_future(step, ZC_ERANKDEAD, "rank 2", "step 0 with rank 2 killed");
 		el = test_ms() - t0;
 		printf("# rank %d: step failed %ld ms after its buckets\n", idx, (long)el);
-		EXPECT(el < STALL_MS, "the death was noticed after %ld ms (stall timeout %d)",
-		       (long)el, STALL_MS);
+		EXPECT(el < stall_ms, "the death was noticed after %ld ms (stall timeout %d)",
+		       (long)el, stall_ms);
 	}
 	zc_future_free(step);
 	zc_close(c);
@@ -1138,7 +1133,8 @@ static void t_orphan_shm(void)
 	      "each rank should have 2 buffers in /dev/shm before rank 0 dies");
 	kill(pids[0], SIGKILL);
 	CHECK(wait_child(pids[0], 10000) == 128 + SIGKILL, "rank 0 did not die of SIGKILL");
-	for (int i = 0; i < 300 && (left = shm_count(prefix[0], false)) != 0; i++)
+	for (int64_t end = test_ms() + test_timeout(3000);
+	     (left = shm_count(prefix[0], false)) != 0 && test_ms() < end;)
 		usleep(10000);
 	CHECK(left == 0, "%d buffers of the killed rank 0 left in /dev/shm after 3 s", left);
 	CHECK(zd_log_has(&daemon_, "left by its exited trainer"), "the daemon did not log it");
@@ -1201,15 +1197,15 @@ static void t_fresh_job(void)
 
 static void t_bg_job(void)
 {
-	REQUIRE(bg_pids[0] > 0, "bg_job_starts did not run");
+	REQUIRE(bg->pids[0] > 0, "bg_job_starts did not run");
 	CHECK(bg_running(), "job bg ended before the bad cases did");
-	atomic_store(&bg_spec.stop->requested, 1);
+	atomic_store(&bg->spec.stop->requested, 1);
 	for (int r = 0; r < 2; r++) {
-		int st = wait_child(bg_pids[r], 30000);
+		int st = wait_child(bg->pids[r], 30000);
 		CHECK(st == 0, "bg rank %d exited with %d", r, st);
 	}
-	CHECK(atomic_load(&bg_spec.stop->stop_at) > 5, "job bg ran %d iterations",
-	      atomic_load(&bg_spec.stop->stop_at));
+	CHECK(atomic_load(&bg->spec.stop->stop_at) > 5, "job bg ran %d iterations",
+	      atomic_load(&bg->spec.stop->stop_at));
 	if (test_failed_)
 		zd_dump_log(&daemon_);
 }
@@ -1241,15 +1237,21 @@ static const struct test_case cases[] = {
 	{"trainer_killed_ERANKDEAD", t_killed},
 	{"trainer_killed_before_registering_leaks_no_shm", t_orphan_shm},
 	{"trainer_stalled_ETIMEDOUT", t_stalled},
-	{"fresh_job_trains", t_fresh_job},
-	{"bg_job_survived", t_bg_job},
+	{"fresh_job_trains", t_fresh_job, 70000},
+	{"bg_job_survived", t_bg_job, 70000},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 
 int main(int argc, char **argv)
 {
-	static const char *const extra[] = {"--stall-timeout", "1500", "--join-timeout", "1000",
-					    NULL};
+	char stall[16], join[16];
+	const char *const extra[] = {"--stall-timeout", stall, "--join-timeout", join, NULL};
 
+	stall_ms = test_timeout(1500);
+	join_ms = test_timeout(1000);
+	snprintf(stall, sizeof(stall), "%d", stall_ms);
+	snprintf(join, sizeof(join), "%d", join_ms);
+	bg = test_shared(sizeof(*bg));
+	bg->stop = train_stop_new();
 	return zd_test_main(&daemon_, extra, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

@@ -70,7 +70,7 @@ static int fd_rank(void *arg, int rank)
 	 * messages wait, or poll() times out and the test fails. */
 	while (zc_future_poll(step) == 0) {
 		struct pollfd p = {.fd = zc_fd(c), .events = POLLIN};
-		if (poll(&p, 1, 10000) != 1)
+		if (poll(&p, 1, test_timeout(10000)) != 1)
 			FAIL("rank %d: zc_fd not readable within 10 s while the step is pending",
 			     rank);
 		if (zc_dispatch(c) < 0)
@@ -147,19 +147,19 @@ static int timeout_rank(void *arg, int rank)
 		signal_pipe(late_pipe[1]);
 		if (r != 0)
 			FAIL("wait(200) with rank 1 late returned %d, expected 0 (pending)", r);
-		if (test_ms() - t0 < 150 || test_ms() - t0 > 5000)
+		if (test_ms() - t0 < 150 || test_ms() - t0 > test_timeout(5000))
 			FAIL("wait(200) took %ld ms", (long)(test_ms() - t0));
 		pthread_join(th, NULL);
 		if (l.r < 0)
 			FAIL("bucket_ready from a second thread: %s", zc_strerror_name(l.r));
-		r = zc_future_wait(step, 10000);
+		r = zc_future_wait(step, test_timeout(10000));
 		if (r != 1)
 			FAIL("step after rank 1 caught up: %d (%s)", r, zc_future_message(step));
 		zc_future_free(step);
 	}
 	/* let the other rank finish its iteration before leaving */
 	if (zc_step_future(c, 0, &step) == 0) {
-		zc_future_wait(step, 10000);
+		zc_future_wait(step, test_timeout(10000));
 		zc_future_free(step);
 	}
 	zc_close(c);
@@ -241,13 +241,15 @@ static int midway_rank(void *arg, int idx)
 			if (zc_bucket_ready(c, b, NULL) < 0)
 				FAIL("bucket_ready");
 			if (it == 0 && b == 0) {
-				usleep(20000); /* bucket 0 is reduced: iteration 0 has begun */
+				/* bucket 0 is reduced: iteration 0 has begun */
+				usleep((useconds_t)test_timeout(20) * 1000);
 				g.lr = 0;
 				if ((r = zc_set_hyper(c, 0, &g)) < 0)
 					FAIL("set_hyper: %s", zc_strerror_name(r));
 			}
 		}
-		if (zc_step_future(c, (uint64_t)it, &step) < 0 || zc_future_wait(step, 10000) != 1)
+		if (zc_step_future(c, (uint64_t)it, &step) < 0 ||
+		    zc_future_wait(step, test_timeout(10000)) != 1)
 			FAIL("iteration %d did not complete", it);
 		zc_future_free(step);
 		for (uint32_t b = 0; b < 2; b++)
@@ -416,7 +418,7 @@ static void t_daemon_killed(void)
 	b = spawn(orphan_rank, "orphan", 1);
 	CHECK(wait_pipe(doomed_pipe[0], 10000) && wait_pipe(doomed_pipe[0], 10000),
 	      "the ranks did not get to wait");
-	usleep(50000);
+	usleep((useconds_t)test_timeout(50) * 1000);
 	kill(doomed.pid, SIGKILL);
 	CHECK(wait_child(a, 10000) == 0, "rank 0 failed or hung");
 	CHECK(wait_child(b, 10000) == 0, "rank 1 failed or hung");
@@ -485,7 +487,8 @@ static int many_rank(void *arg, int idx)
 			if ((r = zc_bucket_ready(c, b, NULL)) < 0)
 				FAIL("iteration %d bucket %u: %s", it, b, zc_strerror_name(r));
 		}
-		if (zc_step_future(c, (uint64_t)it, &step) < 0 || zc_future_wait(step, 20000) != 1)
+		if (zc_step_future(c, (uint64_t)it, &step) < 0 ||
+		    zc_future_wait(step, test_timeout(20000)) != 1)
 			FAIL("iteration %d: step %s", it, zc_future_message(step));
 		zc_future_free(step);
 	}
@@ -524,7 +527,7 @@ static int register_timeout_rank(void *arg, int idx)
 	       zc_error_message(c));
 	if (r != ZC_ETIMEDOUT)
 		FAIL("register without rank 1: %s, want ZC_ETIMEDOUT", zc_strerror_name(r));
-	if (el < 250 || el > 5000)
+	if (el < 250 || el > test_timeout(5000))
 		FAIL("register gave up after %ld ms, not after its 300 ms", (long)el);
 	zc_close(c);
 	return 0;
@@ -588,7 +591,7 @@ static int memory_released(void)
 		FAIL("job held: iteration 0");
 	kill(p1, SIGKILL);
 	wait_child(p1, 10000);
-	r = zc_future_wait(step, 10000);
+	r = zc_future_wait(step, test_timeout(10000));
 	zc_future_free(step);
 	/* ZC_ERANKDEAD; or ZC_EJOBFAILED when the daemon saw the death before
 	 * bucket 0 arrived and the job ended between iterations */
@@ -597,7 +600,7 @@ static int memory_released(void)
 	/* held's rank 0 is still connected; its executor stops a moment after
 	 * the error went out, so a few tries may see the memory still held */
 	after = NULL;
-	for (int i = 0; i < 50 && !after; i++) {
+	for (int i = 0, end = 50 * test_timeout(1); i < end && !after; i++) {
 		char job[32];
 		snprintf(job, sizeof(job), "after-%d", i);
 		if (!(after = mid_join(job, 0, 1)))
@@ -642,7 +645,7 @@ static int memory_checks(void *arg, int idx)
 	for (uint32_t k = 0; k < 2; k++)
 		if (zc_bucket_ready(a, k, NULL) < 0)
 			FAIL("bucket %u of the job that fits", k);
-	if (zc_step_future(a, 0, &step) < 0 || zc_future_wait(step, 10000) != 1)
+	if (zc_step_future(a, 0, &step) < 0 || zc_future_wait(step, test_timeout(10000)) != 1)
 		FAIL("the job that fits did not step: %s", zc_future_message(step));
 	zc_future_free(step);
 	zc_close(a);
@@ -654,9 +657,8 @@ static void t_memory_limit(void)
 	static const char *const extra[] = {"--max-memory", "8K", NULL};
 
 	REQUIRE(zd_start(&small, extra) == 0, "zerod --max-memory 8K");
-	for (int i = 0; i < 1000 && !zd_log_has(&small, "8.0 KiB for optimizer state"); i++)
-		usleep(10000);
-	CHECK(zd_log_has(&small, "8.0 KiB for optimizer state"), "the budget is not logged");
+	CHECK(zd_wait_log(&small, "8.0 KiB for optimizer state", 10000),
+	      "the budget is not logged");
 	CHECK(wait_child(spawn(memory_checks, NULL, 0), 20000) == 0, "memory limit not kept");
 	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
 }
@@ -675,7 +677,7 @@ static const struct test_case cases[] = {
 	{"state_growth_mid_run_refused", t_state_growth_refused},
 	{"daemon_killed_fails_waiters", t_daemon_killed},
 	{"session_limit", t_session_limit},
-	{"many_buckets_at_once", t_many_buckets},
+	{"many_buckets_at_once", t_many_buckets, 70000},
 	{"memory_limit_ELIMIT", t_memory_limit},
 	{"register_timeout", t_register_timeout},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},

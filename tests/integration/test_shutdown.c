@@ -64,7 +64,7 @@ static int c_probe(void *arg, int idx)
 	if (r == 0)
 		r = zc_step_future(c, 0, &step);
 	if (r == 0)
-		r = zc_future_wait(step, 5000);
+		r = zc_future_wait(step, test_timeout(5000));
 	EXPECT(r == 1, "one iteration: %s: %s", r ? zc_strerror_name(r) : "timed out",
 	       step ? zc_future_message(step) : zc_error_message(c));
 	zc_future_free(step);
@@ -91,8 +91,7 @@ static void t_second_daemon_refused(void)
 			dup2(fd, 2);
 			close(fd);
 		}
-		execl(bin, bin, "--socket", daemon_.sock, (char *)NULL);
-		_exit(127);
+		zd_exec(bin, (const char *const[]){"--socket", daemon_.sock, NULL});
 	}
 	st = wait_child(pid, 5000);
 	CHECK(st > 0 && st < 128, "a second zerod on %s exited with %d, want a failure exit",
@@ -161,7 +160,7 @@ static int c_shut(void *arg, int idx)
 	(void)!write(ready_pipe[1], "x", 1);
 	if (idx == 1)
 		EXPECT(wait_pipe(gone_pipe[0], 20000), "rank 1 never heard that zerod exited");
-	r = zc_future_wait(step, 15000);
+	r = zc_future_wait(step, test_timeout(15000));
 	printf("# rank %d step 0 -> %s: %s\n", idx, r == 1 ? "done" : zc_strerror_name(r),
 	       zc_future_message(step));
 	EXPECT(r == ZC_ESHUTDOWN, "rank %d step 0: %s (%d), want ZC_ESHUTDOWN", idx,
@@ -192,7 +191,7 @@ static void t_sigterm_mid_iteration(void)
 		ready += wait_pipe(ready_pipe[0], 15000);
 	CHECK(ready == 2, "only %d of 2 ranks got to the iteration", ready);
 	/* let rank 0's buckets reach the daemon: the iteration is in flight */
-	usleep(200 * 1000);
+	usleep((useconds_t)test_timeout(200) * 1000);
 	CHECK(shm_count(prefix, true) == 0, "the daemon left the names of mapped buffers");
 
 	snprintf(dir, sizeof(dir), "%s", daemon_.dir);

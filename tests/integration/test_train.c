@@ -20,9 +20,10 @@ static int rank_main(void *arg, int idx)
 	return train_rank(arg, (uint32_t)idx);
 }
 
-static void run(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step)
+/* serial: the case's place in the table, for its job name and seed (each
+ * case runs in a process of its own, so no counter could carry it) */
+static void run(int serial, enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step)
 {
-	static int serial;
 	char job[64];
 	pid_t pids[16];
 	struct train_spec s = {
@@ -39,7 +40,7 @@ static void run(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mo
 	};
 
 	REQUIRE(zd_alive(&daemon_), "zerod is not running");
-	snprintf(job, sizeof(job), "train-w%u-%d", world, serial++);
+	snprintf(job, sizeof(job), "train-w%u-%d", world, serial);
 	for (uint32_t r = 0; r < world; r++)
 		pids[r] = spawn(rank_main, &s, (int)r);
 	for (uint32_t r = 0; r < world; r++) {
@@ -50,23 +51,23 @@ static void run(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mo
 		zd_dump_log(&daemon_);
 }
 
-#define CASE(o, sh, st)                                                                            \
+#define CASE(n, o, sh, st)                                                                         \
 	static void t_##o##_##sh##_##st(void)                                                      \
 	{                                                                                          \
-		run(ZC_OPT_##o, ZC_SHARD_##sh, ZC_STEP_##st);                                      \
+		run(n, ZC_OPT_##o, ZC_SHARD_##sh, ZC_STEP_##st);                                   \
 	}
-CASE(SGD, BUCKET, INTERLEAVED)
-CASE(SGD, BUCKET, AT_END)
-CASE(SGD, SLICE, INTERLEAVED)
-CASE(SGD, SLICE, AT_END)
-CASE(ADAM, BUCKET, INTERLEAVED)
-CASE(ADAM, BUCKET, AT_END)
-CASE(ADAM, SLICE, INTERLEAVED)
-CASE(ADAM, SLICE, AT_END)
-CASE(ADAMW, BUCKET, INTERLEAVED)
-CASE(ADAMW, BUCKET, AT_END)
-CASE(ADAMW, SLICE, INTERLEAVED)
-CASE(ADAMW, SLICE, AT_END)
+CASE(0, SGD, BUCKET, INTERLEAVED)
+CASE(1, SGD, BUCKET, AT_END)
+CASE(2, SGD, SLICE, INTERLEAVED)
+CASE(3, SGD, SLICE, AT_END)
+CASE(4, ADAM, BUCKET, INTERLEAVED)
+CASE(5, ADAM, BUCKET, AT_END)
+CASE(6, ADAM, SLICE, INTERLEAVED)
+CASE(7, ADAM, SLICE, AT_END)
+CASE(8, ADAMW, BUCKET, INTERLEAVED)
+CASE(9, ADAMW, BUCKET, AT_END)
+CASE(10, ADAMW, SLICE, INTERLEAVED)
+CASE(11, ADAMW, SLICE, AT_END)
 
 static void t_daemon_stops_cleanly(void)
 {
@@ -76,7 +77,7 @@ static void t_daemon_stops_cleanly(void)
 
 #define ENTRY(o, sh, st)                                                                           \
 	{                                                                                          \
-#o "_" #sh "_" #st, t_##o##_##sh##_##st                                            \
+#o "_" #sh "_" #st, t_##o##_##sh##_##st, 70000                                     \
 	}
 static const struct test_case cases[] = {
 	ENTRY(SGD, BUCKET, INTERLEAVED),

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "testlib.h"
 #include "trainer.h"
 
 static const uint64_t bucket_sizes[] = {1000, 37, 70001, 16, 2500}; /* 70001: several chunks */
@@ -209,7 +210,7 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 	cfg.job_id = s->job;
 	cfg.rank = cfg.local_rank = rank;
 	cfg.world_size = cfg.local_size = s->world;
-	cfg.connect_timeout_ms = 15000;
+	cfg.connect_timeout_ms = test_timeout(15000);
 	cfg.error_text = errtext;
 	cfg.error_text_len = sizeof(errtext);
 	r = zc_connect(&cfg, &c);
@@ -261,7 +262,7 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 		}
 		r = zc_step_future(c, (uint64_t)it, &step);
 		if (r >= 0)
-			r = zc_future_wait(step, 20000);
+			r = zc_future_wait(step, test_timeout(20000));
 		if (r <= 0) {
 			printf("# %s rank %u: iteration %d step: %s: %s\n", s->job, rank, it,
 			       r ? zc_strerror_name(r) : "timed out", zc_future_message(step));
