@@ -305,7 +305,7 @@ static int edit_rank(void *arg, int rank)
 			if (zc_bucket_ready(c, b, NULL) < 0)
 				FAIL("bucket_ready");
 		}
-		if (zc_step_future(c, (uint64_t)it, &step) < 0 || zc_future_wait(step, 10000) != 1)
+		if (zc_step_future(c, (uint64_t)it, &step) < 0 || zc_future_wait(step, test_timeout(10000)) != 1)
 			FAIL("rank %d: iteration %d did not complete", rank, it);
 		zc_future_free(step);
 		for (uint32_t b = 0; b < 2; b++)

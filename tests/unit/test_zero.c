@@ -455,11 +455,23 @@ static void run_job(enum zc_shard_mode shard, enum zc_step_mode step, uint32_t w
 
 static struct pool *pool_;
 
+/* Each case runs in a process of its own: each sets up what it uses. */
+static int setup(void)
+{
+	rec_optim = optim_cpu_ops;
+	rec_optim.name = "recording";
+	rec_optim.open = rec_optim_open;
+	rec_optim.run = rec_run;
+	rec_optim.close = rec_optim_close;
+	return pool_ ? 0 : pool_new(2, &pool_);
+}
+
 static void t_matrix(void)
 {
 	static const enum zc_shard_mode shards[] = {ZC_SHARD_BUCKET, ZC_SHARD_SLICE};
 	static const enum zc_step_mode steps[] = {ZC_STEP_INTERLEAVED, ZC_STEP_AT_END};
 	unsigned jobs = 0;
+	REQUIRE(setup() == 0, "worker pool");
 
 	for (size_t s = 0; s < 2; s++)
 		for (size_t m = 0; m < 2; m++)
@@ -523,6 +535,7 @@ static void t_reduce_overtakes_bcast(void)
 	struct exec_done *pending = NULL, *d;
 	struct node_run nr;
 	unsigned dones = 0;
+	REQUIRE(setup() == 0, "worker pool");
 
 	REQUIRE(p && shard_assign(p, 2, &sm) == 0, "plan");
 	R.node = 0;
@@ -581,6 +594,7 @@ static void t_abort_blocked(void)
 	struct exec_done *pending = NULL, *d;
 	struct node_run nr;
 	bool blocked;
+	REQUIRE(setup() == 0, "worker pool");
 
 	REQUIRE(p && shard_assign(p, 3, &sm) == 0, "plan");
 	R.node = 1;
@@ -621,6 +635,7 @@ static void t_failure(void)
 	struct exec_done *pending = NULL, *d;
 	struct node_run nr;
 	unsigned failed = 0, step_done = 0, bucket_done = 0;
+	REQUIRE(setup() == 0, "worker pool");
 
 	REQUIRE(p && shard_assign(p, 2, &sm) == 0, "plan");
 	R.node = 0;
@@ -651,18 +666,7 @@ static void t_failure(void)
 	plan_free(p);
 }
 
-static void t_setup(void)
-{
-	rec_optim = optim_cpu_ops;
-	rec_optim.name = "recording";
-	rec_optim.open = rec_optim_open;
-	rec_optim.run = rec_run;
-	rec_optim.close = rec_optim_close;
-	REQUIRE(pool_new(2, &pool_) == 0, "pool");
-}
-
 static const struct test_case cases[] = {
-	{"setup", t_setup},
 	{"program_shape", t_program_shape},
 	{"matrix_modes_worlds_nodes", t_matrix},
 	{"reduce_overtakes_blocked_bcast", t_reduce_overtakes_bcast},
