@@ -95,7 +95,8 @@ struct job {
 	struct job *next;
 	struct daemon *d;
 	char id[ZEROD_JOB_ID_MAX + 1];
-	uint32_t world;
+	uint32_t world;      /* ranks in the job, on every node */
+	uint32_t local_size; /* ranks of it on this node: all of them until multi-node */
 	enum job_state state;
 	int err;
 	char errmsg[256];
@@ -106,7 +107,7 @@ struct job {
 	struct plan **plans;        /* [world]: what each rank registered */
 	struct mem_map **grad_map;  /* [world] */
 	struct mem_map **param_map; /* [world] */
-	uint32_t nconnected, nregistered;
+	uint32_t nconnected, nregistered; /* of local_size */
 
 	struct plan *plan; /* the job's plan, once every rank agreed */
 	struct shard_map *shard;

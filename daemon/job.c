@@ -194,6 +194,11 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 			 j->id, zc_strerror_name(j->err), j->errmsg);
 		return ZC_EJOBFAILED;
 	}
+	if (j && j->local_size != h->local_size) {
+		snprintf(err, errlen, "job %s has %u ranks on this node, rank %u says %u", j->id,
+			 j->local_size, h->rank, h->local_size);
+		return ZC_EWORLD;
+	}
 	if (j && j->world != h->world_size) {
 		snprintf(err, errlen, "job %s has world size %u, rank %u says %u", j->id, j->world,
 			 h->rank, h->world_size);
@@ -220,13 +225,14 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 			return -ENOMEM;
 		}
 		log_info("job %s: new, world %u", j->id, j->world);
+		j->local_size = h->local_size;
 	}
 	j->ranks[h->rank] = s;
 	j->nconnected++;
 	j->progress_ms = now_ms();
 	s->job = j;
 	log_info("job %s: rank %u joined (pid %d, %u/%u)", j->id, h->rank, (int)s->pid,
-		 j->nconnected, j->world);
+		 j->nconnected, j->local_size);
 	return 0;
 }
 
@@ -380,8 +386,8 @@ void job_register_plan(struct job *j, struct session *s, const Zerod__V1__Regist
 	j->nregistered++;
 	j->progress_ms = now_ms();
 	log_info("job %s: rank %u registered plan %016" PRIx64 " (%u/%u)", j->id, s->rank, p->hash,
-		 j->nregistered, j->world);
-	if (j->nregistered == j->world)
+		 j->nregistered, j->local_size);
+	if (j->nregistered == j->local_size)
 		job_start(j);
 }
 

@@ -136,7 +136,7 @@ void sched_bucket_ready(struct job *j, struct session *s, uint64_t iteration, ui
 	j->next_bucket[s->rank] = next + 1;
 	j->in_flight = true;
 	j->progress_ms = now_ms();
-	if (++j->arrived[bucket] == j->world)
+	if (++j->arrived[bucket] == j->local_size)
 		bucket_complete(j, bucket);
 }
 
@@ -297,6 +297,8 @@ static void describe_wait(struct job *j, char *buf, size_t len)
 	buf[0] = 0;
 	for (uint32_t r = 0; r < j->world && at + 64 < len; r++) {
 		uint32_t nb = j->state == JOB_ACTIVE ? j->plan->nbuckets : 1;
+		if (j->node_of && j->node_of[r] != j->topo.node)
+			continue; /* another node's rank: its daemon names it */
 		bool waiting = j->state == JOB_ACTIVE ? j->next_bucket[r] < nb : !j->plans[r];
 		if (!waiting)
 			continue;
