@@ -11,8 +11,15 @@
  *
  * A socket monitor reports the connection dropping (zerod exited or was
  * restarted, which loses the job): every pending and later future then fails
- * with ZC_ECONNECT instead of waiting forever. One epoll fd covers both the
- * socket and its monitor, so callers have a single fd to watch.
+ * with ZC_ECONNECT instead of waiting forever. One epoll fd covers the
+ * socket, its monitor and the fast path's doorbell, so callers have a single
+ * fd to watch.
+ *
+ * The fast path (fastpath.c), when zerod offers it and ZEROD_FASTPATH is
+ * not 0, carries BucketReady, BucketDone and StepDone through a shared ring;
+ * it is attached in zc_register_plan(). Both channels are read in the order
+ * the daemon wrote them: before handling its k-th ZeroMQ message, the
+ * client takes what the ring holds in front of MARK(k).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,6 +36,7 @@
 #include <zmq.h>
 
 #include "common.h"
+#include "fastpath.h"
 #include "plan.h"
 #include "wire.h"
 #include "zeroclient.h"
@@ -63,6 +71,12 @@ struct zc_client {
 	char job_id[ZEROD_JOB_ID_MAX + 1];
 	struct zc_config cfg;
 
+	/* the fast path: offered in HelloOk, attached by zc_register_plan() */
+	char fp_path[108];
+	uint64_t fp_token;
+	struct fpc *fp;
+	uint64_t zsent, zrecv; /* ZeroMQ messages sent / received (Hello, HelloOk: 1) */
+
 	struct plan *plan;
 	struct shm_buf grad, param;
 	bool registered;
@@ -91,6 +105,8 @@ static int send_env(zc_client *c, Zerod__V1__Envelope *env, uint64_t *ret_id)
 	env->has_request_id = 1;
 	env->request_id = ++c->last_request;
 	r = wire_send(c->sock, NULL, 0, env);
+	if (r >= 0)
+		c->zsent++; /* a ring slot pushed from now on goes after a MARK */
 	if (r >= 0 && ret_id)
 		*ret_id = env->request_id;
 	return r == -EHOSTUNREACH ? ZC_ECONNECT : r;
@@ -189,29 +205,49 @@ static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
 	}
 }
 
+/* BucketDone and StepDone, from either channel. */
+static void bucket_done(zc_client *c, uint64_t iteration, uint32_t bucket)
+{
+	for (struct zc_future *f = c->futures; f; f = f->next)
+		if (f->kind == FUTURE_BUCKET && f->bucket == bucket && f->iteration == iteration)
+			future_settle(f, 1, NULL);
+}
+
+static void step_done(zc_client *c, uint64_t iteration)
+{
+	if (iteration + 1 > c->steps_done)
+		c->steps_done = iteration + 1;
+	for (struct zc_future *f = c->futures; f; f = f->next)
+		if (f->kind == FUTURE_STEP && f->iteration < c->steps_done)
+			future_settle(f, 1, NULL);
+}
+
+static void hello_ok(zc_client *c, const Zerod__V1__HelloOk *ok)
+{
+	if (c->hello_result == 0) /* not after a lost connection */
+		c->hello_result = 1;
+	if (ok->fastpath_socket && ok->has_fastpath_token &&
+	    strlen(ok->fastpath_socket) < sizeof(c->fp_path)) {
+		snprintf(c->fp_path, sizeof(c->fp_path), "%s", ok->fastpath_socket);
+		c->fp_token = ok->fastpath_token;
+	}
+}
+
 static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 {
 	switch (env->body_case) {
 	case ZEROD__V1__ENVELOPE__BODY_HELLO_OK:
-		if (c->hello_result == 0) /* not after a lost connection */
-			c->hello_result = 1;
+		hello_ok(c, env->hello_ok);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_PLAN_OK:
 		if (c->plan_result == 0)
 			c->plan_result = 1;
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE:
-		for (struct zc_future *f = c->futures; f; f = f->next)
-			if (f->kind == FUTURE_BUCKET && f->bucket == env->bucket_done->bucket &&
-			    f->iteration == env->bucket_done->iteration)
-				future_settle(f, 1, NULL);
+		bucket_done(c, env->bucket_done->iteration, env->bucket_done->bucket);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_STEP_DONE:
-		if (env->step_done->iteration + 1 > c->steps_done)
-			c->steps_done = env->step_done->iteration + 1;
-		for (struct zc_future *f = c->futures; f; f = f->next)
-			if (f->kind == FUTURE_STEP && f->iteration < c->steps_done)
-				future_settle(f, 1, NULL);
+		step_done(c, env->step_done->iteration);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_ERROR:
 		handle_error(c, env);
@@ -257,26 +293,56 @@ static bool drain_monitor(zc_client *c)
 	}
 }
 
-/* Drain every message that has arrived. Called with c->mu held. A lost
+/* Act on the ring's completions that may be taken once zrecv ZeroMQ
+ * messages were handled. A ring that makes no sense fails the job, and the
+ * client goes on with ZeroMQ alone. */
+static int take_ring(zc_client *c, uint64_t zrecv)
+{
+	struct fpc_event ev;
+	char err[160];
+	int n = 0, r;
+
+	while (c->fp && (r = fpc_next(c->fp, zrecv, &ev, err, sizeof(err))) != 0) {
+		if (r < 0) {
+			epoll_ctl(c->efd, EPOLL_CTL_DEL, fpc_fd(c->fp), NULL);
+			fpc_free(c->fp);
+			c->fp = NULL;
+			job_failed(c, r, err);
+			break;
+		}
+		if (ev.step)
+			step_done(c, ev.iteration);
+		else
+			bucket_done(c, ev.iteration, ev.bucket);
+		n++;
+	}
+	return n;
+}
+
+/* Drain every message that has arrived, from both channels. Called with
+ * c->mu held; sleepy: the caller may sleep on c->efd next. A lost
  * connection is acted on after the messages that came before it: the
  * daemon's last word (ZC_ESHUTDOWN, say) is the better reason. */
-static int dispatch_locked(zc_client *c)
+static int dispatch_locked(zc_client *c, bool sleepy)
 {
 	bool lost = c->mon && drain_monitor(c);
-	int n = 0;
+	int n = 0, e;
 
+	if (c->fp)
+		fpc_begin(c->fp, sleepy);
 	for (;;) {
 		Zerod__V1__Envelope *env;
 		zmq_msg_t msg;
 
+		n += take_ring(c, c->zrecv);
 		zmq_msg_init(&msg);
 		if (zmq_msg_recv(&msg, c->sock, ZMQ_DONTWAIT) < 0) {
-			int e = zmq_errno();
+			e = zmq_errno();
 			zmq_msg_close(&msg);
-			if (lost)
-				connection_lost(c);
-			return e == EAGAIN ? n : -e;
+			break;
 		}
+		/* what the daemon put in the ring before it sent this, first */
+		n += take_ring(c, c->zrecv++);
 		if (wire_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &env) == 0) {
 			handle(c, env);
 			wire_free(env);
@@ -286,6 +352,11 @@ static int dispatch_locked(zc_client *c)
 		zmq_msg_close(&msg);
 		n++;
 	}
+	while (c->fp && fpc_sleep(c->fp, c->zrecv))
+		n += take_ring(c, c->zrecv);
+	if (lost)
+		connection_lost(c);
+	return e == EAGAIN ? n : -e;
 }
 
 int zc_dispatch(zc_client *c)
@@ -295,7 +366,7 @@ int zc_dispatch(zc_client *c)
 	if (!c)
 		return -EINVAL;
 	pthread_mutex_lock(&c->mu);
-	r = dispatch_locked(c);
+	r = dispatch_locked(c, true);
 	pthread_mutex_unlock(&c->mu);
 	return r;
 }
@@ -315,7 +386,7 @@ static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
 		int64_t now;
 
 		pthread_mutex_lock(&c->mu);
-		dispatch_locked(c);
+		dispatch_locked(c, true);
 		v = *flag;
 		pthread_mutex_unlock(&c->mu);
 		if (v != 0)
@@ -498,6 +569,7 @@ void zc_close(zc_client *c)
 	}
 	if (c->efd >= 0)
 		close(c->efd);
+	fpc_free(c->fp);
 	if (c->sock) {
 		/* let the goodbye leave before the socket goes */
 		int linger = 200;
@@ -603,6 +675,45 @@ const char *zc_error_message(zc_client *c)
 	return c ? c->reply_msg : "";
 }
 
+/*
+ * Attach the fast path, if zerod offered one and ZEROD_FASTPATH is not 0;
+ * called with c->mu held, before the plan is registered (the daemon takes a
+ * ring only then). The lock is released while zerod answers: other calls
+ * may run (c->registered keeps a second registration out). Without a ring
+ * everything goes over ZeroMQ, as with a daemon that offers none.
+ */
+static void fastpath_setup(zc_client *c)
+{
+	const char *env = getenv("ZEROD_FASTPATH");
+	uint32_t nbuckets = c->plan->nbuckets;
+	uint64_t zsent = c->zsent;
+	char path[sizeof(c->fp_path)], err[256];
+	struct fpc *fp = NULL;
+	int r;
+
+	if (!c->fp_path[0] || (env && strcmp(env, "0") == 0))
+		return;
+	memcpy(path, c->fp_path, sizeof(path));
+	pthread_mutex_unlock(&c->mu);
+	r = fpc_attach(path, c->fp_token, zsent, nbuckets, c->cfg.connect_timeout_ms, &fp, err,
+		       sizeof(err));
+	pthread_mutex_lock(&c->mu);
+	if (r < 0)
+		return;
+	if (c->zsent != zsent || c->job_error) {
+		/* a ZeroMQ message went out meanwhile (zc_close's Goodbye),
+		 * or the job is over: not worth a ring */
+		fpc_free(fp);
+		return;
+	}
+	if (epoll_ctl(c->efd, EPOLL_CTL_ADD, fpc_fd(fp),
+		      &(struct epoll_event){.events = EPOLLIN, .data.fd = fpc_fd(fp)}) < 0) {
+		fpc_free(fp);
+		return;
+	}
+	c->fp = fp;
+}
+
 int zc_register_plan(zc_client *c)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
@@ -623,6 +734,9 @@ int zc_register_plan(zc_client *c)
 		pthread_mutex_unlock(&c->mu);
 		return r;
 	}
+	c->registered = true;
+	c->plan_result = 0;
+	fastpath_setup(c);
 	shm.grad_name = c->grad.name;
 	shm.grad_bytes = c->grad.bytes;
 	shm.param_name = c->param.name;
@@ -631,8 +745,6 @@ int zc_register_plan(zc_client *c)
 	rp.shm = &shm;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
 	env.register_plan = &rp;
-	c->plan_result = 0;
-	c->registered = true;
 	r = send_env(c, &env, NULL);
 	plan_pb_free(&pb);
 	pthread_mutex_unlock(&c->mu);
@@ -688,7 +800,7 @@ static int bucket_check(zc_client *c, uint32_t bucket)
 			 "... every iteration)",
 			 bucket, c->sent_in_iter);
 	} else if (bucket == 0 && c->steps_done < c->iter) {
-		dispatch_locked(c);
+		dispatch_locked(c, false);
 		if (c->job_error)
 			r = c->job_error; /* job_failed() wrote reply_msg */
 		else if (c->steps_done < c->iter) {
@@ -730,11 +842,19 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 			goto out;
 		}
 	}
-	br.iteration = c->iter;
-	br.bucket = bucket;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
-	env.bucket_ready = &br;
-	r = send_env(c, &env, f ? &f->request : NULL);
+	if (c->fp) {
+		r = fpc_push_ready(c->fp, c->zsent, c->iter, bucket);
+		if (r == -EAGAIN)
+			snprintf(c->reply_msg, sizeof(c->reply_msg),
+				 "the fast-path ring is full: zerod has not taken the buckets "
+				 "handed over");
+	} else {
+		br.iteration = c->iter;
+		br.bucket = bucket;
+		env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
+		env.bucket_ready = &br;
+		r = send_env(c, &env, f ? &f->request : NULL);
+	}
 	if (r < 0) {
 		if (f) {
 			future_unlink(f);
@@ -770,7 +890,7 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 		pthread_mutex_unlock(&c->mu);
 		return ZC_ESTATE;
 	}
-	dispatch_locked(c);
+	dispatch_locked(c, false);
 	f = future_new(c, FUTURE_STEP, iteration, 0);
 	if (f && iteration < c->steps_done)
 		future_settle(f, 1, NULL);
@@ -831,7 +951,7 @@ int zc_last_error(zc_client *c)
 	if (!c)
 		return -EINVAL;
 	pthread_mutex_lock(&c->mu);
-	dispatch_locked(c);
+	dispatch_locked(c, false);
 	r = c->last_error ? c->last_error : c->job_error;
 	pthread_mutex_unlock(&c->mu);
 	return r;
@@ -848,7 +968,7 @@ int zc_future_poll(zc_future *f)
 	if (!f->c)
 		return f->state;
 	pthread_mutex_lock(&f->c->mu);
-	dispatch_locked(f->c);
+	dispatch_locked(f->c, false);
 	st = f->state;
 	pthread_mutex_unlock(&f->c->mu);
 	return st;
