@@ -75,7 +75,9 @@ struct zc_client {
 	char fp_path[108];
 	uint64_t fp_token;
 	struct fpc *fp;
+	bool fp_closed;        /* zerod closed its channel: send by ZeroMQ */
 	uint64_t zsent, zrecv; /* ZeroMQ messages sent / received (Hello, HelloOk: 1) */
+	bool zmq_look;         /* ZeroMQ may hold messages its fds do not signal */
 
 	struct plan *plan;
 	struct shm_buf grad, param;
@@ -105,6 +107,7 @@ static int send_env(zc_client *c, Zerod__V1__Envelope *env, uint64_t *ret_id)
 	env->has_request_id = 1;
 	env->request_id = ++c->last_request;
 	r = wire_send(c->sock, NULL, 0, env);
+	c->zmq_look = true; /* the send may have taken the wake-up of a message */
 	if (r >= 0)
 		c->zsent++; /* a ring slot pushed from now on goes after a MARK */
 	if (r >= 0 && ret_id)
@@ -319,26 +322,58 @@ static int take_ring(zc_client *c, uint64_t zrecv)
 	return n;
 }
 
-/* Drain every message that has arrived, from both channels. Called with
- * c->mu held; sleepy: the caller may sleep on c->efd next. A lost
- * connection is acted on after the messages that came before it: the
- * daemon's last word (ZC_ESHUTDOWN, say) is the better reason. */
-static int dispatch_locked(zc_client *c, bool sleepy)
-{
-	bool lost = c->mon && drain_monitor(c);
-	int n = 0, e;
+/* How much a dispatch looks at. */
+enum look {
+	/* everything: the caller wants errors too */
+	LOOK_ALL,
+	/* the caller sleeps on c->efd next: drain the doorbell; with a ring,
+	 * read ZeroMQ only where c->zmq_look says it may hold something */
+	LOOK_SLEEP,
+};
 
-	if (c->fp)
-		fpc_begin(c->fp, sleepy);
+/* Ask epoll which of c->efd's fds are ready, without waiting: a ZeroMQ one
+ * (its socket or monitor) sets c->zmq_look. */
+static void note_ready(zc_client *c, const struct epoll_event *ev, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (!c->fp || ev[i].data.fd != fpc_fd(c->fp))
+			c->zmq_look = true;
+}
+
+/* Drain every message that has arrived, from both channels. Called with
+ * c->mu held. A lost connection is acted on after the messages that came
+ * before it: the daemon's last word (ZC_ESHUTDOWN, say) is the better
+ * reason.
+ *
+ * Reading ZeroMQ costs system calls even when nothing came (libzmq polls
+ * its mailbox), so with a ring a sleeper skips it unless its fds were
+ * ready: once a read ended in EAGAIN, the next message makes them readable,
+ * and they stay so until the next read. A send may eat that signal, so a
+ * send sets zmq_look too. */
+static int dispatch_locked(zc_client *c, enum look look)
+{
+	bool zmq = !c->fp || look == LOOK_ALL || c->zmq_look;
+	bool lost = zmq && c->mon && drain_monitor(c);
+	int n = 0, e = EAGAIN;
+
+	if (c->fp && !fpc_begin(c->fp, look == LOOK_SLEEP) && !c->fp_closed) {
+		/* zerod closed the channel: its end of file would keep c->efd
+		 * readable; what comes now comes by ZeroMQ */
+		epoll_ctl(c->efd, EPOLL_CTL_DEL, fpc_fd(c->fp), NULL);
+		c->fp_closed = true;
+	}
 	for (;;) {
 		Zerod__V1__Envelope *env;
 		zmq_msg_t msg;
 
 		n += take_ring(c, c->zrecv);
+		if (!zmq)
+			break;
 		zmq_msg_init(&msg);
 		if (zmq_msg_recv(&msg, c->sock, ZMQ_DONTWAIT) < 0) {
 			e = zmq_errno();
 			zmq_msg_close(&msg);
+			c->zmq_look = e != EAGAIN;
 			break;
 		}
 		/* what the daemon put in the ring before it sent this, first */
@@ -361,12 +396,17 @@ static int dispatch_locked(zc_client *c, bool sleepy)
 
 int zc_dispatch(zc_client *c)
 {
+	struct epoll_event ev[4];
 	int r;
 
 	if (!c)
 		return -EINVAL;
 	pthread_mutex_lock(&c->mu);
-	r = dispatch_locked(c, true);
+	/* the caller woke on c->efd: from what? (one system call, where
+	 * reading ZeroMQ for nothing costs four) */
+	if (c->fp && !c->zmq_look)
+		note_ready(c, ev, epoll_wait(c->efd, ev, ARRAY_SIZE(ev), 0));
+	r = dispatch_locked(c, LOOK_SLEEP);
 	pthread_mutex_unlock(&c->mu);
 	return r;
 }
@@ -380,13 +420,20 @@ int zc_fd(zc_client *c)
  * deadline_ms < 0: forever. Returns the flag's value, or 0 on timeout. */
 static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
 {
+	struct epoll_event ev[4];
+	int n = 0;
+
 	for (;;) {
-		struct pollfd pfd = {.fd = c->efd, .events = POLLIN};
 		int v, slice = WAIT_SLICE_MS;
 		int64_t now;
 
 		pthread_mutex_lock(&c->mu);
-		dispatch_locked(c, true);
+		note_ready(c, ev, n);
+		/* the ring first: when it settles the flag, ZeroMQ can wait for
+		 * the next look */
+		take_ring(c, c->zrecv);
+		if (*flag == 0)
+			dispatch_locked(c, LOOK_SLEEP);
 		v = *flag;
 		pthread_mutex_unlock(&c->mu);
 		if (v != 0)
@@ -397,7 +444,7 @@ static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
 				return 0;
 			slice = (int)MIN((int64_t)slice, deadline_ms - now);
 		}
-		poll(&pfd, 1, slice);
+		n = epoll_wait(c->efd, ev, ARRAY_SIZE(ev), slice);
 	}
 }
 
@@ -800,7 +847,9 @@ static int bucket_check(zc_client *c, uint32_t bucket)
 			 "... every iteration)",
 			 bucket, c->sent_in_iter);
 	} else if (bucket == 0 && c->steps_done < c->iter) {
-		dispatch_locked(c, false);
+		take_ring(c, c->zrecv);
+		if (c->steps_done < c->iter)
+			dispatch_locked(c, LOOK_ALL);
 		if (c->job_error)
 			r = c->job_error; /* job_failed() wrote reply_msg */
 		else if (c->steps_done < c->iter) {
@@ -842,7 +891,7 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 			goto out;
 		}
 	}
-	if (c->fp) {
+	if (c->fp && !c->fp_closed) {
 		r = fpc_push_ready(c->fp, c->zsent, c->iter, bucket);
 		if (r == -EAGAIN)
 			snprintf(c->reply_msg, sizeof(c->reply_msg),
@@ -890,7 +939,7 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 		pthread_mutex_unlock(&c->mu);
 		return ZC_ESTATE;
 	}
-	dispatch_locked(c, false);
+	take_ring(c, c->zrecv); /* a StepDone in the ring; ZeroMQ is read by the wait */
 	f = future_new(c, FUTURE_STEP, iteration, 0);
 	if (f && iteration < c->steps_done)
 		future_settle(f, 1, NULL);
@@ -951,7 +1000,7 @@ int zc_last_error(zc_client *c)
 	if (!c)
 		return -EINVAL;
 	pthread_mutex_lock(&c->mu);
-	dispatch_locked(c, false);
+	dispatch_locked(c, LOOK_ALL);
 	r = c->last_error ? c->last_error : c->job_error;
 	pthread_mutex_unlock(&c->mu);
 	return r;
@@ -968,7 +1017,9 @@ int zc_future_poll(zc_future *f)
 	if (!f->c)
 		return f->state;
 	pthread_mutex_lock(&f->c->mu);
-	dispatch_locked(f->c, false);
+	take_ring(f->c, f->c->zrecv);
+	if (f->state == 0)
+		dispatch_locked(f->c, LOOK_ALL);
 	st = f->state;
 	pthread_mutex_unlock(&f->c->mu);
 	return st;

@@ -31,9 +31,16 @@ struct fpc {
 	size_t bytes;
 	uint32_t up_n, down_n;
 	uint32_t up_head, down_tail; /* ours alone */
+	uint32_t down_told;          /* the down tail the daemon was last told */
 	uint64_t marked;             /* the last MARK pushed up */
 	uint64_t zgate;              /* take nothing before this many ZeroMQ messages came */
+	bool closed;                 /* the daemon closed the channel */
 };
+
+bool fpc_closed(const struct fpc *f)
+{
+	return f->closed;
+}
 
 int fpc_fd(const struct fpc *f)
 {
@@ -207,7 +214,7 @@ int fpc_push_ready(struct fpc *f, uint64_t zsent, uint64_t iteration, uint32_t b
 	return 0;
 }
 
-void fpc_begin(struct fpc *f, bool drain_doorbell)
+bool fpc_begin(struct fpc *f, bool drain_doorbell)
 {
 	char buf[8];
 
@@ -216,9 +223,14 @@ void fpc_begin(struct fpc *f, bool drain_doorbell)
 	/* Only where the caller sleeps next (a doorbell left unread would
 	 * keep the fd readable): elsewhere the recv would be a wasted system
 	 * call. At most as many as we armed, and we arm once per dispatch. */
-	if (drain_doorbell)
-		for (int i = 0; i < 64 && recv(f->fd, buf, sizeof(buf), MSG_DONTWAIT) > 0; i++)
-			;
+	for (int i = 0; drain_doorbell && !f->closed && i < 64; i++) {
+		ssize_t n = recv(f->fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n == 0)
+			f->closed = true; /* zerod stopped, or dropped the ring */
+		if (n <= 0)
+			break;
+	}
+	return !f->closed;
 }
 
 /* The slot at our tail, if it may be taken now: 1, 0 (none, or a MARK
@@ -274,7 +286,11 @@ bool fpc_sleep(struct fpc *f, uint64_t zrecv)
 	struct ring_slot sl;
 	char err[8];
 
-	atomic_store_explicit(&f->mem->down.tail, f->down_tail, memory_order_release);
+	/* written only when it moved: the line stays in the daemon's cache */
+	if (f->down_told != f->down_tail) {
+		atomic_store_explicit(&f->mem->down.tail, f->down_tail, memory_order_release);
+		f->down_told = f->down_tail;
+	}
 	atomic_store_explicit(&f->mem->down.waiting, 1, memory_order_seq_cst);
 	atomic_thread_fence(memory_order_seq_cst);
 	if (peek(f, zrecv, &sl, err, sizeof(err)) == 0)

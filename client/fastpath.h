@@ -33,6 +33,8 @@ void fpc_free(struct fpc *f);
 /* The doorbell: readable when the daemon rang. */
 int fpc_fd(const struct fpc *f);
 
+bool fpc_closed(const struct fpc *f);
+
 /* Hand bucket over: READY(iteration, bucket), after MARK(zsent) if a
  * ZeroMQ message went out since the last slot. -EAGAIN when the ring is
  * full (the daemon has not taken a whole ring of slots), ZC_EPROTO when its
@@ -40,8 +42,11 @@ int fpc_fd(const struct fpc *f);
 int fpc_push_ready(struct fpc *f, uint64_t zsent, uint64_t iteration, uint32_t bucket);
 
 /* Dispatching: fpc_begin(), then fpc_next() until it returns 0, ..., then
- * fpc_sleep(); while that returns true there is more to take. */
-void fpc_begin(struct fpc *f, bool drain_doorbell);
+ * fpc_sleep(); while that returns true there is more to take. fpc_begin()
+ * returns false once the daemon closed the channel (it stopped, or dropped
+ * the ring): what the ring holds may still be taken, nothing more comes,
+ * and the doorbell stays readable (end of file). */
+bool fpc_begin(struct fpc *f, bool drain_doorbell);
 /* The next completion, passing MARK(k) for k <= zrecv (the ZeroMQ
  * messages received): 1 with *ret set, 0 if none can be taken now,
  * ZC_EPROTO (reason in err) if the ring is corrupt. */
