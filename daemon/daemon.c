@@ -42,6 +42,7 @@ static void on_completions(struct loop *l, void *userdata)
 		free(done);
 		done = next;
 	}
+	fastpath_flush(d);
 	session_reap(d);
 }
 

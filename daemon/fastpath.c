@@ -81,6 +81,7 @@ struct fastpath_listener {
 	int kick_fd; /* eventfd: some ring has slots left over */
 	struct fp_conn *pending;
 	unsigned npending;
+	struct fastpath *owed; /* rings pushed to since the last flush */
 };
 
 /* A connection on <socket>.fd: pending until it attaches, then the
@@ -107,6 +108,8 @@ struct fastpath {
 	uint32_t up_n, down_n;       /* our copies */
 	uint32_t up_tail, down_head; /* ours alone */
 	bool kicked;                 /* slots left over: drain on the next kick */
+	bool owed;                   /* pushed to: look at its `waiting` at the flush */
+	struct fastpath *owed_next;
 };
 
 enum drain_result { DRAIN_EMPTY, DRAIN_BLOCKED, DRAIN_BUDGET, DRAIN_BROKEN };
@@ -130,9 +133,23 @@ static void conn_close(struct fp_conn *c)
 	free(c);
 }
 
+static void owed_unlink(struct fastpath *fp)
+{
+	struct fastpath_listener *l = fp->s->d->fpl;
+
+	for (struct fastpath **pp = &l->owed; fp->owed && *pp; pp = &(*pp)->owed_next)
+		if (*pp == fp) {
+			*pp = fp->owed_next;
+			break;
+		}
+	fp->owed = false;
+	fp->owed_next = NULL;
+}
+
 /* Stop using the ring: from now on s is served over ZeroMQ alone. */
 static void fp_detach(struct fastpath *fp)
 {
+	owed_unlink(fp);
 	if (fp->conn)
 		conn_close(fp->conn);
 	if (fp->mem)
@@ -262,25 +279,37 @@ static void fp_drain(struct fastpath *fp)
 static void on_doorbell(struct fastpath *fp)
 {
 	struct daemon *d = fp->s->d;
-	char buf[8];
+	char buf[DOORBELLS_PER_WAKE][8];
+	struct iovec iov[DOORBELLS_PER_WAKE];
+	struct mmsghdr mm[DOORBELLS_PER_WAKE];
+	int n;
 
+	/* every doorbell waiting, in one system call (more wait for the
+	 * next wake-up) */
 	for (int i = 0; i < DOORBELLS_PER_WAKE; i++) {
-		ssize_t n = recv(fp->conn->fd, buf, sizeof(buf), MSG_DONTWAIT);
-
-		if (n < 0 && (errno == EAGAIN || errno == EINTR))
-			break;
-		if (n <= 0) {
+		iov[i] = (struct iovec){.iov_base = buf[i], .iov_len = sizeof(buf[i])};
+		mm[i] = (struct mmsghdr){.msg_hdr = {.msg_iov = &iov[i], .msg_iovlen = 1}};
+	}
+	n = recvmmsg(fp->conn->fd, mm, DOORBELLS_PER_WAKE, MSG_DONTWAIT, NULL);
+	if (n < 0 && errno != EAGAIN && errno != EINTR)
+		n = 0;
+	for (int i = 0; i < n; i++) {
+		if (mm[i].msg_len == 0) {
 			/* it closed the channel (exiting: Goodbye or its pidfd
 			 * ends the session); no ring without doorbells */
 			fp_detach(fp);
 			return;
 		}
-		if (n != 1) {
-			fp_break(fp, "a %zd-byte message on its doorbell, which carries 1-byte ones",
-				 n);
+		if (mm[i].msg_len != 1 || (mm[i].msg_hdr.msg_flags & MSG_TRUNC)) {
+			fp_break(fp, "a %u-byte message on its doorbell, which carries 1-byte ones",
+				 mm[i].msg_len);
 			session_reap(d);
 			return;
 		}
+	}
+	if (n == 0) {
+		fp_detach(fp); /* end of file, or the connection failed */
+		return;
 	}
 	fp_drain(fp);
 	session_reap(d);
@@ -329,12 +358,34 @@ static int fp_push(struct fastpath *fp, enum ring_kind kind, uint64_t it, uint32
 	slots[fp->down_head & mask] = (struct ring_slot){
 		.iteration = it, .bucket = bucket, .tag = ring_tag(kind, fp->down_head)};
 	fp->down_head++;
-	atomic_store_explicit(&fp->mem->down.head, fp->down_head, memory_order_seq_cst);
-	atomic_thread_fence(memory_order_seq_cst);
-	if (atomic_load_explicit(&fp->mem->down.waiting, memory_order_relaxed) &&
-	    atomic_exchange_explicit(&fp->mem->down.waiting, 0, memory_order_seq_cst))
-		fp_ring(fp);
+	atomic_store_explicit(&fp->mem->down.head, fp->down_head, memory_order_release);
+	if (!fp->owed) {
+		struct fastpath_listener *l = fp->s->d->fpl;
+		fp->owed = true;
+		fp->owed_next = l->owed;
+		l->owed = fp;
+	}
 	return 0;
+}
+
+/* The doorbells owed since the last flush, one per client at most: a
+ * BucketDone and the StepDone right behind it wake the client once. */
+void fastpath_flush(struct daemon *d)
+{
+	struct fastpath_listener *l = d->fpl;
+
+	if (!l)
+		return;
+	atomic_thread_fence(memory_order_seq_cst); /* our heads, then their flags */
+	while (l->owed) {
+		struct fastpath *fp = l->owed;
+		l->owed = fp->owed_next;
+		fp->owed = false;
+		fp->owed_next = NULL;
+		if (atomic_load_explicit(&fp->mem->down.waiting, memory_order_relaxed) &&
+		    atomic_exchange_explicit(&fp->mem->down.waiting, 0, memory_order_seq_cst))
+			fp_ring(fp);
+	}
 }
 
 /* true if the ring took it (or s is done for: broken ring, full ring) */
@@ -431,6 +482,12 @@ void fastpath_received(struct session *s)
 			fp_kick(fp);
 	}
 	fp->zrecv++;
+}
+
+void fastpath_take_last(struct session *s)
+{
+	if (s->fp)
+		fp_drain(s->fp);
 }
 
 void fastpath_free(struct session *s)

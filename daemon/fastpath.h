@@ -29,6 +29,9 @@ void fastpath_offer(struct session *s, Zerod__V1__HelloOk *ok);
  * handled: kept in step with the ring (marks, see fastpath.c). */
 void fastpath_sent(struct session *s);
 void fastpath_received(struct session *s);
+/* s's trainer exited: take what its ring still holds, as its last ZeroMQ
+ * messages are read before it is dropped. */
+void fastpath_take_last(struct session *s);
 /* Release s's fast path. Accepts a session without one. */
 void fastpath_free(struct session *s);
 
@@ -36,5 +39,8 @@ void fastpath_free(struct session *s);
  * ZeroMQ message. */
 void fastpath_bucket_done(struct session *s, uint64_t iteration, uint32_t bucket);
 void fastpath_step_done(struct session *s, uint64_t iteration);
+/* daemon.c, after a batch of completions: ring the doorbells of the clients
+ * that may sleep. Until then what the batch pushed waits unseen. */
+void fastpath_flush(struct daemon *d);
 
 #endif

@@ -210,6 +210,8 @@ void session_drop(struct session *s, enum leave_reason why)
 	if (s->job && why == LEAVE_EXITED && s->job->ranks[s->rank] == s &&
 	    !s->job->grad_map[s->rank])
 		d->mem->reclaim(s->job->id, s->rank, s->own_pid, s->uid);
+	if (why == LEAVE_EXITED)
+		fastpath_take_last(s);
 	if (s->job)
 		job_leave(s->job, s, why);
 	fastpath_free(s);
