@@ -7,13 +7,18 @@
  * processes, all in the same run. The real benchmark is
  * tools/bench/zerod-bench --handoff; this one only checks the target.
  *
- *   zerod-handoff-bench [--zerod PATH] [--iters N] [--rounds R] [--json]
+ *   zerod-handoff-bench [--zerod PATH] [--iters N] [--rounds R] [--json] [--cpu]
+ *
+ * --cpu adds where the time goes: CPU time per handoff of each zerod thread
+ * and of this process, from /proc/PID/task/TID/schedstat.
  *
  * It starts its own zerod (PATH, else $ZEROD_BIN) on a private socket. The
  * three measurements are interleaved over R rounds so that a noisy
  * neighbour hurts them alike; p50 and p99 are over every sample.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
@@ -33,6 +38,63 @@ static double now_us(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+/* Run time (ns) of every thread of pid, by tid, into t[0..n). */
+struct thread_time {
+	int tid;
+	char name[32];
+	uint64_t ns;
+};
+
+static int thread_times(pid_t pid, struct thread_time *t, int max)
+{
+	char path[96], buf[128];
+	DIR *dir;
+	struct dirent *e;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	dir = opendir(path);
+	if (!dir)
+		return 0;
+	while ((e = readdir(dir)) && n < max) {
+		FILE *f;
+		if (e->d_name[0] == '.')
+			continue;
+		t[n] = (struct thread_time){.tid = atoi(e->d_name)};
+		snprintf(path, sizeof(path), "/proc/%d/task/%d/schedstat", (int)pid, t[n].tid);
+		if ((f = fopen(path, "r"))) {
+			if (fscanf(f, "%" SCNu64, &t[n].ns) != 1)
+				t[n].ns = 0;
+			fclose(f);
+		}
+		snprintf(path, sizeof(path), "/proc/%d/task/%d/comm", (int)pid, t[n].tid);
+		if ((f = fopen(path, "r"))) {
+			if (fgets(buf, sizeof(buf), f))
+				snprintf(t[n].name, sizeof(t[n].name), "%.*s",
+					 (int)strcspn(buf, "\n"), buf);
+			fclose(f);
+		}
+		n++;
+	}
+	closedir(dir);
+	return n;
+}
+
+static void cpu_report(const char *what, pid_t pid, const struct thread_time *a, int na,
+		       const struct thread_time *b, int nb, long handoffs)
+{
+	for (int i = 0; i < nb; i++) {
+		uint64_t before = 0;
+		for (int k = 0; k < na; k++)
+			if (a[k].tid == b[i].tid)
+				before = a[k].ns;
+		if (b[i].ns - before > 0)
+			printf("  %-6s %-16s tid %-7d %6.2f us per handoff\n", what, b[i].name,
+			       b[i].tid == pid ? 0 : b[i].tid,
+			       (double)(b[i].ns - before) / 1e3 / (double)handoffs);
+	}
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -143,11 +205,12 @@ int main(int argc, char **argv)
 					     {"iters", required_argument, NULL, 'n'},
 					     {"rounds", required_argument, NULL, 'r'},
 					     {"json", no_argument, NULL, 'j'},
+					     {"cpu", no_argument, NULL, 'c'},
 					     {NULL, 0, NULL, 0}};
 	const char *bin = getenv("ZEROD_BIN");
 	char dir[] = "/tmp/zerod-handoff.XXXXXX", sock[128];
 	int iters = 2000, rounds = 5, opt, r = 1;
-	bool json = false;
+	bool json = false, cpu = false;
 	double *fast, *slow, *ux;
 	struct job jf = {0}, js = {0};
 	pid_t zd;
@@ -165,6 +228,9 @@ int main(int argc, char **argv)
 			break;
 		case 'j':
 			json = true;
+			break;
+		case 'c':
+			cpu = true;
 			break;
 		default:
 			fprintf(stderr, "usage: %s [--zerod PATH] [--iters N] [--rounds R] [--json]\n",
@@ -201,6 +267,21 @@ int main(int argc, char **argv)
 		    handoff(&js, slow + at, iters) < 0) {
 			fprintf(stderr, "round %d failed\n", k);
 			goto out;
+		}
+	}
+	if (cpu) {
+		struct thread_time za[64], zb[64], sa[64], sb[64];
+		struct job *jobs[2] = {&jf, &js};
+		const char *names[2] = {"fast", "zeromq"};
+
+		for (int k = 0; k < 2; k++) {
+			int nza = thread_times(zd, za, 64), nsa = thread_times(getpid(), sa, 64);
+			if (handoff(jobs[k], fast, iters) < 0)
+				goto out;
+			int nzb = thread_times(zd, zb, 64), nsb = thread_times(getpid(), sb, 64);
+			printf("CPU per handoff, %s (iterations %d):\n", names[k], iters + 100);
+			cpu_report("zerod", zd, za, nza, zb, nzb, iters + 100);
+			cpu_report("client", getpid(), sa, nsa, sb, nsb, iters + 100);
 		}
 	}
 	{
