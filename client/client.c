@@ -72,12 +72,14 @@ struct zc_client {
 	struct zc_config cfg;
 
 	/* the fast path: offered in HelloOk, attached by zc_register_plan() */
-	char fp_path[108];
+	char fp_mine[108]; /* <the socket we reached>.fd */
+	char fp_path[108]; /* where zerod says it is */
 	uint64_t fp_token;
 	struct fpc *fp;
 	bool fp_closed;        /* zerod closed its channel: send by ZeroMQ */
 	uint64_t zsent, zrecv; /* ZeroMQ messages sent / received (Hello, HelloOk: 1) */
 	bool zmq_look;         /* ZeroMQ may hold messages its fds do not signal */
+	bool bell;             /* epoll saw the doorbell readable: read it before sleeping */
 
 	struct plan *plan;
 	struct shm_buf grad, param;
@@ -326,18 +328,22 @@ static int take_ring(zc_client *c, uint64_t zrecv)
 enum look {
 	/* everything: the caller wants errors too */
 	LOOK_ALL,
-	/* the caller sleeps on c->efd next: drain the doorbell; with a ring,
-	 * read ZeroMQ only where c->zmq_look says it may hold something */
+	/* the caller sleeps on c->efd next, and has asked epoll what is
+	 * ready: with a ring, read ZeroMQ only where c->zmq_look says it may
+	 * hold something */
 	LOOK_SLEEP,
 };
 
-/* Ask epoll which of c->efd's fds are ready, without waiting: a ZeroMQ one
- * (its socket or monitor) sets c->zmq_look. */
+/* What epoll said was ready: the doorbell sets c->bell, a ZeroMQ fd (its
+ * socket or monitor) c->zmq_look. */
 static void note_ready(zc_client *c, const struct epoll_event *ev, int n)
 {
-	for (int i = 0; i < n; i++)
-		if (!c->fp || ev[i].data.fd != fpc_fd(c->fp))
+	for (int i = 0; i < n; i++) {
+		if (c->fp && ev[i].data.fd == fpc_fd(c->fp))
+			c->bell = true;
+		else
 			c->zmq_look = true;
+	}
 }
 
 /* Drain every message that has arrived, from both channels. Called with
@@ -349,19 +355,22 @@ static void note_ready(zc_client *c, const struct epoll_event *ev, int n)
  * its mailbox), so with a ring a sleeper skips it unless its fds were
  * ready: once a read ended in EAGAIN, the next message makes them readable,
  * and they stay so until the next read. A send may eat that signal, so a
- * send sets zmq_look too. */
+ * send sets zmq_look too. The doorbell is read only when epoll saw it
+ * ringing (c->bell); one left unread makes the next epoll_wait return at
+ * once, and then it is read. */
 static int dispatch_locked(zc_client *c, enum look look)
 {
 	bool zmq = !c->fp || look == LOOK_ALL || c->zmq_look;
 	bool lost = zmq && c->mon && drain_monitor(c);
 	int n = 0, e = EAGAIN;
 
-	if (c->fp && !fpc_begin(c->fp, look == LOOK_SLEEP) && !c->fp_closed) {
+	if (c->fp && !fpc_begin(c->fp, c->bell) && !c->fp_closed) {
 		/* zerod closed the channel: its end of file would keep c->efd
 		 * readable; what comes now comes by ZeroMQ */
 		epoll_ctl(c->efd, EPOLL_CTL_DEL, fpc_fd(c->fp), NULL);
 		c->fp_closed = true;
 	}
+	c->bell = false;
 	for (;;) {
 		Zerod__V1__Envelope *env;
 		zmq_msg_t msg;
@@ -403,8 +412,8 @@ int zc_dispatch(zc_client *c)
 		return -EINVAL;
 	pthread_mutex_lock(&c->mu);
 	/* the caller woke on c->efd: from what? (one system call, where
-	 * reading ZeroMQ for nothing costs four) */
-	if (c->fp && !c->zmq_look)
+	 * reading ZeroMQ and the doorbell for nothing costs five) */
+	if (c->fp)
 		note_ready(c, ev, epoll_wait(c->efd, ev, ARRAY_SIZE(ev), 0));
 	r = dispatch_locked(c, LOOK_SLEEP);
 	pthread_mutex_unlock(&c->mu);
@@ -525,6 +534,8 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 
 	path = cfg->socket ? cfg->socket : default_socket(pathbuf, sizeof(pathbuf));
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", path);
+	if ((size_t)snprintf(c->fp_mine, sizeof(c->fp_mine), "%s.fd", path) >= sizeof(c->fp_mine))
+		c->fp_mine[0] = 0;
 	c->zctx = zmq_ctx_new();
 	if (!c->zctx) {
 		r = -ENOMEM;
@@ -740,7 +751,11 @@ static void fastpath_setup(zc_client *c)
 
 	if (!c->fp_path[0] || (env && strcmp(env, "0") == 0))
 		return;
-	memcpy(path, c->fp_path, sizeof(path));
+	/* Beside the socket we reached, where it is mounted for us (a
+	 * container may see zerod's directory elsewhere), else where zerod
+	 * says. The token and the peer check keep a wrong socket harmless. */
+	memcpy(path, c->fp_mine[0] && access(c->fp_mine, F_OK) == 0 ? c->fp_mine : c->fp_path,
+	       sizeof(path));
 	pthread_mutex_unlock(&c->mu);
 	r = fpc_attach(path, c->fp_token, zsent, nbuckets, c->cfg.connect_timeout_ms, &fp, err,
 		       sizeof(err));

@@ -216,20 +216,27 @@ int fpc_push_ready(struct fpc *f, uint64_t zsent, uint64_t iteration, uint32_t b
 
 bool fpc_begin(struct fpc *f, bool drain_doorbell)
 {
-	char buf[8];
+	enum { N = 64 };
+	char buf[N][8];
+	struct iovec iov[N];
+	struct mmsghdr mm[N];
+	int n;
 
 	/* awake: no doorbell needed until fpc_sleep() */
 	atomic_store_explicit(&f->mem->down.waiting, 0, memory_order_relaxed);
-	/* Only where the caller sleeps next (a doorbell left unread would
-	 * keep the fd readable): elsewhere the recv would be a wasted system
-	 * call. At most as many as we armed, and we arm once per dispatch. */
-	for (int i = 0; drain_doorbell && !f->closed && i < 64; i++) {
-		ssize_t n = recv(f->fd, buf, sizeof(buf), MSG_DONTWAIT);
-		if (n == 0)
-			f->closed = true; /* zerod stopped, or dropped the ring */
-		if (n <= 0)
-			break;
+	/* Only when the caller knows it rang (a doorbell left unread keeps
+	 * the fd readable): elsewhere it would be a wasted system call. One
+	 * per arming at most, and we arm once per dispatch: one call reads
+	 * them all. */
+	if (!drain_doorbell || f->closed)
+		return !f->closed;
+	for (int i = 0; i < N; i++) {
+		iov[i] = (struct iovec){.iov_base = buf[i], .iov_len = sizeof(buf[i])};
+		mm[i] = (struct mmsghdr){.msg_hdr = {.msg_iov = &iov[i], .msg_iovlen = 1}};
 	}
+	n = recvmmsg(f->fd, mm, N, MSG_DONTWAIT, NULL);
+	if (n == 0 || (n > 0 && mm[n - 1].msg_len == 0) || (n < 0 && errno != EAGAIN && errno != EINTR))
+		f->closed = true; /* zerod stopped, or dropped the ring */
 	return !f->closed;
 }
 
