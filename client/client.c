@@ -3,8 +3,8 @@
  * rank's shm buffers, and the futures the daemon completes.
  *
  * Every call takes the client's mutex. Waiting never holds it: a waiter
- * drains incoming messages under the lock, then sleeps in poll() on the
- * socket's ZMQ_FD without it. ZMQ_FD is edge-like (it signals when the
+ * drains incoming messages under the lock, then sleeps in epoll_wait() on
+ * the socket's ZMQ_FD without it. ZMQ_FD is edge-like (it signals when the
  * socket's state changes, not while messages wait), so a waiter drains until
  * EAGAIN before sleeping, and sleeps in short slices in case another thread
  * consumed the edge.
@@ -24,7 +24,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

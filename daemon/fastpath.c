@@ -25,7 +25,8 @@
  * published (at most two rings' worth per wake-up; more waits for a kick,
  * a daemon-private eventfd), hands each READY to sched_bucket_ready(), then
  * sets `waiting` and looks once more before it sleeps. Completions are
- * written into the down ring; the client's doorbell rings only when its
+ * written into the down ring, and after the batch of completions
+ * (fastpath_flush) the client's doorbell rings, once, and only if its
  * `waiting` says it may sleep. A busy pipeline makes no system call.
  *
  * Order. Errors, PlanOk and the rest still go over ZeroMQ, and the two
@@ -39,7 +40,8 @@
  * >= k. Those slots were published before message k was sent, so they are
  * all there. So each side sees one sequence, in the order it was sent. A
  * side that stops using its ring (ours when the client broke it) sends on
- * ZeroMQ only from then, which keeps that order too.
+ * ZeroMQ only from then, which keeps that order too. A trainer that exits
+ * has its ring read before it is dropped, as its last ZeroMQ messages are.
  *
  * Trust. The client can write any byte of the shared memory at any time.
  * The daemon keeps its own indices and ring sizes, reads each head and tail
