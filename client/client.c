@@ -953,7 +953,12 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 		pthread_mutex_unlock(&c->mu);
 		return ZC_ESTATE;
 	}
-	take_ring(c, c->zrecv); /* a StepDone in the ring; ZeroMQ is read by the wait */
+	/* a StepDone that came is read: with a ring, it came there (ZeroMQ is
+	 * read by the poll or the wait, where its system calls are due) */
+	if (c->fp)
+		take_ring(c, c->zrecv);
+	else
+		dispatch_locked(c, LOOK_ALL);
 	f = future_new(c, FUTURE_STEP, iteration, 0);
 	if (f && iteration < c->steps_done)
 		future_settle(f, 1, NULL);
