@@ -81,6 +81,7 @@ struct fastpath_listener {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	int fd;      /* listening */
 	int kick_fd; /* eventfd: some ring has slots left over */
+	bool kick_pending;
 	struct fp_conn *pending;
 	unsigned npending;
 	struct fastpath *owed; /* rings pushed to since the last flush */
@@ -179,10 +180,13 @@ static int fp_break(struct fastpath *fp, const char *fmt, ...)
 
 static void fp_kick(struct fastpath *fp)
 {
+	struct fastpath_listener *l = fp->s->d->fpl;
 	uint64_t one = 1;
 
 	fp->kicked = true;
-	(void)!write(fp->s->d->fpl->kick_fd, &one, sizeof(one));
+	if (!l->kick_pending)
+		(void)!write(l->kick_fd, &one, sizeof(one));
+	l->kick_pending = true;
 }
 
 /* Ring the client's doorbell. EAGAIN: doorbells wait unread, it wakes
@@ -324,6 +328,7 @@ static void on_kick(struct loop *loop, void *userdata)
 
 	(void)loop;
 	(void)!read(l->kick_fd, &n, sizeof(n));
+	l->kick_pending = false;
 	for (struct session *s = l->d->sessions; s; s = s->next)
 		if (s->fp && s->fp->kicked) {
 			s->fp->kicked = false;
@@ -564,16 +569,18 @@ static int attach(struct fp_conn *c, const struct ring_attach *a, ssize_t n, int
 			 a->up_slots, a->down_slots, RING_MIN_SLOTS, RING_MAX_SLOTS);
 		return ZC_EPROTO;
 	}
-	bytes = ring_bytes(a->up_slots, a->down_slots);
-	if (fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != bytes) {
-		snprintf(err, errlen, "the ring's memory is not a regular file of %zu bytes", bytes);
-		return ZC_EPROTO;
-	}
 	/* Without the seal the client could shrink it, and our next read of
-	 * the ring would be a SIGBUS. Only a memfd can carry seals. */
+	 * the ring would be a SIGBUS. Only a memfd can carry seals, and this
+	 * is asked first: fstat() of a file on a hung FUSE mount would block
+	 * the loop, F_GET_SEALS of anything but a memfd fails at once. */
 	seals = fcntl(fds[0], F_GET_SEALS);
 	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
 		snprintf(err, errlen, "the ring's memory must be a memfd sealed against shrinking");
+		return ZC_EPROTO;
+	}
+	bytes = ring_bytes(a->up_slots, a->down_slots);
+	if (fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != bytes) {
+		snprintf(err, errlen, "the ring's memory is not a regular file of %zu bytes", bytes);
 		return ZC_EPROTO;
 	}
 	mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);

@@ -247,7 +247,7 @@ int main(int argc, char **argv)
 	snprintf(sock, sizeof(sock), "%s/zerod.sock", dir);
 	zd = fork();
 	if (zd == 0) {
-		int fd = open("/dev/null", O_WRONLY);
+		int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
 		dup2(fd, 2);
 		unsetenv("ZEROD_FASTPATH");
 		execl(bin, bin, "--socket", sock, "-q", (char *)NULL);
