@@ -3,21 +3,27 @@
  * rank's shm buffers, and the futures the daemon completes.
  *
  * Every call takes the client's mutex. Waiting never holds it: a waiter
- * drains incoming messages under the lock, then sleeps in poll() on the
- * socket's ZMQ_FD without it. ZMQ_FD is edge-like (it signals when the
+ * drains incoming messages under the lock, then sleeps in epoll_wait() on
+ * the socket's ZMQ_FD without it. ZMQ_FD is edge-like (it signals when the
  * socket's state changes, not while messages wait), so a waiter drains until
  * EAGAIN before sleeping, and sleeps in short slices in case another thread
  * consumed the edge.
  *
  * A socket monitor reports the connection dropping (zerod exited or was
  * restarted, which loses the job): every pending and later future then fails
- * with ZC_ECONNECT instead of waiting forever. One epoll fd covers both the
- * socket and its monitor, so callers have a single fd to watch.
+ * with ZC_ECONNECT instead of waiting forever. One epoll fd covers the
+ * socket, its monitor and the fast path's doorbell, so callers have a single
+ * fd to watch.
+ *
+ * The fast path (fastpath.c), when zerod offers it and ZEROD_FASTPATH is
+ * not 0, carries BucketReady, BucketDone and StepDone through a shared ring;
+ * it is attached in zc_register_plan(). Both channels are read in the order
+ * the daemon wrote them: before handling its k-th ZeroMQ message, the
+ * client takes what the ring holds in front of MARK(k).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +35,7 @@
 #include <zmq.h>
 
 #include "common.h"
+#include "fastpath.h"
 #include "plan.h"
 #include "wire.h"
 #include "zeroclient.h"
@@ -63,6 +70,16 @@ struct zc_client {
 	char job_id[ZEROD_JOB_ID_MAX + 1];
 	struct zc_config cfg;
 
+	/* the fast path: offered in HelloOk, attached by zc_register_plan() */
+	char fp_mine[108]; /* <the socket we reached>.fd */
+	char fp_path[108]; /* where zerod says it is */
+	uint64_t fp_token;
+	struct fpc *fp;
+	bool fp_closed;        /* zerod closed its channel: send by ZeroMQ */
+	uint64_t zsent, zrecv; /* ZeroMQ messages sent / received (Hello, HelloOk: 1) */
+	bool zmq_look;         /* ZeroMQ may hold messages its fds do not signal */
+	bool bell;             /* epoll saw the doorbell readable: read it before sleeping */
+
 	struct plan *plan;
 	struct shm_buf grad, param;
 	bool registered;
@@ -91,6 +108,9 @@ static int send_env(zc_client *c, Zerod__V1__Envelope *env, uint64_t *ret_id)
 	env->has_request_id = 1;
 	env->request_id = ++c->last_request;
 	r = wire_send(c->sock, NULL, 0, env);
+	c->zmq_look = true; /* the send may have taken the wake-up of a message */
+	if (r >= 0)
+		c->zsent++; /* a ring slot pushed from now on goes after a MARK */
 	if (r >= 0 && ret_id)
 		*ret_id = env->request_id;
 	return r == -EHOSTUNREACH ? ZC_ECONNECT : r;
@@ -189,29 +209,49 @@ static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
 	}
 }
 
+/* BucketDone and StepDone, from either channel. */
+static void bucket_done(zc_client *c, uint64_t iteration, uint32_t bucket)
+{
+	for (struct zc_future *f = c->futures; f; f = f->next)
+		if (f->kind == FUTURE_BUCKET && f->bucket == bucket && f->iteration == iteration)
+			future_settle(f, 1, NULL);
+}
+
+static void step_done(zc_client *c, uint64_t iteration)
+{
+	if (iteration + 1 > c->steps_done)
+		c->steps_done = iteration + 1;
+	for (struct zc_future *f = c->futures; f; f = f->next)
+		if (f->kind == FUTURE_STEP && f->iteration < c->steps_done)
+			future_settle(f, 1, NULL);
+}
+
+static void hello_ok(zc_client *c, const Zerod__V1__HelloOk *ok)
+{
+	if (c->hello_result == 0) /* not after a lost connection */
+		c->hello_result = 1;
+	if (ok->fastpath_socket && ok->has_fastpath_token &&
+	    strlen(ok->fastpath_socket) < sizeof(c->fp_path)) {
+		snprintf(c->fp_path, sizeof(c->fp_path), "%s", ok->fastpath_socket);
+		c->fp_token = ok->fastpath_token;
+	}
+}
+
 static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 {
 	switch (env->body_case) {
 	case ZEROD__V1__ENVELOPE__BODY_HELLO_OK:
-		if (c->hello_result == 0) /* not after a lost connection */
-			c->hello_result = 1;
+		hello_ok(c, env->hello_ok);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_PLAN_OK:
 		if (c->plan_result == 0)
 			c->plan_result = 1;
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE:
-		for (struct zc_future *f = c->futures; f; f = f->next)
-			if (f->kind == FUTURE_BUCKET && f->bucket == env->bucket_done->bucket &&
-			    f->iteration == env->bucket_done->iteration)
-				future_settle(f, 1, NULL);
+		bucket_done(c, env->bucket_done->iteration, env->bucket_done->bucket);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_STEP_DONE:
-		if (env->step_done->iteration + 1 > c->steps_done)
-			c->steps_done = env->step_done->iteration + 1;
-		for (struct zc_future *f = c->futures; f; f = f->next)
-			if (f->kind == FUTURE_STEP && f->iteration < c->steps_done)
-				future_settle(f, 1, NULL);
+		step_done(c, env->step_done->iteration);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_ERROR:
 		handle_error(c, env);
@@ -257,26 +297,95 @@ static bool drain_monitor(zc_client *c)
 	}
 }
 
-/* Drain every message that has arrived. Called with c->mu held. A lost
- * connection is acted on after the messages that came before it: the
- * daemon's last word (ZC_ESHUTDOWN, say) is the better reason. */
-static int dispatch_locked(zc_client *c)
+/* Act on the ring's completions that may be taken once zrecv ZeroMQ
+ * messages were handled. A ring that makes no sense fails the job, and the
+ * client goes on with ZeroMQ alone. */
+static int take_ring(zc_client *c, uint64_t zrecv)
 {
-	bool lost = c->mon && drain_monitor(c);
-	int n = 0;
+	struct fpc_event ev;
+	char err[160];
+	int n = 0, r;
 
+	while (c->fp && (r = fpc_next(c->fp, zrecv, &ev, err, sizeof(err))) != 0) {
+		if (r < 0) {
+			epoll_ctl(c->efd, EPOLL_CTL_DEL, fpc_fd(c->fp), NULL);
+			fpc_free(c->fp);
+			c->fp = NULL;
+			job_failed(c, r, err);
+			break;
+		}
+		if (ev.step)
+			step_done(c, ev.iteration);
+		else
+			bucket_done(c, ev.iteration, ev.bucket);
+		n++;
+	}
+	return n;
+}
+
+/* How much a dispatch looks at. */
+enum look {
+	/* everything: the caller wants errors too */
+	LOOK_ALL,
+	/* the caller sleeps on c->efd next, and has asked epoll what is
+	 * ready: with a ring, read ZeroMQ only where c->zmq_look says it may
+	 * hold something */
+	LOOK_SLEEP,
+};
+
+/* What epoll said was ready: the doorbell sets c->bell, a ZeroMQ fd (its
+ * socket or monitor) c->zmq_look. */
+static void note_ready(zc_client *c, const struct epoll_event *ev, int n)
+{
+	for (int i = 0; i < n; i++) {
+		if (c->fp && ev[i].data.fd == fpc_fd(c->fp))
+			c->bell = true;
+		else
+			c->zmq_look = true;
+	}
+}
+
+/* Drain every message that has arrived, from both channels. Called with
+ * c->mu held. A lost connection is acted on after the messages that came
+ * before it: the daemon's last word (ZC_ESHUTDOWN, say) is the better
+ * reason.
+ *
+ * Reading ZeroMQ costs system calls even when nothing came (libzmq polls
+ * its mailbox), so with a ring a sleeper skips it unless its fds were
+ * ready: once a read ended in EAGAIN, the next message makes them readable,
+ * and they stay so until the next read. A send may eat that signal, so a
+ * send sets zmq_look too. The doorbell is read only when epoll saw it
+ * ringing (c->bell); one left unread makes the next epoll_wait return at
+ * once, and then it is read. */
+static int dispatch_locked(zc_client *c, enum look look)
+{
+	bool zmq = !c->fp || look == LOOK_ALL || c->zmq_look;
+	bool lost = zmq && c->mon && drain_monitor(c);
+	int n = 0, e = EAGAIN;
+
+	if (c->fp && !fpc_begin(c->fp, c->bell) && !c->fp_closed) {
+		/* zerod closed the channel: its end of file would keep c->efd
+		 * readable; what comes now comes by ZeroMQ */
+		epoll_ctl(c->efd, EPOLL_CTL_DEL, fpc_fd(c->fp), NULL);
+		c->fp_closed = true;
+	}
+	c->bell = false;
 	for (;;) {
 		Zerod__V1__Envelope *env;
 		zmq_msg_t msg;
 
+		n += take_ring(c, c->zrecv);
+		if (!zmq)
+			break;
 		zmq_msg_init(&msg);
 		if (zmq_msg_recv(&msg, c->sock, ZMQ_DONTWAIT) < 0) {
-			int e = zmq_errno();
+			e = zmq_errno();
 			zmq_msg_close(&msg);
-			if (lost)
-				connection_lost(c);
-			return e == EAGAIN ? n : -e;
+			c->zmq_look = e != EAGAIN;
+			break;
 		}
+		/* what the daemon put in the ring before it sent this, first */
+		n += take_ring(c, c->zrecv++);
 		if (wire_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &env) == 0) {
 			handle(c, env);
 			wire_free(env);
@@ -286,16 +395,26 @@ static int dispatch_locked(zc_client *c)
 		zmq_msg_close(&msg);
 		n++;
 	}
+	while (c->fp && fpc_sleep(c->fp, c->zrecv))
+		n += take_ring(c, c->zrecv);
+	if (lost)
+		connection_lost(c);
+	return e == EAGAIN ? n : -e;
 }
 
 int zc_dispatch(zc_client *c)
 {
+	struct epoll_event ev[4];
 	int r;
 
 	if (!c)
 		return -EINVAL;
 	pthread_mutex_lock(&c->mu);
-	r = dispatch_locked(c);
+	/* the caller woke on c->efd: from what? (one system call, where
+	 * reading ZeroMQ and the doorbell for nothing costs five) */
+	if (c->fp)
+		note_ready(c, ev, epoll_wait(c->efd, ev, ARRAY_SIZE(ev), 0));
+	r = dispatch_locked(c, LOOK_SLEEP);
 	pthread_mutex_unlock(&c->mu);
 	return r;
 }
@@ -309,13 +428,20 @@ int zc_fd(zc_client *c)
  * deadline_ms < 0: forever. Returns the flag's value, or 0 on timeout. */
 static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
 {
+	struct epoll_event ev[4];
+	int n = 0;
+
 	for (;;) {
-		struct pollfd pfd = {.fd = c->efd, .events = POLLIN};
 		int v, slice = WAIT_SLICE_MS;
 		int64_t now;
 
 		pthread_mutex_lock(&c->mu);
-		dispatch_locked(c);
+		note_ready(c, ev, n);
+		/* the ring first: when it settles the flag, ZeroMQ can wait for
+		 * the next look */
+		take_ring(c, c->zrecv);
+		if (*flag == 0)
+			dispatch_locked(c, LOOK_SLEEP);
 		v = *flag;
 		pthread_mutex_unlock(&c->mu);
 		if (v != 0)
@@ -326,7 +452,7 @@ static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
 				return 0;
 			slice = (int)MIN((int64_t)slice, deadline_ms - now);
 		}
-		poll(&pfd, 1, slice);
+		n = epoll_wait(c->efd, ev, ARRAY_SIZE(ev), slice);
 	}
 }
 
@@ -407,6 +533,8 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 
 	path = cfg->socket ? cfg->socket : default_socket(pathbuf, sizeof(pathbuf));
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", path);
+	if ((size_t)snprintf(c->fp_mine, sizeof(c->fp_mine), "%s.fd", path) >= sizeof(c->fp_mine))
+		c->fp_mine[0] = 0;
 	c->zctx = zmq_ctx_new();
 	if (!c->zctx) {
 		r = -ENOMEM;
@@ -498,6 +626,7 @@ void zc_close(zc_client *c)
 	}
 	if (c->efd >= 0)
 		close(c->efd);
+	fpc_free(c->fp);
 	if (c->sock) {
 		/* let the goodbye leave before the socket goes */
 		int linger = 200;
@@ -603,6 +732,49 @@ const char *zc_error_message(zc_client *c)
 	return c ? c->reply_msg : "";
 }
 
+/*
+ * Attach the fast path, if zerod offered one and ZEROD_FASTPATH is not 0;
+ * called with c->mu held, before the plan is registered (the daemon takes a
+ * ring only then). The lock is released while zerod answers: other calls
+ * may run (c->registered keeps a second registration out). Without a ring
+ * everything goes over ZeroMQ, as with a daemon that offers none.
+ */
+static void fastpath_setup(zc_client *c)
+{
+	const char *env = getenv("ZEROD_FASTPATH");
+	uint32_t nbuckets = c->plan->nbuckets;
+	uint64_t zsent = c->zsent;
+	char path[sizeof(c->fp_path)], err[256];
+	struct fpc *fp = NULL;
+	int r;
+
+	if (!c->fp_path[0] || (env && strcmp(env, "0") == 0))
+		return;
+	/* Beside the socket we reached, where it is mounted for us (a
+	 * container may see zerod's directory elsewhere), else where zerod
+	 * says. The token and the peer check keep a wrong socket harmless. */
+	memcpy(path, c->fp_mine[0] && access(c->fp_mine, F_OK) == 0 ? c->fp_mine : c->fp_path,
+	       sizeof(path));
+	pthread_mutex_unlock(&c->mu);
+	r = fpc_attach(path, c->fp_token, zsent, nbuckets, c->cfg.connect_timeout_ms, &fp, err,
+		       sizeof(err));
+	pthread_mutex_lock(&c->mu);
+	if (r < 0)
+		return;
+	if (c->zsent != zsent || c->job_error) {
+		/* a ZeroMQ message went out meanwhile (zc_close's Goodbye),
+		 * or the job is over: not worth a ring */
+		fpc_free(fp);
+		return;
+	}
+	if (epoll_ctl(c->efd, EPOLL_CTL_ADD, fpc_fd(fp),
+		      &(struct epoll_event){.events = EPOLLIN, .data.fd = fpc_fd(fp)}) < 0) {
+		fpc_free(fp);
+		return;
+	}
+	c->fp = fp;
+}
+
 int zc_register_plan(zc_client *c)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
@@ -623,6 +795,9 @@ int zc_register_plan(zc_client *c)
 		pthread_mutex_unlock(&c->mu);
 		return r;
 	}
+	c->registered = true;
+	c->plan_result = 0;
+	fastpath_setup(c);
 	shm.grad_name = c->grad.name;
 	shm.grad_bytes = c->grad.bytes;
 	shm.param_name = c->param.name;
@@ -631,8 +806,6 @@ int zc_register_plan(zc_client *c)
 	rp.shm = &shm;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
 	env.register_plan = &rp;
-	c->plan_result = 0;
-	c->registered = true;
 	r = send_env(c, &env, NULL);
 	plan_pb_free(&pb);
 	pthread_mutex_unlock(&c->mu);
@@ -688,7 +861,9 @@ static int bucket_check(zc_client *c, uint32_t bucket)
 			 "... every iteration)",
 			 bucket, c->sent_in_iter);
 	} else if (bucket == 0 && c->steps_done < c->iter) {
-		dispatch_locked(c);
+		take_ring(c, c->zrecv);
+		if (c->steps_done < c->iter)
+			dispatch_locked(c, LOOK_ALL);
 		if (c->job_error)
 			r = c->job_error; /* job_failed() wrote reply_msg */
 		else if (c->steps_done < c->iter) {
@@ -730,11 +905,19 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 			goto out;
 		}
 	}
-	br.iteration = c->iter;
-	br.bucket = bucket;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
-	env.bucket_ready = &br;
-	r = send_env(c, &env, f ? &f->request : NULL);
+	if (c->fp && !c->fp_closed) {
+		r = fpc_push_ready(c->fp, c->zsent, c->iter, bucket);
+		if (r == -EAGAIN)
+			snprintf(c->reply_msg, sizeof(c->reply_msg),
+				 "the fast-path ring is full: zerod has not taken the buckets "
+				 "handed over");
+	} else {
+		br.iteration = c->iter;
+		br.bucket = bucket;
+		env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
+		env.bucket_ready = &br;
+		r = send_env(c, &env, f ? &f->request : NULL);
+	}
 	if (r < 0) {
 		if (f) {
 			future_unlink(f);
@@ -770,7 +953,12 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 		pthread_mutex_unlock(&c->mu);
 		return ZC_ESTATE;
 	}
-	dispatch_locked(c);
+	/* a StepDone that came is read: with a ring, it came there (ZeroMQ is
+	 * read by the poll or the wait, where its system calls are due) */
+	if (c->fp)
+		take_ring(c, c->zrecv);
+	else
+		dispatch_locked(c, LOOK_ALL);
 	f = future_new(c, FUTURE_STEP, iteration, 0);
 	if (f && iteration < c->steps_done)
 		future_settle(f, 1, NULL);
@@ -837,7 +1025,7 @@ int zc_last_error(zc_client *c)
 	if (!c)
 		return -EINVAL;
 	pthread_mutex_lock(&c->mu);
-	dispatch_locked(c);
+	dispatch_locked(c, LOOK_ALL);
 	r = c->last_error ? c->last_error : c->job_error;
 	pthread_mutex_unlock(&c->mu);
 	return r;
@@ -854,7 +1042,9 @@ int zc_future_poll(zc_future *f)
 	if (!f->c)
 		return f->state;
 	pthread_mutex_lock(&f->c->mu);
-	dispatch_locked(f->c);
+	take_ring(f->c, f->c->zrecv);
+	if (f->state == 0)
+		dispatch_locked(f->c, LOOK_ALL);
 	st = f->state;
 	pthread_mutex_unlock(&f->c->mu);
 	return st;

@@ -22,6 +22,7 @@
 
 #include "common.h"
 #include "daemon.h"
+#include "fastpath.h"
 #include "log.h"
 #include "loop.h"
 #include "mem/mem.h"
@@ -41,6 +42,7 @@ static void on_completions(struct loop *l, void *userdata)
 		free(done);
 		done = next;
 	}
+	fastpath_flush(d);
 	session_reap(d);
 }
 
@@ -104,6 +106,7 @@ static void on_tick(struct loop *l, void *userdata)
 	}
 	session_check_pids(d);
 	sched_check_stalls(d, now);
+	fastpath_tick(d, now);
 	session_reap(d);
 }
 
@@ -202,6 +205,7 @@ static void daemon_close(struct daemon *d)
 		if (j->exec_running)
 			exec_stop(j->exec);
 	session_free_all(d);
+	fastpath_unlisten(d);
 	job_free_all(d); /* joins executors, unmaps buffers */
 	if (d->router) {
 		/* the jobs' last errors (ZC_ESHUTDOWN) may still be queued: give
@@ -257,6 +261,7 @@ int daemon_run(const struct daemon_config *cfg)
 	r = open_router(&d);
 	if (r < 0)
 		goto out;
+	fastpath_listen(&d);
 	if ((r = loop_add_zsock(d.loop, d.router, on_router, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, completion_queue_fd(d.cq), on_completions, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, d.sigfd, on_signal, &d)) < 0 ||

@@ -22,6 +22,8 @@
 #define ZEROD_MAX_WORLD 4096u
 #define ZEROD_ROUTE_MAX 256
 
+struct fastpath;
+struct fastpath_listener;
 struct loop;
 struct pool;
 struct mem_map;
@@ -69,6 +71,7 @@ struct session {
 	uid_t uid;     /* from the socket; (uid_t)-1 if unknown */
 	int pidfd;
 	int send_failed; /* a send to it failed: dropped by session_reap() */
+	struct fastpath *fp; /* its shared ring, if offered (fastpath.c) */
 	/* errors sent to it are logged at most SESSION_LOG_BURST a second */
 	int64_t log_window;
 	unsigned log_count, log_dropped;
@@ -138,6 +141,7 @@ struct daemon {
 	struct loop *loop;
 	struct pool *pool;
 	struct completion_queue *cq;
+	struct fastpath_listener *fpl; /* NULL: no fast path */
 	int sigfd, timerfd;
 	struct session *sessions;
 	unsigned nsessions;

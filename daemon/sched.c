@@ -17,6 +17,7 @@
 
 #include "common.h"
 #include "daemon.h"
+#include "fastpath.h"
 #include "log.h"
 
 void sched_start(struct job *j)
@@ -213,23 +214,17 @@ void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper
 	*pp = c;
 }
 
+/* Completions go through each rank's fast-path ring where it has one; a
+ * rank that broke its ring fails the job, and the others hear that instead. */
 static void send_bucket_done(struct job *j, uint64_t t, uint32_t b)
 {
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__BucketDone bd = ZEROD__V1__BUCKET_DONE__INIT;
-
-	bd.iteration = t;
-	bd.bucket = b;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE;
-	env.bucket_done = &bd;
-	job_broadcast(j, &env);
+	for (uint32_t r = 0; r < j->world && j->state != JOB_FAILED; r++)
+		if (j->ranks[r])
+			fastpath_bucket_done(j->ranks[r], t, b);
 }
 
 static void finish_iteration(struct job *j, uint64_t t)
 {
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__StepDone sd = ZEROD__V1__STEP_DONE__INIT;
-
 	/* Every rank sent every bucket (early buckets are refused), so the
 	 * counters can start over. */
 	memset(j->next_bucket, 0, j->world * sizeof(*j->next_bucket));
@@ -239,10 +234,9 @@ static void finish_iteration(struct job *j, uint64_t t)
 	j->iterations_done++;
 	j->d->stats.iterations++;
 	j->progress_ms = now_ms();
-	sd.iteration = t;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_STEP_DONE;
-	env.step_done = &sd;
-	job_broadcast(j, &env);
+	for (uint32_t r = 0; r < j->world && j->state != JOB_FAILED; r++)
+		if (j->ranks[r])
+			fastpath_step_done(j->ranks[r], t);
 }
 
 void sched_on_done(struct daemon *d, struct exec_done *done)

@@ -22,6 +22,7 @@
 
 #include "common.h"
 #include "daemon.h"
+#include "fastpath.h"
 #include "log.h"
 #include "loop.h"
 #include "mem/mem.h"
@@ -45,7 +46,10 @@ static struct session *session_find_serial(struct daemon *d, uint64_t serial)
 
 int session_send(struct session *s, const Zerod__V1__Envelope *env)
 {
-	int r = wire_send(s->d->router, s->route, s->route_len, env);
+	int r;
+
+	fastpath_sent(s);
+	r = wire_send(s->d->router, s->route, s->route_len, env);
 
 	/* Gone (EHOSTUNREACH) or not reading (EAGAIN: its queue is full): a
 	 * completion it never gets would hang it, so the session ends. Not
@@ -120,6 +124,7 @@ void session_send_error(struct session *s, int code, bool fatal, int64_t iterati
 		log_info("job %s rank %u: %s: %s", s->job ? s->job->id : "-", s->rank,
 			 zc_strerror_name(code), msg);
 	/* only the sender of the message being handled gets its request id */
+	fastpath_sent(s);
 	r = wire_send_error(s->d->router, s->route, s->route_len,
 			    s == s->d->cur_session ? s->d->cur_request : 0, code, fatal, iteration,
 			    bucket, msg);
@@ -205,8 +210,11 @@ void session_drop(struct session *s, enum leave_reason why)
 	if (s->job && why == LEAVE_EXITED && s->job->ranks[s->rank] == s &&
 	    !s->job->grad_map[s->rank])
 		d->mem->reclaim(s->job->id, s->rank, s->own_pid, s->uid);
+	if (why == LEAVE_EXITED)
+		fastpath_take_last(s);
 	if (s->job)
 		job_leave(s->job, s, why);
+	fastpath_free(s);
 	free(s);
 }
 
@@ -217,6 +225,7 @@ void session_free_all(struct daemon *d)
 		d->sessions = s->next;
 		if (s->pidfd >= 0)
 			close(s->pidfd);
+		fastpath_free(s);
 		free(s);
 	}
 }
@@ -326,6 +335,7 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 
 	ok.protocol_version = ZC_PROTOCOL_VERSION;
 	ok.daemon_version = (char *)ZEROD_VERSION_STRING;
+	fastpath_offer(s, &ok);
 	out.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO_OK;
 	out.hello_ok = &ok;
 	session_send(s, &out);
@@ -381,6 +391,8 @@ static void dispatch(struct daemon *d, const void *route, size_t rlen, const voi
 	const struct handler *h = NULL;
 	char msg[160];
 
+	if (s)
+		fastpath_received(s); /* what its ring holds from before this message */
 	if (wire_decode(buf, len, &env) < 0) {
 		snprintf(msg, sizeof(msg), "cannot decode a %zu-byte message as zerod.v1.Envelope",
 			 len);

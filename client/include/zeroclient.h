@@ -231,7 +231,10 @@ float *zc_param_buffer(zc_client *c, uint32_t bucket);
  * Register the plan of zc_alloc_buffers() with the daemon and wait until every
  * rank of the job has registered the same plan. The daemon starts from rank
  * 0's parameter buffers (fill them first): on success every rank's parameter
- * buffers hold rank 0's values and the optimizer state is fresh. Errors:
+ * buffers hold rank 0's values and the optimizer state is fresh. First, if
+ * the daemon offers it and $ZEROD_FASTPATH is not "0", the fast path is set
+ * up: a shared ring that carries the buckets and their completions from then
+ * on (without it, everything goes over the ZeroMQ socket). Errors:
  * ZC_EPLANMISMATCH, ZC_ESIZE, ZC_EMAP, ZC_ETIMEDOUT... with the daemon's
  * reason in zc_error_message().
  * Ownership: nothing changes hands.
@@ -255,8 +258,10 @@ int zc_register_plan(zc_client *c);
  * Ownership: *ret_future (NULL if not wanted) belongs to the caller, freed
  *            with zc_future_free(); it completes when bucket b is averaged
  *            over all ranks (BucketDone).
- * Threads:   any thread.  Blocking: no (one message; the queue holds two
- *            iterations of the largest plan).
+ * Threads:   any thread.  Blocking: no (one ring slot or one message; both
+ *            hold two iterations of the largest plan). -EAGAIN if the ring
+ *            is full, which only a daemon that stopped taking buckets lets
+ *            happen.
  */
 int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future);
 
