@@ -45,6 +45,7 @@ struct lane {
 	struct exec *e;
 	unsigned idx;
 	pthread_t thread;
+	pthread_cond_t cv; /* this lane has work, a dependency or its collective is done */
 	struct xop *head, *tail;
 	uint64_t done_seq; /* ops of this lane up to this number are finished */
 	/* the collective in flight on this lane */
@@ -65,8 +66,8 @@ struct exec {
 	struct xop *xops;              /* [prog->nops] */
 	uint64_t *last;                /* [nbuckets][LANE_COUNT]: last op touching b per lane */
 
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
+	pthread_mutex_t mu; /* one lock; each lane sleeps on its own cv, so a tiny
+			     * bucket wakes one thread, not three */
 	struct lane lanes[LANE_COUNT];
 	unsigned nthreads, alive;
 	uint64_t seq;
@@ -88,7 +89,7 @@ static void lane_req_done(struct coll_req *req, int status)
 	pthread_mutex_lock(&e->mu);
 	ln->req_status = status;
 	ln->req_done = true;
-	pthread_cond_broadcast(&e->cv);
+	pthread_cond_signal(&ln->cv);
 	pthread_mutex_unlock(&e->mu);
 }
 
@@ -112,7 +113,7 @@ static int lane_coll(struct exec *e, struct lane *ln, enum coll_kind kind,
 		return r;
 	pthread_mutex_lock(&e->mu);
 	while (!ln->req_done)
-		pthread_cond_wait(&e->cv, &e->mu);
+		pthread_cond_wait(&ln->cv, &e->mu);
 	r = ln->req_status;
 	pthread_mutex_unlock(&e->mu);
 	return r;
@@ -308,7 +309,7 @@ static void *lane_main(void *arg)
 		if (e->stopping)
 			break;
 		if (!o || !deps_done(e, o)) {
-			pthread_cond_wait(&e->cv, &e->mu);
+			pthread_cond_wait(&ln->cv, &e->mu);
 			continue;
 		}
 		ln->head = o->next;
@@ -321,7 +322,10 @@ static void *lane_main(void *arg)
 		pthread_mutex_lock(&e->mu);
 		ln->done_seq = o->seq;
 		xop_finish(e, o, r);
-		pthread_cond_broadcast(&e->cv);
+		/* another lane's next op may have waited for this one */
+		for (unsigned l = 0; l < LANE_COUNT; l++)
+			if (l != ln->idx && e->lanes[l].head)
+				pthread_cond_signal(&e->lanes[l].cv);
 	}
 	while (ln->head) {
 		struct xop *o = ln->head;
@@ -365,6 +369,7 @@ static void enqueue(struct exec *e, struct xop *o, enum zop_lane lane, uint32_t 
 	else
 		ln->head = o;
 	ln->tail = o;
+	pthread_cond_signal(&ln->cv);
 }
 
 static struct exec_done *done_new(struct exec *e, enum exec_event ev, uint64_t t, uint32_t b)
@@ -393,7 +398,6 @@ int exec_hyper(struct exec *e, struct zc_param_group *groups)
 		return 0;
 	}
 	enqueue(e, o, LANE_COMPUTE, 0, 0, false);
-	pthread_cond_broadcast(&e->cv);
 	pthread_mutex_unlock(&e->mu);
 	return 0;
 }
@@ -427,7 +431,6 @@ int exec_bucket(struct exec *e, uint64_t t, uint32_t b)
 		*o = (struct xop){.type = XOP_PROG, .z = &z->ops[i], .iteration = t, .done = d[i - i0]};
 		enqueue(e, o, z->ops[i].lane, z->ops[i].lo, z->ops[i].hi, true);
 	}
-	pthread_cond_broadcast(&e->cv);
 	pthread_mutex_unlock(&e->mu);
 	return 0;
 nomem:
@@ -453,7 +456,8 @@ void exec_stop(struct exec *e)
 	}
 	e->stopping = true;
 	cg = e->cg;
-	pthread_cond_broadcast(&e->cv);
+	for (unsigned l = 0; l < LANE_COUNT; l++)
+		pthread_cond_signal(&e->lanes[l].cv);
 	/* a collective blocked on a peer ends now; abort may take a while on
 	 * some backends, but it is bounded and never waits for the lanes */
 	if (cg)
@@ -490,7 +494,8 @@ void exec_free(struct exec *e)
 	free(e->groups);
 	free(e->xops);
 	free(e->last);
-	pthread_cond_destroy(&e->cv);
+	for (unsigned l = 0; l < LANE_COUNT; l++)
+		pthread_cond_destroy(&e->lanes[l].cv);
 	pthread_mutex_destroy(&e->mu);
 	free(e);
 }
@@ -547,7 +552,8 @@ int exec_new(const struct exec_config *cfg, struct exec **ret)
 	e->cfg = *cfg;
 	e->cfg.grads = e->cfg.params = NULL;
 	pthread_mutex_init(&e->mu, NULL);
-	pthread_cond_init(&e->cv, NULL);
+	for (unsigned l = 0; l < LANE_COUNT; l++)
+		pthread_cond_init(&e->lanes[l].cv, NULL);
 	r = exec_alloc(cfg, e);
 	if (r < 0)
 		goto fail;
@@ -574,7 +580,8 @@ int exec_new(const struct exec_config *cfg, struct exec **ret)
 	if (r < 0) {
 		/* the threads that started leave without a word */
 		e->stopping = e->silent = true;
-		pthread_cond_broadcast(&e->cv);
+		for (unsigned l = 0; l < LANE_COUNT; l++)
+			pthread_cond_signal(&e->lanes[l].cv);
 	}
 	pthread_mutex_unlock(&e->mu);
 	if (r < 0)
