@@ -970,7 +970,7 @@ static void fail_node(uint32_t node, void *arg)
 		int64_t dt = now_ms() - t0;
 		bool want_timeout = c->kind == F_TIMEOUT_SILENT;
 		CHECK(r < 0 && r != -ECANCELED && (!want_timeout || r == -ETIMEDOUT) &&
-			      dt <= c->timeout_ms + 1000,
+			      dt <= c->timeout_ms + 2000, /* slack for a loaded machine */
 		      "%s: node %u: status %d (%s) after %ld ms, timeout %u ms", c->tag, node, r,
 		      coll_gloo_ops.last_error(g, LANE_REDUCE), (long)dt, c->timeout_ms);
 		test_note("%s: node %u: %s after %ld ms", c->tag, node,
