@@ -6,6 +6,7 @@ set -euo pipefail
 ZEROD_PACKAGES=(
     gcc pkg-config meson ninja-build cmake
     libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
+    g++ libgloo-dev
     python3
 )
 

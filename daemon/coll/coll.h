@@ -12,18 +12,52 @@
  * block) -> submit* -> [abort] -> close once nothing is in flight.
  *
  * coll/host.c: every rank on this node; reductions and copies through the
- * mapped buffers on the worker pool. Across nodes (gloo) and on GPUs (NCCL)
- * the same table is implemented again.
+ * mapped buffers on the worker pool. coll/gloo.c: a job over several nodes,
+ * summed inside each node the same way and across nodes over gloo (TCP).
+ * On GPUs (NCCL) the same table is implemented again.
  */
 #ifndef ZEROD_COLL_H
 #define ZEROD_COLL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "zeroclient.h"
 
 struct pool;
+
+/*
+ * A key-value store every node of a job reaches, through which the nodes
+ * swap their network addresses when a group opens. Pluggable: the rendezvous
+ * that node 0's daemon serves, or files in a directory the test nodes share.
+ * The callbacks may run on any thread, several at once, and must not block
+ * past their timeout. Keys are short strings; values are opaque bytes.
+ */
+struct coll_store {
+	void *ctx;
+	/* Store a copy of value under key, replacing any. 0 or -errno. */
+	int (*set)(void *ctx, const char *key, const void *value, size_t len);
+	/* Wait up to timeout_ms for key to be set; then *ret_value is a malloc'd
+	 * copy of its value (the caller frees it) and *ret_len its length.
+	 * 0, -ETIMEDOUT, or -errno; nothing is returned on failure. */
+	int (*get)(void *ctx, const char *key, int timeout_ms, void **ret_value, size_t *ret_len);
+};
+
+/* A job spread over several nodes: where its ranks are and how this node
+ * reaches the others (coll/gloo.c). Every node passes the same nnodes,
+ * node_of, prefix and window; the strings and arrays are copied by open. */
+struct coll_net {
+	uint32_t nnodes;
+	uint32_t node;           /* this node, 0..nnodes-1 */
+	const uint32_t *node_of; /* [world]: the node of each rank */
+	const char *host;        /* address or name this node's sockets bind to (port 0) */
+	const char *iface;       /* or a network interface ("eth0"), when host is NULL */
+	const char *prefix;      /* store keys start with it: fresh for every run of a job */
+	const struct coll_store *store;
+	uint32_t timeout_ms; /* connecting, and each network operation; 0: 30 s */
+	uint64_t window;     /* elements per network round (scratch size); 0: default */
+};
 
 /* A job's buffers on this node. */
 struct coll_config {
@@ -31,6 +65,9 @@ struct coll_config {
 	float *const *grads;  /* [world]: each local rank's gradient buffer (NULL if remote) */
 	float *const *params; /* [world]: each local rank's parameter buffer (NULL if remote) */
 	struct pool *pool;
+	const struct coll_net *net; /* NULL: every rank is on this node */
+	char *err;                  /* optional: why open failed, in words */
+	size_t errlen;
 };
 
 /* One owner's share of a bucket: flat elements [off, off + n). */
@@ -79,8 +116,14 @@ struct coll_ops {
 	void (*abort)(struct coll_group *g);
 	/* Free the group. Accepts NULL. Nothing may be in flight. */
 	void (*close)(struct coll_group *g);
+	/* Optional (may be NULL): why the last request of `lane` failed, in
+	 * words ("" if it did not). Call it after that request's done(), from
+	 * the lane's thread or once the lane has stopped. */
+	const char *(*last_error)(struct coll_group *g, unsigned lane);
 };
 
 extern const struct coll_ops coll_host_ops;
+/* Only in builds with gloo (ZEROD_HAVE_GLOO). */
+extern const struct coll_ops coll_gloo_ops;
 
 #endif
