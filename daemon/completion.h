@@ -24,7 +24,8 @@ struct exec_done {
 	enum exec_event ev;
 	uint64_t iteration;
 	uint32_t bucket;
-	const char *op; /* EXEC_FAILED: what failed */
+	const char *op;     /* EXEC_FAILED: what failed */
+	const char *detail; /* EXEC_FAILED: the backend's words, or "" (valid until exec_free) */
 	uint32_t lo, hi;
 	int status;
 	struct exec_done *next;

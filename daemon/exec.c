@@ -75,6 +75,7 @@ struct exec {
 	struct exec_done *step_done; /* the current iteration's */
 	struct exec_done *fail_done, *stop_done;
 	bool stopping, failed, silent;
+	char open_err[256]; /* why the collectives could not open, from the backend */
 
 	_Atomic uint64_t reduced, stepped, bcast;
 };
@@ -195,7 +196,10 @@ static int op_start(struct exec *e, struct lane *ln)
 	struct coll_config cc = {.world = e->cfg.world,
 				 .grads = e->cfg.grads,
 				 .params = e->cfg.params,
-				 .pool = e->cfg.pool};
+				 .pool = e->cfg.pool,
+				 .net = e->cfg.net,
+				 .err = e->open_err,
+				 .errlen = sizeof(e->open_err)};
 	struct optim_config oc = {.world = e->cfg.world,
 				  .grads = e->cfg.grads,
 				  .params = e->cfg.params,
@@ -274,6 +278,7 @@ static void xop_finish(struct exec *e, struct xop *o, int r)
 			.op = o->type == XOP_START ? "start"
 			      : o->type == XOP_HYPER ? "hyper"
 						     : zop_name(z->kind),
+			.detail = o->type == XOP_START ? e->open_err : "",
 			.lo = z ? z->lo : 0,
 			.hi = z ? z->hi : 0,
 			.status = r,

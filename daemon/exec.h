@@ -34,6 +34,8 @@ struct exec_config {
 	float *const *grads;  /* [world]: NULL for ranks on other nodes */
 	float *const *params; /* [world] */
 	const struct coll_ops *coll;
+	const struct coll_net *net; /* NULL: the whole job is on this node; else it must
+				     * outlive the executor */
 	const struct optim_ops *optim;
 	struct pool *pool;
 	struct completion_queue *cq;

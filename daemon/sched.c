@@ -273,6 +273,9 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 				 "%s of buckets %u..%u touched a shared buffer that a trainer "
 				 "shrank",
 				 done->op, done->lo, done->hi);
+		else if (done->detail && done->detail[0])
+			job_fail(j, ZC_EINTERNAL, true, "%s failed: %s: %s", done->op,
+				 zc_strerror(done->status), done->detail);
 		else
 			job_fail(j, ZC_EINTERNAL, true, "%s of buckets %u..%u failed: %s",
 				 done->op, done->lo, done->hi, zc_strerror(done->status));
