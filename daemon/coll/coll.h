@@ -12,8 +12,9 @@
  * block) -> submit* -> [abort] -> close once nothing is in flight.
  *
  * coll/host.c: every rank on this node; reductions and copies through the
- * mapped buffers on the worker pool. Across nodes (gloo) and on GPUs (NCCL)
- * the same table is implemented again.
+ * mapped buffers on the worker pool. coll/nccl.c: GPUs, through NCCL (builds
+ * with the CUDA toolkit only). Across nodes (gloo) the same table is
+ * implemented again.
  */
 #ifndef ZEROD_COLL_H
 #define ZEROD_COLL_H
@@ -25,12 +26,21 @@
 
 struct pool;
 
+/* Bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES), so that the
+ * rendezvous can carry one without including nccl.h. */
+#define COLL_UNIQUE_ID_BYTES 128
+
 /* A job's buffers on this node. */
 struct coll_config {
 	uint32_t world;       /* ranks in the job */
 	float *const *grads;  /* [world]: each local rank's gradient buffer (NULL if remote) */
 	float *const *params; /* [world]: each local rank's parameter buffer (NULL if remote) */
 	struct pool *pool;
+	/* nccl: the job's unique id, COLL_UNIQUE_ID_BYTES, the same on every
+	 * node (the rendezvous hands it out); NULL when every rank is on this
+	 * node: the backend makes one. Copied. */
+	const void *nccl_id;
+	int open_timeout_ms; /* nccl: how long open waits for every rank; <= 0: 60 s */
 };
 
 /* One owner's share of a bucket: flat elements [off, off + n). */
@@ -82,5 +92,6 @@ struct coll_ops {
 };
 
 extern const struct coll_ops coll_host_ops;
+extern const struct coll_ops coll_nccl_ops; /* builds with CUDA only */
 
 #endif

@@ -149,8 +149,8 @@ static inline struct optim_sgd_cfg optim_sgd_setup(const struct zc_param_group *
 }
 
 /* The same for Adam (adamw false) or AdamW; step >= 1. */
-static inline struct optim_adam_cfg optim_adam_setup(const struct zc_param_group *hp,
-						     uint64_t step, bool adamw)
+static inline struct optim_adam_cfg optim_adam_setup(const struct zc_param_group *hp, uint64_t step,
+						     bool adamw)
 {
 	/* torch computes these in Python floats; pow and sqrt as math.pow / math.sqrt. */
 	double bc1 = 1 - pow(hp->beta1, (double)step);
@@ -166,7 +166,7 @@ static inline struct optim_adam_cfg optim_adam_setup(const struct zc_param_group
 		      .neg_s = (float)(-s),
 		      .wd = (float)hp->weight_decay,
 		      .decay = (float)(1 - hp->lr * hp->weight_decay)},
-		.wd = adamw ? OPTIM_WD_DECOUPLED
+		.wd = adamw                   ? OPTIM_WD_DECOUPLED
 		      : hp->weight_decay != 0 ? OPTIM_WD_L2
 					      : OPTIM_WD_NONE,
 		.maximize = hp->maximize,
