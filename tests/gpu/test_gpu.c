@@ -533,7 +533,8 @@ int main(int argc, char **argv)
 		return ipc_child();
 	ndev_ = cuda_probe(why, sizeof(why));
 	if (ndev_ <= 0) {
-		printf("1..0 # SKIP no usable GPU: %s\n", why);
+		/* TAP for people and tools/test.sh's count; meson reads the 77 */
+		printf("1..1\nok 1 - gpu # SKIP no usable GPU: %s\n", why);
 		return 77;
 	}
 	printf("# %s\n", why);
