@@ -10,6 +10,12 @@ ZEROD_PACKAGES=(
     python3
 )
 
+# nvcc needs a host C++ compiler; meson builds the CUDA backend wherever
+# the toolkit is (meson.build)
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+    ZEROD_PACKAGES+=(g++)
+fi
+
 missing=()
 for p in "${ZEROD_PACKAGES[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

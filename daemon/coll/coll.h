@@ -14,7 +14,7 @@
  * coll/host.c: every rank on this node; reductions and copies through the
  * mapped buffers on the worker pool. coll/gloo.c: a job over several nodes,
  * summed inside each node the same way and across nodes over gloo (TCP).
- * On GPUs (NCCL) the same table is implemented again.
+ * coll/nccl.c: GPUs, through NCCL (builds with the CUDA toolkit only).
  */
 #ifndef ZEROD_COLL_H
 #define ZEROD_COLL_H
@@ -59,6 +59,10 @@ struct coll_net {
 	uint64_t window;     /* elements per network round (scratch size); 0: default */
 };
 
+/* Bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES), so that the
+ * rendezvous can carry one without including nccl.h. */
+#define COLL_UNIQUE_ID_BYTES 128
+
 /* A job's buffers on this node. */
 struct coll_config {
 	uint32_t world;       /* ranks in the job */
@@ -68,6 +72,11 @@ struct coll_config {
 	const struct coll_net *net; /* NULL: every rank is on this node */
 	char *err;                  /* optional: why open failed, in words */
 	size_t errlen;
+	/* nccl: the job's unique id, COLL_UNIQUE_ID_BYTES, the same on every
+	 * node (the rendezvous hands it out); NULL when every rank is on this
+	 * node: the backend makes one. Copied. */
+	const void *nccl_id;
+	int open_timeout_ms; /* nccl: how long open waits for every rank; <= 0: 60 s */
 };
 
 /* One owner's share of a bucket: flat elements [off, off + n). */
@@ -125,5 +134,6 @@ struct coll_ops {
 extern const struct coll_ops coll_host_ops;
 /* Only in builds with gloo (ZEROD_HAVE_GLOO). */
 extern const struct coll_ops coll_gloo_ops;
+extern const struct coll_ops coll_nccl_ops; /* builds with CUDA only */
 
 #endif

@@ -1,20 +1,40 @@
 /*
  * mem.h — the buffer backend interface: how the daemon gets at a trainer's
  * gradient and parameter buffers. mem/shm.c maps POSIX shared memory (host);
- * mem/cuda.c will open CUDA IPC handles.
+ * mem/cuda.c opens CUDA IPC handles (builds with CUDA only).
  */
 #ifndef ZEROD_MEM_H
 #define ZEROD_MEM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
+enum mem_kind {
+	MEM_SHM = 0, /* the default, so a descriptor that names no kind is shm */
+	MEM_CUDA_IPC,
+};
+
+#define MEM_CUDA_HANDLE_BYTES 64 /* CUDA_IPC_HANDLE_SIZE */
+#define MEM_CUDA_UUID_BYTES   16
+
 /* What a client sent to describe one buffer. */
 struct mem_desc {
-	const char *shm_name; /* host: POSIX shm object name, "/..." */
+	enum mem_kind kind;
+	const char *shm_name; /* MEM_SHM: POSIX shm object name, "/..." */
 	uint64_t bytes;       /* what the client claims the buffer holds */
 	uid_t owner;          /* the client's uid: the object must be its own */
+	/* MEM_CUDA_IPC: device memory the trainer allocated. The handle is
+	 * of the allocation's base (cudaIpcGetMemHandle of what
+	 * cuMemGetAddressRange gives), the buffer starts offset bytes into it;
+	 * the device is named by UUID because ordinals differ between
+	 * processes (CUDA_VISIBLE_DEVICES). */
+	struct {
+		uint8_t handle[MEM_CUDA_HANDLE_BYTES];
+		uint64_t offset;
+		uint8_t uuid[MEM_CUDA_UUID_BYTES];
+	} cuda;
 };
 
 struct mem_map;
@@ -22,11 +42,15 @@ struct mem_map;
 struct mem_ops {
 	const char *name;
 	/* Map the buffer desc describes; it must hold exactly `bytes` (the
-	 * plan's size): otherwise ZC_ESIZE, and ZC_EMAP if it cannot be opened;
-	 * err says why. Called on the loop thread: only quick syscalls. The
-	 * name is unlinked once mapped, so nothing outlives the job. */
+	 * plan's size): otherwise ZC_ESIZE, and ZC_EMAP if it cannot be opened
+	 * or is of another kind; err says why. shm: on the loop thread (only
+	 * quick syscalls); the name is unlinked once mapped, so nothing
+	 * outlives the job. cuda: blocks (see `blocking`). */
 	int (*map)(const struct mem_desc *desc, uint64_t bytes, struct mem_map **ret, char *err,
 		   size_t errlen);
+	/* map and unmap may block for milliseconds or more (opening a CUDA IPC
+	 * handle can create a context): call them off the loop thread. */
+	bool blocking;
 	/* Base address of the mapping; valid until unmap. */
 	void *(*ptr)(struct mem_map *m);
 	/* Release the mapping. Accepts NULL. No worker may still use it. */
@@ -39,5 +63,6 @@ struct mem_ops {
 };
 
 extern const struct mem_ops mem_shm_ops;
+extern const struct mem_ops mem_cuda_ops; /* builds with CUDA only */
 
 #endif

@@ -47,6 +47,10 @@ static int shm_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map *
 	void *base;
 	int fd, r;
 
+	if (desc->kind != MEM_SHM) {
+		snprintf(err, errlen, "not a shared memory buffer");
+		return ZC_EMAP;
+	}
 	if (!shm_name_ok(desc->shm_name)) {
 		snprintf(err, errlen, "bad shared memory name");
 		return ZC_EMAP;
@@ -150,6 +154,7 @@ static void shm_reclaim(const char *job, uint32_t rank, pid_t own_pid, uid_t own
 
 const struct mem_ops mem_shm_ops = {
 	.name = "shm",
+	.blocking = false,
 	.map = shm_map,
 	.ptr = shm_ptr,
 	.unmap = shm_unmap,

@@ -1,10 +1,11 @@
 /*
  * cpu.c — the CPU optimizer backend: torch 1.13's SGD / Adam / AdamW element
- * updates (the formulas and their order are in optim.h) over one contiguous
- * range, and the fused pass that runs them for a job: per cache-sized chunk,
- * sum the local ranks' gradients (or take the owner's reduced one), step the
- * owner's parameters in place, and store the result into every other local
- * rank while the chunk is still in cache. Chunks are spread over the pool;
+ * updates over one contiguous range (the formulas and their order are in
+ * optim.h; the element arithmetic is elem.h's, which the CUDA kernels share),
+ * and the fused pass that runs them for a job: per cache-sized chunk, sum the
+ * local ranks' gradients (or take the owner's reduced one), step the owner's
+ * parameters in place, and store the result into every other local rank
+ * while the chunk is still in cache. Chunks are spread over the pool;
  * disjoint ranges may be stepped concurrently.
  *
  * Results must be bit-identical to the scalar formula, so the compiler may
@@ -29,6 +30,7 @@
 
 #include "common.h"
 #include "hostmem.h"
+#include "optim/elem.h"
 #include "optim/optim.h"
 #include "pool.h"
 
@@ -42,34 +44,18 @@
 
 /* ----------------------------------------------------------------- SGD --- */
 
-/* SGD's scalars, each cast to float once from torch's double value. */
-struct sgd_k {
-	float lr, wd, mom;
-	float damp1; /* 1 - dampening */
-};
-
-enum sgd_mom {
-	MOM_NONE,  /* momentum == 0: m is never touched (may be NULL) */
-	MOM_FIRST, /* no buffer yet: m = d, dampening not applied (torch's clone) */
-	MOM_LATER,
-};
-
 typedef void sgd_kernel(float *restrict p, const float *restrict g, float *restrict m, size_t n,
-			struct sgd_k k);
+			struct optim_sgd_k k);
 
 BODY sgd_body(float *restrict p, const float *restrict g, float *restrict m, size_t n,
-	      struct sgd_k k, bool maximize, bool wd, enum sgd_mom mode, bool nesterov)
+	      struct optim_sgd_k k, bool maximize, bool wd, enum optim_sgd_mom mode, bool nesterov)
 {
 	for (size_t i = 0; i < n; i++) {
-		float d = maximize ? -g[i] : g[i];
-		if (wd)
-			d = d + k.wd * p[i];
-		if (mode != MOM_NONE) {
-			float b = mode == MOM_FIRST ? d : k.mom * m[i] + k.damp1 * d;
-			m[i] = b;
-			d = nesterov ? d + k.mom * b : b;
-		}
-		p[i] = p[i] - k.lr * d;
+		float pi = p[i], mi = mode == OPTIM_MOM_LATER ? m[i] : 0.0f;
+		optim_sgd_elem(&pi, &mi, g[i], k, maximize, wd, mode, nesterov);
+		p[i] = pi;
+		if (mode != OPTIM_MOM_NONE)
+			m[i] = mi;
 	}
 }
 
@@ -79,7 +65,7 @@ BODY sgd_body(float *restrict p, const float *restrict g, float *restrict m, siz
 #define SGD_DEFINE(mx, wd, mo, ne)                                                                 \
 	static OPTIM_CLONES void SGD_NAME(mx, wd, mo, ne)(                                         \
 		float *restrict p, const float *restrict g, float *restrict m, size_t n,           \
-		struct sgd_k k)                                                                    \
+		struct optim_sgd_k k)                                                              \
 	{                                                                                          \
 		sgd_body(p, g, m, n, k, mx, wd, mo, ne);                                           \
 	}
@@ -87,79 +73,41 @@ BODY sgd_body(float *restrict p, const float *restrict g, float *restrict m, siz
 
 /* nesterov only means something with momentum (torch rejects it otherwise). */
 #define SGD_MODES(X, mx, wd)                                                                       \
-	X(mx, wd, MOM_NONE, 0)                                                                     \
-	X(mx, wd, MOM_FIRST, 0) X(mx, wd, MOM_FIRST, 1)                                            \
-	X(mx, wd, MOM_LATER, 0) X(mx, wd, MOM_LATER, 1)
+	X(mx, wd, OPTIM_MOM_NONE, 0)                                                               \
+	X(mx, wd, OPTIM_MOM_FIRST, 0) X(mx, wd, OPTIM_MOM_FIRST, 1)                                \
+	X(mx, wd, OPTIM_MOM_LATER, 0) X(mx, wd, OPTIM_MOM_LATER, 1)
 #define SGD_VARIANTS(X) SGD_MODES(X, 0, 0) SGD_MODES(X, 0, 1) SGD_MODES(X, 1, 0) SGD_MODES(X, 1, 1)
 /* clang-format on */
 
 SGD_VARIANTS(SGD_DEFINE)
 
-/* [maximize][weight_decay != 0][mode][nesterov && mode != MOM_NONE] */
+/* [maximize][weight_decay != 0][mode][nesterov && mode != OPTIM_MOM_NONE] */
 static sgd_kernel *const sgd_kernels[2][2][3][2] = {SGD_VARIANTS(SGD_ENTRY)};
 
 static void sgd_step(const struct optim_args *a)
 {
-	const struct zc_param_group *hp = a->hp;
-	struct sgd_k k = {
-		.lr = (float)hp->lr,
-		.wd = (float)hp->weight_decay,
-		.mom = (float)hp->momentum,
-		.damp1 = (float)(1 - hp->dampening),
-	};
-	enum sgd_mom mode = hp->momentum == 0   ? MOM_NONE
-			    : a->first_momentum ? MOM_FIRST
-						: MOM_LATER;
-	bool nesterov = mode != MOM_NONE && hp->nesterov;
+	struct optim_sgd_cfg c = optim_sgd_setup(a->hp, a->first_momentum);
 
-	sgd_kernels[hp->maximize][hp->weight_decay != 0][mode][nesterov](a->param, a->grad, a->m,
-									 a->n, k);
+	sgd_kernels[c.maximize][c.wd][c.mode][c.nesterov](a->param, a->grad, a->m, a->n, c.k);
 }
 
 /* ---------------------------------------------------------- Adam/AdamW --- */
 
-/* Adam's scalars, each cast to float once from torch's double value. */
-struct adam_k {
-	float b1, c1;    /* beta1, 1 - beta1 */
-	float b2, c2;    /* beta2, 1 - beta2 */
-	float r, eps;    /* sqrt(bias_correction2), eps */
-	float neg_s;     /* -(lr / bias_correction1) */
-	float wd, decay; /* Adam's L2 weight_decay; AdamW's 1 - lr * weight_decay */
-};
-
-enum adam_wd {
-	WD_NONE,      /* Adam, weight_decay == 0 */
-	WD_L2,        /* Adam: g += wd * p */
-	WD_DECOUPLED, /* AdamW: p *= 1 - lr * wd, always (torch multiplies by 1 too) */
-};
-
 typedef void adam_kernel(float *restrict p, const float *restrict g, float *restrict m,
-			 float *restrict v, float *restrict vmax, size_t n, struct adam_k k);
+			 float *restrict v, float *restrict vmax, size_t n, struct optim_adam_k k);
 
 BODY adam_body(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
-	       float *restrict vmax, size_t n, struct adam_k k, bool maximize, enum adam_wd wd,
-	       bool amsgrad)
+	       float *restrict vmax, size_t n, struct optim_adam_k k, bool maximize,
+	       enum optim_adam_wd wd, bool amsgrad)
 {
 	for (size_t i = 0; i < n; i++) {
-		float gi = maximize ? -g[i] : g[i];
-		float pi = p[i];
-		if (wd == WD_L2)
-			gi = gi + k.wd * pi;
-		if (wd == WD_DECOUPLED)
-			pi = pi * k.decay;
-		float mi = m[i] * k.b1 + k.c1 * gi;
-		float vi = v[i] * k.b2 + (k.c2 * gi) * gi;
+		float pi = p[i], mi = m[i], vi = v[i], xi = amsgrad ? vmax[i] : 0.0f;
+		optim_adam_elem(&pi, &mi, &vi, &xi, g[i], k, maximize, wd, amsgrad);
+		p[i] = pi;
 		m[i] = mi;
 		v[i] = vi;
-		if (amsgrad) {
-			/* torch.maximum: a NaN on either side wins. */
-			float x = vmax[i];
-			x = vi > x || vi != vi ? vi : x;
-			vmax[i] = x;
-			vi = x;
-		}
-		float den = sqrtf(vi) / k.r + k.eps;
-		p[i] = pi + (k.neg_s * mi) / den;
+		if (amsgrad)
+			vmax[i] = xi;
 	}
 }
 
@@ -167,7 +115,7 @@ BODY adam_body(float *restrict p, const float *restrict g, float *restrict m, fl
 #define ADAM_DEFINE(mx, wd, ams)                                                                   \
 	static OPTIM_CLONES void ADAM_NAME(mx, wd, ams)(                                           \
 		float *restrict p, const float *restrict g, float *restrict m, float *restrict v,  \
-		float *restrict vmax, size_t n, struct adam_k k)                                   \
+		float *restrict vmax, size_t n, struct optim_adam_k k)                             \
 	{                                                                                          \
 		adam_body(p, g, m, v, vmax, n, k, mx, wd, ams);                                    \
 	}
@@ -176,40 +124,24 @@ BODY adam_body(float *restrict p, const float *restrict g, float *restrict m, fl
 /* clang-format off */
 #define ADAM_AMS(X, mx, wd) X(mx, wd, 0) X(mx, wd, 1)
 #define ADAM_WD(X, mx)                                                                             \
-	ADAM_AMS(X, mx, WD_NONE) ADAM_AMS(X, mx, WD_L2) ADAM_AMS(X, mx, WD_DECOUPLED)
+	ADAM_AMS(X, mx, OPTIM_WD_NONE) ADAM_AMS(X, mx, OPTIM_WD_L2)                                \
+	ADAM_AMS(X, mx, OPTIM_WD_DECOUPLED)
 #define ADAM_VARIANTS(X) ADAM_WD(X, 0) ADAM_WD(X, 1)
 /* clang-format on */
 
 ADAM_VARIANTS(ADAM_DEFINE)
 
-/* [maximize][adam_wd][amsgrad] */
+/* [maximize][optim_adam_wd][amsgrad] */
 static adam_kernel *const adam_kernels[2][3][2] = {ADAM_VARIANTS(ADAM_ENTRY)};
 
 static void adam_step(const struct optim_args *a)
 {
-	const struct zc_param_group *hp = a->hp;
-	bool adamw = a->kind == ZC_OPT_ADAMW;
+	struct optim_adam_cfg c;
 
 	assert(a->step >= 1);
-	/* torch computes these in Python floats; pow and sqrt as math.pow / math.sqrt. */
-	double bc1 = 1 - pow(hp->beta1, (double)a->step);
-	double bc2 = 1 - pow(hp->beta2, (double)a->step);
-	double s = hp->lr / bc1;
-	struct adam_k k = {
-		.b1 = (float)hp->beta1,
-		.c1 = (float)(1 - hp->beta1),
-		.b2 = (float)hp->beta2,
-		.c2 = (float)(1 - hp->beta2),
-		.r = (float)sqrt(bc2),
-		.eps = (float)hp->eps,
-		.neg_s = (float)(-s),
-		.wd = (float)hp->weight_decay,
-		.decay = (float)(1 - hp->lr * hp->weight_decay),
-	};
-	enum adam_wd wd = adamw ? WD_DECOUPLED : hp->weight_decay != 0 ? WD_L2 : WD_NONE;
-
-	adam_kernels[hp->maximize][wd][hp->amsgrad](a->param, a->grad, a->m, a->v, a->vmax, a->n,
-						    k);
+	c = optim_adam_setup(a->hp, a->step, a->kind == ZC_OPT_ADAMW);
+	adam_kernels[c.maximize][c.wd][c.amsgrad](a->param, a->grad, a->m, a->v, a->vmax, a->n,
+						  c.k);
 }
 
 /* ------------------------------------------------------------------ ops --- */

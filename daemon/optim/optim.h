@@ -1,6 +1,6 @@
 /*
  * optim.h — the optimizer backend interface (one ops table per
- * implementation: optim/cpu.c now, optim/cuda later).
+ * implementation: optim/cpu.c, optim/cuda.c).
  *
  * One call updates n contiguous elements of one parameter group. The update
  * formulas are torch 1.13's (_single_tensor_sgd / _single_tensor_adam /
@@ -96,8 +96,9 @@ struct optim_ctx;
 
 struct optim_ops {
 	const char *name;
-	/* Apply one update to a->n elements. Called on worker threads, never
-	 * the loop; thread-safe for disjoint ranges; pure compute, no errors. */
+	/* Apply one update to a->n elements of host memory. Called on worker
+	 * threads, never the loop; thread-safe for disjoint ranges; pure
+	 * compute, no errors. NULL where the kernels run elsewhere (cuda). */
 	void (*step)(const struct optim_args *a);
 	/* Per job: the context its calls run on (host: the pool; cuda: a
 	 * stream). Off the loop thread. cfg's arrays are copied. */
@@ -110,5 +111,6 @@ struct optim_ops {
 };
 
 extern const struct optim_ops optim_cpu_ops;
+extern const struct optim_ops optim_cuda_ops; /* builds with CUDA only */
 
 #endif

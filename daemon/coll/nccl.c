@@ -1,0 +1,629 @@
+/*
+ * nccl.c — collectives on GPUs through NCCL. One group per job on this node
+ * holds, for each local rank (one GPU each: NCCL refuses two ranks on one
+ * device), two communicators and a stream for each: set 0 carries the
+ * reductions, set 1 the broadcasts and all-gathers, so a later bucket's
+ * reduction never queues behind an earlier broadcast on the same
+ * communicator or stream. Set 0 is created with ncclCommInitRankConfig in one
+ * group call over the local GPUs, from the job's NCCL unique id (the
+ * rendezvous hands it to every node; a job whose ranks are all here makes its
+ * own); set 1 is split from it, so a job needs one id only. Communicators are
+ * non-blocking (config.blocking = 0): calls may answer ncclInProgress, and
+ * each is polled with ncclCommGetAsyncError until it has really been issued.
+ *
+ * A request is one group call over the local ranks:
+ *   REDUCE, bucket mode: ncclAllReduce(avg) in place on each rank's gradients,
+ *     so every rank holds the average (the seed's bucket future);
+ *   REDUCE, slice mode: ncclReduceScatter(avg) in place when the bucket's
+ *     slices are equal and in rank order, else an ncclReduce(avg) per slice
+ *     to its owner;
+ *   BCAST: ncclBroadcast from each range's owner, or ncclAllGather in place
+ *     for equal slices.
+ * ncclAvg is NCCL's own average (2.10+; for floats a pre-multiplied sum), so
+ * results match the host backend's sum-then-divide only to rounding.
+ *
+ * Completion: after the group call, one host function per local stream
+ * (cudaLaunchHostFunc); the last of them to run calls done(). Host functions
+ * make no CUDA call: they take the group's mutex, count, and post.
+ *
+ * Faults: a watchdog thread per group polls ncclCommGetAsyncError of every
+ * communicator every millisecond while a request is in flight. On an async
+ * error, or on abort(), it aborts every communicator (ncclCommAbort ends the
+ * NCCL kernels, so nothing stays stuck on the GPU) and completes every
+ * request in flight itself: with the error (-ECONNRESET when a peer failed,
+ * -EIO otherwise) or -ECANCELED. abort() only flags and wakes it, so abort
+ * never calls done() and returns at once. Host functions of those requests
+ * still run later and find their request already completed.
+ *
+ * Locks: a set's mutex is held while its communicators are called (NCCL
+ * communicators are not thread-safe), the group's mutex guards the requests.
+ * Order: set 0, set 1, group; the executor's mutex is taken by done(), never
+ * under either of ours.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coll/coll.h"
+#include "common.h"
+#include "cudacheck.h"
+
+#define NSETS            2
+#define POLL_NS          1000000L /* watchdog period while requests are in flight */
+#define ISSUE_NS         20000L   /* between polls of a call answered ncclInProgress */
+#define OPEN_TIMEOUT_MS  60000
+#define CLOSE_TIMEOUT_MS 10000
+
+_Static_assert(COLL_UNIQUE_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "coll.h's id size is NCCL's");
+
+struct nreq {
+	struct coll_group *g;
+	struct coll_req *req;
+	unsigned pending;   /* host functions not yet run */
+	bool claimed;       /* done() has been, or is being, called */
+	struct nreq *next;  /* in inflight or zombies */
+	struct nreq *dnext; /* the watchdog's list of those it completes */
+};
+
+struct cset {
+	pthread_mutex_t mu;
+	ncclComm_t *comm;     /* [nlocal] */
+	cudaStream_t *stream; /* [nlocal] */
+};
+
+struct coll_group {
+	uint32_t world, nlocal;
+	uint32_t *local;         /* [nlocal]: the ranks on this node, ascending */
+	int *dev;                /* [nlocal] */
+	float **grads, **params; /* [world] */
+	struct cset set[NSETS];
+	bool comms_live; /* communicators exist and were not aborted (watchdog, close) */
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct nreq *inflight; /* not yet completed */
+	struct nreq *zombies;  /* claimed by the watchdog, host functions pending */
+	atomic_bool stop;      /* abort asked or a fault seen: no new requests */
+	int error;             /* the fault, 0 for a plain abort */
+	bool quit;             /* close: the watchdog leaves */
+	bool watchdog_started;
+	pthread_t watchdog;
+};
+
+static void sleep_ns(long ns)
+{
+	struct timespec ts = {.tv_sec = 0, .tv_nsec = ns};
+	nanosleep(&ts, NULL);
+}
+
+/* ---------------------------------------------------------- requests --- */
+
+static void list_remove(struct nreq **head, struct nreq *q)
+{
+	while (*head != q)
+		head = &(*head)->next;
+	*head = q->next;
+}
+
+/* A host function: the request's work on one stream is done. */
+static void host_done(void *arg)
+{
+	struct nreq *q = arg;
+	struct coll_group *g = q->g;
+	struct coll_req *req = NULL;
+	int status = 0;
+
+	pthread_mutex_lock(&g->mu);
+	if (--q->pending == 0) {
+		if (!q->claimed) {
+			list_remove(&g->inflight, q);
+			req = q->req;
+			/* after an abort NCCL may have cut the collective short */
+			status = atomic_load(&g->stop) ? (g->error ? g->error : -ECANCELED) : 0;
+		} else {
+			list_remove(&g->zombies, q);
+		}
+		free(q);
+	}
+	pthread_mutex_unlock(&g->mu);
+	if (req)
+		req->done(req, status);
+}
+
+/* Host functions of q that will never run (their launch failed). */
+static void drop_pending(struct coll_group *g, struct nreq *q, unsigned n)
+{
+	pthread_mutex_lock(&g->mu);
+	q->pending -= n;
+	if (q->pending == 0 && q->claimed) {
+		list_remove(&g->zombies, q);
+		free(q);
+	}
+	/* pending == 0 and unclaimed: the fault that stopped the launches
+	 * makes the watchdog complete it */
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Record the first fault and wake the watchdog to act on it. */
+static void fault(struct coll_group *g, int err)
+{
+	pthread_mutex_lock(&g->mu);
+	if (!g->error && err != -ECANCELED)
+		g->error = err;
+	atomic_store(&g->stop, true);
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* ------------------------------------------------------ communicators --- */
+
+/* Wait until no communicator of the list is still in progress. 0, the
+ * first error, -ECANCELED if stop is set meanwhile (unless deadline is 0:
+ * open and close are not stoppable), -ETIMEDOUT past the deadline. */
+static int comms_settle(struct coll_group *g, ncclComm_t *comm, uint32_t n, int64_t deadline)
+{
+	for (;;) {
+		bool busy = false;
+
+		for (uint32_t k = 0; k < n; k++) {
+			ncclResult_t st;
+
+			NCCL_TRY(ncclCommGetAsyncError(comm[k], &st));
+			if (st == ncclInProgress)
+				busy = true;
+			else if (st != ncclSuccess)
+				return nccl_fail(st, "ncclCommGetAsyncError", __FILE__, __LINE__);
+		}
+		if (!busy)
+			return 0;
+		if (!deadline && atomic_load(&g->stop))
+			return -ECANCELED;
+		if (deadline && now_ms() > deadline)
+			return -ETIMEDOUT;
+		sleep_ns(ISSUE_NS);
+	}
+}
+
+/* Abort every communicator (the watchdog, or a failed open/close). */
+static void comms_abort(struct coll_group *g)
+{
+	for (unsigned s = 0; s < NSETS; s++)
+		for (uint32_t k = 0; g->set[s].comm && k < g->nlocal; k++)
+			if (g->set[s].comm[k]) {
+				(void)ncclCommAbort(g->set[s].comm[k]);
+				g->set[s].comm[k] = NULL;
+			}
+	g->comms_live = false;
+}
+
+/* Finalize and destroy every communicator; abort them if that fails. */
+static void comms_destroy(struct coll_group *g)
+{
+	int64_t deadline = now_ms() + CLOSE_TIMEOUT_MS;
+	int r = 0;
+
+	for (unsigned s = 0; s < NSETS && r == 0; s++) {
+		for (uint32_t k = 0; k < g->nlocal && r == 0; k++)
+			NCCL_GOTO(ncclCommFinalize(g->set[s].comm[k]), r, out);
+		r = comms_settle(g, g->set[s].comm, g->nlocal, deadline);
+	}
+out:
+	if (r < 0) {
+		comms_abort(g);
+		return;
+	}
+	for (unsigned s = 0; s < NSETS; s++)
+		for (uint32_t k = 0; k < g->nlocal; k++) {
+			(void)ncclCommDestroy(g->set[s].comm[k]);
+			g->set[s].comm[k] = NULL;
+		}
+	g->comms_live = false;
+}
+
+/* ----------------------------------------------------------- watchdog --- */
+
+/* Poll every communicator once: 0, or the async error of the first that
+ * has one. */
+static int comms_poll(struct coll_group *g)
+{
+	for (unsigned s = 0; s < NSETS; s++)
+		for (uint32_t k = 0; k < g->nlocal; k++) {
+			ncclResult_t st;
+
+			NCCL_TRY(ncclCommGetAsyncError(g->set[s].comm[k], &st));
+			if (st != ncclSuccess && st != ncclInProgress)
+				return nccl_fail(st, "ncclCommGetAsyncError", __FILE__, __LINE__);
+		}
+	return 0;
+}
+
+/* Abort the communicators and complete every request in flight. */
+static void watchdog_abort(struct coll_group *g)
+{
+	struct nreq *q, *claimed = NULL;
+	int status;
+
+	/* submitters notice stop and leave their polls, then we own the
+	 * communicators */
+	for (unsigned s = 0; s < NSETS; s++)
+		pthread_mutex_lock(&g->set[s].mu);
+	comms_abort(g);
+	for (unsigned s = NSETS; s-- > 0;)
+		pthread_mutex_unlock(&g->set[s].mu);
+
+	pthread_mutex_lock(&g->mu);
+	status = g->error ? g->error : -ECANCELED;
+	while ((q = g->inflight)) {
+		g->inflight = q->next;
+		q->claimed = true;
+		/* our own reference: q lives until we have called its done(),
+		 * whatever its host functions do meanwhile */
+		q->pending++;
+		q->next = g->zombies;
+		g->zombies = q;
+		q->dnext = claimed;
+		claimed = q;
+	}
+	pthread_mutex_unlock(&g->mu);
+	while ((q = claimed)) {
+		claimed = q->dnext;
+		q->req->done(q->req, status);
+		drop_pending(g, q, 1);
+	}
+}
+
+static void *watchdog_main(void *arg)
+{
+	struct coll_group *g = arg;
+
+	pthread_mutex_lock(&g->mu);
+	while (!g->quit) {
+		if (atomic_load(&g->stop) && g->comms_live) {
+			pthread_mutex_unlock(&g->mu);
+			watchdog_abort(g);
+			pthread_mutex_lock(&g->mu);
+			continue;
+		}
+		if (!g->inflight || !g->comms_live) {
+			pthread_cond_wait(&g->cv, &g->mu);
+			continue;
+		}
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += POLL_NS;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+		if (g->quit || atomic_load(&g->stop) || !g->inflight)
+			continue;
+		pthread_mutex_unlock(&g->mu);
+		int r = comms_poll(g);
+		pthread_mutex_lock(&g->mu);
+		if (r < 0) {
+			if (!g->error)
+				g->error = r;
+			atomic_store(&g->stop, true);
+		}
+	}
+	pthread_mutex_unlock(&g->mu);
+	return NULL;
+}
+
+/* --------------------------------------------------------- open/close --- */
+
+static void nccl_close(struct coll_group *g)
+{
+	if (!g)
+		return;
+	if (g->watchdog_started) {
+		pthread_mutex_lock(&g->mu);
+		g->quit = true;
+		pthread_cond_broadcast(&g->cv);
+		pthread_mutex_unlock(&g->mu);
+		pthread_join(g->watchdog, NULL);
+	}
+	if (g->comms_live)
+		comms_destroy(g);
+	else
+		comms_abort(g); /* a half-built open: whatever exists */
+	for (unsigned s = 0; s < NSETS; s++) {
+		for (uint32_t k = 0; g->set[s].stream && k < g->nlocal; k++) {
+			if (!g->set[s].stream[k])
+				continue;
+			/* the host functions of aborted requests run first */
+			(void)cudaSetDevice(g->dev[k]);
+			(void)cudaStreamSynchronize(g->set[s].stream[k]);
+			(void)cudaStreamDestroy(g->set[s].stream[k]);
+		}
+		free(g->set[s].comm);
+		free(g->set[s].stream);
+		pthread_mutex_destroy(&g->set[s].mu);
+	}
+	(void)cudaGetLastError();
+	/* streams are drained: no host function will come for these */
+	while (g->zombies) {
+		struct nreq *q = g->zombies;
+		g->zombies = q->next;
+		free(q);
+	}
+	pthread_cond_destroy(&g->cv);
+	pthread_mutex_destroy(&g->mu);
+	free(g->local);
+	free(g->dev);
+	free(g->grads);
+	free(g->params);
+	free(g);
+}
+
+/* The device of buffer p, or a negative code (host memory: -EINVAL). */
+static int ptr_device(const void *p)
+{
+	struct cudaPointerAttributes a;
+
+	CUDA_TRY(cudaPointerGetAttributes(&a, p));
+	if (a.type != cudaMemoryTypeDevice)
+		return -EINVAL;
+	return a.device;
+}
+
+/* Check the buffers, note each local rank's device. */
+static int group_layout(struct coll_group *g, const struct coll_config *cfg)
+{
+	for (uint32_t r = 0; r < cfg->world; r++) {
+		int dg, dp;
+
+		if (!cfg->grads[r] != !cfg->params[r])
+			return -EINVAL;
+		if (!cfg->grads[r])
+			continue;
+		dg = ptr_device(cfg->grads[r]);
+		dp = ptr_device(cfg->params[r]);
+		if (dg < 0 || dp < 0)
+			return dg < 0 ? dg : dp;
+		if (dg != dp)
+			return -EINVAL;
+		for (uint32_t k = 0; k < g->nlocal; k++)
+			if (g->dev[k] == dg)
+				return -EOPNOTSUPP; /* NCCL: one rank per GPU */
+		g->local[g->nlocal] = r;
+		g->dev[g->nlocal] = dg;
+		g->nlocal++;
+		g->grads[r] = cfg->grads[r];
+		g->params[r] = cfg->params[r];
+	}
+	return g->nlocal ? 0 : -EINVAL;
+}
+
+static int group_comms(struct coll_group *g, const struct coll_config *cfg)
+{
+	int64_t deadline =
+		now_ms() + (cfg->open_timeout_ms > 0 ? cfg->open_timeout_ms : OPEN_TIMEOUT_MS);
+	ncclConfig_t nc = NCCL_CONFIG_INITIALIZER;
+	ncclUniqueId id;
+	int r = 0;
+
+	nc.blocking = 0;
+	if (cfg->nccl_id) {
+		memcpy(id.internal, cfg->nccl_id, sizeof(id.internal));
+	} else {
+		/* only a job that is all here can make its own id */
+		if (g->nlocal != g->world)
+			return -EINVAL;
+		NCCL_TRY(ncclGetUniqueId(&id));
+	}
+	g->comms_live = true; /* from here on close() must tear them down */
+	NCCL_TRY(ncclGroupStart());
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, end0);
+		NCCL_GOTO(ncclCommInitRankConfig(&g->set[0].comm[k], (int)g->world, id,
+						 (int)g->local[k], &nc),
+			  r, end0);
+	}
+end0:
+	NCCL_TRY(ncclGroupEnd());
+	if (r < 0)
+		return r;
+	r = comms_settle(g, g->set[0].comm, g->nlocal, deadline);
+	if (r < 0)
+		return r;
+	NCCL_TRY(ncclGroupStart());
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, end1);
+		NCCL_GOTO(ncclCommSplit(g->set[0].comm[k], 0, (int)g->local[k], &g->set[1].comm[k],
+					&nc),
+			  r, end1);
+	}
+end1:
+	NCCL_TRY(ncclGroupEnd());
+	if (r < 0)
+		return r;
+	return comms_settle(g, g->set[1].comm, g->nlocal, deadline);
+}
+
+static int nccl_open(const struct coll_config *cfg, struct coll_group **ret)
+{
+	struct coll_group *g = calloc(1, sizeof(*g));
+	int r = -ENOMEM;
+
+	if (!g)
+		return -ENOMEM;
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_cond_init(&g->cv, NULL);
+	for (unsigned s = 0; s < NSETS; s++)
+		pthread_mutex_init(&g->set[s].mu, NULL);
+	atomic_init(&g->stop, false);
+	g->world = cfg->world;
+	g->local = calloc(cfg->world, sizeof(*g->local));
+	g->dev = calloc(cfg->world, sizeof(*g->dev));
+	g->grads = calloc(cfg->world, sizeof(*g->grads));
+	g->params = calloc(cfg->world, sizeof(*g->params));
+	if (!g->local || !g->dev || !g->grads || !g->params)
+		goto fail;
+	r = group_layout(g, cfg);
+	if (r < 0)
+		goto fail;
+	for (unsigned s = 0; s < NSETS; s++) {
+		g->set[s].comm = calloc(g->nlocal, sizeof(*g->set[s].comm));
+		g->set[s].stream = calloc(g->nlocal, sizeof(*g->set[s].stream));
+		if (!g->set[s].comm || !g->set[s].stream) {
+			r = -ENOMEM;
+			goto fail;
+		}
+		for (uint32_t k = 0; k < g->nlocal; k++) {
+			CUDA_GOTO(cudaSetDevice(g->dev[k]), r, fail);
+			CUDA_GOTO(cudaStreamCreateWithFlags(&g->set[s].stream[k],
+							    cudaStreamNonBlocking),
+				  r, fail);
+		}
+	}
+	r = group_comms(g, cfg);
+	if (r < 0) {
+		comms_abort(g); /* a failed init is not finalized */
+		goto fail;
+	}
+	r = -pthread_create(&g->watchdog, NULL, watchdog_main, g);
+	if (r < 0)
+		goto fail;
+	g->watchdog_started = true;
+	*ret = g;
+	return 0;
+fail:
+	nccl_close(g);
+	return r;
+}
+
+/* ------------------------------------------------------------- issue --- */
+
+/* The slices of a slice-mode request are equal and in rank order: one
+ * reduce-scatter / all-gather of count elements each serves them all. */
+static bool equal_slices(const struct coll_group *g, const struct coll_req *req, size_t *count)
+{
+	const struct coll_range *rg = req->ranges;
+
+	if (req->mode != ZC_SHARD_SLICE || req->nranges != g->world)
+		return false;
+	for (uint32_t i = 0; i < req->nranges; i++)
+		if (rg[i].owner != i || rg[i].n != rg[0].n || rg[i].off != rg[0].off + i * rg[0].n)
+			return false;
+	*count = rg[0].n;
+	return true;
+}
+
+/* One local rank's part of the group call. */
+static ncclResult_t issue_rank(const struct coll_group *g, const struct coll_req *req,
+			       uint32_t rank, ncclComm_t comm, cudaStream_t st)
+{
+	const struct coll_range *rg = req->ranges;
+	float *grads = g->grads[rank], *params = g->params[rank];
+	ncclResult_t e = ncclSuccess;
+	size_t c;
+
+	if (equal_slices(g, req, &c)) {
+		uint64_t at = rg[0].off;
+		if (req->kind == COLL_REDUCE)
+			return ncclReduceScatter(grads + at, grads + at + rank * c, c, ncclFloat32,
+						 ncclAvg, comm, st);
+		return ncclAllGather(params + at + rank * c, params + at, c, ncclFloat32, comm, st);
+	}
+	for (uint32_t i = 0; i < req->nranges && (e == ncclSuccess || e == ncclInProgress);) {
+		uint64_t off = rg[i].off, end = rg[i].off + rg[i].n;
+		uint32_t j = i + 1;
+
+		/* bucket mode's all-reduce spans every contiguous range; other
+		 * calls merge contiguous ranges of one owner */
+		while (j < req->nranges && rg[j].off == end &&
+		       ((req->kind == COLL_REDUCE && req->mode == ZC_SHARD_BUCKET) ||
+			rg[j].owner == rg[i].owner))
+			end += rg[j++].n;
+		if (req->kind == COLL_REDUCE && req->mode == ZC_SHARD_BUCKET)
+			e = ncclAllReduce(grads + off, grads + off, end - off, ncclFloat32, ncclAvg,
+					  comm, st);
+		else if (req->kind == COLL_REDUCE)
+			e = ncclReduce(grads + off, grads + off, end - off, ncclFloat32, ncclAvg,
+				       (int)rg[i].owner, comm, st);
+		else
+			e = ncclBroadcast(params + off, params + off, end - off, ncclFloat32,
+					  (int)rg[i].owner, comm, st);
+		i = j;
+	}
+	return e;
+}
+
+/* Under the set's mutex: the group call, then its host functions. */
+static int issue(struct coll_group *g, struct cset *set, struct nreq *q)
+{
+	unsigned launched = 0;
+	int r = 0;
+
+	NCCL_TRY(ncclGroupStart());
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, end);
+		NCCL_GOTO(issue_rank(g, q->req, g->local[k], set->comm[k], set->stream[k]), r, end);
+	}
+end:
+	NCCL_TRY(ncclGroupEnd());
+	if (r < 0)
+		goto out;
+	/* a non-blocking call may not be on the streams yet: a host function
+	 * queued now could run before the collective */
+	r = comms_settle(g, set->comm, g->nlocal, 0);
+	for (uint32_t k = 0; k < g->nlocal && r == 0; k++) {
+		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, out);
+		CUDA_GOTO(cudaLaunchHostFunc(set->stream[k], host_done, q), r, out);
+		launched++;
+	}
+out:
+	if (launched < g->nlocal)
+		drop_pending(g, q, g->nlocal - launched);
+	return r;
+}
+
+static int nccl_submit(struct coll_group *g, struct coll_req *req)
+{
+	struct cset *set = &g->set[req->kind == COLL_REDUCE ? 0 : 1];
+	struct nreq *q = calloc(1, sizeof(*q));
+	int r;
+
+	if (!q)
+		return -ENOMEM;
+	*q = (struct nreq){.g = g, .req = req, .pending = g->nlocal};
+	pthread_mutex_lock(&set->mu);
+	pthread_mutex_lock(&g->mu);
+	if (atomic_load(&g->stop)) {
+		r = g->error ? g->error : -ECANCELED;
+		pthread_mutex_unlock(&g->mu);
+		pthread_mutex_unlock(&set->mu);
+		free(q);
+		return r;
+	}
+	q->next = g->inflight;
+	g->inflight = q;
+	pthread_cond_broadcast(&g->cv); /* the watchdog polls while it is in flight */
+	pthread_mutex_unlock(&g->mu);
+	r = issue(g, set, q);
+	pthread_mutex_unlock(&set->mu);
+	/* issued or not, it is in flight: the watchdog completes it */
+	if (r < 0)
+		fault(g, r);
+	return 0;
+}
+
+static void nccl_abort(struct coll_group *g)
+{
+	/* the watchdog aborts the communicators and calls the done()s */
+	fault(g, -ECANCELED);
+}
+
+const struct coll_ops coll_nccl_ops = {
+	.name = "nccl",
+	.local_fuse = false,
+	.open = nccl_open,
+	.submit = nccl_submit,
+	.abort = nccl_abort,
+	.close = nccl_close,
+};

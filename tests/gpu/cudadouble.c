@@ -1,0 +1,1351 @@
+/*
+ * cudadouble.c — a TEST DOUBLE of exactly the CUDA runtime and NCCL entry
+ * points zerod's CUDA backend calls (coll/nccl.c, optim/cuda.c, mem/cuda.c,
+ * backend_cuda.c, cudacheck.c), plus kern.h's launcher, so that the
+ * backend's control path runs in CI on machines without a GPU: stream order,
+ * host-function completions, non-blocking NCCL, async errors and abort, IPC
+ * opens. Linked only into tests; never installed, never linked into zerod.
+ *
+ * The model:
+ *  - devices: cudadouble_reset() says how many; none answers
+ *    cudaGetDeviceCount as a machine without a driver does (error 35).
+ *  - memory: device memory is host memory, filled with NaN bytes by
+ *    cudaMalloc. Every allocation remembers its device, and every kernel and
+ *    collective is checked to touch only memory of its own device: a
+ *    wrong-device bug in the backend is a counted violation, not a silent
+ *    success.
+ *  - streams: one thread each, running its tasks in order (kernels, host
+ *    functions, collective parts), after an optional random delay so that
+ *    streams interleave differently from run to run. Host functions run on
+ *    that thread, as on CUDA's callback thread, and may make no CUDA or NCCL
+ *    call (counted).
+ *  - kernels: optim_cuda_launch() queues kern.h's optim_kern_elem over the
+ *    range: the element code the GPU runs, compiled for the host.
+ *  - NCCL: communicators made from one unique id (or split from one) form a
+ *    clique of threads in this process. A collective part waits on its
+ *    stream until every rank of the clique has reached the same operation;
+ *    the last one moves the data (sums in rank order, then one division for
+ *    ncclAvg: the host backend's rounding). Non-blocking communicators
+ *    answer ncclInProgress and take effect after cfg.inprogress_polls polls
+ *    of ncclCommGetAsyncError, and a host function queued behind a
+ *    collective that is not yet on its stream is a violation.
+ *    ncclCommAbort ends the communicator's waiting parts and breaks the
+ *    clique: the peers' communicators then report ncclRemoteError.
+ *  - not modelled: events, graphs, peer-access limits; opening an IPC
+ *    handle in the process that made it (CUDA refuses it; the double allows
+ *    it so one test process can play trainer and daemon).
+ *
+ * One mutex guards the double's state; data moves under it (tests are small).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include "cudadouble.h"
+#include "optim/kern.h"
+
+#define ALIGN 256
+
+struct alloc {
+	char *base;
+	size_t size;
+	int dev;
+	unsigned ipc_opens;
+	struct alloc *next;
+};
+
+enum dcoll { C_ALLREDUCE, C_REDUCESCATTER, C_REDUCE, C_BCAST, C_ALLGATHER };
+
+struct dop {
+	struct ncclComm *comm;
+	enum dcoll kind;
+	const float *send;
+	float *recv;
+	size_t count;
+	int root;
+	bool avg;
+	uint64_t seq; /* the communicator's operation number, set when queued */
+};
+
+/* A collective issued in a group, not yet queued on its stream. */
+struct pend {
+	struct dop op;
+	cudaStream_t stream;
+	struct pend *next;
+};
+
+enum task_kind { T_HOST, T_KERN, T_COLL };
+
+struct task {
+	enum task_kind kind;
+	cudaHostFn_t fn;
+	void *arg;
+	struct optim_kern kern;
+	struct dop op;
+	struct task *next;
+};
+
+struct CUstream_st {
+	int dev;
+	pthread_t thr;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct task *head, *tail;
+	uint64_t queued, done;
+	bool quit;
+	unsigned seed;
+};
+
+/* One operation of a clique, while its parts arrive. */
+struct slot {
+	uint64_t seq;
+	enum dcoll kind;
+	size_t count;
+	int root;
+	bool avg;
+	int arrived, departed;
+	bool done;
+	const float **send; /* [nranks] */
+	float **recv;
+	struct slot *next;
+};
+
+struct clique {
+	char key[NCCL_UNIQUE_ID_BYTES];
+	int nranks, joined, color;
+	struct ncclComm **member;
+	bool broken;
+	struct slot *slots;
+	struct clique *next;
+};
+
+struct ncclComm {
+	struct clique *cq;
+	int rank, dev;
+	bool blocking;
+	bool init_pending; /* the clique is not complete yet */
+	ncclResult_t async;
+	unsigned polls_left;
+	struct pend *deferred, *deferred_tail; /* collectives answered ncclInProgress */
+	uint64_t next_seq, nsplits;
+	bool aborted, destroyed;
+	struct ncclComm *next_all;
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static struct cudadouble_config cfg;
+static struct cudadouble_stats st;
+static struct alloc *allocs;
+static struct ncclComm *comms;
+static struct clique *cliques;
+static uint64_t ids;
+
+static _Thread_local int cur_dev;
+static _Thread_local bool in_host_fn;
+static _Thread_local cudaError_t last_err;
+static _Thread_local int group_depth;
+static _Thread_local bool group_async;
+static _Thread_local struct pend *group_head, *group_tail;
+
+/* ------------------------------------------------------------ helpers --- */
+
+/* Under mu. */
+static void violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void violation(const char *fmt, ...)
+{
+	va_list ap;
+
+	if (st.violations++ == 0) {
+		va_start(ap, fmt);
+		vsnprintf(st.first_violation, sizeof(st.first_violation), fmt, ap);
+		va_end(ap);
+	}
+}
+
+static cudaError_t fail(cudaError_t e)
+{
+	last_err = e;
+	return e;
+}
+
+/* Every CUDA entry point: none from a host function. */
+#define CUDA_ENTER()                                                                               \
+	do {                                                                                       \
+		if (in_host_fn) {                                                                  \
+			pthread_mutex_lock(&mu);                                                   \
+			violation("%s called from a host function", __func__);                     \
+			pthread_mutex_unlock(&mu);                                                 \
+			return fail(cudaErrorNotPermitted);                                        \
+		}                                                                                  \
+	} while (0)
+
+#define NCCL_ENTER()                                                                               \
+	do {                                                                                       \
+		if (in_host_fn) {                                                                  \
+			pthread_mutex_lock(&mu);                                                   \
+			violation("%s called from a host function", __func__);                     \
+			pthread_mutex_unlock(&mu);                                                 \
+			return ncclInvalidUsage;                                                   \
+		}                                                                                  \
+	} while (0)
+
+/* Under mu: the allocation holding [p, p + bytes), or NULL. */
+static struct alloc *find_alloc(const void *p, size_t bytes)
+{
+	const char *c = p;
+
+	for (struct alloc *a = allocs; a; a = a->next)
+		if (c >= a->base && c < a->base + a->size &&
+		    bytes <= (size_t)(a->base + a->size - c))
+			return a;
+	return NULL;
+}
+
+/* Under mu: [p, p + n floats) is memory of device dev (n == 0: anything). */
+static bool on_dev(const void *p, size_t n, int dev, const char *what)
+{
+	struct alloc *a;
+
+	if (n == 0)
+		return true;
+	a = find_alloc(p, n * sizeof(float));
+	if (!a) {
+		violation("%s: %zu floats at %p are not device memory", what, n, p);
+		return false;
+	}
+	if (a->dev != dev) {
+		violation("%s: memory of device %d used on device %d", what, a->dev, dev);
+		return false;
+	}
+	return true;
+}
+
+/* --------------------------------------------------------- the config --- */
+
+void cudadouble_reset(const struct cudadouble_config *c)
+{
+	pthread_mutex_lock(&mu);
+	if (st.live_streams || st.live_comms) {
+		fprintf(stderr, "cudadouble_reset: %u streams and %u communicators still live\n",
+			st.live_streams, st.live_comms);
+		abort();
+	}
+	while (allocs) {
+		struct alloc *a = allocs;
+		allocs = a->next;
+		free(a->base);
+		free(a);
+	}
+	while (comms) {
+		struct ncclComm *x = comms;
+		comms = x->next_all;
+		while (x->deferred) {
+			struct pend *p = x->deferred;
+			x->deferred = p->next;
+			free(p);
+		}
+		free(x);
+	}
+	while (cliques) {
+		struct clique *q = cliques;
+		cliques = q->next;
+		while (q->slots) {
+			struct slot *s = q->slots;
+			q->slots = s->next;
+			free(s->send);
+			free(s->recv);
+			free(s);
+		}
+		free(q->member);
+		free(q);
+	}
+	memset(&st, 0, sizeof(st));
+	cfg = *c;
+	pthread_mutex_unlock(&mu);
+}
+
+void cudadouble_stats(struct cudadouble_stats *ret)
+{
+	pthread_mutex_lock(&mu);
+	*ret = st;
+	pthread_mutex_unlock(&mu);
+}
+
+void cudadouble_uuid(int dev, uint8_t ret[16])
+{
+	for (int i = 0; i < 16; i++)
+		ret[i] = (uint8_t)(0x5a ^ (i * 17) ^ (dev << 4) ^ dev);
+}
+
+void cudadouble_nccl_fail(int rank, ncclResult_t err)
+{
+	pthread_mutex_lock(&mu);
+	for (struct ncclComm *c = comms; c; c = c->next_all)
+		if (c->rank == rank && !c->aborted && !c->destroyed)
+			c->async = err;
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+}
+
+/* ---------------------------------------------------------- devices --- */
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+	CUDA_ENTER();
+	if (cfg.ndevices <= 0) {
+		*count = 0;
+		return fail(cfg.count_error ? cfg.count_error : cudaErrorInsufficientDriver);
+	}
+	*count = cfg.ndevices;
+	return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int *v)
+{
+	CUDA_ENTER();
+	*v = cfg.driver_version;
+	return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v)
+{
+	CUDA_ENTER();
+	*v = CUDART_VERSION;
+	return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int dev)
+{
+	CUDA_ENTER();
+	if (cfg.ndevices <= 0)
+		return fail(cudaErrorInsufficientDriver);
+	if (dev < 0 || dev >= cfg.ndevices)
+		return fail(cudaErrorInvalidDevice);
+	cur_dev = dev;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *dev)
+{
+	CUDA_ENTER();
+	*dev = cur_dev;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int dev)
+{
+	CUDA_ENTER();
+	if (dev < 0 || dev >= cfg.ndevices)
+		return fail(cudaErrorInvalidDevice);
+	memset(prop, 0, sizeof(*prop));
+	snprintf(prop->name, sizeof(prop->name), "cudadouble device %d", dev);
+	cudadouble_uuid(dev, (uint8_t *)prop->uuid.bytes);
+	prop->totalGlobalMem = (size_t)1 << 34;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void)
+{
+	cudaError_t e = last_err;
+
+	last_err = cudaSuccess;
+	return e;
+}
+
+cudaError_t cudaPeekAtLastError(void)
+{
+	return last_err;
+}
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+	switch (e) {
+	case cudaSuccess:
+		return "cudaSuccess";
+	case cudaErrorInvalidValue:
+		return "cudaErrorInvalidValue";
+	case cudaErrorMemoryAllocation:
+		return "cudaErrorMemoryAllocation";
+	case cudaErrorInsufficientDriver:
+		return "cudaErrorInsufficientDriver";
+	case cudaErrorNoDevice:
+		return "cudaErrorNoDevice";
+	case cudaErrorInvalidDevice:
+		return "cudaErrorInvalidDevice";
+	case cudaErrorInvalidResourceHandle:
+		return "cudaErrorInvalidResourceHandle";
+	case cudaErrorInvalidDevicePointer:
+		return "cudaErrorInvalidDevicePointer";
+	case cudaErrorNotPermitted:
+		return "cudaErrorNotPermitted";
+	default:
+		return "cudaErrorUnknown (test double)";
+	}
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+	switch (e) {
+	case cudaSuccess:
+		return "no error";
+	case cudaErrorInsufficientDriver:
+		return "CUDA driver version is insufficient for CUDA runtime version";
+	case cudaErrorNoDevice:
+		return "no CUDA-capable device is detected";
+	case cudaErrorInvalidResourceHandle:
+		return "invalid resource handle";
+	default:
+		return "error (test double)";
+	}
+}
+
+/* ---------------------------------------------------------- memory --- */
+
+cudaError_t cudaMalloc(void **p, size_t size)
+{
+	size_t n = (size ? size + ALIGN - 1 : ALIGN) / ALIGN * ALIGN;
+	struct alloc *a;
+
+	CUDA_ENTER();
+	if (cfg.ndevices <= 0)
+		return fail(cudaErrorInsufficientDriver);
+	a = calloc(1, sizeof(*a));
+	if (!a || !(a->base = aligned_alloc(ALIGN, n))) {
+		free(a);
+		return fail(cudaErrorMemoryAllocation);
+	}
+	memset(a->base, 0xff, n); /* NaNs: a read of what was never written shows */
+	a->size = size;
+	a->dev = cur_dev;
+	pthread_mutex_lock(&mu);
+	a->next = allocs;
+	allocs = a;
+	st.live_allocs++;
+	pthread_mutex_unlock(&mu);
+	*p = a->base;
+	return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p)
+{
+	struct alloc **pp;
+
+	CUDA_ENTER();
+	if (!p)
+		return cudaSuccess;
+	pthread_mutex_lock(&mu);
+	for (pp = &allocs; *pp && (*pp)->base != p; pp = &(*pp)->next)
+		;
+	if (!*pp) {
+		violation("cudaFree(%p): not an allocation", p);
+		pthread_mutex_unlock(&mu);
+		return fail(cudaErrorInvalidValue);
+	}
+	struct alloc *a = *pp;
+	*pp = a->next;
+	st.live_allocs--;
+	pthread_mutex_unlock(&mu);
+	free(a->base);
+	free(a);
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+	bool ok = true;
+
+	CUDA_ENTER();
+	pthread_mutex_lock(&mu);
+	if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
+		ok = find_alloc(dst, n) != NULL;
+	if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice)
+		ok = ok && find_alloc(src, n) != NULL;
+	if (!ok)
+		violation("cudaMemcpy of %zu bytes: a device side is not device memory", n);
+	pthread_mutex_unlock(&mu);
+	if (!ok)
+		return fail(cudaErrorInvalidValue);
+	memmove(dst, src, n);
+	return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *p)
+{
+	struct alloc *a;
+
+	CUDA_ENTER();
+	memset(attr, 0, sizeof(*attr));
+	pthread_mutex_lock(&mu);
+	a = find_alloc(p, 1);
+	if (a) {
+		attr->type = cudaMemoryTypeDevice;
+		attr->device = a->dev;
+		attr->devicePointer = (void *)p;
+	} else {
+		attr->type = cudaMemoryTypeUnregistered;
+	}
+	pthread_mutex_unlock(&mu);
+	return cudaSuccess;
+}
+
+/* ------------------------------------------------------------- IPC --- */
+
+struct ipc_payload {
+	char magic[8];
+	void *base;
+	int dev;
+};
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
+{
+	struct ipc_payload pl = {.magic = "zdipc"};
+	struct alloc *a;
+
+	CUDA_ENTER();
+	pthread_mutex_lock(&mu);
+	a = find_alloc(p, 1);
+	if (a) {
+		pl.base = a->base;
+		pl.dev = a->dev;
+	}
+	pthread_mutex_unlock(&mu);
+	if (!a)
+		return fail(cudaErrorInvalidValue);
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &pl, sizeof(pl));
+	return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int flags)
+{
+	struct ipc_payload pl;
+	struct alloc *a = NULL;
+
+	CUDA_ENTER();
+	memcpy(&pl, h.reserved, sizeof(pl));
+	if (flags != cudaIpcMemLazyEnablePeerAccess)
+		return fail(cudaErrorInvalidValue); /* CUDA requires exactly this flag */
+	pthread_mutex_lock(&mu);
+	if (memcmp(pl.magic, "zdipc", 6) == 0)
+		for (a = allocs; a && a->base != pl.base; a = a->next)
+			;
+	if (a) {
+		a->ipc_opens++;
+		st.ipc_open++;
+	}
+	pthread_mutex_unlock(&mu);
+	if (!a)
+		return fail(cudaErrorInvalidResourceHandle);
+	*p = a->base;
+	return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *p)
+{
+	struct alloc *a;
+
+	CUDA_ENTER();
+	pthread_mutex_lock(&mu);
+	for (a = allocs; a && !(a->base == p && a->ipc_opens); a = a->next)
+		;
+	if (a) {
+		a->ipc_opens--;
+		st.ipc_open--;
+	} else {
+		violation("cudaIpcCloseMemHandle(%p): not an opened handle", p);
+	}
+	pthread_mutex_unlock(&mu);
+	return a ? cudaSuccess : fail(cudaErrorInvalidValue);
+}
+
+static CUresult dbl_mem_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+	struct alloc *a;
+
+	pthread_mutex_lock(&mu);
+	a = find_alloc((void *)(uintptr_t)p, 1);
+	if (a) {
+		*base = (CUdeviceptr)(uintptr_t)a->base;
+		*size = a->size;
+	}
+	pthread_mutex_unlock(&mu);
+	return a ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+					     unsigned long long flags,
+					     enum cudaDriverEntryPointQueryResult *status)
+{
+	CUDA_ENTER();
+	(void)version;
+	(void)flags;
+	*fn = NULL;
+	*status = cudaDriverEntryPointSymbolNotFound;
+	if (strcmp(symbol, "cuMemGetAddressRange") == 0) {
+		*fn = (void *)dbl_mem_range;
+		*status = cudaDriverEntryPointSuccess;
+	}
+	return cudaSuccess;
+}
+
+/* ---------------------------------------------------------- streams --- */
+
+static void coll_part(struct dop *op);
+
+static void run_task(struct task *t)
+{
+	switch (t->kind) {
+	case T_HOST:
+		in_host_fn = true;
+		t->fn(t->arg);
+		in_host_fn = false;
+		pthread_mutex_lock(&mu);
+		st.host_funcs++;
+		pthread_mutex_unlock(&mu);
+		return;
+	case T_KERN:
+		for (uint64_t i = 0; i < t->kern.n; i++)
+			optim_kern_elem(&t->kern, i);
+		pthread_mutex_lock(&mu);
+		st.kernels++;
+		pthread_mutex_unlock(&mu);
+		return;
+	case T_COLL:
+		coll_part(&t->op);
+		return;
+	}
+}
+
+static void *stream_main(void *arg)
+{
+	struct CUstream_st *s = arg;
+
+	pthread_mutex_lock(&s->mu);
+	for (;;) {
+		struct task *t;
+
+		while (!s->head && !s->quit)
+			pthread_cond_wait(&s->cv, &s->mu);
+		if (!s->head)
+			break;
+		t = s->head;
+		s->head = t->next;
+		if (!s->head)
+			s->tail = NULL;
+		pthread_mutex_unlock(&s->mu);
+		if (cfg.jitter_us)
+			usleep((useconds_t)(rand_r(&s->seed) % cfg.jitter_us));
+		run_task(t);
+		free(t);
+		pthread_mutex_lock(&s->mu);
+		s->done++;
+		pthread_cond_broadcast(&s->cv);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
+static void stream_push(cudaStream_t s, struct task *t)
+{
+	t->next = NULL;
+	pthread_mutex_lock(&s->mu);
+	if (s->tail)
+		s->tail->next = t;
+	else
+		s->head = t;
+	s->tail = t;
+	s->queued++;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ret, unsigned int flags)
+{
+	static atomic_uint streams;
+	struct CUstream_st *s;
+
+	CUDA_ENTER();
+	(void)flags;
+	if (cfg.ndevices <= 0)
+		return fail(cudaErrorInsufficientDriver);
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return fail(cudaErrorMemoryAllocation);
+	s->dev = cur_dev;
+	s->seed = cfg.seed + atomic_fetch_add(&streams, 1);
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	if (pthread_create(&s->thr, NULL, stream_main, s) != 0) {
+		free(s);
+		return fail(cudaErrorMemoryAllocation);
+	}
+	pthread_mutex_lock(&mu);
+	st.live_streams++;
+	pthread_mutex_unlock(&mu);
+	*ret = s;
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+	CUDA_ENTER();
+	pthread_mutex_lock(&s->mu);
+	uint64_t target = s->queued;
+	while (s->done < target)
+		pthread_cond_wait(&s->cv, &s->mu);
+	pthread_mutex_unlock(&s->mu);
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+	CUDA_ENTER();
+	/* CUDA lets queued work finish first; so does the double */
+	pthread_mutex_lock(&s->mu);
+	s->quit = true;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	pthread_join(s->thr, NULL);
+	pthread_cond_destroy(&s->cv);
+	pthread_mutex_destroy(&s->mu);
+	free(s);
+	pthread_mutex_lock(&mu);
+	st.live_streams--;
+	pthread_mutex_unlock(&mu);
+	return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
+{
+	struct task *t;
+
+	CUDA_ENTER();
+	pthread_mutex_lock(&mu);
+	if (s->dev != cur_dev)
+		violation("host function on a stream of device %d, device %d current", s->dev,
+			  cur_dev);
+	for (struct ncclComm *c = comms; c; c = c->next_all)
+		for (struct pend *p = c->deferred; p; p = p->next)
+			if (p->stream == s)
+				violation("host function queued before the ncclInProgress "
+					  "collective it follows reached its stream");
+	pthread_mutex_unlock(&mu);
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return fail(cudaErrorMemoryAllocation);
+	t->kind = T_HOST;
+	t->fn = fn;
+	t->arg = arg;
+	stream_push(s, t);
+	return cudaSuccess;
+}
+
+/* kern.h's launcher: the kernel body, on the stream's thread. */
+cudaError_t optim_cuda_launch(const struct optim_kern *a, cudaStream_t s)
+{
+	const bool sgd = a->kind == ZC_OPT_SGD;
+	bool ok;
+	struct task *t;
+
+	CUDA_ENTER();
+	if (a->n == 0)
+		return cudaSuccess;
+	pthread_mutex_lock(&mu);
+	ok = s->dev == cur_dev;
+	if (!ok)
+		violation("kernel on a stream of device %d, device %d current", s->dev, cur_dev);
+	ok = ok && on_dev(a->p, a->n, s->dev, "kernel param") &&
+	     on_dev(a->g, a->n, s->dev, "kernel grad");
+	if (sgd && a->sgd.mode != OPTIM_MOM_NONE)
+		ok = ok && on_dev(a->m, a->n, s->dev, "kernel momentum");
+	if (!sgd)
+		ok = ok && on_dev(a->m, a->n, s->dev, "kernel m") &&
+		     on_dev(a->v, a->n, s->dev, "kernel v") &&
+		     (!a->adam.amsgrad || on_dev(a->vmax, a->n, s->dev, "kernel vmax"));
+	pthread_mutex_unlock(&mu);
+	if (!ok)
+		return fail(cudaErrorInvalidDevicePointer);
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return fail(cudaErrorMemoryAllocation);
+	t->kind = T_KERN;
+	t->kern = *a;
+	stream_push(s, t);
+	return cudaSuccess;
+}
+
+/* ------------------------------------------------------ collectives --- */
+
+/* Under mu, the last part of a slot: move the data. */
+static void coll_move(struct slot *sl, int nranks)
+{
+	size_t n = sl->count, total = sl->kind == C_REDUCESCATTER || sl->kind == C_ALLGATHER
+					      ? n * (size_t)nranks
+					      : n;
+	float *tmp = malloc((total ? total : 1) * sizeof(float));
+
+	if (!tmp) {
+		violation("out of memory moving a collective");
+		return;
+	}
+	switch (sl->kind) {
+	case C_ALLREDUCE:
+	case C_REDUCE:
+	case C_REDUCESCATTER:
+		memcpy(tmp, sl->send[0], total * sizeof(float));
+		for (int r = 1; r < nranks; r++)
+			for (size_t i = 0; i < total; i++)
+				tmp[i] += sl->send[r][i];
+		if (sl->avg)
+			for (size_t i = 0; i < total; i++)
+				tmp[i] /= (float)nranks;
+		if (sl->kind == C_REDUCE)
+			memcpy(sl->recv[sl->root], tmp, n * sizeof(float));
+		for (int r = 0; sl->kind != C_REDUCE && r < nranks; r++)
+			memcpy(sl->recv[r], tmp + (sl->kind == C_REDUCESCATTER ? (size_t)r * n : 0),
+			       n * sizeof(float));
+		break;
+	case C_BCAST:
+		memcpy(tmp, sl->send[sl->root], n * sizeof(float));
+		for (int r = 0; r < nranks; r++)
+			memcpy(sl->recv[r], tmp, n * sizeof(float));
+		break;
+	case C_ALLGATHER:
+		for (int r = 0; r < nranks; r++)
+			memcpy(tmp + (size_t)r * n, sl->send[r], n * sizeof(float));
+		for (int r = 0; r < nranks; r++)
+			memcpy(sl->recv[r], tmp, total * sizeof(float));
+		break;
+	}
+	free(tmp);
+}
+
+/* Under mu: the buffers of one part are its device's. */
+static void coll_check(const struct dop *op, int nranks)
+{
+	size_t n = op->count, wide = n * (size_t)nranks;
+	int dev = op->comm->dev;
+
+	switch (op->kind) {
+	case C_ALLREDUCE:
+		on_dev(op->send, n, dev, "ncclAllReduce send");
+		on_dev(op->recv, n, dev, "ncclAllReduce recv");
+		break;
+	case C_REDUCESCATTER:
+		on_dev(op->send, wide, dev, "ncclReduceScatter send");
+		on_dev(op->recv, n, dev, "ncclReduceScatter recv");
+		break;
+	case C_REDUCE:
+		on_dev(op->send, n, dev, "ncclReduce send");
+		if (op->comm->rank == op->root)
+			on_dev(op->recv, n, dev, "ncclReduce recv");
+		break;
+	case C_BCAST:
+		if (op->comm->rank == op->root)
+			on_dev(op->send, n, dev, "ncclBroadcast send");
+		on_dev(op->recv, n, dev, "ncclBroadcast recv");
+		break;
+	case C_ALLGATHER:
+		on_dev(op->send, n, dev, "ncclAllGather send");
+		on_dev(op->recv, wide, dev, "ncclAllGather recv");
+		break;
+	}
+}
+
+/* One rank's part of a collective, on its stream's thread. */
+static void coll_part(struct dop *op)
+{
+	struct ncclComm *c = op->comm;
+	struct clique *q = c->cq;
+	struct slot *sl, **pp;
+
+	pthread_mutex_lock(&mu);
+	if (c->aborted || q->broken) {
+		/* NCCL's kernels leave at once after an abort */
+		pthread_mutex_unlock(&mu);
+		return;
+	}
+	for (sl = q->slots; sl && sl->seq != op->seq; sl = sl->next)
+		;
+	if (!sl) {
+		sl = calloc(1, sizeof(*sl));
+		if (sl) {
+			sl->send = calloc((size_t)q->nranks, sizeof(*sl->send));
+			sl->recv = calloc((size_t)q->nranks, sizeof(*sl->recv));
+		}
+		if (!sl || !sl->send || !sl->recv) {
+			violation("out of memory for a collective");
+			pthread_mutex_unlock(&mu);
+			return;
+		}
+		*sl = (struct slot){.seq = op->seq,
+				    .kind = op->kind,
+				    .count = op->count,
+				    .root = op->root,
+				    .avg = op->avg,
+				    .send = sl->send,
+				    .recv = sl->recv,
+				    .next = q->slots};
+		q->slots = sl;
+	} else if (sl->kind != op->kind || sl->count != op->count || sl->root != op->root ||
+		   sl->avg != op->avg) {
+		violation("ranks disagree on collective #%llu: rank %d issues kind %d count %zu "
+			  "root %d, an earlier rank kind %d count %zu root %d",
+			  (unsigned long long)op->seq, c->rank, op->kind, op->count, op->root,
+			  sl->kind, sl->count, sl->root);
+	}
+	coll_check(op, q->nranks);
+	sl->send[c->rank] = op->send;
+	sl->recv[c->rank] = op->recv;
+	if (++sl->arrived == q->nranks) {
+		coll_move(sl, q->nranks);
+		sl->done = true;
+		pthread_cond_broadcast(&cv);
+	}
+	st.waiting++;
+	while (!sl->done && !c->aborted && !q->broken)
+		pthread_cond_wait(&cv, &mu);
+	st.waiting--;
+	if (++sl->departed == q->nranks) {
+		for (pp = &q->slots; *pp != sl; pp = &(*pp)->next)
+			;
+		*pp = sl->next;
+		free(sl->send);
+		free(sl->recv);
+		free(sl);
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+/* Under mu: put a collective on its stream. */
+static void coll_queue(struct pend *p)
+{
+	struct task *t = calloc(1, sizeof(*t));
+
+	if (!t) {
+		violation("out of memory queueing a collective");
+		free(p);
+		return;
+	}
+	t->kind = T_COLL;
+	t->op = p->op;
+	t->op.seq = p->op.comm->next_seq++;
+	st.collectives++;
+	stream_push(p->stream, t);
+	free(p);
+}
+
+/* Under mu: the collectives a poll lets through. */
+static void comm_flush(struct ncclComm *c)
+{
+	while (c->deferred) {
+		struct pend *p = c->deferred;
+		c->deferred = p->next;
+		coll_queue(p);
+	}
+	c->deferred_tail = NULL;
+}
+
+/* ------------------------------------------------------------- NCCL --- */
+
+static bool comm_usable(const struct ncclComm *c, const char *what)
+{
+	if (!c || c->aborted || c->destroyed) {
+		violation("%s on a communicator that was %s", what,
+			  !c           ? "never made"
+			  : c->aborted ? "aborted"
+				       : "destroyed");
+		return false;
+	}
+	return true;
+}
+
+ncclResult_t ncclGetVersion(int *v)
+{
+	*v = cfg.nccl_version ? cfg.nccl_version : NCCL_VERSION_CODE;
+	return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r)
+{
+	switch (r) {
+	case ncclSuccess:
+		return "no error";
+	case ncclSystemError:
+		return "unhandled system error (test double)";
+	case ncclInvalidArgument:
+		return "invalid argument (test double)";
+	case ncclInvalidUsage:
+		return "invalid usage (test double)";
+	case ncclRemoteError:
+		return "remote process exited or there was a network error";
+	case ncclInProgress:
+		return "NCCL operation in progress";
+	default:
+		return "error (test double)";
+	}
+}
+
+const char *ncclGetLastError(ncclComm_t comm)
+{
+	(void)comm;
+	return "(test double)";
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+{
+	NCCL_ENTER();
+	memset(id, 0, sizeof(*id));
+	pthread_mutex_lock(&mu);
+	snprintf(id->internal, sizeof(id->internal), "cudadouble id %llu",
+		 (unsigned long long)++ids);
+	pthread_mutex_unlock(&mu);
+	return ncclSuccess;
+}
+
+/* Under mu: join rank `rank` on device dev to the clique keyed key. */
+static ncclResult_t clique_join(const char *key, int nranks, int rank, int dev, int color,
+				const ncclConfig_t *conf, struct ncclComm **ret)
+{
+	struct clique *q;
+	struct ncclComm *c;
+
+	if (!conf || conf->size != sizeof(ncclConfig_t) || conf->magic != 0xcafebeef) {
+		violation("ncclConfig_t not from NCCL_CONFIG_INITIALIZER");
+		return ncclInvalidArgument;
+	}
+	if (nranks < 1 || rank < 0 || rank >= nranks)
+		return ncclInvalidArgument;
+	for (q = cliques; q && memcmp(q->key, key, sizeof(q->key)) != 0; q = q->next)
+		;
+	if (!q) {
+		q = calloc(1, sizeof(*q));
+		if (!q || !(q->member = calloc((size_t)nranks, sizeof(*q->member)))) {
+			free(q);
+			return ncclSystemError;
+		}
+		memcpy(q->key, key, sizeof(q->key));
+		q->nranks = nranks;
+		q->color = color;
+		q->next = cliques;
+		cliques = q;
+	}
+	if (q->nranks != nranks || q->member[rank] || q->color != color) {
+		violation("rank %d joins a clique of %d ranks (%d wanted) twice or with color %d",
+			  rank, q->nranks, nranks, color);
+		return ncclInvalidUsage;
+	}
+	for (int r = 0; r < nranks; r++)
+		if (q->member[r] && q->member[r]->dev == dev) {
+			violation("ranks %d and %d on device %d (NCCL: duplicate GPU)", r, rank,
+				  dev);
+			return ncclInvalidUsage;
+		}
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return ncclSystemError;
+	c->cq = q;
+	c->rank = rank;
+	c->dev = dev;
+	c->blocking = conf->blocking != 0; /* NCCL's default (unset) blocks */
+	c->init_pending = true;
+	c->async = ncclInProgress;
+	c->polls_left = cfg.inprogress_polls;
+	c->next_all = comms;
+	comms = c;
+	q->member[rank] = c;
+	st.live_comms++;
+	if (++q->joined == nranks) {
+		for (int r = 0; r < nranks; r++)
+			q->member[r]->init_pending = false;
+		pthread_cond_broadcast(&cv);
+	}
+	*ret = c;
+	if (c->blocking) {
+		if (group_depth > 0) {
+			violation("a blocking communicator made inside a group (the double "
+				  "does not model it)");
+			return ncclInvalidUsage;
+		}
+		while (c->init_pending)
+			pthread_cond_wait(&cv, &mu);
+		c->async = ncclSuccess;
+		return ncclSuccess;
+	}
+	if (group_depth > 0) {
+		group_async = true;
+		return ncclSuccess;
+	}
+	return ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+				    ncclConfig_t *conf)
+{
+	ncclResult_t r;
+
+	NCCL_ENTER();
+	pthread_mutex_lock(&mu);
+	r = clique_join(id.internal, nranks, rank, cur_dev, 0, conf, comm);
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+			   ncclConfig_t *conf)
+{
+	char id[NCCL_UNIQUE_ID_BYTES] = "cudadouble split";
+	ncclResult_t r = ncclInvalidUsage;
+	struct {
+		void *parent;
+		uint64_t n;
+	} k;
+
+	NCCL_ENTER();
+	pthread_mutex_lock(&mu);
+	if (comm_usable(comm, "ncclCommSplit")) {
+		if (key != comm->rank) {
+			violation("ncclCommSplit: key %d for rank %d (the double keeps ranks)", key,
+				  comm->rank);
+		} else {
+			k.parent = comm->cq;
+			k.n = comm->nsplits++;
+			memcpy(id + 32, &k, sizeof(k));
+			r = clique_join(id, comm->cq->nranks, comm->rank, comm->dev, color, conf,
+					newcomm);
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async)
+{
+	NCCL_ENTER();
+	pthread_mutex_lock(&mu);
+	if (!comm_usable(comm, "ncclCommGetAsyncError")) {
+		pthread_mutex_unlock(&mu);
+		return ncclInvalidUsage;
+	}
+	if (comm->async == ncclInProgress && !comm->init_pending) {
+		if (comm->polls_left > 0) {
+			comm->polls_left--;
+		} else {
+			comm_flush(comm);
+			comm->async = ncclSuccess;
+		}
+	}
+	/* a peer aborted: NCCL reports it as a remote error */
+	if (comm->cq->broken && (comm->async == ncclSuccess || comm->async == ncclInProgress))
+		comm->async = ncclRemoteError;
+	*async = comm->async;
+	pthread_mutex_unlock(&mu);
+	return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+	NCCL_ENTER();
+	if (!comm)
+		return ncclSuccess;
+	pthread_mutex_lock(&mu);
+	if (comm_usable(comm, "ncclCommAbort")) {
+		comm->aborted = true;
+		comm->cq->broken = true;
+		while (comm->deferred) {
+			struct pend *p = comm->deferred;
+			comm->deferred = p->next;
+			free(p);
+		}
+		st.live_comms--;
+		pthread_cond_broadcast(&cv);
+	}
+	pthread_mutex_unlock(&mu);
+	return ncclSuccess;
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm)
+{
+	NCCL_ENTER();
+	pthread_mutex_lock(&mu);
+	if (!comm_usable(comm, "ncclCommFinalize")) {
+		pthread_mutex_unlock(&mu);
+		return ncclInvalidUsage;
+	}
+	comm_flush(comm); /* finalize flushes what was issued */
+	if (comm->async == ncclSuccess && !comm->blocking && cfg.inprogress_polls) {
+		comm->async = ncclInProgress;
+		comm->polls_left = cfg.inprogress_polls;
+	}
+	pthread_mutex_unlock(&mu);
+	return comm->blocking || !cfg.inprogress_polls ? ncclSuccess : ncclInProgress;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+	NCCL_ENTER();
+	if (!comm)
+		return ncclSuccess;
+	pthread_mutex_lock(&mu);
+	if (comm_usable(comm, "ncclCommDestroy")) {
+		if (comm->deferred || comm->async == ncclInProgress)
+			violation("ncclCommDestroy on rank %d before its work was issued",
+				  comm->rank);
+		comm->destroyed = true;
+		st.live_comms--;
+	}
+	pthread_mutex_unlock(&mu);
+	return ncclSuccess;
+}
+
+/* nccl.h declares these two as `()`, which C17 does not count as a
+ * prototype */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-prototypes"
+ncclResult_t ncclGroupStart(void)
+{
+	NCCL_ENTER();
+	group_depth++;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void)
+{
+	ncclResult_t r = ncclSuccess;
+	struct pend *p;
+
+	NCCL_ENTER();
+	if (group_depth == 0)
+		return ncclInvalidUsage;
+	if (--group_depth > 0)
+		return ncclSuccess;
+	pthread_mutex_lock(&mu);
+	while ((p = group_head)) {
+		struct ncclComm *c = p->op.comm;
+
+		group_head = p->next;
+		p->next = NULL;
+		if (!comm_usable(c, "a collective")) {
+			free(p);
+			r = ncclInvalidUsage;
+			continue;
+		}
+		if (p->stream->dev != c->dev)
+			violation(
+				"rank %d: collective on a stream of device %d, communicator on %d",
+				c->rank, p->stream->dev, c->dev);
+		if (!c->blocking && (cfg.inprogress_polls || c->deferred)) {
+			/* answered later: queued on the poll that ends the wait */
+			if (c->deferred_tail)
+				c->deferred_tail->next = p;
+			else
+				c->deferred = p;
+			c->deferred_tail = p;
+			if (c->async == ncclSuccess) {
+				c->async = ncclInProgress;
+				c->polls_left = cfg.inprogress_polls;
+			}
+			r = r == ncclSuccess ? ncclInProgress : r;
+		} else {
+			coll_queue(p);
+		}
+	}
+	group_tail = NULL;
+	if (group_async && r == ncclSuccess)
+		r = ncclInProgress;
+	group_async = false;
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+#pragma GCC diagnostic pop
+
+static ncclResult_t group_add(struct dop op, cudaStream_t stream, ncclDataType_t type,
+			      ncclRedOp_t red)
+{
+	struct pend *p;
+
+	NCCL_ENTER();
+	if (type != ncclFloat32 || (red != ncclSum && red != ncclAvg) || !op.comm || !stream)
+		return ncclInvalidArgument;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return ncclSystemError;
+	op.avg = red == ncclAvg;
+	p->op = op;
+	p->stream = stream;
+	if (group_tail)
+		group_tail->next = p;
+	else
+		group_head = p;
+	group_tail = p;
+	if (group_depth > 0)
+		return ncclSuccess;
+	/* outside a group: a group of one */
+	group_depth = 1;
+	return ncclGroupEnd();
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
+			   ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
+{
+	return group_add((struct dop){.comm = comm,
+				      .kind = C_ALLREDUCE,
+				      .send = send,
+				      .recv = recv,
+				      .count = count},
+			 stream, type, op);
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t type,
+			       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
+{
+	return group_add((struct dop){.comm = comm,
+				      .kind = C_REDUCESCATTER,
+				      .send = send,
+				      .recv = recv,
+				      .count = count},
+			 stream, type, op);
+}
+
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
+			ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
+{
+	return group_add((struct dop){.comm = comm,
+				      .kind = C_REDUCE,
+				      .send = send,
+				      .recv = recv,
+				      .count = count,
+				      .root = root},
+			 stream, type, op);
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type,
+			   int root, ncclComm_t comm, cudaStream_t stream)
+{
+	return group_add((struct dop){.comm = comm,
+				      .kind = C_BCAST,
+				      .send = send,
+				      .recv = recv,
+				      .count = count,
+				      .root = root},
+			 stream, type, ncclSum);
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
+			   ncclComm_t comm, cudaStream_t stream)
+{
+	return group_add((struct dop){.comm = comm,
+				      .kind = C_ALLGATHER,
+				      .send = send,
+				      .recv = recv,
+				      .count = count},
+			 stream, type, ncclSum);
+}

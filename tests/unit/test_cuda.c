@@ -1,0 +1,938 @@
+/*
+ * test_cuda.c — the CUDA backend's control path (coll/nccl.c, optim/cuda.c,
+ * mem/cuda.c, backend_cuda.c) on the test double of the CUDA runtime and
+ * NCCL (tests/gpu/cudadouble.c), so it runs in CI without a GPU:
+ *  - the start-up probe and --backend choice without a driver, with an old
+ *    driver or NCCL, without a device, and with devices;
+ *  - the optimizer: every optimizer and flag combination through
+ *    optim_cuda_ops.run (kern.h's element body, as the double runs it) bit
+ *    for bit against the CPU kernels, over several steps on two devices;
+ *  - whole jobs of 2-4 ranks through the real executor (exec.c) with
+ *    coll_nccl_ops + optim_cuda_ops, both shard and step modes, against the
+ *    same job on the host backend, bit for bit, with streams jittered and
+ *    every non-blocking NCCL call answering ncclInProgress first;
+ *  - two nodes sharing one NCCL unique id: every collective kind, done()
+ *    from a stream's thread, never the submitter's;
+ *  - faults: an async NCCL error, and abort, each ending a collective that
+ *    waits for a peer that never comes, with the right code, from the
+ *    watchdog, and leaving no communicator or stream behind;
+ *  - CUDA IPC buffers: opened by device UUID at an offset, and refused when
+ *    the device, the size or the kind is wrong.
+ * The double also counts misuse (a CUDA call from a host function, memory of
+ * another device, a host function queued ahead of its collective, ranks that
+ * disagree): every case ends with none.
+ */
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "common.h"
+#include "cudadouble.h"
+#include "exec.h"
+#include "mem/mem.h"
+#include "pool.h"
+#include "testlib.h"
+
+static struct pool *pool_;
+
+/* Each case runs in a process of its own: the pool is made where it is used. */
+static struct pool *pool(void)
+{
+	if (!pool_ && pool_new(2, &pool_) < 0)
+		abort();
+	return pool_;
+}
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static float rng_float(float lo, float hi)
+{
+	return lo + (hi - lo) * (float)((double)(rng_next() >> 11) * 0x1p-53);
+}
+
+static void reset(int ndevices, unsigned polls, unsigned jitter_us)
+{
+	struct cudadouble_config c = {
+		.ndevices = ndevices,
+		.driver_version = ndevices ? 13000 : 0,
+		.inprogress_polls = polls,
+		.jitter_us = jitter_us,
+		.seed = 7,
+	};
+	cudadouble_reset(&c);
+}
+
+/* Nothing misused, nothing left behind. */
+static void check_clean(const char *tag)
+{
+	struct cudadouble_stats s;
+
+	cudadouble_stats(&s);
+	CHECK(s.violations == 0, "%s: %u violations, first: %s", tag, s.violations,
+	      s.first_violation);
+	CHECK(s.live_streams == 0 && s.live_comms == 0 && s.ipc_open == 0 && s.waiting == 0,
+	      "%s: left %u streams, %u communicators, %u IPC handles, %u waiting", tag,
+	      s.live_streams, s.live_comms, s.ipc_open, s.waiting);
+}
+
+static float *dev_alloc(int dev, size_t n)
+{
+	void *p = NULL;
+
+	if (cudaSetDevice(dev) != cudaSuccess || cudaMalloc(&p, n * sizeof(float)) != cudaSuccess)
+		return NULL;
+	return p;
+}
+
+/* ---------------------------------------------------------- the probe --- */
+
+static void t_probe(void)
+{
+	static const struct {
+		int ndevices, driver, nccl;
+		cudaError_t count_error;
+		int want;
+		const char *says;
+	} cases[] = {
+		{0, 0, 0, 0, -ENODEV, "no CUDA driver on this machine"},
+		{0, 12020, 0, 0, -ENODEV,
+		 "driver (12.2) is older than zerod's CUDA runtime (13.0)"},
+		{0, 13000, 0, cudaErrorNoDevice, -ENODEV, "no CUDA device visible"},
+		{2, 13000, NCCL_VERSION(2, 17, 1), 0, -EOPNOTSUPP,
+		 "NCCL 2.17.1 is older than 2.18"},
+		{2, 13000, 0, 0, 2, "2 CUDA devices"},
+	};
+	const struct backend *be, *untouched = (const struct backend *)&cases;
+	char why[256];
+	int r;
+
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		struct cudadouble_config c = {.ndevices = cases[i].ndevices,
+					      .driver_version = cases[i].driver,
+					      .nccl_version = cases[i].nccl,
+					      .count_error = cases[i].count_error};
+		bool gpu = cases[i].want > 0;
+
+		cudadouble_reset(&c);
+		r = cuda_probe(why, sizeof(why));
+		CHECK(r == cases[i].want && strstr(why, cases[i].says),
+		      "case %zu: probe %d \"%s\", want %d \"%s\"", i, r, why, cases[i].want,
+		      cases[i].says);
+		be = untouched;
+		r = backend_choose("cuda", &be, why, sizeof(why));
+		CHECK(gpu ? r == 0 && be == &backend_cuda
+			  : r == cases[i].want && be == untouched &&
+				      strstr(why, "--backend cuda: "),
+		      "case %zu: --backend cuda: %d \"%s\"", i, r, why);
+		be = untouched;
+		r = backend_choose("auto", &be, why, sizeof(why));
+		CHECK(r == 0 && be == (gpu ? &backend_cuda : NULL) &&
+			      strstr(why, gpu ? "cuda and host" : "host only"),
+		      "case %zu: --backend auto: %d \"%s\"", i, r, why);
+		be = untouched;
+		r = backend_choose("host", &be, why, sizeof(why));
+		CHECK(r == 0 && be == NULL, "case %zu: --backend host: %d \"%s\"", i, r, why);
+	}
+	be = untouched;
+	r = backend_choose("gpu", &be, why, sizeof(why));
+	CHECK(r == -EINVAL && be == untouched && strstr(why, "unknown backend \"gpu\""),
+	      "--backend gpu: %d \"%s\"", r, why);
+	check_clean("probe");
+}
+
+/* ------------------------------------------------------- the kernels --- */
+
+#define KN 2000 /* elements per rank's buffer */
+
+/* Pieces over two owners and two groups, cut where vector tails show. */
+static const struct optim_piece kpieces[] = {
+	{.group = 0, .owner = 0, .off = 0, .n = 700, .at = 0},
+	{.group = 1, .owner = 0, .off = 700, .n = 303, .at = 700},
+	{.group = 1, .owner = 1, .off = 1003, .n = 1, .at = 1003},
+	{.group = 0, .owner = 1, .off = 1004, .n = 996, .at = 1004},
+};
+
+/* One optimizer and two groups' hyperparameters through optim_cuda_ops,
+ * four steps, against optim_cpu_ops.step on host copies. */
+static void kernels_case(enum zc_optimizer kind, const struct zc_param_group g[2], const char *tag)
+{
+	unsigned arrays = plan_state_arrays(kind, g, 2);
+	float *dg[2], *dp[2], *hp[2], *hg[2], *arena[3] = {NULL, NULL, NULL}, *ref[3];
+	struct optim_piece pc[ARRAY_SIZE(kpieces)];
+	uint32_t local[2] = {0, 1};
+	struct optim_ctx *ctx = NULL;
+	int r;
+
+	for (int k = 0; k < 3; k++) {
+		bool kept = arrays & (k == 0   ? PLAN_STATE_M
+				      : k == 1 ? PLAN_STATE_V
+					       : PLAN_STATE_VMAX);
+		/* the executor's host arena: zeros, uploaded on first use */
+		arena[k] = kept ? calloc(KN, sizeof(float)) : NULL;
+		ref[k] = calloc(KN, sizeof(float));
+	}
+	for (int d = 0; d < 2; d++) {
+		dg[d] = dev_alloc(d, KN);
+		dp[d] = dev_alloc(d, KN);
+		hp[d] = malloc(KN * sizeof(float));
+		hg[d] = malloc(KN * sizeof(float));
+		for (size_t i = 0; i < KN; i++)
+			hp[d][i] = dp[d][i] = rng_float(-2, 2);
+	}
+	struct optim_config cfg = {
+		.world = 2, .grads = dg, .params = dp, .nlocal = 2, .local = local, .pool = pool()};
+	REQUIRE(optim_cuda_ops.open(&cfg, &ctx) == 0, "%s: open", tag);
+	memcpy(pc, kpieces, sizeof(pc));
+	for (uint64_t t = 1; t <= 4 && !test_failed_; t++) {
+		for (int d = 0; d < 2; d++)
+			for (size_t i = 0; i < KN; i++)
+				hg[d][i] = dg[d][i] = rng_float(-3, 3);
+		for (size_t k = 0; k < ARRAY_SIZE(pc); k++) {
+			pc[k].step = t;
+			pc[k].first_momentum = t == 1;
+		}
+		struct optim_call call = {.kind = kind,
+					  .groups = g,
+					  .pieces = pc,
+					  .npieces = ARRAY_SIZE(pc),
+					  .grad = OPTIM_GRAD_OWNER,
+					  .m = arena[0],
+					  .v = arena[1],
+					  .vmax = arena[2]};
+		r = optim_cuda_ops.run(ctx, &call);
+		CHECK(r == 0, "%s: step %lu: run %d", tag, (unsigned long)t, r);
+		for (size_t k = 0; k < ARRAY_SIZE(pc); k++) {
+			const struct optim_piece *q = &pc[k];
+			struct optim_args a = {.kind = kind,
+					       .hp = &g[q->group],
+					       .step = t,
+					       .first_momentum = t == 1,
+					       .param = hp[q->owner] + q->off,
+					       .grad = hg[q->owner] + q->off,
+					       .m = ref[0] + q->at,
+					       .v = ref[1] + q->at,
+					       .vmax = ref[2] + q->at,
+					       .n = q->n};
+			optim_cpu_ops.step(&a);
+		}
+		for (int d = 0; d < 2; d++) {
+			size_t i = 0;
+			while (i < KN && memcmp(&hp[d][i], &dp[d][i], sizeof(float)) == 0)
+				i++;
+			CHECK(i == KN, "%s: step %lu: rank %d param[%zu] = %a, the CPU's %a", tag,
+			      (unsigned long)t, d, i, i < KN ? dp[d][i] : 0, i < KN ? hp[d][i] : 0);
+		}
+	}
+	/* the device state is the state: the host arena stays as it was */
+	for (int k = 0; k < 3; k++)
+		for (size_t i = 0; arena[k] && i < KN; i++)
+			if (arena[k][i] != 0) {
+				CHECK(arena[k][i] == 0, "%s: host arena %d written", tag, k);
+				break;
+			}
+	optim_cuda_ops.close(ctx);
+	for (int d = 0; d < 2; d++) {
+		cudaFree(dg[d]);
+		cudaFree(dp[d]);
+		free(hp[d]);
+		free(hg[d]);
+	}
+	for (int k = 0; k < 3; k++) {
+		free(arena[k]);
+		free(ref[k]);
+	}
+}
+
+static void t_kernels(void)
+{
+	struct cudadouble_stats s;
+	unsigned cases = 0;
+	char tag[64];
+
+	reset(2, 0, 0);
+	rng_state = 0xc0da;
+	for (int combo = 0; combo < 32 && !test_failed_; combo++) {
+		struct zc_param_group g[2] = {ZC_PARAM_GROUP_INIT, ZC_PARAM_GROUP_INIT};
+		for (int k = 0; k < 2; k++) {
+			g[k].lr = rng_float(1e-4f, 0.3f);
+			g[k].momentum = combo & 1 ? rng_float(0.1f, 0.95f) : 0;
+			g[k].dampening = combo & 2 ? rng_float(0.05f, 0.5f) : 0;
+			g[k].weight_decay = (combo & 4) && k == 0 ? rng_float(1e-4f, 0.1f) : 0;
+			g[k].maximize = combo & 8;
+			g[k].nesterov = (combo & 16) && (combo & 1) && !(combo & 2);
+			g[k].amsgrad = combo & 16;
+			g[k].beta1 = rng_float(0.5f, 0.95f);
+			g[k].beta2 = rng_float(0.9f, 0.999f);
+			g[k].eps = rng_float(1e-9f, 1e-6f);
+		}
+		snprintf(tag, sizeof(tag), "sgd combo %d", combo);
+		kernels_case(ZC_OPT_SGD, g, tag);
+		snprintf(tag, sizeof(tag), "adam combo %d", combo);
+		kernels_case(ZC_OPT_ADAM, g, tag);
+		snprintf(tag, sizeof(tag), "adamw combo %d", combo);
+		kernels_case(ZC_OPT_ADAMW, g, tag);
+		cases += 3;
+	}
+	cudadouble_stats(&s);
+	CHECK(s.kernels >= cases * 4 * ARRAY_SIZE(kpieces), "%u kernels ran for %u cases",
+	      s.kernels, cases);
+	CHECK(s.live_allocs == 0, "%u device allocations left: state not freed by close",
+	      s.live_allocs);
+	test_note("%u optimizer cases, %u kernel launches, bit for bit", cases, s.kernels);
+	check_clean("kernels");
+}
+
+/* What run() refuses: the fused pass, a piece of a rank on another node. */
+static void t_kernels_refuse(void)
+{
+	float *dg[3] = {NULL, NULL, NULL}, *dp[3] = {NULL, NULL, NULL};
+	uint32_t local[2] = {0, 1};
+	struct zc_param_group g = ZC_PARAM_GROUP_INIT;
+	struct optim_piece pc = {.owner = 2, .n = 10, .step = 1};
+	struct optim_ctx *ctx = NULL;
+	float m[10] = {0}, v[10] = {0};
+
+	reset(2, 0, 0);
+	for (int d = 0; d < 2; d++) {
+		dg[d] = dev_alloc(d, 10);
+		dp[d] = dev_alloc(d, 10);
+	}
+	struct optim_config cfg = {
+		.world = 3, .grads = dg, .params = dp, .nlocal = 2, .local = local};
+	REQUIRE(optim_cuda_ops.open(&cfg, &ctx) == 0, "open");
+	struct optim_call call = {.kind = ZC_OPT_ADAM,
+				  .groups = &g,
+				  .pieces = &pc,
+				  .npieces = 1,
+				  .grad = OPTIM_GRAD_SUM_LOCAL,
+				  .m = m,
+				  .v = v};
+	CHECK(optim_cuda_ops.run(ctx, &call) == -EOPNOTSUPP, "the fused pass is the host's");
+	call.grad = OPTIM_GRAD_OWNER;
+	CHECK(optim_cuda_ops.run(ctx, &call) == -EINVAL, "a piece of a rank on another node");
+	optim_cuda_ops.close(ctx);
+	/* host memory is not a CUDA buffer */
+	float host[10], *dev1 = dp[1];
+	dp[1] = host;
+	CHECK(optim_cuda_ops.open(&cfg, &ctx) == -EINVAL, "host memory refused");
+	dp[1] = dev1;
+	for (int d = 0; d < 2; d++) {
+		cudaFree(dg[d]);
+		cudaFree(dp[d]);
+	}
+	check_clean("kernels_refuse");
+}
+
+/* ---------------------------------------------------- whole jobs ---- */
+
+static struct plan *make_plan(enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	/* uneven buckets, one divisible by 2, 3 and 4 (the equal-slice path) */
+	static const uint64_t sizes[] = {37, 120, 5, 64, 1};
+	struct zc_param_group g[2] = {ZC_PARAM_GROUP_INIT, ZC_PARAM_GROUP_INIT};
+	struct zc_segment seg[ARRAY_SIZE(sizes)][2];
+	struct zc_bucket b[ARRAY_SIZE(sizes)];
+	struct zc_plan zp = {ZC_OPT_ADAMW, shard, step, 2, g, ARRAY_SIZE(sizes), b};
+	struct plan *p = NULL;
+	char err[200];
+
+	g[0].lr = 0.01;
+	g[0].weight_decay = 0.05;
+	g[1].lr = 0.003;
+	g[1].amsgrad = true;
+	for (size_t i = 0; i < ARRAY_SIZE(sizes); i++) {
+		uint64_t half = sizes[i] / 2;
+		uint32_t ns = half ? 2 : 1;
+		seg[i][0] = (struct zc_segment){0, half ? half : sizes[i], 0};
+		seg[i][1] = (struct zc_segment){half, sizes[i] - half, 1};
+		b[i] = (struct zc_bucket){sizes[i], ns, seg[i]};
+	}
+	if (plan_from_zc(&zp, &p, err, sizeof(err)) < 0)
+		test_note("plan_from_zc: %s", err);
+	return p;
+}
+
+static struct exec_done *next_done(struct completion_queue *cq, struct exec_done **pending)
+{
+	if (!*pending) {
+		struct pollfd pfd = {.fd = completion_queue_fd(cq), .events = POLLIN};
+		if (poll(&pfd, 1, 5000) <= 0)
+			return NULL;
+		*pending = completion_queue_take(cq);
+	}
+	struct exec_done *d = *pending;
+	if (d)
+		*pending = d->next;
+	return d;
+}
+
+/* One job on one node: every rank local, on device r (cuda) or in host
+ * memory; initial parameters init[r], gradients of iteration t from a seed.
+ * Leaves the final parameters of every rank in out[r]. */
+static void run_job(const struct plan *p, uint32_t world, bool cuda, float *const *init,
+		    unsigned iters, float **out, const char *tag)
+{
+	uint32_t node_of[4] = {0, 0, 0, 0};
+	struct zero_topo topo = {.world = world, .nnodes = 1, .node = 0, .node_of = node_of};
+	struct zero_caps caps = {.local_fuse = !cuda};
+	size_t n = p->total_numel;
+	float *grads[4] = {NULL}, *params[4] = {NULL};
+	struct shard_map *sm = NULL;
+	struct completion_queue *cq = NULL;
+	struct zero_program prog = {0};
+	struct exec_done *pending = NULL, *d;
+	struct exec *e = NULL;
+	struct state *stt = NULL;
+	bool stopped = false;
+
+	for (uint32_t r = 0; r < world; r++) {
+		grads[r] = cuda ? dev_alloc((int)r, n) : calloc(n, sizeof(float));
+		params[r] = cuda ? dev_alloc((int)r, n) : calloc(n, sizeof(float));
+		REQUIRE(grads[r] && params[r], "%s: buffers", tag);
+		memcpy(params[r], init[r], n * sizeof(float));
+	}
+	REQUIRE(shard_assign(p, world, &sm) == 0, "%s: shard", tag);
+	REQUIRE(completion_queue_new(&cq) == 0 && zero_program(p, &topo, &caps, &prog) == 0,
+		"%s: program", tag);
+	REQUIRE(state_layout(p, sm, &topo, plan_state_arrays(p->optimizer, p->groups, p->ngroups),
+			     &stt) == 0,
+		"%s: state", tag);
+	struct exec_config ec = {.tag = NULL,
+				 .plan = p,
+				 .shard = sm,
+				 .prog = &prog,
+				 .state = stt,
+				 .world = world,
+				 .grads = grads,
+				 .params = params,
+				 .coll = cuda ? &coll_nccl_ops : &coll_host_ops,
+				 .optim = cuda ? &optim_cuda_ops : &optim_cpu_ops,
+				 .pool = pool(),
+				 .cq = cq};
+	REQUIRE(exec_new(&ec, &e) == 0, "%s: exec_new", tag);
+	d = next_done(cq, &pending);
+	CHECK(d && d->ev == EXEC_STARTED, "%s: started (%d, status %d)", tag, d ? (int)d->ev : -1,
+	      d ? d->status : 0);
+	free(d);
+	for (unsigned t = 0; t < iters && !test_failed_; t++) {
+		uint32_t want = 0;
+
+		for (uint32_t r = 0; r < world; r++) {
+			rng_state = 1000 * t + r;
+			for (size_t i = 0; i < n; i++)
+				grads[r][i] = rng_float(-1, 1);
+		}
+		for (uint32_t b = 0; b < p->nbuckets; b++)
+			CHECK(exec_bucket(e, t, b) == 0, "%s: exec_bucket", tag);
+		while ((d = next_done(cq, &pending))) {
+			bool end = d->ev != EXEC_BUCKET_DONE;
+			if (d->ev == EXEC_BUCKET_DONE)
+				CHECK(d->bucket == want++, "%s: BucketDone(%u) out of order", tag,
+				      d->bucket);
+			else
+				CHECK(d->ev == EXEC_STEP_DONE && d->iteration == t,
+				      "%s: iteration %u: event %d (%s of %u, status %d)", tag, t,
+				      (int)d->ev, d->op ? d->op : "", d->lo, d->status);
+			free(d);
+			if (end)
+				break;
+		}
+		CHECK(want == p->nbuckets, "%s: iteration %u: %u BucketDones", tag, t, want);
+	}
+	exec_stop(e);
+	while ((d = next_done(cq, &pending))) {
+		stopped = d->ev == EXEC_STOPPED;
+		free(d);
+		if (stopped)
+			break;
+	}
+	CHECK(stopped, "%s: EXEC_STOPPED", tag);
+	while ((d = pending)) {
+		pending = d->next;
+		free(d);
+	}
+	if (stopped)
+		exec_free(e);
+	for (uint32_t r = 0; r < world; r++) {
+		memcpy(out[r], params[r], n * sizeof(float));
+		if (cuda) {
+			cudaFree(grads[r]);
+			cudaFree(params[r]);
+		} else {
+			free(grads[r]);
+			free(params[r]);
+		}
+	}
+	zero_program_clear(&prog);
+	completion_queue_free(cq);
+	shard_map_free(sm);
+}
+
+static void t_jobs_match_host(void)
+{
+	static const enum zc_shard_mode shards[] = {ZC_SHARD_BUCKET, ZC_SHARD_SLICE};
+	static const enum zc_step_mode steps[] = {ZC_STEP_INTERLEAVED, ZC_STEP_AT_END};
+	struct cudadouble_stats s;
+	unsigned jobs = 0;
+
+	for (uint32_t w = 2; w <= 4; w++)
+		for (size_t sh = 0; sh < 2; sh++)
+			for (size_t sp = 0; sp < 2 && !test_failed_; sp++) {
+				struct plan *p = make_plan(shards[sh], steps[sp]);
+				float *init[4], *host[4], *gpu[4];
+				char tag[96];
+
+				REQUIRE(p, "plan");
+				snprintf(tag, sizeof(tag), "w%u %s/%s", w,
+					 plan_shard_name(shards[sh]), plan_step_name(steps[sp]));
+				rng_state = w * 10 + sh * 2 + sp;
+				for (uint32_t r = 0; r < w; r++) {
+					init[r] = malloc(p->total_numel * sizeof(float));
+					host[r] = malloc(p->total_numel * sizeof(float));
+					gpu[r] = malloc(p->total_numel * sizeof(float));
+					for (size_t i = 0; i < p->total_numel; i++)
+						init[r][i] =
+							rng_float(-1, 1); /* rank 0's must win */
+				}
+				run_job(p, w, false, init, 3, host, tag);
+				/* every non-blocking call answers ncclInProgress twice;
+				 * streams sleep up to 200 us per task */
+				reset(4, 2, 200);
+				run_job(p, w, true, init, 3, gpu, tag);
+				for (uint32_t r = 0; r < w && !test_failed_; r++) {
+					size_t i = 0;
+					while (i < p->total_numel &&
+					       memcmp(&host[r][i], &gpu[r][i], sizeof(float)) == 0)
+						i++;
+					CHECK(i == p->total_numel,
+					      "%s: rank %u param[%zu]: cuda %a, host %a", tag, r, i,
+					      gpu[r][i], host[r][i]);
+					CHECK(memcmp(host[r], init[r], sizeof(float)) != 0,
+					      "%s: rank %u: no update", tag, r);
+				}
+				cudadouble_stats(&s);
+				CHECK(s.kernels > 0 && s.host_funcs > 0 && s.collectives > 0,
+				      "%s: the double ran %u kernels, %u host functions, %u "
+				      "collectives",
+				      tag, s.kernels, s.host_funcs, s.collectives);
+				CHECK(s.live_allocs == 0, "%s: %u device allocations left", tag,
+				      s.live_allocs);
+				check_clean(tag);
+				for (uint32_t r = 0; r < w; r++) {
+					free(init[r]);
+					free(host[r]);
+					free(gpu[r]);
+				}
+				plan_free(p);
+				jobs++;
+			}
+	test_note("%u jobs, cuda (double) = host bit for bit", jobs);
+}
+
+/* --------------------------------------------- two nodes, one id --- */
+
+struct waiter {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	unsigned calls;
+	int status;
+	pthread_t thread;
+	struct coll_req req;
+};
+
+static void waiter_done(struct coll_req *req, int status)
+{
+	struct waiter *w = (struct waiter *)((char *)req - offsetof(struct waiter, req));
+
+	pthread_mutex_lock(&w->mu);
+	w->calls++;
+	w->status = status;
+	w->thread = pthread_self();
+	pthread_cond_broadcast(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+}
+
+static void waiter_init(struct waiter *w)
+{
+	memset(w, 0, sizeof(*w));
+	pthread_mutex_init(&w->mu, NULL);
+	pthread_cond_init(&w->cv, NULL);
+}
+
+/* Wait (ms at most) for done(); its status, or 1 on timeout. */
+static int waiter_wait(struct waiter *w, int ms)
+{
+	struct timespec ts;
+	int r;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += ms / 1000;
+	ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&w->mu);
+	while (!w->calls && pthread_cond_timedwait(&w->cv, &w->mu, &ts) == 0)
+		;
+	r = w->calls ? w->status : 1;
+	pthread_mutex_unlock(&w->mu);
+	return r;
+}
+
+#define NN 48 /* elements: 4 equal slices of 12 */
+
+struct node {
+	float *grads[4], *params[4];
+	struct coll_config cfg;
+	struct coll_group *g;
+	int r;
+};
+
+static void *node_open(void *arg)
+{
+	struct node *n = arg;
+
+	n->r = coll_nccl_ops.open(&n->cfg, &n->g);
+	return NULL;
+}
+
+/* World 4: node A holds ranks 0 and 1, node B ranks 2 and 3, rank r on
+ * device r; both open concurrently (each waits for the other's ranks). */
+static int nodes_open(struct node nodes[2], const ncclUniqueId *id)
+{
+	pthread_t th;
+
+	memset(nodes, 0, 2 * sizeof(*nodes));
+	for (uint32_t r = 0; r < 4; r++) {
+		struct node *n = &nodes[r / 2];
+		n->grads[r] = dev_alloc((int)r, NN);
+		n->params[r] = dev_alloc((int)r, NN);
+		if (!n->grads[r] || !n->params[r])
+			return -ENOMEM;
+	}
+	for (int k = 0; k < 2; k++)
+		nodes[k].cfg = (struct coll_config){.world = 4,
+						    .grads = nodes[k].grads,
+						    .params = nodes[k].params,
+						    .nccl_id = id->internal,
+						    .open_timeout_ms = 5000};
+	pthread_create(&th, NULL, node_open, &nodes[1]);
+	node_open(&nodes[0]);
+	pthread_join(th, NULL);
+	return nodes[0].r < 0 ? nodes[0].r : nodes[1].r;
+}
+
+static void nodes_close(struct node nodes[2])
+{
+	for (int k = 0; k < 2; k++) {
+		coll_nccl_ops.close(nodes[k].g);
+		for (uint32_t r = 0; r < 4; r++) {
+			cudaFree(nodes[k].grads[r]);
+			cudaFree(nodes[k].params[r]);
+		}
+	}
+}
+
+/* Submit req on both nodes; both done() calls come, from stream threads. */
+static void both(struct node nodes[2], struct coll_req tmpl, const char *tag)
+{
+	struct waiter w[2];
+
+	for (int k = 0; k < 2; k++) {
+		waiter_init(&w[k]);
+		w[k].req = tmpl;
+		w[k].req.done = waiter_done;
+		CHECK(coll_nccl_ops.submit(nodes[k].g, &w[k].req) == 0, "%s: submit", tag);
+	}
+	for (int k = 0; k < 2; k++) {
+		CHECK(waiter_wait(&w[k], 5000) == 0, "%s: node %d: status %d", tag, k, w[k].status);
+		CHECK(w[k].calls == 1 && !pthread_equal(w[k].thread, pthread_self()),
+		      "%s: node %d: done() %u times, from the submitter: %d", tag, k, w[k].calls,
+		      w[k].calls && pthread_equal(w[k].thread, pthread_self()));
+	}
+}
+
+static void t_two_nodes(void)
+{
+	struct node nodes[2];
+	ncclUniqueId id;
+	float want[NN];
+
+	reset(4, 3, 100);
+	REQUIRE(ncclGetUniqueId(&id) == ncclSuccess, "id");
+	REQUIRE(nodes_open(nodes, &id) == 0, "open: %d %d", nodes[0].r, nodes[1].r);
+
+	/* bucket mode: an all-reduce, every rank holds the average */
+	for (size_t i = 0; i < NN; i++) {
+		want[i] = 0;
+		for (uint32_t r = 0; r < 4; r++) {
+			float x = (float)(r + 1) * (float)i;
+			nodes[r / 2].grads[r][i] = x;
+			want[i] += x;
+		}
+		want[i] /= 4;
+	}
+	struct coll_range whole = {.owner = 1, .off = 0, .n = NN};
+	both(nodes,
+	     (struct coll_req){
+		     .kind = COLL_REDUCE, .mode = ZC_SHARD_BUCKET, .ranges = &whole, .nranges = 1},
+	     "all-reduce");
+	for (uint32_t r = 0; r < 4; r++)
+		CHECK(memcmp(nodes[r / 2].grads[r], want, sizeof(want)) == 0,
+		      "all-reduce: rank %u has not the average", r);
+
+	/* slice mode, equal slices: reduce-scatter, then all-gather */
+	struct coll_range eq[4], uneq[4];
+	for (uint32_t r = 0; r < 4; r++) {
+		eq[r] = (struct coll_range){.owner = r, .off = r * (NN / 4), .n = NN / 4};
+		for (size_t i = 0; i < NN; i++)
+			nodes[r / 2].grads[r][i] = (float)(r + 1) * (float)i;
+	}
+	both(nodes,
+	     (struct coll_req){
+		     .kind = COLL_REDUCE, .mode = ZC_SHARD_SLICE, .ranges = eq, .nranges = 4},
+	     "reduce-scatter");
+	for (uint32_t r = 0; r < 4; r++)
+		CHECK(memcmp(nodes[r / 2].grads[r] + eq[r].off, want + eq[r].off,
+			     eq[r].n * sizeof(float)) == 0,
+		      "reduce-scatter: rank %u's slice is not the average", r);
+	for (uint32_t r = 0; r < 4; r++)
+		for (size_t i = 0; i < NN; i++)
+			nodes[r / 2].params[r][i] = (float)(100 * r + i);
+	both(nodes,
+	     (struct coll_req){
+		     .kind = COLL_BCAST, .mode = ZC_SHARD_SLICE, .ranges = eq, .nranges = 4},
+	     "all-gather");
+	for (uint32_t r = 0; r < 4; r++)
+		for (size_t i = 0; i < NN; i++)
+			if (nodes[r / 2].params[r][i] != (float)(100 * (i / (NN / 4)) + i)) {
+				CHECK(0, "all-gather: rank %u param[%zu] = %g", r, i,
+				      nodes[r / 2].params[r][i]);
+				break;
+			}
+
+	/* unequal slices: a reduce and a broadcast per slice to/from its owner */
+	static const uint64_t cut[5] = {0, 13, 25, 36, NN};
+	for (uint32_t r = 0; r < 4; r++) {
+		uneq[r] = (struct coll_range){
+			.owner = 3 - r, .off = cut[r], .n = cut[r + 1] - cut[r]};
+		for (size_t i = 0; i < NN; i++) {
+			nodes[r / 2].grads[r][i] = (float)(r + 1) * (float)i;
+			nodes[r / 2].params[r][i] = (float)(100 * r + i);
+		}
+	}
+	both(nodes,
+	     (struct coll_req){
+		     .kind = COLL_REDUCE, .mode = ZC_SHARD_SLICE, .ranges = uneq, .nranges = 4},
+	     "reduce per slice");
+	for (uint32_t k = 0; k < 4; k++) {
+		uint32_t o = uneq[k].owner;
+		CHECK(memcmp(nodes[o / 2].grads[o] + uneq[k].off, want + uneq[k].off,
+			     uneq[k].n * sizeof(float)) == 0,
+		      "reduce per slice: owner %u of slice %u has not the average", o, k);
+	}
+	both(nodes,
+	     (struct coll_req){
+		     .kind = COLL_BCAST, .mode = ZC_SHARD_SLICE, .ranges = uneq, .nranges = 4},
+	     "broadcast per slice");
+	for (uint32_t r = 0; r < 4; r++)
+		for (uint32_t k = 0; k < 4; k++)
+			CHECK(nodes[r / 2].params[r][uneq[k].off] ==
+				      (float)(100 * uneq[k].owner + uneq[k].off),
+			      "broadcast per slice: rank %u slice %u", r, k);
+	nodes_close(nodes);
+	check_clean("two nodes");
+}
+
+/* What open refuses. */
+static void t_open_refuses(void)
+{
+	float *g[2], *p[2];
+	struct coll_group *cg = NULL;
+	struct coll_config cfg = {.world = 2, .grads = g, .params = p};
+	char buf[8];
+
+	reset(2, 1, 0);
+	g[0] = dev_alloc(0, 8);
+	p[0] = dev_alloc(0, 8);
+	g[1] = dev_alloc(0, 8);
+	p[1] = dev_alloc(0, 8);
+	CHECK(coll_nccl_ops.open(&cfg, &cg) == -EOPNOTSUPP, "two ranks on one GPU");
+	cudaFree(g[1]);
+	cudaFree(p[1]);
+	g[1] = p[1] = NULL;
+	CHECK(coll_nccl_ops.open(&cfg, &cg) == -EINVAL, "ranks elsewhere and no unique id");
+	g[1] = (float *)buf;
+	p[1] = (float *)buf;
+	CHECK(coll_nccl_ops.open(&cfg, &cg) == -EINVAL, "host memory");
+	cudaFree(g[0]);
+	cudaFree(p[0]);
+	check_clean("open refuses");
+}
+
+/* Node A's collective waits for node B, which never issues it. */
+static int stuck(struct node nodes[2], struct waiter *w, struct coll_range *whole)
+{
+	struct cudadouble_stats s;
+
+	waiter_init(w);
+	*whole = (struct coll_range){.owner = 0, .off = 0, .n = NN};
+	w->req = (struct coll_req){.kind = COLL_REDUCE,
+				   .mode = ZC_SHARD_BUCKET,
+				   .ranges = whole,
+				   .nranges = 1,
+				   .done = waiter_done};
+	if (coll_nccl_ops.submit(nodes[0].g, &w->req) != 0)
+		return -1;
+	for (int i = 0; i < 500; i++) {
+		cudadouble_stats(&s);
+		if (s.waiting == 2)
+			return waiter_wait(w, 0) == 1 ? 0 : -1; /* and not done */
+		poll(NULL, 0, 10);
+	}
+	return -1;
+}
+
+static void t_async_error(void)
+{
+	struct node nodes[2];
+	struct coll_range whole;
+	struct waiter w, later;
+	ncclUniqueId id;
+	int r;
+
+	reset(4, 1, 0);
+	REQUIRE(ncclGetUniqueId(&id) == ncclSuccess, "id");
+	REQUIRE(nodes_open(nodes, &id) == 0, "open");
+	CHECK(stuck(nodes, &w, &whole) == 0, "node A's all-reduce waits for node B");
+	/* rank 0's network fails: the watchdog must see it and end the wait */
+	cudadouble_nccl_fail(0, ncclRemoteError);
+	r = waiter_wait(&w, 5000);
+	CHECK(r == -ECONNRESET, "done(%d), want -ECONNRESET (a peer failed)", r);
+	CHECK(w.calls == 1 && !pthread_equal(w.thread, pthread_self()),
+	      "done() once (%u), from the watchdog", w.calls);
+	waiter_init(&later);
+	later.req = w.req;
+	later.req.done = waiter_done;
+	r = coll_nccl_ops.submit(nodes[0].g, &later.req);
+	CHECK(r == -ECONNRESET && later.calls == 0, "a later submit: %d, %u done()s", r,
+	      later.calls);
+	nodes_close(nodes); /* B's communicators see A's abort as a remote error */
+	check_clean("async error");
+}
+
+static void t_abort(void)
+{
+	struct node nodes[2];
+	struct coll_range whole;
+	struct waiter w;
+	ncclUniqueId id;
+	int r;
+
+	reset(4, 1, 50);
+	REQUIRE(ncclGetUniqueId(&id) == ncclSuccess, "id");
+	REQUIRE(nodes_open(nodes, &id) == 0, "open");
+	CHECK(stuck(nodes, &w, &whole) == 0, "node A's all-reduce waits for node B");
+	/* done() takes w.mu: an abort that called it here would deadlock, and
+	 * one that called it later from this thread is caught below */
+	pthread_mutex_lock(&w.mu);
+	coll_nccl_ops.abort(nodes[0].g);
+	CHECK(w.calls == 0, "abort() returned after calling done()");
+	pthread_mutex_unlock(&w.mu);
+	r = waiter_wait(&w, 5000);
+	CHECK(r == -ECANCELED && w.calls == 1 && !pthread_equal(w.thread, pthread_self()),
+	      "done(%d) %u times, from the watchdog", r, w.calls);
+	CHECK(coll_nccl_ops.submit(nodes[0].g, &w.req) == -ECANCELED,
+	      "requests after abort are refused");
+	coll_nccl_ops.abort(nodes[0].g); /* idempotent */
+	nodes_close(nodes);
+	check_clean("abort");
+}
+
+/* ------------------------------------------------------------- IPC --- */
+
+static void t_ipc(void)
+{
+	const uint64_t bytes = 1000 * sizeof(float);
+	struct mem_desc d = {.kind = MEM_CUDA_IPC, .bytes = bytes, .owner = 0};
+	struct mem_map *m = NULL;
+	cudaIpcMemHandle_t h;
+	struct cudadouble_stats s;
+	float *base;
+	char err[256];
+	int r;
+
+	reset(3, 0, 0);
+	base = dev_alloc(2, 2048);
+	REQUIRE(base && cudaIpcGetMemHandle(&h, base) == cudaSuccess, "handle");
+	memcpy(d.cuda.handle, &h, sizeof(h));
+	d.cuda.offset = 4096;
+	cudadouble_uuid(2, d.cuda.uuid);
+	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
+	REQUIRE(r == 0, "map: %d %s", r, err);
+	CHECK(mem_cuda_ops.ptr(m) == (char *)base + 4096, "base + offset: %p vs %p",
+	      mem_cuda_ops.ptr(m), (void *)base);
+	cudadouble_stats(&s);
+	CHECK(s.ipc_open == 1, "%u handles open", s.ipc_open);
+	mem_cuda_ops.unmap(m);
+	cudadouble_stats(&s);
+	CHECK(s.ipc_open == 0, "unmap closes the handle (%u open)", s.ipc_open);
+	CHECK(mem_cuda_ops.blocking && !mem_shm_ops.blocking, "cuda maps off the loop thread");
+
+	/* refusals: each names what is wrong */
+	d.cuda.offset = 2048 * sizeof(float) - bytes + sizeof(float);
+	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
+	CHECK(r == ZC_ESIZE && strstr(err, "do not fit"), "past the allocation: %d %s", r, err);
+	d.cuda.offset = 6;
+	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
+	CHECK(r == ZC_EMAP && strstr(err, "aligned"), "odd offset: %d %s", r, err);
+	d.cuda.offset = 0;
+	r = mem_cuda_ops.map(&d, bytes + 4, &m, err, sizeof(err));
+	CHECK(r == ZC_ESIZE, "the plan's size differs: %d %s", r, err);
+	d.cuda.uuid[0] ^= 1;
+	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
+	CHECK(r == ZC_EMAP && strstr(err, "GPU-") && strstr(err, "no such device"),
+	      "unknown UUID: %d %s", r, err);
+	d.cuda.uuid[0] ^= 1;
+	d.kind = MEM_SHM;
+	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
+	CHECK(r == ZC_EMAP && strstr(err, "not a CUDA buffer"), "shm kind: %d %s", r, err);
+	d.kind = MEM_CUDA_IPC;
+	d.shm_name = "/zerod.x";
+	r = mem_shm_ops.map(&d, bytes, &m, err, sizeof(err));
+	CHECK(r == ZC_EMAP && strstr(err, "not a shared memory buffer"), "shm: cuda kind: %d %s", r,
+	      err);
+	cudaFree(base);
+	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
+	CHECK(r == ZC_EMAP && strstr(err, "cannot open the CUDA IPC handle"),
+	      "a freed allocation: %d %s", r, err);
+	check_clean("ipc");
+}
+
+static const struct test_case cases[] = {
+	{"probe_and_backend_choice", t_probe},
+	{"kernels_match_cpu_bit_for_bit", t_kernels},
+	{"kernels_refuse", t_kernels_refuse},
+	{"jobs_through_executor_match_host", t_jobs_match_host},
+	{"two_nodes_one_id_every_collective", t_two_nodes},
+	{"open_refuses", t_open_refuses},
+	{"async_error_ends_stuck_collective", t_async_error},
+	{"abort_ends_stuck_collective", t_abort},
+	{"ipc_buffers", t_ipc},
+};
+
+TEST_MAIN(cases)
