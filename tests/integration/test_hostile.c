@@ -1223,8 +1223,6 @@ static void t_bg_survived(void)
 	REQUIRE(bg.pids[0] > 0, "bg did not start");
 	CHECK(bg_running(&bg), "job bg ended");
 	bg_stop(&bg);
-	if (user_created)
-		(void)!system("userdel " TEST_USER " >/dev/null 2>&1");
 	if (test_failed_)
 		zd_dump_log(&daemon_);
 }
@@ -1282,5 +1280,7 @@ int main(int argc, char **argv)
 	r = test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 	if (daemon_.pid > 0)
 		zd_stop(&daemon_, 5000);
+	if (user_created)
+		(void)!system("userdel " TEST_USER " >/dev/null 2>&1");
 	return r;
 }
