@@ -371,8 +371,10 @@ static void t_max_sessions_refused(void)
 	const struct zd_opts o = {.nofile = 256, .stderr_fd = -1};
 	char cmd[160];
 	struct zd d;
-	int r = zd_start_ex(&d, extra, &o);
+	int r;
 
+	bg_mark(&bg);
+	r = zd_start_ex(&d, extra, &o);
 	CHECK(r == -ECHILD, "zerod started with --max-sessions 1000 under 256 fds (%d)", r);
 	CHECK(zd_log_has(&d, "--max-sessions 1000 needs 2000 file descriptors"),
 	      "the log does not say why");
@@ -382,6 +384,8 @@ static void t_max_sessions_refused(void)
 		zd_stop(&d, 5000);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d.dir);
 	(void)!system(cmd);
+	bg_check(&bg, "a --max-sessions the fds cannot hold");
+	settle("a --max-sessions the fds cannot hold");
 }
 
 /* 2. Another user connects as a free rank of a running job (before the
@@ -1078,6 +1082,7 @@ static void t_log_pipe_full(void)
 	CHECK(st == 0, "zerod on a full pipe exited with %d after SIGTERM", st);
 	close(p[0]);
 	bg_check(&bg, "another zerod's log nobody reads");
+	settle("another zerod's log nobody reads");
 }
 
 /* 9. Two daemons started at the same moment on one path: exactly one
@@ -1163,6 +1168,7 @@ static void t_two_daemons(void)
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	(void)!system(cmd);
 	bg_check(&bg, "two daemons at once");
+	settle("two daemons at once");
 }
 
 /* 10. --socket naming something that is not a socket: refused, untouched,
@@ -1175,6 +1181,7 @@ static void t_socket_not_a_socket(void)
 
 	snprintf(dir, sizeof(dir), "%s/zerod-path.XXXXXX", test_tmpdir());
 	REQUIRE(mkdtemp(dir), "mkdtemp");
+	bg_mark(&bg);
 	snprintf(file, sizeof(file), "%s/precious", dir);
 	snprintf(sub, sizeof(sub), "%s/subdir", dir);
 	snprintf(log, sizeof(log), "%s/log", dir);
@@ -1216,6 +1223,8 @@ static void t_socket_not_a_socket(void)
 	CHECK(access(sub, F_OK) == 0, "the directory was removed");
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	(void)!system(cmd);
+	bg_check(&bg, "--socket on what is not a socket");
+	settle("--socket on what is not a socket");
 }
 
 static void t_bg_survived(void)
