@@ -533,6 +533,19 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
 
 	path = cfg->socket ? cfg->socket : default_socket(pathbuf, sizeof(pathbuf));
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", path);
+	/* ZeroMQ retries a refused connect until the timeout; a socket this
+	 * user may not use (connecting needs write permission on it) is told
+	 * at once. A missing one may still appear: that waits. */
+	if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) < 0 &&
+	    (errno == EACCES || errno == EPERM)) {
+		r = -EACCES;
+		if (cfg->error_text && cfg->error_text_len)
+			snprintf(cfg->error_text, cfg->error_text_len,
+				 "no permission to use the socket %.180s (its mode or group, or a "
+				 "directory above it)",
+				 path);
+		goto fail;
+	}
 	if ((size_t)snprintf(c->fp_mine, sizeof(c->fp_mine), "%s.fd", path) >= sizeof(c->fp_mine))
 		c->fp_mine[0] = 0;
 	c->zctx = zmq_ctx_new();
@@ -960,8 +973,12 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 	else
 		dispatch_locked(c, LOOK_ALL);
 	f = future_new(c, FUTURE_STEP, iteration, 0);
-	if (f && iteration < c->steps_done)
-		future_settle(f, 1, NULL);
+	if (f && iteration < c->steps_done) {
+		/* a step that landed is done, though the job ended after it (the
+		 * daemon tells the others at once when a rank leaves) */
+		f->state = 1;
+		f->msg[0] = 0;
+	}
 	pthread_mutex_unlock(&c->mu);
 	if (!f)
 		return -ENOMEM;

@@ -92,16 +92,16 @@ int wire_error_from_pb(Zerod__V1__ErrorCode c)
 }
 
 int wire_send_error(void *zsock, const void *route, size_t route_len, uint64_t request_id, int code,
-		    bool fatal, int64_t iteration, int64_t bucket, const char *msg)
+		    bool fatal, uint64_t iteration, int64_t bucket, const char *msg)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__Error e = ZEROD__V1__ERROR__INIT;
 
 	e.code = wire_error_code(code);
 	e.message = (char *)(msg ? msg : zc_strerror(code));
-	if (iteration >= 0) {
+	if (iteration != WIRE_NO_ITERATION) {
 		e.has_iteration = 1;
-		e.iteration = (uint64_t)iteration;
+		e.iteration = iteration;
 	}
 	if (bucket >= 0) {
 		e.has_bucket = 1;
@@ -114,4 +114,105 @@ int wire_send_error(void *zsock, const void *route, size_t route_len, uint64_t r
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_ERROR;
 	env.error = &e;
 	return wire_send(zsock, route, route_len, &env);
+}
+
+static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret)
+{
+	uint64_t v = 0;
+
+	for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+		uint8_t b = *(*p)++;
+		v |= (uint64_t)(b & 0x7f) << shift;
+		if (!(b & 0x80)) {
+			*ret = v;
+			return true;
+		}
+	}
+	return false;
+}
+
+static bool has_nul(const ProtobufCMessageDescriptor *desc, const uint8_t *p, const uint8_t *end,
+		    int depth, const char **ret_field)
+{
+	while (p < end) {
+		const ProtobufCFieldDescriptor *f;
+		uint64_t key, n;
+
+		if (!read_varint(&p, end, &key))
+			return false;
+		switch (key & 7) {
+		case 0: /* varint */
+			if (!read_varint(&p, end, &n))
+				return false;
+			continue;
+		case 1: /* 64 bits */
+			p += MIN((size_t)(end - p), (size_t)8);
+			continue;
+		case 5: /* 32 bits */
+			p += MIN((size_t)(end - p), (size_t)4);
+			continue;
+		case 2: /* length-delimited: the strings and sub-messages */
+			break;
+		default:
+			return false;
+		}
+		if (!read_varint(&p, end, &n) || n > (uint64_t)(end - p))
+			return false;
+		f = protobuf_c_message_descriptor_get_field(desc, (unsigned)(key >> 3));
+		if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, n)) {
+			*ret_field = f->name;
+			return true;
+		}
+		if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 16 &&
+		    has_nul(f->descriptor, p, p + n, depth + 1, ret_field))
+			return true;
+		p += n;
+	}
+	return false;
+}
+
+bool wire_has_nul(const ProtobufCMessageDescriptor *desc, const void *buf, size_t len,
+		  const char **ret_field)
+{
+	const uint8_t *p = buf;
+
+	return has_nul(desc, p, p + len, 0, ret_field);
+}
+
+Zerod__V1__Envelope__BodyCase wire_peek_body(const void *buf, size_t len)
+{
+	const uint8_t *p = buf, *end = p + len;
+	Zerod__V1__Envelope__BodyCase body = ZEROD__V1__ENVELOPE__BODY__NOT_SET;
+
+	while (p < end) {
+		const ProtobufCFieldDescriptor *f;
+		uint64_t key, n;
+
+		if (!read_varint(&p, end, &key))
+			return ZEROD__V1__ENVELOPE__BODY__NOT_SET;
+		switch (key & 7) {
+		case 0:
+			if (!read_varint(&p, end, &n))
+				return ZEROD__V1__ENVELOPE__BODY__NOT_SET;
+			continue;
+		case 1:
+		case 5:
+			n = (key & 7) == 1 ? 8 : 4;
+			break;
+		case 2:
+			if (!read_varint(&p, end, &n))
+				return ZEROD__V1__ENVELOPE__BODY__NOT_SET;
+			break;
+		default:
+			return ZEROD__V1__ENVELOPE__BODY__NOT_SET;
+		}
+		if (n > (uint64_t)(end - p))
+			return ZEROD__V1__ENVELOPE__BODY__NOT_SET;
+		p += n;
+		f = protobuf_c_message_descriptor_get_field(&zerod__v1__envelope__descriptor,
+							    (unsigned)(key >> 3));
+		if (f && (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+			body = (Zerod__V1__Envelope__BodyCase)f->id;
+	}
+	return body;
 }

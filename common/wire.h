@@ -29,9 +29,24 @@ const char *wire_body_name(Zerod__V1__Envelope__BodyCase c);
 int wire_send(void *zsock, const void *route, size_t route_len, const Zerod__V1__Envelope *env);
 
 /* Convenience senders. */
-/* request_id: the refused request's id (0: none). */
+/* request_id: the refused request's id (0: none). iteration: any uint64, or
+ * WIRE_NO_ITERATION for none; bucket < 0: none. */
+#define WIRE_NO_ITERATION UINT64_MAX
 int wire_send_error(void *zsock, const void *route, size_t route_len, uint64_t request_id, int code,
-		    bool fatal, int64_t iteration, int64_t bucket, const char *msg);
+		    bool fatal, uint64_t iteration, int64_t bucket, const char *msg);
+
+/* Walk the len bytes of a message of type desc, as they came off the wire:
+ * true if a string field (at any depth) holds a NUL byte, which protobuf-c
+ * would silently cut the string at; its name in *ret_field. Call it only on
+ * bytes that decoded. */
+bool wire_has_nul(const ProtobufCMessageDescriptor *desc, const void *buf, size_t len,
+		  const char **ret_field);
+
+/* The body an Envelope's bytes carry (the last of the oneof, as a decode
+ * would take it), read from the top-level field keys alone: no allocation,
+ * so a message that is refused for its kind costs nothing to decode.
+ * BODY__NOT_SET if there is none or the bytes are malformed. */
+Zerod__V1__Envelope__BodyCase wire_peek_body(const void *buf, size_t len);
 
 /* ZC_E... code -> wire enum and back (unknown -> EINTERNAL / EPROTO). */
 Zerod__V1__ErrorCode wire_error_code(int code);

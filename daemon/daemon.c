@@ -1,10 +1,21 @@
 /*
- * daemon.c — start and stop, in order. Start: worker pool, completion queue,
- * ZeroMQ ROUTER on the socket path (mode 0660), signalfd, timerfd, then the
- * loop. SIGTERM/SIGINT: every job fails with ZC_ESHUTDOWN (its ranks are
- * told), the loop runs on until every executor has stopped (bounded by
- * shutdown_timeout_ms), then mappings, socket and file are released.
+ * daemon.c — start and stop, in order, and what belongs to no one session
+ * or job. Start: the log's writer thread, the fd limit (raised to the hard
+ * limit; the session and connection limits follow from it), worker pool,
+ * completion queue, the socket's lock file, the ZeroMQ ROUTER on the socket
+ * path (mode 0660) and its monitor, signalfd, then the loop. The loop sleeps
+ * until the nearest deadline (a stall, a join or Hello timeout, a session
+ * leaving, the shutdown); there is no periodic tick.
+ *
+ * SIGTERM/SIGINT: every job fails with ZC_ESHUTDOWN (its ranks are told), the
+ * loop runs on until every executor has stopped (bounded by
+ * shutdown_timeout_ms), then mappings, socket and files are released. SIGUSR1
+ * logs one status line (jobs, sessions, connections, memory, drops).
+ *
+ * Start-up steps return an error and say why in a buffer; daemon_run() logs
+ * it, once.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -12,10 +23,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -28,22 +40,37 @@
 #include "mem/mem.h"
 #include "pool.h"
 
-#define TICK_MS 100
+/* fds kept beyond connections and pidfds: shm opens, /proc reads, the odd
+ * eventfd a new ZeroMQ pipe may want */
+#define FD_RESERVE       32
+#define SESSIONS_DEFAULT 1024
+
+static bool executors_idle(struct daemon *d)
+{
+	for (struct job *j = d->jobs; j; j = j->next)
+		if (j->exec_running)
+			return false;
+	return true;
+}
 
 static void on_completions(struct loop *l, void *userdata)
 {
 	struct daemon *d = userdata;
 	struct exec_done *done = completion_queue_take(d->cq);
 
-	(void)l;
 	while (done) {
 		struct exec_done *next = done->next;
+		/* what a job's completions log, its owner caused */
+		log_set_cause(((struct job *)done->tag)->uid);
 		sched_on_done(d, done);
+		log_clear_cause();
 		free(done);
 		done = next;
 	}
 	fastpath_flush(d);
 	session_reap(d);
+	if (d->stopping && executors_idle(d))
+		loop_quit(l);
 }
 
 static void on_router(struct loop *l, void *userdata)
@@ -63,14 +90,28 @@ static void begin_shutdown(struct daemon *d, const char *why)
 		if (j->state != JOB_FAILED)
 			job_fail(j, ZC_ESHUTDOWN, true, "zerod is shutting down (%s)", why);
 	}
+	session_reap(d);
 }
 
-static bool executors_idle(struct daemon *d)
+/* Is the socket file still the one this process bound? */
+static bool socket_is_ours(struct daemon *d)
 {
-	for (struct job *j = d->jobs; j; j = j->next)
-		if (j->exec_running)
-			return false;
-	return true;
+	struct stat st;
+
+	return d->bound && lstat(d->cfg.socket_path, &st) == 0 && st.st_dev == d->sock_dev &&
+	       st.st_ino == d->sock_ino;
+}
+
+static void log_status(struct daemon *d)
+{
+	char mem[16];
+
+	log_notice("status %" PRIu64 ": %u jobs, %u sessions, %u connections, %s (%" PRIu64
+		   " bytes) of optimizer state, %" PRIu64 " replies dropped, %" PRIu64
+		   " connections closed, %" PRIu64 " log lines dropped",
+		   ++d->status_serial, d->njobs, d->nsessions, d->nconns,
+		   fmt_bytes(mem, d->memory_used), d->memory_used, d->stats.replies_dropped,
+		   d->stats.conns_shed, log_dropped_total());
 }
 
 static void on_signal(struct loop *l, void *userdata)
@@ -79,11 +120,17 @@ static void on_signal(struct loop *l, void *userdata)
 	struct signalfd_siginfo si;
 
 	while (read(d->sigfd, &si, sizeof(si)) == sizeof(si)) {
+		if (si.ssi_signo == SIGUSR1) {
+			log_status(d);
+			continue;
+		}
 		if (d->stopping) {
 			/* no waiting for executors in the middle of an op: the
 			 * socket goes, shared memory was unlinked when mapped */
 			log_warning("second signal: stopping now");
-			unlink(d->cfg.socket_path);
+			if (socket_is_ours(d))
+				unlink(d->cfg.socket_path);
+			log_stop(100);
 			_exit(1);
 		}
 		begin_shutdown(d, si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -92,71 +139,141 @@ static void on_signal(struct loop *l, void *userdata)
 		loop_quit(l);
 }
 
-static void on_tick(struct loop *l, void *userdata)
+/* When sched_check_stalls() would fail j: the same rule, as a deadline. */
+static int64_t stall_deadline(const struct daemon *d, const struct job *j)
+{
+	bool waiting = (j->state == JOB_ACTIVE && j->in_flight) || j->state == JOB_JOINING;
+	int limit = j->state == JOB_JOINING && j->nregistered == 0 ? d->cfg.join_timeout_ms
+								   : d->cfg.stall_timeout_ms;
+
+	return waiting ? j->progress_ms + limit : LOOP_NEVER;
+}
+
+/* Before every sleep: the timer is due at the nearest deadline. */
+static void before_sleep(struct loop *l, void *userdata)
 {
 	struct daemon *d = userdata;
-	uint64_t n;
+	int64_t next = MIN(session_next_deadline(d), conn_next_deadline(d));
+
+	next = MIN(next, fastpath_next_deadline(d));
+
+	(void)l;
+	if (d->stopping)
+		next = MIN(next, d->stop_deadline_ms);
+	for (struct job *j = d->jobs; j; j = j->next)
+		next = MIN(next, stall_deadline(d, j));
+	loop_timer_set(d->timer, next);
+}
+
+static void on_timer(struct loop *l, void *userdata)
+{
+	struct daemon *d = userdata;
 	int64_t now = now_ms();
 
-	(void)!read(d->timerfd, &n, sizeof(n));
-	if (d->stopping) {
-		if (executors_idle(d) || now >= d->stop_deadline_ms)
-			loop_quit(l);
+	if (d->stopping && (executors_idle(d) || now >= d->stop_deadline_ms)) {
+		loop_quit(l);
 		return;
 	}
-	session_check_pids(d);
+	session_check_leaving(d, now);
 	sched_check_stalls(d, now);
 	fastpath_tick(d, now);
+	conn_check_idle(d, now);
 	session_reap(d);
 }
 
-/* Refuse to take over the socket of a daemon that is alive (libzmq would
- * silently unlink it); remove a stale one. */
-static int claim_socket_path(const char *path)
+/* Take the lock beside the socket (so two daemons started at once cannot
+ * both bind), then refuse a path that is not a stale socket: a live daemon's
+ * socket (libzmq would silently unlink it), a regular file or anything else
+ * (never deleted). A stale socket is removed. */
+static int claim_socket_path(struct daemon *d, char *why, size_t len)
 {
+	const char *path = d->cfg.socket_path;
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	char lock[sizeof(sa.sun_path) + 8];
+	struct stat st;
 	int fd, r;
 
-	if (strlen(path) >= sizeof(sa.sun_path))
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		snprintf(why, len, "socket path %s is too long", path);
 		return -ENAMETOOLONG;
+	}
+	snprintf(lock, sizeof(lock), "%s.lock", path);
+	d->lockfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (d->lockfd < 0) {
+		r = -errno;
+		snprintf(why, len, "lock file %s: %s", lock, strerror(-r));
+		return r;
+	}
+	if (flock(d->lockfd, LOCK_EX | LOCK_NB) < 0) {
+		r = -errno;
+		snprintf(why, len, "socket %s: %s", path,
+			 r == -EWOULDBLOCK ? "another zerod is serving it (it holds its lock file)"
+					   : strerror(-r));
+		return r == -EWOULDBLOCK ? -EADDRINUSE : r;
+	}
+	if (lstat(path, &st) < 0) {
+		if (errno == ENOENT)
+			return 0;
+		r = -errno;
+		snprintf(why, len, "socket %s: %s", path, strerror(-r));
+		return r;
+	}
+	if (!S_ISSOCK(st.st_mode)) {
+		snprintf(why, len,
+			 "socket %s: the path exists and is not a socket; not replacing it", path);
+		return -EEXIST;
+	}
 	strcpy(sa.sun_path, path);
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+	if (fd < 0) {
+		r = -errno;
+		snprintf(why, len, "socket: %s", strerror(-r));
+		return r;
+	}
+	r = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ? -errno : 0;
 	close(fd);
-	if (r == 0)
+	if (r == 0) {
+		snprintf(why, len, "socket %s: a process that does not hold the lock serves it",
+			 path);
 		return -EADDRINUSE;
-	if (errno == ECONNREFUSED)
-		unlink(path);
+	}
+	if (r != -ECONNREFUSED) {
+		snprintf(why, len, "socket %s: %s", path, strerror(-r));
+		return r;
+	}
+	unlink(path); /* stale: nobody listens */
 	return 0;
 }
 
-static int open_router(struct daemon *d)
+static int open_router(struct daemon *d, char *why, size_t len)
 {
 	char endpoint[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
-	int one = 1, zero = 0, hwm = ZEROD_QUEUE_MSGS;
+	int one = 1, zero = 0, hwm = ZEROD_QUEUE_MSGS, hs = d->cfg.hello_timeout_ms;
 	mode_t old_mask;
 	int64_t maxmsg = ZEROD_MAX_MSG_BYTES;
+	struct stat st;
 	int r;
 
-	r = claim_socket_path(d->cfg.socket_path);
-	if (r < 0) {
-		log_err("socket %s: %s", d->cfg.socket_path,
-			r == -EADDRINUSE ? "another zerod is serving it" : strerror(-r));
+	r = claim_socket_path(d, why, len);
+	if (r < 0)
+		return r;
+	d->router = zmq_socket(d->zctx, ZMQ_ROUTER);
+	if (!d->router) {
+		r = -zmq_errno();
+		snprintf(why, len, "ROUTER socket: %s", zmq_strerror(-r));
 		return r;
 	}
-	d->router = zmq_socket(d->zctx, ZMQ_ROUTER);
-	if (!d->router)
-		return -zmq_errno();
-	/* No silently dropped completions: a send to a gone peer fails. */
+	/* No silently dropped completions: a send to a gone peer fails. A peer
+	 * that never completes the ZeroMQ handshake goes like one that never
+	 * says Hello. */
 	if (zmq_setsockopt(d->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
 	    zmq_setsockopt(d->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
 	    zmq_setsockopt(d->router, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
 	    zmq_setsockopt(d->router, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
+	    zmq_setsockopt(d->router, ZMQ_HANDSHAKE_IVL, &hs, sizeof(hs)) < 0 ||
 	    zmq_setsockopt(d->router, ZMQ_LINGER, &zero, sizeof(zero)) < 0) {
 		r = -zmq_errno();
-		log_err("ROUTER socket options: %s", zmq_strerror(-r));
+		snprintf(why, len, "ROUTER socket options: %s", zmq_strerror(-r));
 		return r;
 	}
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", d->cfg.socket_path);
@@ -167,34 +284,101 @@ static int open_router(struct daemon *d)
 	umask(old_mask);
 	if (r < 0) {
 		r = -zmq_errno();
-		log_err("bind %s: %s", endpoint, zmq_strerror(-r));
+		snprintf(why, len, "bind %s: %s", endpoint, zmq_strerror(-r));
 		return r;
 	}
+	if (lstat(d->cfg.socket_path, &st) == 0) {
+		d->bound = true;
+		d->sock_dev = st.st_dev;
+		d->sock_ino = st.st_ino;
+	}
+	r = conn_open_monitor(d);
+	if (r < 0)
+		snprintf(why, len, "ROUTER monitor: %s", zmq_strerror(-r));
+	return r;
+}
+
+/* The soft fd limit goes up to the hard one (systemd's services start with
+ * 1024): libzmq aborts the daemon when an accept() finds none left. */
+static void raise_nofile(struct daemon *d)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			getrlimit(RLIMIT_NOFILE, &rl);
+	}
+	d->nofile = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (1u << 30)
+			    ? 1u << 30
+			    : (unsigned)rl.rlim_cur;
+}
+
+static unsigned count_open_fds(void)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	struct dirent *e;
+	unsigned n = 0;
+
+	if (!dir)
+		return 64; /* a guess on the safe side */
+	while ((e = readdir(dir)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(dir);
+	return n - 1; /* the directory's own fd */
+}
+
+/*
+ * What the fds left after start-up allow. Each session holds two (its
+ * connection and its pidfd); a quarter of what is left stays free for
+ * connections libzmq accepted before the loop heard of them (the monitor
+ * shuts down those over the limit); connections without a session may take
+ * what sessions leave, up to twice their number.
+ */
+static int fd_limits(struct daemon *d, char *why, size_t len)
+{
+	unsigned used = count_open_fds();
+	unsigned budget = d->nofile > used + FD_RESERVE ? d->nofile - used - FD_RESERVE : 0;
+	unsigned usable = budget - budget / 4, fit = usable / 2;
+	unsigned want = d->cfg.max_sessions ? d->cfg.max_sessions : 1;
+
+	if (want > fit) {
+		snprintf(why, len,
+			 "--max-sessions %u needs %u file descriptors (a connection and a pidfd "
+			 "each), RLIMIT_NOFILE %u leaves room for %u sessions: raise the limit "
+			 "(LimitNOFILE=) or lower --max-sessions",
+			 want, 2 * want, d->nofile, fit);
+		return -EMFILE;
+	}
+	if (!d->cfg.max_sessions) {
+		d->cfg.max_sessions = MIN(SESSIONS_DEFAULT, fit);
+		if (d->cfg.max_sessions < SESSIONS_DEFAULT)
+			log_notice("RLIMIT_NOFILE %u allows %u sessions (--max-sessions)",
+				   d->nofile, d->cfg.max_sessions);
+	}
+	d->conn_limit = MIN(usable - d->cfg.max_sessions, 2 * d->cfg.max_sessions + 64);
 	return 0;
 }
 
-static int open_fds(struct daemon *d)
+static int open_fds(struct daemon *d, char *why, size_t len)
 {
-	struct itimerspec its = {
-		.it_interval = {.tv_nsec = TICK_MS * 1000000L},
-		.it_value = {.tv_nsec = TICK_MS * 1000000L},
-	};
 	sigset_t mask;
 
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGUSR1);
 	/* blocked in every thread: workers are created after this */
 	pthread_sigmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	d->sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-	if (d->sigfd < 0)
+	if (d->sigfd < 0) {
+		snprintf(why, len, "signalfd: %s", strerror(errno));
 		return -errno;
-	d->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-	if (d->timerfd < 0)
-		return -errno;
-	if (timerfd_settime(d->timerfd, 0, &its, NULL) < 0)
-		return -errno;
+	}
 	return 0;
 }
 
@@ -211,25 +395,29 @@ static void daemon_close(struct daemon *d)
 		/* the jobs' last errors (ZC_ESHUTDOWN) may still be queued: give
 		 * them a moment to leave, then drop what a stuck peer never read */
 		int linger = 1000;
+		conn_close_all(d);
 		zmq_setsockopt(d->router, ZMQ_LINGER, &linger, sizeof(linger));
 		zmq_close(d->router);
-		unlink(d->cfg.socket_path);
+		/* only a socket this process bound: never a winner's */
+		if (socket_is_ours(d))
+			unlink(d->cfg.socket_path);
 	}
 	if (d->zctx)
 		zmq_ctx_term(d->zctx);
 	pool_free(d->pool);
 	completion_queue_free(d->cq);
+	loop_timer_free(d->timer);
 	loop_free(d->loop);
 	if (d->sigfd >= 0)
 		close(d->sigfd);
-	if (d->timerfd >= 0)
-		close(d->timerfd);
+	if (d->lockfd >= 0)
+		close(d->lockfd); /* the lock goes with it; the file stays, harmless */
 }
 
 int daemon_run(const struct daemon_config *cfg)
 {
-	struct daemon d = {.cfg = *cfg, .sigfd = -1, .timerfd = -1};
-	char size[16];
+	struct daemon d = {.cfg = *cfg, .sigfd = -1, .lockfd = -1};
+	char size[16], why[512] = "";
 	int r;
 
 	if (!d.cfg.max_memory)
@@ -237,48 +425,59 @@ int daemon_run(const struct daemon_config *cfg)
 			(uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE) / 2;
 	d.mem = &mem_shm_ops;
 	log_max_level = cfg->log_level;
+	raise_nofile(&d);
 
-	r = open_fds(&d);
+	/* first: signals are blocked in every thread created after it */
+	r = open_fds(&d, why, sizeof(why));
 	if (r < 0)
 		goto out;
-	r = pool_catch_faults();
-	if (r < 0)
+	r = log_start();
+	if (r < 0) {
+		snprintf(why, sizeof(why), "log thread: %s", strerror(-r));
 		goto out;
-	r = pool_new(cfg->workers, &d.pool);
-	if (r < 0)
+	}
+	if ((r = pool_catch_faults()) < 0 || (r = pool_new(cfg->workers, &d.pool)) < 0 ||
+	    (r = completion_queue_new(&d.cq)) < 0 || (r = loop_new(&d.loop)) < 0 ||
+	    (r = loop_timer_new(d.loop, on_timer, &d, &d.timer)) < 0) {
+		snprintf(why, sizeof(why), "setting up: %s", zc_strerror(r));
 		goto out;
-	r = completion_queue_new(&d.cq);
-	if (r < 0)
-		goto out;
-	r = loop_new(&d.loop);
-	if (r < 0)
-		goto out;
+	}
 	d.zctx = zmq_ctx_new();
 	if (!d.zctx) {
 		r = -zmq_errno();
+		snprintf(why, sizeof(why), "ZeroMQ context: %s", zmq_strerror(-r));
 		goto out;
 	}
-	r = open_router(&d);
+	r = open_router(&d, why, sizeof(why));
+	if (r < 0)
+		goto out;
+	r = fd_limits(&d, why, sizeof(why));
 	if (r < 0)
 		goto out;
 	fastpath_listen(&d);
 	if ((r = loop_add_zsock(d.loop, d.router, on_router, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, completion_queue_fd(d.cq), on_completions, &d)) < 0 ||
-	    (r = loop_add_fd(d.loop, d.sigfd, on_signal, &d)) < 0 ||
-	    (r = loop_add_fd(d.loop, d.timerfd, on_tick, &d)) < 0)
+	    (r = loop_add_fd(d.loop, d.sigfd, on_signal, &d)) < 0) {
+		snprintf(why, sizeof(why), "event loop: %s", zc_strerror(r));
 		goto out;
+	}
+	loop_set_prepare(d.loop, before_sleep, &d);
 
 	log_notice("zerod %s: serving %s (backends: %s; mem %s; %u workers; "
-		   "%s for optimizer state)",
+		   "%s for optimizer state; %u sessions, %u connections, RLIMIT_NOFILE %u)",
 		   ZEROD_VERSION_STRING, cfg->socket_path, backend_host.name, d.mem->name,
-		   pool_threads(d.pool), fmt_bytes(size, d.cfg.max_memory));
+		   pool_threads(d.pool), fmt_bytes(size, d.cfg.max_memory), d.cfg.max_sessions,
+		   d.conn_limit, d.nofile);
 	r = loop_run(d.loop);
+	if (r < 0)
+		snprintf(why, sizeof(why), "event loop: %s", strerror(-r));
 	log_notice("zerod: served %" PRIu64 " jobs: %" PRIu64 " iterations, %" PRIu64
 		   " buckets reduced, %" PRIu64 " errors sent",
 		   d.stats.jobs, d.stats.iterations, d.stats.buckets, d.stats.errors_sent);
 out:
 	if (r < 0)
-		log_err("zerod: %s", zc_strerror(r));
+		log_err("zerod: %s", why[0] ? why : zc_strerror(r));
 	daemon_close(&d);
+	log_stop(1000);
 	return r;
 }

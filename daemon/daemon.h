@@ -1,8 +1,9 @@
 /*
  * daemon.h — the daemon's state, owned by the loop thread, and the entry
  * points of its subsystems:
- *   daemon.c  start/stop order, signals, timer
- *   session.c client connections: receive, decode, dispatch table, replies
+ *   daemon.c  start/stop order, signals, deadlines, limits
+ *   conn.c    the ROUTER's connections (its monitor): limits, idle and closed ones
+ *   session.c client sessions: receive, decode, dispatch table, replies
  *   job.c     jobs: joining, plan registration, activation, failure, teardown
  *   sched.c   iterations: bucket order, op submission, completions, stalls
  */
@@ -25,8 +26,11 @@
 struct fastpath;
 struct fastpath_listener;
 struct loop;
+struct loop_timer;
 struct pool;
 struct mem_map;
+struct mem_desc;
+struct conn;
 
 /* What serves a job's data plane; chosen per job. */
 struct backend {
@@ -43,8 +47,9 @@ struct daemon_config {
 	int shutdown_timeout_ms;
 	unsigned workers; /* CPU worker threads; 0: one per CPU */
 	unsigned max_jobs;
-	unsigned max_sessions; /* trainer connections at once */
+	unsigned max_sessions; /* trainers at once; 0: as many as the fds allow, up to 1024 */
 	int join_timeout_ms;   /* a job whose ranks connect but never register */
+	int hello_timeout_ms;  /* a connection that has no session this long is closed */
 	uint64_t max_memory;   /* bytes of optimizer state over all jobs; 0: half the RAM */
 	int log_level;
 };
@@ -56,6 +61,16 @@ struct daemon_stats {
 	uint64_t reduced_elems;
 	uint64_t stepped_elems;
 	uint64_t errors_sent;
+	uint64_t replies_dropped; /* error replies over a connection's budget */
+	uint64_t conns_shed;      /* connections closed over the limit or idle */
+};
+
+/* Why a session ends: it tells the job's other ranks. */
+enum leave_reason {
+	LEAVE_GOODBYE,     /* the trainer said Goodbye */
+	LEAVE_EXITED,      /* its process is gone (pidfd, or the timer's look) */
+	LEAVE_UNREACHABLE, /* a send to it failed: gone from the socket, or not reading */
+	LEAVE_CLOSED,      /* its connection closed, its process lives on */
 };
 
 struct session {
@@ -72,6 +87,20 @@ struct session {
 	int pidfd;
 	int send_failed; /* a send to it failed: dropped by session_reap() */
 	struct fastpath *fp; /* its shared ring, if offered (fastpath.c) */
+	bool detached;   /* its job ended: dropped by session_reap(), connection kept */
+	/* Its process exited or its connection closed: dropped at leave_at, so
+	 * that a Goodbye still queued behind other peers' messages is read first,
+	 * without draining anything on its behalf. */
+	int64_t leave_at; /* 0: not leaving */
+	enum leave_reason leave_why;
+	bool exited;       /* its pidfd fired (or the pid poll saw it gone) */
+	struct conn *conn; /* the connection its Hello came on; NULL once closed */
+	/* A grad buffer mapped for a RegisterPlan that was refused for its param
+	 * buffer: the name is gone (unlinked when mapped), so a retry that names
+	 * it again gets this mapping back. */
+	struct mem_map *kept_grad;
+	char kept_grad_name[256];
+	uint64_t kept_grad_bytes;
 	/* errors sent to it are logged at most SESSION_LOG_BURST a second */
 	int64_t log_window;
 	unsigned log_count, log_dropped;
@@ -98,6 +127,7 @@ struct job {
 	struct job *next;
 	struct daemon *d;
 	char id[ZEROD_JOB_ID_MAX + 1];
+	uid_t uid; /* whose job: jobs are named per uid, another uid's Hello never finds it */
 	uint32_t world;      /* ranks in the job, on every node */
 	uint32_t local_size; /* ranks of it on this node: all of them until multi-node */
 	enum job_state state;
@@ -142,12 +172,27 @@ struct daemon {
 	struct pool *pool;
 	struct completion_queue *cq;
 	struct fastpath_listener *fpl; /* NULL: no fast path */
-	int sigfd, timerfd;
+	int sigfd;
+	struct loop_timer *timer; /* housekeeping, due at the nearest deadline */
+	int lockfd;               /* flock()ed lock file beside the socket */
+	bool bound;               /* this process bound the socket (only then unlink it) */
+	dev_t sock_dev;
+	ino_t sock_ino;
+	unsigned nofile; /* RLIMIT_NOFILE, raised to the hard limit */
+	/* connections (conn.c), indexed by fd */
+	void *monitor;
+	struct conn **conns;
+	size_t conns_cap;
+	unsigned nconns, conn_limit;
+	struct conn *idle_head, *idle_tail; /* without a session, oldest first */
+	int64_t shed_log_ms;
+	uint64_t status_serial;
 	struct session *sessions;
 	unsigned nsessions;
 	uint64_t session_serial;
 	uint64_t cur_request;        /* request id of the message being handled */
 	struct session *cur_session; /* its sender, if it has a session */
+	struct conn *cur_conn;       /* the connection it came on, if known */
 	struct ucred cur_peer;       /* its sender, from the socket (pid 0: unknown) */
 	struct job *jobs;
 	unsigned njobs;
@@ -161,21 +206,48 @@ struct daemon {
 /* daemon.c */
 int daemon_run(const struct daemon_config *cfg);
 
+/* conn.c */
+int conn_open_monitor(struct daemon *d);
+void conn_close_all(struct daemon *d);
+/* Read every monitor event queued (accepted and closed connections). */
+void conn_update(struct daemon *d);
+/* The open connection on fd, or NULL (conn_update() first). */
+struct conn *conn_of_fd(struct daemon *d, int fd);
+/* A session began / ended on c: while it has none, c may idle only
+ * hello_timeout_ms. */
+void conn_bind(struct conn *c, struct session *s);
+void conn_unbind(struct conn *c);
+/* May c be sent one more error reply? A budget per connection (small
+ * before Hello): a peer that sends bad messages and never reads cannot park
+ * unbounded replies in the daemon. Counts what it refuses. */
+bool conn_may_reply(struct daemon *d, struct conn *c);
+/* Close connections idle past hello_timeout_ms; the next such deadline. */
+void conn_check_idle(struct daemon *d, int64_t now);
+int64_t conn_next_deadline(struct daemon *d);
+
 /* session.c */
+#define SESSION_NO_ITERATION UINT64_MAX
 /* Handle up to a batch of messages; returns how many. */
 int session_on_router(struct loop *l, void *userdata);
 int session_send(struct session *s, const Zerod__V1__Envelope *env);
-void session_send_error(struct session *s, int code, bool fatal, int64_t iteration, int64_t bucket,
+/* iteration: SESSION_NO_ITERATION (or -1, which converts to it) for none */
+void session_send_error(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,
 			const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* Why a session ends: it tells the job's other ranks. */
-enum leave_reason {
-	LEAVE_GOODBYE,     /* the trainer said Goodbye */
-	LEAVE_EXITED,      /* its process is gone (pidfd, or the timer's look) */
-	LEAVE_UNREACHABLE, /* a send to it failed: gone from the socket, or not reading */
-};
-
 void session_drop(struct session *s, enum leave_reason why);
-void session_check_pids(struct daemon *d);
+/* Its job ended: the session goes at the next session_reap(), its
+ * connection stays (it may say Hello again). */
+void session_detach(struct session *s);
+/* Its connection closed (conn.c). */
+void session_conn_closed(struct session *s);
+/* Map the grad buffer gd names, or take back the one kept for it; keep one
+ * for a retry after a refused registration. */
+int session_map_grad(struct session *s, const struct mem_desc *gd, uint64_t bytes,
+		     struct mem_map **ret, char *err, size_t errlen);
+void session_keep_grad(struct session *s, struct mem_map *m, const char *name, uint64_t bytes);
+/* Drop sessions whose process is gone or whose leave_at passed. */
+void session_check_leaving(struct daemon *d, int64_t now);
+/* The next deadline session_check_leaving() has (LOOP_NEVER: none). */
+int64_t session_next_deadline(struct daemon *d);
 void session_reap(struct daemon *d);
 void session_free_all(struct daemon *d);
 

@@ -734,6 +734,16 @@ void fastpath_tick(struct daemon *d, int64_t now)
 	}
 }
 
+int64_t fastpath_next_deadline(struct daemon *d)
+{
+	int64_t next = LOOP_NEVER;
+
+	if (d->fpl)
+		for (struct fp_conn *c = d->fpl->pending; c; c = c->next)
+			next = MIN(next, c->accepted_ms + PENDING_TIMEOUT_MS);
+	return next;
+}
+
 /* ---------------------------------------------------------- listener --- */
 
 static void listener_free(struct fastpath_listener *l)

@@ -21,6 +21,8 @@ void fastpath_listen(struct daemon *d);
 void fastpath_unlisten(struct daemon *d);
 /* The timer: connections that never attach are closed. */
 void fastpath_tick(struct daemon *d, int64_t now_ms);
+/* When fastpath_tick() has work next (LOOP_NEVER: none). */
+int64_t fastpath_next_deadline(struct daemon *d);
 
 /* session.c: offer the fast path in s's HelloOk (fills ok's fast-path
  * fields, which point into the daemon's memory). */

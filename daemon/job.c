@@ -21,15 +21,17 @@
 #include "log.h"
 #include "mem/mem.h"
 
-static struct job *job_find(struct daemon *d, const char *id)
+/* Job ids are per uid: another user's Hello never finds (nor learns of, nor
+ * squats) a job, it names one of its own. */
+static struct job *job_find(struct daemon *d, const char *id, uid_t uid)
 {
 	for (struct job *j = d->jobs; j; j = j->next)
-		if (strcmp(j->id, id) == 0)
+		if (j->uid == uid && strcmp(j->id, id) == 0)
 			return j;
 	return NULL;
 }
 
-static struct job *job_new(struct daemon *d, const char *id, uint32_t world)
+static struct job *job_new(struct daemon *d, const char *id, uid_t uid, uint32_t world)
 {
 	struct job *j = calloc(1, sizeof(*j));
 
@@ -37,6 +39,7 @@ static struct job *job_new(struct daemon *d, const char *id, uint32_t world)
 		return NULL;
 	j->d = d;
 	snprintf(j->id, sizeof(j->id), "%s", id);
+	j->uid = uid;
 	j->world = world;
 	j->snap_iter = UINT64_MAX;
 	j->ranks = calloc(world, sizeof(*j->ranks));
@@ -147,11 +150,21 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 		log_notice("job %s: failed: %s: %s", j->id, zc_strerror_name(code), j->errmsg);
 	else
 		log_info("job %s: ends: %s", j->id, j->errmsg);
-	if (loud)
-		for (uint32_t r = 0; r < j->world; r++)
-			if (j->ranks[r])
-				session_send_error(j->ranks[r], code, true, (int64_t)j->iter, -1,
-						   "job %s: %s", j->id, j->errmsg);
+	/* Its ranks are told now (after a quiet end, what their next message
+	 * would have been told) and its sessions end at once: a failed job
+	 * holds no session, no slot and, once its executor stopped, no memory. */
+	for (uint32_t r = 0; r < j->world; r++) {
+		if (!j->ranks[r])
+			continue;
+		if (loud)
+			session_send_error(j->ranks[r], code, true, j->iter, -1, "job %s: %s",
+					   j->id, j->errmsg);
+		else
+			session_send_error(j->ranks[r], ZC_EJOBFAILED, true, SESSION_NO_ITERATION,
+					   -1, "job %s failed: %s: %s", j->id,
+					   zc_strerror_name(code), j->errmsg);
+		session_detach(j->ranks[r]);
+	}
 	if (j->exec && j->exec_running)
 		exec_stop(j->exec);
 }
@@ -188,7 +201,7 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 			 d->nsessions);
 		return ZC_ELIMIT;
 	}
-	j = job_find(d, h->job_id);
+	j = job_find(d, h->job_id, s->uid);
 	if (j && j->state == JOB_FAILED) {
 		snprintf(err, errlen, "job %s failed earlier (%s: %s); wait for its ranks to leave",
 			 j->id, zc_strerror_name(j->err), j->errmsg);
@@ -219,12 +232,12 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 				 d->njobs);
 			return ZC_ELIMIT;
 		}
-		j = job_new(d, h->job_id, h->world_size);
+		j = job_new(d, h->job_id, s->uid, h->world_size);
 		if (!j) {
 			snprintf(err, errlen, "out of memory");
 			return -ENOMEM;
 		}
-		log_info("job %s: new, world %u", j->id, j->world);
+		log_info("job %s: new, world %u, uid %u", j->id, j->world, (unsigned)j->uid);
 		j->local_size = h->local_size;
 	}
 	j->ranks[h->rank] = s;
@@ -368,12 +381,13 @@ void job_register_plan(struct job *j, struct session *s, const Zerod__V1__Regist
 		.shm_name = m->shm->grad_name, .bytes = m->shm->grad_bytes, .owner = s->uid};
 	pd = (struct mem_desc){
 		.shm_name = m->shm->param_name, .bytes = m->shm->param_bytes, .owner = s->uid};
-	r = d->mem->map(&gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
+	r = session_map_grad(s, &gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
 	if (r >= 0) {
 		r = d->mem->map(&pd, plan_buffer_bytes(p), &j->param_map[s->rank], err,
 				sizeof(err));
 		if (r < 0) {
-			d->mem->unmap(j->grad_map[s->rank]);
+			/* its name is gone: kept, so that a retry can name it again */
+			session_keep_grad(s, j->grad_map[s->rank], gd.shm_name, gd.bytes);
 			j->grad_map[s->rank] = NULL;
 		}
 	}
@@ -404,8 +418,10 @@ void job_leave(struct job *j, struct session *s, enum leave_reason why)
 		const char *how = why == LEAVE_GOODBYE ? "left the job"
 				  : why == LEAVE_UNREACHABLE
 					  ? "cannot be sent to (gone, or not reading)"
-				  : idle ? "exited between iterations"
-					 : "died during an iteration";
+				  : why == LEAVE_CLOSED    ? "closed its connection"
+				  : j->state != JOB_ACTIVE ? "exited before the job started"
+				  : idle                   ? "exited between iterations"
+							   : "died during an iteration";
 		job_fail(j, ZC_ERANKDEAD, !idle, "rank %u (pid %d) %s", s->rank, (int)s->pid, how);
 	}
 	job_maybe_free(j);

@@ -17,7 +17,10 @@ static void usage(FILE *f)
 		   "      --join-timeout MS    fail a job whose ranks connect but never register\n"
 		   "                           (300000)\n"
 		   "      --max-jobs N         jobs served at once (64)\n"
-		   "      --max-sessions N     trainer connections at once (1024)\n"
+		   "      --max-sessions N     trainers at once (default: 1024, or what\n"
+		   "                           RLIMIT_NOFILE allows if less)\n"
+		   "      --hello-timeout MS   close a connection that has no session this\n"
+		   "                           long (10000)\n"
 		   "      --max-memory SIZE    optimizer state of all jobs together, in bytes\n"
 		   "                           or with K, M, G, T (default: half the RAM)\n"
 		   "  -v, --verbose            debug logging\n"
@@ -69,6 +72,7 @@ int main(int argc, char **argv)
 		{"max-sessions", required_argument, NULL, 'S'},
 		{"max-memory", required_argument, NULL, 'M'},
 		{"join-timeout", required_argument, NULL, 'j'},
+		{"hello-timeout", required_argument, NULL, 'H'},
 		{"verbose", no_argument, NULL, 'v'},
 		{"quiet", no_argument, NULL, 'q'},
 		{"version", no_argument, NULL, 'V'},
@@ -79,8 +83,9 @@ int main(int argc, char **argv)
 		.stall_timeout_ms = 60000,
 		.shutdown_timeout_ms = 10000,
 		.max_jobs = 64,
-		.max_sessions = 1024,
+		.max_sessions = 0, /* from the fd limit, up to 1024 */
 		.join_timeout_ms = 300000,
+		.hello_timeout_ms = 10000,
 		.log_level = 6,
 	};
 	char pathbuf[4096];
@@ -112,6 +117,10 @@ int main(int argc, char **argv)
 			break;
 		case 'j':
 			if (parse_int(optarg, 1, &cfg.join_timeout_ms) < 0)
+				goto bad;
+			break;
+		case 'H':
+			if (parse_int(optarg, 1, &cfg.hello_timeout_ms) < 0)
 				goto bad;
 			break;
 		case 'M':

@@ -1,12 +1,15 @@
 /*
- * session.c — client connections on the ROUTER socket. Receives every
- * message, decodes it (wire.c), checks that it fits the connection's state
- * and dispatches it through one table. Anything malformed or unexpected gets
- * an Error reply naming what was wrong; nothing a client sends can stop the
- * daemon or reach another job.
+ * session.c — client sessions on the ROUTER socket. Receives every message,
+ * bounds it before decoding (a small size until Hello), decodes it (wire.c),
+ * checks that it fits the connection's state and dispatches it through one
+ * table. Anything malformed or unexpected gets an Error reply naming what was
+ * wrong, within the connection's reply budget (conn.c); nothing a client sends
+ * can stop the daemon, stall it, or reach another job.
  *
  * A session exists from an accepted Hello until Goodbye, the trainer's death
- * (its pidfd), or a failed send.
+ * (its pidfd), its connection closing, a failed send, or the end of its job.
+ * Owns the sessions and, per session, a grad mapping kept for a retried
+ * registration.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,19 +31,27 @@
 #include "mem/mem.h"
 #include "wire.h"
 
+/* A Hello is small: anything bigger before it is refused undecoded. After the
+ * plan is registered only small messages remain. Until then a RegisterPlan
+ * may take the whole ZEROD_MAX_MSG_BYTES. */
+#define HELLO_MAX_BYTES      4096
+#define REGISTERED_MAX_BYTES 4096
+/* Decoding work per loop turn: after this many bytes the rest waits a turn,
+ * so completions and other jobs are served between big messages. */
+#define DECODE_BYTES_PER_TURN (1u << 20)
+#define BATCH_PER_TURN        256
+/* How long a session whose process exited or whose connection closed
+ * lingers, for a Goodbye still queued to be read (ROUTER queues are fair,
+ * so behind a flood it is a few messages away, not the whole flood). */
+#define LEAVE_GRACE_MS 50
+/* Trainers without a pidfd (old kernels, valgrind) are looked at so often. */
+#define PID_POLL_MS 100
+
 static struct session *session_find(struct daemon *d, const void *route, size_t len)
 {
 	for (struct session *s = d->sessions; s; s = s->next)
 		if (s->route_len == len && memcmp(s->route, route, len) == 0)
 			return s;
-	return NULL;
-}
-
-static struct session *session_find_serial(struct daemon *d, uint64_t serial)
-{
-	for (struct session *x = d->sessions; x; x = x->next)
-		if (x->serial == serial)
-			return x;
 	return NULL;
 }
 
@@ -67,8 +78,12 @@ void session_reap(struct daemon *d)
 	struct session *s = d->sessions;
 
 	while (s) {
-		if (s->send_failed) {
-			session_drop(s, LEAVE_UNREACHABLE);
+		if (s->send_failed || s->detached) {
+			log_set_cause(s->uid);
+			session_drop(s, s->exited        ? LEAVE_EXITED
+					: s->send_failed ? LEAVE_UNREACHABLE
+							 : LEAVE_GOODBYE);
+			log_clear_cause();
 			s = d->sessions; /* the list changed */
 			continue;
 		}
@@ -76,10 +91,14 @@ void session_reap(struct daemon *d)
 	}
 }
 
+/* An error to a peer without a session, within its connection's budget. */
 static void reply_error(struct daemon *d, const void *route, size_t len, int code, const char *msg)
 {
+	if (!conn_may_reply(d, d->cur_conn))
+		return;
 	d->stats.errors_sent++;
-	(void)wire_send_error(d->router, route, len, d->cur_request, code, true, -1, -1, msg);
+	(void)wire_send_error(d->router, route, len, d->cur_request, code, true, WIRE_NO_ITERATION,
+			      -1, msg);
 }
 
 static void log_dropped(struct session *s)
@@ -109,13 +128,16 @@ static bool log_allowed(struct session *s)
 	return false;
 }
 
-void session_send_error(struct session *s, int code, bool fatal, int64_t iteration, int64_t bucket,
+void session_send_error(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,
 			const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
 	int r;
 
+	/* a fatal error always goes: a rank that never gets it would hang */
+	if (!fatal && s->conn && !conn_may_reply(s->d, s->conn))
+		return;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
@@ -126,29 +148,49 @@ void session_send_error(struct session *s, int code, bool fatal, int64_t iterati
 	/* only the sender of the message being handled gets its request id */
 	fastpath_sent(s);
 	r = wire_send_error(s->d->router, s->route, s->route_len,
-			    s == s->d->cur_session ? s->d->cur_request : 0, code, fatal, iteration,
+			    s == s->d->cur_session ? s->d->cur_request : 0, code, fatal,
+			    iteration == SESSION_NO_ITERATION ? WIRE_NO_ITERATION : iteration,
 			    bucket, msg);
 	if (r < 0 && !s->send_failed)
 		s->send_failed = r; /* a fatal error it never gets would hang it */
 }
 
+/* The session's process is gone: it leaves after LEAVE_GRACE_MS (a Goodbye
+ * it sent just before exiting may still be queued). Nothing is drained here:
+ * a flooding peer beside it must not keep the loop in this handler. */
+static void mark_exited(struct session *s)
+{
+	struct daemon *d = s->d;
+
+	if (s->pidfd >= 0) {
+		loop_remove_fd(d->loop, s->pidfd);
+		close(s->pidfd);
+		s->pidfd = -1;
+	}
+	s->exited = true;
+	if (!s->leave_at)
+		s->leave_at = now_ms() + LEAVE_GRACE_MS;
+	s->leave_why = LEAVE_EXITED;
+}
+
 static void on_pidfd(struct loop *l, void *userdata)
 {
-	struct session *s = userdata;
-	struct daemon *d = s->d;
-	uint64_t serial = s->serial;
+	(void)l;
+	mark_exited(userdata);
+}
 
-	/* A Goodbye sent just before exiting may still wait in the socket:
-	 * read everything first. It may free s, so look the session up again. */
-	while (session_on_router(l, d) > 0 && session_find_serial(d, serial))
-		;
-	session_reap(d);
-	s = session_find_serial(d, serial);
-	if (!s)
-		return;
-	log_notice("job %s rank %u: trainer pid %d exited", s->job ? s->job->id : "-", s->rank,
-		   (int)s->pid);
-	session_drop(s, LEAVE_EXITED);
+void session_conn_closed(struct session *s)
+{
+	s->conn = NULL;
+	if (!s->leave_at) {
+		s->leave_at = now_ms() + LEAVE_GRACE_MS;
+		s->leave_why = LEAVE_CLOSED;
+	}
+}
+
+void session_detach(struct session *s)
+{
+	s->detached = true;
 }
 
 /* A zombie has exited too: kill(pid, 0) alone would call it alive. */
@@ -173,22 +215,42 @@ static bool pid_alive(pid_t pid)
 	return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
-void session_check_pids(struct daemon *d)
+void session_check_leaving(struct daemon *d, int64_t now)
 {
 	struct session *s = d->sessions;
 
-	/* Only for trainers without a pidfd (old kernels, valgrind): the timer
-	 * looks instead, a tick late at most. */
 	while (s) {
 		struct session *next = s->next;
-		if (s->pidfd < 0 && s->pid > 0 && !pid_alive(s->pid)) {
-			log_notice("job %s rank %u: trainer pid %d exited",
-				   s->job ? s->job->id : "-", s->rank, (int)s->pid);
-			session_drop(s, LEAVE_EXITED);
+		/* only trainers without a pidfd are looked at */
+		if (s->pidfd < 0 && !s->exited && s->pid > 0 && !pid_alive(s->pid))
+			mark_exited(s);
+		if (s->leave_at && s->leave_at <= now) {
+			log_set_cause(s->uid);
+			if (s->exited)
+				log_notice("job %s rank %u: trainer pid %d exited",
+					   s->job ? s->job->id : "-", s->rank, (int)s->pid);
+			else
+				log_notice("job %s rank %u: trainer pid %d closed its connection",
+					   s->job ? s->job->id : "-", s->rank, (int)s->pid);
+			session_drop(s, s->leave_why);
+			log_clear_cause();
 			next = d->sessions; /* the list changed */
 		}
 		s = next;
 	}
+}
+
+int64_t session_next_deadline(struct daemon *d)
+{
+	int64_t next = LOOP_NEVER;
+
+	for (struct session *s = d->sessions; s; s = s->next) {
+		if (s->leave_at)
+			next = MIN(next, s->leave_at);
+		else if (s->pidfd < 0 && s->pid > 0)
+			next = MIN(next, now_ms() + PID_POLL_MS);
+	}
+	return next;
 }
 
 void session_drop(struct session *s, enum leave_reason why)
@@ -206,16 +268,51 @@ void session_drop(struct session *s, enum leave_reason why)
 		close(s->pidfd);
 	}
 	log_dropped(s);
-	/* a trainer that dies before its buffers were mapped leaves their names */
-	if (s->job && why == LEAVE_EXITED && s->job->ranks[s->rank] == s &&
+	/* A trainer that dies before its buffers were mapped leaves their
+	 * names; so does one whose job ended before it registered (its own
+	 * mappings stay valid without the names, and the job cannot use them). */
+	if (s->job && (why == LEAVE_EXITED || s->detached) && s->job->ranks[s->rank] == s &&
 	    !s->job->grad_map[s->rank])
 		d->mem->reclaim(s->job->id, s->rank, s->own_pid, s->uid);
 	if (why == LEAVE_EXITED)
 		fastpath_take_last(s);
+	d->mem->unmap(s->kept_grad);
+	if (s->conn)
+		conn_unbind(s->conn);
+	if (d->cur_session == s)
+		d->cur_session = NULL;
 	if (s->job)
 		job_leave(s->job, s, why);
 	fastpath_free(s);
 	free(s);
+}
+
+int session_map_grad(struct session *s, const struct mem_desc *gd, uint64_t bytes,
+		     struct mem_map **ret, char *err, size_t errlen)
+{
+	struct mem_map *kept = s->kept_grad;
+
+	s->kept_grad = NULL;
+	if (kept && gd->shm_name && strcmp(gd->shm_name, s->kept_grad_name) == 0 &&
+	    gd->bytes == bytes && s->kept_grad_bytes == bytes) {
+		*ret = kept;
+		return 0;
+	}
+	s->d->mem->unmap(kept);
+	return s->d->mem->map(gd, bytes, ret, err, errlen);
+}
+
+void session_keep_grad(struct session *s, struct mem_map *m, const char *name, uint64_t bytes)
+{
+	s->d->mem->unmap(s->kept_grad);
+	s->kept_grad = NULL;
+	if (!m || strlen(name) >= sizeof(s->kept_grad_name)) {
+		s->d->mem->unmap(m);
+		return;
+	}
+	strcpy(s->kept_grad_name, name);
+	s->kept_grad_bytes = bytes;
+	s->kept_grad = m;
 }
 
 void session_free_all(struct daemon *d)
@@ -226,6 +323,7 @@ void session_free_all(struct daemon *d)
 		if (s->pidfd >= 0)
 			close(s->pidfd);
 		fastpath_free(s);
+		d->mem->unmap(s->kept_grad);
 		free(s);
 	}
 }
@@ -332,6 +430,8 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	s->next = d->sessions;
 	d->sessions = s;
 	d->nsessions++;
+	if (d->cur_conn)
+		conn_bind(d->cur_conn, s);
 
 	ok.protocol_version = ZC_PROTOCOL_VERSION;
 	ok.daemon_version = (char *)ZEROD_VERSION_STRING;
@@ -384,22 +484,65 @@ static const struct handler {
 	{ZEROD__V1__ENVELOPE__BODY_GOODBYE, on_goodbye, NEEDS_SESSION},
 };
 
+/* The largest message s may send now (no session: before Hello). */
+static size_t max_message(const struct session *s)
+{
+	if (!s)
+		return HELLO_MAX_BYTES;
+	if (s->job && s->job->state == JOB_JOINING && !s->job->plans[s->rank])
+		return ZEROD_MAX_MSG_BYTES; /* its RegisterPlan is still to come */
+	return REGISTERED_MAX_BYTES;
+}
+
+static void refuse(struct daemon *d, const void *route, size_t rlen, struct session *s,
+		   const char *msg)
+{
+	if (s)
+		session_send_error(s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1, "%s", msg);
+	else
+		reply_error(d, route, rlen, ZC_EPROTO, msg);
+}
+
 static void dispatch(struct daemon *d, const void *route, size_t rlen, const void *buf, size_t len)
 {
 	struct session *s = session_find(d, route, rlen);
 	Zerod__V1__Envelope *env;
 	const struct handler *h = NULL;
+	const char *field;
 	char msg[160];
 
+	/* every message counts for the ring's order marks, refused ones too */
 	if (s)
 		fastpath_received(s); /* what its ring holds from before this message */
+	/* refused before it costs a decode (protobuf-c's allocations can be
+	 * many times the message) */
+	if (len > max_message(s)) {
+		snprintf(msg, sizeof(msg), "a %zu-byte message %s: at most %zu bytes", len,
+			 s ? "after the plan was registered" : "before Hello", max_message(s));
+		refuse(d, route, rlen, s, msg);
+		return;
+	}
+	if (!s) {
+		/* before Hello only a Hello is decoded: the rest is refused by
+		 * its kind, read from the field keys */
+		Zerod__V1__Envelope__BodyCase body = wire_peek_body(buf, len);
+		for (size_t i = 0; i < ARRAY_SIZE(handlers); i++)
+			if (handlers[i].body == body)
+				h = &handlers[i];
+		if (body != ZEROD__V1__ENVELOPE__BODY__NOT_SET &&
+		    (!h || (h->flags & NEEDS_SESSION))) {
+			snprintf(msg, sizeof(msg),
+				 h ? "%s before Hello" : "%s is not a message a client sends",
+				 wire_body_name(body));
+			reply_error(d, route, rlen, ZC_EPROTO, msg);
+			return;
+		}
+		h = NULL;
+	}
 	if (wire_decode(buf, len, &env) < 0) {
 		snprintf(msg, sizeof(msg), "cannot decode a %zu-byte message as zerod.v1.Envelope",
 			 len);
-		if (s)
-			session_send_error(s, ZC_EPROTO, false, -1, -1, "%s", msg);
-		else
-			reply_error(d, route, rlen, ZC_EPROTO, msg);
+		refuse(d, route, rlen, s, msg);
 		return;
 	}
 	/* errors about this message echo its request id to its sender */
@@ -408,13 +551,15 @@ static void dispatch(struct daemon *d, const void *route, size_t rlen, const voi
 	for (size_t i = 0; i < ARRAY_SIZE(handlers); i++)
 		if (handlers[i].body == env->body_case)
 			h = &handlers[i];
-	if (!h) {
+	if (wire_has_nul(&zerod__v1__envelope__descriptor, buf, len, &field)) {
+		/* protobuf-c cut the string there: "job\0x" would read "job" */
+		snprintf(msg, sizeof(msg), "%s: field %s holds a NUL byte",
+			 wire_body_name(env->body_case), field);
+		refuse(d, route, rlen, s, msg);
+	} else if (!h) {
 		snprintf(msg, sizeof(msg), "%s is not a message a client sends",
 			 wire_body_name(env->body_case));
-		if (s)
-			session_send_error(s, ZC_EPROTO, false, -1, -1, "%s", msg);
-		else
-			reply_error(d, route, rlen, ZC_EPROTO, msg);
+		refuse(d, route, rlen, s, msg);
 	} else if ((h->flags & NEEDS_SESSION) && !s) {
 		snprintf(msg, sizeof(msg), "%s before Hello", wire_body_name(env->body_case));
 		reply_error(d, route, rlen, ZC_EPROTO, msg);
@@ -441,14 +586,17 @@ static struct ucred peer_cred(zmq_msg_t *msg)
 
 int session_on_router(struct loop *l, void *userdata)
 {
+	struct daemon *d = userdata;
+	size_t decoded = 0;
 	int handled = 0;
 
-	struct daemon *d = userdata;
-
 	(void)l;
-	/* Drain what is queued now, a bounded number at a time, so one busy
-	 * client cannot starve completions and signals. */
-	for (int budget = 256; budget > 0; budget--) {
+	/* every connection a message below came on is known now */
+	conn_update(d);
+	/* A bounded batch, in messages and in bytes, so one busy client cannot
+	 * starve completions, signals and other jobs: the loop comes back for
+	 * the rest after they had their turn. */
+	for (; handled < BATCH_PER_TURN && decoded < DECODE_BYTES_PER_TURN; handled++) {
 		zmq_msg_t route, body;
 		int more = 0;
 		size_t more_len = sizeof(more);
@@ -464,6 +612,9 @@ int session_on_router(struct loop *l, void *userdata)
 			zmq_msg_close(&route);
 			continue;
 		}
+		d->cur_peer = peer_cred(&body);
+		d->cur_conn = conn_of_fd(d, zmq_msg_get(&body, ZMQ_SRCFD));
+		log_set_cause(d->cur_peer.uid);
 		zmq_getsockopt(d->router, ZMQ_RCVMORE, &more, &more_len);
 		if (more) {
 			/* a multi-frame message: drop the rest, answer once */
@@ -477,14 +628,15 @@ int session_on_router(struct loop *l, void *userdata)
 			reply_error(d, zmq_msg_data(&route), zmq_msg_size(&route), ZC_EPROTO,
 				    "multi-frame message: send one Envelope per message");
 		} else if (zmq_msg_size(&route) <= ZEROD_ROUTE_MAX) {
-			d->cur_peer = peer_cred(&body);
+			decoded += zmq_msg_size(&body);
 			dispatch(d, zmq_msg_data(&route), zmq_msg_size(&route), zmq_msg_data(&body),
 				 zmq_msg_size(&body));
-			d->cur_peer = (struct ucred){.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
 		}
+		log_clear_cause();
+		d->cur_peer = (struct ucred){.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
+		d->cur_conn = NULL;
 		zmq_msg_close(&body);
 		zmq_msg_close(&route);
-		handled++;
 	}
 	return handled;
 }

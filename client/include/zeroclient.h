@@ -184,7 +184,9 @@ struct zc_config {
  * Ownership: cfg is only read; *ret_client belongs to the caller, released
  *            with zc_close().
  * Threads:   any thread.
- * Blocking:  up to cfg->connect_timeout_ms waiting for the daemon's answer.
+ * Blocking:  up to cfg->connect_timeout_ms waiting for the daemon's answer;
+ *            -EACCES at once if this user may not use the socket. Job ids are
+ *            per user: ranks of one job run under one uid.
  */
 int zc_connect(const struct zc_config *cfg, zc_client **ret_client);
 

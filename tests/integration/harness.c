@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -17,6 +18,13 @@
 #include "testlib.h"
 
 int child_bad;
+
+const char *test_tmpdir(void)
+{
+	const char *t = getenv("TMPDIR");
+
+	return t && *t && strlen(t) <= 80 ? t : "/tmp";
+}
 
 int64_t test_ms(void)
 {
@@ -58,6 +66,13 @@ _Noreturn void zd_exec(const char *bin, const char *const *args)
 
 int zd_start(struct zd *d, const char *const *extra)
 {
+	const struct zd_opts o = {.nofile = 0, .stderr_fd = -1};
+
+	return zd_start_ex(d, extra, &o);
+}
+
+int zd_start_ex(struct zd *d, const char *const *extra, const struct zd_opts *o)
+{
 	const char *bin = getenv("ZEROD_BIN");
 	const char *args[32];
 	int n = 0;
@@ -67,7 +82,7 @@ int zd_start(struct zd *d, const char *const *extra)
 	memset(d, 0, sizeof(*d));
 	if (!bin)
 		return -ENOENT;
-	snprintf(d->dir, sizeof(d->dir), "/tmp/zerod-test.XXXXXX");
+	snprintf(d->dir, sizeof(d->dir), "%.80s/zerod-test.XXXXXX", test_tmpdir());
 	if (!mkdtemp(d->dir))
 		return -errno;
 	snprintf(d->sock, sizeof(d->sock), "%s/zerod.sock", d->dir);
@@ -82,8 +97,9 @@ int zd_start(struct zd *d, const char *const *extra)
 	if (d->pid < 0)
 		return -errno;
 	if (d->pid == 0) {
-		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		if (fd >= 0) {
+		int fd = o->stderr_fd >= 0 ? o->stderr_fd
+					   : open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0 && fd != 2) {
 			dup2(fd, 2);
 			close(fd);
 		}
@@ -91,6 +107,11 @@ int zd_start(struct zd *d, const char *const *extra)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		if (getppid() != parent)
 			_exit(127);
+		if (o->nofile) {
+			struct rlimit rl = {o->nofile, o->nofile};
+			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+				_exit(126);
+		}
 		zd_exec(bin, args);
 	}
 	deadline = test_ms() + test_timeout(10000);
@@ -306,5 +327,109 @@ int shm_count(const char *prefix, bool show)
 			n++;
 		}
 	closedir(dir);
+	return n;
+}
+
+/* The highest status serial in d's log (0: none yet). */
+static unsigned last_status(const struct zd *d)
+{
+	char line[1200];
+	unsigned last = 0, serial;
+	FILE *f = fopen(d->log, "r");
+
+	while (f && fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, "status ");
+		if (p && sscanf(p, "status %u:", &serial) == 1 && serial > last)
+			last = serial;
+	}
+	if (f)
+		fclose(f);
+	return last;
+}
+
+/* The serial to wait for comes from the log itself, not from this process:
+ * each case runs in a process of its own, and earlier cases asked too. */
+int zd_status(struct zd *d, struct zd_status *ret)
+{
+	unsigned want = last_status(d) + 1;
+	int64_t deadline = test_ms() + test_timeout(3000);
+	char line[1200], mem[32];
+
+	if (d->pid <= 0)
+		return -ECHILD;
+	kill(d->pid, SIGUSR1);
+	while (test_ms() < deadline) {
+		FILE *f = fopen(d->log, "r");
+		while (f && fgets(line, sizeof(line), f)) {
+			struct zd_status st;
+			unsigned serial;
+			char *p = strstr(line, "status ");
+			if (!p ||
+			    sscanf(p,
+				   "status %u: %u jobs, %u sessions, %u connections, %31[^(](%llu "
+				   "bytes) of optimizer state, %llu replies dropped, %llu "
+				   "connections closed, %llu log lines dropped",
+				   &serial, &st.jobs, &st.sessions, &st.conns, mem, &st.memory,
+				   &st.replies_dropped, &st.conns_closed, &st.log_dropped) != 9 ||
+			    serial < want)
+				continue;
+			fclose(f);
+			*ret = st;
+			return 0;
+		}
+		if (f)
+			fclose(f);
+		usleep(5000);
+	}
+	return -ETIMEDOUT;
+}
+
+int zd_fd_count(const struct zd *d)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *dir;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)d->pid);
+	dir = opendir(path);
+	if (!dir)
+		return -1;
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
+}
+
+long zd_status_kb(const struct zd *d, const char *field)
+{
+	char path[64], line[256];
+	size_t n = strlen(field);
+	long kb = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)d->pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (strncmp(line, field, n) == 0 && line[n] == ':') {
+			kb = atol(line + n + 1);
+			break;
+		}
+	fclose(f);
+	return kb;
+}
+
+int zd_log_lines(const struct zd *d)
+{
+	FILE *f = fopen(d->log, "r");
+	int n = 0, ch;
+
+	if (!f)
+		return 0;
+	while ((ch = getc(f)) != EOF)
+		n += ch == '\n';
+	fclose(f);
 	return n;
 }

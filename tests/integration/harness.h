@@ -35,6 +35,28 @@ struct zd {
  * wait until it serves. 0 or -errno. It dies with the process that started
  * it (PDEATHSIG). */
 int zd_start(struct zd *d, const char *const *extra);
+
+/* How zd_start_ex() starts it. */
+struct zd_opts {
+	unsigned nofile; /* RLIMIT_NOFILE (soft and hard) of zerod; 0: as is */
+	int stderr_fd;   /* zerod's stderr (kept open by the caller); < 0: DIR/zerod.log */
+};
+int zd_start_ex(struct zd *d, const char *const *extra, const struct zd_opts *o);
+
+/* What zerod's SIGUSR1 status line says. */
+struct zd_status {
+	unsigned jobs, sessions, conns;
+	unsigned long long memory, replies_dropped, conns_closed, log_dropped;
+};
+/* Ask for a status line (SIGUSR1) and read it from the log: 0, or -ETIMEDOUT
+ * if none came within 3 s. */
+int zd_status(struct zd *d, struct zd_status *ret);
+/* Open fds of zerod (/proc/PID/fd), or -1. */
+int zd_fd_count(const struct zd *d);
+/* A "kB" field of /proc/PID/status ("VmRSS", "VmHWM"), or -1. */
+long zd_status_kb(const struct zd *d, const char *field);
+/* Lines in zerod's log. */
+int zd_log_lines(const struct zd *d);
 /* SIGTERM and wait up to timeout_ms: the exit status (0..255), 128+signal,
  * or -ETIMEDOUT (then it is SIGKILLed). Removes the directory. Works from a
  * case's process for a zerod main() started. An exit with ZD_CHECKER_EXIT
@@ -91,6 +113,10 @@ int shm_count(const char *prefix, bool show);
 
 /* Monotonic milliseconds. */
 int64_t test_ms(void);
+
+/* Where tests make their directories: $TMPDIR (if short enough for a
+ * socket path below it), else /tmp. */
+const char *test_tmpdir(void);
 
 /* A client config for `job` rank/world on d's socket, single node. */
 struct zc_config test_config(const struct zd *d, const char *job, uint32_t rank, uint32_t world);

@@ -180,6 +180,9 @@ struct train_stop *train_stop_new(void)
 		abort();
 	atomic_init(&st->requested, 0);
 	atomic_init(&st->stop_at, INT_MAX);
+	atomic_init(&st->done, 0);
+	atomic_init(&st->worst_iter_us, 0);
+	atomic_init(&st->iter_start_ms, 0);
 	return st;
 }
 
@@ -244,6 +247,10 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 			}
 	for (int it = 0; it < s->iters && !stop_before(s, rank, it); it++, done++) {
 		zc_future *step = NULL;
+		int64_t t0 = test_ms();
+
+		if (s->stop && rank == 0)
+			atomic_store(&s->stop->iter_start_ms, t0);
 
 		if (it == s->hyper_iter) {
 			struct zc_param_group h = tp.groups[0];
@@ -285,6 +292,13 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 		}
 		if (bad)
 			goto out;
+		if (s->stop && rank == 0) {
+			long long us = (test_ms() - t0) * 1000;
+			if (us > atomic_load(&s->stop->worst_iter_us))
+				atomic_store(&s->stop->worst_iter_us, us);
+			atomic_fetch_add(&s->stop->done, 1);
+			atomic_store(&s->stop->iter_start_ms, 0);
+		}
 		if (s->sleep_us)
 			usleep((useconds_t)s->sleep_us);
 	}

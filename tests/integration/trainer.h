@@ -28,7 +28,10 @@
  */
 struct train_stop {
 	atomic_int requested;
-	atomic_int stop_at; /* INT_MAX until rank 0 picks */
+	atomic_int stop_at;         /* INT_MAX until rank 0 picks */
+	atomic_int done;            /* iterations rank 0 completed */
+	atomic_llong worst_iter_us; /* rank 0's slowest iteration (the test may reset it) */
+	atomic_llong iter_start_ms; /* when rank 0's iteration in flight began; 0: none */
 };
 /* A fresh train_stop in shared memory (abort()s if it cannot map). */
 struct train_stop *train_stop_new(void);
