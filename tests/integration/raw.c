@@ -10,12 +10,13 @@
 
 #include "harness.h"
 #include "raw.h"
+#include "testlib.h"
 #include "wire.h"
 
 int raw_open(struct raw *r, const char *sock_path, int rcvhwm)
 {
 	char ep[256];
-	int zero = 0, tmo = 5000;
+	int zero = 0, tmo = test_timeout(5000);
 
 	r->ctx = zmq_ctx_new();
 	r->sock = r->ctx ? zmq_socket(r->ctx, ZMQ_DEALER) : NULL;
