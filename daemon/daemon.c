@@ -424,6 +424,7 @@ int daemon_run(const struct daemon_config *cfg)
 		d.cfg.max_memory =
 			(uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE) / 2;
 	d.mem = &mem_shm_ops;
+	d.sink = &session_sink;
 	log_max_level = cfg->log_level;
 	raise_nofile(&d);
 

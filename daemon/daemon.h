@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include "exec.h"
+#include "sink.h"
 #include "plan.h"
 #include "shard.h"
 #include "zerod.pb-c.h"
@@ -187,6 +188,7 @@ struct daemon {
 	struct conn *idle_head, *idle_tail; /* without a session, oldest first */
 	int64_t shed_log_ms;
 	uint64_t status_serial;
+	const struct sink_ops *sink; /* how the core answers ranks: session_sink */
 	struct session *sessions;
 	unsigned nsessions;
 	uint64_t session_serial;
@@ -226,7 +228,7 @@ void conn_check_idle(struct daemon *d, int64_t now);
 int64_t conn_next_deadline(struct daemon *d);
 
 /* session.c */
-#define SESSION_NO_ITERATION UINT64_MAX
+#define SESSION_NO_ITERATION SINK_NO_ITERATION
 /* Handle up to a batch of messages; returns how many. */
 int session_on_router(struct loop *l, void *userdata);
 int session_send(struct session *s, const Zerod__V1__Envelope *env);
@@ -252,22 +254,32 @@ void session_reap(struct daemon *d);
 void session_free_all(struct daemon *d);
 
 /* job.c */
-int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, char *err,
+/* What a Hello asks for, in the core's words (session.c decodes it). */
+struct join_req {
+	const char *job_id;
+	uint32_t rank, world;
+	uint32_t local_rank, local_size;
+};
+
+int job_join(struct daemon *d, struct session *s, const struct join_req *h, char *err,
 	     size_t errlen);
-void job_register_plan(struct job *j, struct session *s, const Zerod__V1__RegisterPlan *m);
+/* Rank s registers plan p (taken over) with buffers gd and pd. */
+void job_register_plan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
+		       const struct mem_desc *pd);
 void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void job_leave(struct job *j, struct session *s, enum leave_reason why);
 void job_maybe_free(struct job *j);
 void job_free_all(struct daemon *d);
-void job_broadcast(struct job *j, const Zerod__V1__Envelope *env);
 
 /* sched.c */
 void sched_start(struct job *j);
 /* Bucket `bucket` of `iteration` from rank s (any transport: ZeroMQ or a
  * fast-path ring). A bad bucket is an error to s; nothing else changes. */
 void sched_bucket_ready(struct job *j, struct session *s, uint64_t iteration, uint32_t bucket);
-void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper *m);
+/* Rank s sets group's hyperparameters from iteration on. */
+void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint32_t group,
+		     const struct zc_param_group *g);
 void sched_on_done(struct daemon *d, struct exec_done *done);
 void sched_check_stalls(struct daemon *d, int64_t now);
 

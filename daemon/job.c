@@ -127,13 +127,6 @@ void job_free_all(struct daemon *d)
 	}
 }
 
-void job_broadcast(struct job *j, const Zerod__V1__Envelope *env)
-{
-	for (uint32_t r = 0; r < j->world; r++)
-		if (j->ranks[r])
-			session_send(j->ranks[r], env);
-}
-
 void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 {
 	va_list ap;
@@ -157,19 +150,19 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 		if (!j->ranks[r])
 			continue;
 		if (loud)
-			session_send_error(j->ranks[r], code, true, j->iter, -1, "job %s: %s",
-					   j->id, j->errmsg);
+			sink_error(j->d->sink, j->ranks[r], code, true, j->iter, -1, "job %s: %s",
+				   j->id, j->errmsg);
 		else
-			session_send_error(j->ranks[r], ZC_EJOBFAILED, true, SESSION_NO_ITERATION,
-					   -1, "job %s failed: %s: %s", j->id,
-					   zc_strerror_name(code), j->errmsg);
-		session_detach(j->ranks[r]);
+			sink_error(j->d->sink, j->ranks[r], ZC_EJOBFAILED, true, SINK_NO_ITERATION,
+				   -1, "job %s failed: %s: %s", j->id, zc_strerror_name(code),
+				   j->errmsg);
+		j->d->sink->detach(j->ranks[r]);
 	}
 	if (j->exec && j->exec_running)
 		exec_stop(j->exec);
 }
 
-int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, char *err,
+int job_join(struct daemon *d, struct session *s, const struct join_req *h, char *err,
 	     size_t errlen)
 {
 	struct job *j;
@@ -179,21 +172,21 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 			 ZEROD_JOB_ID_MAX);
 		return ZC_EPROTO;
 	}
-	if (h->world_size == 0 || h->world_size > ZEROD_MAX_WORLD || h->rank >= h->world_size) {
+	if (h->world == 0 || h->world > ZEROD_MAX_WORLD || h->rank >= h->world) {
 		snprintf(err, errlen, "rank %u of world %u: need 0 <= rank < world <= %u", h->rank,
-			 h->world_size, ZEROD_MAX_WORLD);
+			 h->world, ZEROD_MAX_WORLD);
 		return ZC_ERANK;
 	}
-	if (h->local_size == 0 || h->local_rank >= h->local_size || h->local_size > h->world_size) {
+	if (h->local_size == 0 || h->local_rank >= h->local_size || h->local_size > h->world) {
 		snprintf(err, errlen, "local rank %u of local size %u (world %u) is not valid",
-			 h->local_rank, h->local_size, h->world_size);
+			 h->local_rank, h->local_size, h->world);
 		return ZC_ERANK;
 	}
-	if (h->local_size != h->world_size) {
+	if (h->local_size != h->world) {
 		snprintf(err, errlen,
 			 "job %s spans several nodes (%u of %u ranks here): this zerod serves "
 			 "single-node jobs only",
-			 h->job_id, h->local_size, h->world_size);
+			 h->job_id, h->local_size, h->world);
 		return ZC_ENOTSUP;
 	}
 	if (d->nsessions >= d->cfg.max_sessions) {
@@ -212,9 +205,9 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 			 j->local_size, h->rank, h->local_size);
 		return ZC_EWORLD;
 	}
-	if (j && j->world != h->world_size) {
+	if (j && j->world != h->world) {
 		snprintf(err, errlen, "job %s has world size %u, rank %u says %u", j->id, j->world,
-			 h->rank, h->world_size);
+			 h->rank, h->world);
 		return ZC_EWORLD;
 	}
 	if (j && j->ranks[h->rank]) {
@@ -232,7 +225,7 @@ int job_join(struct daemon *d, struct session *s, const Zerod__V1__Hello *h, cha
 				 d->njobs);
 			return ZC_ELIMIT;
 		}
-		j = job_new(d, h->job_id, s->uid, h->world_size);
+		j = job_new(d, h->job_id, s->uid, h->world);
 		if (!j) {
 			snprintf(err, errlen, "out of memory");
 			return -ENOMEM;
@@ -274,7 +267,8 @@ static void job_start(struct job *j)
 	j->plans[0] = NULL;
 	/* shm buffers: the host backend (the only one yet) */
 	j->be = &backend_host;
-	j->topo = (struct zero_topo){.world = j->world, .nnodes = 1, .node = 0, .node_of = j->node_of};
+	j->topo = (struct zero_topo){
+		.world = j->world, .nnodes = 1, .node = 0, .node_of = j->node_of};
 	caps = (struct zero_caps){.local_fuse = j->be->coll->local_fuse};
 	r = shard_assign(j->plan, j->world, &j->shard);
 	if (r < 0)
@@ -337,29 +331,25 @@ out:
 			 "cannot start the job: %s", zc_strerror(r));
 }
 
-void job_register_plan(struct job *j, struct session *s, const Zerod__V1__RegisterPlan *m)
+void job_register_plan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
+		       const struct mem_desc *pd)
 {
 	struct daemon *d = j->d;
-	struct plan *p = NULL;
-	struct mem_desc gd, pd;
 	char err[256], field[192];
 	int r;
 
 	if (j->state == JOB_FAILED) {
-		session_send_error(s, ZC_EJOBFAILED, true, -1, -1, "job %s failed: %s", j->id,
-				   j->errmsg);
+		sink_error(d->sink, s, ZC_EJOBFAILED, true, SINK_NO_ITERATION, -1,
+			   "job %s failed: %s", j->id, j->errmsg);
+		plan_free(p);
 		return;
 	}
 	if (j->state != JOB_JOINING || j->plans[s->rank] || j->grad_map[s->rank]) {
-		session_send_error(s, ZC_ENOTSUP, false, -1, -1,
-				   "job %s: rank %u already registered a plan; changing the plan "
-				   "of a running job is not supported",
-				   j->id, s->rank);
-		return;
-	}
-	r = plan_from_pb(m->plan, &p, err, sizeof(err));
-	if (r < 0) {
-		session_send_error(s, r, false, -1, -1, "rank %u: invalid plan: %s", s->rank, err);
+		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
+			   "job %s: rank %u already registered a plan; changing the plan of a "
+			   "running job is not supported",
+			   j->id, s->rank);
+		plan_free(p);
 		return;
 	}
 	for (uint32_t k = 0; k < j->world; k++) {
@@ -377,22 +367,18 @@ void job_register_plan(struct job *j, struct session *s, const Zerod__V1__Regist
 		}
 		break; /* the registered plans agree with each other already */
 	}
-	gd = (struct mem_desc){
-		.shm_name = m->shm->grad_name, .bytes = m->shm->grad_bytes, .owner = s->uid};
-	pd = (struct mem_desc){
-		.shm_name = m->shm->param_name, .bytes = m->shm->param_bytes, .owner = s->uid};
-	r = session_map_grad(s, &gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
+	r = session_map_grad(s, gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
 	if (r >= 0) {
-		r = d->mem->map(&pd, plan_buffer_bytes(p), &j->param_map[s->rank], err,
-				sizeof(err));
+		r = d->mem->map(pd, plan_buffer_bytes(p), &j->param_map[s->rank], err, sizeof(err));
 		if (r < 0) {
 			/* its name is gone: kept, so that a retry can name it again */
-			session_keep_grad(s, j->grad_map[s->rank], gd.shm_name, gd.bytes);
+			session_keep_grad(s, j->grad_map[s->rank], gd->shm_name, gd->bytes);
 			j->grad_map[s->rank] = NULL;
 		}
 	}
 	if (r < 0) {
-		session_send_error(s, r, false, -1, -1, "rank %u: %s", s->rank, err);
+		sink_error(d->sink, s, r, false, SINK_NO_ITERATION, -1, "rank %u: %s", s->rank,
+			   err);
 		plan_free(p);
 		return;
 	}

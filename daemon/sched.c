@@ -4,10 +4,10 @@
  * every rank queues its ops (zero.h) on the job's executor.
  *
  * Completions become BucketDone(t, b) once bucket b is reduced and StepDone(t)
- * once every op of the iteration is done. Bucket b is complete on all ranks only after every rank sent
- * b, and each rank sends in order, so ops are always submitted in bucket
- * order. A bad bucket is an error to its sender and changes nothing else; a
- * rank that stops sending is named by the stall check.
+ * once every op of the iteration is done. Bucket b is complete on all ranks only after every rank
+ * sent b, and each rank sends in order, so ops are always submitted in bucket order. A bad bucket
+ * is an error to its sender and changes nothing else; a rank that stops sending is named by the
+ * stall check.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -17,14 +17,10 @@
 
 #include "common.h"
 #include "daemon.h"
-#include "fastpath.h"
 #include "log.h"
 
 void sched_start(struct job *j)
 {
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__PlanOk ok = ZEROD__V1__PLAN_OK__INIT;
-
 	j->arrived = calloc(j->plan->nbuckets, sizeof(*j->arrived));
 	j->groups = calloc(j->plan->ngroups, sizeof(*j->groups));
 	if (!j->arrived || !j->groups) {
@@ -34,24 +30,22 @@ void sched_start(struct job *j)
 	memcpy(j->groups, j->plan->groups, j->plan->ngroups * sizeof(*j->groups));
 	j->state = JOB_ACTIVE;
 	j->progress_ms = now_ms();
-	ok.plan_hash = j->plan->hash;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_PLAN_OK;
-	env.plan_ok = &ok;
-	job_broadcast(j, &env);
+	for (uint32_t r = 0; r < j->world; r++)
+		if (j->ranks[r])
+			j->d->sink->plan_ok(j->ranks[r], j->plan->hash);
 	log_info("job %s: active", j->id);
 }
 
-static bool job_usable(struct job *j, struct session *s, int64_t iteration, int64_t bucket)
+static bool job_usable(struct job *j, struct session *s, uint64_t iteration, int64_t bucket)
 {
 	if (j->state == JOB_ACTIVE)
 		return true;
 	if (j->state == JOB_FAILED)
-		session_send_error(s, ZC_EJOBFAILED, true, iteration, bucket,
-				   "job %s failed: %s: %s", j->id, zc_strerror_name(j->err),
-				   j->errmsg);
+		sink_error(j->d->sink, s, ZC_EJOBFAILED, true, iteration, bucket,
+			   "job %s failed: %s: %s", j->id, zc_strerror_name(j->err), j->errmsg);
 	else
-		session_send_error(s, ZC_ESTATE, false, iteration, bucket,
-				   "job %s: the plan is not registered by every rank yet", j->id);
+		sink_error(j->d->sink, s, ZC_ESTATE, false, iteration, bucket,
+			   "job %s: the plan is not registered by every rank yet", j->id);
 	return false;
 }
 
@@ -94,44 +88,43 @@ static void bucket_complete(struct job *j, uint32_t b)
 
 void sched_bucket_ready(struct job *j, struct session *s, uint64_t iteration, uint32_t bucket)
 {
-	int64_t it = (int64_t)iteration, bk = bucket;
+	uint64_t it = iteration;
+	int64_t bk = bucket;
 	uint32_t nb, next;
 
 	if (!job_usable(j, s, it, bk))
 		return;
 	nb = j->plan->nbuckets;
 	if (bucket >= nb) {
-		session_send_error(s, ZC_EBUCKET, false, it, bk,
-				   "bucket %u does not exist: the plan has %u buckets", bucket,
-				   nb);
+		sink_error(j->d->sink, s, ZC_EBUCKET, false, it, bk,
+			   "bucket %u does not exist: the plan has %u buckets", bucket, nb);
 		return;
 	}
 	if (iteration > j->iter) {
-		session_send_error(
-			s, ZC_EEARLY, false, it, bk,
-			"bucket %u of iteration %" PRIu64 " arrived while iteration %" PRIu64
-			" is still in flight: wait for its step before the next backward",
-			bucket, iteration, j->iter);
+		sink_error(j->d->sink, s, ZC_EEARLY, false, it, bk,
+			   "bucket %u of iteration %" PRIu64 " arrived while iteration %" PRIu64
+			   " is still in flight: wait for its step before the next backward",
+			   bucket, iteration, j->iter);
 		return;
 	}
 	if (iteration < j->iter) {
-		session_send_error(s, ZC_EDUPBUCKET, false, it, bk,
-				   "iteration %" PRIu64 " is already complete (now %" PRIu64 ")",
-				   iteration, j->iter);
+		sink_error(j->d->sink, s, ZC_EDUPBUCKET, false, it, bk,
+			   "iteration %" PRIu64 " is already complete (now %" PRIu64 ")", iteration,
+			   j->iter);
 		return;
 	}
 	next = j->next_bucket[s->rank];
 	if (bucket < next) {
-		session_send_error(s, ZC_EDUPBUCKET, false, it, bk,
-				   "rank %u sent bucket %u twice in iteration %" PRIu64, s->rank,
-				   bucket, iteration);
+		sink_error(j->d->sink, s, ZC_EDUPBUCKET, false, it, bk,
+			   "rank %u sent bucket %u twice in iteration %" PRIu64, s->rank, bucket,
+			   iteration);
 		return;
 	}
 	if (bucket > next) {
-		session_send_error(s, ZC_EORDER, false, it, bk,
-				   "rank %u sent bucket %u but bucket %u comes first (buckets go "
-				   "0, 1, 2, ... every iteration)",
-				   s->rank, bucket, next);
+		sink_error(j->d->sink, s, ZC_EORDER, false, it, bk,
+			   "rank %u sent bucket %u but bucket %u comes first (buckets go "
+			   "0, 1, 2, ... every iteration)",
+			   s->rank, bucket, next);
 		return;
 	}
 	j->next_bucket[s->rank] = next + 1;
@@ -141,76 +134,72 @@ void sched_bucket_ready(struct job *j, struct session *s, uint64_t iteration, ui
 		bucket_complete(j, bucket);
 }
 
-void sched_set_hyper(struct job *j, struct session *s, const Zerod__V1__SetHyper *m)
+void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint32_t group,
+		     const struct zc_param_group *hp)
 {
-	struct zc_param_group g;
+	struct zc_param_group g = *hp;
 	struct hyper_change **pp, *c;
 	char err[192];
 
-	if (!job_usable(j, s, (int64_t)m->iteration, -1))
+	if (!job_usable(j, s, iteration, -1))
 		return;
-	if (m->group >= j->plan->ngroups) {
-		session_send_error(s, ZC_EHYPER, false, -1, -1,
-				   "group %u does not exist: the plan has %u groups", m->group,
-				   j->plan->ngroups);
+	if (group >= j->plan->ngroups) {
+		sink_error(j->d->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1,
+			   "group %u does not exist: the plan has %u groups", group,
+			   j->plan->ngroups);
 		return;
 	}
-	plan_group_from_pb(m->values, &g);
 	if (plan_group_check(j->plan->optimizer, &g, err, sizeof(err)) < 0) {
-		session_send_error(s, ZC_EHYPER, false, -1, -1, "group %u: %s", m->group, err);
+		sink_error(j->d->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1, "group %u: %s",
+			   group, err);
 		return;
 	}
 	/* The state was sized for the plan's groups: an array the job never
 	 * had cannot appear mid-run (torch cannot turn amsgrad on either). */
 	if (plan_state_arrays(j->plan->optimizer, &g, 1) & ~j->state_arrays) {
-		session_send_error(s, ZC_EHYPER, false, -1, -1,
-				   "group %u: %s needs optimizer state this job does not keep: "
-				   "declare it in the plan's groups",
-				   m->group,
-				   j->plan->optimizer == ZC_OPT_SGD ? "momentum" : "amsgrad");
+		sink_error(j->d->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1,
+			   "group %u: %s needs optimizer state this job does not keep: "
+			   "declare it in the plan's groups",
+			   group, j->plan->optimizer == ZC_OPT_SGD ? "momentum" : "amsgrad");
 		return;
 	}
 	/* A trainer names the next iteration it has not started, which is at
 	 * most two ahead of the job's; anything further is refused so pending
 	 * changes stay few (at most 3 per group). */
-	if (m->iteration > j->iter + 2) {
-		session_send_error(s, ZC_EHYPER, false, (int64_t)m->iteration, -1,
-				   "rank %u: hyperparameters for iteration %" PRIu64
-				   " are too far ahead of iteration %" PRIu64,
-				   s->rank, m->iteration, j->iter);
+	if (iteration > j->iter + 2) {
+		sink_error(j->d->sink, s, ZC_EHYPER, false, iteration, -1,
+			   "rank %u: hyperparameters for iteration %" PRIu64
+			   " are too far ahead of iteration %" PRIu64,
+			   s->rank, iteration, j->iter);
 		return;
 	}
-	if (j->snap_iter != UINT64_MAX && m->iteration <= j->snap_iter) {
-		session_send_error(s, ZC_EHYPER, false, (int64_t)m->iteration, -1,
-				   "rank %u: hyperparameters for iteration %" PRIu64
-				   " arrived after it started",
-				   s->rank, m->iteration);
+	if (j->snap_iter != UINT64_MAX && iteration <= j->snap_iter) {
+		sink_error(j->d->sink, s, ZC_EHYPER, false, iteration, -1,
+			   "rank %u: hyperparameters for iteration %" PRIu64
+			   " arrived after it started",
+			   s->rank, iteration);
 		return;
 	}
 	for (pp = &j->changes; *pp; pp = &(*pp)->next) {
 		c = *pp;
-		if (c->iteration == m->iteration && c->group == m->group) {
+		if (c->iteration == iteration && c->group == group) {
 			if (!plan_group_equal(&c->values, &g))
-				session_send_error(
-					s, ZC_EHYPER, false, (int64_t)m->iteration, -1,
-					"rank %u sets other hyperparameters for group %u "
-					"at iteration %" PRIu64 " than rank %u",
-					s->rank, m->group, m->iteration, c->rank);
+				sink_error(j->d->sink, s, ZC_EHYPER, false, iteration, -1,
+					   "rank %u sets other hyperparameters for group %u "
+					   "at iteration %" PRIu64 " than rank %u",
+					   s->rank, group, iteration, c->rank);
 			return;
 		}
-		if (c->iteration > m->iteration)
+		if (c->iteration > iteration)
 			break;
 	}
 	c = calloc(1, sizeof(*c));
 	if (!c) {
-		session_send_error(s, ZC_ELIMIT, false, -1, -1, "out of memory");
+		sink_error(j->d->sink, s, ZC_ELIMIT, false, SINK_NO_ITERATION, -1, "out of memory");
 		return;
 	}
-	*c = (struct hyper_change){.iteration = m->iteration,
-				   .group = m->group,
-				   .rank = s->rank,
-				   .values = g,
-				   .next = *pp};
+	*c = (struct hyper_change){
+		.iteration = iteration, .group = group, .rank = s->rank, .values = g, .next = *pp};
 	*pp = c;
 }
 
@@ -220,7 +209,7 @@ static void send_bucket_done(struct job *j, uint64_t t, uint32_t b)
 {
 	for (uint32_t r = 0; r < j->world && j->state != JOB_FAILED; r++)
 		if (j->ranks[r])
-			fastpath_bucket_done(j->ranks[r], t, b);
+			j->d->sink->bucket_done(j->ranks[r], t, b);
 }
 
 static void finish_iteration(struct job *j, uint64_t t)
@@ -236,7 +225,7 @@ static void finish_iteration(struct job *j, uint64_t t)
 	j->progress_ms = now_ms();
 	for (uint32_t r = 0; r < j->world && j->state != JOB_FAILED; r++)
 		if (j->ranks[r])
-			fastpath_step_done(j->ranks[r], t);
+			j->d->sink->step_done(j->ranks[r], t);
 }
 
 void sched_on_done(struct daemon *d, struct exec_done *done)
@@ -277,8 +266,8 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 			job_fail(j, ZC_EINTERNAL, true, "%s failed: %s: %s", done->op,
 				 zc_strerror(done->status), done->detail);
 		else
-			job_fail(j, ZC_EINTERNAL, true, "%s of buckets %u..%u failed: %s",
-				 done->op, done->lo, done->hi, zc_strerror(done->status));
+			job_fail(j, ZC_EINTERNAL, true, "%s of buckets %u..%u failed: %s", done->op,
+				 done->lo, done->hi, zc_strerror(done->status));
 		break;
 	case EXEC_STOPPED:
 		break;

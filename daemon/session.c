@@ -409,7 +409,13 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	s->pid = d->cur_peer.pid;
 	s->own_pid = h->pid;
 	s->uid = d->cur_peer.uid;
-	r = job_join(d, s, h, err, sizeof(err));
+	r = job_join(d, s,
+		     &(struct join_req){.job_id = h->job_id,
+					.rank = h->rank,
+					.world = h->world_size,
+					.local_rank = h->local_rank,
+					.local_size = h->local_size},
+		     err, sizeof(err));
 	if (r < 0) {
 		reply_error(d, route, rlen, r, err);
 		free(s);
@@ -444,8 +450,24 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 static void on_register_plan(struct daemon *d, const void *route, size_t rlen, struct session *s,
 			     const Zerod__V1__Envelope *env)
 {
+	const Zerod__V1__RegisterPlan *m = env->register_plan;
+	struct mem_desc gd, pd;
+	struct plan *p = NULL;
+	char err[256];
+	int r;
+
 	(void)d, (void)route, (void)rlen;
-	job_register_plan(s->job, s, env->register_plan);
+	r = plan_from_pb(m->plan, &p, err, sizeof(err));
+	if (r < 0) {
+		session_send_error(s, r, false, SESSION_NO_ITERATION, -1,
+				   "rank %u: invalid plan: %s", s->rank, err);
+		return;
+	}
+	gd = (struct mem_desc){
+		.shm_name = m->shm->grad_name, .bytes = m->shm->grad_bytes, .owner = s->uid};
+	pd = (struct mem_desc){
+		.shm_name = m->shm->param_name, .bytes = m->shm->param_bytes, .owner = s->uid};
+	job_register_plan(s->job, s, p, &gd, &pd);
 }
 
 static void on_bucket_ready(struct daemon *d, const void *route, size_t rlen, struct session *s,
@@ -458,8 +480,12 @@ static void on_bucket_ready(struct daemon *d, const void *route, size_t rlen, st
 static void on_set_hyper(struct daemon *d, const void *route, size_t rlen, struct session *s,
 			 const Zerod__V1__Envelope *env)
 {
+	const Zerod__V1__SetHyper *m = env->set_hyper;
+	struct zc_param_group g;
+
 	(void)d, (void)route, (void)rlen;
-	sched_set_hyper(s->job, s, env->set_hyper);
+	plan_group_from_pb(m->values, &g);
+	sched_set_hyper(s->job, s, m->iteration, m->group, &g);
 }
 
 static void on_goodbye(struct daemon *d, const void *route, size_t rlen, struct session *s,
@@ -640,3 +666,31 @@ int session_on_router(struct loop *l, void *userdata)
 	}
 	return handled;
 }
+
+/* ------------------------------------------------------------ the sink --- */
+
+static void sink_plan_ok(struct session *s, uint64_t plan_hash)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__PlanOk ok = ZEROD__V1__PLAN_OK__INIT;
+
+	ok.plan_hash = plan_hash;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_PLAN_OK;
+	env.plan_ok = &ok;
+	session_send(s, &env);
+}
+
+static void sink_err(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,
+		     const char *msg)
+{
+	session_send_error(s, code, fatal, iteration, bucket, "%s", msg);
+}
+
+/* Completions go through the rank's fast-path ring where it has one. */
+const struct sink_ops session_sink = {
+	.plan_ok = sink_plan_ok,
+	.bucket_done = fastpath_bucket_done,
+	.step_done = fastpath_step_done,
+	.error = sink_err,
+	.detach = session_detach,
+};
