@@ -87,7 +87,7 @@ static void begin_shutdown(struct daemon *d, const char *why)
 	d->stop_deadline_ms = now_ms() + d->cfg.shutdown_timeout_ms;
 	log_notice("%s: shutting down", why);
 	for (struct job *j = d->jobs; j; j = j->next) {
-		if (j->state != JOB_FAILED)
+		if (!job_ended(j))
 			job_fail(j, ZC_ESHUTDOWN, true, "zerod is shutting down (%s)", why);
 	}
 	session_reap(d);
@@ -142,8 +142,8 @@ static void on_signal(struct loop *l, void *userdata)
 /* When sched_check_stalls() would fail j: the same rule, as a deadline. */
 static int64_t stall_deadline(const struct daemon *d, const struct job *j)
 {
-	bool waiting = (j->state == JOB_ACTIVE && j->in_flight) || j->state == JOB_JOINING;
-	int limit = j->state == JOB_JOINING && j->nregistered == 0 ? d->cfg.join_timeout_ms
+	bool waiting = (j->state == JOB_ACTIVE && j->in_flight) || j->state == JOB_FORMING;
+	int limit = j->state == JOB_FORMING && j->nregistered == 0 ? d->cfg.join_timeout_ms
 								   : d->cfg.stall_timeout_ms;
 
 	return waiting ? j->progress_ms + limit : LOOP_NEVER;

@@ -109,11 +109,15 @@ struct session {
 
 #define SESSION_LOG_BURST 20
 
+/* A job's life; job.c's job_set_state() is the only way between states and
+ * checks each step against its table:
+ *   FORMING -> REGISTERING -> ACTIVE, and from any of them -> FAILED -> DRAINING */
 enum job_state {
-	JOB_JOINING,  /* ranks connect and register the plan */
-	JOB_STARTING, /* every rank registered: the executor opens the backends */
-	JOB_ACTIVE,   /* iterations */
-	JOB_FAILED,   /* err/errmsg say why; waits for its ranks to leave */
+	JOB_FORMING,     /* ranks connect and register the plan (later: nodes join) */
+	JOB_REGISTERING, /* every rank agreed: the executor installs the plan */
+	JOB_ACTIVE,      /* iterations */
+	JOB_FAILED,      /* ended: err/errmsg say why (quiet_end: not an error) */
+	JOB_DRAINING,    /* ended, no rank left: waits for its executor, then is freed */
 };
 
 struct hyper_change {
@@ -270,6 +274,12 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void job_leave(struct job *j, struct session *s, enum leave_reason why);
 void job_maybe_free(struct job *j);
+void job_set_state(struct job *j, enum job_state to);
+const char *job_state_name(enum job_state s);
+static inline bool job_ended(const struct job *j)
+{
+	return j->state >= JOB_FAILED;
+}
 void job_free_all(struct daemon *d);
 
 /* sched.c */

@@ -560,7 +560,7 @@ static int attach(struct fp_conn *c, const struct ring_attach *a, ssize_t n, int
 		snprintf(err, errlen, "the session has a ring already");
 		return ZC_ESTATE;
 	}
-	if (s->job->state != JOB_JOINING || s->job->plans[s->rank]) {
+	if (s->job->state != JOB_FORMING || s->job->plans[s->rank]) {
 		snprintf(err, errlen, "attach the ring before registering the plan");
 		return ZC_ESTATE;
 	}

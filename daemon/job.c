@@ -3,12 +3,15 @@
  * Jobs are isolated from one another: each has its own buffers, state and
  * executor thread, and a failure ends only that job.
  *
- * Life: JOINING (ranks say Hello and register the plan; every plan is
- * compared with the others and every buffer mapped and size-checked) ->
- * STARTING (all registered: the executor opens the job's backends and copies
- * rank 0's parameters) -> ACTIVE (iterations, sched.c) -> FAILED (a named error; the
- * remaining ranks are told and the job is freed when the last one leaves).
+ * Life (one table, job_set_state): FORMING (ranks say Hello and register the
+ * plan; every plan is compared with the others and every buffer mapped and
+ * size-checked) -> REGISTERING (all registered: the executor opens the
+ * job's backends and copies rank 0's parameters) -> ACTIVE (iterations,
+ * sched.c); from any of them -> FAILED (a named error, or a quiet end; the
+ * remaining ranks are told and detached) -> DRAINING (no rank left, the
+ * executor still stopping) -> freed.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -110,10 +113,42 @@ static void job_free(struct job *j)
 	free(j);
 }
 
+const char *job_state_name(enum job_state s)
+{
+	static const char *const names[] = {
+		[JOB_FORMING] = "forming",   [JOB_REGISTERING] = "registering",
+		[JOB_ACTIVE] = "active",     [JOB_FAILED] = "failed",
+		[JOB_DRAINING] = "draining",
+	};
+	return s <= JOB_DRAINING ? names[s] : "?";
+}
+
+void job_set_state(struct job *j, enum job_state to)
+{
+	/* allowed[from] has bit `to` set */
+	static const unsigned allowed[] = {
+		[JOB_FORMING] = 1u << JOB_REGISTERING | 1u << JOB_FAILED,
+		[JOB_REGISTERING] = 1u << JOB_ACTIVE | 1u << JOB_FAILED,
+		[JOB_ACTIVE] = 1u << JOB_FAILED,
+		[JOB_FAILED] = 1u << JOB_DRAINING,
+		[JOB_DRAINING] = 0,
+	};
+
+	assert(allowed[j->state] & (1u << to));
+	log_debug("job %s: %s -> %s", j->id, job_state_name(j->state), job_state_name(to));
+	j->state = to;
+}
+
 void job_maybe_free(struct job *j)
 {
-	if (j->nconnected == 0 && !j->exec_running)
+	if (j->nconnected > 0)
+		return;
+	if (!j->exec_running) {
 		job_free(j);
+		return;
+	}
+	if (j->state == JOB_FAILED)
+		job_set_state(j, JOB_DRAINING);
 }
 
 void job_free_all(struct daemon *d)
@@ -131,13 +166,13 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 {
 	va_list ap;
 
-	if (j->state == JOB_FAILED)
+	if (job_ended(j))
 		return;
 	va_start(ap, fmt);
 	vsnprintf(j->errmsg, sizeof(j->errmsg), fmt, ap);
 	va_end(ap);
 	j->err = code;
-	j->state = JOB_FAILED;
+	job_set_state(j, JOB_FAILED);
 	j->quiet_end = !loud;
 	if (loud)
 		log_notice("job %s: failed: %s: %s", j->id, zc_strerror_name(code), j->errmsg);
@@ -195,7 +230,7 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 		return ZC_ELIMIT;
 	}
 	j = job_find(d, h->job_id, s->uid);
-	if (j && j->state == JOB_FAILED) {
+	if (j && job_ended(j)) {
 		snprintf(err, errlen, "job %s failed earlier (%s: %s); wait for its ranks to leave",
 			 j->id, zc_strerror_name(j->err), j->errmsg);
 		return ZC_EJOBFAILED;
@@ -215,7 +250,7 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 			 h->rank, (int)j->ranks[h->rank]->pid);
 		return ZC_EDUPRANK;
 	}
-	if (j && j->state != JOB_JOINING) {
+	if (j && j->state != JOB_FORMING) {
 		snprintf(err, errlen, "job %s is already running", j->id);
 		return ZC_ESTATE;
 	}
@@ -314,7 +349,7 @@ static void job_start(struct job *j)
 	if (r < 0)
 		goto out;
 	j->exec_running = true;
-	j->state = JOB_STARTING;
+	job_set_state(j, JOB_REGISTERING);
 	log_info("job %s: plan %016" PRIx64 ": %s, shard %s (%u units), step %s, %u buckets, "
 		 "%" PRIu64 " elements, backend %s, %u ops per iteration",
 		 j->id, j->plan->hash, plan_optimizer_name(j->plan->optimizer),
@@ -338,13 +373,13 @@ void job_register_plan(struct job *j, struct session *s, struct plan *p, const s
 	char err[256], field[192];
 	int r;
 
-	if (j->state == JOB_FAILED) {
+	if (job_ended(j)) {
 		sink_error(d->sink, s, ZC_EJOBFAILED, true, SINK_NO_ITERATION, -1,
 			   "job %s failed: %s", j->id, j->errmsg);
 		plan_free(p);
 		return;
 	}
-	if (j->state != JOB_JOINING || j->plans[s->rank] || j->grad_map[s->rank]) {
+	if (j->state != JOB_FORMING || j->plans[s->rank] || j->grad_map[s->rank]) {
 		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u already registered a plan; changing the plan of a "
 			   "running job is not supported",
@@ -399,7 +434,7 @@ void job_leave(struct job *j, struct session *s, enum leave_reason why)
 	}
 	/* Between iterations a rank that leaves ends the job quietly: the
 	 * others are not waiting on anything. Otherwise they are told now. */
-	if (j->state != JOB_FAILED) {
+	if (!job_ended(j)) {
 		bool idle = j->state == JOB_ACTIVE && !j->in_flight;
 		const char *how = why == LEAVE_GOODBYE ? "left the job"
 				  : why == LEAVE_UNREACHABLE

@@ -28,7 +28,7 @@ void sched_start(struct job *j)
 		return;
 	}
 	memcpy(j->groups, j->plan->groups, j->plan->ngroups * sizeof(*j->groups));
-	j->state = JOB_ACTIVE;
+	job_set_state(j, JOB_ACTIVE);
 	j->progress_ms = now_ms();
 	for (uint32_t r = 0; r < j->world; r++)
 		if (j->ranks[r])
@@ -40,7 +40,7 @@ static bool job_usable(struct job *j, struct session *s, uint64_t iteration, int
 {
 	if (j->state == JOB_ACTIVE)
 		return true;
-	if (j->state == JOB_FAILED)
+	if (job_ended(j))
 		sink_error(j->d->sink, s, ZC_EJOBFAILED, true, iteration, bucket,
 			   "job %s failed: %s: %s", j->id, zc_strerror_name(j->err), j->errmsg);
 	else
@@ -207,7 +207,7 @@ void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint3
  * rank that broke its ring fails the job, and the others hear that instead. */
 static void send_bucket_done(struct job *j, uint64_t t, uint32_t b)
 {
-	for (uint32_t r = 0; r < j->world && j->state != JOB_FAILED; r++)
+	for (uint32_t r = 0; r < j->world && !job_ended(j); r++)
 		if (j->ranks[r])
 			j->d->sink->bucket_done(j->ranks[r], t, b);
 }
@@ -223,7 +223,7 @@ static void finish_iteration(struct job *j, uint64_t t)
 	j->iterations_done++;
 	j->d->stats.iterations++;
 	j->progress_ms = now_ms();
-	for (uint32_t r = 0; r < j->world && j->state != JOB_FAILED; r++)
+	for (uint32_t r = 0; r < j->world && !job_ended(j); r++)
 		if (j->ranks[r])
 			j->d->sink->step_done(j->ranks[r], t);
 }
@@ -241,7 +241,7 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 		job_maybe_free(j);
 		return;
 	}
-	if (j->state == JOB_FAILED)
+	if (job_ended(j))
 		return;
 	j->progress_ms = now_ms();
 	switch (done->ev) {
@@ -307,10 +307,10 @@ void sched_check_stalls(struct daemon *d, int64_t now)
 		/* Ranks wait in an iteration or in zc_register_plan: the stall
 		 * timeout. Nobody waits yet (ranks connected, none registered),
 		 * but the job holds a slot: the longer join timeout. */
-		int limit = j->state == JOB_JOINING && j->nregistered == 0
+		int limit = j->state == JOB_FORMING && j->nregistered == 0
 				    ? d->cfg.join_timeout_ms
 				    : d->cfg.stall_timeout_ms;
-		bool waiting = (j->state == JOB_ACTIVE && j->in_flight) || j->state == JOB_JOINING;
+		bool waiting = (j->state == JOB_ACTIVE && j->in_flight) || j->state == JOB_FORMING;
 
 		if (!waiting || now - j->progress_ms < limit)
 			continue;

@@ -515,7 +515,7 @@ static size_t max_message(const struct session *s)
 {
 	if (!s)
 		return HELLO_MAX_BYTES;
-	if (s->job && s->job->state == JOB_JOINING && !s->job->plans[s->rank])
+	if (s->job && s->job->state == JOB_FORMING && !s->job->plans[s->rank])
 		return ZEROD_MAX_MSG_BYTES; /* its RegisterPlan is still to come */
 	return REGISTERED_MAX_BYTES;
 }
