@@ -33,6 +33,7 @@
 #include <zmq.h>
 
 #include "common.h"
+#include "backend.h"
 #include "daemon.h"
 #include "fastpath.h"
 #include "log.h"
@@ -427,6 +428,11 @@ int daemon_run(const struct daemon_config *cfg)
 	d.sink = &session_sink;
 	log_max_level = cfg->log_level;
 	raise_nofile(&d);
+	/* may load the CUDA driver: once, before anything is served */
+	r = backend_choose(cfg->backend ? cfg->backend : "auto", &d.cuda, why, sizeof(why));
+	if (r < 0)
+		goto out;
+	log_info("zerod: backends: %s", why);
 
 	/* first: signals are blocked in every thread created after it */
 	r = open_fds(&d, why, sizeof(why));
@@ -466,7 +472,7 @@ int daemon_run(const struct daemon_config *cfg)
 
 	log_notice("zerod %s: serving %s (backends: %s; mem %s; %u workers; "
 		   "%s for optimizer state; %u sessions, %u connections, RLIMIT_NOFILE %u)",
-		   ZEROD_VERSION_STRING, cfg->socket_path, backend_host.name, d.mem->name,
+		   ZEROD_VERSION_STRING, cfg->socket_path, d.cuda ? "cuda, host" : "host", d.mem->name,
 		   pool_threads(d.pool), fmt_bytes(size, d.cfg.max_memory), d.cfg.max_sessions,
 		   d.conn_limit, d.nofile);
 	r = loop_run(d.loop);

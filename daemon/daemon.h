@@ -53,6 +53,7 @@ struct daemon_config {
 	int hello_timeout_ms;  /* a connection that has no session this long is closed */
 	uint64_t max_memory;   /* bytes of optimizer state over all jobs; 0: half the RAM */
 	int log_level;
+	const char *backend; /* --backend auto|host|cuda; NULL: auto */
 };
 
 struct daemon_stats {
@@ -206,6 +207,7 @@ struct daemon {
 	bool stopping;
 	int64_t stop_deadline_ms;
 	const struct mem_ops *mem;
+	const struct backend *cuda; /* NULL: this daemon serves host buffers only */
 	struct daemon_stats stats;
 };
 

@@ -23,6 +23,8 @@ static void usage(FILE *f)
 		   "                           long (10000)\n"
 		   "      --max-memory SIZE    optimizer state of all jobs together, in bytes\n"
 		   "                           or with K, M, G, T (default: half the RAM)\n"
+		   "      --backend B          auto (cuda where a GPU is visible, else host),\n"
+		   "                           host, or cuda (refuse to start without a GPU)\n"
 		   "  -v, --verbose            debug logging\n"
 		   "  -q, --quiet              warnings and errors only\n"
 		   "      --version\n");
@@ -73,6 +75,7 @@ int main(int argc, char **argv)
 		{"max-memory", required_argument, NULL, 'M'},
 		{"join-timeout", required_argument, NULL, 'j'},
 		{"hello-timeout", required_argument, NULL, 'H'},
+		{"backend", required_argument, NULL, 'B'},
 		{"verbose", no_argument, NULL, 'v'},
 		{"quiet", no_argument, NULL, 'q'},
 		{"version", no_argument, NULL, 'V'},
@@ -126,6 +129,9 @@ int main(int argc, char **argv)
 		case 'M':
 			if (parse_size(optarg, &cfg.max_memory) < 0)
 				goto bad;
+			break;
+		case 'B':
+			cfg.backend = optarg;
 			break;
 		case 'v':
 			cfg.log_level = 7;
