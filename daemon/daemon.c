@@ -38,6 +38,7 @@
 #include "log.h"
 #include "loop.h"
 #include "mem/mem.h"
+#include "ops.h"
 #include "pool.h"
 
 /* fds kept beyond connections and pidfds: shm opens, /proc reads, the odd
@@ -62,6 +63,7 @@ static void on_completions(struct loop *l, void *userdata)
 		struct exec_done *next = done->next;
 		/* what a job's completions log, its owner caused */
 		log_set_cause(((struct job *)done->tag)->uid);
+		ops_exec_done(d, done);
 		sched_on_done(d, done);
 		log_clear_cause();
 		free(done);
@@ -86,6 +88,7 @@ static void begin_shutdown(struct daemon *d, const char *why)
 	d->stopping = true;
 	d->stop_deadline_ms = now_ms() + d->cfg.shutdown_timeout_ms;
 	log_notice("%s: shutting down", why);
+	ops_stopping(d);
 	for (struct job *j = d->jobs; j; j = j->next) {
 		if (j->state != JOB_FAILED)
 			job_fail(j, ZC_ESHUTDOWN, true, "zerod is shutting down (%s)", why);
@@ -124,6 +127,10 @@ static void on_signal(struct loop *l, void *userdata)
 			log_status(d);
 			continue;
 		}
+		if (si.ssi_signo == SIGHUP) {
+			ops_reload(d);
+			continue;
+		}
 		if (d->stopping) {
 			/* no waiting for executors in the middle of an op: the
 			 * socket goes, shared memory was unlinked when mapped */
@@ -156,6 +163,7 @@ static void before_sleep(struct loop *l, void *userdata)
 	int64_t next = MIN(session_next_deadline(d), conn_next_deadline(d));
 
 	next = MIN(next, fastpath_next_deadline(d));
+	next = MIN(next, ops_next_deadline(d));
 
 	(void)l;
 	if (d->stopping)
@@ -178,6 +186,7 @@ static void on_timer(struct loop *l, void *userdata)
 	sched_check_stalls(d, now);
 	fastpath_tick(d, now);
 	conn_check_idle(d, now);
+	ops_tick(d, now);
 	session_reap(d);
 }
 
@@ -211,6 +220,8 @@ static int claim_socket_path(struct daemon *d, char *why, size_t len)
 					   : strerror(-r));
 		return r == -EWOULDBLOCK ? -EADDRINUSE : r;
 	}
+	if (d->listen_fd >= 0)
+		return 0; /* systemd's socket (socket activation): it stays as it is */
 	if (lstat(path, &st) < 0) {
 		if (errno == ENOENT)
 			return 0;
@@ -276,6 +287,14 @@ static int open_router(struct daemon *d, char *why, size_t len)
 		snprintf(why, len, "ROUTER socket options: %s", zmq_strerror(-r));
 		return r;
 	}
+	/* socket activation: ZeroMQ takes systemd's listening socket, whose
+	 * file is systemd's (never unlinked here) */
+	if (d->listen_fd >= 0 &&
+	    zmq_setsockopt(d->router, ZMQ_USE_FD, &d->listen_fd, sizeof(d->listen_fd)) < 0) {
+		r = -zmq_errno();
+		snprintf(why, len, "ROUTER socket: adopting systemd's socket: %s", zmq_strerror(-r));
+		return r;
+	}
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", d->cfg.socket_path);
 	/* the socket file is born 0660 (zmq_bind creates it on this thread):
 	 * no moment with the umask's mode, and clients that see it may use it */
@@ -287,7 +306,7 @@ static int open_router(struct daemon *d, char *why, size_t len)
 		snprintf(why, len, "bind %s: %s", endpoint, zmq_strerror(-r));
 		return r;
 	}
-	if (lstat(d->cfg.socket_path, &st) == 0) {
+	if (d->listen_fd < 0 && lstat(d->cfg.socket_path, &st) == 0) {
 		d->bound = true;
 		d->sock_dev = st.st_dev;
 		d->sock_ino = st.st_ino;
@@ -371,6 +390,7 @@ static int open_fds(struct daemon *d, char *why, size_t len)
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGUSR1);
+	sigaddset(&mask, SIGHUP);
 	/* blocked in every thread: workers are created after this */
 	pthread_sigmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
@@ -391,6 +411,7 @@ static void daemon_close(struct daemon *d)
 	session_free_all(d);
 	fastpath_unlisten(d);
 	job_free_all(d); /* joins executors, unmaps buffers */
+	ops_close(d);    /* completes a trace, closes the control socket */
 	if (d->router) {
 		/* the jobs' last errors (ZC_ESHUTDOWN) may still be queued: give
 		 * them a moment to leave, then drop what a stuck peer never read */
@@ -416,7 +437,7 @@ static void daemon_close(struct daemon *d)
 
 int daemon_run(const struct daemon_config *cfg)
 {
-	struct daemon d = {.cfg = *cfg, .sigfd = -1, .lockfd = -1};
+	struct daemon d = {.cfg = *cfg, .sigfd = -1, .lockfd = -1, .listen_fd = -1};
 	char size[16], why[512] = "";
 	int r;
 
@@ -426,6 +447,8 @@ int daemon_run(const struct daemon_config *cfg)
 	d.mem = &mem_shm_ops;
 	log_max_level = cfg->log_level;
 	raise_nofile(&d);
+	/* before any thread: it unsets LISTEN_FDS */
+	d.listen_fd = ops_listen_fd(cfg->socket_path);
 
 	/* first: signals are blocked in every thread created after it */
 	r = open_fds(&d, why, sizeof(why));
@@ -454,6 +477,9 @@ int daemon_run(const struct daemon_config *cfg)
 	r = fd_limits(&d, why, sizeof(why));
 	if (r < 0)
 		goto out;
+	r = ops_open(&d, cfg, why, sizeof(why));
+	if (r < 0)
+		goto out;
 	fastpath_listen(&d);
 	if ((r = loop_add_zsock(d.loop, d.router, on_router, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, completion_queue_fd(d.cq), on_completions, &d)) < 0 ||
@@ -468,6 +494,10 @@ int daemon_run(const struct daemon_config *cfg)
 		   ZEROD_VERSION_STRING, cfg->socket_path, backend_host.name, d.mem->name,
 		   pool_threads(d.pool), fmt_bytes(size, d.cfg.max_memory), d.cfg.max_sessions,
 		   d.conn_limit, d.nofile);
+	if (d.listen_fd >= 0)
+		log_notice("the trainers' socket %s came from systemd (socket activation)",
+			   cfg->socket_path);
+	ops_ready(&d);
 	r = loop_run(d.loop);
 	if (r < 0)
 		snprintf(why, sizeof(why), "event loop: %s", strerror(-r));
