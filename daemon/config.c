@@ -94,6 +94,7 @@ struct str {
 struct config_src {
 	char *path;     /* the config file */
 	bool path_given; /* --config: it must exist */
+	bool path_read;  /* the last build read it (else it did not exist) */
 	struct {
 		unsigned key;
 		char *value;
@@ -301,6 +302,7 @@ static int read_file(struct config_src *src, struct daemon_config *c, char *err,
 	FILE *f;
 	int line;
 
+	src->path_read = false;
 	f = fopen(src->path, "re");
 	if (!f) {
 		int r = -errno;
@@ -316,6 +318,7 @@ static int read_file(struct config_src *src, struct daemon_config *c, char *err,
 	}
 	line = ini_parse_file(f, on_ini, &fc);
 	fclose(f);
+	src->path_read = true;
 	if (line == 0)
 		return 0;
 	if (line < 0) {
@@ -502,7 +505,7 @@ void config_src_free(struct config_src *src)
 
 const char *config_src_path(const struct config_src *src)
 {
-	return src->path;
+	return src->path_read ? src->path : "";
 }
 
 int config_build(struct config_src *src, struct daemon_config *ret, char *err, size_t len)

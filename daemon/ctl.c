@@ -109,6 +109,8 @@ static void fill_job(struct job *j, Zerod__V1__CtlJob *out, char *err, char *who
 	out->age_ms = jo ? (uint64_t)(ops_now_us() - jo->seen_us) / 1000 : 0;
 	out->idle_ms = now > j->progress_ms ? (uint64_t)(now - j->progress_ms) : 0;
 	out->waiting = ops_job_waiting(j);
+	out->stalled = out->waiting && j->d->cfg.stall_warn_ms > 0 &&
+		       now - j->progress_ms >= j->d->cfg.stall_warn_ms;
 	if (j->state == JOB_FAILED) {
 		snprintf(err, 256, "%s: %.200s", zc_strerror_name(j->err), j->errmsg);
 		out->error = err;
