@@ -21,6 +21,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include "common.h"
 #include "config.h"
@@ -311,7 +312,9 @@ static int read_file(struct config_src *src, struct daemon_config *c, char *err,
 		snprintf(err, len, "%s: %s", src->path, strerror(-r));
 		return r;
 	}
-	if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode)) {
+	/* a regular file, or /dev/null ("no config file") */
+	if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode) &&
+	    !(S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3))) {
 		fclose(f);
 		snprintf(err, len, "%s: not a regular file", src->path);
 		return -EINVAL;
