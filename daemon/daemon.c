@@ -3,14 +3,17 @@
  * or job. Start: the log's writer thread, the fd limit (raised to the hard
  * limit; the session and connection limits follow from it), worker pool,
  * completion queue, the socket's lock file, the ZeroMQ ROUTER on the socket
- * path (mode 0660) and its monitor, signalfd, then the loop. The loop sleeps
- * until the nearest deadline (a stall, a join or Hello timeout, a session
- * leaving, the shutdown); there is no periodic tick.
+ * path (mode 0660; or the listening socket systemd passed) and its monitor,
+ * signalfd, the operator's side (ops.h: the control socket, sd_notify), then
+ * the loop. The loop sleeps until the nearest deadline (a stall or its
+ * report, a join or Hello timeout, a session leaving, the watchdog, the
+ * shutdown); there is no periodic tick without systemd's watchdog.
  *
  * SIGTERM/SIGINT: every job fails with ZC_ESHUTDOWN (its ranks are told), the
  * loop runs on until every executor has stopped (bounded by
- * shutdown_timeout_ms), then mappings, socket and files are released. SIGUSR1
- * logs one status line (jobs, sessions, connections, memory, drops).
+ * shutdown_timeout_ms), then mappings, socket and files are released. SIGHUP
+ * reloads the config file (ops.c). SIGUSR1 logs one status line (jobs,
+ * sessions, connections, memory, drops).
  *
  * Start-up steps return an error and say why in a buffer; daemon_run() logs
  * it, once.
