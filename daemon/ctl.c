@@ -536,18 +536,43 @@ static void handle(struct daemon *d, const void *route, size_t rlen, zmq_msg_t *
 	zerod__v1__ctl__free_unpacked(req, NULL);
 }
 
+static bool ctl_readable(void *zsock)
+{
+	int events = 0;
+	size_t len = sizeof(events);
+
+	return zmq_getsockopt(zsock, ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN);
+}
+
+/*
+ * The control socket is watched through its ZMQ_FD as a plain fd, not with
+ * loop_add_zsock(): that would read ZMQ_EVENTS (a system call) on every turn
+ * of the loop, which costs every trainer's handoff ~1.6 us for a socket that
+ * is used a few times a day. ZMQ_FD is edge-like: it fires again only once
+ * ZMQ_EVENTS was read after the last receive and send. So a batch ends by
+ * reading it; a batch cut short leaves ctl_pending set and ops_tick() comes
+ * back at once (ctl_next_deadline).
+ */
 static void on_ctl(struct loop *l, void *userdata)
 {
 	struct daemon *d = userdata;
 
 	(void)l;
-	for (int n = 0; n < CTL_BATCH; n++) {
+	d->ops->ctl_pending = false;
+	for (int n = 0;; n++) {
 		zmq_msg_t route, body;
 
+		if (n == CTL_BATCH) {
+			d->ops->ctl_pending = ctl_readable(d->ops->ctl);
+			return;
+		}
 		zmq_msg_init(&route);
 		if (zmq_msg_recv(&route, d->ops->ctl, ZMQ_DONTWAIT) < 0) {
 			zmq_msg_close(&route);
-			return;
+			/* re-arm ZMQ_FD; a reply sent may have taken its edge */
+			if (!ctl_readable(d->ops->ctl))
+				return;
+			continue;
 		}
 		zmq_msg_init(&body);
 		if (zmq_msg_more(&route) && zmq_msg_recv(&body, d->ops->ctl, ZMQ_DONTWAIT) >= 0) {
@@ -593,6 +618,7 @@ int ctl_open(struct daemon *d, char *why, size_t len)
 	int64_t maxmsg = ZEROD_CTL_REQUEST_BYTES * 2;
 	struct stat st;
 	mode_t old_mask;
+	size_t len2;
 	int r;
 
 	if (snprintf(o->ctl_path, sizeof(o->ctl_path), "%s" ZEROD_CTL_SUFFIX,
@@ -637,10 +663,27 @@ int ctl_open(struct daemon *d, char *why, size_t len)
 				    "(members of the group cannot reach it)",
 				    o->ctl_path, (unsigned)o->group, strerror(errno));
 	}
-	r = loop_add_zsock(d->loop, o->ctl, on_ctl, d);
+	len2 = sizeof(o->ctl_fd);
+	if (zmq_getsockopt(o->ctl, ZMQ_FD, &o->ctl_fd, &len2) < 0) {
+		r = -zmq_errno();
+		snprintf(why, len, "control socket: ZMQ_FD: %s", zmq_strerror(-r));
+		return r;
+	}
+	r = loop_add_fd(d->loop, o->ctl_fd, on_ctl, d);
 	if (r < 0)
 		snprintf(why, len, "control socket: event loop: %s", strerror(-r));
 	return r;
+}
+
+void ctl_tick(struct daemon *d)
+{
+	if (d->ops->ctl && d->ops->ctl_pending)
+		on_ctl(d->loop, d);
+}
+
+int64_t ctl_next_deadline(struct daemon *d)
+{
+	return d->ops->ctl_pending ? 0 : INT64_MAX;
 }
 
 void ctl_close(struct daemon *d)
@@ -650,6 +693,7 @@ void ctl_close(struct daemon *d)
 
 	if (!o->ctl)
 		return;
+	loop_remove_fd(d->loop, o->ctl_fd);
 	zmq_close(o->ctl);
 	o->ctl = NULL;
 	/* only the file this process bound */

@@ -419,6 +419,7 @@ void ops_tick(struct daemon *d, int64_t now)
 
 	if (!o)
 		return;
+	ctl_tick(d);
 	jobops_sweep(d);
 	for (struct job *j = d->jobs; j; j = j->next) {
 		struct jobops *jo = jobops_of(j);
@@ -444,7 +445,7 @@ int64_t ops_next_deadline(struct daemon *d)
 
 	if (!o)
 		return INT64_MAX;
-	next = notify_next(&o->notify);
+	next = MIN(notify_next(&o->notify), ctl_next_deadline(d));
 	/* (d->jobs, not o->jobs: a record may outlive its job until a sweep) */
 	for (struct job *j = d->jobs; j; j = j->next) {
 		struct jobops *jo = j->ops;

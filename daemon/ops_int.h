@@ -141,6 +141,9 @@ void trace_step(struct daemon *d, struct jobops *jo, uint64_t t, int64_t since_u
 
 int ctl_open(struct daemon *d, char *why, size_t len);
 void ctl_close(struct daemon *d);
+/* Requests left over from a batch cut short: served from the timer. */
+void ctl_tick(struct daemon *d);
+int64_t ctl_next_deadline(struct daemon *d);
 
 /* ---- the whole ---- */
 
@@ -152,6 +155,8 @@ struct ops {
 	double start_wall; /* unix seconds */
 	struct notify notify;
 	void *ctl;        /* the control ROUTER */
+	int ctl_fd;       /* its ZMQ_FD, watched by the loop */
+	bool ctl_pending; /* a batch was cut short: more requests wait */
 	char ctl_path[128];
 	bool ctl_bound;
 	dev_t ctl_dev;
