@@ -13,6 +13,12 @@
 
 #define ZEROD_VERSION_STRING "0.1.0"
 
+/* The control protocol (proto/zerod.proto, message Ctl) zeroctl and zerod
+ * speak over <socket>.ctl; and the largest control request zerod reads. */
+#define ZEROD_CTL_VERSION       1
+#define ZEROD_CTL_SUFFIX        ".ctl"
+#define ZEROD_CTL_REQUEST_BYTES 4096
+
 /* Largest message either side accepts (ZMQ_MAXMSGSIZE). */
 #define ZEROD_MAX_MSG_BYTES (32 * 1024 * 1024)
 

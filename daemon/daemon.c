@@ -3,14 +3,17 @@
  * or job. Start: the log's writer thread, the fd limit (raised to the hard
  * limit; the session and connection limits follow from it), worker pool,
  * completion queue, the socket's lock file, the ZeroMQ ROUTER on the socket
- * path (mode 0660) and its monitor, signalfd, then the loop. The loop sleeps
- * until the nearest deadline (a stall, a join or Hello timeout, a session
- * leaving, the shutdown); there is no periodic tick.
+ * path (mode 0660; or the listening socket systemd passed) and its monitor,
+ * signalfd, the operator's side (ops.h: the control socket, sd_notify), then
+ * the loop. The loop sleeps until the nearest deadline (a stall or its
+ * report, a join or Hello timeout, a session leaving, the watchdog, the
+ * shutdown); there is no periodic tick without systemd's watchdog.
  *
  * SIGTERM/SIGINT: every job fails with ZC_ESHUTDOWN (its ranks are told), the
  * loop runs on until every executor has stopped (bounded by
- * shutdown_timeout_ms), then mappings, socket and files are released. SIGUSR1
- * logs one status line (jobs, sessions, connections, memory, drops).
+ * shutdown_timeout_ms), then mappings, socket and files are released. SIGHUP
+ * reloads the config file (ops.c). SIGUSR1 logs one status line (jobs,
+ * sessions, connections, memory, drops).
  *
  * Start-up steps return an error and say why in a buffer; daemon_run() logs
  * it, once.
@@ -39,6 +42,7 @@
 #include "log.h"
 #include "loop.h"
 #include "mem/mem.h"
+#include "ops.h"
 #include "pool.h"
 
 /* fds kept beyond connections and pidfds: shm opens, /proc reads, the odd
@@ -63,6 +67,7 @@ static void on_completions(struct loop *l, void *userdata)
 		struct exec_done *next = done->next;
 		/* what a job's completions log, its owner caused */
 		log_set_cause(((struct job *)done->tag)->uid);
+		ops_exec_done(d, done);
 		sched_on_done(d, done);
 		log_clear_cause();
 		free(done);
@@ -87,6 +92,7 @@ static void begin_shutdown(struct daemon *d, const char *why)
 	d->stopping = true;
 	d->stop_deadline_ms = now_ms() + d->cfg.shutdown_timeout_ms;
 	log_notice("%s: shutting down", why);
+	ops_stopping(d);
 	for (struct job *j = d->jobs; j; j = j->next) {
 		if (!job_ended(j))
 			job_fail(j, ZC_ESHUTDOWN, true, "zerod is shutting down (%s)", why);
@@ -125,6 +131,10 @@ static void on_signal(struct loop *l, void *userdata)
 			log_status(d);
 			continue;
 		}
+		if (si.ssi_signo == SIGHUP) {
+			ops_reload(d);
+			continue;
+		}
 		if (d->stopping) {
 			/* no waiting for executors in the middle of an op: the
 			 * socket goes, shared memory was unlinked when mapped */
@@ -157,6 +167,7 @@ static void before_sleep(struct loop *l, void *userdata)
 	int64_t next = MIN(session_next_deadline(d), conn_next_deadline(d));
 
 	next = MIN(next, fastpath_next_deadline(d));
+	next = MIN(next, ops_next_deadline(d));
 
 	(void)l;
 	if (d->stopping)
@@ -179,6 +190,7 @@ static void on_timer(struct loop *l, void *userdata)
 	sched_check_stalls(d, now);
 	fastpath_tick(d, now);
 	conn_check_idle(d, now);
+	ops_tick(d, now);
 	session_reap(d);
 }
 
@@ -212,6 +224,8 @@ static int claim_socket_path(struct daemon *d, char *why, size_t len)
 					   : strerror(-r));
 		return r == -EWOULDBLOCK ? -EADDRINUSE : r;
 	}
+	if (d->listen_fd >= 0)
+		return 0; /* systemd's socket (socket activation): it stays as it is */
 	if (lstat(path, &st) < 0) {
 		if (errno == ENOENT)
 			return 0;
@@ -277,6 +291,14 @@ static int open_router(struct daemon *d, char *why, size_t len)
 		snprintf(why, len, "ROUTER socket options: %s", zmq_strerror(-r));
 		return r;
 	}
+	/* socket activation: ZeroMQ takes systemd's listening socket, whose
+	 * file is systemd's (never unlinked here) */
+	if (d->listen_fd >= 0 &&
+	    zmq_setsockopt(d->router, ZMQ_USE_FD, &d->listen_fd, sizeof(d->listen_fd)) < 0) {
+		r = -zmq_errno();
+		snprintf(why, len, "ROUTER socket: adopting systemd's socket: %s", zmq_strerror(-r));
+		return r;
+	}
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", d->cfg.socket_path);
 	/* the socket file is born 0660 (zmq_bind creates it on this thread):
 	 * no moment with the umask's mode, and clients that see it may use it */
@@ -288,7 +310,7 @@ static int open_router(struct daemon *d, char *why, size_t len)
 		snprintf(why, len, "bind %s: %s", endpoint, zmq_strerror(-r));
 		return r;
 	}
-	if (lstat(d->cfg.socket_path, &st) == 0) {
+	if (d->listen_fd < 0 && lstat(d->cfg.socket_path, &st) == 0) {
 		d->bound = true;
 		d->sock_dev = st.st_dev;
 		d->sock_ino = st.st_ino;
@@ -372,6 +394,7 @@ static int open_fds(struct daemon *d, char *why, size_t len)
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGUSR1);
+	sigaddset(&mask, SIGHUP);
 	/* blocked in every thread: workers are created after this */
 	pthread_sigmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
@@ -392,6 +415,7 @@ static void daemon_close(struct daemon *d)
 	session_free_all(d);
 	fastpath_unlisten(d);
 	job_free_all(d); /* joins executors, unmaps buffers */
+	ops_close(d);    /* completes a trace, closes the control socket */
 	if (d->router) {
 		/* the jobs' last errors (ZC_ESHUTDOWN) may still be queued: give
 		 * them a moment to leave, then drop what a stuck peer never read */
@@ -417,7 +441,7 @@ static void daemon_close(struct daemon *d)
 
 int daemon_run(const struct daemon_config *cfg)
 {
-	struct daemon d = {.cfg = *cfg, .sigfd = -1, .lockfd = -1};
+	struct daemon d = {.cfg = *cfg, .sigfd = -1, .lockfd = -1, .listen_fd = -1};
 	char size[16], why[512] = "";
 	int r;
 
@@ -428,6 +452,8 @@ int daemon_run(const struct daemon_config *cfg)
 	d.sink = &session_sink;
 	log_max_level = cfg->log_level;
 	raise_nofile(&d);
+	/* before any thread: it unsets LISTEN_FDS */
+	d.listen_fd = ops_listen_fd(cfg->socket_path);
 	/* may load the CUDA driver: once, before anything is served */
 	r = backend_choose(cfg->backend ? cfg->backend : "auto", &d.cuda, why, sizeof(why));
 	if (r < 0)
@@ -461,6 +487,9 @@ int daemon_run(const struct daemon_config *cfg)
 	r = fd_limits(&d, why, sizeof(why));
 	if (r < 0)
 		goto out;
+	r = ops_open(&d, cfg, why, sizeof(why));
+	if (r < 0)
+		goto out;
 	fastpath_listen(&d);
 	if ((r = loop_add_zsock(d.loop, d.router, on_router, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, completion_queue_fd(d.cq), on_completions, &d)) < 0 ||
@@ -475,6 +504,10 @@ int daemon_run(const struct daemon_config *cfg)
 		   ZEROD_VERSION_STRING, cfg->socket_path, d.cuda ? "cuda, host" : "host", d.mem->name,
 		   pool_threads(d.pool), fmt_bytes(size, d.cfg.max_memory), d.cfg.max_sessions,
 		   d.conn_limit, d.nofile);
+	if (d.listen_fd >= 0)
+		log_notice("the trainers' socket %s came from systemd (socket activation)",
+			   cfg->socket_path);
+	ops_ready(&d);
 	r = loop_run(d.loop);
 	if (r < 0)
 		snprintf(why, sizeof(why), "event loop: %s", strerror(-r));

@@ -32,6 +32,9 @@ struct pool;
 struct mem_map;
 struct mem_desc;
 struct conn;
+struct config_src;
+struct jobops;
+struct ops;
 
 /* What serves a job's data plane; chosen per job. */
 struct backend {
@@ -54,6 +57,14 @@ struct daemon_config {
 	uint64_t max_memory;   /* bytes of optimizer state over all jobs; 0: half the RAM */
 	int log_level;
 	const char *backend; /* --backend auto|host|cuda; NULL: auto */
+	/* operations (ops.c): the stall inspector's first report, the flight
+	 * recorder's size, the metrics textfile, who may use zeroctl */
+	int stall_warn_ms;
+	unsigned flight_records;
+	const char *metrics_textfile; /* "": none */
+	int metrics_interval_ms;
+	const char *group; /* "": zerod's own group */
+	struct config_src *src; /* the flags and file it came from: read again on reload */
 };
 
 struct daemon_stats {
@@ -169,6 +180,7 @@ struct job {
 	bool in_flight;                /* some bucket of iteration `iter` arrived */
 
 	uint64_t iterations_done, buckets_done;
+	struct jobops *ops; /* the operator's record of it (ops.c), or NULL */
 };
 
 struct daemon {
@@ -209,6 +221,8 @@ struct daemon {
 	const struct mem_ops *mem;
 	const struct backend *cuda; /* NULL: this daemon serves host buffers only */
 	struct daemon_stats stats;
+	struct ops *ops; /* the operator's side (ops.h): NULL until ops_open() */
+	int listen_fd;   /* socket activation: the trainers' socket from systemd, or -1 */
 };
 
 /* daemon.c */

@@ -22,6 +22,7 @@
 #include "common.h"
 #include "daemon.h"
 #include "log.h"
+#include "ops.h"
 #include "mem/mem.h"
 
 /* Job ids are per uid: another user's Hello never finds (nor learns of, nor
@@ -71,6 +72,7 @@ static void job_free(struct job *j)
 	struct daemon *d = j->d;
 	struct exec_stats es = {0};
 
+	ops_job_free(j);
 	for (struct job **pp = &d->jobs; *pp; pp = &(*pp)->next)
 		if (*pp == j) {
 			*pp = j->next;

@@ -18,6 +18,7 @@
 #include "common.h"
 #include "daemon.h"
 #include "log.h"
+#include "ops.h"
 
 void sched_start(struct job *j)
 {
@@ -81,6 +82,8 @@ static void bucket_complete(struct job *j, uint32_t b)
 		r = take_snapshot(j, t);
 	if (r >= 0)
 		r = exec_bucket(j->exec, t, b);
+	if (r >= 0)
+		ops_bucket_queued(j, t, b);
 	if (r < 0)
 		job_fail(j, ZC_EINTERNAL, true, "cannot queue iteration %" PRIu64 " bucket %u: %s",
 			 t, b, zc_strerror(r));
@@ -128,6 +131,7 @@ void sched_bucket_ready(struct job *j, struct session *s, uint64_t iteration, ui
 		return;
 	}
 	j->next_bucket[s->rank] = next + 1;
+	ops_bucket_ready(j, s->rank, iteration, bucket);
 	j->in_flight = true;
 	j->progress_ms = now_ms();
 	if (++j->arrived[bucket] == j->local_size)

@@ -27,6 +27,7 @@
 #include "daemon.h"
 #include "fastpath.h"
 #include "log.h"
+#include "ops.h"
 #include "loop.h"
 #include "mem/mem.h"
 #include "wire.h"
@@ -97,6 +98,7 @@ static void reply_error(struct daemon *d, const void *route, size_t len, int cod
 	if (!conn_may_reply(d, d->cur_conn))
 		return;
 	d->stats.errors_sent++;
+	ops_error_sent(d, code);
 	(void)wire_send_error(d->router, route, len, d->cur_request, code, true, WIRE_NO_ITERATION,
 			      -1, msg);
 }
@@ -142,6 +144,7 @@ void session_send_error(struct session *s, int code, bool fatal, uint64_t iterat
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	s->d->stats.errors_sent++;
+	ops_error_sent(s->d, code);
 	if (log_allowed(s))
 		log_info("job %s rank %u: %s: %s", s->job ? s->job->id : "-", s->rank,
 			 zc_strerror_name(code), msg);

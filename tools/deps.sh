@@ -8,7 +8,20 @@ ZEROD_PACKAGES=(
     libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
     g++ libgloo-dev
     python3
+    # operating zerod: sd_notify and socket activation, the config file
+    libsystemd-dev libinih-dev
+    # the ops suite: systemd-analyze, systemd-socket-activate, the JSON
+    # schema of zeroctl -o json, a second parser of the metrics
+    systemd python3-jsonschema python3-prometheus-client
 )
+
+# promtool (Debian's prometheus package) checks the metrics exposition. Its
+# package starts a Prometheus server once installed, unless policy-rc.d
+# forbids starting services (containers, CI): only there is it installed;
+# elsewhere the ops suite says so and uses its other parsers.
+if [ -x /usr/sbin/policy-rc.d ] && { /usr/sbin/policy-rc.d prometheus start >/dev/null 2>&1; [ $? -eq 101 ]; }; then
+    ZEROD_PACKAGES+=(prometheus)
+fi
 
 # nvcc needs a host C++ compiler; meson builds the CUDA backend wherever
 # the toolkit is (meson.build)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build with -Werror, run
-# every meson suite (unit, integration, fuzz), then the same suites once more
+# every meson suite (unit, integration, fuzz, ops), then the same suites once more
 # built with AddressSanitizer + UBSan (tools/sanitize.sh asan), and print one
 # closing line that counts both runs. Fails if either run fails.
 #
@@ -20,7 +20,7 @@ meson test -C "$build" --print-errorlogs "$@" || status=$?
 if [ "${ZEROD_TEST_ASAN:-1}" != 0 ]; then
     echo "== the same suites under AddressSanitizer + UBSan (${build}-asan)"
     args=("$@")
-    [ $# -gt 0 ] || args=(--suite unit --suite integration --suite fuzz)
+    [ $# -gt 0 ] || args=(--suite unit --suite integration --suite fuzz --suite ops)
     rm -f "$build-asan/meson-logs/testlog.json"
     BUILD_DIR=$build "$top/tools/sanitize.sh" asan "${args[@]}" || status=$?
     logs+=("$build-asan/meson-logs/testlog.json")

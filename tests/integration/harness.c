@@ -261,7 +261,7 @@ bool proc_alive(pid_t pid)
 
 int wait_child(pid_t pid, int timeout_ms)
 {
-	int64_t deadline = test_ms() + test_timeout(timeout_ms);
+	int64_t deadline = test_ms() + test_timeout(timeout_ms), gone_at = 0;
 	int st;
 
 	for (;;) {
@@ -275,8 +275,14 @@ int wait_child(pid_t pid, int timeout_ms)
 			int s = test_reaped(pid);
 			if (s >= 0)
 				return s;
-			if (kill(pid, 0) < 0 && test_reaped(pid) < 0)
-				return -ECHILD; /* nobody knows this process */
+			/* gone, and not recorded: the runner may be between its
+			 * waitpid() and the record (a moment), or nobody knows it */
+			if (kill(pid, 0) < 0 && test_reaped(pid) < 0) {
+				if (!gone_at)
+					gone_at = test_ms();
+				else if (test_ms() - gone_at > 1000)
+					return -ECHILD;
+			}
 		}
 		if (test_ms() >= deadline) {
 			kill(pid, SIGKILL);
