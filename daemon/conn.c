@@ -220,6 +220,19 @@ struct conn *conn_of_fd(struct daemon *d, int fd)
 	return d->conns[fd];
 }
 
+/* Messages a peer sent before it closed stay queued in the ROUTER after the
+ * fd is gone, and the fd number may serve a new connection by the time they
+ * are read: a message whose route is not that of the session bound to its fd
+ * came on an older connection, and is charged to none. */
+struct conn *conn_of_msg(struct daemon *d, int fd, const void *route, size_t rlen)
+{
+	struct conn *c = conn_of_fd(d, fd);
+
+	if (c && c->s && (c->s->route_len != rlen || memcmp(c->s->route, route, rlen) != 0))
+		return NULL;
+	return c;
+}
+
 void conn_bind(struct conn *c, struct session *s)
 {
 	struct daemon *d = s->d;

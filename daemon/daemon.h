@@ -235,6 +235,7 @@ void conn_close_all(struct daemon *d);
 void conn_update(struct daemon *d);
 /* The open connection on fd, or NULL (conn_update() first). */
 struct conn *conn_of_fd(struct daemon *d, int fd);
+struct conn *conn_of_msg(struct daemon *d, int fd, const void *route, size_t rlen);
 /* A session began / ended on c: while it has none, c may idle only
  * hello_timeout_ms. */
 void conn_bind(struct conn *c, struct session *s);

@@ -642,7 +642,8 @@ int session_on_router(struct loop *l, void *userdata)
 			continue;
 		}
 		d->cur_peer = peer_cred(&body);
-		d->cur_conn = conn_of_fd(d, zmq_msg_get(&body, ZMQ_SRCFD));
+		d->cur_conn = conn_of_msg(d, zmq_msg_get(&body, ZMQ_SRCFD), zmq_msg_data(&route),
+					  zmq_msg_size(&route));
 		log_set_cause(d->cur_peer.uid);
 		zmq_getsockopt(d->router, ZMQ_RCVMORE, &more, &more_len);
 		if (more) {
