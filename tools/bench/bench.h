@@ -51,9 +51,9 @@ int floor_unix_rtt_us(int iters, int cpu_a, int cpu_b, double *ret_us);
 /* The first two CPUs this process may run on (-1 where there are fewer);
  * returns how many it found. */
 int floor_two_cpus(int *ret_a, int *ret_b);
-/* Median time of the plain-C fused pass over cfg's bytes (see floors.c), in
- * milliseconds. */
-int floor_fused_ms(const struct bench_cfg *cfg, double *ret_ms);
+/* Median and fastest time of the plain-C fused pass over cfg's bytes (see
+ * floors.c), in milliseconds. */
+int floor_fused_ms(const struct bench_cfg *cfg, double *ret_ms, double *ret_min_ms);
 /* Bytes one iteration must move through memory at the least (see floors.c). */
 double floor_bytes_moved(const struct bench_cfg *cfg);
 

@@ -448,7 +448,7 @@ static void fused_consts(struct fused *f)
 	};
 }
 
-int floor_fused_ms(const struct bench_cfg *cfg, double *ret_ms)
+int floor_fused_ms(const struct bench_cfg *cfg, double *ret_ms, double *ret_min_ms)
 {
 	struct fused f = {.cfg = cfg, .n = cfg->params};
 	unsigned sf = bench_state_floats(cfg);
@@ -481,6 +481,7 @@ int floor_fused_ms(const struct bench_cfg *cfg, double *ret_ms)
 		t[i] = (double)(bench_ns() - t0) / 1e6;
 	}
 	*ret_ms = bench_quantile(t + cfg->warmup, (size_t)cfg->iters, 0.5);
+	*ret_min_ms = bench_quantile(t + cfg->warmup, (size_t)cfg->iters, 0);
 out:
 	team_free(team);
 	for (uint32_t k = 0; k < cfg->ranks; k++) {

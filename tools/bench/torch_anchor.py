@@ -18,7 +18,9 @@ Backward compute is subtracted: every iteration is also run under no_sync()
 (the same forward and backward, no communication, no step), interleaved with
 the synced ones so that noise hits both alike, and
     torch_iter_ms = median(synced) - median(no_sync),
-each iteration's time being the slowest rank's. Prints one JSON line.
+each iteration's time being the slowest rank's. The batch is 1: Debian's
+torch computes with the reference BLAS, so compute is slow, and the less of
+it there is to subtract, the less noise it adds. Prints one JSON line.
 
 Debian's python3-torch (1.13, CPU only): run with /usr/bin/python3.
 """
