@@ -21,6 +21,12 @@ def num(v, fmt="{:.1f}"):
     return "–" if v is None else fmt.format(v)
 
 
+def load_cell(j):
+    """The run's load average; over 1 on 2 cores a neighbour was busy."""
+    v = j["loadavg"]
+    return "–" if v is None else f"{v:.2f}" + (" busy" if v > 1.0 else "")
+
+
 def machine():
     model = "?"
     for line in open("/proc/cpuinfo"):
@@ -59,12 +65,12 @@ def main():
         f"| {j['params'] / 1e6:g}M | {j['buckets']} | {num(j['zerod_iter_ms'])} | "
         f"{num(j['torch_iter_ms'])} | {num(j['fused_ref_ms'])} | {num(j['floor_iter_ms'])} | "
         f"{num(j['vs_torch'], '{:.2f}×')} | {num(j['vs_fused'], '{:.2f}×')} | "
-        f"{num(j['loadavg'], '{:.2f}')} |" for j in sizes)
+        f"{load_cell(j)} |" for j in sizes)
     mode_rows = "\n".join(
         f"| {j['shard']} | {j['step']} | {num(j['zerod_iter_ms'])} | "
         f"{num(j['fused_ref_ms'])} | {num(j['vs_fused'], '{:.2f}×')} | "
         f"{j['daemon_rss_anon_bytes'] / 1e6:.0f} MB | {num(j['rss_vs_state'], '{:.2f}×')} | "
-        f"{num(j['loadavg'], '{:.2f}')} |" for j in modes)
+        f"{load_cell(j)} |" for j in modes)
     mb = 1e6
     text = f"""# zerod performance
 
@@ -83,7 +89,9 @@ copy, a fast handoff); rerun the command after it lands.
 
 The machine is shared and has 2 cores: a neighbour's build halves every
 bandwidth. `perf-doc.sh` waits for a quiet machine before each run and each
-JSON records the load average it began at (`loadavg`); compare the ratios
+JSON records the load average it began at (`loadavg`, the tables' "load";
+"busy" marks runs that began above 1, whose numbers a neighbour bent: rerun
+them when the machine is quiet); compare the ratios
 inside one run, which zerod-bench measures back to back, rather than absolute
 times across runs.
 
@@ -190,7 +198,7 @@ without it, a table with the same values.
 - **`memcpy_gbps`**: bytes copied per second by one thread's `memcpy` of
   `--memcpy-size` (256M), best of at least 6 copies and 0.3 s.
   **`triad_gbps`**: STREAM triad `a = b + 3c` on `--threads` threads, counted
-  as STREAM does (3 arrays), best of at least 8 passes and 0.3 s.
+  as STREAM does (3 arrays), best of at least 8 passes and 1 s.
 - **`handoff_p50_us`, `handoff_p99_us`**: a second job on the same daemon with
   one bucket of 16 elements; each rank times `zc_bucket_ready()` → its step
   future done over `--handoff-iters` (2000) iterations, the ranks meeting at a
@@ -202,7 +210,10 @@ without it, a table with the same values.
   (`unix_rtt_same_cpu_us`) was {h['unix_rtt_us'] / h['unix_rtt_same_cpu_us']:.0f}× cheaper in the headline run, because waking an idle vCPU
   costs tens of µs, and unpinned it lands on either at random. The handoff
   crosses CPUs (trainers and the daemon's threads run on both), so
-  `handoff_vs_unix` divides by the cross-CPU figure.
+  `handoff_vs_unix` divides by the cross-CPU figure; against the one-CPU
+  figure the headline's handoff p50 is
+  {h['handoff_p50_us'] / h['unix_rtt_same_cpu_us']:.0f}×. (Issue 5's "12.5×" was
+  against a ~13 µs round trip, which on this VM is neither.)
 - **`daemon_rss_anon_bytes`**: `RssAnon` of `/proc/<zerod>/status` (private
   memory; the mapped shared buffers are `RssShmem` and not counted) read while
   every rank of the main job is still connected, after its iterations.
