@@ -12,6 +12,7 @@
  * both cores to the daemon, and it can be aborted, so a failed rank ends the
  * run instead of hanging it.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -69,27 +70,36 @@ int daemon_start(struct bench_daemon *d, const char *bin)
 
 int daemon_stop(struct bench_daemon *d)
 {
-	char path[256];
 	int st = 0, r = 0;
+	pid_t w = 0;
 
 	if (d->pid > 0) {
 		kill(d->pid, SIGTERM);
-		for (int i = 0; i < 1000 && waitpid(d->pid, &st, WNOHANG) == 0; i++)
+		for (int i = 0; i < 1000 && (w = waitpid(d->pid, &st, WNOHANG)) == 0; i++)
 			usleep(10000);
-		if (waitpid(d->pid, &st, WNOHANG) == 0) {
+		if (w == 0) {
 			kill(d->pid, SIGKILL);
 			waitpid(d->pid, &st, 0);
 			r = -ETIMEDOUT;
+		} else if (w < 0) {
+			r = -errno;
 		} else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
 			r = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 		}
 		d->pid = 0;
 	}
 	if (d->dir[0]) {
-		unlink(d->sock);
-		unlink(d->log);
-		snprintf(path, sizeof(path), "%s", d->dir);
-		rmdir(path);
+		/* The socket, the log, and whatever else zerod left beside them
+		 * (its socket's lock file). */
+		DIR *dir = opendir(d->dir);
+		struct dirent *e;
+
+		while (dir && (e = readdir(dir)))
+			if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+				unlinkat(dirfd(dir), e->d_name, 0);
+		if (dir)
+			closedir(dir);
+		rmdir(d->dir);
 		d->dir[0] = 0;
 	}
 	return r;
