@@ -1,0 +1,90 @@
+/*
+ * bench.h — what the pieces of zerod-bench share: the configuration of one
+ * run, the floors measured without zerod (floors.c), and the jobs run through
+ * a real zerod (jobs.c). zerod-bench.c parses the flags and prints the report.
+ */
+#ifndef ZEROD_BENCH_H
+#define ZEROD_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "zeroclient.h"
+
+struct bench_cfg {
+	uint64_t params;   /* fp32 elements over all buckets */
+	uint32_t nbuckets; /* buckets of bucket_numel (the last one may be shorter) */
+	uint64_t bucket_numel;
+	uint32_t ranks;
+	enum zc_optimizer optim;
+	enum zc_shard_mode shard;
+	enum zc_step_mode step;
+	struct zc_param_group hp;
+	int iters, warmup;
+	int handoff_iters;   /* tiny-bucket iterations for the handoff latency */
+	unsigned threads;    /* threads of the fused reference and triad (CPUs online) */
+	size_t memcpy_bytes; /* what the memcpy floor copies */
+	const char *zerod;   /* the daemon binary */
+};
+
+/* Monotonic time in nanoseconds. */
+int64_t bench_ns(void);
+/* The q-quantile (0..1) of n samples; sorts v in place. */
+double bench_quantile(double *v, size_t n, double q);
+/* Floats of optimizer state per element the daemon must hold for cfg. */
+unsigned bench_state_floats(const struct bench_cfg *cfg);
+
+/* ---- floors.c: measured in this process, no zerod ---- */
+
+/* Single-thread memcpy: bytes copied per second, best of a few, in GB/s. */
+int floor_memcpy_gbps(size_t bytes, double *ret_gbps);
+/* STREAM triad a = b + s*c over arrays of `bytes` on `threads` threads,
+ * counted as STREAM does (3 arrays; the write-allocate read of a is not
+ * counted), best of a few. */
+int floor_triad_gbps(size_t bytes, unsigned threads, double *ret_gbps);
+/* Median round trip of a 64-byte message over an AF_UNIX socketpair to a
+ * forked echo process, in microseconds; this process pinned to cpu_a while it
+ * measures, the echo to cpu_b (< 0: not pinned). */
+int floor_unix_rtt_us(int iters, int cpu_a, int cpu_b, double *ret_us);
+/* The first two CPUs this process may run on (-1 where there are fewer);
+ * returns how many it found. */
+int floor_two_cpus(int *ret_a, int *ret_b);
+/* Median and fastest time of the plain-C fused pass over cfg's bytes (see
+ * floors.c), in milliseconds. */
+int floor_fused_ms(const struct bench_cfg *cfg, double *ret_ms, double *ret_min_ms);
+/* Bytes one iteration must move through memory at the least (see floors.c). */
+double floor_bytes_moved(const struct bench_cfg *cfg);
+
+/* ---- jobs.c: a real zerod and real trainer processes ---- */
+
+struct bench_daemon {
+	char dir[128];
+	char sock[192];
+	char log[192];
+	pid_t pid;
+};
+
+/* Start cfg->zerod on a socket in a fresh temporary directory. 0 or -errno. */
+int daemon_start(struct bench_daemon *d, const char *bin);
+/* SIGTERM, wait, remove the directory. 0, or -errno / the exit status. */
+int daemon_stop(struct bench_daemon *d);
+
+struct job_result {
+	double iter_ms;          /* median over iterations of the slowest rank's time */
+	double iter_min_ms;      /* fastest iteration */
+	uint64_t rss_anon_bytes; /* zerod's RssAnon with the job active */
+};
+
+/* The main job: cfg's plan, warmup + iters iterations; each rank fills its
+ * gradients, waits for the others, then times bucket_ready of every bucket
+ * up to its step future. */
+int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
+		   struct job_result *ret);
+/* The handoff job: one bucket of 16 elements; zc_bucket_ready to the step
+ * future done, per rank and iteration, p50 and p99 in microseconds. */
+int job_handoff(const struct bench_daemon *d, const struct bench_cfg *cfg, double *ret_p50_us,
+		double *ret_p99_us);
+
+#endif

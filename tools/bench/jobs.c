@@ -1,0 +1,424 @@
+/*
+ * jobs.c — the part of zerod-bench that runs a real zerod on a private socket
+ * and forks real trainer processes that speak to it only through the public
+ * libzeroclient API.
+ *
+ * Every rank fills its gradients outside the timed region, then all ranks
+ * meet at a barrier, and each times from its first zc_bucket_ready() to its
+ * step future done: the daemon's handoff, reduction, optimizer step and
+ * write-back, net of the trainers' own work. The ranks share one anonymous
+ * MAP_SHARED region (inherited through fork) for the barrier, their samples
+ * and their errors. The barrier sleeps on a futex, so a waiting rank leaves
+ * both cores to the daemon, and it can be aborted, so a failed rank ends the
+ * run instead of hanging it.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+#define STEP_TIMEOUT_MS 60000
+
+/* ---- the daemon ---- */
+
+int daemon_start(struct bench_daemon *d, const char *bin)
+{
+	int64_t deadline;
+
+	memset(d, 0, sizeof(*d));
+	snprintf(d->dir, sizeof(d->dir), "/tmp/zerod-bench.XXXXXX");
+	if (!mkdtemp(d->dir))
+		return -errno;
+	snprintf(d->sock, sizeof(d->sock), "%s/zerod.sock", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/zerod.log", d->dir);
+	d->pid = fork();
+	if (d->pid < 0)
+		return -errno;
+	if (d->pid == 0) {
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd >= 0)
+			dup2(fd, 2);
+		execl(bin, bin, "--socket", d->sock, (char *)NULL);
+		_exit(127);
+	}
+	deadline = bench_ns() + 10000000000ll;
+	while (bench_ns() < deadline) {
+		if (access(d->sock, F_OK) == 0)
+			return 0;
+		if (waitpid(d->pid, NULL, WNOHANG) == d->pid) {
+			d->pid = 0;
+			return -ECHILD;
+		}
+		usleep(5000);
+	}
+	return -ETIMEDOUT;
+}
+
+int daemon_stop(struct bench_daemon *d)
+{
+	int st = 0, r = 0;
+	pid_t w = 0;
+
+	if (d->pid > 0) {
+		kill(d->pid, SIGTERM);
+		for (int i = 0; i < 1000 && (w = waitpid(d->pid, &st, WNOHANG)) == 0; i++)
+			usleep(10000);
+		if (w == 0) {
+			kill(d->pid, SIGKILL);
+			waitpid(d->pid, &st, 0);
+			r = -ETIMEDOUT;
+		} else if (w < 0) {
+			r = -errno;
+		} else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			r = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		}
+		d->pid = 0;
+	}
+	if (d->dir[0]) {
+		/* The socket, the log, and whatever else zerod left beside them
+		 * (its socket's lock file). */
+		DIR *dir = opendir(d->dir);
+		struct dirent *e;
+
+		while (dir && (e = readdir(dir)))
+			if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+				unlinkat(dirfd(dir), e->d_name, 0);
+		if (dir)
+			closedir(dir);
+		rmdir(d->dir);
+		d->dir[0] = 0;
+	}
+	return r;
+}
+
+/* ---- a barrier across processes that sleeps and can be aborted ---- */
+
+struct xbar {
+	atomic_uint count;
+	atomic_uint gen;
+	atomic_int abort;
+	unsigned n;
+};
+
+static void futex_wait(atomic_uint *a, unsigned val)
+{
+	struct timespec ts = {0, 100000000}; /* look at abort every 100 ms */
+
+	syscall(SYS_futex, a, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake_all(atomic_uint *a)
+{
+	syscall(SYS_futex, a, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static int xbar_wait(struct xbar *b)
+{
+	unsigned g = atomic_load(&b->gen);
+
+	if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
+		atomic_store(&b->count, 0);
+		atomic_fetch_add(&b->gen, 1);
+		futex_wake_all(&b->gen);
+		return 0;
+	}
+	while (atomic_load(&b->gen) == g && !atomic_load(&b->abort))
+		futex_wait(&b->gen, g);
+	return atomic_load(&b->abort) ? -ECANCELED : 0;
+}
+
+static void xbar_abort(struct xbar *b)
+{
+	atomic_store(&b->abort, 1);
+	atomic_fetch_add(&b->gen, 1);
+	futex_wake_all(&b->gen);
+}
+
+/* ---- the ranks ---- */
+
+struct shared {
+	struct xbar bar;
+	uint64_t rss_anon;
+	int err[64];
+	char msg[64][200];
+	double t[]; /* [rank][sample] */
+};
+
+struct run {
+	const struct bench_daemon *d;
+	const struct bench_cfg *cfg;
+	const char *job;
+	struct zc_plan plan;
+	int warmup, iters; /* samples = iters */
+	pid_t zerod;
+	struct shared *sh;
+};
+
+static uint64_t rss_anon_bytes(pid_t pid)
+{
+	char path[64], line[256];
+	unsigned long long kb = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "RssAnon: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb * 1024;
+}
+
+static void fill(float *p, uint64_t n, float v)
+{
+	for (uint64_t i = 0; i < n; i++)
+		p[i] = v;
+}
+
+/* One iteration: every bucket handed over, then the step future waited for.
+ * Returns the time from the first zc_bucket_ready() to the step done in ns,
+ * or a negative code with the reason in why. */
+static int64_t iteration(zc_client *c, uint32_t nbuckets, char *why, size_t whylen)
+{
+	uint64_t it = zc_iteration(c);
+	zc_future *step = NULL;
+	int64_t t0 = bench_ns(), t;
+	int r = 0;
+
+	for (uint32_t b = 0; b < nbuckets && r >= 0; b++)
+		r = zc_bucket_ready(c, b, NULL);
+	if (r >= 0)
+		r = zc_step_future(c, it, &step);
+	if (r >= 0)
+		r = zc_future_wait(step, STEP_TIMEOUT_MS);
+	t = bench_ns() - t0;
+	if (r == 0)
+		r = ZC_ETIMEDOUT;
+	if (r < 0)
+		snprintf(why, whylen, "%s", step ? zc_future_message(step) : zc_error_message(c));
+	zc_future_free(step);
+	return r < 0 ? r : t;
+}
+
+static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, size_t whylen)
+{
+	const struct zc_plan *plan = &run->plan;
+	double *t = run->sh->t + (size_t)rank * (size_t)run->iters;
+	int r;
+
+	for (uint32_t b = 0; b < plan->nbuckets; b++)
+		fill(zc_param_buffer(c, b), plan->buckets[b].numel, 0.01f);
+	r = zc_register_plan(c);
+	if (r < 0)
+		return r;
+	for (int i = 0; i < run->warmup + run->iters; i++) {
+		for (uint32_t b = 0; b < plan->nbuckets; b++)
+			fill(zc_grad_buffer(c, b), plan->buckets[b].numel,
+			     1e-3f * (float)(rank + 1) * (float)(1 + (i & 3)));
+		r = xbar_wait(&run->sh->bar);
+		if (r < 0)
+			return r;
+		int64_t ns = iteration(c, plan->nbuckets, why, whylen);
+		if (ns < 0)
+			return (int)ns;
+		if (i >= run->warmup)
+			t[i - run->warmup] = (double)ns;
+	}
+	/* Every rank is still connected: the job is active with all its state. */
+	r = xbar_wait(&run->sh->bar);
+	if (r == 0 && rank == 0)
+		run->sh->rss_anon = rss_anon_bytes(run->zerod);
+	if (r == 0)
+		r = xbar_wait(&run->sh->bar);
+	return r;
+}
+
+static int rank_main(struct run *run, uint32_t rank)
+{
+	struct zc_config zc = ZC_CONFIG_INIT;
+	char errtext[200] = "", why[200] = "";
+	zc_client *c = NULL;
+	int r;
+
+	zc.socket = run->d->sock;
+	zc.job_id = run->job;
+	zc.rank = zc.local_rank = rank;
+	zc.world_size = zc.local_size = run->cfg->ranks;
+	zc.connect_timeout_ms = 10000;
+	zc.register_timeout_ms = 120000;
+	zc.error_text = errtext;
+	zc.error_text_len = sizeof(errtext);
+	r = zc_connect(&zc, &c);
+	if (r < 0) {
+		snprintf(why, sizeof(why), "%s", errtext);
+		goto out;
+	}
+	r = zc_alloc_buffers(c, &run->plan);
+	if (r >= 0)
+		r = rank_run(run, rank, c, why, sizeof(why));
+	if (r < 0 && !why[0])
+		snprintf(why, sizeof(why), "%s", zc_error_message(c));
+out:
+	if (r < 0 && r != -ECANCELED) {
+		run->sh->err[rank] = r;
+		snprintf(run->sh->msg[rank], sizeof(run->sh->msg[rank]), "%s", why);
+		xbar_abort(&run->sh->bar);
+	}
+	zc_close(c);
+	return r < 0 ? 1 : 0;
+}
+
+/* Fork the ranks, wait for them (killing all at the deadline), report the
+ * first error. */
+static int run_ranks(struct run *run, int timeout_s)
+{
+	uint32_t n = run->cfg->ranks;
+	size_t size = sizeof(struct shared) + (size_t)n * (size_t)run->iters * sizeof(double);
+	pid_t pids[64] = {0};
+	int r = 0;
+	int64_t deadline = bench_ns() + (int64_t)timeout_s * 1000000000ll;
+
+	run->sh = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (run->sh == MAP_FAILED)
+		return -errno;
+	run->sh->bar.n = n;
+	fflush(stdout);
+	fflush(stderr);
+	for (uint32_t k = 0; k < n; k++) {
+		pids[k] = fork();
+		if (pids[k] == 0)
+			_exit(rank_main(run, k));
+		if (pids[k] < 0) {
+			r = -errno;
+			xbar_abort(&run->sh->bar);
+			break;
+		}
+	}
+	for (uint32_t k = 0; k < n; k++) {
+		int st;
+		while (pids[k] > 0 && waitpid(pids[k], &st, WNOHANG) == 0) {
+			if (bench_ns() > deadline) {
+				for (uint32_t j = 0; j < n; j++)
+					if (pids[j] > 0)
+						kill(pids[j], SIGKILL);
+				r = -ETIMEDOUT;
+			}
+			usleep(2000);
+		}
+	}
+	for (uint32_t k = 0; k < n && r == 0; k++)
+		if (run->sh->err[k]) {
+			r = run->sh->err[k];
+			fprintf(stderr, "zerod-bench: %s rank %u: %s: %s\n", run->job, k,
+				zc_strerror_name(r), run->sh->msg[k]);
+		}
+	return r;
+}
+
+static void end_run(struct run *run)
+{
+	size_t size = sizeof(struct shared) +
+		      (size_t)run->cfg->ranks * (size_t)run->iters * sizeof(double);
+
+	if (run->sh && run->sh != MAP_FAILED)
+		munmap(run->sh, size);
+}
+
+int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
+		   struct job_result *ret)
+{
+	struct zc_segment *segs = calloc(cfg->nbuckets, sizeof(*segs));
+	struct zc_bucket *bks = calloc(cfg->nbuckets, sizeof(*bks));
+	double *it = calloc((size_t)cfg->iters, sizeof(double));
+	struct run run = {.d = d,
+			  .cfg = cfg,
+			  .job = "bench-iter",
+			  .warmup = cfg->warmup,
+			  .iters = cfg->iters,
+			  .zerod = d->pid};
+	uint64_t left = cfg->params;
+	int r = -ENOMEM;
+
+	if (!segs || !bks || !it)
+		goto out;
+	for (uint32_t b = 0; b < cfg->nbuckets; b++) {
+		uint64_t numel = left < cfg->bucket_numel ? left : cfg->bucket_numel;
+		segs[b] = (struct zc_segment){.offset = 0, .numel = numel, .group = 0};
+		bks[b] = (struct zc_bucket){.numel = numel, .nsegments = 1, .segments = &segs[b]};
+		left -= numel;
+	}
+	run.plan = (struct zc_plan){.optimizer = cfg->optim,
+				    .shard_mode = cfg->shard,
+				    .step_mode = cfg->step,
+				    .ngroups = 1,
+				    .groups = &cfg->hp,
+				    .nbuckets = cfg->nbuckets,
+				    .buckets = bks};
+	r = run_ranks(&run, 120 + 5 * (cfg->warmup + cfg->iters));
+	if (r < 0)
+		goto out;
+	/* An iteration ends when its slowest rank has its step. */
+	for (int i = 0; i < cfg->iters; i++) {
+		it[i] = 0;
+		for (uint32_t k = 0; k < cfg->ranks; k++) {
+			double v = run.sh->t[(size_t)k * (size_t)cfg->iters + (size_t)i];
+			it[i] = v > it[i] ? v : it[i];
+		}
+	}
+	ret->iter_min_ms = bench_quantile(it, (size_t)cfg->iters, 0) / 1e6;
+	ret->iter_ms = bench_quantile(it, (size_t)cfg->iters, 0.5) / 1e6;
+	ret->rss_anon_bytes = run.sh->rss_anon;
+out:
+	end_run(&run);
+	free(segs);
+	free(bks);
+	free(it);
+	return r;
+}
+
+int job_handoff(const struct bench_daemon *d, const struct bench_cfg *cfg, double *ret_p50_us,
+		double *ret_p99_us)
+{
+	const struct zc_segment seg = {.offset = 0, .numel = 16, .group = 0};
+	const struct zc_bucket bk = {.numel = 16, .nsegments = 1, .segments = &seg};
+	struct run run = {.d = d,
+			  .cfg = cfg,
+			  .job = "bench-handoff",
+			  .iters = cfg->handoff_iters,
+			  .warmup = cfg->handoff_iters / 10 + 10,
+			  .zerod = d->pid};
+	size_t n = (size_t)cfg->ranks * (size_t)cfg->handoff_iters;
+	int r;
+
+	run.plan = (struct zc_plan){.optimizer = cfg->optim,
+				    .shard_mode = cfg->shard,
+				    .step_mode = cfg->step,
+				    .ngroups = 1,
+				    .groups = &cfg->hp,
+				    .nbuckets = 1,
+				    .buckets = &bk};
+	r = run_ranks(&run, 120 + cfg->handoff_iters / 100);
+	if (r == 0) {
+		/* every rank's own ready -> done, pooled */
+		*ret_p50_us = bench_quantile(run.sh->t, n, 0.5) / 1e3;
+		*ret_p99_us = bench_quantile(run.sh->t, n, 0.99) / 1e3;
+	}
+	end_run(&run);
+	return r;
+}

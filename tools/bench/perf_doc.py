@@ -1,0 +1,236 @@
+#!/usr/bin/python3
+"""perf_doc.py: write docs/PERFORMANCE.md and the plot's table from the
+zerod-bench JSON files that tools/bench/perf-doc.sh left in docs/perf/.
+
+    perf_doc.py DOCS/PERF DOCS/PERFORMANCE.md
+"""
+import datetime
+import glob
+import json
+import os
+import subprocess
+import sys
+
+
+def load(d, name):
+    with open(os.path.join(d, name + ".json")) as f:
+        return json.load(f)
+
+
+def num(v, fmt="{:.1f}"):
+    return "–" if v is None else fmt.format(v)
+
+
+def load_cell(j):
+    """The run's load average; over 1 on 2 cores a neighbour was busy."""
+    v = j["loadavg"]
+    return "–" if v is None else f"{v:.2f}" + (" busy" if v > 1.0 else "")
+
+
+def machine():
+    model = "?"
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem = open("/proc/meminfo").readline().split()[1]
+    return f"{model}, {os.cpu_count()} CPUs, {int(mem) / 2**20:.0f} GiB"
+
+
+def commit(top):
+    try:
+        return subprocess.run(["git", "-C", top, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def main():
+    d, doc = sys.argv[1], sys.argv[2]
+    top = os.path.dirname(os.path.dirname(os.path.abspath(doc)))
+    h = load(d, "headline")
+    sizes = sorted((load(d, os.path.basename(p)[:-5]) for p in glob.glob(d + "/size-*.json")),
+                   key=lambda j: j["params"])
+    modes = [load(d, f"mode-{a}-{b}") for a in ("bucket", "slice")
+             for b in ("interleaved", "at_end")]
+
+    with open(os.path.join(d, "sweep.dat"), "w") as f:
+        f.write("# params_M zerod_ms torch_ms fused_ms floor_ms\n")
+        for j in sizes:
+            t = j["torch_iter_ms"]
+            f.write(f"{j['params'] / 1e6:g} {j['zerod_iter_ms']} "
+                    f"{'NaN' if t is None else t} {j['fused_ref_ms']} {j['floor_iter_ms']}\n")
+
+    sweep_rows = "\n".join(
+        f"| {j['params'] / 1e6:g}M | {j['buckets']} | {num(j['zerod_iter_ms'])} | "
+        f"{num(j['torch_iter_ms'])} | {num(j['fused_ref_ms'])} | {num(j['floor_iter_ms'])} | "
+        f"{num(j['vs_torch'], '{:.2f}×')} | {num(j['vs_fused'], '{:.2f}×')} | "
+        f"{load_cell(j)} |" for j in sizes)
+    mode_rows = "\n".join(
+        f"| {j['shard']} | {j['step']} | {num(j['zerod_iter_ms'])} | "
+        f"{num(j['fused_ref_ms'])} | {num(j['vs_fused'], '{:.2f}×')} | "
+        f"{j['daemon_rss_anon_bytes'] / 1e6:.0f} MB | {num(j['rss_vs_state'], '{:.2f}×')} | "
+        f"{load_cell(j)} |" for j in modes)
+    mb = 1e6
+    text = f"""# zerod performance
+
+Every number here comes from `tools/bench/zerod-bench` (what it measures is
+described at the end), run by one command that rewrites this file:
+
+```sh
+tools/bench/perf-doc.sh     # installs python3-torch and gnuplot, builds, runs, writes this page
+```
+
+The raw JSON of every run is in [`docs/perf/`](perf/), one file per run; the
+plot's table is `docs/perf/sweep.dat`. Measured at commit `{commit(top)}` on
+{datetime.date.today().isoformat()}, on {machine()}. These are the numbers of the
+foundation's data plane, before issue 5's rewrite (one fused pass, no master
+copy, a fast handoff); rerun the command after it lands.
+
+The machine is shared and has 2 cores: a neighbour's build halves every
+bandwidth. `perf-doc.sh` waits for a quiet machine before each run and each
+JSON records the load average it began at (`loadavg`, the tables' "load";
+"busy" marks runs that began above 1, whose numbers a neighbour bent: rerun
+them when the machine is quiet); compare the ratios
+inside one run, which zerod-bench measures back to back, rather than absolute
+times across runs.
+
+## The headline job: 25M parameters, 2 ranks, 4 buckets of 25 MB, Adam
+
+```sh
+build/tools/bench/zerod-bench --params 25M --buckets 4 --ranks 2 --optim adam --vs-torch --json
+```
+
+| measure | value | ratio | issue 5's target |
+|---|---|---|---|
+| zerod iteration (`zerod_iter_ms`; fastest `zerod_iter_min_ms`) | {h['zerod_iter_ms']:.1f} ms ({h['zerod_iter_min_ms']:.1f}) | | |
+| torch DDP + ZeroRedundancyOptimizer(Adam), gloo (`torch_iter_ms`) | {num(h['torch_iter_ms'])} ms | zerod {num(h['vs_torch'], '{:.2f}')}× faster (`vs_torch`) | ≥ 8× |
+| plain-C fused pass (`fused_ref_ms`; fastest pass `fused_ref_min_ms`) | {h['fused_ref_ms']:.1f} ms ({h['fused_ref_min_ms']:.1f}) | zerod {h['vs_fused']:.2f}× slower (`vs_fused`) | ≤ 1.15× |
+| bytes-moved floor (`floor_iter_ms`) | {h['floor_iter_ms']:.1f} ms | zerod {h['vs_floor']:.2f}× (`vs_floor`) | |
+| tiny-bucket handoff p50 / p99 (`handoff_p50_us`, `handoff_p99_us`) | {h['handoff_p50_us']:.0f} / {h['handoff_p99_us']:.0f} µs | p50 = {h['handoff_vs_unix']:.2f}× the AF_UNIX round trip (`handoff_vs_unix`) | ≤ 3× |
+| AF_UNIX 64 B round trip, across / on one CPU (`unix_rtt_us`, `unix_rtt_same_cpu_us`) | {h['unix_rtt_us']:.1f} / {h['unix_rtt_same_cpu_us']:.1f} µs | | |
+| daemon RssAnon with the job active (`daemon_rss_anon_bytes`) | {h['daemon_rss_anon_bytes'] / mb:.0f} MB | {h['rss_vs_state']:.2f}× the optimizer state (`rss_vs_state`) | ≤ 1.05× |
+| optimizer state the daemon must hold (`state_bytes`) | {h['state_bytes'] / mb:.0f} MB | | |
+| memcpy, 1 thread (`memcpy_gbps`) | {h['memcpy_gbps']:.1f} GB/s | | |
+| STREAM triad, {h['threads']} threads (`triad_gbps`) | {h['triad_gbps']:.1f} GB/s | | |
+
+torch's synced iteration took {num(h['torch_synced_ms'])} ms and the same
+iteration under `no_sync()` {num(h['torch_compute_ms'])} ms; their difference is
+`torch_iter_ms`. The whole JSON is [`perf/headline.json`](perf/headline.json).
+
+## Iteration time against model size
+
+2 ranks, Adam, buckets of 25 MB (`--bucket-size 25M`, as DDP's
+`bucket_cap_mb=25`), each point one run of
+`zerod-bench --params N --bucket-size 25M --ranks 2 --optim adam --vs-torch --json`.
+
+![iteration time against model size](perf-iter-vs-size.png)
+
+| params | buckets | zerod ms | torch ms | fused ms | floor ms | zerod vs torch | zerod vs fused | load |
+|---|---|---|---|---|---|---|---|---|
+{sweep_rows}
+
+## Shard and step modes
+
+25M parameters, 4 buckets, 2 ranks, Adam, no torch:
+`zerod-bench --params 25M --buckets 4 --ranks 2 --optim adam --shard S --step T --json`.
+
+| shard | step | zerod ms | fused ms | zerod vs fused | RssAnon | vs state | load |
+|---|---|---|---|---|---|---|---|
+{mode_rows}
+
+## What zerod-bench measures
+
+One run, in this order: the floors, then a real `zerod` (`--zerod PATH`,
+`$ZEROD_BIN`, else the build's) on a socket in a fresh temporary directory
+with `--ranks` real trainer processes that use only the public libzeroclient
+API, then with `--vs-torch` the torch anchor. `--json` prints one object;
+without it, a table with the same values.
+
+- **`zerod_iter_ms`**: the job the flags describe: `--params` fp32 elements
+  (K/M/G are decimal) in `--buckets` equal buckets or buckets of
+  `--bucket-size` bytes, one parameter group, `--optim sgd|adam|adamw`
+  (torch's defaults, lr 1e-3; SGD with momentum 0.9, AdamW with weight decay
+  0.01), `--shard`, `--step`. Each iteration, every rank writes its gradients
+  (outside the timed region), the ranks meet at a barrier, and each times from
+  its first `zc_bucket_ready()` to its step future done (all buckets handed
+  over back to back, `zc_step_future` + `zc_future_wait`). An iteration's time
+  is its slowest rank's; the value is the median over `--iters` iterations
+  after `--warmup` (default 20 after 3). So it is the daemon's work alone,
+  net of the trainers' gradient fill: handoff, reduction, optimizer step and
+  write-back into every rank's parameters.
+- **`torch_iter_ms`**: `tools/bench/torch_anchor.py` through
+  `/usr/bin/python3` (Debian's `python3-torch` 1.13, CPU): `--ranks` processes
+  over gloo on loopback, `DistributedDataParallel(bucket_cap_mb=25)` over a
+  stack of bias-free `Linear` layers, one per zerod bucket, with the same
+  parameter count, batch 1, and `ZeroRedundancyOptimizer` wrapping the same
+  optimizer and hyperparameters. ZeRO runs as a plain step after backward
+  (`overlap_with_ddp=False`): the overlapped mode's DDP hooks
+  (`hook_with_zero_step[_interleaved]`) refuse every backend but NCCL/HCCL.
+  Backward compute is subtracted: each iteration is also run under
+  `no_sync()` (forward and backward, no communication, no step), interleaved
+  with the synced ones, and `torch_iter_ms` = median(synced) −
+  median(`no_sync`), each time the slowest rank's. What is left is DDP's
+  all-reduce that backward did not hide plus the ZeRO step and its
+  broadcasts. Debian's torch uses the reference BLAS, so compute is large, but
+  it is subtracted.
+- **`fused_ref_ms`**: a plain-C pass over the same bytes, threaded over
+  `--threads` (default: every CPU) as the daemon's worker pool would be: per
+  chunk of 8192 elements (which stays in L2), sum the ranks' gradients in rank
+  order into a scratch, divide by R, step the optimizer with torch's
+  arithmetic (`daemon/optim/optim.h`) on rank 0's parameters as the master,
+  and copy the result into every other rank's parameter buffer. Built `-O3`
+  with the same SIMD clones as the daemon's kernels; plain stores. Median of
+  `--iters` passes after `--warmup` (and the fastest, `fused_ref_min_ms`:
+  with 2 threads on 2 shared cores, one busy neighbour can double a pass, so
+  when `loadavg` is high compare the fastest with `zerod_iter_min_ms`).
+- **`floor_iter_ms`**: the bytes an iteration must move at the least, every
+  input read once and every output written once — R gradient buffers and the
+  master parameters read, S floats of optimizer state per element read and
+  written, R parameter buffers written: `floor_bytes` = 4 N (2R + 1 + 2S) —
+  divided by the memory bandwidth triad shows. STREAM counts triad as 3
+  arrays, but the machine also reads the destination before writing it
+  (write-allocate), so the bandwidth it moved is 4/3 of `triad_gbps`:
+  `floor_iter_ms` = `floor_bytes` / (4/3 × `triad_gbps`). Triad runs over as
+  many bytes as one iteration moves, so both see the same level of the
+  memory hierarchy (this CPU reports a 260 MiB L3, of which a VM gets some:
+  small jobs run partly from cache).
+- **`memcpy_gbps`**: bytes copied per second by one thread's `memcpy` of
+  `--memcpy-size` (256M), best of at least 6 copies and 0.3 s.
+  **`triad_gbps`**: STREAM triad `a = b + 3c` on `--threads` threads, counted
+  as STREAM does (3 arrays), best of at least 8 passes and 1 s.
+- **`handoff_p50_us`, `handoff_p99_us`**: a second job on the same daemon with
+  one bucket of 16 elements; each rank times `zc_bucket_ready()` → its step
+  future done over `--handoff-iters` (2000) iterations, the ranks meeting at a
+  barrier before each; p50 and p99 of all ranks' samples together. It goes
+  through the client's only path today, ZeroMQ.
+- **`unix_rtt_us`**: the median round trip of a 64-byte message over an
+  AF_UNIX socketpair to a forked echo process, 10000 times, the two pinned to
+  two different CPUs. On this VM the same ping-pong on one CPU
+  (`unix_rtt_same_cpu_us`) was {h['unix_rtt_us'] / h['unix_rtt_same_cpu_us']:.0f}× cheaper in the headline run, because waking an idle vCPU
+  costs tens of µs, and unpinned it lands on either at random. The handoff
+  crosses CPUs (trainers and the daemon's threads run on both), so
+  `handoff_vs_unix` divides by the cross-CPU figure; against the one-CPU
+  figure the headline's handoff p50 is
+  {h['handoff_p50_us'] / h['unix_rtt_same_cpu_us']:.0f}×. (Issue 5's "12.5×" was
+  against a ~13 µs round trip, which on this VM is neither.)
+- **`daemon_rss_anon_bytes`**: `RssAnon` of `/proc/<zerod>/status` (private
+  memory; the mapped shared buffers are `RssShmem` and not counted) read while
+  every rank of the main job is still connected, after its iterations.
+  **`state_bytes`**: the optimizer state the daemon must hold for N elements:
+  Adam/AdamW 2 floats (3 with amsgrad), SGD 1 with momentum ≠ 0, else 0.
+- Ratios: `vs_torch` = torch / zerod (how many times faster zerod is),
+  `vs_fused` = zerod / fused, `vs_floor` = zerod / floor,
+  `handoff_vs_unix` = handoff p50 / `unix_rtt_us`,
+  `rss_vs_state` = RssAnon / state; `null` where a side is missing.
+
+The `bench` suite (`meson test -C build --suite bench`, part of
+`tools/test.sh`) runs a few-second zerod-bench and checks only that it printed
+every key; it asserts nothing about speed.
+"""
+    with open(doc, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,594 @@
+/*
+ * zerod-bench.c — the benchmark zerod is judged by (issue 5, section 5).
+ *
+ * One run measures, in this order and on the same machine state: the floors
+ * (memcpy and STREAM triad bandwidth, an AF_UNIX ping-pong, the plain-C fused
+ * reference pass: floors.c), then a real zerod with real trainer processes
+ * (the iteration time of the job the flags describe, the daemon's RssAnon
+ * while it is active, and the tiny-bucket handoff latency: jobs.c), and with
+ * --vs-torch the torch anchor (tools/bench/torch_anchor.py: DDP +
+ * ZeroRedundancyOptimizer over gloo). It prints a table, or with --json one
+ * JSON object; docs/PERFORMANCE.md says what every value means.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+#ifndef ZEROD_BUILD_BIN
+#define ZEROD_BUILD_BIN "zerod"
+#endif
+#ifndef TORCH_ANCHOR
+#define TORCH_ANCHOR "tools/bench/torch_anchor.py"
+#endif
+
+int64_t bench_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+double bench_quantile(double *v, size_t n, double q)
+{
+	if (n == 0)
+		return NAN;
+	qsort(v, n, sizeof(*v), cmp_double);
+	return v[(size_t)(q * (double)(n - 1) + 0.5)];
+}
+
+unsigned bench_state_floats(const struct bench_cfg *cfg)
+{
+	if (cfg->optim == ZC_OPT_SGD)
+		return cfg->hp.momentum != 0;
+	return cfg->hp.amsgrad ? 3 : 2;
+}
+
+/* ---- options ---- */
+
+static const char *const optim_name[] = {
+	[ZC_OPT_SGD] = "sgd",
+	[ZC_OPT_ADAM] = "adam",
+	[ZC_OPT_ADAMW] = "adamw",
+};
+
+struct opts {
+	struct bench_cfg cfg;
+	uint64_t bucket_bytes;
+	bool json, vs_torch;
+	const char *python, *anchor;
+};
+
+/* "25M", "12.5M", "4096", "1G": decimal suffixes K, M, G. */
+static int parse_size(const char *s, uint64_t *ret)
+{
+	char *end;
+	double v = strtod(s, &end);
+	double mul = 1;
+
+	if (end == s || v < 0)
+		return -EINVAL;
+	if (*end == 'K' || *end == 'k')
+		mul = 1e3;
+	else if (*end == 'M' || *end == 'm')
+		mul = 1e6;
+	else if (*end == 'G' || *end == 'g')
+		mul = 1e9;
+	if (mul != 1)
+		end++;
+	if (*end || v * mul > 1e15)
+		return -EINVAL;
+	*ret = (uint64_t)llround(v * mul);
+	return 0;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *ret)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+
+	if (end == s || *end || v < lo || v > hi)
+		return -EINVAL;
+	*ret = v;
+	return 0;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: zerod-bench [options]\n"
+		   "  --params N         fp32 parameters (K/M/G, decimal; default 25M)\n"
+		   "  --buckets N        split them into N equal buckets, or\n"
+		   "  --bucket-size B    buckets of B bytes (default 25M, as DDP's bucket_cap)\n"
+		   "  --ranks R          trainer processes (default 2)\n"
+		   "  --optim O          sgd|adam|adamw (default adam)\n"
+		   "  --shard S          bucket|slice (default bucket)\n"
+		   "  --step S           interleaved|at_end (default interleaved)\n"
+		   "  --iters N          timed iterations (default 20)\n"
+		   "  --warmup N         untimed iterations first (default 3)\n"
+		   "  --handoff-iters N  tiny-bucket iterations for the handoff (default 2000)\n"
+		   "  --threads N        threads of the fused reference and triad (default: CPUs)\n"
+		   "  --memcpy-size B    bytes memcpy copies (default 256M)\n"
+		   "  --zerod PATH       the daemon (default $ZEROD_BIN, else the build's)\n"
+		   "  --vs-torch         also run the torch anchor (needs python3-torch)\n"
+		   "  --python PATH      interpreter for it (default /usr/bin/python3)\n"
+		   "  --torch-script P   the anchor script (default the source tree's)\n"
+		   "  --json             print one JSON object instead of a table\n");
+}
+
+enum {
+	OPT_PARAMS = 256,
+	OPT_BUCKETS,
+	OPT_BUCKET_SIZE,
+	OPT_RANKS,
+	OPT_OPTIM,
+	OPT_SHARD,
+	OPT_STEP,
+	OPT_ITERS,
+	OPT_WARMUP,
+	OPT_HANDOFF,
+	OPT_THREADS,
+	OPT_MEMCPY,
+	OPT_ZEROD,
+	OPT_VS_TORCH,
+	OPT_PYTHON,
+	OPT_SCRIPT,
+	OPT_JSON,
+	OPT_HELP,
+};
+
+static const struct option longopts[] = {
+	{"params", required_argument, NULL, OPT_PARAMS},
+	{"buckets", required_argument, NULL, OPT_BUCKETS},
+	{"bucket-size", required_argument, NULL, OPT_BUCKET_SIZE},
+	{"ranks", required_argument, NULL, OPT_RANKS},
+	{"optim", required_argument, NULL, OPT_OPTIM},
+	{"shard", required_argument, NULL, OPT_SHARD},
+	{"step", required_argument, NULL, OPT_STEP},
+	{"iters", required_argument, NULL, OPT_ITERS},
+	{"warmup", required_argument, NULL, OPT_WARMUP},
+	{"handoff-iters", required_argument, NULL, OPT_HANDOFF},
+	{"threads", required_argument, NULL, OPT_THREADS},
+	{"memcpy-size", required_argument, NULL, OPT_MEMCPY},
+	{"zerod", required_argument, NULL, OPT_ZEROD},
+	{"vs-torch", no_argument, NULL, OPT_VS_TORCH},
+	{"python", required_argument, NULL, OPT_PYTHON},
+	{"torch-script", required_argument, NULL, OPT_SCRIPT},
+	{"json", no_argument, NULL, OPT_JSON},
+	{"help", no_argument, NULL, OPT_HELP},
+	{0},
+};
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	struct bench_cfg *cfg = &o->cfg;
+	uint64_t buckets = 0, v;
+	long n;
+	int opt, r = 0;
+
+	*cfg = (struct bench_cfg){
+		.params = 25000000,
+		.ranks = 2,
+		.optim = ZC_OPT_ADAM,
+		.shard = ZC_SHARD_BUCKET,
+		.step = ZC_STEP_INTERLEAVED,
+		.hp = ZC_PARAM_GROUP_INIT,
+		.iters = 20,
+		.warmup = 3,
+		.handoff_iters = 2000,
+		.memcpy_bytes = 256u << 20,
+	};
+	o->bucket_bytes = 25000000;
+	o->python = "/usr/bin/python3";
+	o->anchor = TORCH_ANCHOR;
+	cfg->zerod = getenv("ZEROD_BIN") ? getenv("ZEROD_BIN") : ZEROD_BUILD_BIN;
+	n = sysconf(_SC_NPROCESSORS_ONLN);
+	cfg->threads = n > 0 ? (unsigned)n : 1;
+	while (r == 0 && (opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+		switch (opt) {
+		case OPT_PARAMS:
+			r = parse_size(optarg, &cfg->params);
+			if (r == 0 && (cfg->params < 1 || cfg->params > (1ull << 32)))
+				r = -EINVAL;
+			break;
+		case OPT_BUCKETS:
+			r = parse_int(optarg, 1, 65536, &n);
+			buckets = (uint64_t)n;
+			break;
+		case OPT_BUCKET_SIZE:
+			r = parse_size(optarg, &o->bucket_bytes);
+			if (r == 0 && o->bucket_bytes < sizeof(float))
+				r = -EINVAL;
+			buckets = 0;
+			break;
+		case OPT_RANKS:
+			r = parse_int(optarg, 1, 64, &n);
+			cfg->ranks = (uint32_t)n;
+			break;
+		case OPT_OPTIM:
+			if (!strcmp(optarg, "sgd"))
+				cfg->optim = ZC_OPT_SGD;
+			else if (!strcmp(optarg, "adam"))
+				cfg->optim = ZC_OPT_ADAM;
+			else if (!strcmp(optarg, "adamw"))
+				cfg->optim = ZC_OPT_ADAMW;
+			else
+				r = -EINVAL;
+			break;
+		case OPT_SHARD:
+			cfg->shard = !strcmp(optarg, "bucket")  ? ZC_SHARD_BUCKET
+				     : !strcmp(optarg, "slice") ? ZC_SHARD_SLICE
+								: 0;
+			r = cfg->shard ? 0 : -EINVAL;
+			break;
+		case OPT_STEP:
+			cfg->step = !strcmp(optarg, "interleaved") ? ZC_STEP_INTERLEAVED
+				    : !strcmp(optarg, "at_end")    ? ZC_STEP_AT_END
+								   : 0;
+			r = cfg->step ? 0 : -EINVAL;
+			break;
+		case OPT_ITERS:
+			r = parse_int(optarg, 1, 100000, &n);
+			cfg->iters = (int)n;
+			break;
+		case OPT_WARMUP:
+			r = parse_int(optarg, 0, 100000, &n);
+			cfg->warmup = (int)n;
+			break;
+		case OPT_HANDOFF:
+			r = parse_int(optarg, 1, 1000000, &n);
+			cfg->handoff_iters = (int)n;
+			break;
+		case OPT_THREADS:
+			r = parse_int(optarg, 1, 256, &n);
+			cfg->threads = (unsigned)n;
+			break;
+		case OPT_MEMCPY:
+			r = parse_size(optarg, &v);
+			cfg->memcpy_bytes = (size_t)v;
+			if (r == 0 && v < 4096)
+				r = -EINVAL;
+			break;
+		case OPT_ZEROD:
+			cfg->zerod = optarg;
+			break;
+		case OPT_VS_TORCH:
+			o->vs_torch = true;
+			break;
+		case OPT_PYTHON:
+			o->python = optarg;
+			break;
+		case OPT_SCRIPT:
+			o->anchor = optarg;
+			break;
+		case OPT_JSON:
+			o->json = true;
+			break;
+		case OPT_HELP:
+			usage(stdout);
+			exit(0);
+		default:
+			return -EINVAL;
+		}
+		if (r < 0)
+			fprintf(stderr, "zerod-bench: bad value for --%s: %s\n",
+				longopts[opt - OPT_PARAMS].name, optarg);
+	}
+	if (r == 0 && optind < argc) {
+		fprintf(stderr, "zerod-bench: unexpected argument %s\n", argv[optind]);
+		r = -EINVAL;
+	}
+	if (r < 0)
+		return r;
+	if (cfg->optim == ZC_OPT_SGD)
+		cfg->hp.momentum = 0.9;
+	if (cfg->optim == ZC_OPT_ADAMW)
+		cfg->hp.weight_decay = 0.01; /* torch's AdamW default */
+	if (buckets == 0) {
+		cfg->bucket_numel = o->bucket_bytes / sizeof(float);
+		buckets = (cfg->params + cfg->bucket_numel - 1) / cfg->bucket_numel;
+	} else {
+		cfg->bucket_numel = (cfg->params + buckets - 1) / buckets;
+		buckets = (cfg->params + cfg->bucket_numel - 1) / cfg->bucket_numel;
+	}
+	if (buckets > 65536) {
+		fprintf(stderr, "zerod-bench: more than 65536 buckets\n");
+		return -EINVAL;
+	}
+	cfg->nbuckets = (uint32_t)buckets;
+	return 0;
+}
+
+/* ---- the torch anchor ---- */
+
+struct torch_result {
+	double iter_ms, synced_ms, compute_ms, params;
+};
+
+/* The number after "key": in a one-line JSON object, or NAN. */
+static double json_number(const char *s, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = strstr(s, pat);
+	return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+static int run_torch(const struct opts *o, struct torch_result *ret)
+{
+	const struct bench_cfg *cfg = &o->cfg;
+	char cmd[2048], line[4096], last[4096] = "";
+	FILE *f;
+	int st;
+
+	snprintf(cmd, sizeof(cmd),
+		 "'%s' '%s' --params %llu --layers %u --world %u --optim %s --lr %g "
+		 "--momentum %g --weight-decay %g --iters %d --warmup %d",
+		 o->python, o->anchor, (unsigned long long)cfg->params, cfg->nbuckets, cfg->ranks,
+		 optim_name[cfg->optim], cfg->hp.lr, cfg->hp.momentum, cfg->hp.weight_decay,
+		 cfg->iters, cfg->warmup);
+	fflush(stdout);
+	f = popen(cmd, "r");
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f))
+		if (line[0] == '{')
+			snprintf(last, sizeof(last), "%s", line);
+	st = pclose(f);
+	if (st != 0 || !last[0]) {
+		fprintf(stderr, "zerod-bench: the torch anchor failed (%s)\n", cmd);
+		return -EIO;
+	}
+	ret->iter_ms = json_number(last, "torch_iter_ms");
+	ret->synced_ms = json_number(last, "torch_synced_ms");
+	ret->compute_ms = json_number(last, "torch_compute_ms");
+	ret->params = json_number(last, "torch_params");
+	return isnan(ret->iter_ms) ? -EIO : 0;
+}
+
+/* ---- the report ---- */
+
+struct results {
+	double memcpy_gbps, triad_gbps, unix_rtt_us, unix_rtt_same_cpu_us, fused_ms, fused_min_ms,
+		floor_ms, floor_bytes;
+	struct job_result job;
+	double handoff_p50_us, handoff_p99_us;
+	struct torch_result torch;
+	uint64_t state_bytes;
+	double loadavg; /* 1-minute load average when the run began */
+};
+
+static double ratio(double a, double b)
+{
+	return isfinite(a) && isfinite(b) && b > 0 ? a / b : NAN;
+}
+
+/* A JSON number, or null for NAN. */
+static void jnum(const char *key, double v, const char *fmt, bool last)
+{
+	printf("  \"%s\": ", key);
+	if (isfinite(v))
+		printf(fmt, v);
+	else
+		printf("null");
+	printf(last ? "\n" : ",\n");
+}
+
+static void print_json(const struct opts *o, const struct results *x)
+{
+	const struct bench_cfg *c = &o->cfg;
+
+	printf("{\n  \"schema\": \"zerod-bench/1\",\n");
+	printf("  \"params\": %llu,\n  \"buckets\": %u,\n  \"bucket_numel\": %llu,\n",
+	       (unsigned long long)c->params, c->nbuckets, (unsigned long long)c->bucket_numel);
+	printf("  \"ranks\": %u,\n  \"optim\": \"%s\",\n  \"shard\": \"%s\",\n", c->ranks,
+	       optim_name[c->optim], c->shard == ZC_SHARD_SLICE ? "slice" : "bucket");
+	printf("  \"step\": \"%s\",\n  \"iters\": %d,\n  \"warmup\": %d,\n",
+	       c->step == ZC_STEP_AT_END ? "at_end" : "interleaved", c->iters, c->warmup);
+	printf("  \"handoff_iters\": %d,\n  \"threads\": %u,\n", c->handoff_iters, c->threads);
+	jnum("loadavg", x->loadavg, "%.2f", false);
+	jnum("zerod_iter_ms", x->job.iter_ms, "%.3f", false);
+	jnum("zerod_iter_min_ms", x->job.iter_min_ms, "%.3f", false);
+	jnum("torch_iter_ms", x->torch.iter_ms, "%.3f", false);
+	jnum("torch_synced_ms", x->torch.synced_ms, "%.3f", false);
+	jnum("torch_compute_ms", x->torch.compute_ms, "%.3f", false);
+	jnum("torch_params", x->torch.params, "%.0f", false);
+	jnum("fused_ref_ms", x->fused_ms, "%.3f", false);
+	jnum("fused_ref_min_ms", x->fused_min_ms, "%.3f", false);
+	jnum("floor_iter_ms", x->floor_ms, "%.3f", false);
+	jnum("floor_bytes", x->floor_bytes, "%.0f", false);
+	jnum("handoff_p50_us", x->handoff_p50_us, "%.1f", false);
+	jnum("handoff_p99_us", x->handoff_p99_us, "%.1f", false);
+	jnum("unix_rtt_us", x->unix_rtt_us, "%.2f", false);
+	jnum("unix_rtt_same_cpu_us", x->unix_rtt_same_cpu_us, "%.2f", false);
+	jnum("memcpy_gbps", x->memcpy_gbps, "%.2f", false);
+	jnum("triad_gbps", x->triad_gbps, "%.2f", false);
+	jnum("daemon_rss_anon_bytes", (double)x->job.rss_anon_bytes, "%.0f", false);
+	jnum("state_bytes", (double)x->state_bytes, "%.0f", false);
+	jnum("vs_torch", ratio(x->torch.iter_ms, x->job.iter_ms), "%.3f", false);
+	jnum("vs_fused", ratio(x->job.iter_ms, x->fused_ms), "%.3f", false);
+	jnum("vs_floor", ratio(x->job.iter_ms, x->floor_ms), "%.3f", false);
+	jnum("handoff_vs_unix", ratio(x->handoff_p50_us, x->unix_rtt_us), "%.3f", false);
+	jnum("rss_vs_state", ratio((double)x->job.rss_anon_bytes, (double)x->state_bytes), "%.3f",
+	     true);
+	printf("}\n");
+}
+
+static void print_table(const struct opts *o, const struct results *x)
+{
+	const struct bench_cfg *c = &o->cfg;
+
+	printf("zerod-bench: %.2fM params (%.1f MB) in %u buckets, %u ranks, %s, shard %s, "
+	       "step %s\n%d iterations after %d warm-up, %u threads for the references\n",
+	       (double)c->params / 1e6, 4.0 * (double)c->params / 1e6, c->nbuckets, c->ranks,
+	       optim_name[c->optim], c->shard == ZC_SHARD_SLICE ? "slice" : "bucket",
+	       c->step == ZC_STEP_AT_END ? "at_end" : "interleaved", c->iters, c->warmup,
+	       c->threads);
+	printf("load average %.2f when the run began\n\n", x->loadavg);
+	printf("iteration, net of the trainers' gradient fill (median)\n");
+	printf("  zerod                   %9.2f ms  (fastest %.2f ms)\n", x->job.iter_ms,
+	       x->job.iter_min_ms);
+	if (isfinite(x->torch.iter_ms))
+		printf("  torch DDP + ZeRO (gloo) %9.2f ms  %.2fx zerod's time "
+		       "(%.2f synced - %.2f compute)\n",
+		       x->torch.iter_ms, ratio(x->torch.iter_ms, x->job.iter_ms),
+		       x->torch.synced_ms, x->torch.compute_ms);
+	else
+		printf("  torch DDP + ZeRO (gloo)         -     (--vs-torch)\n");
+	printf("  fused C reference       %9.2f ms  zerod takes %.2fx this (fastest %.2f ms)\n",
+	       x->fused_ms, ratio(x->job.iter_ms, x->fused_ms), x->fused_min_ms);
+	printf("  bytes-moved floor       %9.2f ms  %.0f MB at 4/3 of triad; zerod %.2fx\n",
+	       x->floor_ms, x->floor_bytes / 1e6, ratio(x->job.iter_ms, x->floor_ms));
+	printf("handoff, zc_bucket_ready -> step done, 1 bucket of 16 elements\n");
+	printf("  p50 / p99               %9.1f / %.1f us  p50 = %.2fx the AF_UNIX round trip\n",
+	       x->handoff_p50_us, x->handoff_p99_us, ratio(x->handoff_p50_us, x->unix_rtt_us));
+	printf("  AF_UNIX 64 B round trip %9.2f us  across two CPUs (%.2f us on one)\n",
+	       x->unix_rtt_us, x->unix_rtt_same_cpu_us);
+	printf("daemon memory with the job active\n");
+	printf("  RssAnon                 %9.1f MB  %.2fx the optimizer state (%.1f MB)\n",
+	       (double)x->job.rss_anon_bytes / 1e6,
+	       ratio((double)x->job.rss_anon_bytes, (double)x->state_bytes),
+	       (double)x->state_bytes / 1e6);
+	printf("floors\n");
+	printf("  memcpy (1 thread)       %9.2f GB/s\n", x->memcpy_gbps);
+	printf("  STREAM triad (%u thr)    %9.2f GB/s\n", c->threads, x->triad_gbps);
+}
+
+/* ---- the run ---- */
+
+static double loadavg(void)
+{
+	FILE *f = fopen("/proc/loadavg", "re");
+	double v = NAN;
+
+	if (f && fscanf(f, "%lf", &v) != 1)
+		v = NAN;
+	if (f)
+		fclose(f);
+	return v;
+}
+
+static void progress(const char *what)
+{
+	fprintf(stderr, "zerod-bench: %s\n", what);
+}
+
+static void dump_log(const struct bench_daemon *d)
+{
+	char line[1024];
+	FILE *f = fopen(d->log, "re");
+
+	while (f && fgets(line, sizeof(line), f))
+		fprintf(stderr, "zerod: %s", line);
+	if (f)
+		fclose(f);
+}
+
+static int run(int argc, char **argv)
+{
+	struct opts o = {0};
+	struct results x = {.torch = {NAN, NAN, NAN, NAN}};
+	struct bench_daemon d = {0};
+	struct bench_cfg *cfg = &o.cfg;
+	const char *step = "";
+	int r;
+
+	r = parse_args(argc, argv, &o);
+	if (r < 0) {
+		usage(stderr);
+		return 2;
+	}
+	x.state_bytes = 4ull * cfg->params * bench_state_floats(cfg);
+	x.loadavg = loadavg();
+	progress("floors: memcpy, triad, AF_UNIX round trip, fused reference");
+	step = "memcpy";
+	r = floor_memcpy_gbps(cfg->memcpy_bytes, &x.memcpy_gbps);
+	if (r == 0) {
+		/* Triad over as many bytes as an iteration moves, so that both see
+		 * the same level of the memory hierarchy (small jobs fit in L3). */
+		size_t tb = (size_t)(floor_bytes_moved(cfg) / 3) & ~(size_t)63;
+		step = "triad";
+		r = floor_triad_gbps(tb > (1u << 20) ? tb : 1u << 20, cfg->threads, &x.triad_gbps);
+	}
+	if (r == 0) {
+		/* Across two CPUs, as the handoff goes from trainer to daemon; on
+		 * one CPU it is several times cheaper, and unpinned it is either. */
+		int a, b;
+		step = "AF_UNIX round trip";
+		floor_two_cpus(&a, &b);
+		r = floor_unix_rtt_us(10000, a, b >= 0 ? b : a, &x.unix_rtt_us);
+		if (r == 0)
+			r = floor_unix_rtt_us(10000, a, a, &x.unix_rtt_same_cpu_us);
+	}
+	if (r == 0) {
+		step = "fused reference";
+		r = floor_fused_ms(cfg, &x.fused_ms, &x.fused_min_ms);
+	}
+	if (r < 0)
+		goto fail;
+	x.floor_bytes = floor_bytes_moved(cfg);
+	x.floor_ms = x.floor_bytes / (x.triad_gbps * 4.0 / 3.0) / 1e6;
+
+	step = "starting zerod";
+	r = daemon_start(&d, cfg->zerod);
+	if (r == -ECHILD)
+		fprintf(stderr, "zerod-bench: %s exited before it served (--zerod, $ZEROD_BIN)\n",
+			cfg->zerod);
+	if (r < 0) {
+		dump_log(&d);
+		daemon_stop(&d);
+		goto fail;
+	}
+	progress("zerod: iterations");
+	step = "iterations";
+	r = job_iterations(&d, cfg, &x.job);
+	if (r == 0) {
+		progress("zerod: tiny-bucket handoff");
+		step = "handoff";
+		r = job_handoff(&d, cfg, &x.handoff_p50_us, &x.handoff_p99_us);
+	}
+	if (r < 0)
+		dump_log(&d);
+	if (daemon_stop(&d) != 0 && r == 0) {
+		step = "stopping zerod";
+		r = -ECHILD;
+	}
+	if (r < 0)
+		goto fail;
+	if (o.vs_torch) {
+		progress("torch anchor");
+		step = "torch anchor";
+		r = run_torch(&o, &x.torch);
+		if (r < 0)
+			goto fail;
+	}
+	if (o.json)
+		print_json(&o, &x);
+	else
+		print_table(&o, &x);
+	return 0;
+fail:
+	fprintf(stderr, "zerod-bench: %s: %s\n", step, zc_strerror(r));
+	return 1;
+}
+
+int main(int argc, char **argv)
+{
+	return run(argc, argv);
+}
