@@ -288,8 +288,12 @@ uint64_t zc_iteration(zc_client *c);
 
 /*
  * Change group's hyperparameters from the next iteration this rank has not
- * started (an LR schedule, say). Every rank makes the same call; other values
- * for the same iteration from another rank are ZC_EHYPER. Invalid values are
+ * started (an LR schedule, say). A second call for the same group before
+ * that iteration starts replaces the first: the last one wins, as an
+ * assignment to a torch param group does. Every rank makes the same calls:
+ * where the last values of two ranks differ for one group and iteration, the
+ * lowest rank's apply and each rank whose values differ hears ZC_EHYPER once
+ * that iteration's bucket 0 is done. Invalid values are
  * refused here with ZC_EHYPER, and so are values that need optimizer state
  * the plan's groups did not (momentum where every group had none, amsgrad
  * where no group had it: the daemon sized the state from the plan). A

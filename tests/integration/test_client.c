@@ -270,6 +270,90 @@ static void t_hyper_midway(void)
 	      "a mid-backward LR change was not applied from the next iteration");
 }
 
+/*
+ * set_hyper: each rank's last call for a group and iteration wins, as an
+ * assignment in torch; ranks must agree on their last values. SGD, momentum
+ * 0.9, gradient r + 1 on rank r (average 1.5), parameters from 0:
+ *  - iteration 0: lr 0.5 then 0.25 on both ranks, rank 0's two calls before
+ *    rank 1's first: 0.25 applies and nobody is refused;
+ *  - iteration 1: rank 0 sets 0.125, rank 1 sets 0.75 and then 0.125: its
+ *    last agrees, so 0.125 applies and nobody is refused;
+ *  - iteration 2: rank 0 sets 0.1, rank 1 sets 0.3: they disagree, rank 0's
+ *    0.1 applies and rank 1 (only) hears ZC_EHYPER.
+ */
+static int last_pipe[2];
+
+static int hyper_set(zc_client *c, double lr)
+{
+	struct zc_param_group g = group;
+
+	g.lr = lr;
+	return zc_set_hyper(c, 0, &g);
+}
+
+static int last_wins_rank(void *arg, int rank)
+{
+	zc_client *c = join(arg, (uint32_t)rank, 2);
+	float d = (1.0f + 2.0f) / 2.0f, mom = (float)0.9, buf = 0, want = 0;
+	const double lr[3] = {0.25, 0.125, 0.1};
+	zc_future *step = NULL;
+	int r;
+
+	if (!c)
+		return 1;
+	if (rank == 1 && !wait_pipe(last_pipe[0], 10000))
+		FAIL("rank 0 did not set its values");
+	if (hyper_set(c, 0.5) < 0 || hyper_set(c, 0.25) < 0)
+		FAIL("rank %d: iteration 0's set_hyper", rank);
+	if (rank == 0)
+		signal_pipe(last_pipe[1]);
+	for (int it = 0; it < 3; it++) {
+		if (it == 1 && ((rank == 1 && hyper_set(c, 0.75) < 0) || hyper_set(c, 0.125) < 0))
+			FAIL("rank %d: iteration 1's set_hyper", rank);
+		if (it == 2 && hyper_set(c, rank ? 0.3 : 0.1) < 0)
+			FAIL("rank %d: iteration 2's set_hyper", rank);
+		for (uint32_t b = 0; b < 2; b++) {
+			for (uint64_t i = 0; i < buckets[b].numel; i++)
+				zc_grad_buffer(c, b)[i] = (float)(rank + 1);
+			if (zc_bucket_ready(c, b, NULL) < 0)
+				FAIL("rank %d: bucket_ready", rank);
+		}
+		if (zc_step_future(c, (uint64_t)it, &step) < 0 ||
+		    zc_future_wait(step, test_timeout(10000)) != 1)
+			FAIL("rank %d: iteration %d did not complete", rank, it);
+		zc_future_free(step);
+		buf = it ? mom * buf + 1.0f * d : d;
+		want = want - (float)lr[it] * buf;
+		for (uint32_t b = 0; b < 2; b++)
+			for (uint64_t i = 0; i < buckets[b].numel; i++)
+				if (zc_param_buffer(c, b)[i] != want)
+					FAIL("rank %d iteration %d: bucket %u[%lu] = %.9g, want "
+					     "%.9g (lr %g)",
+					     rank, it, b, (unsigned long)i,
+					     zc_param_buffer(c, b)[i], want, lr[it]);
+		r = zc_last_error(c);
+		if (it < 2 && r != 0)
+			FAIL("rank %d iteration %d: refused though its last values agree: %s %s",
+			     rank, it, zc_strerror_name(r), zc_error_message(c));
+		if (it == 2 && r != (rank ? ZC_EHYPER : 0))
+			FAIL("rank %d iteration 2: %s (%s), want %s", rank, zc_strerror_name(r),
+			     zc_error_message(c), rank ? "ZC_EHYPER" : "no error");
+	}
+	zc_close(c);
+	return 0;
+}
+
+static void t_hyper_last_wins(void)
+{
+	pid_t a, b;
+
+	REQUIRE(pipe(last_pipe) == 0, "pipe");
+	a = spawn(last_wins_rank, "lastwins", 0);
+	b = spawn(last_wins_rank, "lastwins", 1);
+	CHECK(wait_child(a, 20000) == 0, "rank 0 failed");
+	CHECK(wait_child(b, 20000) == 0, "rank 1 failed");
+}
+
 /* The owner's parameter buffer is the master: an edit made identically on
  * every rank between iterations (load_state_dict, an EMA swap) is what the
  * next step starts from. SGD, lr 0.1, momentum 0.9, gradient r + 1 on rank r:
@@ -673,6 +757,7 @@ static const struct test_case cases[] = {
 	{"wait_timeout_and_second_thread", t_wait_timeout_and_threads},
 	{"wrong_state_calls", t_wrong_state},
 	{"lr_change_midway_applies_next_iteration", t_hyper_midway},
+	{"set_hyper_last_call_wins", t_hyper_last_wins},
 	{"param_edit_between_iterations_is_kept", t_param_edit},
 	{"state_growth_mid_run_refused", t_state_growth_refused},
 	{"daemon_killed_fails_waiters", t_daemon_killed},
