@@ -16,14 +16,15 @@
 
 #include "harness.h"
 #include "testlib.h"
+#include "zctest.h"
 
 static struct zd daemon_;
 
-static const struct zc_param_group group = {.lr = 0.1, .momentum = 0.9};
-static const struct zc_segment segs[2][1] = {{{0, 64, 0}}, {{0, 100, 0}}};
-static const struct zc_bucket buckets[2] = {{64, 1, segs[0]}, {100, 1, segs[1]}};
-static const struct zc_plan plan = {ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group,
-				    2,          buckets};
+static const struct zc_param_group group = {GROUP_SIZE, .lr = 0.1, .momentum = 0.9};
+static const struct zc_segment segs[2][1] = {{SEG(0, 64, 0)}, {SEG(0, 100, 0)}};
+static const struct zc_bucket buckets[2] = {BUCKET(64, 1, segs[0]), BUCKET(100, 1, segs[1])};
+static const struct zc_plan plan =
+	PLAN(ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group, 2, buckets);
 
 #define FAIL(...)                                                                                  \
 	do {                                                                                       \
@@ -47,7 +48,7 @@ static zc_client *join(const char *job, uint32_t rank, uint32_t world)
 		r = zc_register_plan(c);
 	if (r < 0) {
 		printf("# %s rank %u: register: %s %s\n", job, rank, zc_strerror_name(r),
-		       zc_error_message(c));
+		       zc_error_message());
 		zc_close(c);
 		return NULL;
 	}
@@ -259,7 +260,7 @@ static int midway_rank(void *arg, int idx)
 					     b, (unsigned long)i, zc_param_buffer(c, b)[i], want);
 	}
 	if ((r = zc_last_error(c)) != 0)
-		FAIL("last error %s: %s", zc_strerror_name(r), zc_error_message(c));
+		FAIL("last error %s: %s", zc_strerror_name(r), zc_error_message());
 	zc_close(c);
 	return 0;
 }
@@ -334,10 +335,10 @@ static int last_wins_rank(void *arg, int rank)
 		r = zc_last_error(c);
 		if (it < 2 && r != 0)
 			FAIL("rank %d iteration %d: refused though its last values agree: %s %s",
-			     rank, it, zc_strerror_name(r), zc_error_message(c));
+			     rank, it, zc_strerror_name(r), zc_error_message());
 		if (it == 2 && r != (rank ? ZC_EHYPER : 0))
 			FAIL("rank %d iteration 2: %s (%s), want %s", rank, zc_strerror_name(r),
-			     zc_error_message(c), rank ? "ZC_EHYPER" : "no error");
+			     zc_error_message(), rank ? "ZC_EHYPER" : "no error");
 	}
 	zc_close(c);
 	return 0;
@@ -359,8 +360,8 @@ static void t_hyper_last_wins(void)
  * next step starts from. SGD, lr 0.1, momentum 0.9, gradient r + 1 on rank r:
  * iteration 1 must start from the edited 5.0, not from the step's own 0.85. */
 static const struct zc_plan edit_plans[] = {
-	{ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group, 2, buckets},
-	{ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group, 2, buckets},
+	PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group, 2, buckets),
+	PLAN(ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group, 2, buckets),
 };
 
 static int edit_rank(void *arg, int rank)
@@ -381,7 +382,7 @@ static int edit_rank(void *arg, int rank)
 		for (uint64_t i = 0; i < buckets[b].numel; i++)
 			zc_param_buffer(c, b)[i] = rank == 0 ? 1.0f : -7.0f; /* rank 0's win */
 	if ((r = zc_register_plan(c)) < 0)
-		FAIL("rank %d: register: %s %s", rank, zc_strerror_name(r), zc_error_message(c));
+		FAIL("rank %d: register: %s %s", rank, zc_strerror_name(r), zc_error_message());
 	for (int it = 0; it < 2; it++) {
 		for (uint32_t b = 0; b < 2; b++) {
 			for (uint64_t i = 0; i < buckets[b].numel; i++)
@@ -422,11 +423,12 @@ static void t_param_edit(void)
  * keeps the same check for clients that speak the protocol themselves). */
 static int growth_rank(void *arg, int idx)
 {
-	static const struct zc_param_group plain = {.lr = 0.1}, adam = ZC_PARAM_GROUP_INIT;
-	const struct zc_plan sgd = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &plain,
-				    2, buckets};
-	const struct zc_plan ad = {ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &adam,
-				   2, buckets};
+	static const struct zc_param_group plain = {GROUP_SIZE, .lr = 0.1},
+					   adam = ZC_PARAM_GROUP_INIT;
+	const struct zc_plan sgd =
+		PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &plain, 2, buckets);
+	const struct zc_plan ad =
+		PLAN(ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &adam, 2, buckets);
 	struct zc_config cfg = test_config(&daemon_, idx ? "grow1" : "grow0", 0, 1);
 	struct zc_param_group g;
 	zc_client *c = NULL;
@@ -550,20 +552,20 @@ static int many_rank(void *arg, int idx)
 {
 	static struct zc_segment msegs[MANY][1];
 	static struct zc_bucket mb[MANY];
-	struct zc_param_group g = {.lr = 0.5};
-	struct zc_plan mp = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &g, MANY, mb};
+	struct zc_param_group g = {GROUP_SIZE, .lr = 0.5};
+	struct zc_plan mp = PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &g, MANY, mb);
 	struct zc_config cfg = test_config(&daemon_, arg, 0, 1);
 	zc_client *c = NULL;
 	int r;
 
 	(void)idx;
 	for (uint32_t b = 0; b < MANY; b++) {
-		msegs[b][0] = (struct zc_segment){0, 2, 0};
-		mb[b] = (struct zc_bucket){2, 1, msegs[b]};
+		msegs[b][0] = (struct zc_segment)SEG(0, 2, 0);
+		mb[b] = (struct zc_bucket)BUCKET(2, 1, msegs[b]);
 	}
 	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &mp)) < 0 ||
 	    (r = zc_register_plan(c)) < 0)
-		FAIL("join: %s %s", zc_strerror_name(r), c ? zc_error_message(c) : "");
+		FAIL("join: %s %s", zc_strerror_name(r), zc_error_message());
 	for (int it = 0; it < 2; it++) {
 		zc_future *step = NULL;
 		for (uint32_t b = 0; b < MANY; b++) {
@@ -581,7 +583,7 @@ static int many_rank(void *arg, int idx)
 			FAIL("bucket %u: %g after 2 steps of lr 0.5, want -1", b,
 			     zc_param_buffer(c, b)[1]);
 	if ((r = zc_last_error(c)) != 0)
-		FAIL("last error %s: %s", zc_strerror_name(r), zc_error_message(c));
+		FAIL("last error %s: %s", zc_strerror_name(r), zc_error_message());
 	zc_close(c);
 	return 0;
 }
@@ -608,7 +610,7 @@ static int register_timeout_rank(void *arg, int idx)
 	r = zc_register_plan(c);
 	el = test_ms() - t0;
 	printf("# register without rank 1 -> %s after %ld ms: %s\n", zc_strerror_name(r), (long)el,
-	       zc_error_message(c));
+	       zc_error_message());
 	if (r != ZC_ETIMEDOUT)
 		FAIL("register without rank 1: %s, want ZC_ETIMEDOUT", zc_strerror_name(r));
 	if (el < 250 || el > test_timeout(5000))
@@ -624,10 +626,10 @@ static void t_register_timeout(void)
 }
 
 /* A job of 600 elements of SGD with momentum: 7200 bytes of state. */
-static struct zc_segment mseg = {0, 600, 0};
-static struct zc_bucket mbucket = {600, 1, &mseg};
-static const struct zc_plan mid = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 1, &group,
-				   1,          &mbucket};
+static struct zc_segment mseg = SEG(0, 600, 0);
+static struct zc_bucket mbucket = BUCKET(600, 1, &mseg);
+static const struct zc_plan mid =
+	PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 1, &group, 1, &mbucket);
 static int held_pipe[2];
 
 static zc_client *mid_join(const char *job, uint32_t rank, uint32_t world)
@@ -639,7 +641,7 @@ static zc_client *mid_join(const char *job, uint32_t rank, uint32_t world)
 	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &mid)) < 0 ||
 	    (r = zc_register_plan(c)) < 0) {
 		printf("# %s rank %u: %s %s\n", job, rank, zc_strerror_name(r),
-		       c ? zc_error_message(c) : "");
+		       zc_error_message());
 		zc_close(c);
 		return NULL;
 	}
@@ -701,10 +703,10 @@ static int memory_released(void)
  * would not fit fails with ZC_ELIMIT, and the job already there trains on. */
 static int memory_checks(void *arg, int idx)
 {
-	static struct zc_segment bseg = {0, 4096, 0};
-	static struct zc_bucket bb = {4096, 1, &bseg};
+	static struct zc_segment bseg = SEG(0, 4096, 0);
+	static struct zc_bucket bb = BUCKET(4096, 1, &bseg);
 	struct zc_param_group ag = ZC_PARAM_GROUP_INIT;
-	struct zc_plan big = {ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 1, &ag, 1, &bb};
+	struct zc_plan big = PLAN(ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 1, &ag, 1, &bb);
 	struct zc_config cfg = test_config(&small, "fits", 0, 1);
 	zc_client *a = NULL, *b = NULL;
 	zc_future *step = NULL;
@@ -715,14 +717,14 @@ static int memory_checks(void *arg, int idx)
 	if ((r = zc_connect(&cfg, &a)) < 0 || (r = zc_alloc_buffers(a, &plan)) < 0 ||
 	    (r = zc_register_plan(a)) < 0)
 		FAIL("a job of 1968 bytes under --max-memory 8K: %s %s", zc_strerror_name(r),
-		     a ? zc_error_message(a) : "");
+		     zc_error_message());
 	/* 4096 elements of Adam (moments and amsgrad's max, 5 floats each): 80 KiB */
 	cfg = test_config(&small, "too-big", 0, 1);
 	if ((r = zc_connect(&cfg, &b)) < 0 || (r = zc_alloc_buffers(b, &big)) < 0)
 		FAIL("too-big: %s", zc_strerror_name(r));
 	r = zc_register_plan(b);
-	printf("# a job of 80 KiB -> %s: %s\n", zc_strerror_name(r), zc_error_message(b));
-	if (r != ZC_ELIMIT || !strstr(zc_error_message(b), "--max-memory"))
+	printf("# a job of 80 KiB -> %s: %s\n", zc_strerror_name(r), zc_error_message());
+	if (r != ZC_ELIMIT || !strstr(zc_error_message(), "--max-memory"))
 		FAIL("a job of 80 KiB under --max-memory 8K: %s, want ZC_ELIMIT",
 		     zc_strerror_name(r));
 	zc_close(b);

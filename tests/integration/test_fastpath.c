@@ -30,17 +30,18 @@
 #include "testlib.h"
 #include "trainer.h"
 #include "wire.h"
+#include "zctest.h"
 
 static struct zd daemon_;
 static bool ring_off; /* ZEROD_FASTPATH=0 */
 
-static const struct zc_param_group group = {.lr = 0.5};
-static const struct zc_segment segs[2][1] = {{{0, 64, 0}}, {{0, 32, 0}}};
-static const struct zc_bucket buckets[2] = {{64, 1, segs[0]}, {32, 1, segs[1]}};
-static const struct zc_plan plan1 = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group,
-				     1,          buckets};
-static const struct zc_plan plan2 = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group,
-				     2,          buckets};
+static const struct zc_param_group group = {GROUP_SIZE, .lr = 0.5};
+static const struct zc_segment segs[2][1] = {{SEG(0, 64, 0)}, {SEG(0, 32, 0)}};
+static const struct zc_bucket buckets[2] = {BUCKET(64, 1, segs[0]), BUCKET(32, 1, segs[1])};
+static const struct zc_plan plan1 =
+	PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group, 1, buckets);
+static const struct zc_plan plan2 =
+	PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group, 2, buckets);
 
 #define FAIL(...)                                                                                  \
 	do {                                                                                       \
@@ -61,7 +62,7 @@ static zc_client *join(const char *job, uint32_t rank, uint32_t world, const str
 		r = zc_register_plan(c);
 	if (r < 0) {
 		printf("# %s rank %u: join: %s %s\n", job, rank, zc_strerror_name(r),
-		       c ? zc_error_message(c) : "");
+		       zc_error_message());
 		zc_close(c);
 		return NULL;
 	}
@@ -471,9 +472,10 @@ static void t_attach_checks(void)
  * SetHyper for it came before its bucket 0): rank 0's apply, and rank 1
  * hears ZC_EHYPER. That goes out before BucketDone(1, 0), by ZeroMQ, while
  * the BucketDone goes by the ring: the client must read the refusal first.
- * Each rank exits with what it saw: ORDER_E the refusal by the time its
- * bucket completed, ORDER_L only after it, ORDER_N none, 1 something went
- * wrong.
+ * zc_last_error() reads only what was processed, so right after the bucket
+ * future completed it shows whether the refusal was read before it. Each rank
+ * exits with what it saw: ORDER_E the refusal by then, ORDER_L only after a
+ * zc_dispatch(), ORDER_N none, 1 something went wrong.
  */
 enum { ORDER_N = 10, ORDER_E, ORDER_L };
 
@@ -491,7 +493,7 @@ static int hyper_rank(void *arg, int rank)
 	if (zc_bucket_ready(c, 0, NULL) < 0 || zc_set_hyper(c, 0, &g) < 0 ||
 	    zc_bucket_ready(c, 1, NULL) < 0 || zc_step_future(c, 0, &step) < 0 ||
 	    zc_future_wait(step, 20000) != 1 || zc_bucket_ready(c, 0, &b0) < 0)
-		FAIL("order rank %d: iteration 0: %s", rank, zc_error_message(c));
+		FAIL("order rank %d: iteration 0: %s", rank, zc_error_message());
 	zc_future_free(step);
 	/* both channels delivered by now: a BucketDone read out of its turn
 	 * would show */
@@ -499,18 +501,20 @@ static int hyper_rank(void *arg, int rank)
 	r = zc_future_wait(b0, 20000);
 	if (r != 1)
 		FAIL("order rank %d: bucket 0 of iteration 1: %s", rank, zc_strerror_name(r));
-	/* what was read by the time the bucket was: no call in between */
-	seen = strstr(zc_error_message(c), "other hyperparameters") ? ORDER_E : ORDER_N;
+	/* what was read by the time the bucket was: nothing processed since */
 	r = zc_last_error(c);
-	if (seen == ORDER_N && r == ZC_EHYPER)
+	if (r == ZC_EHYPER && strstr(zc_error_message(), "other hyperparameters"))
+		seen = ORDER_E;
+	else if (r == 0 && zc_dispatch(c) >= 0 && zc_last_error(c) == ZC_EHYPER)
 		seen = ORDER_L;
-	else if ((seen == ORDER_E) != (r == ZC_EHYPER))
-		seen = 1;
-	printf("# order rank %d: %d (%s: %s)\n", rank, seen, zc_strerror_name(r),
-	       zc_error_message(c));
+	else if (r == 0)
+		seen = ORDER_N;
+	printf("# order rank %d: %s (%s: %s)\n", rank,
+	       seen == ORDER_E ? "E" : seen == ORDER_L ? "L" : seen == ORDER_N ? "N" : "F",
+	       zc_strerror_name(r), zc_error_message());
 	if (zc_bucket_ready(c, 1, NULL) < 0 || zc_step_future(c, 1, &step) < 0 ||
 	    zc_future_wait(step, 20000) != 1)
-		FAIL("order rank %d: iteration 1: %s", rank, zc_error_message(c));
+		FAIL("order rank %d: iteration 1: %s", rank, zc_error_message());
 	zc_future_free(step);
 	zc_future_free(b0);
 	zc_close(c);
@@ -573,7 +577,8 @@ static int doomed_rank(void *arg, int rank)
 		     zc_strerror_name(r), zc_future_message(step));
 	if (zc_future_poll(b[0]) != 1 || zc_future_poll(b[1]) != 1)
 		FAIL("doomed rank 0: bucket futures of iteration 0 not done");
-	if ((r = zc_last_error(c)) != ZC_ESHUTDOWN)
+	/* the error came after the StepDone: process what arrived */
+	if (zc_dispatch(c) < 0 || (r = zc_last_error(c)) != ZC_ESHUTDOWN)
 		FAIL("doomed rank 0: the job's error is %s, want ZC_ESHUTDOWN",
 		     zc_strerror_name(r));
 	zc_future_free(step);
