@@ -86,7 +86,8 @@ struct zc_future {
 	enum cb_state cb_state;
 	zc_client *q;              /* whose queue holds it or runs its callback */
 	struct zc_future *cb_next; /* on q's queue */
-	bool free_after;           /* freed while its callback ran: the runner frees it */
+	bool free_after;           /* freed while its callback ran or a wait held it */
+	unsigned waiters;          /* zc_future_wait() calls on it: it stays until they end */
 };
 
 struct shm_buf {
@@ -268,7 +269,7 @@ static void run_callbacks(zc_client *c)
 		pthread_mutex_lock(&c->mu);
 		f->cb_state = CB_DONE;
 		f->q = NULL;
-		free_it = f->free_after;
+		free_it = f->free_after && !f->waiters;
 		pthread_mutex_unlock(&c->mu);
 		if (free_it)
 			free(f);
@@ -625,8 +626,11 @@ int zc_fd(zc_client *c)
 }
 
 /* Wait until *flag (read under the lock) is non-zero or the deadline passes.
- * deadline_ms < 0: forever. Returns the flag's value, or 0 on timeout. */
-static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
+ * deadline_ms < 0: forever. Returns the flag's value, or 0 on timeout. A
+ * negative value's reason, msg (read under the lock: the callbacks run after
+ * it may free the future that holds it), goes to this thread's
+ * zc_error_message() when msg is not NULL. */
+static int wait_for(zc_client *c, const int *flag, const char *msg, int64_t deadline_ms)
 {
 	struct epoll_event ev[4];
 	int n = 0;
@@ -643,6 +647,8 @@ static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
 		if (*flag == 0)
 			dispatch_locked(c, LOOK_SLEEP);
 		v = *flag;
+		if (v < 0 && msg)
+			err_set(v, "%s", msg[0] ? msg : zc_strerror(v));
 		client_unlock(c);
 		if (v != 0)
 			return v;
@@ -822,7 +828,7 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 		err_set(r, "zc_connect: sending Hello: %s", zc_strerror(r));
 		goto fail;
 	}
-	r = wait_for(c, &c->hello_result, now_ms() + timeout);
+	r = wait_for(c, &c->hello_result, NULL, now_ms() + timeout);
 	if (r == 0) {
 		r = err_set(ZC_ECONNECT, "no zerod answered on %.180s within %d ms", path, timeout);
 		goto fail;
@@ -1078,7 +1084,7 @@ int zc_register_plan(zc_client *c)
 	client_unlock(c);
 	if (r < 0)
 		return err_set(r, "zc_register_plan: sending the plan: %s", zc_strerror(r));
-	r = wait_for(c, &c->plan_result, now_ms() + c->cfg.register_timeout_ms);
+	r = wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
 	if (r == 0)
 		return err_set(ZC_ETIMEDOUT, "not every rank registered within %d ms",
 			       c->cfg.register_timeout_ms);
@@ -1349,21 +1355,35 @@ int zc_future_poll(zc_future *f)
 	take_ring(c, c->zrecv);
 	if (f->state == 0)
 		dispatch_locked(c, LOOK_ALL);
-	st = f->state;
+	/* the reason now: f's callback, run by the unlock, may free f */
+	st = future_result(f, f->state);
 	client_unlock(c);
-	return future_result(f, st);
+	return st;
 }
 
 int zc_future_wait(zc_future *f, int timeout_ms)
 {
+	zc_client *c;
+	bool free_it;
 	int r;
 
 	if ((r = future_check(f, __func__)) < 0)
 		return r;
-	if (!f->c)
+	c = f->c;
+	if (!c)
 		return future_result(f, f->state);
-	r = wait_for(f->c, &f->state, timeout_ms < 0 ? -1 : now_ms() + timeout_ms);
-	return future_result(f, r);
+	/* f stays while it is waited on, though a callback the wait runs frees it */
+	pthread_mutex_lock(&c->mu);
+	f->waiters++;
+	pthread_mutex_unlock(&c->mu);
+	r = wait_for(c, &f->state, f->msg, timeout_ms < 0 ? -1 : now_ms() + timeout_ms);
+	pthread_mutex_lock(&c->mu);
+	f->waiters--;
+	free_it = f->free_after && !f->waiters && f->cb_state != CB_RUNNING;
+	pthread_mutex_unlock(&c->mu);
+	if (free_it)
+		free(f);
+	return r;
 }
 
 int zc_future_then(zc_future *f, zc_future_cb *fn, void *arg)
@@ -1423,9 +1443,9 @@ void zc_future_free(zc_future *f)
 		cb_dequeue(f->q, f); /* cancelled */
 	future_unlink(f);
 	f->c = NULL;
-	running = f->cb_state == CB_RUNNING;
+	running = f->cb_state == CB_RUNNING || f->waiters;
 	if (running)
-		f->free_after = true; /* its runner frees it after the callback */
+		f->free_after = true; /* its callback's runner or its last waiter frees it */
 	if (c)
 		pthread_mutex_unlock(&c->mu);
 	if (!running)

@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -709,6 +710,63 @@ static void t_callback_exactly_once(void)
 	zc_future_free(done);
 }
 
+/*
+ * A callback frees its own future while this thread waits on it, and the
+ * future fails (rank 1 is killed): the wait returns the failure and its
+ * reason without touching the freed future (ASan and valgrind watch).
+ */
+static int selffree_pipe[2];
+
+static int selffree_rank1(void *arg, int idx)
+{
+	(void)idx;
+	if (!join(arg, 1, 2, &plan1))
+		return 1;
+	signal_pipe(selffree_pipe[1]);
+	for (;;)
+		pause();
+}
+
+struct selffree {
+	int ran, result;
+};
+
+static void free_self(zc_future *f, int result, void *arg)
+{
+	struct selffree *sf = arg;
+
+	sf->ran++;
+	sf->result = result;
+	zc_future_free(f);
+}
+
+static void t_callback_frees_waited_future(void)
+{
+	struct selffree sf = {0};
+	zc_future *f = NULL;
+	zc_client *c;
+	pid_t p1;
+	int r;
+
+	REQUIRE(pipe(selffree_pipe) == 0, "pipe");
+	p1 = spawn(selffree_rank1, "selffree", 1);
+	c = join("selffree", 0, 2, &plan1);
+	REQUIRE(c && wait_pipe(selffree_pipe[0], 10000), "join");
+	REQUIRE(zc_step_future(c, 0, &f) == 0, "step future");
+	REQUIRE(zc_future_then(f, free_self, &sf) == 0, "then");
+	CHECK(zc_bucket_ready(c, 0, NULL) == 0, "bucket 0");
+	kill(p1, SIGKILL);
+	wait_child(p1, 10000);
+	r = zc_future_wait(f, test_timeout(10000)); /* f is freed inside */
+	CHECK(r == ZC_ERANKDEAD || r == ZC_EJOBFAILED, "the wait: %s", zc_strerror_name(r));
+	CHECK(sf.ran == 1 && sf.result == r, "the callback ran %d times, result %s", sf.ran,
+	      zc_strerror_name(sf.result));
+	CHECK(zc_error_message()[0] != 0 && strcmp(zc_error_message(), zc_strerror(r)) != 0,
+	      "the reason: \"%s\"", zc_error_message());
+	test_note("%s: %s", zc_strerror_name(r), zc_error_message());
+	zc_close(c);
+}
+
 /* ---------------------------------------------------- waiting without a lock --- */
 
 /*
@@ -809,6 +867,7 @@ static const struct test_case cases[] = {
 	{"fork_child_refused", t_fork_child_refused},
 	{"callback_hands_next_bucket", t_callback_hands_next_bucket},
 	{"callback_exactly_once", t_callback_exactly_once},
+	{"callback_frees_its_waited_future", t_callback_frees_waited_future},
 	{"wait_does_not_hold_lock", t_wait_does_not_hold_lock},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
