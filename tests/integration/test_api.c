@@ -555,6 +555,12 @@ static int forked_child(zc_client *c, zc_future *f, const char *own_job)
 		FAIL("child: zc_iteration or zc_grad_buffer answered");
 	zc_future_free(f);
 	zc_close(c);
+#ifdef __SANITIZE_THREAD__
+	/* ThreadSanitizer cannot start threads (ZeroMQ's) after a fork of a
+	 * threaded process: the child's own client is left to the other runs */
+	(void)cfg, (void)mine;
+	return 0;
+#endif
 	if ((r = zc_connect(&cfg, &mine)) < 0 || (r = zc_alloc_buffers(mine, &plan1)) < 0 ||
 	    (r = zc_register_plan(mine)) < 0 || (r = iterate(mine, &plan1, 1.0f)) != 1)
 		FAIL("child: its own client: %s %s", zc_strerror_name(r), zc_error_message());
