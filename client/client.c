@@ -20,11 +20,31 @@
  * it is attached in zc_register_plan(). Both channels are read in the order
  * the daemon wrote them: before handling its k-th ZeroMQ message, the
  * client takes what the ring holds in front of MARK(k).
+ *
+ * Completion callbacks (zc_future_then) never run under the mutex: a future
+ * that settles with a callback joins the client's queue, and every public
+ * call leaves through client_unlock(), which runs the queue after unlocking.
+ * So a callback may call back into the client, and each runs once: it is
+ * taken off the queue under the lock.
+ *
+ * Errors: each failing call writes its reason into a thread-local buffer
+ * (err_set, zc_error_message), so two threads never read each other's.
+ * What the daemon says outside any call (a refused SetHyper) waits in the
+ * client for zc_last_error().
+ *
+ * fork(): a child's copy of a client must not touch the parent's session. A
+ * pthread_atfork() handler counts forks in the child; every entry point
+ * compares the count with the one its client (or future) was made under
+ * before it takes the lock (which a parent's thread may have held at the
+ * fork) and fails with ZC_EFORKED. A load, not a getpid() system call, on
+ * the hot path.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +56,7 @@
 
 #include "common.h"
 #include "fastpath.h"
+#include "internal.h"
 #include "plan.h"
 #include "wire.h"
 #include "zeroclient.h"
@@ -45,8 +66,13 @@
 
 enum future_kind { FUTURE_BUCKET, FUTURE_STEP };
 
+/* A future's callback: none; set and waiting for the future to settle; on
+ * the client's queue; running (outside the lock); done. */
+enum cb_state { CB_NONE, CB_SET, CB_QUEUED, CB_RUNNING, CB_DONE };
+
 struct zc_future {
-	zc_client *c; /* NULL once the client is closed */
+	zc_client *c;   /* NULL once the client is closed */
+	unsigned forks; /* the process's fork count when it was made */
 	enum future_kind kind;
 	uint64_t iteration;
 	uint32_t bucket;
@@ -54,6 +80,14 @@ struct zc_future {
 	int state;        /* 0 pending, 1 done, < 0 failed */
 	char msg[256];
 	struct zc_future *prev, *next;
+
+	zc_future_cb *cb;
+	void *cb_arg;
+	enum cb_state cb_state;
+	zc_client *q;              /* whose queue holds it or runs its callback */
+	struct zc_future *cb_next; /* on q's queue */
+	bool free_after;           /* freed while its callback ran or a wait held it */
+	unsigned waiters;          /* zc_future_wait() calls on it: it stays until they end */
 };
 
 struct shm_buf {
@@ -64,6 +98,8 @@ struct shm_buf {
 
 struct zc_client {
 	pthread_mutex_t mu;
+	unsigned forks; /* the process's fork count at zc_connect() */
+	pid_t pid;
 	void *zctx, *sock;
 	void *mon; /* PAIR receiving sock's monitor events */
 	int efd;   /* epoll over the ZMQ_FDs of sock and mon: what zc_fd() returns */
@@ -85,17 +121,171 @@ struct zc_client {
 	bool registered;
 	int plan_result; /* 0 waiting, 1 ok, < 0 error */
 	int hello_result;
-	char reply_msg[256];
+	char answer_msg[256]; /* the reason of a failed Hello or RegisterPlan */
 
 	uint64_t iter;
 	uint32_t sent_in_iter; /* buckets of `iter` handed over so far */
 	uint64_t steps_done;   /* iterations whose StepDone arrived */
 	int job_error;         /* fatal error: every later future fails with it */
 	char job_msg[256];
-	int last_error;
+	int async_error; /* the latest error no future or call carried: zc_last_error() */
+	char async_msg[256];
 	uint64_t last_request;
 	struct zc_future *futures;
+	struct zc_future *cbq_head, *cbq_tail; /* settled futures whose callbacks are due */
 };
+
+/* ------------------------------------------------------- errors, fork --- */
+
+static _Thread_local char err_msg[256];
+
+int err_set(int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!fmt) {
+		snprintf(err_msg, sizeof(err_msg), "%s", zc_strerror(code));
+		return code;
+	}
+	va_start(ap, fmt);
+	vsnprintf(err_msg, sizeof(err_msg), fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+const char *zc_error_message(void)
+{
+	return err_msg;
+}
+
+/* Forks this process went through as the child (a process forked from a
+ * child counts its parent's too). */
+static atomic_uint forks;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static int atfork_result;
+
+static void on_fork_child(void)
+{
+	atomic_fetch_add_explicit(&forks, 1, memory_order_relaxed);
+}
+
+static void atfork_register(void)
+{
+	atfork_result = -pthread_atfork(NULL, NULL, on_fork_child);
+}
+
+static bool forked(unsigned made_under)
+{
+	return atomic_load_explicit(&forks, memory_order_relaxed) != made_under;
+}
+
+/* Every entry point that takes a client starts here. */
+static int client_check(zc_client *c, const char *fn)
+{
+	if (!c)
+		return err_set(-EINVAL, "%s: the client is NULL", fn);
+	if (forked(c->forks))
+		return err_set(ZC_EFORKED,
+			       "%s: this client belongs to process %d; a child after fork() cannot "
+			       "use it (connect a client of its own)",
+			       fn, (int)c->pid);
+	return 0;
+}
+
+static int future_check(zc_future *f, const char *fn)
+{
+	if (!f)
+		return err_set(-EINVAL, "%s: the future is NULL", fn);
+	if (forked(f->forks))
+		return err_set(
+			ZC_EFORKED,
+			"%s: this future belongs to the parent process; a child after fork() "
+			"cannot use it",
+			fn);
+	return 0;
+}
+
+/* ---------------------------------------------------------- callbacks --- */
+
+static void cb_enqueue(zc_client *c, struct zc_future *f)
+{
+	f->cb_state = CB_QUEUED;
+	f->q = c;
+	f->cb_next = NULL;
+	if (c->cbq_tail)
+		c->cbq_tail->cb_next = f;
+	else
+		c->cbq_head = f;
+	c->cbq_tail = f;
+}
+
+static void cb_dequeue(zc_client *c, struct zc_future *f)
+{
+	struct zc_future **pp = &c->cbq_head, *prev = NULL;
+
+	while (*pp && *pp != f) {
+		prev = *pp;
+		pp = &(*pp)->cb_next;
+	}
+	if (!*pp)
+		return;
+	*pp = f->cb_next;
+	if (c->cbq_tail == f)
+		c->cbq_tail = prev;
+	f->cb_next = NULL;
+	f->q = NULL;
+}
+
+/* Run the callbacks due, each once, without the lock: a callback may call
+ * into the client, and may free its future (then it is freed here, after
+ * the callback returned). */
+static void run_callbacks(zc_client *c)
+{
+	for (;;) {
+		struct zc_future *f;
+		zc_future_cb *fn;
+		void *arg;
+		int state;
+		bool free_it;
+
+		pthread_mutex_lock(&c->mu);
+		f = c->cbq_head;
+		if (!f) {
+			pthread_mutex_unlock(&c->mu);
+			return;
+		}
+		c->cbq_head = f->cb_next;
+		if (!c->cbq_head)
+			c->cbq_tail = NULL;
+		f->cb_next = NULL;
+		f->cb_state = CB_RUNNING;
+		fn = f->cb;
+		arg = f->cb_arg;
+		state = f->state;
+		pthread_mutex_unlock(&c->mu);
+
+		fn(f, state, arg);
+
+		pthread_mutex_lock(&c->mu);
+		f->cb_state = CB_DONE;
+		f->q = NULL;
+		free_it = f->free_after && !f->waiters;
+		pthread_mutex_unlock(&c->mu);
+		if (free_it)
+			free(f);
+	}
+}
+
+/* How every public call lets go of the client: unlock, then run what its
+ * work made due. */
+static void client_unlock(zc_client *c)
+{
+	bool due = c->cbq_head != NULL;
+
+	pthread_mutex_unlock(&c->mu);
+	if (due)
+		run_callbacks(c);
+}
 
 /* ---------------------------------------------------------- helpers --- */
 
@@ -140,12 +330,15 @@ static void future_unlink(struct zc_future *f)
 	f->prev = f->next = NULL;
 }
 
+/* Called with the lock of f's client held (f->c is set). */
 static void future_settle(struct zc_future *f, int state, const char *msg)
 {
 	if (f->state != 0)
 		return;
 	f->state = state;
 	snprintf(f->msg, sizeof(f->msg), "%s", msg ? msg : "");
+	if (f->cb_state == CB_SET)
+		cb_enqueue(f->c, f);
 }
 
 static void fail_all(zc_client *c, int code, const char *msg)
@@ -170,7 +363,7 @@ static void job_failed(zc_client *c, int code, const char *msg)
 		c->hello_result = c->job_error;
 	if (c->plan_result == 0)
 		c->plan_result = c->job_error;
-	snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", c->job_msg);
+	snprintf(c->answer_msg, sizeof(c->answer_msg), "%s", c->job_msg);
 }
 
 static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
@@ -200,12 +393,13 @@ static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
 	if (!matched && c->plan_result == 0 && c->registered) {
 		/* the answer to RegisterPlan */
 		c->plan_result = code;
-		snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", e->message);
+		snprintf(c->answer_msg, sizeof(c->answer_msg), "%s", e->message);
 		return;
 	}
-	if (!matched && !c->last_error) {
-		c->last_error = code;
-		snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", e->message);
+	if (!matched) {
+		/* the latest stands: zc_last_error() */
+		c->async_error = code;
+		snprintf(c->async_msg, sizeof(c->async_msg), "%s", e->message);
 	}
 }
 
@@ -257,8 +451,10 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 		handle_error(c, env);
 		break;
 	default:
-		if (!c->last_error)
-			c->last_error = ZC_EPROTO;
+		c->async_error = ZC_EPROTO;
+		snprintf(c->async_msg, sizeof(c->async_msg),
+			 "zerod sent a message a client does not expect (body %d)",
+			 (int)env->body_case);
 		break;
 	}
 }
@@ -389,8 +585,11 @@ static int dispatch_locked(zc_client *c, enum look look)
 		if (wire_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &env) == 0) {
 			handle(c, env);
 			wire_free(env);
-		} else if (!c->last_error) {
-			c->last_error = ZC_EPROTO;
+		} else {
+			c->async_error = ZC_EPROTO;
+			snprintf(c->async_msg, sizeof(c->async_msg),
+				 "zerod sent a message that does not decode (%zu bytes)",
+				 zmq_msg_size(&msg));
 		}
 		zmq_msg_close(&msg);
 		n++;
@@ -407,26 +606,31 @@ int zc_dispatch(zc_client *c)
 	struct epoll_event ev[4];
 	int r;
 
-	if (!c)
-		return -EINVAL;
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
 	pthread_mutex_lock(&c->mu);
 	/* the caller woke on c->efd: from what? (one system call, where
 	 * reading ZeroMQ and the doorbell for nothing costs five) */
 	if (c->fp)
 		note_ready(c, ev, epoll_wait(c->efd, ev, ARRAY_SIZE(ev), 0));
 	r = dispatch_locked(c, LOOK_SLEEP);
-	pthread_mutex_unlock(&c->mu);
-	return r;
+	client_unlock(c);
+	return r < 0 ? err_set(r, "zc_dispatch: receiving from zerod: %s", zc_strerror(r)) : r;
 }
 
 int zc_fd(zc_client *c)
 {
-	return c ? c->efd : -EINVAL;
+	int r = client_check(c, __func__);
+
+	return r < 0 ? r : c->efd;
 }
 
 /* Wait until *flag (read under the lock) is non-zero or the deadline passes.
- * deadline_ms < 0: forever. Returns the flag's value, or 0 on timeout. */
-static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
+ * deadline_ms < 0: forever. Returns the flag's value, or 0 on timeout. A
+ * negative value's reason, msg (read under the lock: the callbacks run after
+ * it may free the future that holds it), goes to this thread's
+ * zc_error_message() when msg is not NULL. */
+static int wait_for(zc_client *c, const int *flag, const char *msg, int64_t deadline_ms)
 {
 	struct epoll_event ev[4];
 	int n = 0;
@@ -443,7 +647,9 @@ static int wait_for(zc_client *c, const int *flag, int64_t deadline_ms)
 		if (*flag == 0)
 			dispatch_locked(c, LOOK_SLEEP);
 		v = *flag;
-		pthread_mutex_unlock(&c->mu);
+		if (v < 0 && msg)
+			err_set(v, "%s", msg[0] ? msg : zc_strerror(v));
+		client_unlock(c);
 		if (v != 0)
 			return v;
 		now = now_ms();
@@ -502,98 +708,133 @@ static int monitor_open(zc_client *c)
 	return epoll_add_zsock(c->efd, c->mon);
 }
 
-int zc_connect(const struct zc_config *cfg, zc_client **ret_client)
+/* ZeroMQ's errors, converted once: -errno, and the option in the reason. */
+static int zopt(void *sock, int opt, const char *name, const void *val, size_t len)
+{
+	int e;
+
+	if (zmq_setsockopt(sock, opt, val, len) == 0)
+		return 0;
+	e = zmq_errno();
+	return err_set(-e, "zc_connect: zmq_setsockopt(%s): %s", name, zmq_strerror(e));
+}
+#define ZOPT(sock, opt, val) zopt((sock), (opt), #opt, &(val), sizeof(val))
+
+int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__Hello h = ZEROD__V1__HELLO__INIT;
 	char pathbuf[512], endpoint[600];
+	struct zc_config cfg;
 	const char *path;
 	int zero = 0, hwm = ZEROD_QUEUE_MSGS, r, timeout;
 	int64_t maxmsg = ZEROD_MAX_MSG_BYTES;
 	zc_client *c;
 
-	if (!cfg || !ret_client || !job_id_valid(cfg->job_id) || cfg->world_size == 0 ||
-	    cfg->rank >= cfg->world_size || cfg->local_size == 0 ||
-	    cfg->local_rank >= cfg->local_size || cfg->connect_timeout_ms < 0 ||
-	    cfg->register_timeout_ms < 0)
-		return -EINVAL;
+	if (!ret_client)
+		return err_set(-EINVAL, "zc_connect: ret_client is NULL");
+	r = config_from_zc(ucfg, &cfg);
+	if (r < 0)
+		return r;
+	if (!job_id_valid(cfg.job_id))
+		return err_set(-EINVAL,
+			       "zc_connect: job_id must be 1..%d characters of "
+			       "[A-Za-z0-9._-]",
+			       ZEROD_JOB_ID_MAX);
+	if (cfg.world_size == 0 || cfg.rank >= cfg.world_size || cfg.local_size == 0 ||
+	    cfg.local_rank >= cfg.local_size)
+		return err_set(
+			-EINVAL,
+			"zc_connect: rank %u of world_size %u, local_rank %u of local_size %u",
+			cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_size);
+	if (cfg.connect_timeout_ms < 0 || cfg.register_timeout_ms < 0)
+		return err_set(-EINVAL, "zc_connect: a negative timeout");
+	pthread_once(&atfork_once, atfork_register);
+	if (atfork_result < 0)
+		return err_set(atfork_result, "zc_connect: pthread_atfork: %s",
+			       strerror(-atfork_result));
 	c = calloc(1, sizeof(*c));
 	if (!c)
-		return -ENOMEM;
+		return err_set(-ENOMEM, NULL);
 	pthread_mutex_init(&c->mu, NULL);
+	c->forks = atomic_load_explicit(&forks, memory_order_relaxed);
+	c->pid = getpid();
 	c->efd = -1;
-	c->cfg = *cfg;
-	snprintf(c->job_id, sizeof(c->job_id), "%s", cfg->job_id);
+	c->cfg = cfg;
+	snprintf(c->job_id, sizeof(c->job_id), "%s", cfg.job_id);
 	c->cfg.job_id = c->job_id;
 	c->cfg.socket = NULL;
-	timeout = cfg->connect_timeout_ms ? cfg->connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
+	timeout = cfg.connect_timeout_ms ? cfg.connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
 	c->cfg.connect_timeout_ms = timeout;
 	if (!c->cfg.register_timeout_ms)
 		c->cfg.register_timeout_ms = timeout;
 
-	path = cfg->socket ? cfg->socket : default_socket(pathbuf, sizeof(pathbuf));
+	path = cfg.socket ? cfg.socket : default_socket(pathbuf, sizeof(pathbuf));
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", path);
 	/* ZeroMQ retries a refused connect until the timeout; a socket this
 	 * user may not use (connecting needs write permission on it) is told
 	 * at once. A missing one may still appear: that waits. */
 	if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) < 0 &&
 	    (errno == EACCES || errno == EPERM)) {
-		r = -EACCES;
-		if (cfg->error_text && cfg->error_text_len)
-			snprintf(cfg->error_text, cfg->error_text_len,
-				 "no permission to use the socket %.180s (its mode or group, or a "
-				 "directory above it)",
-				 path);
+		r = err_set(-EACCES,
+			    "no permission to use the socket %.180s (its mode or group, or a "
+			    "directory above it)",
+			    path);
 		goto fail;
 	}
 	if ((size_t)snprintf(c->fp_mine, sizeof(c->fp_mine), "%s.fd", path) >= sizeof(c->fp_mine))
 		c->fp_mine[0] = 0;
 	c->zctx = zmq_ctx_new();
 	if (!c->zctx) {
-		r = -ENOMEM;
+		r = err_set(-ENOMEM, "zc_connect: zmq_ctx_new failed");
 		goto fail;
 	}
 	c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
 	if (!c->sock) {
-		r = -zmq_errno();
+		r = err_set(-zmq_errno(), "zc_connect: zmq_socket: %s", zmq_strerror(zmq_errno()));
 		goto fail;
 	}
-	zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero));
-	zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-	zmq_setsockopt(c->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
-	zmq_setsockopt(c->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
-	r = monitor_open(c);
-	if (r < 0)
+	if ((r = ZOPT(c->sock, ZMQ_LINGER, zero)) < 0 ||
+	    (r = ZOPT(c->sock, ZMQ_MAXMSGSIZE, maxmsg)) < 0 ||
+	    (r = ZOPT(c->sock, ZMQ_SNDHWM, hwm)) < 0 || (r = ZOPT(c->sock, ZMQ_RCVHWM, hwm)) < 0)
 		goto fail;
+	r = monitor_open(c);
+	if (r < 0) {
+		err_set(r, "zc_connect: the socket's monitor: %s", zc_strerror(r));
+		goto fail;
+	}
 	if (zmq_connect(c->sock, endpoint) < 0) {
-		r = ZC_ECONNECT;
+		r = err_set(ZC_ECONNECT, "zc_connect: %.180s: %s", endpoint,
+			    zmq_strerror(zmq_errno()));
 		goto fail;
 	}
 	r = epoll_add_zsock(c->efd, c->sock);
-	if (r < 0)
+	if (r < 0) {
+		err_set(r, "zc_connect: epoll: %s", zc_strerror(r));
 		goto fail;
+	}
 
 	h.protocol_version = ZC_PROTOCOL_VERSION;
 	h.job_id = c->job_id;
-	h.rank = cfg->rank;
-	h.world_size = cfg->world_size;
-	h.local_rank = cfg->local_rank;
-	h.local_size = cfg->local_size;
+	h.rank = cfg.rank;
+	h.world_size = cfg.world_size;
+	h.local_rank = cfg.local_rank;
+	h.local_size = cfg.local_size;
 	h.pid = getpid();
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &h;
 	r = send_env(c, &env, NULL);
-	if (r < 0)
+	if (r < 0) {
+		err_set(r, "zc_connect: sending Hello: %s", zc_strerror(r));
 		goto fail;
-	r = wait_for(c, &c->hello_result, now_ms() + timeout);
+	}
+	r = wait_for(c, &c->hello_result, NULL, now_ms() + timeout);
 	if (r == 0) {
-		r = ZC_ECONNECT;
-		snprintf(c->reply_msg, sizeof(c->reply_msg),
-			 "no zerod answered on %.180s within %d ms", path, timeout);
+		r = err_set(ZC_ECONNECT, "no zerod answered on %.180s within %d ms", path, timeout);
+		goto fail;
 	}
 	if (r < 0) {
-		if (cfg->error_text && cfg->error_text_len)
-			snprintf(cfg->error_text, cfg->error_text_len, "%s", c->reply_msg);
+		err_set(r, "%s", c->answer_msg);
 		goto fail;
 	}
 	*ret_client = c;
@@ -618,9 +859,17 @@ void zc_close(zc_client *c)
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__Goodbye bye = ZEROD__V1__GOODBYE__INIT;
 
-	if (!c)
+	int linger = 200;
+
+	/* a child's copy: the session, its sockets and its lock are the
+	 * parent's (the lock may even be held by a thread the child lacks) */
+	if (!c || forked(c->forks))
 		return;
-	if (c->sock && c->hello_result == 1) {
+	/* The goodbye needs a linger to leave before the socket goes; without
+	 * one it is not sent, and zerod ends the session when the connection
+	 * closes, as for a trainer that died. */
+	if (c->sock && c->hello_result == 1 &&
+	    zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger)) == 0) {
 		env.body_case = ZEROD__V1__ENVELOPE__BODY_GOODBYE;
 		env.goodbye = &bye;
 		(void)send_env(c, &env, NULL);
@@ -633,6 +882,8 @@ void zc_close(zc_client *c)
 		f->c = NULL;
 	}
 	pthread_mutex_unlock(&c->mu);
+	/* the callbacks of the futures failed here (and any still due) */
+	run_callbacks(c);
 	if (c->mon) {
 		zmq_socket_monitor(c->sock, NULL, 0);
 		zmq_close(c->mon);
@@ -640,12 +891,8 @@ void zc_close(zc_client *c)
 	if (c->efd >= 0)
 		close(c->efd);
 	fpc_free(c->fp);
-	if (c->sock) {
-		/* let the goodbye leave before the socket goes */
-		int linger = 200;
-		zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
+	if (c->sock)
 		zmq_close(c->sock);
-	}
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
 	shm_release(&c->grad);
@@ -697,52 +944,63 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 	char err[256];
 	int r;
 
-	if (!c || !zp)
-		return -EINVAL;
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if (!zp)
+		return err_set(-EINVAL, "zc_alloc_buffers: the plan is NULL");
 	pthread_mutex_lock(&c->mu);
 	if (c->plan) {
-		r = ZC_ESTATE;
+		r = err_set(ZC_ESTATE, "zc_alloc_buffers: this client has its buffers already");
 		goto out;
 	}
 	r = plan_from_zc(zp, &p, err, sizeof(err));
 	if (r < 0) {
-		snprintf(c->reply_msg, sizeof(c->reply_msg), "%s", err);
+		err_set(r, "%s", err);
 		goto out;
 	}
 	r = shm_create(c, "grad", plan_buffer_bytes(p), &c->grad);
 	if (r >= 0)
 		r = shm_create(c, "param", plan_buffer_bytes(p), &c->param);
 	if (r < 0) {
+		err_set(r, "zc_alloc_buffers: shared memory of %" PRIu64 " bytes: %s",
+			plan_buffer_bytes(p), zc_strerror(r));
 		shm_release(&c->grad);
 		plan_free(p);
 		goto out;
 	}
 	c->plan = p;
 out:
-	pthread_mutex_unlock(&c->mu);
+	client_unlock(c);
 	return r;
 }
 
-static float *bucket_ptr(zc_client *c, const struct shm_buf *b, uint32_t bucket)
+/* Without the lock: c->plan and the buffers are set once, by
+ * zc_alloc_buffers(), and stay until zc_close(); trainers call this in their
+ * inner loops. */
+static float *bucket_ptr(zc_client *c, bool grad, uint32_t bucket, const char *fn)
 {
-	if (!c || !c->plan || bucket >= c->plan->nbuckets)
+	if (client_check(c, fn) < 0)
 		return NULL;
-	return b->base + c->plan->buckets[bucket].base;
+	if (!c->plan) {
+		err_set(ZC_ESTATE, "%s: no buffers yet (zc_alloc_buffers)", fn);
+		return NULL;
+	}
+	if (bucket >= c->plan->nbuckets) {
+		err_set(ZC_EBUCKET, "%s: bucket %u does not exist: the plan has %u buckets", fn,
+			bucket, c->plan->nbuckets);
+		return NULL;
+	}
+	return (grad ? c->grad.base : c->param.base) + c->plan->buckets[bucket].base;
 }
 
 float *zc_grad_buffer(zc_client *c, uint32_t bucket)
 {
-	return c ? bucket_ptr(c, &c->grad, bucket) : NULL;
+	return bucket_ptr(c, true, bucket, __func__);
 }
 
 float *zc_param_buffer(zc_client *c, uint32_t bucket)
 {
-	return c ? bucket_ptr(c, &c->param, bucket) : NULL;
-}
-
-const char *zc_error_message(zc_client *c)
-{
-	return c ? c->reply_msg : "";
+	return bucket_ptr(c, false, bucket, __func__);
 }
 
 /*
@@ -796,17 +1054,19 @@ int zc_register_plan(zc_client *c)
 	Zerod__V1__Plan pb;
 	int r;
 
-	if (!c)
-		return -EINVAL;
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
 	pthread_mutex_lock(&c->mu);
 	if (!c->plan || c->registered) {
-		pthread_mutex_unlock(&c->mu);
-		return ZC_ESTATE;
+		client_unlock(c);
+		return err_set(ZC_ESTATE, "zc_register_plan: %s",
+			       c->registered ? "the plan is registered already"
+					     : "no plan yet (zc_alloc_buffers)");
 	}
 	r = plan_to_pb(c->plan, &pb);
 	if (r < 0) {
-		pthread_mutex_unlock(&c->mu);
-		return r;
+		client_unlock(c);
+		return err_set(r, NULL);
 	}
 	c->registered = true;
 	c->plan_result = 0;
@@ -821,16 +1081,20 @@ int zc_register_plan(zc_client *c)
 	env.register_plan = &rp;
 	r = send_env(c, &env, NULL);
 	plan_pb_free(&pb);
-	pthread_mutex_unlock(&c->mu);
+	client_unlock(c);
 	if (r < 0)
+		return err_set(r, "zc_register_plan: sending the plan: %s", zc_strerror(r));
+	r = wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
+	if (r == 0)
+		return err_set(ZC_ETIMEDOUT, "not every rank registered within %d ms",
+			       c->cfg.register_timeout_ms);
+	if (r < 0) {
+		pthread_mutex_lock(&c->mu);
+		err_set(r, "%s", c->answer_msg);
+		client_unlock(c);
 		return r;
-	r = wait_for(c, &c->plan_result, now_ms() + c->cfg.register_timeout_ms);
-	if (r == 0) {
-		snprintf(c->reply_msg, sizeof(c->reply_msg),
-			 "not every rank registered within %d ms", c->cfg.register_timeout_ms);
-		return ZC_ETIMEDOUT;
 	}
-	return r < 0 ? r : 0;
+	return 0;
 }
 
 /* --------------------------------------------------------- iteration --- */
@@ -842,6 +1106,7 @@ static struct zc_future *future_new(zc_client *c, enum future_kind kind, uint64_
 
 	if (!f)
 		return NULL;
+	f->forks = c->forks;
 	f->kind = kind;
 	f->iteration = it;
 	f->bucket = bucket;
@@ -856,38 +1121,31 @@ static struct zc_future *future_new(zc_client *c, enum future_kind kind, uint64_
  * daemon's. A StepDone in transit is read first. Called with c->mu held. */
 static int bucket_check(zc_client *c, uint32_t bucket)
 {
-	int r = 0;
-
-	if (bucket >= c->plan->nbuckets) {
-		r = ZC_EBUCKET;
-		snprintf(c->reply_msg, sizeof(c->reply_msg),
-			 "bucket %u does not exist: the plan has %u buckets", bucket,
-			 c->plan->nbuckets);
-	} else if (bucket < c->sent_in_iter) {
-		r = ZC_EDUPBUCKET;
-		snprintf(c->reply_msg, sizeof(c->reply_msg),
-			 "bucket %u twice in iteration %" PRIu64, bucket, c->iter);
-	} else if (bucket > c->sent_in_iter) {
-		r = ZC_EORDER;
-		snprintf(c->reply_msg, sizeof(c->reply_msg),
-			 "bucket %u handed over, but bucket %u comes first (buckets go 0, 1, 2, "
-			 "... every iteration)",
-			 bucket, c->sent_in_iter);
-	} else if (bucket == 0 && c->steps_done < c->iter) {
+	if (bucket >= c->plan->nbuckets)
+		return err_set(ZC_EBUCKET, "bucket %u does not exist: the plan has %u buckets",
+			       bucket, c->plan->nbuckets);
+	if (bucket < c->sent_in_iter)
+		return err_set(ZC_EDUPBUCKET, "bucket %u twice in iteration %" PRIu64, bucket,
+			       c->iter);
+	if (bucket > c->sent_in_iter)
+		return err_set(ZC_EORDER,
+			       "bucket %u handed over, but bucket %u comes first (buckets go 0, "
+			       "1, 2, ... every iteration)",
+			       bucket, c->sent_in_iter);
+	if (bucket == 0 && c->steps_done < c->iter) {
 		take_ring(c, c->zrecv);
 		if (c->steps_done < c->iter)
 			dispatch_locked(c, LOOK_ALL);
 		if (c->job_error)
-			r = c->job_error; /* job_failed() wrote reply_msg */
-		else if (c->steps_done < c->iter) {
-			r = ZC_EEARLY;
-			snprintf(c->reply_msg, sizeof(c->reply_msg),
-				 "bucket 0 of iteration %" PRIu64 " while iteration %" PRIu64
-				 " is still in flight: wait for its step before the next backward",
-				 c->iter, c->iter - 1);
-		}
+			return err_set(c->job_error, "%s", c->job_msg);
+		if (c->steps_done < c->iter)
+			return err_set(ZC_EEARLY,
+				       "bucket 0 of iteration %" PRIu64 " while iteration %" PRIu64
+				       " is still in flight: wait for its step before the next "
+				       "backward",
+				       c->iter, c->iter - 1);
 	}
-	return r;
+	return 0;
 }
 
 int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
@@ -897,15 +1155,15 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 	struct zc_future *f = NULL;
 	int r;
 
-	if (!c)
-		return -EINVAL;
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
 	pthread_mutex_lock(&c->mu);
-	if (c->plan_result != 1) {
-		r = c->job_error ? c->job_error : ZC_ESTATE;
+	if (c->job_error) {
+		r = err_set(c->job_error, "%s", c->job_msg);
 		goto out;
 	}
-	if (c->job_error) {
-		r = c->job_error;
+	if (c->plan_result != 1) {
+		r = err_set(ZC_ESTATE, "zc_bucket_ready: the plan is not registered");
 		goto out;
 	}
 	r = bucket_check(c, bucket);
@@ -914,22 +1172,25 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 	if (ret_future) {
 		f = future_new(c, FUTURE_BUCKET, c->iter, bucket);
 		if (!f) {
-			r = -ENOMEM;
+			r = err_set(-ENOMEM, NULL);
 			goto out;
 		}
 	}
 	if (c->fp && !c->fp_closed) {
 		r = fpc_push_ready(c->fp, c->zsent, c->iter, bucket);
 		if (r == -EAGAIN)
-			snprintf(c->reply_msg, sizeof(c->reply_msg),
-				 "the fast-path ring is full: zerod has not taken the buckets "
-				 "handed over");
+			err_set(r, "the fast-path ring is full: zerod has not taken the buckets "
+				   "handed over");
+		else if (r < 0)
+			err_set(r, "the fast-path ring is corrupt");
 	} else {
 		br.iteration = c->iter;
 		br.bucket = bucket;
 		env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
 		env.bucket_ready = &br;
 		r = send_env(c, &env, f ? &f->request : NULL);
+		if (r < 0)
+			err_set(r, "zc_bucket_ready: sending: %s", zc_strerror(r));
 	}
 	if (r < 0) {
 		if (f) {
@@ -946,25 +1207,28 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 	if (ret_future)
 		*ret_future = f;
 out:
-	pthread_mutex_unlock(&c->mu);
+	client_unlock(c);
 	return r;
 }
 
 int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 {
 	struct zc_future *f;
+	int r;
 
-	if (!c || !ret_future)
-		return -EINVAL;
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if (!ret_future)
+		return err_set(-EINVAL, "zc_step_future: ret_future is NULL");
 	pthread_mutex_lock(&c->mu);
 	if (iteration > c->iter) {
 		/* it could only wait for buckets nobody has handed over yet */
-		snprintf(c->reply_msg, sizeof(c->reply_msg),
-			 "iteration %" PRIu64 " has not begun: this rank's next bucket belongs to "
-			 "iteration %" PRIu64,
-			 iteration, c->iter);
-		pthread_mutex_unlock(&c->mu);
-		return ZC_ESTATE;
+		r = err_set(ZC_ESTATE,
+			    "iteration %" PRIu64 " has not begun: this rank's next bucket belongs "
+			    "to iteration %" PRIu64,
+			    iteration, c->iter);
+		client_unlock(c);
+		return r;
 	}
 	/* a StepDone that came is read: with a ring, it came there (ZeroMQ is
 	 * read by the poll or the wait, where its system calls are due) */
@@ -979,9 +1243,9 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 		f->state = 1;
 		f->msg[0] = 0;
 	}
-	pthread_mutex_unlock(&c->mu);
+	client_unlock(c);
 	if (!f)
-		return -ENOMEM;
+		return err_set(-ENOMEM, NULL);
 	*ret_future = f;
 	return 0;
 }
@@ -990,9 +1254,11 @@ uint64_t zc_iteration(zc_client *c)
 {
 	uint64_t it;
 
+	if (client_check(c, __func__) < 0)
+		return ZC_NO_ITERATION;
 	pthread_mutex_lock(&c->mu);
 	it = c->iter;
-	pthread_mutex_unlock(&c->mu);
+	client_unlock(c);
 	return it;
 }
 
@@ -1001,28 +1267,41 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__SetHyper sh = ZEROD__V1__SET_HYPER__INIT;
 	Zerod__V1__ParamGroup pg;
-	char err[160];
+	struct zc_param_group g;
+	char err[192];
 	int r;
 
-	if (!c || !hp)
-		return -EINVAL;
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if (!hp)
+		return err_set(-EINVAL, "zc_set_hyper: hp is NULL");
+	r = plan_group_from_zc(hp, "hp", &g, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "zc_set_hyper: %s", err);
 	pthread_mutex_lock(&c->mu);
 	if (c->plan_result != 1) {
-		r = ZC_ESTATE;
+		r = err_set(ZC_ESTATE, "zc_set_hyper: the plan is not registered");
 		goto out;
 	}
-	if (group >= c->plan->ngroups ||
-	    plan_group_check(c->plan->optimizer, hp, err, sizeof(err)) < 0) {
-		r = ZC_EHYPER;
+	if (group >= c->plan->ngroups) {
+		r = err_set(ZC_EHYPER, "zc_set_hyper: group %u does not exist: the plan has %u",
+			    group, c->plan->ngroups);
+		goto out;
+	}
+	if (plan_group_check(c->plan->optimizer, &g, err, sizeof(err)) < 0) {
+		r = err_set(ZC_EHYPER, "zc_set_hyper: group %u: %s", group, err);
 		goto out;
 	}
 	/* the daemon sized the optimizer state from the plan's groups */
-	if (plan_state_arrays(c->plan->optimizer, hp, 1) &
+	if (plan_state_arrays(c->plan->optimizer, &g, 1) &
 	    ~plan_state_arrays(c->plan->optimizer, c->plan->groups, c->plan->ngroups)) {
-		r = ZC_EHYPER;
+		r = err_set(ZC_EHYPER,
+			    "zc_set_hyper: group %u: %s needs optimizer state this job does not "
+			    "keep: declare it in the plan's groups",
+			    group, c->plan->optimizer == ZC_OPT_SGD ? "momentum" : "amsgrad");
 		goto out;
 	}
-	plan_group_to_pb(hp, &pg);
+	plan_group_to_pb(&g, &pg);
 	/* the next iteration this rank has not started */
 	sh.iteration = c->sent_in_iter ? c->iter + 1 : c->iter;
 	sh.group = group;
@@ -1030,8 +1309,10 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_HYPER;
 	env.set_hyper = &sh;
 	r = send_env(c, &env, NULL);
+	if (r < 0)
+		err_set(r, "zc_set_hyper: sending: %s", zc_strerror(r));
 out:
-	pthread_mutex_unlock(&c->mu);
+	client_unlock(c);
 	return r;
 }
 
@@ -1039,44 +1320,105 @@ int zc_last_error(zc_client *c)
 {
 	int r;
 
-	if (!c)
-		return -EINVAL;
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
 	pthread_mutex_lock(&c->mu);
-	dispatch_locked(c, LOOK_ALL);
-	r = c->last_error ? c->last_error : c->job_error;
-	pthread_mutex_unlock(&c->mu);
+	if (c->job_error) {
+		r = err_set(c->job_error, "%s", c->job_msg);
+	} else if (c->async_error) {
+		r = err_set(c->async_error, "%s", c->async_msg);
+		c->async_error = 0; /* told: the next one is newer */
+	}
+	client_unlock(c);
 	return r;
 }
 
 /* ----------------------------------------------------------- futures --- */
 
+/* A future's result as a call returns it: a failure's reason for the thread. */
+static int future_result(zc_future *f, int st)
+{
+	return st < 0 ? err_set(st, "%s", f->msg[0] ? f->msg : zc_strerror(st)) : st;
+}
+
 int zc_future_poll(zc_future *f)
 {
+	zc_client *c;
 	int st;
 
-	if (!f)
-		return -EINVAL;
-	if (!f->c)
-		return f->state;
-	pthread_mutex_lock(&f->c->mu);
-	take_ring(f->c, f->c->zrecv);
+	if ((st = future_check(f, __func__)) < 0)
+		return st;
+	c = f->c;
+	if (!c)
+		return future_result(f, f->state);
+	pthread_mutex_lock(&c->mu);
+	take_ring(c, c->zrecv);
 	if (f->state == 0)
-		dispatch_locked(f->c, LOOK_ALL);
-	st = f->state;
-	pthread_mutex_unlock(&f->c->mu);
+		dispatch_locked(c, LOOK_ALL);
+	/* the reason now: f's callback, run by the unlock, may free f */
+	st = future_result(f, f->state);
+	client_unlock(c);
 	return st;
 }
 
 int zc_future_wait(zc_future *f, int timeout_ms)
 {
+	zc_client *c;
+	bool free_it;
 	int r;
 
-	if (!f)
-		return -EINVAL;
-	if (!f->c)
-		return f->state;
-	r = wait_for(f->c, &f->state, timeout_ms < 0 ? -1 : now_ms() + timeout_ms);
+	if ((r = future_check(f, __func__)) < 0)
+		return r;
+	c = f->c;
+	if (!c)
+		return future_result(f, f->state);
+	/* f stays while it is waited on, though a callback the wait runs frees it */
+	pthread_mutex_lock(&c->mu);
+	f->waiters++;
+	pthread_mutex_unlock(&c->mu);
+	r = wait_for(c, &f->state, f->msg, timeout_ms < 0 ? -1 : now_ms() + timeout_ms);
+	pthread_mutex_lock(&c->mu);
+	f->waiters--;
+	free_it = f->free_after && !f->waiters && f->cb_state != CB_RUNNING;
+	pthread_mutex_unlock(&c->mu);
+	if (free_it)
+		free(f);
 	return r;
+}
+
+int zc_future_then(zc_future *f, zc_future_cb *fn, void *arg)
+{
+	zc_client *c;
+	int r;
+
+	if ((r = future_check(f, __func__)) < 0)
+		return r;
+	if (!fn)
+		return err_set(-EINVAL, "zc_future_then: fn is NULL");
+	c = f->c;
+	if (c)
+		pthread_mutex_lock(&c->mu);
+	if (f->cb_state != CB_NONE) {
+		if (c)
+			client_unlock(c);
+		return err_set(ZC_ESTATE, "zc_future_then: the future has a callback already");
+	}
+	f->cb = fn;
+	f->cb_arg = arg;
+	f->cb_state = CB_SET;
+	if (c) {
+		if (f->state != 0)
+			cb_enqueue(c, f);
+		client_unlock(c); /* runs it now if it is due */
+		return 0;
+	}
+	/* its client is closed, so it is settled: run it here */
+	f->cb_state = CB_RUNNING;
+	fn(f, f->state, arg);
+	f->cb_state = CB_DONE;
+	if (f->free_after)
+		free(f);
+	return 0;
 }
 
 const char *zc_future_message(zc_future *f)
@@ -1087,14 +1429,25 @@ const char *zc_future_message(zc_future *f)
 void zc_future_free(zc_future *f)
 {
 	zc_client *c;
+	bool running;
 
-	if (!f)
+	/* a child's copy of a parent's future: nothing of it is the child's */
+	if (!f || forked(f->forks))
 		return;
-	c = f->c;
-	if (c) {
+	/* the client whose lock guards it: its own, or (once closed) the one
+	 * running its callback in zc_close() */
+	c = f->c ? f->c : f->q;
+	if (c)
 		pthread_mutex_lock(&c->mu);
-		future_unlink(f);
+	if (f->cb_state == CB_QUEUED)
+		cb_dequeue(f->q, f); /* cancelled */
+	future_unlink(f);
+	f->c = NULL;
+	running = f->cb_state == CB_RUNNING || f->waiters;
+	if (running)
+		f->free_after = true; /* its callback's runner or its last waiter frees it */
+	if (c)
 		pthread_mutex_unlock(&c->mu);
-	}
-	free(f);
+	if (!running)
+		free(f);
 }

@@ -81,6 +81,13 @@ static int ring_create(struct fpc *f, uint32_t nbuckets, int *ret_memfd)
 		close(fd);
 		return r;
 	}
+	/* a child after fork() must never write the parent's session (and
+	 * every client call there fails first): it does not even get the ring */
+	if (madvise(f->mem, f->bytes, MADV_DONTFORK) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
 	f->mem->magic = RING_MAGIC;
 	f->mem->version = RING_VERSION;
 	f->mem->up_slots = f->up_n;

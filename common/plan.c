@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "abi.h"
 #include "common.h"
 #include "plan.h"
 
@@ -245,40 +246,184 @@ static struct plan *plan_alloc(uint32_t ngroups, uint32_t nbuckets)
 	return p;
 }
 
-int plan_from_zc(const struct zc_plan *in, struct plan **ret, char *err, size_t errlen)
+/*
+ * Reading the caller's structs (zeroclient.h, "ABI"): each by its own size,
+ * arrays with the stride of their first element's size.
+ */
+static int abi_fail(int r, const void *src, const char *what, const char *type, char *err,
+		    size_t errlen)
 {
+	abi_reason(r, abi_size(src), what, type, err, errlen);
+	return r;
+}
+
+/* Element i of an array whose elements are all `stride` bytes: -EINVAL if it
+ * says otherwise. */
+static int array_elem(const void *base, uint32_t stride, uint32_t i, const char *what,
+		      const void **ret, char *err, size_t errlen)
+{
+	const void *e = (const char *)base + (size_t)stride * i;
+
+	if (abi_size(e) != stride) {
+		snprintf(err, errlen,
+			 "%s[%u].size is %u, %s[0].size %u: the elements of one array have one "
+			 "size",
+			 what, i, abi_size(e), what, stride);
+		return -EINVAL;
+	}
+	*ret = e;
+	return 0;
+}
+
+int plan_group_from_zc(const void *src, const char *what, struct zc_param_group *out, char *err,
+		       size_t errlen)
+{
+	static const struct zc_param_group defaults = ZC_PARAM_GROUP_INIT;
+	uint32_t size = abi_size(src);
+	struct zc_param_group g = defaults;
+	int r = abi_check(src, size, sizeof(g));
+
+	if (r < 0)
+		return abi_fail(r, src, what, "param_group", err, errlen);
+	ABI_TAKE_BOOL(&g, src, size, nesterov);
+	ABI_TAKE_BOOL(&g, src, size, amsgrad);
+	ABI_TAKE_BOOL(&g, src, size, maximize);
+	ABI_TAKE(&g, src, size, reserved);
+	ABI_TAKE(&g, src, size, lr);
+	ABI_TAKE(&g, src, size, momentum);
+	ABI_TAKE(&g, src, size, dampening);
+	ABI_TAKE(&g, src, size, weight_decay);
+	ABI_TAKE(&g, src, size, beta1);
+	ABI_TAKE(&g, src, size, beta2);
+	ABI_TAKE(&g, src, size, eps);
+	if (g.reserved)
+		return abi_fail(-E2BIG, src, what, "param_group", err, errlen);
+	g.size = sizeof(g);
+	*out = g;
+	return 0;
+}
+
+static int segment_from_zc(const void *src, const char *what, struct zc_segment *out, char *err,
+			   size_t errlen)
+{
+	uint32_t size = abi_size(src);
+	struct zc_segment s = ZC_SEGMENT_INIT;
+	int r = abi_check(src, size, sizeof(s));
+
+	if (r < 0)
+		return abi_fail(r, src, what, "segment", err, errlen);
+	ABI_TAKE(&s, src, size, group);
+	ABI_TAKE(&s, src, size, offset);
+	ABI_TAKE(&s, src, size, numel);
+	*out = s;
+	return 0;
+}
+
+static int bucket_from_zc(const void *src, const char *what, struct zc_bucket *out, char *err,
+			  size_t errlen)
+{
+	uint32_t size = abi_size(src);
+	struct zc_bucket b = ZC_BUCKET_INIT;
+	int r = abi_check(src, size, sizeof(b));
+
+	if (r < 0)
+		return abi_fail(r, src, what, "bucket", err, errlen);
+	ABI_TAKE(&b, src, size, nsegments);
+	ABI_TAKE(&b, src, size, numel);
+	ABI_TAKE(&b, src, size, segments);
+	*out = b;
+	return 0;
+}
+
+static int plan_struct_from_zc(const void *src, struct zc_plan *out, char *err, size_t errlen)
+{
+	uint32_t size = abi_size(src);
+	struct zc_plan p = ZC_PLAN_INIT;
+	int r = abi_check(src, size, sizeof(p));
+
+	if (r < 0)
+		return abi_fail(r, src, "plan", "plan", err, errlen);
+	ABI_TAKE(&p, src, size, optimizer);
+	ABI_TAKE(&p, src, size, shard_mode);
+	ABI_TAKE(&p, src, size, step_mode);
+	ABI_TAKE(&p, src, size, ngroups);
+	ABI_TAKE(&p, src, size, nbuckets);
+	ABI_TAKE(&p, src, size, groups);
+	ABI_TAKE(&p, src, size, buckets);
+	*out = p;
+	return 0;
+}
+
+int plan_from_zc(const struct zc_plan *zp, struct plan **ret, char *err, size_t errlen)
+{
+	struct zc_plan in;
 	struct plan *p;
+	char what[64];
+	uint32_t gstride, bstride;
 	int r;
 
-	if (!in)
+	if (!zp)
 		return fail(err, errlen, "no plan");
-	if (in->ngroups > PLAN_MAX_GROUPS || in->nbuckets > PLAN_MAX_BUCKETS)
+	r = plan_struct_from_zc(zp, &in, err, errlen);
+	if (r < 0)
+		return r;
+	if (in.ngroups > PLAN_MAX_GROUPS || in.nbuckets > PLAN_MAX_BUCKETS)
 		return fail(err, errlen, "too many groups or buckets");
-	if ((in->ngroups && !in->groups) || (in->nbuckets && !in->buckets))
+	if ((in.ngroups && !in.groups) || (in.nbuckets && !in.buckets))
 		return fail(err, errlen, "groups or buckets array is NULL");
-	p = plan_alloc(in->ngroups, in->nbuckets);
+	p = plan_alloc(in.ngroups, in.nbuckets);
 	if (!p)
 		return -ENOMEM;
-	p->optimizer = in->optimizer;
-	p->shard_mode = in->shard_mode;
-	p->step_mode = in->step_mode;
-	memcpy(p->groups, in->groups, in->ngroups * sizeof(*p->groups));
-	for (uint32_t b = 0; b < in->nbuckets; b++) {
-		const struct zc_bucket *src = &in->buckets[b];
-		struct plan_bucket *dst = &p->buckets[b];
+	p->optimizer = in.optimizer;
+	p->shard_mode = in.shard_mode;
+	p->step_mode = in.step_mode;
+	gstride = in.ngroups ? abi_size(in.groups) : 0;
+	for (uint32_t g = 0; g < in.ngroups; g++) {
+		const void *src;
 
-		if (src->nsegments > PLAN_MAX_SEGMENTS || (src->nsegments && !src->segments)) {
+		snprintf(what, sizeof(what), "groups[%u]", g);
+		r = array_elem(in.groups, gstride, g, "groups", &src, err, errlen);
+		if (r >= 0)
+			r = plan_group_from_zc(src, what, &p->groups[g], err, errlen);
+		if (r < 0)
+			goto out;
+	}
+	bstride = in.nbuckets ? abi_size(in.buckets) : 0;
+	for (uint32_t b = 0; b < in.nbuckets; b++) {
+		struct plan_bucket *dst = &p->buckets[b];
+		const void *src;
+		struct zc_bucket bk;
+		uint32_t sstride;
+
+		snprintf(what, sizeof(what), "buckets[%u]", b);
+		r = array_elem(in.buckets, bstride, b, "buckets", &src, err, errlen);
+		if (r >= 0)
+			r = bucket_from_zc(src, what, &bk, err, errlen);
+		if (r < 0)
+			goto out;
+		if (bk.nsegments > PLAN_MAX_SEGMENTS || (bk.nsegments && !bk.segments)) {
 			r = fail(err, errlen, "buckets[%u]: bad segment array", b);
 			goto out;
 		}
-		dst->numel = src->numel;
-		dst->nsegments = src->nsegments;
-		dst->segments = calloc(src->nsegments ? src->nsegments : 1, sizeof(*dst->segments));
+		dst->numel = bk.numel;
+		dst->nsegments = bk.nsegments;
+		dst->segments = calloc(bk.nsegments ? bk.nsegments : 1, sizeof(*dst->segments));
 		if (!dst->segments) {
 			r = -ENOMEM;
 			goto out;
 		}
-		memcpy(dst->segments, src->segments, src->nsegments * sizeof(*dst->segments));
+		sstride = bk.nsegments ? abi_size(bk.segments) : 0;
+		for (uint32_t s = 0; s < bk.nsegments; s++) {
+			const void *ssrc;
+
+			snprintf(what, sizeof(what), "buckets[%u].segments", b);
+			r = array_elem(bk.segments, sstride, s, what, &ssrc, err, errlen);
+			snprintf(what, sizeof(what), "buckets[%u].segments[%u]", b, s);
+			if (r >= 0)
+				r = segment_from_zc(ssrc, what, &dst->segments[s], err, errlen);
+			if (r < 0)
+				goto out;
+		}
 	}
 	r = plan_finish(p, err, errlen);
 	if (r < 0)
@@ -294,6 +439,7 @@ void plan_group_from_pb(const Zerod__V1__ParamGroup *in, struct zc_param_group *
 {
 	/* protobuf-c fills absent optional fields with the .proto defaults. */
 	*out = (struct zc_param_group){
+		.size = sizeof(*out),
 		.lr = in->lr,
 		.momentum = in->momentum,
 		.dampening = in->dampening,
@@ -359,6 +505,7 @@ int plan_from_pb(const Zerod__V1__Plan *in, struct plan **ret, char *err, size_t
 		}
 		for (size_t s = 0; s < src->n_segments; s++)
 			dst->segments[s] = (struct zc_segment){
+				.size = sizeof(struct zc_segment),
 				.offset = src->segments[s]->offset,
 				.numel = src->segments[s]->numel,
 				.group = src->segments[s]->group,

@@ -44,8 +44,9 @@ struct plan {
 	uint64_t hash;
 };
 
-/* Validate and copy. On failure returns ZC_EPLANINVAL (or -ENOMEM) and
- * writes the reason into err. */
+/* Validate and copy. On failure returns ZC_EPLANINVAL (-EINVAL or -E2BIG for
+ * a struct's size: zeroclient.h's "ABI", or -ENOMEM) and writes the reason
+ * into err. The caller's structs are read by their own sizes. */
 int plan_from_zc(const struct zc_plan *in, struct plan **ret, char *err, size_t errlen);
 int plan_from_pb(const Zerod__V1__Plan *in, struct plan **ret, char *err, size_t errlen);
 
@@ -76,6 +77,13 @@ unsigned plan_state_arrays(enum zc_optimizer opt, const struct zc_param_group *g
 /* Validate one group's hyperparameters for optimizer opt (torch's rules). */
 int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char *err,
 		     size_t errlen);
+
+/* One caller's zc_param_group of any size (its `size` field), normalised:
+ * fields it lacks take the defaults, out->size is ours. 0, or -EINVAL /
+ * -E2BIG with the reason, about `what` ("groups[1]"), in err. Values are
+ * not checked (plan_group_check). */
+int plan_group_from_zc(const void *src, const char *what, struct zc_param_group *out, char *err,
+		       size_t errlen);
 
 void plan_group_from_pb(const Zerod__V1__ParamGroup *in, struct zc_param_group *out);
 void plan_group_to_pb(const struct zc_param_group *in, Zerod__V1__ParamGroup *out);

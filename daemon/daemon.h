@@ -135,7 +135,7 @@ enum job_state {
 struct hyper_change {
 	uint64_t iteration;
 	uint32_t group;
-	uint32_t rank; /* who asked first */
+	uint32_t rank; /* whose values: one entry per rank (sched_set_hyper) */
 	struct zc_param_group values;
 	struct hyper_change *next;
 };

@@ -50,19 +50,52 @@ static bool job_usable(struct job *j, struct session *s, uint64_t iteration, int
 	return false;
 }
 
-/* Fix iteration t's hyperparameters: apply the changes due by t. */
+/* Another rank's values than the ones that apply: ZC_EHYPER to that rank.
+ * Not the answer to the message being handled (some rank's bucket 0), so it
+ * carries no request id: it must fail no future of that request. */
+static void hyper_disagrees(struct job *j, const struct hyper_change *c,
+			    const struct hyper_change *applied)
+{
+	uint64_t request = j->d->cur_request;
+
+	if (!j->ranks[c->rank])
+		return;
+	j->d->cur_request = 0;
+	sink_error(j->d->sink, j->ranks[c->rank], ZC_EHYPER, false, c->iteration, -1,
+		   "rank %u set other hyperparameters for group %u at iteration %" PRIu64
+		   " than rank %u (lr %g vs %g): rank %u's apply",
+		   c->rank, c->group, c->iteration, applied->rank, c->values.lr, applied->values.lr,
+		   applied->rank);
+	j->d->cur_request = request;
+}
+
+/* Fix iteration t's hyperparameters: apply the changes due by t. The list
+ * holds each rank's last values per (iteration, group), sorted by iteration,
+ * group and rank, and every local rank's calls for t came before its bucket
+ * 0 of t: so here, at bucket 0 of t, the ranks are compared. Where they
+ * differ, the lowest rank's values apply (its initial parameters did too). */
 static int take_snapshot(struct job *j, uint64_t t)
 {
+	struct hyper_change *applied = NULL;
 	struct zc_param_group *snap;
 	bool changed = false;
 
 	while (j->changes && j->changes->iteration <= t) {
 		struct hyper_change *c = j->changes;
-		j->groups[c->group] = c->values;
+
 		j->changes = c->next;
-		free(c);
+		if (applied && applied->iteration == c->iteration && applied->group == c->group) {
+			if (!plan_group_equal(&c->values, &applied->values))
+				hyper_disagrees(j, c, applied);
+			free(c);
+			continue;
+		}
+		j->groups[c->group] = c->values;
 		changed = true;
+		free(applied);
+		applied = c;
 	}
+	free(applied);
 	j->snap_iter = t;
 	if (!changed)
 		return 0;
@@ -184,17 +217,20 @@ void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint3
 			   s->rank, iteration);
 		return;
 	}
+	/* One entry per rank, iteration and group, in that order (by
+	 * iteration first): a rank's second call replaces its first, as an
+	 * assignment in torch does; ranks are compared when the iteration
+	 * starts (take_snapshot). Each rank keeps at most 3 iterations of its
+	 * groups here. */
 	for (pp = &j->changes; *pp; pp = &(*pp)->next) {
 		c = *pp;
-		if (c->iteration == iteration && c->group == group) {
-			if (!plan_group_equal(&c->values, &g))
-				sink_error(j->d->sink, s, ZC_EHYPER, false, iteration, -1,
-					   "rank %u sets other hyperparameters for group %u "
-					   "at iteration %" PRIu64 " than rank %u",
-					   s->rank, group, iteration, c->rank);
+		if (c->iteration == iteration && c->group == group && c->rank == s->rank) {
+			c->values = g;
 			return;
 		}
-		if (c->iteration > iteration)
+		if (c->iteration > iteration ||
+		    (c->iteration == iteration &&
+		     (c->group > group || (c->group == group && c->rank > s->rank))))
 			break;
 	}
 	c = calloc(1, sizeof(*c));

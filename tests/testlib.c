@@ -73,17 +73,13 @@ void *test_shared(size_t size)
 	return p;
 }
 
-static int status_of(int st)
-{
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static void record_reaped(pid_t pid, int st)
+/* status: 0..255, or 128 + signal */
+static void record_reaped(pid_t pid, int status)
 {
 	unsigned i = __atomic_load_n(&rs->nreaped, __ATOMIC_RELAXED) % REAPED_MAX;
 
 	__atomic_store_n(&rs->reaped[i].pid, 0, __ATOMIC_RELEASE);
-	rs->reaped[i].status = status_of(st);
+	rs->reaped[i].status = status;
 	__atomic_store_n(&rs->reaped[i].pid, pid, __ATOMIC_RELEASE);
 	__atomic_add_fetch(&rs->nreaped, 1, __ATOMIC_RELEASE);
 }
@@ -111,19 +107,29 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Reap every child that has exited; true (and *ret_st) if `pid` was one. */
+/* Reap every child that has exited; true (and *ret_st) if `pid` was one.
+ * Each other child is recorded before it is reaped (waitid's WNOWAIT looks
+ * first): a case that finds its process gone (kill(pid, 0) fails) must find
+ * its status already there, however long this process is preempted between
+ * the two. */
 static bool reap(pid_t pid, int *ret_st)
 {
 	bool found = false;
-	pid_t r;
-	int st;
 
-	while ((r = waitpid(-1, &st, WNOHANG)) > 0) {
-		if (r == pid) {
+	for (;;) {
+		siginfo_t si = {0};
+		int st;
+
+		if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) < 0 || si.si_pid == 0)
+			break;
+		if (si.si_pid != pid)
+			record_reaped(si.si_pid,
+				      si.si_code == CLD_EXITED ? si.si_status : 128 + si.si_status);
+		if (waitpid(si.si_pid, &st, 0) < 0)
+			break;
+		if (si.si_pid == pid) {
 			*ret_st = st;
 			found = true;
-		} else {
-			record_reaped(r, st);
 		}
 	}
 	return found;

@@ -144,11 +144,18 @@ static int unix_rtt(double *out, int n)
 	return 0;
 }
 
-static const struct zc_param_group group = {.lr = 1e-3};
-static const struct zc_segment seg = {0, 16, 0};
-static const struct zc_bucket bucket = {16, 1, &seg};
-static const struct zc_plan plan = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group,
-				    1,          &bucket};
+static const struct zc_param_group group = {.size = sizeof(struct zc_param_group), .lr = 1e-3};
+static const struct zc_segment seg = {.size = sizeof(struct zc_segment), .numel = 16};
+static const struct zc_bucket bucket = {
+	.size = sizeof(struct zc_bucket), .nsegments = 1, .numel = 16, .segments = &seg};
+static const struct zc_plan plan = {.size = sizeof(struct zc_plan),
+				    .optimizer = ZC_OPT_SGD,
+				    .shard_mode = ZC_SHARD_BUCKET,
+				    .step_mode = ZC_STEP_INTERLEAVED,
+				    .ngroups = 1,
+				    .nbuckets = 1,
+				    .groups = &group,
+				    .buckets = &bucket};
 
 struct job {
 	zc_client *c;
@@ -170,7 +177,7 @@ static int job_open(struct job *j, const char *sock, const char *name, bool fast
 		return r;
 	if ((r = zc_alloc_buffers(j->c, &plan)) < 0 || (r = zc_register_plan(j->c)) < 0) {
 		fprintf(stderr, "register %s: %s %s\n", name, zc_strerror_name(r),
-			zc_error_message(j->c));
+			zc_error_message());
 		zc_close(j->c);
 		return r;
 	}

@@ -13,15 +13,31 @@
  *  - every int-returning function returns >= 0 on success and a negative code
  *    on failure: -errno for system errors, a ZC_E... code below otherwise;
  *    zc_strerror() names both;
+ *  - every call that fails leaves one reason, for the thread that made the
+ *    call, in zc_error_message();
+ *  - a NULL handle is an error (-EINVAL), never a crash; the few functions
+ *    that cannot return an error say what they return for NULL;
  *  - out-parameters are named ret_* and are written only on success;
  *  - destructors accept NULL;
  *  - the library never logs and never calls exit().
  *
  * Threads: a zc_client and the futures it returned may be used from several
  * threads; calls are serialised by a mutex inside the client. Blocking calls
- * (zc_register_plan, zc_future_wait) release that mutex while they wait, so
- * another thread may call zc_bucket_ready() meanwhile. zc_close() must not
- * race with any other call on the same client.
+ * (zc_connect, zc_register_plan, zc_future_wait) do not hold that mutex while
+ * they sleep, so another thread may call zc_bucket_ready() meanwhile.
+ * zc_close() must not race with any other call on the same client.
+ *
+ * fork(): a client belongs to the process that connected it. In a child
+ * forked after zc_connect() (a DataLoader worker, say) every call on that
+ * client or its futures fails with ZC_EFORKED and touches nothing of the
+ * parent's session: it sends nothing, reads nothing, takes no lock the parent
+ * may have held. zc_close() and zc_future_free() in the child release nothing
+ * (the child's copy of their memory stays, and its copies of the client's
+ * file descriptors, all close-on-exec, until it execs or exits). The child
+ * keeps the parent's gradient and parameter buffers mapped (MAP_SHARED: a
+ * write there is a write into the parent's buffers, so only read them); the
+ * fast-path ring is not mapped in the child at all. A child may zc_connect()
+ * a client of its own.
  */
 #ifndef ZEROCLIENT_H
 #define ZEROCLIENT_H
@@ -33,6 +49,19 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The version of this header. The library's major version is its soname
+ * (libzeroclient.so.1): within one major, a binary built against an older
+ * header runs with a newer library (see "ABI" below). */
+#define ZC_VERSION_MAJOR 1
+#define ZC_VERSION_MINOR 0
+#define ZC_VERSION_PATCH 0
+#define ZC_VERSION       (ZC_VERSION_MAJOR * 10000 + ZC_VERSION_MINOR * 100 + ZC_VERSION_PATCH)
+
+/* ZC_VERSION of the library loaded at run time (the header it was built
+ * from), which may be newer than the header the caller was built against.
+ * Threads: any thread.  Blocking: no. */
+unsigned zc_version(void);
 
 /* Protocol version spoken by this library; a daemon speaking another one
  * answers ZC_EVERSION. */
@@ -66,7 +95,8 @@ extern "C" {
 	X(ELIMIT, -1020, "daemon limit exceeded")                                                  \
 	X(EMAP, -1021, "daemon cannot map the shared buffer")                                      \
 	X(ECONNECT, -1022, "cannot reach the daemon")                                              \
-	X(EINTERNAL, -1023, "internal daemon error")
+	X(EINTERNAL, -1023, "internal daemon error")                                               \
+	X(EFORKED, -1024, "client used in a child process after fork")
 
 enum zc_error {
 #define ZC__ERROR_ENUM(name, value, text) ZC_##name = (value),
@@ -84,6 +114,45 @@ const char *zc_strerror(int code);
  * Ownership: a static string; do not free it.
  * Threads: any thread.  Blocking: no. */
 const char *zc_strerror_name(int code);
+
+/*
+ * The reason for the latest error a zc_ call made on this thread returned
+ * (which field of the plan differs, which rank is missing, which argument was
+ * NULL...); "" if no call on this thread has failed yet. A call that succeeds
+ * leaves it as it was (as errno).
+ * Ownership: a thread-local string of the library; valid until the next call
+ * on this thread fails.
+ * Threads: each thread reads its own.  Blocking: no.
+ */
+const char *zc_error_message(void);
+
+/* ----------------------------------------------------------------- ABI --- */
+
+/*
+ * Every struct a caller fills in starts with `size`: the sizeof the caller
+ * was built with, written by its init function (zc_plan_init(&p, sizeof(p)))
+ * or its ZC_..._INIT initialiser. The library reads a caller's struct through
+ * that size:
+ *  - a field that does not lie wholly inside `size` was unknown to the caller
+ *    (an older zeroclient.h) and takes its default, the value the init
+ *    function writes (like a key missing from a torch param group). Fields
+ *    added in later versions default to 0, which keeps the older behaviour;
+ *  - bytes past the fields this library knows must be zero, else -E2BIG: the
+ *    caller asks for something this library cannot do (it was built against
+ *    a newer zeroclient.h);
+ *  - a size below 4 (not initialised) is -EINVAL, a size above 4096 -E2BIG.
+ * Arrays (zc_plan.groups, zc_plan.buckets, zc_bucket.segments) are read with
+ * the stride of their first element's size, and every element must carry
+ * that size: an array of an older caller's smaller structs is read as such.
+ * The layouts below have no implicit padding; `reserved` fields must be 0.
+ *
+ * The init functions write the defaults into the first `size` bytes of the
+ * struct (zeroes past the fields they know) and `size` into its size field;
+ * they never write past `size`. They return 0, or -EINVAL / -E2BIG for a size
+ * out of range (the struct is then untouched).
+ * Threads: any thread.  Blocking: no.
+ */
+#define ZC_STRUCT_MAX_SIZE 4096
 
 /* ---------------------------------------------------------------- plan --- */
 
@@ -107,76 +176,114 @@ enum zc_step_mode {
 };
 
 /* Hyperparameters of one parameter group, with torch's meaning and defaults
- * (ZC_PARAM_GROUP_INIT). Fields an optimizer does not use are ignored. */
+ * (zc_param_group_init, ZC_PARAM_GROUP_INIT). Fields an optimizer does not
+ * use are ignored. 64 bytes in this version. */
 struct zc_param_group {
-	double lr;
-	double momentum, dampening; /* SGD */
-	double weight_decay;        /* SGD, Adam: L2 into the gradient; AdamW: decoupled */
-	double beta1, beta2, eps;   /* Adam, AdamW */
-	bool nesterov;              /* SGD */
-	bool amsgrad;               /* Adam, AdamW */
-	bool maximize;              /* all */
+	uint32_t size;       /* sizeof(struct zc_param_group) the caller was built with */
+	bool nesterov;       /* SGD */
+	bool amsgrad;        /* Adam, AdamW */
+	bool maximize;       /* all */
+	uint8_t reserved;    /* 0 */
+	double lr;           /* 1e-3 */
+	double momentum;     /* SGD: 0 */
+	double dampening;    /* SGD: 0 */
+	double weight_decay; /* 0. SGD, Adam: L2 into the gradient; AdamW: decoupled */
+	double beta1, beta2; /* Adam, AdamW: 0.9, 0.999 */
+	double eps;          /* Adam, AdamW: 1e-8 */
 };
 
 #define ZC_PARAM_GROUP_INIT                                                                        \
 	{                                                                                          \
-		.lr = 1e-3, .momentum = 0, .dampening = 0, .weight_decay = 0, .beta1 = 0.9,        \
-		.beta2 = 0.999, .eps = 1e-8, .nesterov = false, .amsgrad = false,                  \
-		.maximize = false                                                                  \
+		.size = sizeof(struct zc_param_group), .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999,   \
+		.eps = 1e-8                                                                        \
 	}
 
-/* A contiguous run of one parameter group inside a bucket, in elements. */
+int zc_param_group_init(struct zc_param_group *g, size_t size);
+
+/* A contiguous run of one parameter group inside a bucket, in elements.
+ * 24 bytes in this version. */
 struct zc_segment {
+	uint32_t size;   /* sizeof(struct zc_segment) the caller was built with */
+	uint32_t group;  /* index into zc_plan.groups */
 	uint64_t offset; /* from the start of the bucket */
 	uint64_t numel;
-	uint32_t group; /* index into zc_plan.groups */
 };
 
+#define ZC_SEGMENT_INIT                                                                            \
+	{                                                                                          \
+		.size = sizeof(struct zc_segment)                                                  \
+	}
+
+int zc_segment_init(struct zc_segment *s, size_t size);
+
 /* One gradient bucket: numel fp32 elements, tiled exactly by its segments
- * (in offset order, no gap, no overlap). */
+ * (in offset order, no gap, no overlap). 24 bytes in this version. */
 struct zc_bucket {
-	uint64_t numel;
+	uint32_t size; /* sizeof(struct zc_bucket) the caller was built with */
 	uint32_t nsegments;
-	const struct zc_segment *segments;
+	uint64_t numel;
+	const struct zc_segment *segments; /* [nsegments], all of one size */
 };
+
+#define ZC_BUCKET_INIT                                                                             \
+	{                                                                                          \
+		.size = sizeof(struct zc_bucket)                                                   \
+	}
+
+int zc_bucket_init(struct zc_bucket *b, size_t size);
 
 /* The whole layout + optimizer of a job. Every rank must declare the same
  * plan; a difference is ZC_EPLANMISMATCH naming the rank and the field.
- * Buckets are numbered in the order backward produces them. */
+ * Buckets are numbered in the order backward produces them. 40 bytes in this
+ * version. Defaults: SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, no groups and
+ * no buckets (which are invalid: fill them in). */
 struct zc_plan {
+	uint32_t size; /* sizeof(struct zc_plan) the caller was built with */
 	enum zc_optimizer optimizer;
 	enum zc_shard_mode shard_mode;
 	enum zc_step_mode step_mode;
 	uint32_t ngroups;
-	const struct zc_param_group *groups;
 	uint32_t nbuckets;
-	const struct zc_bucket *buckets;
+	const struct zc_param_group *groups; /* [ngroups], all of one size */
+	const struct zc_bucket *buckets;     /* [nbuckets], all of one size */
 };
+
+#define ZC_PLAN_INIT                                                                               \
+	{                                                                                          \
+		.size = sizeof(struct zc_plan), .optimizer = ZC_OPT_SGD,                           \
+		.shard_mode = ZC_SHARD_BUCKET, .step_mode = ZC_STEP_INTERLEAVED                    \
+	}
+
+int zc_plan_init(struct zc_plan *p, size_t size);
 
 /* ------------------------------------------------------------- connect --- */
 
 typedef struct zc_client zc_client;
 typedef struct zc_future zc_future;
 
-/* Connection settings. Zero-initialise (ZC_CONFIG_INIT) and fill in. */
+/* Connection settings: zc_config_init() or ZC_CONFIG_INIT, then fill in.
+ * 48 bytes in this version. */
 struct zc_config {
-	const char *socket;     /* daemon socket path; NULL: $ZEROD_SOCKET, else
-				   $XDG_RUNTIME_DIR/zerod/zerod.sock, else /run/zerod/zerod.sock */
-	const char *job_id;     /* 1..64 chars of [A-Za-z0-9._-] */
-	uint32_t rank;          /* group rank of this trainer, < world_size */
-	uint32_t world_size;    /* ranks in the job */
-	uint32_t local_rank;    /* rank on this node, < local_size */
-	uint32_t local_size;    /* ranks of the job on this node */
-	int connect_timeout_ms; /* zc_connect: the daemon's answer; 0: 30000 */
-	char *error_text;       /* optional: zc_connect copies the reason of a failure here */
-	size_t error_text_len;
-	int register_timeout_ms; /* zc_register_plan: every rank's plan; 0: connect's */
+	uint32_t size;               /* sizeof(struct zc_config) the caller was built with */
+	uint32_t rank;               /* group rank of this trainer, < world_size */
+	uint32_t world_size;         /* ranks in the job */
+	uint32_t local_rank;         /* rank on this node, < local_size */
+	uint32_t local_size;         /* ranks of the job on this node */
+	int32_t connect_timeout_ms;  /* zc_connect: the daemon's answer; 0: 30000 */
+	int32_t register_timeout_ms; /* zc_register_plan: every rank's plan; 0: connect's */
+	uint32_t reserved;           /* 0 */
+	/* daemon socket path; NULL: $ZEROD_SOCKET, else
+	 * $XDG_RUNTIME_DIR/zerod/zerod.sock, else /run/zerod/zerod.sock */
+	const char *socket;
+	const char *job_id;          /* 1..64 chars of [A-Za-z0-9._-] */
 };
 
 #define ZC_CONFIG_INIT                                                                             \
 	{                                                                                          \
-		0                                                                                  \
+		.size = sizeof(struct zc_config)                                                   \
 	}
+
+int zc_config_init(struct zc_config *cfg, size_t size);
 
 /*
  * Connect to the daemon and join job cfg->job_id as cfg->rank (the Hello
@@ -193,8 +300,9 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client);
 /*
  * Leave the job (Goodbye) and free the client and its buffers.
  * Ownership: frees c; futures still held by the caller stay valid (pending
- *            ones fail with ZC_ESTATE) and are still freed with
- *            zc_future_free(). Accepts NULL.
+ *            ones fail with ZC_ESTATE, and their callbacks run here) and are
+ *            still freed with zc_future_free(). Accepts NULL. In a child after
+ *            fork() it releases nothing (see the top of this file).
  * Threads:   no other call on c may run or follow.
  * Blocking:  at most ~200 ms for the goodbye to leave.
  */
@@ -206,15 +314,17 @@ void zc_close(zc_client *c);
  * Allocate this rank's gradient and parameter buffers for plan: POSIX shared
  * memory (mode 0600, zero-filled) that the daemon maps when the plan is
  * registered. May be called once per client.
- * Ownership: plan is validated and copied (ZC_EPLANINVAL, reason in
- *            zc_error_message()); the buffers belong to c.
+ * Ownership: plan is validated and copied (ZC_EPLANINVAL, or -EINVAL / -E2BIG
+ *            for a struct size, with the reason in zc_error_message()); the
+ *            buffers belong to c.
  * Threads:   any thread.  Blocking: no.
  */
 int zc_alloc_buffers(zc_client *c, const struct zc_plan *plan);
 
 /*
  * Base of bucket b's gradient / parameter buffer (numel fp32 elements); NULL
- * if b is out of range or no buffers are allocated. The trainer writes
+ * if c is NULL (or used after fork), b is out of range or no buffers are
+ * allocated, with the reason in zc_error_message(). The trainer writes
  * gradients before zc_bucket_ready(b) and not again until the iteration's
  * step future completed (the daemon may read them until then, and where the
  * reduction comes before the step, as in ZC_STEP_AT_END, it leaves the
@@ -260,10 +370,10 @@ int zc_register_plan(zc_client *c);
  * Ownership: *ret_future (NULL if not wanted) belongs to the caller, freed
  *            with zc_future_free(); it completes when bucket b is averaged
  *            over all ranks (BucketDone).
- * Threads:   any thread.  Blocking: no (one ring slot or one message; both
- *            hold two iterations of the largest plan). -EAGAIN if the ring
- *            is full, which only a daemon that stopped taking buckets lets
- *            happen.
+ * Threads:   any thread, also from a future's callback.  Blocking: no (one
+ *            ring slot or one message; both hold two iterations of the
+ *            largest plan). -EAGAIN if the ring is full, which only a daemon
+ *            that stopped taking buckets lets happen.
  */
 int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future);
 
@@ -280,39 +390,44 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future);
 
 /*
  * Iteration the next zc_bucket_ready() belongs to: 0 first, moving on after
- * the last bucket of an iteration is handed over.
+ * the last bucket of an iteration is handed over. ZC_NO_ITERATION if c is
+ * NULL or used after fork (the reason in zc_error_message()).
  * Ownership: nothing changes hands.
  * Threads:   any thread.  Blocking: no.
  */
+#define ZC_NO_ITERATION UINT64_MAX
 uint64_t zc_iteration(zc_client *c);
 
 /*
  * Change group's hyperparameters from the next iteration this rank has not
- * started (an LR schedule, say). Every rank makes the same call; other values
- * for the same iteration from another rank are ZC_EHYPER. Invalid values are
- * refused here with ZC_EHYPER, and so are values that need optimizer state
- * the plan's groups did not (momentum where every group had none, amsgrad
- * where no group had it: the daemon sized the state from the plan). A
- * refusal by the daemon shows in zc_last_error().
- * Ownership: hp is copied.
+ * started (an LR schedule, say). A second call for the same group before
+ * that iteration starts replaces the first: the last one wins, as an
+ * assignment to a torch param group does. Every rank makes the same calls:
+ * where the last values of two ranks differ for one group and iteration, the
+ * lowest rank's apply and each rank whose values differ hears ZC_EHYPER
+ * through zc_last_error() once that iteration's bucket 0 is done. Invalid
+ * values are refused here with ZC_EHYPER (the reason in zc_error_message()),
+ * and so are values that need optimizer state the plan's groups did not
+ * (momentum where every group had none, amsgrad where no group had it: the
+ * daemon sized the state from the plan).
+ * Ownership: hp is copied (any size: see "ABI").
  * Threads:   any thread.  Blocking: no (one message).
  */
 int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp);
 
 /*
- * The daemon's explanation of the last error a call on c returned (which
- * field of the plan differs, which rank is missing...); "" if none.
- * Ownership: the string belongs to c, valid until the next call on c.
- * Threads:   read it on the thread that got the error.  Blocking: no.
- */
-const char *zc_error_message(zc_client *c);
-
-/*
- * First error the daemon reported to this client that no future carried (0
- * if none): a refused zc_set_hyper(), a bad bucket handed over without a
- * future, or the job's failure.
- * Ownership: nothing changes hands (the text is zc_error_message()'s).
- * Threads:   any thread.  Blocking: no (processes messages that arrived).
+ * The latest error the daemon reported to this client that no future and no
+ * waiting call carried (a refused zc_set_hyper(), a bad bucket handed over
+ * without a future), or the job's failure; 0 if none. Each such error is
+ * returned once: the next call returns 0 until a newer one comes. The job's
+ * failure is returned every time. Its reason goes to this thread's
+ * zc_error_message(), whatever other calls failed in between.
+ * It reads what the client has processed (zc_future_wait(), zc_future_poll(),
+ * zc_dispatch()... process what arrived), and processes nothing itself: an
+ * error the daemon sent before a completion shows here once that completion
+ * was seen.
+ * Ownership: nothing changes hands.
+ * Threads:   any thread.  Blocking: no.
  */
 int zc_last_error(zc_client *c);
 
@@ -330,21 +445,45 @@ int zc_future_poll(zc_future *f);
  * Wait up to timeout_ms (< 0: without limit) for f: 1 done, 0 still pending
  * when the time ran out, < 0 failed with that code.
  * Ownership: f stays the caller's.
- * Threads:   any thread; c's lock is not held while sleeping.
+ * Threads:   any thread; the client's lock is not held while sleeping, so
+ *            other threads' calls on the client go on meanwhile.
  * Blocking:  up to timeout_ms.
  */
 int zc_future_wait(zc_future *f, int timeout_ms);
 
 /*
+ * A completion callback: fn(f, result, arg) runs exactly once, when f
+ * completes (result 1) or fails (result < 0, reason in zc_future_message(f)),
+ * unless f is freed first (zc_future_free() cancels a callback that has not
+ * started). One callback per future: a second call is ZC_ESTATE.
+ * Where it runs: on the thread that finds f settled, inside the call that
+ * processed the completion (zc_future_wait, zc_future_poll, zc_dispatch,
+ * zc_bucket_ready, zc_step_future, zc_register_plan, zc_close ...), after that
+ * call released the client's lock and before it returns; in zc_future_then()
+ * itself when f is already settled. Callbacks run in the order their futures
+ * settled. Nothing runs them unless some thread calls into the client: keep
+ * one in zc_future_wait() or zc_fd() + zc_dispatch() while futures are out.
+ * fn holds no lock of the client: it may call any function of the client
+ * (hand the next bucket over, ask for a future, zc_future_free(f)) except
+ * zc_close(); a callback that zc_close() runs must not call that client at
+ * all. It should not block for long: it holds up the call that runs it.
+ * Ownership: f stays the caller's; arg is passed through untouched.
+ * Threads:   any thread.  Blocking: no (but fn may run inside this call).
+ */
+typedef void zc_future_cb(zc_future *f, int result, void *arg);
+int zc_future_then(zc_future *f, zc_future_cb *fn, void *arg);
+
+/*
  * The daemon's reason for a failed future (names the rank, bucket, ...); ""
- * if none.
+ * if none, and for NULL.
  * Ownership: the string belongs to f, valid until zc_future_free(f).
  * Threads:   any thread.  Blocking: no.
  */
 const char *zc_future_message(zc_future *f);
 
 /*
- * Free a future, pending or not. Accepts NULL.
+ * Free a future, pending or not; a callback that has not started is
+ * cancelled. Accepts NULL. May be called from f's own callback.
  * Ownership: frees f.  Threads: not while another thread waits on f.
  * Blocking:  no.
  */
@@ -361,8 +500,8 @@ void zc_future_free(zc_future *f);
 int zc_fd(zc_client *c);
 
 /*
- * Process every message that has arrived: completes futures. Returns how many
- * were processed (>= 0) or a negative code.
+ * Process every message that has arrived: completes futures (and runs their
+ * callbacks). Returns how many were processed (>= 0) or a negative code.
  * Ownership: nothing changes hands.
  * Threads:   any thread.  Blocking: no.
  */

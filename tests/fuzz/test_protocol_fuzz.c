@@ -23,6 +23,7 @@
 #include "testlib.h"
 #include "trainer.h"
 #include "wire.h"
+#include "zctest.h"
 
 #define NSOCK 4
 
@@ -108,10 +109,10 @@ static bool answered(void *s, Zerod__V1__Envelope__BodyCase body)
 
 /* A small valid plan, and real shm buffers for it. */
 static struct zc_param_group groups[2];
-static struct zc_segment segs[3] = {{0, 40, 0}, {40, 60, 1}, {0, 33, 1}};
-static struct zc_bucket buckets[2] = {{100, 2, segs}, {33, 1, segs + 2}};
-static struct zc_plan zplan = {ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, 2, groups,
-			       2,           buckets};
+static struct zc_segment segs[3] = {SEG(0, 40, 0), SEG(40, 60, 1), SEG(0, 33, 1)};
+static struct zc_bucket buckets[2] = {BUCKET(100, 2, segs), BUCKET(33, 1, segs + 2)};
+static struct zc_plan zplan =
+	PLAN(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, 2, groups, 2, buckets);
 
 static void make_shm(const char *name, size_t bytes)
 {

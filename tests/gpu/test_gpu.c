@@ -35,6 +35,7 @@
 #include "optim/kern.h"
 #include "pool.h"
 #include "testlib.h"
+#include "zctest.h"
 
 extern char **environ;
 
@@ -255,7 +256,8 @@ static struct plan *make_plan(enum zc_shard_mode shard)
 	struct zc_param_group g[2] = {ZC_PARAM_GROUP_INIT, ZC_PARAM_GROUP_INIT};
 	struct zc_segment seg[ARRAY_SIZE(sizes)][2];
 	struct zc_bucket b[ARRAY_SIZE(sizes)];
-	struct zc_plan zp = {ZC_OPT_ADAMW, shard, ZC_STEP_INTERLEAVED, 2, g, ARRAY_SIZE(sizes), b};
+	struct zc_plan zp =
+		PLAN(ZC_OPT_ADAMW, shard, ZC_STEP_INTERLEAVED, 2, g, ARRAY_SIZE(sizes), b);
 	struct plan *p = NULL;
 	char err[200];
 
@@ -265,9 +267,9 @@ static struct plan *make_plan(enum zc_shard_mode shard)
 	g[1].amsgrad = true;
 	for (size_t i = 0; i < ARRAY_SIZE(sizes); i++) {
 		uint64_t half = sizes[i] / 2;
-		seg[i][0] = (struct zc_segment){0, half ? half : sizes[i], 0};
-		seg[i][1] = (struct zc_segment){half, sizes[i] - half, 1};
-		b[i] = (struct zc_bucket){sizes[i], half ? 2 : 1, seg[i]};
+		seg[i][0] = (struct zc_segment)SEG(0, half ? half : sizes[i], 0);
+		seg[i][1] = (struct zc_segment)SEG(half, sizes[i] - half, 1);
+		b[i] = (struct zc_bucket)BUCKET(sizes[i], half ? 2 : 1, seg[i]);
 	}
 	if (plan_from_zc(&zp, &p, err, sizeof(err)) < 0)
 		test_note("plan_from_zc: %s", err);

@@ -12,6 +12,7 @@
 #include "raw.h"
 #include "testlib.h"
 #include "wire.h"
+#include "zctest.h"
 
 int raw_open(struct raw *r, const char *sock_path, int rcvhwm)
 {
@@ -186,11 +187,11 @@ int raw_reg_init(struct raw_reg *g, const char *tag)
 	g->group = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
 	g->group.lr = 0.1;
 	for (uint32_t b = 0; b < 2; b++) {
-		g->segs[b] = (struct zc_segment){0, sizes[b], 0};
-		g->buckets[b] = (struct zc_bucket){sizes[b], 1, &g->segs[b]};
+		g->segs[b] = (struct zc_segment)SEG(0, sizes[b], 0);
+		g->buckets[b] = (struct zc_bucket)BUCKET(sizes[b], 1, &g->segs[b]);
 	}
-	g->zp = (struct zc_plan){ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &g->group,
-				 2,          g->buckets};
+	g->zp = (struct zc_plan)PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &g->group,
+				     2, g->buckets);
 	if (plan_from_zc(&g->zp, &g->p, err, sizeof(err)) < 0 || plan_to_pb(g->p, &g->pb) < 0) {
 		printf("# plan: %s\n", err);
 		return -1;

@@ -30,6 +30,7 @@
 #include "testlib.h"
 #include "trainer.h"
 #include "wire.h"
+#include "zctest.h"
 
 /* the daemon's --stall-timeout and --join-timeout: 1500 and 1000 ms, scaled
  * as every wait (set in main()) */
@@ -213,10 +214,11 @@ static void small_plan(struct small_plan *sp, uint32_t nbuckets, uint64_t bucket
 	sp->group = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
 	sp->group.lr = 0.1;
 	for (uint32_t b = 0; b < 4; b++) {
-		sp->segs[b] = (struct zc_segment){0, sizes[b], 0};
-		sp->buckets[b] = (struct zc_bucket){sizes[b], 1, &sp->segs[b]};
+		sp->segs[b] = (struct zc_segment)SEG(0, sizes[b], 0);
+		sp->buckets[b] = (struct zc_bucket)BUCKET(sizes[b], 1, &sp->segs[b]);
 	}
 	sp->plan = (struct zc_plan){
+		.size = sizeof(struct zc_plan),
 		.optimizer = ZC_OPT_SGD,
 		.shard_mode = ZC_SHARD_BUCKET,
 		.step_mode = ZC_STEP_INTERLEAVED,
@@ -230,13 +232,12 @@ static void small_plan(struct small_plan *sp, uint32_t nbuckets, uint64_t bucket
 static zc_client *connect_rank(const char *job, uint32_t rank, uint32_t world)
 {
 	struct zc_config cfg = test_config(&daemon_, job, rank, world);
-	char err[256] = "";
+	const char *err = "";
 	zc_client *c = NULL;
 	int r;
 
-	cfg.error_text = err;
-	cfg.error_text_len = sizeof(err);
 	r = zc_connect(&cfg, &c);
+	err = zc_error_message();
 	EXPECT(r == 0, "%s rank %u: zc_connect: %s: %s", job, rank, zc_strerror_name(r), err);
 	return r == 0 ? c : NULL;
 }
@@ -259,7 +260,7 @@ static zc_client *join(const char *job, uint32_t rank, uint32_t world, uint32_t 
 				zc_grad_buffer(c, b)[i] = det_uniform(9, rank, b, i);
 		r = zc_register_plan(c);
 		EXPECT(r == 0, "%s rank %u: zc_register_plan: %s: %s", job, rank,
-		       zc_strerror_name(r), zc_error_message(c));
+		       zc_strerror_name(r), zc_error_message());
 	}
 	if (r != 0) {
 		zc_close(c);
@@ -804,11 +805,11 @@ static void expect_refused(zc_client *c, uint32_t bucket, int want, const char *
 	int r = zc_bucket_ready(c, bucket, &f);
 
 	printf("# zc_bucket_ready(%u) -> %s: %s\n", bucket, zc_strerror_name(r),
-	       zc_error_message(c));
+	       zc_error_message());
 	EXPECT(r == want, "zc_bucket_ready(%u): %s, want %s", bucket, zc_strerror_name(r),
 	       zc_strerror_name(want));
-	EXPECT(contains(zc_error_message(c), needle), "message \"%s\" lacks \"%s\"",
-	       zc_error_message(c), needle);
+	EXPECT(contains(zc_error_message(), needle), "message \"%s\" lacks \"%s\"",
+	       zc_error_message(), needle);
 	EXPECT(f == NULL, "a refused bucket handed out a future");
 	EXPECT(zc_iteration(c) == it, "a refused bucket moved the client from iteration %lu to %lu",
 	       (unsigned long)it, (unsigned long)zc_iteration(c));
@@ -971,16 +972,15 @@ static void t_early(void)
 static int c_duprank(void *arg, int idx)
 {
 	struct zc_config cfg = test_config(&daemon_, "duprank", 0, 2);
-	char err[256] = "";
+	const char *err = "";
 	zc_client *c1 = connect_rank("duprank", 0, 2), *c2 = NULL;
 	int r;
 
 	(void)arg, (void)idx;
 	if (!c1)
 		return 1;
-	cfg.error_text = err;
-	cfg.error_text_len = sizeof(err);
 	r = zc_connect(&cfg, &c2);
+	err = zc_error_message();
 	printf("# second rank 0 -> %s: %s\n", zc_strerror_name(r), err);
 	EXPECT(r == ZC_EDUPRANK, "second rank 0: %s (%d): %s", zc_strerror_name(r), r, err);
 	EXPECT(contains(err, "rank 0 is already connected"), "message \"%s\"", err);
@@ -1013,22 +1013,22 @@ static int c_planmm(void *arg, int idx)
 		EXPECT(zd_wait_log(&daemon_, "job planmm: rank 0 registered", 5000),
 		       "rank 0 did not register within 5 s");
 		r = zc_register_plan(c);
-		printf("# rank 1 register -> %s: %s\n", zc_strerror_name(r), zc_error_message(c));
+		printf("# rank 1 register -> %s: %s\n", zc_strerror_name(r), zc_error_message());
 		EXPECT(r == ZC_EPLANMISMATCH, "zc_register_plan: %s (%d): %s", zc_strerror_name(r),
-		       r, zc_error_message(c));
-		EXPECT(contains(zc_error_message(c), "buckets[1].numel"), "message \"%s\"",
-		       zc_error_message(c));
-		EXPECT(contains(zc_error_message(c), "rank 1"), "message \"%s\"",
-		       zc_error_message(c));
+		       r, zc_error_message());
+		EXPECT(contains(zc_error_message(), "buckets[1].numel"), "message \"%s\"",
+		       zc_error_message());
+		EXPECT(contains(zc_error_message(), "rank 1"), "message \"%s\"",
+		       zc_error_message());
 	} else {
 		/* waits for rank 1: the mismatch fails the job for it too */
 		r = zc_register_plan(c);
-		printf("# rank 0 register -> %s: %s\n", zc_strerror_name(r), zc_error_message(c));
+		printf("# rank 0 register -> %s: %s\n", zc_strerror_name(r), zc_error_message());
 		EXPECT(r == ZC_EPLANMISMATCH, "rank 0 zc_register_plan: %s (%d): %s",
-		       zc_strerror_name(r), r, zc_error_message(c));
-		EXPECT(contains(zc_error_message(c), "rank 1") &&
-			       contains(zc_error_message(c), "buckets[1].numel"),
-		       "message \"%s\"", zc_error_message(c));
+		       zc_strerror_name(r), r, zc_error_message());
+		EXPECT(contains(zc_error_message(), "rank 1") &&
+			       contains(zc_error_message(), "buckets[1].numel"),
+		       "message \"%s\"", zc_error_message());
 	}
 	zc_close(c);
 	return child_bad;

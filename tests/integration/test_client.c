@@ -16,14 +16,15 @@
 
 #include "harness.h"
 #include "testlib.h"
+#include "zctest.h"
 
 static struct zd daemon_;
 
-static const struct zc_param_group group = {.lr = 0.1, .momentum = 0.9};
-static const struct zc_segment segs[2][1] = {{{0, 64, 0}}, {{0, 100, 0}}};
-static const struct zc_bucket buckets[2] = {{64, 1, segs[0]}, {100, 1, segs[1]}};
-static const struct zc_plan plan = {ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group,
-				    2,          buckets};
+static const struct zc_param_group group = {GROUP_SIZE, .lr = 0.1, .momentum = 0.9};
+static const struct zc_segment segs[2][1] = {{SEG(0, 64, 0)}, {SEG(0, 100, 0)}};
+static const struct zc_bucket buckets[2] = {BUCKET(64, 1, segs[0]), BUCKET(100, 1, segs[1])};
+static const struct zc_plan plan =
+	PLAN(ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group, 2, buckets);
 
 #define FAIL(...)                                                                                  \
 	do {                                                                                       \
@@ -47,7 +48,7 @@ static zc_client *join(const char *job, uint32_t rank, uint32_t world)
 		r = zc_register_plan(c);
 	if (r < 0) {
 		printf("# %s rank %u: register: %s %s\n", job, rank, zc_strerror_name(r),
-		       zc_error_message(c));
+		       zc_error_message());
 		zc_close(c);
 		return NULL;
 	}
@@ -259,7 +260,7 @@ static int midway_rank(void *arg, int idx)
 					     b, (unsigned long)i, zc_param_buffer(c, b)[i], want);
 	}
 	if ((r = zc_last_error(c)) != 0)
-		FAIL("last error %s: %s", zc_strerror_name(r), zc_error_message(c));
+		FAIL("last error %s: %s", zc_strerror_name(r), zc_error_message());
 	zc_close(c);
 	return 0;
 }
@@ -270,13 +271,97 @@ static void t_hyper_midway(void)
 	      "a mid-backward LR change was not applied from the next iteration");
 }
 
+/*
+ * set_hyper: each rank's last call for a group and iteration wins, as an
+ * assignment in torch; ranks must agree on their last values. SGD, momentum
+ * 0.9, gradient r + 1 on rank r (average 1.5), parameters from 0:
+ *  - iteration 0: lr 0.5 then 0.25 on both ranks, rank 0's two calls before
+ *    rank 1's first: 0.25 applies and nobody is refused;
+ *  - iteration 1: rank 0 sets 0.125, rank 1 sets 0.75 and then 0.125: its
+ *    last agrees, so 0.125 applies and nobody is refused;
+ *  - iteration 2: rank 0 sets 0.1, rank 1 sets 0.3: they disagree, rank 0's
+ *    0.1 applies and rank 1 (only) hears ZC_EHYPER.
+ */
+static int last_pipe[2];
+
+static int hyper_set(zc_client *c, double lr)
+{
+	struct zc_param_group g = group;
+
+	g.lr = lr;
+	return zc_set_hyper(c, 0, &g);
+}
+
+static int last_wins_rank(void *arg, int rank)
+{
+	zc_client *c = join(arg, (uint32_t)rank, 2);
+	float d = (1.0f + 2.0f) / 2.0f, mom = (float)0.9, buf = 0, want = 0;
+	const double lr[3] = {0.25, 0.125, 0.1};
+	zc_future *step = NULL;
+	int r;
+
+	if (!c)
+		return 1;
+	if (rank == 1 && !wait_pipe(last_pipe[0], 10000))
+		FAIL("rank 0 did not set its values");
+	if (hyper_set(c, 0.5) < 0 || hyper_set(c, 0.25) < 0)
+		FAIL("rank %d: iteration 0's set_hyper", rank);
+	if (rank == 0)
+		signal_pipe(last_pipe[1]);
+	for (int it = 0; it < 3; it++) {
+		if (it == 1 && ((rank == 1 && hyper_set(c, 0.75) < 0) || hyper_set(c, 0.125) < 0))
+			FAIL("rank %d: iteration 1's set_hyper", rank);
+		if (it == 2 && hyper_set(c, rank ? 0.3 : 0.1) < 0)
+			FAIL("rank %d: iteration 2's set_hyper", rank);
+		for (uint32_t b = 0; b < 2; b++) {
+			for (uint64_t i = 0; i < buckets[b].numel; i++)
+				zc_grad_buffer(c, b)[i] = (float)(rank + 1);
+			if (zc_bucket_ready(c, b, NULL) < 0)
+				FAIL("rank %d: bucket_ready", rank);
+		}
+		if (zc_step_future(c, (uint64_t)it, &step) < 0 ||
+		    zc_future_wait(step, test_timeout(10000)) != 1)
+			FAIL("rank %d: iteration %d did not complete", rank, it);
+		zc_future_free(step);
+		buf = it ? mom * buf + 1.0f * d : d;
+		want = want - (float)lr[it] * buf;
+		for (uint32_t b = 0; b < 2; b++)
+			for (uint64_t i = 0; i < buckets[b].numel; i++)
+				if (zc_param_buffer(c, b)[i] != want)
+					FAIL("rank %d iteration %d: bucket %u[%lu] = %.9g, want "
+					     "%.9g (lr %g)",
+					     rank, it, b, (unsigned long)i,
+					     zc_param_buffer(c, b)[i], want, lr[it]);
+		r = zc_last_error(c);
+		if (it < 2 && r != 0)
+			FAIL("rank %d iteration %d: refused though its last values agree: %s %s",
+			     rank, it, zc_strerror_name(r), zc_error_message());
+		if (it == 2 && r != (rank ? ZC_EHYPER : 0))
+			FAIL("rank %d iteration 2: %s (%s), want %s", rank, zc_strerror_name(r),
+			     zc_error_message(), rank ? "ZC_EHYPER" : "no error");
+	}
+	zc_close(c);
+	return 0;
+}
+
+static void t_hyper_last_wins(void)
+{
+	pid_t a, b;
+
+	REQUIRE(pipe(last_pipe) == 0, "pipe");
+	a = spawn(last_wins_rank, "lastwins", 0);
+	b = spawn(last_wins_rank, "lastwins", 1);
+	CHECK(wait_child(a, 20000) == 0, "rank 0 failed");
+	CHECK(wait_child(b, 20000) == 0, "rank 1 failed");
+}
+
 /* The owner's parameter buffer is the master: an edit made identically on
  * every rank between iterations (load_state_dict, an EMA swap) is what the
  * next step starts from. SGD, lr 0.1, momentum 0.9, gradient r + 1 on rank r:
  * iteration 1 must start from the edited 5.0, not from the step's own 0.85. */
 static const struct zc_plan edit_plans[] = {
-	{ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group, 2, buckets},
-	{ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group, 2, buckets},
+	PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group, 2, buckets),
+	PLAN(ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &group, 2, buckets),
 };
 
 static int edit_rank(void *arg, int rank)
@@ -297,7 +382,7 @@ static int edit_rank(void *arg, int rank)
 		for (uint64_t i = 0; i < buckets[b].numel; i++)
 			zc_param_buffer(c, b)[i] = rank == 0 ? 1.0f : -7.0f; /* rank 0's win */
 	if ((r = zc_register_plan(c)) < 0)
-		FAIL("rank %d: register: %s %s", rank, zc_strerror_name(r), zc_error_message(c));
+		FAIL("rank %d: register: %s %s", rank, zc_strerror_name(r), zc_error_message());
 	for (int it = 0; it < 2; it++) {
 		for (uint32_t b = 0; b < 2; b++) {
 			for (uint64_t i = 0; i < buckets[b].numel; i++)
@@ -338,11 +423,12 @@ static void t_param_edit(void)
  * keeps the same check for clients that speak the protocol themselves). */
 static int growth_rank(void *arg, int idx)
 {
-	static const struct zc_param_group plain = {.lr = 0.1}, adam = ZC_PARAM_GROUP_INIT;
-	const struct zc_plan sgd = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &plain,
-				    2, buckets};
-	const struct zc_plan ad = {ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &adam,
-				   2, buckets};
+	static const struct zc_param_group plain = {GROUP_SIZE, .lr = 0.1},
+					   adam = ZC_PARAM_GROUP_INIT;
+	const struct zc_plan sgd =
+		PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &plain, 2, buckets);
+	const struct zc_plan ad =
+		PLAN(ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &adam, 2, buckets);
 	struct zc_config cfg = test_config(&daemon_, idx ? "grow1" : "grow0", 0, 1);
 	struct zc_param_group g;
 	zc_client *c = NULL;
@@ -466,20 +552,20 @@ static int many_rank(void *arg, int idx)
 {
 	static struct zc_segment msegs[MANY][1];
 	static struct zc_bucket mb[MANY];
-	struct zc_param_group g = {.lr = 0.5};
-	struct zc_plan mp = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &g, MANY, mb};
+	struct zc_param_group g = {GROUP_SIZE, .lr = 0.5};
+	struct zc_plan mp = PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &g, MANY, mb);
 	struct zc_config cfg = test_config(&daemon_, arg, 0, 1);
 	zc_client *c = NULL;
 	int r;
 
 	(void)idx;
 	for (uint32_t b = 0; b < MANY; b++) {
-		msegs[b][0] = (struct zc_segment){0, 2, 0};
-		mb[b] = (struct zc_bucket){2, 1, msegs[b]};
+		msegs[b][0] = (struct zc_segment)SEG(0, 2, 0);
+		mb[b] = (struct zc_bucket)BUCKET(2, 1, msegs[b]);
 	}
 	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &mp)) < 0 ||
 	    (r = zc_register_plan(c)) < 0)
-		FAIL("join: %s %s", zc_strerror_name(r), c ? zc_error_message(c) : "");
+		FAIL("join: %s %s", zc_strerror_name(r), zc_error_message());
 	for (int it = 0; it < 2; it++) {
 		zc_future *step = NULL;
 		for (uint32_t b = 0; b < MANY; b++) {
@@ -497,7 +583,7 @@ static int many_rank(void *arg, int idx)
 			FAIL("bucket %u: %g after 2 steps of lr 0.5, want -1", b,
 			     zc_param_buffer(c, b)[1]);
 	if ((r = zc_last_error(c)) != 0)
-		FAIL("last error %s: %s", zc_strerror_name(r), zc_error_message(c));
+		FAIL("last error %s: %s", zc_strerror_name(r), zc_error_message());
 	zc_close(c);
 	return 0;
 }
@@ -524,7 +610,7 @@ static int register_timeout_rank(void *arg, int idx)
 	r = zc_register_plan(c);
 	el = test_ms() - t0;
 	printf("# register without rank 1 -> %s after %ld ms: %s\n", zc_strerror_name(r), (long)el,
-	       zc_error_message(c));
+	       zc_error_message());
 	if (r != ZC_ETIMEDOUT)
 		FAIL("register without rank 1: %s, want ZC_ETIMEDOUT", zc_strerror_name(r));
 	if (el < 250 || el > test_timeout(5000))
@@ -540,10 +626,10 @@ static void t_register_timeout(void)
 }
 
 /* A job of 600 elements of SGD with momentum: 7200 bytes of state. */
-static struct zc_segment mseg = {0, 600, 0};
-static struct zc_bucket mbucket = {600, 1, &mseg};
-static const struct zc_plan mid = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 1, &group,
-				   1,          &mbucket};
+static struct zc_segment mseg = SEG(0, 600, 0);
+static struct zc_bucket mbucket = BUCKET(600, 1, &mseg);
+static const struct zc_plan mid =
+	PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 1, &group, 1, &mbucket);
 static int held_pipe[2];
 
 static zc_client *mid_join(const char *job, uint32_t rank, uint32_t world)
@@ -555,7 +641,7 @@ static zc_client *mid_join(const char *job, uint32_t rank, uint32_t world)
 	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &mid)) < 0 ||
 	    (r = zc_register_plan(c)) < 0) {
 		printf("# %s rank %u: %s %s\n", job, rank, zc_strerror_name(r),
-		       c ? zc_error_message(c) : "");
+		       zc_error_message());
 		zc_close(c);
 		return NULL;
 	}
@@ -617,10 +703,10 @@ static int memory_released(void)
  * would not fit fails with ZC_ELIMIT, and the job already there trains on. */
 static int memory_checks(void *arg, int idx)
 {
-	static struct zc_segment bseg = {0, 4096, 0};
-	static struct zc_bucket bb = {4096, 1, &bseg};
+	static struct zc_segment bseg = SEG(0, 4096, 0);
+	static struct zc_bucket bb = BUCKET(4096, 1, &bseg);
 	struct zc_param_group ag = ZC_PARAM_GROUP_INIT;
-	struct zc_plan big = {ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 1, &ag, 1, &bb};
+	struct zc_plan big = PLAN(ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 1, &ag, 1, &bb);
 	struct zc_config cfg = test_config(&small, "fits", 0, 1);
 	zc_client *a = NULL, *b = NULL;
 	zc_future *step = NULL;
@@ -631,14 +717,14 @@ static int memory_checks(void *arg, int idx)
 	if ((r = zc_connect(&cfg, &a)) < 0 || (r = zc_alloc_buffers(a, &plan)) < 0 ||
 	    (r = zc_register_plan(a)) < 0)
 		FAIL("a job of 1968 bytes under --max-memory 8K: %s %s", zc_strerror_name(r),
-		     a ? zc_error_message(a) : "");
+		     zc_error_message());
 	/* 4096 elements of Adam (moments and amsgrad's max, 5 floats each): 80 KiB */
 	cfg = test_config(&small, "too-big", 0, 1);
 	if ((r = zc_connect(&cfg, &b)) < 0 || (r = zc_alloc_buffers(b, &big)) < 0)
 		FAIL("too-big: %s", zc_strerror_name(r));
 	r = zc_register_plan(b);
-	printf("# a job of 80 KiB -> %s: %s\n", zc_strerror_name(r), zc_error_message(b));
-	if (r != ZC_ELIMIT || !strstr(zc_error_message(b), "--max-memory"))
+	printf("# a job of 80 KiB -> %s: %s\n", zc_strerror_name(r), zc_error_message());
+	if (r != ZC_ELIMIT || !strstr(zc_error_message(), "--max-memory"))
 		FAIL("a job of 80 KiB under --max-memory 8K: %s, want ZC_ELIMIT",
 		     zc_strerror_name(r));
 	zc_close(b);
@@ -673,6 +759,7 @@ static const struct test_case cases[] = {
 	{"wait_timeout_and_second_thread", t_wait_timeout_and_threads},
 	{"wrong_state_calls", t_wrong_state},
 	{"lr_change_midway_applies_next_iteration", t_hyper_midway},
+	{"set_hyper_last_call_wins", t_hyper_last_wins},
 	{"param_edit_between_iterations_is_kept", t_param_edit},
 	{"state_growth_mid_run_refused", t_state_growth_refused},
 	{"daemon_killed_fails_waiters", t_daemon_killed},

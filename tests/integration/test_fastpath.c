@@ -30,17 +30,18 @@
 #include "testlib.h"
 #include "trainer.h"
 #include "wire.h"
+#include "zctest.h"
 
 static struct zd daemon_;
 static bool ring_off; /* ZEROD_FASTPATH=0 */
 
-static const struct zc_param_group group = {.lr = 0.5};
-static const struct zc_segment segs[2][1] = {{{0, 64, 0}}, {{0, 32, 0}}};
-static const struct zc_bucket buckets[2] = {{64, 1, segs[0]}, {32, 1, segs[1]}};
-static const struct zc_plan plan1 = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group,
-				     1,          buckets};
-static const struct zc_plan plan2 = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group,
-				     2,          buckets};
+static const struct zc_param_group group = {GROUP_SIZE, .lr = 0.5};
+static const struct zc_segment segs[2][1] = {{SEG(0, 64, 0)}, {SEG(0, 32, 0)}};
+static const struct zc_bucket buckets[2] = {BUCKET(64, 1, segs[0]), BUCKET(32, 1, segs[1])};
+static const struct zc_plan plan1 =
+	PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group, 1, buckets);
+static const struct zc_plan plan2 =
+	PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &group, 2, buckets);
 
 #define FAIL(...)                                                                                  \
 	do {                                                                                       \
@@ -61,7 +62,7 @@ static zc_client *join(const char *job, uint32_t rank, uint32_t world, const str
 		r = zc_register_plan(c);
 	if (r < 0) {
 		printf("# %s rank %u: join: %s %s\n", job, rank, zc_strerror_name(r),
-		       c ? zc_error_message(c) : "");
+		       zc_error_message());
 		zc_close(c);
 		return NULL;
 	}
@@ -466,69 +467,73 @@ static void t_attach_checks(void)
 
 /*
  * Both ranks of "order" hand over bucket 0, set group 0's lr for the next
- * iteration, each to its own value, then bucket 1. zerod takes the first
- * SetHyper and refuses the second with ZC_EHYPER: the rank refused sent it
- * before its bucket 1 (so zerod must handle it first, though the bucket went
- * by the ring), and iteration 0 cannot end without that bucket, so the
- * refusal goes out before StepDone(0) and must be read first. Each rank
- * writes what it saw to a pipe: 'E' the refusal before its step, 'L' the
- * refusal only after it, 'N' none, 'F' something else.
+ * iteration, each to its own value, then bucket 1, and finish iteration 0.
+ * zerod compares the ranks' values when iteration 1 starts (every rank's
+ * SetHyper for it came before its bucket 0): rank 0's apply, and rank 1
+ * hears ZC_EHYPER. That goes out before BucketDone(1, 0), by ZeroMQ, while
+ * the BucketDone goes by the ring: the client must read the refusal first.
+ * zc_last_error() reads only what was processed, so right after the bucket
+ * future completed it shows whether the refusal was read before it. Each rank
+ * exits with what it saw: ORDER_E the refusal by then, ORDER_L only after a
+ * zc_dispatch(), ORDER_N none, 1 something went wrong.
  */
-static int hyper_pipe[2];
+enum { ORDER_N = 10, ORDER_E, ORDER_L };
 
 static int hyper_rank(void *arg, int rank)
 {
 	zc_client *c = join("order", (uint32_t)rank, 2, &plan2);
 	struct zc_param_group g = group;
-	zc_future *step = NULL;
-	char seen = 'F';
-	int r;
+	zc_future *step = NULL, *b0 = NULL;
+	int r, seen = 1;
 
 	(void)arg;
 	if (!c)
-		goto out;
+		return 1;
 	g.lr = rank ? 0.25 : 0.125;
 	if (zc_bucket_ready(c, 0, NULL) < 0 || zc_set_hyper(c, 0, &g) < 0 ||
-	    zc_bucket_ready(c, 1, NULL) < 0 || zc_step_future(c, 0, &step) < 0)
-		goto out;
-	/* both channels delivered by now: a StepDone read out of its turn
+	    zc_bucket_ready(c, 1, NULL) < 0 || zc_step_future(c, 0, &step) < 0 ||
+	    zc_future_wait(step, 20000) != 1 || zc_bucket_ready(c, 0, &b0) < 0)
+		FAIL("order rank %d: iteration 0: %s", rank, zc_error_message());
+	zc_future_free(step);
+	/* both channels delivered by now: a BucketDone read out of its turn
 	 * would show */
 	usleep(100000);
-	r = zc_future_wait(step, 20000);
-	zc_future_free(step);
-	if (r != 1) {
-		printf("# order rank %d: step 0: %s\n", rank, zc_strerror_name(r));
-		goto out;
-	}
-	/* what was read by the time the step was: no call in between */
-	seen = strstr(zc_error_message(c), "other hyperparameters") ? 'E' : 'N';
+	r = zc_future_wait(b0, 20000);
+	if (r != 1)
+		FAIL("order rank %d: bucket 0 of iteration 1: %s", rank, zc_strerror_name(r));
+	/* what was read by the time the bucket was: nothing processed since */
 	r = zc_last_error(c);
-	if (seen == 'N' && r == ZC_EHYPER)
-		seen = 'L';
-	else if ((seen == 'E') != (r == ZC_EHYPER))
-		seen = 'F';
-	printf("# order rank %d: %c (%s: %s)\n", rank, seen, zc_strerror_name(r),
-	       zc_error_message(c));
-out:
-	(void)!write(hyper_pipe[1], &seen, 1);
+	if (r == ZC_EHYPER && strstr(zc_error_message(), "other hyperparameters"))
+		seen = ORDER_E;
+	else if (r == 0 && zc_dispatch(c) >= 0 && zc_last_error(c) == ZC_EHYPER)
+		seen = ORDER_L;
+	else if (r == 0)
+		seen = ORDER_N;
+	printf("# order rank %d: %s (%s: %s)\n", rank,
+	       seen == ORDER_E ? "E" : seen == ORDER_L ? "L" : seen == ORDER_N ? "N" : "F",
+	       zc_strerror_name(r), zc_error_message());
+	if (zc_bucket_ready(c, 1, NULL) < 0 || zc_step_future(c, 1, &step) < 0 ||
+	    zc_future_wait(step, 20000) != 1)
+		FAIL("order rank %d: iteration 1: %s", rank, zc_error_message());
+	zc_future_free(step);
+	zc_future_free(b0);
 	zc_close(c);
-	return seen == 'F';
+	return seen;
 }
 
-static void t_hyper_error_before_step(void)
+static void t_hyper_error_before_bucket(void)
 {
-	char seen[2] = {0};
 	pid_t p[2];
+	int st[2];
 
-	REQUIRE(pipe(hyper_pipe) == 0, "pipe");
 	for (int r = 0; r < 2; r++)
 		p[r] = spawn(hyper_rank, NULL, r);
 	for (int r = 0; r < 2; r++)
-		CHECK(wait_child(p[r], 30000) == 0, "order rank %d failed", r);
-	REQUIRE(read(hyper_pipe[0], seen, 2) == 2, "the ranks did not report");
-	CHECK((seen[0] == 'E' && seen[1] == 'N') || (seen[0] == 'N' && seen[1] == 'E'),
-	      "want one rank refused before its step and one not refused, got %c and %c",
-	      seen[0], seen[1]);
+		st[r] = wait_child(p[r], 30000);
+	CHECK(st[0] == ORDER_N && st[1] == ORDER_E,
+	      "want rank 0 (whose values apply) not refused and rank 1 refused before its "
+	      "bucket completed; got %d and %d (%d: none, %d: before, %d: only after)",
+	      st[0], st[1], ORDER_N, ORDER_E, ORDER_L);
 }
 
 /*
@@ -572,7 +577,8 @@ static int doomed_rank(void *arg, int rank)
 		     zc_strerror_name(r), zc_future_message(step));
 	if (zc_future_poll(b[0]) != 1 || zc_future_poll(b[1]) != 1)
 		FAIL("doomed rank 0: bucket futures of iteration 0 not done");
-	if ((r = zc_last_error(c)) != ZC_ESHUTDOWN)
+	/* the error came after the StepDone: process what arrived */
+	if (zc_dispatch(c) < 0 || (r = zc_last_error(c)) != ZC_ESHUTDOWN)
 		FAIL("doomed rank 0: the job's error is %s, want ZC_ESHUTDOWN",
 		     zc_strerror_name(r));
 	zc_future_free(step);
@@ -626,7 +632,7 @@ static const struct test_case cases[] = {
 	{"garbage_down_tail_EPROTO", t_down_tail},
 	{"garbage_bad_bucket_EBUCKET", t_bad_bucket},
 	{"attach_only_by_its_trainer", t_attach_checks},
-	{"hyper_refusal_read_before_the_step", t_hyper_error_before_step},
+	{"hyper_refusal_read_before_the_next_bucket", t_hyper_error_before_bucket},
 	{"step_read_before_the_shutdown_error", t_step_before_shutdown_error},
 	{"background_job_unharmed", t_background_job_unharmed},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},

@@ -406,14 +406,13 @@ static int c_intruder(void *arg, int idx)
 	struct train_plan tp;
 	struct train_spec s = job_spec(&daemon_, job, 1);
 	zc_client *c = NULL;
-	char err[256] = "";
+	const char *err = "";
 	int r;
 
 	become_user();
-	cfg.error_text = err;
-	cfg.error_text_len = sizeof(err);
 	cfg.register_timeout_ms = 1500;
 	r = zc_connect(&cfg, &c);
+	err = zc_error_message();
 	EXPECT(r == 0, "intruder: zc_connect: %s: %s", zc_strerror_name(r), err);
 	signal_pipe(ready[1]);
 	if (r != 0)
@@ -424,7 +423,7 @@ static int c_intruder(void *arg, int idx)
 	if (r == 0 && idx == 1) {
 		zc_param_buffer(c, 0)[0] = 7.0f;
 		r = zc_register_plan(c);
-		printf("# intruder register -> %s: %s\n", zc_strerror_name(r), zc_error_message(c));
+		printf("# intruder register -> %s: %s\n", zc_strerror_name(r), zc_error_message());
 		EXPECT(r != 0, "the intruder joined job %s", job);
 		EXPECT(zc_param_buffer(c, 0)[0] == 7.0f, "the intruder got parameters: %g",
 		       zc_param_buffer(c, 0)[0]);
@@ -479,17 +478,16 @@ static int c_no_permission(void *arg, int idx)
 {
 	struct zc_config cfg = test_config(&daemon_, "denied", 0, 1);
 	zc_client *c = NULL;
-	char err[256] = "";
+	const char *err = "";
 	int64_t t0;
 	int r;
 
 	(void)arg, (void)idx;
 	become_user();
-	cfg.error_text = err;
-	cfg.error_text_len = sizeof(err);
 	cfg.connect_timeout_ms = 4000;
 	t0 = test_ms();
 	r = zc_connect(&cfg, &c);
+	err = zc_error_message();
 	printf("# zc_connect without permission -> %s after %ld ms: %s\n", zc_strerror_name(r),
 	       (long)(test_ms() - t0), err);
 	EXPECT(r == -EACCES, "got %s, want EACCES", zc_strerror_name(r));
@@ -993,10 +991,10 @@ static int c_joining(void *arg, int idx)
 	train_make_plan(&s, &tp);
 	EXPECT(zc_alloc_buffers(c, &tp.plan) == 0, "zc_alloc_buffers");
 	r = zc_register_plan(c);
-	printf("# rank 0 register -> %s: %s\n", zc_strerror_name(r), zc_error_message(c));
+	printf("# rank 0 register -> %s: %s\n", zc_strerror_name(r), zc_error_message());
 	EXPECT(r == ZC_ERANKDEAD, "got %s", zc_strerror_name(r));
-	EXPECT(strstr(zc_error_message(c), "exited before the job started"), "message \"%s\"",
-	       zc_error_message(c));
+	EXPECT(strstr(zc_error_message(), "exited before the job started"), "message \"%s\"",
+	       zc_error_message());
 	zc_close(c);
 	return child_bad;
 }

@@ -19,6 +19,7 @@
 
 #include "harness.h"
 #include "testlib.h"
+#include "zctest.h"
 
 static struct zd daemon_;
 static char shut_job[64]; /* unique per run: its shm names are looked for in /dev/shm */
@@ -41,18 +42,17 @@ static int c_probe(void *arg, int idx)
 {
 	struct zc_config cfg = test_config(&daemon_, arg, 0, 1);
 	struct zc_param_group g = ZC_PARAM_GROUP_INIT;
-	struct zc_segment seg = {0, 32, 0};
-	struct zc_bucket b = {32, 1, &seg};
-	struct zc_plan plan = {ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &g, 1, &b};
-	char err[256] = "";
+	struct zc_segment seg = SEG(0, 32, 0);
+	struct zc_bucket b = BUCKET(32, 1, &seg);
+	struct zc_plan plan = PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, &g, 1, &b);
+	const char *err = "";
 	zc_client *c = NULL;
 	zc_future *step = NULL;
 	int r;
 
 	(void)idx;
-	cfg.error_text = err;
-	cfg.error_text_len = sizeof(err);
 	r = zc_connect(&cfg, &c);
+	err = zc_error_message();
 	EXPECT(r == 0, "zc_connect: %s: %s", zc_strerror_name(r), err);
 	if (r < 0)
 		return 1;
@@ -66,7 +66,7 @@ static int c_probe(void *arg, int idx)
 	if (r == 0)
 		r = zc_future_wait(step, test_timeout(5000));
 	EXPECT(r == 1, "one iteration: %s: %s", r ? zc_strerror_name(r) : "timed out",
-	       step ? zc_future_message(step) : zc_error_message(c));
+	       step ? zc_future_message(step) : zc_error_message());
 	zc_future_free(step);
 	zc_close(c);
 	return child_bad;
@@ -130,25 +130,24 @@ static int c_shut(void *arg, int idx)
 {
 	struct zc_config cfg = test_config(&daemon_, shut_job, (uint32_t)idx, 2);
 	struct zc_param_group g = ZC_PARAM_GROUP_INIT;
-	struct zc_segment segs[2] = {{0, 300, 0}, {0, 77, 0}};
-	struct zc_bucket b[2] = {{300, 1, &segs[0]}, {77, 1, &segs[1]}};
-	struct zc_plan plan = {ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, 1, &g, 2, b};
-	char err[256] = "";
+	struct zc_segment segs[2] = {SEG(0, 300, 0), SEG(0, 77, 0)};
+	struct zc_bucket b[2] = {BUCKET(300, 1, &segs[0]), BUCKET(77, 1, &segs[1])};
+	struct zc_plan plan = PLAN(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, 1, &g, 2, b);
+	const char *err = "";
 	zc_client *c = NULL;
 	zc_future *step = NULL;
 	int r;
 
 	(void)arg;
-	cfg.error_text = err;
-	cfg.error_text_len = sizeof(err);
 	r = zc_connect(&cfg, &c);
+	err = zc_error_message();
 	EXPECT(r == 0, "rank %d zc_connect: %s: %s", idx, zc_strerror_name(r), err);
 	if (r < 0)
 		return 1;
 	r = zc_alloc_buffers(c, &plan);
 	if (r == 0)
 		r = zc_register_plan(c);
-	EXPECT(r == 0, "rank %d: %s: %s", idx, zc_strerror_name(r), zc_error_message(c));
+	EXPECT(r == 0, "rank %d: %s: %s", idx, zc_strerror_name(r), zc_error_message());
 	if (r < 0) {
 		zc_close(c);
 		return 1;

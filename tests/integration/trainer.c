@@ -10,6 +10,7 @@
 #include "harness.h"
 #include "testlib.h"
 #include "trainer.h"
+#include "zctest.h"
 
 static const uint64_t bucket_sizes[] = {1000, 37, 70001, 16, 2500}; /* 70001: several chunks */
 #define NB (sizeof(bucket_sizes) / sizeof(bucket_sizes[0]))
@@ -48,12 +49,14 @@ void train_make_plan(const struct train_spec *s, struct train_plan *tp)
 		uint32_t nseg = n < 20 ? 1 : 1 + b % 3;
 		for (uint32_t k = 0; k < nseg; k++) {
 			uint64_t len = k + 1 == nseg ? n - off : n / (nseg + 1);
-			tp->segs[b][k] = (struct zc_segment){off, len, (b + k) % TRAIN_MAX_GROUPS};
+			tp->segs[b][k] =
+				(struct zc_segment)SEG(off, len, (b + k) % TRAIN_MAX_GROUPS);
 			off += len;
 		}
-		tp->buckets[b] = (struct zc_bucket){n, nseg, tp->segs[b]};
+		tp->buckets[b] = (struct zc_bucket)BUCKET(n, nseg, tp->segs[b]);
 	}
 	tp->plan = (struct zc_plan){
+		.size = sizeof(struct zc_plan),
 		.optimizer = s->optimizer,
 		.shard_mode = s->shard_mode,
 		.step_mode = s->step_mode,
@@ -201,7 +204,7 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 {
 	struct train_plan tp;
 	struct zc_config cfg = ZC_CONFIG_INIT;
-	char errtext[256] = "";
+	const char *errtext = "";
 	zc_client *c = NULL;
 	zc_future *bf[NB];
 	float *ref = NULL;
@@ -214,9 +217,8 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 	cfg.rank = cfg.local_rank = rank;
 	cfg.world_size = cfg.local_size = s->world;
 	cfg.connect_timeout_ms = test_timeout(15000);
-	cfg.error_text = errtext;
-	cfg.error_text_len = sizeof(errtext);
 	r = zc_connect(&cfg, &c);
+	errtext = zc_error_message();
 	if (r < 0) {
 		printf("# %s rank %u: connect: %s: %s\n", s->job, rank, zc_strerror_name(r),
 		       errtext);
@@ -325,7 +327,7 @@ out:
 	zc_close(c);
 	return bad ? 1 : 0;
 fail:
-	printf("# %s rank %u: %s: %s\n", s->job, rank, zc_strerror_name(r), zc_error_message(c));
+	printf("# %s rank %u: %s: %s\n", s->job, rank, zc_strerror_name(r), zc_error_message());
 	zc_close(c);
 	return 1;
 }

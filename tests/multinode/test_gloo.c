@@ -39,6 +39,7 @@
 #include "filestore.h"
 #include "pool.h"
 #include "testlib.h"
+#include "zctest.h"
 
 #define MAXW   8
 #define MAXN   3
@@ -292,7 +293,7 @@ static struct plan *make_plan(enum zc_optimizer opt, enum zc_shard_mode shard,
 	struct zc_param_group g[2] = {ZC_PARAM_GROUP_INIT, ZC_PARAM_GROUP_INIT};
 	struct zc_segment seg[NB][2];
 	struct zc_bucket b[NB];
-	struct zc_plan zp = {opt, shard, step, 2, g, NB, b};
+	struct zc_plan zp = PLAN(opt, shard, step, 2, g, NB, b);
 	struct plan *p = NULL;
 	char err[200];
 
@@ -307,9 +308,9 @@ static struct plan *make_plan(enum zc_optimizer opt, enum zc_shard_mode shard,
 	}
 	for (size_t i = 0; i < NB; i++) {
 		uint64_t half = bucket_sizes[i] / 2;
-		seg[i][0] = (struct zc_segment){0, half, 0};
-		seg[i][1] = (struct zc_segment){half, bucket_sizes[i] - half, 1};
-		b[i] = (struct zc_bucket){bucket_sizes[i], 2, seg[i]};
+		seg[i][0] = (struct zc_segment)SEG(0, half, 0);
+		seg[i][1] = (struct zc_segment)SEG(half, bucket_sizes[i] - half, 1);
+		b[i] = (struct zc_bucket)BUCKET(bucket_sizes[i], 2, seg[i]);
 	}
 	if (plan_from_zc(&zp, &p, err, sizeof(err)) < 0)
 		test_note("plan_from_zc: %s", err);

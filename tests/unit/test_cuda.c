@@ -37,6 +37,7 @@
 #include "mem/mem.h"
 #include "pool.h"
 #include "testlib.h"
+#include "zctest.h"
 
 static struct pool *pool_;
 
@@ -345,7 +346,7 @@ static struct plan *make_plan(enum zc_shard_mode shard, enum zc_step_mode step)
 	struct zc_param_group g[2] = {ZC_PARAM_GROUP_INIT, ZC_PARAM_GROUP_INIT};
 	struct zc_segment seg[ARRAY_SIZE(sizes)][2];
 	struct zc_bucket b[ARRAY_SIZE(sizes)];
-	struct zc_plan zp = {ZC_OPT_ADAMW, shard, step, 2, g, ARRAY_SIZE(sizes), b};
+	struct zc_plan zp = PLAN(ZC_OPT_ADAMW, shard, step, 2, g, ARRAY_SIZE(sizes), b);
 	struct plan *p = NULL;
 	char err[200];
 
@@ -356,9 +357,9 @@ static struct plan *make_plan(enum zc_shard_mode shard, enum zc_step_mode step)
 	for (size_t i = 0; i < ARRAY_SIZE(sizes); i++) {
 		uint64_t half = sizes[i] / 2;
 		uint32_t ns = half ? 2 : 1;
-		seg[i][0] = (struct zc_segment){0, half ? half : sizes[i], 0};
-		seg[i][1] = (struct zc_segment){half, sizes[i] - half, 1};
-		b[i] = (struct zc_bucket){sizes[i], ns, seg[i]};
+		seg[i][0] = (struct zc_segment)SEG(0, half ? half : sizes[i], 0);
+		seg[i][1] = (struct zc_segment)SEG(half, sizes[i] - half, 1);
+		b[i] = (struct zc_bucket)BUCKET(sizes[i], ns, seg[i]);
 	}
 	if (plan_from_zc(&zp, &p, err, sizeof(err)) < 0)
 		test_note("plan_from_zc: %s", err);

@@ -9,6 +9,7 @@
 #include "plan.h"
 #include "testlib.h"
 #include "wire.h"
+#include "zctest.h"
 
 struct fixture {
 	struct zc_param_group g[2];
@@ -24,12 +25,13 @@ static void fixture_init(struct fixture *f)
 	f->g[0].lr = 0.1;
 	f->g[0].momentum = 0.9;
 	f->g[1].lr = 0.01;
-	f->s0[0] = (struct zc_segment){0, 30, 0};
-	f->s0[1] = (struct zc_segment){30, 70, 1};
-	f->s1[0] = (struct zc_segment){0, 17, 1};
-	f->b[0] = (struct zc_bucket){100, 2, f->s0};
-	f->b[1] = (struct zc_bucket){17, 1, f->s1};
-	f->p = (struct zc_plan){ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 2, f->g, 2, f->b};
+	f->s0[0] = (struct zc_segment)SEG(0, 30, 0);
+	f->s0[1] = (struct zc_segment)SEG(30, 70, 1);
+	f->s1[0] = (struct zc_segment)SEG(0, 17, 1);
+	f->b[0] = (struct zc_bucket)BUCKET(100, 2, f->s0);
+	f->b[1] = (struct zc_bucket)BUCKET(17, 1, f->s1);
+	f->p = (struct zc_plan)PLAN(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 2, f->g, 2,
+				    f->b);
 }
 
 static void t_valid_layout(void)

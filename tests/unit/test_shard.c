@@ -10,19 +10,20 @@
 #include "plan.h"
 #include "shard.h"
 #include "testlib.h"
+#include "zctest.h"
 
 static struct plan *make_plan(const uint64_t *sizes, uint32_t n, enum zc_shard_mode mode)
 {
 	struct zc_param_group g = ZC_PARAM_GROUP_INIT;
 	struct zc_bucket *b = calloc(n, sizeof(*b));
 	struct zc_segment *s = calloc(n, sizeof(*s));
-	struct zc_plan zp = {ZC_OPT_SGD, mode, ZC_STEP_INTERLEAVED, 1, &g, n, b};
+	struct zc_plan zp = PLAN(ZC_OPT_SGD, mode, ZC_STEP_INTERLEAVED, 1, &g, n, b);
 	struct plan *p = NULL;
 	char err[200];
 
 	for (uint32_t i = 0; i < n; i++) {
-		s[i] = (struct zc_segment){0, sizes[i], 0};
-		b[i] = (struct zc_bucket){sizes[i], 1, &s[i]};
+		s[i] = (struct zc_segment)SEG(0, sizes[i], 0);
+		b[i] = (struct zc_bucket)BUCKET(sizes[i], 1, &s[i]);
 	}
 	if (plan_from_zc(&zp, &p, err, sizeof(err)) < 0)
 		test_note("plan_from_zc: %s", err);

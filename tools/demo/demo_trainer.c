@@ -145,10 +145,18 @@ int main(int argc, char **argv)
 {
 	struct zc_config cfg = ZC_CONFIG_INIT;
 	struct zc_param_group groups[2] = {ZC_PARAM_GROUP_INIT, ZC_PARAM_GROUP_INIT};
-	const struct zc_segment seg0[] = {{0, C * H, 0}, {C * H, C, 1}};
-	const struct zc_segment seg1[] = {{0, H * D, 0}, {H * D, H, 1}};
-	const struct zc_bucket buckets[] = {{C * H + C, 2, seg0}, {H * D + H, 2, seg1}};
+	/* every struct says its size (zeroclient.h, "ABI"): a newer libzeroclient
+	 * reads this binary's structs as they are */
+	const uint32_t ss = sizeof(struct zc_segment), bs = sizeof(struct zc_bucket);
+	const struct zc_segment seg0[] = {{.size = ss, .group = 0, .offset = 0, .numel = C * H},
+					  {.size = ss, .group = 1, .offset = C * H, .numel = C}};
+	const struct zc_segment seg1[] = {{.size = ss, .group = 0, .offset = 0, .numel = H * D},
+					  {.size = ss, .group = 1, .offset = H * D, .numel = H}};
+	const struct zc_bucket buckets[] = {
+		{.size = bs, .nsegments = 2, .numel = C * H + C, .segments = seg0},
+		{.size = bs, .nsegments = 2, .numel = H * D + H, .segments = seg1}};
 	struct zc_plan plan = {
+		.size = sizeof(plan),
 		.optimizer = ZC_OPT_ADAMW,
 		.shard_mode = ZC_SHARD_BUCKET,
 		.step_mode = ZC_STEP_INTERLEAVED,
@@ -159,7 +167,6 @@ int main(int argc, char **argv)
 	};
 	static float x[B][D], ex[B][D];
 	static int y[B], ey[B];
-	char errtext[256] = "";
 	struct model m;
 	struct grads g;
 	zc_client *c = NULL;
@@ -167,8 +174,6 @@ int main(int argc, char **argv)
 	uint64_t s;
 
 	cfg.job_id = "demo";
-	cfg.error_text = errtext;
-	cfg.error_text_len = sizeof(errtext);
 	while ((opt = getopt(argc, argv, "s:j:r:w:i:m:")) != -1) {
 		switch (opt) {
 		case 's':
@@ -205,7 +210,7 @@ int main(int argc, char **argv)
 	r = zc_connect(&cfg, &c);
 	if (r < 0) {
 		fprintf(stderr, "rank %u: connect: %s: %s\n", cfg.rank, zc_strerror_name(r),
-			errtext);
+			zc_error_message());
 		return 1;
 	}
 	r = zc_alloc_buffers(c, &plan);
@@ -286,7 +291,7 @@ int main(int argc, char **argv)
 	zc_close(c);
 	return 0;
 fail:
-	fprintf(stderr, "rank %u: %s: %s\n", cfg.rank, zc_strerror_name(r), zc_error_message(c));
+	fprintf(stderr, "rank %u: %s: %s\n", cfg.rank, zc_strerror_name(r), zc_error_message());
 	zc_close(c);
 	return 1;
 }
