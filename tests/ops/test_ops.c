@@ -217,10 +217,18 @@ static void small_plan(struct zc_plan *plan, struct zc_bucket b[2], struct zc_se
 	*g = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
 	g->lr = 0.1;
 	for (int i = 0; i < 2; i++) {
-		s[i] = (struct zc_segment){0, 64, 0};
-		b[i] = (struct zc_bucket){64, 1, &s[i]};
+		s[i] = (struct zc_segment){.size = sizeof(s[i]), .offset = 0, .numel = 64};
+		b[i] = (struct zc_bucket){
+			.size = sizeof(b[i]), .numel = 64, .nsegments = 1, .segments = &s[i]};
 	}
-	*plan = (struct zc_plan){ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1, g, 2, b};
+	*plan = (struct zc_plan){.size = sizeof(*plan),
+				 .optimizer = ZC_OPT_SGD,
+				 .shard_mode = ZC_SHARD_BUCKET,
+				 .step_mode = ZC_STEP_INTERLEAVED,
+				 .ngroups = 1,
+				 .groups = g,
+				 .nbuckets = 2,
+				 .buckets = b};
 }
 
 /* A rank of a job that wedges: both register, rank 0 hands over bucket 0,

@@ -211,7 +211,7 @@ static int64_t iteration(zc_client *c, uint32_t nbuckets, char *why, size_t whyl
 	if (r == 0)
 		r = ZC_ETIMEDOUT;
 	if (r < 0)
-		snprintf(why, whylen, "%s", step ? zc_future_message(step) : zc_error_message(c));
+		snprintf(why, whylen, "%s", step ? zc_future_message(step) : zc_error_message());
 	zc_future_free(step);
 	return r < 0 ? r : t;
 }
@@ -252,7 +252,7 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 static int rank_main(struct run *run, uint32_t rank)
 {
 	struct zc_config zc = ZC_CONFIG_INIT;
-	char errtext[200] = "", why[200] = "";
+	char why[200] = "";
 	zc_client *c = NULL;
 	int r;
 
@@ -262,18 +262,16 @@ static int rank_main(struct run *run, uint32_t rank)
 	zc.world_size = zc.local_size = run->cfg->ranks;
 	zc.connect_timeout_ms = 10000;
 	zc.register_timeout_ms = 120000;
-	zc.error_text = errtext;
-	zc.error_text_len = sizeof(errtext);
 	r = zc_connect(&zc, &c);
 	if (r < 0) {
-		snprintf(why, sizeof(why), "%s", errtext);
+		snprintf(why, sizeof(why), "%s", zc_error_message());
 		goto out;
 	}
 	r = zc_alloc_buffers(c, &run->plan);
 	if (r >= 0)
 		r = rank_run(run, rank, c, why, sizeof(why));
 	if (r < 0 && !why[0])
-		snprintf(why, sizeof(why), "%s", zc_error_message(c));
+		snprintf(why, sizeof(why), "%s", zc_error_message());
 out:
 	if (r < 0 && r != -ECANCELED) {
 		run->sh->err[rank] = r;
@@ -359,11 +357,14 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 		goto out;
 	for (uint32_t b = 0; b < cfg->nbuckets; b++) {
 		uint64_t numel = left < cfg->bucket_numel ? left : cfg->bucket_numel;
-		segs[b] = (struct zc_segment){.offset = 0, .numel = numel, .group = 0};
-		bks[b] = (struct zc_bucket){.numel = numel, .nsegments = 1, .segments = &segs[b]};
+		segs[b] = (struct zc_segment){
+			.size = sizeof(segs[b]), .offset = 0, .numel = numel, .group = 0};
+		bks[b] = (struct zc_bucket){
+			.size = sizeof(bks[b]), .numel = numel, .nsegments = 1, .segments = &segs[b]};
 		left -= numel;
 	}
-	run.plan = (struct zc_plan){.optimizer = cfg->optim,
+	run.plan = (struct zc_plan){.size = sizeof(run.plan),
+				    .optimizer = cfg->optim,
 				    .shard_mode = cfg->shard,
 				    .step_mode = cfg->step,
 				    .ngroups = 1,
@@ -395,8 +396,9 @@ out:
 int job_handoff(const struct bench_daemon *d, const struct bench_cfg *cfg, double *ret_p50_us,
 		double *ret_p99_us)
 {
-	const struct zc_segment seg = {.offset = 0, .numel = 16, .group = 0};
-	const struct zc_bucket bk = {.numel = 16, .nsegments = 1, .segments = &seg};
+	const struct zc_segment seg = {.size = sizeof(seg), .offset = 0, .numel = 16, .group = 0};
+	const struct zc_bucket bk = {
+		.size = sizeof(bk), .numel = 16, .nsegments = 1, .segments = &seg};
 	struct run run = {.d = d,
 			  .cfg = cfg,
 			  .job = "bench-handoff",
@@ -406,7 +408,8 @@ int job_handoff(const struct bench_daemon *d, const struct bench_cfg *cfg, doubl
 	size_t n = (size_t)cfg->ranks * (size_t)cfg->handoff_iters;
 	int r;
 
-	run.plan = (struct zc_plan){.optimizer = cfg->optim,
+	run.plan = (struct zc_plan){.size = sizeof(run.plan),
+				    .optimizer = cfg->optim,
 				    .shard_mode = cfg->shard,
 				    .step_mode = cfg->step,
 				    .ngroups = 1,
