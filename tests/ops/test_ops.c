@@ -488,8 +488,8 @@ static void t_reload(void)
 		CHECK(!strstr(s, "stall-timeout"), "the flag --stall-timeout still wins: %s", s);
 		free(s);
 	}
-	CHECK(zd_log_has(&daemon_, "reload: stall-warn: 300 -> 400"), "logged");
-	CHECK(zd_log_has(&daemon_, "reload: workers: 0 -> 1 needs a restart"), "logged");
+	CHECK(zd_wait_log(&daemon_, "reload: stall-warn: 300 -> 400", 2000), "logged");
+	CHECK(zd_wait_log(&daemon_, "reload: workers: 0 -> 1 needs a restart", 2000), "logged");
 	CHECK(zeroctl(&daemon_, "rl1j", "-o", "json", "reload", NULL) == 0, "reload json");
 	CHECK(check("json", "rl1j") == 0, "schema");
 
@@ -510,7 +510,7 @@ static void t_reload_bad(void)
 	CHECK(zeroctl(&daemon_, "rl2", "reload", NULL, NULL, NULL) == 1, "a bad file: exit 1");
 	CHECK(has("rl2", "err", "zerod.conf:3: key max-jobs: 'lots'"), "names file, line, key");
 	CHECK(has("rl2", "err", "keeps its running config"), "says the old one stays");
-	CHECK(zd_log_has(&daemon_, "keeping the running config"), "logged");
+	CHECK(zd_wait_log(&daemon_, "keeping the running config", 2000), "logged");
 	write_config("[zerod]\nstall-wran = 3\n");
 	CHECK(zeroctl(&daemon_, "rl3", "reload", NULL, NULL, NULL) == 1, "an unknown key: exit 1");
 	CHECK(has("rl3", "err", "zerod.conf:2: key stall-wran: no such key"), "names it");
@@ -766,7 +766,7 @@ static void t_socket_activation(void)
 		struct zd z = {0};
 		snprintf(z.sock, sizeof(z.sock), "%s", sock);
 		snprintf(z.log, sizeof(z.log), "%s", log);
-		CHECK(zd_log_has(&z, "came from systemd (socket activation)"), "zerod says so");
+		CHECK(zd_wait_log(&z, "came from systemd (socket activation)", 2000), "zerod says so");
 		CHECK(zeroctl(&z, "sa1", "status", NULL, NULL, NULL) == 0, "zeroctl reaches it");
 		CHECK(has("sa1", "out", sock), "its socket");
 		if (test_failed_)
