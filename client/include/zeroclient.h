@@ -171,6 +171,20 @@ struct zc_config {
 	char *error_text;       /* optional: zc_connect copies the reason of a failure here */
 	size_t error_text_len;
 	int register_timeout_ms; /* zc_register_plan: every rank's plan; 0: connect's */
+	/* A job over several nodes (one zerod each): every rank of the job
+	 * names the same rendezvous, node count and secret, and the ranks of
+	 * one node the same node index. The zerod of node 0 serves the
+	 * rendezvous on that port; the others join it, proving they know the
+	 * secret without sending it. zc_register_plan() completes once every
+	 * node has joined with the same plan. */
+	const char *rdzv;       /* "host:port" (like MASTER_ADDR:MASTER_PORT); NULL: $ZEROD_RDZV;
+				   unset or "": every rank is on this node */
+	uint32_t nnodes;        /* nodes in the job; 0: $ZEROD_NNODES */
+	uint32_t node_rank;     /* this node's index 0..nnodes-1, when has_node_rank */
+	bool has_node_rank;     /* false: $ZEROD_NODE_RANK if set, else derived: node 0 holds
+				   rank 0, the others follow in the order of their lowest rank */
+	const char *job_secret; /* the job's shared secret (with rdzv: required); NULL:
+				   $ZEROD_JOB_SECRET. Sent only to this node's zerod */
 };
 
 #define ZC_CONFIG_INIT                                                                             \
