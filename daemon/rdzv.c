@@ -845,20 +845,19 @@ static void form(struct rdzv_job *rj)
 {
 	struct job *j = rj->j;
 	uint32_t n = rj->nnodes, k = 1, *mine = calloc(j->world, sizeof(*mine)), nmine = 0;
-	struct member mb[n];
+	struct member *mb = calloc(n, sizeof(*mb));
 	char msg[400], field[192], here[NAME_LEN];
 	uint8_t rnd[8];
 	int code = 0;
 
-	if (!mine || alloc_formed(rj) < 0) {
-		free(mine);
-		job_fail(j, ZC_ELIMIT, true, "out of memory forming the job");
-		return;
+	if (!mine || !mb || alloc_formed(rj) < 0) {
+		snprintf(msg, sizeof(msg), "out of memory forming the job");
+		code = ZC_ELIMIT;
+		goto out;
 	}
 	for (uint32_t r = 0; r < j->world; r++)
 		if (j->plans[r])
 			mine[nmine++] = r;
-	memset(mb, 0, sizeof(mb));
 	here[0] = '\0';
 	for (struct rconn *c = rj->rd->conns; c; c = c->next) {
 		if (c->rj != rj || !c->joined || c->dead)
@@ -918,11 +917,8 @@ static void form(struct rdzv_job *rj)
 		}
 	if (!code)
 		code = check_ranks(rj, mb, n, msg, sizeof(msg));
-	free(mine);
-	if (code) {
-		job_fail(j, code, true, "%s", msg);
-		return;
-	}
+	if (code)
+		goto out;
 	rdzv_random(rnd, sizeof(rnd));
 	snprintf(rj->prefix, sizeof(rj->prefix), "%s/%02x%02x%02x%02x%02x%02x%02x%02x/", j->id,
 		 rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
@@ -934,13 +930,20 @@ static void form(struct rdzv_job *rj)
 		send_formed(rj, mb[k].c, mb[k].node);
 	}
 	if (setup_net(rj, (struct sockaddr *)&rj->lst->addr, rj->lst->addrlen) < 0) {
-		job_fail(j, ZC_ELIMIT, true, "out of memory forming the job");
-		return;
+		snprintf(msg, sizeof(msg), "out of memory forming the job");
+		code = ZC_ELIMIT;
+		goto out;
 	}
 	rj->formed = true;
 	log_info("job %s: formed over %u nodes (rendezvous %s, store prefix %s)", j->id, n,
 		 rj->lst->name, rj->prefix);
-	job_formed(j);
+out:
+	free(mine);
+	free(mb);
+	if (code)
+		job_fail(j, code, true, "%s", msg); /* every node hears it */
+	else
+		job_formed(j);
 }
 
 static void maybe_form(struct rdzv_job *rj)
@@ -1098,6 +1101,7 @@ static void on_auth(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
 	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_WELCOME;
 	env.welcome = &w;
 	c->st = CS_OPEN;
+	c->deadline = 0; /* a node's connection lasts as long as its job */
 	c->unauth = false;
 	c->rd->nunauth--;
 	conn_send(c, &env);
@@ -1402,9 +1406,13 @@ static void on_formed(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
 	const Zerod__V1__RdzvFormed *f = m->formed;
 	struct rdzv_job *rj = c->rj;
 	struct job *j = rj->j;
-	bool bad = f->node >= rj->nnodes || f->n_node_of != j->world || f->n_names != rj->nnodes ||
-		   !f->prefix[0] || strlen(f->prefix) >= sizeof(rj->prefix) || rj->formed ||
-		   !rj->join_sent;
+	bool bad;
+
+	if (job_ended(j))
+		return; /* it failed here meanwhile, and the host was told */
+	bad = f->node >= rj->nnodes || f->n_node_of != j->world || f->n_names != rj->nnodes ||
+	      !f->prefix[0] || strlen(f->prefix) >= sizeof(rj->prefix) || rj->formed ||
+	      !rj->join_sent;
 
 	if (!bad && alloc_formed(rj) < 0) {
 		job_fail(j, ZC_ELIMIT, true, "out of memory forming the job");

@@ -174,6 +174,23 @@ static void wait_ranks(const pid_t *pids, uint32_t lo, uint32_t hi, int *st, int
 
 /* ------------------------------------------------------- training --- */
 
+/* The optimizer state a daemon's log says it holds for its node (-1: none). */
+static long long state_bytes(const struct zd *d)
+{
+	char line[1200];
+	long long bytes = -1;
+	FILE *f = fopen(d->log, "r");
+
+	while (f && fgets(line, sizeof(line), f)) {
+		const char *p = strstr(line, "ops per iteration, ");
+		if (p && strstr(p, "bytes of state here"))
+			sscanf(p, "ops per iteration, %lld", &bytes);
+	}
+	if (f)
+		fclose(f);
+	return bytes;
+}
+
 struct layout {
 	uint32_t world, nnodes;
 	uint32_t node_of[MAXW];
@@ -203,11 +220,20 @@ static void run_ok(const char *job, const struct layout *lay, enum zc_optimizer 
 		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
 		      "%s rank %u (node %u) exited with %d after %d iterations: %s", job, r,
 		      lay->node_of[r], st[r], s.results[r].iterations, s.results[r].msg);
-	/* every daemon took the place the layout gives it */
+	/* every daemon took the place the layout gives it, and holds the state
+	 * of what its node owns: together, once the whole job's (trainer.c's
+	 * plan: 73554 elements; SGD keeps momentum, AdamW m, v and, for its
+	 * amsgrad group, vmax) */
+	long long total = 0, whole = 73554LL * 4 * (opt == ZC_OPT_SGD ? 1 : 3);
 	for (uint32_t k = 0; k < lay->nnodes; k++) {
+		long long mine = state_bytes(&cl.zd[k]);
 		snprintf(want, sizeof(want), "node %u of %u", k, lay->nnodes);
 		CHECK(zd_log_has(&cl.zd[k], want), "daemon %u never says \"%s\"", k, want);
+		CHECK(mine >= 0 && mine < whole, "daemon %u holds %lld bytes of %lld", k, mine,
+		      whole);
+		total += mine;
 	}
+	CHECK(total == whole, "the nodes hold %lld bytes of state, the job has %lld", total, whole);
 	cluster_stop(&cl, -1);
 }
 
@@ -559,6 +585,7 @@ static void t_wrong_secret_and_garbage_refused(void)
 	REQUIRE(cluster_start_args(&cl, 3, args) == 0, "cannot start 3 daemons");
 	cl.n = 2; /* the job's nodes; daemon 2 is the impostor's */
 	s = spec_for(&cl, "secret", 2, node_of, true);
+	s.sleep_us = 300000; /* the nodes' connections outlive --hello-timeout */
 	cl.n = 3;
 	start_ranks(&s, pids, 0, 1);
 	REQUIRE(zd_wait_log(&cl.zd[0], "rendezvous: serving", 10000), "no rendezvous served");
@@ -586,6 +613,11 @@ static void t_wrong_secret_and_garbage_refused(void)
 		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
 		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
 		      s.results[r].msg);
+	/* the first node to end told the other, over a connection older than
+	 * --hello-timeout */
+	CHECK(zd_wait_log(&cl.zd[0], "ends: on node 1", 3000) ||
+		      zd_wait_log(&cl.zd[1], "ends: on node 0", 3000),
+	      "neither node heard the other end");
 	CHECK(zd_log_has(&cl.zd[0], "wrong secret for job secret"), "no wrong secret logged");
 	CHECK(zd_log_has(&cl.zd[0], "refused 127.0.0.1:"), "no peer address logged");
 	CHECK(zd_log_has(&cl.zd[0], "a frame larger than allowed"), "the HTTP request not logged");
