@@ -1856,6 +1856,13 @@ int rdzv_job_new(struct job *j, const struct rdzv_spec *sp, char *err, size_t er
 		free(rj);
 		return ZC_EPROTO;
 	}
+	/* a zerod running as root must not squat a privileged port for anyone */
+	if (atoi(rj->port) < 1024 && j->uid != 0) {
+		snprintf(err, errlen, "rendezvous port %s: ports below 1024 only for root's jobs",
+			 rj->port);
+		free(rj);
+		return ZC_EPROTO;
+	}
 	rj->j = j;
 	rj->rd = j->d->rdzv;
 	snprintf(rj->endpoint, sizeof(rj->endpoint), "%s", sp->endpoint);

@@ -37,18 +37,10 @@
 #define MAXN 3
 #define MAXW 8
 
-/* short clocks, so the failures are quick to see */
+/* short clocks, so the failures are quick to see (scaled by test_timeout()) */
 #define STALL_MS 4000
 #define JOIN_MS  2000
-static const char *const daemon_args[] = {"--stall-timeout",
-					  "4000",
-					  "--join-timeout",
-					  "2000",
-					  "--hello-timeout",
-					  "2000",
-					  "--workers",
-					  "2",
-					  NULL};
+#define HELLO_MS 2000
 
 struct cluster {
 	struct zd zd[MAXN];
@@ -73,8 +65,22 @@ static int free_port(void)
 	return port;
 }
 
-static int cluster_start_args(struct cluster *cl, uint32_t n, const char *const *args)
+static int cluster_start_args(struct cluster *cl, uint32_t n, int join_ms, int hello_ms)
 {
+	char stall[16], join[16], hello[16];
+	const char *const args[] = {"--stall-timeout",
+				    stall,
+				    "--join-timeout",
+				    join,
+				    "--hello-timeout",
+				    hello,
+				    "--workers",
+				    "2",
+				    NULL};
+
+	snprintf(stall, sizeof(stall), "%d", test_timeout(STALL_MS));
+	snprintf(join, sizeof(join), "%d", test_timeout(join_ms));
+	snprintf(hello, sizeof(hello), "%d", test_timeout(hello_ms));
 	memset(cl, 0, sizeof(*cl));
 	cl->n = n;
 	for (uint32_t k = 0; k < n; k++) {
@@ -90,7 +96,7 @@ static int cluster_start_args(struct cluster *cl, uint32_t n, const char *const 
 
 static int cluster_start(struct cluster *cl, uint32_t n)
 {
-	return cluster_start_args(cl, n, daemon_args);
+	return cluster_start_args(cl, n, JOIN_MS, HELLO_MS);
 }
 
 /* Stop every daemon; `killed` (or -1) was SIGKILLed by the case. */
@@ -580,9 +586,7 @@ static void t_wrong_secret_and_garbage_refused(void)
 	int st[2], silent;
 
 	/* the job waits for its nodes longer than a silent peer is given */
-	static const char *const args[] = {"--join-timeout", "6000", "--hello-timeout", "1000",
-					   NULL};
-	REQUIRE(cluster_start_args(&cl, 3, args) == 0, "cannot start 3 daemons");
+	REQUIRE(cluster_start_args(&cl, 3, 6000, 1000) == 0, "cannot start 3 daemons");
 	cl.n = 2; /* the job's nodes; daemon 2 is the impostor's */
 	s = spec_for(&cl, "secret", 2, node_of, true);
 	s.sleep_us = 300000; /* the nodes' connections outlive --hello-timeout */
@@ -628,7 +632,63 @@ static void t_wrong_secret_and_garbage_refused(void)
 	cluster_stop(&cl, -1);
 }
 
+/* What the client and the daemon refuse before any node meets. */
+static void t_settings_checked(void)
+{
+	struct cluster cl;
+	struct zc_config c;
+	zc_client *zc = NULL, *zc2 = NULL;
+	char err[256];
+	int r;
+
+	REQUIRE(cluster_start(&cl, 1) == 0, "cannot start a daemon");
+	unsetenv("ZEROD_RDZV");
+	unsetenv("ZEROD_NNODES");
+	unsetenv("ZEROD_NODE_RANK");
+	unsetenv("ZEROD_JOB_SECRET");
+	c = test_config(&cl.zd[0], "settings", 0, 2);
+	c.local_size = 1;
+	c.error_text = err;
+	c.error_text_len = sizeof(err);
+	/* no rendezvous: the daemon says what is missing */
+	err[0] = 0;
+	r = zc_connect(&c, &zc);
+	CHECK(r == ZC_ENOTSUP && has(err, "ZEROD_RDZV"), "no rendezvous: %s: %s",
+	      zc_strerror_name(r), err);
+	/* the client checks the settings (the environment's too) */
+	c.rdzv = "localhost";
+	r = zc_connect(&c, &zc);
+	CHECK(r == -EINVAL && has(err, "host:port"), "no port: %d: %s", r, err);
+	c.rdzv = cl.rdzv;
+	r = zc_connect(&c, &zc);
+	CHECK(r == -EINVAL && has(err, "ZEROD_NNODES"), "no node count: %d: %s", r, err);
+	setenv("ZEROD_NNODES", "2", 1);
+	r = zc_connect(&c, &zc);
+	CHECK(r == -EINVAL && has(err, "ZEROD_JOB_SECRET"), "no secret: %d: %s", r, err);
+	setenv("ZEROD_JOB_SECRET", "s", 1);
+	setenv("ZEROD_NODE_RANK", "2", 1);
+	r = zc_connect(&c, &zc);
+	CHECK(r == -EINVAL && has(err, "node rank 2 of 2"), "node rank: %d: %s", r, err);
+	unsetenv("ZEROD_NODE_RANK");
+	/* two ranks of one node that name different secrets */
+	c.local_size = 2;
+	c.world_size = 4;
+	r = zc_connect(&c, &zc);
+	CHECK(r == 0, "rank 0: %s: %s", zc_strerror_name(r), err);
+	c.rank = c.local_rank = 1;
+	c.job_secret = "another";
+	r = zc_connect(&c, &zc2);
+	CHECK(r == ZC_EWORLD && has(err, "secret"), "another secret: %s: %s", zc_strerror_name(r),
+	      err);
+	zc_close(zc2);
+	zc_close(zc);
+	unsetenv("ZEROD_NNODES");
+	unsetenv("ZEROD_JOB_SECRET");
+	cluster_stop(&cl, -1);
+}
+
 static const struct test_case cases[] = {
+	{"settings_checked_by_client_and_daemon", t_settings_checked, 30000},
 	{"w2_2nodes_sgd_bucket_interleaved", t_w2_sgd_bucket_interleaved, 60000},
 	{"w3_2nodes_adamw_slice_at_end", t_w3_adamw_slice_at_end, 60000},
 	{"w4_2nodes_strided_sgd_slice_interleaved", t_w4_sgd_slice_interleaved_strided, 60000},
