@@ -11,7 +11,8 @@
  *    bit, AdamW within 1e-6;
  *  - every failure of issue 8's table: a node that never joins (and a host
  *    that never answers), plans that differ between nodes, a peer daemon
- *    killed mid-iteration (other jobs on the survivors go on), a trainer that
+ *    killed mid-iteration, the rendezvous host's too (other jobs on the
+ *    survivors go on), a trainer that
  *    dies on one node, the rendezvous connection lost after forming (the job
  *    trains on; the next run of the job id fails at its join timeout), a
  *    wrong secret and garbage on the rendezvous port (refused, logged with
@@ -379,13 +380,18 @@ static int single_main(void *arg, int idx)
 	return train_rank(&s, 0);
 }
 
-static void t_peer_killed_mid_iteration(void)
+/* Kill the zerod of node `victim` in the middle of an iteration: every rank
+ * elsewhere hears which node went, within the stall timeout, and the
+ * survivors serve a new job as before. Node 0 is the rendezvous' host: its
+ * death is a node's death, and the others name it the same way. */
+static void peer_killed(uint32_t victim)
 {
 	static const uint32_t node_of[] = {0, 1, 2, 0};
 	struct cluster cl;
 	struct train_spec s;
 	pid_t pids[4], alone[2];
-	int st;
+	char name[16];
+	int st, n = 0;
 	int64_t t0, waited;
 
 	REQUIRE(cluster_start(&cl, 3) == 0, "cannot start 3 daemons");
@@ -398,28 +404,41 @@ static void t_peer_killed_mid_iteration(void)
 	while (atomic_load(&s.stop->done) < 3 && test_ms() - t0 < test_timeout(20000))
 		usleep(2000);
 	REQUIRE(atomic_load(&s.stop->done) >= 3, "the job never ran 3 iterations");
-	kill(cl.zd[2].pid, SIGKILL);
+	kill(cl.zd[victim].pid, SIGKILL);
 	t0 = test_ms();
 	wait_ranks(pids, 0, 4, NULL, STALL_MS + 10000);
 	waited = test_ms() - t0;
+	snprintf(name, sizeof(name), "node %u (", victim);
 	for (uint32_t r = 0; r < 4; r++) {
-		if (node_of[r] == 2)
-			continue; /* its zerod is gone: ZC_ECONNECT */
-		CHECK(s.results[r].code == ZC_ERANKDEAD && has(s.results[r].msg, "node 2 ("),
-		      "rank %u: %s: %s", r, zc_strerror_name(s.results[r].code), s.results[r].msg);
+		if (node_of[r] == victim)
+			CHECK(s.results[r].code == ZC_ECONNECT, "rank %u: %s: %s", r,
+			      zc_strerror_name(s.results[r].code), s.results[r].msg);
+		else
+			CHECK(s.results[r].code == ZC_ERANKDEAD && has(s.results[r].msg, name),
+			      "rank %u: %s: %s", r, zc_strerror_name(s.results[r].code),
+			      s.results[r].msg);
 	}
-	CHECK(s.results[2].code == ZC_ECONNECT, "rank 2: %s: %s",
-	      zc_strerror_name(s.results[2].code), s.results[2].msg);
 	CHECK(waited < test_timeout(STALL_MS), "the survivors heard only after %lld ms",
 	      (long long)waited);
 	/* the survivors serve other jobs as before */
-	alone[0] = spawn(single_main, &cl.zd[0], 0);
-	alone[1] = spawn(single_main, &cl.zd[1], 1);
+	for (uint32_t k = 0; k < 3; k++)
+		if (k != victim)
+			alone[n++] = spawn(single_main, &cl.zd[k], (int)k);
 	for (int k = 0; k < 2; k++) {
 		st = wait_child(alone[k], 20000);
-		CHECK(st == 0, "a one-rank job on daemon %d after the kill: exit %d", k, st);
+		CHECK(st == 0, "a one-rank job on a survivor after the kill: exit %d", st);
 	}
-	cluster_stop(&cl, 2);
+	cluster_stop(&cl, (int)victim);
+}
+
+static void t_peer_killed_mid_iteration(void)
+{
+	peer_killed(2);
+}
+
+static void t_rendezvous_host_killed_mid_iteration(void)
+{
+	peer_killed(0);
 }
 
 static void t_rank_dies_on_one_node(void)
@@ -702,6 +721,7 @@ static const struct test_case cases[] = {
 	{"host_never_answers_named", t_host_never_answers, 60000},
 	{"plans_differ_named_on_every_node", t_plans_differ, 60000},
 	{"peer_daemon_killed_mid_iteration", t_peer_killed_mid_iteration, 60000},
+	{"rendezvous_host_killed_mid_iteration", t_rendezvous_host_killed_mid_iteration, 60000},
 	{"rank_dies_on_one_node_every_node_told", t_rank_dies_on_one_node, 60000},
 	{"rendezvous_lost_after_forming_job_goes_on", t_rendezvous_lost_after_forming, 60000},
 	{"wrong_secret_and_garbage_refused_and_logged", t_wrong_secret_and_garbage_refused, 60000},
