@@ -679,6 +679,92 @@ static const char *default_socket(char *buf, size_t len)
 	return "/run/zerod/zerod.sock";
 }
 
+/* A job over several nodes: the settings the Hello carries. */
+struct multinode {
+	const char *rdzv; /* NULL: one node */
+	uint32_t nnodes;
+	bool has_node_rank;
+	uint32_t node_rank;
+	const char *secret;
+};
+
+#define RDZV_MAX_LEN   255
+#define SECRET_MAX_LEN 256
+
+static int env_u32(const char *name, bool *ret_set, uint32_t *ret)
+{
+	const char *v = getenv(name);
+	char *end;
+	unsigned long n;
+
+	*ret_set = v && *v;
+	if (!*ret_set)
+		return 0;
+	errno = 0;
+	n = strtoul(v, &end, 10);
+	if (errno || *end || n > UINT32_MAX || *v == '-')
+		return -EINVAL;
+	*ret = (uint32_t)n;
+	return 0;
+}
+
+/* cfg's fields, else the environment's (ZEROD_RDZV, ZEROD_NNODES,
+ * ZEROD_NODE_RANK, ZEROD_JOB_SECRET), checked. -EINVAL with err filled. */
+static int multinode_settings(const struct zc_config *cfg, struct multinode *ret, char *err,
+			      size_t errlen)
+{
+	struct multinode m = {.rdzv = cfg->rdzv ? cfg->rdzv : getenv("ZEROD_RDZV")};
+	const char *colon;
+	bool set;
+	char *end;
+	unsigned long port;
+
+	if (!m.rdzv || !*m.rdzv) {
+		*ret = (struct multinode){0};
+		return 0;
+	}
+	colon = strrchr(m.rdzv, ':');
+	port = colon ? strtoul(colon + 1, &end, 10) : 0;
+	if (strlen(m.rdzv) > RDZV_MAX_LEN || !colon || colon == m.rdzv || !colon[1] || *end ||
+	    port == 0 || port > 65535) {
+		snprintf(err, errlen, "rendezvous \"%.64s\": want host:port (port 1..65535)",
+			 m.rdzv);
+		return -EINVAL;
+	}
+	m.nnodes = cfg->nnodes;
+	if (!m.nnodes && (env_u32("ZEROD_NNODES", &set, &m.nnodes) < 0 || !set)) {
+		snprintf(err, errlen,
+			 "a rendezvous is named but not the number of nodes "
+			 "(zc_config.nnodes or ZEROD_NNODES)");
+		return -EINVAL;
+	}
+	if (m.nnodes == 0 || m.nnodes > cfg->world_size) {
+		snprintf(err, errlen, "%u nodes for %u ranks: need 1 <= nnodes <= world size",
+			 m.nnodes, cfg->world_size);
+		return -EINVAL;
+	}
+	m.has_node_rank = cfg->has_node_rank != 0;
+	m.node_rank = cfg->node_rank;
+	if (!m.has_node_rank && env_u32("ZEROD_NODE_RANK", &m.has_node_rank, &m.node_rank) < 0) {
+		snprintf(err, errlen, "ZEROD_NODE_RANK is not a number");
+		return -EINVAL;
+	}
+	if (m.has_node_rank && m.node_rank >= m.nnodes) {
+		snprintf(err, errlen, "node rank %u of %u nodes", m.node_rank, m.nnodes);
+		return -EINVAL;
+	}
+	m.secret = cfg->job_secret ? cfg->job_secret : getenv("ZEROD_JOB_SECRET");
+	if (!m.secret || !*m.secret || strlen(m.secret) > SECRET_MAX_LEN) {
+		snprintf(err, errlen,
+			 "a job over several nodes needs a secret of 1..%d bytes "
+			 "(zc_config.job_secret or ZEROD_JOB_SECRET)",
+			 SECRET_MAX_LEN);
+		return -EINVAL;
+	}
+	*ret = m;
+	return 0;
+}
+
 /* Watch a ZeroMQ socket's ZMQ_FD in the client's epoll fd. */
 static int epoll_add_zsock(int efd, void *zsock)
 {
@@ -729,6 +815,8 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	const char *path;
 	int zero = 0, hwm = ZEROD_QUEUE_MSGS, r, timeout;
 	int64_t maxmsg = ZEROD_MAX_MSG_BYTES;
+	struct multinode mn;
+	char mnerr[200];
 	zc_client *c;
 
 	if (!ret_client)
@@ -753,6 +841,9 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	if (atfork_result < 0)
 		return err_set(atfork_result, "zc_connect: pthread_atfork: %s",
 			       strerror(-atfork_result));
+	r = multinode_settings(&cfg, &mn, mnerr, sizeof(mnerr));
+	if (r < 0)
+		return err_set(r, "zc_connect: %s", mnerr);
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return err_set(-ENOMEM, NULL);
@@ -821,6 +912,16 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	h.local_rank = cfg.local_rank;
 	h.local_size = cfg.local_size;
 	h.pid = getpid();
+	if (mn.rdzv) {
+		h.rdzv = (char *)mn.rdzv;
+		h.has_nnodes = 1;
+		h.nnodes = mn.nnodes;
+		h.has_node_rank = mn.has_node_rank;
+		h.node_rank = mn.node_rank;
+		h.has_job_secret = 1;
+		h.job_secret.data = (uint8_t *)mn.secret;
+		h.job_secret.len = strlen(mn.secret);
+	}
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &h;
 	r = send_env(c, &env, NULL);

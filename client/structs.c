@@ -70,7 +70,13 @@ FROZEN(zc_config, register_timeout_ms, 24);
 FROZEN(zc_config, reserved, 28);
 FROZEN(zc_config, socket, 32);
 FROZEN(zc_config, job_id, 40);
-FROZEN_SIZE(zc_config, 48);
+FROZEN(zc_config, rdzv, 48);
+FROZEN(zc_config, job_secret, 56);
+FROZEN(zc_config, nnodes, 64);
+FROZEN(zc_config, node_rank, 68);
+FROZEN(zc_config, has_node_rank, 72);
+FROZEN(zc_config, reserved2, 76);
+FROZEN_SIZE(zc_config, 80);
 
 _Static_assert(sizeof(enum zc_optimizer) == 4 && sizeof(bool) == 1, "the ABI assumes LP64");
 
@@ -150,7 +156,13 @@ int config_from_zc(const struct zc_config *src, struct zc_config *out)
 	ABI_TAKE(&c, src, size, reserved);
 	ABI_TAKE(&c, src, size, socket);
 	ABI_TAKE(&c, src, size, job_id);
-	if (c.reserved) {
+	ABI_TAKE(&c, src, size, rdzv);
+	ABI_TAKE(&c, src, size, job_secret);
+	ABI_TAKE(&c, src, size, nnodes);
+	ABI_TAKE(&c, src, size, node_rank);
+	ABI_TAKE(&c, src, size, has_node_rank);
+	ABI_TAKE(&c, src, size, reserved2);
+	if (c.reserved || c.reserved2) {
 		abi_reason(-E2BIG, size, "config", "config", why, sizeof(why));
 		return err_set(-E2BIG, "zc_connect: %s", why);
 	}

@@ -1,7 +1,8 @@
 /*
  * backend.c — the backends a job can be served by, each a set of ops tables
  * (daemon.h). A job picks its backend when it starts, from the kind of
- * buffers its ranks registered: shm buffers mean host.
+ * buffers its ranks registered: shm buffers mean host; over several nodes,
+ * host with gloo between them.
  */
 #include "coll/coll.h"
 #include "daemon.h"
@@ -10,5 +11,13 @@
 const struct backend backend_host = {
 	.name = "host",
 	.coll = &coll_host_ops,
+	.optim = &optim_cpu_ops,
+};
+
+const struct backend backend_host_multi = {
+	.name = "host+gloo",
+#ifdef ZEROD_HAVE_GLOO
+	.coll = &coll_gloo_ops,
+#endif
 	.optim = &optim_cpu_ops,
 };

@@ -153,7 +153,8 @@ static void on_signal(struct loop *l, void *userdata)
 /* When sched_check_stalls() would fail j: the same rule, as a deadline. */
 static int64_t stall_deadline(const struct daemon *d, const struct job *j)
 {
-	bool waiting = (j->state == JOB_ACTIVE && j->in_flight) || j->state == JOB_FORMING;
+	bool waiting = (j->state == JOB_ACTIVE && j->in_flight) ||
+		       (j->state == JOB_FORMING && j->nregistered < j->local_size);
 	int limit = j->state == JOB_FORMING && j->nregistered == 0 ? d->cfg.join_timeout_ms
 								   : d->cfg.stall_timeout_ms;
 
@@ -168,6 +169,7 @@ static void before_sleep(struct loop *l, void *userdata)
 
 	next = MIN(next, fastpath_next_deadline(d));
 	next = MIN(next, ops_next_deadline(d));
+	next = MIN(next, rdzv_next_deadline(d));
 
 	(void)l;
 	if (d->stopping)
@@ -189,6 +191,7 @@ static void on_timer(struct loop *l, void *userdata)
 	session_check_leaving(d, now);
 	sched_check_stalls(d, now);
 	fastpath_tick(d, now);
+	rdzv_tick(d, now);
 	conn_check_idle(d, now);
 	ops_tick(d, now);
 	session_reap(d);
@@ -416,6 +419,7 @@ static void daemon_close(struct daemon *d)
 	fastpath_unlisten(d);
 	job_free_all(d); /* joins executors, unmaps buffers */
 	ops_close(d);    /* completes a trace, closes the control socket */
+	rdzv_close_all(d);
 	if (d->router) {
 		/* the jobs' last errors (ZC_ESHUTDOWN) may still be queued: give
 		 * them a moment to leave, then drop what a stuck peer never read */
@@ -491,6 +495,11 @@ int daemon_run(const struct daemon_config *cfg)
 	if (r < 0)
 		goto out;
 	fastpath_listen(&d);
+	r = rdzv_init(&d);
+	if (r < 0) {
+		snprintf(why, sizeof(why), "rendezvous: %s", zc_strerror(r));
+		goto out;
+	}
 	if ((r = loop_add_zsock(d.loop, d.router, on_router, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, completion_queue_fd(d.cq), on_completions, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, d.sigfd, on_signal, &d)) < 0) {

@@ -6,6 +6,7 @@
  *   session.c client sessions: receive, decode, dispatch table, replies
  *   job.c     jobs: joining, plan registration, activation, failure, teardown
  *   sched.c   iterations: bucket order, op submission, completions, stalls
+ *   rdzv.c    jobs over several nodes: the rendezvous between daemons
  */
 #ifndef ZEROD_DAEMON_H
 #define ZEROD_DAEMON_H
@@ -16,6 +17,7 @@
 #include <sys/types.h>
 
 #include "exec.h"
+#include "rdzv.h"
 #include "sink.h"
 #include "plan.h"
 #include "shard.h"
@@ -35,6 +37,8 @@ struct conn;
 struct config_src;
 struct jobops;
 struct ops;
+struct rdzv_daemon;
+struct rdzv_job;
 
 /* What serves a job's data plane; chosen per job. */
 struct backend {
@@ -44,6 +48,9 @@ struct backend {
 };
 
 extern const struct backend backend_host;
+/* A host job over several nodes: gloo across them (coll NULL in a build
+ * without gloo: such jobs are refused). */
+extern const struct backend backend_host_multi;
 
 struct daemon_config {
 	const char *socket_path;
@@ -125,7 +132,7 @@ struct session {
  * checks each step against its table:
  *   FORMING -> REGISTERING -> ACTIVE, and from any of them -> FAILED -> DRAINING */
 enum job_state {
-	JOB_FORMING,     /* ranks connect and register the plan (later: nodes join) */
+	JOB_FORMING,     /* ranks connect and register the plan; nodes join (rdzv.h) */
 	JOB_REGISTERING, /* every rank agreed: the executor installs the plan */
 	JOB_ACTIVE,      /* iterations */
 	JOB_FAILED,      /* ended: err/errmsg say why (quiet_end: not an error) */
@@ -146,7 +153,7 @@ struct job {
 	char id[ZEROD_JOB_ID_MAX + 1];
 	uid_t uid; /* whose job: jobs are named per uid, another uid's Hello never finds it */
 	uint32_t world;      /* ranks in the job, on every node */
-	uint32_t local_size; /* ranks of it on this node: all of them until multi-node */
+	uint32_t local_size; /* ranks of it on this node */
 	enum job_state state;
 	int err;
 	char errmsg[256];
@@ -162,7 +169,8 @@ struct job {
 	struct plan *plan; /* the job's plan, once every rank agreed */
 	struct shard_map *shard;
 	const struct backend *be;
-	uint32_t *node_of;         /* [world]: every rank on node 0 until multi-node */
+	uint32_t *node_of;         /* [world]: each rank's node (all 0 on one node) */
+	struct rdzv_job *rdzv;     /* a job over several nodes (rdzv.h); NULL: one node */
 	struct zero_topo topo;
 	struct zero_program prog;
 	unsigned state_arrays;     /* PLAN_STATE_M | ... the state was allocated with */
@@ -220,6 +228,7 @@ struct daemon {
 	int64_t stop_deadline_ms;
 	const struct mem_ops *mem;
 	const struct backend *cuda; /* NULL: this daemon serves host buffers only */
+	struct rdzv_daemon *rdzv;   /* rendezvous of jobs over several nodes (rdzv.c) */
 	struct daemon_stats stats;
 	struct ops *ops; /* the operator's side (ops.h): NULL until ops_open() */
 	int listen_fd;   /* socket activation: the trainers' socket from systemd, or -1 */
@@ -280,6 +289,7 @@ struct join_req {
 	const char *job_id;
 	uint32_t rank, world;
 	uint32_t local_rank, local_size;
+	const struct rdzv_spec *rdzv; /* NULL: the job names no rendezvous */
 };
 
 int job_join(struct daemon *d, struct session *s, const struct join_req *h, char *err,
@@ -287,6 +297,8 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 /* Rank s registers plan p (taken over) with buffers gd and pd. */
 void job_register_plan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
 		       const struct mem_desc *pd);
+/* Every node of j joined and agreed (rdzv.c): start its executor. */
+void job_formed(struct job *j);
 void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void job_leave(struct job *j, struct session *s, enum leave_reason why);

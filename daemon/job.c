@@ -5,7 +5,8 @@
  *
  * Life (one table, job_set_state): FORMING (ranks say Hello and register the
  * plan; every plan is compared with the others and every buffer mapped and
- * size-checked) -> REGISTERING (all registered: the executor opens the
+ * size-checked; a job over several nodes then waits for every node to join
+ * the rendezvous, rdzv.h) -> REGISTERING (all registered: the executor opens the
  * job's backends and copies rank 0's parameters) -> ACTIVE (iterations,
  * sched.c); from any of them -> FAILED (a named error, or a quiet end; the
  * remaining ranks are told and detached) -> DRAINING (no rank left, the
@@ -84,6 +85,7 @@ static void job_free(struct job *j)
 		exec_stats(j->exec, &es);
 		exec_free(j->exec);
 	}
+	rdzv_job_free(j); /* after the executor: it used the rendezvous' store */
 	zero_program_clear(&j->prog);
 	free(j->node_of);
 	d->stats.reduced_elems += es.reduced_elems;
@@ -195,6 +197,8 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 				   j->errmsg);
 		j->d->sink->detach(j->ranks[r]);
 	}
+	if (j->rdzv)
+		rdzv_job_failed(j); /* the other nodes are told */
 	if (j->exec && j->exec_running)
 		exec_stop(j->exec);
 }
@@ -202,7 +206,9 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 int job_join(struct daemon *d, struct session *s, const struct join_req *h, char *err,
 	     size_t errlen)
 {
+	const struct rdzv_spec *sp = h->rdzv;
 	struct job *j;
+	int r;
 
 	if (!job_id_valid(h->job_id)) {
 		snprintf(err, errlen, "job id must be 1..%d characters of [A-Za-z0-9._-]",
@@ -219,11 +225,31 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 			 h->local_rank, h->local_size, h->world);
 		return ZC_ERANK;
 	}
-	if (h->local_size != h->world) {
+	if (sp && sp->nnodes == 1 && h->local_size == h->world)
+		sp = NULL; /* a rendezvous of one node: nothing to meet */
+	if (h->local_size != h->world && !sp) {
 		snprintf(err, errlen,
-			 "job %s spans several nodes (%u of %u ranks here): this zerod serves "
-			 "single-node jobs only",
+			 "job %s spans several nodes (%u of %u ranks here) but names no rendezvous "
+			 "(ZEROD_RDZV, ZEROD_NNODES, ZEROD_JOB_SECRET)",
 			 h->job_id, h->local_size, h->world);
+		return ZC_ENOTSUP;
+	}
+	if (sp && (sp->nnodes < 2 || sp->nnodes > h->world || h->local_size == h->world ||
+		   (sp->has_node_rank && sp->node_rank >= sp->nnodes))) {
+		snprintf(err, errlen,
+			 "job %s: %u of %u ranks on this node, %u nodes%s: not a job over several "
+			 "nodes",
+			 h->job_id, h->local_size, h->world, sp->nnodes,
+			 sp->has_node_rank && sp->node_rank >= sp->nnodes
+				 ? ", node rank out of range"
+				 : "");
+		return ZC_EWORLD;
+	}
+	if (sp && !backend_host_multi.coll) {
+		snprintf(err, errlen,
+			 "job %s spans several nodes: this zerod was built without gloo "
+			 "(libgloo-dev)",
+			 h->job_id);
 		return ZC_ENOTSUP;
 	}
 	if (d->nsessions >= d->cfg.max_sessions) {
@@ -247,6 +273,8 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 			 h->rank, h->world);
 		return ZC_EWORLD;
 	}
+	if (j && (r = rdzv_check_spec(j, h->rank, sp, err, errlen)) < 0)
+		return r;
 	if (j && j->ranks[h->rank]) {
 		snprintf(err, errlen, "job %s: rank %u is already connected (pid %d)", j->id,
 			 h->rank, (int)j->ranks[h->rank]->pid);
@@ -269,6 +297,10 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 		}
 		log_info("job %s: new, world %u, uid %u", j->id, j->world, (unsigned)j->uid);
 		j->local_size = h->local_size;
+		if (sp && (r = rdzv_job_new(j, sp, err, errlen)) < 0) {
+			job_free(j);
+			return r;
+		}
 	}
 	j->ranks[h->rank] = s;
 	j->nconnected++;
@@ -276,6 +308,8 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 	s->job = j;
 	log_info("job %s: rank %u joined (pid %d, %u/%u)", j->id, h->rank, (int)s->pid,
 		 j->nconnected, j->local_size);
+	if (j->rdzv && j->nconnected == j->local_size)
+		rdzv_local_joined(j);
 	return 0;
 }
 
@@ -289,6 +323,7 @@ static void job_start(struct job *j)
 	struct zero_caps caps;
 	struct state *st = NULL;
 	struct exec_config ec;
+	uint32_t node = 0, nnodes = 1;
 	int r;
 
 	j->node_of = calloc(j->world, sizeof(*j->node_of));
@@ -297,15 +332,22 @@ static void job_start(struct job *j)
 		goto out;
 	}
 	for (uint32_t k = 0; k < j->world; k++) {
+		if (!j->grad_map[k])
+			continue; /* a rank of another node */
 		grads[k] = d->mem->ptr(j->grad_map[k]);
 		params[k] = d->mem->ptr(j->param_map[k]);
 	}
-	j->plan = j->plans[0];
-	j->plans[0] = NULL;
-	/* shm buffers: the host backend (the only one yet) */
-	j->be = &backend_host;
+	/* every local rank registered this plan (rank 0 may be on another node) */
+	for (uint32_t k = 0; k < j->world && !j->plan; k++) {
+		j->plan = j->plans[k];
+		j->plans[k] = NULL;
+	}
+	/* shm buffers: the host backend, with gloo across nodes */
+	j->be = j->rdzv ? &backend_host_multi : &backend_host;
+	if (j->rdzv)
+		rdzv_topology(j, j->node_of, &node, &nnodes);
 	j->topo = (struct zero_topo){
-		.world = j->world, .nnodes = 1, .node = 0, .node_of = j->node_of};
+		.world = j->world, .nnodes = nnodes, .node = node, .node_of = j->node_of};
 	caps = (struct zero_caps){.local_fuse = j->be->coll->local_fuse};
 	r = shard_assign(j->plan, j->world, &j->shard);
 	if (r < 0)
@@ -342,6 +384,7 @@ static void job_start(struct job *j)
 		.grads = grads,
 		.params = params,
 		.coll = j->be->coll,
+		.net = j->rdzv ? rdzv_net(j) : NULL,
 		.optim = j->be->optim,
 		.pool = d->pool,
 		.cq = d->cq,
@@ -353,11 +396,12 @@ static void job_start(struct job *j)
 	j->exec_running = true;
 	job_set_state(j, JOB_REGISTERING);
 	log_info("job %s: plan %016" PRIx64 ": %s, shard %s (%u units), step %s, %u buckets, "
-		 "%" PRIu64 " elements, backend %s, %u ops per iteration",
+		 "%" PRIu64 " elements, backend %s, node %u of %u, %u ops per iteration, "
+		 "%" PRIu64 " bytes of state here",
 		 j->id, j->plan->hash, plan_optimizer_name(j->plan->optimizer),
 		 plan_shard_name(j->plan->shard_mode), j->shard->nunits,
 		 plan_step_name(j->plan->step_mode), j->plan->nbuckets, j->plan->total_numel,
-		 j->be->name, j->prog.nops);
+		 j->be->name, node, nnodes, j->prog.nops, j->memory);
 out:
 	state_free(st);
 	/* the executor copied the arrays */
@@ -424,8 +468,17 @@ void job_register_plan(struct job *j, struct session *s, struct plan *p, const s
 	j->progress_ms = now_ms();
 	log_info("job %s: rank %u registered plan %016" PRIx64 " (%u/%u)", j->id, s->rank, p->hash,
 		 j->nregistered, j->local_size);
-	if (j->nregistered == j->local_size)
+	if (j->nregistered < j->local_size)
+		return;
+	if (j->rdzv)
+		rdzv_local_ready(j); /* the job forms once every node joined */
+	else
 		job_start(j);
+}
+
+void job_formed(struct job *j)
+{
+	job_start(j);
 }
 
 void job_leave(struct job *j, struct session *s, enum leave_reason why)

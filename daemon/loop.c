@@ -126,6 +126,17 @@ void loop_remove_fd(struct loop *l, int fd)
 		}
 }
 
+int loop_want_out(struct loop *l, int fd, bool on)
+{
+	for (struct watch *w = l->watches; w; w = w->next)
+		if (!w->zsock && w->fd == fd && !w->dead) {
+			struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0u),
+						 .data.ptr = w};
+			return epoll_ctl(l->epfd, EPOLL_CTL_MOD, fd, &ev) < 0 ? -errno : 0;
+		}
+	return -ENOENT;
+}
+
 int loop_timer_new(struct loop *l, loop_cb cb, void *userdata, struct loop_timer **ret)
 {
 	struct loop_timer *t = calloc(1, sizeof(*t));

@@ -7,6 +7,7 @@
 #ifndef ZEROD_LOOP_H
 #define ZEROD_LOOP_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define LOOP_NEVER INT64_MAX
@@ -28,6 +29,9 @@ void loop_free(struct loop *l);
 int loop_add_fd(struct loop *l, int fd, loop_cb cb, void *userdata);
 int loop_add_zsock(struct loop *l, void *zsock, loop_cb cb, void *userdata);
 void loop_remove_fd(struct loop *l, int fd);
+/* Also call fd's callback when it is writable (on) or not any more (off):
+ * a socket with output left over. 0, or -ENOENT if fd is not watched. */
+int loop_want_out(struct loop *l, int fd, bool on);
 
 /* A timer: cb runs once on the loop thread when its deadline (now_ms()
  * clock) has passed. loop_timer_set() arms or moves it (LOOP_NEVER

@@ -266,6 +266,8 @@ static void finish_iteration(struct job *j, uint64_t t)
 	for (uint32_t r = 0; r < j->world && !job_ended(j); r++)
 		if (j->ranks[r])
 			j->d->sink->step_done(j->ranks[r], t);
+	if (j->rdzv && !job_ended(j))
+		rdzv_iteration_done(j); /* another node may have ended after t */
 }
 
 void sched_on_done(struct daemon *d, struct exec_done *done)
@@ -296,19 +298,28 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 	case EXEC_STEP_DONE:
 		finish_iteration(j, done->iteration);
 		break;
-	case EXEC_FAILED:
-		if (done->status == -EFAULT)
+	case EXEC_FAILED: {
+		char what[256];
+
+		if (done->status == -EFAULT) {
 			job_fail(j, ZC_EMAP, true,
 				 "%s of buckets %u..%u touched a shared buffer that a trainer "
 				 "shrank",
 				 done->op, done->lo, done->hi);
-		else if (done->detail && done->detail[0])
-			job_fail(j, ZC_EINTERNAL, true, "%s failed: %s: %s", done->op,
+			break;
+		}
+		if (done->detail && done->detail[0])
+			snprintf(what, sizeof(what), "%s failed: %s: %s", done->op,
 				 zc_strerror(done->status), done->detail);
 		else
-			job_fail(j, ZC_EINTERNAL, true, "%s of buckets %u..%u failed: %s", done->op,
+			snprintf(what, sizeof(what), "%s of buckets %u..%u failed: %s", done->op,
 				 done->lo, done->hi, zc_strerror(done->status));
+		/* over several nodes, a failed collective most likely means a
+		 * node went: the rendezvous names it */
+		if (!j->rdzv || !rdzv_exec_failed(j, what))
+			job_fail(j, ZC_EINTERNAL, true, "%s", what);
 		break;
+	}
 	case EXEC_STOPPED:
 		break;
 	}
@@ -350,7 +361,10 @@ void sched_check_stalls(struct daemon *d, int64_t now)
 		int limit = j->state == JOB_FORMING && j->nregistered == 0
 				    ? d->cfg.join_timeout_ms
 				    : d->cfg.stall_timeout_ms;
-		bool waiting = (j->state == JOB_ACTIVE && j->in_flight) || j->state == JOB_FORMING;
+		/* every local rank registered: a job over several nodes waits for
+		 * the others, and the rendezvous has its own clock */
+		bool waiting = (j->state == JOB_ACTIVE && j->in_flight) ||
+			       (j->state == JOB_FORMING && j->nregistered < j->local_size);
 
 		if (!waiting || now - j->progress_ms < limit)
 			continue;

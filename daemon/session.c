@@ -368,6 +368,7 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	const Zerod__V1__Hello *h = env->hello;
 	Zerod__V1__Envelope out = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__HelloOk ok = ZEROD__V1__HELLO_OK__INIT;
+	struct rdzv_spec rs = {0};
 	char err[256];
 	int r;
 
@@ -412,12 +413,21 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	s->pid = d->cur_peer.pid;
 	s->own_pid = h->pid;
 	s->uid = d->cur_peer.uid;
+	/* a job over several nodes: job.c and rdzv.c check what it says */
+	if (h->rdzv && h->rdzv[0])
+		rs = (struct rdzv_spec){.endpoint = h->rdzv,
+					.nnodes = h->has_nnodes ? h->nnodes : 0,
+					.has_node_rank = h->has_node_rank,
+					.node_rank = h->node_rank,
+					.secret = h->job_secret.data,
+					.secret_len = h->has_job_secret ? h->job_secret.len : 0};
 	r = job_join(d, s,
 		     &(struct join_req){.job_id = h->job_id,
 					.rank = h->rank,
 					.world = h->world_size,
 					.local_rank = h->local_rank,
-					.local_size = h->local_size},
+					.local_size = h->local_size,
+					.rdzv = rs.endpoint ? &rs : NULL},
 		     err, sizeof(err));
 	if (r < 0) {
 		reply_error(d, route, rlen, r, err);

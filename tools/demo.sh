@@ -4,34 +4,63 @@
 # it on the host backend, print the loss per iteration and what the daemon
 # did, and stop everything.
 #
-#   tools/demo.sh [RANKS] [ITERATIONS]
+#   tools/demo.sh [--nodes 2] [RANKS] [ITERATIONS]
+#
+# --nodes 2: two zerods, each on its own socket, as two nodes on loopback;
+# the first half of the ranks on node 0, whose zerod serves the rendezvous
+# on a free port, the rest on node 1 (gloo between the two).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+nodes=1
+if [ "${1:-}" = "--nodes" ]; then
+    nodes=${2:?--nodes needs a number}
+    shift 2
+fi
+[ "$nodes" = 1 ] || [ "$nodes" = 2 ] || { echo "demo: --nodes 1 or 2" >&2; exit 2; }
 ranks=${1:-3}
 iters=${2:-40}
 build=${BUILD_DIR:-$top/build}
+[ "$ranks" -ge "$nodes" ] || { echo "demo: fewer ranks than nodes" >&2; exit 2; }
 
 "$top/tools/deps.sh"
 BUILD_DIR=$build "$top/tools/build.sh"
 
 run=$(mktemp -d /tmp/zerod-demo.XXXXXX)
-daemon_pid=""
+daemon_pids=()
 cleanup() {
-    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null || true
+    for p in "${daemon_pids[@]}"; do kill "$p" 2>/dev/null || true; done
     rm -rf "$run"
 }
 trap cleanup EXIT
 
-"$build/daemon/zerod" --socket "$run/zerod.sock" 2>"$run/zerod.log" &
-daemon_pid=$!
-for _ in $(seq 100); do [ -S "$run/zerod.sock" ] && break; sleep 0.05; done
-[ -S "$run/zerod.sock" ] || { cat "$run/zerod.log"; echo "zerod did not start" >&2; exit 1; }
+for ((n = 0; n < nodes; n++)); do
+    "$build/daemon/zerod" --socket "$run/zerod$n.sock" 2>"$run/zerod$n.log" &
+    daemon_pids+=($!)
+done
+for ((n = 0; n < nodes; n++)); do
+    for _ in $(seq 100); do [ -S "$run/zerod$n.sock" ] && break; sleep 0.05; done
+    [ -S "$run/zerod$n.sock" ] || { cat "$run/zerod$n.log"; echo "zerod did not start" >&2; exit 1; }
+done
 
-echo "== zerod (pid $daemon_pid) on $run/zerod.sock; $ranks trainers, $iters iterations, AdamW =="
+# rank r runs on node r / per_node; ranks of a node are numbered from 0 there
+per_node=$(((ranks + nodes - 1) / nodes))
+if [ "$nodes" = 2 ]; then
+    # a TCP port nobody listens on, and a secret for this run only
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    export ZEROD_RDZV=127.0.0.1:$port ZEROD_NNODES=2
+    ZEROD_JOB_SECRET=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+    export ZEROD_JOB_SECRET
+    echo "== 2 zerods (pids ${daemon_pids[*]}), rendezvous on $ZEROD_RDZV; $ranks trainers" \
+        "($per_node on node 0), $iters iterations, AdamW =="
+else
+    echo "== zerod (pid ${daemon_pids[0]}) on $run/zerod0.sock; $ranks trainers, $iters iterations, AdamW =="
+fi
 pids=()
 for ((r = 0; r < ranks; r++)); do
-    "$build/tools/zerod-demo-trainer" -s "$run/zerod.sock" -r "$r" -w "$ranks" -i "$iters" \
-        >"$run/rank$r.out" 2>"$run/rank$r.err" &
+    n=$((r / per_node))
+    here=$((n + 1 < nodes ? per_node : ranks - n * per_node))
+    "$build/tools/zerod-demo-trainer" -s "$run/zerod$n.sock" -r "$r" -w "$ranks" -i "$iters" \
+        -l $((r - n * per_node)) -n "$here" >"$run/rank$r.out" 2>"$run/rank$r.err" &
     pids+=($!)
 done
 status=0
@@ -40,9 +69,14 @@ for ((r = 0; r < ranks; r++)); do
 done
 cat "$run/rank0.out"
 
-kill -TERM "$daemon_pid"
-wait "$daemon_pid" || status=1
-daemon_pid=""
-echo "== what zerod did =="
-sed -e 's/^<[0-9]>//' "$run/zerod.log" | grep -E 'plan [0-9a-f]+:|ended|served' || true
+for ((n = 0; n < nodes; n++)); do
+    kill -TERM "${daemon_pids[$n]}"
+    wait "${daemon_pids[$n]}" || status=1
+done
+daemon_pids=()
+for ((n = 0; n < nodes; n++)); do
+    [ "$nodes" = 1 ] && echo "== what zerod did ==" || echo "== what the zerod of node $n did =="
+    sed -e 's/^<[0-9]>//' "$run/zerod$n.log" |
+        grep -E 'plan [0-9a-f]+:|formed|rendezvous|ended|served' || true
+done
 exit $status

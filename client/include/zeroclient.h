@@ -262,7 +262,7 @@ typedef struct zc_client zc_client;
 typedef struct zc_future zc_future;
 
 /* Connection settings: zc_config_init() or ZC_CONFIG_INIT, then fill in.
- * 48 bytes in this version. */
+ * 80 bytes in this version. */
 struct zc_config {
 	uint32_t size;               /* sizeof(struct zc_config) the caller was built with */
 	uint32_t rank;               /* group rank of this trainer, < world_size */
@@ -276,6 +276,22 @@ struct zc_config {
 	 * $XDG_RUNTIME_DIR/zerod/zerod.sock, else /run/zerod/zerod.sock */
 	const char *socket;
 	const char *job_id;          /* 1..64 chars of [A-Za-z0-9._-] */
+	/* A job over several nodes (one zerod each): every rank of the job
+	 * names the same rendezvous, node count and secret, and the ranks of
+	 * one node the same node index. The zerod of node 0 serves the
+	 * rendezvous on that port; the others join it, proving they know the
+	 * secret without sending it. zc_register_plan() completes once every
+	 * node has joined with the same plan. Older callers' configs end
+	 * before these: they take the environment's values. */
+	const char *rdzv;       /* "host:port" (like MASTER_ADDR:MASTER_PORT); NULL: $ZEROD_RDZV;
+				   unset or "": every rank is on this node */
+	const char *job_secret; /* the job's shared secret (with rdzv: required); NULL:
+				   $ZEROD_JOB_SECRET. Sent only to this node's zerod */
+	uint32_t nnodes;        /* nodes in the job; 0: $ZEROD_NNODES */
+	uint32_t node_rank;     /* this node's index 0..nnodes-1, when has_node_rank */
+	uint32_t has_node_rank; /* 0: $ZEROD_NODE_RANK if set, else derived: node 0 holds
+				   rank 0, the others follow in the order of their lowest rank */
+	uint32_t reserved2;     /* 0 */
 };
 
 #define ZC_CONFIG_INIT                                                                             \

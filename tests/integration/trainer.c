@@ -126,6 +126,34 @@ static void ref_adam(bool decoupled, const struct zc_param_group *h, uint64_t st
 	}
 }
 
+/* The sum of the ranks' gradients, in the order the daemons add them: in
+ * rank order within each node, then the nodes' sums in node order. */
+static float grad_sum(const struct train_spec *s, int it, uint32_t b, uint64_t i)
+{
+	float sum = 0;
+	bool any_node = false;
+
+	if (!s->node_of) {
+		sum = grad_value(s, 0, it, b, i);
+		for (uint32_t r = 1; r < s->world; r++)
+			sum += grad_value(s, r, it, b, i);
+		return sum;
+	}
+	for (uint32_t n = 0; n < s->nnodes; n++) {
+		float part = 0;
+		bool any = false;
+		for (uint32_t r = 0; r < s->world; r++) {
+			if (s->node_of[r] != n)
+				continue;
+			part = any ? part + grad_value(s, r, it, b, i) : grad_value(s, r, it, b, i);
+			any = true;
+		}
+		sum = any_node ? sum + part : part;
+		any_node = true;
+	}
+	return sum;
+}
+
 static float *reference(const struct train_spec *s, const struct train_plan *tp, int iters)
 {
 	uint64_t total = 0, *base = calloc(NB, sizeof(*base));
@@ -146,12 +174,8 @@ static float *reference(const struct train_spec *s, const struct train_plan *tp,
 		if (it == s->hyper_iter)
 			groups[0].lr *= 0.5;
 		for (uint32_t b = 0; b < NB; b++)
-			for (uint64_t i = 0; i < bucket_sizes[b]; i++) {
-				float sum = grad_value(s, 0, it, b, i);
-				for (uint32_t r = 1; r < s->world; r++)
-					sum += grad_value(s, r, it, b, i);
-				g[base[b] + i] = sum / (float)s->world;
-			}
+			for (uint64_t i = 0; i < bucket_sizes[b]; i++)
+				g[base[b] + i] = grad_sum(s, it, b, i) / (float)s->world;
 		for (uint32_t b = 0; b < NB; b++)
 			for (uint32_t k = 0; k < tp->buckets[b].nsegments; k++) {
 				const struct zc_segment *sg = &tp->buckets[b].segments[k];
@@ -200,6 +224,44 @@ static bool stop_before(const struct train_spec *s, uint32_t rank, int it)
 	return it >= atomic_load(&s->stop->stop_at);
 }
 
+/* Record how rank ended (the first error only). */
+static void note_result(const struct train_spec *s, uint32_t rank, int code, int iters,
+			const char *msg)
+{
+	struct train_result *res = s->results ? &s->results[rank] : NULL;
+
+	if (!res)
+		return;
+	res->iterations = iters;
+	if (res->code || !code)
+		return;
+	res->code = code;
+	snprintf(res->msg, sizeof(res->msg), "%s", msg ? msg : "");
+}
+
+/* Where rank runs: its node's socket and its place among that node's ranks. */
+static void place(const struct train_spec *s, uint32_t rank, struct zc_config *cfg)
+{
+	cfg->rank = cfg->local_rank = rank;
+	cfg->world_size = cfg->local_size = s->world;
+	cfg->socket = s->socket;
+	if (!s->rdzv)
+		return;
+	uint32_t n = s->node_of[rank];
+	cfg->local_rank = cfg->local_size = 0;
+	for (uint32_t r = 0; r < s->world; r++)
+		if (s->node_of[r] == n) {
+			cfg->local_rank += r < rank;
+			cfg->local_size++;
+		}
+	cfg->socket = s->sockets[n];
+	cfg->rdzv = s->rdzvs ? s->rdzvs[n] : s->rdzv;
+	cfg->nnodes = s->nnodes;
+	cfg->has_node_rank = s->explicit_nodes;
+	cfg->node_rank = n;
+	cfg->job_secret = s->secret;
+}
+
 int train_rank(const struct train_spec *s, uint32_t rank)
 {
 	struct train_plan tp;
@@ -212,16 +274,19 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 	uint64_t at = 0;
 
 	train_make_plan(s, &tp);
-	cfg.socket = s->socket;
+	if (s->rdzv && s->plan_variant_node >= 0 &&
+	    s->node_of[rank] == (uint32_t)s->plan_variant_node)
+		tp.groups[0].lr *= 2;
 	cfg.job_id = s->job;
-	cfg.rank = cfg.local_rank = rank;
-	cfg.world_size = cfg.local_size = s->world;
+	place(s, rank, &cfg);
 	cfg.connect_timeout_ms = test_timeout(15000);
+	cfg.register_timeout_ms = test_timeout(s->rdzv ? 20000 : 0);
 	r = zc_connect(&cfg, &c);
 	errtext = zc_error_message();
 	if (r < 0) {
 		printf("# %s rank %u: connect: %s: %s\n", s->job, rank, zc_strerror_name(r),
 		       errtext);
+		note_result(s, rank, r, 0, errtext);
 		return 1;
 	}
 	r = zc_alloc_buffers(c, &tp.plan);
@@ -263,6 +328,8 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 		}
 		for (uint32_t b = 0; b < NB; b++) {
 			float *gb = zc_grad_buffer(c, b);
+			if (s->rdzv && s->die_iter == it && s->die_rank == (int)rank && b == NB / 2)
+				_exit(3); /* in the middle of its iteration */
 			for (uint64_t i = 0; i < bucket_sizes[b]; i++)
 				gb[i] = grad_value(s, rank, it, b, i);
 			r = zc_bucket_ready(c, b, &bf[b]);
@@ -275,6 +342,7 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 		if (r <= 0) {
 			printf("# %s rank %u: iteration %d step: %s: %s\n", s->job, rank, it,
 			       r ? zc_strerror_name(r) : "timed out", zc_future_message(step));
+			note_result(s, rank, r ? r : ZC_ETIMEDOUT, done, zc_future_message(step));
 			zc_future_free(step);
 			for (uint32_t b = 0; b < NB; b++)
 				zc_future_free(bf[b]);
@@ -306,6 +374,7 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 	}
 	if (s->stop)
 		printf("# %s rank %u: stopped after %d iterations\n", s->job, rank, done);
+	note_result(s, rank, 0, done, NULL);
 	ref = reference(s, &tp, done);
 	for (uint32_t b = 0; b < NB && bad < 5; b++) {
 		const float *pb = zc_param_buffer(c, b);
@@ -328,6 +397,7 @@ out:
 	return bad ? 1 : 0;
 fail:
 	printf("# %s rank %u: %s: %s\n", s->job, rank, zc_strerror_name(r), zc_error_message());
+	note_result(s, rank, r, done, zc_error_message());
 	zc_close(c);
 	return 1;
 }

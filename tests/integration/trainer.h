@@ -49,6 +49,27 @@ struct train_spec {
 	int hyper_iter;   /* from this iteration on, group 0's lr is halved (< 0: never) */
 	int sleep_us;     /* pause per iteration (to make a job last) */
 	double tolerance; /* 0: bit-exact, else max relative difference */
+
+	/* A job over several nodes (rdzv NULL: every rank on `socket`'s node). */
+	const char *rdzv;            /* host:port */
+	uint32_t nnodes;
+	const char *secret;
+	const uint32_t *node_of;     /* [world]: each rank's node as the rendezvous numbers them;
+					the reference sums in that order (docs/DATAPLANE.md) */
+	bool explicit_nodes;         /* name each rank's node (else the rendezvous derives it) */
+	const char *const *sockets;  /* [nnodes]: each node's zerod */
+	const char *const *rdzvs;    /* optional [nnodes]: the rendezvous as each node names it */
+	int plan_variant_node;       /* that node's ranks declare another group 0 lr (-1: none) */
+	int die_rank, die_iter;      /* that rank exits after half its buckets of that iteration
+					(die_iter < 0: never) */
+	struct train_result *results; /* optional [world], shared memory: how each rank ended */
+};
+
+/* How a rank ended: 0, or the first error and its message. */
+struct train_result {
+	int code;
+	int iterations; /* completed */
+	char msg[400];
 };
 
 /* The plan the tests use for spec (groups and buckets in static storage

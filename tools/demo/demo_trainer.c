@@ -170,11 +170,11 @@ int main(int argc, char **argv)
 	struct model m;
 	struct grads g;
 	zc_client *c = NULL;
-	int iters = 40, opt, r;
+	int iters = 40, opt, r, local_rank = -1, local_size = -1;
 	uint64_t s;
 
 	cfg.job_id = "demo";
-	while ((opt = getopt(argc, argv, "s:j:r:w:i:m:")) != -1) {
+	while ((opt = getopt(argc, argv, "s:j:r:w:i:m:l:n:")) != -1) {
 		switch (opt) {
 		case 's':
 			cfg.socket = optarg;
@@ -195,14 +195,25 @@ int main(int argc, char **argv)
 			plan.shard_mode =
 				strcmp(optarg, "slice") == 0 ? ZC_SHARD_SLICE : ZC_SHARD_BUCKET;
 			break;
+		case 'l':
+			local_rank = atoi(optarg);
+			break;
+		case 'n':
+			local_size = atoi(optarg);
+			break;
 		default:
-			fprintf(stderr, "usage: zerod-demo-trainer -s SOCKET -r RANK -w WORLD "
-					"[-j JOB] [-i ITERS] [-m bucket|slice]\n");
+			fprintf(stderr,
+				"usage: zerod-demo-trainer -s SOCKET -r RANK -w WORLD [-j JOB] "
+				"[-i ITERS] [-m bucket|slice] [-l LOCAL_RANK -n LOCAL_SIZE]\n"
+				"  over several nodes: -l/-n place the rank on its node, and\n"
+				"  ZEROD_RDZV, ZEROD_NNODES, ZEROD_JOB_SECRET (ZEROD_NODE_RANK)\n"
+				"  name the job's rendezvous\n");
 			return 2;
 		}
 	}
-	cfg.local_rank = cfg.rank;
-	cfg.local_size = cfg.world_size;
+	/* one node unless told: every rank here */
+	cfg.local_rank = local_rank >= 0 ? (uint32_t)local_rank : cfg.rank;
+	cfg.local_size = local_size > 0 ? (uint32_t)local_size : cfg.world_size;
 	groups[0].lr = groups[1].lr = 0.01;
 	groups[0].weight_decay = 0.01; /* decay weights, not biases */
 	groups[1].weight_decay = 0;

@@ -1,0 +1,73 @@
+/*
+ * rdzv.h — a job over several nodes: the rendezvous that forms it, the
+ * key-value store its gloo group opens through, and the word between its
+ * daemons once it runs (rdzv.c, rdzvstore.c, rdzvwire.c).
+ *
+ * The zerod of node 0 serves the rendezvous on the host:port its trainers
+ * name; every other node's zerod connects to it, proves it knows the job's
+ * secret, and sends its plan and its ranks once every local rank registered.
+ * When all nodes joined and agree, the host hands out the node numbering and
+ * a store prefix fresh for this run; each node then starts its executor
+ * (job.c's job_formed). A failure on any node is sent to the host, which
+ * relays it to every node, so every rank ends with the same named error.
+ *
+ * Everything here runs on the loop thread and never blocks, except the store
+ * (rdzv_net()'s coll_store), which the executor's start calls from its own
+ * thread.
+ */
+#ifndef ZEROD_RDZV_H
+#define ZEROD_RDZV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct daemon;
+struct job;
+struct coll_net;
+
+/* What a trainer's Hello says about the job's nodes. */
+struct rdzv_spec {
+	const char *endpoint; /* host:port */
+	uint32_t nnodes;
+	bool has_node_rank;
+	uint32_t node_rank;
+	const void *secret;
+	size_t secret_len;
+};
+
+/* The daemon's side: listeners, connections, the resolver. 0 or -errno. */
+int rdzv_init(struct daemon *d);
+/* After every job is freed. Accepts a daemon without rdzv_init(). */
+void rdzv_close_all(struct daemon *d);
+/* The nearest deadline (retries, handshakes, join timeouts), and what is due. */
+int64_t rdzv_next_deadline(struct daemon *d);
+void rdzv_tick(struct daemon *d, int64_t now);
+
+/* A new job names a rendezvous: keep its settings (j->rdzv). ZC_E... with
+ * err filled if they cannot serve. */
+int rdzv_job_new(struct job *j, const struct rdzv_spec *sp, char *err, size_t errlen);
+/* Another rank's Hello: its settings must be the job's. */
+int rdzv_check_spec(const struct job *j, uint32_t rank, const struct rdzv_spec *sp, char *err,
+		    size_t errlen);
+/* Every local rank said Hello: serve the rendezvous (node 0) or reach it. */
+void rdzv_local_joined(struct job *j);
+/* Every local rank registered the same plan: this node joins. The job stays
+ * forming until job_formed() (or fails with a named error). */
+void rdzv_local_ready(struct job *j);
+/* Where the ranks are, once formed: node_of[world], this node, the count. */
+void rdzv_topology(const struct job *j, uint32_t *node_of, uint32_t *ret_node,
+		   uint32_t *ret_nnodes);
+/* The executor's network settings (valid until rdzv_job_free()). */
+const struct coll_net *rdzv_net(struct job *j);
+/* j just failed here (job_fail): the other nodes are told. */
+void rdzv_job_failed(struct job *j);
+/* j's executor failed with `what`: true if the rendezvous fails the job
+ * (naming the node that was lost, at once or within a moment), false if
+ * the caller should fail it as usual. */
+bool rdzv_exec_failed(struct job *j, const char *what);
+/* j finished an iteration (another node's quiet end may be due now). */
+void rdzv_iteration_done(struct job *j);
+void rdzv_job_free(struct job *j);
+
+#endif

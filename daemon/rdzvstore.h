@@ -1,0 +1,25 @@
+/*
+ * rdzvstore.h — the key-value store a job's gloo group opens through
+ * (struct coll_store), as a client of the rendezvous on node 0 (rdzv.c
+ * serves it). Blocking: called by the executor's start, never by the loop.
+ */
+#ifndef ZEROD_RDZVSTORE_H
+#define ZEROD_RDZVSTORE_H
+
+#include <stddef.h>
+#include <sys/socket.h>
+
+#include "coll/coll.h"
+
+struct rdzv_store;
+
+/* A store client of job `job` at addr, proving `secret`; it connects on
+ * first use. Every wait is bounded by timeout_ms. Copies its arguments. */
+int rdzv_store_new(const struct sockaddr *addr, socklen_t addrlen, const char *job,
+		   const void *secret, size_t secret_len, int timeout_ms, struct rdzv_store **ret);
+/* The coll_store calling it (valid while s lives). */
+struct coll_store rdzv_store_ops(struct rdzv_store *s);
+/* Closes its connection. Accepts NULL. Nothing may be calling it. */
+void rdzv_store_free(struct rdzv_store *s);
+
+#endif
