@@ -485,10 +485,12 @@ int daemon_run(const struct daemon_config *cfg)
 		snprintf(why, sizeof(why), "ZeroMQ context: %s", zmq_strerror(-r));
 		goto out;
 	}
-	r = open_router(&d, why, sizeof(why));
+	/* before the socket exists: a daemon that cannot serve must never be
+	 * seen serving (the router's own few fds are in FD_RESERVE) */
+	r = fd_limits(&d, why, sizeof(why));
 	if (r < 0)
 		goto out;
-	r = fd_limits(&d, why, sizeof(why));
+	r = open_router(&d, why, sizeof(why));
 	if (r < 0)
 		goto out;
 	r = ops_open(&d, cfg, why, sizeof(why));
