@@ -83,9 +83,9 @@ tools/bench/perf-doc.sh     # installs python3-torch and gnuplot, builds, runs, 
 
 The raw JSON of every run is in [`docs/perf/`](perf/), one file per run; the
 plot's table is `docs/perf/sweep.dat`. Measured at commit `{commit(top)}` on
-{datetime.date.today().isoformat()}, on {machine()}. These are the numbers of the
-foundation's data plane, before issue 5's rewrite (one fused pass, no master
-copy, a fast handoff); rerun the command after it lands.
+{datetime.date.today().isoformat()}, on {machine()}: the data plane of issue 5
+(one fused pass per chunk, no master copy of fp32 parameters, the compact
+state, the fast-path handoff; `docs/DATAPLANE.md`).
 
 The machine is shared and has 2 cores: a neighbour's build halves every
 bandwidth. `perf-doc.sh` waits for a quiet machine before each run and each
