@@ -46,9 +46,9 @@ void raw_close(struct raw *r)
 	r->sock = r->ctx = NULL;
 }
 
-void raw_send_bytes(struct raw *r, const void *buf, size_t len)
+void raw_send_bytes(struct raw *r, const void *buf, size_t len, int flags)
 {
-	int rc = zmq_send(r->sock, buf, len, 0);
+	int rc = zmq_send(r->sock, buf, len, flags);
 	EXPECT(rc == (int)len, "zmq_send: %s", zmq_strerror(zmq_errno()));
 }
 

@@ -24,7 +24,7 @@ struct raw {
 int raw_open(struct raw *r, const char *sock_path, int rcvhwm);
 void raw_close(struct raw *r);
 void raw_send(struct raw *r, const Zerod__V1__Envelope *env);
-void raw_send_bytes(struct raw *r, const void *buf, size_t len);
+void raw_send_bytes(struct raw *r, const void *buf, size_t len, int flags);
 /* The next envelope, or NULL (and a failure) after 5 s. wire_free() it. */
 Zerod__V1__Envelope *raw_recv(struct raw *r, const char *what);
 /* The next reply must be Error{code} holding needle. */

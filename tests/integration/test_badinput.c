@@ -26,6 +26,7 @@
 #include <zmq.h>
 
 #include "harness.h"
+#include "raw.h"
 #include "plan.h"
 #include "testlib.h"
 #include "trainer.h"
@@ -45,155 +46,8 @@ static bool contains(const char *hay, const char *needle)
 	return hay && strstr(hay, needle) != NULL;
 }
 
-/* ---- raw DEALER: what a broken or hostile client could send ---- */
+/* ---- raw DEALER (raw.c): what a broken or hostile client could send ---- */
 
-struct raw {
-	void *ctx, *sock;
-};
-
-static int raw_open(struct raw *r)
-{
-	char ep[256];
-	int zero = 0, tmo = test_timeout(5000);
-
-	r->ctx = zmq_ctx_new();
-	r->sock = r->ctx ? zmq_socket(r->ctx, ZMQ_DEALER) : NULL;
-	if (!r->sock) {
-		printf("# raw socket: %s\n", zmq_strerror(zmq_errno()));
-		return -1;
-	}
-	zmq_setsockopt(r->sock, ZMQ_LINGER, &zero, sizeof(zero));
-	zmq_setsockopt(r->sock, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
-	snprintf(ep, sizeof(ep), "ipc://%s", daemon_.sock);
-	if (zmq_connect(r->sock, ep) < 0) {
-		printf("# raw connect %s: %s\n", ep, zmq_strerror(zmq_errno()));
-		return -1;
-	}
-	return 0;
-}
-
-static void raw_close(struct raw *r)
-{
-	if (r->sock)
-		zmq_close(r->sock);
-	if (r->ctx)
-		zmq_ctx_term(r->ctx);
-}
-
-static void raw_send_bytes(struct raw *r, const void *buf, size_t len, int flags)
-{
-	int rc = zmq_send(r->sock, buf, len, flags);
-	EXPECT(rc == (int)len, "zmq_send: %s", zmq_strerror(zmq_errno()));
-}
-
-static void raw_send(struct raw *r, const Zerod__V1__Envelope *env)
-{
-	int rc = wire_send(r->sock, NULL, 0, env);
-	EXPECT(rc >= 0, "wire_send: %d", rc);
-}
-
-/* Receive one Envelope (5 s at most); NULL (and a failure) if none. */
-static Zerod__V1__Envelope *raw_recv(struct raw *r, const char *what)
-{
-	Zerod__V1__Envelope *env = NULL;
-	zmq_msg_t m;
-	int rc;
-
-	zmq_msg_init(&m);
-	rc = zmq_msg_recv(&m, r->sock, 0);
-	if (rc < 0) {
-		EXPECT(rc >= 0, "%s: no reply from zerod: %s", what, zmq_strerror(zmq_errno()));
-		zmq_msg_close(&m);
-		return NULL;
-	}
-	EXPECT(!zmq_msg_more(&m), "%s: the reply has more than one frame", what);
-	rc = wire_decode(zmq_msg_data(&m), zmq_msg_size(&m), &env);
-	EXPECT(rc == 0, "%s: the reply (%zu bytes) does not decode", what, zmq_msg_size(&m));
-	zmq_msg_close(&m);
-	return rc == 0 ? env : NULL;
-}
-
-/* The next reply must be Error{code} whose message contains needle. */
-static void raw_expect_error(struct raw *r, int code, const char *needle, const char *what)
-{
-	Zerod__V1__Envelope *env = raw_recv(r, what);
-
-	if (!env)
-		return;
-	if (env->body_case != ZEROD__V1__ENVELOPE__BODY_ERROR) {
-		EXPECT(env->body_case == ZEROD__V1__ENVELOPE__BODY_ERROR,
-		       "%s: got %s, not Error %s", what, wire_body_name(env->body_case),
-		       zc_strerror_name(code));
-	} else {
-		int got = -(int)env->error->code;
-		printf("# %s -> %s: %s\n", what, zc_strerror_name(got), env->error->message);
-		EXPECT(got == code, "%s: got %s (%d), want %s: %s", what, zc_strerror_name(got),
-		       got, zc_strerror_name(code), env->error->message);
-		EXPECT(contains(env->error->message, needle), "%s: message \"%s\" lacks \"%s\"",
-		       what, env->error->message, needle);
-	}
-	wire_free(env);
-}
-
-static void raw_expect_body(struct raw *r, Zerod__V1__Envelope__BodyCase body, const char *what)
-{
-	Zerod__V1__Envelope *env = raw_recv(r, what);
-
-	if (!env)
-		return;
-	EXPECT(env->body_case == body, "%s: got %s (%s), want %s", what,
-	       wire_body_name(env->body_case),
-	       env->body_case == ZEROD__V1__ENVELOPE__BODY_ERROR ? env->error->message : "",
-	       wire_body_name(body));
-	wire_free(env);
-}
-
-static void fill_hello(Zerod__V1__Hello *h, const char *job, uint32_t rank, uint32_t world)
-{
-	*h = (Zerod__V1__Hello)ZEROD__V1__HELLO__INIT;
-	h->protocol_version = ZC_PROTOCOL_VERSION;
-	h->job_id = (char *)job;
-	h->rank = rank;
-	h->world_size = world;
-	h->local_rank = rank;
-	h->local_size = world;
-	h->pid = getpid();
-}
-
-static void raw_hello(struct raw *r, const char *job)
-{
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__Hello h;
-
-	fill_hello(&h, job, 0, 1);
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
-	env.hello = &h;
-	raw_send(r, &env);
-	raw_expect_body(r, ZEROD__V1__ENVELOPE__BODY_HELLO_OK, "Hello");
-}
-
-static void raw_goodbye(struct raw *r)
-{
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__Goodbye g = ZEROD__V1__GOODBYE__INIT;
-
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_GOODBYE;
-	env.goodbye = &g;
-	raw_send(r, &env);
-}
-
-/* BucketReady(it, bucket) on a raw connection. */
-static void raw_bucket(struct raw *r, uint64_t it, uint32_t bucket)
-{
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
-
-	br.iteration = it;
-	br.bucket = bucket;
-	env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
-	env.bucket_ready = &br;
-	raw_send(r, &env);
-}
 
 /* ---- libzeroclient: a small plan of 1..4 buckets, one SGD group ---- */
 
@@ -393,7 +247,7 @@ static int c_garbage(void *arg, int idx)
 	struct raw r = {0};
 
 	(void)arg, (void)idx;
-	if (raw_open(&r) < 0)
+	if (raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	raw_send_bytes(&r, overlong, sizeof(overlong), 0);
 	raw_expect_error(&r, ZC_EPROTO, "cannot decode a 12-byte message", "overlong varint");
@@ -421,9 +275,9 @@ static int c_truncated(void *arg, int idx)
 	size_t len;
 
 	(void)arg, (void)idx;
-	if (raw_open(&r) < 0)
+	if (raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
-	fill_hello(&h, "truncated", 0, 1);
+	raw_fill_hello(&h, "truncated", 0, 1);
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &h;
 	if (wire_encode(&env, &buf, &len) < 0)
@@ -454,9 +308,9 @@ static int c_version(void *arg, int idx)
 	struct raw r = {0};
 
 	(void)arg, (void)idx;
-	if (raw_open(&r) < 0)
+	if (raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
-	fill_hello(&h, "version", 0, 1);
+	raw_fill_hello(&h, "version", 0, 1);
 	h.protocol_version = 99;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &h;
@@ -482,9 +336,9 @@ static int c_liar(void *arg, int idx)
 	char want[96];
 
 	(void)arg, (void)idx;
-	if (raw_open(&r) < 0)
+	if (raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
-	fill_hello(&h, "liar", 1, 2);
+	raw_fill_hello(&h, "liar", 1, 2);
 	h.pid = 1;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &h;
@@ -493,7 +347,7 @@ static int c_liar(void *arg, int idx)
 		 (int)getpid());
 	raw_expect_error(&r, ZC_EPROTO, want, "Hello claiming pid 1");
 	/* the truth is welcome */
-	fill_hello(&h, "liar", 0, 1);
+	raw_fill_hello(&h, "liar", 0, 1);
 	raw_send(&r, &env);
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_HELLO_OK, "Hello with its own pid");
 	raw_goodbye(&r);
@@ -517,7 +371,7 @@ static int c_state(void *arg, int idx)
 	size_t len;
 
 	(void)arg, (void)idx;
-	if (raw_open(&r) < 0)
+	if (raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	raw_bucket(&r, 0, 0);
 	raw_expect_error(&r, ZC_EPROTO, "before Hello", "BucketReady before Hello");
@@ -530,7 +384,7 @@ static int c_state(void *arg, int idx)
 	raw_expect_error(&r, ZC_EPROTO, "not a message a client sends", "HelloOk from a client");
 
 	/* a valid Hello, but in the first of two frames: refused as a whole */
-	fill_hello(&h, "multiframe", 0, 1);
+	raw_fill_hello(&h, "multiframe", 0, 1);
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &h;
 	if (wire_encode(&env, &buf, &len) < 0)
@@ -569,7 +423,7 @@ static int make_shm(const char *name, size_t bytes)
 /* A world-1 job's RegisterPlan, sent raw: the small plan, and shm objects
  * of the right size made by the test (the sizes and names may then be
  * changed before sending). */
-struct raw_reg {
+struct small_reg {
 	struct small_plan sp;
 	struct plan *p;
 	Zerod__V1__Plan pb;
@@ -580,7 +434,7 @@ struct raw_reg {
 	uint64_t bytes;
 };
 
-static int raw_reg_init(struct raw_reg *g, const char *tag)
+static int small_reg_init(struct small_reg *g, const char *tag)
 {
 	char err[256];
 
@@ -610,7 +464,7 @@ static int raw_reg_init(struct raw_reg *g, const char *tag)
 	return 0;
 }
 
-static void raw_reg_free(struct raw_reg *g)
+static void small_reg_free(struct small_reg *g)
 {
 	shm_unlink(g->grad);
 	shm_unlink(g->param);
@@ -622,15 +476,15 @@ static void raw_reg_free(struct raw_reg *g)
 /* 5. shm buffers of the wrong size, and a grad_bytes that does not match */
 static int c_size(void *arg, int idx)
 {
-	struct raw_reg g;
+	struct small_reg g;
 	struct raw r = {0};
 	char small[96], want[160];
 
 	(void)arg, (void)idx;
-	if (raw_reg_init(&g, "size") < 0)
+	if (small_reg_init(&g, "size") < 0)
 		return 1;
 	snprintf(small, sizeof(small), "/zerodtest-size-%d-small", (int)getpid());
-	if (make_shm(small, g.bytes / 2) < 0 || raw_open(&r) < 0)
+	if (make_shm(small, g.bytes / 2) < 0 || raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	raw_hello(&r, "size");
 
@@ -656,7 +510,7 @@ static int c_size(void *arg, int idx)
 	raw_goodbye(&r);
 
 	shm_unlink(small);
-	raw_reg_free(&g);
+	small_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }
@@ -667,12 +521,12 @@ static int c_size(void *arg, int idx)
  * of lingering until the stall timeout. */
 static int c_vanish(void *arg, int idx)
 {
-	struct raw_reg g;
+	struct small_reg g;
 	struct raw r = {0};
 	char want[96];
 
 	(void)arg, (void)idx;
-	if (raw_reg_init(&g, "vanish") < 0 || raw_open(&r) < 0)
+	if (small_reg_init(&g, "vanish") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	raw_hello(&r, "vanish");
 	raw_send(&r, &g.env);
@@ -687,7 +541,7 @@ static int c_vanish(void *arg, int idx)
 		 (int)getpid());
 	/* well before the stall timeout (STALL_MS) */
 	EXPECT(zd_wait_log(&daemon_, want, 1000), "no '%s' in the daemon's log within 1 s", want);
-	raw_reg_free(&g);
+	small_reg_free(&g);
 	return child_bad;
 }
 
@@ -701,12 +555,12 @@ static void t_vanish(void)
  * and the job beside it go on. */
 static int c_shrink(void *arg, int idx)
 {
-	struct raw_reg g;
+	struct small_reg g;
 	struct raw r = {0};
 	int fd;
 
 	(void)arg, (void)idx;
-	if (raw_reg_init(&g, "shrink") < 0 || raw_open(&r) < 0)
+	if (small_reg_init(&g, "shrink") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	fd = shm_open(g.grad, O_RDWR, 0);
 	raw_hello(&r, "shrink");
@@ -717,7 +571,7 @@ static int c_shrink(void *arg, int idx)
 	raw_expect_error(&r, ZC_EMAP, "shrank", "bucket 0 over a truncated buffer");
 	if (fd >= 0)
 		close(fd);
-	raw_reg_free(&g);
+	small_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }
@@ -732,12 +586,12 @@ static void t_shrink(void)
  * refused: the daemon never maps memory that is not the trainer's own. */
 static int c_foreign(void *arg, int idx)
 {
-	struct raw_reg g;
+	struct small_reg g;
 	struct raw r = {0};
 	int fd;
 
 	(void)arg, (void)idx;
-	if (raw_reg_init(&g, "foreign") < 0 || raw_open(&r) < 0)
+	if (small_reg_init(&g, "foreign") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	fd = shm_open(g.grad, O_RDWR, 0);
 	EXPECT(fd >= 0 && fchown(fd, 65534, 65534) == 0, "chown to nobody: %s", strerror(errno));
@@ -747,7 +601,7 @@ static int c_foreign(void *arg, int idx)
 	raw_send(&r, &g.env);
 	raw_expect_error(&r, ZC_EMAP, "belongs to uid 65534", "another user's shared memory");
 	raw_goodbye(&r);
-	raw_reg_free(&g);
+	small_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }
@@ -770,9 +624,9 @@ static int c_idle(void *arg, int idx)
 	int64_t t0;
 
 	(void)arg, (void)idx;
-	if (raw_open(&r) < 0)
+	if (raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
-	fill_hello(&h, "idle", 0, 2);
+	raw_fill_hello(&h, "idle", 0, 2);
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &h;
 	raw_send(&r, &env);
@@ -848,12 +702,12 @@ static void t_order(void)
  * the iteration then completes. */
 static int c_order_raw(void *arg, int idx)
 {
-	struct raw_reg g;
+	struct small_reg g;
 	struct raw r = {0};
 	int answered = 0;
 
 	(void)arg, (void)idx;
-	if (raw_reg_init(&g, "order-raw") < 0 || raw_open(&r) < 0)
+	if (small_reg_init(&g, "order-raw") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	raw_hello(&r, "order-raw");
 	raw_send(&r, &g.env);
@@ -888,7 +742,7 @@ static int c_order_raw(void *arg, int idx)
 	raw_goodbye(&r);
 	EXPECT(zd_wait_log(&daemon_, "were not logged", 3000),
 	       "the log does not say errors were left out");
-	raw_reg_free(&g);
+	small_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }

@@ -619,7 +619,7 @@ static int c_huge(void *arg, int idx)
 	if (!m || raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	for (int i = 0; i < HUGE_MSGS; i++)
-		raw_send_bytes(&r, m, len);
+		raw_send_bytes(&r, m, len, 0);
 	for (int i = 0; i < HUGE_MSGS; i++)
 		raw_expect_error(&r, ZC_EPROTO, "before Hello: at most 4096 bytes", "8 MB message");
 	free(m);
@@ -912,7 +912,7 @@ static int c_nul(void *arg, int idx)
 	if (wire_encode(&env, (void **)&buf, &len) < 0 || !(x = memmem(buf, len, "nulXevil", 8)))
 		return 1;
 	x[3] = 0;
-	raw_send_bytes(&r, buf, len);
+	raw_send_bytes(&r, buf, len, 0);
 	raw_expect_error(&r, ZC_EPROTO, "job_id holds a NUL byte", "a job id with a NUL");
 	free(buf);
 	raw_close(&r);
