@@ -20,9 +20,12 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common.h"
 #include "exec.h"
+
+#define EXEC_SPANS 1024 /* op records kept between two takes */
 
 enum xop_type {
 	XOP_START,
@@ -78,6 +81,11 @@ struct exec {
 	char open_err[256]; /* why the collectives could not open, from the backend */
 
 	_Atomic uint64_t reduced, stepped, bcast;
+
+	/* the timeline, while on: a ring of op records, under mu */
+	atomic_bool tracing;
+	struct exec_span spans[EXEC_SPANS];
+	size_t span_head, span_n;
 };
 
 /* ------------------------------------------------------------ the ops --- */
@@ -292,6 +300,48 @@ static void xop_finish(struct exec *e, struct xop *o, int r)
 	xop_release(o);
 }
 
+static int64_t mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Under e->mu. A full ring drops the newest: the loop takes it every step. */
+static void span_add(struct exec *e, const struct xop *o, int64_t t0, int64_t t1)
+{
+	if (e->span_n == EXEC_SPANS)
+		return;
+	e->spans[(e->span_head + e->span_n++) % EXEC_SPANS] = (struct exec_span){
+		.kind = o->z->kind,
+		.lo = o->z->lo,
+		.hi = o->z->hi,
+		.iteration = o->iteration,
+		.start_us = t0,
+		.end_us = t1,
+	};
+}
+
+void exec_trace(struct exec *e, bool on)
+{
+	atomic_store_explicit(&e->tracing, on, memory_order_relaxed);
+}
+
+size_t exec_take_spans(struct exec *e, struct exec_span *out, size_t max)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(&e->mu);
+	while (e->span_n && n < max) {
+		out[n++] = e->spans[e->span_head];
+		e->span_head = (e->span_head + 1) % EXEC_SPANS;
+		e->span_n--;
+	}
+	pthread_mutex_unlock(&e->mu);
+	return n;
+}
+
 static bool deps_done(const struct exec *e, const struct xop *o)
 {
 	for (unsigned l = 0; l < LANE_COUNT; l++)
@@ -322,9 +372,16 @@ static void *lane_main(void *arg)
 			ln->tail = NULL;
 		skip = e->failed;
 		pthread_mutex_unlock(&e->mu);
+		int64_t t0 = 0;
+		bool traced = !skip && o->type == XOP_PROG &&
+			      atomic_load_explicit(&e->tracing, memory_order_relaxed);
+		if (traced)
+			t0 = mono_us();
 		if (!skip)
 			r = xop_run(e, ln, o);
 		pthread_mutex_lock(&e->mu);
+		if (traced)
+			span_add(e, o, t0, mono_us());
 		ln->done_seq = o->seq;
 		xop_finish(e, o, r);
 		/* another lane's next op may have waited for this one */

@@ -62,6 +62,19 @@ void exec_stop(struct exec *e);
 /* Join and free: after EXEC_STOPPED only. Accepts NULL. */
 void exec_free(struct exec *e);
 
+/* The timeline (zeroctl trace): while on, each op's run is recorded, and the
+ * loop takes the records after each StepDone. Off, it costs a relaxed load
+ * per op. Times are CLOCK_MONOTONIC microseconds. */
+struct exec_span {
+	enum zop_kind kind;
+	uint32_t lo, hi;
+	uint64_t iteration;
+	int64_t start_us, end_us;
+};
+void exec_trace(struct exec *e, bool on);
+/* Loop thread: move up to max records into out, oldest first; how many. */
+size_t exec_take_spans(struct exec *e, struct exec_span *out, size_t max);
+
 struct exec_stats {
 	uint64_t reduced_elems;
 	uint64_t stepped_elems;

@@ -203,6 +203,9 @@ void ops_exec_done(struct daemon *d, const struct exec_done *done)
 	if (!o || !(jo = jobops_of(j)))
 		return;
 	now = ops_now_us();
+	/* the executor records its ops only while a trace is on */
+	if (j->exec && done->ev != EXEC_STOPPED)
+		exec_trace(j->exec, o->trace != NULL);
 	switch (done->ev) {
 	case EXEC_STARTED:
 		flight_add(jo->flight, now - jo->seen_us, FL_STARTED, 0, -1, -1, 0);
@@ -233,8 +236,13 @@ void ops_exec_done(struct daemon *d, const struct exec_done *done)
 		hist_observe(&o->m.iteration, (double)(now - jo->iter_mark_us) / 1e6);
 		if (jo->first_ready_us)
 			hist_observe(&o->m.step, (double)(now - jo->first_ready_us) / 1e6);
-		if (o->trace)
+		if (o->trace) {
+			struct exec_span sp[64];
+			size_t n;
+			while (j->exec && (n = exec_take_spans(j->exec, sp, ARRAY_SIZE(sp))) > 0)
+				trace_ops(d, jo, sp, n);
 			trace_step(d, jo, done->iteration, jo->iter_last_reduced_us, now);
+		}
 		jo->step_ms[jo->nsteps++ % ARRAY_SIZE(jo->step_ms)] = now / 1000;
 		jo->iter_mark_us = now;
 		jo->first_ready_us = 0;

@@ -136,6 +136,10 @@ void trace_ready(struct daemon *d, struct jobops *jo, uint32_t rank, uint64_t t,
 void trace_reduced(struct daemon *d, struct jobops *jo, uint64_t t, uint32_t b, int64_t queued_us,
 		   int64_t us);
 void trace_step(struct daemon *d, struct jobops *jo, uint64_t t, int64_t since_us, int64_t us);
+/* The executor's ops of an iteration (exec_take_spans): per bucket, the
+ * fused pass, or its reduce, step and broadcast, on every local rank. */
+struct exec_span;
+void trace_ops(struct daemon *d, struct jobops *jo, const struct exec_span *sp, size_t n);
 
 /* ---- the control socket (ctl.c) ---- */
 

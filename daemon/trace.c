@@ -242,3 +242,20 @@ void trace_step(struct daemon *d, struct jobops *jo, uint64_t t, int64_t since_u
 	}
 	maybe_flush(d);
 }
+
+void trace_ops(struct daemon *d, struct jobops *jo, const struct exec_span *sp, size_t n)
+{
+	struct trace *tr = d->ops->trace;
+	struct job *j = jo->job;
+
+	name_job(tr, jo);
+	for (size_t k = 0; k < n; k++) {
+		/* one bucket names it; STEP/BCAST of all buckets (at_end) none */
+		int64_t b = sp[k].lo == sp[k].hi ? (int64_t)sp[k].lo : -1;
+		for (uint32_t r = 0; r < j->world; r++)
+			if (local_rank(j, r))
+				span(tr, jo, zop_name(sp[k].kind), r, sp[k].start_us, sp[k].end_us,
+				     sp[k].iteration, b);
+	}
+	maybe_flush(d);
+}

@@ -364,6 +364,8 @@ static void t_job_and_trace(void)
 	}
 	CHECK(check("trace", "trace") == 0, "the trace is a valid Chrome trace");
 	CHECK(has("trace", "check", "done="), "StepDone events");
+	/* the executor's own ops, per bucket: this job runs fused passes */
+	CHECK(has("trace", "check", "fused="), "the executor's fused passes");
 	CHECK(has("trace", "check", "reduced=") || has("trace", "check", "reduce="),
 	      "BucketDone events");
 	CHECK(has("trace", "check", "process_name="), "the job is named");
