@@ -27,6 +27,7 @@ struct bench_cfg {
 	unsigned threads;    /* threads of the fused reference and triad (CPUs online) */
 	size_t memcpy_bytes; /* what the memcpy floor copies */
 	const char *zerod;   /* the daemon binary */
+	uint32_t daemons;    /* 0: one daemon; N >= 2: N daemons on loopback (--daemons) */
 };
 
 /* Monotonic time in nanoseconds. */
@@ -66,6 +67,9 @@ struct bench_daemon {
 	pid_t pid;
 };
 
+/* Remove the files in directory path (not below), then the directory. */
+void bench_rmdir(const char *path);
+
 /* Start cfg->zerod on a socket in a fresh temporary directory. 0 or -errno. */
 int daemon_start(struct bench_daemon *d, const char *bin);
 /* SIGTERM, wait, remove the directory. 0, or -errno / the exit status. */
@@ -77,6 +81,10 @@ struct job_result {
 	uint64_t rss_anon_bytes; /* zerod's RssAnon with the job active */
 };
 
+/* With cfg->daemons = N >= 2, d is an array of N daemons, one per node: node
+ * k holds the contiguous ranks [k*R/N, (k+1)*R/N), and the job meets at a
+ * rendezvous on a free loopback port served by node 0's daemon, with a
+ * random secret. */
 /* The main job: cfg's plan, warmup + iters iterations; each rank fills its
  * gradients, waits for the others, then times bucket_ready of every bucket
  * up to its step future. */
@@ -86,5 +94,11 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
  * future done, per rank and iteration, p50 and p99 in microseconds. */
 int job_handoff(const struct bench_daemon *d, const struct bench_cfg *cfg, double *ret_p50_us,
 		double *ret_p99_us);
+
+/* ---- gloo_raw.c (only where gloo is built) ---- */
+
+/* gloo's own all-reduce between `nodes` forked processes on loopback, each
+ * iteration every bucket of cfg in turn: the median iteration in ms. */
+int gloo_raw_allreduce(uint32_t nodes, const struct bench_cfg *cfg, double *ret_ms);
 
 #endif

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The bench suite: a few seconds of zerod-bench (small job, few iterations,
 # a small memcpy) must run and print one JSON object with every key the
-# issue asks for. It asserts nothing about speed.
+# issue asks for; then the same for `--daemons 2` (two daemons on loopback
+# against raw gloo), skipped where zerod was built without gloo. It asserts
+# nothing about speed.
 #
 #   check_bench.sh PATH/TO/zerod-bench        (ZEROD_BIN names the daemon)
 set -uo pipefail
@@ -10,7 +12,7 @@ out=$(mktemp)
 err=$(mktemp)
 trap 'rm -f "$out" "$err"' EXIT
 
-echo "1..2"
+echo "1..3"
 if "$bench" --params 200K --buckets 2 --ranks 2 --optim adam --iters 5 --warmup 1 \
     --handoff-iters 200 --memcpy-size 16M --json >"$out" 2>"$err"; then
     echo "ok 1 - zerod-bench ran"
@@ -44,4 +46,33 @@ PY
 else
     echo "not ok 2 - JSON output"
     sed 's/^/# /' "$out"
+fi
+
+# --daemons 2: a second of two daemons and raw gloo, and its keys.
+if "$bench" --daemons 2 --params 200K --buckets 2 --iters 5 --warmup 1 --json \
+    >"$out" 2>"$err"; then
+    if python3 - "$out" <<'PY'; then
+import json, sys
+keys = """daemons ranks params buckets bytes zerod_iter_ms gloo_iter_ms algbw_zerod algbw_gloo
+busbw_zerod busbw_gloo vs_gloo""".split()
+try:
+    j = json.load(open(sys.argv[1]))
+except ValueError as e:
+    print(f"# not one JSON object: {e}")
+    sys.exit(1)
+bad = [k for k in keys if not isinstance(j.get(k), (int, float))]
+if bad:
+    print(f"# missing or not numbers: {' '.join(bad)}")
+    sys.exit(1)
+PY
+        echo "ok 3 - zerod-bench --daemons 2: one JSON object with every key"
+    else
+        echo "not ok 3 - zerod-bench --daemons 2: JSON output"
+        sed 's/^/# /' "$out"
+    fi
+elif [ $? -eq 2 ] && grep -q unavailable "$err"; then
+    echo "ok 3 # SKIP --daemons: zerod was built without gloo"
+else
+    echo "not ok 3 - zerod-bench --daemons 2 failed"
+    sed 's/^/# /' "$err"
 fi

@@ -17,12 +17,15 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -34,6 +37,19 @@
 #define STEP_TIMEOUT_MS 60000
 
 /* ---- the daemon ---- */
+
+void bench_rmdir(const char *path)
+{
+	DIR *dir = opendir(path);
+	struct dirent *e;
+
+	while (dir && (e = readdir(dir)))
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			unlinkat(dirfd(dir), e->d_name, 0);
+	if (dir)
+		closedir(dir);
+	rmdir(path);
+}
 
 int daemon_start(struct bench_daemon *d, const char *bin)
 {
@@ -91,15 +107,7 @@ int daemon_stop(struct bench_daemon *d)
 	if (d->dir[0]) {
 		/* The socket, the log, and whatever else zerod left beside them
 		 * (its socket's lock file). */
-		DIR *dir = opendir(d->dir);
-		struct dirent *e;
-
-		while (dir && (e = readdir(dir)))
-			if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-				unlinkat(dirfd(dir), e->d_name, 0);
-		if (dir)
-			closedir(dir);
-		rmdir(d->dir);
+		bench_rmdir(d->dir);
 		d->dir[0] = 0;
 	}
 	return r;
@@ -162,6 +170,8 @@ struct run {
 	const struct bench_daemon *d;
 	const struct bench_cfg *cfg;
 	const char *job;
+	char rdzv[32];   /* "127.0.0.1:PORT" with several daemons */
+	char secret[33]; /* random hex, likewise */
 	struct zc_plan plan;
 	int warmup, iters; /* samples = iters */
 	pid_t zerod;
@@ -260,6 +270,20 @@ static int rank_main(struct run *run, uint32_t rank)
 	zc.job_id = run->job;
 	zc.rank = zc.local_rank = rank;
 	zc.world_size = zc.local_size = run->cfg->ranks;
+	if (run->cfg->daemons >= 2) {
+		uint32_t n = run->cfg->daemons, w = run->cfg->ranks, node = 0;
+
+		while (node + 1 < n && rank >= (node + 1) * w / n)
+			node++;
+		zc.socket = run->d[node].sock;
+		zc.local_rank = rank - node * w / n;
+		zc.local_size = (node + 1) * w / n - node * w / n;
+		zc.rdzv = run->rdzv;
+		zc.job_secret = run->secret;
+		zc.nnodes = n;
+		zc.node_rank = node;
+		zc.has_node_rank = 1;
+	}
 	zc.connect_timeout_ms = 10000;
 	zc.register_timeout_ms = 120000;
 	r = zc_connect(&zc, &c);
@@ -338,6 +362,32 @@ static void end_run(struct run *run)
 		munmap(run->sh, size);
 }
 
+/* A free loopback port (bound to port 0, read back, closed: the daemon of
+ * node 0 binds it a moment later) and a random secret. */
+static int rdzv_setup(struct run *run)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(a);
+	unsigned char key[16];
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 ||
+	    getsockname(fd, (struct sockaddr *)&a, &len) < 0)
+		r = -errno;
+	close(fd);
+	if (r < 0)
+		return r;
+	if (getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key))
+		return -EIO;
+	for (size_t i = 0; i < sizeof(key); i++)
+		snprintf(run->secret + 2 * i, 3, "%02x", key[i]);
+	snprintf(run->rdzv, sizeof(run->rdzv), "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+	return 0;
+}
+
 int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 		   struct job_result *ret)
 {
@@ -355,6 +405,12 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 
 	if (!segs || !bks || !it)
 		goto out;
+	if (cfg->daemons >= 2) {
+		r = rdzv_setup(&run);
+		if (r < 0)
+			goto out;
+		r = -ENOMEM;
+	}
 	for (uint32_t b = 0; b < cfg->nbuckets; b++) {
 		uint64_t numel = left < cfg->bucket_numel ? left : cfg->bucket_numel;
 		segs[b] = (struct zc_segment){

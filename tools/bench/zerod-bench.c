@@ -9,6 +9,21 @@
  * --vs-torch the torch anchor (tools/bench/torch_anchor.py: DDP +
  * ZeroRedundancyOptimizer over gloo). It prints a table, or with --json one
  * JSON object; docs/PERFORMANCE.md says what every value means.
+ *
+ * --daemons N (N >= 2, only where gloo is built) instead starts N daemons on
+ * loopback, spreads the ranks over them (node k: ranks [k*R/N, (k+1)*R/N)),
+ * runs the same job across them through a rendezvous on a free loopback
+ * port, and then gloo's own all-reduce of the same buckets between N forked
+ * processes (gloo_raw.c). What it reports, per iteration (median):
+ *   bytes        = params x 4, the gradient bytes of all buckets;
+ *   algbw_zerod  = bytes / zerod's iteration time, the slowest rank's
+ *                  first zc_bucket_ready() to its step done: this includes
+ *                  the local reduce, the optimizer step and the write-back,
+ *                  so it understates the network part;
+ *   algbw_gloo   = bytes / the time of gloo::allreduce of every bucket;
+ *   busbw        = algbw x 2(n-1)/n, n = nodes (nccl-tests' all-reduce);
+ *   vs_gloo      = busbw_zerod / busbw_gloo.
+ * The floors, the handoff and the torch anchor are not run in this mode.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -114,7 +129,8 @@ static void usage(FILE *f)
 		   "  --params N         fp32 parameters (K/M/G, decimal; default 25M)\n"
 		   "  --buckets N        split them into N equal buckets, or\n"
 		   "  --bucket-size B    buckets of B bytes (default 25M, as DDP's bucket_cap)\n"
-		   "  --ranks R          trainer processes (default 2)\n"
+		   "  --ranks R          trainer processes (default 2, or N with --daemons N)\n"
+		   "  --daemons N        N >= 2 daemons on loopback, vs raw gloo (needs gloo)\n"
 		   "  --optim O          sgd|adam|adamw (default adam)\n"
 		   "  --shard S          bucket|slice (default bucket)\n"
 		   "  --step S           interleaved|at_end (default interleaved)\n"
@@ -149,6 +165,7 @@ enum {
 	OPT_SCRIPT,
 	OPT_JSON,
 	OPT_HELP,
+	OPT_DAEMONS,
 };
 
 static const struct option longopts[] = {
@@ -170,6 +187,7 @@ static const struct option longopts[] = {
 	{"torch-script", required_argument, NULL, OPT_SCRIPT},
 	{"json", no_argument, NULL, OPT_JSON},
 	{"help", no_argument, NULL, OPT_HELP},
+	{"daemons", required_argument, NULL, OPT_DAEMONS},
 	{0},
 };
 
@@ -177,6 +195,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
 	struct bench_cfg *cfg = &o->cfg;
 	uint64_t buckets = 0, v;
+	bool ranks_set = false;
 	long n;
 	int opt, r = 0;
 
@@ -218,6 +237,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case OPT_RANKS:
 			r = parse_int(optarg, 1, 64, &n);
 			cfg->ranks = (uint32_t)n;
+			ranks_set = true;
+			break;
+		case OPT_DAEMONS:
+			r = parse_int(optarg, 2, 16, &n);
+			cfg->daemons = (uint32_t)n;
 			break;
 		case OPT_OPTIM:
 			if (!strcmp(optarg, "sgd"))
@@ -294,6 +318,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	}
 	if (r < 0)
 		return r;
+	if (cfg->daemons && !ranks_set && cfg->daemons > cfg->ranks)
+		cfg->ranks = cfg->daemons;
+	if (cfg->daemons > cfg->ranks) {
+		fprintf(stderr, "zerod-bench: --ranks must be at least --daemons\n");
+		return -EINVAL;
+	}
 	if (cfg->optim == ZC_OPT_SGD)
 		cfg->hp.momentum = 0.9;
 	if (cfg->optim == ZC_OPT_ADAMW)
@@ -500,6 +530,100 @@ static void dump_log(const struct bench_daemon *d)
 		fclose(f);
 }
 
+/* ---- --daemons N: the job across N daemons, and raw gloo ---- */
+
+static void print_daemons(const struct opts *o, const struct job_result *job, double gloo_ms)
+{
+	const struct bench_cfg *c = &o->cfg;
+	double n = c->daemons, f = 2.0 * (n - 1) / n, bytes = 4.0 * (double)c->params;
+	double algz = bytes / (job->iter_ms * 1e6), algg = bytes / (gloo_ms * 1e6);
+
+	if (o->json) {
+		printf("{\n  \"schema\": \"zerod-bench-daemons/1\",\n");
+		printf("  \"daemons\": %u,\n  \"params\": %llu,\n  \"buckets\": %u,\n", c->daemons,
+		       (unsigned long long)c->params, c->nbuckets);
+		printf("  \"bucket_numel\": %llu,\n  \"ranks\": %u,\n  \"optim\": \"%s\",\n",
+		       (unsigned long long)c->bucket_numel, c->ranks, optim_name[c->optim]);
+		printf("  \"shard\": \"%s\",\n  \"step\": \"%s\",\n",
+		       c->shard == ZC_SHARD_SLICE ? "slice" : "bucket",
+		       c->step == ZC_STEP_AT_END ? "at_end" : "interleaved");
+		printf("  \"iters\": %d,\n  \"warmup\": %d,\n", c->iters, c->warmup);
+		jnum("bytes", bytes, "%.0f", false);
+		jnum("zerod_iter_ms", job->iter_ms, "%.3f", false);
+		jnum("zerod_iter_min_ms", job->iter_min_ms, "%.3f", false);
+		jnum("gloo_iter_ms", gloo_ms, "%.3f", false);
+		jnum("algbw_zerod", algz, "%.3f", false);
+		jnum("algbw_gloo", algg, "%.3f", false);
+		jnum("busbw_zerod", algz * f, "%.3f", false);
+		jnum("busbw_gloo", algg * f, "%.3f", false);
+		jnum("vs_gloo", ratio(algz, algg), "%.3f", true);
+		printf("}\n");
+		return;
+	}
+	printf("zerod-bench: %u daemons on loopback, %.2fM params (%.1f MB) in %u buckets, "
+	       "%u ranks, %s, shard %s, step %s\n%d iterations after %d warm-up\n\n",
+	       c->daemons, (double)c->params / 1e6, bytes / 1e6, c->nbuckets, c->ranks,
+	       optim_name[c->optim], c->shard == ZC_SHARD_SLICE ? "slice" : "bucket",
+	       c->step == ZC_STEP_AT_END ? "at_end" : "interleaved", c->iters, c->warmup);
+	printf("all-reduce of %.1f MB per iteration (median), busbw = algbw x 2(n-1)/n\n",
+	       bytes / 1e6);
+	printf("  zerod (whole iteration)  %9.2f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n",
+	       job->iter_ms, algz, algz * f);
+	printf("  raw gloo::allreduce      %9.2f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n", gloo_ms,
+	       algg, algg * f);
+	printf("  zerod / gloo             %9.3f\n", ratio(algz, algg));
+}
+
+static int run_daemons(const struct opts *o)
+{
+#ifdef ZEROD_BENCH_GLOO
+	const struct bench_cfg *cfg = &o->cfg;
+	struct bench_daemon d[16];
+	struct job_result job = {0};
+	double gloo_ms = NAN;
+	const char *step = "starting zerod";
+	uint32_t k;
+	int r = 0;
+
+	memset(d, 0, sizeof(d));
+	for (k = 0; k < cfg->daemons && r == 0; k++) {
+		r = daemon_start(&d[k], cfg->zerod);
+		if (r < 0)
+			dump_log(&d[k]);
+	}
+	if (r == 0) {
+		progress("zerod: iterations across daemons");
+		step = "iterations";
+		r = job_iterations(d, cfg, &job);
+		if (r < 0)
+			for (k = 0; k < cfg->daemons; k++)
+				dump_log(&d[k]);
+	}
+	for (k = 0; k < cfg->daemons; k++)
+		if (daemon_stop(&d[k]) != 0 && r == 0) {
+			step = "stopping zerod";
+			r = -ECHILD;
+		}
+	if (r == 0) {
+		progress("raw gloo all-reduce");
+		step = "raw gloo";
+		r = gloo_raw_allreduce(cfg->daemons, cfg, &gloo_ms);
+	}
+	if (r < 0) {
+		fprintf(stderr, "zerod-bench: %s: %s\n", step, zc_strerror(r));
+		return 1;
+	}
+	print_daemons(o, &job, gloo_ms);
+	return 0;
+#else
+	(void)o;
+	(void)print_daemons;
+	fprintf(stderr, "zerod-bench: --daemons is unavailable: zerod was built without gloo "
+			"(libgloo-dev, -Dgloo)\n");
+	return 2;
+#endif
+}
+
 static int run(int argc, char **argv)
 {
 	struct opts o = {0};
@@ -514,6 +638,8 @@ static int run(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (cfg->daemons)
+		return run_daemons(&o);
 	x.state_bytes = 4ull * cfg->params * bench_state_floats(cfg);
 	x.loadavg = loadavg();
 	progress("floors: memcpy, triad, AF_UNIX round trip, fused reference");
