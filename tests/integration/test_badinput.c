@@ -420,68 +420,15 @@ static int make_shm(const char *name, size_t bytes)
 	return 0;
 }
 
-/* A world-1 job's RegisterPlan, sent raw: the small plan, and shm objects
- * of the right size made by the test (the sizes and names may then be
- * changed before sending). */
-struct small_reg {
-	struct small_plan sp;
-	struct plan *p;
-	Zerod__V1__Plan pb;
-	Zerod__V1__ShmBuffers shm;
-	Zerod__V1__RegisterPlan rp;
-	Zerod__V1__Envelope env;
-	char grad[96], param[96];
-	uint64_t bytes;
-};
-
-static int small_reg_init(struct small_reg *g, const char *tag)
-{
-	char err[256];
-
-	memset(g, 0, sizeof(*g));
-	small_plan(&g->sp, 2, 0);
-	if (plan_from_zc(&g->sp.plan, &g->p, err, sizeof(err)) < 0 ||
-	    plan_to_pb(g->p, &g->pb) < 0) {
-		printf("# plan: %s\n", err);
-		return -1;
-	}
-	g->bytes = plan_buffer_bytes(g->p);
-	snprintf(g->grad, sizeof(g->grad), "/zerodtest-%s-%d-grad", tag, (int)getpid());
-	snprintf(g->param, sizeof(g->param), "/zerodtest-%s-%d-param", tag, (int)getpid());
-	if (make_shm(g->grad, g->bytes) < 0 || make_shm(g->param, g->bytes) < 0)
-		return -1;
-	g->shm = (Zerod__V1__ShmBuffers)ZEROD__V1__SHM_BUFFERS__INIT;
-	g->shm.grad_name = g->grad;
-	g->shm.grad_bytes = g->bytes;
-	g->shm.param_name = g->param;
-	g->shm.param_bytes = g->bytes;
-	g->rp = (Zerod__V1__RegisterPlan)ZEROD__V1__REGISTER_PLAN__INIT;
-	g->rp.plan = &g->pb;
-	g->rp.shm = &g->shm;
-	g->env = (Zerod__V1__Envelope)ZEROD__V1__ENVELOPE__INIT;
-	g->env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
-	g->env.register_plan = &g->rp;
-	return 0;
-}
-
-static void small_reg_free(struct small_reg *g)
-{
-	shm_unlink(g->grad);
-	shm_unlink(g->param);
-	if (g->p)
-		plan_pb_free(&g->pb);
-	plan_free(g->p);
-}
-
 /* 5. shm buffers of the wrong size, and a grad_bytes that does not match */
 static int c_size(void *arg, int idx)
 {
-	struct small_reg g;
+	struct raw_reg g;
 	struct raw r = {0};
 	char small[96], want[160];
 
 	(void)arg, (void)idx;
-	if (small_reg_init(&g, "size") < 0)
+	if (raw_reg_init(&g, "size") < 0)
 		return 1;
 	snprintf(small, sizeof(small), "/zerodtest-size-%d-small", (int)getpid());
 	if (make_shm(small, g.bytes / 2) < 0 || raw_open(&r, daemon_.sock, 0) < 0)
@@ -510,7 +457,7 @@ static int c_size(void *arg, int idx)
 	raw_goodbye(&r);
 
 	shm_unlink(small);
-	small_reg_free(&g);
+	raw_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }
@@ -521,12 +468,12 @@ static int c_size(void *arg, int idx)
  * of lingering until the stall timeout. */
 static int c_vanish(void *arg, int idx)
 {
-	struct small_reg g;
+	struct raw_reg g;
 	struct raw r = {0};
 	char want[96];
 
 	(void)arg, (void)idx;
-	if (small_reg_init(&g, "vanish") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
+	if (raw_reg_init(&g, "vanish") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	raw_hello(&r, "vanish");
 	raw_send(&r, &g.env);
@@ -541,7 +488,7 @@ static int c_vanish(void *arg, int idx)
 		 (int)getpid());
 	/* well before the stall timeout (STALL_MS) */
 	EXPECT(zd_wait_log(&daemon_, want, 1000), "no '%s' in the daemon's log within 1 s", want);
-	small_reg_free(&g);
+	raw_reg_free(&g);
 	return child_bad;
 }
 
@@ -555,12 +502,12 @@ static void t_vanish(void)
  * and the job beside it go on. */
 static int c_shrink(void *arg, int idx)
 {
-	struct small_reg g;
+	struct raw_reg g;
 	struct raw r = {0};
 	int fd;
 
 	(void)arg, (void)idx;
-	if (small_reg_init(&g, "shrink") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
+	if (raw_reg_init(&g, "shrink") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	fd = shm_open(g.grad, O_RDWR, 0);
 	raw_hello(&r, "shrink");
@@ -571,7 +518,7 @@ static int c_shrink(void *arg, int idx)
 	raw_expect_error(&r, ZC_EMAP, "shrank", "bucket 0 over a truncated buffer");
 	if (fd >= 0)
 		close(fd);
-	small_reg_free(&g);
+	raw_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }
@@ -586,12 +533,12 @@ static void t_shrink(void)
  * refused: the daemon never maps memory that is not the trainer's own. */
 static int c_foreign(void *arg, int idx)
 {
-	struct small_reg g;
+	struct raw_reg g;
 	struct raw r = {0};
 	int fd;
 
 	(void)arg, (void)idx;
-	if (small_reg_init(&g, "foreign") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
+	if (raw_reg_init(&g, "foreign") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	fd = shm_open(g.grad, O_RDWR, 0);
 	EXPECT(fd >= 0 && fchown(fd, 65534, 65534) == 0, "chown to nobody: %s", strerror(errno));
@@ -601,7 +548,7 @@ static int c_foreign(void *arg, int idx)
 	raw_send(&r, &g.env);
 	raw_expect_error(&r, ZC_EMAP, "belongs to uid 65534", "another user's shared memory");
 	raw_goodbye(&r);
-	small_reg_free(&g);
+	raw_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }
@@ -702,12 +649,12 @@ static void t_order(void)
  * the iteration then completes. */
 static int c_order_raw(void *arg, int idx)
 {
-	struct small_reg g;
+	struct raw_reg g;
 	struct raw r = {0};
 	int answered = 0;
 
 	(void)arg, (void)idx;
-	if (small_reg_init(&g, "order-raw") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
+	if (raw_reg_init(&g, "order-raw") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
 		return 1;
 	raw_hello(&r, "order-raw");
 	raw_send(&r, &g.env);
@@ -742,7 +689,7 @@ static int c_order_raw(void *arg, int idx)
 	raw_goodbye(&r);
 	EXPECT(zd_wait_log(&daemon_, "were not logged", 3000),
 	       "the log does not say errors were left out");
-	small_reg_free(&g);
+	raw_reg_free(&g);
 	raw_close(&r);
 	return child_bad;
 }
