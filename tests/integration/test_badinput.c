@@ -950,7 +950,7 @@ static void t_orphan_shm(void)
 	     (left = shm_count(prefix[0], false) - 1) != 0 && test_ms() < end;)
 		usleep(10000);
 	CHECK(left == 0, "%d buffers of the killed rank 0 left in /dev/shm after 3 s", left);
-	CHECK(zd_log_has(&daemon_, "left by its exited trainer"), "the daemon did not log it");
+	CHECK(zd_wait_log(&daemon_, "left by its exited trainer", 2000), "the daemon did not log it");
 	for (int i = 0; i < 300 && (left = shm_count(prefix[1], false)) != 0; i++)
 		usleep(10000);
 	CHECK(left == 0, "%d buffers of rank 1, whose job ended, left in /dev/shm", left);

@@ -596,7 +596,7 @@ static void t_exit_during_flood(void)
 	signal_pipe(go[1]);
 	expect_exit(ex, 0, 10000, "the exiting trainer");
 	expect_exit(fl, 0, flood_ms + 10000, "the flood");
-	CHECK(zd_log_has(&daemon_, "job exiter: failed: ZC_ERANKDEAD: rank 0"),
+	CHECK(zd_wait_log(&daemon_, "job exiter: failed: ZC_ERANKDEAD: rank 0", 2000),
 	      "the exit was not noticed");
 	bg_check(&sh->bg, "an exit during a flood");
 	pipes_close();
@@ -888,7 +888,7 @@ static void t_log_forging(void)
 	expect_exit(spawn_ok(c_forge, NULL, 0), 0, 15000, "log forging");
 	for (int i = 0; i < 100 && !zd_log_has(&daemon_, "forge\\x0a<0>FORGED"); i++)
 		usleep(10000);
-	CHECK(zd_log_has(&daemon_, "forge\\x0a<0>FORGED"), "the escaped name is not logged");
+	CHECK(zd_wait_log(&daemon_, "forge\\x0a<0>FORGED", 2000), "the escaped name is not logged");
 	CHECK(!zd_log_has(&daemon_, "\n<0>FORGED"), "a client wrote a log line of its own");
 	bg_check(&sh->bg, "log forging");
 	settle("log forging");
@@ -1055,7 +1055,7 @@ static void t_log_flood(void)
 	lines = zd_log_lines(&daemon_) - before;
 	test_note("%d log lines in %d ms of Hello+Goodbye", lines, ms);
 	CHECK(lines < LOG_LINES_MAX, "%d log lines", lines);
-	CHECK(zd_log_has(&daemon_, "lines its clients caused were not logged"),
+	CHECK(zd_wait_log(&daemon_, "lines its clients caused were not logged", 2000),
 	      "the log does not say lines were left out");
 	bg_check(&sh->bg, "a Hello+Goodbye loop");
 	settle("a Hello+Goodbye loop");

@@ -546,7 +546,7 @@ static void t_rendezvous_lost_after_forming(void)
 		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
 		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
 		      s.results[r].msg);
-	CHECK(zd_log_has(&cl.zd[1], "lost the rendezvous"), "node 1 never noticed");
+	CHECK(zd_wait_log(&cl.zd[1], "lost the rendezvous", 2000), "node 1 never noticed");
 	/* the run is over on both nodes (its job id is free again) */
 	CHECK(zd_wait_log(&cl.zd[0], "job rdzvlost: ended", 10000) &&
 		      zd_wait_log(&cl.zd[1], "job rdzvlost: ended", 10000),
@@ -641,10 +641,12 @@ static void t_wrong_secret_and_garbage_refused(void)
 	CHECK(zd_wait_log(&cl.zd[0], "ends: on node 1", 3000) ||
 		      zd_wait_log(&cl.zd[1], "ends: on node 0", 3000),
 	      "neither node heard the other end");
-	CHECK(zd_log_has(&cl.zd[0], "wrong secret for job secret"), "no wrong secret logged");
-	CHECK(zd_log_has(&cl.zd[0], "refused 127.0.0.1:"), "no peer address logged");
-	CHECK(zd_log_has(&cl.zd[0], "a frame larger than allowed"), "the HTTP request not logged");
-	CHECK(zd_log_has(&cl.zd[0], "bytes that are not a rendezvous message"),
+	CHECK(zd_wait_log(&cl.zd[0], "wrong secret for job secret", 2000),
+	      "no wrong secret logged");
+	CHECK(zd_wait_log(&cl.zd[0], "refused 127.0.0.1:", 2000), "no peer address logged");
+	CHECK(zd_wait_log(&cl.zd[0], "a frame larger than allowed", 2000),
+	      "the HTTP request not logged");
+	CHECK(zd_wait_log(&cl.zd[0], "bytes that are not a rendezvous message", 2000),
 	      "the junk not logged");
 	if (silent >= 0)
 		close(silent);
