@@ -293,7 +293,7 @@ static void share_socket(bool share)
 
 static void t_bg_start(void)
 {
-	REQUIRE(bg_start(&sh->bg, &daemon_, "bg"), "job sh->bg did not get going in 15 s");
+	REQUIRE(bg_start(&sh->bg, &daemon_, "bg"), "job bg did not get going in 15 s");
 	REQUIRE(level_get(&daemon_, &sh->base), "no status line from zerod");
 	test_note("levels: %d fds, %u jobs, %u sessions, %u connections, %llu bytes", sh->base.fds,
 		  sh->base.st.jobs, sh->base.st.sessions, sh->base.st.conns, sh->base.st.memory);
@@ -304,7 +304,7 @@ static void t_bg_start(void)
 
 /* 1. Far more bare connections than fds (zerod runs with RLIMIT_NOFILE
  * 512): libzmq would abort in accept() with EMFILE. The connections over the
- * limit are closed instead, sh->bg trains on. */
+ * limit are closed instead, bg trains on. */
 #define BARE_CONNS 700
 
 static int c_bare_connections(void *arg, int idx)
@@ -580,7 +580,7 @@ static int c_exiter(void *arg, int idx)
 }
 
 /* 3. A trainer exits while another peer floods: the exit is handled without
- * draining the flood, sh->bg's completions keep coming. */
+ * draining the flood, bg's completions keep coming. */
 static void t_exit_during_flood(void)
 {
 	static int flood_ms = 2000;
@@ -657,7 +657,7 @@ static void t_huge_before_hello(void)
 	settle("huge messages before Hello");
 }
 
-/* 6. Silent Hellos fill --max-jobs (5, sh->bg holds one) and time out (join
+/* 6. Silent Hellos fill --max-jobs (5, bg holds one) and time out (join
  * timeout 1 s): their slots and sessions are free at once, though their
  * connections stay open, and a new job trains. */
 static int c_silent(void *arg, int idx)
@@ -1236,7 +1236,7 @@ static void t_socket_not_a_socket(void)
 static void t_bg_survived(void)
 {
 	REQUIRE(sh->bg.pids[0] > 0, "bg did not start");
-	CHECK(bg_running(&sh->bg), "job sh->bg ended");
+	CHECK(bg_running(&sh->bg), "job bg ended");
 	bg_stop(&sh->bg);
 	if (test_failed_)
 		zd_dump_log(&daemon_);

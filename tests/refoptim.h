@@ -1,0 +1,21 @@
+/*
+ * refoptim.h — the tests' single-process reference optimizers: plain loops
+ * in optim.h's order and rounding, which the daemon's results must equal bit
+ * for bit. One copy for every test that checks a trained result.
+ */
+#ifndef ZEROD_TEST_REFOPTIM_H
+#define ZEROD_TEST_REFOPTIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zeroclient.h"
+
+/* torch's SGD over n elements; first: no momentum buffer yet. */
+void ref_sgd(const struct zc_param_group *h, float *p, const float *g, float *m, bool first,
+	     uint64_t n);
+/* torch's Adam (decoupled: AdamW) update number `step` (1 for the first). */
+void ref_adam(bool decoupled, const struct zc_param_group *h, uint64_t step, float *p,
+	      const float *g, float *m, float *v, float *vmax, uint64_t n);
+
+#endif
