@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build with -Werror, run
 # every meson suite (unit, integration, fuzz, ops), then the same suites once more
-# built with AddressSanitizer + UBSan (tools/sanitize.sh asan), and print one
-# closing line that counts both runs. Fails if either run fails.
+# built with AddressSanitizer + UBSan (tools/sanitize.sh asan), then the
+# libFuzzer targets for a short while (tools/fuzz.sh), and print one closing
+# line that counts every run. Fails if any run fails.
 #
 #   tools/test.sh [meson test args...]     e.g. tools/test.sh --suite unit
-#   ZEROD_TEST_ASAN=0 tools/test.sh        the plain run only
+#   ZEROD_TEST_ASAN=0 tools/test.sh        without the sanitizer run
+#   ZEROD_TEST_LIBFUZZER=0 tools/test.sh   without the libFuzzer run (it runs only
+#                                          when no meson test args are given)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$top/build}
@@ -24,6 +27,13 @@ if [ "${ZEROD_TEST_ASAN:-1}" != 0 ]; then
     rm -f "$build-asan/meson-logs/testlog.json"
     BUILD_DIR=$build "$top/tools/sanitize.sh" asan "${args[@]}" || status=$?
     logs+=("$build-asan/meson-logs/testlog.json")
+fi
+
+if [ $# -eq 0 ] && [ "${ZEROD_TEST_LIBFUZZER:-1}" != 0 ]; then
+    echo "== the coverage-guided fuzzers, ${ZEROD_FUZZ_SECONDS:-20} s each (${build}-fuzz)"
+    rm -f "$build-fuzz/meson-logs/testlog.json"
+    BUILD_DIR=$build "$top/tools/fuzz.sh" "${ZEROD_FUZZ_SECONDS:-20}" || status=$?
+    logs+=("$build-fuzz/meson-logs/testlog.json")
 fi
 
 # One line any CI can read: subtests (TAP cases) counted over all suites and runs.
