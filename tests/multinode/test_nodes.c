@@ -16,7 +16,10 @@
  *    dies on one node, the rendezvous connection lost after forming (the job
  *    trains on; the next run of the job id fails at its join timeout), a
  *    wrong secret and garbage on the rendezvous port (refused, logged with
- *    the peer's address, the job undisturbed).
+ *    the peer's address, the job undisturbed);
+ *  - peers that know the secret but not their place (issue 11): a node that
+ *    joins a formed job again, one that brings another node's rank: only
+ *    they are refused, with a named error; the job forms and trains.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -653,6 +656,64 @@ static void t_wrong_secret_and_garbage_refused(void)
 	cluster_stop(&cl, -1);
 }
 
+/* Peers that know the secret but not their place (issue 11 §4): a node
+ * that joins a formed job a second time, and, before the job forms, a node
+ * that claims ranks another node already brought. Each is refused with a
+ * named error; the real job forms and trains to the reference. */
+static void t_join_twice_and_claimed_ranks_refused(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+	static const uint32_t claims_rank0[] = {1, 0}; /* rank 0, alone on "node 1" */
+	struct cluster cl;
+	struct train_spec s, twice, claim;
+	const char *other_socks[2];
+	pid_t pids[2], p;
+	int st[2];
+
+	REQUIRE(cluster_start_args(&cl, 3, 6000, HELLO_MS) == 0, "cannot start 3 daemons");
+	cl.n = 2; /* the job's nodes; daemon 2 is the intruders' */
+	s = spec_for(&cl, "places", 2, node_of, true);
+	s.iters = 6;
+	s.sleep_us = 200000; /* it trains while the intruders come */
+	cl.n = 3;
+	other_socks[0] = cl.socks[0];
+	other_socks[1] = cl.socks[2];
+
+	/* before node 1 comes: daemon 2 brings rank 0 as node 1 */
+	start_ranks(&s, pids, 0, 1);
+	REQUIRE(zd_wait_log(&cl.zd[0], "rendezvous: serving", 10000), "no rendezvous served");
+	claim = s;
+	claim.node_of = claims_rank0;
+	claim.sockets = other_socks;
+	claim.results = results_new();
+	p = spawn(rank_main, &claim, 0);
+	CHECK(wait_child(p, 20000) != 0, "a second rank 0 trained");
+	CHECK(claim.results[0].code != 0 && has(claim.results[0].msg, "rank 0"),
+	      "claimed rank: %s: %s", zc_strerror_name(claim.results[0].code),
+	      claim.results[0].msg);
+
+	/* the real node 1 joins; the job forms */
+	start_ranks(&s, pids, 1, 2);
+	REQUIRE(zd_wait_log(&cl.zd[0], "job places: formed over", 20000), "the job did not form");
+	/* daemon 2 brings node 1's rank again */
+	twice = s;
+	twice.sockets = other_socks;
+	twice.results = results_new();
+	p = spawn(rank_main, &twice, 1);
+	CHECK(wait_child(p, 20000) != 0, "node 1 joined twice and trained");
+	CHECK(twice.results[1].code == ZC_EJOBFAILED &&
+		      has(twice.results[1].msg, "formed already with its 2 nodes"),
+	      "second node 1: %s: %s", zc_strerror_name(twice.results[1].code),
+	      twice.results[1].msg);
+
+	wait_ranks(pids, 0, 2, st, 60000);
+	for (uint32_t r = 0; r < 2; r++)
+		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
+		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
+		      s.results[r].msg);
+	cluster_stop(&cl, -1);
+}
+
 /* What the client and the daemon refuse before any node meets. */
 static void t_settings_checked(void)
 {
@@ -731,6 +792,7 @@ static const struct test_case cases[] = {
 	{"rank_dies_on_one_node_every_node_told", t_rank_dies_on_one_node, 60000},
 	{"rendezvous_lost_after_forming_job_goes_on", t_rendezvous_lost_after_forming, 60000},
 	{"wrong_secret_and_garbage_refused_and_logged", t_wrong_secret_and_garbage_refused, 60000},
+	{"join_twice_and_claimed_ranks_refused", t_join_twice_and_claimed_ranks_refused, 90000},
 };
 
 TEST_MAIN(cases)
