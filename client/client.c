@@ -1112,6 +1112,23 @@ int zc_register_buffers(zc_client *c, const struct zc_plan *zp, const struct zc_
 	return register_fds(c, zp, &b, __func__);
 }
 
+int zc_plan_buffer_bytes(const struct zc_plan *zp, uint64_t *ret_bytes)
+{
+	struct plan *p;
+	char err[256];
+	int r;
+
+	if (!zp || !ret_bytes)
+		return err_set(-EINVAL, "zc_plan_buffer_bytes: %s is NULL",
+			       zp ? "ret_bytes" : "the plan");
+	r = plan_from_zc(zp, &p, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "%s", err);
+	*ret_bytes = plan_buffer_bytes(p);
+	plan_free(p);
+	return 0;
+}
+
 int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 {
 	struct zc_buffers b = ZC_BUFFERS_INIT;

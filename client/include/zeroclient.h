@@ -336,9 +336,11 @@ void zc_close(zc_client *c);
  * than the trainers (see "Running zerod as another user" below).
  *
  * Each of the two buffers (gradients, parameters) holds the plan's buckets
- * back to back, plan bytes in all: 4 bytes per element of every bucket, in
- * bucket order (zc_grad_buffer(c, b) - zc_grad_buffer(c, 0) is where bucket
- * b starts). The zerod daemon checks each buffer and refuses it with
+ * in bucket order, each aligned for vector loads: zc_plan_buffer_bytes()
+ * says how many bytes in all, and (char *)zc_grad_buffer(c, b) - (char
+ * *)zc_grad_buffer(c, 0) where bucket b starts (the same in both buffers,
+ * and in the caller's own mappings). The zerod daemon checks each buffer and
+ * refuses it with
  * ZC_EBUFFER, the reason in zc_error_message(), unless it is:
  *  - a memfd (not a regular file, pipe, socket, /dev/shm object...);
  *  - sealed against shrinking (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), which
@@ -364,6 +366,16 @@ struct zc_buffers {
 	}
 
 int zc_buffers_init(struct zc_buffers *b, size_t size);
+
+/*
+ * The size in bytes of each of plan's two buffers (what a memfd must hold
+ * from its offset). ZC_EPLANINVAL (or -EINVAL / -E2BIG for a struct size)
+ * with the reason in zc_error_message() for a plan zc_register_buffers()
+ * would refuse.
+ * Ownership: plan is only read; *ret_bytes is written on success.
+ * Threads:   any thread.  Blocking: no.
+ */
+int zc_plan_buffer_bytes(const struct zc_plan *plan, uint64_t *ret_bytes);
 
 /*
  * Hand this rank's gradient and parameter buffers for plan to the daemon:
