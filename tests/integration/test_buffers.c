@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "raw.h"
 #include "testlib.h"
 #include "trainer.h"
 #include "zctest.h"
@@ -487,6 +488,47 @@ static void t_args(void)
 	CHECK(wait_child(spawn(args_child, NULL, 0), 30000) == 0, "zc_register_buffers' arguments");
 }
 
+/* ---- RegisterPlan over the wire ---- */
+
+/* A RegisterPlan naming buffers never passed (an unknown serial), or naming
+ * none, or both kinds: refused with a reason, the session stays usable. */
+static int raw_child(void *arg, int idx)
+{
+	Zerod__V1__FdBuffers fds = ZEROD__V1__FD_BUFFERS__INIT;
+	struct raw_reg g;
+	struct raw r;
+
+	(void)arg, (void)idx;
+	if (raw_open(&r, daemon_.sock, 0) < 0 || raw_reg_init(&g, "bufs") < 0)
+		return 1;
+	raw_hello(&r, "raw-bufs");
+	fds.serial = 12345;
+	g.rp.shm = NULL;
+	g.rp.fds = &fds;
+	raw_send(&r, &g.env);
+	raw_expect_error(&r, ZC_EBUFFER, "no buffers 12345 were passed", "unknown serial");
+	g.rp.fds = NULL;
+	raw_send(&r, &g.env);
+	raw_expect_error(&r, ZC_EPROTO, "shm or fds", "no buffers named");
+	g.rp.shm = &g.shm;
+	g.rp.fds = &fds;
+	raw_send(&r, &g.env);
+	raw_expect_error(&r, ZC_EPROTO, "shm or fds", "both kinds named");
+	/* an older client's shm names still register */
+	g.rp.fds = NULL;
+	raw_send(&r, &g.env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "shm buffers");
+	raw_goodbye(&r);
+	raw_reg_free(&g);
+	raw_close(&r);
+	return child_bad;
+}
+
+static void t_raw_register(void)
+{
+	CHECK(wait_child(spawn(raw_child, NULL, 0), 30000) == 0, "RegisterPlan's buffers");
+}
+
 /* ---- no name in /dev/shm ---- */
 
 /* Lines of /proc/PID/maps holding needle. */
@@ -653,6 +695,7 @@ static const struct test_case cases[] = {
 	{"write_sealed_memfd_EBUFFER", t_bad_write_sealed},
 	{"another_users_memfd_EBUFFER", t_bad_other_user},
 	{"register_buffers_arguments", t_args},
+	{"register_plan_names_its_buffers", t_raw_register},
 	{"no_name_in_dev_shm", t_no_name_in_dev_shm},
 	{"trainer_of_another_user_trains", t_trainer_of_another_user},
 	{"background_job_unharmed", t_background_job_unharmed},
