@@ -74,7 +74,8 @@ int bufs_send(const char *path, uint64_t token, const int *fds, int nfds, uint64
 		return -ENAMETOOLONG;
 	}
 	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	/* non-blocking: a full backlog is an error here, not a wait */
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		r = -errno;
 		snprintf(err, errlen, "connect %s: %s", path, strerror(-r));

@@ -471,6 +471,19 @@ static int args_child(void *arg, int idx)
 	b.reserved = 1;
 	EXPECT(zc_register_buffers(c, &plan, &b) == -E2BIG, "reserved set: %s", zc_error_message());
 	b.reserved = 0;
+	{
+		/* a newer caller's struct, setting a field this library lacks */
+		struct {
+			struct zc_buffers b;
+			uint64_t newer;
+		} big = {b, 1};
+		big.b.size = sizeof(big);
+		EXPECT(zc_register_buffers(c, &plan, &big.b) == -E2BIG, "a newer struct: %s",
+		       zc_error_message());
+		big.newer = 0;
+		big.b.size = 4096 + 8;
+		EXPECT(zc_register_buffers(c, &plan, &big.b) == -E2BIG, "size over 4096");
+	}
 	r = zc_register_buffers(c, &plan, &b);
 	EXPECT(r == 0, "good buffers: %s: %s", zc_strerror_name(r), zc_error_message());
 	EXPECT(zc_register_buffers(c, &plan, &b) == ZC_ESTATE, "twice: %s", zc_error_message());
