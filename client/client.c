@@ -1013,9 +1013,9 @@ void zc_close(zc_client *c)
 static void fd_socket(zc_client *c, char *path, size_t len)
 {
 	snprintf(path, len, "%s",
-		 !c->fp_path[0]                                        ? ""
+		 !c->fp_path[0]                                   ? ""
 		 : c->fp_mine[0] && access(c->fp_mine, F_OK) == 0 ? c->fp_mine
-								       : c->fp_path);
+								  : c->fp_path);
 }
 
 static int map_buf(int fd, uint64_t offset, uint64_t bytes, struct host_buf *ret)
@@ -1239,8 +1239,9 @@ int zc_register_plan(zc_client *c)
 	if (!c->plan || c->registered) {
 		client_unlock(c);
 		return err_set(ZC_ESTATE, "zc_register_plan: %s",
-			       c->registered ? "the plan is registered already"
-					     : "no buffers yet (zc_alloc_buffers, zc_register_buffers)");
+			       c->registered
+				       ? "the plan is registered already"
+				       : "no buffers yet (zc_alloc_buffers, zc_register_buffers)");
 	}
 	r = plan_to_pb(c->plan, &pb);
 	if (r < 0) {

@@ -482,7 +482,8 @@ static void on_register_plan(struct daemon *d, const void *route, size_t rlen, s
 	if (!m->shm == !m->fds) {
 		plan_free(p);
 		session_send_error(s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1,
-				   "rank %u: RegisterPlan must name its buffers once: shm or fds", s->rank);
+				   "rank %u: RegisterPlan must name its buffers once: shm or fds",
+				   s->rank);
 		return;
 	}
 	if (m->fds) {
@@ -502,7 +503,8 @@ static void on_register_plan(struct daemon *d, const void *route, size_t rlen, s
 				       .owner = s->uid};
 	}
 	job_register_plan(s->job, s, p, &gd, &pd);
-	/* mapped (or refused: the library passes them again to retry) */
+	/* mapped, or refused: done with them either way (to try again, a
+	 * client passes buffers anew) */
 	fdbufs_free(s);
 }
 

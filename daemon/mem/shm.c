@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <limits.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -87,7 +86,8 @@ static int fd_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map **
 	int seals;
 
 	if (desc->bytes != bytes) {
-		snprintf(err, errlen, "the buffers hold %" PRIu64 " bytes each, the plan needs %" PRIu64,
+		snprintf(err, errlen,
+			 "the buffers hold %" PRIu64 " bytes each, the plan needs %" PRIu64,
 			 desc->bytes, bytes);
 		return ZC_EBUFFER;
 	}
@@ -115,7 +115,8 @@ static int fd_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map **
 	/* Only the trainer's own memory: a memfd belongs to whoever made it,
 	 * and one passed on by another user is not this trainer's to give. */
 	if (desc->owner == (uid_t)-1 || st.st_uid != desc->owner) {
-		snprintf(err, errlen, "%s is another user's buffer (uid %u), not the trainer's (uid %u)",
+		snprintf(err, errlen,
+			 "%s is another user's buffer (uid %u), not the trainer's (uid %u)",
 			 fd_what(desc->fd, name, sizeof(name)), (unsigned)st.st_uid,
 			 (unsigned)desc->owner);
 		return ZC_EBUFFER;
@@ -128,7 +129,8 @@ static int fd_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map **
 	if (bytes == 0 || bytes > SIZE_MAX || desc->offset > (uint64_t)st.st_size ||
 	    (uint64_t)st.st_size - desc->offset < bytes) {
 		snprintf(err, errlen,
-			 "%s is too small: %jd bytes, the buffer needs %" PRIu64 " from offset %" PRIu64,
+			 "%s is too small: %jd bytes, the buffer needs %" PRIu64
+			 " from offset %" PRIu64,
 			 fd_what(desc->fd, name, sizeof(name)), (intmax_t)st.st_size, bytes,
 			 desc->offset);
 		return ZC_EBUFFER;
