@@ -78,7 +78,10 @@ int bufs_send(const char *path, uint64_t token, const int *fds, int nfds, uint64
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "connect %s: %s", path, strerror(-r));
+		snprintf(err, errlen, "connect %s: %s%s", path, strerror(-r),
+			 r == -EACCES ? " (it is zerod's group's: see zeroclient.h, \"Running "
+					"zerod as another user\")"
+				      : "");
 		goto out;
 	}
 	memset(cbuf.buf, 0, sizeof(cbuf.buf));

@@ -24,8 +24,9 @@
  *
  * Threads: a zc_client and the futures it returned may be used from several
  * threads; calls are serialised by a mutex inside the client. Blocking calls
- * (zc_connect, zc_register_plan, zc_future_wait) do not hold that mutex while
- * they sleep, so another thread may call zc_bucket_ready() meanwhile.
+ * (zc_connect, zc_alloc_buffers, zc_register_buffers, zc_register_plan,
+ * zc_future_wait) do not hold that mutex while they sleep, so another thread
+ * may call zc_bucket_ready() meanwhile.
  * zc_close() must not race with any other call on the same client.
  *
  * fork(): a client belongs to the process that connected it. In a child
@@ -97,7 +98,7 @@ unsigned zc_version(void);
 	X(EMAP, -1021, "daemon cannot map the shared buffer")                                      \
 	X(ECONNECT, -1022, "cannot reach the daemon")                                              \
 	X(EINTERNAL, -1023, "internal daemon error")                                               \
-	X(EFORKED, -1024, "client used in a child process after fork")                           \
+	X(EFORKED, -1024, "client used in a child process after fork")                             \
 	X(EBUFFER, -1025, "buffer fd refused")
 
 enum zc_error {
