@@ -1,6 +1,7 @@
 /*
  * client.c — libzeroclient: one DEALER socket to the node's zerod, the
- * rank's shm buffers, and the futures the daemon completes.
+ * rank's buffers (memfds passed to zerod, bufs.c), and the futures the
+ * daemon completes.
  *
  * Every call takes the client's mutex. Waiting never holds it: a waiter
  * drains incoming messages under the lock, then sleeps in epoll_wait() on
@@ -54,6 +55,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "bufs.h"
 #include "common.h"
 #include "fastpath.h"
 #include "internal.h"
@@ -90,8 +92,8 @@ struct zc_future {
 	unsigned waiters;          /* zc_future_wait() calls on it: it stays until they end */
 };
 
-struct shm_buf {
-	char name[128];
+/* A buffer in memory zerod maps too: our own mapping of the memfd. */
+struct host_buf {
 	float *base;
 	size_t bytes;
 };
@@ -117,7 +119,9 @@ struct zc_client {
 	bool bell;             /* epoll saw the doorbell readable: read it before sleeping */
 
 	struct plan *plan;
-	struct shm_buf grad, param;
+	struct host_buf grad, param;
+	uint64_t bufs_serial; /* zerod's name for them (RegisterPlan's FdBuffers) */
+	bool bufs_busy;       /* zc_register_buffers() is talking to zerod */
 	bool registered;
 	int plan_result; /* 0 waiting, 1 ok, < 0 error */
 	int hello_result;
@@ -945,14 +949,11 @@ fail:
 	return r;
 }
 
-static void shm_release(struct shm_buf *b)
+static void buf_release(struct host_buf *b)
 {
 	if (b->base)
 		munmap(b->base, b->bytes);
-	if (b->name[0])
-		shm_unlink(b->name); /* the daemon unlinks it when mapped: ENOENT is fine */
 	b->base = NULL;
-	b->name[0] = 0;
 }
 
 void zc_close(zc_client *c)
@@ -996,8 +997,8 @@ void zc_close(zc_client *c)
 		zmq_close(c->sock);
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
-	shm_release(&c->grad);
-	shm_release(&c->param);
+	buf_release(&c->grad);
+	buf_release(&c->param);
 	plan_free(c->plan);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
@@ -1005,53 +1006,51 @@ void zc_close(zc_client *c)
 
 /* ----------------------------------------------------------- buffers --- */
 
-static int shm_create(zc_client *c, const char *kind, size_t bytes, struct shm_buf *b)
+/* Where zerod's fd socket is for us: beside the socket we reached, where it
+ * is mounted for us (a container may see zerod's directory elsewhere), else
+ * where zerod says. The token and the peer check keep a wrong socket
+ * harmless. "" if zerod offered none. Called with c->mu held. */
+static void fd_socket(zc_client *c, char *path, size_t len)
 {
-	uint32_t rnd = 0;
-	void *base;
-	size_t n;
-	int fd, r;
+	snprintf(path, len, "%s",
+		 !c->fp_path[0]                                   ? ""
+		 : c->fp_mine[0] && access(c->fp_mine, F_OK) == 0 ? c->fp_mine
+								  : c->fp_path);
+}
 
-	(void)!getrandom(&rnd, sizeof(rnd), 0);
-	n = (size_t)shm_name_prefix(b->name, sizeof(b->name), c->job_id, c->cfg.rank,
-				    (int)getpid());
-	snprintf(b->name + n, sizeof(b->name) - n, "%08x.%s", rnd, kind);
-	fd = shm_open(b->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		b->name[0] = 0;
+static int map_buf(int fd, uint64_t offset, uint64_t bytes, struct host_buf *ret)
+{
+	void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+
+	if (base == MAP_FAILED)
 		return -errno;
-	}
-	if (ftruncate(fd, (off_t)bytes) < 0) {
-		r = -errno;
-		close(fd);
-		shm_release(b);
-		return r;
-	}
-	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	r = -errno;
-	close(fd);
-	if (base == MAP_FAILED) {
-		shm_release(b);
-		return r;
-	}
-	b->base = base;
-	b->bytes = bytes;
+	ret->base = base;
+	ret->bytes = bytes;
 	return 0;
 }
 
-int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
+/*
+ * Pass b's memfds to zerod for zp's buffers and map them here: what
+ * zc_register_buffers() and zc_alloc_buffers() both do. fn names the public
+ * call in reasons.
+ */
+static int register_fds(zc_client *c, const struct zc_plan *zp, const struct zc_buffers *b,
+			const char *fn)
 {
-	struct plan *p;
-	char err[256];
-	int r;
+	struct host_buf grad = {0}, param = {0};
+	char path[sizeof(c->fp_path)], err[256];
+	int fds[2] = {b->grad_fd, b->param_fd};
+	uint64_t bytes, serial = 0, token;
+	struct plan *p = NULL;
+	int r, timeout;
 
-	if ((r = client_check(c, __func__)) < 0)
-		return r;
-	if (!zp)
-		return err_set(-EINVAL, "zc_alloc_buffers: the plan is NULL");
 	pthread_mutex_lock(&c->mu);
-	if (c->plan) {
-		r = err_set(ZC_ESTATE, "zc_alloc_buffers: this client has its buffers already");
+	if (c->plan || c->bufs_busy) {
+		r = err_set(ZC_ESTATE, "%s: this client has its buffers already", fn);
+		goto out;
+	}
+	if (c->job_error) {
+		r = err_set(c->job_error, "%s", c->job_msg);
 		goto out;
 	}
 	r = plan_from_zc(zp, &p, err, sizeof(err));
@@ -1059,19 +1058,102 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 		err_set(r, "%s", err);
 		goto out;
 	}
-	r = shm_create(c, "grad", plan_buffer_bytes(p), &c->grad);
-	if (r >= 0)
-		r = shm_create(c, "param", plan_buffer_bytes(p), &c->param);
-	if (r < 0) {
-		err_set(r, "zc_alloc_buffers: shared memory of %" PRIu64 " bytes: %s",
-			plan_buffer_bytes(p), zc_strerror(r));
-		shm_release(&c->grad);
-		plan_free(p);
+	fd_socket(c, path, sizeof(path));
+	if (!path[0]) {
+		r = err_set(ZC_ENOTSUP, "%s: zerod offered no fd socket to pass buffers on", fn);
 		goto out;
 	}
+	c->bufs_busy = true;
+	token = c->fp_token;
+	timeout = c->cfg.connect_timeout_ms;
+	pthread_mutex_unlock(&c->mu);
+
+	bytes = plan_buffer_bytes(p);
+	r = bufs_send(path, token, fds, fds[0] == fds[1] ? 1 : 2, bytes, b->grad_offset,
+		      b->param_offset, timeout, &serial, err, sizeof(err));
+	if (r < 0)
+		err_set(r, "%s: %s", fn, err);
+	else if ((r = map_buf(fds[0], b->grad_offset, bytes, &grad)) < 0 ||
+		 (r = map_buf(fds[1], b->param_offset, bytes, &param)) < 0)
+		err_set(r, "%s: mapping the buffers: %s", fn, zc_strerror(r));
+
+	pthread_mutex_lock(&c->mu);
+	c->bufs_busy = false;
+	if (r < 0) {
+		buf_release(&grad);
+		buf_release(&param);
+		goto out;
+	}
+	c->grad = grad;
+	c->param = param;
+	c->bufs_serial = serial;
 	c->plan = p;
+	p = NULL;
 out:
+	plan_free(p);
 	client_unlock(c);
+	return r;
+}
+
+int zc_register_buffers(zc_client *c, const struct zc_plan *zp, const struct zc_buffers *ub)
+{
+	struct zc_buffers b;
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if (!zp)
+		return err_set(-EINVAL, "zc_register_buffers: the plan is NULL");
+	if ((r = buffers_from_zc(ub, &b)) < 0)
+		return r;
+	if (b.grad_fd < 0 || b.param_fd < 0)
+		return err_set(-EBADF, "zc_register_buffers: grad_fd %d, param_fd %d: not fds",
+			       b.grad_fd, b.param_fd);
+	return register_fds(c, zp, &b, __func__);
+}
+
+int zc_plan_buffer_bytes(const struct zc_plan *zp, uint64_t *ret_bytes)
+{
+	struct plan *p;
+	char err[256];
+	int r;
+
+	if (!zp || !ret_bytes)
+		return err_set(-EINVAL, "zc_plan_buffer_bytes: %s is NULL",
+			       zp ? "ret_bytes" : "the plan");
+	r = plan_from_zc(zp, &p, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "%s", err);
+	*ret_bytes = plan_buffer_bytes(p);
+	plan_free(p);
+	return 0;
+}
+
+int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
+{
+	struct zc_buffers b = ZC_BUFFERS_INIT;
+	struct plan *p;
+	char err[256];
+	uint64_t bytes;
+	int fd, r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if (!zp)
+		return err_set(-EINVAL, "zc_alloc_buffers: the plan is NULL");
+	/* the size first; register_fds() reads the plan again under the lock */
+	r = plan_from_zc(zp, &p, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "%s", err);
+	bytes = plan_buffer_bytes(p);
+	plan_free(p);
+	r = bufs_memfd(bytes, &b.param_offset, &fd);
+	if (r < 0)
+		return err_set(r, "zc_alloc_buffers: a memfd of 2 x %" PRIu64 " bytes: %s", bytes,
+			       zc_strerror(r));
+	b.grad_fd = b.param_fd = fd;
+	r = register_fds(c, zp, &b, __func__);
+	close(fd); /* the mappings, ours and zerod's, keep the memory */
 	return r;
 }
 
@@ -1120,13 +1202,9 @@ static void fastpath_setup(zc_client *c)
 	struct fpc *fp = NULL;
 	int r;
 
-	if (!c->fp_path[0] || (env && strcmp(env, "0") == 0))
+	fd_socket(c, path, sizeof(path));
+	if (!path[0] || (env && strcmp(env, "0") == 0))
 		return;
-	/* Beside the socket we reached, where it is mounted for us (a
-	 * container may see zerod's directory elsewhere), else where zerod
-	 * says. The token and the peer check keep a wrong socket harmless. */
-	memcpy(path, c->fp_mine[0] && access(c->fp_mine, F_OK) == 0 ? c->fp_mine : c->fp_path,
-	       sizeof(path));
 	pthread_mutex_unlock(&c->mu);
 	r = fpc_attach(path, c->fp_token, zsent, nbuckets, c->cfg.connect_timeout_ms, &fp, err,
 		       sizeof(err));
@@ -1151,7 +1229,7 @@ int zc_register_plan(zc_client *c)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
-	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
+	Zerod__V1__FdBuffers fds = ZEROD__V1__FD_BUFFERS__INIT;
 	Zerod__V1__Plan pb;
 	int r;
 
@@ -1161,8 +1239,9 @@ int zc_register_plan(zc_client *c)
 	if (!c->plan || c->registered) {
 		client_unlock(c);
 		return err_set(ZC_ESTATE, "zc_register_plan: %s",
-			       c->registered ? "the plan is registered already"
-					     : "no plan yet (zc_alloc_buffers)");
+			       c->registered
+				       ? "the plan is registered already"
+				       : "no buffers yet (zc_alloc_buffers, zc_register_buffers)");
 	}
 	r = plan_to_pb(c->plan, &pb);
 	if (r < 0) {
@@ -1172,12 +1251,9 @@ int zc_register_plan(zc_client *c)
 	c->registered = true;
 	c->plan_result = 0;
 	fastpath_setup(c);
-	shm.grad_name = c->grad.name;
-	shm.grad_bytes = c->grad.bytes;
-	shm.param_name = c->param.name;
-	shm.param_bytes = c->param.bytes;
+	fds.serial = c->bufs_serial;
 	rp.plan = &pb;
-	rp.shm = &shm;
+	rp.fds = &fds;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
 	env.register_plan = &rp;
 	r = send_env(c, &env, NULL);

@@ -15,4 +15,7 @@ int err_set(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3))
  * 0, or -EINVAL / -E2BIG with the reason recorded. */
 int config_from_zc(const struct zc_config *src, struct zc_config *out);
 
+/* Read a caller's zc_buffers the same way (for zc_register_buffers). */
+int buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out);
+
 #endif

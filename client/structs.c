@@ -78,6 +78,14 @@ FROZEN(zc_config, has_node_rank, 72);
 FROZEN(zc_config, reserved2, 76);
 FROZEN_SIZE(zc_config, 80);
 
+FROZEN(zc_buffers, size, 0);
+FROZEN(zc_buffers, grad_fd, 4);
+FROZEN(zc_buffers, grad_offset, 8);
+FROZEN(zc_buffers, param_fd, 16);
+FROZEN(zc_buffers, reserved, 20);
+FROZEN(zc_buffers, param_offset, 24);
+FROZEN_SIZE(zc_buffers, 32);
+
 _Static_assert(sizeof(enum zc_optimizer) == 4 && sizeof(bool) == 1, "the ABI assumes LP64");
 
 unsigned zc_version(void)
@@ -130,6 +138,41 @@ int zc_config_init(struct zc_config *cfg, size_t size)
 	static const struct zc_config d = ZC_CONFIG_INIT;
 
 	return init(cfg, size, &d, sizeof(d), "config");
+}
+
+int zc_buffers_init(struct zc_buffers *b, size_t size)
+{
+	static const struct zc_buffers d = ZC_BUFFERS_INIT;
+
+	return init(b, size, &d, sizeof(d), "buffers");
+}
+
+int buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out)
+{
+	struct zc_buffers b = ZC_BUFFERS_INIT;
+	uint32_t size;
+	char why[256];
+	int r;
+
+	if (!src)
+		return err_set(-EINVAL, "zc_register_buffers: the buffers are NULL");
+	size = abi_size(src);
+	r = abi_check(src, size, sizeof(b));
+	if (r < 0) {
+		abi_reason(r, size, "buffers", "buffers", why, sizeof(why));
+		return err_set(r, "zc_register_buffers: %s", why);
+	}
+	ABI_TAKE(&b, src, size, grad_fd);
+	ABI_TAKE(&b, src, size, grad_offset);
+	ABI_TAKE(&b, src, size, param_fd);
+	ABI_TAKE(&b, src, size, reserved);
+	ABI_TAKE(&b, src, size, param_offset);
+	if (b.reserved) {
+		abi_reason(-E2BIG, size, "buffers", "buffers", why, sizeof(why));
+		return err_set(-E2BIG, "zc_register_buffers: %s", why);
+	}
+	*out = b;
+	return 0;
 }
 
 int config_from_zc(const struct zc_config *src, struct zc_config *out)

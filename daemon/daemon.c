@@ -496,7 +496,9 @@ int daemon_run(const struct daemon_config *cfg)
 	r = ops_open(&d, cfg, why, sizeof(why));
 	if (r < 0)
 		goto out;
-	fastpath_listen(&d);
+	r = fastpath_listen(&d, why, sizeof(why));
+	if (r < 0)
+		goto out;
 	r = rdzv_init(&d);
 	if (r < 0) {
 		snprintf(why, sizeof(why), "rendezvous: %s", zc_strerror(r));

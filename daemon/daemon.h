@@ -28,6 +28,7 @@
 
 struct fastpath;
 struct fastpath_listener;
+struct fdbufs;
 struct loop;
 struct loop_timer;
 struct pool;
@@ -107,6 +108,7 @@ struct session {
 	int pidfd;
 	int send_failed; /* a send to it failed: dropped by session_reap() */
 	struct fastpath *fp; /* its shared ring, if offered (fastpath.c) */
+	struct fdbufs *bufs; /* memfds it passed for its plan (fdbufs.c) */
 	bool detached;   /* its job ended: dropped by session_reap(), connection kept */
 	/* Its process exited or its connection closed: dropped at leave_at, so
 	 * that a Goodbye still queued behind other peers' messages is read first,

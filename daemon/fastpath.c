@@ -5,6 +5,11 @@
  * and each session's ring mapping. ZeroMQ keeps everything else and stays
  * the fallback: a session without a ring is served exactly as before.
  *
+ * The socket also takes a trainer's gradient and parameter buffers (memfds,
+ * daemon/fdbufs.c) on connections of their own, so it is served even when
+ * the rings are off (ZEROD_FASTPATH=0): then a ring is refused, and ZeroMQ
+ * carries the hot path.
+ *
  * Setting up. HelloOk offers a 64-bit random token and the socket's path. The
  * client creates a memfd sealed against shrinking (so its pages cannot
  * vanish under us: no SIGBUS), lays out common/ring.h in it, connects to the
@@ -67,6 +72,7 @@
 #include "common.h"
 #include "daemon.h"
 #include "fastpath.h"
+#include "fdbufs.h"
 #include "log.h"
 #include "loop.h"
 #include "ring.h"
@@ -82,6 +88,7 @@ struct fastpath_listener {
 	int fd;      /* listening */
 	int kick_fd; /* eventfd: some ring has slots left over */
 	bool kick_pending;
+	bool rings; /* rings are taken (not ZEROD_FASTPATH=0); buffers always are */
 	struct fp_conn *pending;
 	unsigned npending;
 	struct fastpath *owed; /* rings pushed to since the last flush */
@@ -556,6 +563,10 @@ static int attach(struct fp_conn *c, const struct ring_attach *a, ssize_t n, int
 			 (int)c->cred.pid, (unsigned)c->cred.uid, (int)s->pid, (unsigned)s->uid);
 		return -EPERM;
 	}
+	if (!c->l->rings) {
+		snprintf(err, errlen, "this zerod runs without the fast path (ZEROD_FASTPATH=0)");
+		return ZC_ENOTSUP;
+	}
 	if (fp->mem || fp->conn) {
 		snprintf(err, errlen, "the session has a ring already");
 		return ZC_ESTATE;
@@ -622,18 +633,54 @@ static void pending_unlink(struct fp_conn *c)
 	c->next = NULL;
 }
 
+/* FDBUFS from connection c: the token's session takes the buffers, if it is
+ * the process that said Hello. The answer ends the connection. */
+static void buffers(struct fp_conn *c, const struct fdbufs_offer *o, ssize_t n, int flags,
+		    int *fds, int nfds)
+{
+	struct fdbufs_reply rep = {.magic = FDBUFS_MAGIC};
+	struct session *s = NULL;
+
+	if (n != (ssize_t)sizeof(*o) || (flags & (MSG_TRUNC | MSG_CTRUNC))) {
+		rep.status = ZC_EPROTO;
+		snprintf(rep.message, sizeof(rep.message), "not an FDBUFS record (%zd bytes)", n);
+	} else if (!(s = find_token(c->l->d, o->token))) {
+		rep.status = -EPERM;
+		snprintf(rep.message, sizeof(rep.message), "no session has this token");
+	} else if (c->cred.pid != s->pid || c->cred.uid != s->uid) {
+		rep.status = -EPERM;
+		snprintf(rep.message, sizeof(rep.message),
+			 "the connection is pid %d uid %u, the session pid %d uid %u: not the "
+			 "trainer that said Hello",
+			 (int)c->cred.pid, (unsigned)c->cred.uid, (int)s->pid, (unsigned)s->uid);
+	} else {
+		rep.status = fdbufs_offer(s, o, fds, nfds, &rep.serial, rep.message,
+					  sizeof(rep.message));
+	}
+	if (rep.status < 0)
+		log_info("buffers: refused those of pid %d: %s: %s", (int)c->cred.pid,
+			 zc_strerror_name(rep.status), rep.message);
+	(void)!send(c->fd, &rep, sizeof(rep), MSG_DONTWAIT | MSG_NOSIGNAL);
+	conn_close(c);
+}
+
 static void on_pending(struct fp_conn *c)
 {
+	union {
+		uint64_t magic;
+		struct ring_attach ring;
+		struct fdbufs_offer bufs;
+	} rec;
 	struct ring_attach a;
 	struct ring_attach_reply rep = {.magic = RING_ATTACH_MAGIC};
 	char cbuf[CMSG_SPACE(4 * sizeof(int))];
-	struct iovec iov = {.iov_base = &a, .iov_len = sizeof(a)};
+	struct iovec iov = {.iov_base = &rec, .iov_len = sizeof(rec)};
 	struct msghdr mh = {
 		.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
 	int fds[4], nfds = 0, r;
 	ssize_t n;
 
-	memset(&a, 0, sizeof(a));
+	memset(&rec, 0, sizeof(rec));
 	n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return;
@@ -653,9 +700,19 @@ static void on_pending(struct fp_conn *c)
 		}
 	}
 	if (n <= 0) {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
 		conn_close(c);
 		return;
 	}
+	if (rec.magic == FDBUFS_MAGIC) {
+		buffers(c, &rec.bufs, n, mh.msg_flags, fds, nfds); /* takes what it keeps */
+		for (int i = 0; i < nfds; i++)
+			if (fds[i] >= 0)
+				close(fds[i]);
+		return;
+	}
+	a = rec.ring;
 	r = attach(c, &a, n, mh.msg_flags, fds, nfds, rep.message, sizeof(rep.message));
 	for (int i = 0; i < nfds; i++)
 		close(fds[i]); /* mapped, if it was any good */
@@ -806,31 +863,29 @@ static int listener_open(struct fastpath_listener *l, const char *sock)
 	return loop_add_fd(l->d->loop, l->kick_fd, on_kick, l);
 }
 
-void fastpath_listen(struct daemon *d)
+int fastpath_listen(struct daemon *d, char *why, size_t whylen)
 {
 	const char *env = getenv("ZEROD_FASTPATH");
 	struct fastpath_listener *l;
 	int r;
 
-	if (env && strcmp(env, "0") == 0) {
-		log_info("fast path off (ZEROD_FASTPATH=0): ZeroMQ carries everything");
-		return;
-	}
 	l = calloc(1, sizeof(*l));
-	if (!l) {
-		log_warning("fast path: out of memory; ZeroMQ carries everything");
-		return;
-	}
+	if (!l)
+		return -ENOMEM;
 	l->d = d;
 	l->fd = l->kick_fd = -1;
+	l->rings = !(env && strcmp(env, "0") == 0);
+	if (!l->rings)
+		log_info("fast path off (ZEROD_FASTPATH=0): ZeroMQ carries everything");
 	r = listener_open(l, d->cfg.socket_path);
 	if (r < 0) {
-		log_warning("fast path: cannot serve %s.fd: %s; ZeroMQ carries everything",
-			    d->cfg.socket_path, strerror(-r));
+		snprintf(why, whylen, "cannot serve %s.fd, where trainers pass their buffers: %s",
+			 d->cfg.socket_path, strerror(-r));
 		listener_free(l);
-		return;
+		return r;
 	}
 	d->fpl = l;
+	return 0;
 }
 
 void fastpath_unlisten(struct daemon *d)

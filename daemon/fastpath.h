@@ -13,10 +13,10 @@
 struct daemon;
 struct session;
 
-/* daemon.c: open <socket>.fd, where clients attach their rings (nothing if
- * ZEROD_FASTPATH=0). Optional: a failure is logged, and the daemon serves
- * ZeroMQ alone. */
-void fastpath_listen(struct daemon *d);
+/* daemon.c: open <socket>.fd, where clients pass their buffers (fdbufs.c)
+ * and attach their rings (refused if ZEROD_FASTPATH=0). Required: trainers
+ * cannot register buffers without it; 0, or a code with the reason in why. */
+int fastpath_listen(struct daemon *d, char *why, size_t whylen);
 /* Close it and remove the file; after every session is freed. */
 void fastpath_unlisten(struct daemon *d);
 /* The timer: connections that never attach are closed. */

@@ -27,6 +27,7 @@
 #include "common.h"
 #include "daemon.h"
 #include "fastpath.h"
+#include "fdbufs.h"
 #include "log.h"
 #include "ops.h"
 #include "loop.h"
@@ -292,6 +293,7 @@ void session_drop(struct session *s, enum leave_reason why)
 	if (why == LEAVE_EXITED)
 		fastpath_take_last(s);
 	d->mem->unmap(s->kept_grad);
+	fdbufs_free(s);
 	if (s->conn)
 		conn_unbind(s->conn);
 	if (d->cur_session == s)
@@ -321,7 +323,7 @@ void session_keep_grad(struct session *s, struct mem_map *m, const char *name, u
 {
 	s->d->mem->unmap(s->kept_grad);
 	s->kept_grad = NULL;
-	if (!m || strlen(name) >= sizeof(s->kept_grad_name)) {
+	if (!m || !name || strlen(name) >= sizeof(s->kept_grad_name)) {
 		s->d->mem->unmap(m);
 		return;
 	}
@@ -338,6 +340,7 @@ void session_free_all(struct daemon *d)
 		if (s->pidfd >= 0)
 			close(s->pidfd);
 		fastpath_free(s);
+		fdbufs_free(s);
 		d->mem->unmap(s->kept_grad);
 		free(s);
 	}
@@ -488,11 +491,33 @@ static void on_register_plan(struct daemon *d, const void *route, size_t rlen, s
 				   "rank %u: invalid plan: %s", s->rank, err);
 		return;
 	}
-	gd = (struct mem_desc){
-		.shm_name = m->shm->grad_name, .bytes = m->shm->grad_bytes, .owner = s->uid};
-	pd = (struct mem_desc){
-		.shm_name = m->shm->param_name, .bytes = m->shm->param_bytes, .owner = s->uid};
+	if (!m->shm == !m->fds) {
+		plan_free(p);
+		session_send_error(s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1,
+				   "rank %u: RegisterPlan must name its buffers once: shm or fds",
+				   s->rank);
+		return;
+	}
+	if (m->fds) {
+		r = fdbufs_descs(s, m->fds->serial, &gd, &pd, err, sizeof(err));
+		if (r < 0) {
+			plan_free(p);
+			session_send_error(s, r, false, SESSION_NO_ITERATION, -1, "rank %u: %s",
+					   s->rank, err);
+			return;
+		}
+	} else {
+		gd = (struct mem_desc){.shm_name = m->shm->grad_name,
+				       .bytes = m->shm->grad_bytes,
+				       .owner = s->uid};
+		pd = (struct mem_desc){.shm_name = m->shm->param_name,
+				       .bytes = m->shm->param_bytes,
+				       .owner = s->uid};
+	}
 	job_register_plan(s->job, s, p, &gd, &pd);
+	/* mapped, or refused: done with them either way (to try again, a
+	 * client passes buffers anew) */
+	fdbufs_free(s);
 }
 
 static void on_bucket_ready(struct daemon *d, const void *route, size_t rlen, struct session *s,

@@ -2,8 +2,9 @@
  * zeroclient.h — the public C API of libzeroclient, the trainer side of zerod.
  *
  * A trainer process (one rank of a data-parallel job) connects to the zerod of
- * its node, allocates its gradient and parameter buffers through the library
- * (POSIX shared memory the daemon maps), registers the job's plan, and then,
+ * its node, hands over its gradient and parameter buffers (memory it owns, a
+ * memfd the daemon maps: zc_register_buffers(), or one the library makes:
+ * zc_alloc_buffers()), registers the job's plan, and then,
  * during each backward pass, hands every gradient bucket to the daemon with
  * zc_bucket_ready(). The daemon averages the bucket over all ranks, runs the
  * sharded optimizer step and writes the updated parameters back into every
@@ -23,8 +24,9 @@
  *
  * Threads: a zc_client and the futures it returned may be used from several
  * threads; calls are serialised by a mutex inside the client. Blocking calls
- * (zc_connect, zc_register_plan, zc_future_wait) do not hold that mutex while
- * they sleep, so another thread may call zc_bucket_ready() meanwhile.
+ * (zc_connect, zc_alloc_buffers, zc_register_buffers, zc_register_plan,
+ * zc_future_wait) do not hold that mutex while they sleep, so another thread
+ * may call zc_bucket_ready() meanwhile.
  * zc_close() must not race with any other call on the same client.
  *
  * fork(): a client belongs to the process that connected it. In a child
@@ -96,7 +98,8 @@ unsigned zc_version(void);
 	X(EMAP, -1021, "daemon cannot map the shared buffer")                                      \
 	X(ECONNECT, -1022, "cannot reach the daemon")                                              \
 	X(EINTERNAL, -1023, "internal daemon error")                                               \
-	X(EFORKED, -1024, "client used in a child process after fork")
+	X(EFORKED, -1024, "client used in a child process after fork")                             \
+	X(EBUFFER, -1025, "buffer fd refused")
 
 enum zc_error {
 #define ZC__ERROR_ENUM(name, value, text) ZC_##name = (value),
@@ -327,15 +330,96 @@ void zc_close(zc_client *c);
 /* ------------------------------------------------------------- buffers --- */
 
 /*
- * Allocate this rank's gradient and parameter buffers for plan: POSIX shared
- * memory (mode 0600, zero-filled) that the daemon maps when the plan is
- * registered. May be called once per client.
+ * Buffers are host memory the trainer and the daemon both map: a memfd
+ * (memfd_create(2)), passed to the daemon with SCM_RIGHTS over the AF_UNIX
+ * socket beside its ZeroMQ one (<socket>.fd). Nothing gets a name, so
+ * nothing is ever left in /dev/shm, and the daemon may run as another user
+ * than the trainers (see "Running zerod as another user" below).
+ *
+ * Each of the two buffers (gradients, parameters) holds the plan's buckets
+ * in bucket order, each aligned for vector loads: zc_plan_buffer_bytes()
+ * says how many bytes in all, and (char *)zc_grad_buffer(c, b) - (char
+ * *)zc_grad_buffer(c, 0) where bucket b starts (the same in both buffers,
+ * and in the caller's own mappings). The zerod daemon checks each buffer and
+ * refuses it with
+ * ZC_EBUFFER, the reason in zc_error_message(), unless it is:
+ *  - a memfd (not a regular file, pipe, socket, /dev/shm object...);
+ *  - sealed against shrinking (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), which
+ *    needs MFD_ALLOW_SEALING): a buffer that shrank under the daemon would
+ *    crash it; it must not be sealed against writes (F_SEAL_WRITE);
+ *  - created by the trainer's own user (a memfd belongs to its creator's
+ *    uid: "another user's buffer" is refused);
+ *  - at least offset + plan bytes long, the offset a multiple of the page
+ *    size; the two buffers do not overlap when they share a memfd.
+ */
+struct zc_buffers {
+	uint32_t size;         /* sizeof(struct zc_buffers) the caller was built with */
+	int32_t grad_fd;       /* the memfd holding the gradients (-1 by default) */
+	uint64_t grad_offset;  /* where they start in it, in bytes */
+	int32_t param_fd;      /* the memfd holding the parameters: may be grad_fd */
+	uint32_t reserved;     /* 0 */
+	uint64_t param_offset; /* where they start in it, in bytes */
+};
+
+#define ZC_BUFFERS_INIT                                                                            \
+	{                                                                                          \
+		.size = sizeof(struct zc_buffers), .grad_fd = -1, .param_fd = -1                   \
+	}
+
+int zc_buffers_init(struct zc_buffers *b, size_t size);
+
+/*
+ * The size in bytes of each of plan's two buffers (what a memfd must hold
+ * from its offset). ZC_EPLANINVAL (or -EINVAL / -E2BIG for a struct size)
+ * with the reason in zc_error_message() for a plan zc_register_buffers()
+ * would refuse.
+ * Ownership: plan is only read; *ret_bytes is written on success.
+ * Threads:   any thread.  Blocking: no.
+ */
+int zc_plan_buffer_bytes(const struct zc_plan *plan, uint64_t *ret_bytes);
+
+/*
+ * Hand this rank's gradient and parameter buffers for plan to the daemon:
+ * memory the caller owns (a memfd it created, sized, sealed and mapped, so
+ * that, say, PyTorch tensors can be views into it with no copy). The fds go
+ * to the daemon, which checks them (above) and answers before this returns;
+ * the library maps them too, for zc_grad_buffer() / zc_param_buffer(). May
+ * be called once per client, instead of zc_alloc_buffers(), before
+ * zc_register_plan().
+ * Errors: ZC_EBUFFER (the daemon refused the memory: which buffer and why),
+ *         ZC_EPLANINVAL, -EBADF (an fd < 0), -EINVAL / -E2BIG for a struct
+ *         size, ZC_ESTATE (buffers already), ZC_ENOTSUP (the daemon offered
+ *         no fd socket), ZC_ETIMEDOUT; the reason in zc_error_message().
+ * Ownership: plan is validated and copied; the fds stay the caller's (the
+ *            daemon and the library keep mappings, not the fds: the caller
+ *            may close them once this returns). The memory is shared: the
+ *            caller's own mapping sees every update the daemon makes.
+ * Threads:   any thread.
+ * Blocking:  up to connect_timeout_ms for the daemon's answer.
+ */
+int zc_register_buffers(zc_client *c, const struct zc_plan *plan, const struct zc_buffers *bufs);
+
+/*
+ * The easy path: the library creates one memfd (gradients, then parameters
+ * at the next page boundary), zero-filled and sealed against shrinking and
+ * growing, and registers it as zc_register_buffers() does. Errors, threads
+ * and blocking as there.
  * Ownership: plan is validated and copied (ZC_EPLANINVAL, or -EINVAL / -E2BIG
  *            for a struct size, with the reason in zc_error_message()); the
  *            buffers belong to c.
- * Threads:   any thread.  Blocking: no.
  */
 int zc_alloc_buffers(zc_client *c, const struct zc_plan *plan);
+
+/*
+ * Running zerod as another user: the trainers only need to reach its two
+ * sockets, <socket> (ZeroMQ) and <socket>.fd (buffers, fast path). zerod
+ * creates both with mode 0660 in its runtime directory: put the trainers'
+ * users in zerod's group (or the group the directory hands down), and give
+ * the directory at least g+x. zerod checks each connection's credentials
+ * (SO_PEERCRED: the fd socket's peer must be the process that said Hello)
+ * and maps only memfds created by that user; it never needs the trainers'
+ * files, and they never need its.
+ */
 
 /*
  * Base of bucket b's gradient / parameter buffer (numel fp32 elements); NULL
@@ -348,23 +432,23 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *plan);
  * daemon writes parameters, which are stable once the iteration's step
  * future completed; the trainer may change them between iterations (the
  * same on every rank), and the next step starts from its values.
- * Ownership: the memory belongs to c, valid from zc_alloc_buffers() until
- *            zc_close().
+ * Ownership: the library's mapping of the buffers, valid from
+ *            zc_alloc_buffers() / zc_register_buffers() until zc_close().
  * Threads:   any thread.  Blocking: no.
  */
 float *zc_grad_buffer(zc_client *c, uint32_t bucket);
 float *zc_param_buffer(zc_client *c, uint32_t bucket);
 
 /*
- * Register the plan of zc_alloc_buffers() with the daemon and wait until every
+ * Register the plan of zc_alloc_buffers() / zc_register_buffers() with the daemon and wait until every
  * rank of the job has registered the same plan. The daemon starts from rank
  * 0's parameter buffers (fill them first): on success every rank's parameter
  * buffers hold rank 0's values and the optimizer state is fresh. First, if
  * the daemon offers it and $ZEROD_FASTPATH is not "0", the fast path is set
  * up: a shared ring that carries the buckets and their completions from then
  * on (without it, everything goes over the ZeroMQ socket). Errors:
- * ZC_EPLANMISMATCH, ZC_ESIZE, ZC_EMAP, ZC_ETIMEDOUT... with the daemon's
- * reason in zc_error_message().
+ * ZC_EPLANMISMATCH, ZC_EBUFFER, ZC_ETIMEDOUT... with the daemon's reason in
+ * zc_error_message().
  * Ownership: nothing changes hands.
  * Threads:   any thread; other calls on c may run while it waits.
  * Blocking:  up to register_timeout_ms.

@@ -1,7 +1,8 @@
 /*
  * mem.h — the buffer backend interface: how the daemon gets at a trainer's
- * gradient and parameter buffers. mem/shm.c maps POSIX shared memory (host);
- * mem/cuda.c opens CUDA IPC handles (builds with CUDA only).
+ * gradient and parameter buffers. mem/shm.c maps host memory: a memfd the
+ * trainer passed (MEM_FD), or a named POSIX shm object (MEM_SHM, older
+ * clients); mem/cuda.c opens CUDA IPC handles (builds with CUDA only).
  */
 #ifndef ZEROD_MEM_H
 #define ZEROD_MEM_H
@@ -14,6 +15,7 @@
 enum mem_kind {
 	MEM_SHM = 0, /* the default, so a descriptor that names no kind is shm */
 	MEM_CUDA_IPC,
+	MEM_FD, /* a memfd passed with SCM_RIGHTS (daemon/fdbufs.c) */
 };
 
 #define MEM_CUDA_HANDLE_BYTES 64 /* CUDA_IPC_HANDLE_SIZE */
@@ -25,6 +27,10 @@ struct mem_desc {
 	const char *shm_name; /* MEM_SHM: POSIX shm object name, "/..." */
 	uint64_t bytes;       /* what the client claims the buffer holds */
 	uid_t owner;          /* the client's uid: the object must be its own */
+	/* MEM_FD: the buffer is `bytes` from `offset` into the file of fd
+	 * (the caller's: map neither takes nor closes it). */
+	int fd;
+	uint64_t offset;
 	/* MEM_CUDA_IPC: device memory the trainer allocated. The handle is
 	 * of the allocation's base (cudaIpcGetMemHandle of what
 	 * cuMemGetAddressRange gives), the buffer starts offset bytes into it;
@@ -44,8 +50,11 @@ struct mem_ops {
 	/* Map the buffer desc describes; it must hold exactly `bytes` (the
 	 * plan's size): otherwise ZC_ESIZE, and ZC_EMAP if it cannot be opened
 	 * or is of another kind; err says why. shm: on the loop thread (only
-	 * quick syscalls); the name is unlinked once mapped, so nothing
-	 * outlives the job. cuda: blocks (see `blocking`). */
+	 * quick syscalls, nothing faulted in); the name is unlinked once
+	 * mapped, so nothing outlives the job. MEM_FD: every refusal is
+	 * ZC_EBUFFER (not a memfd, not sealed against shrinking, another
+	 * user's, too small for `bytes` from the offset). cuda: blocks (see
+	 * `blocking`). */
 	int (*map)(const struct mem_desc *desc, uint64_t bytes, struct mem_map **ret, char *err,
 		   size_t errlen);
 	/* map and unmap may block for milliseconds or more (opening a CUDA IPC

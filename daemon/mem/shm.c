@@ -1,9 +1,16 @@
 /*
- * shm.c — host buffers: POSIX shared memory created by libzeroclient (mode
- * 0600) and mapped here once per plan. The daemon unlinks the name right
- * after mapping: both sides keep their mappings, and no name can leak when
- * either side dies. Buffers of a trainer that dies before registering are
- * found by their name (common.h's shm_name_prefix) and removed.
+ * shm.c — host buffers, mapped here once per plan, of two kinds:
+ *  - MEM_FD: a memfd the trainer created and passed with SCM_RIGHTS
+ *    (daemon/fdbufs.c). It has no name, so nothing is left anywhere when
+ *    either side dies. It must be a memfd sealed against shrinking (a
+ *    shrunk file would SIGBUS the daemon), the trainer's own (st_uid), and
+ *    hold the buffer from its offset.
+ *  - MEM_SHM: a named POSIX shm object (mode 0600), what older clients and
+ *    the raw protocol tests send. The daemon unlinks the name right after
+ *    mapping. Buffers of a trainer that dies before registering are found
+ *    by their name (common.h's shm_name_prefix) and removed.
+ * Only quick syscalls, on the loop thread: mmap of a file maps, it faults
+ * nothing in.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -39,14 +46,113 @@ static bool shm_name_ok(const char *n)
 	return len > 1 && len < 240 && !strchr(n + 1, '/');
 }
 
+static int map_new(void *base, size_t len, struct mem_map **ret)
+{
+	struct mem_map *m = calloc(1, sizeof(*m));
+
+	if (!m) {
+		munmap(base, len);
+		return -ENOMEM;
+	}
+	m->base = base;
+	m->len = len;
+	*ret = m;
+	return 0;
+}
+
+/* What fd is, as /proc names it ("pipe:[123]", "/tmp/x (deleted)",
+ * "socket:[9]"): readlink there asks no file system, so it cannot block. */
+static const char *fd_what(int fd, char *buf, size_t len)
+{
+	char path[64];
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, buf, len - 1);
+	if (n < 0)
+		snprintf(buf, len, "fd %d", fd);
+	else
+		buf[n] = 0;
+	return buf;
+}
+
+static int fd_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map **ret, char *err,
+		  size_t errlen)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	char name[128];
+	struct stat st;
+	void *base;
+	int seals;
+
+	if (desc->bytes != bytes) {
+		snprintf(err, errlen,
+			 "the buffers hold %" PRIu64 " bytes each, the plan needs %" PRIu64,
+			 desc->bytes, bytes);
+		return ZC_EBUFFER;
+	}
+	/* F_GET_SEALS first: it fails at once for anything but a memfd (or
+	 * another shmem file), where fstat() of a file on a hung FUSE mount
+	 * would block the loop. */
+	seals = fcntl(desc->fd, F_GET_SEALS);
+	if (seals < 0) {
+		snprintf(err, errlen, "%s is not a memfd (memfd_create with MFD_ALLOW_SEALING)",
+			 fd_what(desc->fd, name, sizeof(name)));
+		return ZC_EBUFFER;
+	}
+	if (!(seals & F_SEAL_SHRINK)) {
+		snprintf(err, errlen,
+			 "%s is not sealed against shrinking (fcntl F_ADD_SEALS F_SEAL_SHRINK): "
+			 "zerod could not trust its pages to stay",
+			 fd_what(desc->fd, name, sizeof(name)));
+		return ZC_EBUFFER;
+	}
+	if (fstat(desc->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "%s is not a regular memfd",
+			 fd_what(desc->fd, name, sizeof(name)));
+		return ZC_EBUFFER;
+	}
+	/* Only the trainer's own memory: a memfd belongs to whoever made it,
+	 * and one passed on by another user is not this trainer's to give. */
+	if (desc->owner == (uid_t)-1 || st.st_uid != desc->owner) {
+		snprintf(err, errlen,
+			 "%s is another user's buffer (uid %u), not the trainer's (uid %u)",
+			 fd_what(desc->fd, name, sizeof(name)), (unsigned)st.st_uid,
+			 (unsigned)desc->owner);
+		return ZC_EBUFFER;
+	}
+	if (page <= 0 || desc->offset % (uint64_t)page) {
+		snprintf(err, errlen, "offset %" PRIu64 " is not a multiple of the page size (%ld)",
+			 desc->offset, page);
+		return ZC_EBUFFER;
+	}
+	if (bytes == 0 || bytes > SIZE_MAX || desc->offset > (uint64_t)st.st_size ||
+	    (uint64_t)st.st_size - desc->offset < bytes) {
+		snprintf(err, errlen,
+			 "%s is too small: %jd bytes, the buffer needs %" PRIu64
+			 " from offset %" PRIu64,
+			 fd_what(desc->fd, name, sizeof(name)), (intmax_t)st.st_size, bytes,
+			 desc->offset);
+		return ZC_EBUFFER;
+	}
+	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, desc->fd, (off_t)desc->offset);
+	if (base == MAP_FAILED) {
+		snprintf(err, errlen, "%s: mmap: %s (F_SEAL_WRITE, or not opened read-write?)",
+			 fd_what(desc->fd, name, sizeof(name)), strerror(errno));
+		return ZC_EBUFFER;
+	}
+	return map_new(base, bytes, ret);
+}
+
 static int shm_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map **ret, char *err,
 		   size_t errlen)
 {
-	struct mem_map *m;
 	struct stat st;
 	void *base;
 	int fd, r;
 
+	if (desc->kind == MEM_FD)
+		return fd_map(desc, bytes, ret, err, errlen);
 	if (desc->kind != MEM_SHM) {
 		snprintf(err, errlen, "not a shared memory buffer");
 		return ZC_EMAP;
@@ -91,16 +197,10 @@ static int shm_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map *
 		snprintf(err, errlen, "%s: mmap: %s", desc->shm_name, strerror(r));
 		return ZC_EMAP;
 	}
-	m = calloc(1, sizeof(*m));
-	if (!m) {
-		munmap(base, bytes);
-		return -ENOMEM;
-	}
-	shm_unlink(desc->shm_name);
-	m->base = base;
-	m->len = bytes;
-	*ret = m;
-	return 0;
+	r = map_new(base, bytes, ret);
+	if (r == 0)
+		shm_unlink(desc->shm_name);
+	return r;
 }
 
 static void *shm_ptr(struct mem_map *m)

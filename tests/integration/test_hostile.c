@@ -282,11 +282,17 @@ static void become_user(void)
 	}
 }
 
-/* Let the test user reach the socket as a member of its group (or not). */
+/* Let the test user reach the sockets as a member of their group (or not):
+ * the ZeroMQ one and <socket>.fd, where its buffers go (zeroclient.h,
+ * "Running zerod as another user"). */
 static void share_socket(bool share)
 {
+	char fdsock[sizeof(daemon_.sock) + 4];
+
+	snprintf(fdsock, sizeof(fdsock), "%s.fd", daemon_.sock);
 	CHECK(chmod(daemon_.dir, share ? 0711 : 0700) == 0, "chmod %s", daemon_.dir);
 	CHECK(chown(daemon_.sock, 0, share ? sh->test_gid : 0) == 0, "chown %s", daemon_.sock);
+	CHECK(chown(fdsock, 0, share ? sh->test_gid : 0) == 0, "chown %s", fdsock);
 }
 
 /* ----------------------------------------------------------- cases --- */

@@ -1,0 +1,123 @@
+/*
+ * bufs.c — libzeroclient's side of passing buffers as memfds: the memfd
+ * zc_alloc_buffers() makes, and the FDBUFS exchange (common/bufwire.h) on a
+ * connection of its own to zerod's <socket>.fd. The checks of the memory
+ * are zerod's (daemon/fdbufs.c): it is the one that must trust it, and its
+ * reasons come back here word for word.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "bufs.h"
+#include "bufwire.h"
+#include "zeroclient.h"
+
+int bufs_memfd(uint64_t bytes, uint64_t *ret_param_offset, int *ret_fd)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t span = (bytes + page - 1) / page * page;
+	int fd, r;
+
+	if (bytes == 0 || span < bytes || span > (uint64_t)INT64_MAX / 2)
+		return -EOVERFLOW;
+	fd = memfd_create("zerod-buffers", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	/* zero-filled; sealed, so zerod may trust its pages to stay */
+	if (ftruncate(fd, (off_t)(2 * span)) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	*ret_param_offset = span;
+	*ret_fd = fd;
+	return 0;
+}
+
+int bufs_send(const char *path, uint64_t token, const int *fds, int nfds, uint64_t bytes,
+	      uint64_t grad_offset, uint64_t param_offset, int timeout_ms, uint64_t *ret_serial,
+	      char *err, size_t errlen)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct fdbufs_offer o = {.magic = FDBUFS_MAGIC,
+				 .token = token,
+				 .version = FDBUFS_VERSION,
+				 .nfds = (uint32_t)nfds,
+				 .bytes = bytes,
+				 .grad_offset = grad_offset,
+				 .param_offset = param_offset};
+	struct fdbufs_reply rep;
+	union {
+		char buf[CMSG_SPACE(2 * sizeof(int))];
+		struct cmsghdr align;
+	} cbuf;
+	struct iovec iov = {.iov_base = &o, .iov_len = sizeof(o)};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cbuf.buf,
+			    .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
+	struct cmsghdr *cm;
+	struct pollfd pfd;
+	ssize_t n;
+	int fd, r;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		snprintf(err, errlen, "socket path too long");
+		return -ENAMETOOLONG;
+	}
+	strcpy(sa.sun_path, path);
+	/* non-blocking: a full backlog is an error here, not a wait */
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "connect %s: %s%s", path, strerror(-r),
+			 r == -EACCES ? " (it is zerod's group's: see zeroclient.h, \"Running "
+					"zerod as another user\")"
+				      : "");
+		goto out;
+	}
+	memset(cbuf.buf, 0, sizeof(cbuf.buf));
+	cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+	memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+	if (sendmsg(fd, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof(o)) {
+		r = -errno;
+		snprintf(err, errlen, "sending the buffers to %s: %s", path, strerror(-r));
+		goto out;
+	}
+	pfd = (struct pollfd){.fd = fd, .events = POLLIN};
+	if (poll(&pfd, 1, timeout_ms) != 1) {
+		r = ZC_ETIMEDOUT;
+		snprintf(err, errlen, "zerod did not answer for the buffers within %d ms",
+			 timeout_ms);
+		goto out;
+	}
+	n = recv(fd, &rep, sizeof(rep), MSG_DONTWAIT);
+	if (n != (ssize_t)sizeof(rep) || rep.magic != FDBUFS_MAGIC) {
+		r = ZC_EPROTO;
+		snprintf(err, errlen, "no answer for the buffers (%zd bytes): an older zerod?", n);
+		goto out;
+	}
+	r = rep.status;
+	if (r < 0) {
+		rep.message[sizeof(rep.message) - 1] = 0;
+		snprintf(err, errlen, "zerod refused the buffers: %s", rep.message);
+		goto out;
+	}
+	*ret_serial = rep.serial;
+	r = 0;
+out:
+	if (fd >= 0)
+		close(fd);
+	return r;
+}

@@ -1,0 +1,36 @@
+/*
+ * bufwire.h — the record that hands a trainer's buffers to zerod: sent by
+ * libzeroclient on a connection of its own to <socket>.fd (the AF_UNIX
+ * SOCK_SEQPACKET socket the fast path's rings come through), with the
+ * memfd(s) in SCM_RIGHTS; zerod answers with one reply and closes the
+ * connection. The RegisterPlan that follows names the buffers by the
+ * reply's serial (proto FdBuffers). See daemon/fdbufs.c.
+ */
+#ifndef ZEROD_BUFWIRE_H
+#define ZEROD_BUFWIRE_H
+
+#include <stdint.h>
+
+#define FDBUFS_MAGIC   0x7a66646275667321ull /* "zfdbufs!" */
+#define FDBUFS_VERSION 1
+
+/* One fd (grad and param in one memfd at two offsets) or two (grad, then
+ * param). Offsets are multiples of the page size. */
+struct fdbufs_offer {
+	uint64_t magic;
+	uint64_t token; /* the session's, from HelloOk */
+	uint32_t version;
+	uint32_t nfds;         /* 1 or 2: what SCM_RIGHTS carries */
+	uint64_t bytes;        /* of each buffer: what the client's plan needs */
+	uint64_t grad_offset;  /* into the first fd */
+	uint64_t param_offset; /* into the last fd */
+};
+
+struct fdbufs_reply {
+	uint64_t magic;
+	uint64_t serial; /* names these buffers in RegisterPlan's FdBuffers */
+	int32_t status;  /* 0, or a ZC_E... code / -errno */
+	char message[236];
+};
+
+#endif
