@@ -93,7 +93,7 @@ struct zc_future {
 	bool free_after;           /* freed while its callback ran or a wait held it */
 	bool found_inf;            /* FUTURE_STEP: what StepDone said */
 	double grad_norm;
-	unsigned waiters;          /* zc_future_wait() calls on it: it stays until they end */
+	unsigned waiters; /* zc_future_wait() calls on it: it stays until they end */
 };
 
 struct shm_buf {
@@ -138,7 +138,7 @@ struct zc_client {
 		bool found_inf;
 		double grad_norm;
 	} step_recs[STEP_RECS];
-	int job_error;         /* fatal error: every later future fails with it */
+	int job_error; /* fatal error: every later future fails with it */
 	char job_msg[256];
 	int async_error; /* the latest error no future or call carried: zc_last_error() */
 	char async_msg[256];
@@ -1425,7 +1425,8 @@ int zc_set_grad_scale(zc_client *c, double inv_scale)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	if (!isfinite(inv_scale) || inv_scale <= 0)
-		return err_set(-EINVAL, "zc_set_grad_scale: inv_scale must be finite and > 0 (got %g)",
+		return err_set(-EINVAL,
+			       "zc_set_grad_scale: inv_scale must be finite and > 0 (got %g)",
 			       inv_scale);
 	pthread_mutex_lock(&c->mu);
 	if (c->plan_result != 1) {

@@ -102,8 +102,7 @@ int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char
 	return 0;
 }
 
-int plan_clip_check(const struct plan *p, const struct zc_param_group *g, char *err,
-		    size_t errlen)
+int plan_clip_check(const struct plan *p, const struct zc_param_group *g, char *err, size_t errlen)
 {
 	if (g->max_grad_norm == 0)
 		return 0;

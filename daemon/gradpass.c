@@ -89,8 +89,7 @@ static void clip_chunk(void *arg, size_t i)
 }
 
 /* Chunk numbering over the pieces; *ret_first is malloc'd. */
-static int chunks(const struct optim_piece *pcs, uint32_t n, uint64_t **ret_first,
-		  uint64_t *ret_n)
+static int chunks(const struct optim_piece *pcs, uint32_t n, uint64_t **ret_first, uint64_t *ret_n)
 {
 	uint64_t *first = malloc((n + 1) * sizeof(*first)), c = 0;
 
@@ -110,7 +109,10 @@ int gradpass_measure(struct pool *pool, float *const *grads, const struct optim_
 		     uint32_t npieces, bool scale, float inv_scale, double *sumsq,
 		     double *ret_nonfinite)
 {
-	struct pass t = {.grads = grads, .pcs = pcs, .npieces = npieces, .scale = scale,
+	struct pass t = {.grads = grads,
+			 .pcs = pcs,
+			 .npieces = npieces,
+			 .scale = scale,
 			 .inv_scale = inv_scale};
 	uint64_t *first, nch;
 	double bad = 0;

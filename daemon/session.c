@@ -37,7 +37,7 @@
 /* A Hello is small: anything bigger before it is refused undecoded. After the
  * plan is registered only small messages remain. Until then a RegisterPlan
  * may take the whole ZEROD_MAX_MSG_BYTES. */
-#define HELLO_MAX_BYTES      4096
+#define HELLO_MAX_BYTES 4096
 /* Registered: a BucketReady may carry a segment mask (9 bytes a word of 64
  * segments, PLAN_MAX_SEGMENTS at most) */
 #define REGISTERED_MAX_BYTES (4096 + 9 * (PLAN_MAX_SEGMENTS / 64))
@@ -499,8 +499,8 @@ static void on_bucket_ready(struct daemon *d, const void *route, size_t rlen, st
 		sched_bucket_ready(s->job, s, m->iteration, m->bucket);
 }
 
-static void on_set_grad_scale(struct daemon *d, const void *route, size_t rlen,
-			      struct session *s, const Zerod__V1__Envelope *env)
+static void on_set_grad_scale(struct daemon *d, const void *route, size_t rlen, struct session *s,
+			      const Zerod__V1__Envelope *env)
 {
 	(void)d, (void)route, (void)rlen;
 	sem_set_grad_scale(s->job, s, env->set_grad_scale->iteration,

@@ -136,8 +136,8 @@ static double ref_iter(const struct sem_spec *s, const struct layout *l, struct 
 	bool skip[NSEGS];
 	double sumsq[2] = {0, 0}, total;
 	float coef[2] = {1, 1};
-	bool clip = s->max_grad_norm != 0 || R->hp[0].max_grad_norm != 0 ||
-		    R->hp[1].max_grad_norm != 0;
+	bool clip =
+		s->max_grad_norm != 0 || R->hp[0].max_grad_norm != 0 || R->hp[1].max_grad_norm != 0;
 	bool pass = s->step == ZC_STEP_AT_END && (clip || s->scale);
 
 	*found = false;
@@ -258,11 +258,9 @@ static void try_bad_masks(uint32_t rank, zc_client *c, uint32_t b)
 }
 
 /* The run failed with r (the reason in msg): as expected, or not. */
-static int failed(const struct sem_spec *s, uint32_t rank, const char *what, int r,
-		  const char *msg)
+static int failed(const struct sem_spec *s, uint32_t rank, const char *what, int r, const char *msg)
 {
-	if (s->expect_code && r == s->expect_code &&
-	    (!s->expect_msg || strstr(msg, s->expect_msg)))
+	if (s->expect_code && r == s->expect_code && (!s->expect_msg || strstr(msg, s->expect_msg)))
 		return 0;
 	printf("# %s rank %u: %s: %s: %s\n", s->job, rank, what, zc_strerror_name(r), msg);
 	return 1;
@@ -379,8 +377,10 @@ int sem_rank(const struct sem_spec *s, uint32_t rank)
 			const float *p = zc_param_buffer(c, b);
 			for (uint64_t i = 0; i < bucket_numel[b]; i++)
 				if (!close_enough(p[i], R->p[l.base[b] + i], s->tolerance)) {
-					EXPECT(0, "iteration %d bucket %u element %lu: %.9g, reference "
-						  "%.9g",
+					EXPECT(0,
+					       "iteration %d bucket %u element %lu: %.9g, "
+					       "reference "
+					       "%.9g",
 					       it, b, (unsigned long)i, p[i], R->p[l.base[b] + i]);
 					break;
 				}

@@ -41,13 +41,13 @@ struct sem_spec {
 	bool masks;                  /* segments unused by all ranks, or some, by iteration */
 	int hyper_iter;              /* set_hyper of group 0 twice before this iteration */
 	struct zc_param_group hyper_first, hyper_last;
-	bool scale;                  /* gradients x 1024, zc_set_grad_scale(1/1024) */
-	int scale_odd_rank;          /* this rank sets 1/512 (< 0: none) */
-	int inf_rank, inf_iter;      /* that rank writes +inf into a gradient (< 0: never) */
-	int bad_masks_rank;          /* that rank first tries bad masks (< 0: none) */
-	double tolerance;            /* 0: bit for bit */
-	int expect_code;             /* a rank's step must fail with this (0: succeed) */
-	const char *expect_msg;      /* ... its message holding this */
+	bool scale;             /* gradients x 1024, zc_set_grad_scale(1/1024) */
+	int scale_odd_rank;     /* this rank sets 1/512 (< 0: none) */
+	int inf_rank, inf_iter; /* that rank writes +inf into a gradient (< 0: never) */
+	int bad_masks_rank;     /* that rank first tries bad masks (< 0: none) */
+	double tolerance;       /* 0: bit for bit */
+	int expect_code;        /* a rank's step must fail with this (0: succeed) */
+	const char *expect_msg; /* ... its message holding this */
 };
 
 /* Defaults: no masks, no clipping, no scale, 6 iterations, lr 0.05. */

@@ -328,8 +328,8 @@ static void t_interleaved_and_double_clip_refused(void)
 	p.step_mode = ZC_STEP_AT_END;
 	p.max_grad_norm = 2.0;
 	r = zc_alloc_buffers(c, &p);
-	CHECK(r == ZC_EPLANINVAL && strstr(zc_error_message(), "not both"),
-	      "both clips: %s: %s", zc_strerror_name(r), zc_error_message());
+	CHECK(r == ZC_EPLANINVAL && strstr(zc_error_message(), "not both"), "both clips: %s: %s",
+	      zc_strerror_name(r), zc_error_message());
 	g.max_grad_norm = -1;
 	p.max_grad_norm = 0;
 	r = zc_alloc_buffers(c, &p);
@@ -373,7 +373,10 @@ static void t_daemon_stops_cleanly(void)
 	CHECK(st == 0, "zerod exited with %d after SIGTERM", st);
 }
 
-#define C(name) {#name, t_##name, 90000}
+#define C(name)                                                                                    \
+	{                                                                                          \
+#name, t_##name, 90000                                                             \
+	}
 static const struct test_case cases[] = {
 	C(unused_sgd_bucket_interleaved),
 	C(unused_sgd_slice_at_end),

@@ -145,7 +145,10 @@ static void t_nodes_disagree_on_the_scale(void)
 	run(&s);
 }
 
-#define C(name) {#name, t_##name, 120000}
+#define C(name)                                                                                    \
+	{                                                                                          \
+#name, t_##name, 120000                                                            \
+	}
 static const struct test_case cases[] = {
 	C(masks_clip_scale_bucket_at_end),
 	C(masks_slice_interleaved),
