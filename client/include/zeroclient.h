@@ -523,7 +523,8 @@ uint64_t zc_iteration(zc_client *c);
  * values are refused here with ZC_EHYPER (the reason in zc_error_message()),
  * and so are values that need optimizer state the plan's groups did not
  * (momentum where every group had none, amsgrad where no group had it: the
- * daemon sized the state from the plan).
+ * daemon sized the state from the plan), and a max_grad_norm the plan's mode
+ * does not allow (interleaved, or a plan that clips globally).
  * Ownership: hp is copied (any size: see "ABI").
  * Threads:   any thread.  Blocking: no (one message).
  */
