@@ -26,6 +26,7 @@
 #include "common.h"
 #include "exec.h"
 #include "gradpass.h"
+#include "pool.h"
 
 #define EXEC_SPANS 1024 /* op records kept between two takes */
 
@@ -212,22 +213,39 @@ static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad gra
 	return 0;
 }
 
+struct zero_task {
+	struct exec *e;
+	uint32_t b;
+};
+
+static void zero_one(void *arg, size_t i)
+{
+	const struct zero_task *t = arg;
+	const struct plan *p = t->e->cfg.plan;
+	const struct exec_zero *z = &t->e->zero[t->b][i];
+	const struct zc_segment *sg = &p->buckets[t->b].segments[z->seg];
+
+	memset(t->e->cfg.grads[z->rank] + p->buckets[t->b].base + sg->offset, 0,
+	       sg->numel * sizeof(float));
+}
+
 /* Zero the gradients local ranks marked unused in buckets lo..hi, before
  * anything reads them: a marking rank contributes zero, and a segment every
- * rank marks averages to exactly 0 (finite, no part of any norm). */
+ * rank marks averages to exactly 0 (finite, no part of any norm). Through
+ * the pool, whose guard turns a buffer a trainer shrank into -EFAULT. */
 static int zero_marked(struct exec *e, uint32_t lo, uint32_t hi)
 {
-	const struct plan *p = e->cfg.plan;
-
 	for (uint32_t b = lo; b <= hi; b++) {
-		if (e->nzero[b] && !e->cfg.optim->step)
+		struct zero_task t = {.e = e, .b = b};
+		int r;
+
+		if (!e->nzero[b])
+			continue;
+		if (!e->cfg.optim->step)
 			return -EOPNOTSUPP; /* device buffers: no host memset */
-		for (uint32_t i = 0; i < e->nzero[b]; i++) {
-			const struct exec_zero *z = &e->zero[b][i];
-			const struct zc_segment *sg = &p->buckets[b].segments[z->seg];
-			memset(e->cfg.grads[z->rank] + p->buckets[b].base + sg->offset, 0,
-			       sg->numel * sizeof(float));
-		}
+		r = pool_parallel_for(e->cfg.pool, e->nzero[b], zero_one, &t);
+		if (r < 0)
+			return r;
 	}
 	return 0;
 }
