@@ -43,6 +43,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -55,6 +56,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "abi.h"
 #include "bufs.h"
 #include "common.h"
 #include "fastpath.h"
@@ -67,6 +69,8 @@
 #define DEFAULT_CONNECT_TIMEOUT_MS 30000
 
 enum future_kind { FUTURE_BUCKET, FUTURE_STEP };
+
+#define STEP_RECS 16 /* StepDone infos kept for step futures asked for later */
 
 /* A future's callback: none; set and waiting for the future to settle; on
  * the client's queue; running (outside the lock); done. */
@@ -89,7 +93,9 @@ struct zc_future {
 	zc_client *q;              /* whose queue holds it or runs its callback */
 	struct zc_future *cb_next; /* on q's queue */
 	bool free_after;           /* freed while its callback ran or a wait held it */
-	unsigned waiters;          /* zc_future_wait() calls on it: it stays until they end */
+	bool found_inf;            /* FUTURE_STEP: what StepDone said */
+	double grad_norm;
+	unsigned waiters; /* zc_future_wait() calls on it: it stays until they end */
 };
 
 /* A buffer in memory zerod maps too: our own mapping of the memfd. */
@@ -130,7 +136,13 @@ struct zc_client {
 	uint64_t iter;
 	uint32_t sent_in_iter; /* buckets of `iter` handed over so far */
 	uint64_t steps_done;   /* iterations whose StepDone arrived */
-	int job_error;         /* fatal error: every later future fails with it */
+	/* what the latest StepDones said (zc_step_info), by iteration % 16 */
+	struct step_rec {
+		uint64_t iteration; /* UINT64_MAX: none */
+		bool found_inf;
+		double grad_norm;
+	} step_recs[STEP_RECS];
+	int job_error; /* fatal error: every later future fails with it */
 	char job_msg[256];
 	int async_error; /* the latest error no future or call carried: zc_last_error() */
 	char async_msg[256];
@@ -415,13 +427,28 @@ static void bucket_done(zc_client *c, uint64_t iteration, uint32_t bucket)
 			future_settle(f, 1, NULL);
 }
 
-static void step_done(zc_client *c, uint64_t iteration)
+/* The StepDone info of iteration it, if kept. */
+static void step_info_of(zc_client *c, uint64_t it, struct zc_future *f)
 {
+	const struct step_rec *r = &c->step_recs[it % STEP_RECS];
+
+	f->found_inf = r->iteration == it && r->found_inf;
+	f->grad_norm = r->iteration == it ? r->grad_norm : NAN;
+}
+
+/* A ring's StepDone carries no info: found_inf false, grad_norm NaN (the
+ * daemon sends a StepDone that has some over ZeroMQ). */
+static void step_done(zc_client *c, uint64_t iteration, bool found_inf, double grad_norm)
+{
+	c->step_recs[iteration % STEP_RECS] = (struct step_rec){
+		.iteration = iteration, .found_inf = found_inf, .grad_norm = grad_norm};
 	if (iteration + 1 > c->steps_done)
 		c->steps_done = iteration + 1;
 	for (struct zc_future *f = c->futures; f; f = f->next)
-		if (f->kind == FUTURE_STEP && f->iteration < c->steps_done)
+		if (f->kind == FUTURE_STEP && f->iteration < c->steps_done && f->state == 0) {
+			step_info_of(c, f->iteration, f);
 			future_settle(f, 1, NULL);
+		}
 }
 
 static void hello_ok(zc_client *c, const Zerod__V1__HelloOk *ok)
@@ -449,7 +476,8 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 		bucket_done(c, env->bucket_done->iteration, env->bucket_done->bucket);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_STEP_DONE:
-		step_done(c, env->step_done->iteration);
+		step_done(c, env->step_done->iteration, env->step_done->found_inf,
+			  env->step_done->has_grad_norm ? env->step_done->grad_norm : NAN);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_ERROR:
 		handle_error(c, env);
@@ -515,7 +543,7 @@ static int take_ring(zc_client *c, uint64_t zrecv)
 			break;
 		}
 		if (ev.step)
-			step_done(c, ev.iteration);
+			step_done(c, ev.iteration, false, NAN);
 		else
 			bucket_done(c, ev.iteration, ev.bucket);
 		n++;
@@ -855,6 +883,8 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	c->forks = atomic_load_explicit(&forks, memory_order_relaxed);
 	c->pid = getpid();
 	c->efd = -1;
+	for (unsigned i = 0; i < STEP_RECS; i++)
+		c->step_recs[i].iteration = UINT64_MAX;
 	c->cfg = cfg;
 	snprintf(c->job_id, sizeof(c->job_id), "%s", cfg.job_id);
 	c->cfg.job_id = c->job_id;
@@ -1325,15 +1355,44 @@ static int bucket_check(zc_client *c, uint32_t bucket)
 	return 0;
 }
 
-int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
+/* A segment mask that zc_bucket_ready_ex() may send: nwords 0, or exactly the
+ * bucket's words with no bit past its segments. Called with c->mu held. */
+static int mask_check(zc_client *c, uint32_t bucket, const uint64_t *unused, uint32_t nwords)
+{
+	uint32_t nseg, want;
+
+	if (nwords == 0)
+		return 0;
+	nseg = c->plan->buckets[bucket].nsegments;
+	want = (nseg + 63) / 64;
+	if (!unused)
+		return err_set(ZC_ESEGMASK, "zc_bucket_ready_ex: unused is NULL with nwords %u",
+			       nwords);
+	if (nwords != want)
+		return err_set(ZC_ESEGMASK,
+			       "zc_bucket_ready_ex: bucket %u has %u segments: the mask takes %u "
+			       "words, got %u",
+			       bucket, nseg, want, nwords);
+	if (nseg % 64 && unused[want - 1] >> (nseg % 64))
+		return err_set(ZC_ESEGMASK,
+			       "zc_bucket_ready_ex: bucket %u has %u segments, but bits at or past "
+			       "%u are set (word %u: 0x%016" PRIx64 ")",
+			       bucket, nseg, nseg, want - 1, unused[want - 1]);
+	return 0;
+}
+
+/* zc_bucket_ready(_ex): a mask with a bit set goes over ZeroMQ (see
+ * zeroclient.h); the ring's 16-byte slot has no room for it, and ring.h's
+ * MARKs keep the two channels in one order. */
+static int bucket_ready(zc_client *c, uint32_t bucket, const uint64_t *unused, uint32_t nwords,
+			zc_future **ret_future)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__BucketReady br = ZEROD__V1__BUCKET_READY__INIT;
 	struct zc_future *f = NULL;
+	bool masked = false;
 	int r;
 
-	if ((r = client_check(c, __func__)) < 0)
-		return r;
 	pthread_mutex_lock(&c->mu);
 	if (c->job_error) {
 		r = err_set(c->job_error, "%s", c->job_msg);
@@ -1344,8 +1403,12 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 		goto out;
 	}
 	r = bucket_check(c, bucket);
+	if (r >= 0)
+		r = mask_check(c, bucket, unused, nwords);
 	if (r < 0)
 		goto out;
+	for (uint32_t w = 0; w < nwords; w++)
+		masked = masked || unused[w];
 	if (ret_future) {
 		f = future_new(c, FUTURE_BUCKET, c->iter, bucket);
 		if (!f) {
@@ -1353,7 +1416,7 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 			goto out;
 		}
 	}
-	if (c->fp && !c->fp_closed) {
+	if (c->fp && !c->fp_closed && !masked) {
 		r = fpc_push_ready(c->fp, c->zsent, c->iter, bucket);
 		if (r == -EAGAIN)
 			err_set(r, "the fast-path ring is full: zerod has not taken the buckets "
@@ -1363,6 +1426,10 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 	} else {
 		br.iteration = c->iter;
 		br.bucket = bucket;
+		if (masked) {
+			br.n_unused = nwords;
+			br.unused = (uint64_t *)unused;
+		}
 		env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
 		env.bucket_ready = &br;
 		r = send_env(c, &env, f ? &f->request : NULL);
@@ -1386,6 +1453,113 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 out:
 	client_unlock(c);
 	return r;
+}
+
+int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
+{
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	return bucket_ready(c, bucket, NULL, 0, ret_future);
+}
+
+int zc_bucket_ready_ex(zc_client *c, const struct zc_ready *rd, zc_future **ret_future)
+{
+	static const struct zc_ready defaults = ZC_READY_INIT;
+	struct zc_ready in = defaults;
+	uint32_t size;
+	char why[256];
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if (!rd)
+		return err_set(-EINVAL, "zc_bucket_ready_ex: r is NULL");
+	size = abi_size(rd);
+	r = abi_check(rd, size, sizeof(in));
+	if (r < 0) {
+		abi_reason(r, size, "ready", "ready", why, sizeof(why));
+		return err_set(r, "zc_bucket_ready_ex: %s", why);
+	}
+	ABI_TAKE(&in, rd, size, bucket);
+	ABI_TAKE(&in, rd, size, nwords);
+	ABI_TAKE(&in, rd, size, reserved);
+	ABI_TAKE(&in, rd, size, unused);
+	if (in.reserved)
+		return err_set(-EINVAL, "zc_bucket_ready_ex: reserved is %u, must be 0",
+			       in.reserved);
+	return bucket_ready(c, in.bucket, in.unused, in.nwords, ret_future);
+}
+
+int zc_set_grad_scale(zc_client *c, double inv_scale)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__SetGradScale gs = ZEROD__V1__SET_GRAD_SCALE__INIT;
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if (!isfinite(inv_scale) || inv_scale <= 0)
+		return err_set(-EINVAL,
+			       "zc_set_grad_scale: inv_scale must be finite and > 0 (got %g)",
+			       inv_scale);
+	pthread_mutex_lock(&c->mu);
+	if (c->plan_result != 1) {
+		r = err_set(ZC_ESTATE, "zc_set_grad_scale: the plan is not registered");
+		goto out;
+	}
+	if (c->plan->step_mode != ZC_STEP_AT_END) {
+		r = err_set(ZC_ESTATE, "zc_set_grad_scale: needs step_mode at_end (every bucket "
+				       "reduced before any step)");
+		goto out;
+	}
+	gs.iteration = c->iter;
+	gs.inv_scale = inv_scale;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_GRAD_SCALE;
+	env.set_grad_scale = &gs;
+	r = send_env(c, &env, NULL);
+	if (r < 0)
+		err_set(r, "zc_set_grad_scale: sending: %s", zc_strerror(r));
+out:
+	client_unlock(c);
+	return r;
+}
+
+int zc_step_info(zc_future *f, struct zc_step_info *out)
+{
+	struct zc_step_info info = ZC_STEP_INFO_INIT;
+	uint32_t size;
+	int r;
+
+	if ((r = future_check(f, __func__)) < 0)
+		return r;
+	if (!out)
+		return err_set(-EINVAL, "zc_step_info: out is NULL");
+	size = abi_size(out);
+	if (size < offsetof(struct zc_step_info, iteration) || size > ZC_STRUCT_MAX_SIZE)
+		return err_set(-EINVAL, "zc_step_info: out->size %u out of range", size);
+	if (f->c)
+		pthread_mutex_lock(&f->c->mu);
+	if (f->kind != FUTURE_STEP)
+		r = err_set(ZC_ESTATE, "zc_step_info: not a step future");
+	else if (f->state < 0)
+		r = err_set(f->state, "%s", f->msg);
+	else if (f->state == 0)
+		r = err_set(ZC_ESTATE, "zc_step_info: iteration %" PRIu64 " has not completed",
+			    f->iteration);
+	info.found_inf = f->found_inf;
+	info.iteration = f->iteration;
+	info.grad_norm = f->grad_norm;
+	if (f->c)
+		client_unlock(f->c);
+	if (r < 0)
+		return r;
+	/* the caller's bytes past what we know are zeroed, as the init does */
+	memset((char *)out + sizeof(uint32_t), 0, size - sizeof(uint32_t));
+	memcpy((char *)out + sizeof(uint32_t), (char *)&info + sizeof(uint32_t),
+	       MIN((size_t)size, sizeof(info)) - sizeof(uint32_t));
+	return 0;
 }
 
 int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
@@ -1419,6 +1593,7 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 		 * daemon tells the others at once when a rank leaves) */
 		f->state = 1;
 		f->msg[0] = 0;
+		step_info_of(c, iteration, f);
 	}
 	client_unlock(c);
 	if (!f)
@@ -1465,7 +1640,8 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 			    group, c->plan->ngroups);
 		goto out;
 	}
-	if (plan_group_check(c->plan->optimizer, &g, err, sizeof(err)) < 0) {
+	if (plan_group_check(c->plan->optimizer, &g, err, sizeof(err)) < 0 ||
+	    plan_clip_check(c->plan, &g, err, sizeof(err)) < 0) {
 		r = err_set(ZC_EHYPER, "zc_set_hyper: group %u: %s", group, err);
 		goto out;
 	}

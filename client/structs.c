@@ -36,7 +36,8 @@ FROZEN(zc_param_group, weight_decay, 32);
 FROZEN(zc_param_group, beta1, 40);
 FROZEN(zc_param_group, beta2, 48);
 FROZEN(zc_param_group, eps, 56);
-FROZEN_SIZE(zc_param_group, 64);
+FROZEN(zc_param_group, max_grad_norm, 64);
+FROZEN_SIZE(zc_param_group, 72);
 
 FROZEN(zc_segment, size, 0);
 FROZEN(zc_segment, group, 4);
@@ -58,7 +59,8 @@ FROZEN(zc_plan, ngroups, 16);
 FROZEN(zc_plan, nbuckets, 20);
 FROZEN(zc_plan, groups, 24);
 FROZEN(zc_plan, buckets, 32);
-FROZEN_SIZE(zc_plan, 40);
+FROZEN(zc_plan, max_grad_norm, 40);
+FROZEN_SIZE(zc_plan, 48);
 
 FROZEN(zc_config, size, 0);
 FROZEN(zc_config, rank, 4);

@@ -120,6 +120,24 @@ int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char
 		if (!finite_nonneg(g->eps))
 			return fail(err, errlen, "eps must be finite and >= 0 (got %g)", g->eps);
 	}
+	if (!finite_nonneg(g->max_grad_norm))
+		return fail(err, errlen, "max_grad_norm must be finite and >= 0 (got %g)",
+			    g->max_grad_norm);
+	return 0;
+}
+
+int plan_clip_check(const struct plan *p, const struct zc_param_group *g, char *err, size_t errlen)
+{
+	if (g->max_grad_norm == 0)
+		return 0;
+	if (p->step_mode != ZC_STEP_AT_END)
+		return fail(err, errlen,
+			    "max_grad_norm needs step_mode at_end: clipping needs every bucket "
+			    "reduced before any step");
+	if (p->max_grad_norm != 0)
+		return fail(err, errlen,
+			    "max_grad_norm of a group and of the plan: clip globally or per "
+			    "group, not both");
 	return 0;
 }
 
@@ -170,7 +188,11 @@ static uint64_t plan_hash(const struct plan *p)
 		uint8_t f[] = {pg->nesterov, pg->amsgrad, pg->maximize};
 		hash_bytes(&h, d, sizeof(d));
 		hash_bytes(&h, f, sizeof(f));
+		if (pg->max_grad_norm != 0) /* older plans keep their hash */
+			HASH_FIELD(&h, pg->max_grad_norm);
 	}
+	if (p->max_grad_norm != 0)
+		HASH_FIELD(&h, p->max_grad_norm);
 	HASH_FIELD(&h, p->nbuckets);
 	for (uint32_t b = 0; b < p->nbuckets; b++) {
 		HASH_FIELD(&h, p->buckets[b].numel);
@@ -205,9 +227,17 @@ static int plan_finish(struct plan *p, char *err, size_t errlen)
 	if (p->nbuckets == 0 || p->nbuckets > PLAN_MAX_BUCKETS)
 		return fail(err, errlen, "buckets: need 1..%u, got %u", PLAN_MAX_BUCKETS,
 			    p->nbuckets);
+	if (!finite_nonneg(p->max_grad_norm))
+		return fail(err, errlen, "max_grad_norm must be finite and >= 0 (got %g)",
+			    p->max_grad_norm);
+	if (p->max_grad_norm != 0 && p->step_mode != ZC_STEP_AT_END)
+		return fail(err, errlen,
+			    "max_grad_norm needs step_mode at_end: clipping needs every bucket "
+			    "reduced before any step");
 	for (uint32_t g = 0; g < p->ngroups; g++) {
 		char why[160];
-		if (plan_group_check(p->optimizer, &p->groups[g], why, sizeof(why)) < 0)
+		if (plan_group_check(p->optimizer, &p->groups[g], why, sizeof(why)) < 0 ||
+		    plan_clip_check(p, &p->groups[g], why, sizeof(why)) < 0)
 			return fail(err, errlen, "groups[%u]: %s", g, why);
 	}
 	for (uint32_t b = 0; b < p->nbuckets; b++) {
@@ -323,6 +353,7 @@ int plan_group_from_zc(const void *src, const char *what, struct zc_param_group 
 	ABI_TAKE(&g, src, size, beta1);
 	ABI_TAKE(&g, src, size, beta2);
 	ABI_TAKE(&g, src, size, eps);
+	ABI_TAKE(&g, src, size, max_grad_norm);
 	if (g.reserved)
 		return abi_fail(-E2BIG, src, what, "param_group", err, errlen);
 	g.size = sizeof(g);
@@ -377,6 +408,7 @@ static int plan_struct_from_zc(const void *src, struct zc_plan *out, char *err, 
 	ABI_TAKE(&p, src, size, nbuckets);
 	ABI_TAKE(&p, src, size, groups);
 	ABI_TAKE(&p, src, size, buckets);
+	ABI_TAKE(&p, src, size, max_grad_norm);
 	*out = p;
 	return 0;
 }
@@ -404,6 +436,7 @@ int plan_from_zc(const struct zc_plan *zp, struct plan **ret, char *err, size_t 
 	p->optimizer = in.optimizer;
 	p->shard_mode = in.shard_mode;
 	p->step_mode = in.step_mode;
+	p->max_grad_norm = in.max_grad_norm;
 	gstride = in.ngroups ? abi_size(in.groups) : 0;
 	for (uint32_t g = 0; g < in.ngroups; g++) {
 		const void *src;
@@ -477,6 +510,7 @@ void plan_group_from_pb(const Zerod__V1__ParamGroup *in, struct zc_param_group *
 		.nesterov = in->nesterov,
 		.amsgrad = in->amsgrad,
 		.maximize = in->maximize,
+		.max_grad_norm = in->max_grad_norm,
 	};
 }
 
@@ -496,6 +530,9 @@ void plan_group_to_pb(const struct zc_param_group *in, Zerod__V1__ParamGroup *ou
 	out->nesterov = in->nesterov;
 	out->amsgrad = in->amsgrad;
 	out->maximize = in->maximize;
+	/* absent when 0: an older daemon reads the message it always did */
+	out->has_max_grad_norm = in->max_grad_norm != 0;
+	out->max_grad_norm = in->max_grad_norm;
 }
 
 int plan_from_pb(const Zerod__V1__Plan *in, struct plan **ret, char *err, size_t errlen)
@@ -512,6 +549,7 @@ int plan_from_pb(const Zerod__V1__Plan *in, struct plan **ret, char *err, size_t
 	p->optimizer = (enum zc_optimizer)in->optimizer;
 	p->shard_mode = (enum zc_shard_mode)in->shard_mode;
 	p->step_mode = (enum zc_step_mode)in->step_mode;
+	p->max_grad_norm = in->max_grad_norm;
 	for (size_t g = 0; g < in->n_groups; g++)
 		plan_group_from_pb(in->groups[g], &p->groups[g]);
 	for (size_t b = 0; b < in->n_buckets; b++) {
@@ -578,6 +616,8 @@ int plan_to_pb(const struct plan *p, Zerod__V1__Plan *out)
 	out->optimizer = (Zerod__V1__Optimizer)p->optimizer;
 	out->shard_mode = (Zerod__V1__ShardMode)p->shard_mode;
 	out->step_mode = (Zerod__V1__StepMode)p->step_mode;
+	out->has_max_grad_norm = p->max_grad_norm != 0;
+	out->max_grad_norm = p->max_grad_norm;
 	out->groups = calloc(p->ngroups, sizeof(*out->groups));
 	groups = calloc(p->ngroups, sizeof(*groups));
 	out->buckets = calloc(p->nbuckets, sizeof(*out->buckets));
@@ -643,6 +683,7 @@ static int group_diff(uint32_t g, const struct zc_param_group *a, const struct z
 	DIFF_B(nesterov);
 	DIFF_B(amsgrad);
 	DIFF_B(maximize);
+	DIFF_D(max_grad_norm);
 #undef DIFF_D
 #undef DIFF_B
 	return 0;
@@ -663,6 +704,8 @@ int plan_diff(const struct plan *a, const struct plan *b, char *field, size_t le
 	     plan_shard_name(b->shard_mode));
 	DIFF(a->step_mode != b->step_mode, "step_mode: %s vs %s", plan_step_name(a->step_mode),
 	     plan_step_name(b->step_mode));
+	DIFF(a->max_grad_norm != b->max_grad_norm, "max_grad_norm: %g vs %g", a->max_grad_norm,
+	     b->max_grad_norm);
 	DIFF(a->ngroups != b->ngroups, "ngroups: %u vs %u", a->ngroups, b->ngroups);
 	for (uint32_t g = 0; g < a->ngroups; g++)
 		if (group_diff(g, &a->groups[g], &b->groups[g], field, len))

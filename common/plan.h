@@ -36,6 +36,7 @@ struct plan {
 	enum zc_optimizer optimizer;
 	enum zc_shard_mode shard_mode;
 	enum zc_step_mode step_mode;
+	double max_grad_norm; /* 0: no global clipping */
 	uint32_t ngroups;
 	struct zc_param_group *groups;
 	uint32_t nbuckets;
@@ -77,6 +78,11 @@ unsigned plan_state_arrays(enum zc_optimizer opt, const struct zc_param_group *g
 /* Validate one group's hyperparameters for optimizer opt (torch's rules). */
 int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char *err,
 		     size_t errlen);
+
+/* Whether group values g may be used in plan p: a max_grad_norm needs
+ * at_end and no global one. 0, or ZC_EPLANINVAL with the reason. */
+int plan_clip_check(const struct plan *p, const struct zc_param_group *g, char *err,
+		    size_t errlen);
 
 /* One caller's zc_param_group of any size (its `size` field), normalised:
  * fields it lacks take the defaults, out->size is ours. 0, or -EINVAL /

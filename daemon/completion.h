@@ -28,6 +28,10 @@ struct exec_done {
 	const char *detail; /* EXEC_FAILED: the backend's words, or "" (valid until exec_free) */
 	uint32_t lo, hi;
 	int status;
+	/* EXEC_STEP_DONE: the step was skipped (a non-finite gradient under a
+	 * grad scale); the global gradient norm before clipping, NaN if none */
+	bool found_inf;
+	double grad_norm;
 	struct exec_done *next;
 };
 

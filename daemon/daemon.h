@@ -187,6 +187,7 @@ struct job {
 	struct zc_param_group *groups; /* current hyperparameters */
 	struct hyper_change *changes;  /* pending, by iteration */
 	int64_t progress_ms;           /* last time the iteration moved */
+	struct sem_job *sem;           /* segment masks, grad scales (semantics.c); NULL: none yet */
 	bool in_flight;                /* some bucket of iteration `iter` arrived */
 
 	uint64_t iterations_done, buckets_done;

@@ -14,6 +14,7 @@
  * the op is queued, so posting one cannot fail.
  */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -24,6 +25,8 @@
 
 #include "common.h"
 #include "exec.h"
+#include "gradpass.h"
+#include "pool.h"
 
 #define EXEC_SPANS 1024 /* op records kept between two takes */
 
@@ -82,6 +85,22 @@ struct exec {
 
 	_Atomic uint64_t reduced, stepped, bcast;
 
+	/* Segment masks and the at_end gradient passes (exec_bucket_ex). The
+	 * loop writes a bucket's entries under mu before queueing its ops; the
+	 * lanes read them while those run. Iterations do not overlap, so a
+	 * bucket's entries are not rewritten while its ops may read them. */
+	uint32_t nsegs;
+	uint32_t *seg_first;     /* [nbuckets + 1] */
+	uint32_t *used;          /* [nsegs]: local ranks that gave the segment a gradient */
+	uint32_t *gused;         /* [nsegs]: the same over every node (compute lane) */
+	struct exec_zero **zero; /* [nbuckets]: gradients to zero before the reduction */
+	uint32_t *nzero;         /* [nbuckets] */
+	bool has_scale;          /* the iteration's grad scale */
+	double inv_scale;
+	double *gbuf;            /* gather scratch: (1 + nnodes) parts (compute lane) */
+	size_t gbuf_cap;         /* doubles */
+	char sem_err[256];       /* why a step refused (ZC_EHYPER), for the failure */
+
 	/* the timeline, while on: a ring of op records, under mu */
 	atomic_bool tracing;
 	struct exec_span spans[EXEC_SPANS];
@@ -137,10 +156,18 @@ static uint64_t bucket_elems(const struct exec *e, uint32_t lo, uint32_t hi)
 	return n;
 }
 
+/* A piece of a segment no rank gave a gradient is left alone, as torch
+ * leaves a parameter whose .grad is None: no step, its count stays. */
+static bool piece_skipped(const struct exec *e, const struct optim_piece *pc)
+{
+	return e->gused[pc->seg] == 0;
+}
+
 static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad grad)
 {
 	struct state *s = e->cfg.state;
-	uint32_t k0 = s->bucket_first[lo], k1 = s->bucket_first[hi + 1];
+	uint32_t k0 = s->bucket_first[lo], k1 = s->bucket_first[hi + 1], nkeep = 0;
+	struct optim_piece *keep = NULL;
 	struct optim_call call = {
 		.kind = e->cfg.plan->optimizer,
 		.groups = e->groups,
@@ -153,19 +180,228 @@ static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad gra
 	};
 	int r;
 
-	if (k0 == k1)
+	for (uint32_t k = k0; k < k1; k++)
+		nkeep += !piece_skipped(e, &s->pieces[k]);
+	if (nkeep == 0)
 		return 0;
+	if (nkeep < k1 - k0) {
+		/* a copy of the pieces that step (backends key their state by
+		 * .at, not by position) */
+		keep = malloc(nkeep * sizeof(*keep));
+		if (!keep)
+			return -ENOMEM;
+		nkeep = 0;
+		for (uint32_t k = k0; k < k1; k++)
+			if (!piece_skipped(e, &s->pieces[k]))
+				keep[nkeep++] = s->pieces[k];
+		call.pieces = keep;
+		call.npieces = nkeep;
+	}
 	r = e->cfg.optim->run(e->oc, &call);
+	free(keep);
 	if (r < 0)
 		return r;
 	for (uint32_t k = k0; k < k1; k++) {
 		struct optim_piece *pc = &s->pieces[k];
+		if (piece_skipped(e, pc))
+			continue;
 		pc->step++;
 		if (e->cfg.plan->optimizer == ZC_OPT_SGD && e->groups[pc->group].momentum != 0)
 			pc->first_momentum = false;
 		e->stepped += pc->n;
 	}
 	return 0;
+}
+
+struct zero_task {
+	struct exec *e;
+	uint32_t b;
+};
+
+static void zero_one(void *arg, size_t i)
+{
+	const struct zero_task *t = arg;
+	const struct plan *p = t->e->cfg.plan;
+	const struct exec_zero *z = &t->e->zero[t->b][i];
+	const struct zc_segment *sg = &p->buckets[t->b].segments[z->seg];
+
+	memset(t->e->cfg.grads[z->rank] + p->buckets[t->b].base + sg->offset, 0,
+	       sg->numel * sizeof(float));
+}
+
+/* Zero the gradients local ranks marked unused in buckets lo..hi, before
+ * anything reads them: a marking rank contributes zero, and a segment every
+ * rank marks averages to exactly 0 (finite, no part of any norm). Through
+ * the pool, whose guard turns a buffer a trainer shrank into -EFAULT. */
+static int zero_marked(struct exec *e, uint32_t lo, uint32_t hi)
+{
+	for (uint32_t b = lo; b <= hi; b++) {
+		struct zero_task t = {.e = e, .b = b};
+		int r;
+
+		if (!e->nzero[b])
+			continue;
+		if (!e->cfg.optim->step)
+			return -EOPNOTSUPP; /* device buffers: no host memset */
+		r = pool_parallel_for(e->cfg.pool, e->nzero[b], zero_one, &t);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+/* Every node's n doubles of `mine`, in node order, into e->gbuf + n (a
+ * gather on this lane: the same calls in the same order on every node). */
+static int lane_gather(struct exec *e, struct lane *ln, size_t n, double **ret_all)
+{
+	uint32_t nn = e->cfg.net->nnodes;
+	size_t need = n * (1 + (size_t)nn);
+	int r;
+
+	if (need > e->gbuf_cap) {
+		double *b = realloc(e->gbuf, need * sizeof(double));
+		if (!b)
+			return -ENOMEM;
+		e->gbuf = b;
+		e->gbuf_cap = need;
+	}
+	ln->req = (struct coll_req){.kind = COLL_GATHER,
+				    .mode = e->cfg.plan->shard_mode,
+				    .lane = ln->idx,
+				    .gin = e->gbuf,
+				    .gout = e->gbuf + n,
+				    .gbytes = n * sizeof(double),
+				    .done = lane_req_done};
+	ln->req_done = false;
+	r = e->cfg.coll->submit(e->cg, &ln->req);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&e->mu);
+	while (!ln->req_done)
+		pthread_cond_wait(&ln->cv, &e->mu);
+	r = ln->req_status;
+	pthread_mutex_unlock(&e->mu);
+	*ret_all = e->gbuf + n;
+	return r;
+}
+
+/* Where the step of buckets lo..hi stands once every node had its say. */
+struct step_view {
+	bool pass;         /* the gradients were measured (at_end: clip or scale) */
+	double nonfinite;  /* elements, over every node */
+	double *sumsq;     /* [ngroups], over every node */
+};
+
+/* Before a STEP: measure (at_end with clipping or a grad scale), then agree
+ * with the other nodes on the segments used, the norms and the scale. The
+ * gather carries, per node: has_scale, inv_scale, non-finite count, sumsq
+ * per group, used count per segment of the buckets, all as doubles. */
+static int step_prepare(struct exec *e, struct lane *ln, uint32_t lo, uint32_t hi,
+			struct step_view *v)
+{
+	const struct plan *p = e->cfg.plan;
+	struct state *s = e->cfg.state;
+	uint32_t k0 = s->bucket_first[lo], k1 = s->bucket_first[hi + 1];
+	uint32_t s0 = e->seg_first[lo], s1 = e->seg_first[hi + 1], ng = p->ngroups;
+	size_t n = 3 + ng + (s1 - s0);
+	bool clip = p->max_grad_norm != 0;
+	double *all;
+	int r;
+
+	for (uint32_t g = 0; g < ng; g++)
+		clip = clip || e->groups[g].max_grad_norm != 0;
+	v->pass = p->step_mode == ZC_STEP_AT_END && (clip || e->has_scale);
+	memcpy(e->gused + s0, e->used + s0, (s1 - s0) * sizeof(*e->gused));
+	memset(v->sumsq, 0, ng * sizeof(*v->sumsq));
+	v->nonfinite = 0;
+	if (v->pass) {
+		if (!e->cfg.optim->step)
+			return -EOPNOTSUPP; /* device buffers: the pass is the host's */
+		r = gradpass_measure(e->cfg.pool, e->cfg.grads, s->pieces + k0, k1 - k0,
+				     e->has_scale, (float)e->inv_scale, v->sumsq, &v->nonfinite);
+		if (r < 0)
+			return r;
+	}
+	if (!e->cfg.net)
+		return 0;
+	if (n > e->gbuf_cap) {
+		double *b = realloc(e->gbuf, n * sizeof(double));
+		if (!b)
+			return -ENOMEM;
+		e->gbuf = b;
+		e->gbuf_cap = n;
+	}
+	e->gbuf[0] = e->has_scale;
+	e->gbuf[1] = e->has_scale ? e->inv_scale : 0;
+	e->gbuf[2] = v->nonfinite;
+	memcpy(e->gbuf + 3, v->sumsq, ng * sizeof(double));
+	for (uint32_t i = s0; i < s1; i++)
+		e->gbuf[3 + ng + (i - s0)] = e->used[i];
+	r = lane_gather(e, ln, n, &all);
+	if (r < 0)
+		return r;
+	v->nonfinite = 0;
+	memset(v->sumsq, 0, ng * sizeof(*v->sumsq));
+	memset(e->gused + s0, 0, (s1 - s0) * sizeof(*e->gused));
+	for (uint32_t k = 0; k < e->cfg.net->nnodes; k++) {
+		const double *x = all + (size_t)k * n;
+		if (x[0] != all[0] || x[1] != all[1]) {
+			snprintf(e->sem_err, sizeof(e->sem_err),
+				 "the nodes disagree on the grad scale: node 0 %s %g, node %u %s %g",
+				 all[0] ? "inv_scale" : "has none", all[1],
+				 k, x[0] ? "inv_scale" : "has none", x[1]);
+			return ZC_EHYPER;
+		}
+		v->nonfinite += x[2];
+		for (uint32_t g = 0; g < ng; g++)
+			v->sumsq[g] += x[3 + g];
+		for (uint32_t i = s0; i < s1; i++)
+			e->gused[i] += (uint32_t)x[3 + ng + (i - s0)];
+	}
+	return 0;
+}
+
+/* STEP of buckets lo..hi: agree, then skip the iteration (found_inf), clip,
+ * and step what was used. */
+static int op_step_all(struct exec *e, struct lane *ln, uint32_t lo, uint32_t hi)
+{
+	const struct plan *p = e->cfg.plan;
+	struct state *s = e->cfg.state;
+	uint32_t k0 = s->bucket_first[lo], k1 = s->bucket_first[hi + 1], ng = p->ngroups;
+	double sumsq[ng], total = 0;
+	float coef[ng];
+	struct step_view v = {.sumsq = sumsq};
+	bool clip = false;
+	int r;
+
+	r = step_prepare(e, ln, lo, hi, &v);
+	if (r < 0)
+		return r;
+	if (v.pass) {
+		for (uint32_t g = 0; g < ng; g++)
+			total += sumsq[g];
+		total = sqrt(total);
+		pthread_mutex_lock(&e->mu);
+		if (e->step_done) {
+			e->step_done->grad_norm = total;
+			e->step_done->found_inf = e->has_scale && v.nonfinite > 0;
+		}
+		pthread_mutex_unlock(&e->mu);
+		if (e->has_scale && v.nonfinite > 0)
+			return 0; /* GradScaler: the whole step is skipped, on every rank */
+		for (uint32_t g = 0; g < ng; g++) {
+			double mx = p->max_grad_norm ? p->max_grad_norm : e->groups[g].max_grad_norm;
+			double norm = p->max_grad_norm ? total : sqrt(sumsq[g]);
+			coef[g] = mx != 0 ? gradpass_clip_coef(mx, norm) : 1.0f;
+			clip = clip || !(coef[g] >= 1.0f);
+		}
+		if (clip) {
+			r = gradpass_clip(e->cfg.pool, e->cfg.grads, s->pieces + k0, k1 - k0, coef);
+			if (r < 0)
+				return r;
+		}
+	}
+	return op_step(e, lo, hi, OPTIM_GRAD_OWNER);
 }
 
 static int op_prog(struct exec *e, struct lane *ln, const struct zop *z)
@@ -177,14 +413,21 @@ static int op_prog(struct exec *e, struct lane *ln, const struct zop *z)
 
 	switch (z->kind) {
 	case ZOP_FUSED:
-		r = op_step(e, z->lo, z->hi, OPTIM_GRAD_SUM_LOCAL);
+		r = zero_marked(e, z->lo, z->hi);
+		if (r >= 0) {
+			memcpy(e->gused + e->seg_first[z->lo], e->used + e->seg_first[z->lo],
+			       (e->seg_first[z->hi + 1] - e->seg_first[z->lo]) * sizeof(*e->gused));
+			r = op_step(e, z->lo, z->hi, OPTIM_GRAD_SUM_LOCAL);
+		}
 		if (r >= 0)
 			e->reduced += bucket_elems(e, z->lo, z->hi);
 		return r;
 	case ZOP_STEP:
-		return op_step(e, z->lo, z->hi, OPTIM_GRAD_OWNER);
+		return op_step_all(e, ln, z->lo, z->hi);
 	case ZOP_REDUCE:
-		r = lane_coll(e, ln, COLL_REDUCE, mode, e->ranges + u0, u1 - u0);
+		r = zero_marked(e, z->lo, z->hi);
+		if (r >= 0)
+			r = lane_coll(e, ln, COLL_REDUCE, mode, e->ranges + u0, u1 - u0);
 		if (r >= 0)
 			e->reduced += bucket_elems(e, z->lo, z->hi);
 		return r;
@@ -286,7 +529,7 @@ static void xop_finish(struct exec *e, struct xop *o, int r)
 			.op = o->type == XOP_START ? "start"
 			      : o->type == XOP_HYPER ? "hyper"
 						     : zop_name(z->kind),
-			.detail = o->type == XOP_START ? e->open_err : "",
+			.detail = o->type == XOP_START ? e->open_err : e->sem_err,
 			.lo = z ? z->lo : 0,
 			.hi = z ? z->hi : 0,
 			.status = r,
@@ -439,7 +682,8 @@ static struct exec_done *done_new(struct exec *e, enum exec_event ev, uint64_t t
 	struct exec_done *d = calloc(1, sizeof(*d));
 
 	if (d)
-		*d = (struct exec_done){.tag = e->cfg.tag, .ev = ev, .iteration = t, .bucket = b};
+		*d = (struct exec_done){
+			.tag = e->cfg.tag, .ev = ev, .iteration = t, .bucket = b, .grad_norm = NAN};
 	return d;
 }
 
@@ -466,11 +710,42 @@ int exec_hyper(struct exec *e, struct zc_param_group *groups)
 
 int exec_bucket(struct exec *e, uint64_t t, uint32_t b)
 {
+	return exec_bucket_ex(e, t, b, NULL);
+}
+
+/* Under e->mu: bucket b's masks and, with the last bucket, the scale. */
+static void bucket_in(struct exec *e, uint32_t b, const struct exec_bucket_in *in,
+		      struct exec_zero *zero)
+{
+	uint32_t s0 = e->seg_first[b], s1 = e->seg_first[b + 1];
+
+	for (uint32_t s = s0; s < s1; s++)
+		e->used[s] = e->nlocal - (in && in->marks ? in->marks[s - s0] : 0);
+	free(e->zero[b]);
+	e->zero[b] = zero;
+	e->nzero[b] = zero ? in->nzero : 0;
+	if (b == 0)
+		e->has_scale = false;
+	if (in && in->has_scale) {
+		e->has_scale = true;
+		e->inv_scale = in->inv_scale;
+	}
+}
+
+int exec_bucket_ex(struct exec *e, uint64_t t, uint32_t b, const struct exec_bucket_in *in)
+{
+	struct exec_zero *zero = NULL;
 	const struct zero_program *z = e->cfg.prog;
 	uint32_t i0 = z->bucket_ops[b], i1 = z->bucket_ops[b + 1];
 	struct exec_done *sd = NULL, *d[i1 - i0];
 
 	memset(d, 0, sizeof(d));
+	if (in && in->nzero) {
+		zero = malloc(in->nzero * sizeof(*zero));
+		if (!zero)
+			goto nomem;
+		memcpy(zero, in->zero, in->nzero * sizeof(*zero));
+	}
 	if (b == 0 && !(sd = done_new(e, EXEC_STEP_DONE, t, 0)))
 		goto nomem;
 	for (uint32_t i = i0; i < i1; i++)
@@ -488,6 +763,7 @@ int exec_bucket(struct exec *e, uint64_t t, uint32_t b)
 		e->step_done = sd;
 		e->remaining = z->nops;
 	}
+	bucket_in(e, b, in, zero);
 	for (uint32_t i = i0; i < i1; i++) {
 		struct xop *o = &e->xops[i];
 		*o = (struct xop){.type = XOP_PROG, .z = &z->ops[i], .iteration = t, .done = d[i - i0]};
@@ -499,11 +775,13 @@ nomem:
 	for (uint32_t i = 0; i < i1 - i0; i++)
 		free(d[i]);
 	free(sd);
+	free(zero);
 	return -ENOMEM;
 drop:
 	for (uint32_t i = 0; i < i1 - i0; i++)
 		free(d[i]);
 	free(sd);
+	free(zero);
 	return 0;
 }
 
@@ -556,6 +834,15 @@ void exec_free(struct exec *e)
 	free(e->groups);
 	free(e->xops);
 	free(e->last);
+	if (e->zero)
+		for (uint32_t b = 0; b < e->cfg.plan->nbuckets; b++)
+			free(e->zero[b]);
+	free(e->zero);
+	free(e->nzero);
+	free(e->seg_first);
+	free(e->used);
+	free(e->gused);
+	free(e->gbuf);
 	for (unsigned l = 0; l < LANE_COUNT; l++)
 		pthread_cond_destroy(&e->lanes[l].cv);
 	pthread_mutex_destroy(&e->mu);
@@ -580,8 +867,18 @@ static int exec_alloc(const struct exec_config *cfg, struct exec *e)
 	e->last = calloc((size_t)p->nbuckets * LANE_COUNT, sizeof(*e->last));
 	e->fail_done = calloc(1, sizeof(*e->fail_done));
 	e->stop_done = done_new(e, EXEC_STOPPED, 0, 0);
+	e->seg_first = calloc(p->nbuckets + 1, sizeof(*e->seg_first));
+	e->zero = calloc(p->nbuckets, sizeof(*e->zero));
+	e->nzero = calloc(p->nbuckets, sizeof(*e->nzero));
 	if (!g || !pa || !e->local || !e->ranges || !e->init_ranges || !e->groups || !e->xops ||
-	    !e->last || !e->fail_done || !e->stop_done)
+	    !e->last || !e->fail_done || !e->stop_done || !e->seg_first || !e->zero || !e->nzero)
+		return -ENOMEM;
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		e->seg_first[b + 1] = e->seg_first[b] + p->buckets[b].nsegments;
+	e->nsegs = e->seg_first[p->nbuckets];
+	e->used = calloc(e->nsegs, sizeof(*e->used));
+	e->gused = calloc(e->nsegs, sizeof(*e->gused));
+	if (!e->used || !e->gused)
 		return -ENOMEM;
 	memcpy(g, cfg->grads, cfg->world * sizeof(*g));
 	memcpy(pa, cfg->params, cfg->world * sizeof(*pa));

@@ -55,6 +55,26 @@ int exec_hyper(struct exec *e, struct zc_param_group *groups);
  * EXEC_STEP_DONE. */
 int exec_bucket(struct exec *e, uint64_t t, uint32_t b);
 
+/* What a bucket brings besides its gradients (semantics.c): segments local
+ * ranks marked unused, and with the last bucket of an at_end iteration its
+ * grad scale. The arrays are copied. */
+struct exec_zero {
+	uint32_t rank; /* a local rank */
+	uint32_t seg;  /* a segment of the bucket it marked unused */
+};
+struct exec_bucket_in {
+	const uint32_t *marks; /* [bucket's nsegments]: local ranks that marked each; NULL: none */
+	const struct exec_zero *zero; /* gradients to zero before the reduction */
+	uint32_t nzero;
+	bool has_scale; /* the iteration's grad scale (its last bucket only) */
+	double inv_scale;
+};
+/* exec_bucket() with in (NULL: nothing marked, no scale). A segment no rank
+ * of the job (every node) uses is not stepped and its pieces' step counts
+ * stay; a marked segment's gradient is zeroed in its rank's buffer before
+ * the reduction reads it. */
+int exec_bucket_ex(struct exec *e, uint64_t t, uint32_t b, const struct exec_bucket_in *in);
+
 /* Drop what is queued, abort the collectives in flight, free the state;
  * EXEC_STOPPED says the threads are gone. Idempotent. */
 void exec_stop(struct exec *e);

@@ -24,6 +24,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "ops.h"
+#include "semantics.h"
 #include "mem/mem.h"
 
 /* Job ids are per uid: another user's Hello never finds (nor learns of, nor
@@ -114,6 +115,7 @@ static void job_free(struct job *j)
 	free(j->next_bucket);
 	free(j->arrived);
 	free(j->groups);
+	sem_free(j->sem);
 	free(j);
 }
 

@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "ops.h"
+#include "semantics.h"
 
 void sched_start(struct job *j)
 {
@@ -108,13 +110,21 @@ static int take_snapshot(struct job *j, uint64_t t)
 
 static void bucket_complete(struct job *j, uint32_t b)
 {
+	struct exec_bucket_in in;
 	uint64_t t = j->iter;
-	int r = 0;
+	char why[256];
+	int r = 0, has;
 
+	has = sem_take(j, t, b, &in, why, sizeof(why));
+	if (has < 0) {
+		job_fail(j, has, true, "%s", why);
+		return;
+	}
 	if (b == 0)
 		r = take_snapshot(j, t);
 	if (r >= 0)
-		r = exec_bucket(j->exec, t, b);
+		r = exec_bucket_ex(j->exec, t, b, has ? &in : NULL);
+	sem_clear(j, b);
 	if (r >= 0)
 		ops_bucket_queued(j, t, b);
 	if (r < 0)
@@ -186,7 +196,8 @@ void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint3
 			   j->plan->ngroups);
 		return;
 	}
-	if (plan_group_check(j->plan->optimizer, &g, err, sizeof(err)) < 0) {
+	if (plan_group_check(j->plan->optimizer, &g, err, sizeof(err)) < 0 ||
+	    plan_clip_check(j->plan, &g, err, sizeof(err)) < 0) {
 		sink_error(j->d->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1, "group %u: %s",
 			   group, err);
 		return;
@@ -252,8 +263,10 @@ static void send_bucket_done(struct job *j, uint64_t t, uint32_t b)
 			j->d->sink->bucket_done(j->ranks[r], t, b);
 }
 
-static void finish_iteration(struct job *j, uint64_t t)
+static void finish_iteration(struct job *j, uint64_t t, bool found_inf, double grad_norm)
 {
+	bool info = (found_inf || !isnan(grad_norm)) && j->d->sink->step_done_info;
+
 	/* Every rank sent every bucket (early buckets are refused), so the
 	 * counters can start over. */
 	memset(j->next_bucket, 0, j->world * sizeof(*j->next_bucket));
@@ -264,7 +277,9 @@ static void finish_iteration(struct job *j, uint64_t t)
 	j->d->stats.iterations++;
 	j->progress_ms = now_ms();
 	for (uint32_t r = 0; r < j->world && !job_ended(j); r++)
-		if (j->ranks[r])
+		if (j->ranks[r] && info)
+			j->d->sink->step_done_info(j->ranks[r], t, found_inf, grad_norm);
+		else if (j->ranks[r])
 			j->d->sink->step_done(j->ranks[r], t);
 	if (j->rdzv && !job_ended(j))
 		rdzv_iteration_done(j); /* another node may have ended after t */
@@ -296,7 +311,7 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 		send_bucket_done(j, done->iteration, done->bucket);
 		break;
 	case EXEC_STEP_DONE:
-		finish_iteration(j, done->iteration);
+		finish_iteration(j, done->iteration, done->found_inf, done->grad_norm);
 		break;
 	case EXEC_FAILED: {
 		char what[256];
@@ -314,6 +329,12 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 		else
 			snprintf(what, sizeof(what), "%s of buckets %u..%u failed: %s", done->op,
 				 done->lo, done->hi, zc_strerror(done->status));
+		/* the nodes disagreed on what every rank must say alike (the
+		 * grad scale): the job's error is that, not the executor's */
+		if (done->status == ZC_EHYPER) {
+			job_fail(j, ZC_EHYPER, true, "%s", done->detail ? done->detail : what);
+			break;
+		}
 		/* over several nodes, a failed collective most likely means a
 		 * node went: the rendezvous names it */
 		if (!j->rdzv || !rdzv_exec_failed(j, what))

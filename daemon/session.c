@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@
 #include "fdbufs.h"
 #include "log.h"
 #include "ops.h"
+#include "semantics.h"
 #include "loop.h"
 #include "mem/mem.h"
 #include "wire.h"
@@ -37,8 +39,10 @@
 /* A Hello is small: anything bigger before it is refused undecoded. After the
  * plan is registered only small messages remain. Until then a RegisterPlan
  * may take the whole ZEROD_MAX_MSG_BYTES. */
-#define HELLO_MAX_BYTES      4096
-#define REGISTERED_MAX_BYTES 4096
+#define HELLO_MAX_BYTES 4096
+/* Registered: a BucketReady may carry a segment mask (9 bytes a word of 64
+ * segments, PLAN_MAX_SEGMENTS at most) */
+#define REGISTERED_MAX_BYTES (4096 + 9 * (PLAN_MAX_SEGMENTS / 64))
 /* Decoding work per loop turn: after this many bytes the rest waits a turn,
  * so completions and other jobs are served between big messages. */
 #define DECODE_BYTES_PER_TURN (1u << 20)
@@ -523,8 +527,21 @@ static void on_register_plan(struct daemon *d, const void *route, size_t rlen, s
 static void on_bucket_ready(struct daemon *d, const void *route, size_t rlen, struct session *s,
 			    const Zerod__V1__Envelope *env)
 {
+	const Zerod__V1__BucketReady *m = env->bucket_ready;
+
 	(void)d, (void)route, (void)rlen;
-	sched_bucket_ready(s->job, s, env->bucket_ready->iteration, env->bucket_ready->bucket);
+	if (m->n_unused)
+		sem_bucket_ready(s->job, s, m->iteration, m->bucket, m->unused, m->n_unused);
+	else
+		sched_bucket_ready(s->job, s, m->iteration, m->bucket);
+}
+
+static void on_set_grad_scale(struct daemon *d, const void *route, size_t rlen, struct session *s,
+			      const Zerod__V1__Envelope *env)
+{
+	(void)d, (void)route, (void)rlen;
+	sem_set_grad_scale(s->job, s, env->set_grad_scale->iteration,
+			   env->set_grad_scale->inv_scale);
 }
 
 static void on_set_hyper(struct daemon *d, const void *route, size_t rlen, struct session *s,
@@ -557,6 +574,7 @@ static const struct handler {
 	{ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN, on_register_plan, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_BUCKET_READY, on_bucket_ready, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_SET_HYPER, on_set_hyper, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_SET_GRAD_SCALE, on_set_grad_scale, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_GOODBYE, on_goodbye, NEEDS_SESSION},
 };
 
@@ -737,11 +755,29 @@ static void sink_err(struct session *s, int code, bool fatal, uint64_t iteration
 	session_send_error(s, code, fatal, iteration, bucket, "%s", msg);
 }
 
+/* A StepDone with what the step did: the ring's slot has no room for it,
+ * so it goes over ZeroMQ, in order with the ring's slots (ring.h's MARK). */
+static void sink_step_info(struct session *s, uint64_t t, bool found_inf, double grad_norm)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__StepDone sd = ZEROD__V1__STEP_DONE__INIT;
+
+	sd.iteration = t;
+	sd.has_found_inf = found_inf;
+	sd.found_inf = found_inf;
+	sd.has_grad_norm = !isnan(grad_norm);
+	sd.grad_norm = grad_norm;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_STEP_DONE;
+	env.step_done = &sd;
+	session_send(s, &env);
+}
+
 /* Completions go through the rank's fast-path ring where it has one. */
 const struct sink_ops session_sink = {
 	.plan_ok = sink_plan_ok,
 	.bucket_done = fastpath_bucket_done,
 	.step_done = fastpath_step_done,
+	.step_done_info = sink_step_info,
 	.error = sink_err,
 	.detach = session_detach,
 };

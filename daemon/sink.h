@@ -28,6 +28,10 @@ struct sink_ops {
 	void (*bucket_done)(struct session *s, uint64_t t, uint32_t b);
 	/* Every update of iteration t has landed: the step future completes. */
 	void (*step_done)(struct session *s, uint64_t t);
+	/* step_done() with what the step did (zc_step_info): found_inf, and the
+	 * gradient norm (NaN: none). Used only when there is something to say;
+	 * may be NULL (then step_done()). */
+	void (*step_done_info)(struct session *s, uint64_t t, bool found_inf, double grad_norm);
 	/* A named error about iteration (or SINK_NO_ITERATION) and bucket (or
 	 * -1). fatal: the job cannot go on, every pending future fails. */
 	void (*error)(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,

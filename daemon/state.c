@@ -18,12 +18,15 @@ static unsigned count_arrays(unsigned arrays)
 static uint32_t walk(const struct plan *p, const struct shard_map *sm, const struct zero_topo *t,
 		     struct state *s)
 {
-	uint32_t k = 0;
+	uint32_t k = 0, seg0 = 0;
 	uint64_t at = 0;
 
 	for (uint32_t b = 0; b < p->nbuckets; b++) {
 		const struct plan_bucket *bk = &p->buckets[b];
 		uint32_t s0 = 0;
+
+		if (b > 0)
+			seg0 += p->buckets[b - 1].nsegments;
 
 		if (s->pieces)
 			s->bucket_first[b] = k;
@@ -50,6 +53,7 @@ static uint32_t walk(const struct plan *p, const struct shard_map *sm, const str
 						.at = at,
 						.step = 1,
 						.first_momentum = true,
+						.seg = seg0 + g,
 					};
 				at += z - a;
 				k++;

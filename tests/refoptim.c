@@ -46,3 +46,10 @@ void ref_adam(bool decoupled, const struct zc_param_group *h, uint64_t step, flo
 		p[i] = p[i] + ((float)(-ss) * m[i]) / den;
 	}
 }
+
+float ref_clip_coef(double max_norm, double total_norm)
+{
+	double c = max_norm / (total_norm + 1e-6);
+
+	return c >= 1.0 ? 1.0f : (float)c;
+}

@@ -18,4 +18,9 @@ void ref_sgd(const struct zc_param_group *h, float *p, const float *g, float *m,
 void ref_adam(bool decoupled, const struct zc_param_group *h, uint64_t step, float *p,
 	      const float *g, float *m, float *v, float *vmax, uint64_t n);
 
+/* torch.nn.utils.clip_grad_norm_'s factor for a total norm: min(max_norm /
+ * (total_norm + 1e-6), 1), rounded once to float (torch computes it in
+ * float32 tensors: at most the last bit apart). */
+float ref_clip_coef(double max_norm, double total_norm);
+
 #endif

@@ -99,7 +99,8 @@ unsigned zc_version(void);
 	X(ECONNECT, -1022, "cannot reach the daemon")                                              \
 	X(EINTERNAL, -1023, "internal daemon error")                                               \
 	X(EFORKED, -1024, "client used in a child process after fork")                             \
-	X(EBUFFER, -1025, "buffer fd refused")
+	X(EBUFFER, -1025, "buffer fd refused")                                                     \
+	X(ESEGMASK, -1026, "segment mask out of range")
 
 enum zc_error {
 #define ZC__ERROR_ENUM(name, value, text) ZC_##name = (value),
@@ -180,7 +181,7 @@ enum zc_step_mode {
 
 /* Hyperparameters of one parameter group, with torch's meaning and defaults
  * (zc_param_group_init, ZC_PARAM_GROUP_INIT). Fields an optimizer does not
- * use are ignored. 64 bytes in this version. */
+ * use are ignored. 72 bytes in this version (64 before max_grad_norm). */
 struct zc_param_group {
 	uint32_t size;       /* sizeof(struct zc_param_group) the caller was built with */
 	bool nesterov;       /* SGD */
@@ -193,6 +194,13 @@ struct zc_param_group {
 	double weight_decay; /* 0. SGD, Adam: L2 into the gradient; AdamW: decoupled */
 	double beta1, beta2; /* Adam, AdamW: 0.9, 0.999 */
 	double eps;          /* Adam, AdamW: 1e-8 */
+	/* 0: none. Else clip this group's averaged gradient (every shard, every
+	 * node) as torch.nn.utils.clip_grad_norm_(group's params, max_grad_norm)
+	 * would before the step: total = 2-norm over the group, the gradient
+	 * multiplied by min(max_grad_norm / (total + 1e-6), 1). Needs
+	 * ZC_STEP_AT_END and no zc_plan.max_grad_norm (ZC_EPLANINVAL, or
+	 * ZC_EHYPER from zc_set_hyper(), otherwise). */
+	double max_grad_norm;
 };
 
 #define ZC_PARAM_GROUP_INIT                                                                        \
@@ -237,8 +245,8 @@ int zc_bucket_init(struct zc_bucket *b, size_t size);
 
 /* The whole layout + optimizer of a job. Every rank must declare the same
  * plan; a difference is ZC_EPLANMISMATCH naming the rank and the field.
- * Buckets are numbered in the order backward produces them. 40 bytes in this
- * version. Defaults: SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, no groups and
+ * Buckets are numbered in the order backward produces them. 48 bytes in this
+ * version (40 before max_grad_norm). Defaults: SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, no groups and
  * no buckets (which are invalid: fill them in). */
 struct zc_plan {
 	uint32_t size; /* sizeof(struct zc_plan) the caller was built with */
@@ -249,6 +257,11 @@ struct zc_plan {
 	uint32_t nbuckets;
 	const struct zc_param_group *groups; /* [ngroups], all of one size */
 	const struct zc_bucket *buckets;     /* [nbuckets], all of one size */
+	/* 0: none. Else clip globally, as clip_grad_norm_(every parameter,
+	 * max_grad_norm): the 2-norm of the averaged gradient over every group,
+	 * shard and node. Needs ZC_STEP_AT_END (every bucket is reduced before
+	 * any step) and no group's max_grad_norm: ZC_EPLANINVAL otherwise. */
+	double max_grad_norm;
 };
 
 #define ZC_PLAN_INIT                                                                               \
@@ -478,6 +491,63 @@ int zc_register_plan(zc_client *c);
 int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future);
 
 /*
+ * zc_bucket_ready() that also says which segments of the bucket have no
+ * gradient on this rank this iteration (torch: a parameter whose .grad is
+ * None, DDP's find_unused_parameters). Bit s of unused[s / 64] (bit s % 64)
+ * stands for segment s of the bucket, in the plan's order.
+ *  - A segment every rank of the job (every node) marks is skipped as torch
+ *    skips such a parameter: no step, no weight decay, no momentum or moment
+ *    update, and its step count does not advance (Adam's bias correction
+ *    counts its own updates); it takes no part in clipping either.
+ *  - A segment some ranks mark and others do not: a marking rank contributes
+ *    a zero gradient. The daemon never reads that rank's gradient there; it
+ *    writes zeroes over it (whatever the buffer held is gone).
+ * nwords must be (nsegments + 63) / 64 of that bucket, and bits at or past
+ * nsegments must be 0: ZC_ESEGMASK otherwise, with the reason in
+ * zc_error_message(), and nothing is sent. nwords 0 (unused NULL) is
+ * zc_bucket_ready(). reserved must be 0 (-EINVAL).
+ * With the fast path a bucket with a nonzero mask goes as a ZeroMQ message:
+ * the two channels keep their order (common/ring.h's MARK), so it costs one
+ * message, not the ordering of anything.
+ * Ownership: r and r->unused are only read, during the call. The future as
+ *            zc_bucket_ready()'s.
+ * Threads, blocking: as zc_bucket_ready().
+ */
+struct zc_ready {
+	uint32_t size;   /* sizeof(struct zc_ready) the caller was built with */
+	uint32_t bucket;
+	uint32_t nwords; /* words in unused */
+	uint32_t reserved;
+	const uint64_t *unused;
+};
+
+#define ZC_READY_INIT                                                                              \
+	{                                                                                          \
+		.size = sizeof(struct zc_ready)                                                    \
+	}
+
+int zc_bucket_ready_ex(zc_client *c, const struct zc_ready *r, zc_future **ret_future);
+
+/*
+ * The unscale factor of the current iteration (zc_iteration(): call it
+ * before handing over the iteration's last bucket), as GradScaler.unscale_
+ * applies it: each element of the averaged gradient is multiplied by
+ * (float)inv_scale before clipping and the step. With it set the daemon looks
+ * at every element of every bucket on every node: one that is not finite
+ * skips the whole step on every rank (no state changes, step counts stay,
+ * parameters are untouched) and the step future says so (zc_step_info:
+ * found_inf). Every rank calls it with the same value for the iteration (or
+ * none does); ranks that disagree fail the job with ZC_EHYPER naming them.
+ * A second call in one iteration replaces the first.
+ * Errors: ZC_ESTATE (plan not registered, or ZC_STEP_INTERLEAVED: the
+ * reduced gradients must all be in before any step), -EINVAL (inv_scale not
+ * finite or <= 0).
+ * Ownership: nothing changes hands.
+ * Threads:   any thread.  Blocking: no (one message).
+ */
+int zc_set_grad_scale(zc_client *c, double inv_scale);
+
+/*
  * Future of iteration's step: completes when every parameter update of that
  * iteration has landed in every local rank's parameter buffer (StepDone). It
  * may be asked for before, during or after the iteration; one for an
@@ -487,6 +557,34 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future);
  * Threads:   any thread.  Blocking: no.
  */
 int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future);
+
+/*
+ * What the step of a completed step future did. found_inf: 1 if a
+ * zc_set_grad_scale() iteration found a non-finite averaged gradient and
+ * skipped its step everywhere. grad_norm: the total 2-norm of the averaged
+ * (unscaled) gradient over every group, shard and node before clipping, as
+ * clip_grad_norm_ returns it (its sum of squares accumulated in double), when
+ * the daemon computed one (clipping or a grad scale in the plan or the
+ * iteration); NaN otherwise, and for an iteration whose info the client no
+ * longer keeps (it keeps the last 16).
+ * Errors: ZC_ESTATE (f is not a step future, or not completed), a failed
+ * future's code.
+ * Ownership: *out (its `size` bytes, at least 8) is written on success.
+ * Threads:   any thread.  Blocking: no.
+ */
+struct zc_step_info {
+	uint32_t size; /* sizeof(struct zc_step_info) the caller was built with */
+	uint32_t found_inf;
+	uint64_t iteration;
+	double grad_norm;
+};
+
+#define ZC_STEP_INFO_INIT                                                                          \
+	{                                                                                          \
+		.size = sizeof(struct zc_step_info)                                                \
+	}
+
+int zc_step_info(zc_future *f, struct zc_step_info *out);
 
 /*
  * Iteration the next zc_bucket_ready() belongs to: 0 first, moving on after
@@ -509,7 +607,8 @@ uint64_t zc_iteration(zc_client *c);
  * values are refused here with ZC_EHYPER (the reason in zc_error_message()),
  * and so are values that need optimizer state the plan's groups did not
  * (momentum where every group had none, amsgrad where no group had it: the
- * daemon sized the state from the plan).
+ * daemon sized the state from the plan), and a max_grad_norm the plan's mode
+ * does not allow (interleaved, or a plan that clips globally).
  * Ownership: hp is copied (any size: see "ABI").
  * Threads:   any thread.  Blocking: no (one message).
  */

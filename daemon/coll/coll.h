@@ -94,6 +94,11 @@ enum coll_kind {
 	/* Copy each range from its owner's parameters into every rank's:
 	 * broadcasts (bucket mode) or an all-gather (slice mode). */
 	COLL_BCAST,
+	/* Every node's gbytes of gin, in node order, into gout (nnodes *
+	 * gbytes): the few scalars an iteration's nodes must agree on (segment
+	 * masks, gradient norms, the grad scale). No ranges. gbytes is a
+	 * multiple of 8. gloo; host copies (one node); nccl: -EOPNOTSUPP. */
+	COLL_GATHER,
 };
 
 struct coll_req {
@@ -102,6 +107,9 @@ struct coll_req {
 	unsigned lane;
 	const struct coll_range *ranges; /* sorted by offset; they stay valid until done */
 	uint32_t nranges;
+	const void *gin; /* COLL_GATHER */
+	void *gout;
+	size_t gbytes;
 	/* Called once with 0 or a negative code (-ECANCELED after abort). */
 	void (*done)(struct coll_req *req, int status);
 };

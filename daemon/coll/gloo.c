@@ -595,6 +595,23 @@ fail:
 	return r;
 }
 
+/* Every node's part, in node order: an allgatherv of equal counts (gloo
+ * moves bytes; the parts are doubles, 2 floats each). */
+static int gather_parts(struct coll_group *g, struct lane_ctx *ln, const struct coll_req *req)
+{
+	size_t *cnt = malloc(g->nnodes * sizeof(*cnt));
+	int r;
+
+	if (!cnt)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < g->nnodes; k++)
+		cnt[k] = req->gbytes / sizeof(float);
+	memcpy((char *)req->gout + (size_t)g->node * req->gbytes, req->gin, req->gbytes);
+	r = net_allgatherv(g, ln, req->gout, cnt);
+	free(cnt);
+	return r;
+}
+
 static int gl_submit(struct coll_group *g, struct coll_req *req)
 {
 	struct lane_ctx *ln;
@@ -609,6 +626,8 @@ static int gl_submit(struct coll_group *g, struct coll_req *req)
 	ln->err[0] = '\0';
 	if (atomic_load(&g->aborted))
 		r = -ECANCELED;
+	else if (req->kind == COLL_GATHER)
+		r = gather_parts(g, ln, req);
 	else if (req->kind == COLL_BCAST && req->mode == ZC_SHARD_BUCKET)
 		r = bcast_ranges(g, ln, req);
 	else

@@ -624,9 +624,14 @@ out:
 static int nccl_submit(struct coll_group *g, struct coll_req *req)
 {
 	struct cset *set = &g->set[req->kind == COLL_REDUCE ? 0 : 1];
-	struct nreq *q = calloc(1, sizeof(*q));
+	struct nreq *q;
 	int r;
 
+	/* the executor gathers only over several nodes, which NCCL jobs do
+	 * not do yet (the rendezvous hands host jobs to gloo) */
+	if (req->kind == COLL_GATHER)
+		return -EOPNOTSUPP;
+	q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
 	*q = (struct nreq){.g = g, .req = req, .pending = g->nlocal};

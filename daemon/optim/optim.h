@@ -59,6 +59,8 @@ struct optim_piece {
 	uint64_t at;         /* element offset into the state arrays */
 	uint64_t step;       /* number of this update, 1 for the first */
 	bool first_momentum; /* SGD: no momentum buffer yet */
+	uint32_t seg;        /* the plan's segment it lies in, counted over all buckets
+				(a segment every rank marks unused skips its pieces) */
 };
 
 /* Where a step's gradient comes from. */
