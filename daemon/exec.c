@@ -14,6 +14,7 @@
  * the op is queued, so posting one cannot fail.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -24,6 +25,7 @@
 
 #include "common.h"
 #include "exec.h"
+#include "hostmem.h"
 
 #define EXEC_SPANS 1024 /* op records kept between two takes */
 
@@ -31,6 +33,7 @@ enum xop_type {
 	XOP_START,
 	XOP_HYPER,
 	XOP_PROG,
+	XOP_RELOAD, /* zc_params_changed(): the masters from the owners' parameters */
 };
 
 struct xop {
@@ -79,6 +82,7 @@ struct exec {
 	struct exec_done *fail_done, *stop_done;
 	bool stopping, failed, silent;
 	char open_err[256]; /* why the collectives could not open, from the backend */
+	char step_err[256]; /* why a step failed (an edit without zc_params_changed()) */
 
 	_Atomic uint64_t reduced, stepped, bcast;
 
@@ -137,6 +141,42 @@ static uint64_t bucket_elems(const struct exec *e, uint32_t lo, uint32_t hi)
 	return n;
 }
 
+/* Name the bucket and segment of a piece whose parameters were edited. */
+static void describe_edit(struct exec *e, const struct optim_piece *pc)
+{
+	const struct plan *p = e->cfg.plan;
+	const struct state *s = e->cfg.state;
+	uint32_t k = (uint32_t)(pc - s->pieces), b = 0, g = 0;
+
+	while (b + 1 < p->nbuckets && s->bucket_first[b + 1] <= k)
+		b++;
+	const struct plan_bucket *bk = &p->buckets[b];
+	while (g + 1 < bk->nsegments && bk->base + bk->segments[g + 1].offset <= pc->off)
+		g++;
+	snprintf(e->step_err, sizeof(e->step_err),
+		 "bucket %u segment %u (%s, elements %" PRIu64 "..%" PRIu64
+		 " of the bucket, owner rank %u): the owner's parameters differ from the "
+		 "daemon's fp32 master: call zc_params_changed() on every rank after editing "
+		 "them",
+		 b, g, plan_dtype_name(bk->dtype), pc->off - bk->base, pc->off - bk->base + pc->n,
+		 pc->owner);
+}
+
+/* The masters of the bf16/fp16 pieces take the widened values of their
+ * owners' parameters: when the job starts, and after zc_params_changed(). */
+static void load_masters(struct exec *e)
+{
+	const struct state *s = e->cfg.state;
+
+	for (uint32_t k = 0; k < s->npieces; k++) {
+		const struct optim_piece *pc = &s->pieces[k];
+		if (pc->dtype == ZC_DTYPE_F32)
+			continue;
+		host_widen(s->master + pc->mat, (const uint16_t *)e->cfg.params[pc->owner] + pc->off,
+			   pc->n, pc->dtype);
+	}
+}
+
 static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad grad)
 {
 	struct state *s = e->cfg.state;
@@ -151,11 +191,16 @@ static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad gra
 		.v = s->v,
 		.vmax = s->vmax,
 	};
+	uint32_t edited = UINT32_MAX;
 	int r;
 
 	if (k0 == k1)
 		return 0;
+	call.master = s->master;
+	call.edited = &edited;
 	r = e->cfg.optim->run(e->oc, &call);
+	if (r == ZC_EPARAMEDIT && edited < k1 - k0)
+		describe_edit(e, &s->pieces[k0 + edited]);
 	if (r < 0)
 		return r;
 	for (uint32_t k = k0; k < k1; k++) {
@@ -232,8 +277,10 @@ static int op_start(struct exec *e, struct lane *ln)
 	r = state_alloc(e->cfg.state);
 	if (r < 0)
 		return r;
-	return lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges,
-			 e->cfg.plan->nbuckets);
+	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);
+	if (r >= 0)
+		load_masters(e);
+	return r;
 }
 
 static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
@@ -248,6 +295,9 @@ static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
 		return 0;
 	case XOP_PROG:
 		return op_prog(e, ln, o->z);
+	case XOP_RELOAD:
+		load_masters(e);
+		return 0;
 	}
 	return -EINVAL;
 }
@@ -283,10 +333,11 @@ static void xop_finish(struct exec *e, struct xop *o, int r)
 			.tag = e->cfg.tag,
 			.ev = EXEC_FAILED,
 			.iteration = o->iteration,
-			.op = o->type == XOP_START ? "start"
-			      : o->type == XOP_HYPER ? "hyper"
-						     : zop_name(z->kind),
-			.detail = o->type == XOP_START ? e->open_err : "",
+			.op = o->type == XOP_START    ? "start"
+			      : o->type == XOP_HYPER  ? "hyper"
+			      : o->type == XOP_RELOAD ? "reload"
+						      : zop_name(z->kind),
+			.detail = o->type == XOP_START ? e->open_err : e->step_err,
 			.lo = z ? z->lo : 0,
 			.hi = z ? z->hi : 0,
 			.status = r,
@@ -464,6 +515,26 @@ int exec_hyper(struct exec *e, struct zc_param_group *groups)
 	return 0;
 }
 
+int exec_reload(struct exec *e)
+{
+	struct xop *o = calloc(1, sizeof(*o));
+
+	if (!o)
+		return -ENOMEM;
+	o->type = XOP_RELOAD;
+	pthread_mutex_lock(&e->mu);
+	if (e->stopping) {
+		pthread_mutex_unlock(&e->mu);
+		xop_release(o);
+		return 0;
+	}
+	/* after every op queued so far, on every lane: it reads the parameters
+	 * the last broadcast wrote and the trainers edited since */
+	enqueue(e, o, LANE_COMPUTE, 0, e->cfg.plan->nbuckets - 1, true);
+	pthread_mutex_unlock(&e->mu);
+	return 0;
+}
+
 int exec_bucket(struct exec *e, uint64_t t, uint32_t b)
 {
 	const struct zero_program *z = e->cfg.prog;
@@ -593,10 +664,13 @@ static int exec_alloc(const struct exec_config *cfg, struct exec *e)
 			.owner = sm->units[u].owner,
 			.off = p->buckets[sm->units[u].bucket].base + sm->units[u].offset,
 			.n = sm->units[u].numel,
+			.dtype = p->buckets[sm->units[u].bucket].dtype,
 		};
 	for (uint32_t b = 0; b < p->nbuckets; b++)
-		e->init_ranges[b] = (struct coll_range){
-			.owner = 0, .off = p->buckets[b].base, .n = p->buckets[b].numel};
+		e->init_ranges[b] = (struct coll_range){.owner = 0,
+							.off = p->buckets[b].base,
+							.n = p->buckets[b].numel,
+							.dtype = p->buckets[b].dtype};
 	memcpy(e->groups, p->groups, p->ngroups * sizeof(*e->groups));
 	return 0;
 }

@@ -586,9 +586,14 @@ out:
 static int nccl_submit(struct coll_group *g, struct coll_req *req)
 {
 	struct cset *set = &g->set[req->kind == COLL_REDUCE ? 0 : 1];
-	struct nreq *q = calloc(1, sizeof(*q));
+	struct nreq *q;
 	int r;
 
+	/* fp32 only (backend_cuda.low_precision): never move bf16/fp16 as floats */
+	for (uint32_t i = 0; i < req->nranges; i++)
+		if (req->ranges[i].dtype != ZC_DTYPE_F32)
+			return ZC_ENOTSUP;
+	q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
 	*q = (struct nreq){.g = g, .req = req, .pending = g->nlocal};
