@@ -162,18 +162,23 @@ static void describe_edit(struct exec *e, const struct optim_piece *pc)
 		 pc->owner);
 }
 
-/* The masters of the bf16/fp16 pieces take the widened values of their
- * owners' parameters: when the job starts, and after zc_params_changed(). */
-static void load_masters(struct exec *e)
+/* The masters of the bf16/fp16 pieces from their owners' parameters: all of
+ * them when the job starts; after zc_params_changed() those whose parameter
+ * was edited (hostmem.h). Host memory: only the host backend takes such
+ * plans (struct backend's low_precision). */
+static void load_masters(struct exec *e, bool edits_only)
 {
 	const struct state *s = e->cfg.state;
 
 	for (uint32_t k = 0; k < s->npieces; k++) {
 		const struct optim_piece *pc = &s->pieces[k];
+		const uint16_t *p = (const uint16_t *)e->cfg.params[pc->owner] + pc->off;
 		if (pc->dtype == ZC_DTYPE_F32)
 			continue;
-		host_widen(s->master + pc->mat, (const uint16_t *)e->cfg.params[pc->owner] + pc->off,
-			   pc->n, pc->dtype);
+		if (edits_only)
+			host_reload(s->master + pc->mat, p, pc->n, pc->dtype);
+		else
+			host_widen(s->master + pc->mat, p, pc->n, pc->dtype);
 	}
 }
 
@@ -279,7 +284,7 @@ static int op_start(struct exec *e, struct lane *ln)
 		return r;
 	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);
 	if (r >= 0)
-		load_masters(e);
+		load_masters(e, false);
 	return r;
 }
 
@@ -296,7 +301,7 @@ static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
 	case XOP_PROG:
 		return op_prog(e, ln, o->z);
 	case XOP_RELOAD:
-		load_masters(e);
+		load_masters(e, true);
 		return 0;
 	}
 	return -EINVAL;

@@ -3,6 +3,7 @@
  * first rank, add the others in rank order, one division), so results are
  * bit-identical whatever the chunking.
  */
+#include <stdbool.h>
 #include <string.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -102,4 +103,16 @@ void host_widen(float *restrict dst, const uint16_t *restrict src, size_t n, enu
 		widen_bf16(dst, src, n);
 	else
 		widen_f16(dst, src, n);
+}
+
+void host_reload(float *restrict master, const uint16_t *restrict p, size_t n, enum zc_dtype t)
+{
+	bool bf = t == ZC_DTYPE_BF16;
+
+	for (size_t i = 0; i < n; i++) {
+		uint16_t now = bf ? lowp_f32_to_bf16(master[i]) : lowp_f32_to_f16(master[i]);
+		float x = bf ? lowp_bf16_to_f32(p[i]) : lowp_f16_to_f32(p[i]);
+		if (p[i] != now && !(x != x && master[i] != master[i]))
+			master[i] = x;
+	}
 }

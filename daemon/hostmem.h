@@ -40,4 +40,9 @@ void host_narrow(uint16_t *restrict dst, const float *restrict src, size_t n, en
 /* dst[i] = widen(src[i]) from dtype t (exact). */
 void host_widen(float *restrict dst, const uint16_t *restrict src, size_t n, enum zc_dtype t);
 
+/* zc_params_changed(): master[i] = widen(p[i]) where p[i] is not
+ * narrow(master[i]) (an edit; two NaNs count as equal); the other masters
+ * keep their fp32 values, which the parameters round. */
+void host_reload(float *restrict master, const uint16_t *restrict p, size_t n, enum zc_dtype t);
+
 #endif

@@ -483,8 +483,11 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp);
  * completed and before the next iteration's first zc_bucket_ready(). The
  * daemon reloads once every local rank handed over bucket 0 of that next
  * iteration (so every rank's edit is done), before any step of it: each
- * master takes the widened value of its owner rank's parameter. fp32
- * parameters need no call (the owner's buffer is the master).
+ * master whose owner rank's parameter is no longer the master rounded to the
+ * dtype (an edit) takes the parameter's widened value; the others keep their
+ * fp32 values, which the parameters still round to (a reload from rounded
+ * values would throw away what the masters are for). fp32 parameters need no
+ * call (the owner's buffer is the master).
  * Without it, a step that finds an owner's bf16/fp16 parameter different from
  * its rounded master fails the job with ZC_EPARAMEDIT naming the bucket and
  * segment, and leaves that parameter as the trainer wrote it.
