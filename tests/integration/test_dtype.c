@@ -391,6 +391,10 @@ static void t_layout(void)
 	      "zc_param_buffer of an fp16 bucket: '%s'", zc_error_message());
 	CHECK(zc_grad_ptr(c, 3) == NULL && strstr(zc_error_message(), "does not exist"),
 	      "bucket 3: '%s'", zc_error_message());
+	CHECK(zc_grad_ptr(NULL, 0) == NULL && zc_param_ptr(NULL, 0) == NULL, "NULL client");
+	CHECK(zc_params_changed(NULL) == -EINVAL, "zc_params_changed(NULL)");
+	CHECK(zc_params_changed(c) == ZC_ESTATE && strstr(zc_error_message(), "not registered"),
+	      "zc_params_changed before the plan: '%s'", zc_error_message());
 	zc_close(c);
 }
 
