@@ -26,6 +26,7 @@
 #include "common.h"
 #include "exec.h"
 #include "hostmem.h"
+#include "pool.h"
 
 #define EXEC_SPANS 1024 /* op records kept between two takes */
 
@@ -162,24 +163,39 @@ static void describe_edit(struct exec *e, const struct optim_piece *pc)
 		 pc->owner);
 }
 
+struct load_task {
+	const struct exec *e;
+	bool edits_only;
+};
+
+static void load_piece(void *arg, size_t k)
+{
+	const struct load_task *t = arg;
+	const struct state *s = t->e->cfg.state;
+	const struct optim_piece *pc = &s->pieces[k];
+	const uint16_t *p;
+
+	if (pc->dtype == ZC_DTYPE_F32)
+		return;
+	p = (const uint16_t *)t->e->cfg.params[pc->owner] + pc->off;
+	if (t->edits_only)
+		host_reload(s->master + pc->mat, p, pc->n, pc->dtype);
+	else
+		host_widen(s->master + pc->mat, p, pc->n, pc->dtype);
+}
+
 /* The masters of the bf16/fp16 pieces from their owners' parameters: all of
  * them when the job starts; after zc_params_changed() those whose parameter
- * was edited (hostmem.h). Host memory: only the host backend takes such
- * plans (struct backend's low_precision). */
-static void load_masters(struct exec *e, bool edits_only)
+ * was edited (hostmem.h). Host memory (only the host backend takes such
+ * plans: struct backend's low_precision), read through the guarded pool as
+ * every trainer buffer is: -EFAULT if one shrank. */
+static int load_masters(struct exec *e, bool edits_only)
 {
-	const struct state *s = e->cfg.state;
+	struct load_task t = {.e = e, .edits_only = edits_only};
 
-	for (uint32_t k = 0; k < s->npieces; k++) {
-		const struct optim_piece *pc = &s->pieces[k];
-		const uint16_t *p = (const uint16_t *)e->cfg.params[pc->owner] + pc->off;
-		if (pc->dtype == ZC_DTYPE_F32)
-			continue;
-		if (edits_only)
-			host_reload(s->master + pc->mat, p, pc->n, pc->dtype);
-		else
-			host_widen(s->master + pc->mat, p, pc->n, pc->dtype);
-	}
+	if (!e->cfg.state->nmaster)
+		return 0;
+	return pool_parallel_for(e->cfg.pool, e->cfg.state->npieces, load_piece, &t);
 }
 
 static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad grad)
@@ -284,7 +300,7 @@ static int op_start(struct exec *e, struct lane *ln)
 		return r;
 	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);
 	if (r >= 0)
-		load_masters(e, false);
+		r = load_masters(e, false);
 	return r;
 }
 
@@ -301,8 +317,7 @@ static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
 	case XOP_PROG:
 		return op_prog(e, ln, o->z);
 	case XOP_RELOAD:
-		load_masters(e, true);
-		return 0;
+		return load_masters(e, true);
 	}
 	return -EINVAL;
 }

@@ -300,13 +300,13 @@ static void run_chunk(void *arg, size_t i)
 	uint64_t x = (i - t->first[lo]) * HOST_CHUNK;
 	uint64_t off = pc->off + x;
 	size_t n = (size_t)MIN((uint64_t)HOST_CHUNK, pc->n - x);
-	float *p = cfg->params[pc->owner] + off;
-	const float *g;
 
 	if (pc->dtype != ZC_DTYPE_F32) {
 		run_chunk_lowp(t, lo, x, n, scratch);
 		return;
 	}
+	float *p = cfg->params[pc->owner] + off;
+	const float *g;
 
 	if (call->grad == OPTIM_GRAD_SUM_LOCAL) {
 		const float *src[cfg->nlocal];
