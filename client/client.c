@@ -1190,7 +1190,7 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 /* Without the lock: c->plan and the buffers are set once, by
  * zc_alloc_buffers(), and stay until zc_close(); trainers call this in their
  * inner loops. */
-static float *bucket_ptr(zc_client *c, bool grad, uint32_t bucket, const char *fn)
+static void *bucket_ptr(zc_client *c, bool grad, uint32_t bucket, const char *fn)
 {
 	if (client_check(c, fn) < 0)
 		return NULL;
@@ -1203,15 +1203,39 @@ static float *bucket_ptr(zc_client *c, bool grad, uint32_t bucket, const char *f
 			bucket, c->plan->nbuckets);
 		return NULL;
 	}
-	return (grad ? c->grad.base : c->param.base) + c->plan->buckets[bucket].base;
+	return (char *)(grad ? c->grad.base : c->param.base) + plan_bucket_offset(c->plan, bucket);
+}
+
+/* The float views: fp32 buckets only. */
+static float *bucket_f32(zc_client *c, bool grad, uint32_t bucket, const char *fn)
+{
+	void *p = bucket_ptr(c, grad, bucket, fn);
+
+	if (p && c->plan->buckets[bucket].dtype != ZC_DTYPE_F32) {
+		err_set(ZC_ESTATE, "%s: bucket %u holds %s elements: use %s", fn, bucket,
+			plan_dtype_name(c->plan->buckets[bucket].dtype),
+			grad ? "zc_grad_ptr()" : "zc_param_ptr()");
+		return NULL;
+	}
+	return p;
 }
 
 float *zc_grad_buffer(zc_client *c, uint32_t bucket)
 {
-	return bucket_ptr(c, true, bucket, __func__);
+	return bucket_f32(c, true, bucket, __func__);
 }
 
 float *zc_param_buffer(zc_client *c, uint32_t bucket)
+{
+	return bucket_f32(c, false, bucket, __func__);
+}
+
+void *zc_grad_ptr(zc_client *c, uint32_t bucket)
+{
+	return bucket_ptr(c, true, bucket, __func__);
+}
+
+void *zc_param_ptr(zc_client *c, uint32_t bucket)
 {
 	return bucket_ptr(c, false, bucket, __func__);
 }
@@ -1664,6 +1688,53 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 	r = send_env(c, &env, NULL);
 	if (r < 0)
 		err_set(r, "zc_set_hyper: sending: %s", zc_strerror(r));
+out:
+	client_unlock(c);
+	return r;
+}
+
+int zc_params_changed(zc_client *c)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__ParamsChanged pc = ZEROD__V1__PARAMS_CHANGED__INIT;
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	pthread_mutex_lock(&c->mu);
+	if (c->plan_result != 1) {
+		r = err_set(ZC_ESTATE, "zc_params_changed: the plan is not registered");
+		goto out;
+	}
+	if (c->sent_in_iter) {
+		r = err_set(ZC_ESTATE,
+			    "zc_params_changed: iteration %" PRIu64 " is under way (%u buckets "
+			    "handed over): call it between iterations",
+			    c->iter, c->sent_in_iter);
+		goto out;
+	}
+	if (c->steps_done < c->iter) {
+		take_ring(c, c->zrecv);
+		if (c->steps_done < c->iter)
+			dispatch_locked(c, LOOK_ALL);
+		if (c->job_error) {
+			r = err_set(c->job_error, "%s", c->job_msg);
+			goto out;
+		}
+		if (c->steps_done < c->iter) {
+			r = err_set(ZC_ESTATE,
+				    "zc_params_changed: the step of iteration %" PRIu64
+				    " has not completed: wait for it first",
+				    c->iter - 1);
+			goto out;
+		}
+	}
+	pc.iteration = c->iter;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_PARAMS_CHANGED;
+	env.params_changed = &pc;
+	r = send_env(c, &env, NULL);
+	if (r < 0)
+		err_set(r, "zc_params_changed: sending: %s", zc_strerror(r));
 out:
 	client_unlock(c);
 	return r;

@@ -49,7 +49,9 @@ FROZEN(zc_bucket, size, 0);
 FROZEN(zc_bucket, nsegments, 4);
 FROZEN(zc_bucket, numel, 8);
 FROZEN(zc_bucket, segments, 16);
-FROZEN_SIZE(zc_bucket, 24);
+FROZEN(zc_bucket, dtype, 24);
+FROZEN(zc_bucket, reserved2, 28);
+FROZEN_SIZE(zc_bucket, 32);
 
 FROZEN(zc_plan, size, 0);
 FROZEN(zc_plan, optimizer, 4);

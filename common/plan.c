@@ -66,6 +66,19 @@ const char *plan_step_name(enum zc_step_mode m)
 	return "?";
 }
 
+const char *plan_dtype_name(enum zc_dtype t)
+{
+	switch (t) {
+	case ZC_DTYPE_F32:
+		return "fp32";
+	case ZC_DTYPE_BF16:
+		return "bf16";
+	case ZC_DTYPE_F16:
+		return "fp16";
+	}
+	return "?";
+}
+
 static bool finite_nonneg(double x)
 {
 	return isfinite(x) && x >= 0;
@@ -197,6 +210,9 @@ static uint64_t plan_hash(const struct plan *p)
 	for (uint32_t b = 0; b < p->nbuckets; b++) {
 		HASH_FIELD(&h, p->buckets[b].numel);
 		HASH_FIELD(&h, p->buckets[b].nsegments);
+		/* fp32 hashes as before dtypes existed */
+		if (p->buckets[b].dtype != ZC_DTYPE_F32)
+			HASH_FIELD(&h, (uint32_t)p->buckets[b].dtype);
 		for (uint32_t s = 0; s < p->buckets[b].nsegments; s++) {
 			const struct zc_segment *sg = &p->buckets[b].segments[s];
 			HASH_FIELD(&h, sg->offset);
@@ -214,7 +230,7 @@ static uint64_t plan_hash(const struct plan *p)
  */
 static int plan_finish(struct plan *p, char *err, size_t errlen)
 {
-	uint64_t base = 0, nseg = 0;
+	uint64_t bytes = 0, nseg = 0;
 
 	if (p->optimizer < ZC_OPT_SGD || p->optimizer > ZC_OPT_ADAMW)
 		return fail(err, errlen, "optimizer: unknown value %d", (int)p->optimizer);
@@ -247,6 +263,11 @@ static int plan_finish(struct plan *p, char *err, size_t errlen)
 		if (bk->numel == 0 || bk->numel > PLAN_MAX_NUMEL)
 			return fail(err, errlen, "buckets[%u].numel: %" PRIu64 " out of range", b,
 				    bk->numel);
+		if (bk->dtype != ZC_DTYPE_F32 && bk->dtype != ZC_DTYPE_BF16 &&
+		    bk->dtype != ZC_DTYPE_F16)
+			return fail(err, errlen,
+				    "buckets[%u].dtype: unknown value %u (0 fp32, 1 bf16, 2 fp16)",
+				    b, (unsigned)bk->dtype);
 		if (bk->nsegments == 0)
 			return fail(err, errlen, "buckets[%u]: no segments", b);
 		nseg += bk->nsegments;
@@ -276,12 +297,17 @@ static int plan_finish(struct plan *p, char *err, size_t errlen)
 				    "buckets[%u]: segments cover %" PRIu64 " of %" PRIu64
 				    " elements",
 				    b, at, bk->numel);
-		bk->base = base;
-		base += (bk->numel + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
-		if (base > PLAN_MAX_NUMEL)
-			return fail(err, errlen, "plan larger than %llu elements", PLAN_MAX_NUMEL);
+		bk->base = bytes / plan_dtype_size(bk->dtype);
+		bytes += (bk->numel * plan_dtype_size(bk->dtype) + PLAN_ALIGN_BYTES - 1) /
+			 PLAN_ALIGN_BYTES * PLAN_ALIGN_BYTES;
+		if (bk->dtype != ZC_DTYPE_F32)
+			p->low_precision = true;
+		if (bytes > PLAN_MAX_NUMEL * sizeof(float))
+			return fail(err, errlen, "plan larger than %llu bytes",
+				    PLAN_MAX_NUMEL * sizeof(float));
 	}
-	p->total_numel = base;
+	p->total_numel = bytes / sizeof(float);
+	p->total_bytes = bytes;
 	p->hash = plan_hash(p);
 	return 0;
 }
@@ -389,6 +415,10 @@ static int bucket_from_zc(const void *src, const char *what, struct zc_bucket *o
 	ABI_TAKE(&b, src, size, nsegments);
 	ABI_TAKE(&b, src, size, numel);
 	ABI_TAKE(&b, src, size, segments);
+	ABI_TAKE(&b, src, size, dtype);
+	ABI_TAKE(&b, src, size, reserved2);
+	if (b.reserved2)
+		return abi_fail(-E2BIG, src, what, "bucket", err, errlen);
 	*out = b;
 	return 0;
 }
@@ -466,6 +496,7 @@ int plan_from_zc(const struct zc_plan *zp, struct plan **ret, char *err, size_t 
 			goto out;
 		}
 		dst->numel = bk.numel;
+		dst->dtype = (enum zc_dtype)bk.dtype;
 		dst->nsegments = bk.nsegments;
 		dst->segments = calloc(bk.nsegments ? bk.nsegments : 1, sizeof(*dst->segments));
 		if (!dst->segments) {
@@ -561,6 +592,7 @@ int plan_from_pb(const Zerod__V1__Plan *in, struct plan **ret, char *err, size_t
 			goto out;
 		}
 		dst->numel = src->numel;
+		dst->dtype = (enum zc_dtype)src->dtype;
 		dst->nsegments = (uint32_t)src->n_segments;
 		dst->segments =
 			calloc(src->n_segments ? src->n_segments : 1, sizeof(*dst->segments));
@@ -641,6 +673,8 @@ int plan_to_pb(const struct plan *p, Zerod__V1__Plan *out)
 		zerod__v1__bucket__init(&buckets[b]);
 		out->buckets[b] = &buckets[b];
 		buckets[b].numel = bk->numel;
+		buckets[b].has_dtype = bk->dtype != ZC_DTYPE_F32;
+		buckets[b].dtype = (uint32_t)bk->dtype;
 		buckets[b].segments = calloc(bk->nsegments, sizeof(*buckets[b].segments));
 		segs = calloc(bk->nsegments, sizeof(*segs));
 		if (!buckets[b].segments || !segs) {
@@ -717,6 +751,8 @@ int plan_diff(const struct plan *a, const struct plan *b, char *field, size_t le
 		     x->numel, y->numel);
 		DIFF(x->nsegments != y->nsegments, "buckets[%u].nsegments: %u vs %u", k,
 		     x->nsegments, y->nsegments);
+		DIFF(x->dtype != y->dtype, "buckets[%u].dtype: %s vs %s", k,
+		     plan_dtype_name(x->dtype), plan_dtype_name(y->dtype));
 		for (uint32_t s = 0; s < x->nsegments; s++) {
 			const struct zc_segment *u = &x->segments[s], *v = &y->segments[s];
 			DIFF(u->numel != v->numel,

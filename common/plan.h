@@ -3,9 +3,15 @@
  * parameter groups, optimizer, modes), its conversion from the public
  * zc_plan and from the wire, its hash and a field-by-field comparison.
  *
- * Flat layout: all buckets of a rank live in one buffer; bucket b starts at
- * element base[b], aligned to PLAN_ALIGN elements so every bucket starts on a
- * cache line.
+ * Flat layout, by bytes: all buckets of a rank live in one buffer; bucket b
+ * takes numel * plan_dtype_size(dtype) bytes from byte offset
+ * base * plan_dtype_size(dtype), which is a multiple of PLAN_ALIGN_BYTES, so
+ * every bucket starts on a cache line. `base` is in elements of the bucket's
+ * own dtype: an element offset off (base <= off < base + numel) addresses
+ * ((T *)buffer)[off] with T the bucket's element type, so an fp32 bucket's
+ * elements are ((float *)buffer)[off] as before. The element numbering of
+ * buckets of different dtypes is not one sequence: compare offsets only
+ * within a bucket.
  */
 #ifndef ZEROD_PLAN_H
 #define ZEROD_PLAN_H
@@ -18,7 +24,8 @@
 #include "zeroclient.h"
 #include "zerod.pb-c.h"
 
-#define PLAN_ALIGN        16u /* elements (64 bytes) */
+#define PLAN_ALIGN        16u /* fp32 elements (64 bytes) */
+#define PLAN_ALIGN_BYTES  64u
 #define PLAN_MAX_GROUPS   1024u
 #define PLAN_MAX_BUCKETS  65536u
 _Static_assert(ZEROD_QUEUE_MSGS >= 2 * PLAN_MAX_BUCKETS, "queues hold two iterations");
@@ -27,8 +34,9 @@ _Static_assert(ZEROD_QUEUE_MSGS >= 2 * PLAN_MAX_BUCKETS, "queues hold two iterat
 
 struct plan_bucket {
 	uint64_t numel;
-	uint64_t base; /* first element in the flat buffer */
+	uint64_t base; /* first element in the flat buffer, in elements of dtype */
 	uint32_t nsegments;
+	enum zc_dtype dtype;
 	struct zc_segment *segments;
 };
 
@@ -41,7 +49,10 @@ struct plan {
 	struct zc_param_group *groups;
 	uint32_t nbuckets;
 	struct plan_bucket *buckets;
-	uint64_t total_numel; /* flat buffer length in elements, with padding */
+	uint64_t total_numel; /* total_bytes / 4: the flat length in fp32 slots (the
+			       * elements with padding, for an all-fp32 plan) */
+	uint64_t total_bytes; /* flat buffer length in bytes, with padding */
+	bool low_precision;   /* some bucket is not fp32 */
 	uint64_t hash;
 };
 
@@ -60,8 +71,28 @@ void plan_free(struct plan *p);
 /* Bytes of one rank's gradient (or parameter) buffer. */
 static inline uint64_t plan_buffer_bytes(const struct plan *p)
 {
-	return p->total_numel * sizeof(float);
+	return p->total_bytes;
 }
+
+/* Bytes of one element of dtype (a valid one: plan_finish checked it). */
+static inline unsigned plan_dtype_size(enum zc_dtype t)
+{
+	return t == ZC_DTYPE_F32 ? 4u : 2u;
+}
+
+/* Where bucket b lies in a rank's buffer: its first byte, and its length. */
+static inline uint64_t plan_bucket_offset(const struct plan *p, uint32_t b)
+{
+	return p->buckets[b].base * plan_dtype_size(p->buckets[b].dtype);
+}
+
+static inline uint64_t plan_bucket_bytes(const struct plan *p, uint32_t b)
+{
+	return p->buckets[b].numel * plan_dtype_size(p->buckets[b].dtype);
+}
+
+/* "fp32", "bf16", "fp16", or "?" */
+const char *plan_dtype_name(enum zc_dtype t);
 
 /* The optimizer state arrays a plan's groups need: torch keeps SGD's momentum
  * buffer only where momentum != 0 and Adam's max_exp_avg_sq only with

@@ -12,6 +12,7 @@ const struct backend backend_host = {
 	.name = "host",
 	.coll = &coll_host_ops,
 	.optim = &optim_cpu_ops,
+	.low_precision = true,
 };
 
 const struct backend backend_host_multi = {

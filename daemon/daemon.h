@@ -46,6 +46,9 @@ struct backend {
 	const char *name;
 	const struct coll_ops *coll;
 	const struct optim_ops *optim;
+	/* serves bf16/fp16 buckets (fp32 masters, zeroclient.h's rounding);
+	 * a plan with such buckets on another backend is refused (ZC_ENOTSUP) */
+	bool low_precision;
 };
 
 extern const struct backend backend_host;
@@ -189,6 +192,8 @@ struct job {
 	int64_t progress_ms;           /* last time the iteration moved */
 	struct sem_job *sem;           /* segment masks, grad scales (semantics.c); NULL: none yet */
 	bool in_flight;                /* some bucket of iteration `iter` arrived */
+	bool reload_pending;           /* zc_params_changed() for iteration reload_iter */
+	uint64_t reload_iter;
 
 	uint64_t iterations_done, buckets_done;
 	struct jobops *ops; /* the operator's record of it (ops.c), or NULL */
@@ -325,6 +330,9 @@ void sched_bucket_ready(struct job *j, struct session *s, uint64_t iteration, ui
 /* Rank s sets group's hyperparameters from iteration on. */
 void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint32_t group,
 		     const struct zc_param_group *g);
+/* Rank s called zc_params_changed() before iteration (the next one it has
+ * not started): the masters are reloaded when that iteration starts. */
+void sched_params_changed(struct job *j, struct session *s, uint64_t iteration);
 void sched_on_done(struct daemon *d, struct exec_done *done);
 void sched_check_stalls(struct daemon *d, int64_t now);
 

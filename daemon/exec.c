@@ -14,6 +14,7 @@
  * the op is queued, so posting one cannot fail.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,6 +27,7 @@
 #include "common.h"
 #include "exec.h"
 #include "gradpass.h"
+#include "hostmem.h"
 #include "pool.h"
 
 #define EXEC_SPANS 1024 /* op records kept between two takes */
@@ -34,6 +36,7 @@ enum xop_type {
 	XOP_START,
 	XOP_HYPER,
 	XOP_PROG,
+	XOP_RELOAD, /* zc_params_changed(): the masters from the owners' parameters */
 };
 
 struct xop {
@@ -82,6 +85,7 @@ struct exec {
 	struct exec_done *fail_done, *stop_done;
 	bool stopping, failed, silent;
 	char open_err[256]; /* why the collectives could not open, from the backend */
+	char step_err[256]; /* why a step failed (an edit without zc_params_changed()) */
 
 	_Atomic uint64_t reduced, stepped, bcast;
 
@@ -163,6 +167,62 @@ static bool piece_skipped(const struct exec *e, const struct optim_piece *pc)
 	return e->gused[pc->seg] == 0;
 }
 
+/* Name the bucket and segment of a piece whose parameters were edited. */
+static void describe_edit(struct exec *e, const struct optim_piece *pc)
+{
+	const struct plan *p = e->cfg.plan;
+	const struct state *s = e->cfg.state;
+	uint32_t k = (uint32_t)(pc - s->pieces), b = 0, g = 0;
+
+	while (b + 1 < p->nbuckets && s->bucket_first[b + 1] <= k)
+		b++;
+	const struct plan_bucket *bk = &p->buckets[b];
+	while (g + 1 < bk->nsegments && bk->base + bk->segments[g + 1].offset <= pc->off)
+		g++;
+	snprintf(e->step_err, sizeof(e->step_err),
+		 "bucket %u segment %u (%s, elements %" PRIu64 "..%" PRIu64
+		 " of the bucket, owner rank %u): the owner's parameters differ from the "
+		 "daemon's fp32 master: call zc_params_changed() on every rank after editing "
+		 "them",
+		 b, g, plan_dtype_name(bk->dtype), pc->off - bk->base, pc->off - bk->base + pc->n,
+		 pc->owner);
+}
+
+struct load_task {
+	const struct exec *e;
+	bool edits_only;
+};
+
+static void load_piece(void *arg, size_t k)
+{
+	const struct load_task *t = arg;
+	const struct state *s = t->e->cfg.state;
+	const struct optim_piece *pc = &s->pieces[k];
+	const uint16_t *p;
+
+	if (pc->dtype == ZC_DTYPE_F32)
+		return;
+	p = (const uint16_t *)t->e->cfg.params[pc->owner] + pc->off;
+	if (t->edits_only)
+		host_reload(s->master + pc->mat, p, pc->n, pc->dtype);
+	else
+		host_widen(s->master + pc->mat, p, pc->n, pc->dtype);
+}
+
+/* The masters of the bf16/fp16 pieces from their owners' parameters: all of
+ * them when the job starts; after zc_params_changed() those whose parameter
+ * was edited (hostmem.h). Host memory (only the host backend takes such
+ * plans: struct backend's low_precision), read through the guarded pool as
+ * every trainer buffer is: -EFAULT if one shrank. */
+static int load_masters(struct exec *e, bool edits_only)
+{
+	struct load_task t = {.e = e, .edits_only = edits_only};
+
+	if (!e->cfg.state->nmaster)
+		return 0;
+	return pool_parallel_for(e->cfg.pool, e->cfg.state->npieces, load_piece, &t);
+}
+
 static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad grad)
 {
 	struct state *s = e->cfg.state;
@@ -178,12 +238,15 @@ static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad gra
 		.v = s->v,
 		.vmax = s->vmax,
 	};
+	uint32_t edited = UINT32_MAX;
 	int r;
 
 	for (uint32_t k = k0; k < k1; k++)
 		nkeep += !piece_skipped(e, &s->pieces[k]);
 	if (nkeep == 0)
 		return 0;
+	call.master = s->master;
+	call.edited = &edited;
 	if (nkeep < k1 - k0) {
 		/* a copy of the pieces that step (backends key their state by
 		 * .at, not by position) */
@@ -198,6 +261,10 @@ static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad gra
 		call.npieces = nkeep;
 	}
 	r = e->cfg.optim->run(e->oc, &call);
+	if (r == ZC_EPARAMEDIT && edited < call.npieces)
+		for (uint32_t k = k0; k < k1; k++)
+			if (s->pieces[k].at == call.pieces[edited].at)
+				describe_edit(e, &s->pieces[k]);
 	free(keep);
 	if (r < 0)
 		return r;
@@ -225,8 +292,11 @@ static void zero_one(void *arg, size_t i)
 	const struct exec_zero *z = &t->e->zero[t->b][i];
 	const struct zc_segment *sg = &p->buckets[t->b].segments[z->seg];
 
-	memset(t->e->cfg.grads[z->rank] + p->buckets[t->b].base + sg->offset, 0,
-	       sg->numel * sizeof(float));
+	unsigned es = plan_dtype_size(p->buckets[t->b].dtype);
+
+	/* all-zero bits are +0 in fp32, bf16 and fp16 alike */
+	memset((char *)t->e->cfg.grads[z->rank] + plan_bucket_offset(p, t->b) + sg->offset * es,
+	       0, sg->numel * es);
 }
 
 /* Zero the gradients local ranks marked unused in buckets lo..hi, before
@@ -475,8 +545,10 @@ static int op_start(struct exec *e, struct lane *ln)
 	r = state_alloc(e->cfg.state);
 	if (r < 0)
 		return r;
-	return lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges,
-			 e->cfg.plan->nbuckets);
+	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);
+	if (r >= 0)
+		r = load_masters(e, false);
+	return r;
 }
 
 static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
@@ -491,6 +563,8 @@ static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
 		return 0;
 	case XOP_PROG:
 		return op_prog(e, ln, o->z);
+	case XOP_RELOAD:
+		return load_masters(e, true);
 	}
 	return -EINVAL;
 }
@@ -526,10 +600,14 @@ static void xop_finish(struct exec *e, struct xop *o, int r)
 			.tag = e->cfg.tag,
 			.ev = EXEC_FAILED,
 			.iteration = o->iteration,
-			.op = o->type == XOP_START ? "start"
-			      : o->type == XOP_HYPER ? "hyper"
-						     : zop_name(z->kind),
-			.detail = o->type == XOP_START ? e->open_err : e->sem_err,
+			.op = o->type == XOP_START    ? "start"
+			      : o->type == XOP_HYPER  ? "hyper"
+			      : o->type == XOP_RELOAD ? "reload"
+						      : zop_name(z->kind),
+			/* why it failed: opening, an edit, or the job's semantics */
+			.detail = o->type == XOP_START ? e->open_err
+				  : e->step_err[0]     ? e->step_err
+						       : e->sem_err,
 			.lo = z ? z->lo : 0,
 			.hi = z ? z->hi : 0,
 			.status = r,
@@ -704,6 +782,26 @@ int exec_hyper(struct exec *e, struct zc_param_group *groups)
 		return 0;
 	}
 	enqueue(e, o, LANE_COMPUTE, 0, 0, false);
+	pthread_mutex_unlock(&e->mu);
+	return 0;
+}
+
+int exec_reload(struct exec *e)
+{
+	struct xop *o = calloc(1, sizeof(*o));
+
+	if (!o)
+		return -ENOMEM;
+	o->type = XOP_RELOAD;
+	pthread_mutex_lock(&e->mu);
+	if (e->stopping) {
+		pthread_mutex_unlock(&e->mu);
+		xop_release(o);
+		return 0;
+	}
+	/* after every op queued so far, on every lane: it reads the parameters
+	 * the last broadcast wrote and the trainers edited since */
+	enqueue(e, o, LANE_COMPUTE, 0, e->cfg.plan->nbuckets - 1, true);
 	pthread_mutex_unlock(&e->mu);
 	return 0;
 }
@@ -890,10 +988,13 @@ static int exec_alloc(const struct exec_config *cfg, struct exec *e)
 			.owner = sm->units[u].owner,
 			.off = p->buckets[sm->units[u].bucket].base + sm->units[u].offset,
 			.n = sm->units[u].numel,
+			.dtype = p->buckets[sm->units[u].bucket].dtype,
 		};
 	for (uint32_t b = 0; b < p->nbuckets; b++)
-		e->init_ranges[b] = (struct coll_range){
-			.owner = 0, .off = p->buckets[b].base, .n = p->buckets[b].numel};
+		e->init_ranges[b] = (struct coll_range){.owner = 0,
+							.off = p->buckets[b].base,
+							.n = p->buckets[b].numel,
+							.dtype = p->buckets[b].dtype};
 	memcpy(e->groups, p->groups, p->ngroups * sizeof(*e->groups));
 	return 0;
 }

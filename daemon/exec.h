@@ -50,6 +50,11 @@ int exec_new(const struct exec_config *cfg, struct exec **ret);
  * plan->ngroups, taken over even on failure). */
 int exec_hyper(struct exec *e, struct zc_param_group *groups);
 
+/* zc_params_changed(): reload the fp32 masters of the bf16/fp16 pieces from
+ * their owners' parameters, after every op queued so far and before any
+ * queued later. Loop thread. */
+int exec_reload(struct exec *e);
+
 /* Bucket b of iteration t is ready on every rank: queue its ops. Buckets of
  * one iteration come in order; the next iteration starts after its
  * EXEC_STEP_DONE. */

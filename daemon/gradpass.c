@@ -18,6 +18,7 @@
 #include "common.h"
 #include "gradpass.h"
 #include "hostmem.h"
+#include "optim/lowp.h"
 #include "pool.h"
 
 struct pass {
@@ -32,7 +33,31 @@ struct pass {
 	uint32_t *nonfinite;
 };
 
-/* The piece of chunk i and the chunk's place in it. */
+/* bf16/fp16 gradients (zeroclient.h's rules): read widened, written back
+ * rounded to nearest even, as torch's unscale_ and clip_grad_norm_ leave a
+ * low-precision .grad. */
+static inline float g_get(const float *g, size_t k, enum zc_dtype dt)
+{
+	const uint16_t *h = (const uint16_t *)g;
+
+	return dt == ZC_DTYPE_F32    ? g[k]
+	       : dt == ZC_DTYPE_BF16 ? lowp_bf16_to_f32(h[k])
+				     : lowp_f16_to_f32(h[k]);
+}
+
+/* Store v; what the element now holds. */
+static inline float g_put(float *g, size_t k, enum zc_dtype dt, float v)
+{
+	uint16_t *h = (uint16_t *)g;
+
+	if (dt == ZC_DTYPE_F32)
+		return g[k] = v;
+	h[k] = dt == ZC_DTYPE_BF16 ? lowp_f32_to_bf16(v) : lowp_f32_to_f16(v);
+	return g_get(g, k, dt);
+}
+
+/* The piece of chunk i and the chunk's place in it. *ret_g points at the
+ * chunk's first element, of the piece's dtype (cast: see g_get). */
 static const struct optim_piece *chunk_of(const struct pass *t, size_t i, float **ret_g,
 					  size_t *ret_n)
 {
@@ -47,7 +72,10 @@ static const struct optim_piece *chunk_of(const struct pass *t, size_t i, float 
 	}
 	const struct optim_piece *pc = &t->pcs[lo];
 	uint64_t x = (i - t->first[lo]) * HOST_CHUNK;
-	*ret_g = t->grads[pc->owner] + pc->off + x;
+	if (pc->dtype == ZC_DTYPE_F32)
+		*ret_g = t->grads[pc->owner] + pc->off + x;
+	else
+		*ret_g = (float *)((uint16_t *)t->grads[pc->owner] + pc->off + x);
 	*ret_n = (size_t)MIN((uint64_t)HOST_CHUNK, pc->n - x);
 	return pc;
 }
@@ -62,12 +90,12 @@ static void measure_chunk(void *arg, size_t i)
 	double s = 0;
 	uint32_t bad = 0;
 
-	chunk_of(t, i, &g, &n);
+	enum zc_dtype dt = chunk_of(t, i, &g, &n)->dtype;
 	for (size_t k = 0; k < n; k++) {
-		float v = g[k];
+		float v = g_get(g, k, dt);
 		bad += !isfinite(v);
 		if (t->scale && t->inv_scale != 1.0f)
-			g[k] = v = v * t->inv_scale;
+			v = g_put(g, k, dt, v * t->inv_scale);
 		s += (double)v * (double)v;
 	}
 	t->sumsq[i] = s;
@@ -85,7 +113,7 @@ static void clip_chunk(void *arg, size_t i)
 	if (c >= 1.0f)
 		return;
 	for (size_t k = 0; k < n; k++)
-		g[k] = g[k] * c;
+		g_put(g, k, pc->dtype, g_get(g, k, pc->dtype) * c);
 }
 
 /* Chunk numbering over the pieces; *ret_first is malloc'd. */

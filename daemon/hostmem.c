@@ -3,6 +3,7 @@
  * first rank, add the others in rank order, one division), so results are
  * bit-identical whatever the chunking.
  */
+#include <stdbool.h>
 #include <string.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -10,6 +11,7 @@
 
 #include "common.h"
 #include "hostmem.h"
+#include "optim/lowp.h"
 
 ZEROD_SIMD_CLONES void host_sum(float *restrict out, const float *const *src, uint32_t nsrc,
 				uint64_t off, size_t n, float div)
@@ -43,4 +45,74 @@ void host_store(float *restrict dst, const float *restrict src, size_t n)
 #else
 	memcpy(dst, src, n * sizeof(float));
 #endif
+}
+
+/* bf16 and fp16 each get their own loops: the conversion inlines into them
+ * (a branch per element would keep them from vectorising). */
+#define LOWP_LOOPS(sfx, widen, narrow)                                                             \
+	static ZEROD_SIMD_CLONES void sum_##sfx(float *restrict out, const uint16_t *const *src,    \
+						uint32_t nsrc, uint64_t off, size_t n, float div)   \
+	{                                                                                          \
+		const uint16_t *restrict s0 = src[0] + off;                                        \
+		for (size_t i = 0; i < n; i++)                                                     \
+			out[i] = widen(s0[i]);                                                     \
+		for (uint32_t r = 1; r < nsrc; r++) {                                              \
+			const uint16_t *restrict sr = src[r] + off;                                \
+			for (size_t i = 0; i < n; i++)                                             \
+				out[i] += widen(sr[i]);                                            \
+		}                                                                                  \
+		for (size_t i = 0; i < n; i++)                                                     \
+			out[i] = widen(narrow(out[i] / div));                                      \
+	}                                                                                          \
+	static ZEROD_SIMD_CLONES void narrow_##sfx(uint16_t *restrict dst,                         \
+						   const float *restrict src, size_t n)            \
+	{                                                                                          \
+		for (size_t i = 0; i < n; i++)                                                     \
+			dst[i] = narrow(src[i]);                                                   \
+	}                                                                                          \
+	static ZEROD_SIMD_CLONES void widen_##sfx(float *restrict dst,                             \
+						  const uint16_t *restrict src, size_t n)          \
+	{                                                                                          \
+		for (size_t i = 0; i < n; i++)                                                     \
+			dst[i] = widen(src[i]);                                                    \
+	}
+
+LOWP_LOOPS(bf16, lowp_bf16_to_f32, lowp_f32_to_bf16)
+LOWP_LOOPS(f16, lowp_f16_to_f32, lowp_f32_to_f16)
+
+void host_sum_lowp(float *restrict out, const uint16_t *const *src, uint32_t nsrc, uint64_t off,
+		   size_t n, float div, enum zc_dtype t)
+{
+	if (t == ZC_DTYPE_BF16)
+		sum_bf16(out, src, nsrc, off, n, div);
+	else
+		sum_f16(out, src, nsrc, off, n, div);
+}
+
+void host_narrow(uint16_t *restrict dst, const float *restrict src, size_t n, enum zc_dtype t)
+{
+	if (t == ZC_DTYPE_BF16)
+		narrow_bf16(dst, src, n);
+	else
+		narrow_f16(dst, src, n);
+}
+
+void host_widen(float *restrict dst, const uint16_t *restrict src, size_t n, enum zc_dtype t)
+{
+	if (t == ZC_DTYPE_BF16)
+		widen_bf16(dst, src, n);
+	else
+		widen_f16(dst, src, n);
+}
+
+void host_reload(float *restrict master, const uint16_t *restrict p, size_t n, enum zc_dtype t)
+{
+	bool bf = t == ZC_DTYPE_BF16;
+
+	for (size_t i = 0; i < n; i++) {
+		uint16_t now = bf ? lowp_f32_to_bf16(master[i]) : lowp_f32_to_f16(master[i]);
+		float x = bf ? lowp_bf16_to_f32(p[i]) : lowp_f16_to_f32(p[i]);
+		if (p[i] != now && !(x != x && master[i] != master[i]))
+			master[i] = x;
+	}
 }

@@ -337,6 +337,21 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 	return 0;
 }
 
+/* A bf16/fp16 plan on a backend that would not round as zeroclient.h says:
+ * refused by name rather than computed wrong. */
+static int refuse_low_precision(struct job *j)
+{
+	uint32_t b = 0;
+
+	while (j->plan->buckets[b].dtype == ZC_DTYPE_F32)
+		b++;
+	job_fail(j, ZC_ENOTSUP, true,
+		 "bucket %u is %s: the %s backend steps fp32 buckets only (bf16/fp16 need "
+		 "every rank of the job on one node)",
+		 b, plan_dtype_name(j->plan->buckets[b].dtype), j->be->name);
+	return 0;
+}
+
 /* Every rank registered: pick the backend, lay out the shard and the state,
  * charge the state against --max-memory and start the executor. */
 static void job_start(struct job *j)
@@ -370,6 +385,10 @@ static void job_start(struct job *j)
 	j->be = j->rdzv ? &backend_host_multi : &backend_host;
 	if (j->rdzv)
 		rdzv_topology(j, j->node_of, &node, &nnodes);
+	if (j->plan->low_precision && !j->be->low_precision) {
+		r = refuse_low_precision(j);
+		goto out;
+	}
 	j->topo = (struct zero_topo){
 		.world = j->world, .nnodes = nnodes, .node = node, .node_of = j->node_of};
 	caps = (struct zero_caps){.local_fuse = j->be->coll->local_fuse};

@@ -122,6 +122,11 @@ static void bucket_complete(struct job *j, uint32_t b)
 	}
 	if (b == 0)
 		r = take_snapshot(j, t);
+	/* every local rank handed bucket 0 over: their edits are done */
+	if (r >= 0 && b == 0 && j->reload_pending && j->reload_iter == t) {
+		j->reload_pending = false;
+		r = exec_reload(j->exec);
+	}
 	if (r >= 0)
 		r = exec_bucket_ex(j->exec, t, b, has ? &in : NULL);
 	sem_clear(j, b);
@@ -254,6 +259,27 @@ void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint3
 	*pp = c;
 }
 
+void sched_params_changed(struct job *j, struct session *s, uint64_t iteration)
+{
+	if (!job_usable(j, s, iteration, -1))
+		return;
+	/* the client sends it between iterations, naming the next one; the
+	 * daemon reloads when that one starts, so it must not have yet */
+	if (iteration != j->iter || j->arrived[0] == j->local_size) {
+		sink_error(j->d->sink, s, ZC_ESTATE, false, iteration, -1,
+			   "rank %u: zc_params_changed() before iteration %" PRIu64
+			   ", but the job is at iteration %" PRIu64
+			   "%s: call it between iterations",
+			   s->rank, iteration, j->iter,
+			   j->arrived[0] == j->local_size ? ", which started" : "");
+		return;
+	}
+	if (!j->plan->low_precision)
+		return; /* fp32: the owners' buffers are the masters */
+	j->reload_pending = true;
+	j->reload_iter = iteration;
+}
+
 /* Completions go through each rank's fast-path ring where it has one; a
  * rank that broke its ring fails the job, and the others hear that instead. */
 static void send_bucket_done(struct job *j, uint64_t t, uint32_t b)
@@ -321,6 +347,11 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 				 "%s of buckets %u..%u touched a shared buffer that a trainer "
 				 "shrank",
 				 done->op, done->lo, done->hi);
+			break;
+		}
+		if (done->status == ZC_EPARAMEDIT) {
+			job_fail(j, ZC_EPARAMEDIT, true, "iteration %" PRIu64 ": %s: %s",
+				 done->iteration, zc_strerror(done->status), done->detail);
 			break;
 		}
 		if (done->detail && done->detail[0])

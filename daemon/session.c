@@ -555,6 +555,13 @@ static void on_set_hyper(struct daemon *d, const void *route, size_t rlen, struc
 	sched_set_hyper(s->job, s, m->iteration, m->group, &g);
 }
 
+static void on_params_changed(struct daemon *d, const void *route, size_t rlen,
+			      struct session *s, const Zerod__V1__Envelope *env)
+{
+	(void)d, (void)route, (void)rlen;
+	sched_params_changed(s->job, s, env->params_changed->iteration);
+}
+
 static void on_goodbye(struct daemon *d, const void *route, size_t rlen, struct session *s,
 		       const Zerod__V1__Envelope *env)
 {
@@ -576,6 +583,7 @@ static const struct handler {
 	{ZEROD__V1__ENVELOPE__BODY_SET_HYPER, on_set_hyper, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_SET_GRAD_SCALE, on_set_grad_scale, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_GOODBYE, on_goodbye, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_PARAMS_CHANGED, on_params_changed, NEEDS_SESSION},
 };
 
 /* The largest message s may send now (no session: before Hello). */

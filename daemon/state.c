@@ -19,7 +19,7 @@ static uint32_t walk(const struct plan *p, const struct shard_map *sm, const str
 		     struct state *s)
 {
 	uint32_t k = 0, seg0 = 0;
-	uint64_t at = 0;
+	uint64_t at = 0, mat = 0;
 
 	for (uint32_t b = 0; b < p->nbuckets; b++) {
 		const struct plan_bucket *bk = &p->buckets[b];
@@ -54,8 +54,12 @@ static uint32_t walk(const struct plan *p, const struct shard_map *sm, const str
 						.step = 1,
 						.first_momentum = true,
 						.seg = seg0 + g,
+						.dtype = bk->dtype,
+						.mat = mat,
 					};
 				at += z - a;
+				if (bk->dtype != ZC_DTYPE_F32)
+					mat += z - a;
 				k++;
 			}
 		}
@@ -63,6 +67,7 @@ static uint32_t walk(const struct plan *p, const struct shard_map *sm, const str
 	if (s->pieces)
 		s->bucket_first[p->nbuckets] = k;
 	s->nelems = at;
+	s->nmaster = mat;
 	return k;
 }
 
@@ -89,17 +94,18 @@ int state_layout(const struct plan *p, const struct shard_map *sm, const struct 
 
 uint64_t state_bytes(const struct state *s)
 {
-	return s->nelems * count_arrays(s->arrays) * sizeof(float);
+	return (s->nelems * count_arrays(s->arrays) + s->nmaster) * sizeof(float);
 }
 
 int state_alloc(struct state *s)
 {
 	unsigned na = count_arrays(s->arrays);
+	uint64_t total = s->nelems * na + s->nmaster;
 	float *at;
 
-	if (na == 0 || s->nelems == 0)
+	if (total == 0)
 		return 0;
-	s->arena = calloc(s->nelems * na, sizeof(float));
+	s->arena = calloc(total, sizeof(float));
 	if (!s->arena)
 		return -ENOMEM;
 	at = s->arena;
@@ -108,14 +114,16 @@ int state_alloc(struct state *s)
 	if (s->arrays & PLAN_STATE_V)
 		s->v = at, at += s->nelems;
 	if (s->arrays & PLAN_STATE_VMAX)
-		s->vmax = at;
+		s->vmax = at, at += s->nelems;
+	if (s->nmaster)
+		s->master = at;
 	return 0;
 }
 
 void state_release(struct state *s)
 {
 	free(s->arena);
-	s->arena = s->m = s->v = s->vmax = NULL;
+	s->arena = s->m = s->v = s->vmax = s->master = NULL;
 }
 
 void state_free(struct state *s)

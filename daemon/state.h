@@ -4,7 +4,10 @@
  * optimizer needs (plan_state_arrays: Adam m and v, vmax only with amsgrad;
  * SGD's momentum buffer only when some group has momentum). fp32 parameters
  * have no master copy: the owner rank's parameter buffer is the master, as in
- * torch. Step counts (and SGD's `buf is None`) are kept per piece.
+ * torch. bf16/fp16 parameters have one: an fp32 array after the others,
+ * only for the pieces of such buckets (optim_piece.mat), loaded from the
+ * parameters when the job starts and on zc_params_changed(). Step counts
+ * (and SGD's `buf is None`) are kept per piece.
  *
  * A piece is a shard unit cut at its bucket's segment boundaries: one owner,
  * one parameter group, contiguous in the flat buffers and in the arena.
@@ -28,6 +31,8 @@ struct state {
 	uint64_t nelems;             /* owned elements */
 	float *arena;                /* nelems floats per array, arrays back to back */
 	float *m, *v, *vmax;         /* into the arena, or NULL */
+	uint64_t nmaster;            /* owned elements of bf16/fp16 buckets */
+	float *master;               /* nmaster floats at the arena's end, or NULL */
 };
 
 /* Lay out the pieces this node owns (no arena yet). */

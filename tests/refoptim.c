@@ -53,3 +53,57 @@ float ref_clip_coef(double max_norm, double total_norm)
 
 	return c >= 1.0 ? 1.0f : (float)c;
 }
+
+/* bf16: 8 exponent bits, 7 mantissa bits; fp16: 5 and 10. */
+static void lowp_bits_of(enum zc_dtype t, int *ebits, int *mbits)
+{
+	*ebits = t == ZC_DTYPE_BF16 ? 8 : 5;
+	*mbits = t == ZC_DTYPE_BF16 ? 7 : 10;
+}
+
+double ref_lowp_value(uint16_t h, enum zc_dtype t)
+{
+	int eb, mb;
+
+	lowp_bits_of(t, &eb, &mb);
+	int bias = (1 << (eb - 1)) - 1;
+	uint32_t e = (h >> mb) & ((1u << eb) - 1), m = h & ((1u << mb) - 1);
+	double v = e ? ldexp(1.0 + ldexp((double)m, -mb), (int)e - bias)
+		     : ldexp((double)m, 1 - bias - mb);
+	if (e == (1u << eb) - 1)
+		v = m ? NAN : INFINITY;
+	return (h >> (eb + mb)) & 1 ? -v : v;
+}
+
+float ref_lowp_widen(uint16_t h, enum zc_dtype t)
+{
+	return (float)ref_lowp_value(h, t);
+}
+
+uint16_t ref_lowp_round(float xf, enum zc_dtype t)
+{
+	int eb, mb;
+
+	lowp_bits_of(t, &eb, &mb);
+	uint16_t inf = (uint16_t)(((1u << eb) - 1) << mb);
+	uint16_t sign = signbit(xf) ? (uint16_t)(1u << (eb + mb)) : 0;
+	double ax = fabs((double)xf);
+	uint16_t a = 0, b = inf; /* value(a) <= ax < value(b), b may be inf */
+
+	if (isinf(xf))
+		return (uint16_t)(sign | inf);
+	while (b - a > 1) {
+		uint16_t mid = (uint16_t)(a + (b - a) / 2);
+		if (ref_lowp_value(mid, t) <= ax)
+			a = mid;
+		else
+			b = mid;
+	}
+	if (ref_lowp_value(a, t) == ax)
+		return (uint16_t)(sign | a);
+	/* past the largest finite value, the next one would be 2^(emax + 1) */
+	double hi = b == inf ? ldexp(1.0, (1 << (eb - 1))) : ref_lowp_value(b, t);
+	double dlo = ax - ref_lowp_value(a, t), dhi = hi - ax;
+	uint16_t q = dlo < dhi ? a : dhi < dlo ? b : (a & 1) ? b : a;
+	return (uint16_t)(sign | q);
+}

@@ -22,5 +22,13 @@ void ref_adam(bool decoupled, const struct zc_param_group *h, uint64_t step, flo
  * (total_norm + 1e-6), 1), rounded once to float (torch computes it in
  * float32 tensors: at most the last bit apart). */
 float ref_clip_coef(double max_norm, double total_norm);
+/* zeroclient.h's bf16/fp16 rules (enum zc_dtype), computed from their
+ * definition rather than by bit tricks: the value a pattern stands for, and
+ * the pattern nearest to x (ties to the even pattern; past the largest finite
+ * value by half an ulp or more: inf). x must not be a NaN. */
+double ref_lowp_value(uint16_t h, enum zc_dtype t);
+uint16_t ref_lowp_round(float x, enum zc_dtype t);
+/* widen: the pattern's value as a float (exact); NaN patterns give NaN */
+float ref_lowp_widen(uint16_t h, enum zc_dtype t);
 
 #endif

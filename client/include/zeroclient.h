@@ -100,7 +100,8 @@ unsigned zc_version(void);
 	X(EINTERNAL, -1023, "internal daemon error")                                               \
 	X(EFORKED, -1024, "client used in a child process after fork")                             \
 	X(EBUFFER, -1025, "buffer fd refused")                                                     \
-	X(ESEGMASK, -1026, "segment mask out of range")
+	X(ESEGMASK, -1026, "segment mask out of range")                                            \
+	X(EPARAMEDIT, -1029, "low-precision parameters edited without zc_params_changed()")
 
 enum zc_error {
 #define ZC__ERROR_ENUM(name, value, text) ZC_##name = (value),
@@ -227,13 +228,44 @@ struct zc_segment {
 
 int zc_segment_init(struct zc_segment *s, size_t size);
 
-/* One gradient bucket: numel fp32 elements, tiled exactly by its segments
- * (in offset order, no gap, no overlap). 24 bytes in this version. */
+/*
+ * Element type of a bucket's parameters and gradients (zc_bucket.dtype).
+ * Low-precision parameters (bf16, fp16) have an fp32 master copy in the
+ * daemon; fp32 parameters have none (the owner rank's buffer is the master).
+ * The rules, exactly:
+ *  - widening (bf16/fp16 -> fp32) is exact;
+ *  - the averaged gradient of an element is the fp32 sum of the ranks'
+ *    widened gradients, a left fold in rank order, divided once by the world
+ *    size (the fp32 rule), then rounded to the bucket's dtype, as a torch
+ *    bf16/fp16 model's .grad is after DDP's all-reduce; that rounded value,
+ *    widened again, is what the optimizer sees (the same in every mode);
+ *  - the optimizer steps the fp32 master with exactly the fp32 arithmetic of
+ *    fp32 parameters;
+ *  - narrowing (fp32 -> bf16/fp16) rounds to nearest, ties to even, as IEEE
+ *    754 roundTiesToEven: a value beyond the largest finite one after
+ *    rounding becomes inf of its sign; fp16 results below 2^-14 become
+ *    subnormals (or zero) rounded the same way; inf stays inf; a NaN stays a
+ *    NaN of its sign with the quiet bit set and its payload's top bits kept
+ *    (bf16: the top 7 of fp32's 23 mantissa bits, fp16: the top 10);
+ *  - every local rank's parameters, the owner's included, receive the
+ *    narrowed master after each step.
+ */
+enum zc_dtype {
+	ZC_DTYPE_F32 = 0,  /* IEEE binary32, 4 bytes */
+	ZC_DTYPE_BF16 = 1, /* bfloat16: binary32's top 16 bits, 2 bytes */
+	ZC_DTYPE_F16 = 2,  /* IEEE binary16, 2 bytes */
+};
+
+/* One gradient bucket: numel elements of dtype, tiled exactly by its
+ * segments (in offset order, no gap, no overlap). 32 bytes in this version
+ * (24 before dtype: such a caller's buckets are fp32). */
 struct zc_bucket {
 	uint32_t size; /* sizeof(struct zc_bucket) the caller was built with */
 	uint32_t nsegments;
 	uint64_t numel;
 	const struct zc_segment *segments; /* [nsegments], all of one size */
+	uint32_t dtype;                    /* enum zc_dtype; 0: fp32 */
+	uint32_t reserved2;                /* 0 */
 };
 
 #define ZC_BUCKET_INIT                                                                             \
@@ -453,6 +485,19 @@ float *zc_grad_buffer(zc_client *c, uint32_t bucket);
 float *zc_param_buffer(zc_client *c, uint32_t bucket);
 
 /*
+ * The same for a bucket of any dtype: numel elements of the bucket's dtype
+ * (uint16_t bit patterns for bf16 and fp16). zc_grad_buffer() and
+ * zc_param_buffer() return NULL for a bucket that is not fp32 (the reason
+ * says so). Buffers are laid out by bytes: every bucket starts on a 64-byte
+ * boundary. The same rules as above otherwise.
+ * Ownership: the memory belongs to c, valid from zc_alloc_buffers() until
+ *            zc_close().
+ * Threads:   any thread.  Blocking: no.
+ */
+void *zc_grad_ptr(zc_client *c, uint32_t bucket);
+void *zc_param_ptr(zc_client *c, uint32_t bucket);
+
+/*
  * Register the plan of zc_alloc_buffers() / zc_register_buffers() with the daemon and wait until every
  * rank of the job has registered the same plan. The daemon starts from rank
  * 0's parameter buffers (fill them first): on success every rank's parameter
@@ -613,6 +658,29 @@ uint64_t zc_iteration(zc_client *c);
  * Threads:   any thread.  Blocking: no (one message).
  */
 int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp);
+
+/*
+ * The parameters of bf16/fp16 buckets were changed (load_state_dict, an EMA
+ * swap...): reload their fp32 masters from the parameters. Every rank calls
+ * it, after its edit and between iterations: after the previous step future
+ * completed and before the next iteration's first zc_bucket_ready(). The
+ * daemon reloads once every local rank handed over bucket 0 of that next
+ * iteration (so every rank's edit is done), before any step of it: each
+ * master whose owner rank's parameter is no longer the master rounded to the
+ * dtype (an edit) takes the parameter's widened value; the others keep their
+ * fp32 values, which the parameters still round to (a reload from rounded
+ * values would throw away what the masters are for). fp32 parameters need no
+ * call (the owner's buffer is the master).
+ * Without it, a step that finds an owner's bf16/fp16 parameter different from
+ * its rounded master fails the job with ZC_EPARAMEDIT naming the bucket and
+ * segment, and leaves that parameter as the trainer wrote it.
+ * Errors here: ZC_ESTATE (no plan registered, or in the middle of an
+ * iteration: some buckets handed over, or the last step not completed yet);
+ * the daemon's refusal comes through zc_last_error().
+ * Ownership: nothing changes hands.
+ * Threads:   any thread.  Blocking: no (one message).
+ */
+int zc_params_changed(zc_client *c);
 
 /*
  * The latest error the daemon reported to this client that no future and no

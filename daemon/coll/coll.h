@@ -79,11 +79,15 @@ struct coll_config {
 	int open_timeout_ms; /* nccl: how long open waits for every rank; <= 0: 60 s */
 };
 
-/* One owner's share of a bucket: flat elements [off, off + n). */
+/* One owner's share of a bucket: flat elements [off, off + n) of the
+ * bucket's dtype (plan.h: ((T *)buffer)[off]). Only coll/host.c moves
+ * bf16/fp16 ranges; the others serve fp32 jobs only (struct backend's
+ * low_precision). */
 struct coll_range {
 	uint32_t owner;
 	uint64_t off;
 	uint64_t n;
+	enum zc_dtype dtype; /* last: {owner, off, n} initialisers stay fp32 */
 };
 
 enum coll_kind {

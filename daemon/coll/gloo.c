@@ -619,9 +619,13 @@ static int gl_submit(struct coll_group *g, struct coll_req *req)
 
 	if (req->lane >= GLOO_LANES)
 		return -EINVAL;
-	for (uint32_t i = 0; i < req->nranges; i++)
+	for (uint32_t i = 0; i < req->nranges; i++) {
 		if (req->ranges[i].owner >= g->world)
 			return -EINVAL;
+		/* fp32 only (backend_host_multi.low_precision) */
+		if (req->ranges[i].dtype != ZC_DTYPE_F32)
+			return ZC_ENOTSUP;
+	}
 	ln = &g->lanes[req->lane];
 	ln->err[0] = '\0';
 	if (atomic_load(&g->aborted))

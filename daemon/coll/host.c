@@ -68,6 +68,23 @@ struct task {
 	enum coll_kind kind;
 };
 
+/* A bf16/fp16 range: the reduction sums in fp32 and leaves the average,
+ * rounded to the dtype, in the owner's gradient (hostmem.h). */
+static void task_chunk_lowp(struct coll_group *g, const struct coll_range *rg,
+			    enum coll_kind kind, uint64_t off, size_t n, float *scratch)
+{
+	if (kind == COLL_REDUCE) {
+		host_sum_lowp(scratch, (const uint16_t *const *)g->grads, g->world, off, n,
+			      (float)g->world, rg->dtype);
+		host_narrow((uint16_t *)g->grads[rg->owner] + off, scratch, n, rg->dtype);
+		return;
+	}
+	for (uint32_t r = 0; r < g->world; r++)
+		if (r != rg->owner)
+			memcpy((uint16_t *)g->params[r] + off, (uint16_t *)g->params[rg->owner] + off,
+			       n * sizeof(uint16_t));
+}
+
 static void task_chunk(void *arg, size_t i)
 {
 	const struct task *t = arg;
@@ -83,6 +100,10 @@ static void task_chunk(void *arg, size_t i)
 
 	if (atomic_load_explicit(&g->aborted, memory_order_relaxed))
 		return;
+	if (rg->dtype != ZC_DTYPE_F32) {
+		task_chunk_lowp(g, rg, t->kind, off, n, scratch);
+		return;
+	}
 	if (t->kind == COLL_REDUCE) {
 		/* through scratch: the owner's buffer is a source too */
 		host_sum(scratch, (const float *const *)g->grads, g->world, off, n,

@@ -22,6 +22,7 @@
  */
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -208,14 +209,81 @@ struct run_task {
 	const struct optim_ctx *c;
 	const struct optim_call *call;
 	const uint64_t *first; /* [npieces + 1]: first chunk of each piece */
+	_Atomic uint32_t edited; /* the lowest piece found edited, or UINT32_MAX */
 };
+
+/* The owner's parameter still is the narrowed master (a NaN matches any NaN:
+ * loading a signalling NaN's master quietens it). */
+static bool lowp_unchanged(const uint16_t *restrict p, const uint16_t *restrict nar, size_t n,
+			   enum zc_dtype t)
+{
+	uint16_t exp = t == ZC_DTYPE_BF16 ? 0x7f80 : 0x7c00;
+
+	if (memcmp(p, nar, n * sizeof(*p)) == 0)
+		return true;
+	for (size_t i = 0; i < n; i++) {
+		bool pn = (p[i] & exp) == exp && (p[i] & ~exp & 0x7fff);
+		bool nn = (nar[i] & exp) == exp && (nar[i] & ~exp & 0x7fff);
+		if (p[i] != nar[i] && !(pn && nn))
+			return false;
+	}
+	return true;
+}
+
+/* One chunk of a bf16/fp16 piece (zeroclient.h's rules): the averaged
+ * gradient in fp32 (rounded to the dtype once), the step on the fp32 master,
+ * then the narrowed master into every local rank, the owner's included.
+ * Nothing is written if the owner's parameters were edited since the last
+ * narrowing. */
+static void run_chunk_lowp(struct run_task *t, uint32_t k, uint64_t x, size_t n, float *scratch)
+{
+	const struct optim_config *cfg = &t->c->cfg;
+	const struct optim_call *call = t->call;
+	const struct optim_piece *pc = &call->pieces[k];
+	uint64_t off = pc->off + x;
+	float *mp = call->master + pc->mat + x;
+	uint16_t *pp = (uint16_t *)cfg->params[pc->owner] + off;
+	uint16_t nar[HOST_CHUNK] __attribute__((aligned(64)));
+
+	host_narrow(nar, mp, n, pc->dtype);
+	if (!lowp_unchanged(pp, nar, n, pc->dtype)) {
+		uint32_t cur = atomic_load(&t->edited);
+		while (k < cur && !atomic_compare_exchange_weak(&t->edited, &cur, k))
+			;
+		return;
+	}
+	if (call->grad == OPTIM_GRAD_SUM_LOCAL) {
+		const uint16_t *src[cfg->nlocal];
+		for (uint32_t r = 0; r < cfg->nlocal; r++)
+			src[r] = (const uint16_t *)cfg->grads[cfg->local[r]];
+		host_sum_lowp(scratch, src, cfg->nlocal, off, n, (float)cfg->world, pc->dtype);
+	} else {
+		host_widen(scratch, (const uint16_t *)cfg->grads[pc->owner] + off, n, pc->dtype);
+	}
+	struct optim_args a = {
+		.kind = call->kind,
+		.hp = &call->groups[pc->group],
+		.step = pc->step,
+		.first_momentum = pc->first_momentum,
+		.param = mp,
+		.grad = scratch,
+		.m = call->m ? call->m + pc->at + x : NULL,
+		.v = call->v ? call->v + pc->at + x : NULL,
+		.vmax = call->vmax ? call->vmax + pc->at + x : NULL,
+		.n = n,
+	};
+	cpu_step(&a);
+	host_narrow(nar, mp, n, pc->dtype);
+	for (uint32_t r = 0; r < cfg->nlocal; r++)
+		memcpy((uint16_t *)cfg->params[cfg->local[r]] + off, nar, n * sizeof(*nar));
+}
 
 /* One chunk: its gradient (summed over the local ranks, or the owner's
  * average), the step on the owner's parameters, then the stores into every
  * other local rank while the chunk is still in cache. */
 static void run_chunk(void *arg, size_t i)
 {
-	const struct run_task *t = arg;
+	struct run_task *t = arg;
 	const struct optim_config *cfg = &t->c->cfg;
 	const struct optim_call *call = t->call;
 	uint32_t lo = 0, hi = call->npieces;
@@ -232,6 +300,11 @@ static void run_chunk(void *arg, size_t i)
 	uint64_t x = (i - t->first[lo]) * HOST_CHUNK;
 	uint64_t off = pc->off + x;
 	size_t n = (size_t)MIN((uint64_t)HOST_CHUNK, pc->n - x);
+
+	if (pc->dtype != ZC_DTYPE_F32) {
+		run_chunk_lowp(t, lo, x, n, scratch);
+		return;
+	}
 	float *p = cfg->params[pc->owner] + off;
 	const float *g;
 
@@ -276,9 +349,15 @@ static int cpu_run(struct optim_ctx *c, const struct optim_call *call)
 	}
 	first[call->npieces] = nchunks;
 	struct run_task t = {.c = c, .call = call, .first = first};
+	atomic_init(&t.edited, UINT32_MAX);
 	/* through the guarded pool: these are trainers' shared buffers */
 	r = pool_parallel_for(c->cfg.pool, nchunks, run_chunk, &t);
 	free(first);
+	if (r >= 0 && atomic_load(&t.edited) != UINT32_MAX) {
+		if (call->edited)
+			*call->edited = atomic_load(&t.edited);
+		r = ZC_EPARAMEDIT;
+	}
 	return r;
 }
 

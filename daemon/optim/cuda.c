@@ -205,6 +205,10 @@ static int cuda_run(struct optim_ctx *c, const struct optim_call *call)
 
 	if (call->grad != OPTIM_GRAD_OWNER)
 		return -EOPNOTSUPP;
+	/* fp32 only (backend_cuda.low_precision): never step bf16/fp16 as floats */
+	for (uint32_t k = 0; k < call->npieces; k++)
+		if (call->pieces[k].dtype != ZC_DTYPE_F32)
+			return ZC_ENOTSUP;
 	memset(c->used, 0, c->world * sizeof(*c->used));
 	for (uint32_t k = 0; k < call->npieces; k++) {
 		const struct optim_piece *pc = &call->pieces[k];

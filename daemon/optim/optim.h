@@ -61,6 +61,10 @@ struct optim_piece {
 	bool first_momentum; /* SGD: no momentum buffer yet */
 	uint32_t seg;        /* the plan's segment it lies in, counted over all buckets
 				(a segment every rank marks unused skips its pieces) */
+	/* bf16/fp16 (zeroclient.h's rules): off counts elements of that type,
+	 * and the fp32 master is master[mat .. mat + n) of the call */
+	enum zc_dtype dtype;
+	uint64_t mat;
 };
 
 /* Where a step's gradient comes from. */
@@ -82,6 +86,14 @@ struct optim_call {
 	uint32_t npieces;
 	enum optim_grad grad;
 	float *m, *v, *vmax; /* state arrays (NULL where not kept) */
+	/* The masters of the bf16/fp16 pieces (NULL if none). Before stepping a
+	 * chunk of such a piece, run checks that the owner's parameters equal
+	 * the narrowed masters: where one does not (an edit without
+	 * zc_params_changed()), that chunk is left untouched, run returns
+	 * ZC_EPARAMEDIT and *edited names the first such piece (index into
+	 * pieces). */
+	float *master;
+	uint32_t *edited;
 };
 
 /* A job's buffers on this node, as the optimizer context sees them. */

@@ -386,6 +386,64 @@ static int single_main(void *arg, int idx)
 	return train_rank(&s, 0);
 }
 
+/* A plan with a bf16 bucket over two nodes: gloo would move its bytes as
+ * floats, so the job is refused on both nodes with ZC_ENOTSUP naming the
+ * bucket (docs/DATAPLANE.md), and the daemons serve a job afterwards. */
+static int lowp_main(void *arg, int idx)
+{
+	const struct cluster *cl = arg;
+	struct zc_param_group g = ZC_PARAM_GROUP_INIT;
+	struct zc_segment seg[2] = {{.size = sizeof(struct zc_segment), .numel = 64},
+				    {.size = sizeof(struct zc_segment), .numel = 100}};
+	struct zc_bucket b[2] = {
+		{.size = sizeof(struct zc_bucket), .nsegments = 1, .numel = 64, .segments = &seg[0]},
+		{.size = sizeof(struct zc_bucket),
+		 .nsegments = 1,
+		 .numel = 100,
+		 .segments = &seg[1],
+		 .dtype = ZC_DTYPE_BF16}};
+	struct zc_plan p = ZC_PLAN_INIT;
+	struct zc_config c = test_config(&cl->zd[idx], "lowp", (uint32_t)idx, 2);
+	zc_client *zc = NULL;
+	const char *err;
+	int r;
+
+	p.ngroups = 1, p.groups = &g, p.nbuckets = 2, p.buckets = b;
+	c.local_rank = 0;
+	c.local_size = 1;
+	c.rdzv = cl->rdzv;
+	c.nnodes = 2;
+	c.job_secret = "correct horse battery staple";
+	c.node_rank = (uint32_t)idx;
+	c.has_node_rank = 1;
+	if ((r = zc_connect(&c, &zc)) < 0 || (r = zc_alloc_buffers(zc, &p)) < 0) {
+		printf("# rank %d: %s %s\n", idx, zc_strerror_name(r), zc_error_message());
+		return 1;
+	}
+	r = zc_register_plan(zc);
+	err = zc_error_message();
+	EXPECT(r == ZC_ENOTSUP && has(err, "bucket 1 is bf16") && has(err, "host+gloo"),
+	       "rank %d: %s: %s", idx, zc_strerror_name(r), err);
+	zc_close(zc);
+	return child_bad;
+}
+
+static void t_low_precision_refused(void)
+{
+	struct cluster cl;
+	pid_t pids[2];
+
+	REQUIRE(cluster_start(&cl, 2) == 0, "cannot start 2 daemons");
+	for (int k = 0; k < 2; k++)
+		pids[k] = spawn(lowp_main, &cl, k);
+	for (int k = 0; k < 2; k++)
+		CHECK(wait_child(pids[k], 30000) == 0, "rank %d was not refused by name", k);
+	for (int k = 0; k < 2; k++)
+		CHECK(wait_child(spawn(single_main, &cl.zd[k], k), 20000) == 0,
+		      "daemon %d does not serve a job after the refusal", k);
+	cluster_stop(&cl, -1);
+}
+
 /* Kill the zerod of node `victim` in the middle of an iteration: every rank
  * elsewhere hears which node went, within the stall timeout, and the
  * survivors serve a new job as before. Node 0 is the rendezvous' host: its
@@ -897,6 +955,7 @@ static const struct test_case cases[] = {
 	{"node_never_joins_named", t_node_never_joins, 60000},
 	{"host_never_answers_named", t_host_never_answers, 60000},
 	{"plans_differ_named_on_every_node", t_plans_differ, 60000},
+	{"low_precision_refused_on_every_node", t_low_precision_refused, 60000},
 	{"peer_daemon_killed_mid_iteration", t_peer_killed_mid_iteration, 60000},
 	{"rendezvous_host_killed_mid_iteration", t_rendezvous_host_killed_mid_iteration, 60000},
 	{"rank_dies_on_one_node_every_node_told", t_rank_dies_on_one_node, 60000},

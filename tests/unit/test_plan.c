@@ -75,6 +75,7 @@ static const struct {
 	 * optimizer does not look made equal plans unequal */
 	{"momentum nan under adam", "momentum must be finite (got nan), even where unused"},
 	{"beta2 inf under sgd", "beta2 must be finite"},
+	{"dtype", "buckets[1].dtype: unknown value 3"},
 };
 
 static void mutate(struct fixture *f, size_t i)
@@ -133,6 +134,9 @@ static void mutate(struct fixture *f, size_t i)
 		break;
 	case 16:
 		f->g[1].beta2 = INFINITY;
+		break;
+	case 17:
+		f->b[1].dtype = 3;
 		break;
 	}
 }
@@ -229,8 +233,65 @@ static void t_wire_round_trip(void)
 	plan_free(q);
 }
 
+/* Buckets of several dtypes: laid out by bytes, each on 64 bytes, base in
+ * elements of its own dtype; the dtype is part of the plan's identity and
+ * survives the wire; an older caller's 24-byte zc_bucket is fp32. */
+static void t_dtypes(void)
+{
+	struct fixture f, g;
+	struct plan *p = NULL, *q = NULL, *r = NULL;
+	Zerod__V1__Plan pb;
+	char field[200] = "", err[200] = "";
+
+	fixture_init(&f);
+	f.b[0].dtype = ZC_DTYPE_BF16; /* 100 x 2 = 200 bytes -> 256 */
+	REQUIRE(plan_from_zc(&f.p, &p, err, sizeof(err)) == 0, "bf16 plan refused: %s", err);
+	CHECK(p->buckets[0].dtype == ZC_DTYPE_BF16 && p->low_precision, "dtype not kept");
+	CHECK(plan_bucket_offset(p, 1) == 256 && p->buckets[1].base == 64,
+	      "bucket 1 at byte %lu (base %lu), expected 256 (64)",
+	      (unsigned long)plan_bucket_offset(p, 1), (unsigned long)p->buckets[1].base);
+	CHECK(plan_bucket_bytes(p, 0) == 200 && plan_bucket_bytes(p, 1) == 68,
+	      "bucket bytes %lu, %lu", (unsigned long)plan_bucket_bytes(p, 0),
+	      (unsigned long)plan_bucket_bytes(p, 1));
+	CHECK(plan_buffer_bytes(p) == 256 + 128, "bytes %lu", (unsigned long)plan_buffer_bytes(p));
+
+	fixture_init(&g);
+	REQUIRE(plan_from_zc(&g.p, &q, NULL, 0) == 0, "fp32 plan");
+	CHECK(plan_diff(q, p, field, sizeof(field)) == 1 &&
+		      strcmp(field, "buckets[0].dtype: fp32 vs bf16") == 0,
+	      "field: '%s'", field);
+	CHECK(p->hash != q->hash, "the dtype does not change the hash");
+	CHECK(!q->low_precision, "an fp32 plan says low_precision");
+
+	REQUIRE(plan_to_pb(p, &pb) == 0, "plan_to_pb");
+	CHECK(plan_from_pb(&pb, &r, err, sizeof(err)) == 0, "plan_from_pb: %s", err);
+	if (r)
+		CHECK(plan_diff(p, r, field, sizeof(field)) == 0 && r->hash == p->hash,
+		      "round trip differs at %s", field);
+	plan_pb_free(&pb);
+	plan_free(r);
+	r = NULL;
+
+	/* an older caller's buckets (24 bytes, no dtype): read as fp32 */
+	static const uint32_t old_size = 24;
+	uint8_t packed[2][24] __attribute__((aligned(8)));
+	for (int k = 0; k < 2; k++) {
+		memcpy(packed[k], &g.b[k], 24);
+		memcpy(packed[k], &old_size, sizeof(old_size));
+	}
+	g.p.buckets = (const struct zc_bucket *)(const void *)packed;
+	CHECK(plan_from_zc(&g.p, &r, err, sizeof(err)) == 0, "24-byte buckets: %s", err);
+	if (r)
+		CHECK(plan_diff(q, r, field, sizeof(field)) == 0, "24-byte buckets differ at %s",
+		      field);
+	plan_free(r);
+	plan_free(q);
+	plan_free(p);
+}
+
 static const struct test_case cases[] = {
 	{"valid_layout", t_valid_layout},
+	{"dtypes_by_bytes", t_dtypes},
 	{"invalid_plans_refused", t_invalid},
 	{"diff_names_first_field", t_diff_names_field},
 	{"wire_round_trip", t_wire_round_trip},
