@@ -42,6 +42,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -54,6 +55,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "abi.h"
 #include "common.h"
 #include "fastpath.h"
 #include "internal.h"
@@ -133,6 +135,16 @@ struct zc_client {
 	uint64_t last_request;
 	struct zc_future *futures;
 	struct zc_future *cbq_head, *cbq_tail; /* settled futures whose callbacks are due */
+
+	/* zc_get_state / zc_set_state: one at a time (state.c's section below) */
+	bool state_pending;
+	uint64_t state_request;
+	int state_result; /* 0 waiting, 1 ok, < 0 error */
+	char state_msg[256];
+	/* re-planning: the registered plan and its buffers, until the new
+	 * plan is registered */
+	struct plan *old_plan;
+	struct shm_buf old_grad, old_param;
 };
 
 /* ------------------------------------------------------- errors, fork --- */
@@ -364,6 +376,10 @@ static void job_failed(zc_client *c, int code, const char *msg)
 	if (c->plan_result == 0)
 		c->plan_result = c->job_error;
 	snprintf(c->answer_msg, sizeof(c->answer_msg), "%s", c->job_msg);
+	if (c->state_pending && c->state_result == 0) {
+		c->state_result = c->job_error;
+		snprintf(c->state_msg, sizeof(c->state_msg), "%s", c->job_msg);
+	}
 }
 
 static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
@@ -389,6 +405,14 @@ static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
 				matched = true;
 				break;
 			}
+	}
+	if (!matched && c->state_pending && c->state_result == 0 &&
+	    (!env->has_request_id || env->request_id == c->state_request)) {
+		/* the answer to GetState or SetState: about this rank's request,
+		 * or another rank's that spoilt the round */
+		c->state_result = code;
+		snprintf(c->state_msg, sizeof(c->state_msg), "%s", e->message);
+		return;
 	}
 	if (!matched && c->plan_result == 0 && c->registered) {
 		/* the answer to RegisterPlan */
@@ -449,6 +473,10 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_ERROR:
 		handle_error(c, env);
+		break;
+	case ZEROD__V1__ENVELOPE__BODY_STATE_OK:
+		if (c->state_pending && c->state_result == 0)
+			c->state_result = 1;
 		break;
 	default:
 		c->async_error = ZC_EPROTO;
@@ -998,6 +1026,9 @@ void zc_close(zc_client *c)
 		zmq_ctx_term(c->zctx);
 	shm_release(&c->grad);
 	shm_release(&c->param);
+	shm_release(&c->old_grad);
+	shm_release(&c->old_param);
+	plan_free(c->old_plan);
 	plan_free(c->plan);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
@@ -1551,4 +1582,357 @@ void zc_future_free(zc_future *f)
 		pthread_mutex_unlock(&c->mu);
 	if (!running)
 		free(f);
+}
+
+/* ------------------------------------------------------ optimizer state --- */
+
+/* The caller's zc_segment_state array: read with its first element's size
+ * as the stride (zeroclient.h, "ABI"; this struct came in version 1.0, so
+ * no caller's is smaller). */
+static int segs_check(const void *segs, uint32_t n, const char *fn, size_t *ret_stride)
+{
+	uint32_t size;
+	int r;
+
+	if (n == 0) {
+		*ret_stride = sizeof(struct zc_segment_state);
+		return 0;
+	}
+	if (!segs)
+		return err_set(-EINVAL, "%s: segs is NULL", fn);
+	size = abi_size(segs);
+	for (uint32_t i = 0; i < n; i++) {
+		const char *s = (const char *)segs + (size_t)i * size;
+		if (size < sizeof(struct zc_segment_state) || abi_size(s) != size)
+			return err_set(-EINVAL,
+				       "%s: segs[%u].size is %u: not initialised "
+				       "(zc_segment_state_init), or not the size of segs[0]",
+				       fn, i, abi_size(s));
+		if ((r = abi_check(s, size, sizeof(struct zc_segment_state))) < 0)
+			return err_set(r, "%s: segs[%u]: a struct of %u bytes this library does not "
+					  "know",
+				       fn, i, size);
+	}
+	*ret_stride = size;
+	return 0;
+}
+
+/* Between iterations: wait for the step future of the last iteration this
+ * rank handed over. */
+static int state_wait_steps(zc_client *c, const char *fn)
+{
+	zc_future *f = NULL;
+	uint64_t last;
+	int r;
+
+	pthread_mutex_lock(&c->mu);
+	r = !c->registered || c->plan_result != 1 ? -1 : c->sent_in_iter ? -2 : 0;
+	last = c->iter;
+	client_unlock(c);
+	if (r == -1)
+		return err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
+	if (r == -2)
+		return err_set(ZC_ESTATE, "%s: iteration %" PRIu64 " is half handed over: call it "
+					  "between iterations",
+			       fn, last);
+	if (last == 0)
+		return 0;
+	r = zc_step_future(c, last - 1, &f);
+	if (r >= 0) {
+		r = zc_future_wait(f, c->cfg.register_timeout_ms);
+		if (r == 0)
+			r = err_set(ZC_ETIMEDOUT, "%s: the step of iteration %" PRIu64
+						  " did not complete within %d ms",
+				    fn, last - 1, c->cfg.register_timeout_ms);
+	}
+	zc_future_free(f);
+	return r < 0 ? r : 0;
+}
+
+static uint64_t state_bytes_of(const struct plan *p)
+{
+	return (uint64_t)5 * p->total_numel * sizeof(float);
+}
+
+/* Send the request (GetState when ss is NULL) naming stg, and wait for the
+ * round to be served. */
+static int state_round(zc_client *c, Zerod__V1__SetState *ss, struct shm_buf *stg, const char *fn)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__GetState gs = ZEROD__V1__GET_STATE__INIT;
+	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
+	uint64_t id = 0;
+	int r;
+
+	sg.shm_name = stg->name;
+	sg.bytes = stg->bytes;
+	if (ss) {
+		ss->staging = &sg;
+		env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_STATE;
+		env.set_state = ss;
+	} else {
+		gs.staging = &sg;
+		env.body_case = ZEROD__V1__ENVELOPE__BODY_GET_STATE;
+		env.get_state = &gs;
+	}
+	pthread_mutex_lock(&c->mu);
+	if (c->state_pending) {
+		client_unlock(c);
+		return err_set(ZC_ESTATE, "%s: another state call of this client is waiting", fn);
+	}
+	if (c->job_error) {
+		r = c->job_error;
+		err_set(r, "%s", c->job_msg);
+		client_unlock(c);
+		return r;
+	}
+	r = send_env(c, &env, &id);
+	if (r >= 0) {
+		c->state_pending = true;
+		c->state_request = id;
+		c->state_result = 0;
+		c->state_msg[0] = 0;
+	}
+	client_unlock(c);
+	if (r < 0)
+		return err_set(r, "%s: sending the request: %s", fn, zc_strerror(r));
+	r = wait_for(c, &c->state_result, c->state_msg, now_ms() + c->cfg.register_timeout_ms);
+	pthread_mutex_lock(&c->mu);
+	c->state_pending = false;
+	client_unlock(c);
+	if (r == 0)
+		return err_set(ZC_ETIMEDOUT, "%s: not every rank of this node called within %d ms",
+			       fn, c->cfg.register_timeout_ms);
+	return r < 0 ? r : 0;
+}
+
+static int seg_where(const struct plan *p, const struct zc_segment_state *s, uint64_t *ret_at,
+		     uint64_t *ret_numel, const char *fn, uint32_t i)
+{
+	if (s->bucket >= p->nbuckets)
+		return err_set(ZC_EBUCKET, "%s: segs[%u].bucket: %u, the plan has %u buckets", fn,
+			       i, s->bucket, p->nbuckets);
+	if (s->segment >= p->buckets[s->bucket].nsegments)
+		return err_set(ZC_EBUCKET, "%s: segs[%u].segment: %u, bucket %u has %u segments",
+			       fn, i, s->segment, s->bucket, p->buckets[s->bucket].nsegments);
+	*ret_at = p->buckets[s->bucket].base + p->buckets[s->bucket].segments[s->segment].offset;
+	*ret_numel = p->buckets[s->bucket].segments[s->segment].numel;
+	return 0;
+}
+
+/* The tensors of one segment state, in staging region order (2, 3, 4). */
+static float *seg_tensor(const struct zc_segment_state *s, enum zc_optimizer opt, unsigned k)
+{
+	if (k == 2)
+		return opt == ZC_OPT_SGD ? s->momentum_buffer : s->exp_avg;
+	return k == 3 ? s->exp_avg_sq : s->max_exp_avg_sq;
+}
+
+static uint32_t tensor_bit(enum zc_optimizer opt, unsigned k)
+{
+	if (k == 2)
+		return opt == ZC_OPT_SGD ? ZC_STATE_MOMENTUM_BUFFER : ZC_STATE_EXP_AVG;
+	return k == 3 ? ZC_STATE_EXP_AVG_SQ : ZC_STATE_MAX_EXP_AVG_SQ;
+}
+
+static const char *tensor_name(uint32_t bit)
+{
+	switch (bit) {
+	case ZC_STATE_MOMENTUM_BUFFER:
+		return "momentum_buffer";
+	case ZC_STATE_EXP_AVG:
+		return "exp_avg";
+	case ZC_STATE_EXP_AVG_SQ:
+		return "exp_avg_sq";
+	case ZC_STATE_MAX_EXP_AVG_SQ:
+		return "max_exp_avg_sq";
+	}
+	return "?";
+}
+
+/* Export into the plan p's staging, then read segs out of it. Called for the
+ * registered plan, which stays until zc_close() or a re-plan (neither runs
+ * beside a state call: zc_close() must not race, a re-plan is this thread's). */
+static int get_state(zc_client *c, const struct plan *p, struct zc_segment_state *segs,
+		     size_t stride, uint32_t n, const char *fn)
+{
+	struct shm_buf stg = {0};
+	uint64_t total = p->total_numel;
+	int r;
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct zc_segment_state *s = (void *)((char *)segs + (size_t)i * stride);
+		uint64_t at, numel;
+		if ((r = seg_where(p, s, &at, &numel, fn, i)) < 0)
+			return r;
+	}
+	r = shm_create(c, "state", state_bytes_of(p), &stg);
+	if (r < 0)
+		return err_set(r, "%s: staging of %" PRIu64 " bytes: %s", fn, state_bytes_of(p),
+			       zc_strerror(r));
+	r = state_round(c, NULL, &stg, fn);
+	for (uint32_t i = 0; i < n && r >= 0; i++) {
+		struct zc_segment_state *s = (void *)((char *)segs + (size_t)i * stride);
+		uint64_t at, numel;
+		uint32_t w, present = 0;
+		double step = 0;
+
+		(void)seg_where(p, s, &at, &numel, fn, i);
+		memcpy(&w, stg.base + total + at, sizeof(w)); /* region 1: the words */
+		if (p->optimizer == ZC_OPT_SGD) {
+			if (w & (1u << 31))
+				present = ZC_STATE_MOMENTUM_BUFFER;
+		} else if (w & PLAN_STATE_MAX_STEP) {
+			present = ZC_STATE_STEP | ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ;
+			if (w & (1u << 30))
+				present |= ZC_STATE_MAX_EXP_AVG_SQ;
+			step = (double)(w & PLAN_STATE_MAX_STEP);
+		}
+		for (unsigned k = 2; k <= 4; k++) {
+			float *dst = seg_tensor(s, p->optimizer, k);
+			if (dst && (present & tensor_bit(p->optimizer, k)))
+				memcpy(dst, stg.base + k * total + at, numel * sizeof(float));
+		}
+		s->present = present;
+		s->step = step;
+	}
+	shm_release(&stg);
+	return r;
+}
+
+int zc_get_state(zc_client *c, struct zc_segment_state *segs, uint32_t n)
+{
+	size_t stride;
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if ((r = segs_check(segs, n, __func__, &stride)) < 0)
+		return r;
+	if ((r = state_wait_steps(c, __func__)) < 0)
+		return r;
+	return get_state(c, c->plan, segs, stride, n, __func__);
+}
+
+/* Every value finite, the second moments not negative. */
+static int tensor_check(const float *t, uint64_t numel, uint32_t bit, const char *fn, uint32_t i,
+			const struct zc_segment_state *s)
+{
+	for (uint64_t x = 0; x < numel; x++)
+		if (!isfinite(t[x]) ||
+		    (t[x] < 0 && (bit == ZC_STATE_EXP_AVG_SQ || bit == ZC_STATE_MAX_EXP_AVG_SQ)))
+			return err_set(ZC_ESTATEINVAL,
+				       "%s: segs[%u]: buckets[%u].segments[%u].%s[%" PRIu64
+				       "]: %g (%s)",
+				       fn, i, s->bucket, s->segment, tensor_name(bit), x, t[x],
+				       isfinite(t[x]) ? "a second moment is never negative"
+						      : "not finite");
+	return 0;
+}
+
+static int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state *segs,
+		     size_t stride, uint32_t n, const char *fn)
+{
+	Zerod__V1__SetState ss = ZEROD__V1__SET_STATE__INIT;
+	Zerod__V1__SegmentState *items = NULL, **ptrs = NULL;
+	struct shm_buf stg = {0};
+	uint64_t total = p->total_numel;
+	uint8_t *seen = NULL;
+	uint64_t nsegs = 0, *first = calloc(p->nbuckets, sizeof(*first));
+	char err[256];
+	int r = 0;
+
+	for (uint32_t b = 0; b < p->nbuckets && first; b++) {
+		first[b] = nsegs;
+		nsegs += p->buckets[b].nsegments;
+	}
+	seen = calloc(nsegs ? nsegs : 1, 1);
+	items = calloc(n ? n : 1, sizeof(*items));
+	ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+	if (!first || !seen || !items || !ptrs) {
+		r = err_set(-ENOMEM, NULL);
+		goto out;
+	}
+	/* everything is checked before anything is sent */
+	for (uint32_t i = 0; i < n; i++) {
+		const struct zc_segment_state *s = (const void *)((const char *)segs + i * stride);
+		uint64_t at, numel, flat;
+
+		if ((r = seg_where(p, s, &at, &numel, fn, i)) < 0) {
+			r = err_set(ZC_ESTATEINVAL, "%s", zc_error_message());
+			goto out;
+		}
+		if (plan_state_check(p, s->bucket, s->segment, s->present, s->step, err,
+				     sizeof(err)) < 0) {
+			r = err_set(ZC_ESTATEINVAL, "%s: segs[%u]: %s", fn, i, err);
+			goto out;
+		}
+		flat = first[s->bucket] + s->segment;
+		if (seen[flat]++) {
+			r = err_set(ZC_ESTATEINVAL, "%s: segs[%u]: buckets[%u].segments[%u] given twice",
+				    fn, i, s->bucket, s->segment);
+			goto out;
+		}
+		for (unsigned k = 2; k <= 4; k++) {
+			uint32_t bit = tensor_bit(p->optimizer, k);
+			const float *t = seg_tensor(s, p->optimizer, k);
+			if (!(s->present & bit))
+				continue;
+			if (!t) {
+				r = err_set(ZC_ESTATEINVAL,
+					    "%s: segs[%u]: buckets[%u].segments[%u].%s: present but "
+					    "NULL",
+					    fn, i, s->bucket, s->segment, tensor_name(bit));
+				goto out;
+			}
+			if ((r = tensor_check(t, numel, bit, fn, i, s)) < 0)
+				goto out;
+		}
+		zerod__v1__segment_state__init(&items[i]);
+		items[i].bucket = s->bucket;
+		items[i].segment = s->segment;
+		items[i].present = s->present;
+		items[i].step = s->present & ZC_STATE_STEP ? s->step : 0;
+		ptrs[i] = &items[i];
+	}
+	r = shm_create(c, "state", state_bytes_of(p), &stg);
+	if (r < 0) {
+		r = err_set(r, "%s: staging of %" PRIu64 " bytes: %s", fn, state_bytes_of(p),
+			    zc_strerror(r));
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		const struct zc_segment_state *s = (const void *)((const char *)segs + i * stride);
+		uint64_t at, numel;
+
+		(void)seg_where(p, s, &at, &numel, fn, i);
+		for (unsigned k = 2; k <= 4; k++)
+			if (s->present & tensor_bit(p->optimizer, k))
+				memcpy(stg.base + k * total + at, seg_tensor(s, p->optimizer, k),
+				       numel * sizeof(float));
+	}
+	ss.segments = ptrs;
+	ss.n_segments = n;
+	r = state_round(c, &ss, &stg, fn);
+out:
+	shm_release(&stg);
+	free(first);
+	free(seen);
+	free(items);
+	free(ptrs);
+	return r;
+}
+
+int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n)
+{
+	size_t stride;
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if ((r = segs_check(segs, n, __func__, &stride)) < 0)
+		return r;
+	if ((r = state_wait_steps(c, __func__)) < 0)
+		return r;
+	return set_state(c, c->plan, segs, stride, n, __func__);
 }

@@ -21,6 +21,7 @@
 #include "sink.h"
 #include "plan.h"
 #include "shard.h"
+#include "statex.h"
 #include "zerod.pb-c.h"
 
 #define ZEROD_MAX_WORLD 4096u
@@ -186,6 +187,10 @@ struct job {
 	struct hyper_change *changes;  /* pending, by iteration */
 	int64_t progress_ms;           /* last time the iteration moved */
 	bool in_flight;                /* some bucket of iteration `iter` arrived */
+
+	/* state export/import and re-planning (statex.c) */
+	struct statex *sx;      /* the round in progress, or NULL */
+	bool replanning;        /* a new plan is being registered (statex.c) */
 
 	uint64_t iterations_done, buckets_done;
 	struct jobops *ops; /* the operator's record of it (ops.c), or NULL */

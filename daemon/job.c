@@ -86,6 +86,7 @@ static void job_free(struct job *j)
 		exec_free(j->exec);
 	}
 	rdzv_job_free(j); /* after the executor: it used the rendezvous' store */
+	statex_free(j);   /* after the executor: it may have used the staging */
 	zero_program_clear(&j->prog);
 	free(j->node_of);
 	d->stats.reduced_elems += es.reduced_elems;

@@ -320,6 +320,9 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 			job_fail(j, ZC_EINTERNAL, true, "%s", what);
 		break;
 	}
+	case EXEC_STATE_DONE:
+		statex_done(j);
+		break;
 	case EXEC_STOPPED:
 		break;
 	}

@@ -1,0 +1,261 @@
+/*
+ * statex.c — optimizer state export and import for a running job
+ * (GetState / SetState, zc_get_state() / zc_set_state()): a round between
+ * iterations that every local rank of the job joins. Each rank hands over a
+ * staging shm (exec.h: EXEC_STATE_REGIONS regions of the plan's buffer
+ * length); once every local rank is in, the executor copies the state in or
+ * out (exec_state) and each rank gets StateOk.
+ *
+ * A request that cannot be served (a wrong staging size, a bad segment, a
+ * list that differs from another rank's) spoils its round: the round still
+ * waits for every local rank, then every one of them hears the error and
+ * nothing is applied. So no rank is left waiting, and the job goes on with
+ * its previous state.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "daemon.h"
+#include "log.h"
+#include "mem/mem.h"
+#include "statex.h"
+
+struct statex {
+	bool set;
+	bool queued; /* the executor has it */
+	uint32_t narrived;
+	bool *arrived;          /* [world] */
+	struct mem_map **stg;   /* [world] */
+	float **base;           /* [world] */
+	int err;                /* the round is spoilt: every rank hears this */
+	char errmsg[256];
+	/* set: the first rank's list, and the segments by flat index */
+	uint32_t first_rank;
+	size_t nlist;
+	struct exec_seg_state *list_in; /* [nlist], with bucket/segment below */
+	uint32_t *list_at;              /* [nlist]: flat segment index */
+	struct exec_seg_state *segs;    /* [nsegs] */
+	uint32_t *seg_first;            /* [nbuckets] */
+};
+
+void statex_free(struct job *j)
+{
+	struct statex *x = j->sx;
+
+	if (!x)
+		return;
+	for (uint32_t r = 0; r < j->world; r++)
+		if (x->stg)
+			j->d->mem->unmap(x->stg[r]);
+	free(x->arrived);
+	free(x->stg);
+	free(x->base);
+	free(x->list_in);
+	free(x->list_at);
+	free(x->segs);
+	free(x->seg_first);
+	free(x);
+	j->sx = NULL;
+}
+
+static int round_new(struct job *j, bool set)
+{
+	const struct plan *p = j->plan;
+	struct statex *x = calloc(1, sizeof(*x));
+	uint32_t nsegs = 0;
+
+	if (!x)
+		return -ENOMEM;
+	j->sx = x;
+	x->set = set;
+	x->arrived = calloc(j->world, sizeof(*x->arrived));
+	x->stg = calloc(j->world, sizeof(*x->stg));
+	x->base = calloc(j->world, sizeof(*x->base));
+	x->seg_first = calloc(p->nbuckets, sizeof(*x->seg_first));
+	if (!x->arrived || !x->stg || !x->base || !x->seg_first)
+		return -ENOMEM;
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		x->seg_first[b] = nsegs;
+		nsegs += p->buckets[b].nsegments;
+	}
+	x->segs = calloc(nsegs, sizeof(*x->segs));
+	return x->segs ? 0 : -ENOMEM;
+}
+
+static void spoil(struct statex *x, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void spoil(struct statex *x, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (x->err)
+		return; /* the first reason stands */
+	x->err = code;
+	va_start(ap, fmt);
+	vsnprintf(x->errmsg, sizeof(x->errmsg), fmt, ap);
+	va_end(ap);
+}
+
+/* This rank's list: checked, and compared with the first rank's. */
+static void take_list(struct job *j, struct statex *x, uint32_t rank,
+		      Zerod__V1__SegmentState *const *list, size_t n)
+{
+	const struct plan *p = j->plan;
+	bool first = x->list_in == NULL && !x->err;
+	char err[256];
+
+	if (!first && !x->err && n != x->nlist) {
+		spoil(x, ZC_ESTATEINVAL,
+		      "rank %u gives the state of %zu segments, rank %u of %zu: every rank must "
+		      "give the same",
+		      rank, n, x->first_rank, x->nlist);
+		return;
+	}
+	if (first) {
+		x->first_rank = rank;
+		x->nlist = n;
+		x->list_in = calloc(n ? n : 1, sizeof(*x->list_in));
+		x->list_at = calloc(n ? n : 1, sizeof(*x->list_at));
+		if (!x->list_in || !x->list_at) {
+			spoil(x, ZC_ELIMIT, "out of memory");
+			return;
+		}
+	}
+	for (size_t i = 0; i < n && !x->err; i++) {
+		const Zerod__V1__SegmentState *m = list[i];
+		uint32_t at;
+
+		if (plan_state_check(p, m->bucket, m->segment, m->present, m->step, err,
+				     sizeof(err)) < 0) {
+			spoil(x, ZC_ESTATEINVAL, "rank %u: %s", rank, err);
+			return;
+		}
+		at = x->seg_first[m->bucket] + m->segment;
+		if (first) {
+			if (x->segs[at].given) {
+				spoil(x, ZC_ESTATEINVAL,
+				      "rank %u: buckets[%u].segments[%u] is given twice", rank,
+				      m->bucket, m->segment);
+				return;
+			}
+			x->segs[at] = (struct exec_seg_state){
+				.given = true,
+				.present = m->present,
+				.step = (m->present & ZC_STATE_STEP) ? (uint64_t)m->step : 0,
+			};
+			x->list_in[i] = x->segs[at];
+			x->list_at[i] = at;
+		} else if (x->list_at[i] != at || x->list_in[i].present != m->present ||
+			   ((m->present & ZC_STATE_STEP) && x->list_in[i].step != (uint64_t)m->step)) {
+			spoil(x, ZC_ESTATEINVAL,
+			      "rank %u's state of buckets[%u].segments[%u] (segments[%zu] of its "
+			      "list) differs from rank %u's: every rank must give the same",
+			      rank, m->bucket, m->segment, i, x->first_rank);
+		}
+	}
+}
+
+/* Every local rank is in: serve the round, or tell each rank why not. */
+static void round_complete(struct job *j)
+{
+	struct statex *x = j->sx;
+	struct exec_state_req rq;
+	int r;
+
+	if (!x->err) {
+		rq = (struct exec_state_req){
+			.set = x->set,
+			.staging = x->base,
+			.segs = x->segs,
+			.seg_first = x->seg_first,
+		};
+		r = exec_state(j->exec, &rq);
+		if (r >= 0) {
+			x->queued = true;
+			j->progress_ms = now_ms();
+			return;
+		}
+		spoil(x, ZC_ELIMIT, "cannot queue the state %s: %s", x->set ? "import" : "export",
+		      zc_strerror(r));
+	}
+	for (uint32_t k = 0; k < j->world; k++)
+		if (x->arrived[k] && j->ranks[k])
+			sink_error(j->d->sink, j->ranks[k], x->err, false, SINK_NO_ITERATION, -1,
+				   "job %s: %s", j->id, x->errmsg);
+	log_info("job %s: state %s refused: %s", j->id, x->set ? "import" : "export", x->errmsg);
+	statex_free(j);
+}
+
+void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
+		    const Zerod__V1__StateStaging *stg, Zerod__V1__SegmentState *const *list,
+		    size_t n)
+{
+	const struct daemon *d = j->d;
+	const char *what = set ? "import" : "export";
+	struct statex *x;
+	char err[256];
+	int r;
+
+	if (job_ended(j)) {
+		sink_error(d->sink, s, ZC_EJOBFAILED, true, SINK_NO_ITERATION, -1,
+			   "job %s failed: %s: %s", j->id, zc_strerror_name(j->err), j->errmsg);
+		return;
+	}
+	if (j->state != JOB_ACTIVE || j->in_flight || (j->sx && j->sx->queued) ||
+	    (j->sx && j->sx->arrived[rank]) || j->replanning) {
+		sink_error(d->sink, s, ZC_ESTATE, false, SINK_NO_ITERATION, -1,
+			   "job %s: the optimizer state can be %sed only between iterations, once "
+			   "per call of every rank (%s)",
+			   j->id, what,
+			   j->state != JOB_ACTIVE ? "the job is not running"
+			   : j->in_flight         ? "an iteration is in flight"
+			   : j->replanning        ? "the job is re-planning"
+						  : "this rank's request is being served");
+		return;
+	}
+	if (!j->sx && (r = round_new(j, set)) < 0) {
+		statex_free(j);
+		sink_error(d->sink, s, ZC_ELIMIT, false, SINK_NO_ITERATION, -1, "out of memory");
+		return;
+	}
+	x = j->sx;
+	x->arrived[rank] = true;
+	x->narrived++;
+	if (x->set != set)
+		spoil(x, ZC_ESTATE, "rank %u asked to %s the state while others %s it", rank,
+		      what, x->set ? "import" : "export");
+	if (!x->err) {
+		uint64_t want = EXEC_STATE_REGIONS * j->plan->total_numel * sizeof(float);
+		struct mem_desc md = {.shm_name = stg->shm_name, .bytes = stg->bytes, .owner = s->uid};
+
+		r = d->mem->map(&md, want, &x->stg[rank], err, sizeof(err));
+		if (r < 0)
+			spoil(x, r, "rank %u: state staging: %s", rank, err);
+		else
+			x->base[rank] = d->mem->ptr(x->stg[rank]);
+	}
+	if (set && !x->err)
+		take_list(j, x, rank, list, n);
+	if (x->narrived == j->local_size)
+		round_complete(j);
+}
+
+void statex_done(struct job *j)
+{
+	struct statex *x = j->sx;
+
+	if (!x)
+		return;
+	for (uint32_t k = 0; k < j->world; k++)
+		if (x->arrived[k] && j->ranks[k])
+			j->d->sink->state_ok(j->ranks[k]);
+	log_info("job %s: optimizer state %sed", j->id, x->set ? "import" : "export");
+	statex_free(j);
+}

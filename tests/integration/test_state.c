@@ -1,0 +1,629 @@
+/*
+ * test_state.c — optimizer state export/import (zc_get_state, zc_set_state)
+ * and re-planning (zc_alloc_buffers + zc_register_plan again) against a real
+ * zerod and real trainer processes.
+ *
+ * The job's parameters are NP tensors (numel, group); a layout groups them
+ * into buckets in some order. Gradients are a function of (rank, iteration,
+ * parameter, element), never of the layout, so every layout trains the same
+ * numbers, and the single-process reference here (refoptim.c's loops, per
+ * parameter, the gradient summed in rank order and divided once) must equal
+ * the daemon's parameters and state bit for bit, in any layout, shard mode
+ * and world size, across exports, imports and re-plans.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "refoptim.h"
+#include "testlib.h"
+#include "trainer.h"
+
+static struct zd daemon_;
+
+/* ------------------------------------------------------ the parameters --- */
+
+#define NP   6
+#define MAXB 4
+static const struct {
+	uint64_t numel;
+	uint32_t group;
+} params[NP] = {{1000, 0}, {37, 1}, {5001, 2}, {16, 0}, {2500, 1}, {300, 2}};
+
+/* Layouts: buckets of parameter indices, -1 ends a bucket's list. */
+struct layout {
+	uint32_t nbuckets;
+	int b[MAXB][NP + 1];
+};
+static const struct layout layouts[] = {
+	{3, {{0, 1, -1}, {2, -1}, {3, 4, 5, -1}}},
+	{4, {{5, 3, -1}, {4, 2, -1}, {1, -1}, {0, -1}}},
+	{1, {{2, 0, 4, 1, 5, 3, -1}}},
+};
+
+static uint64_t total_numel(void)
+{
+	uint64_t n = 0;
+
+	for (int k = 0; k < NP; k++)
+		n += params[k].numel;
+	return n;
+}
+
+static uint64_t param_base(int k)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < k; i++)
+		n += params[i].numel;
+	return n;
+}
+
+struct tplan {
+	struct zc_param_group groups[3];
+	struct zc_segment segs[MAXB][NP];
+	struct zc_bucket buckets[MAXB];
+	struct zc_plan plan;
+	/* where each parameter is */
+	uint32_t bucket_of[NP], seg_of[NP];
+};
+
+static void set_groups(enum zc_optimizer opt, struct zc_param_group *g)
+{
+	for (int i = 0; i < 3; i++)
+		g[i] = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
+	if (opt == ZC_OPT_SGD) {
+		g[0].lr = 0.05, g[0].momentum = 0.9, g[0].nesterov = true;
+		g[1].lr = 0.02, g[1].momentum = 0.5, g[1].dampening = 0.1, g[1].weight_decay = 0.01;
+		g[2].lr = 0.01, g[2].weight_decay = 0.001, g[2].maximize = true; /* momentum 0 */
+	} else {
+		g[0].lr = 1e-2;
+		g[1].lr = 2e-3, g[1].beta1 = 0.8, g[1].beta2 = 0.99, g[1].eps = 1e-6;
+		g[1].weight_decay = 0.01, g[1].amsgrad = true;
+		g[2].lr = 5e-3, g[2].weight_decay = 0.05, g[2].maximize = true;
+	}
+}
+
+static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt,
+		      enum zc_shard_mode shard, enum zc_step_mode step, bool ids)
+{
+	const struct layout *l = &layouts[layout];
+
+	memset(tp, 0, sizeof(*tp));
+	set_groups(opt, tp->groups);
+	for (uint32_t b = 0; b < l->nbuckets; b++) {
+		uint64_t off = 0;
+		uint32_t s = 0;
+		for (; l->b[b][s] >= 0; s++) {
+			int k = l->b[b][s];
+			tp->segs[b][s] = (struct zc_segment){.size = sizeof(struct zc_segment),
+							     .group = params[k].group,
+							     .offset = off,
+							     .numel = params[k].numel,
+							     .param_id = ids ? 100 + (uint64_t)k : 0};
+			tp->bucket_of[k] = b;
+			tp->seg_of[k] = s;
+			off += params[k].numel;
+		}
+		tp->buckets[b] = (struct zc_bucket){.size = sizeof(struct zc_bucket),
+						    .nsegments = s,
+						    .numel = off,
+						    .segments = tp->segs[b]};
+	}
+	tp->plan = (struct zc_plan){.size = sizeof(struct zc_plan),
+				    .optimizer = opt,
+				    .shard_mode = shard,
+				    .step_mode = step,
+				    .ngroups = 3,
+				    .groups = tp->groups,
+				    .nbuckets = l->nbuckets,
+				    .buckets = tp->buckets};
+}
+
+static float grad_value(uint64_t seed, uint32_t rank, int it, int k, uint64_t i)
+{
+	return det_uniform(seed, rank, (uint64_t)it, ((uint64_t)k << 32) | i);
+}
+
+static float init_value(uint64_t seed, int k, uint64_t i)
+{
+	return det_uniform(seed ^ 0x5eed, 1, (uint64_t)k, i);
+}
+
+/* ---------------------------------------------- state, in param order --- */
+
+/* A whole job's parameters and optimizer state, by parameter (flat in
+ * parameter order), in memory shared by the test's processes. */
+struct snap {
+	bool valid;
+	uint32_t present[NP];
+	double step[NP];
+	float p[9000], m[9000], v[9000], vmax[9000];
+};
+_Static_assert(9000 >= 1000 + 37 + 5001 + 16 + 2500 + 300, "snap holds every parameter");
+
+static void snap_init(struct snap *s, uint64_t seed)
+{
+	memset(s, 0, sizeof(*s));
+	for (int k = 0; k < NP; k++)
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			s->p[param_base(k) + i] = init_value(seed, k, i);
+	s->valid = true;
+}
+
+/* The reference: iterations [from, to) with `world` ranks, on s. */
+static void ref_train(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
+		      int from, int to)
+{
+	struct zc_param_group g[3];
+	float *gr = calloc(total_numel(), sizeof(float));
+
+	set_groups(opt, g);
+	for (int it = from; it < to; it++)
+		for (int k = 0; k < NP; k++) {
+			uint64_t o = param_base(k), n = params[k].numel;
+			const struct zc_param_group *h = &g[params[k].group];
+			for (uint64_t i = 0; i < n; i++) {
+				float sum = grad_value(seed, 0, it, k, i);
+				for (uint32_t r = 1; r < world; r++)
+					sum += grad_value(seed, r, it, k, i);
+				gr[o + i] = sum / (float)world;
+			}
+			if (opt == ZC_OPT_SGD) {
+				bool first = !(s->present[k] & ZC_STATE_MOMENTUM_BUFFER);
+				ref_sgd(h, s->p + o, gr + o, s->m + o, first, n);
+				if (h->momentum != 0)
+					s->present[k] = ZC_STATE_MOMENTUM_BUFFER;
+			} else {
+				s->step[k] += 1;
+				ref_adam(opt == ZC_OPT_ADAMW, h, (uint64_t)s->step[k], s->p + o,
+					 gr + o, s->m + o, s->v + o, s->vmax + o, n);
+				s->present[k] = ZC_STATE_STEP | ZC_STATE_EXP_AVG |
+						ZC_STATE_EXP_AVG_SQ |
+						(h->amsgrad ? ZC_STATE_MAX_EXP_AVG_SQ : 0);
+			}
+		}
+	free(gr);
+}
+
+/* segs[k] for parameter k in tp's layout, pointing into s. */
+static void snap_segs(struct snap *s, const struct tplan *tp, enum zc_optimizer opt,
+		      struct zc_segment_state *segs)
+{
+	for (int k = 0; k < NP; k++) {
+		uint64_t o = param_base(k);
+		segs[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+		segs[k].bucket = tp->bucket_of[k];
+		segs[k].segment = tp->seg_of[k];
+		segs[k].present = s->present[k];
+		segs[k].step = s->step[k];
+		if (opt == ZC_OPT_SGD) {
+			segs[k].momentum_buffer = s->m + o;
+		} else {
+			segs[k].exp_avg = s->m + o;
+			segs[k].exp_avg_sq = s->v + o;
+			segs[k].max_exp_avg_sq = s->vmax + o;
+		}
+	}
+}
+
+/* Export the client's parameters and state into a snap. */
+static int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer opt,
+		       struct snap *out)
+{
+	struct zc_segment_state segs[NP];
+	int r;
+
+	memset(out, 0, sizeof(*out));
+	snap_segs(out, tp, opt, segs);
+	r = zc_get_state(c, segs, NP);
+	if (r < 0)
+		return r;
+	for (int k = 0; k < NP; k++) {
+		const float *pb = zc_param_buffer(c, tp->bucket_of[k]) +
+				  tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		out->present[k] = segs[k].present;
+		out->step[k] = segs[k].step;
+		memcpy(out->p + param_base(k), pb, params[k].numel * sizeof(float));
+	}
+	out->valid = true;
+	return 0;
+}
+
+/* Bit for bit, reasons as TAP comments; how many differences (at most a few
+ * are printed). */
+static int snap_compare(const char *what, const struct snap *got, const struct snap *want,
+			enum zc_optimizer opt)
+{
+	int bad = 0;
+
+	for (int k = 0; k < NP; k++) {
+		uint64_t o = param_base(k);
+		const float *ga[] = {got->p + o, got->m + o, got->v + o, got->vmax + o};
+		const float *wa[] = {want->p + o, want->m + o, want->v + o, want->vmax + o};
+		const char *names[] = {"param", opt == ZC_OPT_SGD ? "momentum_buffer" : "exp_avg",
+				       "exp_avg_sq", "max_exp_avg_sq"};
+		uint32_t bits[] = {~0u,
+				   ZC_STATE_MOMENTUM_BUFFER | ZC_STATE_EXP_AVG, ZC_STATE_EXP_AVG_SQ,
+				   ZC_STATE_MAX_EXP_AVG_SQ};
+
+		if (got->present[k] != want->present[k] || got->step[k] != want->step[k]) {
+			printf("# %s: param %d: present 0x%x step %g, want 0x%x step %g\n", what,
+			       k, got->present[k], got->step[k], want->present[k], want->step[k]);
+			bad++;
+			continue;
+		}
+		for (int a = 0; a < 4; a++) {
+			if (a > 0 && !(want->present[k] & bits[a]))
+				continue;
+			if (memcmp(ga[a], wa[a], params[k].numel * sizeof(float)) == 0)
+				continue;
+			for (uint64_t i = 0; i < params[k].numel; i++)
+				if (memcmp(&ga[a][i], &wa[a][i], sizeof(float)) != 0) {
+					printf("# %s: param %d %s[%llu] = %.9g, want %.9g\n", what,
+					       k, names[a], (unsigned long long)i, ga[a][i],
+					       wa[a][i]);
+					break;
+				}
+			bad++;
+		}
+	}
+	return bad;
+}
+
+/* ------------------------------------------------------------ a rank --- */
+
+/* What one job does; every rank runs the same script. */
+struct script {
+	char job[64];
+	uint32_t world;
+	enum zc_optimizer opt;
+	enum zc_shard_mode shard;
+	enum zc_step_mode step;
+	int layout;
+	bool ids;
+	uint64_t seed;
+	int start, iters;   /* iterations [start, start + iters) */
+	bool load;          /* start from *in (parameters and state) */
+	int replan_at;      /* before this iteration, re-plan to replan_layout (-1: never) */
+	int replan_layout;
+	bool roundtrip;     /* at the end, import what was exported and export again */
+	struct snap *in;    /* load: what to start from */
+	struct snap *out;   /* rank 0 writes what it exported at the end (optional) */
+	struct snap *want;  /* what the export must equal at the end (optional) */
+};
+
+static int fill_params(zc_client *c, const struct tplan *tp, const struct snap *from)
+{
+	for (int k = 0; k < NP; k++) {
+		float *pb = zc_param_buffer(c, tp->bucket_of[k]);
+		if (!pb)
+			return -1;
+		memcpy(pb + tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset,
+		       from->p + param_base(k), params[k].numel * sizeof(float));
+	}
+	return 0;
+}
+
+static int one_iteration(zc_client *c, const struct script *sc, const struct tplan *tp,
+			 uint32_t rank, int it)
+{
+	zc_future *step = NULL;
+	uint64_t t = zc_iteration(c); /* the job's count: `it` is the training's */
+	int r;
+
+	for (int k = 0; k < NP; k++) {
+		float *gb = zc_grad_buffer(c, tp->bucket_of[k]) +
+			    tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			gb[i] = grad_value(sc->seed, rank, it, k, i);
+	}
+	for (uint32_t b = 0; b < tp->plan.nbuckets; b++)
+		if ((r = zc_bucket_ready(c, b, NULL)) < 0)
+			return r;
+	r = zc_step_future(c, t, &step);
+	if (r >= 0)
+		r = zc_future_wait(step, test_timeout(20000));
+	if (r == 0)
+		r = ZC_ETIMEDOUT;
+	zc_future_free(step);
+	return r < 0 ? r : 0;
+}
+
+static int rank_main(void *arg, int idx)
+{
+	const struct script *sc = arg;
+	uint32_t rank = (uint32_t)idx;
+	struct zc_config cfg = test_config(&daemon_, sc->job, rank, sc->world);
+	struct tplan *tp = calloc(1, sizeof(*tp)), *tp2 = calloc(1, sizeof(*tp2));
+	struct snap *got = calloc(1, sizeof(*got)), *init = calloc(1, sizeof(*init));
+	zc_client *c = NULL;
+	const char *step = "connect";
+	int r;
+
+	cfg.register_timeout_ms = test_timeout(20000);
+	make_plan(tp, sc->layout, sc->opt, sc->shard, sc->step, sc->ids);
+	r = zc_connect(&cfg, &c);
+	if (r >= 0) {
+		step = "alloc_buffers";
+		r = zc_alloc_buffers(c, &tp->plan);
+	}
+	if (r >= 0) {
+		if (sc->load)
+			*init = *sc->in;
+		else
+			snap_init(init, sc->seed);
+		fill_params(c, tp, init);
+		step = "register_plan";
+		r = zc_register_plan(c);
+	}
+	if (r >= 0 && sc->load) {
+		struct zc_segment_state segs[NP];
+		snap_segs(init, tp, sc->opt, segs);
+		step = "set_state";
+		r = zc_set_state(c, segs, NP);
+	}
+	for (int it = sc->start; r >= 0 && it < sc->start + sc->iters; it++) {
+		if (it == sc->replan_at) {
+			make_plan(tp2, sc->replan_layout, sc->opt, sc->shard, sc->step, sc->ids);
+			step = "re-plan: alloc_buffers";
+			r = zc_alloc_buffers(c, &tp2->plan);
+			if (r >= 0) {
+				step = "re-plan: register_plan";
+				r = zc_register_plan(c);
+			}
+			if (r < 0)
+				break;
+			struct tplan *t = tp;
+			tp = tp2, tp2 = t;
+		}
+		step = "iteration";
+		r = one_iteration(c, sc, tp, rank, it);
+	}
+	if (r >= 0) {
+		step = "get_state";
+		r = export_snap(c, tp, sc->opt, got);
+	}
+	if (r >= 0 && sc->roundtrip) {
+		struct zc_segment_state segs[NP];
+		struct snap *again = calloc(1, sizeof(*again));
+		snap_segs(got, tp, sc->opt, segs);
+		step = "round trip: set_state";
+		r = zc_set_state(c, segs, NP);
+		if (r >= 0) {
+			step = "round trip: get_state";
+			r = export_snap(c, tp, sc->opt, again);
+		}
+		if (r >= 0)
+			EXPECT(snap_compare("round trip", again, got, sc->opt) == 0,
+			       "rank %u: the state imported and exported again differs", rank);
+		free(again);
+	}
+	if (r < 0) {
+		EXPECT(0, "%s rank %u: %s: %s: %s", sc->job, rank, step, zc_strerror_name(r),
+		       zc_error_message());
+	} else {
+		if (sc->want)
+			EXPECT(snap_compare(sc->job, got, sc->want, sc->opt) == 0,
+			       "rank %u: differs from the reference", rank);
+		if (sc->out && rank == 0)
+			*sc->out = *got;
+	}
+	zc_close(c);
+	free(tp);
+	free(tp2);
+	free(got);
+	free(init);
+	return child_bad;
+}
+
+static void run_script(struct script *sc)
+{
+	pid_t pids[8];
+
+	for (uint32_t r = 0; r < sc->world; r++)
+		pids[r] = spawn(rank_main, sc, (int)r);
+	for (uint32_t r = 0; r < sc->world; r++) {
+		int st = wait_child(pids[r], test_timeout(60000));
+		CHECK(st == 0, "%s rank %u exited with %d", sc->job, r, st);
+	}
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+/* ------------------------------------------------------------- cases --- */
+
+static struct script *script_new(const char *job, uint32_t world, enum zc_optimizer opt,
+				 enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	struct script *sc = test_shared(sizeof(*sc));
+
+	snprintf(sc->job, sizeof(sc->job), "%s", job);
+	sc->world = world;
+	sc->opt = opt;
+	sc->shard = shard;
+	sc->step = step;
+	sc->seed = 7;
+	sc->replan_at = -1;
+	return sc;
+}
+
+/* Train 3 iterations: the export equals the reference bit for bit (torch's
+ * names and presence), and importing it and exporting again changes nothing. */
+static void roundtrip(enum zc_optimizer opt, enum zc_shard_mode shard)
+{
+	struct script *sc = script_new("roundtrip", 2, opt, shard, ZC_STEP_INTERLEAVED);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, sc->seed);
+	ref_train(want, opt, sc->seed, 2, 0, 3);
+	sc->iters = 3;
+	sc->roundtrip = true;
+	sc->want = want;
+	run_script(sc);
+}
+
+static void t_roundtrip_sgd_bucket(void)
+{
+	roundtrip(ZC_OPT_SGD, ZC_SHARD_BUCKET);
+}
+static void t_roundtrip_sgd_slice(void)
+{
+	roundtrip(ZC_OPT_SGD, ZC_SHARD_SLICE);
+}
+static void t_roundtrip_adam_bucket(void)
+{
+	roundtrip(ZC_OPT_ADAM, ZC_SHARD_BUCKET);
+}
+static void t_roundtrip_adamw_slice(void)
+{
+	roundtrip(ZC_OPT_ADAMW, ZC_SHARD_SLICE);
+}
+
+/* Before the first step torch has no state at all: every segment reads
+ * present 0 (and no tensor is touched). */
+static void t_empty_before_first_step(void)
+{
+	struct script *sc = script_new("empty", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, sc->seed);
+	sc->iters = 0;
+	sc->want = want;
+	run_script(sc);
+}
+
+/* torch's formats: SGD keeps only momentum_buffer, none for a group with
+ * momentum 0 (and refuses one given there); Adam counts steps, amsgrad
+ * groups have max_exp_avg_sq. Checked against the reference's presence in
+ * the round trips; here, what a binding reads directly. */
+static int formats_rank(void *arg, int idx)
+{
+	const struct script *sc = arg;
+	struct zc_config cfg = test_config(&daemon_, sc->job, (uint32_t)idx, 1);
+	struct tplan tp;
+	zc_client *c = NULL;
+	struct zc_segment_state segs[NP];
+	float buf[5001];
+	int r;
+
+	make_plan(&tp, 0, sc->opt, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, false);
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &tp.plan)) < 0 ||
+	    (r = zc_register_plan(c)) < 0) {
+		EXPECT(0, "setup: %s: %s", zc_strerror_name(r), zc_error_message());
+		zc_close(c);
+		return 1;
+	}
+	for (int it = 0; it < 4 && r >= 0; it++)
+		r = one_iteration(c, sc, &tp, 0, it);
+	for (int k = 0; k < NP; k++) {
+		segs[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+		segs[k].bucket = tp.bucket_of[k];
+		segs[k].segment = tp.seg_of[k];
+	}
+	if (r >= 0)
+		r = zc_get_state(c, segs, NP);
+	EXPECT(r == 0, "get_state: %s: %s", zc_strerror_name(r), zc_error_message());
+	for (int k = 0; k < NP && r == 0; k++) {
+		uint32_t g = params[k].group;
+		if (sc->opt == ZC_OPT_SGD) {
+			EXPECT(segs[k].present == (g == 2 ? 0 : ZC_STATE_MOMENTUM_BUFFER),
+			       "SGD param %d (group %u): present 0x%x", k, g, segs[k].present);
+			EXPECT(segs[k].step == 0, "SGD keeps no step: %g", segs[k].step);
+		} else {
+			uint32_t want = ZC_STATE_STEP | ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ |
+					(g == 1 ? ZC_STATE_MAX_EXP_AVG_SQ : 0);
+			EXPECT(segs[k].present == want, "Adam param %d: present 0x%x, want 0x%x", k,
+			       segs[k].present, want);
+			EXPECT(segs[k].step == 4.0, "Adam param %d: step %g after 4 steps", k,
+			       segs[k].step);
+		}
+	}
+	if (sc->opt == ZC_OPT_SGD) {
+		/* param 2 is in group 2, momentum 0: torch keeps no buffer there */
+		struct zc_segment_state s = ZC_SEGMENT_STATE_INIT;
+		s.bucket = tp.bucket_of[2];
+		s.segment = tp.seg_of[2];
+		s.present = ZC_STATE_MOMENTUM_BUFFER;
+		s.momentum_buffer = buf;
+		memset(buf, 0, sizeof(buf));
+		r = zc_set_state(c, &s, 1);
+		EXPECT(r == ZC_ESTATEINVAL && strstr(zc_error_message(), "momentum_buffer"),
+		       "momentum_buffer for a group without momentum: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+	}
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_formats_sgd(void)
+{
+	struct script *sc =
+		script_new("formats-sgd", 1, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	pid_t p = spawn(formats_rank, sc, 0);
+
+	CHECK(wait_child(p, test_timeout(30000)) == 0, "see above");
+}
+
+static void t_formats_adam(void)
+{
+	struct script *sc =
+		script_new("formats-adam", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	pid_t p = spawn(formats_rank, sc, 0);
+
+	CHECK(wait_child(p, test_timeout(30000)) == 0, "see above");
+}
+
+/* Export from a job of 2 ranks in bucket mode, import into one of 3 ranks in
+ * slice mode (another layout too): its next steps equal the reference's. */
+static void other_world(enum zc_optimizer opt)
+{
+	struct script *a = script_new("export-w2", 2, opt, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct script *b = script_new("import-w3", 3, opt, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *saved = test_shared(sizeof(*saved)), *want = test_shared(sizeof(*want));
+
+	snap_init(want, a->seed);
+	ref_train(want, opt, a->seed, 2, 0, 3);
+	a->iters = 3;
+	a->want = want;
+	a->out = saved;
+	run_script(a);
+	REQUIRE(saved->valid && !test_failed_, "the export failed");
+	ref_train(want, opt, a->seed, 3, 3, 5);
+	b->layout = 1;
+	b->load = true;
+	b->in = saved;
+	b->start = 3;
+	b->iters = 2;
+	b->want = want;
+	run_script(b);
+}
+
+static void t_other_world_sgd(void)
+{
+	other_world(ZC_OPT_SGD);
+}
+
+static void t_other_world_adamw(void)
+{
+	other_world(ZC_OPT_ADAMW);
+}
+
+static const struct test_case cases[] = {
+	{"roundtrip_sgd_bucket", t_roundtrip_sgd_bucket, 60000},
+	{"roundtrip_sgd_slice", t_roundtrip_sgd_slice, 60000},
+	{"roundtrip_adam_bucket", t_roundtrip_adam_bucket, 60000},
+	{"roundtrip_adamw_slice", t_roundtrip_adamw_slice, 60000},
+	{"empty_before_first_step", t_empty_before_first_step, 60000},
+	{"formats_sgd", t_formats_sgd, 40000},
+	{"formats_adam", t_formats_adam, 40000},
+	{"other_world_sgd", t_other_world_sgd, 90000},
+	{"other_world_adamw", t_other_world_adamw, 90000},
+};
+
+int main(int argc, char **argv)
+{
+	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+}
