@@ -145,6 +145,7 @@ struct zc_client {
 	 * plan is registered */
 	struct plan *old_plan;
 	struct shm_buf old_grad, old_param;
+	uint32_t *replan_map; /* each new segment's index in the old plan's order */
 };
 
 /* ------------------------------------------------------- errors, fork --- */
@@ -1029,6 +1030,7 @@ void zc_close(zc_client *c)
 	shm_release(&c->old_grad);
 	shm_release(&c->old_param);
 	plan_free(c->old_plan);
+	free(c->replan_map);
 	plan_free(c->plan);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
@@ -1070,6 +1072,8 @@ static int shm_create(zc_client *c, const char *kind, size_t bytes, struct shm_b
 	return 0;
 }
 
+static int replan_alloc(zc_client *c, const struct zc_plan *zp);
+
 int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 {
 	struct plan *p;
@@ -1081,6 +1085,10 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 	if (!zp)
 		return err_set(-EINVAL, "zc_alloc_buffers: the plan is NULL");
 	pthread_mutex_lock(&c->mu);
+	if (c->plan && c->registered) {
+		client_unlock(c);
+		return replan_alloc(c, zp);
+	}
 	if (c->plan) {
 		r = err_set(ZC_ESTATE, "zc_alloc_buffers: this client has its buffers already");
 		goto out;
@@ -1178,6 +1186,8 @@ static void fastpath_setup(zc_client *c)
 	c->fp = fp;
 }
 
+static int replan_register(zc_client *c);
+
 int zc_register_plan(zc_client *c)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
@@ -1189,6 +1199,10 @@ int zc_register_plan(zc_client *c)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	pthread_mutex_lock(&c->mu);
+	if (c->old_plan) {
+		client_unlock(c);
+		return replan_register(c);
+	}
 	if (!c->plan || c->registered) {
 		client_unlock(c);
 		return err_set(ZC_ESTATE, "zc_register_plan: %s",
@@ -1253,6 +1267,9 @@ static struct zc_future *future_new(zc_client *c, enum future_kind kind, uint64_
  * daemon's. A StepDone in transit is read first. Called with c->mu held. */
 static int bucket_check(zc_client *c, uint32_t bucket)
 {
+	if (c->old_plan)
+		return err_set(ZC_ESTATE, "a new plan is allocated but not registered yet "
+					  "(zc_register_plan)");
 	if (bucket >= c->plan->nbuckets)
 		return err_set(ZC_EBUCKET, "bucket %u does not exist: the plan has %u buckets",
 			       bucket, c->plan->nbuckets);
@@ -1811,6 +1828,9 @@ int zc_get_state(zc_client *c, struct zc_segment_state *segs, uint32_t n)
 		return r;
 	if ((r = state_wait_steps(c, __func__)) < 0)
 		return r;
+	if (c->old_plan)
+		return err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet",
+			       __func__);
 	return get_state(c, c->plan, segs, stride, n, __func__);
 }
 
@@ -1830,8 +1850,10 @@ static int tensor_check(const float *t, uint64_t numel, uint32_t bit, const char
 	return 0;
 }
 
+/* check_values: the caller's tensors (not the daemon's own, moved by a
+ * re-plan: they go back as they came, whatever they hold). */
 static int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state *segs,
-		     size_t stride, uint32_t n, const char *fn)
+		     size_t stride, uint32_t n, bool check_values, const char *fn)
 {
 	Zerod__V1__SetState ss = ZEROD__V1__SET_STATE__INIT;
 	Zerod__V1__SegmentState *items = NULL, **ptrs = NULL;
@@ -1859,7 +1881,8 @@ static int set_state(zc_client *c, const struct plan *p, const struct zc_segment
 		uint64_t at, numel, flat;
 
 		if ((r = seg_where(p, s, &at, &numel, fn, i)) < 0) {
-			r = err_set(ZC_ESTATEINVAL, "%s", zc_error_message());
+			snprintf(err, sizeof(err), "%s", zc_error_message());
+			r = err_set(ZC_ESTATEINVAL, "%s", err);
 			goto out;
 		}
 		if (plan_state_check(p, s->bucket, s->segment, s->present, s->step, err,
@@ -1885,7 +1908,7 @@ static int set_state(zc_client *c, const struct plan *p, const struct zc_segment
 					    fn, i, s->bucket, s->segment, tensor_name(bit));
 				goto out;
 			}
-			if ((r = tensor_check(t, numel, bit, fn, i, s)) < 0)
+			if (check_values && (r = tensor_check(t, numel, bit, fn, i, s)) < 0)
 				goto out;
 		}
 		zerod__v1__segment_state__init(&items[i]);
@@ -1934,5 +1957,229 @@ int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n)
 		return r;
 	if ((r = state_wait_steps(c, __func__)) < 0)
 		return r;
-	return set_state(c, c->plan, segs, stride, n, __func__);
+	if (c->old_plan)
+		return err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet",
+			       __func__);
+	return set_state(c, c->plan, segs, stride, n, true, __func__);
+}
+
+/* ---------------------------------------------------------- re-planning --- */
+
+static uint32_t plan_nsegs(const struct plan *p)
+{
+	uint32_t n = 0;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		n += p->buckets[b].nsegments;
+	return n;
+}
+
+/* Each segment's place in plan order: its bucket and index. */
+static int seg_index(const struct plan *p, uint32_t **ret_bucket, uint32_t **ret_seg)
+{
+	uint32_t n = plan_nsegs(p), k = 0;
+	uint32_t *bk = calloc(n ? n : 1, sizeof(*bk)), *sg = calloc(n ? n : 1, sizeof(*sg));
+
+	if (!bk || !sg) {
+		free(bk);
+		free(sg);
+		return -ENOMEM;
+	}
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t s = 0; s < p->buckets[b].nsegments; s++, k++)
+			bk[k] = b, sg[k] = s;
+	*ret_bucket = bk;
+	*ret_seg = sg;
+	return 0;
+}
+
+/* zc_alloc_buffers() after the plan was registered: the new plan's buffers,
+ * each segment's parameters copied from where the registered plan had them.
+ * The last step must have landed first (the daemon writes the parameters
+ * until then). */
+static int replan_alloc(zc_client *c, const struct zc_plan *zp)
+{
+	const char *fn = "zc_alloc_buffers";
+	struct shm_buf grad = {0}, param = {0};
+	uint32_t *map = NULL, *nb = NULL, *ns = NULL, *ob = NULL, *os = NULL;
+	struct plan *p = NULL;
+	char err[256];
+	int r;
+
+	if ((r = state_wait_steps(c, fn)) < 0)
+		return r;
+	r = plan_from_zc(zp, &p, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "%s: %s", fn, err);
+	pthread_mutex_lock(&c->mu);
+	if (c->old_plan) {
+		r = err_set(ZC_ESTATE, "%s: a new plan is allocated already: register it first",
+			    fn);
+		goto out;
+	}
+	map = calloc(plan_nsegs(p) ? plan_nsegs(p) : 1, sizeof(*map));
+	if (!map || seg_index(p, &nb, &ns) < 0 || seg_index(c->plan, &ob, &os) < 0) {
+		r = err_set(-ENOMEM, NULL);
+		goto out;
+	}
+	r = plan_replan_match(c->plan, p, map, err, sizeof(err));
+	if (r < 0) {
+		err_set(r, "%s: the new plan %s: %s", fn,
+			r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
+		goto out;
+	}
+	r = shm_create(c, "grad", plan_buffer_bytes(p), &grad);
+	if (r >= 0)
+		r = shm_create(c, "param", plan_buffer_bytes(p), &param);
+	if (r < 0) {
+		err_set(r, "%s: shared memory of %" PRIu64 " bytes: %s", fn, plan_buffer_bytes(p),
+			zc_strerror(r));
+		goto out;
+	}
+	for (uint32_t k = 0; k < plan_nsegs(p); k++) {
+		const struct plan_bucket *nbk = &p->buckets[nb[k]], *obk = &c->plan->buckets[ob[map[k]]];
+		const struct zc_segment *n = &nbk->segments[ns[k]], *o = &obk->segments[os[map[k]]];
+		memcpy(param.base + nbk->base + n->offset, c->param.base + obk->base + o->offset,
+		       n->numel * sizeof(float));
+	}
+	c->old_plan = c->plan;
+	c->old_grad = c->grad;
+	c->old_param = c->param;
+	c->plan = p;
+	c->grad = grad;
+	c->param = param;
+	c->replan_map = map;
+	p = NULL;
+	map = NULL;
+	memset(&grad, 0, sizeof(grad));
+	memset(&param, 0, sizeof(param));
+out:
+	client_unlock(c);
+	shm_release(&grad);
+	shm_release(&param);
+	plan_free(p);
+	free(map);
+	free(nb);
+	free(ns);
+	free(ob);
+	free(os);
+	return r < 0 ? r : 0;
+}
+
+/*
+ * zc_register_plan() of a re-plan: export the state under the registered
+ * plan, register the new one (the daemon starts the job again on it), import
+ * the state into the new layout, and let the old buffers go. The export
+ * costs the state's size in this process for the while.
+ */
+static int replan_register(zc_client *c)
+{
+	const char *fn = "zc_register_plan";
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
+	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
+	Zerod__V1__Plan pb;
+	const struct plan *old = c->old_plan, *p = c->plan;
+	uint32_t nold = plan_nsegs(old), nnew = plan_nsegs(p);
+	struct zc_segment_state *os = calloc(nold ? nold : 1, sizeof(*os));
+	struct zc_segment_state *ns = calloc(nnew ? nnew : 1, sizeof(*ns));
+	uint32_t *ob = NULL, *osg = NULL, *nb = NULL, *nsg = NULL;
+	float *arena = calloc(3 * old->total_numel + 1, sizeof(float));
+	int r;
+
+	if (!os || !ns || !arena || seg_index(old, &ob, &osg) < 0 ||
+	    seg_index(p, &nb, &nsg) < 0) {
+		r = err_set(-ENOMEM, "%s: the state's copy: out of memory", fn);
+		goto out;
+	}
+	for (uint32_t k = 0; k < nold; k++) {
+		uint64_t at = old->buckets[ob[k]].base + old->buckets[ob[k]].segments[osg[k]].offset;
+		os[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+		os[k].bucket = ob[k];
+		os[k].segment = osg[k];
+		os[k].exp_avg = os[k].momentum_buffer = arena + at;
+		os[k].exp_avg_sq = arena + old->total_numel + at;
+		os[k].max_exp_avg_sq = arena + 2 * old->total_numel + at;
+	}
+	r = get_state(c, old, os, sizeof(*os), nold, fn);
+	if (r < 0)
+		goto out;
+	r = plan_to_pb(p, &pb);
+	if (r < 0) {
+		r = err_set(r, NULL);
+		goto out;
+	}
+	shm.grad_name = c->grad.name;
+	shm.grad_bytes = c->grad.bytes;
+	shm.param_name = c->param.name;
+	shm.param_bytes = c->param.bytes;
+	rp.plan = &pb;
+	rp.shm = &shm;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
+	env.register_plan = &rp;
+	pthread_mutex_lock(&c->mu);
+	c->plan_result = 0;
+	r = send_env(c, &env, NULL);
+	client_unlock(c);
+	plan_pb_free(&pb);
+	if (r < 0) {
+		r = err_set(r, "%s: sending the new plan: %s", fn, zc_strerror(r));
+		goto out;
+	}
+	r = wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
+	if (r == 0) {
+		r = err_set(ZC_ETIMEDOUT, "%s: not every rank registered the new plan within %d ms",
+			    fn, c->cfg.register_timeout_ms);
+		goto out;
+	}
+	if (r < 0) {
+		pthread_mutex_lock(&c->mu);
+		err_set(r, "%s", c->answer_msg);
+		if (!c->job_error) {
+			/* refused, the job goes on with the registered plan: so
+			 * does this client */
+			shm_release(&c->grad);
+			shm_release(&c->param);
+			plan_free(c->plan);
+			c->plan = c->old_plan;
+			c->grad = c->old_grad;
+			c->param = c->old_param;
+			c->old_plan = NULL;
+			memset(&c->old_grad, 0, sizeof(c->old_grad));
+			memset(&c->old_param, 0, sizeof(c->old_param));
+			free(c->replan_map);
+			c->replan_map = NULL;
+			c->plan_result = 1;
+			old = NULL;
+		}
+		client_unlock(c);
+		goto out;
+	}
+	/* the job runs on the new plan from here: the old one is gone */
+	pthread_mutex_lock(&c->mu);
+	shm_release(&c->old_grad);
+	shm_release(&c->old_param);
+	c->old_plan = NULL;
+	client_unlock(c);
+	for (uint32_t k = 0; k < nnew; k++) {
+		ns[k] = os[c->replan_map[k]];
+		ns[k].bucket = nb[k];
+		ns[k].segment = nsg[k];
+	}
+	r = set_state(c, p, ns, sizeof(*ns), nnew, false, fn);
+	plan_free((struct plan *)old);
+	old = NULL;
+	free(c->replan_map);
+	c->replan_map = NULL;
+out:
+	if (old && !c->old_plan)
+		plan_free((struct plan *)old);
+	free(os);
+	free(ns);
+	free(ob);
+	free(osg);
+	free(nb);
+	free(nsg);
+	free(arena);
+	return r < 0 ? r : 0;
 }

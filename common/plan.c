@@ -806,3 +806,88 @@ int plan_state_check(const struct plan *p, uint32_t bucket, uint32_t segment, ui
 {
 	return state_check(p, bucket, segment, present, step, err, errlen) < 0 ? ZC_ESTATEINVAL : 0;
 }
+
+int plan_replan_match(const struct plan *old, const struct plan *p, uint32_t *map, char *err,
+		      size_t errlen)
+{
+	uint32_t nold = 0, nnew = 0, k = 0;
+	bool ids = true;
+	struct id_at *byid = NULL;
+	const struct zc_segment **oflat = NULL;
+	char field[192];
+	int r = 0;
+
+#define REPLAN(...) (snprintf(err, errlen, __VA_ARGS__), ZC_EREPLAN)
+	if (old->optimizer != p->optimizer)
+		return REPLAN("optimizer: %s, the registered plan's is %s",
+			      plan_optimizer_name(p->optimizer), plan_optimizer_name(old->optimizer));
+	if (old->ngroups != p->ngroups)
+		return REPLAN("ngroups: %u, the registered plan has %u", p->ngroups, old->ngroups);
+	for (uint32_t g = 0; g < p->ngroups; g++)
+		if (group_diff(g, &old->groups[g], &p->groups[g], field, sizeof(field)))
+			return REPLAN("%s (the registered plan's vs the new one's)", field);
+	for (uint32_t b = 0; b < old->nbuckets; b++)
+		for (uint32_t s = 0; s < old->buckets[b].nsegments; s++, nold++)
+			ids = ids && old->buckets[b].segments[s].param_id != 0;
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t s = 0; s < p->buckets[b].nsegments; s++, nnew++)
+			ids = ids && p->buckets[b].segments[s].param_id != 0;
+	if (nold != nnew)
+		return REPLAN("%u segments, the registered plan has %u", nnew, nold);
+	oflat = calloc(nold ? nold : 1, sizeof(*oflat));
+	if (!oflat)
+		return -ENOMEM;
+	for (uint32_t b = 0, i = 0; b < old->nbuckets; b++)
+		for (uint32_t s = 0; s < old->buckets[b].nsegments; s++)
+			oflat[i++] = &old->buckets[b].segments[s];
+	if (ids) {
+		byid = calloc(nold, sizeof(*byid));
+		if (!byid) {
+			free(oflat);
+			return -ENOMEM;
+		}
+		for (uint32_t b = 0, i = 0; b < old->nbuckets; b++)
+			for (uint32_t s = 0; s < old->buckets[b].nsegments; s++, i++)
+				byid[i] = (struct id_at){.id = old->buckets[b].segments[s].param_id,
+							 .bucket = i};
+		qsort(byid, nold, sizeof(*byid), id_cmp);
+	}
+	for (uint32_t b = 0; b < p->nbuckets && r == 0; b++)
+		for (uint32_t s = 0; s < p->buckets[b].nsegments && r == 0; s++, k++) {
+			const struct zc_segment *n = &p->buckets[b].segments[s], *o;
+			uint32_t at = k;
+
+			if (ids) {
+				struct id_at key = {.id = n->param_id}, *hit;
+				uint32_t lo = 0, hi = nold;
+				while (lo < hi) { /* the first of that id */
+					uint32_t mid = lo + (hi - lo) / 2;
+					if (byid[mid].id < key.id)
+						lo = mid + 1;
+					else
+						hi = mid;
+				}
+				hit = lo < nold && byid[lo].id == key.id ? &byid[lo] : NULL;
+				if (!hit) {
+					r = REPLAN("buckets[%u].segments[%u].param_id: %" PRIu64
+						   " is not in the registered plan",
+						   b, s, n->param_id);
+					break;
+				}
+				at = hit->bucket; /* its flat index there */
+			}
+			o = oflat[at];
+			if (o->numel != n->numel || o->group != n->group)
+				r = REPLAN("buckets[%u].segments[%u]%s: numel %" PRIu64
+					   ", group %u; the registered plan's: numel %" PRIu64
+					   ", group %u",
+					   b, s, ids ? " (by param_id)" : " (by position)", n->numel,
+					   n->group, o->numel, o->group);
+			if (map)
+				map[k] = at;
+		}
+#undef REPLAN
+	free(byid);
+	free(oflat);
+	return r;
+}

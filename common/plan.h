@@ -83,6 +83,14 @@ unsigned plan_state_arrays(enum zc_optimizer opt, const struct zc_param_group *g
 int plan_state_check(const struct plan *p, uint32_t bucket, uint32_t segment, uint32_t present,
 		     double step, char *err, size_t errlen);
 
+/* A re-plan: p must hold old's parameters (same optimizer and groups, the
+ * same segments' numel and group, matched by param_id when every segment of
+ * both has one, else by position in plan order). map (optional, one entry
+ * per segment of p in plan order) gets each one's index in old's order.
+ * 0, or ZC_EREPLAN with the first difference in err. */
+int plan_replan_match(const struct plan *old, const struct plan *p, uint32_t *map, char *err,
+		      size_t errlen);
+
 /* Validate one group's hyperparameters for optimizer opt (torch's rules). */
 int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char *err,
 		     size_t errlen);

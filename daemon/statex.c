@@ -209,14 +209,14 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 		return;
 	}
 	if (j->state != JOB_ACTIVE || j->in_flight || (j->sx && j->sx->queued) ||
-	    (j->sx && j->sx->arrived[rank]) || j->replanning) {
+	    (j->sx && j->sx->arrived[rank]) || j->rp) {
 		sink_error(d->sink, s, ZC_ESTATE, false, SINK_NO_ITERATION, -1,
 			   "job %s: the optimizer state can be %sed only between iterations, once "
 			   "per call of every rank (%s)",
 			   j->id, what,
 			   j->state != JOB_ACTIVE ? "the job is not running"
 			   : j->in_flight         ? "an iteration is in flight"
-			   : j->replanning        ? "the job is re-planning"
+			   : j->rp        ? "the job is re-planning"
 						  : "this rank's request is being served");
 		return;
 	}
@@ -258,4 +258,156 @@ void statex_done(struct job *j)
 			j->d->sink->state_ok(j->ranks[k]);
 	log_info("job %s: optimizer state %sed", j->id, x->set ? "import" : "export");
 	statex_free(j);
+}
+
+/* ---------------------------------------------------------- re-planning --- */
+
+/*
+ * A re-plan (DDP rebuilt its buckets): between iterations every local rank
+ * registers a new plan over the same parameters, with new buffers. Once all
+ * did, the executor stops (its state goes with it: the clients exported it
+ * first and import it into the new layout after PlanOk, zeroclient.h), the
+ * new buffers replace the old ones and the job starts again on the new plan
+ * (job_restart: REGISTERING, then ACTIVE and PlanOk, as at the first start).
+ * Iterations go on counting, and the hyperparameters in force stay.
+ */
+struct replan {
+	uint32_t n;
+	bool stopping;
+	struct plan **plans;       /* [world] */
+	struct mem_map **grad_map; /* [world] */
+	struct mem_map **param_map;
+};
+
+void statex_replan_free(struct job *j)
+{
+	struct replan *rp = j->rp;
+
+	if (!rp)
+		return;
+	for (uint32_t r = 0; r < j->world; r++) {
+		if (rp->plans)
+			plan_free(rp->plans[r]);
+		if (rp->grad_map)
+			j->d->mem->unmap(rp->grad_map[r]);
+		if (rp->param_map)
+			j->d->mem->unmap(rp->param_map[r]);
+	}
+	free(rp->plans);
+	free(rp->grad_map);
+	free(rp->param_map);
+	free(rp);
+	j->rp = NULL;
+}
+
+void statex_replan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
+		   const struct mem_desc *pd)
+{
+	struct daemon *d = j->d;
+	uint32_t rank = s->rank;
+	struct replan *rp = j->rp;
+	char err[256], field[192];
+	uint64_t bytes = plan_buffer_bytes(p);
+	int r;
+
+	if (j->rdzv) {
+		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
+			   "job %s: re-planning a job over several nodes is not supported yet",
+			   j->id);
+		plan_free(p);
+		return;
+	}
+	if (j->in_flight || j->sx || (rp && (rp->stopping || rp->plans[rank]))) {
+		sink_error(d->sink, s, ZC_ESTATE, false, SINK_NO_ITERATION, -1,
+			   "job %s: rank %u: a new plan is taken only between iterations, once "
+			   "per rank (%s)",
+			   j->id, rank,
+			   j->in_flight ? "an iteration is in flight"
+			   : j->sx      ? "a state export or import is in progress"
+					: "this rank's new plan is registered already");
+		plan_free(p);
+		return;
+	}
+	r = plan_replan_match(j->plan, p, NULL, err, sizeof(err));
+	if (r < 0) {
+		sink_error(d->sink, s, r, false, SINK_NO_ITERATION, -1,
+			   "job %s: rank %u: the new plan %s: %s", j->id, rank,
+			   r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
+		plan_free(p);
+		return;
+	}
+	if (!rp) {
+		rp = calloc(1, sizeof(*rp));
+		if (rp) {
+			j->rp = rp;
+			rp->plans = calloc(j->world, sizeof(*rp->plans));
+			rp->grad_map = calloc(j->world, sizeof(*rp->grad_map));
+			rp->param_map = calloc(j->world, sizeof(*rp->param_map));
+		}
+		if (!rp || !rp->plans || !rp->grad_map || !rp->param_map) {
+			plan_free(p);
+			job_fail(j, ZC_ELIMIT, true, "re-plan: out of memory");
+			return;
+		}
+	}
+	for (uint32_t k = 0; k < j->world; k++) {
+		if (!rp->plans[k])
+			continue;
+		if (plan_diff(rp->plans[k], p, field, sizeof(field))) {
+			plan_free(p);
+			job_fail(j, ZC_EPLANMISMATCH, true,
+				 "new plan of rank %u differs from rank %u's at %s", rank, k, field);
+			return;
+		}
+		break;
+	}
+	/* the job cannot go on with half its ranks on new buffers: a buffer
+	 * that cannot be mapped ends it */
+	r = d->mem->map(gd, bytes, &rp->grad_map[rank], err, sizeof(err));
+	if (r >= 0)
+		r = d->mem->map(pd, bytes, &rp->param_map[rank], err, sizeof(err));
+	if (r < 0) {
+		plan_free(p);
+		job_fail(j, r, true, "rank %u: the new plan's buffers: %s", rank, err);
+		return;
+	}
+	rp->plans[rank] = p;
+	j->progress_ms = now_ms();
+	log_info("job %s: rank %u registered new plan %016" PRIx64 " (%u/%u)", j->id, rank,
+		 p->hash, rp->n + 1, j->local_size);
+	if (++rp->n < j->local_size)
+		return;
+	rp->stopping = true;
+	exec_stop(j->exec); /* EXEC_STOPPED: statex_replan_stopped() */
+}
+
+bool statex_replan_stopped(struct job *j)
+{
+	struct daemon *d = j->d;
+	struct replan *rp = j->rp;
+	struct exec_stats es;
+
+	if (!rp || !rp->stopping || job_ended(j) || j->nconnected == 0)
+		return false;
+	exec_stats(j->exec, &es);
+	d->stats.reduced_elems += es.reduced_elems;
+	d->stats.stepped_elems += es.stepped_elems;
+	exec_free(j->exec);
+	j->exec = NULL;
+	for (uint32_t r = 0; r < j->world; r++) {
+		if (!rp->plans[r])
+			continue;
+		d->mem->unmap(j->grad_map[r]);
+		d->mem->unmap(j->param_map[r]);
+		j->grad_map[r] = rp->grad_map[r];
+		j->param_map[r] = rp->param_map[r];
+		rp->grad_map[r] = rp->param_map[r] = NULL;
+		plan_free(j->plans[r]);
+		j->plans[r] = rp->plans[r];
+		rp->plans[r] = NULL;
+	}
+	statex_replan_free(j);
+	log_info("job %s: re-planned", j->id);
+	job_restart(j);
+	return true;
 }

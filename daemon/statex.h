@@ -12,6 +12,7 @@
 #include "zerod.pb-c.h"
 
 struct job;
+struct plan;
 struct session;
 
 /* Rank `rank` (on this node, session s) asks to export (set false) or import
@@ -19,6 +20,18 @@ struct session;
 void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 		    const Zerod__V1__StateStaging *stg, Zerod__V1__SegmentState *const *list,
 		    size_t n);
+
+/* Rank s registers plan p (taken over) with buffers gd and pd while the job
+ * runs: a re-plan. Once every local rank did, the executor stops, and
+ * statex_replan_stopped() starts the job on the new plan. */
+struct mem_desc;
+void statex_replan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
+		   const struct mem_desc *pd);
+/* EXEC_STOPPED of a job that re-plans: true if it was that (the job is
+ * starting again), false if the job just stopped. */
+bool statex_replan_stopped(struct job *j);
+/* Free the re-plan in progress, if any (the job ends). */
+void statex_replan_free(struct job *j);
 
 /* The executor finished the round (EXEC_STATE_DONE): StateOk to each rank. */
 void statex_done(struct job *j);

@@ -41,6 +41,7 @@ static const struct layout layouts[] = {
 	{3, {{0, 1, -1}, {2, -1}, {3, 4, 5, -1}}},
 	{4, {{5, 3, -1}, {4, 2, -1}, {1, -1}, {0, -1}}},
 	{1, {{2, 0, 4, 1, 5, 3, -1}}},
+	{3, {{0, -1}, {1, 2, 3, -1}, {4, 5, -1}}}, /* layout 0's order, other buckets */
 };
 
 static uint64_t total_numel(void)
@@ -611,6 +612,243 @@ static void t_other_world_adamw(void)
 	other_world(ZC_OPT_ADAMW);
 }
 
+/* Train 5 iterations, re-plan to another layout, train 5 more: equal to the
+ * reference, which is what a run on the second layout throughout computes
+ * from the same state (the numbers do not depend on the layout), bit for
+ * bit: parameters, moments and step counts moved without loss. */
+static void replan(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step,
+		   int from, int to, bool ids, uint32_t world)
+{
+	struct script *sc = script_new("replan", world, opt, shard, step);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, sc->seed);
+	ref_train(want, opt, sc->seed, world, 0, 10);
+	sc->layout = from;
+	sc->ids = ids;
+	sc->iters = 10;
+	sc->replan_at = 5;
+	sc->replan_layout = to;
+	sc->roundtrip = true;
+	sc->want = want;
+	run_script(sc);
+}
+
+static void t_replan_sgd_bucket_ids(void)
+{
+	replan(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0, 1, true, 2);
+}
+static void t_replan_sgd_slice_position(void)
+{
+	replan(ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 0, 3, false, 3);
+}
+static void t_replan_adam_slice_ids(void)
+{
+	replan(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, 1, 2, true, 2);
+}
+static void t_replan_adamw_bucket_position(void)
+{
+	replan(ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 3, 0, false, 2);
+}
+static void t_replan_world1(void)
+{
+	replan(ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0, 2, true, 1);
+}
+
+/* A job beside the one the bad input goes to: it must keep training. */
+static int bystander_rank(void *arg, int idx)
+{
+	return train_rank(arg, (uint32_t)idx);
+}
+
+static pid_t *bystander_start(struct train_spec *s, pid_t *pids)
+{
+	*s = (struct train_spec){
+		.socket = daemon_.sock,
+		.job = "bystander",
+		.world = 2,
+		.optimizer = ZC_OPT_ADAM,
+		.shard_mode = ZC_SHARD_SLICE,
+		.step_mode = ZC_STEP_INTERLEAVED,
+		.iters = 40,
+		.seed = 99,
+		.hyper_iter = -1,
+	};
+	for (uint32_t r = 0; r < s->world; r++)
+		pids[r] = spawn(bystander_rank, s, (int)r);
+	return pids;
+}
+
+static void bystander_check(const struct train_spec *s, const pid_t *pids)
+{
+	for (uint32_t r = 0; r < s->world; r++)
+		CHECK(wait_child(pids[r], test_timeout(60000)) == 0,
+		      "the job beside it, rank %u, did not train to the reference", r);
+}
+
+/* Each bad zc_set_state() and re-plan: a named error naming the segment and
+ * the field, nothing applied (the job then trains to the reference as if
+ * nothing had been tried), and a job beside it keeps training. */
+static int bad_rank(void *arg, int idx)
+{
+	const struct script *sc = arg;
+	uint32_t rank = (uint32_t)idx;
+	struct zc_config cfg = test_config(&daemon_, sc->job, rank, sc->world);
+	struct tplan *tp = calloc(1, sizeof(*tp)), *bad = calloc(1, sizeof(*bad));
+	struct snap *s = calloc(1, sizeof(*s)), *want = calloc(1, sizeof(*want));
+	struct zc_segment_state segs[NP];
+	zc_client *c = NULL;
+	int r;
+
+	cfg.register_timeout_ms = test_timeout(20000);
+	make_plan(tp, 0, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+	snap_init(s, sc->seed);
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &tp->plan)) < 0 ||
+	    fill_params(c, tp, s) < 0 || (r = zc_register_plan(c)) < 0) {
+		EXPECT(0, "setup: %s: %s", zc_strerror_name(r), zc_error_message());
+		zc_close(c);
+		return 1;
+	}
+	for (int it = 0; it < 2 && r >= 0; it++)
+		r = one_iteration(c, sc, tp, rank, it);
+	if (r >= 0)
+		r = export_snap(c, tp, ZC_OPT_ADAM, s);
+	EXPECT(r == 0, "export: %s: %s", zc_strerror_name(r), zc_error_message());
+
+	/* param 1 is in group 1 (amsgrad): step, exp_avg, exp_avg_sq, max_exp_avg_sq */
+	static const struct {
+		const char *what, *needle;
+		int code;
+	} tries[] = {
+		{"NaN step", "step: nan", ZC_ESTATEINVAL},
+		{"negative step", "step: -1", ZC_ESTATEINVAL},
+		{"step 1.5", "step: 1.5", ZC_ESTATEINVAL},
+		{"a NaN in exp_avg", "exp_avg[3]: nan", ZC_ESTATEINVAL},
+		{"a negative exp_avg_sq", "exp_avg_sq[5]", ZC_ESTATEINVAL},
+		{"an infinite max_exp_avg_sq", "max_exp_avg_sq[0]: inf", ZC_ESTATEINVAL},
+		{"momentum_buffer for Adam", "momentum_buffer: not a state of adam", ZC_ESTATEINVAL},
+		{"a master for fp32", "master", ZC_ESTATEINVAL},
+		{"no exp_avg_sq", "exp_avg_sq: missing", ZC_ESTATEINVAL},
+		{"no max_exp_avg_sq under amsgrad", "max_exp_avg_sq: missing", ZC_ESTATEINVAL},
+		{"exp_avg NULL", "exp_avg: present but NULL", ZC_ESTATEINVAL},
+		{"bucket 9", "bucket: 9", ZC_ESTATEINVAL},
+		{"segment 7", "segment: 7", ZC_ESTATEINVAL},
+		{"a segment twice", "given twice", ZC_ESTATEINVAL},
+		{"unknown present bits", "unknown bits", ZC_ESTATEINVAL},
+	};
+	for (size_t t = 0; t < sizeof(tries) / sizeof(tries[0]) && r == 0; t++) {
+		uint32_t n = NP;
+		float saved;
+		snap_segs(s, tp, ZC_OPT_ADAM, segs);
+		struct zc_segment_state *x = &segs[1];
+		switch (t) {
+		case 0: x->step = NAN; break;
+		case 1: x->step = -1; break;
+		case 2: x->step = 1.5; break;
+		case 3: saved = x->exp_avg[3], x->exp_avg[3] = NAN; break;
+		case 4: saved = x->exp_avg_sq[5], x->exp_avg_sq[5] = -1; break;
+		case 5: saved = x->max_exp_avg_sq[0], x->max_exp_avg_sq[0] = INFINITY; break;
+		case 6: x->present |= ZC_STATE_MOMENTUM_BUFFER, x->momentum_buffer = x->exp_avg; break;
+		case 7: x->present |= ZC_STATE_MASTER, x->master = x->exp_avg; break;
+		case 8: x->present &= ~ZC_STATE_EXP_AVG_SQ; break;
+		case 9: x->present &= ~ZC_STATE_MAX_EXP_AVG_SQ; break;
+		case 10: x->exp_avg = NULL; break;
+		case 11: x->bucket = 9; break;
+		case 12: x->segment = 7; break;
+		case 13: segs[2] = segs[1]; break;
+		case 14: x->present |= 1u << 8; break;
+		}
+		r = zc_set_state(c, segs, n);
+		EXPECT(r == tries[t].code && strstr(zc_error_message(), tries[t].needle),
+		       "%s: %s: %s", tries[t].what, zc_strerror_name(r), zc_error_message());
+		EXPECT(t >= 11 || strstr(zc_error_message(), "buckets[0].segments[1]"),
+		       "%s: the reason names the segment: %s", tries[t].what, zc_error_message());
+		if (t == 3)
+			x->exp_avg[3] = saved;
+		if (t == 4)
+			x->exp_avg_sq[5] = saved;
+		if (t == 5)
+			x->max_exp_avg_sq[0] = saved;
+		r = r == tries[t].code ? 0 : -1;
+	}
+	/* ranks that disagree: the daemon compares their lists; every rank hears
+	 * it, nothing is applied */
+	if (r == 0 && sc->world > 1) {
+		snap_segs(s, tp, ZC_OPT_ADAM, segs);
+		if (rank == 1)
+			segs[4].step += 1;
+		r = zc_set_state(c, segs, NP);
+		EXPECT(r == ZC_ESTATEINVAL && strstr(zc_error_message(), "differs from rank"),
+		       "ranks that disagree: %s: %s", zc_strerror_name(r), zc_error_message());
+		r = r == ZC_ESTATEINVAL ? 0 : -1;
+	}
+	/* a re-plan that changes the parameters: refused, the plan stays */
+	make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+	bad->segs[0][0].numel += 1, bad->segs[0][1].offset += 1, bad->buckets[0].numel += 1;
+	if (r == 0) {
+		r = zc_alloc_buffers(c, &bad->plan);
+		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "numel 301"),
+		       "re-plan with another numel: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+		make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		bad->segs[1][1].group = 0;
+		r = zc_alloc_buffers(c, &bad->plan);
+		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "group 0"),
+		       "re-plan with another group: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+		make_plan(bad, 1, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		r = zc_alloc_buffers(c, &bad->plan);
+		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "optimizer"),
+		       "re-plan with another optimizer: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+		make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		bad->segs[0][1].param_id = 555;
+		r = zc_alloc_buffers(c, &bad->plan);
+		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "555"),
+		       "re-plan with an unknown param_id: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+		make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		bad->segs[0][1].param_id = bad->segs[0][0].param_id;
+		r = zc_alloc_buffers(c, &bad->plan);
+		EXPECT(r == ZC_EPLANINVAL && strstr(zc_error_message(), "param_id"),
+		       "a param_id twice: %s: %s", zc_strerror_name(r), zc_error_message());
+		r = 0;
+	}
+	/* nothing of it was applied: two more iterations equal the reference */
+	for (int it = 2; it < 4 && r >= 0; it++)
+		r = one_iteration(c, sc, tp, rank, it);
+	EXPECT(r == 0, "training after the refusals: %s: %s", zc_strerror_name(r),
+	       zc_error_message());
+	if (r == 0 && export_snap(c, tp, ZC_OPT_ADAM, s) == 0) {
+		snap_init(want, sc->seed);
+		ref_train(want, ZC_OPT_ADAM, sc->seed, sc->world, 0, 4);
+		EXPECT(snap_compare("after bad input", s, want, ZC_OPT_ADAM) == 0,
+		       "rank %u: the refused input changed something", rank);
+	}
+	zc_close(c);
+	free(tp);
+	free(bad);
+	free(s);
+	free(want);
+	return child_bad;
+}
+
+static void t_bad_input(void)
+{
+	struct script *sc = script_new("bad", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct train_spec *by = test_shared(sizeof(*by));
+	pid_t bp[2], pids[2];
+
+	bystander_start(by, bp);
+	for (uint32_t r = 0; r < sc->world; r++)
+		pids[r] = spawn(bad_rank, sc, (int)r);
+	for (uint32_t r = 0; r < sc->world; r++)
+		CHECK(wait_child(pids[r], test_timeout(60000)) == 0, "rank %u: see above", r);
+	bystander_check(by, bp);
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
 static const struct test_case cases[] = {
 	{"roundtrip_sgd_bucket", t_roundtrip_sgd_bucket, 60000},
 	{"roundtrip_sgd_slice", t_roundtrip_sgd_slice, 60000},
@@ -621,6 +859,12 @@ static const struct test_case cases[] = {
 	{"formats_adam", t_formats_adam, 40000},
 	{"other_world_sgd", t_other_world_sgd, 90000},
 	{"other_world_adamw", t_other_world_adamw, 90000},
+	{"replan_sgd_bucket_ids", t_replan_sgd_bucket_ids, 90000},
+	{"replan_sgd_slice_position", t_replan_sgd_slice_position, 90000},
+	{"replan_adam_slice_ids", t_replan_adam_slice_ids, 90000},
+	{"replan_adamw_bucket_position", t_replan_adamw_bucket_position, 90000},
+	{"replan_world1", t_replan_world1, 90000},
+	{"bad_input", t_bad_input, 120000},
 };
 
 int main(int argc, char **argv)
