@@ -11,10 +11,16 @@
  * the daemon's parameters and state bit for bit, in any layout, shard mode
  * and world size, across exports, imports and re-plans.
  */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdatomic.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "refoptim.h"
@@ -154,9 +160,41 @@ static void snap_init(struct snap *s, uint64_t seed)
 	s->valid = true;
 }
 
+/* The gradients' sum in the daemons' order (docs/DATAPLANE.md): each node's
+ * ranks in rank order, then the nodes in node order; node_of NULL: one node. */
+static float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, int it, int k,
+		      uint64_t i)
+{
+	float sum = 0;
+	uint32_t nnodes = 1;
+
+	for (uint32_t r = 0; node_of && r < world; r++)
+		nnodes = node_of[r] + 1 > nnodes ? node_of[r] + 1 : nnodes;
+	for (uint32_t n = 0; n < nnodes; n++) {
+		float part = 0;
+		bool any = false;
+		for (uint32_t r = 0; r < world; r++) {
+			if (node_of && node_of[r] != n)
+				continue;
+			part = any ? part + grad_value(seed, r, it, k, i) : grad_value(seed, r, it, k, i);
+			any = true;
+		}
+		sum = n ? sum + part : part;
+	}
+	return sum;
+}
+
 /* The reference: iterations [from, to) with `world` ranks, on s. */
+static void ref_train_nodes(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
+			    const uint32_t *node_of, int from, int to);
 static void ref_train(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
 		      int from, int to)
+{
+	ref_train_nodes(s, opt, seed, world, NULL, from, to);
+}
+
+static void ref_train_nodes(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
+			    const uint32_t *node_of, int from, int to)
 {
 	struct zc_param_group g[3];
 	float *gr = calloc(total_numel(), sizeof(float));
@@ -166,12 +204,8 @@ static void ref_train(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint
 		for (int k = 0; k < NP; k++) {
 			uint64_t o = param_base(k), n = params[k].numel;
 			const struct zc_param_group *h = &g[params[k].group];
-			for (uint64_t i = 0; i < n; i++) {
-				float sum = grad_value(seed, 0, it, k, i);
-				for (uint32_t r = 1; r < world; r++)
-					sum += grad_value(seed, r, it, k, i);
-				gr[o + i] = sum / (float)world;
-			}
+			for (uint64_t i = 0; i < n; i++)
+				gr[o + i] = grad_sum(seed, world, node_of, it, k, i) / (float)world;
 			if (opt == ZC_OPT_SGD) {
 				bool first = !(s->present[k] & ZC_STATE_MOMENTUM_BUFFER);
 				ref_sgd(h, s->p + o, gr + o, s->m + o, first, n);
@@ -294,7 +328,37 @@ struct script {
 	struct snap *in;    /* load: what to start from */
 	struct snap *out;   /* rank 0 writes what it exported at the end (optional) */
 	struct snap *want;  /* what the export must equal at the end (optional) */
+	/* over several zerods (nnodes > 1): rank r on node node_of[r] */
+	uint32_t nnodes;
+	uint32_t node_of[8];
+	char socks[3][192];
+	char rdzv[32];
+	int replan_code; /* the re-plan's expected error (0: it succeeds) */
+	atomic_uint finished; /* ranks done: none leaves before all are (a barrier) */
 };
+
+/* Rank `rank`'s config: the case's zerod, or its node's. */
+static struct zc_config script_config(const struct script *sc, uint32_t rank)
+{
+	struct zc_config cfg = test_config(&daemon_, sc->job, rank, sc->world);
+
+	cfg.register_timeout_ms = test_timeout(20000);
+	if (sc->nnodes < 2)
+		return cfg;
+	cfg.socket = sc->socks[sc->node_of[rank]];
+	cfg.local_rank = cfg.local_size = 0;
+	for (uint32_t r = 0; r < sc->world; r++)
+		if (sc->node_of[r] == sc->node_of[rank]) {
+			cfg.local_rank += r < rank;
+			cfg.local_size++;
+		}
+	cfg.rdzv = sc->rdzv;
+	cfg.nnodes = sc->nnodes;
+	cfg.node_rank = sc->node_of[rank];
+	cfg.has_node_rank = 1;
+	cfg.job_secret = "state secret";
+	return cfg;
+}
 
 static int fill_params(zc_client *c, const struct tplan *tp, const struct snap *from)
 {
@@ -337,14 +401,13 @@ static int rank_main(void *arg, int idx)
 {
 	const struct script *sc = arg;
 	uint32_t rank = (uint32_t)idx;
-	struct zc_config cfg = test_config(&daemon_, sc->job, rank, sc->world);
+	struct zc_config cfg = script_config(sc, rank);
 	struct tplan *tp = calloc(1, sizeof(*tp)), *tp2 = calloc(1, sizeof(*tp2));
 	struct snap *got = calloc(1, sizeof(*got)), *init = calloc(1, sizeof(*init));
 	zc_client *c = NULL;
 	const char *step = "connect";
 	int r;
 
-	cfg.register_timeout_ms = test_timeout(20000);
 	make_plan(tp, sc->layout, sc->opt, sc->shard, sc->step, sc->ids);
 	r = zc_connect(&cfg, &c);
 	if (r >= 0) {
@@ -375,10 +438,20 @@ static int rank_main(void *arg, int idx)
 				step = "re-plan: register_plan";
 				r = zc_register_plan(c);
 			}
+			if (sc->replan_code && r == sc->replan_code) {
+				/* refused: the job goes on with the plan it had */
+				printf("# rank %u: re-plan refused: %s\n", rank, zc_error_message());
+				r = 0;
+			} else if (sc->replan_code) {
+				EXPECT(0, "rank %u: the re-plan: %s, not %s", rank, zc_strerror_name(r),
+				       zc_strerror_name(sc->replan_code));
+				r = r < 0 ? r : ZC_EINTERNAL;
+			} else if (r >= 0) {
+				struct tplan *t = tp;
+				tp = tp2, tp2 = t;
+			}
 			if (r < 0)
 				break;
-			struct tplan *t = tp;
-			tp = tp2, tp2 = t;
 		}
 		step = "iteration";
 		r = one_iteration(c, sc, tp, rank, it);
@@ -412,6 +485,14 @@ static int rank_main(void *arg, int idx)
 		if (sc->out && rank == 0)
 			*sc->out = *got;
 	}
+	/* Over several nodes a rank that leaves ends the job at once, and a
+	 * node still answering the last state call may hear that first: leave
+	 * together, as trainers do after a barrier. */
+	atomic_uint *finished = (atomic_uint *)&sc->finished; /* shared, and ours to count */
+	atomic_fetch_add(finished, 1);
+	for (int64_t t0 = test_ms(); r >= 0 && atomic_load(finished) < sc->world &&
+				     test_ms() - t0 < test_timeout(20000);)
+		usleep(1000);
 	zc_close(c);
 	free(tp);
 	free(tp2);
@@ -849,6 +930,127 @@ static void t_bad_input(void)
 		zd_dump_log(&daemon_);
 }
 
+/* ------------------------------------------- over several nodes (gloo) --- */
+
+/* nnodes real zerods on loopback, each its own socket, for sc; the
+ * rendezvous on a port the kernel picked free. */
+static struct zd nodes_[3];
+
+static int nodes_start(struct script *sc, uint32_t nnodes, const uint32_t *node_of)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	const char *const args[] = {"--workers", "2", NULL};
+	int fd, port = -1;
+
+	sc->nnodes = nnodes;
+	memcpy(sc->node_of, node_of, sc->world * sizeof(*node_of));
+	for (uint32_t k = 0; k < nnodes; k++) {
+		int r = zd_start(&nodes_[k], args);
+		if (r < 0)
+			return r;
+		snprintf(sc->socks[k], sizeof(sc->socks[k]), "%s", nodes_[k].sock);
+	}
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+		port = ntohs(sa.sin_port);
+	if (fd >= 0)
+		close(fd);
+	snprintf(sc->rdzv, sizeof(sc->rdzv), "127.0.0.1:%d", port);
+	return port > 0 ? 0 : -EADDRINUSE;
+}
+
+static void nodes_stop(const struct script *sc)
+{
+	for (uint32_t k = 0; k < sc->nnodes; k++) {
+		if (test_failed_) {
+			printf("# ---- node %u ----\n", k);
+			zd_dump_log(&nodes_[k]);
+		}
+		CHECK(zd_stop(&nodes_[k], 10000) == 0, "node %u's zerod did not stop cleanly", k);
+	}
+}
+
+static void run_nodes(struct script *sc, uint32_t nnodes, const uint32_t *node_of)
+{
+	int r = nodes_start(sc, nnodes, node_of);
+
+	CHECK(r == 0, "cannot start the nodes: %s", strerror(-r));
+	if (r == 0)
+		run_script(sc);
+	nodes_stop(sc);
+}
+
+/* The export gathers every node's pieces: each rank of a job over 2 nodes
+ * gets the whole state, equal to the reference (summed in node order), and
+ * imports it back unchanged. */
+static void nodes_roundtrip(enum zc_optimizer opt, enum zc_shard_mode shard, uint32_t world,
+			    const uint32_t *node_of)
+{
+	struct script *sc = script_new("nodes-roundtrip", world, opt, shard, ZC_STEP_AT_END);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, sc->seed);
+	ref_train_nodes(want, opt, sc->seed, world, node_of, 0, 3);
+	sc->iters = 3;
+	sc->roundtrip = true;
+	sc->want = want;
+	run_nodes(sc, 2, node_of);
+}
+
+static void t_nodes_roundtrip_sgd_bucket(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+	nodes_roundtrip(ZC_OPT_SGD, ZC_SHARD_BUCKET, 2, node_of);
+}
+
+static void t_nodes_roundtrip_adam_slice(void)
+{
+	static const uint32_t node_of[] = {0, 1, 1};
+	nodes_roundtrip(ZC_OPT_ADAM, ZC_SHARD_SLICE, 3, node_of);
+}
+
+/* A state exported on one node, imported into a job of 3 ranks over 2
+ * nodes (another shard mode and layout): its next steps equal the
+ * reference's; then a re-plan is refused there (ZC_ENOTSUP: not over
+ * several nodes yet) and the job trains on with the plan it had. */
+static void t_nodes_import_other_world(void)
+{
+	static const uint32_t node_of[] = {1, 0, 1};
+	struct script *a = script_new("nodes-export", 2, ZC_OPT_ADAMW, ZC_SHARD_SLICE,
+				      ZC_STEP_INTERLEAVED);
+	struct script *b = script_new("nodes-import", 3, ZC_OPT_ADAMW, ZC_SHARD_BUCKET,
+				      ZC_STEP_AT_END);
+	struct snap *saved = test_shared(sizeof(*saved)), *want = test_shared(sizeof(*want));
+
+	snap_init(want, a->seed);
+	ref_train(want, ZC_OPT_ADAMW, a->seed, 2, 0, 3);
+	a->iters = 3;
+	a->want = want;
+	a->out = saved;
+	run_script(a);
+	REQUIRE(saved->valid && !test_failed_, "the export failed");
+	ref_train_nodes(want, ZC_OPT_ADAMW, a->seed, 3, node_of, 3, 6);
+	b->layout = 1;
+	b->ids = true;
+	b->load = true;
+	b->in = saved;
+	b->start = 3;
+	b->iters = 3;
+	b->replan_at = 4;
+	b->replan_layout = 0;
+	b->replan_code = ZC_ENOTSUP;
+	b->want = want;
+	run_nodes(b, 2, node_of);
+}
+
+static const struct test_case node_cases[] = {
+	{"nodes_roundtrip_sgd_bucket", t_nodes_roundtrip_sgd_bucket, 90000},
+	{"nodes_roundtrip_adam_slice", t_nodes_roundtrip_adam_slice, 90000},
+	{"nodes_import_other_world", t_nodes_import_other_world, 120000},
+};
+
 static const struct test_case cases[] = {
 	{"roundtrip_sgd_bucket", t_roundtrip_sgd_bucket, 60000},
 	{"roundtrip_sgd_slice", t_roundtrip_sgd_slice, 60000},
@@ -869,5 +1071,9 @@ static const struct test_case cases[] = {
 
 int main(int argc, char **argv)
 {
+	/* TEST_STATE_NODES=1: the cases over several zerods (they need gloo) */
+	if (getenv("TEST_STATE_NODES"))
+		return zd_test_main(&daemon_, NULL, node_cases,
+				    sizeof(node_cases) / sizeof(node_cases[0]), argc, argv);
 	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }
