@@ -394,9 +394,15 @@ int zc_register_plan(zc_client *c);
  * exports the optimizer state (zc_get_state()), has the daemon start the job
  * again on the new plan, and imports the state (zc_set_state()) into the new
  * layout: moments and step counts move with their segment, without loss, in
- * either shard mode. Iterations go on counting. A job over several nodes
- * cannot re-plan yet (ZC_ENOTSUP). Should the daemon refuse the new plan the
- * job fails (its state is gone with the old executor).
+ * either shard mode. Iterations go on counting; the hyperparameters in force
+ * (zc_set_hyper's) stay: the new plan's groups must equal the registered
+ * plan's. Between the two calls zc_bucket_ready() and the state calls are
+ * ZC_ESTATE, and zc_grad_buffer()/zc_param_buffer() already return the new
+ * buffers (do not call them from another thread meanwhile). A job over
+ * several nodes cannot re-plan yet: zc_register_plan() returns ZC_ENOTSUP
+ * and the client goes back to the registered plan and its buffers (so does
+ * any refusal that leaves the job running). Once the daemon took the new
+ * plan, only the job's failure can fail the import that follows.
  */
 
 /* ------------------------------------------------------ optimizer state --- */
