@@ -1626,8 +1626,9 @@ static int segs_check(const void *segs, uint32_t n, const char *fn, size_t *ret_
 				       "(zc_segment_state_init), or not the size of segs[0]",
 				       fn, i, abi_size(s));
 		if ((r = abi_check(s, size, sizeof(struct zc_segment_state))) < 0)
-			return err_set(r, "%s: segs[%u]: a struct of %u bytes this library does not "
-					  "know",
+			return err_set(r,
+				       "%s: segs[%u]: a struct of %u bytes this library does not "
+				       "know",
 				       fn, i, size);
 	}
 	*ret_stride = size;
@@ -1649,8 +1650,9 @@ static int state_wait_steps(zc_client *c, const char *fn)
 	if (r == -1)
 		return err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
 	if (r == -2)
-		return err_set(ZC_ESTATE, "%s: iteration %" PRIu64 " is half handed over: call it "
-					  "between iterations",
+		return err_set(ZC_ESTATE,
+			       "%s: iteration %" PRIu64 " is half handed over: call it "
+			       "between iterations",
 			       fn, last);
 	if (last == 0)
 		return 0;
@@ -1658,8 +1660,9 @@ static int state_wait_steps(zc_client *c, const char *fn)
 	if (r >= 0) {
 		r = zc_future_wait(f, c->cfg.register_timeout_ms);
 		if (r == 0)
-			r = err_set(ZC_ETIMEDOUT, "%s: the step of iteration %" PRIu64
-						  " did not complete within %d ms",
+			r = err_set(ZC_ETIMEDOUT,
+				    "%s: the step of iteration %" PRIu64
+				    " did not complete within %d ms",
 				    fn, last - 1, c->cfg.register_timeout_ms);
 	}
 	zc_future_free(f);
@@ -1892,8 +1895,9 @@ static int set_state(zc_client *c, const struct plan *p, const struct zc_segment
 		}
 		flat = first[s->bucket] + s->segment;
 		if (seen[flat]++) {
-			r = err_set(ZC_ESTATEINVAL, "%s: segs[%u]: buckets[%u].segments[%u] given twice",
-				    fn, i, s->bucket, s->segment);
+			r = err_set(ZC_ESTATEINVAL,
+				    "%s: segs[%u]: buckets[%u].segments[%u] given twice", fn, i,
+				    s->bucket, s->segment);
 			goto out;
 		}
 		for (unsigned k = 2; k <= 4; k++) {
@@ -1902,10 +1906,11 @@ static int set_state(zc_client *c, const struct plan *p, const struct zc_segment
 			if (!(s->present & bit))
 				continue;
 			if (!t) {
-				r = err_set(ZC_ESTATEINVAL,
-					    "%s: segs[%u]: buckets[%u].segments[%u].%s: present but "
-					    "NULL",
-					    fn, i, s->bucket, s->segment, tensor_name(bit));
+				r = err_set(
+					ZC_ESTATEINVAL,
+					"%s: segs[%u]: buckets[%u].segments[%u].%s: present but "
+					"NULL",
+					fn, i, s->bucket, s->segment, tensor_name(bit));
 				goto out;
 			}
 			if (check_values && (r = tensor_check(t, numel, bit, fn, i, s)) < 0)
@@ -2037,7 +2042,8 @@ static int replan_alloc(zc_client *c, const struct zc_plan *zp)
 		goto out;
 	}
 	for (uint32_t k = 0; k < plan_nsegs(p); k++) {
-		const struct plan_bucket *nbk = &p->buckets[nb[k]], *obk = &c->plan->buckets[ob[map[k]]];
+		const struct plan_bucket *nbk = &p->buckets[nb[k]],
+					 *obk = &c->plan->buckets[ob[map[k]]];
 		const struct zc_segment *n = &nbk->segments[ns[k]], *o = &obk->segments[os[map[k]]];
 		memcpy(param.base + nbk->base + n->offset, c->param.base + obk->base + o->offset,
 		       n->numel * sizeof(float));
@@ -2087,13 +2093,13 @@ static int replan_register(zc_client *c)
 	float *arena = calloc(3 * old->total_numel + 1, sizeof(float));
 	int r;
 
-	if (!os || !ns || !arena || seg_index(old, &ob, &osg) < 0 ||
-	    seg_index(p, &nb, &nsg) < 0) {
+	if (!os || !ns || !arena || seg_index(old, &ob, &osg) < 0 || seg_index(p, &nb, &nsg) < 0) {
 		r = err_set(-ENOMEM, "%s: the state's copy: out of memory", fn);
 		goto out;
 	}
 	for (uint32_t k = 0; k < nold; k++) {
-		uint64_t at = old->buckets[ob[k]].base + old->buckets[ob[k]].segments[osg[k]].offset;
+		uint64_t at =
+			old->buckets[ob[k]].base + old->buckets[ob[k]].segments[osg[k]].offset;
 		os[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
 		os[k].bucket = ob[k];
 		os[k].segment = osg[k];

@@ -760,8 +760,8 @@ static int state_check(const struct plan *p, uint32_t bucket, uint32_t segment, 
 				    b, s);
 		if (present & (adam | ZC_STATE_MAX_EXP_AVG_SQ))
 			return fail(err, errlen,
-				    "buckets[%u].segments[%u].%s: not a state of torch.optim.SGD", b,
-				    s,
+				    "buckets[%u].segments[%u].%s: not a state of torch.optim.SGD",
+				    b, s,
 				    present & ZC_STATE_EXP_AVG      ? "exp_avg"
 				    : present & ZC_STATE_EXP_AVG_SQ ? "exp_avg_sq"
 								    : "max_exp_avg_sq");
@@ -791,13 +791,14 @@ static int state_check(const struct plan *p, uint32_t bucket, uint32_t segment, 
 			    : !(present & ZC_STATE_EXP_AVG) ? "exp_avg"
 							    : "exp_avg_sq");
 	if (g->amsgrad && !(present & ZC_STATE_MAX_EXP_AVG_SQ))
-		return fail(err, errlen,
-			    "buckets[%u].segments[%u].max_exp_avg_sq: missing (the group has amsgrad)",
-			    b, s);
+		return fail(
+			err, errlen,
+			"buckets[%u].segments[%u].max_exp_avg_sq: missing (the group has amsgrad)",
+			b, s);
 	if (!(step >= 0 && step <= PLAN_STATE_MAX_STEP && step == (double)(uint64_t)step))
 		return fail(err, errlen,
-			    "buckets[%u].segments[%u].step: %g is not a whole number in 0..%u", b, s,
-			    step, PLAN_STATE_MAX_STEP);
+			    "buckets[%u].segments[%u].step: %g is not a whole number in 0..%u", b,
+			    s, step, PLAN_STATE_MAX_STEP);
 	return 0;
 }
 
@@ -820,7 +821,8 @@ int plan_replan_match(const struct plan *old, const struct plan *p, uint32_t *ma
 #define REPLAN(...) (snprintf(err, errlen, __VA_ARGS__), ZC_EREPLAN)
 	if (old->optimizer != p->optimizer)
 		return REPLAN("optimizer: %s, the registered plan's is %s",
-			      plan_optimizer_name(p->optimizer), plan_optimizer_name(old->optimizer));
+			      plan_optimizer_name(p->optimizer),
+			      plan_optimizer_name(old->optimizer));
 	if (old->ngroups != p->ngroups)
 		return REPLAN("ngroups: %u, the registered plan has %u", p->ngroups, old->ngroups);
 	for (uint32_t g = 0; g < p->ngroups; g++)
@@ -881,8 +883,8 @@ int plan_replan_match(const struct plan *old, const struct plan *p, uint32_t *ma
 				r = REPLAN("buckets[%u].segments[%u]%s: numel %" PRIu64
 					   ", group %u; the registered plan's: numel %" PRIu64
 					   ", group %u",
-					   b, s, ids ? " (by param_id)" : " (by position)", n->numel,
-					   n->group, o->numel, o->group);
+					   b, s, ids ? " (by param_id)" : " (by position)",
+					   n->numel, n->group, o->numel, o->group);
 			if (map)
 				map[k] = at;
 		}

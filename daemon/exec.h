@@ -68,9 +68,9 @@ int exec_bucket(struct exec *e, uint64_t t, uint32_t b);
  */
 #define EXEC_STATE_REGIONS 5
 enum { EXEC_REGION_SAVE, EXEC_REGION_META, EXEC_REGION_M, EXEC_REGION_V, EXEC_REGION_VMAX };
-#define EXEC_META_STEP  0x3fffffffu /* torch's step */
-#define EXEC_META_VMAX  (1u << 30) /* max_exp_avg_sq exists */
-#define EXEC_META_MOMENTUM (1u << 31) /* SGD's momentum_buffer exists */
+#define EXEC_META_STEP     0x3fffffffu /* torch's step */
+#define EXEC_META_VMAX     (1u << 30)  /* max_exp_avg_sq exists */
+#define EXEC_META_MOMENTUM (1u << 31)  /* SGD's momentum_buffer exists */
 struct exec_seg_state {
 	bool given;
 	uint32_t present; /* ZC_STATE_* */
@@ -78,9 +78,9 @@ struct exec_seg_state {
 };
 struct exec_state_req {
 	bool set;
-	float *const *staging;               /* [world]: NULL for ranks on other nodes */
-	const struct exec_seg_state *segs;   /* set: [every segment of the plan, in order] */
-	const uint32_t *seg_first;           /* set: [nbuckets]: index of each bucket's first */
+	float *const *staging;             /* [world]: NULL for ranks on other nodes */
+	const struct exec_seg_state *segs; /* set: [every segment of the plan, in order] */
+	const uint32_t *seg_first;         /* set: [nbuckets]: index of each bucket's first */
 };
 int exec_state(struct exec *e, const struct exec_state_req *req);
 

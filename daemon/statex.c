@@ -30,10 +30,10 @@ struct statex {
 	bool set;
 	bool queued; /* the executor has it */
 	uint32_t narrived;
-	bool *arrived;          /* [world] */
-	struct mem_map **stg;   /* [world] */
-	float **base;           /* [world] */
-	int err;                /* the round is spoilt: every rank hears this */
+	bool *arrived;        /* [world] */
+	struct mem_map **stg; /* [world] */
+	float **base;         /* [world] */
+	int err;              /* the round is spoilt: every rank hears this */
 	char errmsg[256];
 	/* set: the first rank's list, and the segments by flat index */
 	uint32_t first_rank;
@@ -153,7 +153,8 @@ static void take_list(struct job *j, struct statex *x, uint32_t rank,
 			x->list_in[i] = x->segs[at];
 			x->list_at[i] = at;
 		} else if (x->list_at[i] != at || x->list_in[i].present != m->present ||
-			   ((m->present & ZC_STATE_STEP) && x->list_in[i].step != (uint64_t)m->step)) {
+			   ((m->present & ZC_STATE_STEP) &&
+			    x->list_in[i].step != (uint64_t)m->step)) {
 			spoil(x, ZC_ESTATEINVAL,
 			      "rank %u's state of buckets[%u].segments[%u] (segments[%zu] of its "
 			      "list) differs from rank %u's: every rank must give the same",
@@ -216,8 +217,15 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 			   j->id, what,
 			   j->state != JOB_ACTIVE ? "the job is not running"
 			   : j->in_flight         ? "an iteration is in flight"
-			   : j->rp        ? "the job is re-planning"
+			   : j->rp                ? "the job is re-planning"
 						  : "this rank's request is being served");
+		return;
+	}
+	if (j->be != &backend_host && j->be != &backend_host_multi) {
+		/* the CUDA optimizer keeps its own copy of the state per device */
+		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
+			   "job %s: the optimizer state of a %s job cannot be %sed yet", j->id,
+			   j->be->name, what);
 		return;
 	}
 	if (!j->sx && (r = round_new(j, set)) < 0) {
@@ -229,11 +237,12 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 	x->arrived[rank] = true;
 	x->narrived++;
 	if (x->set != set)
-		spoil(x, ZC_ESTATE, "rank %u asked to %s the state while others %s it", rank,
-		      what, x->set ? "import" : "export");
+		spoil(x, ZC_ESTATE, "rank %u asked to %s the state while others %s it", rank, what,
+		      x->set ? "import" : "export");
 	if (!x->err) {
 		uint64_t want = EXEC_STATE_REGIONS * j->plan->total_numel * sizeof(float);
-		struct mem_desc md = {.shm_name = stg->shm_name, .bytes = stg->bytes, .owner = s->uid};
+		struct mem_desc md = {
+			.shm_name = stg->shm_name, .bytes = stg->bytes, .owner = s->uid};
 
 		r = d->mem->map(&md, want, &x->stg[rank], err, sizeof(err));
 		if (r < 0)
@@ -356,7 +365,8 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 		if (plan_diff(rp->plans[k], p, field, sizeof(field))) {
 			plan_free(p);
 			job_fail(j, ZC_EPLANMISMATCH, true,
-				 "new plan of rank %u differs from rank %u's at %s", rank, k, field);
+				 "new plan of rank %u differs from rank %u's at %s", rank, k,
+				 field);
 			return;
 		}
 		break;
@@ -373,8 +383,8 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 	}
 	rp->plans[rank] = p;
 	j->progress_ms = now_ms();
-	log_info("job %s: rank %u registered new plan %016" PRIx64 " (%u/%u)", j->id, rank,
-		 p->hash, rp->n + 1, j->local_size);
+	log_info("job %s: rank %u registered new plan %016" PRIx64 " (%u/%u)", j->id, rank, p->hash,
+		 rp->n + 1, j->local_size);
 	if (++rp->n < j->local_size)
 		return;
 	rp->stopping = true;

@@ -93,8 +93,8 @@ static void set_groups(enum zc_optimizer opt, struct zc_param_group *g)
 	}
 }
 
-static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt,
-		      enum zc_shard_mode shard, enum zc_step_mode step, bool ids)
+static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt, enum zc_shard_mode shard,
+		      enum zc_step_mode step, bool ids)
 {
 	const struct layout *l = &layouts[layout];
 
@@ -105,11 +105,12 @@ static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt,
 		uint32_t s = 0;
 		for (; l->b[b][s] >= 0; s++) {
 			int k = l->b[b][s];
-			tp->segs[b][s] = (struct zc_segment){.size = sizeof(struct zc_segment),
-							     .group = params[k].group,
-							     .offset = off,
-							     .numel = params[k].numel,
-							     .param_id = ids ? 100 + (uint64_t)k : 0};
+			tp->segs[b][s] =
+				(struct zc_segment){.size = sizeof(struct zc_segment),
+						    .group = params[k].group,
+						    .offset = off,
+						    .numel = params[k].numel,
+						    .param_id = ids ? 100 + (uint64_t)k : 0};
 			tp->bucket_of[k] = b;
 			tp->seg_of[k] = s;
 			off += params[k].numel;
@@ -176,7 +177,8 @@ static float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, in
 		for (uint32_t r = 0; r < world; r++) {
 			if (node_of && node_of[r] != n)
 				continue;
-			part = any ? part + grad_value(seed, r, it, k, i) : grad_value(seed, r, it, k, i);
+			part = any ? part + grad_value(seed, r, it, k, i)
+				   : grad_value(seed, r, it, k, i);
 			any = true;
 		}
 		sum = n ? sum + part : part;
@@ -280,13 +282,12 @@ static int snap_compare(const char *what, const struct snap *got, const struct s
 		const float *wa[] = {want->p + o, want->m + o, want->v + o, want->vmax + o};
 		const char *names[] = {"param", opt == ZC_OPT_SGD ? "momentum_buffer" : "exp_avg",
 				       "exp_avg_sq", "max_exp_avg_sq"};
-		uint32_t bits[] = {~0u,
-				   ZC_STATE_MOMENTUM_BUFFER | ZC_STATE_EXP_AVG, ZC_STATE_EXP_AVG_SQ,
-				   ZC_STATE_MAX_EXP_AVG_SQ};
+		uint32_t bits[] = {~0u, ZC_STATE_MOMENTUM_BUFFER | ZC_STATE_EXP_AVG,
+				   ZC_STATE_EXP_AVG_SQ, ZC_STATE_MAX_EXP_AVG_SQ};
 
 		if (got->present[k] != want->present[k] || got->step[k] != want->step[k]) {
-			printf("# %s: param %d: present 0x%x step %g, want 0x%x step %g\n", what,
-			       k, got->present[k], got->step[k], want->present[k], want->step[k]);
+			printf("# %s: param %d: present 0x%x step %g, want 0x%x step %g\n", what, k,
+			       got->present[k], got->step[k], want->present[k], want->step[k]);
 			bad++;
 			continue;
 		}
@@ -320,20 +321,20 @@ struct script {
 	int layout;
 	bool ids;
 	uint64_t seed;
-	int start, iters;   /* iterations [start, start + iters) */
-	bool load;          /* start from *in (parameters and state) */
-	int replan_at;      /* before this iteration, re-plan to replan_layout (-1: never) */
+	int start, iters; /* iterations [start, start + iters) */
+	bool load;        /* start from *in (parameters and state) */
+	int replan_at;    /* before this iteration, re-plan to replan_layout (-1: never) */
 	int replan_layout;
-	bool roundtrip;     /* at the end, import what was exported and export again */
-	struct snap *in;    /* load: what to start from */
-	struct snap *out;   /* rank 0 writes what it exported at the end (optional) */
-	struct snap *want;  /* what the export must equal at the end (optional) */
+	bool roundtrip;    /* at the end, import what was exported and export again */
+	struct snap *in;   /* load: what to start from */
+	struct snap *out;  /* rank 0 writes what it exported at the end (optional) */
+	struct snap *want; /* what the export must equal at the end (optional) */
 	/* over several zerods (nnodes > 1): rank r on node node_of[r] */
 	uint32_t nnodes;
 	uint32_t node_of[8];
 	char socks[3][192];
 	char rdzv[32];
-	int replan_code; /* the re-plan's expected error (0: it succeeds) */
+	int replan_code;      /* the re-plan's expected error (0: it succeeds) */
 	atomic_uint finished; /* ranks done: none leaves before all are (a barrier) */
 };
 
@@ -440,11 +441,12 @@ static int rank_main(void *arg, int idx)
 			}
 			if (sc->replan_code && r == sc->replan_code) {
 				/* refused: the job goes on with the plan it had */
-				printf("# rank %u: re-plan refused: %s\n", rank, zc_error_message());
+				printf("# rank %u: re-plan refused: %s\n", rank,
+				       zc_error_message());
 				r = 0;
 			} else if (sc->replan_code) {
-				EXPECT(0, "rank %u: the re-plan: %s, not %s", rank, zc_strerror_name(r),
-				       zc_strerror_name(sc->replan_code));
+				EXPECT(0, "rank %u: the re-plan: %s, not %s", rank,
+				       zc_strerror_name(r), zc_strerror_name(sc->replan_code));
 				r = r < 0 ? r : ZC_EINTERNAL;
 			} else if (r >= 0) {
 				struct tplan *t = tp;
@@ -490,8 +492,8 @@ static int rank_main(void *arg, int idx)
 	 * together, as trainers do after a barrier. */
 	atomic_uint *finished = (atomic_uint *)&sc->finished; /* shared, and ours to count */
 	atomic_fetch_add(finished, 1);
-	for (int64_t t0 = test_ms(); r >= 0 && atomic_load(finished) < sc->world &&
-				     test_ms() - t0 < test_timeout(20000);)
+	for (int64_t t0 = test_ms();
+	     r >= 0 && atomic_load(finished) < sc->world && test_ms() - t0 < test_timeout(20000);)
 		usleep(1000);
 	zc_close(c);
 	free(tp);
@@ -807,7 +809,8 @@ static int bad_rank(void *arg, int idx)
 		{"a NaN in exp_avg", "exp_avg[3]: nan", ZC_ESTATEINVAL},
 		{"a negative exp_avg_sq", "exp_avg_sq[5]", ZC_ESTATEINVAL},
 		{"an infinite max_exp_avg_sq", "max_exp_avg_sq[0]: inf", ZC_ESTATEINVAL},
-		{"momentum_buffer for Adam", "momentum_buffer: not a state of adam", ZC_ESTATEINVAL},
+		{"momentum_buffer for Adam", "momentum_buffer: not a state of adam",
+		 ZC_ESTATEINVAL},
 		{"a master for fp32", "master", ZC_ESTATEINVAL},
 		{"no exp_avg_sq", "exp_avg_sq: missing", ZC_ESTATEINVAL},
 		{"no max_exp_avg_sq under amsgrad", "max_exp_avg_sq: missing", ZC_ESTATEINVAL},
@@ -823,21 +826,51 @@ static int bad_rank(void *arg, int idx)
 		snap_segs(s, tp, ZC_OPT_ADAM, segs);
 		struct zc_segment_state *x = &segs[1];
 		switch (t) {
-		case 0: x->step = NAN; break;
-		case 1: x->step = -1; break;
-		case 2: x->step = 1.5; break;
-		case 3: saved = x->exp_avg[3], x->exp_avg[3] = NAN; break;
-		case 4: saved = x->exp_avg_sq[5], x->exp_avg_sq[5] = -1; break;
-		case 5: saved = x->max_exp_avg_sq[0], x->max_exp_avg_sq[0] = INFINITY; break;
-		case 6: x->present |= ZC_STATE_MOMENTUM_BUFFER, x->momentum_buffer = x->exp_avg; break;
-		case 7: x->present |= ZC_STATE_MASTER, x->master = x->exp_avg; break;
-		case 8: x->present &= ~ZC_STATE_EXP_AVG_SQ; break;
-		case 9: x->present &= ~ZC_STATE_MAX_EXP_AVG_SQ; break;
-		case 10: x->exp_avg = NULL; break;
-		case 11: x->bucket = 9; break;
-		case 12: x->segment = 7; break;
-		case 13: segs[2] = segs[1]; break;
-		case 14: x->present |= 1u << 8; break;
+		case 0:
+			x->step = NAN;
+			break;
+		case 1:
+			x->step = -1;
+			break;
+		case 2:
+			x->step = 1.5;
+			break;
+		case 3:
+			saved = x->exp_avg[3], x->exp_avg[3] = NAN;
+			break;
+		case 4:
+			saved = x->exp_avg_sq[5], x->exp_avg_sq[5] = -1;
+			break;
+		case 5:
+			saved = x->max_exp_avg_sq[0], x->max_exp_avg_sq[0] = INFINITY;
+			break;
+		case 6:
+			x->present |= ZC_STATE_MOMENTUM_BUFFER, x->momentum_buffer = x->exp_avg;
+			break;
+		case 7:
+			x->present |= ZC_STATE_MASTER, x->master = x->exp_avg;
+			break;
+		case 8:
+			x->present &= ~ZC_STATE_EXP_AVG_SQ;
+			break;
+		case 9:
+			x->present &= ~ZC_STATE_MAX_EXP_AVG_SQ;
+			break;
+		case 10:
+			x->exp_avg = NULL;
+			break;
+		case 11:
+			x->bucket = 9;
+			break;
+		case 12:
+			x->segment = 7;
+			break;
+		case 13:
+			segs[2] = segs[1];
+			break;
+		case 14:
+			x->present |= 1u << 8;
+			break;
 		}
 		r = zc_set_state(c, segs, n);
 		EXPECT(r == tries[t].code && strstr(zc_error_message(), tries[t].needle),
@@ -1018,10 +1051,10 @@ static void t_nodes_roundtrip_adam_slice(void)
 static void t_nodes_import_other_world(void)
 {
 	static const uint32_t node_of[] = {1, 0, 1};
-	struct script *a = script_new("nodes-export", 2, ZC_OPT_ADAMW, ZC_SHARD_SLICE,
-				      ZC_STEP_INTERLEAVED);
-	struct script *b = script_new("nodes-import", 3, ZC_OPT_ADAMW, ZC_SHARD_BUCKET,
-				      ZC_STEP_AT_END);
+	struct script *a =
+		script_new("nodes-export", 2, ZC_OPT_ADAMW, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	struct script *b =
+		script_new("nodes-import", 3, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
 	struct snap *saved = test_shared(sizeof(*saved)), *want = test_shared(sizeof(*want));
 
 	snap_init(want, a->seed);

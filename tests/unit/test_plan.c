@@ -220,7 +220,8 @@ struct seg_v0 {
 static void t_param_id(void)
 {
 	struct fixture f;
-	struct seg_v0 old0[2] = {{sizeof(struct seg_v0), 0, 0, 30}, {sizeof(struct seg_v0), 1, 30, 70}};
+	struct seg_v0 old0[2] = {{sizeof(struct seg_v0), 0, 0, 30},
+				 {sizeof(struct seg_v0), 1, 30, 70}};
 	struct seg_v0 old1[1] = {{sizeof(struct seg_v0), 1, 0, 17}};
 	struct plan *a = NULL, *b = NULL, *c = NULL;
 	Zerod__V1__Plan pb;
@@ -256,7 +257,8 @@ static void t_param_id(void)
 	f.s0[1].param_id = 5, f.s1[0].param_id = 5;
 	c = NULL;
 	CHECK(plan_from_zc(&f.p, &c, err, sizeof(err)) == ZC_EPLANINVAL &&
-		      strstr(err, "buckets[1].segments[0].param_id: 5 is also buckets[0].segments[1]"),
+		      strstr(err,
+			     "buckets[1].segments[0].param_id: 5 is also buckets[0].segments[1]"),
 	      "a duplicate id: %s", err);
 	plan_free(a);
 	plan_free(b);
@@ -325,8 +327,8 @@ static void t_state_check(void)
 	f.g[1].amsgrad = true;
 	REQUIRE(plan_from_zc(&f.p, &adam, err, sizeof(err)) == 0, "%s", err);
 	const uint32_t full = ZC_STATE_STEP | ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ;
-	CHECK(plan_state_check(sgd, 0, 0, ZC_STATE_MOMENTUM_BUFFER, 0, err, sizeof(err)) == 0,
-	      "%s", err);
+	CHECK(plan_state_check(sgd, 0, 0, ZC_STATE_MOMENTUM_BUFFER, 0, err, sizeof(err)) == 0, "%s",
+	      err);
 	CHECK(plan_state_check(sgd, 0, 0, 0, 0, err, sizeof(err)) == 0, "%s", err);
 	CHECK(plan_state_check(sgd, 0, 1, ZC_STATE_MOMENTUM_BUFFER, 0, err, sizeof(err)) ==
 		      ZC_ESTATEINVAL,
@@ -356,12 +358,9 @@ static void t_state_check(void)
 }
 
 static const struct test_case cases[] = {
-	{"valid_layout", t_valid_layout},
-	{"param_id", t_param_id},
-	{"replan_match", t_replan_match},
-	{"state_check", t_state_check},
-	{"invalid_plans_refused", t_invalid},
-	{"diff_names_first_field", t_diff_names_field},
+	{"valid_layout", t_valid_layout},       {"param_id", t_param_id},
+	{"replan_match", t_replan_match},       {"state_check", t_state_check},
+	{"invalid_plans_refused", t_invalid},   {"diff_names_first_field", t_diff_names_field},
 	{"wire_round_trip", t_wire_round_trip},
 };
 
