@@ -19,10 +19,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "raw.h"
 #include "refoptim.h"
 #include "testlib.h"
 #include "trainer.h"
@@ -963,6 +965,88 @@ static void t_bad_input(void)
 		zd_dump_log(&daemon_);
 }
 
+/* The daemon checks what a client that skipped libzeroclient's checks
+ * sends: a staging of the wrong size, a segment out of range, a NaN step, a
+ * tensor SGD does not keep, a state call before the plan; each a named
+ * error, and the job trains on. */
+static int raw_rank(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__GetState gs = ZEROD__V1__GET_STATE__INIT;
+	Zerod__V1__SetState ss = ZEROD__V1__SET_STATE__INIT;
+	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
+	Zerod__V1__SegmentState item = ZEROD__V1__SEGMENT_STATE__INIT, *items[1] = {&item};
+	struct raw_reg g;
+	struct raw r = {0};
+	char name[96];
+
+	(void)arg, (void)idx;
+	if (raw_reg_init(&g, "state") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
+		return 1;
+	raw_hello(&r, "raw-state");
+	snprintf(name, sizeof(name), "/zerodtest-state-%d-staging", (int)getpid());
+	sg.shm_name = name;
+	sg.bytes = 5 * g.bytes;
+	gs.staging = &sg;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_GET_STATE;
+	env.get_state = &gs;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_ESTATE, "the job is not running", "GetState before the plan");
+	raw_send(&r, &g.env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
+
+	raw_make_shm(name, 4 * g.bytes); /* one region short */
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_ESIZE, "state staging", "a staging of the wrong size");
+
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_STATE;
+	env.set_state = &ss;
+	ss.staging = &sg;
+	ss.segments = items;
+	ss.n_segments = 1;
+	static const struct {
+		uint32_t bucket, segment, present;
+		double step;
+		const char *needle;
+	} bad[] = {
+		{2, 0, 0, 0, "bucket 2"},
+		{1, 1, 0, 0, "buckets[1].segments[1]"},
+		{0, 0, ZC_STATE_STEP, 0, "step: torch.optim.SGD keeps no step"},
+		{0, 0, ZC_STATE_EXP_AVG, NAN, "exp_avg: not a state of torch.optim.SGD"},
+		{0, 0, ZC_STATE_MOMENTUM_BUFFER, 0, "momentum 0"},
+	};
+	for (size_t t = 0; t < sizeof(bad) / sizeof(bad[0]); t++) {
+		raw_make_shm(name, 5 * g.bytes);
+		item.bucket = bad[t].bucket;
+		item.segment = bad[t].segment;
+		item.present = bad[t].present;
+		item.step = bad[t].step;
+		raw_send(&r, &env);
+		raw_expect_error(&r, ZC_ESTATEINVAL, bad[t].needle, bad[t].needle);
+	}
+	/* and the job goes on */
+	raw_bucket(&r, 0, 0);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "bucket 0");
+	raw_bucket(&r, 0, 1);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "bucket 1");
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STEP_DONE, "step 0");
+	/* a good one now: the staging of the right size, nothing given */
+	raw_make_shm(name, 5 * g.bytes);
+	ss.n_segments = 0;
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "an empty SetState");
+	raw_goodbye(&r);
+	raw_close(&r);
+	shm_unlink(name);
+	raw_reg_free(&g);
+	return child_bad;
+}
+
+static void t_daemon_checks(void)
+{
+	CHECK(wait_child(spawn(raw_rank, NULL, 0), test_timeout(30000)) == 0, "see above");
+}
+
 /* ------------------------------------------- over several nodes (gloo) --- */
 
 /* nnodes real zerods on loopback, each its own socket, for sc; the
@@ -1100,6 +1184,7 @@ static const struct test_case cases[] = {
 	{"replan_adamw_bucket_position", t_replan_adamw_bucket_position, 90000},
 	{"replan_world1", t_replan_world1, 90000},
 	{"bad_input", t_bad_input, 120000},
+	{"daemon_checks", t_daemon_checks, 40000},
 };
 
 int main(int argc, char **argv)
