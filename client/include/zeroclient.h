@@ -457,6 +457,9 @@ int zc_segment_state_init(struct zc_segment_state *s, size_t size);
  * learn what exists).
  * The bulk data goes through a shared-memory staging area of 5 x the plan's
  * buffer size (sparse: only what is written takes pages), made per call.
+ * The daemon passes the other ranks' state through this rank's parameter
+ * buffers (the job's own broadcasts) and puts the parameters back before
+ * the call returns: no thread may read or write them meanwhile.
  * Errors: ZC_EBUCKET (no such bucket or segment: nothing is sent),
  * ZC_ESTATE, ZC_ETIMEDOUT (not every rank called within register_timeout_ms),
  * the job's failure.
