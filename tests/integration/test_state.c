@@ -188,6 +188,10 @@ static float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, in
 	return sum;
 }
 
+/* From this iteration on group 0's lr is halved (zc_set_hyper), -1: never;
+ * the case sets it for both the reference and its script. */
+static int hyper_iter_ = -1;
+
 /* The reference: iterations [from, to) with `world` ranks, on s. */
 static void ref_train_nodes(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
 			    const uint32_t *node_of, int from, int to);
@@ -204,8 +208,10 @@ static void ref_train_nodes(struct snap *s, enum zc_optimizer opt, uint64_t seed
 	float *gr = calloc(total_numel(), sizeof(float));
 
 	set_groups(opt, g);
+	double lr0 = g[0].lr;
 	for (int it = from; it < to; it++)
 		for (int k = 0; k < NP; k++) {
+			g[0].lr = hyper_iter_ >= 0 && it >= hyper_iter_ ? lr0 * 0.5 : lr0;
 			uint64_t o = param_base(k), n = params[k].numel;
 			const struct zc_param_group *h = &g[params[k].group];
 			for (uint64_t i = 0; i < n; i++)
@@ -433,6 +439,13 @@ static int rank_main(void *arg, int idx)
 		r = zc_set_state(c, segs, NP);
 	}
 	for (int it = sc->start; r >= 0 && it < sc->start + sc->iters; it++) {
+		if (it == hyper_iter_) {
+			struct zc_param_group h = tp->groups[0];
+			h.lr *= 0.5;
+			step = "set_hyper";
+			if ((r = zc_set_hyper(c, 0, &h)) < 0)
+				break;
+		}
 		if (it == sc->replan_at) {
 			make_plan(tp2, sc->replan_layout, sc->opt, sc->shard, sc->step, sc->ids);
 			step = "re-plan: alloc_buffers";
@@ -707,6 +720,7 @@ static void replan(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step
 	struct script *sc = script_new("replan", world, opt, shard, step);
 	struct snap *want = test_shared(sizeof(*want));
 
+	hyper_iter_ = 3; /* the lr in force then goes on after the re-plan */
 	snap_init(want, sc->seed);
 	ref_train(want, opt, sc->seed, world, 0, 10);
 	sc->layout = from;
@@ -738,6 +752,37 @@ static void t_replan_adamw_bucket_position(void)
 static void t_replan_world1(void)
 {
 	replan(ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0, 2, true, 1);
+}
+
+/* The issue's wording, directly: a run on the second layout throughout,
+ * from the state the first one had after 5 iterations, ends bit for bit
+ * where the run that re-planned after those 5 ends. */
+static void t_replan_equals_second_layout_run(void)
+{
+	struct script *a = script_new("first5", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct script *b = script_new("second", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct script *c = script_new("replans", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *at5 = test_shared(sizeof(*at5)), *end = test_shared(sizeof(*end));
+
+	a->iters = 5;
+	a->out = at5;
+	run_script(a);
+	REQUIRE(at5->valid && !test_failed_, "the first 5 iterations failed");
+	b->layout = 1;
+	b->ids = true;
+	b->load = true;
+	b->in = at5;
+	b->start = 5;
+	b->iters = 5;
+	b->out = end;
+	run_script(b);
+	REQUIRE(end->valid && !test_failed_, "the run on the second layout failed");
+	c->ids = true;
+	c->iters = 10;
+	c->replan_at = 5;
+	c->replan_layout = 1;
+	c->want = end;
+	run_script(c);
 }
 
 /* A job beside the one the bad input goes to: it must keep training. */
@@ -1183,6 +1228,7 @@ static const struct test_case cases[] = {
 	{"replan_adam_slice_ids", t_replan_adam_slice_ids, 90000},
 	{"replan_adamw_bucket_position", t_replan_adamw_bucket_position, 90000},
 	{"replan_world1", t_replan_world1, 90000},
+	{"replan_equals_second_layout_run", t_replan_equals_second_layout_run, 120000},
 	{"bad_input", t_bad_input, 120000},
 	{"daemon_checks", t_daemon_checks, 40000},
 };
