@@ -256,6 +256,11 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 		round_complete(j);
 }
 
+bool statex_busy(const struct job *j)
+{
+	return j->sx && j->sx->queued;
+}
+
 void statex_done(struct job *j)
 {
 	struct statex *x = j->sx;
@@ -267,6 +272,8 @@ void statex_done(struct job *j)
 			j->d->sink->state_ok(j->ranks[k]);
 	log_info("job %s: optimizer state %sed", j->id, x->set ? "import" : "export");
 	statex_free(j);
+	if (j->rdzv)
+		rdzv_iteration_done(j); /* another node may have ended after the round */
 }
 
 /* ---------------------------------------------------------- re-planning --- */

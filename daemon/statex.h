@@ -36,6 +36,10 @@ void statex_replan_free(struct job *j);
 /* The executor finished the round (EXEC_STATE_DONE): StateOk to each rank. */
 void statex_done(struct job *j);
 
+/* A state round of j is in its executor (a quiet end from another node
+ * waits for it: rdzv.c). */
+bool statex_busy(const struct job *j);
+
 /* Drop the round, unmapping the staging: after the executor stopped, or
  * when nothing was queued. Accepts a job without one. */
 void statex_free(struct job *j);

@@ -13,7 +13,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <stdatomic.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -342,8 +341,7 @@ struct script {
 	uint32_t node_of[8];
 	char socks[3][192];
 	char rdzv[32];
-	int replan_code;      /* the re-plan's expected error (0: it succeeds) */
-	atomic_uint finished; /* ranks done: none leaves before all are (a barrier) */
+	int replan_code; /* the re-plan's expected error (0: it succeeds) */
 };
 
 /* Rank `rank`'s config: the case's zerod, or its node's. */
@@ -502,14 +500,6 @@ static int rank_main(void *arg, int idx)
 		if (sc->out && rank == 0)
 			*sc->out = *got;
 	}
-	/* Over several nodes a rank that leaves ends the job at once, and a
-	 * node still answering the last state call may hear that first: leave
-	 * together, as trainers do after a barrier. */
-	atomic_uint *finished = (atomic_uint *)&sc->finished; /* shared, and ours to count */
-	atomic_fetch_add(finished, 1);
-	for (int64_t t0 = test_ms();
-	     r >= 0 && atomic_load(finished) < sc->world && test_ms() - t0 < test_timeout(20000);)
-		usleep(1000);
 	zc_close(c);
 	free(tp);
 	free(tp2);
