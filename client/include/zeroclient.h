@@ -373,7 +373,8 @@ float *zc_param_buffer(zc_client *c, uint32_t bucket);
  * up: a shared ring that carries the buckets and their completions from then
  * on (without it, everything goes over the ZeroMQ socket). Errors:
  * ZC_EPLANMISMATCH, ZC_ESIZE, ZC_EMAP, ZC_ETIMEDOUT... with the daemon's
- * reason in zc_error_message().
+ * reason in zc_error_message(). Called again after zc_alloc_buffers() of a
+ * new plan, it re-plans (see "Re-planning" below).
  * Ownership: nothing changes hands.
  * Threads:   any thread; other calls on c may run while it waits.
  * Blocking:  up to register_timeout_ms.
