@@ -99,7 +99,10 @@ struct zc_future {
 };
 
 /* A buffer in memory zerod maps too: our own mapping of the memfd. */
+/* A buffer mapped here: a memfd (no name), or named POSIX shm (name set:
+ * the state's staging and a re-plan's new buffers, unlinked on release). */
 struct host_buf {
+	char name[128];
 	float *base;
 	size_t bytes;
 };
@@ -149,6 +152,17 @@ struct zc_client {
 	uint64_t last_request;
 	struct zc_future *futures;
 	struct zc_future *cbq_head, *cbq_tail; /* settled futures whose callbacks are due */
+
+	/* zc_get_state / zc_set_state: one at a time (state.c's section below) */
+	bool state_pending;
+	uint64_t state_request;
+	int state_result; /* 0 waiting, 1 ok, < 0 error */
+	char state_msg[256];
+	/* re-planning: the registered plan and its buffers, until the new
+	 * plan is registered */
+	struct plan *old_plan;
+	struct host_buf old_grad, old_param;
+	uint32_t *replan_map; /* each new segment's index in the old plan's order */
 };
 
 /* ------------------------------------------------------- errors, fork --- */
@@ -380,6 +394,10 @@ static void job_failed(zc_client *c, int code, const char *msg)
 	if (c->plan_result == 0)
 		c->plan_result = c->job_error;
 	snprintf(c->answer_msg, sizeof(c->answer_msg), "%s", c->job_msg);
+	if (c->state_pending && c->state_result == 0) {
+		c->state_result = c->job_error;
+		snprintf(c->state_msg, sizeof(c->state_msg), "%s", c->job_msg);
+	}
 }
 
 static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
@@ -405,6 +423,14 @@ static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
 				matched = true;
 				break;
 			}
+	}
+	if (!matched && c->state_pending && c->state_result == 0 &&
+	    (!env->has_request_id || env->request_id == c->state_request)) {
+		/* the answer to GetState or SetState: about this rank's request,
+		 * or another rank's that spoilt the round */
+		c->state_result = code;
+		snprintf(c->state_msg, sizeof(c->state_msg), "%s", e->message);
+		return;
 	}
 	if (!matched && c->plan_result == 0 && c->registered) {
 		/* the answer to RegisterPlan */
@@ -481,6 +507,10 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_ERROR:
 		handle_error(c, env);
+		break;
+	case ZEROD__V1__ENVELOPE__BODY_STATE_OK:
+		if (c->state_pending && c->state_result == 0)
+			c->state_result = 1;
 		break;
 	default:
 		c->async_error = ZC_EPROTO;
@@ -983,7 +1013,45 @@ static void buf_release(struct host_buf *b)
 {
 	if (b->base)
 		munmap(b->base, b->bytes);
+	if (b->name[0])
+		shm_unlink(b->name); /* the daemon unlinks it when mapped: ENOENT is fine */
 	b->base = NULL;
+	b->name[0] = 0;
+}
+
+/* Named shm of bytes, mapped here (mode 0600, zero-filled). */
+static int shm_create(zc_client *c, const char *kind, size_t bytes, struct host_buf *b)
+{
+	uint32_t rnd = 0;
+	void *base;
+	size_t n;
+	int fd, r;
+
+	(void)!getrandom(&rnd, sizeof(rnd), 0);
+	n = (size_t)shm_name_prefix(b->name, sizeof(b->name), c->job_id, c->cfg.rank,
+				    (int)getpid());
+	snprintf(b->name + n, sizeof(b->name) - n, "%08x.%s", rnd, kind);
+	fd = shm_open(b->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		b->name[0] = 0;
+		return -errno;
+	}
+	if (ftruncate(fd, (off_t)bytes) < 0) {
+		r = -errno;
+		close(fd);
+		buf_release(b);
+		return r;
+	}
+	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	r = -errno;
+	close(fd);
+	if (base == MAP_FAILED) {
+		buf_release(b);
+		return r;
+	}
+	b->base = base;
+	b->bytes = bytes;
+	return 0;
 }
 
 void zc_close(zc_client *c)
@@ -1029,6 +1097,10 @@ void zc_close(zc_client *c)
 		zmq_ctx_term(c->zctx);
 	buf_release(&c->grad);
 	buf_release(&c->param);
+	buf_release(&c->old_grad);
+	buf_release(&c->old_param);
+	plan_free(c->old_plan);
+	free(c->replan_map);
 	plan_free(c->plan);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
@@ -1058,6 +1130,8 @@ static int map_buf(int fd, uint64_t offset, uint64_t bytes, struct host_buf *ret
 	ret->bytes = bytes;
 	return 0;
 }
+
+static int replan_alloc(zc_client *c, const struct zc_plan *zp);
 
 /*
  * Pass b's memfds to zerod for zp's buffers and map them here: what
@@ -1171,6 +1245,11 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 		return r;
 	if (!zp)
 		return err_set(-EINVAL, "zc_alloc_buffers: the plan is NULL");
+	pthread_mutex_lock(&c->mu);
+	bool replan = c->plan && c->registered;
+	pthread_mutex_unlock(&c->mu);
+	if (replan)
+		return replan_alloc(c, zp);
 	/* the size first; register_fds() reads the plan again under the lock */
 	r = plan_from_zc(zp, &p, err, sizeof(err));
 	if (r < 0)
@@ -1279,6 +1358,8 @@ static void fastpath_setup(zc_client *c)
 	c->fp = fp;
 }
 
+static int replan_register(zc_client *c);
+
 int zc_register_plan(zc_client *c)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
@@ -1290,6 +1371,10 @@ int zc_register_plan(zc_client *c)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	pthread_mutex_lock(&c->mu);
+	if (c->old_plan) {
+		client_unlock(c);
+		return replan_register(c);
+	}
 	if (!c->plan || c->registered) {
 		client_unlock(c);
 		return err_set(ZC_ESTATE, "zc_register_plan: %s",
@@ -1352,6 +1437,9 @@ static struct zc_future *future_new(zc_client *c, enum future_kind kind, uint64_
  * daemon's. A StepDone in transit is read first. Called with c->mu held. */
 static int bucket_check(zc_client *c, uint32_t bucket)
 {
+	if (c->old_plan)
+		return err_set(ZC_ESTATE, "a new plan is allocated but not registered yet "
+					  "(zc_register_plan)");
 	if (bucket >= c->plan->nbuckets)
 		return err_set(ZC_EBUCKET, "bucket %u does not exist: the plan has %u buckets",
 			       bucket, c->plan->nbuckets);
@@ -1874,4 +1962,611 @@ void zc_future_free(zc_future *f)
 		pthread_mutex_unlock(&c->mu);
 	if (!running)
 		free(f);
+}
+
+/* ------------------------------------------------------ optimizer state --- */
+
+/* The caller's zc_segment_state array: read with its first element's size
+ * as the stride (zeroclient.h, "ABI"; this struct came in version 1.0, so
+ * no caller's is smaller). */
+static int segs_check(const void *segs, uint32_t n, const char *fn, size_t *ret_stride)
+{
+	uint32_t size;
+	int r;
+
+	if (n == 0) {
+		*ret_stride = sizeof(struct zc_segment_state);
+		return 0;
+	}
+	if (!segs)
+		return err_set(-EINVAL, "%s: segs is NULL", fn);
+	size = abi_size(segs);
+	for (uint32_t i = 0; i < n; i++) {
+		const char *s = (const char *)segs + (size_t)i * size;
+		if (size < sizeof(struct zc_segment_state) || abi_size(s) != size)
+			return err_set(-EINVAL,
+				       "%s: segs[%u].size is %u: not initialised "
+				       "(zc_segment_state_init), or not the size of segs[0]",
+				       fn, i, abi_size(s));
+		if ((r = abi_check(s, size, sizeof(struct zc_segment_state))) < 0)
+			return err_set(r,
+				       "%s: segs[%u]: a struct of %u bytes this library does not "
+				       "know",
+				       fn, i, size);
+	}
+	*ret_stride = size;
+	return 0;
+}
+
+/* Between iterations: wait for the step future of the last iteration this
+ * rank handed over. */
+static int state_wait_steps(zc_client *c, const char *fn)
+{
+	zc_future *f = NULL;
+	uint64_t last;
+	int r;
+
+	pthread_mutex_lock(&c->mu);
+	r = !c->registered || c->plan_result != 1 ? -1 : c->sent_in_iter ? -2 : 0;
+	last = c->iter;
+	client_unlock(c);
+	if (r == -1)
+		return err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
+	if (r == -2)
+		return err_set(ZC_ESTATE,
+			       "%s: iteration %" PRIu64 " is half handed over: call it "
+			       "between iterations",
+			       fn, last);
+	if (last == 0)
+		return 0;
+	r = zc_step_future(c, last - 1, &f);
+	if (r >= 0) {
+		r = zc_future_wait(f, c->cfg.register_timeout_ms);
+		if (r == 0)
+			r = err_set(ZC_ETIMEDOUT,
+				    "%s: the step of iteration %" PRIu64
+				    " did not complete within %d ms",
+				    fn, last - 1, c->cfg.register_timeout_ms);
+	}
+	zc_future_free(f);
+	return r < 0 ? r : 0;
+}
+
+static uint64_t state_bytes_of(const struct plan *p)
+{
+	return (uint64_t)5 * p->total_numel * sizeof(float);
+}
+
+/* Send the request (GetState when ss is NULL) naming stg, and wait for the
+ * round to be served. */
+static int state_round(zc_client *c, Zerod__V1__SetState *ss, struct host_buf *stg, const char *fn)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__GetState gs = ZEROD__V1__GET_STATE__INIT;
+	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
+	uint64_t id = 0;
+	int r;
+
+	sg.shm_name = stg->name;
+	sg.bytes = stg->bytes;
+	if (ss) {
+		ss->staging = &sg;
+		env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_STATE;
+		env.set_state = ss;
+	} else {
+		gs.staging = &sg;
+		env.body_case = ZEROD__V1__ENVELOPE__BODY_GET_STATE;
+		env.get_state = &gs;
+	}
+	pthread_mutex_lock(&c->mu);
+	if (c->state_pending) {
+		client_unlock(c);
+		return err_set(ZC_ESTATE, "%s: another state call of this client is waiting", fn);
+	}
+	if (c->job_error) {
+		r = c->job_error;
+		err_set(r, "%s", c->job_msg);
+		client_unlock(c);
+		return r;
+	}
+	r = send_env(c, &env, &id);
+	if (r >= 0) {
+		c->state_pending = true;
+		c->state_request = id;
+		c->state_result = 0;
+		c->state_msg[0] = 0;
+	}
+	client_unlock(c);
+	if (r < 0)
+		return err_set(r, "%s: sending the request: %s", fn, zc_strerror(r));
+	r = wait_for(c, &c->state_result, c->state_msg, now_ms() + c->cfg.register_timeout_ms);
+	pthread_mutex_lock(&c->mu);
+	c->state_pending = false;
+	client_unlock(c);
+	if (r == 0)
+		return err_set(ZC_ETIMEDOUT, "%s: not every rank of this node called within %d ms",
+			       fn, c->cfg.register_timeout_ms);
+	return r < 0 ? r : 0;
+}
+
+static int seg_where(const struct plan *p, const struct zc_segment_state *s, uint64_t *ret_at,
+		     uint64_t *ret_numel, const char *fn, uint32_t i)
+{
+	if (s->bucket >= p->nbuckets)
+		return err_set(ZC_EBUCKET, "%s: segs[%u].bucket: %u, the plan has %u buckets", fn,
+			       i, s->bucket, p->nbuckets);
+	if (s->segment >= p->buckets[s->bucket].nsegments)
+		return err_set(ZC_EBUCKET, "%s: segs[%u].segment: %u, bucket %u has %u segments",
+			       fn, i, s->segment, s->bucket, p->buckets[s->bucket].nsegments);
+	*ret_at = p->buckets[s->bucket].base + p->buckets[s->bucket].segments[s->segment].offset;
+	*ret_numel = p->buckets[s->bucket].segments[s->segment].numel;
+	return 0;
+}
+
+/* The tensors of one segment state, in staging region order (2, 3, 4). */
+static float *seg_tensor(const struct zc_segment_state *s, enum zc_optimizer opt, unsigned k)
+{
+	if (k == 2)
+		return opt == ZC_OPT_SGD ? s->momentum_buffer : s->exp_avg;
+	return k == 3 ? s->exp_avg_sq : s->max_exp_avg_sq;
+}
+
+static uint32_t tensor_bit(enum zc_optimizer opt, unsigned k)
+{
+	if (k == 2)
+		return opt == ZC_OPT_SGD ? ZC_STATE_MOMENTUM_BUFFER : ZC_STATE_EXP_AVG;
+	return k == 3 ? ZC_STATE_EXP_AVG_SQ : ZC_STATE_MAX_EXP_AVG_SQ;
+}
+
+static const char *tensor_name(uint32_t bit)
+{
+	switch (bit) {
+	case ZC_STATE_MOMENTUM_BUFFER:
+		return "momentum_buffer";
+	case ZC_STATE_EXP_AVG:
+		return "exp_avg";
+	case ZC_STATE_EXP_AVG_SQ:
+		return "exp_avg_sq";
+	case ZC_STATE_MAX_EXP_AVG_SQ:
+		return "max_exp_avg_sq";
+	}
+	return "?";
+}
+
+/* Export into the plan p's staging, then read segs out of it. Called for the
+ * registered plan, which stays until zc_close() or a re-plan (neither runs
+ * beside a state call: zc_close() must not race, a re-plan is this thread's). */
+static int get_state(zc_client *c, const struct plan *p, struct zc_segment_state *segs,
+		     size_t stride, uint32_t n, const char *fn)
+{
+	struct host_buf stg = {0};
+	uint64_t total = p->total_numel;
+	int r;
+
+	if (p->low_precision)
+		return err_set(ZC_ENOTSUP, "%s: the state of a plan with bf16/fp16 buckets cannot "
+					   "be exported yet",
+			       fn);
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct zc_segment_state *s = (void *)((char *)segs + (size_t)i * stride);
+		uint64_t at, numel;
+		if ((r = seg_where(p, s, &at, &numel, fn, i)) < 0)
+			return r;
+	}
+	r = shm_create(c, "state", state_bytes_of(p), &stg);
+	if (r < 0)
+		return err_set(r, "%s: staging of %" PRIu64 " bytes: %s", fn, state_bytes_of(p),
+			       zc_strerror(r));
+	r = state_round(c, NULL, &stg, fn);
+	for (uint32_t i = 0; i < n && r >= 0; i++) {
+		struct zc_segment_state *s = (void *)((char *)segs + (size_t)i * stride);
+		uint64_t at, numel;
+		uint32_t w, present = 0;
+		double step = 0;
+
+		(void)seg_where(p, s, &at, &numel, fn, i);
+		memcpy(&w, stg.base + total + at, sizeof(w)); /* region 1: the words */
+		if (p->optimizer == ZC_OPT_SGD) {
+			if (w & (1u << 31))
+				present = ZC_STATE_MOMENTUM_BUFFER;
+		} else if (w & PLAN_STATE_MAX_STEP) {
+			present = ZC_STATE_STEP | ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ;
+			if (w & (1u << 30))
+				present |= ZC_STATE_MAX_EXP_AVG_SQ;
+			step = (double)(w & PLAN_STATE_MAX_STEP);
+		}
+		for (unsigned k = 2; k <= 4; k++) {
+			float *dst = seg_tensor(s, p->optimizer, k);
+			if (dst && (present & tensor_bit(p->optimizer, k)))
+				memcpy(dst, stg.base + k * total + at, numel * sizeof(float));
+		}
+		s->present = present;
+		s->step = step;
+	}
+	buf_release(&stg);
+	return r;
+}
+
+int zc_get_state(zc_client *c, struct zc_segment_state *segs, uint32_t n)
+{
+	size_t stride;
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if ((r = segs_check(segs, n, __func__, &stride)) < 0)
+		return r;
+	if ((r = state_wait_steps(c, __func__)) < 0)
+		return r;
+	if (c->old_plan)
+		return err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet",
+			       __func__);
+	return get_state(c, c->plan, segs, stride, n, __func__);
+}
+
+/* Every value finite, the second moments not negative. */
+static int tensor_check(const float *t, uint64_t numel, uint32_t bit, const char *fn, uint32_t i,
+			const struct zc_segment_state *s)
+{
+	for (uint64_t x = 0; x < numel; x++)
+		if (!isfinite(t[x]) ||
+		    (t[x] < 0 && (bit == ZC_STATE_EXP_AVG_SQ || bit == ZC_STATE_MAX_EXP_AVG_SQ)))
+			return err_set(ZC_ESTATEINVAL,
+				       "%s: segs[%u]: buckets[%u].segments[%u].%s[%" PRIu64
+				       "]: %g (%s)",
+				       fn, i, s->bucket, s->segment, tensor_name(bit), x, t[x],
+				       isfinite(t[x]) ? "a second moment is never negative"
+						      : "not finite");
+	return 0;
+}
+
+/* check_values: the caller's tensors (not the daemon's own, moved by a
+ * re-plan: they go back as they came, whatever they hold). */
+static int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state *segs,
+		     size_t stride, uint32_t n, bool check_values, const char *fn)
+{
+	Zerod__V1__SetState ss = ZEROD__V1__SET_STATE__INIT;
+	Zerod__V1__SegmentState *items = NULL, **ptrs = NULL;
+	struct host_buf stg = {0};
+	uint64_t total = p->total_numel;
+	uint8_t *seen = NULL;
+	uint64_t nsegs = 0, *first = calloc(p->nbuckets, sizeof(*first));
+	char err[256];
+	int r = 0;
+
+	if (p->low_precision) {
+		free(first);
+		return err_set(ZC_ENOTSUP, "%s: the state of a plan with bf16/fp16 buckets cannot "
+					   "be imported yet",
+			       fn);
+	}
+
+	for (uint32_t b = 0; b < p->nbuckets && first; b++) {
+		first[b] = nsegs;
+		nsegs += p->buckets[b].nsegments;
+	}
+	seen = calloc(nsegs ? nsegs : 1, 1);
+	items = calloc(n ? n : 1, sizeof(*items));
+	ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+	if (!first || !seen || !items || !ptrs) {
+		r = err_set(-ENOMEM, NULL);
+		goto out;
+	}
+	/* everything is checked before anything is sent */
+	for (uint32_t i = 0; i < n; i++) {
+		const struct zc_segment_state *s = (const void *)((const char *)segs + i * stride);
+		uint64_t at, numel, flat;
+
+		if ((r = seg_where(p, s, &at, &numel, fn, i)) < 0) {
+			snprintf(err, sizeof(err), "%s", zc_error_message());
+			r = err_set(ZC_ESTATEINVAL, "%s", err);
+			goto out;
+		}
+		if (plan_state_check(p, s->bucket, s->segment, s->present, s->step, err,
+				     sizeof(err)) < 0) {
+			r = err_set(ZC_ESTATEINVAL, "%s: segs[%u]: %s", fn, i, err);
+			goto out;
+		}
+		flat = first[s->bucket] + s->segment;
+		if (seen[flat]++) {
+			r = err_set(ZC_ESTATEINVAL,
+				    "%s: segs[%u]: buckets[%u].segments[%u] given twice", fn, i,
+				    s->bucket, s->segment);
+			goto out;
+		}
+		for (unsigned k = 2; k <= 4; k++) {
+			uint32_t bit = tensor_bit(p->optimizer, k);
+			const float *t = seg_tensor(s, p->optimizer, k);
+			if (!(s->present & bit))
+				continue;
+			if (!t) {
+				r = err_set(
+					ZC_ESTATEINVAL,
+					"%s: segs[%u]: buckets[%u].segments[%u].%s: present but "
+					"NULL",
+					fn, i, s->bucket, s->segment, tensor_name(bit));
+				goto out;
+			}
+			if (check_values && (r = tensor_check(t, numel, bit, fn, i, s)) < 0)
+				goto out;
+		}
+		zerod__v1__segment_state__init(&items[i]);
+		items[i].bucket = s->bucket;
+		items[i].segment = s->segment;
+		items[i].present = s->present;
+		items[i].step = s->present & ZC_STATE_STEP ? s->step : 0;
+		ptrs[i] = &items[i];
+	}
+	r = shm_create(c, "state", state_bytes_of(p), &stg);
+	if (r < 0) {
+		r = err_set(r, "%s: staging of %" PRIu64 " bytes: %s", fn, state_bytes_of(p),
+			    zc_strerror(r));
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		const struct zc_segment_state *s = (const void *)((const char *)segs + i * stride);
+		uint64_t at, numel;
+
+		(void)seg_where(p, s, &at, &numel, fn, i);
+		for (unsigned k = 2; k <= 4; k++)
+			if (s->present & tensor_bit(p->optimizer, k))
+				memcpy(stg.base + k * total + at, seg_tensor(s, p->optimizer, k),
+				       numel * sizeof(float));
+	}
+	ss.segments = ptrs;
+	ss.n_segments = n;
+	r = state_round(c, &ss, &stg, fn);
+out:
+	buf_release(&stg);
+	free(first);
+	free(seen);
+	free(items);
+	free(ptrs);
+	return r;
+}
+
+int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n)
+{
+	size_t stride;
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if ((r = segs_check(segs, n, __func__, &stride)) < 0)
+		return r;
+	if ((r = state_wait_steps(c, __func__)) < 0)
+		return r;
+	if (c->old_plan)
+		return err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet",
+			       __func__);
+	return set_state(c, c->plan, segs, stride, n, true, __func__);
+}
+
+/* ---------------------------------------------------------- re-planning --- */
+
+static uint32_t plan_nsegs(const struct plan *p)
+{
+	uint32_t n = 0;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		n += p->buckets[b].nsegments;
+	return n;
+}
+
+/* Each segment's place in plan order: its bucket and index. */
+static int seg_index(const struct plan *p, uint32_t **ret_bucket, uint32_t **ret_seg)
+{
+	uint32_t n = plan_nsegs(p), k = 0;
+	uint32_t *bk = calloc(n ? n : 1, sizeof(*bk)), *sg = calloc(n ? n : 1, sizeof(*sg));
+
+	if (!bk || !sg) {
+		free(bk);
+		free(sg);
+		return -ENOMEM;
+	}
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t s = 0; s < p->buckets[b].nsegments; s++, k++)
+			bk[k] = b, sg[k] = s;
+	*ret_bucket = bk;
+	*ret_seg = sg;
+	return 0;
+}
+
+/* zc_alloc_buffers() after the plan was registered: the new plan's buffers,
+ * each segment's parameters copied from where the registered plan had them.
+ * The last step must have landed first (the daemon writes the parameters
+ * until then). */
+static int replan_alloc(zc_client *c, const struct zc_plan *zp)
+{
+	const char *fn = "zc_alloc_buffers";
+	struct host_buf grad = {0}, param = {0};
+	uint32_t *map = NULL, *nb = NULL, *ns = NULL, *ob = NULL, *os = NULL;
+	struct plan *p = NULL;
+	char err[256];
+	int r;
+
+	if ((r = state_wait_steps(c, fn)) < 0)
+		return r;
+	r = plan_from_zc(zp, &p, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "%s: %s", fn, err);
+	pthread_mutex_lock(&c->mu);
+	if (c->old_plan) {
+		r = err_set(ZC_ESTATE, "%s: a new plan is allocated already: register it first",
+			    fn);
+		goto out;
+	}
+	map = calloc(plan_nsegs(p) ? plan_nsegs(p) : 1, sizeof(*map));
+	if (!map || seg_index(p, &nb, &ns) < 0 || seg_index(c->plan, &ob, &os) < 0) {
+		r = err_set(-ENOMEM, NULL);
+		goto out;
+	}
+	if (p->low_precision || c->plan->low_precision) {
+		r = err_set(ZC_ENOTSUP, "%s: re-planning a plan with bf16/fp16 buckets is not "
+					"supported yet",
+			    fn);
+		goto out;
+	}
+	r = plan_replan_match(c->plan, p, map, err, sizeof(err));
+	if (r < 0) {
+		err_set(r, "%s: the new plan %s: %s", fn,
+			r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
+		goto out;
+	}
+	r = shm_create(c, "grad", plan_buffer_bytes(p), &grad);
+	if (r >= 0)
+		r = shm_create(c, "param", plan_buffer_bytes(p), &param);
+	if (r < 0) {
+		err_set(r, "%s: shared memory of %" PRIu64 " bytes: %s", fn, plan_buffer_bytes(p),
+			zc_strerror(r));
+		goto out;
+	}
+	for (uint32_t k = 0; k < plan_nsegs(p); k++) {
+		const struct plan_bucket *nbk = &p->buckets[nb[k]],
+					 *obk = &c->plan->buckets[ob[map[k]]];
+		const struct zc_segment *n = &nbk->segments[ns[k]], *o = &obk->segments[os[map[k]]];
+		memcpy(param.base + nbk->base + n->offset, c->param.base + obk->base + o->offset,
+		       n->numel * sizeof(float));
+	}
+	c->old_plan = c->plan;
+	c->old_grad = c->grad;
+	c->old_param = c->param;
+	c->plan = p;
+	c->grad = grad;
+	c->param = param;
+	c->replan_map = map;
+	p = NULL;
+	map = NULL;
+	memset(&grad, 0, sizeof(grad));
+	memset(&param, 0, sizeof(param));
+out:
+	client_unlock(c);
+	buf_release(&grad);
+	buf_release(&param);
+	plan_free(p);
+	free(map);
+	free(nb);
+	free(ns);
+	free(ob);
+	free(os);
+	return r < 0 ? r : 0;
+}
+
+/*
+ * zc_register_plan() of a re-plan: export the state under the registered
+ * plan, register the new one (the daemon starts the job again on it), import
+ * the state into the new layout, and let the old buffers go. The export
+ * costs the state's size in this process for the while.
+ */
+static int replan_register(zc_client *c)
+{
+	const char *fn = "zc_register_plan";
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
+	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
+	Zerod__V1__Plan pb;
+	const struct plan *old = c->old_plan, *p = c->plan;
+	uint32_t nold = plan_nsegs(old), nnew = plan_nsegs(p);
+	struct zc_segment_state *os = calloc(nold ? nold : 1, sizeof(*os));
+	struct zc_segment_state *ns = calloc(nnew ? nnew : 1, sizeof(*ns));
+	uint32_t *ob = NULL, *osg = NULL, *nb = NULL, *nsg = NULL;
+	float *arena = calloc(3 * old->total_numel + 1, sizeof(float));
+	int r;
+
+	if (!os || !ns || !arena || seg_index(old, &ob, &osg) < 0 || seg_index(p, &nb, &nsg) < 0) {
+		r = err_set(-ENOMEM, "%s: the state's copy: out of memory", fn);
+		goto out;
+	}
+	for (uint32_t k = 0; k < nold; k++) {
+		uint64_t at =
+			old->buckets[ob[k]].base + old->buckets[ob[k]].segments[osg[k]].offset;
+		os[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+		os[k].bucket = ob[k];
+		os[k].segment = osg[k];
+		os[k].exp_avg = os[k].momentum_buffer = arena + at;
+		os[k].exp_avg_sq = arena + old->total_numel + at;
+		os[k].max_exp_avg_sq = arena + 2 * old->total_numel + at;
+	}
+	r = get_state(c, old, os, sizeof(*os), nold, fn);
+	if (r < 0)
+		goto out;
+	r = plan_to_pb(p, &pb);
+	if (r < 0) {
+		r = err_set(r, NULL);
+		goto out;
+	}
+	shm.grad_name = c->grad.name;
+	shm.grad_bytes = c->grad.bytes;
+	shm.param_name = c->param.name;
+	shm.param_bytes = c->param.bytes;
+	rp.plan = &pb;
+	rp.shm = &shm;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
+	env.register_plan = &rp;
+	pthread_mutex_lock(&c->mu);
+	c->plan_result = 0;
+	r = send_env(c, &env, NULL);
+	client_unlock(c);
+	plan_pb_free(&pb);
+	if (r < 0) {
+		r = err_set(r, "%s: sending the new plan: %s", fn, zc_strerror(r));
+		goto out;
+	}
+	r = wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
+	if (r == 0) {
+		r = err_set(ZC_ETIMEDOUT, "%s: not every rank registered the new plan within %d ms",
+			    fn, c->cfg.register_timeout_ms);
+		goto out;
+	}
+	if (r < 0) {
+		pthread_mutex_lock(&c->mu);
+		err_set(r, "%s", c->answer_msg);
+		if (!c->job_error) {
+			/* refused, the job goes on with the registered plan: so
+			 * does this client */
+			buf_release(&c->grad);
+			buf_release(&c->param);
+			plan_free(c->plan);
+			c->plan = c->old_plan;
+			c->grad = c->old_grad;
+			c->param = c->old_param;
+			c->old_plan = NULL;
+			memset(&c->old_grad, 0, sizeof(c->old_grad));
+			memset(&c->old_param, 0, sizeof(c->old_param));
+			free(c->replan_map);
+			c->replan_map = NULL;
+			c->plan_result = 1;
+			old = NULL;
+		}
+		client_unlock(c);
+		goto out;
+	}
+	/* the job runs on the new plan from here: the old one is gone */
+	pthread_mutex_lock(&c->mu);
+	buf_release(&c->old_grad);
+	buf_release(&c->old_param);
+	c->old_plan = NULL;
+	client_unlock(c);
+	for (uint32_t k = 0; k < nnew; k++) {
+		ns[k] = os[c->replan_map[k]];
+		ns[k].bucket = nb[k];
+		ns[k].segment = nsg[k];
+	}
+	r = set_state(c, p, ns, sizeof(*ns), nnew, false, fn);
+	plan_free((struct plan *)old);
+	old = NULL;
+	free(c->replan_map);
+	c->replan_map = NULL;
+out:
+	if (old && !c->old_plan)
+		plan_free((struct plan *)old);
+	free(os);
+	free(ns);
+	free(ob);
+	free(osg);
+	free(nb);
+	free(nsg);
+	free(arena);
+	return r < 0 ? r : 0;
 }

@@ -43,7 +43,20 @@ FROZEN(zc_segment, size, 0);
 FROZEN(zc_segment, group, 4);
 FROZEN(zc_segment, offset, 8);
 FROZEN(zc_segment, numel, 16);
-FROZEN_SIZE(zc_segment, 24);
+FROZEN(zc_segment, param_id, 24);
+FROZEN_SIZE(zc_segment, 32);
+
+FROZEN(zc_segment_state, size, 0);
+FROZEN(zc_segment_state, bucket, 4);
+FROZEN(zc_segment_state, segment, 8);
+FROZEN(zc_segment_state, present, 12);
+FROZEN(zc_segment_state, step, 16);
+FROZEN(zc_segment_state, momentum_buffer, 24);
+FROZEN(zc_segment_state, exp_avg, 32);
+FROZEN(zc_segment_state, exp_avg_sq, 40);
+FROZEN(zc_segment_state, max_exp_avg_sq, 48);
+FROZEN(zc_segment_state, master, 56);
+FROZEN_SIZE(zc_segment_state, 64);
 
 FROZEN(zc_bucket, size, 0);
 FROZEN(zc_bucket, nsegments, 4);
@@ -121,6 +134,13 @@ int zc_segment_init(struct zc_segment *s, size_t size)
 	static const struct zc_segment d = ZC_SEGMENT_INIT;
 
 	return init(s, size, &d, sizeof(d), "segment");
+}
+
+int zc_segment_state_init(struct zc_segment_state *s, size_t size)
+{
+	static const struct zc_segment_state d = ZC_SEGMENT_STATE_INIT;
+
+	return init(s, size, &d, sizeof(d), "segment_state");
 }
 
 int zc_bucket_init(struct zc_bucket *b, size_t size)

@@ -218,9 +218,56 @@ static uint64_t plan_hash(const struct plan *p)
 			HASH_FIELD(&h, sg->offset);
 			HASH_FIELD(&h, sg->numel);
 			HASH_FIELD(&h, sg->group);
+			if (sg->param_id) /* plans of older callers keep their hash */
+				HASH_FIELD(&h, sg->param_id);
 		}
 	}
 	return h;
+}
+
+struct id_at {
+	uint64_t id;
+	uint32_t bucket, segment;
+};
+
+static int id_cmp(const void *a, const void *b)
+{
+	const struct id_at *x = a, *y = b;
+
+	if (x->id != y->id)
+		return x->id < y->id ? -1 : 1;
+	if (x->bucket != y->bucket)
+		return x->bucket < y->bucket ? -1 : 1;
+	return x->segment < y->segment ? -1 : x->segment > y->segment;
+}
+
+/* Nonzero param_ids name one segment each. */
+static int check_param_ids(const struct plan *p, uint64_t nseg, char *err, size_t errlen)
+{
+	struct id_at *ids = calloc(nseg ? nseg : 1, sizeof(*ids));
+	size_t n = 0;
+	int r = 0;
+
+	if (!ids)
+		return -ENOMEM;
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t s = 0; s < p->buckets[b].nsegments; s++)
+			if (p->buckets[b].segments[s].param_id)
+				ids[n++] = (struct id_at){
+					.id = p->buckets[b].segments[s].param_id,
+					.bucket = b,
+					.segment = s,
+				};
+	qsort(ids, n, sizeof(*ids), id_cmp);
+	for (size_t i = 1; i < n && r == 0; i++)
+		if (ids[i].id == ids[i - 1].id)
+			r = fail(err, errlen,
+				 "buckets[%u].segments[%u].param_id: %" PRIu64
+				 " is also buckets[%u].segments[%u]'s",
+				 ids[i].bucket, ids[i].segment, ids[i].id, ids[i - 1].bucket,
+				 ids[i - 1].segment);
+	free(ids);
+	return r;
 }
 
 /*
@@ -231,6 +278,7 @@ static uint64_t plan_hash(const struct plan *p)
 static int plan_finish(struct plan *p, char *err, size_t errlen)
 {
 	uint64_t bytes = 0, nseg = 0;
+	int r;
 
 	if (p->optimizer < ZC_OPT_SGD || p->optimizer > ZC_OPT_ADAMW)
 		return fail(err, errlen, "optimizer: unknown value %d", (int)p->optimizer);
@@ -308,6 +356,9 @@ static int plan_finish(struct plan *p, char *err, size_t errlen)
 	}
 	p->total_numel = bytes / sizeof(float);
 	p->total_bytes = bytes;
+	r = check_param_ids(p, nseg, err, errlen);
+	if (r < 0)
+		return r;
 	p->hash = plan_hash(p);
 	return 0;
 }
@@ -399,6 +450,7 @@ static int segment_from_zc(const void *src, const char *what, struct zc_segment 
 	ABI_TAKE(&s, src, size, group);
 	ABI_TAKE(&s, src, size, offset);
 	ABI_TAKE(&s, src, size, numel);
+	ABI_TAKE(&s, src, size, param_id);
 	*out = s;
 	return 0;
 }
@@ -606,6 +658,9 @@ int plan_from_pb(const Zerod__V1__Plan *in, struct plan **ret, char *err, size_t
 				.offset = src->segments[s]->offset,
 				.numel = src->segments[s]->numel,
 				.group = src->segments[s]->group,
+				.param_id = src->segments[s]->has_param_id
+						    ? src->segments[s]->param_id
+						    : 0,
 			};
 	}
 	r = plan_finish(p, err, errlen);
@@ -688,6 +743,8 @@ int plan_to_pb(const struct plan *p, Zerod__V1__Plan *out)
 			segs[s].offset = bk->segments[s].offset;
 			segs[s].numel = bk->segments[s].numel;
 			segs[s].group = bk->segments[s].group;
+			segs[s].has_param_id = bk->segments[s].param_id != 0;
+			segs[s].param_id = bk->segments[s].param_id;
 			buckets[b].segments[s] = &segs[s];
 		}
 	}
@@ -760,6 +817,9 @@ int plan_diff(const struct plan *a, const struct plan *b, char *field, size_t le
 			     u->numel, v->numel);
 			DIFF(u->group != v->group, "buckets[%u].segments[%u].group: %u vs %u", k, s,
 			     u->group, v->group);
+			DIFF(u->param_id != v->param_id,
+			     "buckets[%u].segments[%u].param_id: %" PRIu64 " vs %" PRIu64, k, s,
+			     u->param_id, v->param_id);
 		}
 	}
 	return 0;
@@ -777,4 +837,165 @@ unsigned plan_state_arrays(enum zc_optimizer opt, const struct zc_param_group *g
 			need |= PLAN_STATE_VMAX;
 	}
 	return need;
+}
+
+static int state_check(const struct plan *p, uint32_t bucket, uint32_t segment, uint32_t present,
+		       double step, char *err, size_t errlen)
+{
+	const uint32_t adam = ZC_STATE_STEP | ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ;
+	const struct zc_param_group *g;
+	uint32_t b = bucket, s = segment;
+
+	if (bucket >= p->nbuckets)
+		return fail(err, errlen, "bucket %u: the plan has %u buckets", bucket, p->nbuckets);
+	if (segment >= p->buckets[bucket].nsegments)
+		return fail(err, errlen, "buckets[%u].segments[%u]: the bucket has %u segments", b,
+			    s, p->buckets[bucket].nsegments);
+	g = &p->groups[p->buckets[bucket].segments[segment].group];
+	if (present & ~PLAN_STATE_ALL)
+		return fail(err, errlen, "buckets[%u].segments[%u].present: unknown bits 0x%x", b,
+			    s, present & ~PLAN_STATE_ALL);
+	if (present & ZC_STATE_MASTER)
+		return fail(err, errlen,
+			    "buckets[%u].segments[%u].master: fp32 parameters have no master copy",
+			    b, s);
+	if (p->optimizer == ZC_OPT_SGD) {
+		if (present & ZC_STATE_STEP)
+			return fail(err, errlen,
+				    "buckets[%u].segments[%u].step: torch.optim.SGD keeps no step",
+				    b, s);
+		if (present & (adam | ZC_STATE_MAX_EXP_AVG_SQ))
+			return fail(err, errlen,
+				    "buckets[%u].segments[%u].%s: not a state of torch.optim.SGD",
+				    b, s,
+				    present & ZC_STATE_EXP_AVG      ? "exp_avg"
+				    : present & ZC_STATE_EXP_AVG_SQ ? "exp_avg_sq"
+								    : "max_exp_avg_sq");
+		if ((present & ZC_STATE_MOMENTUM_BUFFER) && g->momentum == 0)
+			return fail(err, errlen,
+				    "buckets[%u].segments[%u].momentum_buffer: its group has "
+				    "momentum 0, torch keeps none",
+				    b, s);
+		return 0;
+	}
+	if (present & ZC_STATE_MOMENTUM_BUFFER)
+		return fail(err, errlen,
+			    "buckets[%u].segments[%u].momentum_buffer: not a state of %s", b, s,
+			    plan_optimizer_name(p->optimizer));
+	if ((present & ZC_STATE_MAX_EXP_AVG_SQ) && !g->amsgrad)
+		return fail(err, errlen,
+			    "buckets[%u].segments[%u].max_exp_avg_sq: its group has no amsgrad", b,
+			    s);
+	if (present == 0)
+		return 0;
+	if ((present & adam) != adam)
+		return fail(err, errlen,
+			    "buckets[%u].segments[%u].%s: missing (step, exp_avg and exp_avg_sq "
+			    "go together)",
+			    b, s,
+			    !(present & ZC_STATE_STEP)      ? "step"
+			    : !(present & ZC_STATE_EXP_AVG) ? "exp_avg"
+							    : "exp_avg_sq");
+	if (g->amsgrad && !(present & ZC_STATE_MAX_EXP_AVG_SQ))
+		return fail(
+			err, errlen,
+			"buckets[%u].segments[%u].max_exp_avg_sq: missing (the group has amsgrad)",
+			b, s);
+	if (!(step >= 0 && step <= PLAN_STATE_MAX_STEP && step == (double)(uint64_t)step))
+		return fail(err, errlen,
+			    "buckets[%u].segments[%u].step: %g is not a whole number in 0..%u", b,
+			    s, step, PLAN_STATE_MAX_STEP);
+	return 0;
+}
+
+int plan_state_check(const struct plan *p, uint32_t bucket, uint32_t segment, uint32_t present,
+		     double step, char *err, size_t errlen)
+{
+	return state_check(p, bucket, segment, present, step, err, errlen) < 0 ? ZC_ESTATEINVAL : 0;
+}
+
+int plan_replan_match(const struct plan *old, const struct plan *p, uint32_t *map, char *err,
+		      size_t errlen)
+{
+	uint32_t nold = 0, nnew = 0, k = 0;
+	bool ids = true;
+	struct id_at *byid = NULL;
+	const struct zc_segment **oflat = NULL;
+	char field[192];
+	int r = 0;
+
+#define REPLAN(...) (snprintf(err, errlen, __VA_ARGS__), ZC_EREPLAN)
+	if (old->optimizer != p->optimizer)
+		return REPLAN("optimizer: %s, the registered plan's is %s",
+			      plan_optimizer_name(p->optimizer),
+			      plan_optimizer_name(old->optimizer));
+	if (old->ngroups != p->ngroups)
+		return REPLAN("ngroups: %u, the registered plan has %u", p->ngroups, old->ngroups);
+	for (uint32_t g = 0; g < p->ngroups; g++)
+		if (group_diff(g, &old->groups[g], &p->groups[g], field, sizeof(field)))
+			return REPLAN("%s (the registered plan's vs the new one's)", field);
+	for (uint32_t b = 0; b < old->nbuckets; b++)
+		for (uint32_t s = 0; s < old->buckets[b].nsegments; s++, nold++)
+			ids = ids && old->buckets[b].segments[s].param_id != 0;
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t s = 0; s < p->buckets[b].nsegments; s++, nnew++)
+			ids = ids && p->buckets[b].segments[s].param_id != 0;
+	if (nold != nnew)
+		return REPLAN("%u segments, the registered plan has %u", nnew, nold);
+	oflat = calloc(nold ? nold : 1, sizeof(*oflat));
+	if (!oflat)
+		return -ENOMEM;
+	for (uint32_t b = 0, i = 0; b < old->nbuckets; b++)
+		for (uint32_t s = 0; s < old->buckets[b].nsegments; s++)
+			oflat[i++] = &old->buckets[b].segments[s];
+	if (ids) {
+		byid = calloc(nold, sizeof(*byid));
+		if (!byid) {
+			free(oflat);
+			return -ENOMEM;
+		}
+		for (uint32_t b = 0, i = 0; b < old->nbuckets; b++)
+			for (uint32_t s = 0; s < old->buckets[b].nsegments; s++, i++)
+				byid[i] = (struct id_at){.id = old->buckets[b].segments[s].param_id,
+							 .bucket = i};
+		qsort(byid, nold, sizeof(*byid), id_cmp);
+	}
+	for (uint32_t b = 0; b < p->nbuckets && r == 0; b++)
+		for (uint32_t s = 0; s < p->buckets[b].nsegments && r == 0; s++, k++) {
+			const struct zc_segment *n = &p->buckets[b].segments[s], *o;
+			uint32_t at = k;
+
+			if (ids) {
+				struct id_at key = {.id = n->param_id}, *hit;
+				uint32_t lo = 0, hi = nold;
+				while (lo < hi) { /* the first of that id */
+					uint32_t mid = lo + (hi - lo) / 2;
+					if (byid[mid].id < key.id)
+						lo = mid + 1;
+					else
+						hi = mid;
+				}
+				hit = lo < nold && byid[lo].id == key.id ? &byid[lo] : NULL;
+				if (!hit) {
+					r = REPLAN("buckets[%u].segments[%u].param_id: %" PRIu64
+						   " is not in the registered plan",
+						   b, s, n->param_id);
+					break;
+				}
+				at = hit->bucket; /* its flat index there */
+			}
+			o = oflat[at];
+			if (o->numel != n->numel || o->group != n->group)
+				r = REPLAN("buckets[%u].segments[%u]%s: numel %" PRIu64
+					   ", group %u; the registered plan's: numel %" PRIu64
+					   ", group %u",
+					   b, s, ids ? " (by param_id)" : " (by position)",
+					   n->numel, n->group, o->numel, o->group);
+			if (map)
+				map[k] = at;
+		}
+#undef REPLAN
+	free(byid);
+	free(oflat);
+	return r;
 }

@@ -106,6 +106,23 @@ enum plan_state {
 unsigned plan_state_arrays(enum zc_optimizer opt, const struct zc_param_group *groups,
 			   uint32_t ngroups);
 
+/* One segment's optimizer state as zc_set_state() gives it (ZC_STATE_* bits
+ * in present, torch's step): 0, or ZC_ESTATEINVAL naming the segment and the
+ * field in err. Against the plan's groups; the tensors' values are not seen
+ * here. */
+#define PLAN_STATE_ALL      63u
+#define PLAN_STATE_MAX_STEP 0x3fffffffu
+int plan_state_check(const struct plan *p, uint32_t bucket, uint32_t segment, uint32_t present,
+		     double step, char *err, size_t errlen);
+
+/* A re-plan: p must hold old's parameters (same optimizer and groups, the
+ * same segments' numel and group, matched by param_id when every segment of
+ * both has one, else by position in plan order). map (optional, one entry
+ * per segment of p in plan order) gets each one's index in old's order.
+ * 0, or ZC_EREPLAN with the first difference in err. */
+int plan_replan_match(const struct plan *old, const struct plan *p, uint32_t *map, char *err,
+		      size_t errlen);
+
 /* Validate one group's hyperparameters for optimizer opt (torch's rules). */
 int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char *err,
 		     size_t errlen);

@@ -17,6 +17,7 @@ enum exec_event {
 	EXEC_STEP_DONE,   /* every op of `iteration` is done */
 	EXEC_FAILED,      /* op `op` of buckets lo..hi failed with `status`; nothing more runs */
 	EXEC_STOPPED,     /* the executor's threads are gone and its state is freed */
+	EXEC_STATE_DONE,  /* the state export or import (exec_state) is done */
 };
 
 struct exec_done {

@@ -21,6 +21,7 @@
 #include "sink.h"
 #include "plan.h"
 #include "shard.h"
+#include "statex.h"
 #include "zerod.pb-c.h"
 
 #define ZEROD_MAX_WORLD 4096u
@@ -195,6 +196,10 @@ struct job {
 	bool reload_pending;           /* zc_params_changed() for iteration reload_iter */
 	uint64_t reload_iter;
 
+	/* state export/import and re-planning (statex.c) */
+	struct statex *sx;      /* the round in progress, or NULL */
+	struct replan *rp;      /* a new plan is being registered (statex.c), or NULL */
+
 	uint64_t iterations_done, buckets_done;
 	struct jobops *ops; /* the operator's record of it (ops.c), or NULL */
 };
@@ -310,6 +315,9 @@ void job_register_plan(struct job *j, struct session *s, struct plan *p, const s
 		       const struct mem_desc *pd);
 /* Every node of j joined and agreed (rdzv.c): start its executor. */
 void job_formed(struct job *j);
+/* A re-plan (statex.c): the old executor is gone and j->plans[], the maps,
+ * hold the new plan's; drop what came of the old plan and start again. */
+void job_restart(struct job *j);
 void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void job_leave(struct job *j, struct session *s, enum leave_reason why);

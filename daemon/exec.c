@@ -37,6 +37,7 @@ enum xop_type {
 	XOP_HYPER,
 	XOP_PROG,
 	XOP_RELOAD, /* zc_params_changed(): the masters from the owners' parameters */
+	XOP_STATE,
 };
 
 struct xop {
@@ -46,6 +47,7 @@ struct xop {
 	uint64_t seq;
 	uint64_t dep[LANE_COUNT];
 	struct zc_param_group *groups; /* XOP_HYPER */
+	struct exec_state_req st;      /* XOP_STATE */
 	struct exec_done *done;        /* what to post when it succeeds, if anything */
 	struct xop *next;
 };
@@ -551,6 +553,147 @@ static int op_start(struct exec *e, struct lane *ln)
 	return r;
 }
 
+/* ------------------------------------------------- state export/import --- */
+
+static float *region(float *stg, uint64_t total, unsigned k)
+{
+	return stg + (size_t)k * total;
+}
+
+static uint32_t piece_meta(const struct exec *e, const struct optim_piece *pc)
+{
+	const struct zc_param_group *g = &e->groups[pc->group];
+	const struct state *s = e->cfg.state;
+	uint32_t w;
+
+	if (e->cfg.plan->optimizer == ZC_OPT_SGD)
+		return s->m && !pc->first_momentum ? EXEC_META_MOMENTUM : 0;
+	w = (uint32_t)MIN(pc->step - 1, (uint64_t)EXEC_META_STEP);
+	if (w && s->vmax && g->amsgrad)
+		w |= EXEC_META_VMAX;
+	return w;
+}
+
+/* Fill each owned piece's range of its owner's parameters with region k's
+ * values, broadcast them to every rank, and copy them into each local
+ * rank's staging. */
+static int export_region(struct exec *e, struct lane *ln, const struct exec_state_req *rq,
+			 unsigned k)
+{
+	const struct state *s = e->cfg.state;
+	uint64_t total = e->cfg.plan->total_numel;
+	int r;
+
+	for (uint32_t i = 0; i < s->npieces; i++) {
+		const struct optim_piece *pc = &s->pieces[i];
+		float *dst = e->cfg.params[pc->owner] + pc->off;
+		const float *src = k == EXEC_REGION_M ? s->m : k == EXEC_REGION_V ? s->v : s->vmax;
+
+		if (k == EXEC_REGION_META) {
+			uint32_t w = piece_meta(e, pc);
+			for (uint64_t x = 0; x < pc->n; x++)
+				memcpy(dst + x, &w, sizeof(w));
+		} else {
+			memcpy(dst, src + pc->at, pc->n * sizeof(float));
+		}
+	}
+	r = lane_coll(e, ln, COLL_BCAST, e->cfg.plan->shard_mode, e->ranges, e->cfg.shard->nunits);
+	if (r < 0)
+		return r;
+	for (uint32_t i = 0; i < e->nlocal; i++) {
+		uint32_t lr = e->local[i];
+		memcpy(region(rq->staging[lr], total, k), e->cfg.params[lr], total * sizeof(float));
+	}
+	return 0;
+}
+
+static int state_export(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
+{
+	const struct state *s = e->cfg.state;
+	uint64_t total = e->cfg.plan->total_numel;
+	int r;
+
+	for (uint32_t i = 0; i < e->nlocal; i++) {
+		uint32_t lr = e->local[i];
+		memcpy(region(rq->staging[lr], total, EXEC_REGION_SAVE), e->cfg.params[lr],
+		       total * sizeof(float));
+	}
+	r = export_region(e, ln, rq, EXEC_REGION_META);
+	if (r >= 0 && s->m)
+		r = export_region(e, ln, rq, EXEC_REGION_M);
+	if (r >= 0 && s->v)
+		r = export_region(e, ln, rq, EXEC_REGION_V);
+	if (r >= 0 && s->vmax)
+		r = export_region(e, ln, rq, EXEC_REGION_VMAX);
+	/* the parameters as they were, whatever came of it */
+	for (uint32_t i = 0; i < e->nlocal; i++) {
+		uint32_t lr = e->local[i];
+		memcpy(e->cfg.params[lr], region(rq->staging[lr], total, EXEC_REGION_SAVE),
+		       total * sizeof(float));
+	}
+	return r;
+}
+
+/* The segment of bucket b that holds flat element off. */
+static uint32_t piece_segment(const struct plan *p, uint32_t b, uint64_t off)
+{
+	const struct plan_bucket *bk = &p->buckets[b];
+	uint64_t a = off - bk->base;
+	uint32_t lo = 0, hi = bk->nsegments - 1;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo + 1) / 2;
+		if (bk->segments[mid].offset <= a)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+static void import_array(float *arr, const struct optim_piece *pc, const float *src, bool given)
+{
+	if (!arr)
+		return;
+	if (given)
+		memcpy(arr + pc->at, src + pc->off, pc->n * sizeof(float));
+	else
+		memset(arr + pc->at, 0, pc->n * sizeof(float));
+}
+
+/* Validated on the loop thread already (statex.c): nothing here can fail,
+ * so nothing is applied partially. */
+static int state_import(struct exec *e, const struct exec_state_req *rq)
+{
+	const struct plan *p = e->cfg.plan;
+	struct state *s = e->cfg.state;
+	uint64_t total = p->total_numel;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t i = s->bucket_first[b]; i < s->bucket_first[b + 1]; i++) {
+			struct optim_piece *pc = &s->pieces[i];
+			const struct exec_seg_state *g =
+				&rq->segs[rq->seg_first[b] + piece_segment(p, b, pc->off)];
+			float *stg = rq->staging[pc->owner];
+
+			if (!g->given)
+				continue;
+			if (p->optimizer == ZC_OPT_SGD) {
+				bool has = g->present & ZC_STATE_MOMENTUM_BUFFER;
+				import_array(s->m, pc, region(stg, total, EXEC_REGION_M), has);
+				pc->first_momentum = !has;
+				continue;
+			}
+			bool has = g->present & ZC_STATE_STEP;
+			import_array(s->m, pc, region(stg, total, EXEC_REGION_M), has);
+			import_array(s->v, pc, region(stg, total, EXEC_REGION_V), has);
+			import_array(s->vmax, pc, region(stg, total, EXEC_REGION_VMAX),
+				     g->present & ZC_STATE_MAX_EXP_AVG_SQ);
+			pc->step = has ? g->step + 1 : 1;
+		}
+	return 0;
+}
+
 static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
 {
 	switch (o->type) {
@@ -565,6 +708,8 @@ static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
 		return op_prog(e, ln, o->z);
 	case XOP_RELOAD:
 		return load_masters(e, true);
+	case XOP_STATE:
+		return o->st.set ? state_import(e, &o->st) : state_export(e, ln, &o->st);
 	}
 	return -EINVAL;
 }
@@ -603,6 +748,7 @@ static void xop_finish(struct exec *e, struct xop *o, int r)
 			.op = o->type == XOP_START    ? "start"
 			      : o->type == XOP_HYPER  ? "hyper"
 			      : o->type == XOP_RELOAD ? "reload"
+			      : o->type == XOP_STATE  ? "state"
 						      : zop_name(z->kind),
 			/* why it failed: opening, an edit, or the job's semantics */
 			.detail = o->type == XOP_START ? e->open_err
@@ -801,6 +947,29 @@ int exec_reload(struct exec *e)
 	}
 	/* after every op queued so far, on every lane: it reads the parameters
 	 * the last broadcast wrote and the trainers edited since */
+	enqueue(e, o, LANE_COMPUTE, 0, e->cfg.plan->nbuckets - 1, true);
+	pthread_mutex_unlock(&e->mu);
+	return 0;
+}
+
+int exec_state(struct exec *e, const struct exec_state_req *req)
+{
+	struct xop *o = calloc(1, sizeof(*o));
+
+	if (!o || !(o->done = done_new(e, EXEC_STATE_DONE, 0, 0))) {
+		free(o);
+		return -ENOMEM;
+	}
+	o->type = XOP_STATE;
+	o->st = *req;
+	pthread_mutex_lock(&e->mu);
+	if (e->stopping || e->failed) {
+		pthread_mutex_unlock(&e->mu);
+		xop_release(o);
+		return 0; /* the job is failing already, for its own reason */
+	}
+	/* after every op queued before it, on every lane, and before the next
+	 * iteration's */
 	enqueue(e, o, LANE_COMPUTE, 0, e->cfg.plan->nbuckets - 1, true);
 	pthread_mutex_unlock(&e->mu);
 	return 0;

@@ -80,6 +80,35 @@ struct exec_bucket_in {
  * the reduction reads it. */
 int exec_bucket_ex(struct exec *e, uint64_t t, uint32_t b, const struct exec_bucket_in *in);
 
+/*
+ * Export or import the optimizer state, between iterations (statex.c). Each
+ * local rank's staging holds EXEC_STATE_REGIONS regions of the plan's
+ * total_numel floats, at flat positions: the rank's saved parameters, one
+ * word per element (EXEC_META_*), then momentum_buffer / exp_avg, exp_avg_sq,
+ * max_exp_avg_sq. Export: every rank's staging gets every piece's state, the
+ * other nodes' too (through broadcasts in the parameter buffers, which are
+ * saved first and restored after). Import: each owned piece whose segment is
+ * given takes its owner rank's values. The request and what it points to
+ * stay the caller's until EXEC_STATE_DONE (or the executor stopped).
+ */
+#define EXEC_STATE_REGIONS 5
+enum { EXEC_REGION_SAVE, EXEC_REGION_META, EXEC_REGION_M, EXEC_REGION_V, EXEC_REGION_VMAX };
+#define EXEC_META_STEP     0x3fffffffu /* torch's step */
+#define EXEC_META_VMAX     (1u << 30)  /* max_exp_avg_sq exists */
+#define EXEC_META_MOMENTUM (1u << 31)  /* SGD's momentum_buffer exists */
+struct exec_seg_state {
+	bool given;
+	uint32_t present; /* ZC_STATE_* */
+	uint64_t step;    /* torch's */
+};
+struct exec_state_req {
+	bool set;
+	float *const *staging;             /* [world]: NULL for ranks on other nodes */
+	const struct exec_seg_state *segs; /* set: [every segment of the plan, in order] */
+	const uint32_t *seg_first;         /* set: [nbuckets]: index of each bucket's first */
+};
+int exec_state(struct exec *e, const struct exec_state_req *req);
+
 /* Drop what is queued, abort the collectives in flight, free the state;
  * EXEC_STOPPED says the threads are gone. Idempotent. */
 void exec_stop(struct exec *e);

@@ -87,6 +87,8 @@ static void job_free(struct job *j)
 		exec_free(j->exec);
 	}
 	rdzv_job_free(j); /* after the executor: it used the rendezvous' store */
+	statex_free(j);   /* after the executor: it may have used the staging */
+	statex_replan_free(j);
 	zero_program_clear(&j->prog);
 	free(j->node_of);
 	d->stats.reduced_elems += es.reduced_elems;
@@ -135,7 +137,7 @@ void job_set_state(struct job *j, enum job_state to)
 	static const unsigned allowed[] = {
 		[JOB_FORMING] = 1u << JOB_REGISTERING | 1u << JOB_FAILED,
 		[JOB_REGISTERING] = 1u << JOB_ACTIVE | 1u << JOB_FAILED,
-		[JOB_ACTIVE] = 1u << JOB_FAILED,
+		[JOB_ACTIVE] = 1u << JOB_FAILED | 1u << JOB_REGISTERING, /* a re-plan */
 		[JOB_FAILED] = 1u << JOB_DRAINING,
 		[JOB_DRAINING] = 0,
 	};
@@ -468,6 +470,10 @@ void job_register_plan(struct job *j, struct session *s, struct plan *p, const s
 		plan_free(p);
 		return;
 	}
+	if (j->state == JOB_ACTIVE) {
+		statex_replan(j, s, p, gd, pd); /* between iterations: a new layout */
+		return;
+	}
 	if (j->state != JOB_FORMING || j->plans[s->rank] || j->grad_map[s->rank]) {
 		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u already registered a plan; changing the plan of a "
@@ -522,6 +528,22 @@ void job_register_plan(struct job *j, struct session *s, struct plan *p, const s
 void job_formed(struct job *j)
 {
 	job_start(j);
+}
+
+void job_restart(struct job *j)
+{
+	shard_map_free(j->shard);
+	j->shard = NULL;
+	zero_program_clear(&j->prog);
+	free(j->node_of);
+	j->node_of = NULL;
+	plan_free(j->plan);
+	j->plan = NULL;
+	free(j->arrived);
+	j->arrived = NULL;
+	sem_free(j->sem); /* sized by the old plan's segments; made again on use */
+	j->sem = NULL;
+	job_start(j); /* j->plans[] hold the new plan */
 }
 
 void job_leave(struct job *j, struct session *s, enum leave_reason why)

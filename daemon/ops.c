@@ -271,6 +271,8 @@ void ops_exec_done(struct daemon *d, const struct exec_done *done)
 		record_failure(o, jo);
 		break;
 	}
+	case EXEC_STATE_DONE:
+		break;
 	}
 }
 

@@ -553,7 +553,9 @@ static void apply_remote_end(struct rdzv_job *rj, int code, bool quiet, uint64_t
 
 	if (job_ended(j))
 		return;
-	if (quiet && j->state == JOB_ACTIVE && j->iter < iter) {
+	/* a state round already in this node's executor is answered first:
+	 * the node that ended served it (its collectives are done) */
+	if (quiet && j->state == JOB_ACTIVE && (j->iter < iter || statex_busy(j))) {
 		rj->end_pending = true;
 		rj->end_iter = iter;
 		rj->end_code = code;
@@ -632,7 +634,7 @@ void rdzv_iteration_done(struct job *j)
 {
 	struct rdzv_job *rj = j->rdzv;
 
-	if (rj->end_pending && !job_ended(j) && j->iter >= rj->end_iter) {
+	if (rj->end_pending && !job_ended(j) && j->iter >= rj->end_iter && !statex_busy(j)) {
 		rj->end_pending = false;
 		apply_remote_end(rj, rj->end_code, true, rj->end_iter, rj->end_msg);
 	}

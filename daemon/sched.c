@@ -24,13 +24,27 @@
 
 void sched_start(struct job *j)
 {
+	struct zc_param_group *snap = NULL;
+
 	j->arrived = calloc(j->plan->nbuckets, sizeof(*j->arrived));
-	j->groups = calloc(j->plan->ngroups, sizeof(*j->groups));
+	if (j->groups) {
+		/* a re-plan (same groups): the hyperparameters in force go on */
+		snap = malloc(j->plan->ngroups * sizeof(*snap));
+		if (snap)
+			memcpy(snap, j->groups, j->plan->ngroups * sizeof(*snap));
+		if (!snap || exec_hyper(j->exec, snap) < 0) {
+			job_fail(j, ZC_ELIMIT, true, "out of memory");
+			return;
+		}
+	} else {
+		j->groups = calloc(j->plan->ngroups, sizeof(*j->groups));
+		if (j->groups)
+			memcpy(j->groups, j->plan->groups, j->plan->ngroups * sizeof(*j->groups));
+	}
 	if (!j->arrived || !j->groups) {
 		job_fail(j, ZC_ELIMIT, true, "out of memory");
 		return;
 	}
-	memcpy(j->groups, j->plan->groups, j->plan->ngroups * sizeof(*j->groups));
 	job_set_state(j, JOB_ACTIVE);
 	j->progress_ms = now_ms();
 	for (uint32_t r = 0; r < j->world; r++)
@@ -321,6 +335,8 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 		d->memory_used -= j->memory;
 		j->memory = 0;
 		j->exec_running = false;
+		if (statex_replan_stopped(j))
+			return; /* a re-plan: the job starts again */
 		job_maybe_free(j);
 		return;
 	}
@@ -372,6 +388,9 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 			job_fail(j, ZC_EINTERNAL, true, "%s", what);
 		break;
 	}
+	case EXEC_STATE_DONE:
+		statex_done(j);
+		break;
 	case EXEC_STOPPED:
 		break;
 	}

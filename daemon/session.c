@@ -562,6 +562,22 @@ static void on_params_changed(struct daemon *d, const void *route, size_t rlen,
 	sched_params_changed(s->job, s, env->params_changed->iteration);
 }
 
+static void on_get_state(struct daemon *d, const void *route, size_t rlen, struct session *s,
+			 const Zerod__V1__Envelope *env)
+{
+	(void)d, (void)route, (void)rlen;
+	statex_request(s->job, s, s->rank, false, env->get_state->staging, NULL, 0);
+}
+
+static void on_set_state(struct daemon *d, const void *route, size_t rlen, struct session *s,
+			 const Zerod__V1__Envelope *env)
+{
+	const Zerod__V1__SetState *m = env->set_state;
+
+	(void)d, (void)route, (void)rlen;
+	statex_request(s->job, s, s->rank, true, m->staging, m->segments, m->n_segments);
+}
+
 static void on_goodbye(struct daemon *d, const void *route, size_t rlen, struct session *s,
 		       const Zerod__V1__Envelope *env)
 {
@@ -584,6 +600,8 @@ static const struct handler {
 	{ZEROD__V1__ENVELOPE__BODY_SET_GRAD_SCALE, on_set_grad_scale, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_GOODBYE, on_goodbye, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_PARAMS_CHANGED, on_params_changed, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_GET_STATE, on_get_state, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_SET_STATE, on_set_state, NEEDS_SESSION},
 };
 
 /* The largest message s may send now (no session: before Hello). */
@@ -593,6 +611,8 @@ static size_t max_message(const struct session *s)
 		return HELLO_MAX_BYTES;
 	if (s->job && s->job->state == JOB_FORMING && !s->job->plans[s->rank])
 		return ZEROD_MAX_MSG_BYTES; /* its RegisterPlan is still to come */
+	if (s->job && s->job->state == JOB_ACTIVE && !s->job->in_flight)
+		return ZEROD_MAX_MSG_BYTES; /* between iterations: a SetState, a new plan */
 	return REGISTERED_MAX_BYTES;
 }
 
@@ -757,6 +777,16 @@ static void sink_plan_ok(struct session *s, uint64_t plan_hash)
 	session_send(s, &env);
 }
 
+static void sink_state_ok(struct session *s)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__StateOk ok = ZEROD__V1__STATE_OK__INIT;
+
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_STATE_OK;
+	env.state_ok = &ok;
+	session_send(s, &env);
+}
+
 static void sink_err(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,
 		     const char *msg)
 {
@@ -787,5 +817,6 @@ const struct sink_ops session_sink = {
 	.step_done = fastpath_step_done,
 	.step_done_info = sink_step_info,
 	.error = sink_err,
+	.state_ok = sink_state_ok,
 	.detach = session_detach,
 };

@@ -36,6 +36,8 @@ struct sink_ops {
 	 * -1). fatal: the job cannot go on, every pending future fails. */
 	void (*error)(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,
 		      const char *msg);
+	/* The state export or import the rank asked for is done. */
+	void (*state_ok)(struct session *s);
 	/* The rank's job ended: its session goes at the next reap. */
 	void (*detach)(struct session *s);
 };

@@ -101,6 +101,8 @@ unsigned zc_version(void);
 	X(EFORKED, -1024, "client used in a child process after fork")                             \
 	X(EBUFFER, -1025, "buffer fd refused")                                                     \
 	X(ESEGMASK, -1026, "segment mask out of range")                                            \
+	X(EREPLAN, -1027, "re-plan changes the parameters")                                        \
+	X(ESTATEINVAL, -1028, "invalid optimizer state")                                           \
 	X(EPARAMEDIT, -1029, "low-precision parameters edited without zc_params_changed()")
 
 enum zc_error {
@@ -213,12 +215,18 @@ struct zc_param_group {
 int zc_param_group_init(struct zc_param_group *g, size_t size);
 
 /* A contiguous run of one parameter group inside a bucket, in elements.
- * 24 bytes in this version. */
+ * 32 bytes in this version.
+ * param_id names the parameter (or flat run of parameters) across re-plans
+ * (zc_register_plan() again, below): nonzero ids must be unique within a
+ * plan (else ZC_EPLANINVAL); with every id of a plan nonzero, a re-plan
+ * matches segments by id, otherwise by position in plan order (bucket 0's
+ * segments first). Part of the plan: ranks must agree on it. */
 struct zc_segment {
 	uint32_t size;   /* sizeof(struct zc_segment) the caller was built with */
 	uint32_t group;  /* index into zc_plan.groups */
 	uint64_t offset; /* from the start of the bucket */
 	uint64_t numel;
+	uint64_t param_id; /* 0: identity by position */
 };
 
 #define ZC_SEGMENT_INIT                                                                            \
@@ -448,7 +456,8 @@ int zc_register_buffers(zc_client *c, const struct zc_plan *plan, const struct z
  * The easy path: the library creates one memfd (gradients, then parameters
  * at the next page boundary), zero-filled and sealed against shrinking and
  * growing, and registers it as zc_register_buffers() does. Errors, threads
- * and blocking as there.
+ * and blocking as there. Called again after the plan was registered, it
+ * re-plans (see "Re-planning" below).
  * Ownership: plan is validated and copied (ZC_EPLANINVAL, or -EINVAL / -E2BIG
  *            for a struct size, with the reason in zc_error_message()); the
  *            buffers belong to c.
@@ -506,12 +515,129 @@ void *zc_param_ptr(zc_client *c, uint32_t bucket);
  * up: a shared ring that carries the buckets and their completions from then
  * on (without it, everything goes over the ZeroMQ socket). Errors:
  * ZC_EPLANMISMATCH, ZC_EBUFFER, ZC_ETIMEDOUT... with the daemon's reason in
- * zc_error_message().
+ * zc_error_message(). Called again after zc_alloc_buffers() of a new plan,
+ * it re-plans (see "Re-planning" below).
  * Ownership: nothing changes hands.
  * Threads:   any thread; other calls on c may run while it waits.
  * Blocking:  up to register_timeout_ms.
  */
 int zc_register_plan(zc_client *c);
+
+/*
+ * Re-planning (DDP rebuilding its buckets): between iterations (every step
+ * future of the iterations handed over completed), call zc_alloc_buffers()
+ * with the new plan and then zc_register_plan() again, on every rank. The new
+ * plan must hold the same parameters: the same segments (numel and group),
+ * matched by param_id when every segment of both plans has one, else by
+ * position in plan order, in any bucket grouping and order, with the same
+ * groups and optimizer; else ZC_EREPLAN naming the first difference, and
+ * the old plan stays. zc_alloc_buffers() makes new buffers and copies every
+ * segment's parameter values from the old ones (the old pointers stay valid
+ * until zc_register_plan() returns; take the new ones then); zc_register_plan()
+ * exports the optimizer state (zc_get_state()), has the daemon start the job
+ * again on the new plan, and imports the state (zc_set_state()) into the new
+ * layout: moments and step counts move with their segment, without loss, in
+ * either shard mode. Iterations go on counting; the hyperparameters in force
+ * (zc_set_hyper's) stay: the new plan's groups must equal the registered
+ * plan's. Between the two calls zc_bucket_ready() and the state calls are
+ * ZC_ESTATE, and zc_grad_buffer()/zc_param_buffer() already return the new
+ * buffers (do not call them from another thread meanwhile). A job over
+ * several nodes cannot re-plan yet: zc_register_plan() returns ZC_ENOTSUP
+ * and the client goes back to the registered plan and its buffers (so does
+ * any refusal that leaves the job running). Once the daemon took the new
+ * plan, only the job's failure can fail the import that follows.
+ */
+
+/* ------------------------------------------------------ optimizer state --- */
+
+/* Which parts of a segment's optimizer state exist: torch's state[p] keys. */
+#define ZC_STATE_STEP            1u  /* Adam, AdamW: 'step' */
+#define ZC_STATE_MOMENTUM_BUFFER 2u  /* SGD with momentum != 0 */
+#define ZC_STATE_EXP_AVG         4u  /* Adam, AdamW */
+#define ZC_STATE_EXP_AVG_SQ      8u  /* Adam, AdamW */
+#define ZC_STATE_MAX_EXP_AVG_SQ  16u /* Adam, AdamW with amsgrad */
+#define ZC_STATE_MASTER          32u /* fp32 master of low-precision parameters */
+
+/*
+ * The optimizer state of one segment (bucket, segment: its index in the
+ * bucket), as torch keeps it for that parameter: every tensor is numel fp32
+ * elements (the segment's), in the segment's element order. 64 bytes in
+ * this version; zc_segment_state_init() or ZC_SEGMENT_STATE_INIT first.
+ *  - torch.optim.SGD: state is empty before the first step and with
+ *    momentum == 0; otherwise only momentum_buffer (SGD keeps no step).
+ *  - Adam, AdamW: empty before the first step; then step (a whole number,
+ *    as a double like torch's state['step']), exp_avg, exp_avg_sq, and
+ *    max_exp_avg_sq where the group has amsgrad.
+ *  - master: never, for fp32 parameters.
+ */
+struct zc_segment_state {
+	uint32_t size;    /* sizeof(struct zc_segment_state) the caller was built with */
+	uint32_t bucket;  /* in the current plan */
+	uint32_t segment; /* index into the bucket's segments */
+	uint32_t present; /* ZC_STATE_* bits: what exists (get), what is given (set) */
+	double step;
+	float *momentum_buffer, *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *master;
+};
+
+#define ZC_SEGMENT_STATE_INIT                                                                      \
+	{                                                                                          \
+		.size = sizeof(struct zc_segment_state)                                            \
+	}
+
+int zc_segment_state_init(struct zc_segment_state *s, size_t size);
+
+/*
+ * Export the optimizer state of the segments segs[0..n) name (all of the
+ * plan's, or any of them: each rank asks for what it wants). Every local
+ * rank of the job calls it between iterations (after the step futures of the
+ * iterations it handed over; during one: ZC_ESTATE): it is a collective, the
+ * daemon serves once every rank of this node asked, and the state of
+ * segments owned on other nodes travels over the job's collectives, so every
+ * node's ranks call it too. On success each segs[i].present and .step are
+ * written, and each tensor that is present and whose pointer is not NULL is
+ * filled (numel floats the caller owns); a tensor that is not present is not
+ * touched. A NULL pointer skips that tensor (ask once with NULL pointers to
+ * learn what exists).
+ * The bulk data goes through a shared-memory staging area of 5 x the plan's
+ * buffer size (sparse: only what is written takes pages), made per call.
+ * The daemon passes the other ranks' state through this rank's parameter
+ * buffers (the job's own broadcasts) and puts the parameters back before
+ * the call returns: no thread may read or write them meanwhile.
+ * Errors: ZC_EBUCKET (no such bucket or segment: nothing is sent),
+ * ZC_ESTATE, ZC_ETIMEDOUT (not every rank called within register_timeout_ms),
+ * the job's failure.
+ * Ownership: segs and the tensors stay the caller's.
+ * Threads:   any thread; other calls on c may run while it waits.
+ * Blocking:  until every local rank called and the state is copied.
+ */
+int zc_get_state(zc_client *c, struct zc_segment_state *segs, uint32_t n);
+
+/*
+ * Import the optimizer state of segs[0..n): each named segment's state is
+ * replaced by the one given (present says which tensors, as torch's
+ * load_state_dict sets state[p]); segments not named keep their state. A
+ * segment given with present 0 gets a fresh state (as before its first
+ * step). Every local rank of the job calls it between iterations with the
+ * same segments, presence bits and steps; the tensors of an element are
+ * taken from the rank that owns it (its shard owner), so ranks should pass
+ * the same values. Ranks whose lists differ: every rank of the node gets
+ * ZC_ESTATEINVAL and nothing is applied.
+ * Refused with ZC_ESTATEINVAL naming the segment and the field, nothing
+ * applied anywhere and the job going on with its previous state: an unknown
+ * bucket or segment, one named twice, a step that is NaN, negative, not a
+ * whole number or above 2^31, a tensor the plan's optimizer does not keep
+ * (momentum_buffer for Adam or where the group's momentum is 0, Adam's
+ * tensors for SGD, max_exp_avg_sq without amsgrad, master for fp32
+ * parameters, a step for SGD), an incomplete Adam state (step, exp_avg and
+ * exp_avg_sq go together, with max_exp_avg_sq under amsgrad), a NULL
+ * pointer for a tensor given, a value that is not finite, and a negative
+ * exp_avg_sq or max_exp_avg_sq. Nothing is sent when this rank's input is
+ * refused (the other ranks then wait until their timeout), so check on
+ * every rank alike.
+ * Ownership: segs and the tensors stay the caller's (copied).
+ * Threads:   any thread.  Blocking: as zc_get_state().
+ */
+int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n);
 
 /* ----------------------------------------------------------- iteration --- */
 

@@ -289,9 +289,160 @@ static void t_dtypes(void)
 	plan_free(p);
 }
 
+/* param_id: an older caller's 24-byte zc_segment is read as id 0 (and its
+ * plan's hash is the one it had); ids take part in the hash, the diff and
+ * the wire; a nonzero id named twice is refused, naming both places. */
+struct seg_v0 {
+	uint32_t size, group;
+	uint64_t offset, numel;
+};
+
+static void t_param_id(void)
+{
+	struct fixture f;
+	struct seg_v0 old0[2] = {{sizeof(struct seg_v0), 0, 0, 30},
+				 {sizeof(struct seg_v0), 1, 30, 70}};
+	struct seg_v0 old1[1] = {{sizeof(struct seg_v0), 1, 0, 17}};
+	struct plan *a = NULL, *b = NULL, *c = NULL;
+	Zerod__V1__Plan pb;
+	char err[200] = "", field[200] = "";
+	uint64_t hash0;
+
+	fixture_init(&f);
+	REQUIRE(plan_from_zc(&f.p, &a, err, sizeof(err)) == 0, "%s", err);
+	hash0 = a->hash;
+	f.b[0].segments = (const struct zc_segment *)old0;
+	f.b[1].segments = (const struct zc_segment *)old1;
+	REQUIRE(plan_from_zc(&f.p, &b, err, sizeof(err)) == 0, "old segments refused: %s", err);
+	CHECK(b->buckets[0].segments[1].numel == 70 && b->buckets[0].segments[1].param_id == 0,
+	      "an old segment read wrong");
+	CHECK(b->hash == hash0, "ids 0: the hash changed");
+	plan_free(b);
+	b = NULL;
+
+	fixture_init(&f);
+	f.s0[0].param_id = 7, f.s0[1].param_id = 8, f.s1[0].param_id = 9;
+	REQUIRE(plan_from_zc(&f.p, &b, err, sizeof(err)) == 0, "%s", err);
+	CHECK(b->hash != hash0, "the ids are not in the hash");
+	CHECK(plan_diff(a, b, field, sizeof(field)) == 1 && strstr(field, "param_id: 0 vs 7"),
+	      "diff: %s", field);
+	REQUIRE(plan_to_pb(b, &pb) == 0, "plan_to_pb");
+	CHECK(plan_from_pb(&pb, &c, err, sizeof(err)) == 0 && c &&
+		      c->buckets[1].segments[0].param_id == 9 && c->hash == b->hash,
+	      "param_id lost on the wire");
+	plan_pb_free(&pb);
+	plan_free(c);
+
+	fixture_init(&f);
+	f.s0[1].param_id = 5, f.s1[0].param_id = 5;
+	c = NULL;
+	CHECK(plan_from_zc(&f.p, &c, err, sizeof(err)) == ZC_EPLANINVAL &&
+		      strstr(err,
+			     "buckets[1].segments[0].param_id: 5 is also buckets[0].segments[1]"),
+	      "a duplicate id: %s", err);
+	plan_free(a);
+	plan_free(b);
+	plan_free(c);
+}
+
+/* A re-plan: same parameters in another grouping passes (by id or by
+ * position) with the map from new to old; anything else is ZC_EREPLAN. */
+static void t_replan_match(void)
+{
+	struct fixture f;
+	struct zc_segment n0[1], n1[2];
+	struct zc_bucket nb[2];
+	struct plan *old = NULL, *p = NULL;
+	uint32_t map[3];
+	char err[200] = "";
+
+	fixture_init(&f);
+	f.s0[0].param_id = 7, f.s0[1].param_id = 8, f.s1[0].param_id = 9;
+	REQUIRE(plan_from_zc(&f.p, &old, err, sizeof(err)) == 0, "%s", err);
+	/* by id: {9} then {8, 7} */
+	n0[0] = (struct zc_segment)SEG(0, 17, 1);
+	n0[0].param_id = 9;
+	n1[0] = (struct zc_segment)SEG(0, 70, 1);
+	n1[0].param_id = 8;
+	n1[1] = (struct zc_segment)SEG(70, 30, 0);
+	n1[1].param_id = 7;
+	nb[0] = (struct zc_bucket)BUCKET(17, 1, n0);
+	nb[1] = (struct zc_bucket)BUCKET(100, 2, n1);
+	f.p.buckets = nb;
+	REQUIRE(plan_from_zc(&f.p, &p, err, sizeof(err)) == 0, "%s", err);
+	CHECK(plan_replan_match(old, p, map, err, sizeof(err)) == 0, "by id: %s", err);
+	CHECK(map[0] == 2 && map[1] == 1 && map[2] == 0, "map %u %u %u", map[0], map[1], map[2]);
+	plan_free(p);
+	p = NULL;
+	/* by position that does not hold: the sizes differ */
+	n0[0].param_id = n1[0].param_id = n1[1].param_id = 0;
+	REQUIRE(plan_from_zc(&f.p, &p, err, sizeof(err)) == 0, "%s", err);
+	CHECK(plan_replan_match(old, p, map, err, sizeof(err)) == ZC_EREPLAN &&
+		      strstr(err, "by position"),
+	      "by position: %s", err);
+	plan_free(p);
+	p = NULL;
+	/* another lr */
+	fixture_init(&f);
+	f.s0[0].param_id = 7, f.s0[1].param_id = 8, f.s1[0].param_id = 9;
+	f.g[1].lr = 0.5;
+	REQUIRE(plan_from_zc(&f.p, &p, err, sizeof(err)) == 0, "%s", err);
+	CHECK(plan_replan_match(old, p, map, err, sizeof(err)) == ZC_EREPLAN &&
+		      strstr(err, "groups[1].lr"),
+	      "another lr: %s", err);
+	plan_free(p);
+	plan_free(old);
+}
+
+/* zc_set_state's per-segment rules (torch's state keys per optimizer). */
+static void t_state_check(void)
+{
+	struct fixture f;
+	struct plan *sgd = NULL, *adam = NULL;
+	char err[200] = "";
+
+	fixture_init(&f); /* group 0 momentum 0.9, group 1 none */
+	REQUIRE(plan_from_zc(&f.p, &sgd, err, sizeof(err)) == 0, "%s", err);
+	f.p.optimizer = ZC_OPT_ADAM;
+	f.g[1].amsgrad = true;
+	REQUIRE(plan_from_zc(&f.p, &adam, err, sizeof(err)) == 0, "%s", err);
+	const uint32_t full = ZC_STATE_STEP | ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ;
+	CHECK(plan_state_check(sgd, 0, 0, ZC_STATE_MOMENTUM_BUFFER, 0, err, sizeof(err)) == 0, "%s",
+	      err);
+	CHECK(plan_state_check(sgd, 0, 0, 0, 0, err, sizeof(err)) == 0, "%s", err);
+	CHECK(plan_state_check(sgd, 0, 1, ZC_STATE_MOMENTUM_BUFFER, 0, err, sizeof(err)) ==
+		      ZC_ESTATEINVAL,
+	      "a momentum buffer where momentum is 0");
+	CHECK(plan_state_check(sgd, 0, 0, ZC_STATE_STEP, 3, err, sizeof(err)) == ZC_ESTATEINVAL,
+	      "a step for SGD");
+	CHECK(plan_state_check(adam, 0, 0, full, 3, err, sizeof(err)) == 0, "%s", err);
+	CHECK(plan_state_check(adam, 0, 1, full | ZC_STATE_MAX_EXP_AVG_SQ, 3, err, sizeof(err)) ==
+		      0,
+	      "%s", err);
+	CHECK(plan_state_check(adam, 0, 1, full, 3, err, sizeof(err)) == ZC_ESTATEINVAL,
+	      "amsgrad without max_exp_avg_sq");
+	CHECK(plan_state_check(adam, 0, 0, full | ZC_STATE_MAX_EXP_AVG_SQ, 3, err, sizeof(err)) ==
+		      ZC_ESTATEINVAL,
+	      "max_exp_avg_sq without amsgrad");
+	CHECK(plan_state_check(adam, 0, 0, full, NAN, err, sizeof(err)) == ZC_ESTATEINVAL &&
+		      strstr(err, "buckets[0].segments[0].step"),
+	      "NaN step: %s", err);
+	CHECK(plan_state_check(adam, 0, 0, full, 1073741824.0, err, sizeof(err)) == ZC_ESTATEINVAL,
+	      "a step of 2^30");
+	CHECK(plan_state_check(adam, 2, 0, 0, 0, err, sizeof(err)) == ZC_ESTATEINVAL,
+	      "bucket 2 of 2");
+	CHECK(plan_state_check(adam, 1, 1, 0, 0, err, sizeof(err)) == ZC_ESTATEINVAL,
+	      "segment 1 of 1");
+	plan_free(sgd);
+	plan_free(adam);
+}
+
 static const struct test_case cases[] = {
 	{"valid_layout", t_valid_layout},
 	{"dtypes_by_bytes", t_dtypes},
+	{"param_id", t_param_id},
+	{"replan_match", t_replan_match},
+	{"state_check", t_state_check},
 	{"invalid_plans_refused", t_invalid},
 	{"diff_names_first_field", t_diff_names_field},
 	{"wire_round_trip", t_wire_round_trip},

@@ -1,0 +1,47 @@
+/*
+ * statex.h — optimizer state export/import rounds of a running job, and
+ * re-planning (statex.c). Loop thread only.
+ */
+#ifndef ZEROD_STATEX_H
+#define ZEROD_STATEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "zerod.pb-c.h"
+
+struct job;
+struct plan;
+struct session;
+
+/* Rank `rank` (on this node, session s) asks to export (set false) or import
+ * its state through staging stg; list: the segments it gives (import). */
+void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
+		    const Zerod__V1__StateStaging *stg, Zerod__V1__SegmentState *const *list,
+		    size_t n);
+
+/* Rank s registers plan p (taken over) with buffers gd and pd while the job
+ * runs: a re-plan. Once every local rank did, the executor stops, and
+ * statex_replan_stopped() starts the job on the new plan. */
+struct mem_desc;
+void statex_replan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
+		   const struct mem_desc *pd);
+/* EXEC_STOPPED of a job that re-plans: true if it was that (the job is
+ * starting again), false if the job just stopped. */
+bool statex_replan_stopped(struct job *j);
+/* Free the re-plan in progress, if any (the job ends). */
+void statex_replan_free(struct job *j);
+
+/* The executor finished the round (EXEC_STATE_DONE): StateOk to each rank. */
+void statex_done(struct job *j);
+
+/* A state round of j is in its executor (a quiet end from another node
+ * waits for it: rdzv.c). */
+bool statex_busy(const struct job *j);
+
+/* Drop the round, unmapping the staging: after the executor stopped, or
+ * when nothing was queued. Accepts a job without one. */
+void statex_free(struct job *j);
+
+#endif

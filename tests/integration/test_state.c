@@ -1,0 +1,1233 @@
+/*
+ * test_state.c — optimizer state export/import (zc_get_state, zc_set_state)
+ * and re-planning (zc_alloc_buffers + zc_register_plan again) against a real
+ * zerod and real trainer processes.
+ *
+ * The job's parameters are NP tensors (numel, group); a layout groups them
+ * into buckets in some order. Gradients are a function of (rank, iteration,
+ * parameter, element), never of the layout, so every layout trains the same
+ * numbers, and the single-process reference here (refoptim.c's loops, per
+ * parameter, the gradient summed in rank order and divided once) must equal
+ * the daemon's parameters and state bit for bit, in any layout, shard mode
+ * and world size, across exports, imports and re-plans.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "raw.h"
+#include "refoptim.h"
+#include "testlib.h"
+#include "trainer.h"
+
+static struct zd daemon_;
+
+/* ------------------------------------------------------ the parameters --- */
+
+#define NP   6
+#define MAXB 4
+static const struct {
+	uint64_t numel;
+	uint32_t group;
+} params[NP] = {{1000, 0}, {37, 1}, {5001, 2}, {16, 0}, {2500, 1}, {300, 2}};
+
+/* Layouts: buckets of parameter indices, -1 ends a bucket's list. */
+struct layout {
+	uint32_t nbuckets;
+	int b[MAXB][NP + 1];
+};
+static const struct layout layouts[] = {
+	{3, {{0, 1, -1}, {2, -1}, {3, 4, 5, -1}}},
+	{4, {{5, 3, -1}, {4, 2, -1}, {1, -1}, {0, -1}}},
+	{1, {{2, 0, 4, 1, 5, 3, -1}}},
+	{3, {{0, -1}, {1, 2, 3, -1}, {4, 5, -1}}}, /* layout 0's order, other buckets */
+};
+
+static uint64_t total_numel(void)
+{
+	uint64_t n = 0;
+
+	for (int k = 0; k < NP; k++)
+		n += params[k].numel;
+	return n;
+}
+
+static uint64_t param_base(int k)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < k; i++)
+		n += params[i].numel;
+	return n;
+}
+
+struct tplan {
+	struct zc_param_group groups[3];
+	struct zc_segment segs[MAXB][NP];
+	struct zc_bucket buckets[MAXB];
+	struct zc_plan plan;
+	/* where each parameter is */
+	uint32_t bucket_of[NP], seg_of[NP];
+};
+
+static void set_groups(enum zc_optimizer opt, struct zc_param_group *g)
+{
+	for (int i = 0; i < 3; i++)
+		g[i] = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
+	if (opt == ZC_OPT_SGD) {
+		g[0].lr = 0.05, g[0].momentum = 0.9, g[0].nesterov = true;
+		g[1].lr = 0.02, g[1].momentum = 0.5, g[1].dampening = 0.1, g[1].weight_decay = 0.01;
+		g[2].lr = 0.01, g[2].weight_decay = 0.001, g[2].maximize = true; /* momentum 0 */
+	} else {
+		g[0].lr = 1e-2;
+		g[1].lr = 2e-3, g[1].beta1 = 0.8, g[1].beta2 = 0.99, g[1].eps = 1e-6;
+		g[1].weight_decay = 0.01, g[1].amsgrad = true;
+		g[2].lr = 5e-3, g[2].weight_decay = 0.05, g[2].maximize = true;
+	}
+}
+
+static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt, enum zc_shard_mode shard,
+		      enum zc_step_mode step, bool ids)
+{
+	const struct layout *l = &layouts[layout];
+
+	memset(tp, 0, sizeof(*tp));
+	set_groups(opt, tp->groups);
+	for (uint32_t b = 0; b < l->nbuckets; b++) {
+		uint64_t off = 0;
+		uint32_t s = 0;
+		for (; l->b[b][s] >= 0; s++) {
+			int k = l->b[b][s];
+			tp->segs[b][s] =
+				(struct zc_segment){.size = sizeof(struct zc_segment),
+						    .group = params[k].group,
+						    .offset = off,
+						    .numel = params[k].numel,
+						    .param_id = ids ? 100 + (uint64_t)k : 0};
+			tp->bucket_of[k] = b;
+			tp->seg_of[k] = s;
+			off += params[k].numel;
+		}
+		tp->buckets[b] = (struct zc_bucket){.size = sizeof(struct zc_bucket),
+						    .nsegments = s,
+						    .numel = off,
+						    .segments = tp->segs[b]};
+	}
+	tp->plan = (struct zc_plan){.size = sizeof(struct zc_plan),
+				    .optimizer = opt,
+				    .shard_mode = shard,
+				    .step_mode = step,
+				    .ngroups = 3,
+				    .groups = tp->groups,
+				    .nbuckets = l->nbuckets,
+				    .buckets = tp->buckets};
+}
+
+static float grad_value(uint64_t seed, uint32_t rank, int it, int k, uint64_t i)
+{
+	return det_uniform(seed, rank, (uint64_t)it, ((uint64_t)k << 32) | i);
+}
+
+static float init_value(uint64_t seed, int k, uint64_t i)
+{
+	return det_uniform(seed ^ 0x5eed, 1, (uint64_t)k, i);
+}
+
+/* ---------------------------------------------- state, in param order --- */
+
+/* A whole job's parameters and optimizer state, by parameter (flat in
+ * parameter order), in memory shared by the test's processes. */
+struct snap {
+	bool valid;
+	uint32_t present[NP];
+	double step[NP];
+	float p[9000], m[9000], v[9000], vmax[9000];
+};
+_Static_assert(9000 >= 1000 + 37 + 5001 + 16 + 2500 + 300, "snap holds every parameter");
+
+static void snap_init(struct snap *s, uint64_t seed)
+{
+	memset(s, 0, sizeof(*s));
+	for (int k = 0; k < NP; k++)
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			s->p[param_base(k) + i] = init_value(seed, k, i);
+	s->valid = true;
+}
+
+/* The gradients' sum in the daemons' order (docs/DATAPLANE.md): each node's
+ * ranks in rank order, then the nodes in node order; node_of NULL: one node. */
+static float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, int it, int k,
+		      uint64_t i)
+{
+	float sum = 0;
+	uint32_t nnodes = 1;
+
+	for (uint32_t r = 0; node_of && r < world; r++)
+		nnodes = node_of[r] + 1 > nnodes ? node_of[r] + 1 : nnodes;
+	for (uint32_t n = 0; n < nnodes; n++) {
+		float part = 0;
+		bool any = false;
+		for (uint32_t r = 0; r < world; r++) {
+			if (node_of && node_of[r] != n)
+				continue;
+			part = any ? part + grad_value(seed, r, it, k, i)
+				   : grad_value(seed, r, it, k, i);
+			any = true;
+		}
+		sum = n ? sum + part : part;
+	}
+	return sum;
+}
+
+/* From this iteration on group 0's lr is halved (zc_set_hyper), -1: never;
+ * the case sets it for both the reference and its script. */
+static int hyper_iter_ = -1;
+
+/* The reference: iterations [from, to) with `world` ranks, on s. */
+static void ref_train_nodes(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
+			    const uint32_t *node_of, int from, int to);
+static void ref_train(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
+		      int from, int to)
+{
+	ref_train_nodes(s, opt, seed, world, NULL, from, to);
+}
+
+static void ref_train_nodes(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
+			    const uint32_t *node_of, int from, int to)
+{
+	struct zc_param_group g[3];
+	float *gr = calloc(total_numel(), sizeof(float));
+
+	set_groups(opt, g);
+	double lr0 = g[0].lr;
+	for (int it = from; it < to; it++)
+		for (int k = 0; k < NP; k++) {
+			g[0].lr = hyper_iter_ >= 0 && it >= hyper_iter_ ? lr0 * 0.5 : lr0;
+			uint64_t o = param_base(k), n = params[k].numel;
+			const struct zc_param_group *h = &g[params[k].group];
+			for (uint64_t i = 0; i < n; i++)
+				gr[o + i] = grad_sum(seed, world, node_of, it, k, i) / (float)world;
+			if (opt == ZC_OPT_SGD) {
+				bool first = !(s->present[k] & ZC_STATE_MOMENTUM_BUFFER);
+				ref_sgd(h, s->p + o, gr + o, s->m + o, first, n);
+				if (h->momentum != 0)
+					s->present[k] = ZC_STATE_MOMENTUM_BUFFER;
+			} else {
+				s->step[k] += 1;
+				ref_adam(opt == ZC_OPT_ADAMW, h, (uint64_t)s->step[k], s->p + o,
+					 gr + o, s->m + o, s->v + o, s->vmax + o, n);
+				s->present[k] = ZC_STATE_STEP | ZC_STATE_EXP_AVG |
+						ZC_STATE_EXP_AVG_SQ |
+						(h->amsgrad ? ZC_STATE_MAX_EXP_AVG_SQ : 0);
+			}
+		}
+	free(gr);
+}
+
+/* segs[k] for parameter k in tp's layout, pointing into s. */
+static void snap_segs(struct snap *s, const struct tplan *tp, enum zc_optimizer opt,
+		      struct zc_segment_state *segs)
+{
+	for (int k = 0; k < NP; k++) {
+		uint64_t o = param_base(k);
+		segs[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+		segs[k].bucket = tp->bucket_of[k];
+		segs[k].segment = tp->seg_of[k];
+		segs[k].present = s->present[k];
+		segs[k].step = s->step[k];
+		if (opt == ZC_OPT_SGD) {
+			segs[k].momentum_buffer = s->m + o;
+		} else {
+			segs[k].exp_avg = s->m + o;
+			segs[k].exp_avg_sq = s->v + o;
+			segs[k].max_exp_avg_sq = s->vmax + o;
+		}
+	}
+}
+
+/* Export the client's parameters and state into a snap. */
+static int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer opt,
+		       struct snap *out)
+{
+	struct zc_segment_state segs[NP];
+	int r;
+
+	memset(out, 0, sizeof(*out));
+	snap_segs(out, tp, opt, segs);
+	r = zc_get_state(c, segs, NP);
+	if (r < 0)
+		return r;
+	for (int k = 0; k < NP; k++) {
+		const float *pb = zc_param_buffer(c, tp->bucket_of[k]) +
+				  tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		out->present[k] = segs[k].present;
+		out->step[k] = segs[k].step;
+		memcpy(out->p + param_base(k), pb, params[k].numel * sizeof(float));
+	}
+	out->valid = true;
+	return 0;
+}
+
+/* Bit for bit, reasons as TAP comments; how many differences (at most a few
+ * are printed). */
+static int snap_compare(const char *what, const struct snap *got, const struct snap *want,
+			enum zc_optimizer opt)
+{
+	int bad = 0;
+
+	for (int k = 0; k < NP; k++) {
+		uint64_t o = param_base(k);
+		const float *ga[] = {got->p + o, got->m + o, got->v + o, got->vmax + o};
+		const float *wa[] = {want->p + o, want->m + o, want->v + o, want->vmax + o};
+		const char *names[] = {"param", opt == ZC_OPT_SGD ? "momentum_buffer" : "exp_avg",
+				       "exp_avg_sq", "max_exp_avg_sq"};
+		uint32_t bits[] = {~0u, ZC_STATE_MOMENTUM_BUFFER | ZC_STATE_EXP_AVG,
+				   ZC_STATE_EXP_AVG_SQ, ZC_STATE_MAX_EXP_AVG_SQ};
+
+		if (got->present[k] != want->present[k] || got->step[k] != want->step[k]) {
+			printf("# %s: param %d: present 0x%x step %g, want 0x%x step %g\n", what, k,
+			       got->present[k], got->step[k], want->present[k], want->step[k]);
+			bad++;
+			continue;
+		}
+		for (int a = 0; a < 4; a++) {
+			if (a > 0 && !(want->present[k] & bits[a]))
+				continue;
+			if (memcmp(ga[a], wa[a], params[k].numel * sizeof(float)) == 0)
+				continue;
+			for (uint64_t i = 0; i < params[k].numel; i++)
+				if (memcmp(&ga[a][i], &wa[a][i], sizeof(float)) != 0) {
+					printf("# %s: param %d %s[%llu] = %.9g, want %.9g\n", what,
+					       k, names[a], (unsigned long long)i, ga[a][i],
+					       wa[a][i]);
+					break;
+				}
+			bad++;
+		}
+	}
+	return bad;
+}
+
+/* ------------------------------------------------------------ a rank --- */
+
+/* What one job does; every rank runs the same script. */
+struct script {
+	char job[64];
+	uint32_t world;
+	enum zc_optimizer opt;
+	enum zc_shard_mode shard;
+	enum zc_step_mode step;
+	int layout;
+	bool ids;
+	uint64_t seed;
+	int start, iters; /* iterations [start, start + iters) */
+	bool load;        /* start from *in (parameters and state) */
+	int replan_at;    /* before this iteration, re-plan to replan_layout (-1: never) */
+	int replan_layout;
+	bool roundtrip;    /* at the end, import what was exported and export again */
+	struct snap *in;   /* load: what to start from */
+	struct snap *out;  /* rank 0 writes what it exported at the end (optional) */
+	struct snap *want; /* what the export must equal at the end (optional) */
+	/* over several zerods (nnodes > 1): rank r on node node_of[r] */
+	uint32_t nnodes;
+	uint32_t node_of[8];
+	char socks[3][192];
+	char rdzv[32];
+	int replan_code; /* the re-plan's expected error (0: it succeeds) */
+};
+
+/* Rank `rank`'s config: the case's zerod, or its node's. */
+static struct zc_config script_config(const struct script *sc, uint32_t rank)
+{
+	struct zc_config cfg = test_config(&daemon_, sc->job, rank, sc->world);
+
+	cfg.register_timeout_ms = test_timeout(20000);
+	if (sc->nnodes < 2)
+		return cfg;
+	cfg.socket = sc->socks[sc->node_of[rank]];
+	cfg.local_rank = cfg.local_size = 0;
+	for (uint32_t r = 0; r < sc->world; r++)
+		if (sc->node_of[r] == sc->node_of[rank]) {
+			cfg.local_rank += r < rank;
+			cfg.local_size++;
+		}
+	cfg.rdzv = sc->rdzv;
+	cfg.nnodes = sc->nnodes;
+	cfg.node_rank = sc->node_of[rank];
+	cfg.has_node_rank = 1;
+	cfg.job_secret = "state secret";
+	return cfg;
+}
+
+static int fill_params(zc_client *c, const struct tplan *tp, const struct snap *from)
+{
+	for (int k = 0; k < NP; k++) {
+		float *pb = zc_param_buffer(c, tp->bucket_of[k]);
+		if (!pb)
+			return -1;
+		memcpy(pb + tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset,
+		       from->p + param_base(k), params[k].numel * sizeof(float));
+	}
+	return 0;
+}
+
+static int one_iteration(zc_client *c, const struct script *sc, const struct tplan *tp,
+			 uint32_t rank, int it)
+{
+	zc_future *step = NULL;
+	uint64_t t = zc_iteration(c); /* the job's count: `it` is the training's */
+	int r;
+
+	for (int k = 0; k < NP; k++) {
+		float *gb = zc_grad_buffer(c, tp->bucket_of[k]) +
+			    tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			gb[i] = grad_value(sc->seed, rank, it, k, i);
+	}
+	for (uint32_t b = 0; b < tp->plan.nbuckets; b++)
+		if ((r = zc_bucket_ready(c, b, NULL)) < 0)
+			return r;
+	r = zc_step_future(c, t, &step);
+	if (r >= 0)
+		r = zc_future_wait(step, test_timeout(20000));
+	if (r == 0)
+		r = ZC_ETIMEDOUT;
+	zc_future_free(step);
+	return r < 0 ? r : 0;
+}
+
+static int rank_main(void *arg, int idx)
+{
+	const struct script *sc = arg;
+	uint32_t rank = (uint32_t)idx;
+	struct zc_config cfg = script_config(sc, rank);
+	struct tplan *tp = calloc(1, sizeof(*tp)), *tp2 = calloc(1, sizeof(*tp2));
+	struct snap *got = calloc(1, sizeof(*got)), *init = calloc(1, sizeof(*init));
+	zc_client *c = NULL;
+	const char *step = "connect";
+	int r;
+
+	make_plan(tp, sc->layout, sc->opt, sc->shard, sc->step, sc->ids);
+	r = zc_connect(&cfg, &c);
+	if (r >= 0) {
+		step = "alloc_buffers";
+		r = zc_alloc_buffers(c, &tp->plan);
+	}
+	if (r >= 0) {
+		if (sc->load)
+			*init = *sc->in;
+		else
+			snap_init(init, sc->seed);
+		fill_params(c, tp, init);
+		step = "register_plan";
+		r = zc_register_plan(c);
+	}
+	if (r >= 0 && sc->load) {
+		struct zc_segment_state segs[NP];
+		snap_segs(init, tp, sc->opt, segs);
+		step = "set_state";
+		r = zc_set_state(c, segs, NP);
+	}
+	for (int it = sc->start; r >= 0 && it < sc->start + sc->iters; it++) {
+		if (it == hyper_iter_) {
+			struct zc_param_group h = tp->groups[0];
+			h.lr *= 0.5;
+			step = "set_hyper";
+			if ((r = zc_set_hyper(c, 0, &h)) < 0)
+				break;
+		}
+		if (it == sc->replan_at) {
+			make_plan(tp2, sc->replan_layout, sc->opt, sc->shard, sc->step, sc->ids);
+			step = "re-plan: alloc_buffers";
+			r = zc_alloc_buffers(c, &tp2->plan);
+			if (r >= 0) {
+				step = "re-plan: register_plan";
+				r = zc_register_plan(c);
+			}
+			if (sc->replan_code && r == sc->replan_code) {
+				/* refused: the job goes on with the plan it had */
+				printf("# rank %u: re-plan refused: %s\n", rank,
+				       zc_error_message());
+				r = 0;
+			} else if (sc->replan_code) {
+				EXPECT(0, "rank %u: the re-plan: %s, not %s", rank,
+				       zc_strerror_name(r), zc_strerror_name(sc->replan_code));
+				r = r < 0 ? r : ZC_EINTERNAL;
+			} else if (r >= 0) {
+				struct tplan *t = tp;
+				tp = tp2, tp2 = t;
+			}
+			if (r < 0)
+				break;
+		}
+		step = "iteration";
+		r = one_iteration(c, sc, tp, rank, it);
+	}
+	if (r >= 0) {
+		step = "get_state";
+		r = export_snap(c, tp, sc->opt, got);
+	}
+	if (r >= 0 && sc->roundtrip) {
+		struct zc_segment_state segs[NP];
+		struct snap *again = calloc(1, sizeof(*again));
+		snap_segs(got, tp, sc->opt, segs);
+		step = "round trip: set_state";
+		r = zc_set_state(c, segs, NP);
+		if (r >= 0) {
+			step = "round trip: get_state";
+			r = export_snap(c, tp, sc->opt, again);
+		}
+		if (r >= 0)
+			EXPECT(snap_compare("round trip", again, got, sc->opt) == 0,
+			       "rank %u: the state imported and exported again differs", rank);
+		free(again);
+	}
+	if (r < 0) {
+		EXPECT(0, "%s rank %u: %s: %s: %s", sc->job, rank, step, zc_strerror_name(r),
+		       zc_error_message());
+	} else {
+		if (sc->want)
+			EXPECT(snap_compare(sc->job, got, sc->want, sc->opt) == 0,
+			       "rank %u: differs from the reference", rank);
+		if (sc->out && rank == 0)
+			*sc->out = *got;
+	}
+	zc_close(c);
+	free(tp);
+	free(tp2);
+	free(got);
+	free(init);
+	return child_bad;
+}
+
+static void run_script(struct script *sc)
+{
+	pid_t pids[8];
+
+	for (uint32_t r = 0; r < sc->world; r++)
+		pids[r] = spawn(rank_main, sc, (int)r);
+	for (uint32_t r = 0; r < sc->world; r++) {
+		int st = wait_child(pids[r], test_timeout(60000));
+		CHECK(st == 0, "%s rank %u exited with %d", sc->job, r, st);
+	}
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+/* ------------------------------------------------------------- cases --- */
+
+static struct script *script_new(const char *job, uint32_t world, enum zc_optimizer opt,
+				 enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	struct script *sc = test_shared(sizeof(*sc));
+
+	snprintf(sc->job, sizeof(sc->job), "%s", job);
+	sc->world = world;
+	sc->opt = opt;
+	sc->shard = shard;
+	sc->step = step;
+	sc->seed = 7;
+	sc->replan_at = -1;
+	return sc;
+}
+
+/* Train 3 iterations: the export equals the reference bit for bit (torch's
+ * names and presence), and importing it and exporting again changes nothing. */
+static void roundtrip(enum zc_optimizer opt, enum zc_shard_mode shard)
+{
+	struct script *sc = script_new("roundtrip", 2, opt, shard, ZC_STEP_INTERLEAVED);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, sc->seed);
+	ref_train(want, opt, sc->seed, 2, 0, 3);
+	sc->iters = 3;
+	sc->roundtrip = true;
+	sc->want = want;
+	run_script(sc);
+}
+
+static void t_roundtrip_sgd_bucket(void)
+{
+	roundtrip(ZC_OPT_SGD, ZC_SHARD_BUCKET);
+}
+static void t_roundtrip_sgd_slice(void)
+{
+	roundtrip(ZC_OPT_SGD, ZC_SHARD_SLICE);
+}
+static void t_roundtrip_adam_bucket(void)
+{
+	roundtrip(ZC_OPT_ADAM, ZC_SHARD_BUCKET);
+}
+static void t_roundtrip_adamw_slice(void)
+{
+	roundtrip(ZC_OPT_ADAMW, ZC_SHARD_SLICE);
+}
+
+/* Before the first step torch has no state at all: every segment reads
+ * present 0 (and no tensor is touched). */
+static void t_empty_before_first_step(void)
+{
+	struct script *sc = script_new("empty", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, sc->seed);
+	sc->iters = 0;
+	sc->want = want;
+	run_script(sc);
+}
+
+/* torch's formats: SGD keeps only momentum_buffer, none for a group with
+ * momentum 0 (and refuses one given there); Adam counts steps, amsgrad
+ * groups have max_exp_avg_sq. Checked against the reference's presence in
+ * the round trips; here, what a binding reads directly. */
+static int formats_rank(void *arg, int idx)
+{
+	const struct script *sc = arg;
+	struct zc_config cfg = test_config(&daemon_, sc->job, (uint32_t)idx, 1);
+	struct tplan tp;
+	zc_client *c = NULL;
+	struct zc_segment_state segs[NP];
+	float buf[5001];
+	int r;
+
+	make_plan(&tp, 0, sc->opt, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, false);
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &tp.plan)) < 0 ||
+	    (r = zc_register_plan(c)) < 0) {
+		EXPECT(0, "setup: %s: %s", zc_strerror_name(r), zc_error_message());
+		zc_close(c);
+		return 1;
+	}
+	for (int it = 0; it < 4 && r >= 0; it++)
+		r = one_iteration(c, sc, &tp, 0, it);
+	for (int k = 0; k < NP; k++) {
+		segs[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+		segs[k].bucket = tp.bucket_of[k];
+		segs[k].segment = tp.seg_of[k];
+	}
+	if (r >= 0)
+		r = zc_get_state(c, segs, NP);
+	EXPECT(r == 0, "get_state: %s: %s", zc_strerror_name(r), zc_error_message());
+	for (int k = 0; k < NP && r == 0; k++) {
+		uint32_t g = params[k].group;
+		if (sc->opt == ZC_OPT_SGD) {
+			EXPECT(segs[k].present == (g == 2 ? 0 : ZC_STATE_MOMENTUM_BUFFER),
+			       "SGD param %d (group %u): present 0x%x", k, g, segs[k].present);
+			EXPECT(segs[k].step == 0, "SGD keeps no step: %g", segs[k].step);
+		} else {
+			uint32_t want = ZC_STATE_STEP | ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ |
+					(g == 1 ? ZC_STATE_MAX_EXP_AVG_SQ : 0);
+			EXPECT(segs[k].present == want, "Adam param %d: present 0x%x, want 0x%x", k,
+			       segs[k].present, want);
+			EXPECT(segs[k].step == 4.0, "Adam param %d: step %g after 4 steps", k,
+			       segs[k].step);
+		}
+	}
+	if (sc->opt == ZC_OPT_SGD) {
+		/* param 2 is in group 2, momentum 0: torch keeps no buffer there */
+		struct zc_segment_state s = ZC_SEGMENT_STATE_INIT;
+		s.bucket = tp.bucket_of[2];
+		s.segment = tp.seg_of[2];
+		s.present = ZC_STATE_MOMENTUM_BUFFER;
+		s.momentum_buffer = buf;
+		memset(buf, 0, sizeof(buf));
+		r = zc_set_state(c, &s, 1);
+		EXPECT(r == ZC_ESTATEINVAL && strstr(zc_error_message(), "momentum_buffer"),
+		       "momentum_buffer for a group without momentum: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+	}
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_formats_sgd(void)
+{
+	struct script *sc =
+		script_new("formats-sgd", 1, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	pid_t p = spawn(formats_rank, sc, 0);
+
+	CHECK(wait_child(p, test_timeout(30000)) == 0, "see above");
+}
+
+static void t_formats_adam(void)
+{
+	struct script *sc =
+		script_new("formats-adam", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	pid_t p = spawn(formats_rank, sc, 0);
+
+	CHECK(wait_child(p, test_timeout(30000)) == 0, "see above");
+}
+
+/* Export from a job of 2 ranks in bucket mode, import into one of 3 ranks in
+ * slice mode (another layout too): its next steps equal the reference's. */
+static void other_world(enum zc_optimizer opt)
+{
+	struct script *a = script_new("export-w2", 2, opt, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct script *b = script_new("import-w3", 3, opt, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *saved = test_shared(sizeof(*saved)), *want = test_shared(sizeof(*want));
+
+	snap_init(want, a->seed);
+	ref_train(want, opt, a->seed, 2, 0, 3);
+	a->iters = 3;
+	a->want = want;
+	a->out = saved;
+	run_script(a);
+	REQUIRE(saved->valid && !test_failed_, "the export failed");
+	ref_train(want, opt, a->seed, 3, 3, 5);
+	b->layout = 1;
+	b->load = true;
+	b->in = saved;
+	b->start = 3;
+	b->iters = 2;
+	b->want = want;
+	run_script(b);
+}
+
+static void t_other_world_sgd(void)
+{
+	other_world(ZC_OPT_SGD);
+}
+
+static void t_other_world_adamw(void)
+{
+	other_world(ZC_OPT_ADAMW);
+}
+
+/* Train 5 iterations, re-plan to another layout, train 5 more: equal to the
+ * reference, which is what a run on the second layout throughout computes
+ * from the same state (the numbers do not depend on the layout), bit for
+ * bit: parameters, moments and step counts moved without loss. */
+static void replan(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step,
+		   int from, int to, bool ids, uint32_t world)
+{
+	struct script *sc = script_new("replan", world, opt, shard, step);
+	struct snap *want = test_shared(sizeof(*want));
+
+	hyper_iter_ = 3; /* the lr in force then goes on after the re-plan */
+	snap_init(want, sc->seed);
+	ref_train(want, opt, sc->seed, world, 0, 10);
+	sc->layout = from;
+	sc->ids = ids;
+	sc->iters = 10;
+	sc->replan_at = 5;
+	sc->replan_layout = to;
+	sc->roundtrip = true;
+	sc->want = want;
+	run_script(sc);
+}
+
+static void t_replan_sgd_bucket_ids(void)
+{
+	replan(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0, 1, true, 2);
+}
+static void t_replan_sgd_slice_position(void)
+{
+	replan(ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 0, 3, false, 3);
+}
+static void t_replan_adam_slice_ids(void)
+{
+	replan(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, 1, 2, true, 2);
+}
+static void t_replan_adamw_bucket_position(void)
+{
+	replan(ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 3, 0, false, 2);
+}
+static void t_replan_world1(void)
+{
+	replan(ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0, 2, true, 1);
+}
+
+/* The issue's wording, directly: a run on the second layout throughout,
+ * from the state the first one had after 5 iterations, ends bit for bit
+ * where the run that re-planned after those 5 ends. */
+static void t_replan_equals_second_layout_run(void)
+{
+	struct script *a = script_new("first5", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct script *b = script_new("second", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct script *c = script_new("replans", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *at5 = test_shared(sizeof(*at5)), *end = test_shared(sizeof(*end));
+
+	a->iters = 5;
+	a->out = at5;
+	run_script(a);
+	REQUIRE(at5->valid && !test_failed_, "the first 5 iterations failed");
+	b->layout = 1;
+	b->ids = true;
+	b->load = true;
+	b->in = at5;
+	b->start = 5;
+	b->iters = 5;
+	b->out = end;
+	run_script(b);
+	REQUIRE(end->valid && !test_failed_, "the run on the second layout failed");
+	c->ids = true;
+	c->iters = 10;
+	c->replan_at = 5;
+	c->replan_layout = 1;
+	c->want = end;
+	run_script(c);
+}
+
+/* A job beside the one the bad input goes to: it must keep training. */
+static int bystander_rank(void *arg, int idx)
+{
+	return train_rank(arg, (uint32_t)idx);
+}
+
+static pid_t *bystander_start(struct train_spec *s, pid_t *pids)
+{
+	*s = (struct train_spec){
+		.socket = daemon_.sock,
+		.job = "bystander",
+		.world = 2,
+		.optimizer = ZC_OPT_ADAM,
+		.shard_mode = ZC_SHARD_SLICE,
+		.step_mode = ZC_STEP_INTERLEAVED,
+		.iters = 40,
+		.seed = 99,
+		.hyper_iter = -1,
+	};
+	for (uint32_t r = 0; r < s->world; r++)
+		pids[r] = spawn(bystander_rank, s, (int)r);
+	return pids;
+}
+
+static void bystander_check(const struct train_spec *s, const pid_t *pids)
+{
+	for (uint32_t r = 0; r < s->world; r++)
+		CHECK(wait_child(pids[r], test_timeout(60000)) == 0,
+		      "the job beside it, rank %u, did not train to the reference", r);
+}
+
+/* Each bad zc_set_state() and re-plan: a named error naming the segment and
+ * the field, nothing applied (the job then trains to the reference as if
+ * nothing had been tried), and a job beside it keeps training. */
+static int bad_rank(void *arg, int idx)
+{
+	const struct script *sc = arg;
+	uint32_t rank = (uint32_t)idx;
+	struct zc_config cfg = test_config(&daemon_, sc->job, rank, sc->world);
+	struct tplan *tp = calloc(1, sizeof(*tp)), *bad = calloc(1, sizeof(*bad));
+	struct snap *s = calloc(1, sizeof(*s)), *want = calloc(1, sizeof(*want));
+	struct zc_segment_state segs[NP];
+	zc_client *c = NULL;
+	int r;
+
+	cfg.register_timeout_ms = test_timeout(20000);
+	make_plan(tp, 0, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+	snap_init(s, sc->seed);
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &tp->plan)) < 0 ||
+	    fill_params(c, tp, s) < 0 || (r = zc_register_plan(c)) < 0) {
+		EXPECT(0, "setup: %s: %s", zc_strerror_name(r), zc_error_message());
+		zc_close(c);
+		return 1;
+	}
+	for (int it = 0; it < 2 && r >= 0; it++)
+		r = one_iteration(c, sc, tp, rank, it);
+	if (r >= 0)
+		r = export_snap(c, tp, ZC_OPT_ADAM, s);
+	EXPECT(r == 0, "export: %s: %s", zc_strerror_name(r), zc_error_message());
+
+	/* param 1 is in group 1 (amsgrad): step, exp_avg, exp_avg_sq, max_exp_avg_sq */
+	static const struct {
+		const char *what, *needle;
+		int code;
+	} tries[] = {
+		{"NaN step", "step: nan", ZC_ESTATEINVAL},
+		{"negative step", "step: -1", ZC_ESTATEINVAL},
+		{"step 1.5", "step: 1.5", ZC_ESTATEINVAL},
+		{"a NaN in exp_avg", "exp_avg[3]: nan", ZC_ESTATEINVAL},
+		{"a negative exp_avg_sq", "exp_avg_sq[5]", ZC_ESTATEINVAL},
+		{"an infinite max_exp_avg_sq", "max_exp_avg_sq[0]: inf", ZC_ESTATEINVAL},
+		{"momentum_buffer for Adam", "momentum_buffer: not a state of adam",
+		 ZC_ESTATEINVAL},
+		{"a master for fp32", "master", ZC_ESTATEINVAL},
+		{"no exp_avg_sq", "exp_avg_sq: missing", ZC_ESTATEINVAL},
+		{"no max_exp_avg_sq under amsgrad", "max_exp_avg_sq: missing", ZC_ESTATEINVAL},
+		{"exp_avg NULL", "exp_avg: present but NULL", ZC_ESTATEINVAL},
+		{"bucket 9", "bucket: 9", ZC_ESTATEINVAL},
+		{"segment 7", "segment: 7", ZC_ESTATEINVAL},
+		{"a segment twice", "given twice", ZC_ESTATEINVAL},
+		{"unknown present bits", "unknown bits", ZC_ESTATEINVAL},
+	};
+	for (size_t t = 0; t < sizeof(tries) / sizeof(tries[0]) && r == 0; t++) {
+		uint32_t n = NP;
+		float saved;
+		snap_segs(s, tp, ZC_OPT_ADAM, segs);
+		struct zc_segment_state *x = &segs[1];
+		switch (t) {
+		case 0:
+			x->step = NAN;
+			break;
+		case 1:
+			x->step = -1;
+			break;
+		case 2:
+			x->step = 1.5;
+			break;
+		case 3:
+			saved = x->exp_avg[3], x->exp_avg[3] = NAN;
+			break;
+		case 4:
+			saved = x->exp_avg_sq[5], x->exp_avg_sq[5] = -1;
+			break;
+		case 5:
+			saved = x->max_exp_avg_sq[0], x->max_exp_avg_sq[0] = INFINITY;
+			break;
+		case 6:
+			x->present |= ZC_STATE_MOMENTUM_BUFFER, x->momentum_buffer = x->exp_avg;
+			break;
+		case 7:
+			x->present |= ZC_STATE_MASTER, x->master = x->exp_avg;
+			break;
+		case 8:
+			x->present &= ~ZC_STATE_EXP_AVG_SQ;
+			break;
+		case 9:
+			x->present &= ~ZC_STATE_MAX_EXP_AVG_SQ;
+			break;
+		case 10:
+			x->exp_avg = NULL;
+			break;
+		case 11:
+			x->bucket = 9;
+			break;
+		case 12:
+			x->segment = 7;
+			break;
+		case 13:
+			segs[2] = segs[1];
+			break;
+		case 14:
+			x->present |= 1u << 8;
+			break;
+		}
+		r = zc_set_state(c, segs, n);
+		EXPECT(r == tries[t].code && strstr(zc_error_message(), tries[t].needle),
+		       "%s: %s: %s", tries[t].what, zc_strerror_name(r), zc_error_message());
+		EXPECT(t >= 11 || strstr(zc_error_message(), "buckets[0].segments[1]"),
+		       "%s: the reason names the segment: %s", tries[t].what, zc_error_message());
+		if (t == 3)
+			x->exp_avg[3] = saved;
+		if (t == 4)
+			x->exp_avg_sq[5] = saved;
+		if (t == 5)
+			x->max_exp_avg_sq[0] = saved;
+		r = r == tries[t].code ? 0 : -1;
+	}
+	/* ranks that disagree: the daemon compares their lists; every rank hears
+	 * it, nothing is applied */
+	if (r == 0 && sc->world > 1) {
+		snap_segs(s, tp, ZC_OPT_ADAM, segs);
+		if (rank == 1)
+			segs[4].step += 1;
+		r = zc_set_state(c, segs, NP);
+		EXPECT(r == ZC_ESTATEINVAL && strstr(zc_error_message(), "differs from rank"),
+		       "ranks that disagree: %s: %s", zc_strerror_name(r), zc_error_message());
+		r = r == ZC_ESTATEINVAL ? 0 : -1;
+	}
+	/* a re-plan that changes the parameters: refused, the plan stays */
+	make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+	bad->segs[0][0].numel += 1, bad->segs[0][1].offset += 1, bad->buckets[0].numel += 1;
+	if (r == 0) {
+		r = zc_alloc_buffers(c, &bad->plan);
+		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "numel 301"),
+		       "re-plan with another numel: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+		make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		bad->segs[1][1].group = 0;
+		r = zc_alloc_buffers(c, &bad->plan);
+		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "group 0"),
+		       "re-plan with another group: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+		make_plan(bad, 1, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		r = zc_alloc_buffers(c, &bad->plan);
+		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "optimizer"),
+		       "re-plan with another optimizer: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+		make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		bad->segs[0][1].param_id = 555;
+		r = zc_alloc_buffers(c, &bad->plan);
+		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "555"),
+		       "re-plan with an unknown param_id: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+		make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		bad->segs[0][1].param_id = bad->segs[0][0].param_id;
+		r = zc_alloc_buffers(c, &bad->plan);
+		EXPECT(r == ZC_EPLANINVAL && strstr(zc_error_message(), "param_id"),
+		       "a param_id twice: %s: %s", zc_strerror_name(r), zc_error_message());
+		r = 0;
+	}
+	/* nothing of it was applied: two more iterations equal the reference */
+	for (int it = 2; it < 4 && r >= 0; it++)
+		r = one_iteration(c, sc, tp, rank, it);
+	EXPECT(r == 0, "training after the refusals: %s: %s", zc_strerror_name(r),
+	       zc_error_message());
+	if (r == 0 && export_snap(c, tp, ZC_OPT_ADAM, s) == 0) {
+		snap_init(want, sc->seed);
+		ref_train(want, ZC_OPT_ADAM, sc->seed, sc->world, 0, 4);
+		EXPECT(snap_compare("after bad input", s, want, ZC_OPT_ADAM) == 0,
+		       "rank %u: the refused input changed something", rank);
+	}
+	zc_close(c);
+	free(tp);
+	free(bad);
+	free(s);
+	free(want);
+	return child_bad;
+}
+
+static void t_bad_input(void)
+{
+	struct script *sc = script_new("bad", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct train_spec *by = test_shared(sizeof(*by));
+	pid_t bp[2], pids[2];
+
+	bystander_start(by, bp);
+	for (uint32_t r = 0; r < sc->world; r++)
+		pids[r] = spawn(bad_rank, sc, (int)r);
+	for (uint32_t r = 0; r < sc->world; r++)
+		CHECK(wait_child(pids[r], test_timeout(60000)) == 0, "rank %u: see above", r);
+	bystander_check(by, bp);
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+/* The daemon checks what a client that skipped libzeroclient's checks
+ * sends: a staging of the wrong size, a segment out of range, a NaN step, a
+ * tensor SGD does not keep, a state call before the plan; each a named
+ * error, and the job trains on. */
+static int raw_rank(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__GetState gs = ZEROD__V1__GET_STATE__INIT;
+	Zerod__V1__SetState ss = ZEROD__V1__SET_STATE__INIT;
+	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
+	Zerod__V1__SegmentState item = ZEROD__V1__SEGMENT_STATE__INIT, *items[1] = {&item};
+	struct raw_reg g;
+	struct raw r = {0};
+	char name[96];
+
+	(void)arg, (void)idx;
+	if (raw_reg_init(&g, "state") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
+		return 1;
+	raw_hello(&r, "raw-state");
+	snprintf(name, sizeof(name), "/zerodtest-state-%d-staging", (int)getpid());
+	sg.shm_name = name;
+	sg.bytes = 5 * g.bytes;
+	gs.staging = &sg;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_GET_STATE;
+	env.get_state = &gs;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_ESTATE, "the job is not running", "GetState before the plan");
+	raw_send(&r, &g.env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
+
+	raw_make_shm(name, 4 * g.bytes); /* one region short */
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_ESIZE, "state staging", "a staging of the wrong size");
+
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_STATE;
+	env.set_state = &ss;
+	ss.staging = &sg;
+	ss.segments = items;
+	ss.n_segments = 1;
+	static const struct {
+		uint32_t bucket, segment, present;
+		double step;
+		const char *needle;
+	} bad[] = {
+		{2, 0, 0, 0, "bucket 2"},
+		{1, 1, 0, 0, "buckets[1].segments[1]"},
+		{0, 0, ZC_STATE_STEP, 0, "step: torch.optim.SGD keeps no step"},
+		{0, 0, ZC_STATE_EXP_AVG, NAN, "exp_avg: not a state of torch.optim.SGD"},
+		{0, 0, ZC_STATE_MOMENTUM_BUFFER, 0, "momentum 0"},
+	};
+	for (size_t t = 0; t < sizeof(bad) / sizeof(bad[0]); t++) {
+		raw_make_shm(name, 5 * g.bytes);
+		item.bucket = bad[t].bucket;
+		item.segment = bad[t].segment;
+		item.present = bad[t].present;
+		item.step = bad[t].step;
+		raw_send(&r, &env);
+		raw_expect_error(&r, ZC_ESTATEINVAL, bad[t].needle, bad[t].needle);
+	}
+	/* and the job goes on */
+	raw_bucket(&r, 0, 0);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "bucket 0");
+	raw_bucket(&r, 0, 1);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "bucket 1");
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STEP_DONE, "step 0");
+	/* a good one now: the staging of the right size, nothing given */
+	raw_make_shm(name, 5 * g.bytes);
+	ss.n_segments = 0;
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "an empty SetState");
+	raw_goodbye(&r);
+	raw_close(&r);
+	shm_unlink(name);
+	raw_reg_free(&g);
+	return child_bad;
+}
+
+static void t_daemon_checks(void)
+{
+	CHECK(wait_child(spawn(raw_rank, NULL, 0), test_timeout(30000)) == 0, "see above");
+}
+
+/* ------------------------------------------- over several nodes (gloo) --- */
+
+/* nnodes real zerods on loopback, each its own socket, for sc; the
+ * rendezvous on a port the kernel picked free. */
+static struct zd nodes_[3];
+
+static int nodes_start(struct script *sc, uint32_t nnodes, const uint32_t *node_of)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	const char *const args[] = {"--workers", "2", NULL};
+	int fd, port = -1;
+
+	sc->nnodes = nnodes;
+	memcpy(sc->node_of, node_of, sc->world * sizeof(*node_of));
+	for (uint32_t k = 0; k < nnodes; k++) {
+		int r = zd_start(&nodes_[k], args);
+		if (r < 0)
+			return r;
+		snprintf(sc->socks[k], sizeof(sc->socks[k]), "%s", nodes_[k].sock);
+	}
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+		port = ntohs(sa.sin_port);
+	if (fd >= 0)
+		close(fd);
+	snprintf(sc->rdzv, sizeof(sc->rdzv), "127.0.0.1:%d", port);
+	return port > 0 ? 0 : -EADDRINUSE;
+}
+
+static void nodes_stop(const struct script *sc)
+{
+	for (uint32_t k = 0; k < sc->nnodes; k++) {
+		if (test_failed_) {
+			printf("# ---- node %u ----\n", k);
+			zd_dump_log(&nodes_[k]);
+		}
+		CHECK(zd_stop(&nodes_[k], 10000) == 0, "node %u's zerod did not stop cleanly", k);
+	}
+}
+
+static void run_nodes(struct script *sc, uint32_t nnodes, const uint32_t *node_of)
+{
+	int r = nodes_start(sc, nnodes, node_of);
+
+	CHECK(r == 0, "cannot start the nodes: %s", strerror(-r));
+	if (r == 0)
+		run_script(sc);
+	nodes_stop(sc);
+}
+
+/* The export gathers every node's pieces: each rank of a job over 2 nodes
+ * gets the whole state, equal to the reference (summed in node order), and
+ * imports it back unchanged. */
+static void nodes_roundtrip(enum zc_optimizer opt, enum zc_shard_mode shard, uint32_t world,
+			    const uint32_t *node_of)
+{
+	struct script *sc = script_new("nodes-roundtrip", world, opt, shard, ZC_STEP_AT_END);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, sc->seed);
+	ref_train_nodes(want, opt, sc->seed, world, node_of, 0, 3);
+	sc->iters = 3;
+	sc->roundtrip = true;
+	sc->want = want;
+	run_nodes(sc, 2, node_of);
+}
+
+static void t_nodes_roundtrip_sgd_bucket(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+	nodes_roundtrip(ZC_OPT_SGD, ZC_SHARD_BUCKET, 2, node_of);
+}
+
+static void t_nodes_roundtrip_adam_slice(void)
+{
+	static const uint32_t node_of[] = {0, 1, 1};
+	nodes_roundtrip(ZC_OPT_ADAM, ZC_SHARD_SLICE, 3, node_of);
+}
+
+/* A state exported on one node, imported into a job of 3 ranks over 2
+ * nodes (another shard mode and layout): its next steps equal the
+ * reference's; then a re-plan is refused there (ZC_ENOTSUP: not over
+ * several nodes yet) and the job trains on with the plan it had. */
+static void t_nodes_import_other_world(void)
+{
+	static const uint32_t node_of[] = {1, 0, 1};
+	struct script *a =
+		script_new("nodes-export", 2, ZC_OPT_ADAMW, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	struct script *b =
+		script_new("nodes-import", 3, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct snap *saved = test_shared(sizeof(*saved)), *want = test_shared(sizeof(*want));
+
+	snap_init(want, a->seed);
+	ref_train(want, ZC_OPT_ADAMW, a->seed, 2, 0, 3);
+	a->iters = 3;
+	a->want = want;
+	a->out = saved;
+	run_script(a);
+	REQUIRE(saved->valid && !test_failed_, "the export failed");
+	ref_train_nodes(want, ZC_OPT_ADAMW, a->seed, 3, node_of, 3, 6);
+	b->layout = 1;
+	b->ids = true;
+	b->load = true;
+	b->in = saved;
+	b->start = 3;
+	b->iters = 3;
+	b->replan_at = 4;
+	b->replan_layout = 0;
+	b->replan_code = ZC_ENOTSUP;
+	b->want = want;
+	run_nodes(b, 2, node_of);
+}
+
+static const struct test_case node_cases[] = {
+	{"nodes_roundtrip_sgd_bucket", t_nodes_roundtrip_sgd_bucket, 90000},
+	{"nodes_roundtrip_adam_slice", t_nodes_roundtrip_adam_slice, 90000},
+	{"nodes_import_other_world", t_nodes_import_other_world, 120000},
+};
+
+static const struct test_case cases[] = {
+	{"roundtrip_sgd_bucket", t_roundtrip_sgd_bucket, 60000},
+	{"roundtrip_sgd_slice", t_roundtrip_sgd_slice, 60000},
+	{"roundtrip_adam_bucket", t_roundtrip_adam_bucket, 60000},
+	{"roundtrip_adamw_slice", t_roundtrip_adamw_slice, 60000},
+	{"empty_before_first_step", t_empty_before_first_step, 60000},
+	{"formats_sgd", t_formats_sgd, 40000},
+	{"formats_adam", t_formats_adam, 40000},
+	{"other_world_sgd", t_other_world_sgd, 90000},
+	{"other_world_adamw", t_other_world_adamw, 90000},
+	{"replan_sgd_bucket_ids", t_replan_sgd_bucket_ids, 90000},
+	{"replan_sgd_slice_position", t_replan_sgd_slice_position, 90000},
+	{"replan_adam_slice_ids", t_replan_adam_slice_ids, 90000},
+	{"replan_adamw_bucket_position", t_replan_adamw_bucket_position, 90000},
+	{"replan_world1", t_replan_world1, 90000},
+	{"replan_equals_second_layout_run", t_replan_equals_second_layout_run, 120000},
+	{"bad_input", t_bad_input, 120000},
+	{"daemon_checks", t_daemon_checks, 40000},
+};
+
+int main(int argc, char **argv)
+{
+	/* TEST_STATE_NODES=1: the cases over several zerods (they need gloo) */
+	if (getenv("TEST_STATE_NODES"))
+		return zd_test_main(&daemon_, NULL, node_cases,
+				    sizeof(node_cases) / sizeof(node_cases[0]), argc, argv);
+	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+}
