@@ -2,6 +2,7 @@
 the same model, the same data (different on every rank), the same schedule;
 parameters compared after every iteration within RTOL/ATOL."""
 import copy
+import gc
 
 import torch
 import torch.distributed as dist
@@ -80,17 +81,24 @@ def make(cfg, rank):
     zhyper = dict(hyper, **cfg.get("zerod_hyper", {}))  # negative controls
     opt_z = ZerodOptimizer(ddp_z, cls, groups(model, cfg.get("groups")),
                            shard=cfg.get("shard", "bucket"),
-                           step_mode=cfg.get("step_mode", "interleaved"), **zhyper)
+                           step_mode=cfg.get("step_mode", "interleaved"),
+                           max_grad_norm=cfg.get("clip", 0.0), **zhyper)
     opt_r = cls(groups(ref, cfg.get("groups")), **hyper)
     return ddp_z, opt_z, ddp_r, opt_r
 
 
 def one_iter(ddp, opt, sched, rank, it, cfg):
+    if cfg.get("manual_lr"):
+        for g in opt.param_groups:
+            g["lr"] = 0.01 * (1 + it % 4) / 4
     x, y = data(rank, it)
     loss = ((ddp(x, use_side(rank, it, cfg)) - y) ** 2).mean()
     loss.backward()
+    if cfg.get("clip") and not hasattr(opt, "client"):  # the reference
+        opt.last_norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), cfg["clip"]).item()
     opt.step()
-    opt.zero_grad(set_to_none=cfg.get("set_to_none", True))
+    if (it + 1) % cfg.get("zero_grad_every", 1) == 0:
+        opt.zero_grad(set_to_none=cfg.get("set_to_none", True))
     if sched is not None:
         sched.step()
     return loss.item()
@@ -117,22 +125,34 @@ def compare(cfg, rank, world):
         if it == reload_at:
             # mid-run: state_dict -> a new optimizer (and scheduler) -> load
             from zerod.torch import ZerodOptimizer
-            sd = opt_z.state_dict()
+            zsd = opt_z.state_dict()
             ssd = sz.state_dict() if sz is not None else None
-            ref_sd = opt_r.state_dict()
-            check_state_equal(sd, ref_sd)
+            sd = opt_r.state_dict()  # plain torch's state goes into zerod
+            check_state_equal(zsd, sd)
+            opt_r = OPTS[cfg["opt"]](groups(ddp_r.module, cfg.get("groups")), **cfg["hyper"])
+            opt_r.load_state_dict(zsd)  # and zerod's into plain torch
+            if ssd is not None:
+                sr = schedule(opt_r, cfg.get("sched"))
+                sr.load_state_dict(ssd)
             opt_z.close()
-            ddp_z = rewrap(ddp_z, cfg)
+            module = ddp_z.module
+            ddp_z = opt_z = sz = None  # the old DDP's reducer goes with them
+            gc.collect()
+            ddp_z = rewrap(module, cfg)
             opt_z = ZerodOptimizer(ddp_z, OPTS[cfg["opt"]],
                                    groups(ddp_z.module, cfg.get("groups")),
                                    shard=cfg.get("shard", "bucket"),
-                                   step_mode=cfg.get("step_mode", "interleaved"), **cfg["hyper"])
+                                   step_mode=cfg.get("step_mode", "interleaved"),
+                                   max_grad_norm=cfg.get("clip", 0.0), **cfg["hyper"])
             opt_z.load_state_dict(sd)
             if ssd is not None:
                 sz = schedule(opt_z, cfg.get("sched"))
                 sz.load_state_dict(ssd)
         lz = one_iter(ddp_z, opt_z, sz, rank, it, cfg)
         lr_ = one_iter(ddp_r, opt_r, sr, rank, it, cfg)
+        if cfg.get("clip"):
+            nz, nr = opt_z.last_grad_norm, opt_r.last_norm
+            assert abs(nz - nr) <= 1e-5 * abs(nr) + 1e-6, f"iteration {it}: norm {nz} vs {nr}"
         d, bad = max_diff(ddp_z, ddp_r)
         worst = max(worst, d)
         if bad:
@@ -149,10 +169,10 @@ def compare(cfg, rank, world):
     return res
 
 
-def rewrap(ddp, cfg):
+def rewrap(module, cfg):
     """A new DDP around the same module (as a restarted script would build)."""
     kw = dict(bucket_cap_mb=0.002, find_unused_parameters=bool(cfg.get("unused")))
-    return nn.parallel.DistributedDataParallel(ddp.module, **kw)
+    return nn.parallel.DistributedDataParallel(module, **kw)
 
 
 def check_state_equal(a, b):
