@@ -204,6 +204,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     pbufs[b][off:off + p.numel()].copy_(p.detach().reshape(-1))
                 off += p.numel()
         self.client.register_plan()
+        # a re-plan's new buffers are the ones to take once it registered
+        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=torch.float32)
+                 for b in range(len(layout))]
+        gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=torch.float32)
+                 for b in range(len(layout))]
         with torch.no_grad():
             for b, (_, ps, _) in enumerate(layout):
                 for p in ps:
@@ -228,9 +233,13 @@ class ZerodOptimizer(torch.optim.Optimizer):
             self._rebuilt_seen = True
             layout = self._read_layout()
             if [k for k, _, _ in layout] != [k for k, _, _ in self._layout]:
-                if self.lib.has("zc_get_state"):
+                try:
                     self._set_layout(layout, first=False)
-                else:
+                except _lib.ZerodError as e:
+                    # a library without re-planning refuses a second
+                    # zc_alloc_buffers() (ZC_ESTATE), changing nothing
+                    if e.name != "ZC_ESTATE" or "buffers already" not in e.reason:
+                        raise
                     self._route_by_param(layout)
         self._used.clear()
 
@@ -423,9 +432,10 @@ class ZerodOptimizer(torch.optim.Optimizer):
         ps, segs = self._segment_states(tensors)
         self.client.get_state(segs)
         self.state.clear()
+        at = {id(p): k for k, p in enumerate(ps)}
         for g in self.param_groups:
             for p in g["params"]:
-                s = segs[ps.index(p)]
+                s = segs[at[id(p)]]
                 if not s.present:
                     continue
                 st = {}
