@@ -93,6 +93,21 @@ def one_iter(ddp, opt, sched, rank, it, cfg):
             g["lr"] = 0.01 * (1 + it % 4) / 4
     x, y = data(rank, it)
     loss = ((ddp(x, use_side(rank, it, cfg)) - y) ** 2).mean()
+    scale = cfg.get("grad_scale")
+    if scale and hasattr(opt, "client"):  # zerod unscales, and skips non-finite steps
+        opt.set_grad_scale(scale)
+        (loss * (float("inf") if it == cfg.get("inf_at") else scale)).backward()
+        opt.step()
+        assert opt.found_inf == (it == cfg.get("inf_at")), (it, opt.found_inf)
+        opt.zero_grad(set_to_none=cfg.get("set_to_none", True))
+        if sched is not None:
+            sched.step()
+        return loss.item()
+    if scale and it == cfg.get("inf_at"):  # the reference: GradScaler skips the step
+        opt.zero_grad()
+        if sched is not None:
+            sched.step()
+        return loss.item()
     loss.backward()
     if cfg.get("clip") and not hasattr(opt, "client"):  # the reference
         opt.last_norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), cfg["clip"]).item()

@@ -93,6 +93,15 @@ CASES = {
     "clip-max_grad_norm-at_end-sgd-w3-slice": dict(world=3, opt="sgd", hyper=SGD, clip=0.05,
                                                    step_mode="at_end", shard="slice"),
     "clip-interleaved-refused": dict(world=2, what="clip-interleaved"),
+    # loss scaling in zerod: the scaled gradients unscaled there, and an
+    # iteration with non-finite ones skipped on every rank (as GradScaler)
+    "grad-scale-at_end-adam-w2-skips-inf": dict(world=2, opt="adam", hyper=ADAM,
+                                                step_mode="at_end", grad_scale=1024.0,
+                                                inf_at=4, check_state=True),
+    "grad-scale-at_end-sgd-w3-slice-skips-inf": dict(world=3, opt="sgd", hyper=SGD,
+                                                     step_mode="at_end", shard="slice",
+                                                     grad_scale=256.0, inf_at=2,
+                                                     sched="step"),
 }
 
 
