@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build with -Werror, run
-# every meson suite (unit, integration, fuzz, ops), then the same suites once more
-# built with AddressSanitizer + UBSan (tools/sanitize.sh asan), and print one
+# every meson suite (unit, integration, multinode, fuzz, ops, torch), then the
+# C suites once more built with AddressSanitizer + UBSan (tools/sanitize.sh
+# asan; torch's python cannot load an instrumented library), and print one
 # closing line that counts both runs. Fails if either run fails.
 #
 #   tools/test.sh [meson test args...]     e.g. tools/test.sh --suite unit
