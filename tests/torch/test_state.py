@@ -79,6 +79,9 @@ CASES = {
         step_mode="at_end", check_state=True),
     "reload-mid-run-adamw-w2-slice-interleaved-warmup": dict(
         world=2, opt="adamw", hyper=ADAMW, reload_at=3, sched="warmup", shard="slice"),
+    "reload-mid-run-sgd-no-momentum-w2-bucket-at_end": dict(
+        world=2, opt="sgd", hyper={"lr": 0.05, "weight_decay": 0.01}, reload_at=4,
+        step_mode="at_end", check_state=True),
     # find_unused_parameters=True: unused on some ranks, or on every rank
     "unused-some-ranks-adamw-w3-bucket-interleaved": dict(world=3, opt="adamw", hyper=ADAMW,
                                                           unused="some", iters=12),

@@ -143,6 +143,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
                              local_size=int(ls_env) if lr_env and ls_env else None)
 
         self._step_iter = None  # iteration handed over and not yet waited for
+        self._steps_done = 0
         self._sent = [None] * len(self.param_groups)  # hypers zerod has, per group
         self._sent_iter = None  # the hypers sent for the iteration under way
         self._grad_scale = None
@@ -177,10 +178,14 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 tiled = tiled and g.storage_offset() == off
                 off += p.numel()
             out.append((tuple(id(p) for p in ps), ps, tiled and off == b.buffer().numel()))
+        reduced = {k for ids, _, _ in out for k in ids}
         for p in self._model_params:
-            if p.requires_grad and id(p) not in self._group_of:
+            if id(p) in reduced and id(p) not in self._group_of:
                 raise ValueError("ZerodOptimizer: every parameter DDP reduces must be in a "
                                  "param group (give it lr=0 to freeze it)")
+        if any(k not in reduced for k in self._group_of):
+            raise ValueError("ZerodOptimizer: a parameter of the param groups is not one DDP "
+                             "reduces (requires_grad=False, or ignored by DDP)")
         return out
 
     def _set_layout(self, layout, first):
@@ -287,9 +292,12 @@ class ZerodOptimizer(torch.optim.Optimizer):
             self._step_iter = self._iter
             # after DDP's finalize (queued after this): note the gradients'
             # versions, so a later in-place edit (clip_grad_norm_) is seen
-            torch.autograd.Variable._execution_engine.queue_callback(
-                lambda: torch.autograd.Variable._execution_engine.queue_callback(
-                    self._note_versions))
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    lambda: torch.autograd.Variable._execution_engine.queue_callback(
+                        self._note_versions))
+            except RuntimeError:  # a hook run outside backward (DDP's join)
+                pass
         return fut
 
     def _on_bucket(self, bucket):
@@ -345,6 +353,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         if it is None:
             return
         self._step_iter = None
+        self._steps_done += 1
         f = self.client.step_future(it)
         try:
             self.client.wait(f)
@@ -437,6 +446,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
             for p in g["params"]:
                 s = segs[at[id(p)]]
                 if not s.present:
+                    # torch's SGD without momentum keeps {'momentum_buffer':
+                    # None} once it stepped a parameter; zerod keeps nothing
+                    if self.kind == "sgd" and not g["momentum"] and self._steps_done \
+                            and not self.find_unused:
+                        self.state[p] = {"momentum_buffer": None}
                     continue
                 st = {}
                 if self.kind == "sgd":
