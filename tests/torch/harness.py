@@ -29,6 +29,14 @@ class Skip(Exception):
     pass
 
 
+try:
+    import torch  # noqa: F401  (the case files import it too)
+except ImportError as e:
+    print(f"1..0 # SKIP no torch for {sys.executable} ({e}): tools/deps.sh installs "
+          "python3-torch")
+    sys.exit(0)
+
+
 def zerod_bin():
     return os.environ.get("ZEROD_BIN") or os.path.join(TOP, "build", "daemon", "zerod")
 
@@ -126,12 +134,6 @@ def main(cases, rank_main, timeout=120):
             json.dump(res or {}, open(os.path.join(run, "result0.json"), "w"))
         sys.stdout.flush()
         os._exit(0)  # no teardown of gloo and zerod's client in an order that hangs
-    try:
-        import torch  # noqa: F401
-    except ImportError as e:
-        print(f"1..0 # SKIP no torch for {sys.executable} ({e}): tools/deps.sh installs "
-              "python3-torch")
-        sys.exit(0)
     only = os.environ.get("TEST_CASES")
     names = [n for n in cases if not only or n in only.split(",")]
     print(f"1..{len(names)}", flush=True)
