@@ -158,10 +158,10 @@ class ZerodOptimizer(torch.optim.Optimizer):
             raise
         for g in range(len(self.param_groups)):
             self._sent[g] = _hyper(self.kind, self.param_groups[g])
+        self._handles = []
         if self.find_unused:
-            for p in self._model_params:
-                if p.requires_grad:
-                    p.register_hook(self._mark_used(self._pid[id(p)]))
+            self._handles = [p.register_hook(self._mark_used(self._pid[id(p)]))
+                             for p in self._model_params if p.requires_grad]
         ddp_model.register_comm_hook(self, _zerod_comm_hook)
         self._pre = ddp_model.module.register_forward_pre_hook(self._before_forward)
         self._ready = True
@@ -502,6 +502,8 @@ class ZerodOptimizer(torch.optim.Optimizer):
             return
         self._wait_step()
         self._pre.remove()
+        for h in self._handles:
+            h.remove()
         with torch.no_grad():
             for p in self._model_params:
                 if id(p) in self._param_ptr:
