@@ -18,7 +18,6 @@ BUILD_DIR=$build "$top/tools/build.sh"
 run=$(mktemp -d /tmp/zerod-torch-demo.XXXXXX)
 zpid=
 cleanup() {
-    [ -z "${KEEP:-}" ] || cp "$run"/zerod.log /tmp/torch-demo-zerod.log
     [ -z "$zpid" ] || kill "$zpid" 2>/dev/null || true
     rm -rf "$run"
 }
