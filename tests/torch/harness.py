@@ -60,8 +60,22 @@ def start_zerod(run):
     return p, sock
 
 
+def missing(part):
+    """Why the library cannot do part (zerod._lib.PARTS), or None."""
+    os.environ.setdefault("ZEROD_LIBZEROCLIENT", libzeroclient())
+    from zerod import _lib
+    try:
+        _lib.Lib.get().require(part)
+    except NotImplementedError as e:
+        return str(e)
+    return None
+
+
 def run_case(script, name, cfg, timeout):
     """(status, result dict or reason): status 'ok', 'fail', 'skip'."""
+    why = missing(cfg["needs"]) if cfg.get("needs") else None
+    if why:
+        return "skip", why
     run = tempfile.mkdtemp(prefix="zerod-torch-")
     zerod = None
     procs = []
