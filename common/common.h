@@ -34,7 +34,10 @@
 /* Hot loops are compiled for several x86-64 levels and the best one is picked
  * at load time (ifunc), so one binary is portable and still uses wide SIMD. */
 #ifndef ZEROD_SIMD_CLONES
-#if defined(__x86_64__) && defined(__has_attribute)
+/* clang before 16 names a clone set's ifunc "f.ifunc", so calls from other
+ * files do not link: no clones there (the fuzzing build, tools/fuzz.sh). */
+#if defined(__x86_64__) && defined(__has_attribute) &&                                           \
+	!(defined(__clang__) && __clang_major__ < 16)
 #if __has_attribute(target_clones)
 #define ZEROD_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif

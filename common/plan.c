@@ -71,9 +71,33 @@ static bool finite_nonneg(double x)
 	return isfinite(x) && x >= 0;
 }
 
+/* Whether optimizer opt reads group field `name`. */
+static bool plan_group_uses(enum zc_optimizer opt, const char *name)
+{
+	bool sgd = strcmp(name, "momentum") == 0 || strcmp(name, "dampening") == 0;
+	bool adam = strcmp(name, "beta1") == 0 || strcmp(name, "beta2") == 0 ||
+		    strcmp(name, "eps") == 0;
+
+	return opt == ZC_OPT_SGD ? !adam : !sgd;
+}
+
 int plan_group_check(enum zc_optimizer opt, const struct zc_param_group *g, char *err,
 		     size_t errlen)
 {
+	const struct {
+		const char *name;
+		double v;
+	} all[] = {{"lr", g->lr},       {"momentum", g->momentum}, {"dampening", g->dampening},
+		   {"weight_decay", g->weight_decay}, {"beta1", g->beta1}, {"beta2", g->beta2},
+		   {"eps", g->eps}};
+
+	/* every field, also those this optimizer ignores: a NaN would make
+	 * two equal plans compare unequal (NaN != NaN) */
+	for (size_t i = 0; i < ARRAY_SIZE(all); i++)
+		if (!isfinite(all[i].v))
+			return fail(err, errlen, "%s must be finite (got %g)%s", all[i].name,
+				    all[i].v,
+				    plan_group_uses(opt, all[i].name) ? "" : ", even where unused");
 	if (!finite_nonneg(g->lr))
 		return fail(err, errlen, "lr must be finite and >= 0 (got %g)", g->lr);
 	if (!finite_nonneg(g->weight_decay))
@@ -138,8 +162,11 @@ static uint64_t plan_hash(const struct plan *p)
 	HASH_FIELD(&h, p->ngroups);
 	for (uint32_t g = 0; g < p->ngroups; g++) {
 		const struct zc_param_group *pg = &p->groups[g];
-		double d[] = {pg->lr,    pg->momentum, pg->dampening, pg->weight_decay,
-			      pg->beta1, pg->beta2,    pg->eps};
+		/* + 0.0: -0.0 and 0.0 compare equal (plan_diff), so they hash
+		 * the same */
+		double d[] = {pg->lr + 0.0,    pg->momentum + 0.0, pg->dampening + 0.0,
+			      pg->weight_decay + 0.0, pg->beta1 + 0.0, pg->beta2 + 0.0,
+			      pg->eps + 0.0};
 		uint8_t f[] = {pg->nesterov, pg->amsgrad, pg->maximize};
 		hash_bytes(&h, d, sizeof(d));
 		hash_bytes(&h, f, sizeof(f));

@@ -278,6 +278,9 @@ int session_map_grad(struct session *s, const struct mem_desc *gd, uint64_t byte
 void session_keep_grad(struct session *s, struct mem_map *m, const char *name, uint64_t bytes);
 /* Drop sessions whose process is gone or whose leave_at passed. */
 void session_check_leaving(struct daemon *d, int64_t now);
+/* Its trainer's process has exited (its pidfd says so, or /proc), whether or
+ * not the loop has seen it yet. */
+bool session_gone(struct session *s);
 /* The next deadline session_check_leaving() has (LOOP_NEVER: none). */
 int64_t session_next_deadline(struct daemon *d);
 void session_reap(struct daemon *d);

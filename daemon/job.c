@@ -203,6 +203,26 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 		exec_stop(j->exec);
 }
 
+/* A job that ended keeps its id until its ranks have left. Ranks whose
+ * processes have exited leave after a grace (a Goodbye they sent may still
+ * be queued); a new rank of the same id need not wait for it: they leave now.
+ * True if any left (j may then be freed). */
+static bool job_drop_exited(struct job *j)
+{
+	struct session **gone = calloc(j->world, sizeof(*gone));
+	uint32_t n = 0;
+
+	if (!gone)
+		return false;
+	for (uint32_t r = 0; r < j->world; r++)
+		if (j->ranks[r] && session_gone(j->ranks[r]))
+			gone[n++] = j->ranks[r];
+	for (uint32_t k = 0; k < n; k++)
+		session_drop(gone[k], LEAVE_EXITED); /* the last one may free j */
+	free(gone);
+	return n > 0;
+}
+
 int job_join(struct daemon *d, struct session *s, const struct join_req *h, char *err,
 	     size_t errlen)
 {
@@ -258,6 +278,8 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 		return ZC_ELIMIT;
 	}
 	j = job_find(d, h->job_id, s->uid);
+	if (j && job_ended(j) && job_drop_exited(j))
+		j = job_find(d, h->job_id, s->uid); /* it may be gone: a fresh one forms */
 	if (j && job_ended(j)) {
 		snprintf(err, errlen, "job %s failed earlier (%s: %s); wait for its ranks to leave",
 			 j->id, zc_strerror_name(j->err), j->errmsg);

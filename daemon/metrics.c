@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "coll/netstats.h"
 #include "common.h"
 #include "log.h"
 #include "mem/mem.h"
@@ -110,6 +111,7 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 {
 	struct ops *o = d->ops;
 	struct exec_stats total = o->ended;
+	struct netstats net;
 	unsigned states[JOB_DRAINING + 1] = {0}, queued = 0, stalled = 0;
 	uint64_t mapped = 0;
 	int64_t now = now_ms();
@@ -166,6 +168,15 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 	    (double)total.bcast_elems * sizeof(float));
 	one(b, "zerod_stepped_parameters_total", "counter", "parameters updated by the optimizer",
 	    (double)total.stepped_elems);
+	netstats_read(&net);
+	one(b, "zerod_net_allreduce_bytes_total", "counter",
+	    "bytes all-reduced across nodes (bucket mode; each bucket once)",
+	    (double)net.allreduce_bytes);
+	one(b, "zerod_net_allreduce_seconds_total", "counter",
+	    "time in those all-reduces: exchange, fold and gather, without the local sums",
+	    (double)net.allreduce_ns / 1e9);
+	one(b, "zerod_net_allreduce_calls_total", "counter", "those all-reduces (network windows)",
+	    (double)net.allreduce_calls);
 	hist(b, "zerod_iteration_seconds", "time between two StepDones of a job",
 	     &o->m.iteration);
 	hist(b, "zerod_step_seconds", "an iteration's first BucketReady to its StepDone",

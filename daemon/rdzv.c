@@ -1109,6 +1109,49 @@ static void on_auth(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
 		  c->kind == ZEROD__V1__RDZV_KIND__RDZV_JOIN ? "join" : "store");
 }
 
+/* A Join that cannot be one of the job's nodes next to those here already:
+ * it brings a rank this node (the host) or a node that joined has, or the
+ * node index another claimed. Only that joiner is refused: the job waits on
+ * for its real node. 0, or a code with msg. */
+static int join_conflict(struct rdzv_job *rj, struct rconn *c, const Zerod__V1__RdzvJoin *jn,
+			 char *msg, size_t len)
+{
+	struct job *j = rj->j;
+
+	if (jn->world_size != j->world)
+		return 0; /* told when forming, naming both nodes */
+	for (size_t i = 0; i < jn->n_ranks; i++) {
+		uint32_t r = jn->ranks[i];
+		if (j->ranks[r] || j->plans[r]) {
+			snprintf(msg, len, "rank %u is on node %u (the rendezvous) already", r,
+				 rj->has_node_rank ? rj->node_rank : 0);
+			return ZC_EDUPRANK;
+		}
+		for (struct rconn *o = rj->rd->conns; o; o = o->next) {
+			if (o == c || o->rj != rj || !o->joined || o->dead)
+				continue;
+			for (uint32_t q = 0; q < o->nranks; q++)
+				if (o->ranks[q] == r) {
+					snprintf(msg, len, "rank %u is on %s already", r, o->peer);
+					return ZC_EDUPRANK;
+				}
+		}
+	}
+	if (!jn->has_node_rank)
+		return 0;
+	if (rj->has_node_rank && rj->node_rank == jn->node_rank) {
+		snprintf(msg, len, "node %u is the rendezvous's own", jn->node_rank);
+		return ZC_EWORLD;
+	}
+	for (struct rconn *o = rj->rd->conns; o; o = o->next)
+		if (o != c && o->rj == rj && o->joined && !o->dead && o->has_idx &&
+		    o->idx == jn->node_rank) {
+			snprintf(msg, len, "node %u is %s already", jn->node_rank, o->peer);
+			return ZC_EWORLD;
+		}
+	return 0;
+}
+
 static void on_join(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
 {
 	const Zerod__V1__RdzvJoin *jn = m->join;
@@ -1116,6 +1159,7 @@ static void on_join(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
 	uint32_t joined = 0;
 	char err[192], msg[256];
 	bool *seen;
+	int code;
 
 	if (c->joined || rj->formed) {
 		snprintf(msg, sizeof(msg), "job %s has formed already with its %u nodes", rj->j->id,
@@ -1151,6 +1195,12 @@ static void on_join(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
 		seen[jn->ranks[i]] = true;
 	}
 	free(seen);
+	code = join_conflict(rj, c, jn, msg, sizeof(msg));
+	if (code) {
+		peer_log(c->rd, "job %s: rendezvous: refused %s: %s", rj->j->id, c->peer, msg);
+		refuse(c, code, msg);
+		return;
+	}
 	if (jn->world_size == rj->j->world && jn->nnodes == rj->nnodes &&
 	    plan_from_pb(jn->plan, &c->plan, err, sizeof(err)) < 0) {
 		snprintf(msg, sizeof(msg), "invalid plan: %s", err);

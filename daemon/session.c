@@ -12,6 +12,7 @@
  * registration.
  */
 #include <errno.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -216,6 +217,17 @@ static bool pid_alive(pid_t pid)
 	buf[n] = 0;
 	p = strrchr(buf, ')'); /* "pid (comm) S ..." */
 	return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
+bool session_gone(struct session *s)
+{
+	struct pollfd p = {.fd = s->pidfd, .events = POLLIN};
+
+	if (s->exited)
+		return true;
+	if (s->pidfd >= 0)
+		return poll(&p, 1, 0) == 1;
+	return s->pid > 0 && !pid_alive(s->pid);
 }
 
 void session_check_leaving(struct daemon *d, int64_t now)

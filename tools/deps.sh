@@ -15,6 +15,8 @@ ZEROD_PACKAGES=(
     systemd python3-jsonschema python3-prometheus-client
     # the torch suite and tools/torch-demo.sh: DDP + ZerodOptimizer on CPU
     python3-torch
+    # the coverage-guided fuzzers (tools/fuzz.sh): clang with libFuzzer's runtime
+    clang libclang-rt-14-dev
 )
 
 # promtool (Debian's prometheus package) checks the metrics exposition. Its

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build with -Werror, run
-# every meson suite (unit, integration, multinode, fuzz, ops, torch), then the
-# C suites once more built with AddressSanitizer + UBSan (tools/sanitize.sh
-# asan; torch's python cannot load an instrumented library), and print one
-# closing line that counts both runs. Fails if either run fails.
+# every meson suite (unit, integration, multinode, fuzz, ops, reliability, torch),
+# then the C suites once more built with AddressSanitizer + UBSan
+# (tools/sanitize.sh asan; torch's python cannot load an instrumented library),
+# then the libFuzzer targets for a short while (tools/fuzz.sh), and print one
+# closing line that counts every run. Fails if any run fails.
 #
 #   tools/test.sh [meson test args...]     e.g. tools/test.sh --suite unit
-#   ZEROD_TEST_ASAN=0 tools/test.sh        the plain run only
+#   ZEROD_TEST_ASAN=0 tools/test.sh        without the sanitizer run
+#   ZEROD_TEST_LIBFUZZER=0 tools/test.sh   without the libFuzzer run (it runs only
+#                                          when no meson test args are given)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$top/build}
@@ -21,10 +24,17 @@ meson test -C "$build" --print-errorlogs "$@" || status=$?
 if [ "${ZEROD_TEST_ASAN:-1}" != 0 ]; then
     echo "== the same suites under AddressSanitizer + UBSan (${build}-asan)"
     args=("$@")
-    [ $# -gt 0 ] || args=(--suite unit --suite integration --suite fuzz --suite ops)
+    [ $# -gt 0 ] || args=(--suite unit --suite integration --suite fuzz --suite ops --suite reliability)
     rm -f "$build-asan/meson-logs/testlog.json"
     BUILD_DIR=$build "$top/tools/sanitize.sh" asan "${args[@]}" || status=$?
     logs+=("$build-asan/meson-logs/testlog.json")
+fi
+
+if [ $# -eq 0 ] && [ "${ZEROD_TEST_LIBFUZZER:-1}" != 0 ]; then
+    echo "== the coverage-guided fuzzers, ${ZEROD_FUZZ_SECONDS:-20} s each (${build}-fuzz)"
+    rm -f "$build-fuzz/meson-logs/testlog.json"
+    BUILD_DIR=$build "$top/tools/fuzz.sh" "${ZEROD_FUZZ_SECONDS:-20}" || status=$?
+    logs+=("$build-fuzz/meson-logs/testlog.json")
 fi
 
 # One line any CI can read: subtests (TAP cases) counted over all suites and runs.

@@ -73,8 +73,8 @@ struct coll_config {
 	char *err;                  /* optional: why open failed, in words */
 	size_t errlen;
 	/* nccl: the job's unique id, COLL_UNIQUE_ID_BYTES, the same on every
-	 * node (the rendezvous hands it out); NULL when every rank is on this
-	 * node: the backend makes one. Copied. */
+	 * node. NULL: the backend makes one (every rank on this node), or node
+	 * 0 makes it and the others get it through net->store. Copied. */
 	const void *nccl_id;
 	int open_timeout_ms; /* nccl: how long open waits for every rank; <= 0: 60 s */
 };

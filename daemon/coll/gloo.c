@@ -48,9 +48,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "coll/coll.h"
 #include "coll/gloo_shim.h"
+#include "coll/netstats.h"
 #include "common.h"
 #include "hostmem.h"
 #include "pool.h"
@@ -218,6 +220,14 @@ static int net_broadcast(struct coll_group *g, struct lane_ctx *ln, uint32_t roo
 
 /* ------------------------------------------------------- windows --- */
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static int scratch(struct lane_ctx *ln, size_t need)
 {
 	if (need <= ln->cap)
@@ -286,6 +296,7 @@ static int reduce_window(struct coll_group *g, struct lane_ctx *ln, bool slice, 
 	struct jobs js = {0};
 	bool direct;
 	float *S, *R;
+	uint64_t t0;
 	int r;
 
 	direct = layout(g, P, tmp, m, N, slice, cnt, bnd) && g->nlocal == 1;
@@ -315,6 +326,7 @@ static int reduce_window(struct coll_group *g, struct lane_ctx *ln, bool slice, 
 	if (r < 0)
 		goto out;
 	/* 2. block j of every node's partials to node j */
+	t0 = mono_ns();
 	r = net_alltoallv(g, ln, S, cnt, R, rcnt);
 	if (r < 0 || atomic_load(&g->aborted))
 		goto out;
@@ -345,6 +357,8 @@ static int reduce_window(struct coll_group *g, struct lane_ctx *ln, bool slice, 
 	r = net_allgatherv(g, ln, S, cnt);
 	if (r < 0 || atomic_load(&g->aborted))
 		goto out;
+	if (g->net)
+		netstats_allreduce(N * sizeof(float), mono_ns() - t0);
 	for (uint32_t i = 0; i < m && r >= 0; i++) {
 		float *dst = g->grads[P[i].owner];
 		if (P[i].node != me || dst + P[i].off == S + P[i].pos)

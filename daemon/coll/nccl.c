@@ -5,9 +5,10 @@
  * reductions, set 1 the broadcasts and all-gathers, so a later bucket's
  * reduction never queues behind an earlier broadcast on the same
  * communicator or stream. Set 0 is created with ncclCommInitRankConfig in one
- * group call over the local GPUs, from the job's NCCL unique id (the
- * rendezvous hands it to every node; a job whose ranks are all here makes its
- * own); set 1 is split from it, so a job needs one id only. Communicators are
+ * group call over the local GPUs, from the job's NCCL unique id (node 0
+ * makes it and the others get it from the job's store, the rendezvous's
+ * key-value store; a job whose ranks are all here makes its own); set 1 is
+ * split from it, so a job needs one id only. Communicators are
  * non-blocking (config.blocking = 0): calls may answer ncclInProgress, and
  * each is polled with ncclCommGetAsyncError until it has really been issued.
  *
@@ -399,6 +400,48 @@ static int group_layout(struct coll_group *g, const struct coll_config *cfg)
 	return g->nlocal ? 0 : -EINVAL;
 }
 
+/* The job's NCCL unique id: the one given (cfg->nccl_id); else, for a job
+ * over several nodes, the one node 0 makes and sets in the job's store under
+ * "<prefix>nccl-id" for the others to get (the rendezvous's key-value store,
+ * as gloo swaps its addresses); else, with every rank here, a new one. */
+static int unique_id(struct coll_group *g, const struct coll_config *cfg, ncclUniqueId *id,
+		     int64_t deadline)
+{
+	const struct coll_net *net = cfg->net;
+	char key[256];
+	void *v = NULL;
+	size_t len = 0;
+	int r;
+
+	if (cfg->nccl_id) {
+		memcpy(id->internal, cfg->nccl_id, sizeof(id->internal));
+		return 0;
+	}
+	if (!net || net->nnodes <= 1 || !net->store || !net->prefix) {
+		/* only a job that is all here can make its own id */
+		if (g->nlocal != g->world)
+			return -EINVAL;
+		NCCL_TRY(ncclGetUniqueId(id));
+		return 0;
+	}
+	if ((size_t)snprintf(key, sizeof(key), "%snccl-id", net->prefix) >= sizeof(key))
+		return -ENAMETOOLONG;
+	if (net->node == 0) {
+		NCCL_TRY(ncclGetUniqueId(id));
+		return net->store->set(net->store->ctx, key, id->internal, sizeof(id->internal));
+	}
+	r = net->store->get(net->store->ctx, key, (int)MAX(deadline - now_ms(), 1), &v, &len);
+	if (r < 0)
+		return r;
+	if (len != sizeof(id->internal)) {
+		free(v);
+		return -EPROTO;
+	}
+	memcpy(id->internal, v, len);
+	free(v);
+	return 0;
+}
+
 static int group_comms(struct coll_group *g, const struct coll_config *cfg)
 {
 	int64_t deadline =
@@ -408,14 +451,9 @@ static int group_comms(struct coll_group *g, const struct coll_config *cfg)
 	int r = 0;
 
 	nc.blocking = 0;
-	if (cfg->nccl_id) {
-		memcpy(id.internal, cfg->nccl_id, sizeof(id.internal));
-	} else {
-		/* only a job that is all here can make its own id */
-		if (g->nlocal != g->world)
-			return -EINVAL;
-		NCCL_TRY(ncclGetUniqueId(&id));
-	}
+	r = unique_id(g, cfg, &id, deadline);
+	if (r < 0)
+		return r;
 	g->comms_live = true; /* from here on close() must tear them down */
 	NCCL_TRY(ncclGroupStart());
 	for (uint32_t k = 0; k < g->nlocal; k++) {

@@ -1,6 +1,7 @@
 /* trainer.c — see trainer.h. */
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,6 +290,8 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 			float *gb = zc_grad_buffer(c, b);
 			if (s->rdzv && s->die_iter == it && s->die_rank == (int)rank && b == NB / 2)
 				_exit(3); /* in the middle of its iteration */
+			if (s->kill_rank1 == (int)rank + 1 && s->kill_iter == it && b == NB / 2)
+				raise(SIGKILL);
 			for (uint64_t i = 0; i < bucket_sizes[b]; i++)
 				gb[i] = grad_value(s, rank, it, b, i);
 			r = zc_bucket_ready(c, b, &bf[b]);

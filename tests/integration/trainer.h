@@ -63,6 +63,8 @@ struct train_spec {
 	int die_rank, die_iter;      /* that rank exits after half its buckets of that iteration
 					(die_iter < 0: never) */
 	struct train_result *results; /* optional [world], shared memory: how each rank ended */
+	int kill_rank1, kill_iter;    /* rank kill_rank1 - 1 SIGKILLs itself after half its buckets
+					of iteration kill_iter, on any job (kill_rank1 0: never) */
 };
 
 /* How a rank ended: 0, or the first error and its message. */

@@ -16,7 +16,11 @@
  *    dies on one node, the rendezvous connection lost after forming (the job
  *    trains on; the next run of the job id fails at its join timeout), a
  *    wrong secret and garbage on the rendezvous port (refused, logged with
- *    the peer's address, the job undisturbed).
+ *    the peer's address, the job undisturbed);
+ *  - peers that know the secret but not their place (issue 11): a node that
+ *    joins a formed job again, one that brings another node's rank: only
+ *    they are refused, with a named error; the job forms and trains; a
+ *    recorded handshake replayed on a new connection is refused.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -31,7 +35,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "harness.h"
+#include "rdzvwire.h"
 #include "testlib.h"
 #include "trainer.h"
 
@@ -653,6 +659,171 @@ static void t_wrong_secret_and_garbage_refused(void)
 	cluster_stop(&cl, -1);
 }
 
+/* Peers that know the secret but not their place (issue 11 §4): a node
+ * that joins a formed job a second time, and, before the job forms, a node
+ * that claims ranks another node already brought. Each is refused with a
+ * named error; the real job forms and trains to the reference. */
+static void t_join_twice_and_claimed_ranks_refused(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+	static const uint32_t claims_rank0[] = {1, 0}; /* rank 0, alone on "node 1" */
+	struct cluster cl;
+	struct train_spec s, twice, claim;
+	const char *other_socks[2];
+	pid_t pids[2], p;
+	int st[2];
+
+	REQUIRE(cluster_start_args(&cl, 3, 6000, HELLO_MS) == 0, "cannot start 3 daemons");
+	cl.n = 2; /* the job's nodes; daemon 2 is the intruders' */
+	s = spec_for(&cl, "places", 2, node_of, true);
+	s.iters = 6;
+	s.sleep_us = 200000; /* it trains while the intruders come */
+	cl.n = 3;
+	other_socks[0] = cl.socks[0];
+	other_socks[1] = cl.socks[2];
+
+	/* before node 1 comes: daemon 2 brings rank 0 as node 1 */
+	start_ranks(&s, pids, 0, 1);
+	REQUIRE(zd_wait_log(&cl.zd[0], "rendezvous: serving", 10000), "no rendezvous served");
+	claim = s;
+	claim.node_of = claims_rank0;
+	claim.sockets = other_socks;
+	claim.results = results_new();
+	p = spawn(rank_main, &claim, 0);
+	CHECK(wait_child(p, 20000) != 0, "a second rank 0 trained");
+	CHECK(claim.results[0].code != 0 && has(claim.results[0].msg, "rank 0"),
+	      "claimed rank: %s: %s", zc_strerror_name(claim.results[0].code),
+	      claim.results[0].msg);
+
+	/* the real node 1 joins; the job forms */
+	start_ranks(&s, pids, 1, 2);
+	REQUIRE(zd_wait_log(&cl.zd[0], "job places: formed over", 20000), "the job did not form");
+	/* daemon 2 brings node 1's rank again */
+	twice = s;
+	twice.sockets = other_socks;
+	twice.results = results_new();
+	p = spawn(rank_main, &twice, 1);
+	CHECK(wait_child(p, 20000) != 0, "node 1 joined twice and trained");
+	CHECK(twice.results[1].code == ZC_EJOBFAILED &&
+		      has(twice.results[1].msg, "formed already with its 2 nodes"),
+	      "second node 1: %s: %s", zc_strerror_name(twice.results[1].code),
+	      twice.results[1].msg);
+
+	wait_ranks(pids, 0, 2, st, 60000);
+	for (uint32_t r = 0; r < 2; r++)
+		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
+		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
+		      s.results[r].msg);
+	cluster_stop(&cl, -1);
+}
+
+static int tcp_to(int port)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+/* Send a store connection's Hello with client nonce cn; the Challenge's
+ * server nonce into sn. 0 or -1. */
+static int rdzv_hello(int fd, const char *job, const uint8_t *cn, uint8_t *sn)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT, *got = NULL;
+	Zerod__V1__RdzvHello h = ZEROD__V1__RDZV_HELLO__INIT;
+	int64_t deadline = now_ms() + test_timeout(5000);
+	int r;
+
+	h.protocol_version = ZC_PROTOCOL_VERSION;
+	h.job_id = (char *)job;
+	h.kind = ZEROD__V1__RDZV_KIND__RDZV_STORE;
+	h.nonce = (ProtobufCBinaryData){.len = RDZV_NONCE_BYTES, .data = (uint8_t *)cn};
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	if (rdzv_send_blocking(fd, &env, deadline) < 0 ||
+	    rdzv_recv_blocking(fd, 4096, deadline, &got) < 0)
+		return -1;
+	r = got->body_case == ZEROD__V1__RDZV_ENVELOPE__BODY_CHALLENGE &&
+			    got->challenge->nonce.len == RDZV_NONCE_BYTES
+		    ? 0
+		    : -1;
+	if (r == 0)
+		memcpy(sn, got->challenge->nonce.data, RDZV_NONCE_BYTES);
+	rdzv_msg_free(got);
+	return r;
+}
+
+/* Send Auth with proof; what came back (Welcome, Fail) or NOT_SET. */
+static int rdzv_auth(int fd, const uint8_t *proof)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT, *got = NULL;
+	Zerod__V1__RdzvAuth a = ZEROD__V1__RDZV_AUTH__INIT;
+	int64_t deadline = now_ms() + test_timeout(5000);
+	int body = ZEROD__V1__RDZV_ENVELOPE__BODY__NOT_SET;
+
+	a.proof = (ProtobufCBinaryData){.len = RDZV_PROOF_BYTES, .data = (uint8_t *)proof};
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_AUTH;
+	env.auth = &a;
+	if (rdzv_send_blocking(fd, &env, deadline) == 0 &&
+	    rdzv_recv_blocking(fd, 4096, deadline, &got) == 0) {
+		body = (int)got->body_case;
+		rdzv_msg_free(got);
+	}
+	return body;
+}
+
+/* A recorded handshake replayed (issue 11 §4): someone who saw a node's
+ * Hello and Auth go by sends them again on a connection of its own. The
+ * server's nonce is new, so the old proof proves nothing: refused and
+ * logged as a wrong secret, and the job forms and trains. */
+static void t_replayed_auth_refused(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+	struct cluster cl;
+	struct train_spec s;
+	uint8_t cn[RDZV_NONCE_BYTES], sn1[RDZV_NONCE_BYTES], sn2[RDZV_NONCE_BYTES];
+	uint8_t proof[RDZV_PROOF_BYTES];
+	pid_t pids[2];
+	int st[2], a, b;
+
+	REQUIRE(cluster_start_args(&cl, 2, 6000, HELLO_MS) == 0, "cannot start 2 daemons");
+	s = spec_for(&cl, "replay", 2, node_of, true);
+	start_ranks(&s, pids, 0, 1);
+	REQUIRE(zd_wait_log(&cl.zd[0], "rendezvous: serving", 10000), "no rendezvous served");
+
+	/* the recorded handshake: a real one, by one who knows the secret */
+	rdzv_random(cn, sizeof(cn));
+	a = tcp_to(cl.port);
+	REQUIRE(a >= 0 && rdzv_hello(a, "replay", cn, sn1) == 0, "first handshake: no challenge");
+	rdzv_proof(proof, s.secret, strlen(s.secret), false, "replay",
+		   ZEROD__V1__RDZV_KIND__RDZV_STORE, cn, sn1);
+	CHECK(rdzv_auth(a, proof) == ZEROD__V1__RDZV_ENVELOPE__BODY_WELCOME,
+	      "the real proof was not welcomed");
+	close(a);
+	/* the replay: the same Hello and Auth on a new connection */
+	b = tcp_to(cl.port);
+	REQUIRE(b >= 0 && rdzv_hello(b, "replay", cn, sn2) == 0, "replay: no challenge");
+	CHECK(memcmp(sn1, sn2, sizeof(sn1)) != 0, "the server's nonce repeated");
+	CHECK(rdzv_auth(b, proof) != ZEROD__V1__RDZV_ENVELOPE__BODY_WELCOME,
+	      "a replayed proof was welcomed");
+	close(b);
+	CHECK(zd_wait_log(&cl.zd[0], "wrong secret for job replay", 3000), "the replay not logged");
+
+	start_ranks(&s, pids, 1, 2);
+	wait_ranks(pids, 0, 2, st, 30000);
+	for (uint32_t r = 0; r < 2; r++)
+		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
+		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
+		      s.results[r].msg);
+	cluster_stop(&cl, -1);
+}
+
 /* What the client and the daemon refuse before any node meets. */
 static void t_settings_checked(void)
 {
@@ -731,6 +902,8 @@ static const struct test_case cases[] = {
 	{"rank_dies_on_one_node_every_node_told", t_rank_dies_on_one_node, 60000},
 	{"rendezvous_lost_after_forming_job_goes_on", t_rendezvous_lost_after_forming, 60000},
 	{"wrong_secret_and_garbage_refused_and_logged", t_wrong_secret_and_garbage_refused, 60000},
+	{"join_twice_and_claimed_ranks_refused", t_join_twice_and_claimed_ranks_refused, 90000},
+	{"replayed_auth_refused", t_replayed_auth_refused, 60000},
 };
 
 TEST_MAIN(cases)

@@ -22,18 +22,22 @@
  * another device, a host function queued ahead of its collective, ranks that
  * disagree): every case ends with none.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "common.h"
 #include "cudadouble.h"
 #include "exec.h"
+#include "filestore.h"
 #include "mem/mem.h"
 #include "pool.h"
 #include "testlib.h"
@@ -611,9 +615,13 @@ static void *node_open(void *arg)
 	return NULL;
 }
 
+static const uint32_t node_of4[4] = {0, 0, 1, 1};
+
 /* World 4: node A holds ranks 0 and 1, node B ranks 2 and 3, rank r on
- * device r; both open concurrently (each waits for the other's ranks). */
-static int nodes_open(struct node nodes[2], const ncclUniqueId *id)
+ * device r; both open concurrently (each waits for the other's ranks). With
+ * id NULL they swap the unique id through store (node 0 makes it). */
+static int nodes_open_via(struct node nodes[2], const ncclUniqueId *id,
+			  const struct coll_store *store, struct coll_net net[2])
 {
 	pthread_t th;
 
@@ -629,12 +637,25 @@ static int nodes_open(struct node nodes[2], const ncclUniqueId *id)
 		nodes[k].cfg = (struct coll_config){.world = 4,
 						    .grads = nodes[k].grads,
 						    .params = nodes[k].params,
-						    .nccl_id = id->internal,
+						    .nccl_id = id ? id->internal : NULL,
 						    .open_timeout_ms = 5000};
+	for (int k = 0; k < 2 && !id; k++) {
+		net[k] = (struct coll_net){.nnodes = 2,
+					   .node = (uint32_t)k,
+					   .node_of = node_of4,
+					   .prefix = "job.7/",
+					   .store = store};
+		nodes[k].cfg.net = &net[k];
+	}
 	pthread_create(&th, NULL, node_open, &nodes[1]);
 	node_open(&nodes[0]);
 	pthread_join(th, NULL);
 	return nodes[0].r < 0 ? nodes[0].r : nodes[1].r;
+}
+
+static int nodes_open(struct node nodes[2], const ncclUniqueId *id)
+{
+	return nodes_open_via(nodes, id, NULL, NULL);
 }
 
 static void nodes_close(struct node nodes[2])
@@ -757,6 +778,79 @@ static void t_two_nodes(void)
 			      "broadcast per slice: rank %u slice %u", r, k);
 	nodes_close(nodes);
 	check_clean("two nodes");
+}
+
+/* Remove dir and the files in it. */
+static void rm_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char path[PATH_MAX];
+
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		unlink(path);
+	}
+	if (d)
+		closedir(d);
+	rmdir(dir);
+}
+
+/* A job over two nodes given no id: node 0 makes one and node 1 gets it
+ * through the job's store (the rendezvous's, here a file store); their
+ * communicators form one clique, so the all-reduce sums all four ranks. A
+ * node whose node 0 never comes times out instead of waiting for ever. */
+static void t_two_nodes_store(void)
+{
+	char dir[] = "/tmp/zerod-test-cuda.XXXXXX";
+	struct coll_store store;
+	struct coll_net net[2];
+	struct node nodes[2];
+	struct coll_group *cg = NULL;
+	float want[NN];
+
+	REQUIRE(mkdtemp(dir), "mkdtemp");
+	store = filestore_new(dir);
+	reset(4, 3, 100);
+	REQUIRE(nodes_open_via(nodes, NULL, &store, net) == 0, "open through the store: %d %d",
+		nodes[0].r, nodes[1].r);
+	for (size_t i = 0; i < NN; i++) {
+		want[i] = 0;
+		for (uint32_t r = 0; r < 4; r++) {
+			float x = (float)(r + 1) * (float)i;
+			nodes[r / 2].grads[r][i] = x;
+			want[i] += x;
+		}
+		want[i] /= 4;
+	}
+	struct coll_range whole = {.owner = 0, .off = 0, .n = NN};
+	both(nodes,
+	     (struct coll_req){
+		     .kind = COLL_REDUCE, .mode = ZC_SHARD_BUCKET, .ranges = &whole, .nranges = 1},
+	     "all-reduce");
+	for (uint32_t r = 0; r < 4; r++)
+		CHECK(memcmp(nodes[r / 2].grads[r], want, sizeof(want)) == 0,
+		      "rank %u has not the average of all four", r);
+	nodes_close(nodes);
+
+	/* node 1 alone under a fresh prefix: no id ever comes */
+	net[1].prefix = "job.8/";
+	nodes[1].cfg.open_timeout_ms = 300;
+	for (uint32_t r = 2; r < 4; r++) {
+		nodes[1].grads[r] = dev_alloc((int)r, NN);
+		nodes[1].params[r] = dev_alloc((int)r, NN);
+	}
+	int r = coll_nccl_ops.open(&nodes[1].cfg, &cg);
+	CHECK(r == -ETIMEDOUT && !cg, "node 1 without node 0: %d (want -ETIMEDOUT)", r);
+	for (uint32_t k = 2; k < 4; k++) {
+		cudaFree(nodes[1].grads[k]);
+		cudaFree(nodes[1].params[k]);
+	}
+	filestore_free(&store);
+	rm_dir(dir);
+	check_clean("two nodes through the store");
 }
 
 /* What open refuses. */
@@ -930,6 +1024,7 @@ static const struct test_case cases[] = {
 	{"kernels_refuse", t_kernels_refuse},
 	{"jobs_through_executor_match_host", t_jobs_match_host},
 	{"two_nodes_one_id_every_collective", t_two_nodes},
+	{"two_nodes_id_through_the_store", t_two_nodes_store},
 	{"open_refuses", t_open_refuses},
 	{"async_error_ends_stuck_collective", t_async_error},
 	{"abort_ends_stuck_collective", t_abort},

@@ -71,6 +71,10 @@ static const struct {
 	{"beta1", "beta1"},
 	{"empty bucket", "numel"},
 	{"no segments", "segments"},
+	/* found by the libFuzzer target fuzz_envelope: a NaN where the
+	 * optimizer does not look made equal plans unequal */
+	{"momentum nan under adam", "momentum must be finite (got nan), even where unused"},
+	{"beta2 inf under sgd", "beta2 must be finite"},
 };
 
 static void mutate(struct fixture *f, size_t i)
@@ -123,6 +127,13 @@ static void mutate(struct fixture *f, size_t i)
 	case 14:
 		f->b[1].nsegments = 0;
 		break;
+	case 15:
+		f->p.optimizer = ZC_OPT_ADAM;
+		f->g[0].momentum = NAN;
+		break;
+	case 16:
+		f->g[1].beta2 = INFINITY;
+		break;
 	}
 }
 
@@ -165,6 +176,15 @@ static void t_diff_names_field(void)
 	CHECK(plan_diff(pa, pb, field, sizeof(field)) == 1, "different plans are equal");
 	CHECK(strcmp(field, "buckets[1].numel: 17 vs 16") == 0, "field: '%s'", field);
 	CHECK(pa->hash != pb->hash, "different plans hash alike");
+	plan_free(pb);
+
+	/* -0.0 == 0.0: the same plan, so the same hash (nodes compare hashes) */
+	fixture_init(&b);
+	b.g[1].weight_decay = -0.0;
+	REQUIRE(plan_from_zc(&b.p, &pb, NULL, 0) == 0, "plan with -0.0");
+	CHECK(plan_diff(pa, pb, field, sizeof(field)) == 0 && pa->hash == pb->hash,
+	      "-0.0 vs 0.0: diff '%s', hashes %016llx %016llx", field,
+	      (unsigned long long)pa->hash, (unsigned long long)pb->hash);
 	plan_free(pb);
 
 	fixture_init(&b);

@@ -54,7 +54,7 @@ if "$bench" --daemons 2 --params 200K --buckets 2 --iters 5 --warmup 1 --json \
     if python3 - "$out" <<'PY'; then
 import json, sys
 keys = """daemons ranks params buckets bytes zerod_iter_ms gloo_iter_ms algbw_zerod algbw_gloo
-busbw_zerod busbw_gloo vs_gloo""".split()
+busbw_zerod busbw_gloo vs_gloo algbw_net busbw_net vs_gloo_net""".split()
 try:
     j = json.load(open(sys.argv[1]))
 except ValueError as e:

@@ -54,6 +54,10 @@ for shard in bucket slice; do
             --shard "$shard" --step "$step"
     done
 done
+for step in interleaved at_end; do
+    run "daemons-2-$step" --daemons 2 --params 25M --buckets 4 --ranks 2 --optim adam \
+        --step "$step"
+done
 
 /usr/bin/python3 "$top/tools/bench/perf_doc.py" "$out" "$top/docs/PERFORMANCE.md"
 "$top/tools/bench/plot.sh" "$out/sweep.dat" "$top/docs/perf-iter-vs-size.png"

@@ -71,6 +71,13 @@ def main():
         f"{num(j['fused_ref_ms'])} | {num(j['vs_fused'], '{:.2f}×')} | "
         f"{j['daemon_rss_anon_bytes'] / 1e6:.0f} MB | {num(j['rss_vs_state'], '{:.2f}×')} | "
         f"{load_cell(j)} |" for j in modes)
+    nodes = [load(d, f"daemons-2-{b}") for b in ("interleaved", "at_end")
+             if os.path.exists(os.path.join(d, f"daemons-2-{b}.json"))]
+    node_rows = "\n".join(
+        f"| {j['step']} | {num(j['zerod_iter_ms'])} | {num(j['gloo_iter_ms'])} | "
+        f"{num(j['busbw_zerod'], '{:.3f}')} | {num(j['busbw_net'], '{:.3f}')} | "
+        f"{num(j['busbw_gloo'], '{:.3f}')} | {num(j['vs_gloo'], '{:.2f}')} | "
+        f"{num(j['vs_gloo_net'], '{:.2f}')} | {load_cell(j)} |" for j in nodes)
     mb = 1e6
     text = f"""# zerod performance
 
@@ -138,6 +145,28 @@ iteration under `no_sync()` {num(h['torch_compute_ms'])} ms; their difference is
 | shard | step | zerod ms | fused ms | zerod vs fused | RssAnon | vs state | load |
 |---|---|---|---|---|---|---|---|
 {mode_rows}
+
+## Several nodes: two daemons on loopback against raw gloo
+
+25M parameters, 4 buckets, 2 ranks (one per daemon), Adam, shard bucket:
+`zerod-bench --daemons 2 --params 25M --buckets 4 --ranks 2 --optim adam --step T --json`.
+Busbw in GB/s (nccl-tests' formula, algbw × 2(n−1)/n). "whole iteration"
+counts the local reduce, the optimizer step and the write-back as all-reduce
+time; "all-reduce" is the daemons' own cross-node all-reduce
+(`zerod_net_allreduce_*` in their metrics: exchange, fold and gather), the
+slowest daemon's; "gloo" is gloo's own all-reduce of the same buckets
+between two processes, alone on the machine, in the same run.
+
+| step | zerod ms | gloo ms | busbw whole iteration | busbw all-reduce | busbw gloo | whole / gloo | all-reduce / gloo | load |
+|---|---|---|---|---|---|---|---|---|
+{node_rows}
+
+Both "nodes" share this machine's 2 cores. In `interleaved` mode each
+bucket's optimizer step and write-back overlap the next bucket's all-reduce,
+so the all-reduce shares the CPUs with them (and with the other "node"); in
+`at_end` mode it runs alone, as gloo's does, and that row is the fair
+comparison of the all-reduce itself. On separate machines the two daemons
+would not compete for the same cores.
 
 ## What zerod-bench measures
 
@@ -219,6 +248,17 @@ without it, a table with the same values.
   every rank of the main job is still connected, after its iterations.
   **`state_bytes`**: the optimizer state the daemon must hold for N elements:
   Adam/AdamW 2 floats (3 with amsgrad), SGD 1 with momentum ≠ 0, else 0.
+- **`--daemons N`** (`schema` `zerod-bench-daemons/1`): the same job over N
+  daemons on loopback, ranks spread over them, then gloo's own all-reduce of
+  the same buckets between N processes. `zerod_iter_ms`: the slowest rank's
+  first `zc_bucket_ready` to its step done (median); `gloo_iter_ms`: every
+  bucket through `gloo::allreduce` (median); `algbw_*` = gradient bytes /
+  time, `busbw_*` = algbw × 2(n−1)/n; `algbw_net`: the daemons' own
+  cross-node all-reduces, bytes over the time their gloo backend spent in
+  them (metrics `zerod_net_allreduce_bytes_total` /
+  `zerod_net_allreduce_seconds_total`, read with `zeroctl metrics` after the
+  run), the slowest daemon's; `vs_gloo` = busbw_zerod / busbw_gloo,
+  `vs_gloo_net` = busbw_net / busbw_gloo.
 - Ratios: `vs_torch` = torch / zerod (how many times faster zerod is),
   `vs_fused` = zerod / fused, `vs_floor` = zerod / floor,
   `handoff_vs_unix` = handoff p50 / `unix_rtt_us`,

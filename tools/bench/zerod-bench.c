@@ -22,7 +22,14 @@
  *                  so it understates the network part;
  *   algbw_gloo   = bytes / the time of gloo::allreduce of every bucket;
  *   busbw        = algbw x 2(n-1)/n, n = nodes (nccl-tests' all-reduce);
- *   vs_gloo      = busbw_zerod / busbw_gloo.
+ *   vs_gloo      = busbw_zerod / busbw_gloo;
+ *   algbw_net    = the daemons' own cross-node all-reduce: the bytes over
+ *                  the time their gloo backend spent all-reducing them
+ *                  (exchange, fold, gather: coll/netstats.h), read from
+ *                  each daemon's metrics (zeroctl metrics) after the run;
+ *                  the slowest daemon's. It runs while the trainers hand
+ *                  over buckets and the optimizer steps, as in training;
+ *   vs_gloo_net  = busbw_net / busbw_gloo: the all-reduce against gloo's.
  * The floors, the handoff and the torch anchor are not run in this mode.
  */
 #include <errno.h>
@@ -39,6 +46,9 @@
 
 #ifndef ZEROD_BUILD_BIN
 #define ZEROD_BUILD_BIN "zerod"
+#endif
+#ifndef ZEROCTL_BUILD_BIN
+#define ZEROCTL_BUILD_BIN "zeroctl"
 #endif
 #ifndef TORCH_ANCHOR
 #define TORCH_ANCHOR "tools/bench/torch_anchor.py"
@@ -532,7 +542,46 @@ static void dump_log(const struct bench_daemon *d)
 
 /* ---- --daemons N: the job across N daemons, and raw gloo ---- */
 
-static void print_daemons(const struct opts *o, const struct job_result *job, double gloo_ms)
+/* The value of counter `name` in daemon d's metrics (zeroctl metrics), or
+ * NAN. */
+static double daemon_metric(const struct bench_daemon *d, const char *name)
+{
+	const char *ctl = getenv("ZEROCTL_BIN") ? getenv("ZEROCTL_BIN") : ZEROCTL_BUILD_BIN;
+	char cmd[512], line[512];
+	size_t len = strlen(name);
+	double v = NAN;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' metrics 2>/dev/null", ctl, d->sock);
+	f = popen(cmd, "r");
+	if (!f)
+		return NAN;
+	while (fgets(line, sizeof(line), f))
+		if (strncmp(line, name, len) == 0 && line[len] == ' ')
+			v = strtod(line + len + 1, NULL);
+	pclose(f);
+	return v;
+}
+
+/* algbw of the daemons' own cross-node all-reduces, the slowest daemon's;
+ * NAN if one of them did not say. */
+static double daemons_net_algbw(const struct bench_daemon *d, uint32_t n)
+{
+	double worst = INFINITY;
+
+	for (uint32_t k = 0; k < n; k++) {
+		double b = daemon_metric(&d[k], "zerod_net_allreduce_bytes_total");
+		double s = daemon_metric(&d[k], "zerod_net_allreduce_seconds_total");
+		double bw = s > 0 && b > 0 ? b / (s * 1e9) : NAN;
+		if (!isfinite(bw))
+			return NAN;
+		worst = bw < worst ? bw : worst;
+	}
+	return worst;
+}
+
+static void print_daemons(const struct opts *o, const struct job_result *job, double gloo_ms,
+			  double algn, double load)
 {
 	const struct bench_cfg *c = &o->cfg;
 	double n = c->daemons, f = 2.0 * (n - 1) / n, bytes = 4.0 * (double)c->params;
@@ -548,6 +597,7 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 		       c->shard == ZC_SHARD_SLICE ? "slice" : "bucket",
 		       c->step == ZC_STEP_AT_END ? "at_end" : "interleaved");
 		printf("  \"iters\": %d,\n  \"warmup\": %d,\n", c->iters, c->warmup);
+		jnum("loadavg", load, "%.2f", false);
 		jnum("bytes", bytes, "%.0f", false);
 		jnum("zerod_iter_ms", job->iter_ms, "%.3f", false);
 		jnum("zerod_iter_min_ms", job->iter_min_ms, "%.3f", false);
@@ -556,7 +606,10 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 		jnum("algbw_gloo", algg, "%.3f", false);
 		jnum("busbw_zerod", algz * f, "%.3f", false);
 		jnum("busbw_gloo", algg * f, "%.3f", false);
-		jnum("vs_gloo", ratio(algz, algg), "%.3f", true);
+		jnum("vs_gloo", ratio(algz, algg), "%.3f", false);
+		jnum("algbw_net", algn, "%.3f", false);
+		jnum("busbw_net", algn * f, "%.3f", false);
+		jnum("vs_gloo_net", ratio(algn, algg), "%.3f", true);
 		printf("}\n");
 		return;
 	}
@@ -571,7 +624,10 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 	       job->iter_ms, algz, algz * f);
 	printf("  raw gloo::allreduce      %9.2f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n", gloo_ms,
 	       algg, algg * f);
-	printf("  zerod / gloo             %9.3f\n", ratio(algz, algg));
+	printf("  zerod's own all-reduce                 algbw %7.3f GB/s  busbw %7.3f GB/s\n",
+	       algn, algn * f);
+	printf("  zerod / gloo  whole iteration %9.3f   all-reduce %9.3f\n", ratio(algz, algg),
+	       ratio(algn, algg));
 }
 
 static int run_daemons(const struct opts *o)
@@ -580,7 +636,7 @@ static int run_daemons(const struct opts *o)
 	const struct bench_cfg *cfg = &o->cfg;
 	struct bench_daemon d[16];
 	struct job_result job = {0};
-	double gloo_ms = NAN;
+	double gloo_ms = NAN, algn = NAN, load = loadavg();
 	const char *step = "starting zerod";
 	uint32_t k;
 	int r = 0;
@@ -598,6 +654,8 @@ static int run_daemons(const struct opts *o)
 		if (r < 0)
 			for (k = 0; k < cfg->daemons; k++)
 				dump_log(&d[k]);
+		else
+			algn = daemons_net_algbw(d, cfg->daemons);
 	}
 	for (k = 0; k < cfg->daemons; k++)
 		if (daemon_stop(&d[k]) != 0 && r == 0) {
@@ -613,7 +671,7 @@ static int run_daemons(const struct opts *o)
 		fprintf(stderr, "zerod-bench: %s: %s\n", step, zc_strerror(r));
 		return 1;
 	}
-	print_daemons(o, &job, gloo_ms);
+	print_daemons(o, &job, gloo_ms, algn, load);
 	return 0;
 #else
 	(void)o;

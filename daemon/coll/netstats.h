@@ -1,0 +1,26 @@
+/*
+ * netstats.h — what the cross-node collectives moved and how long they took,
+ * over every job of this daemon since it started. The gloo backend adds to
+ * it; metrics.c reports it (zerod_net_allreduce_*), so a benchmark can set
+ * the daemon's own all-reduce bandwidth beside gloo's (zerod-bench
+ * --daemons). Lock-free: relaxed atomic adds from the lane threads.
+ */
+#ifndef ZEROD_NETSTATS_H
+#define ZEROD_NETSTATS_H
+
+#include <stdint.h>
+
+struct netstats {
+	/* Bucket-mode reductions across nodes, counted from the first byte
+	 * sent to the average in hand on every node: the exchange, the fold
+	 * and the gather (coll/gloo.c's REDUCE steps 2-4); the local sums
+	 * before and the copies into the owners' buffers after are not. */
+	uint64_t allreduce_bytes; /* the all-reduced data, once (not per node) */
+	uint64_t allreduce_ns;
+	uint64_t allreduce_calls;
+};
+
+void netstats_allreduce(uint64_t bytes, uint64_t ns);
+void netstats_read(struct netstats *out);
+
+#endif
