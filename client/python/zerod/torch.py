@@ -144,7 +144,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
 
         self._step_iter = None  # iteration handed over and not yet waited for
         self._steps_done = 0
-        self._sent = [None] * len(self.param_groups)  # hypers zerod has, per group
+        self._sent = None  # hypers zerod has, per group
         self._sent_iter = None  # the hypers sent for the iteration under way
         self._grad_scale = None
         self._versions = None
@@ -156,8 +156,6 @@ class ZerodOptimizer(torch.optim.Optimizer):
         except BaseException:
             self.client.close()
             raise
-        for g in range(len(self.param_groups)):
-            self._sent[g] = _hyper(self.kind, self.param_groups[g])
         self._handles = []
         if self.find_unused:
             self._handles = [p.register_hook(self._mark_used(self._pid[id(p)]))
@@ -189,8 +187,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
         return out
 
     def _set_layout(self, layout, first):
-        plan = Plan(self.kind, self.shard, self.step_mode,
-                    [_hyper(self.kind, g) for g in self.param_groups],
+        # a re-plan declares the groups first registered: the hyperparameters
+        # in force (zc_set_hyper's) stay with the job
+        if first:
+            self._plan_groups = [_hyper(self.kind, g) for g in self.param_groups]
+        plan = Plan(self.kind, self.shard, self.step_mode, self._plan_groups,
                     [[(self._group_of[id(p)], p.numel(), self._pid[id(p)]) for p in ps]
                      for _, ps, _ in layout], self.max_grad_norm)
         if not first:
@@ -223,7 +224,8 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._pbufs, self._gbufs = pbufs, gbufs
         self._route = None  # DDP bucket i = zerod bucket i
         self._param_ptr = {id(p): p.data_ptr() for _, ps, _ in layout for p in ps}
-        self._sent = [_hyper(self.kind, g) for g in self.param_groups]
+        if first:
+            self._sent = [dict(h) for h in self._plan_groups]
 
     def _route_by_param(self, ddp_layout):
         """Map a DDP layout onto the registered plan parameter by parameter."""
