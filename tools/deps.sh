@@ -13,6 +13,8 @@ ZEROD_PACKAGES=(
     # the ops suite: systemd-analyze, systemd-socket-activate, the JSON
     # schema of zeroctl -o json, a second parser of the metrics
     systemd python3-jsonschema python3-prometheus-client
+    # the torch suite and tools/torch-demo.sh: DDP + ZerodOptimizer on CPU
+    python3-torch
     # the coverage-guided fuzzers (tools/fuzz.sh): clang with libFuzzer's runtime
     clang libclang-rt-14-dev
 )

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build with -Werror, run
-# every meson suite (unit, integration, fuzz, ops), then the same suites once more
-# built with AddressSanitizer + UBSan (tools/sanitize.sh asan), then the
-# libFuzzer targets for a short while (tools/fuzz.sh), and print one closing
-# line that counts every run. Fails if any run fails.
+# every meson suite (unit, integration, multinode, fuzz, ops, reliability, torch),
+# then the C suites once more built with AddressSanitizer + UBSan
+# (tools/sanitize.sh asan; torch's python cannot load an instrumented library),
+# then the libFuzzer targets for a short while (tools/fuzz.sh), and print one
+# closing line that counts every run. Fails if any run fails.
 #
 #   tools/test.sh [meson test args...]     e.g. tools/test.sh --suite unit
 #   ZEROD_TEST_ASAN=0 tools/test.sh        without the sanitizer run

@@ -1,0 +1,238 @@
+"""zerod.Client: one trainer rank's connection to its zerod (zc_client).
+
+Futures complete through zc_future_then(); the callbacks run on the thread
+that processes the completion. A client keeps one thread of its own (the
+pump) in poll(zc_fd) + zc_dispatch() while it is open, because nothing runs
+callbacks unless some thread calls into the client (zeroclient.h), and the
+thread that waits for a hook's future (DDP's reducer, inside backward) waits
+in torch, not in libzeroclient. The pump holds no lock of the client while it
+sleeps, and the callbacks it runs hold none either.
+"""
+import ctypes
+import itertools
+import select
+import threading
+
+from . import _lib
+from ._lib import Lib, ZerodError
+
+_pending = {}  # callback key -> (python callable, zc_future*)
+_pending_lock = threading.Lock()
+_keys = itertools.count(1)
+
+
+def _on_done(f, result, arg):
+    with _pending_lock:
+        fn = _pending.pop(arg, None)
+    if fn is None:
+        return
+    msg = ""
+    if result < 0:
+        msg = (Lib.get().fn("zc_future_message")(f) or b"").decode(errors="replace")
+    Lib.get().fn("zc_future_free")(f)
+    try:
+        fn(result, msg)
+    except BaseException as e:  # a ctypes callback cannot raise: say it, go on
+        import traceback
+        traceback.print_exception(type(e), e, e.__traceback__)
+
+
+_on_done_c = _lib.FutureCallback(_on_done)
+
+OPTIMIZERS = {"sgd": _lib.OPT_SGD, "adam": _lib.OPT_ADAM, "adamw": _lib.OPT_ADAMW}
+SHARDS = {"bucket": _lib.SHARD_BUCKET, "slice": _lib.SHARD_SLICE}
+STEP_MODES = {"interleaved": _lib.STEP_INTERLEAVED, "at_end": _lib.STEP_AT_END}
+
+
+def param_group(h):
+    """A zc_param_group from a dict of zerod's names (lr, momentum, ...)."""
+    g = _lib.ParamGroup()
+    g.size = ctypes.sizeof(g)
+    g.lr, g.beta1, g.beta2, g.eps = 1e-3, 0.9, 0.999, 1e-8
+    for k, v in h.items():
+        setattr(g, k, v)
+    return g
+
+
+class Plan:
+    """A plan in Python terms: optimizer, shard and step mode names, groups (dicts
+    of zc_param_group fields), buckets (lists of (group, numel, param_id)
+    segments, in buffer order), max_grad_norm (0: none)."""
+
+    def __init__(self, optimizer, shard, step_mode, groups, buckets, max_grad_norm=0.0):
+        self.optimizer, self.shard, self.step_mode = optimizer, shard, step_mode
+        self.groups, self.buckets, self.max_grad_norm = groups, buckets, max_grad_norm
+
+    def to_c(self, with_param_ids):
+        """The zc_plan and everything it points to (kept alive by the tuple)."""
+        groups = (_lib.ParamGroup * len(self.groups))(*[param_group(g) for g in self.groups])
+        keep, cb = [], []
+        for segs in self.buckets:
+            arr = (_lib.Segment * len(segs))()
+            off = 0
+            for s, (group, numel, pid) in zip(arr, segs):
+                s.size, s.group, s.offset, s.numel = ctypes.sizeof(s), group, off, numel
+                s.param_id = pid if with_param_ids else 0
+                off += numel
+            keep.append(arr)
+            b = _lib.Bucket()
+            b.size, b.nsegments, b.numel = ctypes.sizeof(b), len(segs), off
+            b.segments = arr
+            cb.append(b)
+        buckets = (_lib.Bucket * len(cb))(*cb)
+        p = _lib.Plan()
+        p.size = ctypes.sizeof(p)
+        p.optimizer = OPTIMIZERS[self.optimizer]
+        p.shard_mode = SHARDS[self.shard]
+        p.step_mode = STEP_MODES[self.step_mode]
+        p.ngroups, p.nbuckets = len(self.groups), len(cb)
+        p.groups, p.buckets = groups, buckets
+        p.max_grad_norm = self.max_grad_norm
+        return p, (groups, buckets, keep)
+
+
+class Client:
+    """zc_client of one rank. Thread-safe as libzeroclient is; close() must
+    not race with other calls."""
+
+    def __init__(self, rank, world_size, job_id, socket=None, local_rank=None,
+                 local_size=None, connect_timeout_ms=0, register_timeout_ms=0):
+        self.lib = Lib.get()
+        cfg = _lib.Config()
+        cfg.size = ctypes.sizeof(cfg)
+        cfg.rank, cfg.world_size = rank, world_size
+        cfg.local_rank = rank if local_rank is None else local_rank
+        cfg.local_size = world_size if local_size is None else local_size
+        cfg.connect_timeout_ms, cfg.register_timeout_ms = connect_timeout_ms, register_timeout_ms
+        cfg.socket = socket.encode() if socket else None
+        cfg.job_id = job_id.encode()
+        h = ctypes.c_void_p()
+        self.lib.check("zc_connect", ctypes.byref(cfg), ctypes.byref(h))
+        self.h = h
+        self.plan = None
+        self._keep = None
+        self._stop = False
+        self._pump = threading.Thread(target=self._run_pump, name="zerod-pump", daemon=True)
+        self._pump.start()
+
+    # -- the pump --------------------------------------------------------
+    def _run_pump(self):
+        fd = self.lib.fn("zc_fd")(self.h)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        dispatch = self.lib.fn("zc_dispatch")
+        while not self._stop:
+            poller.poll(50)  # the timeout: zc_fd signals changes, not levels
+            if self._stop:
+                break
+            dispatch(self.h)
+
+    def close(self):
+        if self.h is None:
+            return
+        self._stop = True
+        if self._pump is not threading.current_thread():
+            self._pump.join()
+        self.lib.fn("zc_close")(self.h)
+        self.h = None
+
+    # -- buffers and plan ----------------------------------------------------
+    def alloc_buffers(self, plan):
+        """zc_alloc_buffers(plan): the first time, or (with the state part) a
+        new layout of the same parameters between iterations."""
+        cplan, keep = plan.to_c(self.lib.has("zc_get_state"))
+        if plan.max_grad_norm or any(g.get("max_grad_norm") for g in plan.groups):
+            self.lib.require("clip")
+        self.lib.check("zc_alloc_buffers", self.h, ctypes.byref(cplan))
+        self.plan, self._keep = plan, (cplan, keep)
+
+    def register_plan(self):
+        self.lib.check("zc_register_plan", self.h)
+
+    def _buffer(self, name, bucket):
+        ptr = self.lib.fn(name)(self.h, bucket)
+        if not ptr:
+            raise ZerodError(name, -22, self.lib.error_message())
+        n = sum(s[1] for s in self.plan.buckets[bucket])
+        return (ctypes.c_float * n).from_address(ptr)
+
+    def grad_buffer(self, bucket):
+        """Bucket's gradient buffer as a ctypes float array (buffer protocol)."""
+        return self._buffer("zc_grad_buffer", bucket)
+
+    def param_buffer(self, bucket):
+        return self._buffer("zc_param_buffer", bucket)
+
+    # -- iterations --------------------------------------------------------
+    def then(self, f, fn):
+        """fn(result, message) once future f settles; f is freed after it."""
+        key = next(_keys)
+        with _pending_lock:
+            _pending[key] = fn
+        r = self.lib.fn("zc_future_then")(f, _on_done_c, key)
+        if r < 0:
+            with _pending_lock:
+                _pending.pop(key, None)
+            raise ZerodError("zc_future_then", r, self.lib.error_message())
+
+    def bucket_ready(self, bucket, unused=None):
+        """Hand bucket over; returns its zc_future* (the caller frees it or
+        gives it to then()). unused: bit mask words (ints) of segments with no
+        gradient on this rank (the masks part), or None."""
+        f = ctypes.c_void_p()
+        if unused is None:
+            self.lib.check("zc_bucket_ready", self.h, bucket, ctypes.byref(f))
+        else:
+            words = (ctypes.c_uint64 * len(unused))(*unused)
+            r = _lib.Ready()
+            r.size, r.bucket, r.nwords = ctypes.sizeof(r), bucket, len(unused)
+            r.unused = words
+            self.lib.check("zc_bucket_ready_ex", self.h, ctypes.byref(r), ctypes.byref(f))
+        return f.value
+
+    def iteration(self):
+        return self.lib.fn("zc_iteration")(self.h)
+
+    def step_future(self, iteration):
+        f = ctypes.c_void_p()
+        self.lib.check("zc_step_future", self.h, iteration, ctypes.byref(f))
+        return f.value
+
+    def wait(self, f, timeout_ms=-1):
+        """Wait for future f (not freed here): 1 done, 0 timed out; raises on
+        failure with the daemon's reason."""
+        r = self.lib.fn("zc_future_wait")(f, timeout_ms)
+        if r < 0:
+            msg = (self.lib.fn("zc_future_message")(f) or b"").decode(errors="replace")
+            raise ZerodError("zc_future_wait", r, msg or self.lib.error_message())
+        return r
+
+    def step_info(self, f):
+        """(found_inf, iteration, grad_norm) of a completed step future."""
+        info = _lib.StepInfo()
+        info.size = ctypes.sizeof(info)
+        self.lib.check("zc_step_info", f, ctypes.byref(info))
+        return bool(info.found_inf), info.iteration, info.grad_norm
+
+    def free(self, f):
+        self.lib.fn("zc_future_free")(f)
+
+    def set_hyper(self, group, hyper):
+        g = param_group(hyper)
+        self.lib.check("zc_set_hyper", self.h, group, ctypes.byref(g))
+
+    def set_grad_scale(self, inv_scale):
+        self.lib.check("zc_set_grad_scale", self.h, float(inv_scale))
+
+    def last_error(self):
+        r = self.lib.fn("zc_last_error")(self.h)
+        return r, (self.lib.error_message() if r < 0 else "")
+
+    # -- optimizer state (the state part) ----------------------------------
+    def get_state(self, segs):
+        """segs: SegmentState array with bucket/segment and float pointers
+        filled in; fills step/present and the arrays."""
+        self.lib.check("zc_get_state", self.h, segs, len(segs))
+
+    def set_state(self, segs):
+        self.lib.check("zc_set_state", self.h, segs, len(segs))

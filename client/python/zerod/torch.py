@@ -1,0 +1,520 @@
+"""ZerodOptimizer: a torch.optim optimizer whose step zerod runs.
+
+    ddp = DistributedDataParallel(model)
+    opt = ZerodOptimizer(ddp, torch.optim.AdamW, lr=1e-3)     # the two lines
+    for x, y in data:
+        loss_fn(ddp(x), y).backward(); opt.step(); opt.zero_grad()
+
+How an iteration goes:
+- The optimizer registers its own DDP comm hook. For DDP bucket i the hook
+  copies the bucket's gradient (one copy) into zerod bucket i's gradient
+  buffer and hands it over (zc_bucket_ready); the torch future it returns to
+  DDP completes from zc_future_then() once zerod has averaged the bucket (the
+  client's pump thread runs the callback, with no lock of the client held).
+  Its value is the bucket's own gradient, so p.grad after backward holds this
+  rank's local gradient (what zerod consumed) and accumulating without
+  zero_grad() adds up as with DDP.
+- zerod steps the parameters while backward goes on (interleaved) or after
+  the last bucket (at_end). The parameters are views into the registered
+  parameter buffers, so the updates land in place. opt.step() waits for the
+  iteration's step future; without a backward since the last step it does
+  nothing. The next forward waits for it too (it reads the parameters).
+- Hyperparameters (param_groups' lr, betas...) are sent with zc_set_hyper()
+  just before bucket 0 of each iteration when they changed: a scheduler's
+  step() after opt.step() reaches the next iteration, the one torch would use
+  it for. A change made after backward began cannot reach the step zerod is
+  already running: opt.step() raises then, rather than step with old values.
+- DDP's first iteration runs on its initial buckets and is stepped; DDP then
+  rebuilds its buckets at the start of the next forward. A forward pre-hook
+  on the wrapped module sees the rebuilt layout (reducer's
+  _get_zeros_like_grad_buckets()) before any parameter is read, and registers
+  the new plan with zerod (re-planning: the state moves by param_id). With a
+  libzeroclient without re-planning the old plan stays and each DDP bucket's
+  parameters are copied one by one into their place in it, handing zerod
+  buckets over once all their parameters arrived (correct, less overlap).
+- Gradient clipping and loss scaling run in zerod (at_end mode): the
+  max_grad_norm option, set_grad_scale(). Doing either on p.grad after
+  backward (clip_grad_norm_, GradScaler.unscale_) would be too late: zerod
+  consumed the gradients. The optimizer records each gradient's version once
+  DDP finished backward, and step() raises if one changed since.
+"""
+import os
+import secrets
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from . import _lib
+from .client import Client, Plan
+
+_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
+_STATE_KEYS = (("momentum_buffer", _lib.STATE_MOMENTUM_BUFFER),
+               ("exp_avg", _lib.STATE_EXP_AVG), ("exp_avg_sq", _lib.STATE_EXP_AVG_SQ),
+               ("max_exp_avg_sq", _lib.STATE_MAX_EXP_AVG_SQ))
+
+
+def _hyper(kind, g):
+    """zc_param_group fields of a torch param group."""
+    h = {"lr": float(g["lr"]), "weight_decay": float(g["weight_decay"]),
+         "maximize": bool(g.get("maximize", False))}
+    if kind == "sgd":
+        h.update(momentum=float(g["momentum"]), dampening=float(g["dampening"]),
+                 nesterov=bool(g["nesterov"]))
+    else:
+        h.update(beta1=float(g["betas"][0]), beta2=float(g["betas"][1]), eps=float(g["eps"]),
+                 amsgrad=bool(g["amsgrad"]))
+    return h
+
+
+def _zerod_comm_hook(state, bucket):
+    return state._on_bucket(bucket)
+
+
+class ZerodOptimizer(torch.optim.Optimizer):
+    """torch.optim.SGD / Adam / AdamW run by zerod, through DDP's comm hook.
+
+    ddp_model: a DistributedDataParallel (CPU, gloo or any backend: zerod
+    does the reduction itself). params: parameters or param groups (default:
+    all of the model's); every parameter DDP reduces must be in one group.
+    shard: "bucket" or "slice"; step_mode: "interleaved" or "at_end".
+    max_grad_norm: clip the averaged gradients' global norm in zerod (at_end).
+    socket / job_id: the daemon's socket (default: $ZEROD_SOCKET...) and the
+    job's id (default: $ZEROD_JOB_ID, else one rank 0 draws and broadcasts).
+    Every rank constructs it, calls state_dict()/load_state_dict() and
+    close() together (they are collective, like DDP's own construction).
+    """
+
+    def __init__(self, ddp_model, optimizer_class=torch.optim.AdamW, params=None,
+                 shard="bucket", step_mode="interleaved", max_grad_norm=0.0,
+                 socket=None, job_id=None, **defaults):
+        if not isinstance(ddp_model, DistributedDataParallel):
+            raise TypeError("ZerodOptimizer: ddp_model must be a DistributedDataParallel")
+        kind = _KINDS.get(optimizer_class)
+        if kind is None:
+            raise ValueError(f"ZerodOptimizer: {optimizer_class!r} is not supported "
+                             "(torch.optim.SGD, Adam or AdamW)")
+        if shard not in ("bucket", "slice") or step_mode not in ("interleaved", "at_end"):
+            raise ValueError("ZerodOptimizer: shard is 'bucket' or 'slice', step_mode "
+                             "'interleaved' or 'at_end'")
+        # torch's own class fills in its defaults and checks the values
+        ref = optimizer_class(ddp_model.module.parameters() if params is None else params,
+                              **defaults)
+        self._ready = False
+        super().__init__([dict(g) for g in ref.param_groups], dict(ref.defaults))
+        del ref
+        self.kind, self.shard, self.step_mode = kind, shard, step_mode
+        self.max_grad_norm = float(max_grad_norm)
+        self.ddp = ddp_model
+        self.lib = _lib.Lib.get()
+        self.last_grad_norm = float("nan")
+        self.found_inf = False
+
+        # stable ids: a parameter's index in the model's parameters(), + 1
+        self._model_params = list(ddp_model.module.parameters())
+        self._pid = {id(p): i + 1 for i, p in enumerate(self._model_params)}
+        self._group_of = {}
+        for gi, g in enumerate(self.param_groups):
+            for p in g["params"]:
+                if id(p) not in self._pid:
+                    raise ValueError("ZerodOptimizer: a parameter of the param groups is not "
+                                     "one of the DDP model's")
+                if p.dtype != torch.float32 or p.device.type != "cpu":
+                    raise NotImplementedError("ZerodOptimizer: only fp32 CPU parameters here")
+                self._group_of[id(p)] = gi
+        self.find_unused = bool(ddp_model.find_unused_parameters)
+        if self.find_unused:
+            self.lib.require("masks")  # else unused parameters would get zero-grad steps
+        if self.max_grad_norm:
+            self.lib.require("clip")
+
+        pg = ddp_model.process_group
+        self.rank, self.world = dist.get_rank(pg), dist.get_world_size(pg)
+        job_id = job_id or os.environ.get("ZEROD_JOB_ID")
+        if not job_id:
+            box = [f"torch-{secrets.token_hex(6)}" if self.rank == 0 else None]
+            dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0)
+                                       if hasattr(dist, "get_global_rank") else 0, group=pg)
+            job_id = box[0]
+        self.job_id = job_id
+        lr_env, ls_env = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
+        self.client = Client(self.rank, self.world, job_id, socket=socket,
+                             local_rank=int(lr_env) if lr_env and ls_env else None,
+                             local_size=int(ls_env) if lr_env and ls_env else None)
+
+        self._step_iter = None  # iteration handed over and not yet waited for
+        self._steps_done = 0
+        self._sent = None  # hypers zerod has, per group
+        self._sent_iter = None  # the hypers sent for the iteration under way
+        self._grad_scale = None
+        self._versions = None
+        self._used = set()
+        self._rebuilt_seen = False
+        self._layout = None
+        try:
+            self._set_layout(self._read_layout(), first=True)
+        except BaseException:
+            self.client.close()
+            raise
+        self._handles = []
+        if self.find_unused:
+            self._handles = [p.register_hook(self._mark_used(self._pid[id(p)]))
+                             for p in self._model_params if p.requires_grad]
+        ddp_model.register_comm_hook(self, _zerod_comm_hook)
+        self._pre = ddp_model.module.register_forward_pre_hook(self._before_forward)
+        self._ready = True
+
+    # -- layout and plan -----------------------------------------------------
+    def _read_layout(self):
+        """DDP's buckets now: per bucket its parameters in buffer order, and
+        whether they tile its buffer back to back."""
+        out = []
+        for b in self.ddp.reducer._get_zeros_like_grad_buckets():
+            ps = list(b.parameters())
+            off, tiled = 0, True
+            for p, g in zip(ps, b.gradients()):
+                tiled = tiled and g.storage_offset() == off
+                off += p.numel()
+            out.append((tuple(id(p) for p in ps), ps, tiled and off == b.buffer().numel()))
+        reduced = {k for ids, _, _ in out for k in ids}
+        for p in self._model_params:
+            if id(p) in reduced and id(p) not in self._group_of:
+                raise ValueError("ZerodOptimizer: every parameter DDP reduces must be in a "
+                                 "param group (give it lr=0 to freeze it)")
+        if any(k not in reduced for k in self._group_of):
+            raise ValueError("ZerodOptimizer: a parameter of the param groups is not one DDP "
+                             "reduces (requires_grad=False, or ignored by DDP)")
+        return out
+
+    def _set_layout(self, layout, first):
+        # a re-plan declares the groups first registered: the hyperparameters
+        # in force (zc_set_hyper's) stay with the job
+        if first:
+            self._plan_groups = [_hyper(self.kind, g) for g in self.param_groups]
+        plan = Plan(self.kind, self.shard, self.step_mode, self._plan_groups,
+                    [[(self._group_of[id(p)], p.numel(), self._pid[id(p)]) for p in ps]
+                     for _, ps, _ in layout], self.max_grad_norm)
+        if not first:
+            self._wait_step()
+        self.client.alloc_buffers(plan)
+        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=torch.float32)
+                 for b in range(len(layout))]
+        gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=torch.float32)
+                 for b in range(len(layout))]
+        where = {}  # param id -> (bucket, segment, offset)
+        for b, (_, ps, _) in enumerate(layout):
+            off = 0
+            for s, p in enumerate(ps):
+                where[id(p)] = (b, s, off)
+                if first:
+                    pbufs[b][off:off + p.numel()].copy_(p.detach().reshape(-1))
+                off += p.numel()
+        self.client.register_plan()
+        # a re-plan's new buffers are the ones to take once it registered
+        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=torch.float32)
+                 for b in range(len(layout))]
+        gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=torch.float32)
+                 for b in range(len(layout))]
+        with torch.no_grad():
+            for b, (_, ps, _) in enumerate(layout):
+                for p in ps:
+                    _, _, off = where[id(p)]
+                    p.data = pbufs[b][off:off + p.numel()].view_as(p)
+        self._layout, self._where = layout, where
+        self._pbufs, self._gbufs = pbufs, gbufs
+        self._route = None  # DDP bucket i = zerod bucket i
+        self._param_ptr = {id(p): p.data_ptr() for _, ps, _ in layout for p in ps}
+        if first:
+            self._sent = [dict(h) for h in self._plan_groups]
+
+    def _route_by_param(self, ddp_layout):
+        """Map a DDP layout onto the registered plan parameter by parameter."""
+        self._route = [list(ps) for _, ps, _ in ddp_layout]
+        self._zb_need = [len(ps) for _, ps, _ in self._layout]
+        self._zb_have = [0] * len(self._layout)
+        self._zb_next = 0
+
+    def _before_forward(self, module, inputs):
+        self._wait_step()  # forward reads the parameters: the step lands first
+        if torch.is_grad_enabled() and self.ddp._has_rebuilt_buckets and not self._rebuilt_seen:
+            self._rebuilt_seen = True
+            layout = self._read_layout()
+            if [k for k, _, _ in layout] != [k for k, _, _ in self._layout]:
+                try:
+                    self._set_layout(layout, first=False)
+                except _lib.ZerodError as e:
+                    # a library without re-planning refuses a second
+                    # zc_alloc_buffers() (ZC_ESTATE), changing nothing
+                    if e.name != "ZC_ESTATE" or "buffers already" not in e.reason:
+                        raise
+                    self._route_by_param(layout)
+        self._used.clear()
+
+    def _mark_used(self, pid):
+        def hook(grad):
+            self._used.add(pid)
+        return hook
+
+    # -- the comm hook -------------------------------------------------------
+    def _begin_iteration(self):
+        self._wait_step()
+        for g, group in enumerate(self.param_groups):
+            h = _hyper(self.kind, group)
+            if h != self._sent[g]:
+                self.client.set_hyper(g, h)
+                self._sent[g] = h
+        self._sent_iter = [dict(h) for h in self._sent]
+        if self._grad_scale is not None:
+            self.client.set_grad_scale(1.0 / self._grad_scale)
+        self._iter = self.client.iteration()
+        self._versions = None
+
+    def _unused_words(self, ps):
+        if not self.find_unused:
+            return None
+        words = [0] * ((len(ps) + 63) // 64)
+        for s, p in enumerate(ps):
+            if self._pid[id(p)] not in self._used:
+                words[s // 64] |= 1 << (s % 64)
+        return words
+
+    def _hand_over(self, zb, value):
+        """zc_bucket_ready(zb); a torch future completed from its zc future."""
+        ps = self._layout[zb][1]
+        f = self.client.bucket_ready(zb, self._unused_words(ps))
+        fut = torch.futures.Future()
+
+        def done(result, msg):
+            if result < 0:
+                fut.set_exception(_lib.ZerodError(f"zerod bucket {zb}", result, msg))
+            else:
+                fut.set_result(value)
+        self.client.then(f, done)
+        if zb == len(self._layout) - 1:
+            self._step_iter = self._iter
+            # after DDP's finalize (queued after this): note the gradients'
+            # versions, so a later in-place edit (clip_grad_norm_) is seen
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    lambda: torch.autograd.Variable._execution_engine.queue_callback(
+                        self._note_versions))
+            except RuntimeError:  # a hook run outside backward (DDP's join)
+                pass
+        return fut
+
+    def _on_bucket(self, bucket):
+        i = bucket.index()
+        if i == 0:
+            self._begin_iteration()
+        if self._route is None:
+            ids, ps, tiled = self._layout[i]
+            if tuple(id(p) for p in bucket.parameters()) != ids:
+                raise RuntimeError("ZerodOptimizer: DDP's bucket %d is not the one registered "
+                                   "with zerod (DDP rebuilt its buckets without a forward?)" % i)
+            if tiled:
+                self._gbufs[i].copy_(bucket.buffer())
+            else:
+                for p, g in zip(ps, bucket.gradients()):
+                    _, _, off = self._where[id(p)]
+                    self._gbufs[i][off:off + p.numel()].copy_(g.reshape(-1))
+            return self._hand_over(i, bucket.buffer())
+        # the registered plan differs from DDP's layout: place each parameter
+        if i == 0:
+            self._zb_have = [0] * len(self._layout)
+            self._zb_next = 0
+        last = None
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            zb, _, off = self._where[id(p)]
+            self._gbufs[zb][off:off + p.numel()].copy_(g.reshape(-1))
+            self._zb_have[zb] += 1
+        while self._zb_next < len(self._layout) and \
+                self._zb_have[self._zb_next] == self._zb_need[self._zb_next]:
+            last = self._hand_over(self._zb_next, bucket.buffer())
+            self._zb_next += 1
+        if last is None:
+            last = torch.futures.Future()
+            last.set_result(bucket.buffer())
+        else:  # its value must be this DDP bucket's gradient
+            buf = bucket.buffer()
+            last = last.then(lambda f: (f.value(), buf)[1])
+        return last
+
+    def _note_versions(self):
+        self._versions = [(id(p.grad), p.grad._version) if p.grad is not None else None
+                          for g in self.param_groups for p in g["params"]]
+
+    # -- torch.optim.Optimizer -------------------------------------------------
+    def add_param_group(self, param_group):
+        if getattr(self, "_ready", False):
+            raise NotImplementedError("ZerodOptimizer: the plan is registered with zerod; "
+                                      "give every param group to the constructor")
+        super().add_param_group(param_group)
+
+    def _wait_step(self):
+        it = self._step_iter
+        if it is None:
+            return
+        self._step_iter = None
+        self._steps_done += 1
+        f = self.client.step_future(it)
+        try:
+            self.client.wait(f)
+            if self.lib.has("zc_step_info"):
+                self.found_inf, _, self.last_grad_norm = self.client.step_info(f)
+        finally:
+            self.client.free(f)
+
+    def _check(self):
+        if self._versions is not None:
+            now = [(id(p.grad), p.grad._version) if p.grad is not None else None
+                   for g in self.param_groups for p in g["params"]]
+            if now != self._versions:
+                raise RuntimeError(
+                    "ZerodOptimizer: gradients were changed after backward (clip_grad_norm_, "
+                    "GradScaler.unscale_, an edit of p.grad?): zerod had consumed them already "
+                    "and the step did not see the change. Clip with "
+                    "ZerodOptimizer(max_grad_norm=...) and scale with set_grad_scale() "
+                    "(step_mode='at_end').")
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.data_ptr() != self._param_ptr[id(p)]:
+                    raise RuntimeError("ZerodOptimizer: a parameter's storage was replaced "
+                                       "(p.data = ...): zerod updates the registered buffer; "
+                                       "copy into the parameter instead (p.copy_())")
+        if self._sent_iter is not None:
+            for g, group in enumerate(self.param_groups):
+                if _hyper(self.kind, group) != self._sent_iter[g]:
+                    raise RuntimeError(
+                        f"ZerodOptimizer: param group {g}'s hyperparameters changed after "
+                        "backward began; zerod stepped this iteration with the values from "
+                        "before it. Change them before backward (a scheduler's step() after "
+                        "opt.step() does).")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._wait_step()
+        self._check()
+        self._versions = None
+        self._sent_iter = None
+        return loss
+
+    def set_grad_scale(self, scale):
+        """The loss scale of the coming iterations (loss * scale was
+        backpropagated): zerod unscales the averaged gradients and skips the
+        step on every rank where one is not finite (found_inf after step()).
+        at_end mode; None turns it off."""
+        self.lib.require("grad_scale")
+        if self.step_mode != "at_end":
+            raise ValueError("ZerodOptimizer.set_grad_scale: step_mode='at_end' only")
+        self._grad_scale = None if scale is None else float(scale)
+
+    # -- state (the state part of libzeroclient) ------------------------------
+    def _segment_states(self, tensors):
+        ps = [p for g in self.param_groups for p in g["params"]]
+        segs = (_lib.SegmentState * len(ps))()
+        for s, p in zip(segs, ps):
+            b, k, _ = self._where[id(p)]
+            s.size, s.bucket, s.segment = _lib.ctypes.sizeof(s), b, k
+            for name, _ in _STATE_KEYS:
+                t = tensors.get((id(p), name))
+                if t is not None:
+                    setattr(s, name, _lib.ctypes.cast(t.data_ptr(), _lib.c_fptr))
+        return ps, segs
+
+    def _needs(self, g):
+        if self.kind == "sgd":
+            return ["momentum_buffer"] if g["momentum"] else []
+        return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if g["amsgrad"] else [])
+
+    def state_dict(self):
+        """torch's format (plain torch.optim loads it). Collective: every rank
+        calls it between iterations."""
+        self.lib.require("state")
+        self._wait_step()
+        tensors = {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                for name in self._needs(g):
+                    tensors[(id(p), name)] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        ps, segs = self._segment_states(tensors)
+        self.client.get_state(segs)
+        self.state.clear()
+        at = {id(p): k for k, p in enumerate(ps)}
+        for g in self.param_groups:
+            for p in g["params"]:
+                s = segs[at[id(p)]]
+                if not s.present:
+                    # torch's SGD without momentum keeps {'momentum_buffer':
+                    # None} once it stepped a parameter; zerod keeps nothing
+                    if self.kind == "sgd" and not g["momentum"] and self._steps_done \
+                            and not self.find_unused:
+                        self.state[p] = {"momentum_buffer": None}
+                    continue
+                st = {}
+                if self.kind == "sgd":
+                    st["momentum_buffer"] = tensors[(id(p), "momentum_buffer")] \
+                        if s.present & _lib.STATE_MOMENTUM_BUFFER else None
+                else:
+                    st["step"] = torch.tensor(float(s.step))
+                    for name, bit in _STATE_KEYS[1:]:
+                        if s.present & bit:
+                            st[name] = tensors[(id(p), name)]
+                self.state[p] = st
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Loads torch's format (from plain torch.optim too) into zerod: the
+        param groups' hyperparameters and every parameter's state, for the
+        next iteration. Collective: every rank calls it between iterations."""
+        self.lib.require("state")
+        self._wait_step()
+        super().load_state_dict(state_dict)
+        tensors = {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                for name, _ in _STATE_KEYS:
+                    t = self.state.get(p, {}).get(name)
+                    if t is not None:
+                        tensors[(id(p), name)] = t.detach().to(torch.float32).contiguous()
+        ps, segs = self._segment_states(tensors)
+        for s, p in zip(segs, ps):
+            st = self.state.get(p, {})
+            present = 0
+            if "step" in st:
+                s.step = float(st["step"])
+                present |= _lib.STATE_STEP
+            for name, bit in _STATE_KEYS:
+                if (id(p), name) in tensors:
+                    present |= bit
+            s.present = present
+        self.client.set_state(segs)
+        for g, group in enumerate(self.param_groups):
+            h = _hyper(self.kind, group)
+            self.client.set_hyper(g, h)
+            self._sent[g] = h
+
+    def close(self):
+        """Leave the job (every rank); the parameters become plain tensors
+        again (copies of the registered buffers)."""
+        if getattr(self, "client", None) is None:
+            return
+        self._wait_step()
+        self._pre.remove()
+        for h in self._handles:
+            h.remove()
+        with torch.no_grad():
+            for p in self._model_params:
+                if id(p) in self._param_ptr:
+                    p.data = p.data.clone()
+        self.client.close()
+        self.client = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
