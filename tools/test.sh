@@ -46,6 +46,8 @@ for path in sys.argv[1:]:
         failed += 1  # that run did not get as far as its tests
         continue
     for line in open(path):
+        if not line.strip():
+            continue
         t = json.loads(line)
         out = t.get("stdout") or ""
         ok = len(re.findall(r"^ok \d+.*$", out, re.M))
