@@ -69,6 +69,11 @@ static const struct key {
 	{"max-memory", K_SIZE, offsetof(struct daemon_config, max_memory), 0, true, "SIZE",
 	 "optimizer state of all jobs together, bytes or with K, M, G, T (0: half the RAM); a "
 	 "reload applies it to jobs that start later"},
+	{"max-user-memory", K_SIZE, offsetof(struct daemon_config, max_user_memory), 0, true,
+	 "SIZE",
+	 "of --max-memory, what the jobs of one user (the trainers' uid) may hold together "
+	 "(0: all of it), so one user cannot starve the others; a reload applies it to jobs "
+	 "that start later"},
 	{"log-level", K_LEVEL, offsetof(struct daemon_config, log_level), 3, true, "LEVEL",
 	 "err, warning, notice, info or debug (3..7); -v is debug, -q warning"},
 	{"flight-records", K_COUNT, offsetof(struct daemon_config, flight_records), 1, true, "N",

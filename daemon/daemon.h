@@ -67,6 +67,7 @@ struct daemon_config {
 	int join_timeout_ms;   /* a job whose ranks connect but never register */
 	int hello_timeout_ms;  /* a connection that has no session this long is closed */
 	uint64_t max_memory;   /* bytes of optimizer state over all jobs; 0: half the RAM */
+	uint64_t max_user_memory; /* of it, what one user's jobs may hold; 0: all of it */
 	int log_level;
 	const char *backend; /* --backend auto|host|cuda; NULL: auto */
 	/* operations (ops.c): the stall inspector's first report, the flight

@@ -418,6 +418,25 @@ static void job_start(struct job *j)
 		r = 0;
 		goto out;
 	}
+	if (d->cfg.max_user_memory) {
+		uint64_t mine = 0;
+		char need[16], held[16], max[16];
+
+		for (struct job *o = d->jobs; o; o = o->next)
+			if (o != j && o->uid == j->uid)
+				mine += o->memory;
+		if (j->memory > d->cfg.max_user_memory ||
+		    mine > d->cfg.max_user_memory - j->memory) {
+			job_fail(j, ZC_ELIMIT, true,
+				 "the job needs %s of optimizer state, the other jobs of user %u "
+				 "hold %s of their --max-user-memory %s",
+				 fmt_bytes(need, j->memory), (unsigned)j->uid,
+				 fmt_bytes(held, mine), fmt_bytes(max, d->cfg.max_user_memory));
+			j->memory = 0;
+			r = 0;
+			goto out;
+		}
+	}
 	d->memory_used += j->memory;
 	ec = (struct exec_config){
 		.tag = j,

@@ -762,6 +762,59 @@ static void t_memory_limit(void)
 	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
 }
 
+/* --max-user-memory: one user's jobs together (issue 11 §5: a client cannot
+ * take the whole budget from the others). Each job holds 656 bytes (the
+ * plan above: 164 elements, SGD's momentum buffer); 1K holds one of them,
+ * not two, and the second fits once the first has gone. */
+static int user_memory_checks(void *arg, int idx)
+{
+	struct zc_config cfg = test_config(&small, "first", 0, 1);
+	zc_client *a = NULL, *b = NULL;
+	int r;
+
+	(void)arg, (void)idx;
+	if ((r = zc_connect(&cfg, &a)) < 0 || (r = zc_alloc_buffers(a, &plan)) < 0 ||
+	    (r = zc_register_plan(a)) < 0)
+		FAIL("the first job: %s %s", zc_strerror_name(r), zc_error_message());
+	cfg = test_config(&small, "second", 0, 1);
+	if ((r = zc_connect(&cfg, &b)) < 0 || (r = zc_alloc_buffers(b, &plan)) < 0)
+		FAIL("second: %s", zc_strerror_name(r));
+	r = zc_register_plan(b);
+	printf("# a second job of the same user -> %s: %s\n", zc_strerror_name(r),
+	       zc_error_message());
+	if (r != ZC_ELIMIT || !strstr(zc_error_message(), "--max-user-memory") ||
+	    !strstr(zc_error_message(), "656 B"))
+		FAIL("a second job over --max-user-memory: %s, want ZC_ELIMIT",
+		     zc_strerror_name(r));
+	zc_close(b);
+	zc_close(a);
+	/* the first job's state goes when its executor has stopped */
+	for (int i = 0; i < 100; i++) {
+		cfg = test_config(&small, "third", 0, 1);
+		if ((r = zc_connect(&cfg, &b)) < 0 || (r = zc_alloc_buffers(b, &plan)) < 0)
+			FAIL("third: %s", zc_strerror_name(r));
+		r = zc_register_plan(b);
+		zc_close(b);
+		if (r != ZC_ELIMIT)
+			break;
+		usleep(20000);
+	}
+	if (r < 0)
+		FAIL("a job after the first ended: %s %s", zc_strerror_name(r),
+		     zc_error_message());
+	return 0;
+}
+
+static void t_user_memory_limit(void)
+{
+	static const char *const extra[] = {"--max-user-memory", "1K", NULL};
+
+	REQUIRE(zd_start(&small, extra) == 0, "zerod --max-user-memory 1K");
+	CHECK(wait_child(spawn(user_memory_checks, NULL, 0), 20000) == 0,
+	      "user memory limit not kept");
+	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
+}
+
 static void t_daemon_stops_cleanly(void)
 {
 	CHECK(zd_stop(&daemon_, 10000) == 0, "zerod did not exit 0");
@@ -779,6 +832,7 @@ static const struct test_case cases[] = {
 	{"session_limit", t_session_limit},
 	{"many_buckets_at_once", t_many_buckets, 70000},
 	{"memory_limit_ELIMIT", t_memory_limit},
+	{"user_memory_limit_ELIMIT", t_user_memory_limit},
 	{"register_timeout", t_register_timeout},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
