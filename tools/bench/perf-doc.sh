@@ -4,7 +4,8 @@
 # sweep over model sizes and the four shard/step modes), keep every JSON in
 # docs/perf/, and write the document and its plot from them.
 #
-#   tools/bench/perf-doc.sh            (about 5 minutes on a quiet 2-core machine)
+#   tools/bench/perf-doc.sh            (about 6 minutes on a quiet 2-core machine)
+#   ONLY='daemons-*' tools/bench/perf-doc.sh   only those runs again
 #
 # Each run first waits (at most QUIET_WAIT_S seconds, default 300) for the
 # 1-minute load average to drop under QUIET_LOAD (default 0.7): the machine is
@@ -33,17 +34,34 @@ wait_quiet() {
     done
 }
 
-# run NAME ARGS...: one zerod-bench --json run into $out/NAME.json
+commit=$(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo '?')
+today=$(date -u +%F)
+
+# run NAME ARGS...: one zerod-bench --json run into $out/NAME.json, with the
+# commit and the day it was measured at. With ONLY set (a shell pattern,
+# e.g. ONLY='daemons-*'), only the runs it matches run again; the others'
+# JSON stay as they are.
 run() {
     local name=$1
     shift
+    # shellcheck disable=SC2053
+    if [ -n "${ONLY:-}" ] && [[ $name != $ONLY ]]; then
+        return
+    fi
     wait_quiet
     echo "perf-doc: zerod-bench $* --json > docs/perf/$name.json" >&2
     "$bench" "$@" --json >"$out/$name.json.tmp"
+    python3 - "$out/$name.json.tmp" "$commit" "$today" <<'PY'
+import json, sys
+p, commit, day = sys.argv[1:]
+j = json.load(open(p))
+j["commit"], j["date"] = commit, day
+open(p, "w").write(json.dumps(j, indent=2) + "\n")
+PY
     mv "$out/$name.json.tmp" "$out/$name.json"
 }
 
-rm -f "$out"/*.json
+[ -n "${ONLY:-}" ] || rm -f "$out"/*.json
 run headline --params 25M --buckets 4 --ranks 2 --optim adam --vs-torch
 for s in $sizes; do
     run "size-$s" --params "$s" --bucket-size 25M --ranks 2 --optim adam --vs-torch

@@ -45,6 +45,18 @@ def commit(top):
         return "?"
 
 
+def measured(h, sizes, modes, nodes, top):
+    """Where the runs were measured: "the headline ... at commit X on D"."""
+    groups = [("the headline, the sweep and the modes", [h] + sizes + modes),
+              ("the several-nodes runs", nodes)]
+    out = []
+    for what, js in groups:
+        at = sorted({(j.get("commit") or commit(top), j.get("date") or "?") for j in js})
+        if at:
+            out.append(what + " at " + ", ".join(f"commit `{c}` on {d}" for c, d in at))
+    return "; ".join(out)
+
+
 def main():
     d, doc = sys.argv[1], sys.argv[2]
     top = os.path.dirname(os.path.dirname(os.path.abspath(doc)))
@@ -89,8 +101,8 @@ tools/bench/perf-doc.sh     # installs python3-torch and gnuplot, builds, runs, 
 ```
 
 The raw JSON of every run is in [`docs/perf/`](perf/), one file per run; the
-plot's table is `docs/perf/sweep.dat`. Measured at commit `{commit(top)}` on
-{datetime.date.today().isoformat()}, on {machine()}: the data plane of issue 5
+plot's table is `docs/perf/sweep.dat`. Each JSON records the commit and the
+day it was measured at: {measured(h, sizes, modes, nodes, top)}, on {machine()}: the data plane of issue 5
 (one fused pass per chunk, no master copy of fp32 parameters, the compact
 state, the fast-path handoff; `docs/DATAPLANE.md`).
 
