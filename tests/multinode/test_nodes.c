@@ -20,9 +20,13 @@
  *  - peers that know the secret but not their place (issue 11): a node that
  *    joins a formed job again, one that brings another node's rank: only
  *    they are refused, with a named error; the job forms and trains; a
- *    recorded handshake replayed on a new connection is refused.
+ *    recorded handshake replayed on a new connection is refused; once a
+ *    job trains the rendezvous is the only port the daemons listen on
+ *    (gloo listens only while its mesh connects), and garbage sent there
+ *    mid-training harms nothing.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -882,6 +886,98 @@ static void t_replayed_auth_refused(void)
 	cluster_stop(&cl, -1);
 }
 
+/* The TCP ports process pid listens on (its fds' socket inodes, found in
+ * /proc/net/tcp and tcp6 in state LISTEN), at most max; how many. */
+static int listening_ports(pid_t pid, int *ports, int max)
+{
+	char path[64], link[64], line[512];
+	unsigned long inodes[256];
+	int ninodes = 0, n = 0;
+	struct dirent *e;
+	DIR *dir;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	dir = opendir(path);
+	while (dir && (e = readdir(dir)) && ninodes < 256) {
+		char fdpath[400];
+		ssize_t len;
+		snprintf(fdpath, sizeof(fdpath), "%s/%s", path, e->d_name);
+		len = readlink(fdpath, link, sizeof(link) - 1);
+		if (len > 0) {
+			link[len] = 0;
+			if (sscanf(link, "socket:[%lu]", &inodes[ninodes]) == 1)
+				ninodes++;
+		}
+	}
+	if (dir)
+		closedir(dir);
+	for (int v = 0; v < 2; v++) {
+		FILE *f = fopen(v ? "/proc/net/tcp6" : "/proc/net/tcp", "r");
+		while (f && fgets(line, sizeof(line), f)) {
+			unsigned port, st;
+			unsigned long ino;
+			char local[64];
+			if (sscanf(line, " %*d: %63[0-9A-Fa-f:] %*s %x %*s %*s %*s %*s %*s %lu", local,
+				   &st, &ino) != 3 || st != 0x0A)
+				continue;
+			if (sscanf(strrchr(local, ':') + 1, "%x", &port) != 1)
+				continue;
+			for (int i = 0; i < ninodes && n < max; i++)
+				if (inodes[i] == ino)
+					ports[n++] = (int)port;
+		}
+		if (f)
+			fclose(f);
+	}
+	return n;
+}
+
+/* The daemons' network surface while a job trains (issue 11 §4): gloo
+ * listens only while the nodes connect their mesh, so once the job has
+ * formed and trained an iteration the rendezvous (node 0) is the only port
+ * either daemon listens on. Garbage, a frame header claiming 4 GiB and a
+ * connection that says nothing, sent there mid-training, leave the job
+ * training to the reference and both daemons alive. */
+static void t_listening_surface_and_garbage(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+	struct cluster cl;
+	struct train_spec s;
+	pid_t pids[2];
+	int st[2], ports[16], n0, n1, silent;
+	uint8_t junk[256];
+
+	REQUIRE(cluster_start(&cl, 2) == 0, "cannot start 2 daemons");
+	s = spec_for(&cl, "surface", 2, node_of, true);
+	s.iters = 8;
+	s.sleep_us = 150000;
+	start_ranks(&s, pids, 0, 2);
+	REQUIRE(zd_wait_log(&cl.zd[0], "job surface: formed over", 20000), "the job did not form");
+	usleep(400000); /* the gloo mesh is up once the first iteration ran */
+	n1 = listening_ports(cl.zd[1].pid, ports, 16);
+	CHECK(n1 == 0, "node 1's daemon listens on %d ports (first %d)", n1, n1 ? ports[0] : 0);
+	n0 = listening_ports(cl.zd[0].pid, ports, 16);
+	CHECK(n0 == 1 && ports[0] == cl.port,
+	      "node 0's daemon listens on %d ports (first %d), not only the rendezvous %d", n0,
+	      n0 ? ports[0] : 0, cl.port);
+	for (size_t b = 0; b < sizeof(junk); b++)
+		junk[b] = (uint8_t)(b * 131u + 7u);
+	CHECK(poke(cl.port, junk, sizeof(junk), false) == 0, "cannot connect");
+	memset(junk, 0xff, 16);
+	CHECK(poke(cl.port, junk, 16, false) == 0, "cannot connect");
+	silent = poke(cl.port, NULL, 0, true);
+	wait_ranks(pids, 0, 2, st, 60000);
+	for (uint32_t r = 0; r < 2; r++)
+		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
+		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
+		      s.results[r].msg);
+	if (silent >= 0)
+		close(silent);
+	for (uint32_t k = 0; k < 2; k++)
+		CHECK(zd_alive(&cl.zd[k]), "daemon %u died", k);
+	cluster_stop(&cl, -1);
+}
+
 /* What the client and the daemon refuse before any node meets. */
 static void t_settings_checked(void)
 {
@@ -963,6 +1059,7 @@ static const struct test_case cases[] = {
 	{"wrong_secret_and_garbage_refused_and_logged", t_wrong_secret_and_garbage_refused, 60000},
 	{"join_twice_and_claimed_ranks_refused", t_join_twice_and_claimed_ranks_refused, 90000},
 	{"replayed_auth_refused", t_replayed_auth_refused, 60000},
+	{"listening_surface_and_garbage", t_listening_surface_and_garbage, 90000},
 };
 
 TEST_MAIN(cases)
