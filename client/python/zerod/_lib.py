@@ -74,6 +74,7 @@ STATE_EXP_AVG_SQ, STATE_MAX_EXP_AVG_SQ, STATE_MASTER = 8, 16, 32
 OPT_SGD, OPT_ADAM, OPT_ADAMW = 1, 2, 3
 SHARD_BUCKET, SHARD_SLICE = 1, 2
 STEP_INTERLEAVED, STEP_AT_END = 1, 2
+DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 NO_ITERATION = 2**64 - 1
 
 FutureCallback = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
@@ -122,6 +123,7 @@ PARTS = {
     "grad_scale": "zc_set_grad_scale",
     "state": "zc_get_state",
     "replan": "zc_get_state",
+    "dtype": "zc_params_changed",
 }
 
 

@@ -48,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import _lib
 from .client import Client, Plan
 
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
 _STATE_KEYS = (("momentum_buffer", _lib.STATE_MOMENTUM_BUFFER),
                ("exp_avg", _lib.STATE_EXP_AVG), ("exp_avg_sq", _lib.STATE_EXP_AVG_SQ),
@@ -119,8 +120,12 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 if id(p) not in self._pid:
                     raise ValueError("ZerodOptimizer: a parameter of the param groups is not "
                                      "one of the DDP model's")
-                if p.dtype != torch.float32 or p.device.type != "cpu":
-                    raise NotImplementedError("ZerodOptimizer: only fp32 CPU parameters here")
+                if p.device.type != "cpu":
+                    raise NotImplementedError("ZerodOptimizer: only CPU parameters here (the "
+                                              "CUDA path is not written yet)")
+                if p.dtype not in _DTYPES:
+                    raise NotImplementedError(f"ZerodOptimizer: {p.dtype} parameters (fp32, "
+                                              "bf16 or fp16 only)")
                 self._group_of[id(p)] = gi
         self.find_unused = bool(ddp_model.find_unused_parameters)
         if self.find_unused:
@@ -191,15 +196,17 @@ class ZerodOptimizer(torch.optim.Optimizer):
         # in force (zc_set_hyper's) stay with the job
         if first:
             self._plan_groups = [_hyper(self.kind, g) for g in self.param_groups]
+        # a bucket's dtype is its parameters' (DDP buckets by dtype): a bf16
+        # model gets bf16 buckets, with fp32 masters in zerod
+        dts = [ps[0].dtype for _, ps, _ in layout]
         plan = Plan(self.kind, self.shard, self.step_mode, self._plan_groups,
                     [[(self._group_of[id(p)], p.numel(), self._pid[id(p)]) for p in ps]
-                     for _, ps, _ in layout], self.max_grad_norm)
+                     for _, ps, _ in layout], self.max_grad_norm, [_DTYPES[d] for d in dts])
+        self.low_precision = any(d != torch.float32 for d in dts)
         if not first:
             self._wait_step()
         self.client.alloc_buffers(plan)
-        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=torch.float32)
-                 for b in range(len(layout))]
-        gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=torch.float32)
+        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
                  for b in range(len(layout))]
         where = {}  # param id -> (bucket, segment, offset)
         for b, (_, ps, _) in enumerate(layout):
@@ -211,9 +218,9 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 off += p.numel()
         self.client.register_plan()
         # a re-plan's new buffers are the ones to take once it registered
-        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=torch.float32)
+        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
                  for b in range(len(layout))]
-        gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=torch.float32)
+        gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=dts[b])
                  for b in range(len(layout))]
         with torch.no_grad():
             for b, (_, ps, _) in enumerate(layout):
@@ -244,8 +251,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     self._set_layout(layout, first=False)
                 except _lib.ZerodError as e:
                     # a library without re-planning refuses a second
-                    # zc_alloc_buffers() (ZC_ESTATE), changing nothing
-                    if e.name != "ZC_ESTATE" or "buffers already" not in e.reason:
+                    # zc_alloc_buffers() (ZC_ESTATE), changing nothing; one
+                    # with it refuses to re-plan bf16/fp16 buckets for now
+                    # (ZC_ENOTSUP) and keeps the registered plan
+                    if not (e.name == "ZC_ESTATE" and "buffers already" in e.reason) and \
+                            e.name != "ZC_ENOTSUP":
                         raise
                     self._route_by_param(layout)
         self._used.clear()
@@ -425,6 +435,12 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     setattr(s, name, _lib.ctypes.cast(t.data_ptr(), _lib.c_fptr))
         return ps, segs
 
+    def _no_low_precision_state(self):
+        if self.low_precision:
+            raise NotImplementedError(
+                "ZerodOptimizer: state_dict()/load_state_dict() of bf16/fp16 parameters: "
+                "libzeroclient does not export or import their state yet (ZC_ENOTSUP)")
+
     def _needs(self, g):
         if self.kind == "sgd":
             return ["momentum_buffer"] if g["momentum"] else []
@@ -434,6 +450,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         """torch's format (plain torch.optim loads it). Collective: every rank
         calls it between iterations."""
         self.lib.require("state")
+        self._no_low_precision_state()
         self._wait_step()
         tensors = {}
         for g in self.param_groups:
@@ -471,6 +488,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         param groups' hyperparameters and every parameter's state, for the
         next iteration. Collective: every rank calls it between iterations."""
         self.lib.require("state")
+        self._no_low_precision_state()
         self._wait_step()
         super().load_state_dict(state_dict)
         tensors = {}
