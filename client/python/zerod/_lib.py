@@ -53,6 +53,11 @@ class Config(ctypes.Structure):
                 ("reserved2", c_u32)]
 
 
+class Buffers(ctypes.Structure):  # zc_register_buffers
+    _fields_ = [("size", c_u32), ("grad_fd", c_i32), ("grad_offset", c_u64),
+                ("param_fd", c_i32), ("reserved", c_u32), ("param_offset", c_u64)]
+
+
 class Ready(ctypes.Structure):  # sem: zc_bucket_ready_ex
     _fields_ = [("size", c_u32), ("bucket", c_u32), ("nwords", c_u32), ("reserved", c_u32),
                 ("unused", ctypes.POINTER(c_u64))]
@@ -89,6 +94,8 @@ _SIGNATURES = {
     "zc_connect": (_int, [ctypes.POINTER(Config), ctypes.POINTER(_vp)]),
     "zc_close": (None, [_vp]),
     "zc_alloc_buffers": (_int, [_vp, ctypes.POINTER(Plan)]),
+    "zc_register_buffers": (_int, [_vp, ctypes.POINTER(Plan), ctypes.POINTER(Buffers)]),
+    "zc_plan_buffer_bytes": (_int, [ctypes.POINTER(Plan), ctypes.POINTER(c_u64)]),
     "zc_grad_buffer": (_vp, [_vp, c_u32]),
     "zc_param_buffer": (_vp, [_vp, c_u32]),
     "zc_register_plan": (_int, [_vp]),
@@ -124,6 +131,7 @@ PARTS = {
     "state": "zc_get_state",
     "replan": "zc_get_state",
     "dtype": "zc_params_changed",
+    "own_buffers": "zc_register_buffers",
 }
 
 

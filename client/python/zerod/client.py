@@ -13,6 +13,9 @@ wakes for the ZeroMQ socket, and with the fast path the completions come
 through the ring, so it would see them only at its poll timeout.)
 """
 import ctypes
+import fcntl
+import mmap
+import os
 import queue
 import threading
 
@@ -96,6 +99,7 @@ class Client:
         self.h = h
         self.plan = None
         self._keep = None
+        self.own = None  # the mmap of this process's memfd, while the buffers are in it
         self._stop = False
         self._queue = queue.SimpleQueue()  # (zc_future*, fn), or None: stop
         self._pump = threading.Thread(target=self._run_pump, name="zerod-pump", daemon=True)
@@ -147,19 +151,64 @@ class Client:
         if plan.max_grad_norm or any(g.get("max_grad_norm") for g in plan.groups):
             self.lib.require("clip")
         self.lib.check("zc_alloc_buffers", self.h, ctypes.byref(cplan))
+        if self.plan is not None:  # a re-plan: back to these if it is refused
+            self._prev = (self.plan, self._keep, self.own)
         self.plan, self._keep = plan, (cplan, keep)
+        self.own = None  # a re-plan's buffers are the library's
+
+    def register_buffers(self, plan):
+        """The first plan's buffers in memory this process owns: a memfd it
+        creates (gradients, then parameters at the next page), seals against
+        shrinking and growing and maps, handed to zerod with
+        zc_register_buffers(). The buffers grad_buffer() / param_buffer()
+        return are then views into that mapping (self.own), which lives as
+        long as they do, zc_close() or not."""
+        self.lib.require("own_buffers")
+        cplan, keep = plan.to_c(self.lib.has("zc_get_state"))
+        if any(d != "f32" for d in plan.dtypes):
+            self.lib.require("dtype")
+        n = ctypes.c_uint64()
+        self.lib.check("zc_plan_buffer_bytes", ctypes.byref(cplan), ctypes.byref(n))
+        param_off = (n.value + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        fd = os.memfd_create("zerod-torch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, param_off + n.value)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+            mm = mmap.mmap(fd, param_off + n.value, mmap.MAP_SHARED,
+                           mmap.PROT_READ | mmap.PROT_WRITE)
+            b = _lib.Buffers()
+            b.size, b.grad_fd, b.grad_offset = ctypes.sizeof(b), fd, 0
+            b.param_fd, b.param_offset = fd, param_off
+            self.lib.check("zc_register_buffers", self.h, ctypes.byref(cplan), ctypes.byref(b))
+        finally:
+            os.close(fd)  # zerod and the library keep mappings, not the fd
+        self.plan, self._keep = plan, (cplan, keep)
+        self.own, self._param_off = mm, param_off
 
     def register_plan(self):
-        self.lib.check("zc_register_plan", self.h)
+        prev, self._prev = getattr(self, "_prev", None), None
+        try:
+            self.lib.check("zc_register_plan", self.h)
+        except ZerodError:
+            if prev is not None:  # the library went back to the registered plan
+                self.plan, self._keep, self.own = prev
+            raise
 
     def _buffer(self, name, bucket):
         dtype = self.plan.dtypes[bucket]
+        n = sum(s[1] for s in self.plan.buckets[bucket]) * DTYPES[dtype][1]
+        if self.own is not None:  # where the library says, in our own mapping
+            at = self.lib.fn("zc_grad_ptr")(self.h, bucket)
+            base = self.lib.fn("zc_grad_ptr")(self.h, 0)
+            if not at or not base:
+                raise ZerodError("zc_grad_ptr", -22, self.lib.error_message())
+            off = at - base + (self._param_off if "param" in name else 0)
+            return memoryview(self.own)[off:off + n]
         if dtype != "f32" or self.lib.has("zc_grad_ptr"):
             name = name.replace("_buffer", "_ptr")  # zc_grad_ptr: any dtype
         ptr = self.lib.fn(name)(self.h, bucket)
         if not ptr:
             raise ZerodError(name, -22, self.lib.error_message())
-        n = sum(s[1] for s in self.plan.buckets[bucket]) * DTYPES[dtype][1]
         return (ctypes.c_uint8 * n).from_address(ptr)
 
     def grad_buffer(self, bucket):

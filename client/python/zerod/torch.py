@@ -32,6 +32,11 @@ How an iteration goes:
   libzeroclient without re-planning the old plan stays and each DDP bucket's
   parameters are copied one by one into their place in it, handing zerod
   buckets over once all their parameters arrived (correct, less overlap).
+- Buffers: the first plan's are a memfd this process creates, seals and maps
+  (zc_register_buffers()): the parameters' storage is that mapping and keeps
+  it alive, close() or not. A re-plan's are the library's (zc_alloc_buffers()
+  is how libzeroclient re-plans). ZEROD_TORCH_BUFFERS=library takes the
+  library's from the start. bf16/fp16 parameters get buckets of their dtype.
 - Gradient clipping and loss scaling run in zerod (at_end mode): the
   max_grad_norm option, set_grad_scale(). Doing either on p.grad after
   backward (clip_grad_norm_, GradScaler.unscale_) would be too late: zerod
@@ -205,7 +210,14 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self.low_precision = any(d != torch.float32 for d in dts)
         if not first:
             self._wait_step()
-        self.client.alloc_buffers(plan)
+            self.client.alloc_buffers(plan)
+        elif self.lib.has("zc_register_buffers") and os.environ.get("ZEROD_TORCH_BUFFERS") \
+                != "library":
+            # the first plan's buffers are memory this process owns: the
+            # parameters' storage keeps it mapped, close() or not
+            self.client.register_buffers(plan)
+        else:
+            self.client.alloc_buffers(plan)
         pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
                  for b in range(len(layout))]
         where = {}  # param id -> (bucket, segment, offset)
@@ -516,18 +528,21 @@ class ZerodOptimizer(torch.optim.Optimizer):
             self._sent[g] = h
 
     def close(self):
-        """Leave the job (every rank); the parameters become plain tensors
-        again (copies of the registered buffers)."""
+        """Leave the job (every rank). Parameters in this process's own
+        buffers (the first plan's, while DDP's layout kept it) stay where they
+        are: their storage keeps the memory mapped; those in the library's
+        (a re-plan's) become copies."""
         if getattr(self, "client", None) is None:
             return
         self._wait_step()
         self._pre.remove()
         for h in self._handles:
             h.remove()
-        with torch.no_grad():
-            for p in self._model_params:
-                if id(p) in self._param_ptr:
-                    p.data = p.data.clone()
+        if self.client.own is None:  # the library's mapping goes with the client
+            with torch.no_grad():
+                for p in self._model_params:
+                    if id(p) in self._param_ptr:
+                        p.data = p.data.clone()
         self.client.close()
         self.client = None
 
