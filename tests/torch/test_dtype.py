@@ -83,6 +83,24 @@ def compare(cfg, rank, world):
     assert kinds == {str(dt)}, kinds
     worst, off = 0.0, 0
     for it in range(cfg.get("iters", 10)):
+        if it == cfg.get("edit_at"):
+            # every rank edits the parameters in place between iterations
+            with torch.no_grad():
+                for p, q, m in zip(model.parameters(), ref.parameters(), masters):
+                    p.mul_(0.5)
+                    q.mul_(0.5)
+                    m.copy_(q)  # the reference's masters: the edited values
+            if cfg.get("tell", True):
+                opt_z.params_changed()
+            else:
+                x, y = data(rank, it)
+                try:  # the bucket's future fails inside backward (DDP raises)
+                    ((ddp_z(x.to(dt)) - y.to(dt)).float() ** 2).mean().backward()
+                    opt_z.step()
+                except Exception as e:  # noqa: B902  (the job failed: which error)
+                    assert "ZC_EPARAMEDIT" in str(e), e
+                    return {"refused": str(e)[:120]}
+                raise AssertionError("a step over edited bf16 parameters was taken")
         x, y = data(rank, it)
         x, y = x.to(dt), y.to(dt)
         ((ddp_z(x) - y).float() ** 2).mean().backward()
@@ -133,6 +151,14 @@ CASES = {
     "f16-adamw-w2-slice-interleaved": dict(
         world=2, dtype="f16", opt="adamw", hyper={"lr": 0.01, "weight_decay": 0.05},
         model="elementwise", shard="slice"),
+    # parameters edited between iterations: params_changed() reloads the
+    # masters; without it the step fails, naming the edit
+    "bf16-edit-params_changed-adamw-w2": dict(
+        world=2, dtype="bf16", opt="adamw", hyper={"lr": 0.01, "weight_decay": 0.05},
+        edit_at=5),
+    "bf16-edit-without-params_changed-fails": dict(
+        world=2, dtype="bf16", opt="sgd", hyper={"lr": 0.05, "momentum": 0.9}, edit_at=4,
+        tell=False),
     # the check itself: DDP's divide-first rounding must be told apart
     "control-divide-first-rounding-is-caught": dict(
         world=3, dtype="bf16", opt="sgd", hyper={"lr": 0.05, "momentum": 0.9},

@@ -272,6 +272,11 @@ class Client:
         g = param_group(hyper)
         self.lib.check("zc_set_hyper", self.h, group, ctypes.byref(g))
 
+    def params_changed(self):
+        """zc_params_changed(): bf16/fp16 parameters were edited; zerod
+        reloads their fp32 masters before the next step."""
+        self.lib.check("zc_params_changed", self.h)
+
     def set_grad_scale(self, inv_scale):
         self.lib.check("zc_set_grad_scale", self.h, float(inv_scale))
 

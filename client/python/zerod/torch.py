@@ -434,6 +434,18 @@ class ZerodOptimizer(torch.optim.Optimizer):
             raise ValueError("ZerodOptimizer.set_grad_scale: step_mode='at_end' only")
         self._grad_scale = None if scale is None else float(scale)
 
+    def params_changed(self):
+        """Say that bf16/fp16 parameters were edited in place between
+        iterations (model.load_state_dict(), an EMA swap, p.mul_()...): zerod
+        reloads its fp32 masters from them before the next step. Every rank
+        calls it, after its edit. Without it, the next step of an edited
+        low-precision parameter fails the job with ZC_EPARAMEDIT. fp32
+        parameters need no call (zerod steps them where they are)."""
+        if not self.low_precision:
+            return
+        self._wait_step()
+        self.client.params_changed()
+
     # -- state (the state part of libzeroclient) ------------------------------
     def _segment_states(self, tensors):
         ps = [p for g in self.param_groups for p in g["params"]]
