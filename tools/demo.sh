@@ -5,12 +5,19 @@
 # did, and stop everything.
 #
 #   tools/demo.sh [--nodes 2] [RANKS] [ITERATIONS]
+#   tools/demo.sh --torch [RANKS] [ITERATIONS] [torch-train.py options]
 #
+# --torch: the same with PyTorch instead of the C trainer: DDP over gloo and
+# zerod.torch.ZerodOptimizer (tools/torch-demo.sh, tools/torch-train.py).
 # --nodes 2: two zerods, each on its own socket, as two nodes on loopback;
 # the first half of the ranks on node 0, whose zerod serves the rendezvous
 # on a free port, the rest on node 1 (gloo between the two).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+if [ "${1:-}" = "--torch" ]; then
+    shift
+    exec "$top/tools/torch-demo.sh" "$@"
+fi
 nodes=1
 if [ "${1:-}" = "--nodes" ]; then
     nodes=${2:?--nodes needs a number}

@@ -73,6 +73,52 @@ def step_without_backward(rank):
     return {"unchanged": True}
 
 
+def own_buffers_outlive_close(rank):
+    """One DDP bucket, which the rebuild keeps as it is: the whole run is on the
+    first plan's buffers, a memfd this process mapped. The parameters are
+    views into that mapping, zerod's steps land there, and close() leaves
+    them there (their storage keeps the mapping), unchanged and usable."""
+    import ctypes
+    from zerod.torch import ZerodOptimizer
+    torch.manual_seed(3)
+    model = torch.nn.Linear(6, 3, bias=False)  # one parameter: DDP's rebuild keeps it
+    ref = torch.nn.Linear(6, 3, bias=False)
+    ref.load_state_dict(model.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp_r = torch.nn.parallel.DistributedDataParallel(ref)
+    opt = ZerodOptimizer(ddp, torch.optim.SGD, lr=0.1, momentum=0.9)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for it in range(4):
+        x, _ = data(rank, it)
+        for d, o in ((ddp, opt), (ddp_r, opt_r)):
+            d(x[:, :6]).square().mean().backward()
+            o.step()
+            o.zero_grad()
+    mm = opt.client.own
+    assert mm is not None, "the buffers are not this process's (re-planned?)"
+    lo = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    inside = [lo <= p.data_ptr() < lo + len(mm) for p in model.parameters()]
+    assert all(inside), inside
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, rtol=harness.RTOL, atol=harness.ATOL), (p, q)
+    before = [(p.data_ptr(), p.detach().clone()) for p in model.parameters()]
+    opt.close()
+    for (ptr, v), p in zip(before, model.parameters()):
+        assert p.data_ptr() == ptr and torch.equal(p.detach(), v)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2)  # still ordinary, writable tensors
+    dist.barrier()
+    return {"own_buffers": len(mm), "params_in_them": len(inside)}
+
+
+def library_buffers(cfg, rank, world):
+    import os
+    os.environ["ZEROD_TORCH_BUFFERS"] = "library"
+    res = compare(cfg, rank, world)
+    return res
+
+
 CASES = {
     "clip_grad_norm_-after-backward-raises": dict(world=2, what="clip_grad_norm_"),
     "grad-edit-after-backward-raises": dict(world=2, what="grad-edit"),
@@ -84,6 +130,10 @@ CASES = {
     "accumulate-without-zero_grad": dict(world=2, opt="sgd", iters=10, zero_grad_every=2,
                                          hyper={"lr": 0.05, "momentum": 0.9}),
     # the lr set by hand at the top of each iteration, as warm-up loops do
+    "own-buffers-outlive-close": dict(world=2, what="own", needs="own_buffers"),
+    "library-buffers-from-the-start-adam-w2": dict(world=2, opt="adam", iters=10,
+                                                   what="library",
+                                                   hyper={"lr": 0.01, "amsgrad": True}),
     "manual-lr-each-iteration": dict(world=2, opt="adamw", iters=10, manual_lr=True,
                                      hyper={"lr": 0.01, "weight_decay": 0.01}),
 }
@@ -93,6 +143,10 @@ def rank_main(name, cfg, rank, world):
     what = cfg.get("what")
     if what == "nobackward":
         return step_without_backward(rank)
+    if what == "own":
+        return own_buffers_outlive_close(rank)
+    if what == "library":
+        return library_buffers(cfg, rank, world)
     if what:
         return misuse(what, rank)
     return compare(cfg, rank, world)

@@ -12,7 +12,7 @@ out=$(mktemp)
 err=$(mktemp)
 trap 'rm -f "$out" "$err"' EXIT
 
-echo "1..3"
+echo "1..4"
 if "$bench" --params 200K --buckets 2 --ranks 2 --optim adam --iters 5 --warmup 1 \
     --handoff-iters 200 --memcpy-size 16M --json >"$out" 2>"$err"; then
     echo "ok 1 - zerod-bench ran"
@@ -25,7 +25,8 @@ if python3 - "$out" <<'PY'; then
 import json, sys
 keys = """zerod_iter_ms torch_iter_ms fused_ref_ms floor_iter_ms handoff_p50_us
 handoff_p99_us unix_rtt_us memcpy_gbps triad_gbps daemon_rss_anon_bytes state_bytes
-vs_torch vs_fused handoff_vs_unix rss_vs_state params buckets ranks optim shard step""".split()
+vs_torch vs_fused handoff_vs_unix rss_vs_state params buckets ranks optim shard step
+torch_zerod_iter_ms vs_torch_zerod torch_zerod_vs_c""".split()
 try:
     j = json.load(open(sys.argv[1]))
 except ValueError as e:
@@ -36,7 +37,9 @@ if missing:
     print(f"# missing keys: {' '.join(missing)}")
     sys.exit(1)
 # Measured without torch: these must be numbers; torch's are null.
-bad = [k for k in keys if k not in ("torch_iter_ms", "vs_torch", "optim", "shard", "step")
+nulls = ("torch_iter_ms", "vs_torch", "torch_zerod_iter_ms", "vs_torch_zerod",
+         "torch_zerod_vs_c")
+bad = [k for k in keys if k not in nulls + ("optim", "shard", "step")
        and not isinstance(j[k], (int, float))]
 if bad or j["torch_iter_ms"] is not None:
     print(f"# not numbers: {' '.join(bad)}; torch_iter_ms = {j['torch_iter_ms']}")
@@ -74,5 +77,35 @@ elif [ $? -eq 2 ] && grep -q unavailable "$err"; then
     echo "ok 3 # SKIP --daemons: zerod was built without gloo"
 else
     echo "not ok 3 - zerod-bench --daemons 2 failed"
+    sed 's/^/# /' "$err"
+fi
+
+# --torch-zerod: DDP + ZerodOptimizer end to end beside torch's DDP + ZeRO in
+# the anchor's run (Debian's python3-torch); its keys must be numbers.
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    echo "ok 4 # SKIP --torch-zerod: no torch for /usr/bin/python3"
+elif "$bench" --params 200K --buckets 2 --ranks 2 --optim adam --iters 3 --warmup 2 \
+    --handoff-iters 100 --memcpy-size 16M --torch-zerod --json >"$out" 2>"$err"; then
+    if python3 - "$out" <<'PY'; then
+import json, sys
+keys = """torch_iter_ms torch_zerod_iter_ms torch_zerod_synced_ms torch_zerod_max_diff
+vs_torch vs_torch_zerod torch_zerod_vs_c zerod_iter_ms""".split()
+try:
+    j = json.load(open(sys.argv[1]))
+except ValueError as e:
+    print(f"# not one JSON object: {e}")
+    sys.exit(1)
+bad = [k for k in keys if not isinstance(j.get(k), (int, float))]
+if bad:
+    print(f"# missing or not numbers: {' '.join(bad)}")
+    sys.exit(1)
+PY
+        echo "ok 4 - zerod-bench --torch-zerod: ZerodOptimizer's keys are numbers"
+    else
+        echo "not ok 4 - zerod-bench --torch-zerod: JSON output"
+        sed 's/^/# /' "$out"
+    fi
+else
+    echo "not ok 4 - zerod-bench --torch-zerod failed"
     sed 's/^/# /' "$err"
 fi

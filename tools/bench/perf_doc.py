@@ -215,6 +215,16 @@ without it, a table with the same values.
   all-reduce that backward did not hide plus the ZeRO step and its
   broadcasts. Debian's torch uses the reference BLAS, so compute is large, but
   it is subtracted.
+- **`torch_zerod_iter_ms`** (`--torch-zerod`): the real
+  `zerod.torch.ZerodOptimizer` in the same anchor run, on a zerod of its own:
+  a second copy of the model (the same values, input, buckets, optimizer) under
+  DDP with its comm hook, its synced iterations (zero_grad, forward,
+  backward handing the buckets over, `opt.step()` waiting for zerod's step)
+  interleaved with the other two kinds, minus the same `no_sync` median. So it
+  holds what the Python package adds (the hook and its one copy per bucket,
+  ctypes, the pump thread) besides zerod's own work.
+  `torch_zerod_max_diff` is the largest difference between its parameters and
+  ZeRO's after the run (they train the same model on the same data).
 - **`fused_ref_ms`**: a plain-C pass over the same bytes, threaded over
   `--threads` (default: every CPU) as the daemon's worker pool would be: per
   chunk of 8192 elements (which stays in L2), sum the ranks' gradients in rank
@@ -272,6 +282,9 @@ without it, a table with the same values.
   run), the slowest daemon's; `vs_gloo` = busbw_zerod / busbw_gloo,
   `vs_gloo_net` = busbw_net / busbw_gloo.
 - Ratios: `vs_torch` = torch / zerod (how many times faster zerod is),
+  `vs_torch_zerod` = torch / `torch_zerod_iter_ms`, `torch_zerod_vs_c` =
+  `torch_zerod_iter_ms` / `zerod_iter_ms` (the Python package's cost, as a
+  factor of the C trainers' iteration),
   `vs_fused` = zerod / fused, `vs_floor` = zerod / floor,
   `handoff_vs_unix` = handoff p50 / `unix_rtt_us`,
   `rss_vs_state` = RssAnon / state; `null` where a side is missing.

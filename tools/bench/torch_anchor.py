@@ -22,6 +22,18 @@ each iteration's time being the slowest rank's. The batch is 1: Debian's
 torch computes with the reference BLAS, so compute is slow, and the less of
 it there is to subtract, the less noise it adds. Prints one JSON line.
 
+--zerod PATH (zerod-bench --torch-zerod) also runs the real
+zerod.torch.ZerodOptimizer end to end in the same run: this script starts
+PATH on a private socket, and every rank builds a second copy of the model
+(the same initial values, the same input) under DDP with the same buckets and
+ZerodOptimizer of the same class and hyperparameters. Its synced iterations
+(zero_grad, forward, backward through its comm hook, opt.step() waiting for
+zerod's step) are interleaved with the other two kinds, and
+    torch_zerod_iter_ms = median(ZerodOptimizer's synced) - median(no_sync),
+so what the Python package costs (the hook, the copy into zerod's buffer,
+ctypes, the pump thread) is in it. --libzeroclient and --pythonpath say where
+the library and the zerod package are (zerod-bench passes the build's).
+
 Debian's python3-torch (1.13, CPU only): run with /usr/bin/python3.
 """
 import argparse
@@ -29,8 +41,12 @@ import json
 import math
 import os
 import socket
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -64,31 +80,54 @@ def worker(rank, a, port):
     ddp = DDP(model, bucket_cap_mb=a.bucket_cap_mb)
     cls, kw = optimizer_kwargs(a)
     opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=cls, **kw)
+    kinds = [(ddp, opt, False), (ddp, opt, True)]
+    if a.zerod:
+        sys.path.insert(0, a.pythonpath)
+        from zerod.torch import ZerodOptimizer
+        torch.manual_seed(0)  # the same initial model as torch's
+        model_z, _ = make_model(a)
+        ddp_z = DDP(model_z, bucket_cap_mb=a.bucket_cap_mb)
+        opt_z = ZerodOptimizer(ddp_z, cls, **kw)
+        kinds.append((ddp_z, opt_z, True))
     torch.manual_seed(1 + rank)  # different data per rank
     x = torch.randn(*shape)
 
-    def iteration(sync):
-        opt.zero_grad()
+    def iteration(model, optim, sync):
+        optim.zero_grad()
         if sync:
-            ddp(x).square().mean().backward()
-            opt.step()
+            model(x).square().mean().backward()
+            optim.step()
         else:
-            with ddp.no_sync():
-                ddp(x).square().mean().backward()
+            with model.no_sync():
+                model(x).square().mean().backward()
 
     n = a.warmup + a.iters
-    times = torch.zeros(2, n, dtype=torch.float64)
+    times = torch.zeros(len(kinds), n, dtype=torch.float64)
     for i in range(n):
-        for k, sync in ((0, False), (1, True)):
+        for k, (model, optim, sync) in enumerate(kinds):
             dist.barrier()
             t0 = time.perf_counter()
-            iteration(sync)
+            iteration(model, optim, sync)
             times[k, i] = time.perf_counter() - t0
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    extra = {}
+    if a.zerod:
+        # after the run: zerod's parameters must be torch's (the same model,
+        # data and optimizer), else the times compare different work
+        diff = max((p - q).abs().max().item()
+                   for p, q in zip(model.parameters(), model_z.parameters()))
+        zsynced = statistics.median(times[2, a.warmup:].tolist()) * 1e3
+        extra = {"torch_zerod_synced_ms": round(zsynced, 3), "torch_zerod_max_diff": diff}
+        opt_z.close()
     if rank == 0:
         compute = statistics.median(times[0, a.warmup:].tolist()) * 1e3
         synced = statistics.median(times[1, a.warmup:].tolist()) * 1e3
+        if a.zerod:
+            extra["torch_zerod_iter_ms"] = round(extra["torch_zerod_synced_ms"] - compute, 3)
+            extra["vs_torch_zerod"] = round((synced - compute) / extra["torch_zerod_iter_ms"], 3) \
+                if extra["torch_zerod_iter_ms"] > 0 else None
         print(json.dumps({
+            **extra,
             "torch_iter_ms": round(synced - compute, 3),
             "torch_synced_ms": round(synced, 3),
             "torch_compute_ms": round(compute, 3),
@@ -122,8 +161,38 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--zerod", help="also run ZerodOptimizer on this zerod binary")
+    p.add_argument("--libzeroclient", help="libzeroclient.so.1 for it")
+    p.add_argument("--pythonpath", help="the directory holding the zerod package",
+                   default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                        "client", "python"))
     a = p.parse_args()
-    mp.spawn(worker, args=(a, free_port()), nprocs=a.world, join=True)
+    if not a.zerod:
+        mp.spawn(worker, args=(a, free_port()), nprocs=a.world, join=True)
+        return 0
+    run = tempfile.mkdtemp(prefix="zerod-anchor-")
+    log = open(os.path.join(run, "zerod.log"), "w")
+    sock = os.path.join(run, "zerod.sock")
+    zerod = subprocess.Popen([a.zerod, "--socket", sock], stdout=log, stderr=log)
+    try:
+        for _ in range(400):
+            if os.path.exists(sock) or zerod.poll() is not None:
+                break
+            time.sleep(0.025)
+        if not os.path.exists(sock):
+            raise RuntimeError("zerod did not start: " + open(log.name).read())
+        os.environ["ZEROD_SOCKET"] = sock
+        if a.libzeroclient:
+            os.environ["ZEROD_LIBZEROCLIENT"] = a.libzeroclient
+        mp.spawn(worker, args=(a, free_port()), nprocs=a.world, join=True)
+    finally:
+        zerod.send_signal(signal.SIGTERM)
+        try:
+            zerod.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            zerod.kill()
+            zerod.wait()
+        shutil.rmtree(run, ignore_errors=True)
     return 0
 
 

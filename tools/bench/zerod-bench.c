@@ -7,8 +7,11 @@
  * (the iteration time of the job the flags describe, the daemon's RssAnon
  * while it is active, and the tiny-bucket handoff latency: jobs.c), and with
  * --vs-torch the torch anchor (tools/bench/torch_anchor.py: DDP +
- * ZeroRedundancyOptimizer over gloo). It prints a table, or with --json one
- * JSON object; docs/PERFORMANCE.md says what every value means.
+ * ZeroRedundancyOptimizer over gloo), and with --torch-zerod also the real
+ * zerod.torch.ZerodOptimizer end to end in the anchor's run (DDP with the
+ * same model and buckets, its comm hook into a zerod the anchor starts), so
+ * what the Python package adds is measured too. It prints a table, or with
+ * --json one JSON object; docs/PERFORMANCE.md says what every value means.
  *
  * --daemons N (N >= 2, only where gloo is built) instead starts N daemons on
  * loopback, spreads the ranks over them (node k: ranks [k*R/N, (k+1)*R/N)),
@@ -53,6 +56,12 @@
 #ifndef TORCH_ANCHOR
 #define TORCH_ANCHOR "tools/bench/torch_anchor.py"
 #endif
+#ifndef LIBZEROCLIENT_BUILD
+#define LIBZEROCLIENT_BUILD "libzeroclient.so.1"
+#endif
+#ifndef ZEROD_PYTHON_DIR
+#define ZEROD_PYTHON_DIR "client/python"
+#endif
 
 int64_t bench_ns(void)
 {
@@ -95,7 +104,7 @@ static const char *const optim_name[] = {
 struct opts {
 	struct bench_cfg cfg;
 	uint64_t bucket_bytes;
-	bool json, vs_torch;
+	bool json, vs_torch, torch_zerod;
 	const char *python, *anchor;
 };
 
@@ -151,6 +160,7 @@ static void usage(FILE *f)
 		   "  --memcpy-size B    bytes memcpy copies (default 256M)\n"
 		   "  --zerod PATH       the daemon (default $ZEROD_BIN, else the build's)\n"
 		   "  --vs-torch         also run the torch anchor (needs python3-torch)\n"
+		   "  --torch-zerod      --vs-torch, and ZerodOptimizer end to end beside it\n"
 		   "  --python PATH      interpreter for it (default /usr/bin/python3)\n"
 		   "  --torch-script P   the anchor script (default the source tree's)\n"
 		   "  --json             print one JSON object instead of a table\n");
@@ -176,6 +186,7 @@ enum {
 	OPT_JSON,
 	OPT_HELP,
 	OPT_DAEMONS,
+	OPT_TORCH_ZEROD,
 };
 
 static const struct option longopts[] = {
@@ -198,6 +209,7 @@ static const struct option longopts[] = {
 	{"json", no_argument, NULL, OPT_JSON},
 	{"help", no_argument, NULL, OPT_HELP},
 	{"daemons", required_argument, NULL, OPT_DAEMONS},
+	{"torch-zerod", no_argument, NULL, OPT_TORCH_ZEROD},
 	{0},
 };
 
@@ -303,6 +315,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case OPT_VS_TORCH:
 			o->vs_torch = true;
 			break;
+		case OPT_TORCH_ZEROD:
+			o->vs_torch = o->torch_zerod = true;
+			break;
 		case OPT_PYTHON:
 			o->python = optarg;
 			break;
@@ -357,6 +372,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
 struct torch_result {
 	double iter_ms, synced_ms, compute_ms, params;
+	/* --torch-zerod: DDP + ZerodOptimizer in the same run */
+	double zerod_iter_ms, zerod_synced_ms, zerod_max_diff;
 };
 
 /* The number after "key": in a one-line JSON object, or NAN. */
@@ -373,16 +390,19 @@ static double json_number(const char *s, const char *key)
 static int run_torch(const struct opts *o, struct torch_result *ret)
 {
 	const struct bench_cfg *cfg = &o->cfg;
-	char cmd[2048], line[4096], last[4096] = "";
+	char cmd[4096], extra[2048] = "", line[4096], last[4096] = "";
 	FILE *f;
 	int st;
 
+	if (o->torch_zerod)
+		snprintf(extra, sizeof(extra), " --zerod '%s' --libzeroclient '%s' --pythonpath '%s'",
+			 cfg->zerod, LIBZEROCLIENT_BUILD, ZEROD_PYTHON_DIR);
 	snprintf(cmd, sizeof(cmd),
 		 "'%s' '%s' --params %llu --layers %u --world %u --optim %s --lr %g "
-		 "--momentum %g --weight-decay %g --iters %d --warmup %d",
+		 "--momentum %g --weight-decay %g --iters %d --warmup %d%s",
 		 o->python, o->anchor, (unsigned long long)cfg->params, cfg->nbuckets, cfg->ranks,
 		 optim_name[cfg->optim], cfg->hp.lr, cfg->hp.momentum, cfg->hp.weight_decay,
-		 cfg->iters, cfg->warmup);
+		 cfg->iters, cfg->warmup, extra);
 	fflush(stdout);
 	f = popen(cmd, "r");
 	if (!f)
@@ -399,6 +419,13 @@ static int run_torch(const struct opts *o, struct torch_result *ret)
 	ret->synced_ms = json_number(last, "torch_synced_ms");
 	ret->compute_ms = json_number(last, "torch_compute_ms");
 	ret->params = json_number(last, "torch_params");
+	if (o->torch_zerod) {
+		ret->zerod_iter_ms = json_number(last, "torch_zerod_iter_ms");
+		ret->zerod_synced_ms = json_number(last, "torch_zerod_synced_ms");
+		ret->zerod_max_diff = json_number(last, "torch_zerod_max_diff");
+		if (isnan(ret->zerod_iter_ms))
+			return -EIO;
+	}
 	return isnan(ret->iter_ms) ? -EIO : 0;
 }
 
@@ -449,6 +476,9 @@ static void print_json(const struct opts *o, const struct results *x)
 	jnum("torch_synced_ms", x->torch.synced_ms, "%.3f", false);
 	jnum("torch_compute_ms", x->torch.compute_ms, "%.3f", false);
 	jnum("torch_params", x->torch.params, "%.0f", false);
+	jnum("torch_zerod_iter_ms", x->torch.zerod_iter_ms, "%.3f", false);
+	jnum("torch_zerod_synced_ms", x->torch.zerod_synced_ms, "%.3f", false);
+	jnum("torch_zerod_max_diff", x->torch.zerod_max_diff, "%.3g", false);
 	jnum("fused_ref_ms", x->fused_ms, "%.3f", false);
 	jnum("fused_ref_min_ms", x->fused_min_ms, "%.3f", false);
 	jnum("floor_iter_ms", x->floor_ms, "%.3f", false);
@@ -462,6 +492,8 @@ static void print_json(const struct opts *o, const struct results *x)
 	jnum("daemon_rss_anon_bytes", (double)x->job.rss_anon_bytes, "%.0f", false);
 	jnum("state_bytes", (double)x->state_bytes, "%.0f", false);
 	jnum("vs_torch", ratio(x->torch.iter_ms, x->job.iter_ms), "%.3f", false);
+	jnum("vs_torch_zerod", ratio(x->torch.iter_ms, x->torch.zerod_iter_ms), "%.3f", false);
+	jnum("torch_zerod_vs_c", ratio(x->torch.zerod_iter_ms, x->job.iter_ms), "%.3f", false);
 	jnum("vs_fused", ratio(x->job.iter_ms, x->fused_ms), "%.3f", false);
 	jnum("vs_floor", ratio(x->job.iter_ms, x->floor_ms), "%.3f", false);
 	jnum("handoff_vs_unix", ratio(x->handoff_p50_us, x->unix_rtt_us), "%.3f", false);
@@ -491,6 +523,14 @@ static void print_table(const struct opts *o, const struct results *x)
 		       x->torch.synced_ms, x->torch.compute_ms);
 	else
 		printf("  torch DDP + ZeRO (gloo)         -     (--vs-torch)\n");
+	if (isfinite(x->torch.zerod_iter_ms))
+		printf("  DDP + ZerodOptimizer    %9.2f ms  torch DDP + ZeRO takes %.2fx this; "
+		       "%.2fx the C trainers' (%.2f synced; max |diff| from torch's %.3g)\n",
+		       x->torch.zerod_iter_ms, ratio(x->torch.iter_ms, x->torch.zerod_iter_ms),
+		       ratio(x->torch.zerod_iter_ms, x->job.iter_ms), x->torch.zerod_synced_ms,
+		       x->torch.zerod_max_diff);
+	else
+		printf("  DDP + ZerodOptimizer            -     (--torch-zerod)\n");
 	printf("  fused C reference       %9.2f ms  zerod takes %.2fx this (fastest %.2f ms)\n",
 	       x->fused_ms, ratio(x->job.iter_ms, x->fused_ms), x->fused_min_ms);
 	printf("  bytes-moved floor       %9.2f ms  %.0f MB at 4/3 of triad; zerod %.2fx\n",
@@ -685,7 +725,7 @@ static int run_daemons(const struct opts *o)
 static int run(int argc, char **argv)
 {
 	struct opts o = {0};
-	struct results x = {.torch = {NAN, NAN, NAN, NAN}};
+	struct results x = {.torch = {NAN, NAN, NAN, NAN, NAN, NAN, NAN}};
 	struct bench_daemon d = {0};
 	struct bench_cfg *cfg = &o.cfg;
 	const char *step = "";

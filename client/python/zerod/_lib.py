@@ -53,6 +53,11 @@ class Config(ctypes.Structure):
                 ("reserved2", c_u32)]
 
 
+class Buffers(ctypes.Structure):  # zc_register_buffers
+    _fields_ = [("size", c_u32), ("grad_fd", c_i32), ("grad_offset", c_u64),
+                ("param_fd", c_i32), ("reserved", c_u32), ("param_offset", c_u64)]
+
+
 class Ready(ctypes.Structure):  # sem: zc_bucket_ready_ex
     _fields_ = [("size", c_u32), ("bucket", c_u32), ("nwords", c_u32), ("reserved", c_u32),
                 ("unused", ctypes.POINTER(c_u64))]
@@ -74,6 +79,7 @@ STATE_EXP_AVG_SQ, STATE_MAX_EXP_AVG_SQ, STATE_MASTER = 8, 16, 32
 OPT_SGD, OPT_ADAM, OPT_ADAMW = 1, 2, 3
 SHARD_BUCKET, SHARD_SLICE = 1, 2
 STEP_INTERLEAVED, STEP_AT_END = 1, 2
+DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 NO_ITERATION = 2**64 - 1
 
 FutureCallback = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
@@ -88,6 +94,8 @@ _SIGNATURES = {
     "zc_connect": (_int, [ctypes.POINTER(Config), ctypes.POINTER(_vp)]),
     "zc_close": (None, [_vp]),
     "zc_alloc_buffers": (_int, [_vp, ctypes.POINTER(Plan)]),
+    "zc_register_buffers": (_int, [_vp, ctypes.POINTER(Plan), ctypes.POINTER(Buffers)]),
+    "zc_plan_buffer_bytes": (_int, [ctypes.POINTER(Plan), ctypes.POINTER(c_u64)]),
     "zc_grad_buffer": (_vp, [_vp, c_u32]),
     "zc_param_buffer": (_vp, [_vp, c_u32]),
     "zc_register_plan": (_int, [_vp]),
@@ -122,6 +130,8 @@ PARTS = {
     "grad_scale": "zc_set_grad_scale",
     "state": "zc_get_state",
     "replan": "zc_get_state",
+    "dtype": "zc_params_changed",
+    "own_buffers": "zc_register_buffers",
 }
 
 

@@ -1,47 +1,31 @@
 """zerod.Client: one trainer rank's connection to its zerod (zc_client).
 
-Futures complete through zc_future_then(); the callbacks run on the thread
-that processes the completion. A client keeps one thread of its own (the
-pump) in poll(zc_fd) + zc_dispatch() while it is open, because nothing runs
-callbacks unless some thread calls into the client (zeroclient.h), and the
-thread that waits for a hook's future (DDP's reducer, inside backward) waits
-in torch, not in libzeroclient. The pump holds no lock of the client while it
-sleeps, and the callbacks it runs hold none either.
+Futures a caller hands to then() complete on the client's own thread (the
+pump): it waits for them one by one, in the order they were handed over,
+in zc_future_wait(), which processes every completion that arrived (the fast
+path's ring as well as the ZeroMQ socket), and then runs the callback and
+frees the future. Something has to call into the client for completions to
+be seen (zeroclient.h), and the thread that waits for a hook's future (DDP's
+reducer, inside backward) waits in torch, not in libzeroclient. The pump
+holds no lock of the client while it sleeps, and the callbacks it runs hold
+none either. (A pump in poll(zc_fd) + zc_dispatch() would not do: zc_fd
+wakes for the ZeroMQ socket, and with the fast path the completions come
+through the ring, so it would see them only at its poll timeout.)
 """
 import ctypes
-import itertools
-import select
+import fcntl
+import mmap
+import os
+import queue
 import threading
 
 from . import _lib
 from ._lib import Lib, ZerodError
 
-_pending = {}  # callback key -> (python callable, zc_future*)
-_pending_lock = threading.Lock()
-_keys = itertools.count(1)
-
-
-def _on_done(f, result, arg):
-    with _pending_lock:
-        fn = _pending.pop(arg, None)
-    if fn is None:
-        return
-    msg = ""
-    if result < 0:
-        msg = (Lib.get().fn("zc_future_message")(f) or b"").decode(errors="replace")
-    Lib.get().fn("zc_future_free")(f)
-    try:
-        fn(result, msg)
-    except BaseException as e:  # a ctypes callback cannot raise: say it, go on
-        import traceback
-        traceback.print_exception(type(e), e, e.__traceback__)
-
-
-_on_done_c = _lib.FutureCallback(_on_done)
-
 OPTIMIZERS = {"sgd": _lib.OPT_SGD, "adam": _lib.OPT_ADAM, "adamw": _lib.OPT_ADAMW}
 SHARDS = {"bucket": _lib.SHARD_BUCKET, "slice": _lib.SHARD_SLICE}
 STEP_MODES = {"interleaved": _lib.STEP_INTERLEAVED, "at_end": _lib.STEP_AT_END}
+DTYPES = {"f32": (_lib.DTYPE_F32, 4), "bf16": (_lib.DTYPE_BF16, 2), "f16": (_lib.DTYPE_F16, 2)}
 
 
 def param_group(h):
@@ -57,11 +41,14 @@ def param_group(h):
 class Plan:
     """A plan in Python terms: optimizer, shard and step mode names, groups (dicts
     of zc_param_group fields), buckets (lists of (group, numel, param_id)
-    segments, in buffer order), max_grad_norm (0: none)."""
+    segments, in buffer order), max_grad_norm (0: none), dtypes (per bucket:
+    "f32", "bf16" or "f16"; None: all f32)."""
 
-    def __init__(self, optimizer, shard, step_mode, groups, buckets, max_grad_norm=0.0):
+    def __init__(self, optimizer, shard, step_mode, groups, buckets, max_grad_norm=0.0,
+                 dtypes=None):
         self.optimizer, self.shard, self.step_mode = optimizer, shard, step_mode
         self.groups, self.buckets, self.max_grad_norm = groups, buckets, max_grad_norm
+        self.dtypes = dtypes or ["f32"] * len(buckets)
 
     def to_c(self, with_param_ids):
         """The zc_plan and everything it points to (kept alive by the tuple)."""
@@ -78,6 +65,7 @@ class Plan:
             b = _lib.Bucket()
             b.size, b.nsegments, b.numel = ctypes.sizeof(b), len(segs), off
             b.segments = arr
+            b.dtype = DTYPES[self.dtypes[len(cb)]][0]
             cb.append(b)
         buckets = (_lib.Bucket * len(cb))(*cb)
         p = _lib.Plan()
@@ -111,26 +99,43 @@ class Client:
         self.h = h
         self.plan = None
         self._keep = None
+        self.own = None  # the mmap of this process's memfd, while the buffers are in it
         self._stop = False
+        self._queue = queue.SimpleQueue()  # (zc_future*, fn), or None: stop
         self._pump = threading.Thread(target=self._run_pump, name="zerod-pump", daemon=True)
         self._pump.start()
 
     # -- the pump --------------------------------------------------------
     def _run_pump(self):
-        fd = self.lib.fn("zc_fd")(self.h)
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        dispatch = self.lib.fn("zc_dispatch")
-        while not self._stop:
-            poller.poll(50)  # the timeout: zc_fd signals changes, not levels
-            if self._stop:
-                break
-            dispatch(self.h)
+        wait = self.lib.fn("zc_future_wait")
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            f, fn = item
+            r = 0
+            while not self._stop:
+                r = wait(f, 1000)  # 1 done, 0 not yet (look at _stop), < 0 failed
+                if r != 0:
+                    break
+            msg = ""
+            if r < 0:
+                msg = (self.lib.fn("zc_future_message")(f) or b"").decode(errors="replace") \
+                    or self.lib.error_message()
+            elif r == 0:
+                r, msg = -125, "the client was closed before the future completed"
+            self.lib.fn("zc_future_free")(f)
+            try:
+                fn(min(r, 0), msg)
+            except BaseException as e:  # the pump must go on: say it
+                import traceback
+                traceback.print_exception(type(e), e, e.__traceback__)
 
     def close(self):
         if self.h is None:
             return
         self._stop = True
+        self._queue.put(None)
         if self._pump is not threading.current_thread():
             self._pump.join()
         self.lib.fn("zc_close")(self.h)
@@ -141,23 +146,74 @@ class Client:
         """zc_alloc_buffers(plan): the first time, or (with the state part) a
         new layout of the same parameters between iterations."""
         cplan, keep = plan.to_c(self.lib.has("zc_get_state"))
+        if any(d != "f32" for d in plan.dtypes):
+            self.lib.require("dtype")
         if plan.max_grad_norm or any(g.get("max_grad_norm") for g in plan.groups):
             self.lib.require("clip")
         self.lib.check("zc_alloc_buffers", self.h, ctypes.byref(cplan))
+        if self.plan is not None:  # a re-plan: back to these if it is refused
+            self._prev = (self.plan, self._keep, self.own)
         self.plan, self._keep = plan, (cplan, keep)
+        self.own = None  # a re-plan's buffers are the library's
+
+    def register_buffers(self, plan):
+        """The first plan's buffers in memory this process owns: a memfd it
+        creates (gradients, then parameters at the next page), seals against
+        shrinking and growing and maps, handed to zerod with
+        zc_register_buffers(). The buffers grad_buffer() / param_buffer()
+        return are then views into that mapping (self.own), which lives as
+        long as they do, zc_close() or not."""
+        self.lib.require("own_buffers")
+        cplan, keep = plan.to_c(self.lib.has("zc_get_state"))
+        if any(d != "f32" for d in plan.dtypes):
+            self.lib.require("dtype")
+        n = ctypes.c_uint64()
+        self.lib.check("zc_plan_buffer_bytes", ctypes.byref(cplan), ctypes.byref(n))
+        param_off = (n.value + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        fd = os.memfd_create("zerod-torch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, param_off + n.value)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+            mm = mmap.mmap(fd, param_off + n.value, mmap.MAP_SHARED,
+                           mmap.PROT_READ | mmap.PROT_WRITE)
+            b = _lib.Buffers()
+            b.size, b.grad_fd, b.grad_offset = ctypes.sizeof(b), fd, 0
+            b.param_fd, b.param_offset = fd, param_off
+            self.lib.check("zc_register_buffers", self.h, ctypes.byref(cplan), ctypes.byref(b))
+        finally:
+            os.close(fd)  # zerod and the library keep mappings, not the fd
+        self.plan, self._keep = plan, (cplan, keep)
+        self.own, self._param_off = mm, param_off
 
     def register_plan(self):
-        self.lib.check("zc_register_plan", self.h)
+        prev, self._prev = getattr(self, "_prev", None), None
+        try:
+            self.lib.check("zc_register_plan", self.h)
+        except ZerodError:
+            if prev is not None:  # the library went back to the registered plan
+                self.plan, self._keep, self.own = prev
+            raise
 
     def _buffer(self, name, bucket):
+        dtype = self.plan.dtypes[bucket]
+        n = sum(s[1] for s in self.plan.buckets[bucket]) * DTYPES[dtype][1]
+        if self.own is not None:  # where the library says, in our own mapping
+            at = self.lib.fn("zc_grad_ptr")(self.h, bucket)
+            base = self.lib.fn("zc_grad_ptr")(self.h, 0)
+            if not at or not base:
+                raise ZerodError("zc_grad_ptr", -22, self.lib.error_message())
+            off = at - base + (self._param_off if "param" in name else 0)
+            return memoryview(self.own)[off:off + n]
+        if dtype != "f32" or self.lib.has("zc_grad_ptr"):
+            name = name.replace("_buffer", "_ptr")  # zc_grad_ptr: any dtype
         ptr = self.lib.fn(name)(self.h, bucket)
         if not ptr:
             raise ZerodError(name, -22, self.lib.error_message())
-        n = sum(s[1] for s in self.plan.buckets[bucket])
-        return (ctypes.c_float * n).from_address(ptr)
+        return (ctypes.c_uint8 * n).from_address(ptr)
 
     def grad_buffer(self, bucket):
-        """Bucket's gradient buffer as a ctypes float array (buffer protocol)."""
+        """Bucket's gradient buffer as a ctypes byte array (buffer protocol):
+        its numel elements of the bucket's dtype."""
         return self._buffer("zc_grad_buffer", bucket)
 
     def param_buffer(self, bucket):
@@ -165,15 +221,10 @@ class Client:
 
     # -- iterations --------------------------------------------------------
     def then(self, f, fn):
-        """fn(result, message) once future f settles; f is freed after it."""
-        key = next(_keys)
-        with _pending_lock:
-            _pending[key] = fn
-        r = self.lib.fn("zc_future_then")(f, _on_done_c, key)
-        if r < 0:
-            with _pending_lock:
-                _pending.pop(key, None)
-            raise ZerodError("zc_future_then", r, self.lib.error_message())
+        """fn(result, message) on the pump once future f settled (result 0,
+        or < 0 with the reason); f is freed before fn runs. Futures settle in
+        the order they were handed to then()."""
+        self._queue.put((f, fn))
 
     def bucket_ready(self, bucket, unused=None):
         """Hand bucket over; returns its zc_future* (the caller frees it or
@@ -220,6 +271,11 @@ class Client:
     def set_hyper(self, group, hyper):
         g = param_group(hyper)
         self.lib.check("zc_set_hyper", self.h, group, ctypes.byref(g))
+
+    def params_changed(self):
+        """zc_params_changed(): bf16/fp16 parameters were edited; zerod
+        reloads their fp32 masters before the next step."""
+        self.lib.check("zc_params_changed", self.h)
 
     def set_grad_scale(self, inv_scale):
         self.lib.check("zc_set_grad_scale", self.h, float(inv_scale))

@@ -32,6 +32,11 @@ How an iteration goes:
   libzeroclient without re-planning the old plan stays and each DDP bucket's
   parameters are copied one by one into their place in it, handing zerod
   buckets over once all their parameters arrived (correct, less overlap).
+- Buffers: the first plan's are a memfd this process creates, seals and maps
+  (zc_register_buffers()): the parameters' storage is that mapping and keeps
+  it alive, close() or not. A re-plan's are the library's (zc_alloc_buffers()
+  is how libzeroclient re-plans). ZEROD_TORCH_BUFFERS=library takes the
+  library's from the start. bf16/fp16 parameters get buckets of their dtype.
 - Gradient clipping and loss scaling run in zerod (at_end mode): the
   max_grad_norm option, set_grad_scale(). Doing either on p.grad after
   backward (clip_grad_norm_, GradScaler.unscale_) would be too late: zerod
@@ -48,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import _lib
 from .client import Client, Plan
 
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
 _STATE_KEYS = (("momentum_buffer", _lib.STATE_MOMENTUM_BUFFER),
                ("exp_avg", _lib.STATE_EXP_AVG), ("exp_avg_sq", _lib.STATE_EXP_AVG_SQ),
@@ -119,8 +125,12 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 if id(p) not in self._pid:
                     raise ValueError("ZerodOptimizer: a parameter of the param groups is not "
                                      "one of the DDP model's")
-                if p.dtype != torch.float32 or p.device.type != "cpu":
-                    raise NotImplementedError("ZerodOptimizer: only fp32 CPU parameters here")
+                if p.device.type != "cpu":
+                    raise NotImplementedError("ZerodOptimizer: only CPU parameters here (the "
+                                              "CUDA path is not written yet)")
+                if p.dtype not in _DTYPES:
+                    raise NotImplementedError(f"ZerodOptimizer: {p.dtype} parameters (fp32, "
+                                              "bf16 or fp16 only)")
                 self._group_of[id(p)] = gi
         self.find_unused = bool(ddp_model.find_unused_parameters)
         if self.find_unused:
@@ -191,15 +201,24 @@ class ZerodOptimizer(torch.optim.Optimizer):
         # in force (zc_set_hyper's) stay with the job
         if first:
             self._plan_groups = [_hyper(self.kind, g) for g in self.param_groups]
+        # a bucket's dtype is its parameters' (DDP buckets by dtype): a bf16
+        # model gets bf16 buckets, with fp32 masters in zerod
+        dts = [ps[0].dtype for _, ps, _ in layout]
         plan = Plan(self.kind, self.shard, self.step_mode, self._plan_groups,
                     [[(self._group_of[id(p)], p.numel(), self._pid[id(p)]) for p in ps]
-                     for _, ps, _ in layout], self.max_grad_norm)
+                     for _, ps, _ in layout], self.max_grad_norm, [_DTYPES[d] for d in dts])
+        self.low_precision = any(d != torch.float32 for d in dts)
         if not first:
             self._wait_step()
-        self.client.alloc_buffers(plan)
-        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=torch.float32)
-                 for b in range(len(layout))]
-        gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=torch.float32)
+            self.client.alloc_buffers(plan)
+        elif self.lib.has("zc_register_buffers") and os.environ.get("ZEROD_TORCH_BUFFERS") \
+                != "library":
+            # the first plan's buffers are memory this process owns: the
+            # parameters' storage keeps it mapped, close() or not
+            self.client.register_buffers(plan)
+        else:
+            self.client.alloc_buffers(plan)
+        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
                  for b in range(len(layout))]
         where = {}  # param id -> (bucket, segment, offset)
         for b, (_, ps, _) in enumerate(layout):
@@ -211,9 +230,9 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 off += p.numel()
         self.client.register_plan()
         # a re-plan's new buffers are the ones to take once it registered
-        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=torch.float32)
+        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
                  for b in range(len(layout))]
-        gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=torch.float32)
+        gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=dts[b])
                  for b in range(len(layout))]
         with torch.no_grad():
             for b, (_, ps, _) in enumerate(layout):
@@ -244,8 +263,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     self._set_layout(layout, first=False)
                 except _lib.ZerodError as e:
                     # a library without re-planning refuses a second
-                    # zc_alloc_buffers() (ZC_ESTATE), changing nothing
-                    if e.name != "ZC_ESTATE" or "buffers already" not in e.reason:
+                    # zc_alloc_buffers() (ZC_ESTATE), changing nothing; one
+                    # with it refuses to re-plan bf16/fp16 buckets for now
+                    # (ZC_ENOTSUP) and keeps the registered plan
+                    if not (e.name == "ZC_ESTATE" and "buffers already" in e.reason) and \
+                            e.name != "ZC_ENOTSUP":
                         raise
                     self._route_by_param(layout)
         self._used.clear()
@@ -412,6 +434,18 @@ class ZerodOptimizer(torch.optim.Optimizer):
             raise ValueError("ZerodOptimizer.set_grad_scale: step_mode='at_end' only")
         self._grad_scale = None if scale is None else float(scale)
 
+    def params_changed(self):
+        """Say that bf16/fp16 parameters were edited in place between
+        iterations (model.load_state_dict(), an EMA swap, p.mul_()...): zerod
+        reloads its fp32 masters from them before the next step. Every rank
+        calls it, after its edit. Without it, the next step of an edited
+        low-precision parameter fails the job with ZC_EPARAMEDIT. fp32
+        parameters need no call (zerod steps them where they are)."""
+        if not self.low_precision:
+            return
+        self._wait_step()
+        self.client.params_changed()
+
     # -- state (the state part of libzeroclient) ------------------------------
     def _segment_states(self, tensors):
         ps = [p for g in self.param_groups for p in g["params"]]
@@ -425,6 +459,12 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     setattr(s, name, _lib.ctypes.cast(t.data_ptr(), _lib.c_fptr))
         return ps, segs
 
+    def _no_low_precision_state(self):
+        if self.low_precision:
+            raise NotImplementedError(
+                "ZerodOptimizer: state_dict()/load_state_dict() of bf16/fp16 parameters: "
+                "libzeroclient does not export or import their state yet (ZC_ENOTSUP)")
+
     def _needs(self, g):
         if self.kind == "sgd":
             return ["momentum_buffer"] if g["momentum"] else []
@@ -434,6 +474,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         """torch's format (plain torch.optim loads it). Collective: every rank
         calls it between iterations."""
         self.lib.require("state")
+        self._no_low_precision_state()
         self._wait_step()
         tensors = {}
         for g in self.param_groups:
@@ -471,6 +512,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         param groups' hyperparameters and every parameter's state, for the
         next iteration. Collective: every rank calls it between iterations."""
         self.lib.require("state")
+        self._no_low_precision_state()
         self._wait_step()
         super().load_state_dict(state_dict)
         tensors = {}
@@ -498,18 +540,21 @@ class ZerodOptimizer(torch.optim.Optimizer):
             self._sent[g] = h
 
     def close(self):
-        """Leave the job (every rank); the parameters become plain tensors
-        again (copies of the registered buffers)."""
+        """Leave the job (every rank). Parameters in this process's own
+        buffers (the first plan's, while DDP's layout kept it) stay where they
+        are: their storage keeps the memory mapped; those in the library's
+        (a re-plan's) become copies."""
         if getattr(self, "client", None) is None:
             return
         self._wait_step()
         self._pre.remove()
         for h in self._handles:
             h.remove()
-        with torch.no_grad():
-            for p in self._model_params:
-                if id(p) in self._param_ptr:
-                    p.data = p.data.clone()
+        if self.client.own is None:  # the library's mapping goes with the client
+            with torch.no_grad():
+                for p in self._model_params:
+                    if id(p) in self._param_ptr:
+                        p.data = p.data.clone()
         self.client.close()
         self.client = None
 
