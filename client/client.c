@@ -2531,7 +2531,8 @@ static int replan_register(zc_client *c)
 	struct zc_segment_state *os = calloc(nold ? nold : 1, sizeof(*os));
 	struct zc_segment_state *ns = calloc(nnew ? nnew : 1, sizeof(*ns));
 	uint32_t *ob = NULL, *osg = NULL, *nb = NULL, *nsg = NULL;
-	float *arena = calloc(3 * old->total_numel + 1, sizeof(float));
+	/* in the state's layout (plan.h): moments, then masters */
+	float *arena = calloc(4 * old->state_numel + 1, sizeof(float));
 	int r;
 
 	if (!os || !ns || !arena || seg_index(old, &ob, &osg) < 0 || seg_index(p, &nb, &nsg) < 0) {
@@ -2540,13 +2541,16 @@ static int replan_register(zc_client *c)
 	}
 	for (uint32_t k = 0; k < nold; k++) {
 		uint64_t at =
-			old->buckets[ob[k]].base + old->buckets[ob[k]].segments[osg[k]].offset;
+			old->buckets[ob[k]].sbase + old->buckets[ob[k]].segments[osg[k]].offset;
+		uint64_t n = old->state_numel;
 		os[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
 		os[k].bucket = ob[k];
 		os[k].segment = osg[k];
 		os[k].exp_avg = os[k].momentum_buffer = arena + at;
-		os[k].exp_avg_sq = arena + old->total_numel + at;
-		os[k].max_exp_avg_sq = arena + 2 * old->total_numel + at;
+		os[k].exp_avg_sq = arena + n + at;
+		os[k].max_exp_avg_sq = arena + 2 * n + at;
+		if (old->buckets[ob[k]].dtype != ZC_DTYPE_F32)
+			os[k].master = arena + 3 * n + at; /* moves with its segment */
 	}
 	r = get_state(c, old, os, sizeof(*os), nold, fn);
 	if (r < 0)

@@ -654,70 +654,28 @@ static int export_local(struct exec *e, const struct exec_state_req *rq)
 
 /*
  * Several nodes: region k travels in the parameter buffers by the job's own
- * broadcast of every shard unit. An fp32 bucket's slots hold the words; a
- * bf16/fp16 bucket's 16-bit slots hold half of each word, so such a plan
- * sends each region twice (half 0: the low halves, half 1: the high ones),
- * and the collectives only move bits. Then each local rank's buffer goes
- * into its staging, in the state's layout.
+ * broadcast of every shard unit, then each local rank's buffer goes into
+ * its staging. Such a job has fp32 buckets only (backend_host_multi takes
+ * no bf16/fp16: job.c), so the buffers' layout is the state's.
  */
-static int export_half(struct exec *e, struct lane *ln, const struct exec_state_req *rq,
-		       unsigned k, unsigned half)
+static int export_region(struct exec *e, struct lane *ln, const struct exec_state_req *rq,
+			 unsigned k)
 {
 	const struct plan *p = e->cfg.plan;
 	const struct state *s = e->cfg.state;
-	uint32_t *words = NULL;
-	uint64_t cap = 0;
 	int r;
 
-	for (uint32_t b = 0; b < p->nbuckets; b++)
-		for (uint32_t i = s->bucket_first[b]; i < s->bucket_first[b + 1]; i++) {
-			const struct optim_piece *pc = &s->pieces[i];
-			void *dst = p->buckets[b].dtype == ZC_DTYPE_F32
-					    ? (void *)(e->cfg.params[pc->owner] + pc->off)
-					    : (void *)((uint16_t *)e->cfg.params[pc->owner] +
-						       pc->off);
-
-			if (p->buckets[b].dtype == ZC_DTYPE_F32) {
-				piece_values(e, pc, k, dst);
-				continue;
-			}
-			if (pc->n > cap) {
-				uint32_t *w = realloc(words, pc->n * sizeof(*w));
-				if (!w) {
-					free(words);
-					return -ENOMEM;
-				}
-				words = w;
-				cap = pc->n;
-			}
-			piece_values(e, pc, k, words);
-			for (uint64_t x = 0; x < pc->n; x++)
-				((uint16_t *)dst)[x] = (uint16_t)(words[x] >> (16 * half));
-		}
-	free(words);
+	for (uint32_t i = 0; i < s->npieces; i++) {
+		const struct optim_piece *pc = &s->pieces[i];
+		piece_values(e, pc, k, e->cfg.params[pc->owner] + pc->off);
+	}
 	r = lane_coll(e, ln, COLL_BCAST, p->shard_mode, e->ranges, e->cfg.shard->nunits);
 	if (r < 0)
 		return r;
 	for (uint32_t l = 0; l < e->nlocal; l++) {
 		uint32_t lr = e->local[l];
-		uint32_t *stg = (uint32_t *)region(rq->staging[lr], p->state_numel, k);
-
-		for (uint32_t b = 0; b < p->nbuckets; b++) {
-			const struct plan_bucket *bk = &p->buckets[b];
-			const uint16_t *h = (const uint16_t *)e->cfg.params[lr] + bk->base;
-
-			if (bk->dtype == ZC_DTYPE_F32) {
-				if (half == 0)
-					memcpy(stg + bk->sbase, e->cfg.params[lr] + bk->base,
-					       bk->numel * sizeof(float));
-			} else if (half == 0) {
-				for (uint64_t x = 0; x < bk->numel; x++)
-					stg[bk->sbase + x] = h[x];
-			} else {
-				for (uint64_t x = 0; x < bk->numel; x++)
-					stg[bk->sbase + x] |= (uint32_t)h[x] << 16;
-			}
-		}
+		memcpy(region(rq->staging[lr], p->state_numel, k), e->cfg.params[lr],
+		       p->total_numel * sizeof(float));
 	}
 	return 0;
 }
@@ -728,20 +686,16 @@ static int export_bcast(struct exec *e, struct lane *ln, const struct exec_state
 	uint64_t bytes = plan_buffer_bytes(p);
 	int r = 0;
 
-	/* the parameters are saved in region 0 (the state's layout has at
-	 * least as many slots as the buffers have bytes / 4) */
+	if (p->low_precision)
+		return -ENOTSUP; /* not taken over several nodes (above) */
 	for (uint32_t l = 0; l < e->nlocal; l++) {
 		uint32_t lr = e->local[l];
 		memcpy(region(rq->staging[lr], p->state_numel, EXEC_REGION_SAVE),
 		       e->cfg.params[lr], bytes);
 	}
-	for (unsigned k = EXEC_REGION_META; k < exec_state_regions(p) && r >= 0; k++) {
-		if (!region_kept(e, k))
-			continue;
-		r = export_half(e, ln, rq, k, 0);
-		if (r >= 0 && p->low_precision)
-			r = export_half(e, ln, rq, k, 1);
-	}
+	for (unsigned k = EXEC_REGION_META; k < exec_state_regions(p) && r >= 0; k++)
+		if (region_kept(e, k))
+			r = export_region(e, ln, rq, k);
 	/* the parameters as they were, whatever came of it */
 	for (uint32_t l = 0; l < e->nlocal; l++) {
 		uint32_t lr = e->local[l];

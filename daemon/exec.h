@@ -89,9 +89,8 @@ int exec_bucket_ex(struct exec *e, uint64_t t, uint32_t b, const struct exec_buc
  * momentum_buffer / exp_avg, exp_avg_sq, max_exp_avg_sq, and for a plan
  * with bf16/fp16 buckets their fp32 masters. Export: every rank's staging
  * gets every piece's state; on one node straight from the state, over
- * several the other nodes' through broadcasts in the parameter buffers,
- * which are saved first and restored after (a bf16/fp16 bucket carries each
- * 32-bit word in two rounds of 16-bit halves, never rounded). Import: each
+ * several (fp32 buckets only there) the other nodes' through broadcasts in
+ * the parameter buffers, which are saved first and restored after. Import: each
  * owned piece whose segment is given takes its owner rank's values; a
  * bf16/fp16 piece given without a master reloads it from its owner's
  * parameters. The request and what it points to stay the caller's until

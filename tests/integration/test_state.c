@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -49,7 +50,22 @@ static const struct layout layouts[] = {
 	{4, {{5, 3, -1}, {4, 2, -1}, {1, -1}, {0, -1}}},
 	{1, {{2, 0, 4, 1, 5, 3, -1}}},
 	{3, {{0, -1}, {1, 2, 3, -1}, {4, 5, -1}}}, /* layout 0's order, other buckets */
+	/* for the bf16/fp16 cases (lowp_): each bucket of one dtype */
+	{3, {{0, 3, -1}, {1, 4, -1}, {2, 5, -1}}},
+	{4, {{5, 2, -1}, {1, -1}, {4, -1}, {3, 0, -1}}},
+	{4, {{0, 3, -1}, {1, -1}, {4, -1}, {2, 5, -1}}}, /* layout 4's order */
 };
+
+/* The bf16/fp16 cases set this before their scripts: parameter k then has
+ * dtype lowp_dt[k] (fp32 otherwise), with layouts 4 and 5 only. */
+static bool lowp_;
+static const enum zc_dtype lowp_dt[NP] = {ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16,
+					   ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16};
+
+static enum zc_dtype dtype_of(int k)
+{
+	return lowp_ ? lowp_dt[k] : ZC_DTYPE_F32;
+}
 
 static uint64_t total_numel(void)
 {
@@ -119,7 +135,8 @@ static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt, enum 
 		tp->buckets[b] = (struct zc_bucket){.size = sizeof(struct zc_bucket),
 						    .nsegments = s,
 						    .numel = off,
-						    .segments = tp->segs[b]};
+						    .segments = tp->segs[b],
+						    .dtype = dtype_of(l->b[b][0])};
 	}
 	tp->plan = (struct zc_plan){.size = sizeof(struct zc_plan),
 				    .optimizer = opt,
@@ -150,6 +167,7 @@ struct snap {
 	uint32_t present[NP];
 	double step[NP];
 	float p[9000], m[9000], v[9000], vmax[9000];
+	float master[9000]; /* bf16/fp16 parameters (lowp_) */
 };
 _Static_assert(9000 >= 1000 + 37 + 5001 + 16 + 2500 + 300, "snap holds every parameter");
 
@@ -243,6 +261,8 @@ static void snap_segs(struct snap *s, const struct tplan *tp, enum zc_optimizer 
 		segs[k].segment = tp->seg_of[k];
 		segs[k].present = s->present[k];
 		segs[k].step = s->step[k];
+		if (dtype_of(k) != ZC_DTYPE_F32)
+			segs[k].master = s->master + o;
 		if (opt == ZC_OPT_SGD) {
 			segs[k].momentum_buffer = s->m + o;
 		} else {
@@ -266,11 +286,18 @@ static int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer o
 	if (r < 0)
 		return r;
 	for (int k = 0; k < NP; k++) {
-		const float *pb = zc_param_buffer(c, tp->bucket_of[k]) +
-				  tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		const void *pb = zc_param_ptr(c, tp->bucket_of[k]);
+		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+
+		if (!pb)
+			return -1;
 		out->present[k] = segs[k].present;
 		out->step[k] = segs[k].step;
-		memcpy(out->p + param_base(k), pb, params[k].numel * sizeof(float));
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			out->p[param_base(k) + i] =
+				dtype_of(k) == ZC_DTYPE_F32
+					? ((const float *)pb)[at + i]
+					: ref_lowp_widen(((const uint16_t *)pb)[at + i], dtype_of(k));
 	}
 	out->valid = true;
 	return 0;
@@ -285,12 +312,14 @@ static int snap_compare(const char *what, const struct snap *got, const struct s
 
 	for (int k = 0; k < NP; k++) {
 		uint64_t o = param_base(k);
-		const float *ga[] = {got->p + o, got->m + o, got->v + o, got->vmax + o};
-		const float *wa[] = {want->p + o, want->m + o, want->v + o, want->vmax + o};
+		const float *ga[] = {got->p + o, got->m + o, got->v + o, got->vmax + o,
+				     got->master + o};
+		const float *wa[] = {want->p + o, want->m + o, want->v + o, want->vmax + o,
+				     want->master + o};
 		const char *names[] = {"param", opt == ZC_OPT_SGD ? "momentum_buffer" : "exp_avg",
-				       "exp_avg_sq", "max_exp_avg_sq"};
+				       "exp_avg_sq", "max_exp_avg_sq", "master"};
 		uint32_t bits[] = {~0u, ZC_STATE_MOMENTUM_BUFFER | ZC_STATE_EXP_AVG,
-				   ZC_STATE_EXP_AVG_SQ, ZC_STATE_MAX_EXP_AVG_SQ};
+				   ZC_STATE_EXP_AVG_SQ, ZC_STATE_MAX_EXP_AVG_SQ, ZC_STATE_MASTER};
 
 		if (got->present[k] != want->present[k] || got->step[k] != want->step[k]) {
 			printf("# %s: param %d: present 0x%x step %g, want 0x%x step %g\n", what, k,
@@ -298,7 +327,7 @@ static int snap_compare(const char *what, const struct snap *got, const struct s
 			bad++;
 			continue;
 		}
-		for (int a = 0; a < 4; a++) {
+		for (int a = 0; a < 5; a++) {
 			if (a > 0 && !(want->present[k] & bits[a]))
 				continue;
 			if (memcmp(ga[a], wa[a], params[k].numel * sizeof(float)) == 0)
@@ -342,6 +371,7 @@ struct script {
 	char socks[3][192];
 	char rdzv[32];
 	int replan_code; /* the re-plan's expected error (0: it succeeds) */
+	bool check_maps; /* each rank checks it maps nothing from /dev/shm */
 };
 
 /* Rank `rank`'s config: the case's zerod, or its node's. */
@@ -367,14 +397,24 @@ static struct zc_config script_config(const struct script *sc, uint32_t rank)
 	return cfg;
 }
 
+/* A value into a bucket of dtype t at element i (narrowed by the rules). */
+static void put_value(void *buf, enum zc_dtype t, uint64_t i, float x)
+{
+	if (t == ZC_DTYPE_F32)
+		((float *)buf)[i] = x;
+	else
+		((uint16_t *)buf)[i] = ref_lowp_round(x, t);
+}
+
 static int fill_params(zc_client *c, const struct tplan *tp, const struct snap *from)
 {
 	for (int k = 0; k < NP; k++) {
-		float *pb = zc_param_buffer(c, tp->bucket_of[k]);
+		void *pb = zc_param_ptr(c, tp->bucket_of[k]);
+		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
 		if (!pb)
 			return -1;
-		memcpy(pb + tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset,
-		       from->p + param_base(k), params[k].numel * sizeof(float));
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			put_value(pb, dtype_of(k), at + i, from->p[param_base(k) + i]);
 	}
 	return 0;
 }
@@ -387,10 +427,12 @@ static int one_iteration(zc_client *c, const struct script *sc, const struct tpl
 	int r;
 
 	for (int k = 0; k < NP; k++) {
-		float *gb = zc_grad_buffer(c, tp->bucket_of[k]) +
-			    tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		void *gb = zc_grad_ptr(c, tp->bucket_of[k]);
+		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		if (!gb)
+			return -1;
 		for (uint64_t i = 0; i < params[k].numel; i++)
-			gb[i] = grad_value(sc->seed, rank, it, k, i);
+			put_value(gb, dtype_of(k), at + i, grad_value(sc->seed, rank, it, k, i));
 	}
 	for (uint32_t b = 0; b < tp->plan.nbuckets; b++)
 		if ((r = zc_bucket_ready(c, b, NULL)) < 0)
@@ -402,6 +444,22 @@ static int one_iteration(zc_client *c, const struct script *sc, const struct tpl
 		r = ZC_ETIMEDOUT;
 	zc_future_free(step);
 	return r < 0 ? r : 0;
+}
+
+/* Lines of /proc/PID/maps holding needle. */
+static int maps_lines(pid_t pid, const char *needle)
+{
+	char path[64], line[512];
+	FILE *f;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	f = fopen(path, "r");
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, needle) != NULL;
+	if (f)
+		fclose(f);
+	return n;
 }
 
 static int rank_main(void *arg, int idx)
@@ -490,6 +548,10 @@ static int rank_main(void *arg, int idx)
 			       "rank %u: the state imported and exported again differs", rank);
 		free(again);
 	}
+	if (r >= 0 && sc->check_maps)
+		EXPECT(maps_lines(getpid(), "/dev/shm/") == 0 &&
+			       maps_lines(getpid(), "memfd:zerod-buffers") >= 1,
+		       "rank %u maps from /dev/shm, or no memfd", rank);
 	if (r < 0) {
 		EXPECT(0, "%s rank %u: %s: %s: %s", sc->job, rank, step, zc_strerror_name(r),
 		       zc_error_message());
@@ -773,6 +835,192 @@ static void t_replan_equals_second_layout_run(void)
 	c->replan_layout = 1;
 	c->want = end;
 	run_script(c);
+}
+
+
+/* ------------------------------------------------ bf16/fp16 parameters --- */
+
+/* What an export of a plan with bf16/fp16 buckets must hold: a master
+ * exactly for those parameters, the parameters its rounding, and (after
+ * some steps) masters that are not just the rounded parameters widened
+ * again: the fp32 bits the parameters lost. */
+static void lowp_check(const struct snap *s)
+{
+	uint64_t finer = 0;
+
+	for (int k = 0; k < NP; k++) {
+		uint64_t o = param_base(k);
+		bool lp = lowp_dt[k] != ZC_DTYPE_F32;
+
+		CHECK(!!(s->present[k] & ZC_STATE_MASTER) == lp, "param %d (%s): present 0x%x", k,
+		      lp ? "bf16/fp16" : "fp32", s->present[k]);
+		for (uint64_t i = 0; lp && i < params[k].numel; i++) {
+			float r = ref_lowp_widen(ref_lowp_round(s->master[o + i], lowp_dt[k]),
+						 lowp_dt[k]);
+			if (memcmp(&r, &s->p[o + i], sizeof(r)) != 0) {
+				CHECK(0, "param %d[%llu] = %.9g is not its master %.9g rounded", k,
+				      (unsigned long long)i, s->p[o + i], s->master[o + i]);
+				break;
+			}
+			finer += s->master[o + i] != s->p[o + i];
+		}
+	}
+	CHECK(finer > 0, "every master equals its rounded parameter: not a master");
+	printf("# %llu masters finer than their parameters\n", (unsigned long long)finer);
+}
+
+/* fp32, bf16 and fp16 buckets: the export has the masters (ZC_STATE_MASTER)
+ * and the moments, importing it and exporting again gives the same bits,
+ * the parameters untouched. */
+static void lowp_roundtrip(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	struct script *sc = script_new("lowp-roundtrip", 2, opt, shard, step);
+	struct snap *out = test_shared(sizeof(*out));
+
+	lowp_ = true;
+	sc->layout = 4;
+	sc->iters = 3;
+	sc->roundtrip = true;
+	sc->out = out;
+	run_script(sc);
+	REQUIRE(out->valid && !test_failed_, "the run failed");
+	lowp_check(out);
+}
+
+static void t_lowp_roundtrip_adam_slice(void)
+{
+	lowp_roundtrip(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+}
+static void t_lowp_roundtrip_sgd_bucket(void)
+{
+	lowp_roundtrip(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+}
+
+/* As replan_equals_second_layout_run with fp32, bf16 and fp16 buckets: the
+ * run on the second layout from the export after 5 iterations (masters
+ * imported) ends bit for bit where the run that re-planned ends, masters
+ * included. The masters at 5 are finer than the parameters (lowp_check), so
+ * a re-plan that re-derived them from the rounded parameters would not. */
+static void lowp_replan(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step,
+			uint32_t world, bool ids, int to)
+{
+	struct script *a = script_new("lowp-first5", world, opt, shard, step);
+	struct script *b = script_new("lowp-second", world, opt, shard, step);
+	struct script *c = script_new("lowp-replans", world, opt, shard, step);
+	struct snap *at5 = test_shared(sizeof(*at5)), *end = test_shared(sizeof(*end));
+
+	lowp_ = true;
+	a->layout = 4;
+	a->iters = 5;
+	a->out = at5;
+	run_script(a);
+	REQUIRE(at5->valid && !test_failed_, "the first 5 iterations failed");
+	lowp_check(at5);
+	b->layout = to;
+	b->ids = ids;
+	b->load = true;
+	b->in = at5;
+	b->start = 5;
+	b->iters = 5;
+	b->out = end;
+	run_script(b);
+	REQUIRE(end->valid && !test_failed_, "the run on the second layout failed");
+	c->layout = 4;
+	c->ids = ids;
+	c->iters = 10;
+	c->replan_at = 5;
+	c->replan_layout = to;
+	c->roundtrip = true;
+	c->want = end;
+	run_script(c);
+}
+
+static void t_lowp_replan_adam_slice_ids(void)
+{
+	lowp_replan(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 2, true, 5);
+}
+static void t_lowp_replan_sgd_bucket_position(void)
+{
+	lowp_replan(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 3, false, 6);
+}
+
+/* A bf16/fp16 segment given without its master (a state saved by plain
+ * torch): the master is the owner's parameters widened, the moments are
+ * taken, and the job trains on. */
+static void t_lowp_import_without_master(void)
+{
+	struct script *a = script_new("lowp-nomaster", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET,
+				      ZC_STEP_AT_END);
+	struct script *b = script_new("lowp-nomaster2", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET,
+				      ZC_STEP_AT_END);
+	struct snap *saved = test_shared(sizeof(*saved)), *got = test_shared(sizeof(*got));
+
+	lowp_ = true;
+	a->layout = 4;
+	a->iters = 3;
+	a->out = saved;
+	run_script(a);
+	REQUIRE(saved->valid && !test_failed_, "the export failed");
+	for (int k = 0; k < NP; k++)
+		saved->present[k] &= ~ZC_STATE_MASTER;
+	b->layout = 5;
+	b->ids = true;
+	b->load = true;
+	b->in = saved;
+	b->start = 3;
+	b->iters = 0;
+	b->out = got;
+	run_script(b);
+	REQUIRE(got->valid && !test_failed_, "the import failed");
+	for (int k = 0; k < NP; k++) {
+		uint64_t o = param_base(k);
+		if (lowp_dt[k] == ZC_DTYPE_F32)
+			continue;
+		CHECK(memcmp(got->master + o, saved->p + o, params[k].numel * sizeof(float)) == 0,
+		      "param %d: the master is not the parameter widened", k);
+		CHECK(memcmp(got->m + o, saved->m + o, params[k].numel * sizeof(float)) == 0,
+		      "param %d: exp_avg not imported", k);
+	}
+}
+
+/* ---------------------------------------------------- nothing named --- */
+
+/* Names created in /dev/shm while a job exports, imports and re-plans (an
+ * inotify watch from before the run: a name made and unlinked at once still
+ * shows), and what its trainers map from there: none. Only names of this
+ * job are counted, other runs on the machine may make their own. */
+static void t_no_name_in_dev_shm(void)
+{
+	struct script *sc = script_new("noshm", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *want = test_shared(sizeof(*want));
+	char buf[8192] __attribute__((aligned(__alignof__(struct inotify_event))));
+	int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC), n = 0;
+	ssize_t len;
+
+	REQUIRE(fd >= 0 && inotify_add_watch(fd, "/dev/shm", IN_CREATE | IN_MOVED_TO) >= 0,
+		"inotify on /dev/shm: %s", strerror(errno));
+	hyper_iter_ = 3;
+	snap_init(want, sc->seed);
+	ref_train(want, ZC_OPT_ADAM, sc->seed, 2, 0, 6);
+	sc->ids = true;
+	sc->iters = 6;
+	sc->replan_at = 3;
+	sc->replan_layout = 1;
+	sc->roundtrip = true;
+	sc->check_maps = true;
+	sc->want = want;
+	run_script(sc);
+	while ((len = read(fd, buf, sizeof(buf))) > 0)
+		for (char *p = buf; p < buf + len;) {
+			const struct inotify_event *ev = (const void *)p;
+			if (ev->len && strstr(ev->name, "noshm")) {
+				printf("# made in /dev/shm: %s\n", ev->name);
+				n++;
+			}
+			p += sizeof(*ev) + ev->len;
+		}
+	close(fd);
+	CHECK(n == 0, "%d names of the job were made in /dev/shm", n);
 }
 
 /* A job beside the one the bad input goes to: it must keep training. */
@@ -1221,6 +1469,12 @@ static const struct test_case cases[] = {
 	{"replan_equals_second_layout_run", t_replan_equals_second_layout_run, 120000},
 	{"bad_input", t_bad_input, 120000},
 	{"daemon_checks", t_daemon_checks, 40000},
+	{"lowp_roundtrip_adam_slice", t_lowp_roundtrip_adam_slice, 60000},
+	{"lowp_roundtrip_sgd_bucket", t_lowp_roundtrip_sgd_bucket, 60000},
+	{"lowp_replan_adam_slice_ids", t_lowp_replan_adam_slice_ids, 120000},
+	{"lowp_replan_sgd_bucket_position", t_lowp_replan_sgd_bucket_position, 120000},
+	{"lowp_import_without_master", t_lowp_import_without_master, 90000},
+	{"no_name_in_dev_shm", t_no_name_in_dev_shm, 90000},
 };
 
 int main(int argc, char **argv)
