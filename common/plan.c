@@ -889,8 +889,8 @@ static int state_check(const struct plan *p, uint32_t bucket, uint32_t segment, 
 		return fail(err, errlen,
 			    "buckets[%u].segments[%u].max_exp_avg_sq: its group has no amsgrad", b,
 			    s);
-	if (present == 0)
-		return 0;
+	if ((present & ~ZC_STATE_MASTER) == 0)
+		return 0; /* before the first step (a master exists from the start) */
 	if ((present & adam) != adam)
 		return fail(err, errlen,
 			    "buckets[%u].segments[%u].%s: missing (step, exp_avg and exp_avg_sq "

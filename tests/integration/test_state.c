@@ -983,6 +983,75 @@ static void t_lowp_import_without_master(void)
 	}
 }
 
+/* A master given to zc_set_state(): the rank's parameters become it
+ * rounded (as apex loads its masters into the model), the export gives it
+ * back bit for bit, and the next step starts from it (no ZC_EPARAMEDIT); a
+ * NaN in one, or NULL, is refused naming the master, nothing applied. */
+static int master_rank(void *arg, int idx)
+{
+	const struct script *sc = arg;
+	struct zc_config cfg = test_config(&daemon_, sc->job, (uint32_t)idx, 1);
+	struct tplan tp;
+	zc_client *c = NULL;
+	struct zc_segment_state s = ZC_SEGMENT_STATE_INIT, got = ZC_SEGMENT_STATE_INIT;
+	static float master[2500], back[2500];
+	const int k = 4; /* bf16, 2500 elements */
+	const uint16_t *pb;
+	int r;
+
+	make_plan(&tp, 4, sc->opt, ZC_SHARD_BUCKET, ZC_STEP_AT_END, false);
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &tp.plan)) < 0 ||
+	    (r = zc_register_plan(c)) < 0) {
+		EXPECT(0, "setup: %s: %s", zc_strerror_name(r), zc_error_message());
+		zc_close(c);
+		return 1;
+	}
+	for (uint64_t i = 0; i < params[k].numel; i++)
+		master[i] = 1.0f + (float)i * 1e-5f; /* finer than bf16 */
+	s.bucket = got.bucket = tp.bucket_of[k];
+	s.segment = got.segment = tp.seg_of[k];
+	s.present = ZC_STATE_MASTER;
+	s.master = master;
+	r = zc_set_state(c, &s, 1);
+	EXPECT(r == 0, "set_state with a master: %s: %s", zc_strerror_name(r), zc_error_message());
+	pb = (const uint16_t *)zc_param_ptr(c, tp.bucket_of[k]) +
+	     tp.segs[tp.bucket_of[k]][tp.seg_of[k]].offset;
+	for (uint64_t i = 0; r == 0 && i < params[k].numel; i++)
+		if (pb[i] != ref_lowp_round(master[i], ZC_DTYPE_BF16)) {
+			EXPECT(0, "param[%llu] = 0x%04x, not its master %.9g rounded",
+			       (unsigned long long)i, pb[i], master[i]);
+			break;
+		}
+	got.master = back;
+	if (r == 0)
+		r = zc_get_state(c, &got, 1);
+	EXPECT(r == 0 && (got.present & ZC_STATE_MASTER) &&
+		       memcmp(back, master, sizeof(master)) == 0,
+	       "the master exported differs from the one imported (%s)", zc_strerror_name(r));
+	if (r == 0)
+		r = one_iteration(c, sc, &tp, 0, 0);
+	EXPECT(r == 0, "a step after the import: %s: %s", zc_strerror_name(r), zc_error_message());
+	master[7] = NAN;
+	r = zc_set_state(c, &s, 1);
+	EXPECT(r == ZC_ESTATEINVAL && strstr(zc_error_message(), "master[7]: nan"),
+	       "a NaN master: %s: %s", zc_strerror_name(r), zc_error_message());
+	s.master = NULL;
+	r = zc_set_state(c, &s, 1);
+	EXPECT(r == ZC_ESTATEINVAL && strstr(zc_error_message(), "master: present but NULL"),
+	       "a NULL master: %s: %s", zc_strerror_name(r), zc_error_message());
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_lowp_master_sets_params(void)
+{
+	struct script *sc = script_new("lowp-master", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET,
+				       ZC_STEP_AT_END);
+
+	lowp_ = true;
+	CHECK(wait_child(spawn(master_rank, sc, 0), test_timeout(30000)) == 0, "the rank failed");
+}
+
 /* ---------------------------------------------------- nothing named --- */
 
 /* Names created in /dev/shm while a job exports, imports and re-plans (an
@@ -1474,6 +1543,7 @@ static const struct test_case cases[] = {
 	{"lowp_replan_adam_slice_ids", t_lowp_replan_adam_slice_ids, 120000},
 	{"lowp_replan_sgd_bucket_position", t_lowp_replan_sgd_bucket_position, 120000},
 	{"lowp_import_without_master", t_lowp_import_without_master, 90000},
+	{"lowp_master_sets_params", t_lowp_master_sets_params, 60000},
 	{"no_name_in_dev_shm", t_no_name_in_dev_shm, 90000},
 };
 
