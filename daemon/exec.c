@@ -512,6 +512,52 @@ static int op_prog(struct exec *e, struct lane *ln, const struct zop *z)
 	return -EINVAL;
 }
 
+/*
+ * Over several nodes: every node runs this plan, checked through the job's
+ * store before the collectives open. The rendezvous compared the plans of
+ * the first start; a re-plan (statex.c) is registered on each node alone,
+ * and nodes on different layouts would exchange mismatched buffers. Each
+ * node stores its plan's hash under the run's prefix and reads the others'.
+ */
+static int plans_agree(struct exec *e)
+{
+	const struct coll_net *net = e->cfg.net;
+	uint64_t mine = e->cfg.plan->hash;
+	char key[256];
+	int r;
+
+	snprintf(key, sizeof(key), "%splan/%u", net->prefix, net->node);
+	r = net->store->set(net->store->ctx, key, &mine, sizeof(mine));
+	for (uint32_t n = 0; n < net->nnodes && r >= 0; n++) {
+		void *v = NULL;
+		size_t len = 0;
+		uint64_t theirs = 0;
+
+		if (n == net->node)
+			continue;
+		snprintf(key, sizeof(key), "%splan/%u", net->prefix, n);
+		r = net->store->get(net->store->ctx, key,
+				    net->timeout_ms ? (int)net->timeout_ms : 30000, &v, &len);
+		if (r < 0) {
+			snprintf(e->open_err, sizeof(e->open_err),
+				 "node %u's plan did not come within the timeout: %s", n,
+				 zc_strerror(r));
+			break;
+		}
+		if (len == sizeof(theirs))
+			memcpy(&theirs, v, sizeof(theirs));
+		free(v);
+		if (theirs != mine) {
+			snprintf(e->open_err, sizeof(e->open_err),
+				 "node %u runs plan %016" PRIx64 ", node %u plan %016" PRIx64
+				 ": every node's ranks must register the same plan",
+				 n, theirs, net->node, mine);
+			r = ZC_EPLANMISMATCH;
+		}
+	}
+	return r;
+}
+
 /* Open the backends (they may block), allocate the state, and give every
  * rank rank 0's parameters: "rank 0's initial values win". */
 static int op_start(struct exec *e, struct lane *ln)
@@ -534,6 +580,9 @@ static int op_start(struct exec *e, struct lane *ln)
 
 	r = e->cfg.optim->open(&oc, &e->oc);
 	if (r < 0)
+		return r;
+	if (e->cfg.net && e->cfg.net->nnodes > 1 && e->cfg.net->store &&
+	    (r = plans_agree(e)) < 0)
 		return r;
 	r = e->cfg.coll->open(&cc, &cg);
 	if (r < 0)

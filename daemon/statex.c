@@ -335,13 +335,6 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 	uint64_t bytes = plan_buffer_bytes(p);
 	int r;
 
-	if (j->rdzv) {
-		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
-			   "job %s: re-planning a job over several nodes is not supported yet",
-			   j->id);
-		plan_free(p);
-		return;
-	}
 	if (j->in_flight || j->sx || (rp && (rp->stopping || rp->plans[rank]))) {
 		sink_error(d->sink, s, ZC_ESTATE, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u: a new plan is taken only between iterations, once "
@@ -434,6 +427,8 @@ bool statex_replan_stopped(struct job *j)
 	}
 	statex_replan_free(j);
 	log_info("job %s: re-planned", j->id);
+	if (j->rdzv)
+		rdzv_replanned(j); /* gloo opens again, under fresh keys */
 	job_restart(j);
 	return true;
 }

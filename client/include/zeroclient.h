@@ -544,10 +544,12 @@ int zc_register_plan(zc_client *c);
  * plan's. Between the two calls zc_bucket_ready() and the state calls are
  * ZC_ESTATE, and zc_grad_buffer()/zc_param_buffer() already return the new
  * buffers (do not call them from another thread meanwhile). A job over
- * several nodes cannot re-plan yet: zc_register_plan() returns ZC_ENOTSUP
- * and the client goes back to the registered plan and its buffers (so does
- * any refusal that leaves the job running). Once the daemon took the new
- * plan, only the job's failure can fail the import that follows.
+ * several nodes re-plans the same way, every rank of every node with the
+ * same new plan: nodes whose ranks registered different new plans fail the
+ * job with ZC_EPLANMISMATCH on every rank. A refusal that leaves the job
+ * running sends the client back to the registered plan and its buffers.
+ * Once the daemon took the new plan, only the job's failure can fail the
+ * import that follows.
  */
 
 /* ------------------------------------------------------ optimizer state --- */

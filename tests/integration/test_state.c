@@ -372,6 +372,8 @@ struct script {
 	char rdzv[32];
 	int replan_code; /* the re-plan's expected error (0: it succeeds) */
 	bool check_maps; /* each rank checks it maps nothing from /dev/shm */
+	int replan_layout_node1; /* > 0: the re-plan's layout on node 1's ranks */
+	bool replan_ends;        /* the expected re-plan error ends the job */
 };
 
 /* Rank `rank`'s config: the case's zerod, or its node's. */
@@ -503,14 +505,27 @@ static int rank_main(void *arg, int idx)
 				break;
 		}
 		if (it == sc->replan_at) {
-			make_plan(tp2, sc->replan_layout, sc->opt, sc->shard, sc->step, sc->ids);
+			int to = sc->replan_layout_node1 > 0 && sc->nnodes > 1 &&
+						 sc->node_of[rank] == 1
+					 ? sc->replan_layout_node1
+					 : sc->replan_layout;
+			make_plan(tp2, to, sc->opt, sc->shard, sc->step, sc->ids);
 			step = "re-plan: alloc_buffers";
 			r = zc_alloc_buffers(c, &tp2->plan);
 			if (r >= 0) {
 				step = "re-plan: register_plan";
 				r = zc_register_plan(c);
 			}
-			if (sc->replan_code && r == sc->replan_code) {
+			if (sc->replan_code && r == sc->replan_code && sc->replan_ends) {
+				printf("# rank %u: re-plan refused: %s\n", rank,
+				       zc_error_message());
+				zc_close(c);
+				free(tp);
+				free(tp2);
+				free(got);
+				free(init);
+				return child_bad;
+			} else if (sc->replan_code && r == sc->replan_code) {
 				/* refused: the job goes on with the plan it had */
 				printf("# rank %u: re-plan refused: %s\n", rank,
 				       zc_error_message());
@@ -1482,8 +1497,7 @@ static void t_nodes_roundtrip_adam_slice(void)
 
 /* A state exported on one node, imported into a job of 3 ranks over 2
  * nodes (another shard mode and layout): its next steps equal the
- * reference's; then a re-plan is refused there (ZC_ENOTSUP: not over
- * several nodes yet) and the job trains on with the plan it had. */
+ * reference's, through a re-plan over the 2 nodes too. */
 static void t_nodes_import_other_world(void)
 {
 	static const uint32_t node_of[] = {1, 0, 1};
@@ -1509,12 +1523,66 @@ static void t_nodes_import_other_world(void)
 	b->iters = 3;
 	b->replan_at = 4;
 	b->replan_layout = 0;
-	b->replan_code = ZC_ENOTSUP;
 	b->want = want;
 	run_nodes(b, 2, node_of);
 }
 
+/* Re-planning over 2 nodes (the gloo group opens again under fresh store
+ * keys): train 3, re-plan, train 3 more, equal to the reference bit for
+ * bit, moments moved, and a round trip after. */
+static void nodes_replan(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step,
+			 uint32_t world, const uint32_t *node_of, int from, int to, bool ids)
+{
+	struct script *sc = script_new("nodes-replan", world, opt, shard, step);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, sc->seed);
+	ref_train_nodes(want, opt, sc->seed, world, node_of, 0, 6);
+	sc->layout = from;
+	sc->ids = ids;
+	sc->iters = 6;
+	sc->replan_at = 3;
+	sc->replan_layout = to;
+	sc->roundtrip = true;
+	sc->want = want;
+	run_nodes(sc, 2, node_of);
+}
+
+static void t_nodes_replan_adam_slice(void)
+{
+	static const uint32_t node_of[] = {0, 1, 1};
+	nodes_replan(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 3, node_of, 0, 1, true);
+}
+
+static void t_nodes_replan_sgd_bucket(void)
+{
+	static const uint32_t node_of[] = {1, 0};
+	nodes_replan(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 2, node_of, 0, 3, false);
+}
+
+/* The two nodes' ranks re-plan to different layouts (each node's ranks
+ * agree among themselves): the new executors compare plans before their
+ * group opens, and every rank hears ZC_EPLANMISMATCH, no hang. */
+static void t_nodes_replan_mismatch(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+	struct script *sc =
+		script_new("nodes-replan-mm", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+
+	sc->ids = true;
+	sc->iters = 4;
+	sc->replan_at = 2;
+	sc->replan_layout = 1;
+	sc->replan_layout_node1 = 2;
+	sc->replan_code = ZC_EPLANMISMATCH;
+	sc->replan_ends = true;
+	run_nodes(sc, 2, node_of);
+}
+
 static const struct test_case node_cases[] = {
+	{"nodes_replan_adam_slice", t_nodes_replan_adam_slice, 120000},
+	{"nodes_replan_sgd_bucket", t_nodes_replan_sgd_bucket, 120000},
+	{"nodes_replan_mismatch", t_nodes_replan_mismatch, 120000},
 	{"nodes_roundtrip_sgd_bucket", t_nodes_roundtrip_sgd_bucket, 90000},
 	{"nodes_roundtrip_adam_slice", t_nodes_roundtrip_adam_slice, 90000},
 	{"nodes_import_other_world", t_nodes_import_other_world, 120000},
