@@ -13,6 +13,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -21,13 +22,16 @@
 #include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include "bufwire.h"
 #include "harness.h"
 #include "raw.h"
 #include "refoptim.h"
 #include "testlib.h"
 #include "trainer.h"
+#include "wire.h"
 
 static struct zd daemon_;
 
@@ -1409,6 +1413,154 @@ static int raw_rank(void *arg, int idx)
 	return child_bad;
 }
 
+/* An FDSTAGE record (common/bufwire.h) with fds over the fd socket, as
+ * libzeroclient sends a staging: zerod's answer (status, message). */
+static int stage_send(const char *path, uint64_t token, const int *fds, int nfds, uint64_t bytes,
+		      struct fdbufs_reply *rep)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct fdbufs_offer o = {.magic = FDSTAGE_MAGIC,
+				 .token = token,
+				 .version = FDBUFS_VERSION,
+				 .nfds = (uint32_t)nfds,
+				 .bytes = bytes};
+	union {
+		char buf[CMSG_SPACE(2 * sizeof(int))];
+		struct cmsghdr align;
+	} cbuf;
+	struct iovec iov = {.iov_base = &o, .iov_len = sizeof(o)};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cbuf.buf,
+			    .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
+	struct cmsghdr *cm;
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	ssize_t n = -1;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	memset(cbuf.buf, 0, sizeof(cbuf.buf));
+	cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+	memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+	memset(rep, 0, sizeof(*rep));
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof(o))
+		n = recv(fd, rep, sizeof(*rep), 0);
+	if (fd >= 0)
+		close(fd);
+	rep->message[sizeof(rep->message) - 1] = 0;
+	return n == (ssize_t)sizeof(*rep) ? 0 : -1;
+}
+
+/* A staging memfd of `bytes`, sealed against shrinking (or not). */
+static int stage_memfd(uint64_t bytes, bool seal)
+{
+	int fd = memfd_create("test-stage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	if (fd >= 0 && (ftruncate(fd, (off_t)bytes) < 0 ||
+			(seal && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0))) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* The staging passed as a memfd (FDSTAGE): refused before the plan is
+ * registered, unsealed, as two fds, too small, or named by a serial never
+ * passed, each with its named error, and the job trains on; a good one
+ * serves the round. */
+static int stage_rank(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT, *in;
+	Zerod__V1__GetState gs = ZEROD__V1__GET_STATE__INIT;
+	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
+	Zerod__V1__Hello h;
+	struct fdbufs_reply rep;
+	struct raw_reg g;
+	struct raw r = {0};
+	char path[256] = "";
+	uint64_t token = 0;
+	int good, fds[2];
+
+	(void)arg, (void)idx;
+	if (raw_reg_init(&g, "stage") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
+		return 1;
+	raw_fill_hello(&h, "raw-stage", 0, 1);
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	raw_send(&r, &env);
+	in = raw_recv(&r, "HelloOk");
+	if (in && in->body_case == ZEROD__V1__ENVELOPE__BODY_HELLO_OK &&
+	    in->hello_ok->fastpath_socket) {
+		snprintf(path, sizeof(path), "%s", in->hello_ok->fastpath_socket);
+		token = in->hello_ok->fastpath_token;
+	}
+	wire_free(in);
+	good = stage_memfd(5 * g.bytes, true);
+	if (!path[0] || good < 0) {
+		EXPECT(0, "no fd socket offered, or no memfd: %s", strerror(errno));
+		return 1;
+	}
+	EXPECT(stage_send(path, token, &good, 1, 5 * g.bytes, &rep) == 0 &&
+		       rep.status == ZC_ESTATE && strstr(rep.message, "once the plan is registered"),
+	       "a staging before the plan: %d %s", rep.status, rep.message);
+	raw_send(&r, &g.env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
+
+	fds[0] = stage_memfd(5 * g.bytes, false);
+	EXPECT(stage_send(path, token, fds, 1, 5 * g.bytes, &rep) == 0 &&
+		       rep.status == ZC_EBUFFER && strstr(rep.message, "not sealed"),
+	       "an unsealed staging: %d %s", rep.status, rep.message);
+	close(fds[0]);
+	fds[0] = fds[1] = good;
+	EXPECT(stage_send(path, token, fds, 2, 5 * g.bytes, &rep) == 0 &&
+		       rep.status == ZC_EPROTO && strstr(rep.message, "one memfd"),
+	       "a staging of two fds: %d %s", rep.status, rep.message);
+	fds[0] = stage_memfd(4 * g.bytes, true); /* one region short */
+	EXPECT(stage_send(path, token, fds, 1, 4 * g.bytes, &rep) == 0 && rep.status == 0,
+	       "a small staging is taken (its size is checked by the request): %d %s",
+	       rep.status, rep.message);
+	close(fds[0]);
+	sg.shm_name = (char *)"";
+	sg.bytes = 4 * g.bytes;
+	sg.has_fd_serial = true;
+	sg.fd_serial = rep.serial;
+	gs.staging = &sg;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_GET_STATE;
+	env.get_state = &gs;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_EBUFFER, "state staging: the buffers hold",
+			 "a staging one region short");
+	sg.fd_serial = 999999;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_EBUFFER, "no state staging 999999", "a serial never passed");
+	/* the job goes on */
+	raw_bucket(&r, 0, 0);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "bucket 0");
+	raw_bucket(&r, 0, 1);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "bucket 1");
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STEP_DONE, "step 0");
+	/* and a good staging serves the round */
+	EXPECT(stage_send(path, token, &good, 1, 5 * g.bytes, &rep) == 0 && rep.status == 0,
+	       "a good staging: %d %s", rep.status, rep.message);
+	sg.bytes = 5 * g.bytes;
+	sg.fd_serial = rep.serial;
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "GetState with a memfd staging");
+	close(good);
+	raw_goodbye(&r);
+	raw_close(&r);
+	raw_reg_free(&g);
+	return child_bad;
+}
+
+static void t_staging_fd_checks(void)
+{
+	CHECK(wait_child(spawn(stage_rank, NULL, 0), test_timeout(30000)) == 0, "see above");
+}
+
 static void t_daemon_checks(void)
 {
 	CHECK(wait_child(spawn(raw_rank, NULL, 0), test_timeout(30000)) == 0, "see above");
@@ -1606,6 +1758,7 @@ static const struct test_case cases[] = {
 	{"replan_equals_second_layout_run", t_replan_equals_second_layout_run, 120000},
 	{"bad_input", t_bad_input, 120000},
 	{"daemon_checks", t_daemon_checks, 40000},
+	{"staging_fd_checks", t_staging_fd_checks, 40000},
 	{"lowp_roundtrip_adam_slice", t_lowp_roundtrip_adam_slice, 60000},
 	{"lowp_roundtrip_sgd_bucket", t_lowp_roundtrip_sgd_bucket, 60000},
 	{"lowp_replan_adam_slice_ids", t_lowp_replan_adam_slice_ids, 120000},
