@@ -613,7 +613,8 @@ int zc_segment_state_init(struct zc_segment_state *s, size_t size);
  * the call returns: no thread may read or write them meanwhile.
  * Errors: ZC_EBUCKET (no such bucket or segment: nothing is sent),
  * ZC_ESTATE, ZC_ETIMEDOUT (not every rank called within register_timeout_ms),
- * the job's failure.
+ * ZC_ENOTSUP (a daemon that offers no fd socket), ZC_EBUFFER (the daemon
+ * refused the staging, with its reason), the job's failure.
  * Ownership: segs and the tensors stay the caller's.
  * Threads:   any thread; other calls on c may run while it waits.
  * Blocking:  until every local rank called and the state is copied.
