@@ -2251,8 +2251,9 @@ static void narrow_masters(zc_client *c, const struct plan *p, const void *segs,
 		const struct zc_segment_state *s = (const void *)((const char *)segs + i * stride);
 		const struct plan_bucket *bk = &p->buckets[s->bucket];
 		const struct zc_segment *sg = &bk->segments[s->segment];
-		uint16_t *dst = (uint16_t *)((char *)c->param.base + plan_bucket_offset(p, s->bucket)) +
-				sg->offset;
+		uint16_t *dst =
+			(uint16_t *)((char *)c->param.base + plan_bucket_offset(p, s->bucket)) +
+			sg->offset;
 
 		if (!(s->present & ZC_STATE_MASTER))
 			continue;
@@ -2513,9 +2514,10 @@ static void replan_undo(zc_client *c)
 /*
  * zc_register_plan() of a re-plan: export the state under the registered
  * plan, pass the new buffers (their memfd, over <socket>.fd as at the first
- * registration: zerod takes them from a registered session), register the new one (the daemon starts the job again on it), import
- * the state into the new layout, and let the old buffers go. The export
- * costs the state's size in this process for the while.
+ * registration: zerod takes them from a registered session), register the
+ * new one (the daemon starts the job again on it), import the state into
+ * the new layout, and let the old buffers go. The export costs the state's
+ * size in this process for the while.
  */
 static int replan_register(zc_client *c)
 {

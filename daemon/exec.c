@@ -581,8 +581,7 @@ static int op_start(struct exec *e, struct lane *ln)
 	r = e->cfg.optim->open(&oc, &e->oc);
 	if (r < 0)
 		return r;
-	if (e->cfg.net && e->cfg.net->nnodes > 1 && e->cfg.net->store &&
-	    (r = plans_agree(e)) < 0)
+	if (e->cfg.net && e->cfg.net->nnodes > 1 && e->cfg.net->store && (r = plans_agree(e)) < 0)
 		return r;
 	r = e->cfg.coll->open(&cc, &cg);
 	if (r < 0)
@@ -635,12 +634,11 @@ static uint32_t piece_meta(const struct exec *e, const struct optim_piece *pc)
 }
 
 /* Piece pc's values of region k, as 32-bit words (n of them) into dst. */
-static void piece_values(const struct exec *e, const struct optim_piece *pc, unsigned k,
-			 void *dst)
+static void piece_values(const struct exec *e, const struct optim_piece *pc, unsigned k, void *dst)
 {
 	const struct state *s = e->cfg.state;
-	const float *src = k == EXEC_REGION_M	? s->m
-			   : k == EXEC_REGION_V ? s->v
+	const float *src = k == EXEC_REGION_M      ? s->m
+			   : k == EXEC_REGION_V    ? s->v
 			   : k == EXEC_REGION_VMAX ? s->vmax
 						   : NULL;
 
@@ -739,8 +737,8 @@ static int export_bcast(struct exec *e, struct lane *ln, const struct exec_state
 		return -ENOTSUP; /* not taken over several nodes (above) */
 	for (uint32_t l = 0; l < e->nlocal; l++) {
 		uint32_t lr = e->local[l];
-		memcpy(region(rq->staging[lr], p->state_numel, EXEC_REGION_SAVE),
-		       e->cfg.params[lr], bytes);
+		memcpy(region(rq->staging[lr], p->state_numel, EXEC_REGION_SAVE), e->cfg.params[lr],
+		       bytes);
 	}
 	for (unsigned k = EXEC_REGION_META; k < exec_state_regions(p) && r >= 0; k++)
 		if (region_kept(e, k))
@@ -748,8 +746,8 @@ static int export_bcast(struct exec *e, struct lane *ln, const struct exec_state
 	/* the parameters as they were, whatever came of it */
 	for (uint32_t l = 0; l < e->nlocal; l++) {
 		uint32_t lr = e->local[l];
-		memcpy(e->cfg.params[lr],
-		       region(rq->staging[lr], p->state_numel, EXEC_REGION_SAVE), bytes);
+		memcpy(e->cfg.params[lr], region(rq->staging[lr], p->state_numel, EXEC_REGION_SAVE),
+		       bytes);
 	}
 	return r;
 }

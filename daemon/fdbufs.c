@@ -33,8 +33,8 @@
 struct fdbufs {
 	uint64_t serial;
 	bool staging; /* FDSTAGE: fd[0] at offset[0], bytes long */
-	int fd[2]; /* grad, param (the same fd twice: one memfd) */
-	bool one;  /* fd[1] is fd[0] */
+	int fd[2];    /* grad, param (the same fd twice: one memfd) */
+	bool one;     /* fd[1] is fd[0] */
 	uint64_t offset[2];
 	uint64_t bytes;
 };
@@ -106,8 +106,9 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 	/* a plan's buffers: before it is registered, or a re-plan's */
 	if (!b.staging && !registered &&
 	    (!j || j->state != JOB_FORMING || j->plans[s->rank] || j->grad_map[s->rank])) {
-		snprintf(err, errlen, "buffers come before the plan is registered, or for a "
-				      "re-plan of a running job");
+		snprintf(err, errlen,
+			 "buffers come before the plan is registered, or for a re-plan of a "
+			 "running job");
 		return ZC_ESTATE;
 	}
 	b.fd[0] = fds[0];

@@ -194,8 +194,8 @@ struct rdzv_job {
 	bool *lost;               /* [nnodes] */
 	struct rconn **node_conn; /* host: [nnodes] */
 	char prefix[ZEROD_JOB_ID_MAX + 24];
-	unsigned run;                              /* re-plans so far */
-	char run_prefix[ZEROD_JOB_ID_MAX + 40];    /* the executor's keys since */
+	unsigned run;                           /* re-plans so far */
+	char run_prefix[ZEROD_JOB_ID_MAX + 40]; /* the executor's keys since */
 	char bind_addr[NAME_LEN];
 	struct rdzv_store *store;
 	struct coll_store store_ops;

@@ -64,7 +64,7 @@ static const struct layout layouts[] = {
  * dtype lowp_dt[k] (fp32 otherwise), with layouts 4 and 5 only. */
 static bool lowp_;
 static const enum zc_dtype lowp_dt[NP] = {ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16,
-					   ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16};
+					  ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16};
 
 static enum zc_dtype dtype_of(int k)
 {
@@ -301,7 +301,8 @@ static int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer o
 			out->p[param_base(k) + i] =
 				dtype_of(k) == ZC_DTYPE_F32
 					? ((const float *)pb)[at + i]
-					: ref_lowp_widen(((const uint16_t *)pb)[at + i], dtype_of(k));
+					: ref_lowp_widen(((const uint16_t *)pb)[at + i],
+							 dtype_of(k));
 	}
 	out->valid = true;
 	return 0;
@@ -856,7 +857,6 @@ static void t_replan_equals_second_layout_run(void)
 	run_script(c);
 }
 
-
 /* ------------------------------------------------ bf16/fp16 parameters --- */
 
 /* What an export of a plan with bf16/fp16 buckets must hold: a master
@@ -968,10 +968,10 @@ static void t_lowp_replan_sgd_bucket_position(void)
  * taken, and the job trains on. */
 static void t_lowp_import_without_master(void)
 {
-	struct script *a = script_new("lowp-nomaster", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET,
-				      ZC_STEP_AT_END);
-	struct script *b = script_new("lowp-nomaster2", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET,
-				      ZC_STEP_AT_END);
+	struct script *a =
+		script_new("lowp-nomaster", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct script *b =
+		script_new("lowp-nomaster2", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
 	struct snap *saved = test_shared(sizeof(*saved)), *got = test_shared(sizeof(*got));
 
 	lowp_ = true;
@@ -1064,8 +1064,8 @@ static int master_rank(void *arg, int idx)
 
 static void t_lowp_master_sets_params(void)
 {
-	struct script *sc = script_new("lowp-master", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET,
-				       ZC_STEP_AT_END);
+	struct script *sc =
+		script_new("lowp-master", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
 
 	lowp_ = true;
 	CHECK(wait_child(spawn(master_rank, sc, 0), test_timeout(30000)) == 0, "the rank failed");
@@ -1504,7 +1504,8 @@ static int stage_rank(void *arg, int idx)
 		return 1;
 	}
 	EXPECT(stage_send(path, token, &good, 1, 5 * g.bytes, &rep) == 0 &&
-		       rep.status == ZC_ESTATE && strstr(rep.message, "once the plan is registered"),
+		       rep.status == ZC_ESTATE &&
+		       strstr(rep.message, "once the plan is registered"),
 	       "a staging before the plan: %d %s", rep.status, rep.message);
 	raw_send(&r, &g.env);
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
@@ -1515,13 +1516,13 @@ static int stage_rank(void *arg, int idx)
 	       "an unsealed staging: %d %s", rep.status, rep.message);
 	close(fds[0]);
 	fds[0] = fds[1] = good;
-	EXPECT(stage_send(path, token, fds, 2, 5 * g.bytes, &rep) == 0 &&
-		       rep.status == ZC_EPROTO && strstr(rep.message, "one memfd"),
+	EXPECT(stage_send(path, token, fds, 2, 5 * g.bytes, &rep) == 0 && rep.status == ZC_EPROTO &&
+		       strstr(rep.message, "one memfd"),
 	       "a staging of two fds: %d %s", rep.status, rep.message);
 	fds[0] = stage_memfd(4 * g.bytes, true); /* one region short */
 	EXPECT(stage_send(path, token, fds, 1, 4 * g.bytes, &rep) == 0 && rep.status == 0,
-	       "a small staging is taken (its size is checked by the request): %d %s",
-	       rep.status, rep.message);
+	       "a small staging is taken (its size is checked by the request): %d %s", rep.status,
+	       rep.message);
 	close(fds[0]);
 	sg.shm_name = (char *)"";
 	sg.bytes = 4 * g.bytes;

@@ -421,8 +421,7 @@ static void t_state_layout(void)
 	p = NULL;
 	f.b[0].dtype = ZC_DTYPE_F16; /* 100 elements: 200 bytes, 256 with padding */
 	REQUIRE(plan_from_zc(&f.p, &p, err, sizeof(err)) == 0, "%s", err);
-	CHECK(p->buckets[1].base == 64 && p->buckets[1].sbase == 112 &&
-		      p->state_numel == 112 + 32,
+	CHECK(p->buckets[1].base == 64 && p->buckets[1].sbase == 112 && p->state_numel == 112 + 32,
 	      "fp16 bucket 0: bucket 1 at %llu, state at %llu of %llu",
 	      (unsigned long long)p->buckets[1].base, (unsigned long long)p->buckets[1].sbase,
 	      (unsigned long long)p->state_numel);
@@ -469,7 +468,7 @@ static void t_state_check(void)
 	CHECK(plan_state_check(adam, 1, 1, 0, 0, err, sizeof(err)) == ZC_ESTATEINVAL,
 	      "segment 1 of 1");
 	CHECK(plan_state_check(adam, 0, 0, ZC_STATE_MASTER, 0, err, sizeof(err)) ==
-		      ZC_ESTATEINVAL &&
+			      ZC_ESTATEINVAL &&
 		      strstr(err, "fp32 parameters have no master"),
 	      "a master for fp32: %s", err);
 	plan_free(sgd);
