@@ -1,6 +1,7 @@
 /*
  * bufs.c — libzeroclient's side of passing buffers as memfds: the memfd
- * zc_alloc_buffers() makes, and the FDBUFS exchange (common/bufwire.h) on a
+ * zc_alloc_buffers() makes, a state round's staging memfd, and the FDBUFS
+ * (FDSTAGE) exchange (common/bufwire.h) on a
  * connection of its own to zerod's <socket>.fd. The checks of the memory
  * are zerod's (daemon/fdbufs.c): it is the one that must trust it, and its
  * reasons come back here word for word.
@@ -42,12 +43,50 @@ int bufs_memfd(uint64_t bytes, uint64_t *ret_param_offset, int *ret_fd)
 	return 0;
 }
 
+int bufs_staging(uint64_t bytes, int *ret_fd)
+{
+	int fd, r;
+
+	if (bytes == 0 || bytes > (uint64_t)INT64_MAX)
+		return -EOVERFLOW;
+	fd = memfd_create("zerod-state", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)bytes) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	*ret_fd = fd;
+	return 0;
+}
+
+static int send_rec(const char *path, uint64_t magic, uint64_t token, const int *fds, int nfds,
+		    uint64_t bytes, uint64_t grad_offset, uint64_t param_offset, int timeout_ms,
+		    uint64_t *ret_serial, char *err, size_t errlen);
+
 int bufs_send(const char *path, uint64_t token, const int *fds, int nfds, uint64_t bytes,
 	      uint64_t grad_offset, uint64_t param_offset, int timeout_ms, uint64_t *ret_serial,
 	      char *err, size_t errlen)
 {
+	return send_rec(path, FDBUFS_MAGIC, token, fds, nfds, bytes, grad_offset, param_offset,
+			timeout_ms, ret_serial, err, errlen);
+}
+
+int bufs_send_staging(const char *path, uint64_t token, int fd, uint64_t bytes, int timeout_ms,
+		      uint64_t *ret_serial, char *err, size_t errlen)
+{
+	return send_rec(path, FDSTAGE_MAGIC, token, &fd, 1, bytes, 0, 0, timeout_ms, ret_serial,
+			err, errlen);
+}
+
+static int send_rec(const char *path, uint64_t magic, uint64_t token, const int *fds, int nfds,
+		    uint64_t bytes, uint64_t grad_offset, uint64_t param_offset, int timeout_ms,
+		    uint64_t *ret_serial, char *err, size_t errlen)
+{
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	struct fdbufs_offer o = {.magic = FDBUFS_MAGIC,
+	struct fdbufs_offer o = {.magic = magic,
 				 .token = token,
 				 .version = FDBUFS_VERSION,
 				 .nfds = (uint32_t)nfds,
@@ -111,7 +150,8 @@ int bufs_send(const char *path, uint64_t token, const int *fds, int nfds, uint64
 	r = rep.status;
 	if (r < 0) {
 		rep.message[sizeof(rep.message) - 1] = 0;
-		snprintf(err, errlen, "zerod refused the buffers: %s", rep.message);
+		snprintf(err, errlen, "zerod refused the %s: %s",
+			 magic == FDSTAGE_MAGIC ? "staging" : "buffers", rep.message);
 		goto out;
 	}
 	*ret_serial = rep.serial;

@@ -21,4 +21,14 @@ int bufs_send(const char *path, uint64_t token, const int *fds, int nfds, uint64
 	      uint64_t grad_offset, uint64_t param_offset, int timeout_ms, uint64_t *ret_serial,
 	      char *err, size_t errlen);
 
+/* A staging memfd of `bytes` for a state round (zero-filled, sparse: only
+ * what is written takes pages), sealed as above. 0, or -errno. */
+int bufs_staging(uint64_t bytes, int *ret_fd);
+
+/* Pass the staging fd to zerod (FDSTAGE) as bufs_send() passes buffers:
+ * 0 with *ret_serial (what StateStaging.fd_serial names it by), or a code
+ * with the reason in err. */
+int bufs_send_staging(const char *path, uint64_t token, int fd, uint64_t bytes, int timeout_ms,
+		      uint64_t *ret_serial, char *err, size_t errlen);
+
 #endif

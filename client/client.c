@@ -61,6 +61,9 @@
 #include "common.h"
 #include "fastpath.h"
 #include "internal.h"
+/* zeroclient.h's rounding of bf16/fp16, the daemon's own (header only):
+ * zc_set_state() rounds a given master into the parameters */
+#include "../daemon/optim/lowp.h"
 #include "plan.h"
 #include "wire.h"
 #include "zeroclient.h"
@@ -98,11 +101,10 @@ struct zc_future {
 	unsigned waiters; /* zc_future_wait() calls on it: it stays until they end */
 };
 
-/* A buffer in memory zerod maps too: our own mapping of the memfd. */
-/* A buffer mapped here: a memfd (no name), or named POSIX shm (name set:
- * the state's staging and a re-plan's new buffers, unlinked on release). */
+/* A buffer in memory zerod maps too: our own mapping of a memfd (the
+ * plan's buffers, a re-plan's, a state round's staging). No name: nothing
+ * ever appears in /dev/shm. */
 struct host_buf {
-	char name[128];
 	float *base;
 	size_t bytes;
 };
@@ -163,6 +165,8 @@ struct zc_client {
 	struct plan *old_plan;
 	struct host_buf old_grad, old_param;
 	uint32_t *replan_map; /* each new segment's index in the old plan's order */
+	int replan_fd;        /* the new buffers' memfd (grad at 0, param at replan_poff) */
+	uint64_t replan_poff;
 };
 
 /* ------------------------------------------------------- errors, fork --- */
@@ -913,6 +917,7 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	c->forks = atomic_load_explicit(&forks, memory_order_relaxed);
 	c->pid = getpid();
 	c->efd = -1;
+	c->replan_fd = -1;
 	for (unsigned i = 0; i < STEP_RECS; i++)
 		c->step_recs[i].iteration = UINT64_MAX;
 	c->cfg = cfg;
@@ -1013,45 +1018,7 @@ static void buf_release(struct host_buf *b)
 {
 	if (b->base)
 		munmap(b->base, b->bytes);
-	if (b->name[0])
-		shm_unlink(b->name); /* the daemon unlinks it when mapped: ENOENT is fine */
 	b->base = NULL;
-	b->name[0] = 0;
-}
-
-/* Named shm of bytes, mapped here (mode 0600, zero-filled). */
-static int shm_create(zc_client *c, const char *kind, size_t bytes, struct host_buf *b)
-{
-	uint32_t rnd = 0;
-	void *base;
-	size_t n;
-	int fd, r;
-
-	(void)!getrandom(&rnd, sizeof(rnd), 0);
-	n = (size_t)shm_name_prefix(b->name, sizeof(b->name), c->job_id, c->cfg.rank,
-				    (int)getpid());
-	snprintf(b->name + n, sizeof(b->name) - n, "%08x.%s", rnd, kind);
-	fd = shm_open(b->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		b->name[0] = 0;
-		return -errno;
-	}
-	if (ftruncate(fd, (off_t)bytes) < 0) {
-		r = -errno;
-		close(fd);
-		buf_release(b);
-		return r;
-	}
-	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	r = -errno;
-	close(fd);
-	if (base == MAP_FAILED) {
-		buf_release(b);
-		return r;
-	}
-	b->base = base;
-	b->bytes = bytes;
-	return 0;
 }
 
 void zc_close(zc_client *c)
@@ -1101,6 +1068,8 @@ void zc_close(zc_client *c)
 	buf_release(&c->old_param);
 	plan_free(c->old_plan);
 	free(c->replan_map);
+	if (c->replan_fd >= 0)
+		close(c->replan_fd);
 	plan_free(c->plan);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
@@ -2032,14 +2001,55 @@ static int state_wait_steps(zc_client *c, const char *fn)
 	return r < 0 ? r : 0;
 }
 
+/* The staging's regions (docs/STATE.md): 5, and the masters' with bf16/fp16
+ * buckets; each the plan's state_numel floats (plan.h: the state's layout). */
+enum { STG_META = 1, STG_MASTER = 5 };
+
 static uint64_t state_bytes_of(const struct plan *p)
 {
-	return (uint64_t)5 * p->total_numel * sizeof(float);
+	return (uint64_t)(p->low_precision ? 6 : 5) * p->state_numel * sizeof(float);
 }
 
-/* Send the request (GetState when ss is NULL) naming stg, and wait for the
- * round to be served. */
-static int state_round(zc_client *c, Zerod__V1__SetState *ss, struct host_buf *stg, const char *fn)
+/* A state round's staging: a memfd of the plan's state size, mapped here and
+ * passed to zerod over its fd socket (FDSTAGE) just before the request that
+ * names it by *ret_serial. No name, so nothing is left behind. */
+static int staging_new(zc_client *c, const struct plan *p, struct host_buf *ret,
+		       uint64_t *ret_serial, const char *fn)
+{
+	char path[sizeof(c->fp_path)], err[256];
+	uint64_t bytes = state_bytes_of(p), token;
+	int fd, r, timeout;
+
+	pthread_mutex_lock(&c->mu);
+	fd_socket(c, path, sizeof(path));
+	token = c->fp_token;
+	timeout = c->cfg.connect_timeout_ms;
+	pthread_mutex_unlock(&c->mu);
+	if (!path[0])
+		return err_set(ZC_ENOTSUP, "%s: zerod offered no fd socket to pass the staging on",
+			       fn);
+	r = bufs_staging(bytes, &fd);
+	if (r < 0)
+		return err_set(r, "%s: a staging memfd of %" PRIu64 " bytes: %s", fn, bytes,
+			       zc_strerror(r));
+	r = map_buf(fd, 0, bytes, ret);
+	if (r < 0) {
+		close(fd);
+		return err_set(r, "%s: mapping the staging: %s", fn, zc_strerror(r));
+	}
+	r = bufs_send_staging(path, token, fd, bytes, timeout, ret_serial, err, sizeof(err));
+	close(fd); /* the mappings, ours and zerod's, keep the memory */
+	if (r < 0) {
+		buf_release(ret);
+		return err_set(r, "%s: %s", fn, err);
+	}
+	return 0;
+}
+
+/* Send the request (GetState when ss is NULL) naming stg (zerod's serial),
+ * and wait for the round to be served. */
+static int state_round(zc_client *c, Zerod__V1__SetState *ss, const struct host_buf *stg,
+		       uint64_t serial, const char *fn)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__GetState gs = ZEROD__V1__GET_STATE__INIT;
@@ -2047,8 +2057,10 @@ static int state_round(zc_client *c, Zerod__V1__SetState *ss, struct host_buf *s
 	uint64_t id = 0;
 	int r;
 
-	sg.shm_name = stg->name;
+	sg.shm_name = (char *)"";
 	sg.bytes = stg->bytes;
+	sg.has_fd_serial = true;
+	sg.fd_serial = serial;
 	if (ss) {
 		ss->staging = &sg;
 		env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_STATE;
@@ -2098,24 +2110,32 @@ static int seg_where(const struct plan *p, const struct zc_segment_state *s, uin
 	if (s->segment >= p->buckets[s->bucket].nsegments)
 		return err_set(ZC_EBUCKET, "%s: segs[%u].segment: %u, bucket %u has %u segments",
 			       fn, i, s->segment, s->bucket, p->buckets[s->bucket].nsegments);
-	*ret_at = p->buckets[s->bucket].base + p->buckets[s->bucket].segments[s->segment].offset;
+	/* the state's layout (plan.h): each element an fp32 slot */
+	*ret_at = p->buckets[s->bucket].sbase + p->buckets[s->bucket].segments[s->segment].offset;
 	*ret_numel = p->buckets[s->bucket].segments[s->segment].numel;
 	return 0;
 }
 
-/* The tensors of one segment state, in staging region order (2, 3, 4). */
+/* The tensors of one segment state, in staging region order (2..5). */
 static float *seg_tensor(const struct zc_segment_state *s, enum zc_optimizer opt, unsigned k)
 {
 	if (k == 2)
 		return opt == ZC_OPT_SGD ? s->momentum_buffer : s->exp_avg;
-	return k == 3 ? s->exp_avg_sq : s->max_exp_avg_sq;
+	return k == 3 ? s->exp_avg_sq : k == 4 ? s->max_exp_avg_sq : s->master;
 }
 
 static uint32_t tensor_bit(enum zc_optimizer opt, unsigned k)
 {
 	if (k == 2)
 		return opt == ZC_OPT_SGD ? ZC_STATE_MOMENTUM_BUFFER : ZC_STATE_EXP_AVG;
-	return k == 3 ? ZC_STATE_EXP_AVG_SQ : ZC_STATE_MAX_EXP_AVG_SQ;
+	return k == 3 ? ZC_STATE_EXP_AVG_SQ : k == 4 ? ZC_STATE_MAX_EXP_AVG_SQ : ZC_STATE_MASTER;
+}
+
+/* The staging regions a plan's segment state may use: 2..4, and 5 (the
+ * master) in a bf16/fp16 bucket. */
+static unsigned last_region(const struct plan *p, uint32_t bucket)
+{
+	return p->buckets[bucket].dtype == ZC_DTYPE_F32 ? 4 : STG_MASTER;
 }
 
 static const char *tensor_name(uint32_t bit)
@@ -2129,6 +2149,8 @@ static const char *tensor_name(uint32_t bit)
 		return "exp_avg_sq";
 	case ZC_STATE_MAX_EXP_AVG_SQ:
 		return "max_exp_avg_sq";
+	case ZC_STATE_MASTER:
+		return "master";
 	}
 	return "?";
 }
@@ -2140,13 +2162,8 @@ static int get_state(zc_client *c, const struct plan *p, struct zc_segment_state
 		     size_t stride, uint32_t n, const char *fn)
 {
 	struct host_buf stg = {0};
-	uint64_t total = p->total_numel;
+	uint64_t total = p->state_numel, serial = 0;
 	int r;
-
-	if (p->low_precision)
-		return err_set(ZC_ENOTSUP, "%s: the state of a plan with bf16/fp16 buckets cannot "
-					   "be exported yet",
-			       fn);
 
 	for (uint32_t i = 0; i < n; i++) {
 		struct zc_segment_state *s = (void *)((char *)segs + (size_t)i * stride);
@@ -2154,11 +2171,10 @@ static int get_state(zc_client *c, const struct plan *p, struct zc_segment_state
 		if ((r = seg_where(p, s, &at, &numel, fn, i)) < 0)
 			return r;
 	}
-	r = shm_create(c, "state", state_bytes_of(p), &stg);
+	r = staging_new(c, p, &stg, &serial, fn);
 	if (r < 0)
-		return err_set(r, "%s: staging of %" PRIu64 " bytes: %s", fn, state_bytes_of(p),
-			       zc_strerror(r));
-	r = state_round(c, NULL, &stg, fn);
+		return r;
+	r = state_round(c, NULL, &stg, serial, fn);
 	for (uint32_t i = 0; i < n && r >= 0; i++) {
 		struct zc_segment_state *s = (void *)((char *)segs + (size_t)i * stride);
 		uint64_t at, numel;
@@ -2166,7 +2182,7 @@ static int get_state(zc_client *c, const struct plan *p, struct zc_segment_state
 		double step = 0;
 
 		(void)seg_where(p, s, &at, &numel, fn, i);
-		memcpy(&w, stg.base + total + at, sizeof(w)); /* region 1: the words */
+		memcpy(&w, stg.base + STG_META * total + at, sizeof(w));
 		if (p->optimizer == ZC_OPT_SGD) {
 			if (w & (1u << 31))
 				present = ZC_STATE_MOMENTUM_BUFFER;
@@ -2176,7 +2192,9 @@ static int get_state(zc_client *c, const struct plan *p, struct zc_segment_state
 				present |= ZC_STATE_MAX_EXP_AVG_SQ;
 			step = (double)(w & PLAN_STATE_MAX_STEP);
 		}
-		for (unsigned k = 2; k <= 4; k++) {
+		if (p->buckets[s->bucket].dtype != ZC_DTYPE_F32)
+			present |= ZC_STATE_MASTER; /* it always has one */
+		for (unsigned k = 2; k <= last_region(p, s->bucket); k++) {
 			float *dst = seg_tensor(s, p->optimizer, k);
 			if (dst && (present & tensor_bit(p->optimizer, k)))
 				memcpy(dst, stg.base + k * total + at, numel * sizeof(float));
@@ -2221,26 +2239,44 @@ static int tensor_check(const float *t, uint64_t numel, uint32_t bit, const char
 	return 0;
 }
 
+/* A master given to zc_set_state() sets this rank's parameters of its
+ * segment to it, rounded to the bucket's dtype (as apex's fp16 optimizer
+ * loads its masters into the model): every rank passing the same master
+ * then holds the same parameters, and the daemon's step finds them equal to
+ * the narrowed master (zc_params_changed()'s check). */
+static void narrow_masters(zc_client *c, const struct plan *p, const void *segs, size_t stride,
+			   uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		const struct zc_segment_state *s = (const void *)((const char *)segs + i * stride);
+		const struct plan_bucket *bk = &p->buckets[s->bucket];
+		const struct zc_segment *sg = &bk->segments[s->segment];
+		uint16_t *dst =
+			(uint16_t *)((char *)c->param.base + plan_bucket_offset(p, s->bucket)) +
+			sg->offset;
+
+		if (!(s->present & ZC_STATE_MASTER))
+			continue;
+		for (uint64_t x = 0; x < sg->numel; x++)
+			dst[x] = bk->dtype == ZC_DTYPE_BF16 ? lowp_f32_to_bf16(s->master[x])
+							    : lowp_f32_to_f16(s->master[x]);
+	}
+}
+
 /* check_values: the caller's tensors (not the daemon's own, moved by a
- * re-plan: they go back as they came, whatever they hold). */
+ * re-plan: they go back as they came, whatever they hold, and the
+ * parameters, copied already, are left as they are). */
 static int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state *segs,
 		     size_t stride, uint32_t n, bool check_values, const char *fn)
 {
 	Zerod__V1__SetState ss = ZEROD__V1__SET_STATE__INIT;
 	Zerod__V1__SegmentState *items = NULL, **ptrs = NULL;
 	struct host_buf stg = {0};
-	uint64_t total = p->total_numel;
+	uint64_t total = p->state_numel, serial = 0;
 	uint8_t *seen = NULL;
 	uint64_t nsegs = 0, *first = calloc(p->nbuckets, sizeof(*first));
 	char err[256];
 	int r = 0;
-
-	if (p->low_precision) {
-		free(first);
-		return err_set(ZC_ENOTSUP, "%s: the state of a plan with bf16/fp16 buckets cannot "
-					   "be imported yet",
-			       fn);
-	}
 
 	for (uint32_t b = 0; b < p->nbuckets && first; b++) {
 		first[b] = nsegs;
@@ -2275,7 +2311,7 @@ static int set_state(zc_client *c, const struct plan *p, const struct zc_segment
 				    s->bucket, s->segment);
 			goto out;
 		}
-		for (unsigned k = 2; k <= 4; k++) {
+		for (unsigned k = 2; k <= last_region(p, s->bucket); k++) {
 			uint32_t bit = tensor_bit(p->optimizer, k);
 			const float *t = seg_tensor(s, p->optimizer, k);
 			if (!(s->present & bit))
@@ -2298,25 +2334,24 @@ static int set_state(zc_client *c, const struct plan *p, const struct zc_segment
 		items[i].step = s->present & ZC_STATE_STEP ? s->step : 0;
 		ptrs[i] = &items[i];
 	}
-	r = shm_create(c, "state", state_bytes_of(p), &stg);
-	if (r < 0) {
-		r = err_set(r, "%s: staging of %" PRIu64 " bytes: %s", fn, state_bytes_of(p),
-			    zc_strerror(r));
+	r = staging_new(c, p, &stg, &serial, fn);
+	if (r < 0)
 		goto out;
-	}
 	for (uint32_t i = 0; i < n; i++) {
 		const struct zc_segment_state *s = (const void *)((const char *)segs + i * stride);
 		uint64_t at, numel;
 
 		(void)seg_where(p, s, &at, &numel, fn, i);
-		for (unsigned k = 2; k <= 4; k++)
+		for (unsigned k = 2; k <= last_region(p, s->bucket); k++)
 			if (s->present & tensor_bit(p->optimizer, k))
 				memcpy(stg.base + k * total + at, seg_tensor(s, p->optimizer, k),
 				       numel * sizeof(float));
 	}
 	ss.segments = ptrs;
 	ss.n_segments = n;
-	r = state_round(c, &ss, &stg, fn);
+	r = state_round(c, &ss, &stg, serial, fn);
+	if (r >= 0 && check_values)
+		narrow_masters(c, p, segs, stride, n);
 out:
 	buf_release(&stg);
 	free(first);
@@ -2383,8 +2418,9 @@ static int replan_alloc(zc_client *c, const struct zc_plan *zp)
 	struct host_buf grad = {0}, param = {0};
 	uint32_t *map = NULL, *nb = NULL, *ns = NULL, *ob = NULL, *os = NULL;
 	struct plan *p = NULL;
+	uint64_t poff = 0;
 	char err[256];
-	int r;
+	int fd = -1, r;
 
 	if ((r = state_wait_steps(c, fn)) < 0)
 		return r;
@@ -2402,32 +2438,28 @@ static int replan_alloc(zc_client *c, const struct zc_plan *zp)
 		r = err_set(-ENOMEM, NULL);
 		goto out;
 	}
-	if (p->low_precision || c->plan->low_precision) {
-		r = err_set(ZC_ENOTSUP, "%s: re-planning a plan with bf16/fp16 buckets is not "
-					"supported yet",
-			    fn);
-		goto out;
-	}
 	r = plan_replan_match(c->plan, p, map, err, sizeof(err));
 	if (r < 0) {
 		err_set(r, "%s: the new plan %s: %s", fn,
 			r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
 		goto out;
 	}
-	r = shm_create(c, "grad", plan_buffer_bytes(p), &grad);
-	if (r >= 0)
-		r = shm_create(c, "param", plan_buffer_bytes(p), &param);
-	if (r < 0) {
-		err_set(r, "%s: shared memory of %" PRIu64 " bytes: %s", fn, plan_buffer_bytes(p),
+	r = bufs_memfd(plan_buffer_bytes(p), &poff, &fd);
+	if (r < 0 || (r = map_buf(fd, 0, plan_buffer_bytes(p), &grad)) < 0 ||
+	    (r = map_buf(fd, poff, plan_buffer_bytes(p), &param)) < 0) {
+		err_set(r, "%s: a memfd of 2 x %" PRIu64 " bytes: %s", fn, plan_buffer_bytes(p),
 			zc_strerror(r));
 		goto out;
 	}
+	/* each segment's parameters, by its bucket's layout (a segment keeps its
+	 * dtype: plan_replan_match) */
 	for (uint32_t k = 0; k < plan_nsegs(p); k++) {
 		const struct plan_bucket *nbk = &p->buckets[nb[k]],
 					 *obk = &c->plan->buckets[ob[map[k]]];
 		const struct zc_segment *n = &nbk->segments[ns[k]], *o = &obk->segments[os[map[k]]];
-		memcpy(param.base + nbk->base + n->offset, c->param.base + obk->base + o->offset,
-		       n->numel * sizeof(float));
+		unsigned es = plan_dtype_size(nbk->dtype);
+		memcpy((char *)param.base + (nbk->base + n->offset) * es,
+		       (const char *)c->param.base + (obk->base + o->offset) * es, n->numel * es);
 	}
 	c->old_plan = c->plan;
 	c->old_grad = c->grad;
@@ -2436,12 +2468,17 @@ static int replan_alloc(zc_client *c, const struct zc_plan *zp)
 	c->grad = grad;
 	c->param = param;
 	c->replan_map = map;
+	c->replan_fd = fd; /* passed to zerod by zc_register_plan() */
+	c->replan_poff = poff;
+	fd = -1;
 	p = NULL;
 	map = NULL;
 	memset(&grad, 0, sizeof(grad));
 	memset(&param, 0, sizeof(param));
 out:
 	client_unlock(c);
+	if (fd >= 0)
+		close(fd);
 	buf_release(&grad);
 	buf_release(&param);
 	plan_free(p);
@@ -2453,25 +2490,51 @@ out:
 	return r < 0 ? r : 0;
 }
 
+/* A re-plan the job did not take: back to the registered plan and its
+ * buffers. Called with c->mu held. */
+static void replan_undo(zc_client *c)
+{
+	buf_release(&c->grad);
+	buf_release(&c->param);
+	plan_free(c->plan);
+	c->plan = c->old_plan;
+	c->grad = c->old_grad;
+	c->param = c->old_param;
+	c->old_plan = NULL;
+	memset(&c->old_grad, 0, sizeof(c->old_grad));
+	memset(&c->old_param, 0, sizeof(c->old_param));
+	free(c->replan_map);
+	c->replan_map = NULL;
+	if (c->replan_fd >= 0)
+		close(c->replan_fd);
+	c->replan_fd = -1;
+	c->plan_result = 1;
+}
+
 /*
  * zc_register_plan() of a re-plan: export the state under the registered
- * plan, register the new one (the daemon starts the job again on it), import
- * the state into the new layout, and let the old buffers go. The export
- * costs the state's size in this process for the while.
+ * plan, pass the new buffers (their memfd, over <socket>.fd as at the first
+ * registration: zerod takes them from a registered session), register the
+ * new one (the daemon starts the job again on it), import the state into
+ * the new layout, and let the old buffers go. The export costs the state's
+ * size in this process for the while.
  */
 static int replan_register(zc_client *c)
 {
 	const char *fn = "zc_register_plan";
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
-	Zerod__V1__ShmBuffers shm = ZEROD__V1__SHM_BUFFERS__INIT;
+	Zerod__V1__FdBuffers fds = ZEROD__V1__FD_BUFFERS__INIT;
 	Zerod__V1__Plan pb;
 	const struct plan *old = c->old_plan, *p = c->plan;
+	char path[sizeof(c->fp_path)], err[256];
+	uint64_t serial = 0;
 	uint32_t nold = plan_nsegs(old), nnew = plan_nsegs(p);
 	struct zc_segment_state *os = calloc(nold ? nold : 1, sizeof(*os));
 	struct zc_segment_state *ns = calloc(nnew ? nnew : 1, sizeof(*ns));
 	uint32_t *ob = NULL, *osg = NULL, *nb = NULL, *nsg = NULL;
-	float *arena = calloc(3 * old->total_numel + 1, sizeof(float));
+	/* in the state's layout (plan.h): moments, then masters */
+	float *arena = calloc(4 * old->state_numel + 1, sizeof(float));
 	int r;
 
 	if (!os || !ns || !arena || seg_index(old, &ob, &osg) < 0 || seg_index(p, &nb, &nsg) < 0) {
@@ -2480,28 +2543,44 @@ static int replan_register(zc_client *c)
 	}
 	for (uint32_t k = 0; k < nold; k++) {
 		uint64_t at =
-			old->buckets[ob[k]].base + old->buckets[ob[k]].segments[osg[k]].offset;
+			old->buckets[ob[k]].sbase + old->buckets[ob[k]].segments[osg[k]].offset;
+		uint64_t n = old->state_numel;
 		os[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
 		os[k].bucket = ob[k];
 		os[k].segment = osg[k];
 		os[k].exp_avg = os[k].momentum_buffer = arena + at;
-		os[k].exp_avg_sq = arena + old->total_numel + at;
-		os[k].max_exp_avg_sq = arena + 2 * old->total_numel + at;
+		os[k].exp_avg_sq = arena + n + at;
+		os[k].max_exp_avg_sq = arena + 2 * n + at;
+		if (old->buckets[ob[k]].dtype != ZC_DTYPE_F32)
+			os[k].master = arena + 3 * n + at; /* moves with its segment */
 	}
 	r = get_state(c, old, os, sizeof(*os), nold, fn);
 	if (r < 0)
 		goto out;
+	pthread_mutex_lock(&c->mu);
+	fd_socket(c, path, sizeof(path));
+	pthread_mutex_unlock(&c->mu);
+	r = path[0] ? bufs_send(path, c->fp_token, &c->replan_fd, 1, plan_buffer_bytes(p), 0,
+				c->replan_poff, c->cfg.connect_timeout_ms, &serial, err,
+				sizeof(err))
+		    : ZC_ENOTSUP;
+	if (r < 0) {
+		err_set(r, "%s: the new buffers: %s", fn,
+			path[0] ? err : "zerod offered no fd socket to pass them on");
+		pthread_mutex_lock(&c->mu);
+		replan_undo(c);
+		old = NULL;
+		client_unlock(c);
+		goto out;
+	}
 	r = plan_to_pb(p, &pb);
 	if (r < 0) {
 		r = err_set(r, NULL);
 		goto out;
 	}
-	shm.grad_name = c->grad.name;
-	shm.grad_bytes = c->grad.bytes;
-	shm.param_name = c->param.name;
-	shm.param_bytes = c->param.bytes;
+	fds.serial = serial;
 	rp.plan = &pb;
-	rp.shm = &shm;
+	rp.fds = &fds;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
 	env.register_plan = &rp;
 	pthread_mutex_lock(&c->mu);
@@ -2525,18 +2604,7 @@ static int replan_register(zc_client *c)
 		if (!c->job_error) {
 			/* refused, the job goes on with the registered plan: so
 			 * does this client */
-			buf_release(&c->grad);
-			buf_release(&c->param);
-			plan_free(c->plan);
-			c->plan = c->old_plan;
-			c->grad = c->old_grad;
-			c->param = c->old_param;
-			c->old_plan = NULL;
-			memset(&c->old_grad, 0, sizeof(c->old_grad));
-			memset(&c->old_param, 0, sizeof(c->old_param));
-			free(c->replan_map);
-			c->replan_map = NULL;
-			c->plan_result = 1;
+			replan_undo(c);
 			old = NULL;
 		}
 		client_unlock(c);
@@ -2547,6 +2615,8 @@ static int replan_register(zc_client *c)
 	buf_release(&c->old_grad);
 	buf_release(&c->old_param);
 	c->old_plan = NULL;
+	close(c->replan_fd); /* zerod and our mappings keep the memory */
+	c->replan_fd = -1;
 	client_unlock(c);
 	for (uint32_t k = 0; k < nnew; k++) {
 		ns[k] = os[c->replan_map[k]];

@@ -13,6 +13,11 @@
 
 #define FDBUFS_MAGIC   0x7a66646275667321ull /* "zfdbufs!" */
 #define FDBUFS_VERSION 1
+/* The same record, one fd: a state round's staging (zc_get_state(),
+ * zc_set_state(); StateStaging.fd_serial names it), from a registered
+ * session. bytes: its length; grad_offset: where it starts in the fd
+ * (param_offset unused). The reply is FDBUFS's. */
+#define FDSTAGE_MAGIC 0x7a66647374616765ull /* "zfdstage" */
 
 /* One fd (grad and param in one memfd at two offsets) or two (grad, then
  * param). Offsets are multiples of the page size. */

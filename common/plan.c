@@ -277,7 +277,7 @@ static int check_param_ids(const struct plan *p, uint64_t nseg, char *err, size_
  */
 static int plan_finish(struct plan *p, char *err, size_t errlen)
 {
-	uint64_t bytes = 0, nseg = 0;
+	uint64_t bytes = 0, nseg = 0, sslots = 0;
 	int r;
 
 	if (p->optimizer < ZC_OPT_SGD || p->optimizer > ZC_OPT_ADAMW)
@@ -346,6 +346,8 @@ static int plan_finish(struct plan *p, char *err, size_t errlen)
 				    " elements",
 				    b, at, bk->numel);
 		bk->base = bytes / plan_dtype_size(bk->dtype);
+		bk->sbase = sslots;
+		sslots += (bk->numel + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
 		bytes += (bk->numel * plan_dtype_size(bk->dtype) + PLAN_ALIGN_BYTES - 1) /
 			 PLAN_ALIGN_BYTES * PLAN_ALIGN_BYTES;
 		if (bk->dtype != ZC_DTYPE_F32)
@@ -356,6 +358,7 @@ static int plan_finish(struct plan *p, char *err, size_t errlen)
 	}
 	p->total_numel = bytes / sizeof(float);
 	p->total_bytes = bytes;
+	p->state_numel = sslots;
 	r = check_param_ids(p, nseg, err, errlen);
 	if (r < 0)
 		return r;
@@ -855,7 +858,7 @@ static int state_check(const struct plan *p, uint32_t bucket, uint32_t segment, 
 	if (present & ~PLAN_STATE_ALL)
 		return fail(err, errlen, "buckets[%u].segments[%u].present: unknown bits 0x%x", b,
 			    s, present & ~PLAN_STATE_ALL);
-	if (present & ZC_STATE_MASTER)
+	if ((present & ZC_STATE_MASTER) && p->buckets[bucket].dtype == ZC_DTYPE_F32)
 		return fail(err, errlen,
 			    "buckets[%u].segments[%u].master: fp32 parameters have no master copy",
 			    b, s);
@@ -886,8 +889,8 @@ static int state_check(const struct plan *p, uint32_t bucket, uint32_t segment, 
 		return fail(err, errlen,
 			    "buckets[%u].segments[%u].max_exp_avg_sq: its group has no amsgrad", b,
 			    s);
-	if (present == 0)
-		return 0;
+	if ((present & ~ZC_STATE_MASTER) == 0)
+		return 0; /* before the first step (a master exists from the start) */
 	if ((present & adam) != adam)
 		return fail(err, errlen,
 			    "buckets[%u].segments[%u].%s: missing (step, exp_avg and exp_avg_sq "
@@ -921,6 +924,7 @@ int plan_replan_match(const struct plan *old, const struct plan *p, uint32_t *ma
 	bool ids = true;
 	struct id_at *byid = NULL;
 	const struct zc_segment **oflat = NULL;
+	enum zc_dtype *odt = NULL;
 	char field[192];
 	int r = 0;
 
@@ -943,15 +947,22 @@ int plan_replan_match(const struct plan *old, const struct plan *p, uint32_t *ma
 	if (nold != nnew)
 		return REPLAN("%u segments, the registered plan has %u", nnew, nold);
 	oflat = calloc(nold ? nold : 1, sizeof(*oflat));
-	if (!oflat)
+	odt = calloc(nold ? nold : 1, sizeof(*odt));
+	if (!oflat || !odt) {
+		free(oflat);
+		free(odt);
 		return -ENOMEM;
+	}
 	for (uint32_t b = 0, i = 0; b < old->nbuckets; b++)
-		for (uint32_t s = 0; s < old->buckets[b].nsegments; s++)
-			oflat[i++] = &old->buckets[b].segments[s];
+		for (uint32_t s = 0; s < old->buckets[b].nsegments; s++, i++) {
+			oflat[i] = &old->buckets[b].segments[s];
+			odt[i] = old->buckets[b].dtype;
+		}
 	if (ids) {
 		byid = calloc(nold, sizeof(*byid));
 		if (!byid) {
 			free(oflat);
+			free(odt);
 			return -ENOMEM;
 		}
 		for (uint32_t b = 0, i = 0; b < old->nbuckets; b++)
@@ -991,11 +1002,19 @@ int plan_replan_match(const struct plan *old, const struct plan *p, uint32_t *ma
 					   ", group %u",
 					   b, s, ids ? " (by param_id)" : " (by position)",
 					   n->numel, n->group, o->numel, o->group);
+			else if (odt[at] != p->buckets[b].dtype)
+				/* a parameter keeps its element type */
+				r = REPLAN("buckets[%u].segments[%u]%s: a %s parameter; the "
+					   "registered plan's is %s",
+					   b, s, ids ? " (by param_id)" : " (by position)",
+					   plan_dtype_name(p->buckets[b].dtype),
+					   plan_dtype_name(odt[at]));
 			if (map)
 				map[k] = at;
 		}
 #undef REPLAN
 	free(byid);
 	free(oflat);
+	free(odt);
 	return r;
 }

@@ -35,6 +35,7 @@ _Static_assert(ZEROD_QUEUE_MSGS >= 2 * PLAN_MAX_BUCKETS, "queues hold two iterat
 struct plan_bucket {
 	uint64_t numel;
 	uint64_t base; /* first element in the flat buffer, in elements of dtype */
+	uint64_t sbase; /* first element in the state's fp32 layout (below) */
 	uint32_t nsegments;
 	enum zc_dtype dtype;
 	struct zc_segment *segments;
@@ -53,6 +54,11 @@ struct plan {
 			       * elements with padding, for an all-fp32 plan) */
 	uint64_t total_bytes; /* flat buffer length in bytes, with padding */
 	bool low_precision;   /* some bucket is not fp32 */
+	/* The state's layout (zc_get_state's staging, docs/STATE.md): every
+	 * bucket's elements as fp32 slots, bucket b from sbase, each bucket
+	 * padded to PLAN_ALIGN; state_numel slots in all. For an all-fp32 plan
+	 * it is the buffers' own (sbase == base, state_numel == total_numel). */
+	uint64_t state_numel;
 	uint64_t hash;
 };
 
@@ -116,7 +122,7 @@ int plan_state_check(const struct plan *p, uint32_t bucket, uint32_t segment, ui
 		     double step, char *err, size_t errlen);
 
 /* A re-plan: p must hold old's parameters (same optimizer and groups, the
- * same segments' numel and group, matched by param_id when every segment of
+ * same segments' numel, group and dtype, matched by param_id when every segment of
  * both has one, else by position in plan order). map (optional, one entry
  * per segment of p in plan order) gets each one's index in old's order.
  * 0, or ZC_EREPLAN with the first difference in err. */

@@ -512,6 +512,52 @@ static int op_prog(struct exec *e, struct lane *ln, const struct zop *z)
 	return -EINVAL;
 }
 
+/*
+ * Over several nodes: every node runs this plan, checked through the job's
+ * store before the collectives open. The rendezvous compared the plans of
+ * the first start; a re-plan (statex.c) is registered on each node alone,
+ * and nodes on different layouts would exchange mismatched buffers. Each
+ * node stores its plan's hash under the run's prefix and reads the others'.
+ */
+static int plans_agree(struct exec *e)
+{
+	const struct coll_net *net = e->cfg.net;
+	uint64_t mine = e->cfg.plan->hash;
+	char key[256];
+	int r;
+
+	snprintf(key, sizeof(key), "%splan/%u", net->prefix, net->node);
+	r = net->store->set(net->store->ctx, key, &mine, sizeof(mine));
+	for (uint32_t n = 0; n < net->nnodes && r >= 0; n++) {
+		void *v = NULL;
+		size_t len = 0;
+		uint64_t theirs = 0;
+
+		if (n == net->node)
+			continue;
+		snprintf(key, sizeof(key), "%splan/%u", net->prefix, n);
+		r = net->store->get(net->store->ctx, key,
+				    net->timeout_ms ? (int)net->timeout_ms : 30000, &v, &len);
+		if (r < 0) {
+			snprintf(e->open_err, sizeof(e->open_err),
+				 "node %u's plan did not come within the timeout: %s", n,
+				 zc_strerror(r));
+			break;
+		}
+		if (len == sizeof(theirs))
+			memcpy(&theirs, v, sizeof(theirs));
+		free(v);
+		if (theirs != mine) {
+			snprintf(e->open_err, sizeof(e->open_err),
+				 "node %u runs plan %016" PRIx64 ", node %u plan %016" PRIx64
+				 ": every node's ranks must register the same plan",
+				 n, theirs, net->node, mine);
+			r = ZC_EPLANMISMATCH;
+		}
+	}
+	return r;
+}
+
 /* Open the backends (they may block), allocate the state, and give every
  * rank rank 0's parameters: "rank 0's initial values win". */
 static int op_start(struct exec *e, struct lane *ln)
@@ -535,6 +581,8 @@ static int op_start(struct exec *e, struct lane *ln)
 	r = e->cfg.optim->open(&oc, &e->oc);
 	if (r < 0)
 		return r;
+	if (e->cfg.net && e->cfg.net->nnodes > 1 && e->cfg.net->store && (r = plans_agree(e)) < 0)
+		return r;
 	r = e->cfg.coll->open(&cc, &cg);
 	if (r < 0)
 		return r;
@@ -555,9 +603,20 @@ static int op_start(struct exec *e, struct lane *ln)
 
 /* ------------------------------------------------- state export/import --- */
 
-static float *region(float *stg, uint64_t total, unsigned k)
+/*
+ * The staging is in the state's layout (plan.h: every element an fp32 slot,
+ * bucket b from sbase), not the buffers': a bf16/fp16 bucket's moments and
+ * masters are fp32 and must not be rounded on the way.
+ */
+static float *region(float *stg, uint64_t slots, unsigned k)
 {
-	return stg + (size_t)k * total;
+	return stg + (size_t)k * slots;
+}
+
+/* Where piece pc of bucket b is in the state's layout. */
+static uint64_t piece_slot(const struct plan *p, uint32_t b, const struct optim_piece *pc)
+{
+	return p->buckets[b].sbase + (pc->off - p->buckets[b].base);
 }
 
 static uint32_t piece_meta(const struct exec *e, const struct optim_piece *pc)
@@ -574,64 +633,128 @@ static uint32_t piece_meta(const struct exec *e, const struct optim_piece *pc)
 	return w;
 }
 
-/* Fill each owned piece's range of its owner's parameters with region k's
- * values, broadcast them to every rank, and copy them into each local
- * rank's staging. */
-static int export_region(struct exec *e, struct lane *ln, const struct exec_state_req *rq,
-			 unsigned k)
+/* Piece pc's values of region k, as 32-bit words (n of them) into dst. */
+static void piece_values(const struct exec *e, const struct optim_piece *pc, unsigned k, void *dst)
 {
 	const struct state *s = e->cfg.state;
-	uint64_t total = e->cfg.plan->total_numel;
-	int r;
+	const float *src = k == EXEC_REGION_M      ? s->m
+			   : k == EXEC_REGION_V    ? s->v
+			   : k == EXEC_REGION_VMAX ? s->vmax
+						   : NULL;
 
-	for (uint32_t i = 0; i < s->npieces; i++) {
-		const struct optim_piece *pc = &s->pieces[i];
-		float *dst = e->cfg.params[pc->owner] + pc->off;
-		const float *src = k == EXEC_REGION_M ? s->m : k == EXEC_REGION_V ? s->v : s->vmax;
-
-		if (k == EXEC_REGION_META) {
-			uint32_t w = piece_meta(e, pc);
-			for (uint64_t x = 0; x < pc->n; x++)
-				memcpy(dst + x, &w, sizeof(w));
-		} else {
-			memcpy(dst, src + pc->at, pc->n * sizeof(float));
-		}
+	if (k == EXEC_REGION_META) {
+		uint32_t w = piece_meta(e, pc);
+		for (uint64_t x = 0; x < pc->n; x++)
+			memcpy((char *)dst + x * sizeof(w), &w, sizeof(w));
+	} else if (k == EXEC_REGION_MASTER) {
+		if (pc->dtype != ZC_DTYPE_F32)
+			memcpy(dst, s->master + pc->mat, pc->n * sizeof(float));
+	} else {
+		memcpy(dst, src + pc->at, pc->n * sizeof(float));
 	}
-	r = lane_coll(e, ln, COLL_BCAST, e->cfg.plan->shard_mode, e->ranges, e->cfg.shard->nunits);
-	if (r < 0)
-		return r;
-	for (uint32_t i = 0; i < e->nlocal; i++) {
-		uint32_t lr = e->local[i];
-		memcpy(region(rq->staging[lr], total, k), e->cfg.params[lr], total * sizeof(float));
+}
+
+static bool region_kept(const struct exec *e, unsigned k)
+{
+	const struct state *s = e->cfg.state;
+
+	switch (k) {
+	case EXEC_REGION_META:
+		return true;
+	case EXEC_REGION_M:
+		return s->m;
+	case EXEC_REGION_V:
+		return s->v;
+	case EXEC_REGION_VMAX:
+		return s->vmax;
+	case EXEC_REGION_MASTER:
+		return s->nmaster;
+	}
+	return false;
+}
+
+/* One node: every piece is here and every rank's staging is mapped, so
+ * each piece's values go straight into each staging. */
+static int export_local(struct exec *e, const struct exec_state_req *rq)
+{
+	const struct plan *p = e->cfg.plan;
+	const struct state *s = e->cfg.state;
+
+	for (unsigned k = EXEC_REGION_META; k < exec_state_regions(p); k++) {
+		if (!region_kept(e, k))
+			continue;
+		for (uint32_t b = 0; b < p->nbuckets; b++)
+			for (uint32_t i = s->bucket_first[b]; i < s->bucket_first[b + 1]; i++) {
+				const struct optim_piece *pc = &s->pieces[i];
+				uint64_t at = piece_slot(p, b, pc);
+				float *first = region(rq->staging[e->local[0]], p->state_numel, k);
+
+				piece_values(e, pc, k, first + at);
+				for (uint32_t l = 1; l < e->nlocal; l++)
+					memcpy(region(rq->staging[e->local[l]], p->state_numel, k) +
+						       at,
+					       first + at, pc->n * sizeof(float));
+			}
 	}
 	return 0;
 }
 
-static int state_export(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
+/*
+ * Several nodes: region k travels in the parameter buffers by the job's own
+ * broadcast of every shard unit, then each local rank's buffer goes into
+ * its staging. Such a job has fp32 buckets only (backend_host_multi takes
+ * no bf16/fp16: job.c), so the buffers' layout is the state's.
+ */
+static int export_region(struct exec *e, struct lane *ln, const struct exec_state_req *rq,
+			 unsigned k)
 {
+	const struct plan *p = e->cfg.plan;
 	const struct state *s = e->cfg.state;
-	uint64_t total = e->cfg.plan->total_numel;
 	int r;
 
-	for (uint32_t i = 0; i < e->nlocal; i++) {
-		uint32_t lr = e->local[i];
-		memcpy(region(rq->staging[lr], total, EXEC_REGION_SAVE), e->cfg.params[lr],
-		       total * sizeof(float));
+	for (uint32_t i = 0; i < s->npieces; i++) {
+		const struct optim_piece *pc = &s->pieces[i];
+		piece_values(e, pc, k, e->cfg.params[pc->owner] + pc->off);
 	}
-	r = export_region(e, ln, rq, EXEC_REGION_META);
-	if (r >= 0 && s->m)
-		r = export_region(e, ln, rq, EXEC_REGION_M);
-	if (r >= 0 && s->v)
-		r = export_region(e, ln, rq, EXEC_REGION_V);
-	if (r >= 0 && s->vmax)
-		r = export_region(e, ln, rq, EXEC_REGION_VMAX);
+	r = lane_coll(e, ln, COLL_BCAST, p->shard_mode, e->ranges, e->cfg.shard->nunits);
+	if (r < 0)
+		return r;
+	for (uint32_t l = 0; l < e->nlocal; l++) {
+		uint32_t lr = e->local[l];
+		memcpy(region(rq->staging[lr], p->state_numel, k), e->cfg.params[lr],
+		       p->total_numel * sizeof(float));
+	}
+	return 0;
+}
+
+static int export_bcast(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
+{
+	const struct plan *p = e->cfg.plan;
+	uint64_t bytes = plan_buffer_bytes(p);
+	int r = 0;
+
+	if (p->low_precision)
+		return -ENOTSUP; /* not taken over several nodes (above) */
+	for (uint32_t l = 0; l < e->nlocal; l++) {
+		uint32_t lr = e->local[l];
+		memcpy(region(rq->staging[lr], p->state_numel, EXEC_REGION_SAVE), e->cfg.params[lr],
+		       bytes);
+	}
+	for (unsigned k = EXEC_REGION_META; k < exec_state_regions(p) && r >= 0; k++)
+		if (region_kept(e, k))
+			r = export_region(e, ln, rq, k);
 	/* the parameters as they were, whatever came of it */
-	for (uint32_t i = 0; i < e->nlocal; i++) {
-		uint32_t lr = e->local[i];
-		memcpy(e->cfg.params[lr], region(rq->staging[lr], total, EXEC_REGION_SAVE),
-		       total * sizeof(float));
+	for (uint32_t l = 0; l < e->nlocal; l++) {
+		uint32_t lr = e->local[l];
+		memcpy(e->cfg.params[lr], region(rq->staging[lr], p->state_numel, EXEC_REGION_SAVE),
+		       bytes);
 	}
 	return r;
+}
+
+static int state_export(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
+{
+	return e->nlocal == e->cfg.world ? export_local(e, rq) : export_bcast(e, ln, rq);
 }
 
 /* The segment of bucket b that holds flat element off. */
@@ -651,23 +774,24 @@ static uint32_t piece_segment(const struct plan *p, uint32_t b, uint64_t off)
 	return lo;
 }
 
-static void import_array(float *arr, const struct optim_piece *pc, const float *src, bool given)
+static void import_array(float *arr, uint64_t at, uint64_t n, const float *src, bool given)
 {
 	if (!arr)
 		return;
 	if (given)
-		memcpy(arr + pc->at, src + pc->off, pc->n * sizeof(float));
+		memcpy(arr + at, src, n * sizeof(float));
 	else
-		memset(arr + pc->at, 0, pc->n * sizeof(float));
+		memset(arr + at, 0, n * sizeof(float));
 }
 
 /* Validated on the loop thread already (statex.c): nothing here can fail,
- * so nothing is applied partially. */
+ * so nothing is applied partially. A bf16/fp16 piece given without its
+ * master takes it from its owner's parameters, widened. */
 static int state_import(struct exec *e, const struct exec_state_req *rq)
 {
 	const struct plan *p = e->cfg.plan;
 	struct state *s = e->cfg.state;
-	uint64_t total = p->total_numel;
+	uint64_t slots = p->state_numel;
 
 	for (uint32_t b = 0; b < p->nbuckets; b++)
 		for (uint32_t i = s->bucket_first[b]; i < s->bucket_first[b + 1]; i++) {
@@ -675,19 +799,36 @@ static int state_import(struct exec *e, const struct exec_state_req *rq)
 			const struct exec_seg_state *g =
 				&rq->segs[rq->seg_first[b] + piece_segment(p, b, pc->off)];
 			float *stg = rq->staging[pc->owner];
+			uint64_t at = piece_slot(p, b, pc);
+			bool has;
 
 			if (!g->given)
 				continue;
+			if (pc->dtype != ZC_DTYPE_F32) {
+				if (g->present & ZC_STATE_MASTER)
+					memcpy(s->master + pc->mat,
+					       region(stg, slots, EXEC_REGION_MASTER) + at,
+					       pc->n * sizeof(float));
+				else
+					host_widen(s->master + pc->mat,
+						   (const uint16_t *)e->cfg.params[pc->owner] +
+							   pc->off,
+						   pc->n, pc->dtype);
+			}
 			if (p->optimizer == ZC_OPT_SGD) {
-				bool has = g->present & ZC_STATE_MOMENTUM_BUFFER;
-				import_array(s->m, pc, region(stg, total, EXEC_REGION_M), has);
+				has = g->present & ZC_STATE_MOMENTUM_BUFFER;
+				import_array(s->m, pc->at, pc->n,
+					     region(stg, slots, EXEC_REGION_M) + at, has);
 				pc->first_momentum = !has;
 				continue;
 			}
-			bool has = g->present & ZC_STATE_STEP;
-			import_array(s->m, pc, region(stg, total, EXEC_REGION_M), has);
-			import_array(s->v, pc, region(stg, total, EXEC_REGION_V), has);
-			import_array(s->vmax, pc, region(stg, total, EXEC_REGION_VMAX),
+			has = g->present & ZC_STATE_STEP;
+			import_array(s->m, pc->at, pc->n, region(stg, slots, EXEC_REGION_M) + at,
+				     has);
+			import_array(s->v, pc->at, pc->n, region(stg, slots, EXEC_REGION_V) + at,
+				     has);
+			import_array(s->vmax, pc->at, pc->n,
+				     region(stg, slots, EXEC_REGION_VMAX) + at,
 				     g->present & ZC_STATE_MAX_EXP_AVG_SQ);
 			pc->step = has ? g->step + 1 : 1;
 		}

@@ -82,17 +82,34 @@ int exec_bucket_ex(struct exec *e, uint64_t t, uint32_t b, const struct exec_buc
 
 /*
  * Export or import the optimizer state, between iterations (statex.c). Each
- * local rank's staging holds EXEC_STATE_REGIONS regions of the plan's
- * total_numel floats, at flat positions: the rank's saved parameters, one
- * word per element (EXEC_META_*), then momentum_buffer / exp_avg, exp_avg_sq,
- * max_exp_avg_sq. Export: every rank's staging gets every piece's state, the
- * other nodes' too (through broadcasts in the parameter buffers, which are
- * saved first and restored after). Import: each owned piece whose segment is
- * given takes its owner rank's values. The request and what it points to
- * stay the caller's until EXEC_STATE_DONE (or the executor stopped).
+ * local rank's staging holds exec_state_regions() regions of the plan's
+ * state_numel floats, in the state's layout (plan.h: each element an fp32
+ * slot, bucket b from its sbase): the rank's saved parameters (used by an
+ * export over several nodes), one word per element (EXEC_META_*), then
+ * momentum_buffer / exp_avg, exp_avg_sq, max_exp_avg_sq, and for a plan
+ * with bf16/fp16 buckets their fp32 masters. Export: every rank's staging
+ * gets every piece's state; on one node straight from the state, over
+ * several (fp32 buckets only there) the other nodes' through broadcasts in
+ * the parameter buffers, which are saved first and restored after. Import: each
+ * owned piece whose segment is given takes its owner rank's values; a
+ * bf16/fp16 piece given without a master reloads it from its owner's
+ * parameters. The request and what it points to stay the caller's until
+ * EXEC_STATE_DONE (or the executor stopped).
  */
-#define EXEC_STATE_REGIONS 5
-enum { EXEC_REGION_SAVE, EXEC_REGION_META, EXEC_REGION_M, EXEC_REGION_V, EXEC_REGION_VMAX };
+enum {
+	EXEC_REGION_SAVE,
+	EXEC_REGION_META,
+	EXEC_REGION_M,
+	EXEC_REGION_V,
+	EXEC_REGION_VMAX,
+	EXEC_REGION_MASTER, /* plans with bf16/fp16 buckets only */
+};
+/* 5 regions, 6 with bf16/fp16 buckets (an fp32 plan's staging is as it
+ * was before low-precision buckets). */
+static inline unsigned exec_state_regions(const struct plan *p)
+{
+	return p->low_precision ? 6 : 5;
+}
 #define EXEC_META_STEP     0x3fffffffu /* torch's step */
 #define EXEC_META_VMAX     (1u << 30)  /* max_exp_avg_sq exists */
 #define EXEC_META_MOMENTUM (1u << 31)  /* SGD's momentum_buffer exists */

@@ -705,7 +705,7 @@ static void on_pending(struct fp_conn *c)
 		conn_close(c);
 		return;
 	}
-	if (rec.magic == FDBUFS_MAGIC) {
+	if (rec.magic == FDBUFS_MAGIC || rec.magic == FDSTAGE_MAGIC) {
 		buffers(c, &rec.bufs, n, mh.msg_flags, fds, nfds); /* takes what it keeps */
 		for (int i = 0; i < nfds; i++)
 			if (fds[i] >= 0)

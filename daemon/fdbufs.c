@@ -12,6 +12,11 @@
  * is left behind when either side dies: closing the fds and the mappings
  * is all.
  *
+ * The same holds later for a registered session: a re-plan's new buffers
+ * (FDBUFS, named by the new RegisterPlan) and a state round's staging
+ * (FDSTAGE: one memfd, named by GetState/SetState's StateStaging.fd_serial;
+ * statex.c), each offered just before the message that names it.
+ *
  * Owns: each session's fds (struct fdbufs), one set per session.
  */
 #include <errno.h>
@@ -27,8 +32,9 @@
 
 struct fdbufs {
 	uint64_t serial;
-	int fd[2]; /* grad, param (the same fd twice: one memfd) */
-	bool one;  /* fd[1] is fd[0] */
+	bool staging; /* FDSTAGE: fd[0] at offset[0], bytes long */
+	int fd[2];    /* grad, param (the same fd twice: one memfd) */
+	bool one;     /* fd[1] is fd[0] */
 	uint64_t offset[2];
 	uint64_t bytes;
 };
@@ -76,7 +82,8 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 {
 	static const char *const what[2] = {"gradients", "parameters"};
 	struct job *j = s->job;
-	struct fdbufs b = {0};
+	struct fdbufs b = {.staging = o->magic == FDSTAGE_MAGIC};
+	bool registered = j && j->state == JOB_ACTIVE; /* every rank of it registered */
 	char why[200];
 	int r;
 
@@ -90,8 +97,18 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 			 o->nfds, nfds);
 		return ZC_EPROTO;
 	}
-	if (!j || j->state != JOB_FORMING || j->plans[s->rank] || j->grad_map[s->rank]) {
-		snprintf(err, errlen, "buffers come before the plan is registered");
+	if (b.staging && (nfds != 1 || !registered)) {
+		snprintf(err, errlen, "%s",
+			 nfds != 1 ? "a state staging is one memfd"
+				   : "a state staging comes once the plan is registered");
+		return nfds != 1 ? ZC_EPROTO : ZC_ESTATE;
+	}
+	/* a plan's buffers: before it is registered, or a re-plan's */
+	if (!b.staging && !registered &&
+	    (!j || j->state != JOB_FORMING || j->plans[s->rank] || j->grad_map[s->rank])) {
+		snprintf(err, errlen,
+			 "buffers come before the plan is registered, or for a re-plan of a "
+			 "running job");
 		return ZC_ESTATE;
 	}
 	b.fd[0] = fds[0];
@@ -101,7 +118,7 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 	b.offset[1] = o->param_offset;
 	b.bytes = o->bytes;
 	/* the plan's mapping, tried now: the same checks, the same words */
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < (b.staging ? 1 : 2); i++) {
 		struct mem_map *m = NULL;
 		struct mem_desc d;
 
@@ -109,11 +126,12 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 		r = s->d->mem->map(&d, b.bytes, &m, why, sizeof(why));
 		s->d->mem->unmap(m);
 		if (r < 0) {
-			snprintf(err, errlen, "%s: %s", what[i], why);
+			snprintf(err, errlen, "%s: %s", b.staging ? "the state staging" : what[i],
+				 why);
 			return r;
 		}
 	}
-	if (overlap(&b)) {
+	if (!b.staging && overlap(&b)) {
 		snprintf(err, errlen,
 			 "the gradients (offset %" PRIu64 ") and the parameters (offset %" PRIu64
 			 ") overlap in one memfd: each takes %" PRIu64 " bytes",
@@ -137,7 +155,7 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 int fdbufs_descs(struct session *s, uint64_t serial, struct mem_desc *ret_grad,
 		 struct mem_desc *ret_param, char *err, size_t errlen)
 {
-	if (!s->bufs || s->bufs->serial != serial) {
+	if (!s->bufs || s->bufs->serial != serial || s->bufs->staging) {
 		snprintf(err, errlen,
 			 "no buffers %" PRIu64 " were passed on this session (pass them over "
 			 "<socket>.fd first: zc_register_buffers)",
@@ -146,5 +164,19 @@ int fdbufs_descs(struct session *s, uint64_t serial, struct mem_desc *ret_grad,
 	}
 	desc_of(s, s->bufs, 0, ret_grad);
 	desc_of(s, s->bufs, 1, ret_param);
+	return 0;
+}
+
+int fdbufs_staging(struct session *s, uint64_t serial, struct mem_desc *ret, char *err,
+		   size_t errlen)
+{
+	if (!s->bufs || s->bufs->serial != serial || !s->bufs->staging) {
+		snprintf(err, errlen,
+			 "no state staging %" PRIu64 " was passed on this session (over "
+			 "<socket>.fd, FDSTAGE)",
+			 serial);
+		return ZC_EBUFFER;
+	}
+	desc_of(s, s->bufs, 0, ret);
 	return 0;
 }

@@ -194,6 +194,8 @@ struct rdzv_job {
 	bool *lost;               /* [nnodes] */
 	struct rconn **node_conn; /* host: [nnodes] */
 	char prefix[ZEROD_JOB_ID_MAX + 24];
+	unsigned run;                           /* re-plans so far */
+	char run_prefix[ZEROD_JOB_ID_MAX + 40]; /* the executor's keys since */
 	char bind_addr[NAME_LEN];
 	struct rdzv_store *store;
 	struct coll_store store_ops;
@@ -1987,6 +1989,17 @@ void rdzv_topology(const struct job *j, uint32_t *node_of, uint32_t *ret_node, u
 const struct coll_net *rdzv_net(struct job *j)
 {
 	return &j->rdzv->net;
+}
+
+void rdzv_replanned(struct job *j)
+{
+	struct rdzv_job *rj = j->rdzv;
+
+	/* under the job's prefix (node 0's store takes nothing else), and the
+	 * same on every node: each counts the job's re-plans alike */
+	rj->run++;
+	snprintf(rj->run_prefix, sizeof(rj->run_prefix), "%sp%u/", rj->prefix, rj->run);
+	rj->net.prefix = rj->run_prefix;
 }
 
 void rdzv_job_free(struct job *j)

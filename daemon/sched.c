@@ -378,8 +378,9 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 				 done->lo, done->hi, zc_strerror(done->status));
 		/* the nodes disagreed on what every rank must say alike (the
 		 * grad scale): the job's error is that, not the executor's */
-		if (done->status == ZC_EHYPER) {
-			job_fail(j, ZC_EHYPER, true, "%s", done->detail ? done->detail : what);
+		if (done->status == ZC_EHYPER || done->status == ZC_EPLANMISMATCH) {
+			/* ZC_EPLANMISMATCH: nodes re-planned to different plans */
+			job_fail(j, done->status, true, "%s", done->detail ? done->detail : what);
 			break;
 		}
 		/* over several nodes, a failed collective most likely means a

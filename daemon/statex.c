@@ -2,9 +2,11 @@
  * statex.c — optimizer state export and import for a running job
  * (GetState / SetState, zc_get_state() / zc_set_state()): a round between
  * iterations that every local rank of the job joins. Each rank hands over a
- * staging shm (exec.h: EXEC_STATE_REGIONS regions of the plan's buffer
- * length); once every local rank is in, the executor copies the state in or
- * out (exec_state) and each rank gets StateOk.
+ * staging (exec.h: exec_state_regions() regions of the plan's state_numel
+ * floats): a memfd it passed over <socket>.fd just before (fdbufs.c,
+ * FDSTAGE), or from an older client a named shm; once every local rank is
+ * in, the executor copies the state in or out (exec_state) and each rank
+ * gets StateOk.
  *
  * A request that cannot be served (a wrong staging size, a bad segment, a
  * list that differs from another rank's) spoils its round: the round still
@@ -22,6 +24,7 @@
 
 #include "common.h"
 #include "daemon.h"
+#include "fdbufs.h"
 #include "log.h"
 #include "mem/mem.h"
 #include "statex.h"
@@ -228,15 +231,6 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 			   j->be->name, what);
 		return;
 	}
-	if (j->plan->low_precision) {
-		/* the state passes through the parameter buffers, by flat fp32
-		 * position: not for bf16/fp16 buckets (yet) */
-		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
-			   "job %s: the optimizer state of a plan with bf16/fp16 buckets cannot be "
-			   "%sed yet",
-			   j->id, what);
-		return;
-	}
 	if (!j->sx && (r = round_new(j, set)) < 0) {
 		statex_free(j);
 		sink_error(d->sink, s, ZC_ELIMIT, false, SINK_NO_ITERATION, -1, "out of memory");
@@ -249,16 +243,22 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 		spoil(x, ZC_ESTATE, "rank %u asked to %s the state while others %s it", rank, what,
 		      x->set ? "import" : "export");
 	if (!x->err) {
-		uint64_t want = EXEC_STATE_REGIONS * j->plan->total_numel * sizeof(float);
+		uint64_t want = (uint64_t)exec_state_regions(j->plan) * j->plan->state_numel *
+				sizeof(float);
 		struct mem_desc md = {
 			.shm_name = stg->shm_name, .bytes = stg->bytes, .owner = s->uid};
 
-		r = d->mem->map(&md, want, &x->stg[rank], err, sizeof(err));
+		r = stg->has_fd_serial ? fdbufs_staging(s, stg->fd_serial, &md, err, sizeof(err))
+				       : 0;
+		if (r >= 0)
+			r = d->mem->map(&md, want, &x->stg[rank], err, sizeof(err));
 		if (r < 0)
 			spoil(x, r, "rank %u: state staging: %s", rank, err);
 		else
 			x->base[rank] = d->mem->ptr(x->stg[rank]);
 	}
+	if (stg->has_fd_serial)
+		fdbufs_free(s); /* mapped, or refused: the mapping keeps the memory */
 	if (set && !x->err)
 		take_list(j, x, rank, list, n);
 	if (x->narrived == j->local_size)
@@ -335,13 +335,6 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 	uint64_t bytes = plan_buffer_bytes(p);
 	int r;
 
-	if (j->rdzv) {
-		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
-			   "job %s: re-planning a job over several nodes is not supported yet",
-			   j->id);
-		plan_free(p);
-		return;
-	}
 	if (j->in_flight || j->sx || (rp && (rp->stopping || rp->plans[rank]))) {
 		sink_error(d->sink, s, ZC_ESTATE, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u: a new plan is taken only between iterations, once "
@@ -434,6 +427,8 @@ bool statex_replan_stopped(struct job *j)
 	}
 	statex_replan_free(j);
 	log_info("job %s: re-planned", j->id);
+	if (j->rdzv)
+		rdzv_replanned(j); /* gloo opens again, under fresh keys */
 	job_restart(j);
 	return true;
 }

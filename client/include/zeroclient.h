@@ -527,25 +527,29 @@ int zc_register_plan(zc_client *c);
  * Re-planning (DDP rebuilding its buckets): between iterations (every step
  * future of the iterations handed over completed), call zc_alloc_buffers()
  * with the new plan and then zc_register_plan() again, on every rank. The new
- * plan must hold the same parameters: the same segments (numel and group),
+ * plan must hold the same parameters: the same segments (numel, group and
+ * dtype),
  * matched by param_id when every segment of both plans has one, else by
  * position in plan order, in any bucket grouping and order, with the same
  * groups and optimizer; else ZC_EREPLAN naming the first difference, and
- * the old plan stays. zc_alloc_buffers() makes new buffers and copies every
- * segment's parameter values from the old ones (the old pointers stay valid
+ * the old plan stays. zc_alloc_buffers() makes new buffers (a memfd, passed
+ * to the daemon by zc_register_plan() as at the first registration) and
+ * copies every segment's parameter values from the old ones (the old pointers stay valid
  * until zc_register_plan() returns; take the new ones then); zc_register_plan()
  * exports the optimizer state (zc_get_state()), has the daemon start the job
  * again on the new plan, and imports the state (zc_set_state()) into the new
- * layout: moments and step counts move with their segment, without loss, in
- * either shard mode. Iterations go on counting; the hyperparameters in force
+ * layout: moments, step counts and the fp32 masters of bf16/fp16 segments
+ * move with their segment, without loss, in either shard mode. Iterations go on counting; the hyperparameters in force
  * (zc_set_hyper's) stay: the new plan's groups must equal the registered
  * plan's. Between the two calls zc_bucket_ready() and the state calls are
  * ZC_ESTATE, and zc_grad_buffer()/zc_param_buffer() already return the new
  * buffers (do not call them from another thread meanwhile). A job over
- * several nodes cannot re-plan yet: zc_register_plan() returns ZC_ENOTSUP
- * and the client goes back to the registered plan and its buffers (so does
- * any refusal that leaves the job running). Once the daemon took the new
- * plan, only the job's failure can fail the import that follows.
+ * several nodes re-plans the same way, every rank of every node with the
+ * same new plan: nodes whose ranks registered different new plans fail the
+ * job with ZC_EPLANMISMATCH on every rank. A refusal that leaves the job
+ * running sends the client back to the registered plan and its buffers.
+ * Once the daemon took the new plan, only the job's failure can fail the
+ * import that follows.
  */
 
 /* ------------------------------------------------------ optimizer state --- */
@@ -568,7 +572,9 @@ int zc_register_plan(zc_client *c);
  *  - Adam, AdamW: empty before the first step; then step (a whole number,
  *    as a double like torch's state['step']), exp_avg, exp_avg_sq, and
  *    max_exp_avg_sq where the group has amsgrad.
- *  - master: never, for fp32 parameters.
+ *  - master: never for fp32 parameters; always for bf16/fp16 ones (from the
+ *    job's start, before any step too): the daemon's fp32 master copy,
+ *    whose rounding is the parameter.
  */
 struct zc_segment_state {
 	uint32_t size;    /* sizeof(struct zc_segment_state) the caller was built with */
@@ -598,14 +604,17 @@ int zc_segment_state_init(struct zc_segment_state *s, size_t size);
  * filled (numel floats the caller owns); a tensor that is not present is not
  * touched. A NULL pointer skips that tensor (ask once with NULL pointers to
  * learn what exists).
- * The bulk data goes through a shared-memory staging area of 5 x the plan's
- * buffer size (sparse: only what is written takes pages), made per call.
+ * The bulk data goes through a staging memfd made per call (5 x the plan's
+ * element count in fp32, 6 x with bf16/fp16 buckets; sparse: only what is
+ * written takes pages), passed to the daemon over its fd socket as the
+ * buffers are: no name ever appears in /dev/shm.
  * The daemon passes the other ranks' state through this rank's parameter
  * buffers (the job's own broadcasts) and puts the parameters back before
  * the call returns: no thread may read or write them meanwhile.
  * Errors: ZC_EBUCKET (no such bucket or segment: nothing is sent),
  * ZC_ESTATE, ZC_ETIMEDOUT (not every rank called within register_timeout_ms),
- * the job's failure.
+ * ZC_ENOTSUP (a daemon that offers no fd socket), ZC_EBUFFER (the daemon
+ * refused the staging, with its reason), the job's failure.
  * Ownership: segs and the tensors stay the caller's.
  * Threads:   any thread; other calls on c may run while it waits.
  * Blocking:  until every local rank called and the state is copied.
@@ -622,6 +631,14 @@ int zc_get_state(zc_client *c, struct zc_segment_state *segs, uint32_t n);
  * taken from the rank that owns it (its shard owner), so ranks should pass
  * the same values. Ranks whose lists differ: every rank of the node gets
  * ZC_ESTATEINVAL and nothing is applied.
+ * bf16/fp16 segments: a master given (ZC_STATE_MASTER) becomes the daemon's
+ * fp32 master and, once the state is in, this rank's parameters of that
+ * segment are set to it rounded to the bucket's dtype (as apex's fp16
+ * optimizer loads its masters into the model), so every rank passing the
+ * same master holds the same parameters; a segment given without one (a
+ * state saved by plain torch) takes its master from its owner rank's
+ * parameters, widened, as zc_params_changed() would. Either way no thread
+ * may touch the parameters during the call.
  * Refused with ZC_ESTATEINVAL naming the segment and the field, nothing
  * applied anywhere and the job going on with its previous state: an unknown
  * bucket or segment, one named twice, a step that is NaN, negative, not a

@@ -13,20 +13,25 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include "bufwire.h"
 #include "harness.h"
 #include "raw.h"
 #include "refoptim.h"
 #include "testlib.h"
 #include "trainer.h"
+#include "wire.h"
 
 static struct zd daemon_;
 
@@ -49,7 +54,22 @@ static const struct layout layouts[] = {
 	{4, {{5, 3, -1}, {4, 2, -1}, {1, -1}, {0, -1}}},
 	{1, {{2, 0, 4, 1, 5, 3, -1}}},
 	{3, {{0, -1}, {1, 2, 3, -1}, {4, 5, -1}}}, /* layout 0's order, other buckets */
+	/* for the bf16/fp16 cases (lowp_): each bucket of one dtype */
+	{3, {{0, 3, -1}, {1, 4, -1}, {2, 5, -1}}},
+	{4, {{5, 2, -1}, {1, -1}, {4, -1}, {3, 0, -1}}},
+	{4, {{0, 3, -1}, {1, -1}, {4, -1}, {2, 5, -1}}}, /* layout 4's order */
 };
+
+/* The bf16/fp16 cases set this before their scripts: parameter k then has
+ * dtype lowp_dt[k] (fp32 otherwise), with layouts 4 and 5 only. */
+static bool lowp_;
+static const enum zc_dtype lowp_dt[NP] = {ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16,
+					  ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16};
+
+static enum zc_dtype dtype_of(int k)
+{
+	return lowp_ ? lowp_dt[k] : ZC_DTYPE_F32;
+}
 
 static uint64_t total_numel(void)
 {
@@ -119,7 +139,8 @@ static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt, enum 
 		tp->buckets[b] = (struct zc_bucket){.size = sizeof(struct zc_bucket),
 						    .nsegments = s,
 						    .numel = off,
-						    .segments = tp->segs[b]};
+						    .segments = tp->segs[b],
+						    .dtype = dtype_of(l->b[b][0])};
 	}
 	tp->plan = (struct zc_plan){.size = sizeof(struct zc_plan),
 				    .optimizer = opt,
@@ -150,6 +171,7 @@ struct snap {
 	uint32_t present[NP];
 	double step[NP];
 	float p[9000], m[9000], v[9000], vmax[9000];
+	float master[9000]; /* bf16/fp16 parameters (lowp_) */
 };
 _Static_assert(9000 >= 1000 + 37 + 5001 + 16 + 2500 + 300, "snap holds every parameter");
 
@@ -243,6 +265,8 @@ static void snap_segs(struct snap *s, const struct tplan *tp, enum zc_optimizer 
 		segs[k].segment = tp->seg_of[k];
 		segs[k].present = s->present[k];
 		segs[k].step = s->step[k];
+		if (dtype_of(k) != ZC_DTYPE_F32)
+			segs[k].master = s->master + o;
 		if (opt == ZC_OPT_SGD) {
 			segs[k].momentum_buffer = s->m + o;
 		} else {
@@ -266,11 +290,19 @@ static int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer o
 	if (r < 0)
 		return r;
 	for (int k = 0; k < NP; k++) {
-		const float *pb = zc_param_buffer(c, tp->bucket_of[k]) +
-				  tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		const void *pb = zc_param_ptr(c, tp->bucket_of[k]);
+		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+
+		if (!pb)
+			return -1;
 		out->present[k] = segs[k].present;
 		out->step[k] = segs[k].step;
-		memcpy(out->p + param_base(k), pb, params[k].numel * sizeof(float));
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			out->p[param_base(k) + i] =
+				dtype_of(k) == ZC_DTYPE_F32
+					? ((const float *)pb)[at + i]
+					: ref_lowp_widen(((const uint16_t *)pb)[at + i],
+							 dtype_of(k));
 	}
 	out->valid = true;
 	return 0;
@@ -285,12 +317,14 @@ static int snap_compare(const char *what, const struct snap *got, const struct s
 
 	for (int k = 0; k < NP; k++) {
 		uint64_t o = param_base(k);
-		const float *ga[] = {got->p + o, got->m + o, got->v + o, got->vmax + o};
-		const float *wa[] = {want->p + o, want->m + o, want->v + o, want->vmax + o};
+		const float *ga[] = {got->p + o, got->m + o, got->v + o, got->vmax + o,
+				     got->master + o};
+		const float *wa[] = {want->p + o, want->m + o, want->v + o, want->vmax + o,
+				     want->master + o};
 		const char *names[] = {"param", opt == ZC_OPT_SGD ? "momentum_buffer" : "exp_avg",
-				       "exp_avg_sq", "max_exp_avg_sq"};
+				       "exp_avg_sq", "max_exp_avg_sq", "master"};
 		uint32_t bits[] = {~0u, ZC_STATE_MOMENTUM_BUFFER | ZC_STATE_EXP_AVG,
-				   ZC_STATE_EXP_AVG_SQ, ZC_STATE_MAX_EXP_AVG_SQ};
+				   ZC_STATE_EXP_AVG_SQ, ZC_STATE_MAX_EXP_AVG_SQ, ZC_STATE_MASTER};
 
 		if (got->present[k] != want->present[k] || got->step[k] != want->step[k]) {
 			printf("# %s: param %d: present 0x%x step %g, want 0x%x step %g\n", what, k,
@@ -298,7 +332,7 @@ static int snap_compare(const char *what, const struct snap *got, const struct s
 			bad++;
 			continue;
 		}
-		for (int a = 0; a < 4; a++) {
+		for (int a = 0; a < 5; a++) {
 			if (a > 0 && !(want->present[k] & bits[a]))
 				continue;
 			if (memcmp(ga[a], wa[a], params[k].numel * sizeof(float)) == 0)
@@ -342,6 +376,9 @@ struct script {
 	char socks[3][192];
 	char rdzv[32];
 	int replan_code; /* the re-plan's expected error (0: it succeeds) */
+	bool check_maps; /* each rank checks it maps nothing from /dev/shm */
+	int replan_layout_node1; /* > 0: the re-plan's layout on node 1's ranks */
+	bool replan_ends;        /* the expected re-plan error ends the job */
 };
 
 /* Rank `rank`'s config: the case's zerod, or its node's. */
@@ -367,14 +404,24 @@ static struct zc_config script_config(const struct script *sc, uint32_t rank)
 	return cfg;
 }
 
+/* A value into a bucket of dtype t at element i (narrowed by the rules). */
+static void put_value(void *buf, enum zc_dtype t, uint64_t i, float x)
+{
+	if (t == ZC_DTYPE_F32)
+		((float *)buf)[i] = x;
+	else
+		((uint16_t *)buf)[i] = ref_lowp_round(x, t);
+}
+
 static int fill_params(zc_client *c, const struct tplan *tp, const struct snap *from)
 {
 	for (int k = 0; k < NP; k++) {
-		float *pb = zc_param_buffer(c, tp->bucket_of[k]);
+		void *pb = zc_param_ptr(c, tp->bucket_of[k]);
+		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
 		if (!pb)
 			return -1;
-		memcpy(pb + tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset,
-		       from->p + param_base(k), params[k].numel * sizeof(float));
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			put_value(pb, dtype_of(k), at + i, from->p[param_base(k) + i]);
 	}
 	return 0;
 }
@@ -387,10 +434,12 @@ static int one_iteration(zc_client *c, const struct script *sc, const struct tpl
 	int r;
 
 	for (int k = 0; k < NP; k++) {
-		float *gb = zc_grad_buffer(c, tp->bucket_of[k]) +
-			    tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		void *gb = zc_grad_ptr(c, tp->bucket_of[k]);
+		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		if (!gb)
+			return -1;
 		for (uint64_t i = 0; i < params[k].numel; i++)
-			gb[i] = grad_value(sc->seed, rank, it, k, i);
+			put_value(gb, dtype_of(k), at + i, grad_value(sc->seed, rank, it, k, i));
 	}
 	for (uint32_t b = 0; b < tp->plan.nbuckets; b++)
 		if ((r = zc_bucket_ready(c, b, NULL)) < 0)
@@ -402,6 +451,22 @@ static int one_iteration(zc_client *c, const struct script *sc, const struct tpl
 		r = ZC_ETIMEDOUT;
 	zc_future_free(step);
 	return r < 0 ? r : 0;
+}
+
+/* Lines of /proc/PID/maps holding needle. */
+static int maps_lines(pid_t pid, const char *needle)
+{
+	char path[64], line[512];
+	FILE *f;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	f = fopen(path, "r");
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, needle) != NULL;
+	if (f)
+		fclose(f);
+	return n;
 }
 
 static int rank_main(void *arg, int idx)
@@ -445,14 +510,27 @@ static int rank_main(void *arg, int idx)
 				break;
 		}
 		if (it == sc->replan_at) {
-			make_plan(tp2, sc->replan_layout, sc->opt, sc->shard, sc->step, sc->ids);
+			int to = sc->replan_layout_node1 > 0 && sc->nnodes > 1 &&
+						 sc->node_of[rank] == 1
+					 ? sc->replan_layout_node1
+					 : sc->replan_layout;
+			make_plan(tp2, to, sc->opt, sc->shard, sc->step, sc->ids);
 			step = "re-plan: alloc_buffers";
 			r = zc_alloc_buffers(c, &tp2->plan);
 			if (r >= 0) {
 				step = "re-plan: register_plan";
 				r = zc_register_plan(c);
 			}
-			if (sc->replan_code && r == sc->replan_code) {
+			if (sc->replan_code && r == sc->replan_code && sc->replan_ends) {
+				printf("# rank %u: re-plan refused: %s\n", rank,
+				       zc_error_message());
+				zc_close(c);
+				free(tp);
+				free(tp2);
+				free(got);
+				free(init);
+				return child_bad;
+			} else if (sc->replan_code && r == sc->replan_code) {
 				/* refused: the job goes on with the plan it had */
 				printf("# rank %u: re-plan refused: %s\n", rank,
 				       zc_error_message());
@@ -490,6 +568,10 @@ static int rank_main(void *arg, int idx)
 			       "rank %u: the state imported and exported again differs", rank);
 		free(again);
 	}
+	if (r >= 0 && sc->check_maps)
+		EXPECT(maps_lines(getpid(), "/dev/shm/") == 0 &&
+			       maps_lines(getpid(), "memfd:zerod-buffers") >= 1,
+		       "rank %u maps from /dev/shm, or no memfd", rank);
 	if (r < 0) {
 		EXPECT(0, "%s rank %u: %s: %s: %s", sc->job, rank, step, zc_strerror_name(r),
 		       zc_error_message());
@@ -773,6 +855,260 @@ static void t_replan_equals_second_layout_run(void)
 	c->replan_layout = 1;
 	c->want = end;
 	run_script(c);
+}
+
+/* ------------------------------------------------ bf16/fp16 parameters --- */
+
+/* What an export of a plan with bf16/fp16 buckets must hold: a master
+ * exactly for those parameters, the parameters its rounding, and (after
+ * some steps) masters that are not just the rounded parameters widened
+ * again: the fp32 bits the parameters lost. */
+static void lowp_check(const struct snap *s)
+{
+	uint64_t finer = 0;
+
+	for (int k = 0; k < NP; k++) {
+		uint64_t o = param_base(k);
+		bool lp = lowp_dt[k] != ZC_DTYPE_F32;
+
+		CHECK(!!(s->present[k] & ZC_STATE_MASTER) == lp, "param %d (%s): present 0x%x", k,
+		      lp ? "bf16/fp16" : "fp32", s->present[k]);
+		for (uint64_t i = 0; lp && i < params[k].numel; i++) {
+			float r = ref_lowp_widen(ref_lowp_round(s->master[o + i], lowp_dt[k]),
+						 lowp_dt[k]);
+			if (memcmp(&r, &s->p[o + i], sizeof(r)) != 0) {
+				CHECK(0, "param %d[%llu] = %.9g is not its master %.9g rounded", k,
+				      (unsigned long long)i, s->p[o + i], s->master[o + i]);
+				break;
+			}
+			finer += s->master[o + i] != s->p[o + i];
+		}
+	}
+	CHECK(finer > 0, "every master equals its rounded parameter: not a master");
+	printf("# %llu masters finer than their parameters\n", (unsigned long long)finer);
+}
+
+/* fp32, bf16 and fp16 buckets: the export has the masters (ZC_STATE_MASTER)
+ * and the moments, importing it and exporting again gives the same bits,
+ * the parameters untouched. */
+static void lowp_roundtrip(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	struct script *sc = script_new("lowp-roundtrip", 2, opt, shard, step);
+	struct snap *out = test_shared(sizeof(*out));
+
+	lowp_ = true;
+	sc->layout = 4;
+	sc->iters = 3;
+	sc->roundtrip = true;
+	sc->out = out;
+	run_script(sc);
+	REQUIRE(out->valid && !test_failed_, "the run failed");
+	lowp_check(out);
+}
+
+static void t_lowp_roundtrip_adam_slice(void)
+{
+	lowp_roundtrip(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+}
+static void t_lowp_roundtrip_sgd_bucket(void)
+{
+	lowp_roundtrip(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+}
+
+/* As replan_equals_second_layout_run with fp32, bf16 and fp16 buckets: the
+ * run on the second layout from the export after 5 iterations (masters
+ * imported) ends bit for bit where the run that re-planned ends, masters
+ * included. The masters at 5 are finer than the parameters (lowp_check), so
+ * a re-plan that re-derived them from the rounded parameters would not. */
+static void lowp_replan(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step,
+			uint32_t world, bool ids, int to)
+{
+	struct script *a = script_new("lowp-first5", world, opt, shard, step);
+	struct script *b = script_new("lowp-second", world, opt, shard, step);
+	struct script *c = script_new("lowp-replans", world, opt, shard, step);
+	struct snap *at5 = test_shared(sizeof(*at5)), *end = test_shared(sizeof(*end));
+
+	lowp_ = true;
+	a->layout = 4;
+	a->iters = 5;
+	a->out = at5;
+	run_script(a);
+	REQUIRE(at5->valid && !test_failed_, "the first 5 iterations failed");
+	lowp_check(at5);
+	b->layout = to;
+	b->ids = ids;
+	b->load = true;
+	b->in = at5;
+	b->start = 5;
+	b->iters = 5;
+	b->out = end;
+	run_script(b);
+	REQUIRE(end->valid && !test_failed_, "the run on the second layout failed");
+	c->layout = 4;
+	c->ids = ids;
+	c->iters = 10;
+	c->replan_at = 5;
+	c->replan_layout = to;
+	c->roundtrip = true;
+	c->want = end;
+	run_script(c);
+}
+
+static void t_lowp_replan_adam_slice_ids(void)
+{
+	lowp_replan(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 2, true, 5);
+}
+static void t_lowp_replan_sgd_bucket_position(void)
+{
+	lowp_replan(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 3, false, 6);
+}
+
+/* A bf16/fp16 segment given without its master (a state saved by plain
+ * torch): the master is the owner's parameters widened, the moments are
+ * taken, and the job trains on. */
+static void t_lowp_import_without_master(void)
+{
+	struct script *a =
+		script_new("lowp-nomaster", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct script *b =
+		script_new("lowp-nomaster2", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct snap *saved = test_shared(sizeof(*saved)), *got = test_shared(sizeof(*got));
+
+	lowp_ = true;
+	a->layout = 4;
+	a->iters = 3;
+	a->out = saved;
+	run_script(a);
+	REQUIRE(saved->valid && !test_failed_, "the export failed");
+	for (int k = 0; k < NP; k++)
+		saved->present[k] &= ~ZC_STATE_MASTER;
+	b->layout = 5;
+	b->ids = true;
+	b->load = true;
+	b->in = saved;
+	b->start = 3;
+	b->iters = 0;
+	b->out = got;
+	run_script(b);
+	REQUIRE(got->valid && !test_failed_, "the import failed");
+	for (int k = 0; k < NP; k++) {
+		uint64_t o = param_base(k);
+		if (lowp_dt[k] == ZC_DTYPE_F32)
+			continue;
+		CHECK(memcmp(got->master + o, saved->p + o, params[k].numel * sizeof(float)) == 0,
+		      "param %d: the master is not the parameter widened", k);
+		CHECK(memcmp(got->m + o, saved->m + o, params[k].numel * sizeof(float)) == 0,
+		      "param %d: exp_avg not imported", k);
+	}
+}
+
+/* A master given to zc_set_state(): the rank's parameters become it
+ * rounded (as apex loads its masters into the model), the export gives it
+ * back bit for bit, and the next step starts from it (no ZC_EPARAMEDIT); a
+ * NaN in one, or NULL, is refused naming the master, nothing applied. */
+static int master_rank(void *arg, int idx)
+{
+	const struct script *sc = arg;
+	struct zc_config cfg = test_config(&daemon_, sc->job, (uint32_t)idx, 1);
+	struct tplan tp;
+	zc_client *c = NULL;
+	struct zc_segment_state s = ZC_SEGMENT_STATE_INIT, got = ZC_SEGMENT_STATE_INIT;
+	static float master[2500], back[2500];
+	const int k = 4; /* bf16, 2500 elements */
+	const uint16_t *pb;
+	int r;
+
+	make_plan(&tp, 4, sc->opt, ZC_SHARD_BUCKET, ZC_STEP_AT_END, false);
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &tp.plan)) < 0 ||
+	    (r = zc_register_plan(c)) < 0) {
+		EXPECT(0, "setup: %s: %s", zc_strerror_name(r), zc_error_message());
+		zc_close(c);
+		return 1;
+	}
+	for (uint64_t i = 0; i < params[k].numel; i++)
+		master[i] = 1.0f + (float)i * 1e-5f; /* finer than bf16 */
+	s.bucket = got.bucket = tp.bucket_of[k];
+	s.segment = got.segment = tp.seg_of[k];
+	s.present = ZC_STATE_MASTER;
+	s.master = master;
+	r = zc_set_state(c, &s, 1);
+	EXPECT(r == 0, "set_state with a master: %s: %s", zc_strerror_name(r), zc_error_message());
+	pb = (const uint16_t *)zc_param_ptr(c, tp.bucket_of[k]) +
+	     tp.segs[tp.bucket_of[k]][tp.seg_of[k]].offset;
+	for (uint64_t i = 0; r == 0 && i < params[k].numel; i++)
+		if (pb[i] != ref_lowp_round(master[i], ZC_DTYPE_BF16)) {
+			EXPECT(0, "param[%llu] = 0x%04x, not its master %.9g rounded",
+			       (unsigned long long)i, pb[i], master[i]);
+			break;
+		}
+	got.master = back;
+	if (r == 0)
+		r = zc_get_state(c, &got, 1);
+	EXPECT(r == 0 && (got.present & ZC_STATE_MASTER) &&
+		       memcmp(back, master, sizeof(master)) == 0,
+	       "the master exported differs from the one imported (%s)", zc_strerror_name(r));
+	if (r == 0)
+		r = one_iteration(c, sc, &tp, 0, 0);
+	EXPECT(r == 0, "a step after the import: %s: %s", zc_strerror_name(r), zc_error_message());
+	master[7] = NAN;
+	r = zc_set_state(c, &s, 1);
+	EXPECT(r == ZC_ESTATEINVAL && strstr(zc_error_message(), "master[7]: nan"),
+	       "a NaN master: %s: %s", zc_strerror_name(r), zc_error_message());
+	s.master = NULL;
+	r = zc_set_state(c, &s, 1);
+	EXPECT(r == ZC_ESTATEINVAL && strstr(zc_error_message(), "master: present but NULL"),
+	       "a NULL master: %s: %s", zc_strerror_name(r), zc_error_message());
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_lowp_master_sets_params(void)
+{
+	struct script *sc =
+		script_new("lowp-master", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+
+	lowp_ = true;
+	CHECK(wait_child(spawn(master_rank, sc, 0), test_timeout(30000)) == 0, "the rank failed");
+}
+
+/* ---------------------------------------------------- nothing named --- */
+
+/* Names created in /dev/shm while a job exports, imports and re-plans (an
+ * inotify watch from before the run: a name made and unlinked at once still
+ * shows), and what its trainers map from there: none. Only names of this
+ * job are counted, other runs on the machine may make their own. */
+static void t_no_name_in_dev_shm(void)
+{
+	struct script *sc = script_new("noshm", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *want = test_shared(sizeof(*want));
+	char buf[8192] __attribute__((aligned(__alignof__(struct inotify_event))));
+	int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC), n = 0;
+	ssize_t len;
+
+	REQUIRE(fd >= 0 && inotify_add_watch(fd, "/dev/shm", IN_CREATE | IN_MOVED_TO) >= 0,
+		"inotify on /dev/shm: %s", strerror(errno));
+	hyper_iter_ = 3;
+	snap_init(want, sc->seed);
+	ref_train(want, ZC_OPT_ADAM, sc->seed, 2, 0, 6);
+	sc->ids = true;
+	sc->iters = 6;
+	sc->replan_at = 3;
+	sc->replan_layout = 1;
+	sc->roundtrip = true;
+	sc->check_maps = true;
+	sc->want = want;
+	run_script(sc);
+	while ((len = read(fd, buf, sizeof(buf))) > 0)
+		for (char *p = buf; p < buf + len;) {
+			const struct inotify_event *ev = (const void *)p;
+			if (ev->len && strstr(ev->name, "noshm")) {
+				printf("# made in /dev/shm: %s\n", ev->name);
+				n++;
+			}
+			p += sizeof(*ev) + ev->len;
+		}
+	close(fd);
+	CHECK(n == 0, "%d names of the job were made in /dev/shm", n);
 }
 
 /* A job beside the one the bad input goes to: it must keep training. */
@@ -1077,6 +1413,155 @@ static int raw_rank(void *arg, int idx)
 	return child_bad;
 }
 
+/* An FDSTAGE record (common/bufwire.h) with fds over the fd socket, as
+ * libzeroclient sends a staging: zerod's answer (status, message). */
+static int stage_send(const char *path, uint64_t token, const int *fds, int nfds, uint64_t bytes,
+		      struct fdbufs_reply *rep)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct fdbufs_offer o = {.magic = FDSTAGE_MAGIC,
+				 .token = token,
+				 .version = FDBUFS_VERSION,
+				 .nfds = (uint32_t)nfds,
+				 .bytes = bytes};
+	union {
+		char buf[CMSG_SPACE(2 * sizeof(int))];
+		struct cmsghdr align;
+	} cbuf;
+	struct iovec iov = {.iov_base = &o, .iov_len = sizeof(o)};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cbuf.buf,
+			    .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
+	struct cmsghdr *cm;
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	ssize_t n = -1;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	memset(cbuf.buf, 0, sizeof(cbuf.buf));
+	cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+	memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+	memset(rep, 0, sizeof(*rep));
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof(o))
+		n = recv(fd, rep, sizeof(*rep), 0);
+	if (fd >= 0)
+		close(fd);
+	rep->message[sizeof(rep->message) - 1] = 0;
+	return n == (ssize_t)sizeof(*rep) ? 0 : -1;
+}
+
+/* A staging memfd of `bytes`, sealed against shrinking (or not). */
+static int stage_memfd(uint64_t bytes, bool seal)
+{
+	int fd = memfd_create("test-stage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	if (fd >= 0 && (ftruncate(fd, (off_t)bytes) < 0 ||
+			(seal && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0))) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* The staging passed as a memfd (FDSTAGE): refused before the plan is
+ * registered, unsealed, as two fds, too small, or named by a serial never
+ * passed, each with its named error, and the job trains on; a good one
+ * serves the round. */
+static int stage_rank(void *arg, int idx)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT, *in;
+	Zerod__V1__GetState gs = ZEROD__V1__GET_STATE__INIT;
+	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
+	Zerod__V1__Hello h;
+	struct fdbufs_reply rep;
+	struct raw_reg g;
+	struct raw r = {0};
+	char path[256] = "";
+	uint64_t token = 0;
+	int good, fds[2];
+
+	(void)arg, (void)idx;
+	if (raw_reg_init(&g, "stage") < 0 || raw_open(&r, daemon_.sock, 0) < 0)
+		return 1;
+	raw_fill_hello(&h, "raw-stage", 0, 1);
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	raw_send(&r, &env);
+	in = raw_recv(&r, "HelloOk");
+	if (in && in->body_case == ZEROD__V1__ENVELOPE__BODY_HELLO_OK &&
+	    in->hello_ok->fastpath_socket) {
+		snprintf(path, sizeof(path), "%s", in->hello_ok->fastpath_socket);
+		token = in->hello_ok->fastpath_token;
+	}
+	wire_free(in);
+	good = stage_memfd(5 * g.bytes, true);
+	if (!path[0] || good < 0) {
+		EXPECT(0, "no fd socket offered, or no memfd: %s", strerror(errno));
+		return 1;
+	}
+	EXPECT(stage_send(path, token, &good, 1, 5 * g.bytes, &rep) == 0 &&
+		       rep.status == ZC_ESTATE &&
+		       strstr(rep.message, "once the plan is registered"),
+	       "a staging before the plan: %d %s", rep.status, rep.message);
+	raw_send(&r, &g.env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_PLAN_OK, "RegisterPlan");
+
+	fds[0] = stage_memfd(5 * g.bytes, false);
+	EXPECT(stage_send(path, token, fds, 1, 5 * g.bytes, &rep) == 0 &&
+		       rep.status == ZC_EBUFFER && strstr(rep.message, "not sealed"),
+	       "an unsealed staging: %d %s", rep.status, rep.message);
+	close(fds[0]);
+	fds[0] = fds[1] = good;
+	EXPECT(stage_send(path, token, fds, 2, 5 * g.bytes, &rep) == 0 && rep.status == ZC_EPROTO &&
+		       strstr(rep.message, "one memfd"),
+	       "a staging of two fds: %d %s", rep.status, rep.message);
+	fds[0] = stage_memfd(4 * g.bytes, true); /* one region short */
+	EXPECT(stage_send(path, token, fds, 1, 4 * g.bytes, &rep) == 0 && rep.status == 0,
+	       "a small staging is taken (its size is checked by the request): %d %s", rep.status,
+	       rep.message);
+	close(fds[0]);
+	sg.shm_name = (char *)"";
+	sg.bytes = 4 * g.bytes;
+	sg.has_fd_serial = true;
+	sg.fd_serial = rep.serial;
+	gs.staging = &sg;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_GET_STATE;
+	env.get_state = &gs;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_EBUFFER, "state staging: the buffers hold",
+			 "a staging one region short");
+	sg.fd_serial = 999999;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_EBUFFER, "no state staging 999999", "a serial never passed");
+	/* the job goes on */
+	raw_bucket(&r, 0, 0);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "bucket 0");
+	raw_bucket(&r, 0, 1);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE, "bucket 1");
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STEP_DONE, "step 0");
+	/* and a good staging serves the round */
+	EXPECT(stage_send(path, token, &good, 1, 5 * g.bytes, &rep) == 0 && rep.status == 0,
+	       "a good staging: %d %s", rep.status, rep.message);
+	sg.bytes = 5 * g.bytes;
+	sg.fd_serial = rep.serial;
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "GetState with a memfd staging");
+	close(good);
+	raw_goodbye(&r);
+	raw_close(&r);
+	raw_reg_free(&g);
+	return child_bad;
+}
+
+static void t_staging_fd_checks(void)
+{
+	CHECK(wait_child(spawn(stage_rank, NULL, 0), test_timeout(30000)) == 0, "see above");
+}
+
 static void t_daemon_checks(void)
 {
 	CHECK(wait_child(spawn(raw_rank, NULL, 0), test_timeout(30000)) == 0, "see above");
@@ -1165,8 +1650,7 @@ static void t_nodes_roundtrip_adam_slice(void)
 
 /* A state exported on one node, imported into a job of 3 ranks over 2
  * nodes (another shard mode and layout): its next steps equal the
- * reference's; then a re-plan is refused there (ZC_ENOTSUP: not over
- * several nodes yet) and the job trains on with the plan it had. */
+ * reference's, through a re-plan over the 2 nodes too. */
 static void t_nodes_import_other_world(void)
 {
 	static const uint32_t node_of[] = {1, 0, 1};
@@ -1192,12 +1676,66 @@ static void t_nodes_import_other_world(void)
 	b->iters = 3;
 	b->replan_at = 4;
 	b->replan_layout = 0;
-	b->replan_code = ZC_ENOTSUP;
 	b->want = want;
 	run_nodes(b, 2, node_of);
 }
 
+/* Re-planning over 2 nodes (the gloo group opens again under fresh store
+ * keys): train 3, re-plan, train 3 more, equal to the reference bit for
+ * bit, moments moved, and a round trip after. */
+static void nodes_replan(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step,
+			 uint32_t world, const uint32_t *node_of, int from, int to, bool ids)
+{
+	struct script *sc = script_new("nodes-replan", world, opt, shard, step);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, sc->seed);
+	ref_train_nodes(want, opt, sc->seed, world, node_of, 0, 6);
+	sc->layout = from;
+	sc->ids = ids;
+	sc->iters = 6;
+	sc->replan_at = 3;
+	sc->replan_layout = to;
+	sc->roundtrip = true;
+	sc->want = want;
+	run_nodes(sc, 2, node_of);
+}
+
+static void t_nodes_replan_adam_slice(void)
+{
+	static const uint32_t node_of[] = {0, 1, 1};
+	nodes_replan(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 3, node_of, 0, 1, true);
+}
+
+static void t_nodes_replan_sgd_bucket(void)
+{
+	static const uint32_t node_of[] = {1, 0};
+	nodes_replan(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 2, node_of, 0, 3, false);
+}
+
+/* The two nodes' ranks re-plan to different layouts (each node's ranks
+ * agree among themselves): the new executors compare plans before their
+ * group opens, and every rank hears ZC_EPLANMISMATCH, no hang. */
+static void t_nodes_replan_mismatch(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+	struct script *sc =
+		script_new("nodes-replan-mm", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+
+	sc->ids = true;
+	sc->iters = 4;
+	sc->replan_at = 2;
+	sc->replan_layout = 1;
+	sc->replan_layout_node1 = 2;
+	sc->replan_code = ZC_EPLANMISMATCH;
+	sc->replan_ends = true;
+	run_nodes(sc, 2, node_of);
+}
+
 static const struct test_case node_cases[] = {
+	{"nodes_replan_adam_slice", t_nodes_replan_adam_slice, 120000},
+	{"nodes_replan_sgd_bucket", t_nodes_replan_sgd_bucket, 120000},
+	{"nodes_replan_mismatch", t_nodes_replan_mismatch, 120000},
 	{"nodes_roundtrip_sgd_bucket", t_nodes_roundtrip_sgd_bucket, 90000},
 	{"nodes_roundtrip_adam_slice", t_nodes_roundtrip_adam_slice, 90000},
 	{"nodes_import_other_world", t_nodes_import_other_world, 120000},
@@ -1221,6 +1759,14 @@ static const struct test_case cases[] = {
 	{"replan_equals_second_layout_run", t_replan_equals_second_layout_run, 120000},
 	{"bad_input", t_bad_input, 120000},
 	{"daemon_checks", t_daemon_checks, 40000},
+	{"staging_fd_checks", t_staging_fd_checks, 40000},
+	{"lowp_roundtrip_adam_slice", t_lowp_roundtrip_adam_slice, 60000},
+	{"lowp_roundtrip_sgd_bucket", t_lowp_roundtrip_sgd_bucket, 60000},
+	{"lowp_replan_adam_slice_ids", t_lowp_replan_adam_slice_ids, 120000},
+	{"lowp_replan_sgd_bucket_position", t_lowp_replan_sgd_bucket_position, 120000},
+	{"lowp_import_without_master", t_lowp_import_without_master, 90000},
+	{"lowp_master_sets_params", t_lowp_master_sets_params, 60000},
+	{"no_name_in_dev_shm", t_no_name_in_dev_shm, 90000},
 };
 
 int main(int argc, char **argv)

@@ -391,7 +391,41 @@ static void t_replan_match(void)
 		      strstr(err, "groups[1].lr"),
 	      "another lr: %s", err);
 	plan_free(p);
+	p = NULL;
+	/* a parameter keeps its dtype */
+	fixture_init(&f);
+	f.s0[0].param_id = 7, f.s0[1].param_id = 8, f.s1[0].param_id = 9;
+	f.b[1].dtype = ZC_DTYPE_BF16;
+	REQUIRE(plan_from_zc(&f.p, &p, err, sizeof(err)) == 0, "%s", err);
+	CHECK(plan_replan_match(old, p, map, err, sizeof(err)) == ZC_EREPLAN &&
+		      strstr(err, "buckets[1].segments[0] (by param_id): a bf16 parameter"),
+	      "another dtype: %s", err);
+	plan_free(p);
 	plan_free(old);
+}
+
+/* The state's layout: an fp32 plan's is its buffers'; bf16/fp16 buckets
+ * take one fp32 slot per element there, each bucket padded to 16. */
+static void t_state_layout(void)
+{
+	struct fixture f;
+	struct plan *p = NULL;
+	char err[200] = "";
+
+	fixture_init(&f);
+	REQUIRE(plan_from_zc(&f.p, &p, err, sizeof(err)) == 0, "%s", err);
+	CHECK(p->state_numel == p->total_numel && p->buckets[1].sbase == p->buckets[1].base,
+	      "fp32: state %llu, total %llu", (unsigned long long)p->state_numel,
+	      (unsigned long long)p->total_numel);
+	plan_free(p);
+	p = NULL;
+	f.b[0].dtype = ZC_DTYPE_F16; /* 100 elements: 200 bytes, 256 with padding */
+	REQUIRE(plan_from_zc(&f.p, &p, err, sizeof(err)) == 0, "%s", err);
+	CHECK(p->buckets[1].base == 64 && p->buckets[1].sbase == 112 && p->state_numel == 112 + 32,
+	      "fp16 bucket 0: bucket 1 at %llu, state at %llu of %llu",
+	      (unsigned long long)p->buckets[1].base, (unsigned long long)p->buckets[1].sbase,
+	      (unsigned long long)p->state_numel);
+	plan_free(p);
 }
 
 /* zc_set_state's per-segment rules (torch's state keys per optimizer). */
@@ -433,6 +467,10 @@ static void t_state_check(void)
 	      "bucket 2 of 2");
 	CHECK(plan_state_check(adam, 1, 1, 0, 0, err, sizeof(err)) == ZC_ESTATEINVAL,
 	      "segment 1 of 1");
+	CHECK(plan_state_check(adam, 0, 0, ZC_STATE_MASTER, 0, err, sizeof(err)) ==
+			      ZC_ESTATEINVAL &&
+		      strstr(err, "fp32 parameters have no master"),
+	      "a master for fp32: %s", err);
 	plan_free(sgd);
 	plan_free(adam);
 }
@@ -442,6 +480,7 @@ static const struct test_case cases[] = {
 	{"dtypes_by_bytes", t_dtypes},
 	{"param_id", t_param_id},
 	{"replan_match", t_replan_match},
+	{"state_layout", t_state_layout},
 	{"state_check", t_state_check},
 	{"invalid_plans_refused", t_invalid},
 	{"diff_names_first_field", t_diff_names_field},
