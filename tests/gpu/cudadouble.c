@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -352,6 +353,19 @@ void cudadouble_uuid(int dev, uint8_t ret[16])
 		ret[i] = (uint8_t)(0x5a ^ (i * 17) ^ (dev << 4) ^ dev);
 }
 
+void cudadouble_ipc_revoke(void *p)
+{
+	struct alloc *a;
+
+	pthread_mutex_lock(&mu);
+	a = find_alloc(p, 1);
+	if (a && a->fd >= 0) {
+		close(a->fd);
+		a->fd = -1;
+	}
+	pthread_mutex_unlock(&mu);
+}
+
 void cudadouble_nccl_fail(int rank, ncclResult_t err)
 {
 	pthread_mutex_lock(&mu);
@@ -571,11 +585,13 @@ struct ipc_payload {
 	int dev;
 	int32_t pid, fd; /* the exporter and its memfd */
 	uint64_t size;
+	uint64_t ino; /* the memfd's inode: a reused fd number is not it */
 };
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 {
 	struct ipc_payload pl = {.magic = "zdipc"};
+	struct stat sb;
 	struct alloc *a;
 
 	CUDA_ENTER();
@@ -587,6 +603,8 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 		pl.pid = getpid();
 		pl.fd = a->fd;
 		pl.size = a->size;
+		if (fstat(a->fd, &sb) == 0)
+			pl.ino = sb.st_ino;
 	}
 	pthread_mutex_unlock(&mu);
 	if (!a)
@@ -600,6 +618,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 static cudaError_t ipc_import(void **p, const struct ipc_payload *pl)
 {
 	size_t n = (pl->size + ALIGN - 1) / ALIGN * ALIGN;
+	struct stat sb;
 	struct alloc *a;
 	char path[64];
 	int fd;
@@ -610,6 +629,10 @@ static cudaError_t ipc_import(void **p, const struct ipc_payload *pl)
 	fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0)
 		return fail(cudaErrorInvalidResourceHandle);
+	if (fstat(fd, &sb) < 0 || sb.st_ino != pl->ino) {
+		close(fd);
+		return fail(cudaErrorInvalidResourceHandle); /* freed, its fd reused */
+	}
 	a = calloc(1, sizeof(*a));
 	if (!a) {
 		close(fd);
@@ -1569,8 +1592,13 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
 
 	CUDA_ENTER();
 	(void)flags;
-	if (!e || !s)
+	if (!e)
 		return fail(cudaErrorInvalidResourceHandle);
+	if (!s) {
+		/* the legacy default stream: the double waits here */
+		ev_wait(e->sh, atomic_load(&e->sh->recorded));
+		return cudaSuccess;
+	}
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return fail(cudaErrorMemoryAllocation);
