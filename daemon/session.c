@@ -499,7 +499,7 @@ static void on_register_plan(struct daemon *d, const void *route, size_t rlen, s
 	if (!!m->shm + !!m->fds + !!m->cuda != 1) {
 		plan_free(p);
 		session_send_error(s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1,
-				   "rank %u: RegisterPlan must name its buffers once: shm, fds or cuda",
+				   "rank %u: RegisterPlan must name its buffers once: shm or fds, or cuda",
 				   s->rank);
 		return;
 	}
