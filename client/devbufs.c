@@ -125,7 +125,7 @@ struct devbufs {
 	cu_handle grad_h, param_h;
 	uint64_t grad_off, param_off;
 	uint32_t ring, nbuckets;
-	void **ready, **done;           /* [nbuckets * ring] cudaEvent_t */
+	void **ready, **done; /* [nbuckets * ring] cudaEvent_t */
 	cu_handle *ready_h, *done_h;
 };
 

@@ -44,8 +44,11 @@
 int main(void)
 {
 	const char *const extra[] = {"--backend", "cuda", NULL};
-	struct train_spec s = {.job = "gpujob", .world = 1, .optimizer = ZC_OPT_ADAM,
-			       .shard_mode = ZC_SHARD_BUCKET, .step_mode = ZC_STEP_INTERLEAVED};
+	struct train_spec s = {.job = "gpujob",
+			       .world = 1,
+			       .optimizer = ZC_OPT_ADAM,
+			       .shard_mode = ZC_SHARD_BUCKET,
+			       .step_mode = ZC_STEP_INTERLEAVED};
 	struct zc_buffers bufs = ZC_BUFFERS_INIT;
 	struct zc_config cfg;
 	struct train_plan tp;
@@ -91,7 +94,8 @@ int main(void)
 	bufs.param_dev = dev + 256 + bytes;
 	ZC(zc_register_buffers(c, &tp.plan, &bufs));
 	for (uint32_t b = 0; b < tp.plan.nbuckets; b++) {
-		float *p = (float *)((char *)host_p + ((char *)zc_param_ptr(c, b) - (char *)bufs.param_dev));
+		float *p = (float *)((char *)host_p +
+				     ((char *)zc_param_ptr(c, b) - (char *)bufs.param_dev));
 		for (uint64_t i = 0; i < tp.buckets[b].numel; i++)
 			p[i] = det_uniform(7, 0, b, i);
 	}
@@ -122,7 +126,8 @@ int main(void)
 		}
 		ZC(zc_step_future(c, (uint64_t)it, &step));
 		if (zc_future_wait(step, 60000) != 1) {
-			printf("not ok 1 - gpujob # iteration %d: %s\n", it, zc_future_message(step));
+			printf("not ok 1 - gpujob # iteration %d: %s\n", it,
+			       zc_future_message(step));
 			zc_future_free(step);
 			goto out;
 		}

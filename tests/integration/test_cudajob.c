@@ -19,9 +19,10 @@
  *  - the CUDA kind on a zerod --backend host: ZC_ENOTSUP saying why;
  *  - no CUDA runtime in the trainer: ZC_ENOTSUP from zc_register_buffers();
  *  - a handle zerod cannot open (revoked in the double after
- *    zc_register_buffers(), as a handle of memory freed since) and a device zerod does not see (an unknown UUID): the job
- *    fails with ZC_EMAP naming the rank and the reason, while a second job
- *    beside it trains to the reference.
+ *    zc_register_buffers(), as a handle of memory freed since) and a device
+ *    zerod does not see (an unknown UUID): the job fails with ZC_EMAP naming
+ *    the rank and the reason, while a second job beside it trains to the
+ *    reference.
  */
 #include <errno.h>
 #include <math.h>
@@ -281,8 +282,8 @@ static void refused_beside(const char *job, int (*fn)(void *, int), const char *
 		CHECK(bad.results[r].code == ZC_EMAP, "%s rank %d ended with %s: %s, not ZC_EMAP",
 		      job, r, zc_strerror_name(bad.results[r].code), bad.results[r].msg);
 		CHECK(strstr(bad.results[r].msg, needle) != NULL,
-		      "%s rank %d's reason \"%s\" does not say \"%s\"", job, r,
-		      bad.results[r].msg, needle);
+		      "%s rank %d's reason \"%s\" does not say \"%s\"", job, r, bad.results[r].msg,
+		      needle);
 	}
 	check_ranks(&good, gp);
 	CHECK(zd_alive(&daemon_), "zerod died");
@@ -304,8 +305,8 @@ static int host_only_rank(void *arg, int idx)
 {
 	const struct zd *hd = arg;
 	struct zc_config cfg = test_config(hd, "cuda-on-host", 0, 1);
-	struct train_spec s = spec("cuda-on-host", 1, ZC_OPT_SGD, ZC_SHARD_BUCKET,
-				   ZC_STEP_INTERLEAVED, 1);
+	struct train_spec s =
+		spec("cuda-on-host", 1, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1);
 	struct train_plan tp;
 	zc_client *c = NULL;
 	int r;
@@ -347,8 +348,8 @@ static int no_runtime_rank(void *arg, int idx)
 {
 	const struct zd *d = arg;
 	struct zc_config cfg = test_config(d, "cuda-no-runtime", 0, 1);
-	struct train_spec s = spec("cuda-no-runtime", 1, ZC_OPT_SGD, ZC_SHARD_BUCKET,
-				   ZC_STEP_INTERLEAVED, 1);
+	struct train_spec s =
+		spec("cuda-no-runtime", 1, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1);
 	struct zc_buffers b = ZC_BUFFERS_INIT;
 	struct train_plan tp;
 	zc_client *c = NULL;
