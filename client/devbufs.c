@@ -39,10 +39,14 @@ typedef int cuerr;
 #define CU_PROP_BYTES      8192 /* more than any cudaDeviceProp; uuid follows name[256] */
 #define CU_PROP_UUID_AT    256
 
-struct cu_ptr_attr { /* cudaPointerAttributes */
-	int type;
-	int device;
-	void *dev_ptr, *host_ptr;
+/* cudaPointerAttributes starts with its type and device; it has grown
+ * (88 bytes in CUDA 13), so the runtime gets room for any version. */
+union cu_ptr_attr {
+	struct {
+		int type;
+		int device;
+	} f;
+	char room[1024];
 };
 
 typedef struct {
@@ -55,7 +59,7 @@ static struct {
 	cuerr (*get_device)(int *);
 	cuerr (*set_device)(int);
 	cuerr (*get_props)(void *, int);
-	cuerr (*ptr_attr)(struct cu_ptr_attr *, const void *);
+	cuerr (*ptr_attr)(union cu_ptr_attr *, const void *);
 	cuerr (*ipc_mem)(cu_handle *, void *);
 	cuerr (*ev_create)(void **, unsigned);
 	cuerr (*ev_destroy)(void *);
@@ -140,13 +144,13 @@ static int cu_fail(cuerr e, const char *what, char *err, size_t errlen)
 static int buffer(const char *what, void *p, uint64_t bytes, int *ret_dev, cu_handle *ret_h,
 		  uint64_t *ret_off, char *err, size_t errlen)
 {
-	struct cu_ptr_attr a = {0};
+	union cu_ptr_attr a = {0};
 	uintptr_t base;
 	size_t size;
 	cuerr e;
 
 	e = rt.ptr_attr(&a, p);
-	if (e != CU_SUCCESS || a.type != CU_MEM_DEVICE) {
+	if (e != CU_SUCCESS || a.f.type != CU_MEM_DEVICE) {
 		(void)rt.last_error();
 		snprintf(err, errlen, "the %s (%p) are not CUDA device memory", what, p);
 		return -EINVAL;
@@ -169,7 +173,7 @@ static int buffer(const char *what, void *p, uint64_t bytes, int *ret_dev, cu_ha
 		snprintf(w, sizeof(w), "cudaIpcGetMemHandle of the %s", what);
 		return cu_fail(e, w, err, errlen);
 	}
-	*ret_dev = a.device;
+	*ret_dev = a.f.device;
 	*ret_off = (uintptr_t)p - base;
 	return 0;
 }
