@@ -58,6 +58,7 @@
 
 #include "abi.h"
 #include "bufs.h"
+#include "devbufs.h"
 #include "common.h"
 #include "fastpath.h"
 #include "internal.h"
@@ -132,6 +133,7 @@ struct zc_client {
 	struct plan *plan;
 	struct host_buf grad, param;
 	uint64_t bufs_serial; /* zerod's name for them (RegisterPlan's FdBuffers) */
+	struct devbufs *dev;  /* CUDA buffers (devbufs.h) instead of grad and param */
 	bool bufs_busy;       /* zc_register_buffers() is talking to zerod */
 	bool registered;
 	int plan_result; /* 0 waiting, 1 ok, < 0 error */
@@ -1064,6 +1066,7 @@ void zc_close(zc_client *c)
 		zmq_ctx_term(c->zctx);
 	buf_release(&c->grad);
 	buf_release(&c->param);
+	devbufs_free(c->dev);
 	buf_release(&c->old_grad);
 	buf_release(&c->old_param);
 	plan_free(c->old_plan);
@@ -1168,6 +1171,52 @@ out:
 	return r;
 }
 
+/* CUDA buffers: their handles and event rings, sent with the plan. */
+static int register_cuda(zc_client *c, const struct zc_plan *zp, const struct zc_buffers *b)
+{
+	const char *fn = "zc_register_buffers";
+	struct devbufs *dev = NULL;
+	struct plan *p = NULL;
+	char err[384];
+	int r;
+
+	if (!b->grad_dev || !b->param_dev)
+		return err_set(-EINVAL, "%s: CUDA buffers: %s is NULL", fn,
+			       b->grad_dev ? "param_dev" : "grad_dev");
+	pthread_mutex_lock(&c->mu);
+	if (c->plan || c->bufs_busy) {
+		r = err_set(ZC_ESTATE, "%s: this client has its buffers already", fn);
+		goto out;
+	}
+	if (c->job_error) {
+		r = err_set(c->job_error, "%s", c->job_msg);
+		goto out;
+	}
+	r = plan_from_zc(zp, &p, err, sizeof(err));
+	if (r < 0) {
+		err_set(r, "%s", err);
+		goto out;
+	}
+	c->bufs_busy = true;
+	pthread_mutex_unlock(&c->mu);
+	/* loads the runtime and creates events: not under the lock */
+	r = devbufs_open(b->grad_dev, b->param_dev, plan_buffer_bytes(p), p->nbuckets, &dev, err,
+			 sizeof(err));
+	if (r < 0)
+		err_set(r, "%s: CUDA buffers: %s", fn, err);
+	pthread_mutex_lock(&c->mu);
+	c->bufs_busy = false;
+	if (r < 0)
+		goto out;
+	c->dev = dev;
+	c->plan = p;
+	p = NULL;
+out:
+	plan_free(p);
+	client_unlock(c);
+	return r;
+}
+
 int zc_register_buffers(zc_client *c, const struct zc_plan *zp, const struct zc_buffers *ub)
 {
 	struct zc_buffers b;
@@ -1179,6 +1228,11 @@ int zc_register_buffers(zc_client *c, const struct zc_plan *zp, const struct zc_
 		return err_set(-EINVAL, "zc_register_buffers: the plan is NULL");
 	if ((r = buffers_from_zc(ub, &b)) < 0)
 		return r;
+	if (b.kind == ZC_BUFFERS_CUDA)
+		return register_cuda(c, zp, &b);
+	if (b.kind != ZC_BUFFERS_HOST)
+		return err_set(-EINVAL, "zc_register_buffers: kind %u (ZC_BUFFERS_HOST, _CUDA)",
+			       b.kind);
 	if (b.grad_fd < 0 || b.param_fd < 0)
 		return err_set(-EBADF, "zc_register_buffers: grad_fd %d, param_fd %d: not fds",
 			       b.grad_fd, b.param_fd);
@@ -1216,7 +1270,11 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 		return err_set(-EINVAL, "zc_alloc_buffers: the plan is NULL");
 	pthread_mutex_lock(&c->mu);
 	bool replan = c->plan && c->registered;
+	bool dev = c->dev != NULL;
 	pthread_mutex_unlock(&c->mu);
+	if (replan && dev)
+		return err_set(ZC_ENOTSUP, "zc_alloc_buffers: re-planning a client of CUDA "
+					   "buffers is not supported yet");
 	if (replan)
 		return replan_alloc(c, zp);
 	/* the size first; register_fds() reads the plan again under the lock */
@@ -1251,6 +1309,9 @@ static void *bucket_ptr(zc_client *c, bool grad, uint32_t bucket, const char *fn
 			bucket, c->plan->nbuckets);
 		return NULL;
 	}
+	if (c->dev)
+		return (char *)(grad ? devbufs_grad(c->dev) : devbufs_param(c->dev)) +
+		       plan_bucket_offset(c->plan, bucket);
 	return (char *)(grad ? c->grad.base : c->param.base) + plan_bucket_offset(c->plan, bucket);
 }
 
@@ -1334,6 +1395,8 @@ int zc_register_plan(zc_client *c)
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
 	Zerod__V1__FdBuffers fds = ZEROD__V1__FD_BUFFERS__INIT;
+	Zerod__V1__CudaBuffers cuda;
+	void *cuda_arrays = NULL;
 	Zerod__V1__Plan pb;
 	int r;
 
@@ -1352,6 +1415,8 @@ int zc_register_plan(zc_client *c)
 				       : "no buffers yet (zc_alloc_buffers, zc_register_buffers)");
 	}
 	r = plan_to_pb(c->plan, &pb);
+	if (r >= 0 && c->dev && (r = devbufs_to_pb(c->dev, &cuda, &cuda_arrays)) < 0)
+		plan_pb_free(&pb);
 	if (r < 0) {
 		client_unlock(c);
 		return err_set(r, NULL);
@@ -1361,11 +1426,15 @@ int zc_register_plan(zc_client *c)
 	fastpath_setup(c);
 	fds.serial = c->bufs_serial;
 	rp.plan = &pb;
-	rp.fds = &fds;
+	if (c->dev)
+		rp.cuda = &cuda;
+	else
+		rp.fds = &fds;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
 	env.register_plan = &rp;
 	r = send_env(c, &env, NULL);
 	plan_pb_free(&pb);
+	free(cuda_arrays);
 	client_unlock(c);
 	if (r < 0)
 		return err_set(r, "zc_register_plan: sending the plan: %s", zc_strerror(r));
@@ -1543,6 +1612,69 @@ int zc_bucket_ready(zc_client *c, uint32_t bucket, zc_future **ret_future)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	return bucket_ready(c, bucket, NULL, 0, ret_future);
+}
+
+int zc_bucket_ready_cuda(zc_client *c, uint32_t bucket, void *stream, zc_future **ret_future)
+{
+	char err[384];
+	uint64_t t;
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	pthread_mutex_lock(&c->mu);
+	if (!c->dev || !c->registered) {
+		r = err_set(ZC_ESTATE, "zc_bucket_ready_cuda: %s",
+			    !c->dev ? "not CUDA buffers (zc_register_buffers, ZC_BUFFERS_CUDA)"
+				    : "the plan is not registered (zc_register_plan)");
+		client_unlock(c);
+		return r;
+	}
+	if (bucket >= c->plan->nbuckets) {
+		r = err_set(ZC_EBUCKET, "bucket %u does not exist: the plan has %u buckets", bucket,
+			    c->plan->nbuckets);
+		client_unlock(c);
+		return r;
+	}
+	t = c->iter;
+	client_unlock(c);
+	/* recorded before the bucket is sent: zerod's wait must find it */
+	r = devbufs_record_ready(c->dev, bucket, t, stream, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "zc_bucket_ready_cuda: bucket %u: %s", bucket, err);
+	return bucket_ready(c, bucket, NULL, 0, ret_future);
+}
+
+int zc_step_wait_cuda(zc_future *f, void *stream)
+{
+	zc_client *c;
+	char err[384];
+	int r;
+
+	if ((r = future_check(f, __func__)) < 0)
+		return r;
+	c = f->c;
+	if (!c)
+		return err_set(ZC_ESTATE, "zc_step_wait_cuda: the client is closed");
+	pthread_mutex_lock(&c->mu);
+	if (f->kind != FUTURE_STEP)
+		r = err_set(ZC_ESTATE, "zc_step_wait_cuda: not a step future");
+	else if (f->state < 0)
+		r = err_set(f->state, "%s", f->msg);
+	else if (f->state == 0)
+		r = err_set(ZC_ESTATE, "zc_step_wait_cuda: iteration %" PRIu64 " has not completed",
+			    f->iteration);
+	else if (!c->dev)
+		r = err_set(ZC_ESTATE, "zc_step_wait_cuda: not CUDA buffers");
+	else if (c->iter >= f->iteration + ZC_CUDA_EVENT_RING)
+		r = err_set(ZC_ESTATE,
+			    "zc_step_wait_cuda: iteration %" PRIu64 "'s events were reused by "
+			    "iteration %" PRIu64 " (a ring of %d)",
+			    f->iteration, c->iter, ZC_CUDA_EVENT_RING);
+	if (r >= 0 && (r = devbufs_wait_done(c->dev, f->iteration, stream, err, sizeof(err))) < 0)
+		err_set(r, "zc_step_wait_cuda: %s", err);
+	client_unlock(c);
+	return r;
 }
 
 int zc_bucket_ready_ex(zc_client *c, const struct zc_ready *rd, zc_future **ret_future)

@@ -101,7 +101,11 @@ FROZEN(zc_buffers, grad_offset, 8);
 FROZEN(zc_buffers, param_fd, 16);
 FROZEN(zc_buffers, reserved, 20);
 FROZEN(zc_buffers, param_offset, 24);
-FROZEN_SIZE(zc_buffers, 32);
+FROZEN(zc_buffers, kind, 32);
+FROZEN(zc_buffers, reserved2, 36);
+FROZEN(zc_buffers, grad_dev, 40);
+FROZEN(zc_buffers, param_dev, 48);
+FROZEN_SIZE(zc_buffers, 56);
 
 _Static_assert(sizeof(enum zc_optimizer) == 4 && sizeof(bool) == 1, "the ABI assumes LP64");
 
@@ -191,7 +195,11 @@ int buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out)
 	ABI_TAKE(&b, src, size, param_fd);
 	ABI_TAKE(&b, src, size, reserved);
 	ABI_TAKE(&b, src, size, param_offset);
-	if (b.reserved) {
+	ABI_TAKE(&b, src, size, kind);
+	ABI_TAKE(&b, src, size, reserved2);
+	ABI_TAKE(&b, src, size, grad_dev);
+	ABI_TAKE(&b, src, size, param_dev);
+	if (b.reserved || b.reserved2) {
 		abi_reason(-E2BIG, size, "buffers", "buffers", why, sizeof(why));
 		return err_set(-E2BIG, "zc_register_buffers: %s", why);
 	}

@@ -13,12 +13,14 @@
 #include "coll/coll.h"
 #include "cudacheck.h"
 #include "daemon.h"
+#include "mem/mem.h"
 #include "optim/optim.h"
 
 const struct backend backend_cuda = {
 	.name = "cuda",
 	.coll = &coll_nccl_ops,
 	.optim = &optim_cuda_ops,
+	.mem = &mem_cuda_ops,
 };
 
 /* NCCL 2.18: non-blocking communicators (2.14) and ncclCommSplit (2.18). */

@@ -463,6 +463,7 @@ int daemon_run(const struct daemon_config *cfg)
 	if (r < 0)
 		goto out;
 	log_info("zerod: backends: %s", why);
+	snprintf(d.backend_why, sizeof(d.backend_why), "%s", why);
 
 	/* first: signals are blocked in every thread created after it */
 	r = open_fds(&d, why, sizeof(why));

@@ -35,6 +35,7 @@ struct loop_timer;
 struct pool;
 struct mem_map;
 struct mem_desc;
+struct cudabufs;
 struct conn;
 struct config_src;
 struct jobops;
@@ -47,6 +48,10 @@ struct backend {
 	const char *name;
 	const struct coll_ops *coll;
 	const struct optim_ops *optim;
+	/* the buffers jobs of this backend register: NULL for host jobs,
+	 * whose buffers are d->mem's, mapped at registration; else mapped by
+	 * the executor's start (they may block) */
+	const struct mem_ops *mem;
 	/* serves bf16/fp16 buckets (fp32 masters, zeroclient.h's rounding);
 	 * a plan with such buckets on another backend is refused (ZC_ENOTSUP) */
 	bool low_precision;
@@ -171,6 +176,9 @@ struct job {
 	struct plan **plans;        /* [world]: what each rank registered */
 	struct mem_map **grad_map;  /* [world] */
 	struct mem_map **param_map; /* [world] */
+	/* [world], or NULL for a job of host buffers: what each rank
+	 * registered as CUDA buffers (cudabufs.h), opened by the executor */
+	struct cudabufs **cuda;
 	uint32_t nconnected, nregistered; /* of local_size */
 
 	struct plan *plan; /* the job's plan, once every rank agreed */
@@ -242,6 +250,7 @@ struct daemon {
 	int64_t stop_deadline_ms;
 	const struct mem_ops *mem;
 	const struct backend *cuda; /* NULL: this daemon serves host buffers only */
+	char backend_why[256];      /* what backend_choose() found, for refusals */
 	struct rdzv_daemon *rdzv;   /* rendezvous of jobs over several nodes (rdzv.c) */
 	struct daemon_stats stats;
 	struct ops *ops; /* the operator's side (ops.h): NULL until ops_open() */
@@ -314,6 +323,9 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 /* Rank s registers plan p (taken over) with buffers gd and pd. */
 void job_register_plan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
 		       const struct mem_desc *pd);
+/* Rank s registers plan p (taken over) with CUDA buffers cb (taken over):
+ * checked here, opened by the executor when the job starts. */
+void job_register_cuda(struct job *j, struct session *s, struct plan *p, struct cudabufs *cb);
 /* Every node of j joined and agreed (rdzv.c): start its executor. */
 void job_formed(struct job *j);
 /* A re-plan (statex.c): the old executor is gone and j->plans[], the maps,

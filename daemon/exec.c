@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "common.h"
+#include "cudabufs.h"
 #include "exec.h"
 #include "gradpass.h"
 #include "hostmem.h"
@@ -63,6 +64,11 @@ struct lane {
 	struct coll_req req;
 	bool req_done;
 	int req_status;
+	/* the op's event work (coll_req.ev...), set by op_prog for the nccl
+	 * backend's event rings; 0 otherwise */
+	unsigned ev;
+	uint32_t ev_lo, ev_hi;
+	uint64_t ev_iter;
 };
 
 struct exec {
@@ -73,6 +79,7 @@ struct exec {
 	struct coll_range *init_ranges; /* [nbuckets]: each bucket whole, from rank 0 */
 	struct coll_group *cg;
 	struct optim_ctx *oc;
+	struct mem_map **gmaps, **pmaps; /* [world]: what the start op opened (cfg.mem) */
 	struct zc_param_group *groups; /* compute lane */
 	struct xop *xops;              /* [prog->nops] */
 	uint64_t *last;                /* [nbuckets][LANE_COUNT]: last op touching b per lane */
@@ -140,6 +147,10 @@ static int lane_coll(struct exec *e, struct lane *ln, enum coll_kind kind,
 				    .lane = ln->idx,
 				    .ranges = rg,
 				    .nranges = n,
+				    .ev = ln->ev,
+				    .ev_lo = ln->ev_lo,
+				    .ev_hi = ln->ev_hi,
+				    .ev_iter = ln->ev_iter,
 				    .done = lane_req_done};
 	ln->req_done = false;
 	r = e->cfg.coll->submit(e->cg, &ln->req);
@@ -476,7 +487,7 @@ static int op_step_all(struct exec *e, struct lane *ln, uint32_t lo, uint32_t hi
 	return op_step(e, lo, hi, OPTIM_GRAD_OWNER);
 }
 
-static int op_prog(struct exec *e, struct lane *ln, const struct zop *z)
+static int op_prog(struct exec *e, struct lane *ln, const struct zop *z, uint64_t t)
 {
 	const struct shard_map *sm = e->cfg.shard;
 	enum zc_shard_mode mode = e->cfg.plan->shard_mode;
@@ -498,13 +509,21 @@ static int op_prog(struct exec *e, struct lane *ln, const struct zop *z)
 		return op_step_all(e, ln, z->lo, z->hi);
 	case ZOP_REDUCE:
 		r = zero_marked(e, z->lo, z->hi);
+		/* the trainers' streams said the gradients are written */
+		ln->ev = COLL_EV_WAIT_READY;
+		ln->ev_lo = z->lo, ln->ev_hi = z->hi, ln->ev_iter = t;
 		if (r >= 0)
 			r = lane_coll(e, ln, COLL_REDUCE, mode, e->ranges + u0, u1 - u0);
+		ln->ev = 0;
 		if (r >= 0)
 			e->reduced += bucket_elems(e, z->lo, z->hi);
 		return r;
 	case ZOP_BCAST:
+		/* the last op of these buckets: the parameters are in */
+		ln->ev = COLL_EV_RECORD_DONE;
+		ln->ev_lo = z->lo, ln->ev_hi = z->hi, ln->ev_iter = t;
 		r = lane_coll(e, ln, COLL_BCAST, mode, e->ranges + u0, u1 - u0);
+		ln->ev = 0;
 		if (r >= 0)
 			e->bcast += bucket_elems(e, z->lo, z->hi);
 		return r;
@@ -558,6 +577,45 @@ static int plans_agree(struct exec *e)
 	return r;
 }
 
+/* CUDA IPC buffers (cfg.mem): open every local rank's, once per plan. */
+static int open_buffers(struct exec *e)
+{
+	uint64_t bytes = plan_buffer_bytes(e->cfg.plan);
+	float **g = (float **)e->cfg.grads, **pa = (float **)e->cfg.params;
+	char err[200];
+	int r;
+
+	for (uint32_t i = 0; i < e->nlocal; i++) {
+		uint32_t k = e->local[i];
+
+		r = e->cfg.mem->map(&e->cfg.bufs[k]->grad, bytes, &e->gmaps[k], err, sizeof(err));
+		if (r >= 0)
+			r = e->cfg.mem->map(&e->cfg.bufs[k]->param, bytes, &e->pmaps[k], err,
+					    sizeof(err));
+		if (r < 0) {
+			snprintf(e->open_err, sizeof(e->open_err), "rank %u's %s: %s", k,
+				 e->gmaps[k] ? "parameters" : "gradients", err);
+			return r;
+		}
+		g[k] = e->cfg.mem->ptr(e->gmaps[k]);
+		pa[k] = e->cfg.mem->ptr(e->pmaps[k]);
+	}
+	return 0;
+}
+
+/* Off the loop thread: blocking unmaps. Accepts an executor that opened
+ * none. */
+static void close_buffers(struct exec *e)
+{
+	if (!e->cfg.mem)
+		return;
+	for (uint32_t k = 0; k < e->cfg.world; k++) {
+		e->cfg.mem->unmap(e->gmaps[k]);
+		e->cfg.mem->unmap(e->pmaps[k]);
+		e->gmaps[k] = e->pmaps[k] = NULL;
+	}
+}
+
 /* Open the backends (they may block), allocate the state, and give every
  * rank rank 0's parameters: "rank 0's initial values win". */
 static int op_start(struct exec *e, struct lane *ln)
@@ -568,7 +626,8 @@ static int op_start(struct exec *e, struct lane *ln)
 				 .pool = e->cfg.pool,
 				 .net = e->cfg.net,
 				 .err = e->open_err,
-				 .errlen = sizeof(e->open_err)};
+				 .errlen = sizeof(e->open_err),
+				 .bufs = e->cfg.mem ? e->cfg.bufs : NULL};
 	struct optim_config oc = {.world = e->cfg.world,
 				  .grads = e->cfg.grads,
 				  .params = e->cfg.params,
@@ -578,6 +637,11 @@ static int op_start(struct exec *e, struct lane *ln)
 	struct coll_group *cg = NULL;
 	int r;
 
+	if (e->cfg.mem) {
+		r = open_buffers(e);
+		if (r < 0)
+			return r;
+	}
 	r = e->cfg.optim->open(&oc, &e->oc);
 	if (r < 0)
 		return r;
@@ -846,7 +910,7 @@ static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
 		o->groups = NULL;
 		return 0;
 	case XOP_PROG:
-		return op_prog(e, ln, o->z);
+		return op_prog(e, ln, o->z, o->iteration);
 	case XOP_RELOAD:
 		return load_masters(e, true);
 	case XOP_STATE:
@@ -1009,6 +1073,7 @@ static void *lane_main(void *arg)
 		e->cg = NULL;
 		e->cfg.optim->close(e->oc);
 		e->oc = NULL;
+		close_buffers(e);
 		state_release(e->cfg.state);
 		post(e, &e->stop_done);
 	}
@@ -1224,6 +1289,7 @@ void exec_free(struct exec *e)
 	/* never started, or stopped: the last lane closed these already */
 	e->cfg.coll->close(e->cg);
 	e->cfg.optim->close(e->oc);
+	close_buffers(e);
 	state_free(e->cfg.state);
 	for (unsigned l = 0; l < LANE_COUNT; l++)
 		while (e->lanes[l].head) {
@@ -1236,6 +1302,8 @@ void exec_free(struct exec *e)
 	free(e->stop_done);
 	free((void *)e->cfg.grads);
 	free((void *)e->cfg.params);
+	free(e->gmaps);
+	free(e->pmaps);
 	free(e->local);
 	free(e->ranges);
 	free(e->init_ranges);
@@ -1290,8 +1358,14 @@ static int exec_alloc(const struct exec_config *cfg, struct exec *e)
 		return -ENOMEM;
 	memcpy(g, cfg->grads, cfg->world * sizeof(*g));
 	memcpy(pa, cfg->params, cfg->world * sizeof(*pa));
+	if (cfg->mem) {
+		e->gmaps = calloc(cfg->world, sizeof(*e->gmaps));
+		e->pmaps = calloc(cfg->world, sizeof(*e->pmaps));
+		if (!e->gmaps || !e->pmaps)
+			return -ENOMEM;
+	}
 	for (uint32_t r = 0; r < cfg->world; r++)
-		if (g[r])
+		if (g[r] || (cfg->mem && cfg->bufs[r]))
 			e->local[e->nlocal++] = r;
 	for (uint32_t u = 0; u < sm->nunits; u++)
 		e->ranges[u] = (struct coll_range){

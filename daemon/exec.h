@@ -23,6 +23,8 @@
 
 struct pool;
 struct exec;
+struct cudabufs;
+struct mem_ops;
 
 struct exec_config {
 	void *tag; /* given back in every completion */
@@ -39,6 +41,13 @@ struct exec_config {
 	const struct optim_ops *optim;
 	struct pool *pool;
 	struct completion_queue *cq;
+	/* Buffers the start op opens, off the loop thread (CUDA IPC: opening
+	 * may block), once per plan, and the executor closes when it stops.
+	 * With mem, grads and params are NULL and bufs[r] says what local rank
+	 * r registered (NULL for ranks on other nodes); bufs and what it points
+	 * to must outlive the executor. NULL: grads and params are mapped. */
+	const struct mem_ops *mem;
+	struct cudabufs *const *bufs; /* [world] */
 };
 
 /* Start the lane threads and queue the start: open the backends, allocate

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "cudabufs.h"
 #include "daemon.h"
 #include "log.h"
 #include "ops.h"
@@ -102,7 +103,10 @@ static void job_free(struct job *j)
 		d->mem->unmap(j->grad_map[r]);
 		d->mem->unmap(j->param_map[r]);
 		plan_free(j->plans[r]);
+		if (j->cuda)
+			cudabufs_free(j->cuda[r]);
 	}
+	free(j->cuda);
 	while (j->changes) {
 		struct hyper_change *c = j->changes;
 		j->changes = c->next;
@@ -383,8 +387,9 @@ static void job_start(struct job *j)
 		j->plan = j->plans[k];
 		j->plans[k] = NULL;
 	}
-	/* shm buffers: the host backend, with gloo across nodes */
-	j->be = j->rdzv ? &backend_host_multi : &backend_host;
+	/* shm buffers: the host backend, with gloo across nodes; CUDA
+	 * buffers: the cuda backend (register_plan checked it is offered) */
+	j->be = j->cuda ? d->cuda : j->rdzv ? &backend_host_multi : &backend_host;
 	if (j->rdzv)
 		rdzv_topology(j, j->node_of, &node, &nnodes);
 	if (j->plan->low_precision && !j->be->low_precision) {
@@ -452,6 +457,8 @@ static void job_start(struct job *j)
 		.optim = j->be->optim,
 		.pool = d->pool,
 		.cq = d->cq,
+		.mem = j->cuda ? j->be->mem : NULL,
+		.bufs = j->cuda,
 	};
 	st = NULL; /* the executor's now */
 	r = exec_new(&ec, &j->exec);
@@ -476,17 +483,66 @@ out:
 			 "cannot start the job: %s", zc_strerror(r));
 }
 
+/* Whether rank s's buffers may join j: CUDA buffers need a daemon that
+ * offers the cuda backend, and a job's ranks all register one kind. */
+static int buffers_kind_ok(struct job *j, struct session *s, bool cuda, char *err, size_t errlen)
+{
+	if (cuda && !j->d->cuda) {
+		snprintf(err, errlen,
+			 "rank %u: CUDA buffers, but this zerod serves host buffers only (%s)",
+			 s->rank, j->d->backend_why);
+		return ZC_ENOTSUP;
+	}
+	if (cuda && j->rdzv) {
+		snprintf(err, errlen, "rank %u: CUDA buffers in a job over several nodes: not yet",
+			 s->rank);
+		return ZC_ENOTSUP;
+	}
+	for (uint32_t k = 0; k < j->world; k++)
+		if (k != s->rank && j->plans[k] && (j->cuda && j->cuda[k]) != cuda) {
+			snprintf(err, errlen,
+				 "rank %u: %s buffers, rank %u registered %s buffers: a job's ranks "
+				 "use one kind",
+				 s->rank, cuda ? "CUDA" : "host", k, cuda ? "host" : "CUDA");
+			return ZC_ENOTSUP;
+		}
+	return 0;
+}
+
+static void register_plan(struct job *j, struct session *s, struct plan *p,
+			  const struct mem_desc *gd, const struct mem_desc *pd, struct cudabufs *cb);
+
 void job_register_plan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
 		       const struct mem_desc *pd)
 {
+	register_plan(j, s, p, gd, pd, NULL);
+}
+
+void job_register_cuda(struct job *j, struct session *s, struct plan *p, struct cudabufs *cb)
+{
+	register_plan(j, s, p, NULL, NULL, cb);
+}
+
+static void register_plan(struct job *j, struct session *s, struct plan *p,
+			  const struct mem_desc *gd, const struct mem_desc *pd, struct cudabufs *cb)
+{
 	struct daemon *d = j->d;
-	char err[256], field[192];
+	char err[384], field[192];
 	int r;
 
 	if (job_ended(j)) {
 		sink_error(d->sink, s, ZC_EJOBFAILED, true, SINK_NO_ITERATION, -1,
 			   "job %s failed: %s", j->id, j->errmsg);
 		plan_free(p);
+		cudabufs_free(cb);
+		return;
+	}
+	if (j->state == JOB_ACTIVE && (cb || j->cuda)) {
+		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
+			   "job %s: rank %u: re-planning a job of CUDA buffers is not supported yet",
+			   j->id, s->rank);
+		plan_free(p);
+		cudabufs_free(cb);
 		return;
 	}
 	if (j->state == JOB_ACTIVE) {
@@ -499,6 +555,7 @@ void job_register_plan(struct job *j, struct session *s, struct plan *p, const s
 			   "running job is not supported",
 			   j->id, s->rank);
 		plan_free(p);
+		cudabufs_free(cb);
 		return;
 	}
 	for (uint32_t k = 0; k < j->world; k++) {
@@ -508,6 +565,7 @@ void job_register_plan(struct job *j, struct session *s, struct plan *p, const s
 			/* The job cannot start: every rank, the waiting ones too,
 			 * learns which rank and which field. */
 			plan_free(p);
+			cudabufs_free(cb);
 			job_fail(
 				j, ZC_EPLANMISMATCH, true,
 				"plan of rank %u differs from rank %u's at %s (rank %u vs rank %u)",
@@ -515,6 +573,26 @@ void job_register_plan(struct job *j, struct session *s, struct plan *p, const s
 			return;
 		}
 		break; /* the registered plans agree with each other already */
+	}
+	r = buffers_kind_ok(j, s, cb != NULL, err, sizeof(err));
+	if (r < 0) {
+		sink_error(d->sink, s, r, false, SINK_NO_ITERATION, -1, "%s", err);
+		plan_free(p);
+		cudabufs_free(cb);
+		return;
+	}
+	if (cb) {
+		/* opened by the executor when the job starts: opening may block */
+		if (!j->cuda && !(j->cuda = calloc(j->world, sizeof(*j->cuda)))) {
+			sink_error(d->sink, s, -ENOMEM, false, SINK_NO_ITERATION, -1,
+				   "rank %u: out of memory", s->rank);
+			plan_free(p);
+			cudabufs_free(cb);
+			return;
+		}
+		j->cuda[s->rank] = cb;
+		r = 0;
+		goto registered;
 	}
 	r = session_map_grad(s, gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
 	if (r >= 0) {
@@ -531,6 +609,7 @@ void job_register_plan(struct job *j, struct session *s, struct plan *p, const s
 		plan_free(p);
 		return;
 	}
+registered:
 	j->plans[s->rank] = p;
 	j->nregistered++;
 	j->progress_ms = now_ms();

@@ -365,6 +365,14 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 				 done->op, done->lo, done->hi);
 			break;
 		}
+		/* a trainer's CUDA buffers or events could not be opened
+		 * (exec.h's start): the job's error names which and why */
+		if (done->status == ZC_EMAP || done->status == ZC_ESIZE ||
+		    done->status == ZC_EBUFFER) {
+			job_fail(j, done->status, true, "%s: %s", zc_strerror(done->status),
+				 done->detail ? done->detail : done->op);
+			break;
+		}
 		if (done->status == ZC_EPARAMEDIT) {
 			job_fail(j, ZC_EPARAMEDIT, true, "iteration %" PRIu64 ": %s: %s",
 				 done->iteration, zc_strerror(done->status), done->detail);

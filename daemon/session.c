@@ -26,6 +26,7 @@
 #include <zmq.h>
 
 #include "common.h"
+#include "cudabufs.h"
 #include "daemon.h"
 #include "fastpath.h"
 #include "fdbufs.h"
@@ -495,11 +496,24 @@ static void on_register_plan(struct daemon *d, const void *route, size_t rlen, s
 				   "rank %u: invalid plan: %s", s->rank, err);
 		return;
 	}
-	if (!m->shm == !m->fds) {
+	if (!!m->shm + !!m->fds + !!m->cuda != 1) {
 		plan_free(p);
 		session_send_error(s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1,
-				   "rank %u: RegisterPlan must name its buffers once: shm or fds",
+				   "rank %u: RegisterPlan must name its buffers once: shm or fds, or cuda",
 				   s->rank);
+		return;
+	}
+	if (m->cuda) {
+		struct cudabufs *cb;
+
+		r = cudabufs_from_pb(m->cuda, p, s->uid, &cb, err, sizeof(err));
+		if (r < 0) {
+			plan_free(p);
+			session_send_error(s, r, false, SESSION_NO_ITERATION, -1,
+					   "rank %u: CUDA buffers: %s", s->rank, err);
+			return;
+		}
+		job_register_cuda(s->job, s, p, cb);
 		return;
 	}
 	if (m->fds) {

@@ -405,6 +405,35 @@ void zc_close(zc_client *c);
  *  - at least offset + plan bytes long, the offset a multiple of the page
  *    size; the two buffers do not overlap when they share a memfd.
  */
+enum zc_buffers_kind {
+	ZC_BUFFERS_HOST = 0, /* memfds (above) */
+	ZC_BUFFERS_CUDA = 1, /* CUDA device memory the trainer allocated (below) */
+};
+
+/*
+ * ZC_BUFFERS_CUDA: grad_dev and param_dev point at zc_plan_buffer_bytes()
+ * bytes each of device memory this process allocated (cudaMalloc, PyTorch's
+ * caching allocator...), both on one device; the fd fields are ignored.
+ * The library sends zerod the CUDA IPC handle of each pointer's allocation
+ * (cuMemGetAddressRange's base, cudaIpcGetMemHandle) with the pointer's
+ * offset into it, and names the device by its UUID (cudaDeviceProp.uuid),
+ * never by ordinal: CUDA_VISIBLE_DEVICES numbers devices per process. zerod
+ * opens each handle once per plan, off its loop, when the job starts; a
+ * handle it cannot open, or a device it does not see, fails the job with
+ * ZC_EMAP naming the rank, the buffer and CUDA's reason.
+ * The library does not link the CUDA runtime: it loads libcudart.so.13 (else
+ * libcudart.so; $ZEROD_CUDART names another) at the first CUDA call, and
+ * without it the call is ZC_ENOTSUP saying so. A zerod without the cuda
+ * backend (built without CUDA, --backend host, no GPU visible) refuses CUDA
+ * buffers in zc_register_plan() with ZC_ENOTSUP and its reason; so does a
+ * job over several nodes (not yet), a re-plan of such a job (not yet), and
+ * a job whose ranks mix host and CUDA buffers.
+ * The event rings: for each bucket the library creates ZC_CUDA_EVENT_RING
+ * ready and as many done events (cudaEventInterprocess |
+ * cudaEventDisableTiming) on the buffers' device and sends their IPC handles
+ * with the buffers; iteration t uses slot t % ZC_CUDA_EVENT_RING. See
+ * zc_bucket_ready_cuda() and zc_step_wait_cuda().
+ */
 struct zc_buffers {
 	uint32_t size;         /* sizeof(struct zc_buffers) the caller was built with */
 	int32_t grad_fd;       /* the memfd holding the gradients (-1 by default) */
@@ -412,7 +441,18 @@ struct zc_buffers {
 	int32_t param_fd;      /* the memfd holding the parameters: may be grad_fd */
 	uint32_t reserved;     /* 0 */
 	uint64_t param_offset; /* where they start in it, in bytes */
+	/* 56 bytes from here on (32 before kind: such a caller's buffers are
+	 * memfds) */
+	uint32_t kind;      /* enum zc_buffers_kind; 0: host */
+	uint32_t reserved2; /* 0 */
+	void *grad_dev;     /* ZC_BUFFERS_CUDA: the gradients, device memory */
+	void *param_dev;    /* ZC_BUFFERS_CUDA: the parameters, on the same device */
 };
+
+/* Events per bucket and direction (why a ring: DATAPLANE.md, "CUDA
+ * buffers"): a record overwrites an event, so a slot is recorded again only
+ * once the other side has issued its wait on it. */
+#define ZC_CUDA_EVENT_RING 2
 
 #define ZC_BUFFERS_INIT                                                                            \
 	{                                                                                          \
@@ -463,6 +503,37 @@ int zc_register_buffers(zc_client *c, const struct zc_plan *plan, const struct z
  *            buffers belong to c.
  */
 int zc_alloc_buffers(zc_client *c, const struct zc_plan *plan);
+
+/*
+ * CUDA buffers (ZC_BUFFERS_CUDA): zc_bucket_ready() that first records
+ * bucket's ready event of this iteration on `stream` (a cudaStream_t of the
+ * buffers' device; NULL: the legacy default stream), so the gradients may
+ * still be in flight there: zerod's reduction waits on that event on its
+ * own stream (cudaStreamWaitEvent), and the host never synchronises.
+ * Errors: as zc_bucket_ready(), ZC_ESTATE (not CUDA buffers), and CUDA's
+ * (ZC_EINTERNAL, the reason in zc_error_message()). The event is recorded
+ * even when the bucket is then refused; recording a slot again for the same
+ * iteration is harmless.
+ * Ownership: as zc_bucket_ready().
+ * Threads: any thread, but not concurrently with another zc_bucket_ready*
+ *          of this client (the slot is that of the iteration it reads).
+ * Blocking: no.
+ */
+int zc_bucket_ready_cuda(zc_client *c, uint32_t bucket, void *stream, zc_future **ret_future);
+
+/*
+ * CUDA buffers: make `stream` wait, on the device, until every parameter
+ * update of the step future f's iteration has landed in this rank's
+ * parameter buffer: zerod records each bucket's done event after the
+ * bucket's last collective. f must be a completed step future (else
+ * ZC_ESTATE) of an iteration whose ring slots have not been reused: within
+ * ZC_CUDA_EVENT_RING - 1 iterations of the client's current one (else
+ * ZC_ESTATE: call it before handing over the buckets of iteration t + 2).
+ * A failed f returns its code.
+ * Ownership: f stays the caller's.
+ * Threads: any thread.  Blocking: no.
+ */
+int zc_step_wait_cuda(zc_future *f, void *stream);
 
 /*
  * Running zerod as another user: the trainers only need to reach its two

@@ -26,6 +26,7 @@
 #include "zeroclient.h"
 
 struct pool;
+struct cudabufs;
 
 /*
  * A key-value store every node of a job reaches, through which the nodes
@@ -77,6 +78,10 @@ struct coll_config {
 	 * 0 makes it and the others get it through net->store. Copied. */
 	const void *nccl_id;
 	int open_timeout_ms; /* nccl: how long open waits for every rank; <= 0: 60 s */
+	/* nccl: each local rank's CUDA buffers with their interprocess event
+	 * rings (cudabufs.h), [world], NULL for ranks on other nodes; open
+	 * opens the events (once per plan), close closes them. NULL: none. */
+	struct cudabufs *const *bufs;
 };
 
 /* One owner's share of a bucket: flat elements [off, off + n) of the
@@ -116,7 +121,17 @@ struct coll_req {
 	size_t gbytes;
 	/* Called once with 0 or a negative code (-ECANCELED after abort). */
 	void (*done)(struct coll_req *req, int status);
+	/* With event rings (coll_config.bufs): before the request each local
+	 * rank's stream waits on its trainer's ready events of buckets
+	 * ev_lo..ev_hi for iteration ev_iter (COLL_EV_WAIT_READY), or after it
+	 * records their done events (COLL_EV_RECORD_DONE). Others ignore it. */
+	unsigned ev;
+	uint32_t ev_lo, ev_hi;
+	uint64_t ev_iter;
 };
+
+#define COLL_EV_WAIT_READY  1u
+#define COLL_EV_RECORD_DONE 2u
 
 struct coll_group;
 

@@ -36,6 +36,14 @@
  * never calls done() and returns at once. Host functions of those requests
  * still run later and find their request already completed.
  *
+ * Events (CUDA IPC buffers, coll_config.bufs): open opens each local
+ * rank's interprocess event rings once (cudaIpcOpenEventHandle, on the
+ * rank's device). A REDUCE first makes each local stream wait on its
+ * trainer's ready events of the request's buckets (cudaStreamWaitEvent: no
+ * host waits), and a BCAST records their done events on its streams after
+ * the collectives, before the host functions; iteration t uses ring slot
+ * t % ring (docs/DATAPLANE.md says why a ring).
+ *
  * Locks: a set's mutex is held while its communicators are called (NCCL
  * communicators are not thread-safe), the group's mutex guards the requests.
  * Order: set 0, set 1, group; the executor's mutex is taken by done(), never
@@ -44,12 +52,14 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "coll/coll.h"
 #include "common.h"
+#include "cudabufs.h"
 #include "cudacheck.h"
 
 #define NSETS            2
@@ -81,6 +91,9 @@ struct coll_group {
 	int *dev;                /* [nlocal] */
 	float **grads, **params; /* [world] */
 	struct cset set[NSETS];
+	/* [nlocal][nev]: each local rank's trainer's events (bufs), or NULL */
+	cudaEvent_t *ready, *done;
+	uint32_t ring, nev;
 	bool comms_live; /* communicators exist and were not aborted (watchdog, close) */
 
 	pthread_mutex_t mu;
@@ -345,6 +358,14 @@ static void nccl_close(struct coll_group *g)
 		free(g->set[s].stream);
 		pthread_mutex_destroy(&g->set[s].mu);
 	}
+	for (uint64_t i = 0; g->ready && i < (uint64_t)g->nlocal * g->nev; i++) {
+		if (g->ready[i])
+			(void)cudaEventDestroy(g->ready[i]);
+		if (g->done[i])
+			(void)cudaEventDestroy(g->done[i]);
+	}
+	free(g->ready);
+	free(g->done);
 	(void)cudaGetLastError();
 	/* streams are drained: no host function will come for these */
 	while (g->zombies) {
@@ -483,6 +504,52 @@ end1:
 	return comms_settle(g, g->set[1].comm, g->nlocal, deadline);
 }
 
+/* Each local rank's event rings, on its device. */
+static int open_events(struct coll_group *g, const struct coll_config *cfg)
+{
+	const struct cudabufs *cb0 = cfg->bufs[g->local[0]];
+	size_t n;
+
+	g->ring = cb0->ring;
+	g->nev = cb0->nbuckets * cb0->ring;
+	n = (size_t)g->nlocal * g->nev;
+	g->ready = calloc(n ? n : 1, sizeof(*g->ready));
+	g->done = calloc(n ? n : 1, sizeof(*g->done));
+	if (!g->ready || !g->done)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		const struct cudabufs *cb = cfg->bufs[g->local[k]];
+		cudaError_t e = cudaSetDevice(g->dev[k]);
+
+		if (cb->ring != g->ring || cb->nbuckets * cb->ring != g->nev) {
+			if (cfg->err)
+				snprintf(cfg->err, cfg->errlen,
+					 "rank %u: an event ring of %u, rank %u: %u", g->local[k],
+					 cb->ring, g->local[0], g->ring);
+			return ZC_EBUFFER;
+		}
+		for (uint32_t i = 0; i < 2 * g->nev && e == cudaSuccess; i++) {
+			cudaIpcEventHandle_t h;
+			cudaEvent_t *ev = i < g->nev ? &g->ready[(size_t)k * g->nev + i]
+						     : &g->done[(size_t)k * g->nev + i - g->nev];
+
+			memcpy(&h, cb->events + (size_t)i * CUDABUFS_EVENT_BYTES, sizeof(h));
+			e = cudaIpcOpenEventHandle(ev, h);
+			if (e != cudaSuccess && cfg->err)
+				snprintf(cfg->err, cfg->errlen,
+					 "rank %u: cannot open its %s event %u (bucket %u): %s (%s)",
+					 g->local[k], i < g->nev ? "ready" : "done", i % g->nev,
+					 i % g->nev / g->ring, cudaGetErrorString(e),
+					 cudaGetErrorName(e));
+		}
+		if (e != cudaSuccess) {
+			(void)cudaGetLastError();
+			return ZC_EBUFFER;
+		}
+	}
+	return 0;
+}
+
 static int nccl_open(const struct coll_config *cfg, struct coll_group **ret)
 {
 	struct coll_group *g = calloc(1, sizeof(*g));
@@ -505,6 +572,11 @@ static int nccl_open(const struct coll_config *cfg, struct coll_group **ret)
 	r = group_layout(g, cfg);
 	if (r < 0)
 		goto fail;
+	if (cfg->bufs && g->nlocal) {
+		r = open_events(g, cfg);
+		if (r < 0)
+			goto fail;
+	}
 	for (unsigned s = 0; s < NSETS; s++) {
 		g->set[s].comm = calloc(g->nlocal, sizeof(*g->set[s].comm));
 		g->set[s].stream = calloc(g->nlocal, sizeof(*g->set[s].stream));
@@ -592,12 +664,51 @@ static ncclResult_t issue_rank(const struct coll_group *g, const struct coll_req
 	return e;
 }
 
+/* Local rank k's event of bucket b, iteration t. */
+static cudaEvent_t ring_event(const struct coll_group *g, cudaEvent_t *evs, uint32_t k, uint32_t b,
+			      uint64_t t)
+{
+	return evs[(size_t)k * g->nev + (size_t)b * g->ring + t % g->ring];
+}
+
+/* Under the set's mutex: each local stream waits on its trainer's ready
+ * events, or records its done events (req->ev). */
+static int ring_events(struct coll_group *g, struct cset *set, const struct coll_req *req,
+		       unsigned which)
+{
+	int r = 0;
+
+	if (!g->ready || !(req->ev & which))
+		return 0;
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		CUDA_TRY(cudaSetDevice(g->dev[k]));
+		for (uint32_t b = req->ev_lo; b <= req->ev_hi; b++) {
+			if (which == COLL_EV_WAIT_READY)
+				CUDA_GOTO(cudaStreamWaitEvent(set->stream[k],
+							      ring_event(g, g->ready, k, b,
+									 req->ev_iter),
+							      0),
+					  r, out);
+			else
+				CUDA_GOTO(cudaEventRecord(ring_event(g, g->done, k, b,
+								     req->ev_iter),
+							  set->stream[k]),
+					  r, out);
+		}
+	}
+out:
+	return r;
+}
+
 /* Under the set's mutex: the group call, then its host functions. */
 static int issue(struct coll_group *g, struct cset *set, struct nreq *q)
 {
 	unsigned launched = 0;
 	int r = 0;
 
+	r = ring_events(g, set, q->req, COLL_EV_WAIT_READY);
+	if (r < 0)
+		goto out;
 	NCCL_TRY(ncclGroupStart());
 	for (uint32_t k = 0; k < g->nlocal; k++) {
 		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, end);
@@ -610,6 +721,8 @@ end:
 	/* a non-blocking call may not be on the streams yet: a host function
 	 * queued now could run before the collective */
 	r = comms_settle(g, set->comm, g->nlocal, 0);
+	if (r == 0)
+		r = ring_events(g, set, q->req, COLL_EV_RECORD_DONE);
 	for (uint32_t k = 0; k < g->nlocal && r == 0; k++) {
 		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, out);
 		CUDA_GOTO(cudaLaunchHostFunc(set->stream[k], host_done, q), r, out);

@@ -31,9 +31,19 @@
  *    collective that is not yet on its stream is a violation.
  *    ncclCommAbort ends the communicator's waiting parts and breaks the
  *    clique: the peers' communicators then report ncclRemoteError.
- *  - not modelled: events, graphs, peer-access limits; opening an IPC
- *    handle in the process that made it (CUDA refuses it; the double allows
- *    it so one test process can play trainer and daemon).
+ *  - across processes (a real zerod built with the double, trainers that
+ *    dlopen it as libzeroclient's CUDA runtime: ZEROD_CUDART): device memory
+ *    is a memfd mapping, and an IPC handle names the exporter's pid and fd,
+ *    which the importer opens through /proc (same user, as CUDA's own IPC
+ *    wants). Events are two counters in a memfd (recorded, completed): a
+ *    record queues the next count on its stream, a wait queues a task that
+ *    waits for the count recorded when the wait was issued (CUDA's
+ *    semantics: a later record does not move it), or for the exporter to
+ *    exit. ZEROD_CUDADOUBLE_DEVICES=n configures a process that never calls
+ *    cudadouble_reset() (n devices, a driver, no jitter).
+ *  - not modelled: graphs, peer-access limits; opening an IPC handle in the
+ *    process that made it (CUDA refuses it; the double allows it so one test
+ *    process can play trainer and daemon).
  *
  * One mutex guards the double's state; data moves under it (tests are small).
  */
@@ -44,6 +54,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -55,8 +69,10 @@
 
 struct alloc {
 	char *base;
-	size_t size;
+	size_t size, mapped;
 	int dev;
+	int fd;        /* the memfd behind it (-1: imported) */
+	bool imported; /* opened from another process's handle */
 	unsigned ipc_opens;
 	struct alloc *next;
 };
@@ -81,7 +97,20 @@ struct pend {
 	struct pend *next;
 };
 
-enum task_kind { T_HOST, T_KERN, T_COLL };
+enum task_kind { T_HOST, T_KERN, T_COLL, T_EVREC, T_EVWAIT };
+
+/* An event's shared state (a memfd page both processes map). */
+struct evshared {
+	_Atomic uint64_t recorded, completed;
+	int32_t owner_pid;
+};
+
+struct CUevent_st {
+	struct evshared *sh;
+	int fd;
+	unsigned flags;
+	bool imported;
+};
 
 struct task {
 	enum task_kind kind;
@@ -89,6 +118,8 @@ struct task {
 	void *arg;
 	struct optim_kern kern;
 	struct dop op;
+	struct evshared *ev; /* T_EVREC, T_EVWAIT */
+	uint64_t evseq;
 	struct task *next;
 };
 
@@ -228,6 +259,44 @@ static bool on_dev(const void *p, size_t n, int dev, const char *what)
 	return true;
 }
 
+/* A shared mapping of a fresh memfd of n bytes; -1 in *ret_fd on failure. */
+static void *memfd_map(size_t n, int *ret_fd)
+{
+	int fd = memfd_create("cudadouble", MFD_CLOEXEC);
+	void *p;
+
+	*ret_fd = -1;
+	if (fd < 0)
+		return NULL;
+	if (ftruncate(fd, (off_t)n) < 0 ||
+	    (p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		close(fd);
+		return NULL;
+	}
+	*ret_fd = fd;
+	return p;
+}
+
+static void alloc_free(struct alloc *a)
+{
+	munmap(a->base, a->mapped);
+	if (a->fd >= 0)
+		close(a->fd);
+	free(a);
+}
+
+/* ZEROD_CUDADOUBLE_DEVICES: a process that never calls cudadouble_reset()
+ * (a test zerod, a trainer that dlopens the double) gets that many devices. */
+__attribute__((constructor)) static void env_config(void)
+{
+	const char *n = getenv("ZEROD_CUDADOUBLE_DEVICES");
+
+	if (n && atoi(n) > 0) {
+		cfg.ndevices = atoi(n);
+		cfg.driver_version = 13000;
+	}
+}
+
 /* --------------------------------------------------------- the config --- */
 
 void cudadouble_reset(const struct cudadouble_config *c)
@@ -241,8 +310,7 @@ void cudadouble_reset(const struct cudadouble_config *c)
 	while (allocs) {
 		struct alloc *a = allocs;
 		allocs = a->next;
-		free(a->base);
-		free(a);
+		alloc_free(a);
 	}
 	while (comms) {
 		struct ncclComm *x = comms;
@@ -283,6 +351,19 @@ void cudadouble_uuid(int dev, uint8_t ret[16])
 {
 	for (int i = 0; i < 16; i++)
 		ret[i] = (uint8_t)(0x5a ^ (i * 17) ^ (dev << 4) ^ dev);
+}
+
+void cudadouble_ipc_revoke(void *p)
+{
+	struct alloc *a;
+
+	pthread_mutex_lock(&mu);
+	a = find_alloc(p, 1);
+	if (a && a->fd >= 0) {
+		close(a->fd);
+		a->fd = -1;
+	}
+	pthread_mutex_unlock(&mu);
 }
 
 void cudadouble_nccl_fail(int rank, ncclResult_t err)
@@ -418,10 +499,11 @@ cudaError_t cudaMalloc(void **p, size_t size)
 	if (cfg.ndevices <= 0)
 		return fail(cudaErrorInsufficientDriver);
 	a = calloc(1, sizeof(*a));
-	if (!a || !(a->base = aligned_alloc(ALIGN, n))) {
+	if (!a || !(a->base = memfd_map(n, &a->fd))) {
 		free(a);
 		return fail(cudaErrorMemoryAllocation);
 	}
+	a->mapped = n;
 	memset(a->base, 0xff, n); /* NaNs: a read of what was never written shows */
 	a->size = size;
 	a->dev = cur_dev;
@@ -453,8 +535,7 @@ cudaError_t cudaFree(void *p)
 	*pp = a->next;
 	st.live_allocs--;
 	pthread_mutex_unlock(&mu);
-	free(a->base);
-	free(a);
+	alloc_free(a);
 	return cudaSuccess;
 }
 
@@ -502,11 +583,15 @@ struct ipc_payload {
 	char magic[8];
 	void *base;
 	int dev;
+	int32_t pid, fd; /* the exporter and its memfd */
+	uint64_t size;
+	uint64_t ino; /* the memfd's inode: a reused fd number is not it */
 };
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 {
 	struct ipc_payload pl = {.magic = "zdipc"};
+	struct stat sb;
 	struct alloc *a;
 
 	CUDA_ENTER();
@@ -515,12 +600,62 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 	if (a) {
 		pl.base = a->base;
 		pl.dev = a->dev;
+		pl.pid = getpid();
+		pl.fd = a->fd;
+		pl.size = a->size;
+		if (fstat(a->fd, &sb) == 0)
+			pl.ino = sb.st_ino;
 	}
 	pthread_mutex_unlock(&mu);
 	if (!a)
 		return fail(cudaErrorInvalidValue);
 	memset(h, 0, sizeof(*h));
 	memcpy(h->reserved, &pl, sizeof(pl));
+	return cudaSuccess;
+}
+
+/* Another process's allocation: its memfd, through /proc. */
+static cudaError_t ipc_import(void **p, const struct ipc_payload *pl)
+{
+	size_t n = (pl->size + ALIGN - 1) / ALIGN * ALIGN;
+	struct stat sb;
+	struct alloc *a;
+	char path[64];
+	int fd;
+
+	if (pl->dev < 0 || pl->dev >= cfg.ndevices || pl->fd < 0 || pl->size == 0)
+		return fail(cudaErrorInvalidResourceHandle);
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pl->pid, (int)pl->fd);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return fail(cudaErrorInvalidResourceHandle);
+	if (fstat(fd, &sb) < 0 || sb.st_ino != pl->ino) {
+		close(fd);
+		return fail(cudaErrorInvalidResourceHandle); /* freed, its fd reused */
+	}
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		close(fd);
+		return fail(cudaErrorMemoryAllocation);
+	}
+	a->base = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (a->base == MAP_FAILED) {
+		free(a);
+		return fail(cudaErrorInvalidResourceHandle);
+	}
+	a->mapped = n;
+	a->size = pl->size;
+	a->dev = pl->dev;
+	a->fd = -1;
+	a->imported = true;
+	a->ipc_opens = 1;
+	pthread_mutex_lock(&mu);
+	a->next = allocs;
+	allocs = a;
+	st.ipc_open++;
+	pthread_mutex_unlock(&mu);
+	*p = a->base;
 	return cudaSuccess;
 }
 
@@ -533,6 +668,8 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int fl
 	memcpy(&pl, h.reserved, sizeof(pl));
 	if (flags != cudaIpcMemLazyEnablePeerAccess)
 		return fail(cudaErrorInvalidValue); /* CUDA requires exactly this flag */
+	if (memcmp(pl.magic, "zdipc", 6) == 0 && pl.pid != getpid())
+		return ipc_import(p, &pl);
 	pthread_mutex_lock(&mu);
 	if (memcmp(pl.magic, "zdipc", 6) == 0)
 		for (a = allocs; a && a->base != pl.base; a = a->next)
@@ -561,6 +698,16 @@ cudaError_t cudaIpcCloseMemHandle(void *p)
 		st.ipc_open--;
 	} else {
 		violation("cudaIpcCloseMemHandle(%p): not an opened handle", p);
+	}
+	if (a && a->imported) {
+		struct alloc **pp;
+
+		for (pp = &allocs; *pp != a; pp = &(*pp)->next)
+			;
+		*pp = a->next;
+		pthread_mutex_unlock(&mu);
+		alloc_free(a);
+		return cudaSuccess;
 	}
 	pthread_mutex_unlock(&mu);
 	return a ? cudaSuccess : fail(cudaErrorInvalidValue);
@@ -600,6 +747,26 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsi
 
 static void coll_part(struct dop *op);
 
+static void ev_complete(struct evshared *ev, uint64_t seq)
+{
+	uint64_t c = atomic_load(&ev->completed);
+
+	while (c < seq && !atomic_compare_exchange_weak(&ev->completed, &c, seq))
+		;
+}
+
+/* Until the event's count reaches seq, or its exporter is gone (a trainer
+ * that died leaves no stream stuck). */
+static void ev_wait(struct evshared *ev, uint64_t seq)
+{
+	for (unsigned i = 0; atomic_load(&ev->completed) < seq; i++) {
+		if (i % 256 == 255 && ev->owner_pid > 0 && kill(ev->owner_pid, 0) < 0 &&
+		    errno == ESRCH)
+			return;
+		usleep(50);
+	}
+}
+
 static void run_task(struct task *t)
 {
 	switch (t->kind) {
@@ -620,6 +787,12 @@ static void run_task(struct task *t)
 		return;
 	case T_COLL:
 		coll_part(&t->op);
+		return;
+	case T_EVREC:
+		ev_complete(t->ev, t->evseq);
+		return;
+	case T_EVWAIT:
+		ev_wait(t->ev, t->evseq);
 		return;
 	}
 }
@@ -1348,4 +1521,155 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
 				      .recv = recv,
 				      .count = count},
 			 stream, type, ncclSum);
+}
+
+/* ----------------------------------------------------------- events --- */
+
+struct evipc_payload {
+	char magic[8];
+	int32_t pid, fd;
+};
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ret, unsigned int flags)
+{
+	struct CUevent_st *e;
+
+	CUDA_ENTER();
+	if (cfg.ndevices <= 0)
+		return fail(cudaErrorInsufficientDriver);
+	if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
+		return fail(cudaErrorInvalidValue); /* as CUDA */
+	e = calloc(1, sizeof(*e));
+	if (!e || !(e->sh = memfd_map(sizeof(*e->sh), &e->fd))) {
+		free(e);
+		return fail(cudaErrorMemoryAllocation);
+	}
+	e->sh->owner_pid = getpid();
+	e->flags = flags;
+	*ret = e;
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+	CUDA_ENTER();
+	if (!e)
+		return fail(cudaErrorInvalidResourceHandle);
+	munmap(e->sh, sizeof(*e->sh));
+	if (e->fd >= 0)
+		close(e->fd);
+	free(e);
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+	uint64_t seq;
+	struct task *t;
+
+	CUDA_ENTER();
+	if (!e)
+		return fail(cudaErrorInvalidResourceHandle);
+	seq = atomic_fetch_add(&e->sh->recorded, 1) + 1;
+	if (!s) {
+		/* the legacy default stream: the double runs nothing there */
+		ev_complete(e->sh, seq);
+		return cudaSuccess;
+	}
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return fail(cudaErrorMemoryAllocation);
+	t->kind = T_EVREC;
+	t->ev = e->sh;
+	t->evseq = seq;
+	stream_push(s, t);
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
+{
+	struct task *t;
+
+	CUDA_ENTER();
+	(void)flags;
+	if (!e)
+		return fail(cudaErrorInvalidResourceHandle);
+	if (!s) {
+		/* the legacy default stream: the double waits here */
+		ev_wait(e->sh, atomic_load(&e->sh->recorded));
+		return cudaSuccess;
+	}
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return fail(cudaErrorMemoryAllocation);
+	t->kind = T_EVWAIT;
+	t->ev = e->sh;
+	t->evseq = atomic_load(&e->sh->recorded); /* the latest record, as CUDA */
+	stream_push(s, t);
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+	CUDA_ENTER();
+	if (!e)
+		return fail(cudaErrorInvalidResourceHandle);
+	return atomic_load(&e->sh->completed) >= atomic_load(&e->sh->recorded) ? cudaSuccess
+									      : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+	CUDA_ENTER();
+	if (!e)
+		return fail(cudaErrorInvalidResourceHandle);
+	ev_wait(e->sh, atomic_load(&e->sh->recorded));
+	return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e)
+{
+	struct evipc_payload pl = {.magic = "zdevt"};
+
+	CUDA_ENTER();
+	if (!e || e->imported || !(e->flags & cudaEventInterprocess))
+		return fail(cudaErrorInvalidResourceHandle);
+	pl.pid = getpid();
+	pl.fd = e->fd;
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &pl, sizeof(pl));
+	return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *ret, cudaIpcEventHandle_t h)
+{
+	struct evipc_payload pl;
+	struct CUevent_st *e;
+	char path[64];
+	int fd;
+
+	CUDA_ENTER();
+	memcpy(&pl, h.reserved, sizeof(pl));
+	if (memcmp(pl.magic, "zdevt", 6) != 0)
+		return fail(cudaErrorInvalidResourceHandle);
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pl.pid, (int)pl.fd);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return fail(cudaErrorInvalidResourceHandle);
+	e = calloc(1, sizeof(*e));
+	if (!e) {
+		close(fd);
+		return fail(cudaErrorMemoryAllocation);
+	}
+	e->sh = mmap(NULL, sizeof(*e->sh), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (e->sh == MAP_FAILED) {
+		free(e);
+		return fail(cudaErrorInvalidResourceHandle);
+	}
+	e->fd = -1;
+	e->imported = true;
+	e->flags = cudaEventInterprocess | cudaEventDisableTiming;
+	*ret = e;
+	return cudaSuccess;
 }

@@ -46,6 +46,11 @@ void cudadouble_stats(struct cudadouble_stats *ret);
 /* The UUID the double gives device dev. */
 void cudadouble_uuid(int dev, uint8_t ret[16]);
 
+/* The allocation holding p stays usable here, but IPC handles of it no
+ * longer open anywhere (as a handle of memory freed since): its memfd is
+ * closed. */
+void cudadouble_ipc_revoke(void *p);
+
 /* Every live communicator of job rank `rank` reports err from now on
  * (ncclCommGetAsyncError), as when its peer or network fails; its
  * collectives keep waiting until it is aborted, as NCCL's do. */

@@ -14,8 +14,9 @@
  *  - IPC: a child process plays the trainer, allocates device memory and
  *    exports its handle; mem_cuda_ops opens it by UUID at an offset and
  *    writes through it, and the child reads the writes back.
- * Not yet: the trainers' ready events and the parity run against PyTorch's
- * ZeroRedundancyOptimizer, which need the client's CUDA buffers.
+ * The trainers' CUDA buffers and event rings through a real zerod:
+ * test_gpujob.c. Not yet: the parity run against PyTorch's
+ * ZeroRedundancyOptimizer (the Python package registers host buffers).
  */
 #include <errno.h>
 #include <math.h>

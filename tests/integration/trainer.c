@@ -249,7 +249,10 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 		note_result(s, rank, r, 0, errtext);
 		return 1;
 	}
-	r = zc_alloc_buffers(c, &tp.plan);
+	if (s->hooks && s->hooks->buffers)
+		r = s->hooks->buffers(c, &tp.plan, rank);
+	else
+		r = zc_alloc_buffers(c, &tp.plan);
 	if (r < 0)
 		goto fail;
 	for (uint32_t b = 0; b < NB; b++) {
@@ -294,7 +297,10 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 				raise(SIGKILL);
 			for (uint64_t i = 0; i < bucket_sizes[b]; i++)
 				gb[i] = grad_value(s, rank, it, b, i);
-			r = zc_bucket_ready(c, b, &bf[b]);
+			if (s->hooks && s->hooks->ready)
+				r = s->hooks->ready(c, b, bucket_sizes[b], &bf[b]);
+			else
+				r = zc_bucket_ready(c, b, &bf[b]);
 			if (r < 0)
 				goto fail;
 		}
@@ -310,6 +316,12 @@ int train_rank(const struct train_spec *s, uint32_t rank)
 				zc_future_free(bf[b]);
 			bad = 1;
 			goto out;
+		}
+		if (s->hooks && s->hooks->stepped && (r = s->hooks->stepped(c, step, it)) < 0) {
+			zc_future_free(step);
+			for (uint32_t b = 0; b < NB; b++)
+				zc_future_free(bf[b]);
+			goto fail;
 		}
 		zc_future_free(step);
 		for (uint32_t b = 0; b < NB; b++) {

@@ -65,6 +65,18 @@ struct train_spec {
 	struct train_result *results; /* optional [world], shared memory: how each rank ended */
 	int kill_rank1, kill_iter;    /* rank kill_rank1 - 1 SIGKILLs itself after half its buckets
 					of iteration kill_iter, on any job (kill_rank1 0: never) */
+	const struct train_hooks *hooks; /* NULL: host buffers, zc_bucket_ready */
+};
+
+/* Another way to give the buffers and hand buckets over (the CUDA tests):
+ * each member may be NULL (the default). */
+struct train_hooks {
+	/* instead of zc_alloc_buffers() */
+	int (*buffers)(zc_client *c, const struct zc_plan *plan, uint32_t rank);
+	/* instead of zc_bucket_ready(), once bucket b's gradients are written */
+	int (*ready)(zc_client *c, uint32_t b, uint64_t numel, zc_future **ret);
+	/* after iteration it's step future completed (before it is freed) */
+	int (*stepped)(zc_client *c, zc_future *step, int it);
 };
 
 /* How a rank ended: 0, or the first error and its message. */

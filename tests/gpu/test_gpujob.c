@@ -1,0 +1,174 @@
+/*
+ * test_gpujob.c — a world-size-1 CUDA job through the whole path on a real
+ * GPU (suite gpu; tests/gpu/run): a real zerod --backend cuda, this process
+ * as its trainer with libzeroclient loading the CUDA runtime ($ZEROD_CUDART):
+ * device buffers registered by IPC handle + offset and UUID, gradients
+ * copied asynchronously on the trainer's stream and handed over with
+ * zc_bucket_ready_cuda() (zerod's reduction waits on the ready event), NCCL,
+ * the CUDA Adam kernels, and zc_step_wait_cuda() on the done events; the
+ * parameters are read back and compared with tests/refoptim.c's Adam
+ * (world 1: the average is the gradient). Exits 77 without a GPU.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "harness.h"
+#include "refoptim.h"
+#include "trainer.h"
+
+#define ITERS 6
+
+#define CU(call)                                                                                   \
+	do {                                                                                       \
+		cudaError_t e_ = (call);                                                           \
+		if (e_ != cudaSuccess) {                                                           \
+			printf("not ok 1 - gpujob # %s: %s\n", #call, cudaGetErrorString(e_));     \
+			goto out;                                                                  \
+		}                                                                                  \
+	} while (0)
+
+#define ZC(call)                                                                                   \
+	do {                                                                                       \
+		int r_ = (call);                                                                   \
+		if (r_ < 0) {                                                                      \
+			printf("not ok 1 - gpujob # %s: %s: %s\n", #call, zc_strerror_name(r_),    \
+			       zc_error_message());                                                \
+			goto out;                                                                  \
+		}                                                                                  \
+	} while (0)
+
+int main(void)
+{
+	const char *const extra[] = {"--backend", "cuda", NULL};
+	struct train_spec s = {.job = "gpujob",
+			       .world = 1,
+			       .optimizer = ZC_OPT_ADAM,
+			       .shard_mode = ZC_SHARD_BUCKET,
+			       .step_mode = ZC_STEP_INTERLEAVED};
+	struct zc_buffers bufs = ZC_BUFFERS_INIT;
+	struct zc_config cfg;
+	struct train_plan tp;
+	struct zd d;
+	zc_client *c = NULL;
+	cudaStream_t st = NULL;
+	uint64_t bytes, total = 0, bad = 0;
+	float *host_p = NULL, *host_g = NULL, *ref_p = NULL, *m = NULL, *v = NULL, *vmax = NULL;
+	char *dev = NULL;
+	int ndev = 0, status = 1;
+	bool started = false;
+
+	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+		printf("1..1\nok 1 - gpujob # SKIP no usable GPU\n");
+		return 77;
+	}
+	printf("1..1\n");
+	train_make_plan(&s, &tp);
+	for (uint32_t b = 0; b < tp.plan.nbuckets; b++)
+		total += tp.buckets[b].numel;
+	ZC(zc_plan_buffer_bytes(&tp.plan, &bytes));
+	host_p = calloc(bytes, 1);
+	host_g = calloc(bytes, 1);
+	ref_p = calloc(bytes, 1);
+	m = calloc(bytes, 1);
+	v = calloc(bytes, 1);
+	vmax = calloc(bytes, 1);
+	if (!host_p || !host_g || !ref_p || !m || !v || !vmax)
+		goto out;
+	if (zd_start(&d, extra) != 0) {
+		printf("not ok 1 - gpujob # zerod --backend cuda did not start\n");
+		goto out;
+	}
+	started = true;
+	CU(cudaSetDevice(0));
+	CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+	/* one allocation, both buffers at offsets into it */
+	CU(cudaMalloc((void **)&dev, 2 * bytes + 512));
+	cfg = test_config(&d, s.job, 0, 1);
+	ZC(zc_connect(&cfg, &c));
+	bufs.kind = ZC_BUFFERS_CUDA;
+	bufs.grad_dev = dev + 256;
+	bufs.param_dev = dev + 256 + bytes;
+	ZC(zc_register_buffers(c, &tp.plan, &bufs));
+	for (uint32_t b = 0; b < tp.plan.nbuckets; b++) {
+		float *p = (float *)((char *)host_p +
+				     ((char *)zc_param_ptr(c, b) - (char *)bufs.param_dev));
+		for (uint64_t i = 0; i < tp.buckets[b].numel; i++)
+			p[i] = det_uniform(7, 0, b, i);
+	}
+	memcpy(ref_p, host_p, bytes);
+	CU(cudaMemcpy(bufs.param_dev, host_p, bytes, cudaMemcpyHostToDevice));
+	ZC(zc_register_plan(c));
+	for (int it = 0; it < ITERS; it++) {
+		zc_future *step = NULL;
+
+		for (uint32_t b = 0; b < tp.plan.nbuckets; b++) {
+			size_t at = (char *)zc_grad_ptr(c, b) - (char *)bufs.grad_dev;
+			float *g = (float *)((char *)host_g + at);
+			uint64_t n = tp.buckets[b].numel;
+
+			for (uint64_t i = 0; i < n; i++)
+				g[i] = det_uniform(8, (uint64_t)it, b, i);
+			/* the gradients are still being copied when the bucket goes */
+			CU(cudaMemcpyAsync((char *)bufs.grad_dev + at, g, n * sizeof(float),
+					   cudaMemcpyHostToDevice, st));
+			ZC(zc_bucket_ready_cuda(c, b, st, NULL));
+			for (uint32_t k = 0; k < tp.buckets[b].nsegments; k++) {
+				const struct zc_segment *sg = &tp.buckets[b].segments[k];
+				size_t o = at / sizeof(float) + sg->offset;
+
+				ref_adam(false, &tp.groups[sg->group], (uint64_t)it + 1, ref_p + o,
+					 host_g + o, m + o, v + o, vmax + o, sg->numel);
+			}
+		}
+		ZC(zc_step_future(c, (uint64_t)it, &step));
+		if (zc_future_wait(step, 60000) != 1) {
+			printf("not ok 1 - gpujob # iteration %d: %s\n", it,
+			       zc_future_message(step));
+			zc_future_free(step);
+			goto out;
+		}
+		ZC(zc_step_wait_cuda(step, st));
+		zc_future_free(step);
+	}
+	CU(cudaStreamSynchronize(st));
+	CU(cudaMemcpy(host_p, bufs.param_dev, bytes, cudaMemcpyDeviceToHost));
+	for (uint32_t b = 0; b < tp.plan.nbuckets; b++) {
+		size_t at = ((char *)zc_param_ptr(c, b) - (char *)bufs.param_dev) / sizeof(float);
+
+		for (uint64_t i = 0; i < tp.buckets[b].numel; i++) {
+			float got = host_p[at + i], want = ref_p[at + i];
+
+			if (!(fabsf(got - want) <= 1e-6f * fmaxf(1.0f, fabsf(want))) && bad++ < 5)
+				printf("# bucket %u[%llu]: %.9g, reference %.9g\n", b,
+				       (unsigned long long)i, got, want);
+		}
+	}
+	if (bad)
+		printf("not ok 1 - gpujob # %llu of %llu parameters differ from the reference\n",
+		       (unsigned long long)bad, (unsigned long long)total);
+	else
+		printf("ok 1 - gpujob # world 1, Adam, %d iterations, %llu parameters through IPC "
+		       "buffers, ready/done events, NCCL and the kernels\n",
+		       ITERS, (unsigned long long)total);
+	status = bad ? 1 : 0;
+out:
+	zc_close(c);
+	if (started && zd_stop(&d, 10000) != 0 && status == 0) {
+		printf("# zerod did not stop cleanly\n");
+		status = 1;
+	}
+	if (st)
+		cudaStreamDestroy(st);
+	cudaFree(dev);
+	free(host_p);
+	free(host_g);
+	free(ref_p);
+	free(m);
+	free(v);
+	free(vmax);
+	return status;
+}

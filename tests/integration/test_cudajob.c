@@ -1,0 +1,410 @@
+/*
+ * test_cudajob.c — CUDA jobs end to end without a GPU: a real zerod linked
+ * with the CUDA test double instead of the runtime and NCCL (zerod-double,
+ * test-only) and real trainer processes whose libzeroclient loads the same
+ * double as its CUDA runtime (ZEROD_CUDART = libzerocudadouble.so, which this
+ * program links too, to allocate "device" memory and streams). The double's
+ * device memory is host memory shared across processes, so every byte of the
+ * path is real: RegisterPlan.cuda, the IPC handles opened by zerod's
+ * executor, NCCL's (double's) collectives, the optimizer kernels' element
+ * code, and the event rings:
+ *  - jobs of 2-4 ranks, SGD, Adam and AdamW, both shard and step modes, equal
+ *    to the single-process reference (tests/refoptim.c) bit for bit. Each
+ *    rank hands a bucket over with zc_bucket_ready_cuda() while its gradients
+ *    are still "in flight": they are NaN in the buffer and a host function
+ *    queued on the rank's stream writes them 2 ms later, before the ready
+ *    event's record. A daemon that did not wait on the event (on its stream)
+ *    would average NaNs. After each step zc_step_wait_cuda() orders the
+ *    stream behind the done events;
+ *  - the CUDA kind on a zerod --backend host: ZC_ENOTSUP saying why;
+ *  - no CUDA runtime in the trainer: ZC_ENOTSUP from zc_register_buffers();
+ *  - a handle zerod cannot open (revoked in the double after
+ *    zc_register_buffers(), as a handle of memory freed since) and a device
+ *    zerod does not see (an unknown UUID): the job fails with ZC_EMAP naming
+ *    the rank and the reason, while a second job beside it trains to the
+ *    reference.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cudadouble.h"
+#include "harness.h"
+#include "testlib.h"
+#include "trainer.h"
+#include "zctest.h"
+
+#define NDEV 4 /* ZEROD_CUDADOUBLE_DEVICES (tests/meson.build) */
+
+static struct zd daemon_;
+
+/* ------------------------------------------------ the CUDA trainer hooks --- */
+
+static cudaStream_t stream_;
+static bool free_after_register_; /* the bad-handle case: revoke the handle */
+static int device_;               /* -1: the rank's own (rank % NDEV) */
+
+static int cuda_buffers(zc_client *c, const struct zc_plan *plan, uint32_t rank)
+{
+	struct zc_buffers b = ZC_BUFFERS_INIT;
+	uint64_t bytes;
+	char *base;
+	int r;
+
+	r = zc_plan_buffer_bytes(plan, &bytes);
+	if (r < 0)
+		return r;
+	if (cudaSetDevice(device_ >= 0 ? device_ : (int)(rank % NDEV)) != cudaSuccess ||
+	    cudaMalloc((void **)&base, 2 * bytes + 512) != cudaSuccess ||
+	    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
+		printf("# rank %u: the double refused a device, an allocation or a stream\n", rank);
+		return -ENOMEM;
+	}
+	/* both buffers in one allocation, neither at its base: the handle is
+	 * the allocation's, each buffer an offset into it */
+	b.kind = ZC_BUFFERS_CUDA;
+	b.grad_dev = base + 256;
+	b.param_dev = base + 256 + bytes;
+	r = zc_register_buffers(c, plan, &b);
+	if (r >= 0 && free_after_register_)
+		cudadouble_ipc_revoke(base); /* zerod opens it only when the job starts */
+	return r;
+}
+
+struct late_grads {
+	float *dst, *src;
+	uint64_t n;
+};
+
+/* On the rank's stream: the gradients land only now. */
+static void write_late(void *arg)
+{
+	struct late_grads *l = arg;
+
+	usleep(2000);
+	memcpy(l->dst, l->src, l->n * sizeof(float));
+	free(l->src);
+	free(l);
+}
+
+static int cuda_ready(zc_client *c, uint32_t b, uint64_t numel, zc_future **ret)
+{
+	float *g = zc_grad_buffer(c, b);
+	struct late_grads *l = calloc(1, sizeof(*l));
+
+	if (!l || !(l->src = malloc(numel * sizeof(float))))
+		return -ENOMEM;
+	memcpy(l->src, g, numel * sizeof(float));
+	for (uint64_t i = 0; i < numel; i++)
+		g[i] = NAN;
+	l->dst = g;
+	l->n = numel;
+	if (cudaLaunchHostFunc(stream_, write_late, l) != cudaSuccess)
+		return -EIO;
+	return zc_bucket_ready_cuda(c, b, stream_, ret);
+}
+
+static int cuda_stepped(zc_client *c, zc_future *step, int it)
+{
+	int r;
+
+	(void)c;
+	(void)it;
+	r = zc_step_wait_cuda(step, stream_);
+	if (r < 0)
+		return r;
+	return cudaStreamSynchronize(stream_) == cudaSuccess ? 0 : -EIO;
+}
+
+static const struct train_hooks cuda_hooks = {
+	.buffers = cuda_buffers,
+	.ready = cuda_ready,
+	.stepped = cuda_stepped,
+};
+
+/* ------------------------------------------------------------- training --- */
+
+static int rank_main(void *arg, int idx)
+{
+	return train_rank(arg, (uint32_t)idx);
+}
+
+static struct train_spec spec(const char *job, uint32_t world, enum zc_optimizer opt,
+			      enum zc_shard_mode shard, enum zc_step_mode step, uint64_t seed)
+{
+	return (struct train_spec){
+		.socket = daemon_.sock,
+		.job = job,
+		.world = world,
+		.optimizer = opt,
+		.shard_mode = shard,
+		.step_mode = step,
+		.iters = 5,
+		.seed = seed,
+		.hyper_iter = 3,
+		.die_iter = -1,
+		.hooks = &cuda_hooks,
+	};
+}
+
+static void start_ranks(struct train_spec *s, pid_t *pids)
+{
+	for (uint32_t r = 0; r < s->world; r++)
+		pids[r] = spawn(rank_main, s, (int)r);
+}
+
+static void check_ranks(const struct train_spec *s, const pid_t *pids)
+{
+	for (uint32_t r = 0; r < s->world; r++) {
+		int st = wait_child(pids[r], test_timeout(60000));
+		CHECK(st == 0, "%s rank %u exited with %d", s->job, r, st);
+	}
+}
+
+/* zerod's log says job started on the cuda backend ("job J: plan ...,
+ * backend cuda, ..."). */
+static bool ran_on_cuda(const char *job)
+{
+	char want[96], line[1024];
+	bool found = false;
+	FILE *f = fopen(daemon_.log, "r");
+
+	if (!f)
+		return false;
+	snprintf(want, sizeof(want), "job %s: plan ", job);
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, want) && strstr(line, "backend cuda,");
+	fclose(f);
+	return found;
+}
+
+static void run(const char *job, uint32_t world, enum zc_optimizer opt, enum zc_shard_mode shard,
+		enum zc_step_mode step, uint64_t seed)
+{
+	struct train_spec s = spec(job, world, opt, shard, step, seed);
+	pid_t pids[NDEV];
+
+	REQUIRE(zd_alive(&daemon_), "zerod is not running");
+	device_ = -1;
+	start_ranks(&s, pids);
+	check_ranks(&s, pids);
+	CHECK(ran_on_cuda(job), "zerod's log does not say %s ran on the cuda backend", job);
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+static void t_sgd_w2_bucket_interleaved(void)
+{
+	run("cuda-sgd-w2", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 11);
+}
+
+static void t_adam_w4_slice_at_end(void)
+{
+	run("cuda-adam-w4", 4, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 12);
+}
+
+static void t_adamw_w3_bucket_at_end(void)
+{
+	run("cuda-adamw-w3", 3, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 13);
+}
+
+static void t_sgd_w2_slice_interleaved(void)
+{
+	run("cuda-sgd-w2s", 2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, 14);
+}
+
+/* -------------------------------------------------------------- refusals --- */
+
+/* A rank that registers CUDA buffers with the train hooks and reports how
+ * its job ended (results in shared memory). */
+struct refusal {
+	struct train_spec s;
+	struct train_result *res;
+};
+
+static struct train_result *shared_results(uint32_t n)
+{
+	void *p = mmap(NULL, n * sizeof(struct train_result), PROT_READ | PROT_WRITE,
+		       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static int bad_handle_rank(void *arg, int idx)
+{
+	struct train_spec *s = arg;
+
+	free_after_register_ = idx == 1; /* rank 1's allocation is gone when zerod opens it */
+	device_ = -1;
+	return train_rank(s, (uint32_t)idx);
+}
+
+static int unknown_uuid_rank(void *arg, int idx)
+{
+	struct cudadouble_config cfg = {.ndevices = 8, .driver_version = 13000};
+	struct train_spec *s = arg;
+
+	/* this trainer sees 8 devices; zerod sees 4: device 6's UUID is
+	 * unknown to it */
+	cudadouble_reset(&cfg);
+	device_ = idx == 0 ? 6 : idx;
+	return train_rank(s, (uint32_t)idx);
+}
+
+/* A job that must fail with ZC_EMAP naming `needle` while a good job
+ * trains beside it. */
+static void refused_beside(const char *job, int (*fn)(void *, int), const char *needle)
+{
+	char good_job[64];
+	struct train_spec good, bad;
+	pid_t gp[2], bp[2];
+
+	REQUIRE(zd_alive(&daemon_), "zerod is not running");
+	snprintf(good_job, sizeof(good_job), "%s-beside", job);
+	good = spec(good_job, 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 21);
+	good.iters = 8;
+	bad = spec(job, 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 22);
+	bad.results = shared_results(2);
+	REQUIRE(bad.results, "no shared memory for the results");
+	device_ = -1;
+	start_ranks(&good, gp);
+	for (int r = 0; r < 2; r++)
+		bp[r] = spawn(fn, &bad, r);
+	for (int r = 0; r < 2; r++) {
+		int st = wait_child(bp[r], test_timeout(60000));
+		CHECK(st == 1, "%s rank %d exited with %d, not 1 (refused)", job, r, st);
+		CHECK(bad.results[r].code == ZC_EMAP, "%s rank %d ended with %s: %s, not ZC_EMAP",
+		      job, r, zc_strerror_name(bad.results[r].code), bad.results[r].msg);
+		CHECK(strstr(bad.results[r].msg, needle) != NULL,
+		      "%s rank %d's reason \"%s\" does not say \"%s\"", job, r, bad.results[r].msg,
+		      needle);
+	}
+	check_ranks(&good, gp);
+	CHECK(zd_alive(&daemon_), "zerod died");
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+static void t_bad_handle_refused(void)
+{
+	refused_beside("cuda-badhandle", bad_handle_rank, "rank 1's gradients");
+}
+
+static void t_unknown_uuid_refused(void)
+{
+	refused_beside("cuda-uuid", unknown_uuid_rank, "no such device visible to zerod");
+}
+
+static int host_only_rank(void *arg, int idx)
+{
+	const struct zd *hd = arg;
+	struct zc_config cfg = test_config(hd, "cuda-on-host", 0, 1);
+	struct train_spec s =
+		spec("cuda-on-host", 1, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1);
+	struct train_plan tp;
+	zc_client *c = NULL;
+	int r;
+
+	(void)idx;
+	device_ = 0;
+	train_make_plan(&s, &tp);
+	r = zc_connect(&cfg, &c);
+	EXPECT(r == 0, "connect: %s", zc_error_message());
+	if (r < 0)
+		return 1;
+	r = cuda_buffers(c, &tp.plan, 0);
+	EXPECT(r == 0, "zc_register_buffers: %s: %s", zc_strerror_name(r), zc_error_message());
+	r = zc_register_plan(c);
+	EXPECT(r == ZC_ENOTSUP, "zc_register_plan on a host-only zerod: %s (%s), not ZC_ENOTSUP",
+	       zc_strerror_name(r), zc_error_message());
+	EXPECT(strstr(zc_error_message(), "host buffers only") &&
+		       strstr(zc_error_message(), "--backend host"),
+	       "the reason \"%s\" does not say why", zc_error_message());
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_cuda_kind_on_host_only_daemon(void)
+{
+	const char *const extra[] = {"--backend", "host", NULL};
+	struct zd hd;
+	int st;
+
+	REQUIRE(zd_start(&hd, extra) == 0, "cannot start a second zerod --backend host");
+	st = wait_child(spawn(host_only_rank, &hd, 0), test_timeout(30000));
+	CHECK(st == 0, "the trainer exited with %d", st);
+	if (test_failed_)
+		zd_dump_log(&hd);
+	CHECK(zd_stop(&hd, 10000) == 0, "the host-only zerod did not stop cleanly");
+}
+
+static int no_runtime_rank(void *arg, int idx)
+{
+	const struct zd *d = arg;
+	struct zc_config cfg = test_config(d, "cuda-no-runtime", 0, 1);
+	struct train_spec s =
+		spec("cuda-no-runtime", 1, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 1);
+	struct zc_buffers b = ZC_BUFFERS_INIT;
+	struct train_plan tp;
+	zc_client *c = NULL;
+	float fake[64];
+	int r;
+
+	(void)idx;
+	setenv("ZEROD_CUDART", "/nonexistent/libcudart.so.13", 1);
+	train_make_plan(&s, &tp);
+	r = zc_connect(&cfg, &c);
+	EXPECT(r == 0, "connect: %s", zc_error_message());
+	if (r < 0)
+		return 1;
+	b.kind = ZC_BUFFERS_CUDA;
+	b.grad_dev = fake;
+	b.param_dev = fake + 32;
+	r = zc_register_buffers(c, &tp.plan, &b);
+	EXPECT(r == ZC_ENOTSUP, "zc_register_buffers without a runtime: %s (%s)",
+	       zc_strerror_name(r), zc_error_message());
+	EXPECT(strstr(zc_error_message(), "no CUDA runtime") != NULL,
+	       "the reason \"%s\" does not say so", zc_error_message());
+	/* the client is still usable: host buffers instead */
+	r = zc_alloc_buffers(c, &tp.plan);
+	EXPECT(r == 0, "zc_alloc_buffers after the refusal: %s", zc_error_message());
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_no_cuda_runtime(void)
+{
+	int st = wait_child(spawn(no_runtime_rank, &daemon_, 0), test_timeout(30000));
+	CHECK(st == 0, "the trainer exited with %d", st);
+}
+
+static void t_daemon_stops_cleanly(void)
+{
+	int st = zd_stop(&daemon_, 10000);
+	CHECK(st == 0, "zerod exited with %d after SIGTERM", st);
+}
+
+static const struct test_case cases[] = {
+	{"sgd_w2_bucket_interleaved", t_sgd_w2_bucket_interleaved, 90000},
+	{"adam_w4_slice_at_end", t_adam_w4_slice_at_end, 90000},
+	{"adamw_w3_bucket_at_end", t_adamw_w3_bucket_at_end, 90000},
+	{"sgd_w2_slice_interleaved", t_sgd_w2_slice_interleaved, 90000},
+	{"cuda_kind_on_host_only_daemon", t_cuda_kind_on_host_only_daemon, 40000},
+	{"no_cuda_runtime", t_no_cuda_runtime, 40000},
+	{"bad_handle_refused", t_bad_handle_refused, 90000},
+	{"unknown_uuid_refused", t_unknown_uuid_refused, 90000},
+	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
+};
+
+int main(int argc, char **argv)
+{
+	const char *const extra[] = {"--backend", "cuda", NULL};
+
+	return zd_test_main(&daemon_, extra, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+}
