@@ -2570,3 +2570,62 @@ out:
 	free(arena);
 	return r < 0 ? r : 0;
 }
+
+/* --------------------------------------- checkpoints (client/ckpt.c) --- */
+
+int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
+{
+	int r;
+
+	if ((r = client_check(c, fn)) < 0)
+		return r;
+	pthread_mutex_lock(&c->mu);
+	if (c->plan_result != 1 || !c->plan) {
+		r = err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
+	} else if (c->old_plan) {
+		r = err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet", fn);
+	} else if (c->sent_in_iter) {
+		r = err_set(ZC_ESTATE,
+			    "%s: iteration %" PRIu64 " is under way (%u buckets handed over): "
+			    "call it between iterations",
+			    fn, c->iter, c->sent_in_iter);
+	} else {
+		*ret = (struct ckpt_view){.plan = c->plan,
+					  .job_id = c->job_id,
+					  .rank = c->cfg.rank,
+					  .world = c->cfg.world_size,
+					  .nnodes = c->cfg.nnodes ? c->cfg.nnodes : 1,
+					  .iteration = c->iter};
+	}
+	client_unlock(c);
+	return r;
+}
+
+int client_resume(zc_client *c, uint64_t iteration, const char *fn)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Resume rs = ZEROD__V1__RESUME__INIT;
+	int r = 0;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->sent_in_iter || c->steps_done < c->iter) {
+		r = err_set(ZC_ESTATE, "%s: iteration %" PRIu64 " is under way", fn, c->iter);
+		goto out;
+	}
+	if (iteration == c->iter)
+		goto out;
+	rs.from = c->iter;
+	rs.iteration = iteration;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_RESUME;
+	env.resume = &rs;
+	r = send_env(c, &env, NULL);
+	if (r < 0) {
+		err_set(r, "%s: sending: %s", fn, zc_strerror(r));
+		goto out;
+	}
+	c->iter = iteration;
+	c->steps_done = iteration;
+out:
+	client_unlock(c);
+	return r;
+}

@@ -31,6 +31,7 @@
 #include "fdbufs.h"
 #include "log.h"
 #include "ops.h"
+#include "resume.h"
 #include "semantics.h"
 #include "loop.h"
 #include "mem/mem.h"
@@ -562,6 +563,13 @@ static void on_params_changed(struct daemon *d, const void *route, size_t rlen,
 	sched_params_changed(s->job, s, env->params_changed->iteration);
 }
 
+static void on_resume(struct daemon *d, const void *route, size_t rlen, struct session *s,
+		      const Zerod__V1__Envelope *env)
+{
+	(void)d, (void)route, (void)rlen;
+	resume_request(s->job, s, env->resume->from, env->resume->iteration);
+}
+
 static void on_get_state(struct daemon *d, const void *route, size_t rlen, struct session *s,
 			 const Zerod__V1__Envelope *env)
 {
@@ -602,6 +610,7 @@ static const struct handler {
 	{ZEROD__V1__ENVELOPE__BODY_PARAMS_CHANGED, on_params_changed, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_GET_STATE, on_get_state, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_SET_STATE, on_set_state, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_RESUME, on_resume, NEEDS_SESSION},
 };
 
 /* The largest message s may send now (no session: before Hello). */
