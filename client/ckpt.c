@@ -140,6 +140,26 @@ static int write_all(int fd, const void *buf, size_t len)
 	return 0;
 }
 
+/* mkdir -p dir: 0 or -errno. */
+static int mkdirs(const char *dir)
+{
+	char path[PATH_MAX];
+	size_t n = strlen(dir);
+
+	if (n >= sizeof(path))
+		return -ENAMETOOLONG;
+	memcpy(path, dir, n + 1);
+	for (char *p = path + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(path, 0755) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	return mkdir(path, 0755) < 0 && errno != EEXIST ? -errno : 0;
+}
+
 /* An open file under a temporary name in dirfd, renamed to name by
  * atomic_commit(). */
 struct afile {
@@ -578,8 +598,8 @@ int zc_checkpoint(zc_client *c, const char *dir)
 		       seg->numel * sizeof(float));
 	}
 	if (v.rank == 0) {
-		if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-			wr = -errno;
+		if ((wr = mkdirs(dir)) < 0)
+			;
 		else if ((dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
 			wr = -errno;
 		if (wr == 0) /* an old manifest first: no moment names new data under it */

@@ -15,4 +15,10 @@ struct session;
  * is an Error to s (ZC_ESTATE: the job is elsewhere or mid-iteration). */
 void resume_request(struct job *j, struct session *s, uint64_t from, uint64_t iteration);
 
+/* zeroctl checkpoint: tell every local rank of j to checkpoint into dir at
+ * the next iteration boundary. 0 with that iteration and the ranks told, or
+ * -EINVAL / -ENOTSUP / -ESTALE with the reason in why. */
+int resume_checkpoint_ask(struct job *j, const char *dir, uint64_t *ret_iteration,
+			  uint32_t *ret_ranks, char *why, size_t len);
+
 #endif

@@ -796,6 +796,18 @@ static void sink_state_ok(struct session *s)
 	session_send(s, &env);
 }
 
+static void sink_checkpoint_due(struct session *s, const char *dir, uint64_t iteration)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__CheckpointDue cd = ZEROD__V1__CHECKPOINT_DUE__INIT;
+
+	cd.dir = (char *)dir;
+	cd.iteration = iteration;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_DUE;
+	env.checkpoint_due = &cd;
+	session_send(s, &env);
+}
+
 static void sink_err(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,
 		     const char *msg)
 {
@@ -827,5 +839,6 @@ const struct sink_ops session_sink = {
 	.step_done_info = sink_step_info,
 	.error = sink_err,
 	.state_ok = sink_state_ok,
+	.checkpoint_due = sink_checkpoint_due,
 	.detach = session_detach,
 };

@@ -643,8 +643,8 @@ int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n);
 /* ---------------------------------------------------------- checkpoints --- */
 
 /*
- * Write the job's parameters and optimizer state to directory dir (made if
- * missing), per parameter segment, in the format of docs/CHECKPOINT.md:
+ * Write the job's parameters and optimizer state to directory dir (made,
+ * with its parents, if missing), per parameter segment, in the format of docs/CHECKPOINT.md:
  * a data file and a manifest written last, each to a temporary name,
  * fsynced, renamed and the directory fsynced, with BLAKE2b checksums. Every
  * rank of the job calls it between iterations (after the step of the last
@@ -683,6 +683,20 @@ int zc_checkpoint(zc_client *c, const char *dir);
  * Threads:   any thread.  Blocking: until every local rank imported.
  */
 int zc_restore(zc_client *c, const char *dir);
+
+/*
+ * Whether the operator asked for a checkpoint now (`zeroctl checkpoint JOB
+ * [DIR]`): 1 with the directory in dir (len bytes, the terminating NUL
+ * included) when this rank is between iterations at the iteration the
+ * daemon named, else 0. The daemon tells every local rank the same
+ * iteration, so ranks that call this between every two iterations all see
+ * 1 at the same one and then call zc_checkpoint(c, dir). A request whose
+ * iteration a rank passed without calling this lapses.
+ * Errors: -EINVAL (dir NULL or len 0), -ERANGE (len too small; the request
+ * stays).
+ * Threads:   any thread.  Blocking: no (reads what has arrived).
+ */
+int zc_checkpoint_due(zc_client *c, char *dir, size_t len);
 
 /* ----------------------------------------------------------- iteration --- */
 

@@ -294,13 +294,16 @@ struct script {
 	uint64_t seed;
 	int iters;            /* train until the job's iteration reaches this */
 	int ckpt_every;       /* 0: never */
-	char dir[160];        /* checkpoints */
+	char dir[256];        /* checkpoints */
 	bool restore;         /* restore from dir before training */
 	uint64_t restore_at;  /* the iteration zc_iteration() must say after it */
 	struct snap *want;    /* the export at the end must equal it */
 	atomic_int done;      /* iterations rank 0 completed */
 	atomic_int reconnects; /* restores after a crash, all ranks */
 	bool crash;            /* rank 0 waits after KILL_AFTER iterations until killed */
+	bool poll_due;         /* zc_checkpoint_due() between iterations (zeroctl) */
+	int sleep_ms;          /* per iteration: a job that lasts while zeroctl asks */
+	atomic_int due_at[8];  /* the iteration each rank checkpointed at when asked */
 	atomic_int killed;
 	uint32_t nnodes;
 	uint32_t node_of[8];
@@ -428,6 +431,17 @@ static int rank_main(void *arg, int idx)
 	}
 	while (r >= 0 && (int)zc_iteration(c) < sc->iters) {
 		uint64_t t = zc_iteration(c);
+		char due[512];
+		if (sc->poll_due && (r = zc_checkpoint_due(c, due, sizeof(due))) == 1) {
+			what = "checkpoint asked by zeroctl";
+			r = zc_checkpoint(c, due);
+			if (r >= 0)
+				atomic_store(&sc->due_at[rank], (int)t);
+		}
+		if (r < 0)
+			break;
+		if (sc->sleep_ms)
+			usleep((useconds_t)sc->sleep_ms * 1000);
 		what = "iteration";
 		r = one_iteration(c, sc, tp, rank);
 		if (r >= 0 && sc->ckpt_every && (t + 1) % (uint64_t)sc->ckpt_every == 0) {
@@ -754,7 +768,7 @@ static const struct spoil spoils[] = {
 
 static void spoil_make(const char *good, const char *dir, size_t i)
 {
-	char a[256], b[256];
+	char a[512], b[512];
 	struct stat st;
 
 	if (i == NSPOILS - 1)
@@ -790,7 +804,7 @@ static void spoil_make(const char *good, const char *dir, size_t i)
  * trains on. */
 struct bad {
 	struct script sc;
-	char good[160];
+	char good[256];
 };
 
 static int bad_rank(void *arg, int idx)
@@ -819,7 +833,7 @@ static int bad_rank(void *arg, int idx)
 		       rank, zc_strerror_name(r), zc_error_message());
 	}
 	for (size_t i = 0; i < NSPOILS && r >= 0; i++) {
-		char dir[200];
+		char dir[300];
 		snprintf(dir, sizeof(dir), "%s.%zu", bd->good, i);
 		if (spoils[i].layout != 0 || spoils[i].opt != ZC_OPT_ADAM)
 			continue; /* another job's plan: below */
@@ -846,7 +860,7 @@ static int bad_rank(void *arg, int idx)
 	zc_close(c);
 	/* other plans: a fresh job each, refused before anything moves */
 	for (size_t i = 0; i < NSPOILS; i++) {
-		char dir[200], job[64];
+		char dir[300], job[64];
 		struct script other = *sc;
 		if (spoils[i].layout == 0 && spoils[i].opt == ZC_OPT_ADAM)
 			continue;
@@ -876,7 +890,7 @@ static void t_bad_checkpoints(void)
 	struct bad *bd = test_shared(sizeof(*bd));
 	struct train_spec *by = test_shared(sizeof(*by));
 	pid_t bpids[2], pids[2];
-	char good[160];
+	char good[256];
 
 	*by = (struct train_spec){.socket = daemon_.sock,
 				  .job = "bystander",
@@ -902,7 +916,7 @@ static void t_bad_checkpoints(void)
 		snprintf(good, sizeof(good), "%s", mk->dir);
 	}
 	for (size_t i = 0; i < NSPOILS; i++) {
-		char dir[200];
+		char dir[300];
 		snprintf(dir, sizeof(dir), "%s.%zu", bd->good, i);
 		spoil_make(good, dir, i);
 	}
@@ -1057,6 +1071,114 @@ static void t_nodes_restore_other_world(void)
 	nodes_stop();
 }
 
+/* ---------------------------------------------- zeroctl checkpoint --- */
+
+/* zeroctl -s SOCK -o json ARGS... with stdout into out: its exit status. */
+static int zeroctl(const char *sock, const char *out, const char *a1, const char *a2,
+		   const char *a3)
+{
+	const char *bin = getenv("ZEROCTL_BIN");
+	const char *argv[] = {bin ? bin : "zeroctl", "-s", sock, "-o", "json", a1, a2, a3, NULL};
+	pid_t pid;
+
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0) {
+		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd < 0)
+			_exit(126);
+		dup2(fd, 1);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	return pid < 0 ? -1 : wait_child(pid, test_timeout(30000));
+}
+
+static long long json_int(const char *path, const char *key)
+{
+	char buf[4096], *p;
+	FILE *f = fopen(path, "re");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	buf[n] = '\0';
+	p = strstr(buf, key);
+	return p ? strtoll(p + strlen(key), NULL, 10) : -1;
+}
+
+/* The operator asks a running job (2 ranks, one zerod started with
+ * --checkpoint-dir) for a checkpoint with no directory: zeroctl names the
+ * iteration and CHECKPOINT_DIR/JOB; both ranks see zc_checkpoint_due() at
+ * that iteration and write it; the manifest names it; a job restoring it
+ * trains on to the reference. An unknown job: exit 1. */
+static void t_zeroctl_checkpoint(void)
+{
+	struct script *sc = script_new("opctl", 2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct script *b = script_new("opctl-restored", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET,
+				      ZC_STEP_INTERLEAVED);
+	struct snap *want = test_shared(sizeof(*want));
+	char cdir[200], args0[220], out[256], manifest[300], line[64];
+	const char *args[] = {"--checkpoint-dir", args0, NULL};
+	struct zd own;
+	pid_t pids[2];
+	long long at;
+	int r;
+
+	snprintf(cdir, sizeof(cdir), "%s/operator", daemon_.dir);
+	snprintf(args0, sizeof(args0), "%s", cdir);
+	r = zd_start(&own, args);
+	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
+	snprintf(sc->socks[0], sizeof(sc->socks[0]), "%s", own.sock);
+	snprintf(b->socks[0], sizeof(b->socks[0]), "%s", own.sock);
+	snprintf(out, sizeof(out), "%s/zeroctl.json", daemon_.dir);
+	sc->iters = 30;
+	sc->poll_due = true;
+	sc->sleep_ms = 20;
+	for (int k = 0; k < 2; k++)
+		atomic_store(&sc->due_at[k], -1);
+	spawn_all(sc, pids);
+	while (atomic_load(&sc->done) < 3 && proc_alive(pids[0]))
+		usleep(1000);
+	r = zeroctl(own.sock, out, "checkpoint", "opctl", NULL);
+	CHECK(r == 0, "zeroctl checkpoint opctl: exit %d", r);
+	at = json_int(out, "\"iteration\":");
+	CHECK(at >= 3 && at < 30, "zeroctl named iteration %lld", at);
+	CHECK(json_int(out, "\"ranks\":") == 2, "zeroctl told %lld ranks",
+	      json_int(out, "\"ranks\":"));
+	wait_all(sc, pids);
+	for (int k = 0; k < 2; k++)
+		CHECK(atomic_load(&sc->due_at[k]) == at, "rank %d checkpointed at %d, zeroctl said %lld",
+		      k, atomic_load(&sc->due_at[k]), at);
+	snprintf(manifest, sizeof(manifest), "%s/opctl/MANIFEST", cdir);
+	{
+		FILE *f = fopen(manifest, "re");
+		bool found = false;
+		char want_line[64];
+		snprintf(want_line, sizeof(want_line), "iteration %lld\n", at);
+		while (f && fgets(line, sizeof(line), f))
+			found = found || strcmp(line, want_line) == 0;
+		if (f)
+			fclose(f);
+		CHECK(found, "%s does not name iteration %lld", manifest, at);
+	}
+	r = zeroctl(own.sock, out, "checkpoint", "no-such-job", NULL);
+	CHECK(r == 1, "zeroctl checkpoint of no job: exit %d, want 1", r);
+	if (at > 0 && at < 30) {
+		snap_init(want, sc->seed);
+		ref_train(want, ZC_OPT_SGD, sc->seed, 2, NULL, 0, (int)at + 2);
+		snprintf(b->dir, sizeof(b->dir), "%s/opctl", cdir);
+		b->restore = true;
+		b->restore_at = (uint64_t)at;
+		b->iters = (int)at + 2;
+		b->want = want;
+		run_script(b);
+	}
+	if (test_failed_)
+		zd_dump_log(&own);
+	CHECK(zd_stop(&own, 10000) == 0, "zerod did not stop cleanly");
+}
+
 static const struct test_case cases[] = {
 	{"crash_sgd_restart_equals_uninterrupted", t_crash_sgd, 120000},
 	{"crash_adam_restart_equals_uninterrupted", t_crash_adam, 120000},
@@ -1065,6 +1187,7 @@ static const struct test_case cases[] = {
 	{"restore_by_position_adam", t_restore_by_position_adam, 90000},
 	{"bad_checkpoints_ECKPT_job_beside_trains", t_bad_checkpoints, 180000},
 	{"unwritable_dir_ECKPT", t_unwritable_dir, 60000},
+	{"zeroctl_checkpoint_at_next_boundary", t_zeroctl_checkpoint, 120000},
 };
 
 static const struct test_case node_cases[] = {
