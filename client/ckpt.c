@@ -28,13 +28,13 @@
 #include "plan.h"
 #include "zeroclient.h"
 
-#define CKPT_VERSION    1
-#define CKPT_MAGIC      "ZCKPTDAT"
-#define CKPT_DATA       "state.zck"
-#define CKPT_MANIFEST   "MANIFEST"
-#define CKPT_HASH_BYTES 32
+#define CKPT_VERSION      1
+#define CKPT_MAGIC        "ZCKPTDAT"
+#define CKPT_DATA         "state.zck"
+#define CKPT_MANIFEST     "MANIFEST"
+#define CKPT_HASH_BYTES   32
 #define CKPT_MAX_MANIFEST (256u << 20)
-#define CKPT_HEADER     24 /* magic, u32 version, u32 0, u64 iteration */
+#define CKPT_HEADER       24 /* magic, u32 version, u32 0, u64 iteration */
 
 /* One segment as the checkpoint holds it. */
 struct cseg {
@@ -66,8 +66,7 @@ static const uint32_t tensor_bits[4] = {ZC_STATE_MOMENTUM_BUFFER, ZC_STATE_EXP_A
 
 static float **seg_slot(struct zc_segment_state *s, unsigned k)
 {
-	float **slots[4] = {&s->momentum_buffer, &s->exp_avg, &s->exp_avg_sq,
-			    &s->max_exp_avg_sq};
+	float **slots[4] = {&s->momentum_buffer, &s->exp_avg, &s->exp_avg_sq, &s->max_exp_avg_sq};
 	return slots[k];
 }
 
@@ -310,7 +309,13 @@ static int write_manifest(int dirfd, const struct ckpt_view *v, const struct ima
 
 	if (!buf)
 		return -ENOMEM;
-#define PUT(...) (len += (size_t)snprintf(buf + len, cap - len, __VA_ARGS__))
+		/* cap holds every line (a segment's is under 160 bytes); a line that
+		 * would not fit stops the writing (len stays within cap) */
+#define PUT(...)                                                                                   \
+	do {                                                                                       \
+		int n_ = snprintf(buf + len, cap - len, __VA_ARGS__);                              \
+		len = n_ < 0 || (size_t)n_ >= cap - len ? cap : len + (size_t)n_;                  \
+	} while (0)
 	PUT("zerod-checkpoint %d\n", CKPT_VERSION);
 	PUT("iteration %" PRIu64 "\n", v->iteration);
 	PUT("job %s\n", v->job_id);
@@ -336,6 +341,10 @@ static int write_manifest(int dirfd, const struct ckpt_view *v, const struct ima
 	hex(h, hx);
 	PUT("checksum %s\n", hx);
 #undef PUT
+	if (len >= cap) {
+		r = -EOVERFLOW;
+		goto out;
+	}
 	if ((r = afile_open(&f, dirfd, CKPT_MANIFEST)) < 0)
 		goto out;
 	if ((r = afile_write(&f, buf, len)) < 0) {
@@ -405,14 +414,16 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 	while (sum && sum != text && sum[-1] != '\n')
 		sum = strstr(sum + 1, "checksum ");
 	if (!sum || unhex(sum + 9, want) < 0)
-		return err_set(ZC_ECKPT, "%s: the manifest has no checksum line: partial or not "
-					 "a checkpoint",
+		return err_set(ZC_ECKPT,
+			       "%s: the manifest has no checksum line: partial or not "
+			       "a checkpoint",
 			       fn);
 	crypto_generichash(h, sizeof(h), (const unsigned char *)text, (size_t)(sum - text), NULL,
 			   0);
 	if (sodium_memcmp(h, want, sizeof(h)) != 0)
-		return err_set(ZC_ECKPT, "%s: the manifest's checksum does not match its contents "
-					 "(corrupt)",
+		return err_set(ZC_ECKPT,
+			       "%s: the manifest's checksum does not match its contents "
+			       "(corrupt)",
 			       fn);
 	(void)len;
 	*sum = '\0';
@@ -427,8 +438,9 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 		*next++ = '\0';
 		if (sscanf(line, "zerod-checkpoint %u", &version) == 1) {
 			if (version != CKPT_VERSION)
-				return err_set(ZC_ECKPT, "%s: format version %u; this library reads %d",
-					       fn, version, CKPT_VERSION);
+				return err_set(ZC_ECKPT,
+					       "%s: format version %u; this library reads %d", fn,
+					       version, CKPT_VERSION);
 		} else if (sscanf(line, "iteration %" SCNu64, &m->iteration) == 1 ||
 			   sscanf(line, "world %u", &m->world) == 1 ||
 			   sscanf(line, "nodes %u", &m->nodes) == 1 ||
@@ -464,8 +476,8 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 				  " group %u present %u step %lf",
 				  &a, &id, &numel, &b, &c, &step) == 6) {
 			if (!m->segs || a != nsegs_seen || a >= m->nsegs || numel > PLAN_MAX_NUMEL)
-				return err_set(ZC_ECKPT, "%s: manifest: segment %u out of order", fn,
-					       a);
+				return err_set(ZC_ECKPT, "%s: manifest: segment %u out of order",
+					       fn, a);
 			m->segs[a] = (struct cseg){.param_id = id,
 						   .numel = numel,
 						   .group = b,
@@ -487,8 +499,8 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 		return err_set(ZC_ECKPT, "%s: the manifest lacks %s", fn,
 			       version != CKPT_VERSION ? "its version line"
 			       : !m->group_momentum || ngroups_seen != m->ngroups ? "groups"
-			       : !m->segs || nsegs_seen != m->nsegs		  ? "segments"
-			       : !file_seen					  ? "its file line"
+			       : !m->segs || nsegs_seen != m->nsegs               ? "segments"
+			       : !file_seen                                       ? "its file line"
 										  : "the world");
 	return 0;
 }
@@ -535,21 +547,21 @@ static int match(const struct plan *p, const struct manifest *m, uint32_t *map, 
 					       fn, b, s, seg->param_id);
 		}
 		if (m->segs[at].numel != seg->numel || m->segs[at].group != seg->group)
-			return err_set(ZC_ECKPT,
-				       "%s: buckets[%u].segments[%u]: numel %" PRIu64
-				       " group %u, the checkpoint's segment %u (by %s): numel %" PRIu64
-				       " group %u",
-				       fn, b, s, seg->numel, seg->group, at,
-				       ids ? "param_id" : "position", m->segs[at].numel,
-				       m->segs[at].group);
+			return err_set(
+				ZC_ECKPT,
+				"%s: buckets[%u].segments[%u]: numel %" PRIu64
+				" group %u, the checkpoint's segment %u (by %s): numel %" PRIu64
+				" group %u",
+				fn, b, s, seg->numel, seg->group, at, ids ? "param_id" : "position",
+				m->segs[at].numel, m->segs[at].group);
 		map[k] = at;
 	}
 	if (ids) /* two of the plan's segments on one of the checkpoint's */
 		for (uint32_t k = 0; k < n; k++)
 			for (uint32_t i = k + 1; i < n; i++)
 				if (map[i] == map[k])
-					return err_set(ZC_ECKPT, "%s: param_id %" PRIu64 " twice", fn,
-						       m->segs[map[k]].param_id);
+					return err_set(ZC_ECKPT, "%s: param_id %" PRIu64 " twice",
+						       fn, m->segs[map[k]].param_id);
 	return 0;
 }
 
@@ -659,8 +671,8 @@ int zc_restore(zc_client *c, const char *dir)
 	if (!dir || !*dir)
 		return err_set(-EINVAL, "%s: no directory", fn);
 	if (v.plan->low_precision)
-		return err_set(ZC_ENOTSUP, "%s: plans with bf16/fp16 buckets have no checkpoints yet",
-			       fn);
+		return err_set(ZC_ENOTSUP,
+			       "%s: plans with bf16/fp16 buckets have no checkpoints yet", fn);
 	if (sodium_init() < 0)
 		return err_set(-ENOMEM, "%s: libsodium does not start", fn);
 	if ((dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
@@ -679,8 +691,9 @@ int zc_restore(zc_client *c, const char *dir)
 	for (uint32_t k = 0; k < m.nsegs; k++)
 		want += (1 + ntensors(m.segs[k].present)) * m.segs[k].numel * sizeof(float);
 	if (want != m.data_bytes) {
-		r = err_set(ZC_ECKPT, "%s: the manifest names %" PRIu64 " bytes of %s, its segments "
-				      "%" PRIu64,
+		r = err_set(ZC_ECKPT,
+			    "%s: the manifest names %" PRIu64 " bytes of %s, its segments "
+			    "%" PRIu64,
 			    fn, m.data_bytes, CKPT_DATA, want);
 		goto out;
 	}
@@ -691,9 +704,9 @@ int zc_restore(zc_client *c, const char *dir)
 		goto out;
 	}
 	if (len != want) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: %zu bytes, the manifest says %" PRIu64
-				      " (truncated)",
-			    fn, dir, CKPT_DATA, len, want);
+		r = err_set(ZC_ECKPT,
+			    "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)", fn,
+			    dir, CKPT_DATA, len, want);
 		goto out;
 	}
 	crypto_generichash(h, sizeof(h), (const unsigned char *)data, len, NULL, 0);

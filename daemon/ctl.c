@@ -453,8 +453,8 @@ static void do_trace(struct daemon *d, const struct caller *c, const void *route
 	send_reply(d, route, rlen, &reply);
 }
 
-static void do_checkpoint(struct daemon *d, const struct caller *c, const void *route,
-			  size_t rlen, const Ctl *req)
+static void do_checkpoint(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
+			  const Ctl *req)
 {
 	const Zerod__V1__CheckpointRequest *q = req->checkpoint_request;
 	Zerod__V1__InspectRequest iq = ZEROD__V1__INSPECT_REQUEST__INIT;

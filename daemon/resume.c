@@ -19,9 +19,9 @@
 void resume_request(struct job *j, struct session *s, uint64_t from, uint64_t iteration)
 {
 	if (j->state != JOB_ACTIVE) {
-		sink_error(j->d->sink, s, job_ended(j) ? ZC_EJOBFAILED : ZC_ESTATE,
-			   job_ended(j), from, -1, "job %s: zc_restore(): the job is not active%s%s",
-			   j->id, job_ended(j) ? ": " : "", job_ended(j) ? j->errmsg : "");
+		sink_error(j->d->sink, s, job_ended(j) ? ZC_EJOBFAILED : ZC_ESTATE, job_ended(j),
+			   from, -1, "job %s: zc_restore(): the job is not active%s%s", j->id,
+			   job_ended(j) ? ": " : "", job_ended(j) ? j->errmsg : "");
 		return;
 	}
 	if (j->iter == iteration && !j->in_flight)
@@ -31,7 +31,8 @@ void resume_request(struct job *j, struct session *s, uint64_t from, uint64_t it
 			   "rank %u: zc_restore() at iteration %" PRIu64 " to go on at %" PRIu64
 			   ", but the job is at iteration %" PRIu64 "%s: restore on every rank "
 			   "between iterations, before the first bucket",
-			   s->rank, from, iteration, j->iter, j->in_flight ? ", which started" : "");
+			   s->rank, from, iteration, j->iter,
+			   j->in_flight ? ", which started" : "");
 		return;
 	}
 	if (j->changes || j->reload_pending) {

@@ -110,11 +110,12 @@ static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt, enum 
 		uint32_t s = 0;
 		for (; l->b[b][s] >= 0; s++) {
 			int k = l->b[b][s];
-			tp->segs[b][s] = (struct zc_segment){.size = sizeof(struct zc_segment),
-							     .group = params[k].group,
-							     .offset = off,
-							     .numel = params[k].numel,
-							     .param_id = ids ? 100 + (uint64_t)k : 0};
+			tp->segs[b][s] =
+				(struct zc_segment){.size = sizeof(struct zc_segment),
+						    .group = params[k].group,
+						    .offset = off,
+						    .numel = params[k].numel,
+						    .param_id = ids ? 100 + (uint64_t)k : 0};
 			tp->bucket_of[k] = b;
 			tp->seg_of[k] = s;
 			tp->has[k] = true;
@@ -273,7 +274,8 @@ static int snap_compare(const char *what, const struct snap *got, const struct s
 		if (memcmp(got->p + o, want->p + o, n) || memcmp(got->m + o, want->m + o, n) ||
 		    memcmp(got->v + o, want->v + o, n) ||
 		    memcmp(got->vmax + o, want->vmax + o, n)) {
-			printf("# %s: param %d: parameters or state differ (p[0] %.9g, want %.9g)\n",
+			printf("# %s: param %d: parameters or state differ (p[0] %.9g, want "
+			       "%.9g)\n",
 			       what, k, got->p[o], want->p[o]);
 			bad++;
 		}
@@ -292,13 +294,13 @@ struct script {
 	int layout;
 	bool ids;
 	uint64_t seed;
-	int iters;            /* train until the job's iteration reaches this */
-	int ckpt_every;       /* 0: never */
-	char dir[256];        /* checkpoints */
-	bool restore;         /* restore from dir before training */
-	uint64_t restore_at;  /* the iteration zc_iteration() must say after it */
-	struct snap *want;    /* the export at the end must equal it */
-	atomic_int done;      /* iterations rank 0 completed */
+	int iters;             /* train until the job's iteration reaches this */
+	int ckpt_every;        /* 0: never */
+	char dir[256];         /* checkpoints */
+	bool restore;          /* restore from dir before training */
+	uint64_t restore_at;   /* the iteration zc_iteration() must say after it */
+	struct snap *want;     /* the export at the end must equal it */
+	atomic_int done;       /* iterations rank 0 completed */
 	atomic_int reconnects; /* restores after a crash, all ranks */
 	bool crash;            /* rank 0 waits after KILL_AFTER iterations until killed */
 	bool poll_due;         /* zc_checkpoint_due() between iterations (zeroctl) */
@@ -407,7 +409,8 @@ static int restore(zc_client *c, const struct script *sc, uint32_t rank, uint64_
 	if (r < 0)
 		return r;
 	(void)sc;
-	EXPECT(zc_iteration(c) == want_iter, "rank %u: after the restore at iteration %llu, want %llu", rank,
+	EXPECT(zc_iteration(c) == want_iter,
+	       "rank %u: after the restore at iteration %llu, want %llu", rank,
 	       (unsigned long long)zc_iteration(c), (unsigned long long)want_iter);
 	return 0;
 }
@@ -463,8 +466,9 @@ static int rank_main(void *arg, int idx)
 			/* the daemon (ours or another node's) is gone: connect
 			 * again, as often as it takes, and go on from the last
 			 * checkpoint */
-			printf("# rank %u: %s at iteration %llu: %s: %s; reconnecting\n", rank, what,
-			       (unsigned long long)t, zc_strerror_name(r), zc_error_message());
+			printf("# rank %u: %s at iteration %llu: %s: %s; reconnecting\n", rank,
+			       what, (unsigned long long)t, zc_strerror_name(r),
+			       zc_error_message());
 			zc_close(c);
 			c = NULL;
 			do {
@@ -489,8 +493,9 @@ static int rank_main(void *arg, int idx)
 		EXPECT(0, "%s rank %u: %s: %s: %s", sc->job, rank, what, zc_strerror_name(r),
 		       zc_error_message());
 	else if (sc->want)
-		EXPECT(snap_compare(sc->job, got, sc->want) == 0, "rank %u: differs from the "
-								  "reference",
+		EXPECT(snap_compare(sc->job, got, sc->want) == 0,
+		       "rank %u: differs from the "
+		       "reference",
 		       rank);
 	zc_close(c);
 	free(tp);
@@ -613,8 +618,7 @@ static bool wait_done(struct script *sc, const pid_t *pids)
 	return atomic_load(&sc->done) >= KILL_AFTER;
 }
 
-static void crash_one_node(enum zc_optimizer opt, enum zc_shard_mode shard,
-			   enum zc_step_mode step)
+static void crash_one_node(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step)
 {
 	struct script *sc = script_new("crash", 2, opt, shard, step);
 	struct snap *want = test_shared(sizeof(*want));
@@ -783,18 +787,32 @@ static void spoil_make(const char *good, const char *dir, size_t i)
 	snprintf(b, sizeof(b), "%s/state.zck", dir);
 	stat(b, &st);
 	switch (i) {
-	case 0: corrupt(b, st.st_size / 2, 0); break;
-	case 2: unlink(b); break;
-	case 4: corrupt(b, st.st_size - 100, 1); break;
-	default: break;
+	case 0:
+		corrupt(b, st.st_size / 2, 0);
+		break;
+	case 2:
+		unlink(b);
+		break;
+	case 4:
+		corrupt(b, st.st_size - 100, 1);
+		break;
+	default:
+		break;
 	}
 	snprintf(b, sizeof(b), "%s/MANIFEST", dir);
 	stat(b, &st);
 	switch (i) {
-	case 1: corrupt(b, 40, 0); break;
-	case 3: unlink(b); break;
-	case 5: corrupt(b, st.st_size / 2, 1); break;
-	default: break;
+	case 1:
+		corrupt(b, 40, 0);
+		break;
+	case 3:
+		unlink(b);
+		break;
+	case 5:
+		corrupt(b, st.st_size / 2, 1);
+		break;
+	default:
+		break;
 	}
 }
 
@@ -829,8 +847,8 @@ static int bad_rank(void *arg, int idx)
 	/* the good one restores (at the iteration it is at: nothing moves) */
 	if (r >= 0) {
 		r = zc_restore(c, bd->good);
-		EXPECT(r == 0 && zc_iteration(c) == 2, "rank %u: the good checkpoint: %s: %s",
-		       rank, zc_strerror_name(r), zc_error_message());
+		EXPECT(r == 0 && zc_iteration(c) == 2, "rank %u: the good checkpoint: %s: %s", rank,
+		       zc_strerror_name(r), zc_error_message());
 	}
 	for (size_t i = 0; i < NSPOILS && r >= 0; i++) {
 		char dir[300];
@@ -907,8 +925,8 @@ static void t_bad_checkpoints(void)
 	snprintf(bd->good, sizeof(bd->good), "%s/good", daemon_.dir);
 	/* a good checkpoint of the same model to spoil: a job of its own */
 	{
-		struct script *mk = script_new("mk", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET,
-					       ZC_STEP_INTERLEAVED);
+		struct script *mk =
+			script_new("mk", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
 		mk->iters = 2;
 		mk->ckpt_every = 2;
 		run_script(mk);
@@ -958,8 +976,8 @@ static int unwritable_rank(void *arg, int idx)
 
 static void t_unwritable_dir(void)
 {
-	struct script *sc = script_new("unwritable", 2, ZC_OPT_SGD, ZC_SHARD_SLICE,
-				       ZC_STEP_INTERLEAVED);
+	struct script *sc =
+		script_new("unwritable", 2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
 	pid_t pids[2];
 
 	for (uint32_t r = 0; r < 2; r++)
@@ -1012,8 +1030,8 @@ static void nodes_stop(void)
 static void t_nodes_crash(void)
 {
 	static const uint32_t node_of[] = {0, 1, 1};
-	struct script *sc = script_new("nodes-crash", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE,
-				       ZC_STEP_INTERLEAVED);
+	struct script *sc =
+		script_new("nodes-crash", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
 	struct snap *want = test_shared(sizeof(*want));
 	pid_t pids[3];
 	int r = nodes_start(sc, node_of);
@@ -1043,10 +1061,9 @@ static void t_nodes_crash(void)
 static void t_nodes_restore_other_world(void)
 {
 	static const uint32_t node_of[] = {1, 0, 1};
-	struct script *a = script_new("one-node", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET,
-				      ZC_STEP_INTERLEAVED);
-	struct script *b = script_new("two-nodes", 3, ZC_OPT_ADAMW, ZC_SHARD_SLICE,
-				      ZC_STEP_AT_END);
+	struct script *a =
+		script_new("one-node", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct script *b = script_new("two-nodes", 3, ZC_OPT_ADAMW, ZC_SHARD_SLICE, ZC_STEP_AT_END);
 	struct snap *want = test_shared(sizeof(*want));
 	int r;
 
@@ -1115,8 +1132,8 @@ static long long json_int(const char *path, const char *key)
 static void t_zeroctl_checkpoint(void)
 {
 	struct script *sc = script_new("opctl", 2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END);
-	struct script *b = script_new("opctl-restored", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET,
-				      ZC_STEP_INTERLEAVED);
+	struct script *b =
+		script_new("opctl-restored", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
 	struct snap *want = test_shared(sizeof(*want));
 	char cdir[200], args0[220], out[256], manifest[300], line[64];
 	const char *args[] = {"--checkpoint-dir", args0, NULL};
@@ -1148,8 +1165,9 @@ static void t_zeroctl_checkpoint(void)
 	      json_int(out, "\"ranks\":"));
 	wait_all(sc, pids);
 	for (int k = 0; k < 2; k++)
-		CHECK(atomic_load(&sc->due_at[k]) == at, "rank %d checkpointed at %d, zeroctl said %lld",
-		      k, atomic_load(&sc->due_at[k]), at);
+		CHECK(atomic_load(&sc->due_at[k]) == at,
+		      "rank %d checkpointed at %d, zeroctl said %lld", k,
+		      atomic_load(&sc->due_at[k]), at);
 	snprintf(manifest, sizeof(manifest), "%s/opctl/MANIFEST", cdir);
 	{
 		FILE *f = fopen(manifest, "re");

@@ -252,7 +252,8 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 			return (int)ns;
 		if (i >= run->warmup)
 			t[i - run->warmup] = (double)ns;
-		int every = run->cfg->checkpoint_every, k = (i + 1 - run->warmup) / (every ? every : 1);
+		int every = run->cfg->checkpoint_every,
+		    k = (i + 1 - run->warmup) / (every ? every : 1);
 		if (every && i >= run->warmup && (i + 1 - run->warmup) % every == 0 &&
 		    k <= MAX_CKPTS) {
 			int64_t t0 = bench_ns();

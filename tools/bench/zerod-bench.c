@@ -769,7 +769,7 @@ static int run(int argc, char **argv)
 		ckpt_tmp = cfg->checkpoint_dir;
 	}
 	r = cfg->checkpoint_every && !cfg->checkpoint_dir ? -errno
-							   : job_iterations(&d, cfg, &x.job);
+							  : job_iterations(&d, cfg, &x.job);
 	if (ckpt_tmp) {
 		char f[64];
 		snprintf(f, sizeof(f), "%s/MANIFEST", ckpt_tmp);
