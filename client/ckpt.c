@@ -494,6 +494,9 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 				       fn, line);
 		}
 	}
+	if (m->iteration > (1ull << 53))
+		return err_set(ZC_ECKPT, "%s: manifest: iteration %" PRIu64 " is above 2^53", fn,
+			       m->iteration);
 	if (version != CKPT_VERSION || !m->group_momentum || !m->segs || !file_seen ||
 	    ngroups_seen != m->ngroups || nsegs_seen != m->nsegs || !m->world)
 		return err_set(ZC_ECKPT, "%s: the manifest lacks %s", fn,

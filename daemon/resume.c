@@ -16,12 +16,21 @@
 #include "daemon.h"
 #include "resume.h"
 
+#define RESUME_MAX_ITERATION (1ull << 53)
+
 void resume_request(struct job *j, struct session *s, uint64_t from, uint64_t iteration)
 {
 	if (j->state != JOB_ACTIVE) {
 		sink_error(j->d->sink, s, job_ended(j) ? ZC_EJOBFAILED : ZC_ESTATE, job_ended(j),
 			   from, -1, "job %s: zc_restore(): the job is not active%s%s", j->id,
 			   job_ended(j) ? ": " : "", job_ended(j) ? j->errmsg : "");
+		return;
+	}
+	if (iteration > RESUME_MAX_ITERATION) {
+		/* counts near 2^64 would wrap in j->iter + 2 and the like */
+		sink_error(j->d->sink, s, ZC_ESTATE, false, from, -1,
+			   "rank %u: zc_restore() to iteration %" PRIu64 ": above 2^53", s->rank,
+			   iteration);
 		return;
 	}
 	if (j->iter == iteration && !j->in_flight)

@@ -477,7 +477,8 @@ static int rank_main(void *arg, int idx)
 				usleep(20000);
 				r = setup(sc, rank, tp, &c, &what);
 			} while (r == ZC_ECONNECT || r == -ECONNREFUSED || r == -ENOENT ||
-				 r == ZC_EDUPRANK || r == ZC_ETIMEDOUT || r == ZC_EJOBFAILED);
+				 r == ZC_EDUPRANK || r == ZC_ETIMEDOUT || r == ZC_EJOBFAILED ||
+				 r == ZC_ERANKDEAD);
 			if (r >= 0) {
 				what = "restore after the crash";
 				r = restore(c, sc, rank, (uint64_t)last_ckpt);
