@@ -2605,6 +2605,7 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 					  .rank = c->cfg.rank,
 					  .world = c->cfg.world_size,
 					  .nnodes = c->cfg.nnodes ? c->cfg.nnodes : 1,
+					  .one_node = c->cfg.local_size == c->cfg.world_size,
 					  .iteration = c->iter};
 	}
 	client_unlock(c);

@@ -5,6 +5,8 @@
 #ifndef ZEROCLIENT_INTERNAL_H
 #define ZEROCLIENT_INTERNAL_H
 
+#include <stdbool.h>
+
 #include "zeroclient.h"
 
 /* Record the reason for code in this thread's zc_error_message() (NULL fmt:
@@ -25,6 +27,7 @@ struct ckpt_view {
 	const struct plan *plan;
 	const char *job_id;
 	uint32_t rank, world, nnodes;
+	bool one_node;      /* every rank of the job on this node */
 	uint64_t iteration; /* the next one this rank hands buckets of */
 };
 /* 0, or ZC_ESTATE (no plan, a re-plan half done, mid-iteration) with the

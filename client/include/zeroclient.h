@@ -644,13 +644,14 @@ int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n);
 
 /*
  * Write the job's parameters and optimizer state to directory dir (made,
- * with its parents, if missing), per parameter segment, in the format of docs/CHECKPOINT.md:
- * a data file and a manifest written last, each to a temporary name,
- * fsynced, renamed and the directory fsynced, with BLAKE2b checksums. Every
- * rank of the job calls it between iterations (after the step of the last
- * iteration it handed over) with the same dir, which must be one directory
- * for every node (a shared filesystem on several nodes): it is a collective
- * (two zc_get_state() rounds). Rank 0 writes; every rank returns once the
+ * with its parents, if missing), per parameter segment, in the format of
+ * docs/CHECKPOINT.md: a data file and a manifest written last, each to a
+ * temporary name, fsynced, renamed and the directory fsynced, with BLAKE2b
+ * checksums. Every rank of the job calls it between iterations (after the
+ * step of the last iteration it handed over) with the same dir, which must
+ * be one directory for every node (a shared filesystem on several nodes):
+ * it is a collective (an export round, then a barrier round). Rank 0
+ * writes; every rank returns once the
  * manifest is durable. The checkpoint names zc_iteration(), the iteration
  * a restore goes on at. An older checkpoint in dir is replaced; between its
  * manifest's removal and the new one's rename dir holds none.
