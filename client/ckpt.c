@@ -232,15 +232,16 @@ static void image_free(struct image *im)
 }
 
 /* Room for every segment's parameters and 4 state tensors, and the
- * zc_segment_state list naming them, for plan p. */
-static int image_alloc(const struct plan *p, struct image *im)
+ * zc_segment_state list naming them, for plan p; without tensors only the
+ * list, its pointers NULL (an export that copies nothing out). */
+static int image_alloc(const struct plan *p, struct image *im, bool tensors)
 {
 	uint64_t at = 0;
 
 	im->nsegs = plan_nsegs(p);
 	im->ss = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->ss));
 	im->params = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->params));
-	im->arena = malloc((5 * p->total_numel + 1) * sizeof(float));
+	im->arena = malloc((tensors ? 5 * p->total_numel + 1 : 1) * sizeof(float));
 	if (!im->ss || !im->params || !im->arena) {
 		image_free(im);
 		return -ENOMEM;
@@ -251,6 +252,8 @@ static int image_alloc(const struct plan *p, struct image *im)
 		im->ss[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
 		im->ss[k].bucket = b;
 		im->ss[k].segment = s;
+		if (!tensors)
+			continue;
 		im->params[k] = im->arena + at;
 		at += seg->numel;
 		for (unsigned t = 0; t < 4; t++) {
@@ -600,13 +603,14 @@ int zc_checkpoint(zc_client *c, const char *dir)
 		return err_set(-EINVAL, "%s: no directory", fn);
 	if (sodium_init() < 0)
 		return err_set(-ENOMEM, "%s: libsodium does not start", fn);
-	if ((r = image_alloc(v.plan, &im)) < 0)
+	/* only rank 0 writes: the others take part in the export (a
+	 * collective) and copy nothing out */
+	if ((r = image_alloc(v.plan, &im, v.rank == 0)) < 0)
 		return err_set(r, "%s: %s", fn, strerror(-r));
-	/* every rank takes part in the export (a collective) */
 	r = zc_get_state(c, im.ss, im.nsegs);
 	if (r < 0)
 		goto out;
-	for (uint32_t k = 0; k < im.nsegs; k++) {
+	for (uint32_t k = 0; k < im.nsegs && v.rank == 0; k++) {
 		uint32_t b, s;
 		const struct zc_segment *seg = plan_seg(v.plan, k, &b, &s);
 		memcpy(im.params[k], zc_param_buffer(c, b) + seg->offset,
@@ -726,7 +730,7 @@ int zc_restore(zc_client *c, const char *dir)
 			    CKPT_DATA);
 		goto out;
 	}
-	if ((r = image_alloc(v.plan, &im)) < 0) {
+	if ((r = image_alloc(v.plan, &im, true)) < 0) {
 		r = err_set(r, "%s: %s", fn, strerror(-r));
 		goto out;
 	}
