@@ -162,6 +162,10 @@ struct zc_client {
 	uint64_t state_request;
 	int state_result; /* 0 waiting, 1 ok, < 0 error */
 	char state_msg[256];
+
+	/* zeroctl checkpoint: the operator's request (zc_checkpoint_due) */
+	char *ckpt_due_dir; /* NULL: none */
+	uint64_t ckpt_due_iter;
 	/* re-planning: the registered plan and its buffers, until the new
 	 * plan is registered */
 	struct plan *old_plan;
@@ -517,6 +521,11 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 	case ZEROD__V1__ENVELOPE__BODY_STATE_OK:
 		if (c->state_pending && c->state_result == 0)
 			c->state_result = 1;
+		break;
+	case ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_DUE:
+		free(c->ckpt_due_dir);
+		c->ckpt_due_dir = strdup(env->checkpoint_due->dir);
+		c->ckpt_due_iter = env->checkpoint_due->iteration;
 		break;
 	default:
 		c->async_error = ZC_EPROTO;
@@ -1074,6 +1083,7 @@ void zc_close(zc_client *c)
 	if (c->replan_fd >= 0)
 		close(c->replan_fd);
 	plan_free(c->plan);
+	free(c->ckpt_due_dir);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
 }
@@ -2771,4 +2781,96 @@ out:
 	free(nsg);
 	free(arena);
 	return r < 0 ? r : 0;
+}
+
+/* --------------------------------------- checkpoints (client/ckpt.c) --- */
+
+int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
+{
+	int r;
+
+	if ((r = client_check(c, fn)) < 0)
+		return r;
+	pthread_mutex_lock(&c->mu);
+	if (c->plan_result != 1 || !c->plan) {
+		r = err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
+	} else if (c->old_plan) {
+		r = err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet", fn);
+	} else if (c->sent_in_iter) {
+		r = err_set(ZC_ESTATE,
+			    "%s: iteration %" PRIu64 " is under way (%u buckets handed over): "
+			    "call it between iterations",
+			    fn, c->iter, c->sent_in_iter);
+	} else {
+		*ret = (struct ckpt_view){.plan = c->plan,
+					  .job_id = c->job_id,
+					  .rank = c->cfg.rank,
+					  .world = c->cfg.world_size,
+					  .nnodes = c->cfg.nnodes ? c->cfg.nnodes : 1,
+					  .one_node = c->cfg.local_size == c->cfg.world_size,
+					  .iteration = c->iter};
+	}
+	client_unlock(c);
+	return r;
+}
+
+int client_resume(zc_client *c, uint64_t iteration, const char *fn)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Resume rs = ZEROD__V1__RESUME__INIT;
+	int r = 0;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->sent_in_iter || c->steps_done < c->iter) {
+		r = err_set(ZC_ESTATE, "%s: iteration %" PRIu64 " is under way", fn, c->iter);
+		goto out;
+	}
+	if (iteration == c->iter)
+		goto out;
+	rs.from = c->iter;
+	rs.iteration = iteration;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_RESUME;
+	env.resume = &rs;
+	r = send_env(c, &env, NULL);
+	if (r < 0) {
+		err_set(r, "%s: sending: %s", fn, zc_strerror(r));
+		goto out;
+	}
+	c->iter = iteration;
+	c->steps_done = iteration;
+out:
+	client_unlock(c);
+	return r;
+}
+
+int zc_checkpoint_due(zc_client *c, char *dir, size_t len)
+{
+	int r;
+
+	if ((r = client_check(c, __func__)) < 0)
+		return r;
+	if (!dir || len == 0)
+		return err_set(-EINVAL, "zc_checkpoint_due: no room for the directory");
+	pthread_mutex_lock(&c->mu);
+	if (!c->sent_in_iter)
+		dispatch_locked(c, LOOK_ALL); /* what came before the last step */
+	r = 0;
+	if (c->ckpt_due_dir && c->ckpt_due_iter < c->iter) {
+		free(c->ckpt_due_dir); /* a boundary this rank passed without asking */
+		c->ckpt_due_dir = NULL;
+	}
+	if (c->ckpt_due_dir && !c->sent_in_iter && c->steps_done >= c->iter &&
+	    c->ckpt_due_iter == c->iter) {
+		if (strlen(c->ckpt_due_dir) >= len) {
+			r = err_set(-ERANGE, "zc_checkpoint_due: the directory needs %zu bytes",
+				    strlen(c->ckpt_due_dir) + 1);
+		} else {
+			strcpy(dir, c->ckpt_due_dir);
+			free(c->ckpt_due_dir);
+			c->ckpt_due_dir = NULL;
+			r = 1;
+		}
+	}
+	client_unlock(c);
+	return r;
 }

@@ -5,6 +5,8 @@
 #ifndef ZEROCLIENT_INTERNAL_H
 #define ZEROCLIENT_INTERNAL_H
 
+#include <stdbool.h>
+
 #include "zeroclient.h"
 
 /* Record the reason for code in this thread's zc_error_message() (NULL fmt:
@@ -17,5 +19,21 @@ int config_from_zc(const struct zc_config *src, struct zc_config *out);
 
 /* Read a caller's zc_buffers the same way (for zc_register_buffers). */
 int buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out);
+
+/* Checkpoints (ckpt.c) see a registered client through this: valid until
+ * the next call on c that changes its plan. */
+struct plan;
+struct ckpt_view {
+	const struct plan *plan;
+	const char *job_id;
+	uint32_t rank, world, nnodes;
+	bool one_node;      /* every rank of the job on this node */
+	uint64_t iteration; /* the next one this rank hands buckets of */
+};
+/* 0, or ZC_ESTATE (no plan, a re-plan half done, mid-iteration) with the
+ * reason recorded (fn names the caller). */
+int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret);
+/* The job goes on at `iteration` (Resume): 0, or an error recorded. */
+int client_resume(zc_client *c, uint64_t iteration, const char *fn);
 
 #endif

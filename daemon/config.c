@@ -87,6 +87,9 @@ static const struct key {
 	{"backend", K_NAME, offsetof(struct daemon_config, backend), 0, false, "B",
 	 "auto (CUDA where a GPU is visible, else host), host, or cuda (refuse to start "
 	 "without a usable GPU)"},
+	{"checkpoint-dir", K_PATH, offsetof(struct daemon_config, checkpoint_dir), 0, true, "DIR",
+	 "where `zeroctl checkpoint JOB` has the job's trainers write, as DIR/JOB, when it names "
+	 "no directory (\"\": it must name one); shared by every node of a job"},
 	{"group", K_NAME, offsetof(struct daemon_config, group), 0, false, "NAME",
 	 "members of this group may run zeroctl's read verbs (status, inspect, metrics); root "
 	 "and zerod's own user may run every verb (\"\": zerod's own group)"},
@@ -126,6 +129,7 @@ static void defaults(struct daemon_config *c)
 		.log_level = 6,
 		.flight_records = 256,
 		.metrics_textfile = "",
+		.checkpoint_dir = "",
 		.metrics_interval_ms = 15000,
 		.group = "",
 		.backend = "auto",

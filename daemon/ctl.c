@@ -8,8 +8,8 @@
  * socket file is mode 0660, so the kernel already keeps others out):
  *   - root and zerod's own user: every verb, every user's jobs;
  *   - members of the group (config key `group`, default zerod's own group):
- *     status, inspect and metrics, and only their own jobs in status and
- *     inspect (jobs are per uid, as on the trainers' socket);
+ *     status, inspect and metrics, and only their own jobs in status,
+ *     inspect and checkpoint (jobs are per uid, as on the trainers' socket);
  *   - anyone else: DENIED. Trainers are members, so they cannot reload the
  *     config or start a trace.
  * Requests are small (ZEROD_CTL_REQUEST_BYTES) and a batch per loop turn is
@@ -34,6 +34,7 @@
 #include "loop.h"
 #include "ops_int.h"
 #include "pool.h"
+#include "resume.h"
 #include "zeroclient.h"
 
 #define CTL_BATCH 32
@@ -452,6 +453,47 @@ static void do_trace(struct daemon *d, const struct caller *c, const void *route
 	send_reply(d, route, rlen, &reply);
 }
 
+static void do_checkpoint(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
+			  const Ctl *req)
+{
+	const Zerod__V1__CheckpointRequest *q = req->checkpoint_request;
+	Zerod__V1__InspectRequest iq = ZEROD__V1__INSPECT_REQUEST__INIT;
+	Ctl reply = ZEROD__V1__CTL__INIT;
+	Zerod__V1__CheckpointReply cr = ZEROD__V1__CHECKPOINT_REPLY__INIT;
+	char dir[4096], why[256];
+	struct job *j;
+	int r;
+
+	iq.job = q->job;
+	iq.has_uid = q->has_uid;
+	iq.uid = q->uid;
+	if (!(j = find_job(d, c, route, rlen, &iq)))
+		return;
+	if (q->dir && q->dir[0])
+		snprintf(dir, sizeof(dir), "%s", q->dir);
+	else if (d->cfg.checkpoint_dir[0])
+		snprintf(dir, sizeof(dir), "%s/%s", d->cfg.checkpoint_dir, j->id);
+	else
+		dir[0] = '\0';
+	if (!dir[0]) {
+		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
+			   "no directory named and no checkpoint-dir configured");
+		return;
+	}
+	r = resume_checkpoint_ask(j, dir, &cr.iteration, &cr.ranks, why, sizeof(why));
+	if (r < 0) {
+		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED, "%s", why);
+		return;
+	}
+	log_notice("job %s: checkpoint into %s at iteration %" PRIu64 " asked by uid %u", j->id,
+		   dir, cr.iteration, (unsigned)c->cred.uid);
+	cr.job = j->id;
+	cr.dir = dir;
+	reply.body_case = ZEROD__V1__CTL__BODY_CHECKPOINT;
+	reply.checkpoint = &cr;
+	send_reply(d, route, rlen, &reply);
+}
+
 static const struct verb {
 	Zerod__V1__Ctl__BodyCase body;
 	const char *name;
@@ -464,6 +506,7 @@ static const struct verb {
 	{ZEROD__V1__CTL__BODY_METRICS_REQUEST, "metrics", do_metrics, ROLE_MEMBER},
 	{ZEROD__V1__CTL__BODY_RELOAD_REQUEST, "reload", do_reload, ROLE_ADMIN},
 	{ZEROD__V1__CTL__BODY_TRACE_REQUEST, "trace", do_trace, ROLE_ADMIN},
+	{ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST, "checkpoint", do_checkpoint, ROLE_MEMBER},
 };
 
 /* Who is calling, from the connection the request came on. */

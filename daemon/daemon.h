@@ -80,6 +80,7 @@ struct daemon_config {
 	int stall_warn_ms;
 	unsigned flight_records;
 	const char *metrics_textfile; /* "": none */
+	const char *checkpoint_dir;   /* zeroctl checkpoint's default (DIR/JOB); "": none */
 	int metrics_interval_ms;
 	const char *group; /* "": zerod's own group */
 	struct config_src *src; /* the flags and file it came from: read again on reload */

@@ -32,6 +32,7 @@
 #include "fdbufs.h"
 #include "log.h"
 #include "ops.h"
+#include "resume.h"
 #include "semantics.h"
 #include "loop.h"
 #include "mem/mem.h"
@@ -576,6 +577,13 @@ static void on_params_changed(struct daemon *d, const void *route, size_t rlen,
 	sched_params_changed(s->job, s, env->params_changed->iteration);
 }
 
+static void on_resume(struct daemon *d, const void *route, size_t rlen, struct session *s,
+		      const Zerod__V1__Envelope *env)
+{
+	(void)d, (void)route, (void)rlen;
+	resume_request(s->job, s, env->resume->from, env->resume->iteration);
+}
+
 static void on_get_state(struct daemon *d, const void *route, size_t rlen, struct session *s,
 			 const Zerod__V1__Envelope *env)
 {
@@ -616,6 +624,7 @@ static const struct handler {
 	{ZEROD__V1__ENVELOPE__BODY_PARAMS_CHANGED, on_params_changed, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_GET_STATE, on_get_state, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_SET_STATE, on_set_state, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_RESUME, on_resume, NEEDS_SESSION},
 };
 
 /* The largest message s may send now (no session: before Hello). */
@@ -801,6 +810,18 @@ static void sink_state_ok(struct session *s)
 	session_send(s, &env);
 }
 
+static void sink_checkpoint_due(struct session *s, const char *dir, uint64_t iteration)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__CheckpointDue cd = ZEROD__V1__CHECKPOINT_DUE__INIT;
+
+	cd.dir = (char *)dir;
+	cd.iteration = iteration;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_DUE;
+	env.checkpoint_due = &cd;
+	session_send(s, &env);
+}
+
 static void sink_err(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,
 		     const char *msg)
 {
@@ -832,5 +853,6 @@ const struct sink_ops session_sink = {
 	.step_done_info = sink_step_info,
 	.error = sink_err,
 	.state_ok = sink_state_ok,
+	.checkpoint_due = sink_checkpoint_due,
 	.detach = session_detach,
 };

@@ -38,6 +38,9 @@ struct sink_ops {
 		      const char *msg);
 	/* The state export or import the rank asked for is done. */
 	void (*state_ok)(struct session *s);
+	/* The operator asked for a checkpoint into dir: the rank takes it
+	 * between iterations once its iteration is `iteration` (resume.c). */
+	void (*checkpoint_due)(struct session *s, const char *dir, uint64_t iteration);
 	/* The rank's job ended: its session goes at the next reap. */
 	void (*detach)(struct session *s);
 };

@@ -103,7 +103,8 @@ unsigned zc_version(void);
 	X(ESEGMASK, -1026, "segment mask out of range")                                            \
 	X(EREPLAN, -1027, "re-plan changes the parameters")                                        \
 	X(ESTATEINVAL, -1028, "invalid optimizer state")                                           \
-	X(EPARAMEDIT, -1029, "low-precision parameters edited without zc_params_changed()")
+	X(EPARAMEDIT, -1029, "low-precision parameters edited without zc_params_changed()")        \
+	X(ECKPT, -1030, "checkpoint refused: missing, corrupt, partial or incompatible")
 
 enum zc_error {
 #define ZC__ERROR_ENUM(name, value, text) ZC_##name = (value),
@@ -726,6 +727,65 @@ int zc_get_state(zc_client *c, struct zc_segment_state *segs, uint32_t n);
  * Threads:   any thread.  Blocking: as zc_get_state().
  */
 int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n);
+
+/* ---------------------------------------------------------- checkpoints --- */
+
+/*
+ * Write the job's parameters and optimizer state to directory dir (made,
+ * with its parents, if missing), per parameter segment, in the format of
+ * docs/CHECKPOINT.md: a data file and a manifest written last, each to a
+ * temporary name, fsynced, renamed and the directory fsynced, with BLAKE2b
+ * checksums. Every rank of the job calls it between iterations (after the
+ * step of the last iteration it handed over) with the same dir, which must
+ * be one directory for every node (a shared filesystem on several nodes):
+ * it is a collective (an export round, then a barrier round). Rank 0
+ * writes; every rank returns once the
+ * manifest is durable. The checkpoint names zc_iteration(), the iteration
+ * a restore goes on at. An older checkpoint in dir is replaced; between its
+ * manifest's removal and the new one's rename dir holds none.
+ * Errors: ZC_ESTATE (no plan, mid-iteration), ZC_ENOTSUP (bf16/fp16
+ * buckets), ZC_ECKPT (rank 0 could not write: the reason), zc_get_state()'s.
+ * Ownership: dir stays the caller's.
+ * Threads:   any thread.  Blocking: until every rank called and the files
+ *            are durable.
+ */
+int zc_checkpoint(zc_client *c, const char *dir);
+
+/*
+ * Load the checkpoint in dir: every rank, after zc_register_plan() and
+ * before its first bucket (or between iterations). Each rank reads the
+ * manifest and the data file and checks them: checksums, sizes, format
+ * version, and that the plan holds the same parameters (optimizer, groups
+ * with the same kind of state, segment count, each segment's numel and
+ * group; matched by param_id when every segment of both has one, else by
+ * position in plan order). The bucket layout, world size, shard mode and
+ * node count may differ from the checkpoint's. Then it writes the
+ * parameters into this rank's buffers, imports the state (zc_set_state())
+ * and moves the job to the checkpoint's iteration: zc_iteration() returns
+ * it, and the next buckets are that iteration's.
+ * Refused with ZC_ECKPT naming what is wrong (no manifest, a missing,
+ * truncated or corrupt file, another version, other parameters), and
+ * nothing is changed: the job keeps its state, parameters and iteration.
+ * Errors also: ZC_ESTATE, ZC_ENOTSUP (bf16/fp16 buckets), zc_set_state()'s
+ * (the parameters are then put back).
+ * Ownership: dir stays the caller's.
+ * Threads:   any thread.  Blocking: until every local rank imported.
+ */
+int zc_restore(zc_client *c, const char *dir);
+
+/*
+ * Whether the operator asked for a checkpoint now (`zeroctl checkpoint JOB
+ * [DIR]`): 1 with the directory in dir (len bytes, the terminating NUL
+ * included) when this rank is between iterations at the iteration the
+ * daemon named, else 0. The daemon tells every local rank the same
+ * iteration, so ranks that call this between every two iterations all see
+ * 1 at the same one and then call zc_checkpoint(c, dir). A request whose
+ * iteration a rank passed without calling this lapses.
+ * Errors: -EINVAL (dir NULL or len 0), -ERANGE (len too small; the request
+ * stays).
+ * Threads:   any thread.  Blocking: no (reads what has arrived).
+ */
+int zc_checkpoint_due(zc_client *c, char *dir, size_t len);
 
 /* ----------------------------------------------------------- iteration --- */
 

@@ -28,6 +28,8 @@ struct bench_cfg {
 	size_t memcpy_bytes; /* what the memcpy floor copies */
 	const char *zerod;   /* the daemon binary */
 	uint32_t daemons;    /* 0: one daemon; N >= 2: N daemons on loopback (--daemons) */
+	int checkpoint_every;       /* zc_checkpoint() after every N timed iterations; 0: never */
+	const char *checkpoint_dir; /* where (--checkpoint-dir; default a temporary one) */
 };
 
 /* Monotonic time in nanoseconds. */
@@ -79,6 +81,9 @@ struct job_result {
 	double iter_ms;          /* median over iterations of the slowest rank's time */
 	double iter_min_ms;      /* fastest iteration */
 	uint64_t rss_anon_bytes; /* zerod's RssAnon with the job active */
+	int checkpoints;         /* zc_checkpoint() calls timed (--checkpoint-every) */
+	double ckpt_ms;          /* their median, the slowest rank's: training stalls this long */
+	double ckpt_max_ms;
 };
 
 /* With cfg->daemons = N >= 2, d is an array of N daemons, one per node: node

@@ -158,8 +158,11 @@ static void xbar_abort(struct xbar *b)
 
 /* ---- the ranks ---- */
 
+#define MAX_CKPTS 256
+
 struct shared {
 	struct xbar bar;
+	double ck[64][MAX_CKPTS]; /* [rank][checkpoint]: zc_checkpoint() in ns */
 	uint64_t rss_anon;
 	int err[64];
 	char msg[64][200];
@@ -249,6 +252,18 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 			return (int)ns;
 		if (i >= run->warmup)
 			t[i - run->warmup] = (double)ns;
+		int every = run->cfg->checkpoint_every,
+		    k = (i + 1 - run->warmup) / (every ? every : 1);
+		if (every && i >= run->warmup && (i + 1 - run->warmup) % every == 0 &&
+		    k <= MAX_CKPTS) {
+			int64_t t0 = bench_ns();
+			r = zc_checkpoint(c, run->cfg->checkpoint_dir);
+			if (r < 0) {
+				snprintf(why, whylen, "zc_checkpoint: %s", zc_error_message());
+				return r;
+			}
+			run->sh->ck[rank][k - 1] = (double)(bench_ns() - t0);
+		}
 	}
 	/* Every rank is still connected: the job is active with all its state. */
 	r = xbar_wait(&run->sh->bar);
@@ -441,6 +456,18 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 	ret->iter_min_ms = bench_quantile(it, (size_t)cfg->iters, 0) / 1e6;
 	ret->iter_ms = bench_quantile(it, (size_t)cfg->iters, 0.5) / 1e6;
 	ret->rss_anon_bytes = run.sh->rss_anon;
+	ret->checkpoints = cfg->checkpoint_every ? cfg->iters / cfg->checkpoint_every : 0;
+	if (ret->checkpoints > MAX_CKPTS)
+		ret->checkpoints = MAX_CKPTS;
+	for (int i = 0; i < ret->checkpoints; i++) {
+		it[i] = 0;
+		for (uint32_t k = 0; k < cfg->ranks; k++)
+			it[i] = run.sh->ck[k][i] > it[i] ? run.sh->ck[k][i] : it[i];
+	}
+	if (ret->checkpoints) {
+		ret->ckpt_max_ms = bench_quantile(it, (size_t)ret->checkpoints, 1) / 1e6;
+		ret->ckpt_ms = bench_quantile(it, (size_t)ret->checkpoints, 0.5) / 1e6;
+	}
 out:
 	end_run(&run);
 	free(segs);

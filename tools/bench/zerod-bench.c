@@ -163,7 +163,10 @@ static void usage(FILE *f)
 		   "  --torch-zerod      --vs-torch, and ZerodOptimizer end to end beside it\n"
 		   "  --python PATH      interpreter for it (default /usr/bin/python3)\n"
 		   "  --torch-script P   the anchor script (default the source tree's)\n"
-		   "  --json             print one JSON object instead of a table\n");
+		   "  --json             print one JSON object instead of a table\n"
+		   "  --checkpoint-every N  zc_checkpoint() after every N timed iterations, timed\n"
+		   "                     apart from them: how long training stalls (default 0)\n"
+		   "  --checkpoint-dir D where (default a temporary directory, removed after)\n");
 }
 
 enum {
@@ -187,6 +190,8 @@ enum {
 	OPT_HELP,
 	OPT_DAEMONS,
 	OPT_TORCH_ZEROD,
+	OPT_CKPT_EVERY,
+	OPT_CKPT_DIR,
 };
 
 static const struct option longopts[] = {
@@ -210,6 +215,8 @@ static const struct option longopts[] = {
 	{"help", no_argument, NULL, OPT_HELP},
 	{"daemons", required_argument, NULL, OPT_DAEMONS},
 	{"torch-zerod", no_argument, NULL, OPT_TORCH_ZEROD},
+	{"checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY},
+	{"checkpoint-dir", required_argument, NULL, OPT_CKPT_DIR},
 	{0},
 };
 
@@ -264,6 +271,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case OPT_DAEMONS:
 			r = parse_int(optarg, 2, 16, &n);
 			cfg->daemons = (uint32_t)n;
+			break;
+		case OPT_CKPT_EVERY:
+			r = parse_int(optarg, 0, 1000000, &n);
+			cfg->checkpoint_every = n;
+			break;
+		case OPT_CKPT_DIR:
+			cfg->checkpoint_dir = optarg;
 			break;
 		case OPT_OPTIM:
 			if (!strcmp(optarg, "sgd"))
@@ -489,6 +503,10 @@ static void print_json(const struct opts *o, const struct results *x)
 	jnum("unix_rtt_same_cpu_us", x->unix_rtt_same_cpu_us, "%.2f", false);
 	jnum("memcpy_gbps", x->memcpy_gbps, "%.2f", false);
 	jnum("triad_gbps", x->triad_gbps, "%.2f", false);
+	if (x->job.checkpoints) {
+		jnum("checkpoint_stall_ms", x->job.ckpt_ms, "%.3f", false);
+		jnum("checkpoint_stall_max_ms", x->job.ckpt_max_ms, "%.3f", false);
+	}
 	jnum("daemon_rss_anon_bytes", (double)x->job.rss_anon_bytes, "%.0f", false);
 	jnum("state_bytes", (double)x->state_bytes, "%.0f", false);
 	jnum("vs_torch", ratio(x->torch.iter_ms, x->job.iter_ms), "%.3f", false);
@@ -535,6 +553,10 @@ static void print_table(const struct opts *o, const struct results *x)
 	       x->fused_ms, ratio(x->job.iter_ms, x->fused_ms), x->fused_min_ms);
 	printf("  bytes-moved floor       %9.2f ms  %.0f MB at 4/3 of triad; zerod %.2fx\n",
 	       x->floor_ms, x->floor_bytes / 1e6, ratio(x->job.iter_ms, x->floor_ms));
+	if (x->job.checkpoints)
+		printf("  checkpoint stall        %9.2f ms  zc_checkpoint(), median of %d (slowest "
+		       "%.2f ms)\n",
+		       x->job.ckpt_ms, x->job.checkpoints, x->job.ckpt_max_ms);
 	printf("handoff, zc_bucket_ready -> step done, 1 bucket of 16 elements\n");
 	printf("  p50 / p99               %9.1f / %.1f us  p50 = %.2fx the AF_UNIX round trip\n",
 	       x->handoff_p50_us, x->handoff_p99_us, ratio(x->handoff_p50_us, x->unix_rtt_us));
@@ -728,7 +750,7 @@ static int run(int argc, char **argv)
 	struct results x = {.torch = {NAN, NAN, NAN, NAN, NAN, NAN, NAN}};
 	struct bench_daemon d = {0};
 	struct bench_cfg *cfg = &o.cfg;
-	const char *step = "";
+	const char *step = "", *ckpt_tmp = NULL;
 	int r;
 
 	r = parse_args(argc, argv, &o);
@@ -781,7 +803,21 @@ static int run(int argc, char **argv)
 	}
 	progress("zerod: iterations");
 	step = "iterations";
-	r = job_iterations(&d, cfg, &x.job);
+	if (cfg->checkpoint_every && !cfg->checkpoint_dir) {
+		static char tmp[] = "/tmp/zerod-bench-ckpt.XXXXXX";
+		cfg->checkpoint_dir = mkdtemp(tmp) ? tmp : NULL;
+		ckpt_tmp = cfg->checkpoint_dir;
+	}
+	r = cfg->checkpoint_every && !cfg->checkpoint_dir ? -errno
+							  : job_iterations(&d, cfg, &x.job);
+	if (ckpt_tmp) {
+		char f[64];
+		snprintf(f, sizeof(f), "%s/MANIFEST", ckpt_tmp);
+		unlink(f);
+		snprintf(f, sizeof(f), "%s/state.zck", ckpt_tmp);
+		unlink(f);
+		rmdir(ckpt_tmp);
+	}
 	if (r == 0) {
 		progress("zerod: tiny-bucket handoff");
 		step = "handoff";

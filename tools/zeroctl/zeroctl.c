@@ -74,6 +74,11 @@ static void usage(FILE *f)
 		"                             chrome://tracing) of every job's buckets to FILE,\n"
 		"                             as zerod's user\n"
 		"  trace off                  stop it and complete the file\n"
+		"  checkpoint JOB [DIR] [--uid U]\n"
+		"                             have the job's trainers write a checkpoint into DIR\n"
+		"                             (default: zerod's checkpoint-dir/JOB) at the next\n"
+		"                             iteration boundary, if they poll zc_checkpoint_due();\n"
+		"                             says which iteration (one-node jobs)\n"
 		"\n"
 		"Options:\n"
 		"  -s, --socket PATH    zerod's socket, as given to zerod --socket (default\n"
@@ -85,8 +90,8 @@ static void usage(FILE *f)
 		"      --version        zeroctl's version and control protocol\n"
 		"\n"
 		"Who may do what: root and zerod's own user may run every verb; members of\n"
-		"zerod's group (zerod --group) may run status, inspect and metrics, and see\n"
-		"only their own jobs; nobody else reaches the socket.\n"
+		"zerod's group (zerod --group) may run status, inspect, metrics and\n"
+		"checkpoint, on their own jobs only; nobody else reaches the socket.\n"
 		"\n"
 		"Exit status:\n"
 		"   0  ok (status: no job failed or stalls)\n"
@@ -673,6 +678,23 @@ static int show_trace(const Zerod__V1__TraceReply *tr)
 	return 0;
 }
 
+static int show_checkpoint(const Zerod__V1__CheckpointReply *cr)
+{
+	if (opt.json) {
+		json_head();
+		printf(",\"checkpoint\":{\"job\":");
+		json_str(cr->job);
+		printf(",\"dir\":");
+		json_str(cr->dir);
+		printf(",\"iteration\":%" PRIu64 ",\"ranks\":%u}}\n", cr->iteration, cr->ranks);
+	} else {
+		printf("job %s: %u ranks told to checkpoint into %s when iteration %" PRIu64
+		       " begins\n",
+		       cr->job, cr->ranks, cr->dir, cr->iteration);
+	}
+	return 0;
+}
+
 /* FILE as the daemon must see it: absolute (its cwd is not ours). */
 static int absolute(const char *file, char *out, size_t len)
 {
@@ -712,6 +734,7 @@ int main(int argc, char **argv)
 	Zerod__V1__MetricsRequest mq = ZEROD__V1__METRICS_REQUEST__INIT;
 	Zerod__V1__ReloadRequest rq = ZEROD__V1__RELOAD_REQUEST__INIT;
 	Zerod__V1__TraceRequest tq = ZEROD__V1__TRACE_REQUEST__INIT;
+	Zerod__V1__CheckpointRequest cq = ZEROD__V1__CHECKPOINT_REQUEST__INIT;
 	char file[PATH_MAX];
 	long rank = -1, bucket = -1, uid = -1;
 	int c, code;
@@ -785,6 +808,18 @@ int main(int argc, char **argv)
 	} else if (strcmp(opt.verb, "reload") == 0 && optind == argc) {
 		req.body_case = ZEROD__V1__CTL__BODY_RELOAD_REQUEST;
 		req.reload_request = &rq;
+	} else if (strcmp(opt.verb, "checkpoint") == 0 && optind < argc && optind + 2 >= argc) {
+		cq.job = argv[optind];
+		cq.has_uid = uid >= 0;
+		cq.uid = (uint32_t)uid;
+		if (optind + 1 < argc) {
+			int r = absolute(argv[optind + 1], file, sizeof(file));
+			if (r < 0)
+				return fail(EXIT_USAGE, "%s: %s", argv[optind + 1], strerror(-r));
+			cq.dir = file;
+		}
+		req.body_case = ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST;
+		req.checkpoint_request = &cq;
 	} else if (strcmp(opt.verb, "trace") == 0 && optind < argc &&
 		   ((strcmp(argv[optind], "on") == 0 && optind + 2 == argc) ||
 		    (strcmp(argv[optind], "off") == 0 && optind + 1 == argc))) {
@@ -803,9 +838,12 @@ int main(int argc, char **argv)
 		return opt.json ? fail(EXIT_USAGE, "%s: unknown verb or wrong arguments", opt.verb)
 				: EXIT_USAGE;
 	}
-	if ((rank >= 0 || bucket >= 0 || uid >= 0) && req.body_case !=
-							      ZEROD__V1__CTL__BODY_INSPECT_REQUEST)
-		return fail(EXIT_USAGE, "--rank, --bucket and --uid go with inspect");
+	if ((rank >= 0 || bucket >= 0 || uid >= 0) &&
+	    req.body_case != ZEROD__V1__CTL__BODY_INSPECT_REQUEST &&
+	    !(uid >= 0 && rank < 0 && bucket < 0 &&
+	      req.body_case == ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST))
+		return fail(EXIT_USAGE, "--rank, --bucket and --uid go with inspect (--uid with "
+					"checkpoint too)");
 
 	code = call(&req, &rep);
 	if (code)
@@ -830,6 +868,11 @@ int main(int argc, char **argv)
 		code = expect(rep, ZEROD__V1__CTL__BODY_RELOAD);
 		if (!code)
 			code = show_reload(rep->reload);
+		break;
+	case ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST:
+		code = expect(rep, ZEROD__V1__CTL__BODY_CHECKPOINT);
+		if (!code)
+			code = show_checkpoint(rep->checkpoint);
 		break;
 	default:
 		code = expect(rep, ZEROD__V1__CTL__BODY_TRACE);

@@ -1,0 +1,787 @@
+/*
+ * ckpt.c — checkpoints of a job's parameters and optimizer state on disk
+ * (zc_checkpoint, zc_restore), the format docs/CHECKPOINT.md describes.
+ *
+ * Built on the state export/import rounds (zc_get_state / zc_set_state):
+ * an export gives every rank the whole job's state whatever the shard mode
+ * and node count, so rank 0 writes it all, per parameter segment (keyed by
+ * param_id, or the position in plan order), and a restore maps it onto any
+ * layout, world size, shard mode or node count holding the same parameters.
+ * Files are written to a temporary name, fsynced, renamed, and the directory
+ * fsynced; the manifest goes last and names the data file's size and
+ * BLAKE2b checksum (libsodium's crypto_generichash), and carries its own.
+ * A restore checks everything before it changes anything.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <sodium.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "plan.h"
+#include "zeroclient.h"
+
+#define CKPT_VERSION      1
+#define CKPT_MAGIC        "ZCKPTDAT"
+#define CKPT_DATA         "state.zck"
+#define CKPT_MANIFEST     "MANIFEST"
+#define CKPT_HASH_BYTES   32
+#define CKPT_MAX_MANIFEST (256u << 20)
+#define CKPT_HEADER       24 /* magic, u32 version, u32 0, u64 iteration */
+
+/* One segment as the checkpoint holds it. */
+struct cseg {
+	uint64_t param_id, numel;
+	uint32_t group, present;
+	double step;
+};
+
+/* What a manifest says. */
+struct manifest {
+	uint64_t iteration, plan_hash, data_bytes;
+	uint32_t world, nodes, ngroups, nsegs;
+	char job[ZEROD_JOB_ID_MAX + 1], optimizer[32], shard[32], step_mode[32];
+	uint8_t *group_momentum, *group_amsgrad; /* [ngroups] */
+	struct cseg *segs;                       /* [nsegs] */
+	unsigned char data_hash[CKPT_HASH_BYTES];
+};
+
+static void manifest_free(struct manifest *m)
+{
+	free(m->group_momentum);
+	free(m->group_amsgrad);
+	free(m->segs);
+}
+
+/* The tensors of a segment's state, in file order, and their bits. */
+static const uint32_t tensor_bits[4] = {ZC_STATE_MOMENTUM_BUFFER, ZC_STATE_EXP_AVG,
+					ZC_STATE_EXP_AVG_SQ, ZC_STATE_MAX_EXP_AVG_SQ};
+
+static float **seg_slot(struct zc_segment_state *s, unsigned k)
+{
+	float **slots[4] = {&s->momentum_buffer, &s->exp_avg, &s->exp_avg_sq, &s->max_exp_avg_sq};
+	return slots[k];
+}
+
+static unsigned ntensors(uint32_t present)
+{
+	unsigned n = 0;
+
+	for (unsigned k = 0; k < 4; k++)
+		n += !!(present & tensor_bits[k]);
+	return n;
+}
+
+static void hex(const unsigned char *h, char *out)
+{
+	for (int i = 0; i < CKPT_HASH_BYTES; i++)
+		sprintf(out + 2 * i, "%02x", h[i]);
+}
+
+static int unhex(const char *s, unsigned char *out)
+{
+	for (int i = 0; i < CKPT_HASH_BYTES; i++) {
+		unsigned v;
+		if (sscanf(s + 2 * i, "%2x", &v) != 1)
+			return -1;
+		out[i] = (unsigned char)v;
+	}
+	return s[2 * CKPT_HASH_BYTES] == '\0' || s[2 * CKPT_HASH_BYTES] == '\n' ? 0 : -1;
+}
+
+/* The plan's segments in plan order (bucket, then segment). */
+static uint32_t plan_nsegs(const struct plan *p)
+{
+	uint32_t n = 0;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		n += p->buckets[b].nsegments;
+	return n;
+}
+
+static const struct zc_segment *plan_seg(const struct plan *p, uint32_t k, uint32_t *ret_b,
+					 uint32_t *ret_s)
+{
+	*ret_b = *ret_s = 0;
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		if (k < p->buckets[b].nsegments) {
+			*ret_b = b;
+			*ret_s = k;
+			return &p->buckets[b].segments[k];
+		}
+		k -= p->buckets[b].nsegments;
+	}
+	return NULL;
+}
+
+/* ------------------------------------------------------------ writing --- */
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t w = write(fd, p, len);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -errno;
+		p += w;
+		len -= (size_t)w;
+	}
+	return 0;
+}
+
+/* mkdir -p dir: 0 or -errno. */
+static int mkdirs(const char *dir)
+{
+	char path[PATH_MAX];
+	size_t n = strlen(dir);
+
+	if (n >= sizeof(path))
+		return -ENAMETOOLONG;
+	memcpy(path, dir, n + 1);
+	for (char *p = path + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(path, 0755) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	return mkdir(path, 0755) < 0 && errno != EEXIST ? -errno : 0;
+}
+
+/* An open file under a temporary name in dirfd, renamed to name by
+ * atomic_commit(). */
+struct afile {
+	int dirfd, fd;
+	const char *name;
+	char tmp[64];
+	crypto_generichash_state h;
+};
+
+static int afile_open(struct afile *f, int dirfd, const char *name)
+{
+	f->dirfd = dirfd;
+	f->name = name;
+	snprintf(f->tmp, sizeof(f->tmp), ".%s.tmp.%ld", name, (long)getpid());
+	f->fd = openat(dirfd, f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (f->fd < 0)
+		return -errno;
+	crypto_generichash_init(&f->h, NULL, 0, CKPT_HASH_BYTES);
+	return 0;
+}
+
+static int afile_write(struct afile *f, const void *buf, size_t len)
+{
+	crypto_generichash_update(&f->h, buf, len);
+	return write_all(f->fd, buf, len);
+}
+
+/* fsync, rename over name, fsync the directory. The checksum of what was
+ * written goes to ret_hash. On failure the temporary file is removed. */
+static int afile_commit(struct afile *f, unsigned char *ret_hash)
+{
+	int r = 0;
+
+	crypto_generichash_final(&f->h, ret_hash, CKPT_HASH_BYTES);
+	if (fsync(f->fd) < 0)
+		r = -errno;
+	if (close(f->fd) < 0 && r == 0)
+		r = -errno;
+	f->fd = -1;
+	if (r == 0 && renameat(f->dirfd, f->tmp, f->dirfd, f->name) < 0)
+		r = -errno;
+	if (r == 0 && fsync(f->dirfd) < 0)
+		r = -errno;
+	if (r < 0)
+		unlinkat(f->dirfd, f->tmp, 0);
+	return r;
+}
+
+static void afile_abort(struct afile *f)
+{
+	if (f->fd >= 0) {
+		close(f->fd);
+		unlinkat(f->dirfd, f->tmp, 0);
+	}
+	f->fd = -1;
+}
+
+/* The whole job's parameters and state, by segment in plan order. */
+struct image {
+	uint32_t nsegs;
+	struct zc_segment_state *ss; /* [nsegs], tensors into arena */
+	float **params;              /* [nsegs]: into arena */
+	float *arena;
+};
+
+static void image_free(struct image *im)
+{
+	free(im->ss);
+	free(im->params);
+	free(im->arena);
+}
+
+/* Room for every segment's parameters and 4 state tensors, and the
+ * zc_segment_state list naming them, for plan p; without tensors only the
+ * list, its pointers NULL (an export that copies nothing out). */
+static int image_alloc(const struct plan *p, struct image *im, bool tensors)
+{
+	uint64_t at = 0;
+
+	im->nsegs = plan_nsegs(p);
+	im->ss = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->ss));
+	im->params = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->params));
+	im->arena = malloc((tensors ? 5 * p->total_numel + 1 : 1) * sizeof(float));
+	if (!im->ss || !im->params || !im->arena) {
+		image_free(im);
+		return -ENOMEM;
+	}
+	for (uint32_t k = 0; k < im->nsegs; k++) {
+		uint32_t b, s;
+		const struct zc_segment *seg = plan_seg(p, k, &b, &s);
+		im->ss[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+		im->ss[k].bucket = b;
+		im->ss[k].segment = s;
+		if (!tensors)
+			continue;
+		im->params[k] = im->arena + at;
+		at += seg->numel;
+		for (unsigned t = 0; t < 4; t++) {
+			*seg_slot(&im->ss[k], t) = im->arena + at;
+			at += seg->numel;
+		}
+	}
+	return 0;
+}
+
+static int write_data(int dirfd, const struct plan *p, const struct image *im, uint64_t iteration,
+		      uint64_t *ret_bytes, unsigned char *ret_hash)
+{
+	struct afile f;
+	unsigned char head[CKPT_HEADER] = {0};
+	uint32_t version = CKPT_VERSION;
+	uint64_t bytes = CKPT_HEADER;
+	int r;
+
+	if ((r = afile_open(&f, dirfd, CKPT_DATA)) < 0)
+		return r;
+	memcpy(head, CKPT_MAGIC, 8);
+	memcpy(head + 8, &version, 4);
+	memcpy(head + 16, &iteration, 8);
+	r = afile_write(&f, head, sizeof(head));
+	for (uint32_t k = 0; k < im->nsegs && r >= 0; k++) {
+		uint32_t b, s;
+		uint64_t n = plan_seg(p, k, &b, &s)->numel;
+		struct zc_segment_state ss = im->ss[k];
+		r = afile_write(&f, im->params[k], n * sizeof(float));
+		bytes += n * sizeof(float);
+		for (unsigned t = 0; t < 4 && r >= 0; t++) {
+			if (!(ss.present & tensor_bits[t]))
+				continue;
+			r = afile_write(&f, *seg_slot(&ss, t), n * sizeof(float));
+			bytes += n * sizeof(float);
+		}
+	}
+	if (r < 0) {
+		afile_abort(&f);
+		return r;
+	}
+	*ret_bytes = bytes;
+	return afile_commit(&f, ret_hash);
+}
+
+static int write_manifest(int dirfd, const struct ckpt_view *v, const struct image *im,
+			  uint64_t data_bytes, const unsigned char *data_hash)
+{
+	const struct plan *p = v->plan;
+	size_t cap = 4096 + (size_t)p->ngroups * 64 + (size_t)im->nsegs * 160, len = 0;
+	char *buf = malloc(cap), hx[2 * CKPT_HASH_BYTES + 1];
+	unsigned char h[CKPT_HASH_BYTES];
+	struct afile f;
+	int r;
+
+	if (!buf)
+		return -ENOMEM;
+		/* cap holds every line (a segment's is under 160 bytes); a line that
+		 * would not fit stops the writing (len stays within cap) */
+#define PUT(...)                                                                                   \
+	do {                                                                                       \
+		int n_ = snprintf(buf + len, cap - len, __VA_ARGS__);                              \
+		len = n_ < 0 || (size_t)n_ >= cap - len ? cap : len + (size_t)n_;                  \
+	} while (0)
+	PUT("zerod-checkpoint %d\n", CKPT_VERSION);
+	PUT("iteration %" PRIu64 "\n", v->iteration);
+	PUT("job %s\n", v->job_id);
+	PUT("world %u\nnodes %u\n", v->world, v->nnodes);
+	PUT("optimizer %s\nshard_mode %s\nstep_mode %s\n", plan_optimizer_name(p->optimizer),
+	    plan_shard_name(p->shard_mode), plan_step_name(p->step_mode));
+	PUT("plan_hash %016" PRIx64 "\n", p->hash);
+	PUT("groups %u\n", p->ngroups);
+	for (uint32_t g = 0; g < p->ngroups; g++)
+		PUT("group %u momentum %d amsgrad %d\n", g, p->groups[g].momentum != 0,
+		    p->groups[g].amsgrad ? 1 : 0);
+	PUT("segments %u\n", im->nsegs);
+	for (uint32_t k = 0; k < im->nsegs; k++) {
+		uint32_t b, s;
+		const struct zc_segment *seg = plan_seg(p, k, &b, &s);
+		PUT("segment %u param_id %" PRIu64 " numel %" PRIu64 " group %u present %u step "
+		    "%.0f\n",
+		    k, seg->param_id, seg->numel, seg->group, im->ss[k].present, im->ss[k].step);
+	}
+	hex(data_hash, hx);
+	PUT("file %s %" PRIu64 " %s\n", CKPT_DATA, data_bytes, hx);
+	crypto_generichash(h, sizeof(h), (const unsigned char *)buf, len, NULL, 0);
+	hex(h, hx);
+	PUT("checksum %s\n", hx);
+#undef PUT
+	if (len >= cap) {
+		r = -EOVERFLOW;
+		goto out;
+	}
+	if ((r = afile_open(&f, dirfd, CKPT_MANIFEST)) < 0)
+		goto out;
+	if ((r = afile_write(&f, buf, len)) < 0) {
+		afile_abort(&f);
+		goto out;
+	}
+	r = afile_commit(&f, h);
+out:
+	free(buf);
+	return r;
+}
+
+/* ------------------------------------------------------------ reading --- */
+
+static int read_file(int dirfd, const char *name, size_t max, char **ret, size_t *ret_len)
+{
+	struct stat st;
+	char *buf;
+	size_t got = 0;
+	int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC), r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) < 0)
+		r = -errno;
+	else if (!S_ISREG(st.st_mode))
+		r = -EINVAL;
+	else if ((uint64_t)st.st_size > max)
+		r = -EFBIG;
+	if (r < 0) {
+		close(fd);
+		return r;
+	}
+	buf = malloc((size_t)st.st_size + 1);
+	while (buf && got < (size_t)st.st_size) {
+		ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			r = n < 0 ? -errno : -EIO;
+			break;
+		}
+		got += (size_t)n;
+	}
+	close(fd);
+	if (!buf)
+		return -ENOMEM;
+	if (r < 0) {
+		free(buf);
+		return r;
+	}
+	buf[got] = '\0';
+	*ret = buf;
+	*ret_len = got;
+	return 0;
+}
+
+/* Parse and check a manifest's text: 0, or ZC_ECKPT with the reason. */
+static int parse_manifest(char *text, size_t len, struct manifest *m, const char *fn)
+{
+	char *line = text, *next, *sum = strstr(text, "checksum ");
+	unsigned char h[CKPT_HASH_BYTES], want[CKPT_HASH_BYTES];
+	unsigned version = 0, ng = 0, nsegs = 0, ngroups_seen = 0, nsegs_seen = 0;
+	bool file_seen = false;
+	char name[64], hx[2 * CKPT_HASH_BYTES + 1];
+
+	while (sum && sum != text && sum[-1] != '\n')
+		sum = strstr(sum + 1, "checksum ");
+	if (!sum || unhex(sum + 9, want) < 0)
+		return err_set(ZC_ECKPT,
+			       "%s: the manifest has no checksum line: partial or not "
+			       "a checkpoint",
+			       fn);
+	crypto_generichash(h, sizeof(h), (const unsigned char *)text, (size_t)(sum - text), NULL,
+			   0);
+	if (sodium_memcmp(h, want, sizeof(h)) != 0)
+		return err_set(ZC_ECKPT,
+			       "%s: the manifest's checksum does not match its contents "
+			       "(corrupt)",
+			       fn);
+	(void)len;
+	*sum = '\0';
+	for (; *line; line = next) {
+		unsigned a, b, c;
+		uint64_t id, numel, x;
+		double step;
+
+		next = strchr(line, '\n');
+		if (!next)
+			return err_set(ZC_ECKPT, "%s: the manifest's last line is cut", fn);
+		*next++ = '\0';
+		if (sscanf(line, "zerod-checkpoint %u", &version) == 1) {
+			if (version != CKPT_VERSION)
+				return err_set(ZC_ECKPT,
+					       "%s: format version %u; this library reads %d", fn,
+					       version, CKPT_VERSION);
+		} else if (sscanf(line, "iteration %" SCNu64, &m->iteration) == 1 ||
+			   sscanf(line, "world %u", &m->world) == 1 ||
+			   sscanf(line, "nodes %u", &m->nodes) == 1 ||
+			   sscanf(line, "plan_hash %" SCNx64, &m->plan_hash) == 1 ||
+			   sscanf(line, "job %64s", m->job) == 1 ||
+			   sscanf(line, "optimizer %31s", m->optimizer) == 1 ||
+			   sscanf(line, "shard_mode %31s", m->shard) == 1 ||
+			   sscanf(line, "step_mode %31s", m->step_mode) == 1) {
+		} else if (sscanf(line, "groups %u", &ng) == 1) {
+			if (m->group_momentum || ng > PLAN_MAX_GROUPS)
+				return err_set(ZC_ECKPT, "%s: manifest: bad groups line", fn);
+			m->ngroups = ng;
+			m->group_momentum = calloc(ng ? ng : 1, 1);
+			m->group_amsgrad = calloc(ng ? ng : 1, 1);
+			if (!m->group_momentum || !m->group_amsgrad)
+				return -ENOMEM;
+		} else if (sscanf(line, "group %u momentum %u amsgrad %u", &a, &b, &c) == 3) {
+			if (!m->group_momentum || a != ngroups_seen || a >= m->ngroups)
+				return err_set(ZC_ECKPT, "%s: manifest: group %u out of order", fn,
+					       a);
+			m->group_momentum[a] = (uint8_t)b;
+			m->group_amsgrad[a] = (uint8_t)c;
+			ngroups_seen++;
+		} else if (sscanf(line, "segments %u", &nsegs) == 1) {
+			if (m->segs || nsegs > PLAN_MAX_SEGMENTS)
+				return err_set(ZC_ECKPT, "%s: manifest: bad segments line", fn);
+			m->nsegs = nsegs;
+			m->segs = calloc(nsegs ? nsegs : 1, sizeof(*m->segs));
+			if (!m->segs)
+				return -ENOMEM;
+		} else if (sscanf(line,
+				  "segment %u param_id %" SCNu64 " numel %" SCNu64
+				  " group %u present %u step %lf",
+				  &a, &id, &numel, &b, &c, &step) == 6) {
+			if (!m->segs || a != nsegs_seen || a >= m->nsegs || numel > PLAN_MAX_NUMEL)
+				return err_set(ZC_ECKPT, "%s: manifest: segment %u out of order",
+					       fn, a);
+			m->segs[a] = (struct cseg){.param_id = id,
+						   .numel = numel,
+						   .group = b,
+						   .present = c,
+						   .step = step};
+			nsegs_seen++;
+		} else if (sscanf(line, "file %63s %" SCNu64 " %64s", name, &x, hx) == 3) {
+			if (strcmp(name, CKPT_DATA) != 0 || unhex(hx, m->data_hash) < 0)
+				return err_set(ZC_ECKPT, "%s: manifest: unknown file %s", fn, name);
+			m->data_bytes = x;
+			file_seen = true;
+		} else {
+			return err_set(ZC_ECKPT, "%s: manifest: a line it does not know: \"%.60s\"",
+				       fn, line);
+		}
+	}
+	if (m->iteration > (1ull << 53))
+		return err_set(ZC_ECKPT, "%s: manifest: iteration %" PRIu64 " is above 2^53", fn,
+			       m->iteration);
+	if (version != CKPT_VERSION || !m->group_momentum || !m->segs || !file_seen ||
+	    ngroups_seen != m->ngroups || nsegs_seen != m->nsegs || !m->world)
+		return err_set(ZC_ECKPT, "%s: the manifest lacks %s", fn,
+			       version != CKPT_VERSION ? "its version line"
+			       : !m->group_momentum || ngroups_seen != m->ngroups ? "groups"
+			       : !m->segs || nsegs_seen != m->nsegs               ? "segments"
+			       : !file_seen                                       ? "its file line"
+										  : "the world");
+	return 0;
+}
+
+/* Map each of the plan's segments (plan order) to the checkpoint's: by
+ * param_id when every segment of both has one, else by position. Checks
+ * that the parameters are the same: 0 or ZC_ECKPT naming the difference. */
+static int match(const struct plan *p, const struct manifest *m, uint32_t *map, const char *fn)
+{
+	uint32_t n = plan_nsegs(p);
+	bool ids = true;
+
+	if (strcmp(m->optimizer, plan_optimizer_name(p->optimizer)) != 0)
+		return err_set(ZC_ECKPT, "%s: the checkpoint is of optimizer %s, the plan's is %s",
+			       fn, m->optimizer, plan_optimizer_name(p->optimizer));
+	if (m->ngroups != p->ngroups)
+		return err_set(ZC_ECKPT, "%s: the checkpoint has %u parameter groups, the plan %u",
+			       fn, m->ngroups, p->ngroups);
+	for (uint32_t g = 0; g < p->ngroups; g++)
+		if (m->group_momentum[g] != (p->groups[g].momentum != 0) ||
+		    m->group_amsgrad[g] != (p->groups[g].amsgrad ? 1 : 0))
+			return err_set(ZC_ECKPT,
+				       "%s: group %u: the checkpoint's has momentum %s and amsgrad "
+				       "%s, the plan's not: its state has other tensors",
+				       fn, g, m->group_momentum[g] ? "!= 0" : "0",
+				       m->group_amsgrad[g] ? "on" : "off");
+	if (m->nsegs != n)
+		return err_set(ZC_ECKPT, "%s: the checkpoint has %u segments, the plan %u", fn,
+			       m->nsegs, n);
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t b, s;
+		ids = ids && plan_seg(p, k, &b, &s)->param_id != 0 && m->segs[k].param_id != 0;
+	}
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t b, s, at = k;
+		const struct zc_segment *seg = plan_seg(p, k, &b, &s);
+		if (ids) {
+			for (at = 0; at < n && m->segs[at].param_id != seg->param_id; at++)
+				;
+			if (at == n)
+				return err_set(ZC_ECKPT,
+					       "%s: buckets[%u].segments[%u]: param_id %" PRIu64
+					       " is not in the checkpoint",
+					       fn, b, s, seg->param_id);
+		}
+		if (m->segs[at].numel != seg->numel || m->segs[at].group != seg->group)
+			return err_set(
+				ZC_ECKPT,
+				"%s: buckets[%u].segments[%u]: numel %" PRIu64
+				" group %u, the checkpoint's segment %u (by %s): numel %" PRIu64
+				" group %u",
+				fn, b, s, seg->numel, seg->group, at, ids ? "param_id" : "position",
+				m->segs[at].numel, m->segs[at].group);
+		map[k] = at;
+	}
+	if (ids) /* two of the plan's segments on one of the checkpoint's */
+		for (uint32_t k = 0; k < n; k++)
+			for (uint32_t i = k + 1; i < n; i++)
+				if (map[i] == map[k])
+					return err_set(ZC_ECKPT, "%s: param_id %" PRIu64 " twice",
+						       fn, m->segs[map[k]].param_id);
+	return 0;
+}
+
+static int read_manifest(int dirfd, const char *dir, struct manifest *m, const char *fn)
+{
+	char *text = NULL;
+	size_t len = 0;
+	int r = read_file(dirfd, CKPT_MANIFEST, CKPT_MAX_MANIFEST, &text, &len);
+
+	if (r < 0)
+		return err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_MANIFEST, strerror(-r),
+			       r == -ENOENT ? " (no checkpoint, or one not finished)" : "");
+	r = parse_manifest(text, len, m, fn);
+	free(text);
+	return r;
+}
+
+/* ----------------------------------------------------------------- API --- */
+
+int zc_checkpoint(zc_client *c, const char *dir)
+{
+	static const char fn[] = "zc_checkpoint";
+	struct ckpt_view v;
+	struct image im = {0};
+	struct manifest m = {0};
+	unsigned char hash[CKPT_HASH_BYTES];
+	uint64_t bytes = 0;
+	int r, wr = 0, dirfd = -1;
+
+	if ((r = client_ckpt_view(c, fn, &v)) < 0)
+		return r;
+	if (!dir || !*dir)
+		return err_set(-EINVAL, "%s: no directory", fn);
+	if (sodium_init() < 0)
+		return err_set(-ENOMEM, "%s: libsodium does not start", fn);
+	/* only rank 0 writes: the others take part in the export (a
+	 * collective) and copy nothing out */
+	if ((r = image_alloc(v.plan, &im, v.rank == 0)) < 0)
+		return err_set(r, "%s: %s", fn, strerror(-r));
+	r = zc_get_state(c, im.ss, im.nsegs);
+	if (r < 0)
+		goto out;
+	for (uint32_t k = 0; k < im.nsegs && v.rank == 0; k++) {
+		uint32_t b, s;
+		const struct zc_segment *seg = plan_seg(v.plan, k, &b, &s);
+		memcpy(im.params[k], zc_param_buffer(c, b) + seg->offset,
+		       seg->numel * sizeof(float));
+	}
+	if (v.rank == 0) {
+		if ((wr = mkdirs(dir)) < 0)
+			;
+		else if ((dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+			wr = -errno;
+		if (wr == 0) /* an old manifest first: no moment names new data under it */
+			if (unlinkat(dirfd, CKPT_MANIFEST, 0) < 0 && errno != ENOENT)
+				wr = -errno;
+		if (wr == 0)
+			wr = write_data(dirfd, v.plan, &im, v.iteration, &bytes, hash);
+		if (wr == 0)
+			wr = write_manifest(dirfd, &v, &im, bytes, hash);
+	}
+	/* Another round, a barrier: it completes once rank 0 wrote (or
+	 * failed), so every rank returns after the checkpoint is durable. On
+	 * one node an import of nothing is one (every local rank, no data);
+	 * across nodes only the export round reaches every node. */
+	r = v.one_node ? zc_set_state(c, NULL, 0) : zc_get_state(c, NULL, 0);
+	if (r < 0)
+		goto out;
+	if (wr < 0) {
+		r = err_set(ZC_ECKPT, "%s: writing %s: %s", fn, dir, strerror(-wr));
+		goto out;
+	}
+	if (v.rank != 0) {
+		if (dirfd < 0 && (dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+			r = err_set(ZC_ECKPT, "%s: %s: %s (rank 0 writes it: is it shared?)", fn,
+				    dir, strerror(errno));
+			goto out;
+		}
+		r = read_manifest(dirfd, dir, &m, fn);
+		if (r == 0 && m.iteration != v.iteration)
+			r = err_set(ZC_ECKPT,
+				    "%s: %s holds iteration %" PRIu64 ", not %" PRIu64
+				    ": rank 0 failed to write it",
+				    fn, dir, m.iteration, v.iteration);
+	}
+out:
+	if (dirfd >= 0)
+		close(dirfd);
+	manifest_free(&m);
+	image_free(&im);
+	return r;
+}
+
+int zc_restore(zc_client *c, const char *dir)
+{
+	static const char fn[] = "zc_restore";
+	struct ckpt_view v;
+	struct image im = {0};
+	struct manifest m = {0};
+	unsigned char h[CKPT_HASH_BYTES];
+	uint32_t *map = NULL, version;
+	float *saved = NULL;
+	char *data = NULL;
+	size_t len = 0;
+	uint64_t want = CKPT_HEADER, at = CKPT_HEADER, it;
+	int r, dirfd = -1;
+
+	if ((r = client_ckpt_view(c, fn, &v)) < 0)
+		return r;
+	if (!dir || !*dir)
+		return err_set(-EINVAL, "%s: no directory", fn);
+	if (v.plan->low_precision)
+		return err_set(ZC_ENOTSUP,
+			       "%s: plans with bf16/fp16 buckets have no checkpoints yet", fn);
+	if (sodium_init() < 0)
+		return err_set(-ENOMEM, "%s: libsodium does not start", fn);
+	if ((dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		r = err_set(ZC_ECKPT, "%s: %s: %s", fn, dir, strerror(errno));
+		goto out;
+	}
+	if ((r = read_manifest(dirfd, dir, &m, fn)) < 0)
+		goto out;
+	map = calloc(m.nsegs ? m.nsegs : 1, sizeof(*map));
+	if (!map) {
+		r = err_set(-ENOMEM, "%s: out of memory", fn);
+		goto out;
+	}
+	if ((r = match(v.plan, &m, map, fn)) < 0)
+		goto out;
+	for (uint32_t k = 0; k < m.nsegs; k++)
+		want += (1 + ntensors(m.segs[k].present)) * m.segs[k].numel * sizeof(float);
+	if (want != m.data_bytes) {
+		r = err_set(ZC_ECKPT,
+			    "%s: the manifest names %" PRIu64 " bytes of %s, its segments "
+			    "%" PRIu64,
+			    fn, m.data_bytes, CKPT_DATA, want);
+		goto out;
+	}
+	r = read_file(dirfd, CKPT_DATA, want, &data, &len);
+	if (r < 0) {
+		r = err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_DATA, strerror(-r),
+			    r == -EFBIG ? " (longer than the manifest says)" : "");
+		goto out;
+	}
+	if (len != want) {
+		r = err_set(ZC_ECKPT,
+			    "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)", fn,
+			    dir, CKPT_DATA, len, want);
+		goto out;
+	}
+	crypto_generichash(h, sizeof(h), (const unsigned char *)data, len, NULL, 0);
+	if (sodium_memcmp(h, m.data_hash, sizeof(h)) != 0) {
+		r = err_set(ZC_ECKPT, "%s: %s/%s: checksum mismatch (corrupt)", fn, dir, CKPT_DATA);
+		goto out;
+	}
+	memcpy(&version, data + 8, 4);
+	memcpy(&it, data + 16, 8);
+	if (memcmp(data, CKPT_MAGIC, 8) != 0 || version != CKPT_VERSION || it != m.iteration) {
+		r = err_set(ZC_ECKPT, "%s: %s/%s: not the manifest's data (header)", fn, dir,
+			    CKPT_DATA);
+		goto out;
+	}
+	if ((r = image_alloc(v.plan, &im, true)) < 0) {
+		r = err_set(r, "%s: %s", fn, strerror(-r));
+		goto out;
+	}
+	/* checkpoint segment i's data → the plan's segment k with map[k] == i */
+	for (uint32_t i = 0; i < m.nsegs; i++) {
+		uint32_t k = 0;
+		while (map[k] != i)
+			k++;
+		uint64_t nb = m.segs[i].numel * sizeof(float);
+		memcpy(im.params[k], data + at, nb);
+		at += nb;
+		im.ss[k].present = m.segs[i].present;
+		im.ss[k].step = m.segs[i].step;
+		for (unsigned t = 0; t < 4; t++) {
+			if (!(m.segs[i].present & tensor_bits[t]))
+				continue;
+			memcpy(*seg_slot(&im.ss[k], t), data + at, nb);
+			at += nb;
+		}
+	}
+	/* The parameters go in first, saved so that a refused import (the
+	 * daemon's checks) leaves them as they were. */
+	saved = malloc((v.plan->total_numel + 1) * sizeof(float));
+	if (!saved) {
+		r = err_set(-ENOMEM, "%s: out of memory", fn);
+		goto out;
+	}
+	for (uint32_t k = 0; k < im.nsegs; k++) {
+		uint32_t b, s;
+		const struct zc_segment *seg = plan_seg(v.plan, k, &b, &s);
+		float *pb = zc_param_buffer(c, b) + seg->offset;
+		memcpy(saved + v.plan->buckets[b].base + seg->offset, pb, seg->numel * 4);
+		memcpy(pb, im.params[k], seg->numel * sizeof(float));
+	}
+	r = zc_set_state(c, im.ss, im.nsegs);
+	if (r >= 0)
+		r = client_resume(c, m.iteration, fn);
+	if (r < 0)
+		for (uint32_t k = 0; k < im.nsegs; k++) {
+			uint32_t b, s;
+			const struct zc_segment *seg = plan_seg(v.plan, k, &b, &s);
+			memcpy(zc_param_buffer(c, b) + seg->offset,
+			       saved + v.plan->buckets[b].base + seg->offset, seg->numel * 4);
+		}
+out:
+	if (dirfd >= 0)
+		close(dirfd);
+	free(saved);
+	free(data);
+	free(map);
+	manifest_free(&m);
+	image_free(&im);
+	return r;
+}

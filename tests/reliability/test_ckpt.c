@@ -1,0 +1,1224 @@
+/*
+ * test_ckpt.c — checkpoints on disk (zc_checkpoint, zc_restore) and daemon
+ * crashes (issue 11 §1, §2), against real zerods and real trainer processes.
+ *
+ *  - crash_*: a job trains, checkpointing every CKPT_EVERY iterations; the
+ *    test SIGKILLs a zerod mid-training and starts it again on the same
+ *    socket; the trainers see their calls fail, reconnect, restore the last
+ *    checkpoint and train on. Their final parameters and state equal an
+ *    uninterrupted run's (the reference, which the daemons equal bit for
+ *    bit, tests/integration/test_state.c) bit for bit, SGD and Adam. On one
+ *    zerod, and on two (the job over two nodes; node 1's zerod is killed).
+ *  - restore_*: a checkpoint restored onto another world size, shard mode,
+ *    step mode, bucket layout and node count trains on like the reference.
+ *  - bad_*: a corrupt, partial, truncated or mismatched checkpoint is
+ *    refused with ZC_ECKPT naming what is wrong; the job keeps its state and
+ *    trains on to the reference, and a job beside it trains on.
+ *
+ * The job's parameters and the reference are test_state.c's (one copy of
+ * its model here: NP tensors, gradients a function of rank, iteration,
+ * parameter and element, never of the layout).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "refoptim.h"
+#include "testlib.h"
+#include "trainer.h"
+
+#define NP         6
+#define MAXB       4
+#define CKPT_EVERY 3
+#define ITERS      12
+#define KILL_AFTER 8 /* iterations rank 0 completed when the zerod is killed */
+
+static struct zd daemon_;
+
+static const struct {
+	uint64_t numel;
+	uint32_t group;
+} params[NP] = {{1000, 0}, {37, 1}, {5001, 2}, {16, 0}, {2500, 1}, {300, 2}};
+
+struct layout {
+	uint32_t nbuckets;
+	int b[MAXB][NP + 1];
+};
+static const struct layout layouts[] = {
+	{3, {{0, 1, -1}, {2, -1}, {3, 4, 5, -1}}},
+	{4, {{5, 3, -1}, {4, 2, -1}, {1, -1}, {0, -1}}},
+	{1, {{2, 0, 4, 1, 5, 3, -1}}},
+	{2, {{0, 1, 2, -1}, {3, 4, -1}}}, /* param 5 missing: another model */
+};
+
+static uint64_t param_base(int k)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < k; i++)
+		n += params[i].numel;
+	return n;
+}
+
+struct tplan {
+	struct zc_param_group groups[3];
+	struct zc_segment segs[MAXB][NP];
+	struct zc_bucket buckets[MAXB];
+	struct zc_plan plan;
+	uint32_t bucket_of[NP], seg_of[NP];
+	bool has[NP];
+};
+
+static void set_groups(enum zc_optimizer opt, struct zc_param_group *g)
+{
+	for (int i = 0; i < 3; i++)
+		g[i] = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
+	if (opt == ZC_OPT_SGD) {
+		g[0].lr = 0.05, g[0].momentum = 0.9, g[0].nesterov = true;
+		g[1].lr = 0.02, g[1].momentum = 0.5, g[1].dampening = 0.1, g[1].weight_decay = 0.01;
+		g[2].lr = 0.01, g[2].weight_decay = 0.001, g[2].maximize = true;
+	} else {
+		g[0].lr = 1e-2;
+		g[1].lr = 2e-3, g[1].beta1 = 0.8, g[1].beta2 = 0.99, g[1].eps = 1e-6;
+		g[1].weight_decay = 0.01, g[1].amsgrad = true;
+		g[2].lr = 5e-3, g[2].weight_decay = 0.05, g[2].maximize = true;
+	}
+}
+
+static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt, enum zc_shard_mode shard,
+		      enum zc_step_mode step, bool ids)
+{
+	const struct layout *l = &layouts[layout];
+
+	memset(tp, 0, sizeof(*tp));
+	set_groups(opt, tp->groups);
+	for (uint32_t b = 0; b < l->nbuckets; b++) {
+		uint64_t off = 0;
+		uint32_t s = 0;
+		for (; l->b[b][s] >= 0; s++) {
+			int k = l->b[b][s];
+			tp->segs[b][s] =
+				(struct zc_segment){.size = sizeof(struct zc_segment),
+						    .group = params[k].group,
+						    .offset = off,
+						    .numel = params[k].numel,
+						    .param_id = ids ? 100 + (uint64_t)k : 0};
+			tp->bucket_of[k] = b;
+			tp->seg_of[k] = s;
+			tp->has[k] = true;
+			off += params[k].numel;
+		}
+		tp->buckets[b] = (struct zc_bucket){.size = sizeof(struct zc_bucket),
+						    .nsegments = s,
+						    .numel = off,
+						    .segments = tp->segs[b]};
+	}
+	tp->plan = (struct zc_plan){.size = sizeof(struct zc_plan),
+				    .optimizer = opt,
+				    .shard_mode = shard,
+				    .step_mode = step,
+				    .ngroups = 3,
+				    .groups = tp->groups,
+				    .nbuckets = l->nbuckets,
+				    .buckets = tp->buckets};
+}
+
+static float grad_value(uint64_t seed, uint32_t rank, int it, int k, uint64_t i)
+{
+	return det_uniform(seed, rank, (uint64_t)it, ((uint64_t)k << 32) | i);
+}
+
+static float init_value(uint64_t seed, int k, uint64_t i)
+{
+	return det_uniform(seed ^ 0x5eed, 1, (uint64_t)k, i);
+}
+
+/* A whole job's parameters and state, by parameter. */
+struct snap {
+	bool valid;
+	uint32_t present[NP];
+	double step[NP];
+	float p[9000], m[9000], v[9000], vmax[9000];
+};
+
+static void snap_init(struct snap *s, uint64_t seed)
+{
+	memset(s, 0, sizeof(*s));
+	for (int k = 0; k < NP; k++)
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			s->p[param_base(k) + i] = init_value(seed, k, i);
+	s->valid = true;
+}
+
+/* The gradients' sum in the daemons' order: each node's ranks in rank order,
+ * then the nodes in node order; node_of NULL: one node. */
+static float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, int it, int k,
+		      uint64_t i)
+{
+	float sum = 0;
+	uint32_t nnodes = 1;
+
+	for (uint32_t r = 0; node_of && r < world; r++)
+		nnodes = node_of[r] + 1 > nnodes ? node_of[r] + 1 : nnodes;
+	for (uint32_t n = 0; n < nnodes; n++) {
+		float part = 0;
+		bool any = false;
+		for (uint32_t r = 0; r < world; r++) {
+			if (node_of && node_of[r] != n)
+				continue;
+			part = any ? part + grad_value(seed, r, it, k, i)
+				   : grad_value(seed, r, it, k, i);
+			any = true;
+		}
+		sum = n ? sum + part : part;
+	}
+	return sum;
+}
+
+/* The reference: iterations [from, to) with `world` ranks on s. */
+static void ref_train(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
+		      const uint32_t *node_of, int from, int to)
+{
+	struct zc_param_group g[3];
+	float *gr = calloc(9000, sizeof(float));
+
+	set_groups(opt, g);
+	for (int it = from; it < to; it++)
+		for (int k = 0; k < NP; k++) {
+			uint64_t o = param_base(k), n = params[k].numel;
+			const struct zc_param_group *h = &g[params[k].group];
+			for (uint64_t i = 0; i < n; i++)
+				gr[o + i] = grad_sum(seed, world, node_of, it, k, i) / (float)world;
+			if (opt == ZC_OPT_SGD) {
+				bool first = !(s->present[k] & ZC_STATE_MOMENTUM_BUFFER);
+				ref_sgd(h, s->p + o, gr + o, s->m + o, first, n);
+				if (h->momentum != 0)
+					s->present[k] = ZC_STATE_MOMENTUM_BUFFER;
+			} else {
+				s->step[k] += 1;
+				ref_adam(opt == ZC_OPT_ADAMW, h, (uint64_t)s->step[k], s->p + o,
+					 gr + o, s->m + o, s->v + o, s->vmax + o, n);
+				s->present[k] = ZC_STATE_STEP | ZC_STATE_EXP_AVG |
+						ZC_STATE_EXP_AVG_SQ |
+						(h->amsgrad ? ZC_STATE_MAX_EXP_AVG_SQ : 0);
+			}
+		}
+	free(gr);
+}
+
+static void snap_segs(struct snap *s, const struct tplan *tp, enum zc_optimizer opt,
+		      struct zc_segment_state *segs)
+{
+	for (int k = 0; k < NP; k++) {
+		uint64_t o = param_base(k);
+		segs[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+		segs[k].bucket = tp->bucket_of[k];
+		segs[k].segment = tp->seg_of[k];
+		if (opt == ZC_OPT_SGD) {
+			segs[k].momentum_buffer = s->m + o;
+		} else {
+			segs[k].exp_avg = s->m + o;
+			segs[k].exp_avg_sq = s->v + o;
+			segs[k].max_exp_avg_sq = s->vmax + o;
+		}
+	}
+}
+
+static int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer opt,
+		       struct snap *out)
+{
+	struct zc_segment_state segs[NP];
+	int r;
+
+	memset(out, 0, sizeof(*out));
+	snap_segs(out, tp, opt, segs);
+	if ((r = zc_get_state(c, segs, NP)) < 0)
+		return r;
+	for (int k = 0; k < NP; k++) {
+		const float *pb = zc_param_buffer(c, tp->bucket_of[k]) +
+				  tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		out->present[k] = segs[k].present;
+		out->step[k] = segs[k].step;
+		memcpy(out->p + param_base(k), pb, params[k].numel * sizeof(float));
+	}
+	out->valid = true;
+	return 0;
+}
+
+/* Bit for bit: how many arrays differ (reasons as TAP comments). */
+static int snap_compare(const char *what, const struct snap *got, const struct snap *want)
+{
+	int bad = 0;
+
+	for (int k = 0; k < NP; k++) {
+		uint64_t o = param_base(k), n = params[k].numel * sizeof(float);
+		if (got->present[k] != want->present[k] || got->step[k] != want->step[k]) {
+			printf("# %s: param %d: present 0x%x step %g, want 0x%x step %g\n", what, k,
+			       got->present[k], got->step[k], want->present[k], want->step[k]);
+			bad++;
+			continue;
+		}
+		if (memcmp(got->p + o, want->p + o, n) || memcmp(got->m + o, want->m + o, n) ||
+		    memcmp(got->v + o, want->v + o, n) ||
+		    memcmp(got->vmax + o, want->vmax + o, n)) {
+			printf("# %s: param %d: parameters or state differ (p[0] %.9g, want "
+			       "%.9g)\n",
+			       what, k, got->p[o], want->p[o]);
+			bad++;
+		}
+	}
+	return bad;
+}
+
+/* -------------------------------------------------------------- a rank --- */
+
+struct script {
+	char job[64];
+	uint32_t world;
+	enum zc_optimizer opt;
+	enum zc_shard_mode shard;
+	enum zc_step_mode step;
+	int layout;
+	bool ids;
+	uint64_t seed;
+	int iters;             /* train until the job's iteration reaches this */
+	int ckpt_every;        /* 0: never */
+	char dir[256];         /* checkpoints */
+	bool restore;          /* restore from dir before training */
+	uint64_t restore_at;   /* the iteration zc_iteration() must say after it */
+	struct snap *want;     /* the export at the end must equal it */
+	atomic_int done;       /* iterations rank 0 completed */
+	atomic_int reconnects; /* restores after a crash, all ranks */
+	bool crash;            /* rank 0 waits after KILL_AFTER iterations until killed */
+	bool poll_due;         /* zc_checkpoint_due() between iterations (zeroctl) */
+	int sleep_ms;          /* per iteration: a job that lasts while zeroctl asks */
+	atomic_int due_at[8];  /* the iteration each rank checkpointed at when asked */
+	atomic_int killed;
+	uint32_t nnodes;
+	uint32_t node_of[8];
+	char socks[3][192];
+	char rdzv[32];
+};
+
+static struct zc_config script_config(const struct script *sc, uint32_t rank)
+{
+	struct zc_config cfg = test_config(&daemon_, sc->job, rank, sc->world);
+
+	cfg.register_timeout_ms = test_timeout(20000);
+	cfg.connect_timeout_ms = 1000;
+	if (sc->nnodes < 2) {
+		if (sc->socks[0][0]) /* the case's own zerod */
+			cfg.socket = sc->socks[0];
+		return cfg;
+	}
+	cfg.socket = sc->socks[sc->node_of[rank]];
+	cfg.local_rank = cfg.local_size = 0;
+	for (uint32_t r = 0; r < sc->world; r++)
+		if (sc->node_of[r] == sc->node_of[rank]) {
+			cfg.local_rank += r < rank;
+			cfg.local_size++;
+		}
+	cfg.rdzv = sc->rdzv;
+	cfg.nnodes = sc->nnodes;
+	cfg.node_rank = sc->node_of[rank];
+	cfg.has_node_rank = 1;
+	cfg.job_secret = "ckpt secret";
+	return cfg;
+}
+
+static void fill_params(zc_client *c, const struct tplan *tp, const struct snap *from)
+{
+	for (int k = 0; k < NP; k++)
+		memcpy(zc_param_buffer(c, tp->bucket_of[k]) +
+			       tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset,
+		       from->p + param_base(k), params[k].numel * sizeof(float));
+}
+
+static int one_iteration(zc_client *c, const struct script *sc, const struct tplan *tp,
+			 uint32_t rank)
+{
+	zc_future *step = NULL;
+	uint64_t t = zc_iteration(c);
+	int r;
+
+	for (int k = 0; k < NP; k++) {
+		float *gb = zc_grad_buffer(c, tp->bucket_of[k]) +
+			    tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			gb[i] = grad_value(sc->seed, rank, (int)t, k, i);
+	}
+	for (uint32_t b = 0; b < tp->plan.nbuckets; b++)
+		if ((r = zc_bucket_ready(c, b, NULL)) < 0)
+			return r;
+	r = zc_step_future(c, t, &step);
+	if (r >= 0)
+		r = zc_future_wait(step, test_timeout(20000));
+	if (r == 0)
+		r = ZC_ETIMEDOUT;
+	zc_future_free(step);
+	return r < 0 ? r : 0;
+}
+
+/* Connect, make buffers (the initial parameters in them), register. */
+static int setup(const struct script *sc, uint32_t rank, const struct tplan *tp, zc_client **ret,
+		 const char **what)
+{
+	struct zc_config cfg = script_config(sc, rank);
+	struct snap *init = calloc(1, sizeof(*init));
+	zc_client *c = NULL;
+	int r;
+
+	*what = "connect";
+	r = zc_connect(&cfg, &c);
+	if (r >= 0) {
+		*what = "alloc_buffers";
+		r = zc_alloc_buffers(c, &tp->plan);
+	}
+	if (r >= 0) {
+		snap_init(init, sc->seed);
+		fill_params(c, tp, init);
+		*what = "register_plan";
+		r = zc_register_plan(c);
+	}
+	free(init);
+	if (r < 0) {
+		zc_close(c);
+		return r;
+	}
+	*ret = c;
+	return 0;
+}
+
+static int restore(zc_client *c, const struct script *sc, uint32_t rank, uint64_t want_iter)
+{
+	int r = zc_restore(c, sc->dir);
+
+	if (r < 0)
+		return r;
+	(void)sc;
+	EXPECT(zc_iteration(c) == want_iter,
+	       "rank %u: after the restore at iteration %llu, want %llu", rank,
+	       (unsigned long long)zc_iteration(c), (unsigned long long)want_iter);
+	return 0;
+}
+
+static int rank_main(void *arg, int idx)
+{
+	struct script *sc = arg;
+	uint32_t rank = (uint32_t)idx;
+	struct tplan *tp = calloc(1, sizeof(*tp));
+	struct snap *got = calloc(1, sizeof(*got));
+	zc_client *c = NULL;
+	const char *what = "setup";
+	int64_t deadline = test_ms() + test_timeout(60000);
+	int r, last_ckpt = -1;
+
+	make_plan(tp, sc->layout, sc->opt, sc->shard, sc->step, sc->ids);
+	r = setup(sc, rank, tp, &c, &what);
+	if (r >= 0 && sc->restore) {
+		what = "restore";
+		r = restore(c, sc, rank, sc->restore_at);
+	}
+	while (r >= 0 && (int)zc_iteration(c) < sc->iters) {
+		uint64_t t = zc_iteration(c);
+		char due[512];
+		if (sc->poll_due && (r = zc_checkpoint_due(c, due, sizeof(due))) == 1) {
+			what = "checkpoint asked by zeroctl";
+			r = zc_checkpoint(c, due);
+			if (r >= 0)
+				atomic_store(&sc->due_at[rank], (int)t);
+		}
+		if (r < 0)
+			break;
+		if (sc->sleep_ms)
+			usleep((useconds_t)sc->sleep_ms * 1000);
+		what = "iteration";
+		r = one_iteration(c, sc, tp, rank);
+		if (r >= 0 && sc->ckpt_every && (t + 1) % (uint64_t)sc->ckpt_every == 0) {
+			what = "checkpoint";
+			r = zc_checkpoint(c, sc->dir);
+			if (r >= 0)
+				last_ckpt = (int)t + 1;
+		}
+		if (r >= 0 && rank == 0)
+			atomic_store(&sc->done, (int)t + 1);
+		if (r >= 0 && rank == 0 && sc->crash && t + 1 == KILL_AFTER) {
+			/* the others are in iteration KILL_AFTER, waiting for
+			 * this rank's buckets, when the zerod dies */
+			while (!atomic_load(&sc->killed) && test_ms() < deadline)
+				usleep(1000);
+		}
+		if (r == ZC_ECONNECT || r == ZC_EJOBFAILED || r == ZC_ERANKDEAD ||
+		    r == ZC_ETIMEDOUT) {
+			/* the daemon (ours or another node's) is gone: connect
+			 * again, as often as it takes, and go on from the last
+			 * checkpoint */
+			printf("# rank %u: %s at iteration %llu: %s: %s; reconnecting\n", rank,
+			       what, (unsigned long long)t, zc_strerror_name(r),
+			       zc_error_message());
+			zc_close(c);
+			c = NULL;
+			do {
+				if (test_ms() > deadline)
+					break;
+				usleep(20000);
+				r = setup(sc, rank, tp, &c, &what);
+			} while (r == ZC_ECONNECT || r == -ECONNREFUSED || r == -ENOENT ||
+				 r == ZC_EDUPRANK || r == ZC_ETIMEDOUT || r == ZC_EJOBFAILED ||
+				 r == ZC_ERANKDEAD);
+			if (r >= 0) {
+				what = "restore after the crash";
+				r = restore(c, sc, rank, (uint64_t)last_ckpt);
+				atomic_fetch_add(&sc->reconnects, 1);
+			}
+		}
+	}
+	if (r >= 0) {
+		what = "get_state";
+		r = export_snap(c, tp, sc->opt, got);
+	}
+	if (r < 0)
+		EXPECT(0, "%s rank %u: %s: %s: %s", sc->job, rank, what, zc_strerror_name(r),
+		       zc_error_message());
+	else if (sc->want)
+		EXPECT(snap_compare(sc->job, got, sc->want) == 0,
+		       "rank %u: differs from the "
+		       "reference",
+		       rank);
+	zc_close(c);
+	free(tp);
+	free(got);
+	return child_bad;
+}
+
+static struct script *script_new(const char *job, uint32_t world, enum zc_optimizer opt,
+				 enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	struct script *sc = test_shared(sizeof(*sc));
+
+	snprintf(sc->job, sizeof(sc->job), "%s", job);
+	sc->world = world;
+	sc->opt = opt;
+	sc->shard = shard;
+	sc->step = step;
+	sc->seed = 7;
+	snprintf(sc->dir, sizeof(sc->dir), "%s/ckpt-%s", daemon_.dir, job);
+	return sc;
+}
+
+static void spawn_all(struct script *sc, pid_t *pids)
+{
+	for (uint32_t r = 0; r < sc->world; r++)
+		pids[r] = spawn(rank_main, sc, (int)r);
+}
+
+static void wait_all(struct script *sc, const pid_t *pids)
+{
+	for (uint32_t r = 0; r < sc->world; r++) {
+		int st = wait_child(pids[r], test_timeout(90000));
+		CHECK(st == 0, "%s rank %u exited with %d", sc->job, r, st);
+	}
+}
+
+static void run_script(struct script *sc)
+{
+	pid_t pids[8];
+
+	spawn_all(sc, pids);
+	wait_all(sc, pids);
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+/* ------------------------------------------------- crash and restart --- */
+
+/* Is someone listening on the unix socket at path? */
+static bool listening(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	bool ok;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		if (fd >= 0)
+			close(fd);
+		return access(path, F_OK) == 0;
+	}
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+/* SIGKILL d's zerod and start a new one on the same socket (and directory,
+ * its log appended), with args: 0 or -errno. */
+static int crash_and_restart(struct zd *d, const char *const *args, atomic_int *killed)
+{
+	const char *bin = getenv("ZEROD_BIN");
+	const char *argv[16];
+	int n = 0;
+	pid_t parent = getpid();
+	int64_t deadline;
+
+	if (kill(d->pid, SIGKILL) < 0)
+		return -errno;
+	if (waitpid(d->pid, NULL, 0) < 0)
+		return -errno;
+	*killed = 1;
+	argv[n++] = "--socket";
+	argv[n++] = d->sock;
+	for (; args && *args && n < 15; args++)
+		argv[n++] = *args;
+	argv[n] = NULL;
+	fflush(stdout);
+	d->pid = fork();
+	if (d->pid < 0)
+		return -errno;
+	if (d->pid == 0) {
+		int fd = open(d->log, O_WRONLY | O_APPEND | O_CLOEXEC);
+		if (fd >= 0) {
+			dup2(fd, 2);
+			close(fd);
+		}
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
+		zd_exec(bin, argv);
+	}
+	for (deadline = test_ms() + test_timeout(10000); test_ms() < deadline; usleep(5000))
+		if (listening(d->sock))
+			return 0;
+	return -ETIMEDOUT;
+}
+
+/* Wait until rank 0 completed KILL_AFTER iterations (a checkpoint of
+ * iteration 6 is on disk, the next one is 3 iterations away). */
+static bool wait_done(struct script *sc, const pid_t *pids)
+{
+	int64_t deadline = test_ms() + test_timeout(60000);
+
+	while (atomic_load(&sc->done) < KILL_AFTER && test_ms() < deadline) {
+		if (!proc_alive(pids[0]))
+			return false;
+		usleep(1000);
+	}
+	return atomic_load(&sc->done) >= KILL_AFTER;
+}
+
+static void crash_one_node(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	struct script *sc = script_new("crash", 2, opt, shard, step);
+	struct snap *want = test_shared(sizeof(*want));
+	struct zd own;
+	pid_t pids[2];
+	int r = zd_start(&own, NULL);
+
+	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
+	snprintf(sc->socks[0], sizeof(sc->socks[0]), "%s", own.sock);
+	sc->crash = true;
+	snap_init(want, sc->seed);
+	ref_train(want, opt, sc->seed, 2, NULL, 0, ITERS);
+	sc->iters = ITERS;
+	sc->ckpt_every = CKPT_EVERY;
+	sc->want = want;
+	spawn_all(sc, pids);
+	bool reached = wait_done(sc, pids);
+	CHECK(reached, "rank 0 did not get to iteration %d", KILL_AFTER);
+	if (reached) {
+		r = crash_and_restart(&own, NULL, &sc->killed);
+		CHECK(r == 0, "restarting zerod: %s", strerror(-r));
+	}
+	wait_all(sc, pids);
+	CHECK(atomic_load(&sc->reconnects) == 2, "%d ranks restored after the crash, want 2",
+	      atomic_load(&sc->reconnects));
+	if (test_failed_)
+		zd_dump_log(&own);
+	CHECK(zd_stop(&own, 10000) == 0, "the restarted zerod did not stop cleanly");
+}
+
+static void t_crash_sgd(void)
+{
+	crash_one_node(ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+}
+
+static void t_crash_adam(void)
+{
+	crash_one_node(ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+}
+
+/* ------------------------------------------------ restore elsewhere --- */
+
+/* A job of 2 ranks (bucket mode, layout 0) trains 3 iterations and
+ * checkpoints; one of 3 ranks (slice mode, at_end, another layout, matched
+ * by param_id) restores it at iteration 3 and trains 2 more: the reference
+ * of 3 iterations with 2 ranks then 2 with 3. */
+static void other_layout(enum zc_optimizer opt, bool ids, int layout)
+{
+	struct script *a = script_new("ck-w2", 2, opt, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct script *b = script_new("rs-w3", 3, opt, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, a->seed);
+	ref_train(want, opt, a->seed, 2, NULL, 0, 3);
+	a->ids = ids;
+	a->iters = 3;
+	a->ckpt_every = 3;
+	a->want = want;
+	run_script(a);
+	REQUIRE(!test_failed_, "the checkpointing job failed");
+	ref_train(want, opt, a->seed, 3, NULL, 3, 5);
+	snprintf(b->dir, sizeof(b->dir), "%s", a->dir);
+	b->ids = ids;
+	b->layout = layout;
+	b->restore = true;
+	b->restore_at = 3;
+	b->iters = 5;
+	b->want = want;
+	run_script(b);
+}
+
+static void t_restore_other_layout_sgd(void)
+{
+	other_layout(ZC_OPT_SGD, true, 1);
+}
+
+static void t_restore_other_layout_adamw(void)
+{
+	other_layout(ZC_OPT_ADAMW, true, 1);
+}
+
+/* matched by position: one bucket holding every parameter in plan order
+ * would reorder them, so the same order in other buckets (layout 0 → 0 in
+ * another shard mode and world is what position matching promises) */
+static void t_restore_by_position_adam(void)
+{
+	other_layout(ZC_OPT_ADAM, false, 0);
+}
+
+/* ----------------------------------------------------- bad checkpoints --- */
+
+static int bystander_rank(void *arg, int idx)
+{
+	return train_rank(arg, (uint32_t)idx);
+}
+
+static void corrupt(const char *path, long at, int how)
+{
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	unsigned char c;
+
+	if (fd < 0)
+		return;
+	if (how == 0 && pread(fd, &c, 1, at) == 1) { /* flip a byte */
+		c ^= 0x40;
+		if (pwrite(fd, &c, 1, at) != 1)
+			printf("# pwrite: %s\n", strerror(errno));
+	} else if (how == 1) {
+		if (ftruncate(fd, at) < 0)
+			printf("# ftruncate: %s\n", strerror(errno));
+	}
+	close(fd);
+}
+
+static void copy_file(const char *from, const char *to)
+{
+	char buf[65536];
+	int a = open(from, O_RDONLY | O_CLOEXEC),
+	    b = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	ssize_t n;
+
+	while (a >= 0 && b >= 0 && (n = read(a, buf, sizeof(buf))) > 0)
+		if (write(b, buf, (size_t)n) != n)
+			break;
+	if (a >= 0)
+		close(a);
+	if (b >= 0)
+		close(b);
+}
+
+/* A good checkpoint in good/, spoiled copies made from it. */
+struct spoil {
+	const char *what;
+	const char *needle; /* in zc_error_message() */
+	int layout;         /* the restoring job's plan (3: other parameters) */
+	enum zc_optimizer opt;
+};
+
+static const struct spoil spoils[] = {
+	{"a byte of the data flipped", "checksum mismatch (corrupt)", 0, ZC_OPT_ADAM},
+	{"a byte of the manifest flipped", "manifest's checksum", 0, ZC_OPT_ADAM},
+	{"the data file deleted", "state.zck: No such file", 0, ZC_OPT_ADAM},
+	{"the manifest deleted", "no checkpoint, or one not finished", 0, ZC_OPT_ADAM},
+	{"the data file truncated", "(truncated)", 0, ZC_OPT_ADAM},
+	{"the manifest truncated", "checksum line", 0, ZC_OPT_ADAM},
+	{"another model (5 parameters)", "segments", 3, ZC_OPT_ADAM},
+	{"another optimizer", "optimizer", 0, ZC_OPT_SGD},
+	{"no directory", "No such file", 0, ZC_OPT_ADAM},
+};
+#define NSPOILS (sizeof(spoils) / sizeof(spoils[0]))
+
+static void spoil_make(const char *good, const char *dir, size_t i)
+{
+	char a[512], b[512];
+	struct stat st;
+
+	if (i == NSPOILS - 1)
+		return; /* no directory */
+	mkdir(dir, 0755);
+	for (int f = 0; f < 2; f++) {
+		const char *name = f ? "MANIFEST" : "state.zck";
+		snprintf(a, sizeof(a), "%s/%s", good, name);
+		snprintf(b, sizeof(b), "%s/%s", dir, name);
+		copy_file(a, b);
+	}
+	snprintf(b, sizeof(b), "%s/state.zck", dir);
+	stat(b, &st);
+	switch (i) {
+	case 0:
+		corrupt(b, st.st_size / 2, 0);
+		break;
+	case 2:
+		unlink(b);
+		break;
+	case 4:
+		corrupt(b, st.st_size - 100, 1);
+		break;
+	default:
+		break;
+	}
+	snprintf(b, sizeof(b), "%s/MANIFEST", dir);
+	stat(b, &st);
+	switch (i) {
+	case 1:
+		corrupt(b, 40, 0);
+		break;
+	case 3:
+		unlink(b);
+		break;
+	case 5:
+		corrupt(b, st.st_size / 2, 1);
+		break;
+	default:
+		break;
+	}
+}
+
+/* A job trains 2 iterations and tries every spoiled checkpoint: each
+ * refused with ZC_ECKPT and its reason; then it trains 2 more and equals
+ * the reference of 4 iterations (nothing was loaded), while a job beside it
+ * trains on. */
+struct bad {
+	struct script sc;
+	char good[256];
+};
+
+static int bad_rank(void *arg, int idx)
+{
+	struct bad *bd = arg;
+	struct script *sc = &bd->sc;
+	uint32_t rank = (uint32_t)idx;
+	struct tplan *tp = calloc(1, sizeof(*tp));
+	struct snap *got = calloc(1, sizeof(*got)), *want = calloc(1, sizeof(*want));
+	zc_client *c = NULL;
+	const char *what;
+	int r;
+
+	make_plan(tp, 0, ZC_OPT_ADAM, sc->shard, sc->step, false);
+	r = setup(sc, rank, tp, &c, &what);
+	for (int it = 0; it < 2 && r >= 0; it++)
+		r = one_iteration(c, sc, tp, rank);
+	if (r >= 0)
+		r = zc_checkpoint(c, bd->good);
+	EXPECT(r == 0, "rank %u: training and checkpointing: %s: %s", rank, zc_strerror_name(r),
+	       zc_error_message());
+	/* the good one restores (at the iteration it is at: nothing moves) */
+	if (r >= 0) {
+		r = zc_restore(c, bd->good);
+		EXPECT(r == 0 && zc_iteration(c) == 2, "rank %u: the good checkpoint: %s: %s", rank,
+		       zc_strerror_name(r), zc_error_message());
+	}
+	for (size_t i = 0; i < NSPOILS && r >= 0; i++) {
+		char dir[300];
+		snprintf(dir, sizeof(dir), "%s.%zu", bd->good, i);
+		if (spoils[i].layout != 0 || spoils[i].opt != ZC_OPT_ADAM)
+			continue; /* another job's plan: below */
+		int e = zc_restore(c, dir);
+		EXPECT(e == ZC_ECKPT && strstr(zc_error_message(), spoils[i].needle),
+		       "rank %u: %s: %s: %s", rank, spoils[i].what, zc_strerror_name(e),
+		       zc_error_message());
+		if (rank == 0)
+			printf("# %s: %s\n", spoils[i].what, zc_error_message());
+		EXPECT(zc_iteration(c) == 2, "rank %u: %s moved the iteration to %llu", rank,
+		       spoils[i].what, (unsigned long long)zc_iteration(c));
+	}
+	for (int it = 0; it < 2 && r >= 0; it++)
+		r = one_iteration(c, sc, tp, rank);
+	if (r >= 0)
+		r = export_snap(c, tp, ZC_OPT_ADAM, got);
+	EXPECT(r == 0, "rank %u: training on: %s: %s", rank, zc_strerror_name(r),
+	       zc_error_message());
+	snap_init(want, sc->seed);
+	ref_train(want, ZC_OPT_ADAM, sc->seed, sc->world, NULL, 0, 4);
+	if (r == 0)
+		EXPECT(snap_compare("after the refusals", got, want) == 0,
+		       "rank %u: a refused checkpoint changed the job", rank);
+	zc_close(c);
+	/* other plans: a fresh job each, refused before anything moves */
+	for (size_t i = 0; i < NSPOILS; i++) {
+		char dir[300], job[64];
+		struct script other = *sc;
+		if (spoils[i].layout == 0 && spoils[i].opt == ZC_OPT_ADAM)
+			continue;
+		snprintf(dir, sizeof(dir), "%s.%zu", bd->good, i);
+		snprintf(job, sizeof(job), "other-%zu", i);
+		snprintf(other.job, sizeof(other.job), "%s", job);
+		make_plan(tp, spoils[i].layout, spoils[i].opt, sc->shard, sc->step, false);
+		r = setup(&other, rank, tp, &c, &what);
+		if (r >= 0)
+			r = zc_restore(c, dir);
+		EXPECT(r == ZC_ECKPT && strstr(zc_error_message(), spoils[i].needle),
+		       "rank %u: %s: %s: %s", rank, spoils[i].what, zc_strerror_name(r),
+		       zc_error_message());
+		if (rank == 0)
+			printf("# %s: %s\n", spoils[i].what, zc_error_message());
+		zc_close(c);
+		c = NULL;
+	}
+	free(tp);
+	free(got);
+	free(want);
+	return child_bad;
+}
+
+static void t_bad_checkpoints(void)
+{
+	struct bad *bd = test_shared(sizeof(*bd));
+	struct train_spec *by = test_shared(sizeof(*by));
+	pid_t bpids[2], pids[2];
+	char good[256];
+
+	*by = (struct train_spec){.socket = daemon_.sock,
+				  .job = "bystander",
+				  .world = 2,
+				  .optimizer = ZC_OPT_ADAM,
+				  .shard_mode = ZC_SHARD_SLICE,
+				  .step_mode = ZC_STEP_INTERLEAVED,
+				  .iters = 40,
+				  .seed = 99,
+				  .hyper_iter = -1};
+	for (uint32_t r = 0; r < 2; r++)
+		bpids[r] = spawn(bystander_rank, by, (int)r);
+	bd->sc = *script_new("bad", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	snprintf(bd->good, sizeof(bd->good), "%s/good", daemon_.dir);
+	/* a good checkpoint of the same model to spoil: a job of its own */
+	{
+		struct script *mk =
+			script_new("mk", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+		mk->iters = 2;
+		mk->ckpt_every = 2;
+		run_script(mk);
+		REQUIRE(!test_failed_, "making the checkpoint to spoil failed");
+		snprintf(good, sizeof(good), "%s", mk->dir);
+	}
+	for (size_t i = 0; i < NSPOILS; i++) {
+		char dir[300];
+		snprintf(dir, sizeof(dir), "%s.%zu", bd->good, i);
+		spoil_make(good, dir, i);
+	}
+	for (uint32_t r = 0; r < 2; r++)
+		pids[r] = spawn(bad_rank, bd, (int)r);
+	for (uint32_t r = 0; r < 2; r++)
+		CHECK(wait_child(pids[r], test_timeout(90000)) == 0, "rank %u: see above", r);
+	for (uint32_t r = 0; r < 2; r++)
+		CHECK(wait_child(bpids[r], test_timeout(90000)) == 0,
+		      "the job beside it, rank %u, did not train to the reference", r);
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+/* A checkpoint into a directory that cannot be made: ZC_ECKPT on every rank
+ * with the reason, and the job trains on. */
+static int unwritable_rank(void *arg, int idx)
+{
+	struct script *sc = arg;
+	struct tplan tp;
+	zc_client *c = NULL;
+	const char *what;
+	int r;
+
+	make_plan(&tp, 0, sc->opt, sc->shard, sc->step, false);
+	r = setup(sc, (uint32_t)idx, &tp, &c, &what);
+	if (r >= 0)
+		r = one_iteration(c, sc, &tp, (uint32_t)idx);
+	if (r >= 0) {
+		r = zc_checkpoint(c, "/proc/zerod-no/such/dir");
+		EXPECT(r == ZC_ECKPT, "rank %d: %s: %s", idx, zc_strerror_name(r),
+		       zc_error_message());
+		r = one_iteration(c, sc, &tp, (uint32_t)idx);
+	}
+	EXPECT(r == 0, "rank %d: %s: %s", idx, zc_strerror_name(r), zc_error_message());
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_unwritable_dir(void)
+{
+	struct script *sc =
+		script_new("unwritable", 2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	pid_t pids[2];
+
+	for (uint32_t r = 0; r < 2; r++)
+		pids[r] = spawn(unwritable_rank, sc, (int)r);
+	wait_all(sc, pids);
+}
+
+/* ------------------------------------------- over two nodes (gloo) --- */
+
+static struct zd nodes_[2];
+static const char *const node_args[] = {"--workers", "2", NULL};
+
+static int nodes_start(struct script *sc, const uint32_t *node_of)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	int fd, port = -1;
+
+	sc->nnodes = 2;
+	memcpy(sc->node_of, node_of, sc->world * sizeof(*node_of));
+	for (uint32_t k = 0; k < 2; k++) {
+		int r = zd_start(&nodes_[k], node_args);
+		if (r < 0)
+			return r;
+		snprintf(sc->socks[k], sizeof(sc->socks[k]), "%s", nodes_[k].sock);
+	}
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+		port = ntohs(sa.sin_port);
+	if (fd >= 0)
+		close(fd);
+	snprintf(sc->rdzv, sizeof(sc->rdzv), "127.0.0.1:%d", port);
+	return port > 0 ? 0 : -EADDRINUSE;
+}
+
+static void nodes_stop(void)
+{
+	for (uint32_t k = 0; k < 2; k++) {
+		if (test_failed_) {
+			printf("# ---- node %u ----\n", k);
+			zd_dump_log(&nodes_[k]);
+		}
+		CHECK(zd_stop(&nodes_[k], 10000) == 0, "node %u's zerod did not stop cleanly", k);
+	}
+}
+
+/* A job of 3 ranks over 2 zerods, Adam: node 1's zerod is SIGKILLed after
+ * iteration 7 and started again; every rank reconnects and restores. */
+static void t_nodes_crash(void)
+{
+	static const uint32_t node_of[] = {0, 1, 1};
+	struct script *sc =
+		script_new("nodes-crash", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	struct snap *want = test_shared(sizeof(*want));
+	pid_t pids[3];
+	int r = nodes_start(sc, node_of);
+
+	REQUIRE(r == 0, "cannot start the nodes: %s", strerror(-r));
+	snap_init(want, sc->seed);
+	ref_train(want, sc->opt, sc->seed, 3, node_of, 0, ITERS);
+	sc->iters = ITERS;
+	sc->ckpt_every = CKPT_EVERY;
+	sc->crash = true;
+	sc->want = want;
+	spawn_all(sc, pids);
+	bool reached = wait_done(sc, pids);
+	CHECK(reached, "rank 0 did not get to iteration %d", KILL_AFTER);
+	if (reached) {
+		r = crash_and_restart(&nodes_[1], node_args, &sc->killed);
+		CHECK(r == 0, "restarting node 1's zerod: %s", strerror(-r));
+	}
+	wait_all(sc, pids);
+	CHECK(atomic_load(&sc->reconnects) == 3, "%d ranks restored after the crash, want 3",
+	      atomic_load(&sc->reconnects));
+	nodes_stop();
+}
+
+/* A checkpoint of a one-node job of 2 ranks restored by a job of 3 ranks
+ * over 2 nodes. */
+static void t_nodes_restore_other_world(void)
+{
+	static const uint32_t node_of[] = {1, 0, 1};
+	struct script *a =
+		script_new("one-node", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct script *b = script_new("two-nodes", 3, ZC_OPT_ADAMW, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *want = test_shared(sizeof(*want));
+	int r;
+
+	snap_init(want, a->seed);
+	ref_train(want, a->opt, a->seed, 2, NULL, 0, 3);
+	a->ids = b->ids = true;
+	a->iters = 3;
+	a->ckpt_every = 3;
+	a->want = want;
+	run_script(a);
+	REQUIRE(!test_failed_, "the checkpointing job failed");
+	ref_train(want, a->opt, a->seed, 3, node_of, 3, 5);
+	r = nodes_start(b, node_of);
+	REQUIRE(r == 0, "cannot start the nodes: %s", strerror(-r));
+	snprintf(b->dir, sizeof(b->dir), "%s", a->dir);
+	b->layout = 2;
+	b->restore = true;
+	b->restore_at = 3;
+	b->iters = 5;
+	b->want = want;
+	run_script(b);
+	nodes_stop();
+}
+
+/* ---------------------------------------------- zeroctl checkpoint --- */
+
+/* zeroctl -s SOCK -o json ARGS... with stdout into out: its exit status. */
+static int zeroctl(const char *sock, const char *out, const char *a1, const char *a2,
+		   const char *a3)
+{
+	const char *bin = getenv("ZEROCTL_BIN");
+	const char *argv[] = {bin ? bin : "zeroctl", "-s", sock, "-o", "json", a1, a2, a3, NULL};
+	pid_t pid;
+
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0) {
+		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd < 0)
+			_exit(126);
+		dup2(fd, 1);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	return pid < 0 ? -1 : wait_child(pid, test_timeout(30000));
+}
+
+static long long json_int(const char *path, const char *key)
+{
+	char buf[4096], *p;
+	FILE *f = fopen(path, "re");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	buf[n] = '\0';
+	p = strstr(buf, key);
+	return p ? strtoll(p + strlen(key), NULL, 10) : -1;
+}
+
+/* The operator asks a running job (2 ranks, one zerod started with
+ * --checkpoint-dir) for a checkpoint with no directory: zeroctl names the
+ * iteration and CHECKPOINT_DIR/JOB; both ranks see zc_checkpoint_due() at
+ * that iteration and write it; the manifest names it; a job restoring it
+ * trains on to the reference. An unknown job: exit 1. */
+static void t_zeroctl_checkpoint(void)
+{
+	struct script *sc = script_new("opctl", 2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct script *b =
+		script_new("opctl-restored", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct snap *want = test_shared(sizeof(*want));
+	char cdir[200], args0[220], out[256], manifest[300], line[64];
+	const char *args[] = {"--checkpoint-dir", args0, NULL};
+	struct zd own;
+	pid_t pids[2];
+	long long at;
+	int r;
+
+	snprintf(cdir, sizeof(cdir), "%s/operator", daemon_.dir);
+	snprintf(args0, sizeof(args0), "%s", cdir);
+	r = zd_start(&own, args);
+	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
+	snprintf(sc->socks[0], sizeof(sc->socks[0]), "%s", own.sock);
+	snprintf(b->socks[0], sizeof(b->socks[0]), "%s", own.sock);
+	snprintf(out, sizeof(out), "%s/zeroctl.json", daemon_.dir);
+	sc->iters = 30;
+	sc->poll_due = true;
+	sc->sleep_ms = 20;
+	for (int k = 0; k < 2; k++)
+		atomic_store(&sc->due_at[k], -1);
+	spawn_all(sc, pids);
+	while (atomic_load(&sc->done) < 3 && proc_alive(pids[0]))
+		usleep(1000);
+	r = zeroctl(own.sock, out, "checkpoint", "opctl", NULL);
+	CHECK(r == 0, "zeroctl checkpoint opctl: exit %d", r);
+	at = json_int(out, "\"iteration\":");
+	CHECK(at >= 3 && at < 30, "zeroctl named iteration %lld", at);
+	CHECK(json_int(out, "\"ranks\":") == 2, "zeroctl told %lld ranks",
+	      json_int(out, "\"ranks\":"));
+	wait_all(sc, pids);
+	for (int k = 0; k < 2; k++)
+		CHECK(atomic_load(&sc->due_at[k]) == at,
+		      "rank %d checkpointed at %d, zeroctl said %lld", k,
+		      atomic_load(&sc->due_at[k]), at);
+	snprintf(manifest, sizeof(manifest), "%s/opctl/MANIFEST", cdir);
+	{
+		FILE *f = fopen(manifest, "re");
+		bool found = false;
+		char want_line[64];
+		snprintf(want_line, sizeof(want_line), "iteration %lld\n", at);
+		while (f && fgets(line, sizeof(line), f))
+			found = found || strcmp(line, want_line) == 0;
+		if (f)
+			fclose(f);
+		CHECK(found, "%s does not name iteration %lld", manifest, at);
+	}
+	r = zeroctl(own.sock, out, "checkpoint", "no-such-job", NULL);
+	CHECK(r == 1, "zeroctl checkpoint of no job: exit %d, want 1", r);
+	if (at > 0 && at < 30) {
+		snap_init(want, sc->seed);
+		ref_train(want, ZC_OPT_SGD, sc->seed, 2, NULL, 0, (int)at + 2);
+		snprintf(b->dir, sizeof(b->dir), "%s/opctl", cdir);
+		b->restore = true;
+		b->restore_at = (uint64_t)at;
+		b->iters = (int)at + 2;
+		b->want = want;
+		run_script(b);
+	}
+	if (test_failed_)
+		zd_dump_log(&own);
+	CHECK(zd_stop(&own, 10000) == 0, "zerod did not stop cleanly");
+}
+
+static const struct test_case cases[] = {
+	{"crash_sgd_restart_equals_uninterrupted", t_crash_sgd, 120000},
+	{"crash_adam_restart_equals_uninterrupted", t_crash_adam, 120000},
+	{"restore_other_world_shard_layout_sgd", t_restore_other_layout_sgd, 90000},
+	{"restore_other_world_shard_layout_adamw", t_restore_other_layout_adamw, 90000},
+	{"restore_by_position_adam", t_restore_by_position_adam, 90000},
+	{"bad_checkpoints_ECKPT_job_beside_trains", t_bad_checkpoints, 180000},
+	{"unwritable_dir_ECKPT", t_unwritable_dir, 60000},
+	{"zeroctl_checkpoint_at_next_boundary", t_zeroctl_checkpoint, 120000},
+};
+
+static const struct test_case node_cases[] = {
+	{"nodes_crash_restart_equals_uninterrupted", t_nodes_crash, 180000},
+	{"nodes_restore_other_world", t_nodes_restore_other_world, 120000},
+};
+
+int main(int argc, char **argv)
+{
+	/* TEST_CKPT_NODES=1: the cases over two zerods (they need gloo) */
+	if (getenv("TEST_CKPT_NODES"))
+		return zd_test_main(&daemon_, NULL, node_cases,
+				    sizeof(node_cases) / sizeof(node_cases[0]), argc, argv);
+	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+}
