@@ -87,6 +87,12 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 	char why[200];
 	int r;
 
+	if (j && job_ended(j)) {
+		/* its job failed meanwhile (a rendezvous that refused this
+		 * node, a rank that died): that is the reason, not the state */
+		snprintf(err, errlen, "job %s failed: %s", j->id, j->errmsg);
+		return j->err ? j->err : ZC_EJOBFAILED;
+	}
 	if (o->version != FDBUFS_VERSION) {
 		snprintf(err, errlen, "FDBUFS version %" PRIu32 ", zerod speaks %d", o->version,
 			 FDBUFS_VERSION);
