@@ -205,7 +205,10 @@ class Client:
         b = _lib.BuffersCuda()
         b.size, b.grad_fd, b.param_fd = ctypes.sizeof(b), -1, -1
         b.kind, b.grad_dev, b.param_dev = _lib.BUFFERS_CUDA, grad_dev, param_dev
-        self.lib.check("zc_register_buffers", self.h, ctypes.byref(cplan), ctypes.byref(b))
+        # the whole struct, typed as its host prefix (zc_register_buffers's
+        # argtypes): b.size tells the library how much there is
+        self.lib.check("zc_register_buffers", self.h, ctypes.byref(cplan),
+                       ctypes.cast(ctypes.pointer(b), ctypes.POINTER(_lib.Buffers)))
         self.plan, self._keep = plan, (cplan, keep)
         self.cuda = (grad_dev, param_dev)
 
