@@ -37,6 +37,15 @@ How an iteration goes:
   it alive, close() or not. A re-plan's are the library's (zc_alloc_buffers()
   is how libzeroclient re-plans). ZEROD_TORCH_BUFFERS=library takes the
   library's from the start. bf16/fp16 parameters get buckets of their dtype.
+- CUDA parameters (all on one device): the buffers are two uint8 device
+  tensors from torch's allocator, registered over CUDA IPC
+  (ZC_BUFFERS_CUDA), the parameters views into them. The hook's copy runs on
+  the current stream and zc_bucket_ready_cuda() records the bucket's ready
+  event behind it; the torch future still completes from the host future.
+  Waiting for a step adds zc_step_wait_cuda() on the current stream, so the
+  next kernels that read the parameters run after zerod's writes. No
+  re-plan (libzeroclient cannot re-plan CUDA buffers yet): after DDP's
+  rebuild the hook maps its buckets onto the first plan.
 - Gradient clipping and loss scaling run in zerod (at_end mode): the
   max_grad_norm option, set_grad_scale(). Doing either on p.grad after
   backward (clip_grad_norm_, GradScaler.unscale_) would be too late: zerod
@@ -95,7 +104,8 @@ class ZerodOptimizer(torch.optim.Optimizer):
     """torch.optim.SGD / Adam / AdamW run by zerod, through DDP's comm hook.
 
     ddp_model: a DistributedDataParallel (CPU, gloo or any backend: zerod
-    does the reduction itself). params: parameters or param groups (default:
+    does the reduction itself), its parameters on the CPU or on one CUDA
+    device. params: parameters or param groups (default:
     all of the model's); every parameter DDP reduces must be in one group.
     shard: "bucket" or "slice"; step_mode: "interleaved" or "at_end".
     max_grad_norm: clip the averaged gradients' global norm in zerod (at_end).
