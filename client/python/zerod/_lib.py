@@ -58,6 +58,13 @@ class Buffers(ctypes.Structure):  # zc_register_buffers
                 ("param_fd", c_i32), ("reserved", c_u32), ("param_offset", c_u64)]
 
 
+class BuffersCuda(ctypes.Structure):  # cuda: zc_register_buffers, kind ZC_BUFFERS_CUDA
+    """The whole zc_buffers (Buffers is its first 32 bytes, what the host
+    path has always sent): kind and the two device pointers."""
+    _fields_ = Buffers._fields_ + [("kind", c_u32), ("reserved2", c_u32),
+                                   ("grad_dev", ctypes.c_void_p), ("param_dev", ctypes.c_void_p)]
+
+
 class Ready(ctypes.Structure):  # sem: zc_bucket_ready_ex
     _fields_ = [("size", c_u32), ("bucket", c_u32), ("nwords", c_u32), ("reserved", c_u32),
                 ("unused", ctypes.POINTER(c_u64))]
@@ -80,6 +87,7 @@ OPT_SGD, OPT_ADAM, OPT_ADAMW = 1, 2, 3
 SHARD_BUCKET, SHARD_SLICE = 1, 2
 STEP_INTERLEAVED, STEP_AT_END = 1, 2
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
+BUFFERS_HOST, BUFFERS_CUDA = 0, 1
 NO_ITERATION = 2**64 - 1
 
 FutureCallback = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
@@ -122,6 +130,10 @@ _SIGNATURES = {
     "zc_grad_ptr": (_vp, [_vp, c_u32]),
     "zc_param_ptr": (_vp, [_vp, c_u32]),
     "zc_params_changed": (_int, [_vp]),
+    # cuda: device buffers over CUDA IPC, ready and done events (streams as
+    # cudaStream_t, e.g. torch.cuda.current_stream().cuda_stream)
+    "zc_bucket_ready_cuda": (_int, [_vp, c_u32, _vp, ctypes.POINTER(_vp)]),
+    "zc_step_wait_cuda": (_int, [_vp, _vp]),
 }
 # the functions of this round's parts, by part: the first one names the part
 PARTS = {
@@ -132,6 +144,7 @@ PARTS = {
     "replan": "zc_get_state",
     "dtype": "zc_params_changed",
     "own_buffers": "zc_register_buffers",
+    "cuda": "zc_bucket_ready_cuda",
 }
 
 

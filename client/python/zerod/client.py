@@ -100,6 +100,7 @@ class Client:
         self.plan = None
         self._keep = None
         self.own = None  # the mmap of this process's memfd, while the buffers are in it
+        self.cuda = None  # (grad_dev, param_dev) of CUDA buffers
         self._stop = False
         self._queue = queue.SimpleQueue()  # (zc_future*, fn), or None: stop
         self._pump = threading.Thread(target=self._run_pump, name="zerod-pump", daemon=True)
@@ -185,6 +186,46 @@ class Client:
         self.plan, self._keep = plan, (cplan, keep)
         self.own, self._param_off = mm, param_off
 
+    def buffer_bytes(self, plan):
+        """zc_plan_buffer_bytes(plan): the size of each of its two buffers."""
+        cplan, _ = plan.to_c(self.lib.has("zc_get_state"))
+        n = ctypes.c_uint64()
+        self.lib.check("zc_plan_buffer_bytes", ctypes.byref(cplan), ctypes.byref(n))
+        return n.value
+
+    def register_cuda_buffers(self, plan, grad_dev, param_dev):
+        """The first plan's buffers in device memory this process allocated
+        (grad_dev, param_dev: device addresses of buffer_bytes(plan) bytes
+        each, on one device): zc_register_buffers() of kind ZC_BUFFERS_CUDA,
+        which sends zerod their CUDA IPC handles and the event rings. The
+        buffers are then device memory only: grad_offset() / param_offset()
+        say where each bucket starts; grad_buffer() / param_buffer() refuse."""
+        self.lib.require("cuda")
+        cplan, keep = plan.to_c(self.lib.has("zc_get_state"))
+        b = _lib.BuffersCuda()
+        b.size, b.grad_fd, b.param_fd = ctypes.sizeof(b), -1, -1
+        b.kind, b.grad_dev, b.param_dev = _lib.BUFFERS_CUDA, grad_dev, param_dev
+        # the whole struct, typed as its host prefix (zc_register_buffers's
+        # argtypes): b.size tells the library how much there is
+        self.lib.check("zc_register_buffers", self.h, ctypes.byref(cplan),
+                       ctypes.cast(ctypes.pointer(b), ctypes.POINTER(_lib.Buffers)))
+        self.plan, self._keep = plan, (cplan, keep)
+        self.cuda = (grad_dev, param_dev)
+
+    def _offset(self, fn, bucket, base):
+        at = self.lib.fn(fn)(self.h, bucket)
+        if not at:
+            raise ZerodError(fn, -22, self.lib.error_message())
+        return at - base
+
+    def grad_offset(self, bucket):
+        """CUDA buffers: where bucket's gradients start in the gradient
+        buffer, in bytes (zc_grad_ptr() less grad_dev)."""
+        return self._offset("zc_grad_ptr", bucket, self.cuda[0])
+
+    def param_offset(self, bucket):
+        return self._offset("zc_param_ptr", bucket, self.cuda[1])
+
     def register_plan(self):
         prev, self._prev = getattr(self, "_prev", None), None
         try:
@@ -195,6 +236,9 @@ class Client:
             raise
 
     def _buffer(self, name, bucket):
+        if self.cuda is not None:
+            raise ZerodError(name, -22, "the buffers are CUDA device memory: "
+                             "grad_offset() / param_offset() say where a bucket is")
         dtype = self.plan.dtypes[bucket]
         n = sum(s[1] for s in self.plan.buckets[bucket]) * DTYPES[dtype][1]
         if self.own is not None:  # where the library says, in our own mapping
@@ -240,6 +284,20 @@ class Client:
             r.unused = words
             self.lib.check("zc_bucket_ready_ex", self.h, ctypes.byref(r), ctypes.byref(f))
         return f.value
+
+    def bucket_ready_cuda(self, bucket, stream):
+        """CUDA buffers: zc_bucket_ready_cuda(bucket, stream): the ready
+        event is recorded on stream (a cudaStream_t as an int; 0: the legacy
+        default stream) and zerod waits for it on the device; returns the
+        zc_future* as bucket_ready() does."""
+        f = ctypes.c_void_p()
+        self.lib.check("zc_bucket_ready_cuda", self.h, bucket, stream or None, ctypes.byref(f))
+        return f.value
+
+    def step_wait_cuda(self, f, stream):
+        """CUDA buffers: stream waits on the device for the parameter updates
+        of the completed step future f (zc_step_wait_cuda)."""
+        self.lib.check("zc_step_wait_cuda", f, stream or None)
 
     def iteration(self):
         return self.lib.fn("zc_iteration")(self.h)

@@ -37,6 +37,15 @@ How an iteration goes:
   it alive, close() or not. A re-plan's are the library's (zc_alloc_buffers()
   is how libzeroclient re-plans). ZEROD_TORCH_BUFFERS=library takes the
   library's from the start. bf16/fp16 parameters get buckets of their dtype.
+- CUDA parameters (all on one device): the buffers are two uint8 device
+  tensors from torch's allocator, registered over CUDA IPC
+  (ZC_BUFFERS_CUDA), the parameters views into them. The hook's copy runs on
+  the current stream and zc_bucket_ready_cuda() records the bucket's ready
+  event behind it; the torch future still completes from the host future.
+  Waiting for a step adds zc_step_wait_cuda() on the current stream, so the
+  next kernels that read the parameters run after zerod's writes. No
+  re-plan (libzeroclient cannot re-plan CUDA buffers yet): after DDP's
+  rebuild the hook maps its buckets onto the first plan.
 - Gradient clipping and loss scaling run in zerod (at_end mode): the
   max_grad_norm option, set_grad_scale(). Doing either on p.grad after
   backward (clip_grad_norm_, GradScaler.unscale_) would be too late: zerod
@@ -73,6 +82,20 @@ def _hyper(kind, g):
     return h
 
 
+def bucket_views(mem, offsets, numels, dtypes):
+    """Bucket b's numels[b] elements of dtypes[b] from byte offsets[b] of
+    mem, a 1-D uint8 tensor (of any device): typed views, no copy. The CUDA
+    buffers are one such tensor each, the offsets libzeroclient's."""
+    out = []
+    for off, n, dt in zip(offsets, numels, dtypes):
+        size = torch.empty(0, dtype=dt).element_size()
+        if off % size or off + n * size > mem.numel():
+            raise ValueError(f"zerod: a bucket of {n} x {dt} at byte {off} does not fit "
+                             f"a buffer of {mem.numel()} bytes")
+        out.append(mem[off:off + n * size].view(dt))
+    return out
+
+
 def _zerod_comm_hook(state, bucket):
     return state._on_bucket(bucket)
 
@@ -81,7 +104,8 @@ class ZerodOptimizer(torch.optim.Optimizer):
     """torch.optim.SGD / Adam / AdamW run by zerod, through DDP's comm hook.
 
     ddp_model: a DistributedDataParallel (CPU, gloo or any backend: zerod
-    does the reduction itself). params: parameters or param groups (default:
+    does the reduction itself), its parameters on the CPU or on one CUDA
+    device. params: parameters or param groups (default:
     all of the model's); every parameter DDP reduces must be in one group.
     shard: "bucket" or "slice"; step_mode: "interleaved" or "at_end".
     max_grad_norm: clip the averaged gradients' global norm in zerod (at_end).
@@ -125,13 +149,12 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 if id(p) not in self._pid:
                     raise ValueError("ZerodOptimizer: a parameter of the param groups is not "
                                      "one of the DDP model's")
-                if p.device.type != "cpu":
-                    raise NotImplementedError("ZerodOptimizer: only CPU parameters here (the "
-                                              "CUDA path is not written yet)")
                 if p.dtype not in _DTYPES:
                     raise NotImplementedError(f"ZerodOptimizer: {p.dtype} parameters (fp32, "
                                               "bf16 or fp16 only)")
                 self._group_of[id(p)] = gi
+        self.device = self._device()
+        self.cuda = self.device.type == "cuda"
         self.find_unused = bool(ddp_model.find_unused_parameters)
         if self.find_unused:
             self.lib.require("masks")  # else unused parameters would get zero-grad steps
@@ -174,6 +197,41 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._pre = ddp_model.module.register_forward_pre_hook(self._before_forward)
         self._ready = True
 
+    def _device(self):
+        """The parameters' device: the CPU, or one CUDA device (then the
+        buffers are device memory, registered over CUDA IPC)."""
+        devs = {p.device for g in self.param_groups for p in g["params"]}
+        if len(devs) != 1 or next(iter(devs)).type not in ("cpu", "cuda"):
+            raise NotImplementedError(f"ZerodOptimizer: parameters on {sorted(map(str, devs))}: "
+                                      "all on the CPU or all on one CUDA device")
+        dev = next(iter(devs))
+        if dev.type == "cuda":
+            self.lib.require("cuda")
+            if self.ddp.find_unused_parameters:
+                raise NotImplementedError("ZerodOptimizer: find_unused_parameters=True with "
+                                          "CUDA parameters (zc_bucket_ready_cuda takes no "
+                                          "unused-segment mask yet)")
+            if any(p.dtype != torch.float32 for g in self.param_groups for p in g["params"]):
+                raise NotImplementedError("ZerodOptimizer: bf16/fp16 CUDA parameters (zerod's "
+                                          "cuda backend steps fp32 buckets only)")
+        return dev
+
+    def _cuda_buffers(self, plan, layout, dts):
+        """The first plan's buffers as device memory (one uint8 tensor each,
+        from torch's allocator, kept by self), registered over CUDA IPC;
+        per bucket its typed parameter and gradient views."""
+        n = self.client.buffer_bytes(plan)
+        self._gmem = torch.empty(n, dtype=torch.uint8, device=self.device)
+        self._pmem = torch.empty(n, dtype=torch.uint8, device=self.device)
+        self.client.register_cuda_buffers(plan, self._gmem.data_ptr(), self._pmem.data_ptr())
+        nb = range(len(layout))
+        numels = [sum(p.numel() for p in ps) for _, ps, _ in layout]
+        return (bucket_views(self._pmem, [self.client.param_offset(b) for b in nb], numels, dts),
+                bucket_views(self._gmem, [self.client.grad_offset(b) for b in nb], numels, dts))
+
+    def _stream(self):
+        return torch.cuda.current_stream(self.device).cuda_stream
+
     # -- layout and plan -----------------------------------------------------
     def _read_layout(self):
         """DDP's buckets now: per bucket its parameters in buffer order, and
@@ -208,7 +266,9 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     [[(self._group_of[id(p)], p.numel(), self._pid[id(p)]) for p in ps]
                      for _, ps, _ in layout], self.max_grad_norm, [_DTYPES[d] for d in dts])
         self.low_precision = any(d != torch.float32 for d in dts)
-        if not first:
+        if self.cuda:  # first only: _before_forward never re-plans CUDA buffers
+            pbufs, gbufs = self._cuda_buffers(plan, layout, dts)
+        elif not first:
             self._wait_step()
             self.client.alloc_buffers(plan)
         elif self.lib.has("zc_register_buffers") and os.environ.get("ZEROD_TORCH_BUFFERS") \
@@ -218,8 +278,9 @@ class ZerodOptimizer(torch.optim.Optimizer):
             self.client.register_buffers(plan)
         else:
             self.client.alloc_buffers(plan)
-        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
-                 for b in range(len(layout))]
+        if not self.cuda:
+            pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
+                     for b in range(len(layout))]
         where = {}  # param id -> (bucket, segment, offset)
         for b, (_, ps, _) in enumerate(layout):
             off = 0
@@ -228,12 +289,15 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 if first:
                     pbufs[b][off:off + p.numel()].copy_(p.detach().reshape(-1))
                 off += p.numel()
+        if self.cuda:  # zerod reads the parameters on its own streams
+            torch.cuda.synchronize(self.device)
         self.client.register_plan()
-        # a re-plan's new buffers are the ones to take once it registered
-        pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
-                 for b in range(len(layout))]
-        gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=dts[b])
-                 for b in range(len(layout))]
+        if not self.cuda:
+            # a re-plan's new buffers are the ones to take once it registered
+            pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
+                     for b in range(len(layout))]
+            gbufs = [torch.frombuffer(self.client.grad_buffer(b), dtype=dts[b])
+                     for b in range(len(layout))]
         with torch.no_grad():
             for b, (_, ps, _) in enumerate(layout):
                 for p in ps:
@@ -258,7 +322,10 @@ class ZerodOptimizer(torch.optim.Optimizer):
         if torch.is_grad_enabled() and self.ddp._has_rebuilt_buckets and not self._rebuilt_seen:
             self._rebuilt_seen = True
             layout = self._read_layout()
-            if [k for k, _, _ in layout] != [k for k, _, _ in self._layout]:
+            if [k for k, _, _ in layout] != [k for k, _, _ in self._layout] and self.cuda:
+                # libzeroclient cannot re-plan CUDA buffers yet (ZC_ENOTSUP)
+                self._route_by_param(layout)
+            elif [k for k, _, _ in layout] != [k for k, _, _ in self._layout]:
                 try:
                     self._set_layout(layout, first=False)
                 except _lib.ZerodError as e:
@@ -303,7 +370,10 @@ class ZerodOptimizer(torch.optim.Optimizer):
     def _hand_over(self, zb, value):
         """zc_bucket_ready(zb); a torch future completed from its zc future."""
         ps = self._layout[zb][1]
-        f = self.client.bucket_ready(zb, self._unused_words(ps))
+        if self.cuda:  # the copies into the buffer may still run on this stream
+            f = self.client.bucket_ready_cuda(zb, self._stream())
+        else:
+            f = self.client.bucket_ready(zb, self._unused_words(ps))
         fut = torch.futures.Future()
 
         def done(result, msg):
@@ -381,6 +451,8 @@ class ZerodOptimizer(torch.optim.Optimizer):
         f = self.client.step_future(it)
         try:
             self.client.wait(f)
+            if self.cuda:  # this stream's next reads of the parameters come after zerod's writes
+                self.client.step_wait_cuda(f, self._stream())
             if self.lib.has("zc_step_info"):
                 self.found_inf, _, self.last_grad_norm = self.client.step_info(f)
         finally:
@@ -480,7 +552,9 @@ class ZerodOptimizer(torch.optim.Optimizer):
         for g in self.param_groups:
             for p in g["params"]:
                 for name in self._needs(g):
-                    tensors[(id(p), name)] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    # host memory: libzeroclient writes the state there
+                    tensors[(id(p), name)] = torch.zeros_like(
+                        p, memory_format=torch.contiguous_format, device="cpu")
         ps, segs = self._segment_states(tensors)
         self.client.get_state(segs)
         self.state.clear()
@@ -497,13 +571,13 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     continue
                 st = {}
                 if self.kind == "sgd":
-                    st["momentum_buffer"] = tensors[(id(p), "momentum_buffer")] \
+                    st["momentum_buffer"] = tensors[(id(p), "momentum_buffer")].to(p.device) \
                         if s.present & _lib.STATE_MOMENTUM_BUFFER else None
                 else:
                     st["step"] = torch.tensor(float(s.step))
                     for name, bit in _STATE_KEYS[1:]:
                         if s.present & bit:
-                            st[name] = tensors[(id(p), name)]
+                            st[name] = tensors[(id(p), name)].to(p.device)
                 self.state[p] = st
         return super().state_dict()
 
@@ -521,7 +595,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 for name, _ in _STATE_KEYS:
                     t = self.state.get(p, {}).get(name)
                     if t is not None:
-                        tensors[(id(p), name)] = t.detach().to(torch.float32).contiguous()
+                        tensors[(id(p), name)] = t.detach().to("cpu", torch.float32).contiguous()
         ps, segs = self._segment_states(tensors)
         for s, p in zip(segs, ps):
             st = self.state.get(p, {})
@@ -550,7 +624,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._pre.remove()
         for h in self._handles:
             h.remove()
-        if self.client.own is None:  # the library's mapping goes with the client
+        if self.client.own is None and not self.cuda:  # the library's mapping goes with it
             with torch.no_grad():
                 for p in self._model_params:
                     if id(p) in self._param_ptr:
