@@ -236,10 +236,17 @@ static void image_free(struct image *im)
 	free(im->arena);
 }
 
+/* The floats image_alloc() puts in its arena for plan p. */
+static uint64_t arena_floats(const struct plan *p)
+{
+	return 5 * p->total_numel + 1;
+}
+
 /* Room for every segment's parameters and 4 state tensors, and the
  * zc_segment_state list naming them, for plan p; without tensors only the
- * list, its pointers NULL (an export that copies nothing out). */
-static int image_alloc(const struct plan *p, struct image *im, bool tensors)
+ * list, its pointers NULL (an export that copies nothing out). arena: the
+ * room to use (arena_floats(p) floats, then the caller's), NULL: new. */
+static int image_alloc(const struct plan *p, struct image *im, bool tensors, float *arena)
 {
 	uint64_t at = 0;
 
@@ -247,8 +254,10 @@ static int image_alloc(const struct plan *p, struct image *im, bool tensors)
 	im->ss = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->ss));
 	im->params = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->params));
 	im->numel = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->numel));
-	im->arena = malloc((tensors ? 5 * p->total_numel + 1 : 1) * sizeof(float));
+	im->arena = arena ? arena : malloc((tensors ? arena_floats(p) : 1) * sizeof(float));
 	if (!im->ss || !im->params || !im->numel || !im->arena) {
+		if (arena)
+			im->arena = NULL; /* the caller's */
 		image_free(im);
 		return -ENOMEM;
 	}
@@ -640,6 +649,10 @@ struct ckpt_writer {
 	int timeout_ms; /* the others' wait without a limit: this one */
 	struct image im;
 	struct mtext mt;
+	/* rank 0's staging: kept from one checkpoint to the next (its pages
+	 * stay mapped: no page faults on the training path after the first) */
+	float *arena;
+	uint64_t arena_floats;
 };
 
 /* The write, off the training path: mkdir -p, the old manifest removed,
@@ -673,7 +686,8 @@ static void *writer_main(void *arg)
 out:
 	if (dirfd >= 0)
 		close(dirfd);
-	/* the staging copy goes as soon as it is on disk */
+	/* the staging copy is free again (its room kept in w->arena) */
+	w->im.arena = NULL;
 	image_free(&w->im);
 	w->im = (struct image){0};
 	free(w->mt.buf);
@@ -794,6 +808,7 @@ void ckpt_writer_close(struct ckpt_writer **slot)
 		return;
 	(void)writer_join(w, -1, "zc_close");
 	free(w->dir);
+	free(w->arena);
 	pthread_mutex_destroy(&w->mu);
 	pthread_cond_destroy(&w->cv);
 	free(w);
@@ -841,7 +856,14 @@ int zc_checkpoint(zc_client *c, const char *dir)
 	w->dir = NULL;
 	/* only rank 0 writes: the others take part in the export (a
 	 * collective) and copy nothing out */
-	if ((r = image_alloc(v.plan, &im, v.rank == 0)) < 0)
+	if (v.rank == 0 && w->arena_floats != arena_floats(v.plan)) {
+		free(w->arena);
+		w->arena_floats = 0;
+		if (!(w->arena = malloc(arena_floats(v.plan) * sizeof(float))))
+			return err_set(-ENOMEM, "%s: out of memory", fn);
+		w->arena_floats = arena_floats(v.plan);
+	}
+	if ((r = image_alloc(v.plan, &im, v.rank == 0, v.rank == 0 ? w->arena : NULL)) < 0)
 		return err_set(r, "%s: %s", fn, strerror(-r));
 	r = zc_get_state(c, im.ss, im.nsegs);
 	if (r < 0)
@@ -888,6 +910,8 @@ fail:
 	free(w->dir);
 	w->dir = NULL;
 	free(mt.buf);
+	if (v.rank == 0)
+		im.arena = NULL; /* w->arena */
 	image_free(&im);
 	return r;
 }
@@ -966,7 +990,7 @@ int zc_restore(zc_client *c, const char *dir)
 			    CKPT_DATA);
 		goto out;
 	}
-	if ((r = image_alloc(v.plan, &im, true)) < 0) {
+	if ((r = image_alloc(v.plan, &im, true, NULL)) < 0) {
 		r = err_set(r, "%s: %s", fn, strerror(-r));
 		goto out;
 	}
