@@ -740,17 +740,19 @@ static int writer_join(struct ckpt_writer *w, int timeout_ms, const char *fn)
 		r = timeout_ms < 0 ? pthread_cond_wait(&w->cv, &w->mu)
 				   : pthread_cond_timedwait(&w->cv, &w->mu, &ts);
 	if (w->writing && !w->finished) {
+		r = err_set(ZC_ETIMEDOUT,
+			    "%s: the checkpoint of iteration %" PRIu64 " in %s is still being "
+			    "written after %d ms",
+			    fn, w->iteration, w->dir, timeout_ms);
 		pthread_mutex_unlock(&w->mu);
-		return err_set(ZC_ETIMEDOUT,
-			       "%s: the checkpoint of iteration %" PRIu64 " in %s is still being "
-			       "written after %d ms",
-			       fn, w->iteration, w->dir, timeout_ms);
+		return r;
 	}
 	if (!w->writing) {
 		pthread_mutex_unlock(&w->mu);
 		return 0;
 	}
-	pthread_mutex_unlock(&w->mu);
+	/* joined under the lock: a second waiter finds it joined (the thread
+	 * wants the lock no more once finished) */
 	pthread_join(w->th, NULL);
 	w->writing = w->finished = false;
 	r = w->result < 0 ? err_set(ZC_ECKPT, "%s: checkpoint of iteration %" PRIu64 " in %s: %s: %s",
@@ -758,6 +760,7 @@ static int writer_join(struct ckpt_writer *w, int timeout_ms, const char *fn)
 			  : 0;
 	free(w->dir);
 	w->dir = NULL;
+	pthread_mutex_unlock(&w->mu);
 	return r;
 }
 
@@ -768,8 +771,12 @@ static int reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn)
 	int64_t end = now_ms() + (timeout_ms < 0 ? w->timeout_ms : timeout_ms);
 	int r = 0;
 
-	if (!w->reading)
+	/* held while polling: another waiter waits for this one's answer */
+	pthread_mutex_lock(&w->mu);
+	if (!w->reading) {
+		pthread_mutex_unlock(&w->mu);
 		return 0;
+	}
 	for (;;) {
 		struct manifest m = {0};
 		uint64_t it = 0;
@@ -797,6 +804,7 @@ static int reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn)
 	w->reading = false;
 	free(w->dir);
 	w->dir = NULL;
+	pthread_mutex_unlock(&w->mu);
 	return r;
 }
 

@@ -931,7 +931,9 @@ static void t_bad_checkpoints(void)
 		bpids[r] = spawn(bystander_rank, by, (int)r);
 	bd->sc = *script_new("bad", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
 	snprintf(bd->good, sizeof(bd->good), "%s/good", daemon_.dir);
-	/* a good checkpoint of the same model to spoil: a job of its own */
+	/* a good checkpoint of the same model to spoil: a job of its own,
+	 * whose rank closes right after its zc_checkpoint(): zc_close()
+	 * finishes the write in flight, or there is nothing to spoil */
 	{
 		struct script *mk =
 			script_new("mk", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
