@@ -371,13 +371,17 @@ int zc_config_init(struct zc_config *cfg, size_t size);
 int zc_connect(const struct zc_config *cfg, zc_client **ret_client);
 
 /*
- * Leave the job (Goodbye) and free the client and its buffers.
+ * Leave the job (Goodbye) and free the client and its buffers. A
+ * checkpoint this client is still writing (zc_checkpoint() on rank 0) is
+ * finished first; its result is not reported (zc_checkpoint_wait() first
+ * for that).
  * Ownership: frees c; futures still held by the caller stay valid (pending
  *            ones fail with ZC_ESTATE, and their callbacks run here) and are
  *            still freed with zc_future_free(). Accepts NULL. In a child after
  *            fork() it releases nothing (see the top of this file).
  * Threads:   no other call on c may run or follow.
- * Blocking:  at most ~200 ms for the goodbye to leave.
+ * Blocking:  until a checkpoint in flight is written, then at most ~200 ms
+ *            for the goodbye to leave.
  */
 void zc_close(zc_client *c);
 
