@@ -827,12 +827,12 @@ void ckpt_writer_close(struct ckpt_writer **slot)
 
 int zc_checkpoint_wait(zc_client *c, int timeout_ms)
 {
-	struct ckpt_writer *w;
+	struct ckpt_writer **slot, *w;
+	int r;
 
-	if (!c)
-		return err_set(-EINVAL, "zc_checkpoint_wait: no client");
-	w = *client_ckpt_writer(c);
-	if (!w)
+	if ((r = client_ckpt_writer(c, __func__, &slot)) < 0)
+		return r;
+	if (!(w = *slot))
 		return 0;
 	return w->reading ? reader_wait(w, timeout_ms, __func__)
 			  : writer_join(w, timeout_ms, __func__);

@@ -2819,9 +2819,12 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 	return r;
 }
 
-struct ckpt_writer **client_ckpt_writer(zc_client *c)
+int client_ckpt_writer(zc_client *c, const char *fn, struct ckpt_writer ***ret)
 {
-	return &c->ckpt_writer;
+	int r = client_check(c, fn);
+
+	*ret = r < 0 ? NULL : &c->ckpt_writer;
+	return r;
 }
 
 int client_resume(zc_client *c, uint64_t iteration, const char *fn)

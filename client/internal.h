@@ -37,8 +37,9 @@ struct ckpt_view {
 int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret);
 /* The job goes on at `iteration` (Resume): 0, or an error recorded. */
 int client_resume(zc_client *c, uint64_t iteration, const char *fn);
-/* c's checkpoint writer slot, whatever c's state (zc_checkpoint_wait). */
-struct ckpt_writer **client_ckpt_writer(zc_client *c);
+/* c's checkpoint writer slot in *ret, whatever c's plan state
+ * (zc_checkpoint_wait): 0, or -EINVAL / ZC_EFORKED recorded. */
+int client_ckpt_writer(zc_client *c, const char *fn, struct ckpt_writer ***ret);
 /* Wait for c's checkpoint write in flight, if any, and free the writer
  * (zc_close). */
 void ckpt_writer_close(struct ckpt_writer **w);

@@ -769,6 +769,7 @@ int zc_checkpoint(zc_client *c, const char *dir);
  * then (rank 0 failed to write: its call says why; or dir is not one
  * directory for every node). The result is given once: a second call, or
  * one with no checkpoint since, returns 0.
+ * Errors also: -EINVAL (c NULL), ZC_EFORKED.
  * Threads:   any thread.  Blocking: up to timeout_ms.
  */
 int zc_checkpoint_wait(zc_client *c, int timeout_ms);
