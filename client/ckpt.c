@@ -16,12 +16,15 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <sodium.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -221,6 +224,7 @@ struct image {
 	uint32_t nsegs;
 	struct zc_segment_state *ss; /* [nsegs], tensors into arena */
 	float **params;              /* [nsegs]: into arena */
+	uint64_t *numel;             /* [nsegs] */
 	float *arena;
 };
 
@@ -228,21 +232,32 @@ static void image_free(struct image *im)
 {
 	free(im->ss);
 	free(im->params);
+	free(im->numel);
 	free(im->arena);
+}
+
+/* The floats image_alloc() puts in its arena for plan p. */
+static uint64_t arena_floats(const struct plan *p)
+{
+	return 5 * p->total_numel + 1;
 }
 
 /* Room for every segment's parameters and 4 state tensors, and the
  * zc_segment_state list naming them, for plan p; without tensors only the
- * list, its pointers NULL (an export that copies nothing out). */
-static int image_alloc(const struct plan *p, struct image *im, bool tensors)
+ * list, its pointers NULL (an export that copies nothing out). arena: the
+ * room to use (arena_floats(p) floats, then the caller's), NULL: new. */
+static int image_alloc(const struct plan *p, struct image *im, bool tensors, float *arena)
 {
 	uint64_t at = 0;
 
 	im->nsegs = plan_nsegs(p);
 	im->ss = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->ss));
 	im->params = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->params));
-	im->arena = malloc((tensors ? 5 * p->total_numel + 1 : 1) * sizeof(float));
-	if (!im->ss || !im->params || !im->arena) {
+	im->numel = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->numel));
+	im->arena = arena ? arena : malloc((tensors ? arena_floats(p) : 1) * sizeof(float));
+	if (!im->ss || !im->params || !im->numel || !im->arena) {
+		if (arena)
+			im->arena = NULL; /* the caller's */
 		image_free(im);
 		return -ENOMEM;
 	}
@@ -252,6 +267,7 @@ static int image_alloc(const struct plan *p, struct image *im, bool tensors)
 		im->ss[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
 		im->ss[k].bucket = b;
 		im->ss[k].segment = s;
+		im->numel[k] = seg->numel;
 		if (!tensors)
 			continue;
 		im->params[k] = im->arena + at;
@@ -264,8 +280,8 @@ static int image_alloc(const struct plan *p, struct image *im, bool tensors)
 	return 0;
 }
 
-static int write_data(int dirfd, const struct plan *p, const struct image *im, uint64_t iteration,
-		      uint64_t *ret_bytes, unsigned char *ret_hash)
+static int write_data(int dirfd, const struct image *im, uint64_t iteration, uint64_t *ret_bytes,
+		      unsigned char *ret_hash)
 {
 	struct afile f;
 	unsigned char head[CKPT_HEADER] = {0};
@@ -280,8 +296,7 @@ static int write_data(int dirfd, const struct plan *p, const struct image *im, u
 	memcpy(head + 16, &iteration, 8);
 	r = afile_write(&f, head, sizeof(head));
 	for (uint32_t k = 0; k < im->nsegs && r >= 0; k++) {
-		uint32_t b, s;
-		uint64_t n = plan_seg(p, k, &b, &s)->numel;
+		uint64_t n = im->numel[k];
 		struct zc_segment_state ss = im->ss[k];
 		r = afile_write(&f, im->params[k], n * sizeof(float));
 		bytes += n * sizeof(float);
@@ -300,64 +315,91 @@ static int write_data(int dirfd, const struct plan *p, const struct image *im, u
 	return afile_commit(&f, ret_hash);
 }
 
-static int write_manifest(int dirfd, const struct ckpt_view *v, const struct image *im,
-			  uint64_t data_bytes, const unsigned char *data_hash)
+/* A manifest's text being built: every line up to the file line is made
+ * from the plan on the caller's thread (manifest_head), the file and
+ * checksum lines by the writer once the data file is durable
+ * (write_manifest). */
+struct mtext {
+	char *buf;
+	size_t len, cap;
+};
+
+/* Append a line: 0, or -EOVERFLOW (the text stops growing, len stays
+ * within cap). */
+static int __attribute__((format(printf, 2, 3))) mput(struct mtext *t, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (t->len >= t->cap)
+		return -EOVERFLOW;
+	va_start(ap, fmt);
+	n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+	va_end(ap);
+	t->len = n < 0 || (size_t)n >= t->cap - t->len ? t->cap : t->len + (size_t)n;
+	return t->len >= t->cap ? -EOVERFLOW : 0;
+}
+
+/* Every manifest line before the file line; the file and checksum lines
+ * need room for another 256 bytes, kept free. */
+static int manifest_head(struct mtext *t, const struct ckpt_view *v, const struct image *im)
 {
 	const struct plan *p = v->plan;
-	size_t cap = 4096 + (size_t)p->ngroups * 64 + (size_t)im->nsegs * 160, len = 0;
-	char *buf = malloc(cap), hx[2 * CKPT_HASH_BYTES + 1];
+
+	t->cap = 4096 + (size_t)p->ngroups * 64 + (size_t)im->nsegs * 160;
+	t->len = 0;
+	t->buf = malloc(t->cap);
+	if (!t->buf)
+		return -ENOMEM;
+	t->cap -= 256; /* a segment's line is under 160 bytes */
+	mput(t, "zerod-checkpoint %d\n", CKPT_VERSION);
+	mput(t, "iteration %" PRIu64 "\n", v->iteration);
+	mput(t, "job %s\n", v->job_id);
+	mput(t, "world %u\nnodes %u\n", v->world, v->nnodes);
+	mput(t, "optimizer %s\nshard_mode %s\nstep_mode %s\n", plan_optimizer_name(p->optimizer),
+	     plan_shard_name(p->shard_mode), plan_step_name(p->step_mode));
+	mput(t, "plan_hash %016" PRIx64 "\n", p->hash);
+	mput(t, "groups %u\n", p->ngroups);
+	for (uint32_t g = 0; g < p->ngroups; g++)
+		mput(t, "group %u momentum %d amsgrad %d\n", g, p->groups[g].momentum != 0,
+		     p->groups[g].amsgrad ? 1 : 0);
+	mput(t, "segments %u\n", im->nsegs);
+	for (uint32_t k = 0; k < im->nsegs; k++) {
+		uint32_t b, s;
+		const struct zc_segment *seg = plan_seg(p, k, &b, &s);
+		mput(t,
+		     "segment %u param_id %" PRIu64 " numel %" PRIu64 " group %u present %u step "
+		     "%.0f\n",
+		     k, seg->param_id, seg->numel, seg->group, im->ss[k].present, im->ss[k].step);
+	}
+	if (t->len >= t->cap)
+		return -EOVERFLOW;
+	t->cap += 256;
+	return 0;
+}
+
+/* The file and checksum lines after t's head, and the manifest written. */
+static int write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes,
+			  const unsigned char *data_hash)
+{
+	char hx[2 * CKPT_HASH_BYTES + 1];
 	unsigned char h[CKPT_HASH_BYTES];
 	struct afile f;
 	int r;
 
-	if (!buf)
-		return -ENOMEM;
-		/* cap holds every line (a segment's is under 160 bytes); a line that
-		 * would not fit stops the writing (len stays within cap) */
-#define PUT(...)                                                                                   \
-	do {                                                                                       \
-		int n_ = snprintf(buf + len, cap - len, __VA_ARGS__);                              \
-		len = n_ < 0 || (size_t)n_ >= cap - len ? cap : len + (size_t)n_;                  \
-	} while (0)
-	PUT("zerod-checkpoint %d\n", CKPT_VERSION);
-	PUT("iteration %" PRIu64 "\n", v->iteration);
-	PUT("job %s\n", v->job_id);
-	PUT("world %u\nnodes %u\n", v->world, v->nnodes);
-	PUT("optimizer %s\nshard_mode %s\nstep_mode %s\n", plan_optimizer_name(p->optimizer),
-	    plan_shard_name(p->shard_mode), plan_step_name(p->step_mode));
-	PUT("plan_hash %016" PRIx64 "\n", p->hash);
-	PUT("groups %u\n", p->ngroups);
-	for (uint32_t g = 0; g < p->ngroups; g++)
-		PUT("group %u momentum %d amsgrad %d\n", g, p->groups[g].momentum != 0,
-		    p->groups[g].amsgrad ? 1 : 0);
-	PUT("segments %u\n", im->nsegs);
-	for (uint32_t k = 0; k < im->nsegs; k++) {
-		uint32_t b, s;
-		const struct zc_segment *seg = plan_seg(p, k, &b, &s);
-		PUT("segment %u param_id %" PRIu64 " numel %" PRIu64 " group %u present %u step "
-		    "%.0f\n",
-		    k, seg->param_id, seg->numel, seg->group, im->ss[k].present, im->ss[k].step);
-	}
 	hex(data_hash, hx);
-	PUT("file %s %" PRIu64 " %s\n", CKPT_DATA, data_bytes, hx);
-	crypto_generichash(h, sizeof(h), (const unsigned char *)buf, len, NULL, 0);
+	mput(t, "file %s %" PRIu64 " %s\n", CKPT_DATA, data_bytes, hx);
+	crypto_generichash(h, sizeof(h), (const unsigned char *)t->buf, t->len, NULL, 0);
 	hex(h, hx);
-	PUT("checksum %s\n", hx);
-#undef PUT
-	if (len >= cap) {
-		r = -EOVERFLOW;
-		goto out;
-	}
+	if ((r = mput(t, "checksum %s\n", hx)) < 0)
+		return r;
 	if ((r = afile_open(&f, dirfd, CKPT_MANIFEST)) < 0)
-		goto out;
-	if ((r = afile_write(&f, buf, len)) < 0) {
+		return r;
+	if ((r = afile_write(&f, t->buf, t->len)) < 0) {
 		afile_abort(&f);
-		goto out;
+		return r;
 	}
-	r = afile_commit(&f, h);
-out:
-	free(buf);
-	return r;
+	return afile_commit(&f, h);
 }
 
 /* ------------------------------------------------------------ reading --- */
@@ -585,17 +627,225 @@ static int read_manifest(int dirfd, const char *dir, struct manifest *m, const c
 	return r;
 }
 
+/* ------------------------------------------------------ the writer --- */
+
+/* A client's checkpoint in flight. On rank 0 (the writer) a thread writes
+ * the exported image; on the other ranks nothing runs: they remember which
+ * iteration rank 0 writes where, and zc_checkpoint_wait() reads the
+ * manifest back. The thread touches only what is here (copies), never the
+ * client, and records no error reason itself (err_set is per thread): it
+ * leaves -errno and what it was doing, and the waiter records it. */
+struct ckpt_writer {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	pthread_t th;
+	bool writing;  /* rank 0: a thread started and not joined */
+	bool finished; /* rank 0: the thread is done (result set) */
+	bool reading;  /* other ranks: rank 0 writes `iteration` to dir */
+	int result;    /* -errno, 0: durable */
+	const char *doing;
+	char *dir;
+	uint64_t iteration;
+	int timeout_ms; /* the others' wait without a limit: this one */
+	struct image im;
+	struct mtext mt;
+	/* rank 0's staging: kept from one checkpoint to the next (its pages
+	 * stay mapped: no page faults on the training path after the first) */
+	float *arena;
+	uint64_t arena_floats;
+};
+
+/* The write, off the training path: mkdir -p, the old manifest removed,
+ * the data file, then the manifest, each fsynced and renamed. */
+static void *writer_main(void *arg)
+{
+	struct ckpt_writer *w = arg;
+	unsigned char hash[CKPT_HASH_BYTES];
+	uint64_t bytes = 0;
+	int r, dirfd = -1;
+
+	w->doing = "making it";
+	if ((r = mkdirs(w->dir)) < 0)
+		goto out;
+	w->doing = "opening it";
+	if ((dirfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		r = -errno;
+		goto out;
+	}
+	/* an old manifest first: no moment names new data under it */
+	w->doing = "removing the old manifest";
+	if (unlinkat(dirfd, CKPT_MANIFEST, 0) < 0 && errno != ENOENT) {
+		r = -errno;
+		goto out;
+	}
+	w->doing = "writing " CKPT_DATA;
+	if ((r = write_data(dirfd, &w->im, w->iteration, &bytes, hash)) < 0)
+		goto out;
+	w->doing = "writing " CKPT_MANIFEST;
+	r = write_manifest(dirfd, &w->mt, bytes, hash);
+out:
+	if (dirfd >= 0)
+		close(dirfd);
+	/* the staging copy is free again (its room kept in w->arena) */
+	w->im.arena = NULL;
+	image_free(&w->im);
+	w->im = (struct image){0};
+	free(w->mt.buf);
+	w->mt = (struct mtext){0};
+	pthread_mutex_lock(&w->mu);
+	w->result = r;
+	w->finished = true;
+	pthread_cond_broadcast(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+	return NULL;
+}
+
+static struct ckpt_writer *writer_get(struct ckpt_writer **slot)
+{
+	struct ckpt_writer *w = *slot;
+
+	if (w)
+		return w;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return NULL;
+	pthread_mutex_init(&w->mu, NULL);
+	pthread_cond_init(&w->cv, NULL);
+	return *slot = w;
+}
+
+static void deadline_after(struct timespec *ts, int ms)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+/* Rank 0: wait up to timeout_ms (< 0: without limit) for the write in
+ * flight; then its result (0, or ZC_ECKPT with the reason), once: the
+ * writer is idle after. ZC_ETIMEDOUT: still writing. */
+static int writer_join(struct ckpt_writer *w, int timeout_ms, const char *fn)
+{
+	struct timespec ts;
+	int r = 0;
+
+	pthread_mutex_lock(&w->mu);
+	if (timeout_ms >= 0)
+		deadline_after(&ts, timeout_ms);
+	while (w->writing && !w->finished && r == 0)
+		r = timeout_ms < 0 ? pthread_cond_wait(&w->cv, &w->mu)
+				   : pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+	if (w->writing && !w->finished) {
+		r = err_set(ZC_ETIMEDOUT,
+			    "%s: the checkpoint of iteration %" PRIu64 " in %s is still being "
+			    "written after %d ms",
+			    fn, w->iteration, w->dir, timeout_ms);
+		pthread_mutex_unlock(&w->mu);
+		return r;
+	}
+	if (!w->writing) {
+		pthread_mutex_unlock(&w->mu);
+		return 0;
+	}
+	/* joined under the lock: a second waiter finds it joined (the thread
+	 * wants the lock no more once finished) */
+	pthread_join(w->th, NULL);
+	w->writing = w->finished = false;
+	r = w->result < 0 ? err_set(ZC_ECKPT, "%s: checkpoint of iteration %" PRIu64 " in %s: %s: %s",
+				    fn, w->iteration, w->dir, w->doing, strerror(-w->result))
+			  : 0;
+	free(w->dir);
+	w->dir = NULL;
+	pthread_mutex_unlock(&w->mu);
+	return r;
+}
+
+/* The other ranks: wait up to timeout_ms (< 0: the client's register
+ * timeout) for dir's manifest to name the iteration rank 0 writes. */
+static int reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn)
+{
+	int64_t end = now_ms() + (timeout_ms < 0 ? w->timeout_ms : timeout_ms);
+	int r = 0;
+
+	/* held while polling: another waiter waits for this one's answer */
+	pthread_mutex_lock(&w->mu);
+	if (!w->reading) {
+		pthread_mutex_unlock(&w->mu);
+		return 0;
+	}
+	for (;;) {
+		struct manifest m = {0};
+		uint64_t it = 0;
+		int dirfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		bool ok = false;
+		if (dirfd >= 0) {
+			ok = read_manifest(dirfd, w->dir, &m, fn) == 0;
+			it = m.iteration;
+			manifest_free(&m);
+			close(dirfd);
+		}
+		if (ok && it >= w->iteration)
+			break;
+		if (now_ms() >= end) {
+			r = err_set(ZC_ECKPT,
+				    "%s: %s does not hold iteration %" PRIu64 " after %d ms: rank 0 "
+				    "writes it (its zc_checkpoint_wait() says why it failed), and "
+				    "dir must be one directory for every node",
+				    fn, w->dir, w->iteration,
+				    timeout_ms < 0 ? w->timeout_ms : timeout_ms);
+			break;
+		}
+		usleep(2000);
+	}
+	w->reading = false;
+	free(w->dir);
+	w->dir = NULL;
+	pthread_mutex_unlock(&w->mu);
+	return r;
+}
+
+void ckpt_writer_close(struct ckpt_writer **slot)
+{
+	struct ckpt_writer *w = *slot;
+
+	if (!w)
+		return;
+	(void)writer_join(w, -1, "zc_close");
+	free(w->dir);
+	free(w->arena);
+	pthread_mutex_destroy(&w->mu);
+	pthread_cond_destroy(&w->cv);
+	free(w);
+	*slot = NULL;
+}
+
 /* ----------------------------------------------------------------- API --- */
+
+int zc_checkpoint_wait(zc_client *c, int timeout_ms)
+{
+	struct ckpt_writer **slot, *w;
+	int r;
+
+	if ((r = client_ckpt_writer(c, __func__, &slot)) < 0)
+		return r;
+	if (!(w = *slot))
+		return 0;
+	return w->reading ? reader_wait(w, timeout_ms, __func__)
+			  : writer_join(w, timeout_ms, __func__);
+}
 
 int zc_checkpoint(zc_client *c, const char *dir)
 {
 	static const char fn[] = "zc_checkpoint";
 	struct ckpt_view v;
+	struct ckpt_writer *w;
 	struct image im = {0};
-	struct manifest m = {0};
-	unsigned char hash[CKPT_HASH_BYTES];
-	uint64_t bytes = 0;
-	int r, wr = 0, dirfd = -1;
+	struct mtext mt = {0};
+	int r;
 
 	if ((r = client_ckpt_view(c, fn, &v)) < 0)
 		return r;
@@ -603,60 +853,73 @@ int zc_checkpoint(zc_client *c, const char *dir)
 		return err_set(-EINVAL, "%s: no directory", fn);
 	if (sodium_init() < 0)
 		return err_set(-ENOMEM, "%s: libsodium does not start", fn);
+	if (!(w = writer_get(v.writer)))
+		return err_set(-ENOMEM, "%s: out of memory", fn);
+	/* One write at a time: the last one's ends first (its result, if
+	 * nobody waited for it, goes). On the other ranks the export round
+	 * below cannot start before rank 0 is in it, that is after. */
+	(void)writer_join(w, -1, fn);
+	w->reading = false;
+	free(w->dir);
+	w->dir = NULL;
 	/* only rank 0 writes: the others take part in the export (a
 	 * collective) and copy nothing out */
-	if ((r = image_alloc(v.plan, &im, v.rank == 0)) < 0)
+	if (v.rank == 0 && w->arena_floats != arena_floats(v.plan)) {
+		free(w->arena);
+		w->arena_floats = 0;
+		if (!(w->arena = malloc(arena_floats(v.plan) * sizeof(float))))
+			return err_set(-ENOMEM, "%s: out of memory", fn);
+		w->arena_floats = arena_floats(v.plan);
+	}
+	if ((r = image_alloc(v.plan, &im, v.rank == 0, v.rank == 0 ? w->arena : NULL)) < 0)
 		return err_set(r, "%s: %s", fn, strerror(-r));
 	r = zc_get_state(c, im.ss, im.nsegs);
 	if (r < 0)
-		goto out;
-	for (uint32_t k = 0; k < im.nsegs && v.rank == 0; k++) {
+		goto fail;
+	if (!(w->dir = strdup(dir))) {
+		r = err_set(-ENOMEM, "%s: out of memory", fn);
+		goto fail;
+	}
+	w->iteration = v.iteration;
+	w->timeout_ms = v.timeout_ms;
+	if (v.rank != 0) {
+		image_free(&im);
+		w->reading = true;
+		return 0;
+	}
+	for (uint32_t k = 0; k < im.nsegs; k++) {
 		uint32_t b, s;
 		const struct zc_segment *seg = plan_seg(v.plan, k, &b, &s);
 		memcpy(im.params[k], zc_param_buffer(c, b) + seg->offset,
 		       seg->numel * sizeof(float));
 	}
-	if (v.rank == 0) {
-		if ((wr = mkdirs(dir)) < 0)
-			;
-		else if ((dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
-			wr = -errno;
-		if (wr == 0) /* an old manifest first: no moment names new data under it */
-			if (unlinkat(dirfd, CKPT_MANIFEST, 0) < 0 && errno != ENOENT)
-				wr = -errno;
-		if (wr == 0)
-			wr = write_data(dirfd, v.plan, &im, v.iteration, &bytes, hash);
-		if (wr == 0)
-			wr = write_manifest(dirfd, &v, &im, bytes, hash);
+	if ((r = manifest_head(&mt, &v, &im)) < 0) {
+		r = err_set(ZC_ECKPT, "%s: the manifest: %s", fn, strerror(-r));
+		goto fail;
 	}
-	/* Another round, a barrier: it completes once rank 0 wrote (or
-	 * failed), so every rank returns after the checkpoint is durable. On
-	 * one node an import of nothing is one (every local rank, no data);
-	 * across nodes only the export round reaches every node. */
-	r = v.one_node ? zc_set_state(c, NULL, 0) : zc_get_state(c, NULL, 0);
-	if (r < 0)
-		goto out;
-	if (wr < 0) {
-		r = err_set(ZC_ECKPT, "%s: writing %s: %s", fn, dir, strerror(-wr));
-		goto out;
+	/* the staging copy is the writer's now */
+	w->im = im;
+	w->mt = mt;
+	w->result = 0;
+	w->doing = "";
+	w->finished = false;
+	w->writing = true;
+	if ((r = pthread_create(&w->th, NULL, writer_main, w)) != 0) {
+		w->writing = false;
+		im = w->im;
+		mt = w->mt;
+		w->im = (struct image){0};
+		w->mt = (struct mtext){0};
+		r = err_set(ZC_ECKPT, "%s: no writer thread: %s", fn, strerror(r));
+		goto fail;
 	}
-	if (v.rank != 0) {
-		if (dirfd < 0 && (dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
-			r = err_set(ZC_ECKPT, "%s: %s: %s (rank 0 writes it: is it shared?)", fn,
-				    dir, strerror(errno));
-			goto out;
-		}
-		r = read_manifest(dirfd, dir, &m, fn);
-		if (r == 0 && m.iteration != v.iteration)
-			r = err_set(ZC_ECKPT,
-				    "%s: %s holds iteration %" PRIu64 ", not %" PRIu64
-				    ": rank 0 failed to write it",
-				    fn, dir, m.iteration, v.iteration);
-	}
-out:
-	if (dirfd >= 0)
-		close(dirfd);
-	manifest_free(&m);
+	return 0;
+fail:
+	free(w->dir);
+	w->dir = NULL;
+	free(mt.buf);
+	if (v.rank == 0)
+		im.arena = NULL; /* w->arena */
 	image_free(&im);
 	return r;
 }
@@ -679,6 +942,11 @@ int zc_restore(zc_client *c, const char *dir)
 		return r;
 	if (!dir || !*dir)
 		return err_set(-EINVAL, "%s: no directory", fn);
+	/* a checkpoint in flight is on disk first (rank 0 waits for its
+	 * writer, the others for the manifest naming it); its result is the
+	 * zc_checkpoint_wait()'s nobody called: what dir holds is checked below */
+	if (*v.writer)
+		(void)zc_checkpoint_wait(c, -1);
 	if (v.plan->low_precision)
 		return err_set(ZC_ENOTSUP,
 			       "%s: plans with bf16/fp16 buckets have no checkpoints yet", fn);
@@ -730,7 +998,7 @@ int zc_restore(zc_client *c, const char *dir)
 			    CKPT_DATA);
 		goto out;
 	}
-	if ((r = image_alloc(v.plan, &im, true)) < 0) {
+	if ((r = image_alloc(v.plan, &im, true, NULL)) < 0) {
 		r = err_set(r, "%s: %s", fn, strerror(-r));
 		goto out;
 	}

@@ -165,6 +165,7 @@ struct zc_client {
 
 	/* zeroctl checkpoint: the operator's request (zc_checkpoint_due) */
 	char *ckpt_due_dir; /* NULL: none */
+	struct ckpt_writer *ckpt_writer; /* zc_checkpoint's write in flight (ckpt.c) */
 	uint64_t ckpt_due_iter;
 	/* re-planning: the registered plan and its buffers, until the new
 	 * plan is registered */
@@ -1043,6 +1044,8 @@ void zc_close(zc_client *c)
 	 * parent's (the lock may even be held by a thread the child lacks) */
 	if (!c || forked(c->forks))
 		return;
+	/* a checkpoint still being written is finished first */
+	ckpt_writer_close(&c->ckpt_writer);
 	/* The goodbye needs a linger to leave before the socket goes; without
 	 * one it is not sent, and zerod ends the session when the connection
 	 * closes, as for a trainer that died. */
@@ -2808,9 +2811,19 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 					  .world = c->cfg.world_size,
 					  .nnodes = c->cfg.nnodes ? c->cfg.nnodes : 1,
 					  .one_node = c->cfg.local_size == c->cfg.world_size,
-					  .iteration = c->iter};
+					  .iteration = c->iter,
+					  .timeout_ms = c->cfg.register_timeout_ms,
+					  .writer = &c->ckpt_writer};
 	}
 	client_unlock(c);
+	return r;
+}
+
+int client_ckpt_writer(zc_client *c, const char *fn, struct ckpt_writer ***ret)
+{
+	int r = client_check(c, fn);
+
+	*ret = r < 0 ? NULL : &c->ckpt_writer;
 	return r;
 }
 

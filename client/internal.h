@@ -29,11 +29,19 @@ struct ckpt_view {
 	uint32_t rank, world, nnodes;
 	bool one_node;      /* every rank of the job on this node */
 	uint64_t iteration; /* the next one this rank hands buckets of */
+	int timeout_ms;     /* the client's register_timeout_ms */
+	struct ckpt_writer **writer; /* c's checkpoint writer (ckpt.c), NULL: none */
 };
 /* 0, or ZC_ESTATE (no plan, a re-plan half done, mid-iteration) with the
  * reason recorded (fn names the caller). */
 int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret);
 /* The job goes on at `iteration` (Resume): 0, or an error recorded. */
 int client_resume(zc_client *c, uint64_t iteration, const char *fn);
+/* c's checkpoint writer slot in *ret, whatever c's plan state
+ * (zc_checkpoint_wait): 0, or -EINVAL / ZC_EFORKED recorded. */
+int client_ckpt_writer(zc_client *c, const char *fn, struct ckpt_writer ***ret);
+/* Wait for c's checkpoint write in flight, if any, and free the writer
+ * (zc_close). */
+void ckpt_writer_close(struct ckpt_writer **w);
 
 #endif

@@ -371,13 +371,17 @@ int zc_config_init(struct zc_config *cfg, size_t size);
 int zc_connect(const struct zc_config *cfg, zc_client **ret_client);
 
 /*
- * Leave the job (Goodbye) and free the client and its buffers.
+ * Leave the job (Goodbye) and free the client and its buffers. A
+ * checkpoint this client is still writing (zc_checkpoint() on rank 0) is
+ * finished first; its result is not reported (zc_checkpoint_wait() first
+ * for that).
  * Ownership: frees c; futures still held by the caller stay valid (pending
  *            ones fail with ZC_ESTATE, and their callbacks run here) and are
  *            still freed with zc_future_free(). Accepts NULL. In a child after
  *            fork() it releases nothing (see the top of this file).
  * Threads:   no other call on c may run or follow.
- * Blocking:  at most ~200 ms for the goodbye to leave.
+ * Blocking:  until a checkpoint in flight is written, then at most ~200 ms
+ *            for the goodbye to leave.
  */
 void zc_close(zc_client *c);
 
@@ -738,22 +742,43 @@ int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n);
  * checksums. Every rank of the job calls it between iterations (after the
  * step of the last iteration it handed over) with the same dir, which must
  * be one directory for every node (a shared filesystem on several nodes):
- * it is a collective (an export round, then a barrier round). Rank 0
- * writes; every rank returns once the
- * manifest is durable. The checkpoint names zc_iteration(), the iteration
- * a restore goes on at. An older checkpoint in dir is replaced; between its
- * manifest's removal and the new one's rename dir holds none.
+ * it is a collective (one export round). It returns once the state is
+ * copied out: into rank 0's memory (its staging copy), from which a thread
+ * of rank 0's client writes the files while training goes on. The
+ * checkpoint names zc_iteration(), the iteration a restore goes on at.
+ * zc_checkpoint_wait() says when it is durable and whether the write
+ * failed; the next zc_checkpoint(), zc_restore() and zc_close() wait for a
+ * write in flight first. An older checkpoint in dir is replaced; between
+ * its manifest's removal and the new one's rename dir holds none.
  * Errors: ZC_ESTATE (no plan, mid-iteration), ZC_ENOTSUP (bf16/fp16
- * buckets), ZC_ECKPT (rank 0 could not write: the reason), zc_get_state()'s.
- * Ownership: dir stays the caller's.
- * Threads:   any thread.  Blocking: until every rank called and the files
- *            are durable.
+ * buckets), ZC_ECKPT (no writer thread), zc_get_state()'s; a failed write
+ * comes back from zc_checkpoint_wait().
+ * Ownership: dir stays the caller's (copied).
+ * Threads:   any thread.  Blocking: until every rank called and rank 0
+ *            copied the state (and until an earlier write in flight ends).
  */
 int zc_checkpoint(zc_client *c, const char *dir);
 
 /*
+ * Wait up to timeout_ms for this rank's last zc_checkpoint() to be durable
+ * and return its result: 0, or ZC_ECKPT with the reason. On rank 0 (the
+ * writer) it waits for its write (< 0: without limit); ZC_ETIMEDOUT if it
+ * is still writing (the write goes on: call again). On the other ranks it
+ * reads dir's manifest back until it names the checkpoint's iteration (<
+ * 0: up to the client's register_timeout_ms); ZC_ECKPT if it does not by
+ * then (rank 0 failed to write: its call says why; or dir is not one
+ * directory for every node). The result is given once: a second call, or
+ * one with no checkpoint since, returns 0.
+ * Errors also: -EINVAL (c NULL), ZC_EFORKED.
+ * Threads:   any thread.  Blocking: up to timeout_ms.
+ */
+int zc_checkpoint_wait(zc_client *c, int timeout_ms);
+
+/*
  * Load the checkpoint in dir: every rank, after zc_register_plan() and
- * before its first bucket (or between iterations). Each rank reads the
+ * before its first bucket (or between iterations). A checkpoint of this
+ * client's still in flight is waited for first (zc_checkpoint_wait(c,
+ * -1), its result dropped: dir is checked as it is). Each rank reads the
  * manifest and the data file and checks them: checksums, sizes, format
  * version, and that the plan holds the same parameters (optimizer, groups
  * with the same kind of state, segment count, each segment's numel and

@@ -456,6 +456,13 @@ static int rank_main(void *arg, int idx)
 		if (r >= 0 && rank == 0)
 			atomic_store(&sc->done, (int)t + 1);
 		if (r >= 0 && rank == 0 && sc->crash && t + 1 == KILL_AFTER) {
+			/* the checkpoint restored after the crash is durable
+			 * before the zerod dies (rank 0 writes it, off the
+			 * training path) */
+			what = "waiting for the checkpoint";
+			r = zc_checkpoint_wait(c, -1);
+			if (r < 0)
+				break;
 			/* the others are in iteration KILL_AFTER, waiting for
 			 * this rank's buckets, when the zerod dies */
 			while (!atomic_load(&sc->killed) && test_ms() < deadline)
@@ -924,7 +931,9 @@ static void t_bad_checkpoints(void)
 		bpids[r] = spawn(bystander_rank, by, (int)r);
 	bd->sc = *script_new("bad", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
 	snprintf(bd->good, sizeof(bd->good), "%s/good", daemon_.dir);
-	/* a good checkpoint of the same model to spoil: a job of its own */
+	/* a good checkpoint of the same model to spoil: a job of its own,
+	 * whose rank closes right after its zc_checkpoint(): zc_close()
+	 * finishes the write in flight, or there is nothing to spoil */
 	{
 		struct script *mk =
 			script_new("mk", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
@@ -950,27 +959,63 @@ static void t_bad_checkpoints(void)
 		zd_dump_log(&daemon_);
 }
 
-/* A checkpoint into a directory that cannot be made: ZC_ECKPT on every rank
- * with the reason, and the job trains on. */
+/* A checkpoint into a directory that cannot be written: zc_checkpoint()
+ * returns once the state is copied out, and the write's failure comes back
+ * from zc_checkpoint_wait() as ZC_ECKPT with the reason: on rank 0 (the
+ * writer) what failed, on rank 1 that the manifest never named the
+ * iteration. The job trains on, and its next checkpoint, into a good
+ * directory, is durable (wait: 0, and it restores). */
 static int unwritable_rank(void *arg, int idx)
 {
 	struct script *sc = arg;
+	static const struct {
+		const char *sub, *needle;
+	} bad[] = {
+		{NULL, "No such file"},      /* under /proc: mkdir fails */
+		{"afile/ck", "Not a directory"}, /* a parent is a file */
+	};
 	struct tplan tp;
 	zc_client *c = NULL;
 	const char *what;
+	char dir[300];
 	int r;
 
 	make_plan(&tp, 0, sc->opt, sc->shard, sc->step, false);
 	r = setup(sc, (uint32_t)idx, &tp, &c, &what);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]) && r >= 0; i++) {
+		if (bad[i].sub)
+			snprintf(dir, sizeof(dir), "%s/%s", daemon_.dir, bad[i].sub);
+		else
+			snprintf(dir, sizeof(dir), "/proc/zerod-no/such/dir");
+		r = one_iteration(c, sc, &tp, (uint32_t)idx);
+		if (r < 0)
+			break;
+		r = zc_checkpoint(c, dir);
+		EXPECT(r == 0, "rank %d: zc_checkpoint(%s): %s: %s", idx, dir, zc_strerror_name(r),
+		       zc_error_message());
+		if (r < 0)
+			break;
+		int e = zc_checkpoint_wait(c, idx == 0 ? -1 : 2000);
+		EXPECT(e == ZC_ECKPT && strstr(zc_error_message(), dir) &&
+			       (idx != 0 || strstr(zc_error_message(), bad[i].needle)),
+		       "rank %d: zc_checkpoint_wait after a checkpoint into %s: %s: %s", idx, dir,
+		       zc_strerror_name(e), zc_error_message());
+		if (idx == 0)
+			printf("# %s: %s\n", dir, zc_error_message());
+		e = zc_checkpoint_wait(c, 0);
+		EXPECT(e == 0, "rank %d: the failure was given twice: %s", idx, zc_strerror_name(e));
+	}
 	if (r >= 0)
 		r = one_iteration(c, sc, &tp, (uint32_t)idx);
-	if (r >= 0) {
-		r = zc_checkpoint(c, "/proc/zerod-no/such/dir");
-		EXPECT(r == ZC_ECKPT, "rank %d: %s: %s", idx, zc_strerror_name(r),
-		       zc_error_message());
-		r = one_iteration(c, sc, &tp, (uint32_t)idx);
-	}
-	EXPECT(r == 0, "rank %d: %s: %s", idx, zc_strerror_name(r), zc_error_message());
+	snprintf(dir, sizeof(dir), "%s/after-unwritable", daemon_.dir);
+	if (r >= 0)
+		r = zc_checkpoint(c, dir);
+	if (r >= 0)
+		r = zc_checkpoint_wait(c, -1);
+	if (r >= 0)
+		r = zc_restore(c, dir);
+	EXPECT(r == 0 && zc_iteration(c) == 3, "rank %d: training on, a good checkpoint: %s: %s",
+	       idx, zc_strerror_name(r), zc_error_message());
 	zc_close(c);
 	return child_bad;
 }
@@ -980,7 +1025,13 @@ static void t_unwritable_dir(void)
 	struct script *sc =
 		script_new("unwritable", 2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
 	pid_t pids[2];
+	char path[300];
+	FILE *f;
 
+	snprintf(path, sizeof(path), "%s/afile", daemon_.dir);
+	f = fopen(path, "w");
+	REQUIRE(f, "cannot make %s", path);
+	fclose(f);
 	for (uint32_t r = 0; r < 2; r++)
 		pids[r] = spawn(unwritable_rank, sc, (int)r);
 	wait_all(sc, pids);
@@ -1205,7 +1256,7 @@ static const struct test_case cases[] = {
 	{"restore_other_world_shard_layout_adamw", t_restore_other_layout_adamw, 90000},
 	{"restore_by_position_adam", t_restore_by_position_adam, 90000},
 	{"bad_checkpoints_ECKPT_job_beside_trains", t_bad_checkpoints, 180000},
-	{"unwritable_dir_ECKPT", t_unwritable_dir, 60000},
+	{"unwritable_dir_ECKPT_from_checkpoint_wait", t_unwritable_dir, 60000},
 	{"zeroctl_checkpoint_at_next_boundary", t_zeroctl_checkpoint, 120000},
 };
 

@@ -30,6 +30,7 @@ struct bench_cfg {
 	uint32_t daemons;    /* 0: one daemon; N >= 2: N daemons on loopback (--daemons) */
 	int checkpoint_every;       /* zc_checkpoint() after every N timed iterations; 0: never */
 	const char *checkpoint_dir; /* where (--checkpoint-dir; default a temporary one) */
+	bool checkpoint_sync;       /* the stall timed includes zc_checkpoint_wait() */
 };
 
 /* Monotonic time in nanoseconds. */

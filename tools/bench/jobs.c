@@ -258,12 +258,19 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 		    k <= MAX_CKPTS) {
 			int64_t t0 = bench_ns();
 			r = zc_checkpoint(c, run->cfg->checkpoint_dir);
+			if (r >= 0 && run->cfg->checkpoint_sync)
+				r = zc_checkpoint_wait(c, -1);
 			if (r < 0) {
 				snprintf(why, whylen, "zc_checkpoint: %s", zc_error_message());
 				return r;
 			}
 			run->sh->ck[rank][k - 1] = (double)(bench_ns() - t0);
 		}
+	}
+	/* the last checkpoint written: it must have been (not timed) */
+	if (run->cfg->checkpoint_every && (r = zc_checkpoint_wait(c, -1)) < 0) {
+		snprintf(why, whylen, "zc_checkpoint_wait: %s", zc_error_message());
+		return r;
 	}
 	/* Every rank is still connected: the job is active with all its state. */
 	r = xbar_wait(&run->sh->bar);

@@ -166,7 +166,9 @@ static void usage(FILE *f)
 		   "  --json             print one JSON object instead of a table\n"
 		   "  --checkpoint-every N  zc_checkpoint() after every N timed iterations, timed\n"
 		   "                     apart from them: how long training stalls (default 0)\n"
-		   "  --checkpoint-dir D where (default a temporary directory, removed after)\n");
+		   "  --checkpoint-dir D where (default a temporary directory, removed after)\n"
+		   "  --checkpoint-sync  time zc_checkpoint() + zc_checkpoint_wait() (every rank):\n"
+		   "                     the stall of a write on the training path, to compare\n");
 }
 
 enum {
@@ -192,6 +194,7 @@ enum {
 	OPT_TORCH_ZEROD,
 	OPT_CKPT_EVERY,
 	OPT_CKPT_DIR,
+	OPT_CKPT_SYNC,
 };
 
 static const struct option longopts[] = {
@@ -217,6 +220,7 @@ static const struct option longopts[] = {
 	{"torch-zerod", no_argument, NULL, OPT_TORCH_ZEROD},
 	{"checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY},
 	{"checkpoint-dir", required_argument, NULL, OPT_CKPT_DIR},
+	{"checkpoint-sync", no_argument, NULL, OPT_CKPT_SYNC},
 	{0},
 };
 
@@ -278,6 +282,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_CKPT_DIR:
 			cfg->checkpoint_dir = optarg;
+			break;
+		case OPT_CKPT_SYNC:
+			cfg->checkpoint_sync = true;
 			break;
 		case OPT_OPTIM:
 			if (!strcmp(optarg, "sgd"))
@@ -506,6 +513,7 @@ static void print_json(const struct opts *o, const struct results *x)
 	if (x->job.checkpoints) {
 		jnum("checkpoint_stall_ms", x->job.ckpt_ms, "%.3f", false);
 		jnum("checkpoint_stall_max_ms", x->job.ckpt_max_ms, "%.3f", false);
+		printf("  \"checkpoint_sync\": %s,\n", c->checkpoint_sync ? "true" : "false");
 	}
 	jnum("daemon_rss_anon_bytes", (double)x->job.rss_anon_bytes, "%.0f", false);
 	jnum("state_bytes", (double)x->state_bytes, "%.0f", false);
@@ -554,9 +562,10 @@ static void print_table(const struct opts *o, const struct results *x)
 	printf("  bytes-moved floor       %9.2f ms  %.0f MB at 4/3 of triad; zerod %.2fx\n",
 	       x->floor_ms, x->floor_bytes / 1e6, ratio(x->job.iter_ms, x->floor_ms));
 	if (x->job.checkpoints)
-		printf("  checkpoint stall        %9.2f ms  zc_checkpoint(), median of %d (slowest "
+		printf("  checkpoint stall        %9.2f ms  zc_checkpoint()%s, median of %d (slowest "
 		       "%.2f ms)\n",
-		       x->job.ckpt_ms, x->job.checkpoints, x->job.ckpt_max_ms);
+		       x->job.ckpt_ms, c->checkpoint_sync ? " + zc_checkpoint_wait()" : "",
+		       x->job.checkpoints, x->job.ckpt_max_ms);
 	printf("handoff, zc_bucket_ready -> step done, 1 bucket of 16 elements\n");
 	printf("  p50 / p99               %9.1f / %.1f us  p50 = %.2fx the AF_UNIX round trip\n",
 	       x->handoff_p50_us, x->handoff_p99_us, ratio(x->handoff_p50_us, x->unix_rtt_us));
