@@ -49,8 +49,8 @@ static void *daemon_thread(void *arg)
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	static char dir[] = "/tmp/zerod-fuzz.XXXXXX";
-	char *args[] = {"zerod", "--socket", sock_path, "--log-level", "err", "--workers", "1",
-			"--hello-timeout", "2000", NULL};
+	char *args[] = {"zerod",     "--socket", sock_path,         "--log-level", "err",
+			"--workers", "1",        "--hello-timeout", "2000",        NULL};
 	struct config_src *src;
 	char err[512];
 	pthread_t th;
@@ -61,7 +61,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		abort();
 	snprintf(sock_path, sizeof(sock_path), "%s/zerod.sock", dir);
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", sock_path);
-	if (config_parse_args(9, args, &src) != 0 || config_build(src, &cfg, err, sizeof(err)) < 0) {
+	if (config_parse_args(9, args, &src) != 0 ||
+	    config_build(src, &cfg, err, sizeof(err)) < 0) {
 		fprintf(stderr, "fuzz_dispatch: config: %s\n", err);
 		abort();
 	}
@@ -130,8 +131,8 @@ static bool synced(void *z, int timeout_ms)
 			continue;
 		if (wire_decode(buf, (size_t)n, &got) != 0)
 			continue;
-		bool done = got->body_case == ZEROD__V1__ENVELOPE__BODY_ERROR && got->error->message &&
-			    strstr(got->error->message, "bucket_done");
+		bool done = got->body_case == ZEROD__V1__ENVELOPE__BODY_ERROR &&
+			    got->error->message && strstr(got->error->message, "bucket_done");
 		wire_free(got);
 		if (done)
 			return true;

@@ -91,8 +91,8 @@ int main(int argc, char **argv)
 	Zerod__V1__SetHyper hyper = ZEROD__V1__SET_HYPER__INIT;
 	Zerod__V1__ParamGroup pg = ZEROD__V1__PARAM_GROUP__INIT;
 	Zerod__V1__Goodbye bye = ZEROD__V1__GOODBYE__INIT;
-	static const char *names[6] = {"hello", "register_plan", "bucket_ready", "set_hyper",
-				       "goodbye", "hello_rdzv"};
+	static const char *names[6] = {"hello",     "register_plan", "bucket_ready",
+				       "set_hyper", "goodbye",       "hello_rdzv"};
 
 	if (argc != 2) {
 		fprintf(stderr, "usage: mkseeds CORPUS_DIR\n");
