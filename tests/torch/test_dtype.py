@@ -231,7 +231,9 @@ def check_zerod_keys(sd, model, dt, steps):
 def roundtrip(cfg, rank, world):
     """ZerodOptimizer -> state_dict -> new ZerodOptimizer continues exactly
     as the uninterrupted run (fp32 masters and moments kept); the same state
-    dict loads into plain torch over the bf16 model, which steps on."""
+    dict loads into plain torch over the bf16 model, which steps on; its
+    state (with our fp32 keys, stale now) loads back into zerod, which takes
+    torch's values and leaves the parameters alone."""
     no_broadcast()
     dt, k = DT[cfg["dtype"]], cfg["reload_at"]
     whole, _, final_a = zerod_run(cfg, rank, None)
@@ -254,14 +256,32 @@ def roundtrip(cfg, rank, world):
         for name in MOMENTS:
             if saved.get(name) is not None:
                 assert st[name].dtype == dt and torch.equal(st[name], saved[name]), (i, name)
-    x, y = data(rank, k)
+    x, y = data(0, k)  # every rank alike: the models stay equal
     loss_of(ref(x.to(dt)), y.to(dt)).backward()
     opt.step()
     moved = sum(int((p != q).sum()) for p, q in zip(ref.parameters(), before))
     assert moved and all(torch.isfinite(p).all() for p in ref.parameters()), moved
     for p in ref.parameters():
+        assert "zerod_master" in opt.state[p]  # kept by torch, stale after its step
         if "step" in opt.state[p]:
             assert float(opt.state[p]["step"]) == k + 1, opt.state[p]["step"]
+    # and back into zerod: the stale fp32 keys give way to torch's values
+    # (moments widened, the master the parameter widened)
+    from zerod.torch import ZerodOptimizer
+    opt.zero_grad()
+    after = [p.detach().clone() for p in ref.parameters()]
+    back = ZerodOptimizer(nn.parallel.DistributedDataParallel(ref, bucket_cap_mb=0.001),
+                          OPTS[cfg["opt"]], **cfg["hyper"])
+    back.load_state_dict(opt.state_dict())
+    bsd = back.state_dict()
+    for i, (p, q) in enumerate(zip(ref.parameters(), after)):
+        st = bsd["state"][i]
+        assert torch.equal(p, q), f"parameter {i} changed by the load"
+        assert torch.equal(st["zerod_master"], q.float()), f"master {i}"
+        for name in MOMENTS:
+            if opt.state[p].get(name) is not None:
+                assert torch.equal(st["zerod_" + name], opt.state[p][name].float()), (i, name)
+    back.close()
     dist.barrier()
     return {"iterations_equal": len(whole), "reload_at": k, "moments_saved": n,
             "plain_torch_values_moved": moved}
