@@ -82,6 +82,18 @@ def _hyper(kind, g):
     return h
 
 
+def _rounds_to(wide, t):
+    """Whether fp32 tensor wide, rounded to t's dtype, is t (None: no)."""
+    return isinstance(wide, torch.Tensor) and wide.numel() == t.numel() and torch.equal(
+        wide.detach().to("cpu", t.dtype).reshape(-1), t.detach().cpu().reshape(-1))
+
+
+def _as_torch(t, p):
+    """fp32 state t as torch's own optimizer keeps it: in p's dtype, on p's
+    device."""
+    return t.to(p.device, p.dtype)
+
+
 def bucket_views(mem, offsets, numels, dtypes):
     """Bucket b's numels[b] elements of dtypes[b] from byte offsets[b] of
     mem, a 1-D uint8 tensor (of any device): typed views, no copy. The CUDA
@@ -525,17 +537,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
         for s, p in zip(segs, ps):
             b, k, _ = self._where[id(p)]
             s.size, s.bucket, s.segment = _lib.ctypes.sizeof(s), b, k
-            for name, _ in _STATE_KEYS:
+            for name, _ in _STATE_KEYS + (("master", _lib.STATE_MASTER),):
                 t = tensors.get((id(p), name))
                 if t is not None:
                     setattr(s, name, _lib.ctypes.cast(t.data_ptr(), _lib.c_fptr))
         return ps, segs
-
-    def _no_low_precision_state(self):
-        if self.low_precision:
-            raise NotImplementedError(
-                "ZerodOptimizer: state_dict()/load_state_dict() of bf16/fp16 parameters: "
-                "libzeroclient does not export or import their state yet (ZC_ENOTSUP)")
 
     def _needs(self, g):
         if self.kind == "sgd":
@@ -544,17 +550,27 @@ class ZerodOptimizer(torch.optim.Optimizer):
 
     def state_dict(self):
         """torch's format (plain torch.optim loads it). Collective: every rank
-        calls it between iterations."""
+        calls it between iterations.
+
+        bf16/fp16 parameters: torch's keys hold what torch's own optimizer
+        would (its state tensors in the parameter's dtype: zerod's fp32
+        moments rounded; step as a float tensor), and extra keys hold zerod's
+        fp32 values exactly: 'zerod_master' (the fp32 master whose rounding
+        is the parameter) and 'zerod_' + each moment ('zerod_exp_avg',
+        'zerod_exp_avg_sq', 'zerod_max_exp_avg_sq', 'zerod_momentum_buffer').
+        Plain torch keeps the extra keys and never reads them; a
+        ZerodOptimizer's load_state_dict() takes them, so a round trip loses
+        nothing. A parameter whose state zerod keeps only a master of (Adam
+        before its first step) is left out, as torch leaves it out."""
         self.lib.require("state")
-        self._no_low_precision_state()
         self._wait_step()
         tensors = {}
         for g in self.param_groups:
             for p in g["params"]:
-                for name in self._needs(g):
-                    # host memory: libzeroclient writes the state there
-                    tensors[(id(p), name)] = torch.zeros_like(
-                        p, memory_format=torch.contiguous_format, device="cpu")
+                names = self._needs(g) + (["master"] if p.dtype != torch.float32 else [])
+                for name in names:
+                    # fp32 host memory: libzeroclient writes the state there
+                    tensors[(id(p), name)] = torch.zeros(p.shape, dtype=torch.float32)
         ps, segs = self._segment_states(tensors)
         self.client.get_state(segs)
         self.state.clear()
@@ -562,40 +578,84 @@ class ZerodOptimizer(torch.optim.Optimizer):
         for g in self.param_groups:
             for p in g["params"]:
                 s = segs[at[id(p)]]
-                if not s.present:
+                low = p.dtype != torch.float32
+                st = {}
+                if not s.present & ~_lib.STATE_MASTER:
                     # torch's SGD without momentum keeps {'momentum_buffer':
                     # None} once it stepped a parameter; zerod keeps nothing
                     if self.kind == "sgd" and not g["momentum"] and self._steps_done \
                             and not self.find_unused:
-                        self.state[p] = {"momentum_buffer": None}
-                    continue
-                st = {}
-                if self.kind == "sgd":
-                    st["momentum_buffer"] = tensors[(id(p), "momentum_buffer")].to(p.device) \
+                        st["momentum_buffer"] = None
+                    else:
+                        continue
+                elif self.kind == "sgd":
+                    st["momentum_buffer"] = _as_torch(tensors[(id(p), "momentum_buffer")], p) \
                         if s.present & _lib.STATE_MOMENTUM_BUFFER else None
                 else:
                     st["step"] = torch.tensor(float(s.step))
                     for name, bit in _STATE_KEYS[1:]:
                         if s.present & bit:
-                            st[name] = tensors[(id(p), name)].to(p.device)
+                            st[name] = _as_torch(tensors[(id(p), name)], p)
+                if low:
+                    for name, bit in _STATE_KEYS:
+                        if s.present & bit:
+                            st["zerod_" + name] = tensors[(id(p), name)].to(p.device)
+                    if s.present & _lib.STATE_MASTER:
+                        st["zerod_master"] = tensors[(id(p), "master")].to(p.device)
                 self.state[p] = st
         return super().state_dict()
 
     def load_state_dict(self, state_dict):
         """Loads torch's format (from plain torch.optim too) into zerod: the
         param groups' hyperparameters and every parameter's state, for the
-        next iteration. Collective: every rank calls it between iterations."""
+        next iteration. Collective: every rank calls it between iterations.
+
+        bf16/fp16 parameters: the fp32 'zerod_*' keys of state_dict() are
+        taken as they are, each where it rounds to what it stands beside
+        (a moment to torch's key, the master to the parameter: load the
+        model's weights first); otherwise (a state plain torch saved, or
+        stepped since it loaded ours) the moments are torch's widened to fp32
+        and the master is the parameter widened."""
         self.lib.require("state")
-        self._no_low_precision_state()
         self._wait_step()
-        super().load_state_dict(state_dict)
+        # the fp32 extras, before torch's load casts them to the parameters'
+        # dtype; torch's load sees the state without them
+        to_mine = dict(zip((k for g in state_dict["param_groups"] for k in g["params"]),
+                           (p for g in self.param_groups for p in g["params"])))
+        extra, stripped = {}, {}
+        for k, st in state_dict["state"].items():
+            plain = {n: v for n, v in st.items() if not str(n).startswith("zerod_")}
+            stripped[k] = plain
+            if len(plain) != len(st) and k in to_mine:
+                extra[id(to_mine[k])] = {n[len("zerod_"):]: v for n, v in st.items()
+                                         if str(n).startswith("zerod_")}
+        super().load_state_dict(dict(state_dict, state=stripped))
         tensors = {}
         for g in self.param_groups:
             for p in g["params"]:
+                x = extra.get(id(p), {}) if p.dtype != torch.float32 else {}
                 for name, _ in _STATE_KEYS:
                     t = self.state.get(p, {}).get(name)
                     if t is not None:
+                        # zerod's fp32 value where it rounds to torch's, else
+                        # torch's widened (plain torch stepped since)
+                        if _rounds_to(x.get(name), t):
+                            t = x[name]
                         tensors[(id(p), name)] = t.detach().to("cpu", torch.float32).contiguous()
+                # the master only where it rounds to the parameter: a stale
+                # one (plain torch stepped since, or the model's weights were
+                # loaded after) gives way to the parameter widened
+                if _rounds_to(x.get("master"), p):
+                    tensors[(id(p), "master")] = \
+                        x["master"].detach().to("cpu", torch.float32).contiguous()
+        for g in self.param_groups:
+            for p in g["params"]:
+                for name, _ in _STATE_KEYS + (("master", _lib.STATE_MASTER),):
+                    t = tensors.get((id(p), name))
+                    if t is not None and t.numel() != p.numel():
+                        raise ValueError(f"ZerodOptimizer.load_state_dict: {name} of "
+                                         f"{t.numel()} elements for a parameter of "
+                                         f"{p.numel()}")
         ps, segs = self._segment_states(tensors)
         for s, p in zip(segs, ps):
             st = self.state.get(p, {})
@@ -603,7 +663,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
             if "step" in st:
                 s.step = float(st["step"])
                 present |= _lib.STATE_STEP
-            for name, bit in _STATE_KEYS:
+            for name, bit in _STATE_KEYS + (("master", _lib.STATE_MASTER),):
                 if (id(p), name) in tensors:
                     present |= bit
             s.present = present
