@@ -342,9 +342,9 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     self._set_layout(layout, first=False)
                 except _lib.ZerodError as e:
                     # a library without re-planning refuses a second
-                    # zc_alloc_buffers() (ZC_ESTATE), changing nothing; one
-                    # with it refuses to re-plan bf16/fp16 buckets for now
-                    # (ZC_ENOTSUP) and keeps the registered plan
+                    # zc_alloc_buffers() (ZC_ESTATE), changing nothing; an
+                    # older one refused to re-plan bf16/fp16 buckets
+                    # (ZC_ENOTSUP) and kept the registered plan
                     if not (e.name == "ZC_ESTATE" and "buffers already" in e.reason) and \
                             e.name != "ZC_ENOTSUP":
                         raise
