@@ -1116,6 +1116,24 @@ static int map_buf(int fd, uint64_t offset, uint64_t bytes, struct host_buf *ret
 	return 0;
 }
 
+/* With c->mu held: the first buffers of this client may come for plan zp
+ * (validated and copied into *ret); else the reason, set for the caller. */
+static int buffers_claim(zc_client *c, const struct zc_plan *zp, struct plan **ret,
+			 const char *fn)
+{
+	char err[256];
+	int r;
+
+	if (c->plan || c->bufs_busy)
+		return err_set(ZC_ESTATE, "%s: this client has its buffers already", fn);
+	if (c->job_error)
+		return err_set(c->job_error, "%s", c->job_msg);
+	r = plan_from_zc(zp, ret, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "%s", err);
+	return 0;
+}
+
 static int replan_alloc(zc_client *c, const struct zc_plan *zp);
 
 /*
@@ -1134,19 +1152,9 @@ static int register_fds(zc_client *c, const struct zc_plan *zp, const struct zc_
 	int r, timeout;
 
 	pthread_mutex_lock(&c->mu);
-	if (c->plan || c->bufs_busy) {
-		r = err_set(ZC_ESTATE, "%s: this client has its buffers already", fn);
+	r = buffers_claim(c, zp, &p, fn);
+	if (r < 0)
 		goto out;
-	}
-	if (c->job_error) {
-		r = err_set(c->job_error, "%s", c->job_msg);
-		goto out;
-	}
-	r = plan_from_zc(zp, &p, err, sizeof(err));
-	if (r < 0) {
-		err_set(r, "%s", err);
-		goto out;
-	}
 	fd_socket(c, path, sizeof(path));
 	if (!path[0]) {
 		r = err_set(ZC_ENOTSUP, "%s: zerod offered no fd socket to pass buffers on", fn);
@@ -1197,19 +1205,9 @@ static int register_cuda(zc_client *c, const struct zc_plan *zp, const struct zc
 		return err_set(-EINVAL, "%s: CUDA buffers: %s is NULL", fn,
 			       b->grad_dev ? "param_dev" : "grad_dev");
 	pthread_mutex_lock(&c->mu);
-	if (c->plan || c->bufs_busy) {
-		r = err_set(ZC_ESTATE, "%s: this client has its buffers already", fn);
+	r = buffers_claim(c, zp, &p, fn);
+	if (r < 0)
 		goto out;
-	}
-	if (c->job_error) {
-		r = err_set(c->job_error, "%s", c->job_msg);
-		goto out;
-	}
-	r = plan_from_zc(zp, &p, err, sizeof(err));
-	if (r < 0) {
-		err_set(r, "%s", err);
-		goto out;
-	}
 	c->bufs_busy = true;
 	pthread_mutex_unlock(&c->mu);
 	/* loads the runtime and creates events: not under the lock */

@@ -779,20 +779,6 @@ static void t_join_twice_and_claimed_ranks_refused(void)
 	cluster_stop(&cl, -1);
 }
 
-static int tcp_to(int port)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-				 .sin_port = htons((uint16_t)port),
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		close(fd);
-		fd = -1;
-	}
-	return fd;
-}
-
 /* Send a store connection's Hello with client nonce cn; the Challenge's
  * server nonce into sn. 0 or -1. */
 static int rdzv_hello(int fd, const char *job, const uint8_t *cn, uint8_t *sn)
@@ -861,7 +847,7 @@ static void t_replayed_auth_refused(void)
 
 	/* the recorded handshake: a real one, by one who knows the secret */
 	rdzv_random(cn, sizeof(cn));
-	a = tcp_to(cl.port);
+	a = poke(cl.port, NULL, 0, true);
 	REQUIRE(a >= 0 && rdzv_hello(a, "replay", cn, sn1) == 0, "first handshake: no challenge");
 	rdzv_proof(proof, s.secret, strlen(s.secret), false, "replay",
 		   ZEROD__V1__RDZV_KIND__RDZV_STORE, cn, sn1);
@@ -869,7 +855,7 @@ static void t_replayed_auth_refused(void)
 	      "the real proof was not welcomed");
 	close(a);
 	/* the replay: the same Hello and Auth on a new connection */
-	b = tcp_to(cl.port);
+	b = poke(cl.port, NULL, 0, true);
 	REQUIRE(b >= 0 && rdzv_hello(b, "replay", cn, sn2) == 0, "replay: no challenge");
 	CHECK(memcmp(sn1, sn2, sizeof(sn1)) != 0, "the server's nonce repeated");
 	CHECK(rdzv_auth(b, proof) != ZEROD__V1__RDZV_ENVELOPE__BODY_WELCOME,
