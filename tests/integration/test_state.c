@@ -3,13 +3,10 @@
  * and re-planning (zc_alloc_buffers + zc_register_plan again) against a real
  * zerod and real trainer processes.
  *
- * The job's parameters are NP tensors (numel, group); a layout groups them
- * into buckets in some order. Gradients are a function of (rank, iteration,
- * parameter, element), never of the layout, so every layout trains the same
- * numbers, and the single-process reference here (refoptim.c's loops, per
- * parameter, the gradient summed in rank order and divided once) must equal
- * the daemon's parameters and state bit for bit, in any layout, shard mode
- * and world size, across exports, imports and re-plans.
+ * The job, its layouts and the single-process reference are statefix.h's;
+ * the daemon's parameters and state must equal the reference bit for bit, in
+ * any layout, shard mode and world size, across exports, imports and
+ * re-plans.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -29,326 +26,26 @@
 #include "harness.h"
 #include "raw.h"
 #include "refoptim.h"
+#include "statefix.h"
 #include "testlib.h"
 #include "trainer.h"
 #include "wire.h"
 
 static struct zd daemon_;
 
-/* ------------------------------------------------------ the parameters --- */
+/* ------------------------------------------------------ the layouts --- */
 
-#define NP   6
-#define MAXB 4
-static const struct {
-	uint64_t numel;
-	uint32_t group;
-} params[NP] = {{1000, 0}, {37, 1}, {5001, 2}, {16, 0}, {2500, 1}, {300, 2}};
-
-/* Layouts: buckets of parameter indices, -1 ends a bucket's list. */
-struct layout {
-	uint32_t nbuckets;
-	int b[MAXB][NP + 1];
-};
+/* statefix.h's job in several layouts */
 static const struct layout layouts[] = {
 	{3, {{0, 1, -1}, {2, -1}, {3, 4, 5, -1}}},
 	{4, {{5, 3, -1}, {4, 2, -1}, {1, -1}, {0, -1}}},
 	{1, {{2, 0, 4, 1, 5, 3, -1}}},
 	{3, {{0, -1}, {1, 2, 3, -1}, {4, 5, -1}}}, /* layout 0's order, other buckets */
-	/* for the bf16/fp16 cases (lowp_): each bucket of one dtype */
+	/* for the bf16/fp16 cases (sf_lowp): each bucket of one dtype */
 	{3, {{0, 3, -1}, {1, 4, -1}, {2, 5, -1}}},
 	{4, {{5, 2, -1}, {1, -1}, {4, -1}, {3, 0, -1}}},
 	{4, {{0, 3, -1}, {1, -1}, {4, -1}, {2, 5, -1}}}, /* layout 4's order */
 };
-
-/* The bf16/fp16 cases set this before their scripts: parameter k then has
- * dtype lowp_dt[k] (fp32 otherwise), with layouts 4 and 5 only. */
-static bool lowp_;
-static const enum zc_dtype lowp_dt[NP] = {ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16,
-					  ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16};
-
-static enum zc_dtype dtype_of(int k)
-{
-	return lowp_ ? lowp_dt[k] : ZC_DTYPE_F32;
-}
-
-static uint64_t total_numel(void)
-{
-	uint64_t n = 0;
-
-	for (int k = 0; k < NP; k++)
-		n += params[k].numel;
-	return n;
-}
-
-static uint64_t param_base(int k)
-{
-	uint64_t n = 0;
-
-	for (int i = 0; i < k; i++)
-		n += params[i].numel;
-	return n;
-}
-
-struct tplan {
-	struct zc_param_group groups[3];
-	struct zc_segment segs[MAXB][NP];
-	struct zc_bucket buckets[MAXB];
-	struct zc_plan plan;
-	/* where each parameter is */
-	uint32_t bucket_of[NP], seg_of[NP];
-};
-
-static void set_groups(enum zc_optimizer opt, struct zc_param_group *g)
-{
-	for (int i = 0; i < 3; i++)
-		g[i] = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
-	if (opt == ZC_OPT_SGD) {
-		g[0].lr = 0.05, g[0].momentum = 0.9, g[0].nesterov = true;
-		g[1].lr = 0.02, g[1].momentum = 0.5, g[1].dampening = 0.1, g[1].weight_decay = 0.01;
-		g[2].lr = 0.01, g[2].weight_decay = 0.001, g[2].maximize = true; /* momentum 0 */
-	} else {
-		g[0].lr = 1e-2;
-		g[1].lr = 2e-3, g[1].beta1 = 0.8, g[1].beta2 = 0.99, g[1].eps = 1e-6;
-		g[1].weight_decay = 0.01, g[1].amsgrad = true;
-		g[2].lr = 5e-3, g[2].weight_decay = 0.05, g[2].maximize = true;
-	}
-}
-
-static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt, enum zc_shard_mode shard,
-		      enum zc_step_mode step, bool ids)
-{
-	const struct layout *l = &layouts[layout];
-
-	memset(tp, 0, sizeof(*tp));
-	set_groups(opt, tp->groups);
-	for (uint32_t b = 0; b < l->nbuckets; b++) {
-		uint64_t off = 0;
-		uint32_t s = 0;
-		for (; l->b[b][s] >= 0; s++) {
-			int k = l->b[b][s];
-			tp->segs[b][s] =
-				(struct zc_segment){.size = sizeof(struct zc_segment),
-						    .group = params[k].group,
-						    .offset = off,
-						    .numel = params[k].numel,
-						    .param_id = ids ? 100 + (uint64_t)k : 0};
-			tp->bucket_of[k] = b;
-			tp->seg_of[k] = s;
-			off += params[k].numel;
-		}
-		tp->buckets[b] = (struct zc_bucket){.size = sizeof(struct zc_bucket),
-						    .nsegments = s,
-						    .numel = off,
-						    .segments = tp->segs[b],
-						    .dtype = dtype_of(l->b[b][0])};
-	}
-	tp->plan = (struct zc_plan){.size = sizeof(struct zc_plan),
-				    .optimizer = opt,
-				    .shard_mode = shard,
-				    .step_mode = step,
-				    .ngroups = 3,
-				    .groups = tp->groups,
-				    .nbuckets = l->nbuckets,
-				    .buckets = tp->buckets};
-}
-
-static float grad_value(uint64_t seed, uint32_t rank, int it, int k, uint64_t i)
-{
-	return det_uniform(seed, rank, (uint64_t)it, ((uint64_t)k << 32) | i);
-}
-
-static float init_value(uint64_t seed, int k, uint64_t i)
-{
-	return det_uniform(seed ^ 0x5eed, 1, (uint64_t)k, i);
-}
-
-/* ---------------------------------------------- state, in param order --- */
-
-/* A whole job's parameters and optimizer state, by parameter (flat in
- * parameter order), in memory shared by the test's processes. */
-struct snap {
-	bool valid;
-	uint32_t present[NP];
-	double step[NP];
-	float p[9000], m[9000], v[9000], vmax[9000];
-	float master[9000]; /* bf16/fp16 parameters (lowp_) */
-};
-_Static_assert(9000 >= 1000 + 37 + 5001 + 16 + 2500 + 300, "snap holds every parameter");
-
-static void snap_init(struct snap *s, uint64_t seed)
-{
-	memset(s, 0, sizeof(*s));
-	for (int k = 0; k < NP; k++)
-		for (uint64_t i = 0; i < params[k].numel; i++)
-			s->p[param_base(k) + i] = init_value(seed, k, i);
-	s->valid = true;
-}
-
-/* The gradients' sum in the daemons' order (docs/DATAPLANE.md): each node's
- * ranks in rank order, then the nodes in node order; node_of NULL: one node. */
-static float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, int it, int k,
-		      uint64_t i)
-{
-	float sum = 0;
-	uint32_t nnodes = 1;
-
-	for (uint32_t r = 0; node_of && r < world; r++)
-		nnodes = node_of[r] + 1 > nnodes ? node_of[r] + 1 : nnodes;
-	for (uint32_t n = 0; n < nnodes; n++) {
-		float part = 0;
-		bool any = false;
-		for (uint32_t r = 0; r < world; r++) {
-			if (node_of && node_of[r] != n)
-				continue;
-			part = any ? part + grad_value(seed, r, it, k, i)
-				   : grad_value(seed, r, it, k, i);
-			any = true;
-		}
-		sum = n ? sum + part : part;
-	}
-	return sum;
-}
-
-/* From this iteration on group 0's lr is halved (zc_set_hyper), -1: never;
- * the case sets it for both the reference and its script. */
-static int hyper_iter_ = -1;
-
-/* The reference: iterations [from, to) with `world` ranks, on s. */
-static void ref_train_nodes(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
-			    const uint32_t *node_of, int from, int to);
-static void ref_train(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
-		      int from, int to)
-{
-	ref_train_nodes(s, opt, seed, world, NULL, from, to);
-}
-
-static void ref_train_nodes(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
-			    const uint32_t *node_of, int from, int to)
-{
-	struct zc_param_group g[3];
-	float *gr = calloc(total_numel(), sizeof(float));
-
-	set_groups(opt, g);
-	double lr0 = g[0].lr;
-	for (int it = from; it < to; it++)
-		for (int k = 0; k < NP; k++) {
-			g[0].lr = hyper_iter_ >= 0 && it >= hyper_iter_ ? lr0 * 0.5 : lr0;
-			uint64_t o = param_base(k), n = params[k].numel;
-			const struct zc_param_group *h = &g[params[k].group];
-			for (uint64_t i = 0; i < n; i++)
-				gr[o + i] = grad_sum(seed, world, node_of, it, k, i) / (float)world;
-			if (opt == ZC_OPT_SGD) {
-				bool first = !(s->present[k] & ZC_STATE_MOMENTUM_BUFFER);
-				ref_sgd(h, s->p + o, gr + o, s->m + o, first, n);
-				if (h->momentum != 0)
-					s->present[k] = ZC_STATE_MOMENTUM_BUFFER;
-			} else {
-				s->step[k] += 1;
-				ref_adam(opt == ZC_OPT_ADAMW, h, (uint64_t)s->step[k], s->p + o,
-					 gr + o, s->m + o, s->v + o, s->vmax + o, n);
-				s->present[k] = ZC_STATE_STEP | ZC_STATE_EXP_AVG |
-						ZC_STATE_EXP_AVG_SQ |
-						(h->amsgrad ? ZC_STATE_MAX_EXP_AVG_SQ : 0);
-			}
-		}
-	free(gr);
-}
-
-/* segs[k] for parameter k in tp's layout, pointing into s. */
-static void snap_segs(struct snap *s, const struct tplan *tp, enum zc_optimizer opt,
-		      struct zc_segment_state *segs)
-{
-	for (int k = 0; k < NP; k++) {
-		uint64_t o = param_base(k);
-		segs[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
-		segs[k].bucket = tp->bucket_of[k];
-		segs[k].segment = tp->seg_of[k];
-		segs[k].present = s->present[k];
-		segs[k].step = s->step[k];
-		if (dtype_of(k) != ZC_DTYPE_F32)
-			segs[k].master = s->master + o;
-		if (opt == ZC_OPT_SGD) {
-			segs[k].momentum_buffer = s->m + o;
-		} else {
-			segs[k].exp_avg = s->m + o;
-			segs[k].exp_avg_sq = s->v + o;
-			segs[k].max_exp_avg_sq = s->vmax + o;
-		}
-	}
-}
-
-/* Export the client's parameters and state into a snap. */
-static int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer opt,
-		       struct snap *out)
-{
-	struct zc_segment_state segs[NP];
-	int r;
-
-	memset(out, 0, sizeof(*out));
-	snap_segs(out, tp, opt, segs);
-	r = zc_get_state(c, segs, NP);
-	if (r < 0)
-		return r;
-	for (int k = 0; k < NP; k++) {
-		const void *pb = zc_param_ptr(c, tp->bucket_of[k]);
-		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
-
-		if (!pb)
-			return -1;
-		out->present[k] = segs[k].present;
-		out->step[k] = segs[k].step;
-		for (uint64_t i = 0; i < params[k].numel; i++)
-			out->p[param_base(k) + i] =
-				dtype_of(k) == ZC_DTYPE_F32
-					? ((const float *)pb)[at + i]
-					: ref_lowp_widen(((const uint16_t *)pb)[at + i],
-							 dtype_of(k));
-	}
-	out->valid = true;
-	return 0;
-}
-
-/* Bit for bit, reasons as TAP comments; how many differences (at most a few
- * are printed). */
-static int snap_compare(const char *what, const struct snap *got, const struct snap *want,
-			enum zc_optimizer opt)
-{
-	int bad = 0;
-
-	for (int k = 0; k < NP; k++) {
-		uint64_t o = param_base(k);
-		const float *ga[] = {got->p + o, got->m + o, got->v + o, got->vmax + o,
-				     got->master + o};
-		const float *wa[] = {want->p + o, want->m + o, want->v + o, want->vmax + o,
-				     want->master + o};
-		const char *names[] = {"param", opt == ZC_OPT_SGD ? "momentum_buffer" : "exp_avg",
-				       "exp_avg_sq", "max_exp_avg_sq", "master"};
-		uint32_t bits[] = {~0u, ZC_STATE_MOMENTUM_BUFFER | ZC_STATE_EXP_AVG,
-				   ZC_STATE_EXP_AVG_SQ, ZC_STATE_MAX_EXP_AVG_SQ, ZC_STATE_MASTER};
-
-		if (got->present[k] != want->present[k] || got->step[k] != want->step[k]) {
-			printf("# %s: param %d: present 0x%x step %g, want 0x%x step %g\n", what, k,
-			       got->present[k], got->step[k], want->present[k], want->step[k]);
-			bad++;
-			continue;
-		}
-		for (int a = 0; a < 5; a++) {
-			if (a > 0 && !(want->present[k] & bits[a]))
-				continue;
-			if (memcmp(ga[a], wa[a], params[k].numel * sizeof(float)) == 0)
-				continue;
-			for (uint64_t i = 0; i < params[k].numel; i++)
-				if (memcmp(&ga[a][i], &wa[a][i], sizeof(float)) != 0) {
-					printf("# %s: param %d %s[%llu] = %.9g, want %.9g\n", what,
-					       k, names[a], (unsigned long long)i, ga[a][i],
-					       wa[a][i]);
-					break;
-				}
-			bad++;
-		}
-	}
-	return bad;
-}
 
 /* ------------------------------------------------------------ a rank --- */
 
@@ -480,7 +177,7 @@ static int rank_main(void *arg, int idx)
 	const char *step = "connect";
 	int r;
 
-	make_plan(tp, sc->layout, sc->opt, sc->shard, sc->step, sc->ids);
+	make_plan(tp, &layouts[sc->layout], sc->opt, sc->shard, sc->step, sc->ids);
 	r = zc_connect(&cfg, &c);
 	if (r >= 0) {
 		step = "alloc_buffers";
@@ -502,7 +199,7 @@ static int rank_main(void *arg, int idx)
 		r = zc_set_state(c, segs, NP);
 	}
 	for (int it = sc->start; r >= 0 && it < sc->start + sc->iters; it++) {
-		if (it == hyper_iter_) {
+		if (it == sf_hyper_iter) {
 			struct zc_param_group h = tp->groups[0];
 			h.lr *= 0.5;
 			step = "set_hyper";
@@ -514,7 +211,7 @@ static int rank_main(void *arg, int idx)
 						 sc->node_of[rank] == 1
 					 ? sc->replan_layout_node1
 					 : sc->replan_layout;
-			make_plan(tp2, to, sc->opt, sc->shard, sc->step, sc->ids);
+			make_plan(tp2, &layouts[to], sc->opt, sc->shard, sc->step, sc->ids);
 			step = "re-plan: alloc_buffers";
 			r = zc_alloc_buffers(c, &tp2->plan);
 			if (r >= 0) {
@@ -680,7 +377,7 @@ static int formats_rank(void *arg, int idx)
 	float buf[5001];
 	int r;
 
-	make_plan(&tp, 0, sc->opt, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, false);
+	make_plan(&tp, &layouts[0], sc->opt, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, false);
 	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &tp.plan)) < 0 ||
 	    (r = zc_register_plan(c)) < 0) {
 		EXPECT(0, "setup: %s: %s", zc_strerror_name(r), zc_error_message());
@@ -792,7 +489,7 @@ static void replan(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc_step
 	struct script *sc = script_new("replan", world, opt, shard, step);
 	struct snap *want = test_shared(sizeof(*want));
 
-	hyper_iter_ = 3; /* the lr in force then goes on after the re-plan */
+	sf_hyper_iter = 3; /* the lr in force then goes on after the re-plan */
 	snap_init(want, sc->seed);
 	ref_train(want, opt, sc->seed, world, 0, 10);
 	sc->layout = from;
@@ -869,13 +566,13 @@ static void lowp_check(const struct snap *s)
 
 	for (int k = 0; k < NP; k++) {
 		uint64_t o = param_base(k);
-		bool lp = lowp_dt[k] != ZC_DTYPE_F32;
+		bool lp = sf_lowp_dt[k] != ZC_DTYPE_F32;
 
 		CHECK(!!(s->present[k] & ZC_STATE_MASTER) == lp, "param %d (%s): present 0x%x", k,
 		      lp ? "bf16/fp16" : "fp32", s->present[k]);
 		for (uint64_t i = 0; lp && i < params[k].numel; i++) {
-			float r = ref_lowp_widen(ref_lowp_round(s->master[o + i], lowp_dt[k]),
-						 lowp_dt[k]);
+			float r = ref_lowp_widen(ref_lowp_round(s->master[o + i], sf_lowp_dt[k]),
+						 sf_lowp_dt[k]);
 			if (memcmp(&r, &s->p[o + i], sizeof(r)) != 0) {
 				CHECK(0, "param %d[%llu] = %.9g is not its master %.9g rounded", k,
 				      (unsigned long long)i, s->p[o + i], s->master[o + i]);
@@ -896,7 +593,7 @@ static void lowp_roundtrip(enum zc_optimizer opt, enum zc_shard_mode shard, enum
 	struct script *sc = script_new("lowp-roundtrip", 2, opt, shard, step);
 	struct snap *out = test_shared(sizeof(*out));
 
-	lowp_ = true;
+	sf_lowp = true;
 	sc->layout = 4;
 	sc->iters = 3;
 	sc->roundtrip = true;
@@ -928,7 +625,7 @@ static void lowp_replan(enum zc_optimizer opt, enum zc_shard_mode shard, enum zc
 	struct script *c = script_new("lowp-replans", world, opt, shard, step);
 	struct snap *at5 = test_shared(sizeof(*at5)), *end = test_shared(sizeof(*end));
 
-	lowp_ = true;
+	sf_lowp = true;
 	a->layout = 4;
 	a->iters = 5;
 	a->out = at5;
@@ -974,7 +671,7 @@ static void t_lowp_import_without_master(void)
 		script_new("lowp-nomaster2", 2, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
 	struct snap *saved = test_shared(sizeof(*saved)), *got = test_shared(sizeof(*got));
 
-	lowp_ = true;
+	sf_lowp = true;
 	a->layout = 4;
 	a->iters = 3;
 	a->out = saved;
@@ -993,7 +690,7 @@ static void t_lowp_import_without_master(void)
 	REQUIRE(got->valid && !test_failed_, "the import failed");
 	for (int k = 0; k < NP; k++) {
 		uint64_t o = param_base(k);
-		if (lowp_dt[k] == ZC_DTYPE_F32)
+		if (sf_lowp_dt[k] == ZC_DTYPE_F32)
 			continue;
 		CHECK(memcmp(got->master + o, saved->p + o, params[k].numel * sizeof(float)) == 0,
 		      "param %d: the master is not the parameter widened", k);
@@ -1018,7 +715,7 @@ static int master_rank(void *arg, int idx)
 	const uint16_t *pb;
 	int r;
 
-	make_plan(&tp, 4, sc->opt, ZC_SHARD_BUCKET, ZC_STEP_AT_END, false);
+	make_plan(&tp, &layouts[4], sc->opt, ZC_SHARD_BUCKET, ZC_STEP_AT_END, false);
 	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &tp.plan)) < 0 ||
 	    (r = zc_register_plan(c)) < 0) {
 		EXPECT(0, "setup: %s: %s", zc_strerror_name(r), zc_error_message());
@@ -1067,7 +764,7 @@ static void t_lowp_master_sets_params(void)
 	struct script *sc =
 		script_new("lowp-master", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
 
-	lowp_ = true;
+	sf_lowp = true;
 	CHECK(wait_child(spawn(master_rank, sc, 0), test_timeout(30000)) == 0, "the rank failed");
 }
 
@@ -1087,7 +784,7 @@ static void t_no_name_in_dev_shm(void)
 
 	REQUIRE(fd >= 0 && inotify_add_watch(fd, "/dev/shm", IN_CREATE | IN_MOVED_TO) >= 0,
 		"inotify on /dev/shm: %s", strerror(errno));
-	hyper_iter_ = 3;
+	sf_hyper_iter = 3;
 	snap_init(want, sc->seed);
 	ref_train(want, ZC_OPT_ADAM, sc->seed, 2, 0, 6);
 	sc->ids = true;
@@ -1157,7 +854,7 @@ static int bad_rank(void *arg, int idx)
 	int r;
 
 	cfg.register_timeout_ms = test_timeout(20000);
-	make_plan(tp, 0, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+	make_plan(tp, &layouts[0], ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
 	snap_init(s, sc->seed);
 	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &tp->plan)) < 0 ||
 	    fill_params(c, tp, s) < 0 || (r = zc_register_plan(c)) < 0) {
@@ -1270,31 +967,31 @@ static int bad_rank(void *arg, int idx)
 		r = r == ZC_ESTATEINVAL ? 0 : -1;
 	}
 	/* a re-plan that changes the parameters: refused, the plan stays */
-	make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+	make_plan(bad, &layouts[1], ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
 	bad->segs[0][0].numel += 1, bad->segs[0][1].offset += 1, bad->buckets[0].numel += 1;
 	if (r == 0) {
 		r = zc_alloc_buffers(c, &bad->plan);
 		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "numel 301"),
 		       "re-plan with another numel: %s: %s", zc_strerror_name(r),
 		       zc_error_message());
-		make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		make_plan(bad, &layouts[1], ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
 		bad->segs[1][1].group = 0;
 		r = zc_alloc_buffers(c, &bad->plan);
 		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "group 0"),
 		       "re-plan with another group: %s: %s", zc_strerror_name(r),
 		       zc_error_message());
-		make_plan(bad, 1, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		make_plan(bad, &layouts[1], ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
 		r = zc_alloc_buffers(c, &bad->plan);
 		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "optimizer"),
 		       "re-plan with another optimizer: %s: %s", zc_strerror_name(r),
 		       zc_error_message());
-		make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		make_plan(bad, &layouts[1], ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
 		bad->segs[0][1].param_id = 555;
 		r = zc_alloc_buffers(c, &bad->plan);
 		EXPECT(r == ZC_EREPLAN && strstr(zc_error_message(), "555"),
 		       "re-plan with an unknown param_id: %s: %s", zc_strerror_name(r),
 		       zc_error_message());
-		make_plan(bad, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
+		make_plan(bad, &layouts[1], ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
 		bad->segs[0][1].param_id = bad->segs[0][0].param_id;
 		r = zc_alloc_buffers(c, &bad->plan);
 		EXPECT(r == ZC_EPLANINVAL && strstr(zc_error_message(), "param_id"),

@@ -37,251 +37,23 @@
 
 #include "harness.h"
 #include "refoptim.h"
+#include "statefix.h"
 #include "testlib.h"
 #include "trainer.h"
 
-#define NP         6
-#define MAXB       4
 #define CKPT_EVERY 3
 #define ITERS      12
 #define KILL_AFTER 8 /* iterations rank 0 completed when the zerod is killed */
 
 static struct zd daemon_;
 
-static const struct {
-	uint64_t numel;
-	uint32_t group;
-} params[NP] = {{1000, 0}, {37, 1}, {5001, 2}, {16, 0}, {2500, 1}, {300, 2}};
-
-struct layout {
-	uint32_t nbuckets;
-	int b[MAXB][NP + 1];
-};
+/* statefix.h's job; layout 3 lacks parameter 5 (another model) */
 static const struct layout layouts[] = {
 	{3, {{0, 1, -1}, {2, -1}, {3, 4, 5, -1}}},
 	{4, {{5, 3, -1}, {4, 2, -1}, {1, -1}, {0, -1}}},
 	{1, {{2, 0, 4, 1, 5, 3, -1}}},
 	{2, {{0, 1, 2, -1}, {3, 4, -1}}}, /* param 5 missing: another model */
 };
-
-static uint64_t param_base(int k)
-{
-	uint64_t n = 0;
-
-	for (int i = 0; i < k; i++)
-		n += params[i].numel;
-	return n;
-}
-
-struct tplan {
-	struct zc_param_group groups[3];
-	struct zc_segment segs[MAXB][NP];
-	struct zc_bucket buckets[MAXB];
-	struct zc_plan plan;
-	uint32_t bucket_of[NP], seg_of[NP];
-	bool has[NP];
-};
-
-static void set_groups(enum zc_optimizer opt, struct zc_param_group *g)
-{
-	for (int i = 0; i < 3; i++)
-		g[i] = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
-	if (opt == ZC_OPT_SGD) {
-		g[0].lr = 0.05, g[0].momentum = 0.9, g[0].nesterov = true;
-		g[1].lr = 0.02, g[1].momentum = 0.5, g[1].dampening = 0.1, g[1].weight_decay = 0.01;
-		g[2].lr = 0.01, g[2].weight_decay = 0.001, g[2].maximize = true;
-	} else {
-		g[0].lr = 1e-2;
-		g[1].lr = 2e-3, g[1].beta1 = 0.8, g[1].beta2 = 0.99, g[1].eps = 1e-6;
-		g[1].weight_decay = 0.01, g[1].amsgrad = true;
-		g[2].lr = 5e-3, g[2].weight_decay = 0.05, g[2].maximize = true;
-	}
-}
-
-static void make_plan(struct tplan *tp, int layout, enum zc_optimizer opt, enum zc_shard_mode shard,
-		      enum zc_step_mode step, bool ids)
-{
-	const struct layout *l = &layouts[layout];
-
-	memset(tp, 0, sizeof(*tp));
-	set_groups(opt, tp->groups);
-	for (uint32_t b = 0; b < l->nbuckets; b++) {
-		uint64_t off = 0;
-		uint32_t s = 0;
-		for (; l->b[b][s] >= 0; s++) {
-			int k = l->b[b][s];
-			tp->segs[b][s] =
-				(struct zc_segment){.size = sizeof(struct zc_segment),
-						    .group = params[k].group,
-						    .offset = off,
-						    .numel = params[k].numel,
-						    .param_id = ids ? 100 + (uint64_t)k : 0};
-			tp->bucket_of[k] = b;
-			tp->seg_of[k] = s;
-			tp->has[k] = true;
-			off += params[k].numel;
-		}
-		tp->buckets[b] = (struct zc_bucket){.size = sizeof(struct zc_bucket),
-						    .nsegments = s,
-						    .numel = off,
-						    .segments = tp->segs[b]};
-	}
-	tp->plan = (struct zc_plan){.size = sizeof(struct zc_plan),
-				    .optimizer = opt,
-				    .shard_mode = shard,
-				    .step_mode = step,
-				    .ngroups = 3,
-				    .groups = tp->groups,
-				    .nbuckets = l->nbuckets,
-				    .buckets = tp->buckets};
-}
-
-static float grad_value(uint64_t seed, uint32_t rank, int it, int k, uint64_t i)
-{
-	return det_uniform(seed, rank, (uint64_t)it, ((uint64_t)k << 32) | i);
-}
-
-static float init_value(uint64_t seed, int k, uint64_t i)
-{
-	return det_uniform(seed ^ 0x5eed, 1, (uint64_t)k, i);
-}
-
-/* A whole job's parameters and state, by parameter. */
-struct snap {
-	bool valid;
-	uint32_t present[NP];
-	double step[NP];
-	float p[9000], m[9000], v[9000], vmax[9000];
-};
-
-static void snap_init(struct snap *s, uint64_t seed)
-{
-	memset(s, 0, sizeof(*s));
-	for (int k = 0; k < NP; k++)
-		for (uint64_t i = 0; i < params[k].numel; i++)
-			s->p[param_base(k) + i] = init_value(seed, k, i);
-	s->valid = true;
-}
-
-/* The gradients' sum in the daemons' order: each node's ranks in rank order,
- * then the nodes in node order; node_of NULL: one node. */
-static float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, int it, int k,
-		      uint64_t i)
-{
-	float sum = 0;
-	uint32_t nnodes = 1;
-
-	for (uint32_t r = 0; node_of && r < world; r++)
-		nnodes = node_of[r] + 1 > nnodes ? node_of[r] + 1 : nnodes;
-	for (uint32_t n = 0; n < nnodes; n++) {
-		float part = 0;
-		bool any = false;
-		for (uint32_t r = 0; r < world; r++) {
-			if (node_of && node_of[r] != n)
-				continue;
-			part = any ? part + grad_value(seed, r, it, k, i)
-				   : grad_value(seed, r, it, k, i);
-			any = true;
-		}
-		sum = n ? sum + part : part;
-	}
-	return sum;
-}
-
-/* The reference: iterations [from, to) with `world` ranks on s. */
-static void ref_train(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
-		      const uint32_t *node_of, int from, int to)
-{
-	struct zc_param_group g[3];
-	float *gr = calloc(9000, sizeof(float));
-
-	set_groups(opt, g);
-	for (int it = from; it < to; it++)
-		for (int k = 0; k < NP; k++) {
-			uint64_t o = param_base(k), n = params[k].numel;
-			const struct zc_param_group *h = &g[params[k].group];
-			for (uint64_t i = 0; i < n; i++)
-				gr[o + i] = grad_sum(seed, world, node_of, it, k, i) / (float)world;
-			if (opt == ZC_OPT_SGD) {
-				bool first = !(s->present[k] & ZC_STATE_MOMENTUM_BUFFER);
-				ref_sgd(h, s->p + o, gr + o, s->m + o, first, n);
-				if (h->momentum != 0)
-					s->present[k] = ZC_STATE_MOMENTUM_BUFFER;
-			} else {
-				s->step[k] += 1;
-				ref_adam(opt == ZC_OPT_ADAMW, h, (uint64_t)s->step[k], s->p + o,
-					 gr + o, s->m + o, s->v + o, s->vmax + o, n);
-				s->present[k] = ZC_STATE_STEP | ZC_STATE_EXP_AVG |
-						ZC_STATE_EXP_AVG_SQ |
-						(h->amsgrad ? ZC_STATE_MAX_EXP_AVG_SQ : 0);
-			}
-		}
-	free(gr);
-}
-
-static void snap_segs(struct snap *s, const struct tplan *tp, enum zc_optimizer opt,
-		      struct zc_segment_state *segs)
-{
-	for (int k = 0; k < NP; k++) {
-		uint64_t o = param_base(k);
-		segs[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
-		segs[k].bucket = tp->bucket_of[k];
-		segs[k].segment = tp->seg_of[k];
-		if (opt == ZC_OPT_SGD) {
-			segs[k].momentum_buffer = s->m + o;
-		} else {
-			segs[k].exp_avg = s->m + o;
-			segs[k].exp_avg_sq = s->v + o;
-			segs[k].max_exp_avg_sq = s->vmax + o;
-		}
-	}
-}
-
-static int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer opt,
-		       struct snap *out)
-{
-	struct zc_segment_state segs[NP];
-	int r;
-
-	memset(out, 0, sizeof(*out));
-	snap_segs(out, tp, opt, segs);
-	if ((r = zc_get_state(c, segs, NP)) < 0)
-		return r;
-	for (int k = 0; k < NP; k++) {
-		const float *pb = zc_param_buffer(c, tp->bucket_of[k]) +
-				  tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
-		out->present[k] = segs[k].present;
-		out->step[k] = segs[k].step;
-		memcpy(out->p + param_base(k), pb, params[k].numel * sizeof(float));
-	}
-	out->valid = true;
-	return 0;
-}
-
-/* Bit for bit: how many arrays differ (reasons as TAP comments). */
-static int snap_compare(const char *what, const struct snap *got, const struct snap *want)
-{
-	int bad = 0;
-
-	for (int k = 0; k < NP; k++) {
-		uint64_t o = param_base(k), n = params[k].numel * sizeof(float);
-		if (got->present[k] != want->present[k] || got->step[k] != want->step[k]) {
-			printf("# %s: param %d: present 0x%x step %g, want 0x%x step %g\n", what, k,
-			       got->present[k], got->step[k], want->present[k], want->step[k]);
-			bad++;
-			continue;
-		}
-		if (memcmp(got->p + o, want->p + o, n) || memcmp(got->m + o, want->m + o, n) ||
-		    memcmp(got->v + o, want->v + o, n) ||
-		    memcmp(got->vmax + o, want->vmax + o, n)) {
-			printf("# %s: param %d: parameters or state differ (p[0] %.9g, want "
-			       "%.9g)\n",
-			       what, k, got->p[o], want->p[o]);
-			bad++;
-		}
-	}
-	return bad;
-}
 
 /* -------------------------------------------------------------- a rank --- */
 
@@ -426,7 +198,7 @@ static int rank_main(void *arg, int idx)
 	int64_t deadline = test_ms() + test_timeout(60000);
 	int r, last_ckpt = -1;
 
-	make_plan(tp, sc->layout, sc->opt, sc->shard, sc->step, sc->ids);
+	make_plan(tp, &layouts[sc->layout], sc->opt, sc->shard, sc->step, sc->ids);
 	r = setup(sc, rank, tp, &c, &what);
 	if (r >= 0 && sc->restore) {
 		what = "restore";
@@ -501,7 +273,7 @@ static int rank_main(void *arg, int idx)
 		EXPECT(0, "%s rank %u: %s: %s: %s", sc->job, rank, what, zc_strerror_name(r),
 		       zc_error_message());
 	else if (sc->want)
-		EXPECT(snap_compare(sc->job, got, sc->want) == 0,
+		EXPECT(snap_compare(sc->job, got, sc->want, sc->opt) == 0,
 		       "rank %u: differs from the "
 		       "reference",
 		       rank);
@@ -638,7 +410,7 @@ static void crash_one_node(enum zc_optimizer opt, enum zc_shard_mode shard, enum
 	snprintf(sc->socks[0], sizeof(sc->socks[0]), "%s", own.sock);
 	sc->crash = true;
 	snap_init(want, sc->seed);
-	ref_train(want, opt, sc->seed, 2, NULL, 0, ITERS);
+	ref_train_nodes(want, opt, sc->seed, 2, NULL, 0, ITERS);
 	sc->iters = ITERS;
 	sc->ckpt_every = CKPT_EVERY;
 	sc->want = want;
@@ -680,14 +452,14 @@ static void other_layout(enum zc_optimizer opt, bool ids, int layout)
 	struct snap *want = test_shared(sizeof(*want));
 
 	snap_init(want, a->seed);
-	ref_train(want, opt, a->seed, 2, NULL, 0, 3);
+	ref_train_nodes(want, opt, a->seed, 2, NULL, 0, 3);
 	a->ids = ids;
 	a->iters = 3;
 	a->ckpt_every = 3;
 	a->want = want;
 	run_script(a);
 	REQUIRE(!test_failed_, "the checkpointing job failed");
-	ref_train(want, opt, a->seed, 3, NULL, 3, 5);
+	ref_train_nodes(want, opt, a->seed, 3, NULL, 3, 5);
 	snprintf(b->dir, sizeof(b->dir), "%s", a->dir);
 	b->ids = ids;
 	b->layout = layout;
@@ -844,7 +616,7 @@ static int bad_rank(void *arg, int idx)
 	const char *what;
 	int r;
 
-	make_plan(tp, 0, ZC_OPT_ADAM, sc->shard, sc->step, false);
+	make_plan(tp, &layouts[0], ZC_OPT_ADAM, sc->shard, sc->step, false);
 	r = setup(sc, rank, tp, &c, &what);
 	for (int it = 0; it < 2 && r >= 0; it++)
 		r = one_iteration(c, sc, tp, rank);
@@ -879,9 +651,9 @@ static int bad_rank(void *arg, int idx)
 	EXPECT(r == 0, "rank %u: training on: %s: %s", rank, zc_strerror_name(r),
 	       zc_error_message());
 	snap_init(want, sc->seed);
-	ref_train(want, ZC_OPT_ADAM, sc->seed, sc->world, NULL, 0, 4);
+	ref_train_nodes(want, ZC_OPT_ADAM, sc->seed, sc->world, NULL, 0, 4);
 	if (r == 0)
-		EXPECT(snap_compare("after the refusals", got, want) == 0,
+		EXPECT(snap_compare("after the refusals", got, want, ZC_OPT_ADAM) == 0,
 		       "rank %u: a refused checkpoint changed the job", rank);
 	zc_close(c);
 	/* other plans: a fresh job each, refused before anything moves */
@@ -893,7 +665,7 @@ static int bad_rank(void *arg, int idx)
 		snprintf(dir, sizeof(dir), "%s.%zu", bd->good, i);
 		snprintf(job, sizeof(job), "other-%zu", i);
 		snprintf(other.job, sizeof(other.job), "%s", job);
-		make_plan(tp, spoils[i].layout, spoils[i].opt, sc->shard, sc->step, false);
+		make_plan(tp, &layouts[spoils[i].layout], spoils[i].opt, sc->shard, sc->step, false);
 		r = setup(&other, rank, tp, &c, &what);
 		if (r >= 0)
 			r = zc_restore(c, dir);
@@ -980,7 +752,7 @@ static int unwritable_rank(void *arg, int idx)
 	char dir[300];
 	int r;
 
-	make_plan(&tp, 0, sc->opt, sc->shard, sc->step, false);
+	make_plan(&tp, &layouts[0], sc->opt, sc->shard, sc->step, false);
 	r = setup(sc, (uint32_t)idx, &tp, &c, &what);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]) && r >= 0; i++) {
 		if (bad[i].sub)
@@ -1090,7 +862,7 @@ static void t_nodes_crash(void)
 
 	REQUIRE(r == 0, "cannot start the nodes: %s", strerror(-r));
 	snap_init(want, sc->seed);
-	ref_train(want, sc->opt, sc->seed, 3, node_of, 0, ITERS);
+	ref_train_nodes(want, sc->opt, sc->seed, 3, node_of, 0, ITERS);
 	sc->iters = ITERS;
 	sc->ckpt_every = CKPT_EVERY;
 	sc->crash = true;
@@ -1120,14 +892,14 @@ static void t_nodes_restore_other_world(void)
 	int r;
 
 	snap_init(want, a->seed);
-	ref_train(want, a->opt, a->seed, 2, NULL, 0, 3);
+	ref_train_nodes(want, a->opt, a->seed, 2, NULL, 0, 3);
 	a->ids = b->ids = true;
 	a->iters = 3;
 	a->ckpt_every = 3;
 	a->want = want;
 	run_script(a);
 	REQUIRE(!test_failed_, "the checkpointing job failed");
-	ref_train(want, a->opt, a->seed, 3, node_of, 3, 5);
+	ref_train_nodes(want, a->opt, a->seed, 3, node_of, 3, 5);
 	r = nodes_start(b, node_of);
 	REQUIRE(r == 0, "cannot start the nodes: %s", strerror(-r));
 	snprintf(b->dir, sizeof(b->dir), "%s", a->dir);
@@ -1236,7 +1008,7 @@ static void t_zeroctl_checkpoint(void)
 	CHECK(r == 1, "zeroctl checkpoint of no job: exit %d, want 1", r);
 	if (at > 0 && at < 30) {
 		snap_init(want, sc->seed);
-		ref_train(want, ZC_OPT_SGD, sc->seed, 2, NULL, 0, (int)at + 2);
+		ref_train_nodes(want, ZC_OPT_SGD, sc->seed, 2, NULL, 0, (int)at + 2);
 		snprintf(b->dir, sizeof(b->dir), "%s/opctl", cdir);
 		b->restore = true;
 		b->restore_at = (uint64_t)at;
