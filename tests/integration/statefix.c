@@ -16,7 +16,7 @@ const struct sf_param params[NP] = {{1000, 0}, {37, 1}, {5001, 2}, {16, 0}, {250
 
 bool sf_lowp;
 const enum zc_dtype sf_lowp_dt[NP] = {ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16,
-					  ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16};
+				      ZC_DTYPE_F32, ZC_DTYPE_BF16, ZC_DTYPE_F16};
 
 enum zc_dtype dtype_of(int k)
 {
@@ -103,7 +103,6 @@ float init_value(uint64_t seed, int k, uint64_t i)
 	return det_uniform(seed ^ 0x5eed, 1, (uint64_t)k, i);
 }
 
-
 void snap_init(struct snap *s, uint64_t seed)
 {
 	memset(s, 0, sizeof(*s));
@@ -115,8 +114,7 @@ void snap_init(struct snap *s, uint64_t seed)
 
 /* The gradients' sum in the daemons' order (docs/DATAPLANE.md): each node's
  * ranks in rank order, then the nodes in node order; node_of NULL: one node. */
-float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, int it, int k,
-		      uint64_t i)
+float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, int it, int k, uint64_t i)
 {
 	float sum = 0;
 	uint32_t nnodes = 1;
@@ -140,14 +138,14 @@ float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, int it, i
 
 int sf_hyper_iter = -1;
 
-void ref_train(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
-		      int from, int to)
+void ref_train(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world, int from,
+	       int to)
 {
 	ref_train_nodes(s, opt, seed, world, NULL, from, to);
 }
 
 void ref_train_nodes(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world,
-			    const uint32_t *node_of, int from, int to)
+		     const uint32_t *node_of, int from, int to)
 {
 	struct zc_param_group g[3];
 	float *gr = calloc(total_numel(), sizeof(float));
@@ -180,7 +178,7 @@ void ref_train_nodes(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint3
 
 /* segs[k] for parameter k in tp's layout, pointing into s. */
 void snap_segs(struct snap *s, const struct tplan *tp, enum zc_optimizer opt,
-		      struct zc_segment_state *segs)
+	       struct zc_segment_state *segs)
 {
 	for (int k = 0; k < NP; k++) {
 		uint64_t o = param_base(k);
@@ -202,8 +200,7 @@ void snap_segs(struct snap *s, const struct tplan *tp, enum zc_optimizer opt,
 }
 
 /* Export the client's parameters and state into a snap. */
-int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer opt,
-		       struct snap *out)
+int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer opt, struct snap *out)
 {
 	struct zc_segment_state segs[NP];
 	int r;
@@ -235,7 +232,7 @@ int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer opt,
 /* Bit for bit, reasons as TAP comments; how many differences (at most a few
  * are printed). */
 int snap_compare(const char *what, const struct snap *got, const struct snap *want,
-			enum zc_optimizer opt)
+		 enum zc_optimizer opt)
 {
 	int bad = 0;
 
@@ -273,4 +270,3 @@ int snap_compare(const char *what, const struct snap *got, const struct snap *wa
 	}
 	return bad;
 }
-

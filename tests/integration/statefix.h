@@ -78,8 +78,7 @@ _Static_assert(9000 >= 1000 + 37 + 5001 + 16 + 2500 + 300, "snap holds every par
 void snap_init(struct snap *s, uint64_t seed);
 /* The gradients' sum in the daemons' order (docs/DATAPLANE.md): each node's
  * ranks in rank order, then the nodes in node order; node_of NULL: one node. */
-float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, int it, int k,
-	       uint64_t i);
+float grad_sum(uint64_t seed, uint32_t world, const uint32_t *node_of, int it, int k, uint64_t i);
 /* The reference: iterations [from, to) with `world` ranks, on s (one node,
  * or ranks on node_of's nodes). */
 void ref_train(struct snap *s, enum zc_optimizer opt, uint64_t seed, uint32_t world, int from,

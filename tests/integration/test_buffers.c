@@ -119,18 +119,11 @@ static float *elem(zc_client *c, float *base, size_t e)
 
 /* ---- the background job ---- */
 
-static struct train_stop *bg_stop;
-static pid_t *bg_pids; /* [2] */
-static struct train_spec bg_spec;
-
-static int bg_rank(void *arg, int idx)
-{
-	return train_rank(arg, (uint32_t)idx);
-}
+static struct bg_job *bg;
 
 static void t_background_job_starts(void)
 {
-	bg_spec = (struct train_spec){
+	bg_job_start(bg, &(struct train_spec){
 		.socket = daemon_.sock,
 		.job = "bg",
 		.world = 2,
@@ -138,14 +131,10 @@ static void t_background_job_starts(void)
 		.shard_mode = ZC_SHARD_SLICE,
 		.step_mode = ZC_STEP_AT_END,
 		.iters = 100000,
-		.stop = bg_stop,
 		.seed = 11,
 		.hyper_iter = 5,
 		.sleep_us = 2000,
-	};
-	for (int r = 0; r < 2; r++)
-		bg_pids[r] = spawn(bg_rank, &bg_spec, r);
-	CHECK(bg_pids[0] > 0 && bg_pids[1] > 0, "fork");
+	});
 }
 
 /* ---- memory the trainer owns ---- */
@@ -680,11 +669,7 @@ static void t_trainer_of_another_user(void)
 
 static void t_background_job_unharmed(void)
 {
-	REQUIRE(bg_pids[0] > 0, "no background job");
-	atomic_store(&bg_stop->requested, 1);
-	for (int r = 0; r < 2; r++)
-		CHECK(wait_child(bg_pids[r], 60000) == 0,
-		      "bg rank %d did not end with the reference parameters", r);
+	bg_job_finish(bg);
 	CHECK(zd_alive(&daemon_), "zerod died");
 }
 
@@ -717,7 +702,6 @@ static const struct test_case cases[] = {
 
 int main(int argc, char **argv)
 {
-	bg_stop = train_stop_new();
-	bg_pids = test_shared(2 * sizeof(*bg_pids));
+	bg = bg_job_new();
 	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

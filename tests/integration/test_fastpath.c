@@ -124,18 +124,11 @@ static int find_doorbell(void)
 
 /* Cases run in processes of their own: what the last case needs of the
  * first lives in memory they share (set up in main()). */
-static struct train_stop *bg_stop;
-static pid_t *bg_pids; /* [2] */
-static struct train_spec bg_spec;
-
-static int bg_rank(void *arg, int idx)
-{
-	return train_rank(arg, (uint32_t)idx);
-}
+static struct bg_job *bg;
 
 static void t_background_job_starts(void)
 {
-	bg_spec = (struct train_spec){
+	bg_job_start(bg, &(struct train_spec){
 		.socket = daemon_.sock,
 		.job = "bg",
 		.world = 2,
@@ -143,14 +136,10 @@ static void t_background_job_starts(void)
 		.shard_mode = ZC_SHARD_SLICE,
 		.step_mode = ZC_STEP_INTERLEAVED,
 		.iters = 100000,
-		.stop = bg_stop,
 		.seed = 7,
 		.hyper_iter = 5,
 		.sleep_us = 2000,
-	};
-	for (int r = 0; r < 2; r++)
-		bg_pids[r] = spawn(bg_rank, &bg_spec, r);
-	CHECK(bg_pids[0] > 0 && bg_pids[1] > 0, "fork");
+	});
 }
 
 /* ---- the ring is in use, or not ---- */
@@ -608,12 +597,7 @@ static void t_step_before_shutdown_error(void)
 
 static void t_background_job_unharmed(void)
 {
-	REQUIRE(bg_pids[0] > 0, "no background job");
-	atomic_store(&bg_stop->requested, 1);
-	for (int r = 0; r < 2; r++)
-		CHECK(wait_child(bg_pids[r], 60000) == 0, "bg rank %d did not end with the "
-							   "reference parameters",
-		      r);
+	bg_job_finish(bg);
 	CHECK(zd_alive(&daemon_), "zerod died");
 }
 
@@ -643,7 +627,6 @@ int main(int argc, char **argv)
 	const char *env = getenv("ZEROD_FASTPATH");
 
 	ring_off = env && strcmp(env, "0") == 0;
-	bg_stop = train_stop_new();
-	bg_pids = test_shared(2 * sizeof(*bg_pids));
+	bg = bg_job_new();
 	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

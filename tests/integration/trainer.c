@@ -375,3 +375,36 @@ fail:
 	zc_close(c);
 	return 1;
 }
+
+/* ------------------------------------------------ the background job --- */
+
+static int bg_rank(void *arg, int idx)
+{
+	return train_rank(arg, (uint32_t)idx);
+}
+
+struct bg_job *bg_job_new(void)
+{
+	struct bg_job *bg = test_shared(sizeof(*bg));
+
+	bg->stop = train_stop_new();
+	return bg;
+}
+
+void bg_job_start(struct bg_job *bg, const struct train_spec *spec)
+{
+	bg->spec = *spec;
+	bg->spec.stop = bg->stop;
+	for (int r = 0; r < 2; r++)
+		bg->pids[r] = spawn(bg_rank, &bg->spec, r);
+	CHECK(bg->pids[0] > 0 && bg->pids[1] > 0, "fork");
+}
+
+void bg_job_finish(struct bg_job *bg)
+{
+	REQUIRE(bg->pids[0] > 0, "no background job");
+	atomic_store(&bg->stop->requested, 1);
+	for (int r = 0; r < 2; r++)
+		CHECK(wait_child(bg->pids[r], 60000) == 0,
+		      "bg rank %d did not end with the reference parameters", r);
+}

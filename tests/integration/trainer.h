@@ -13,6 +13,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "zeroclient.h"
 
@@ -99,5 +100,21 @@ void train_make_plan(const struct train_spec *s, struct train_plan *tp);
 /* Run rank `rank` to the end; 0 if its final parameters match the
  * reference, else 1 (reasons printed as TAP comments). */
 int train_rank(const struct train_spec *s, uint32_t rank);
+
+/*
+ * A 2-rank job that trains in the background of a test's cases, to show that
+ * what the cases do to zerod harms no one else: bg_job_new() in main()
+ * (memory the case processes share), bg_job_start() in the first case with
+ * its spec (stop is set here), bg_job_finish() in the last: it stops the job
+ * and checks both ranks ended at the reference (CHECK, as a case does).
+ */
+struct bg_job {
+	struct train_stop *stop;
+	pid_t pids[2];
+	struct train_spec spec;
+};
+struct bg_job *bg_job_new(void);
+void bg_job_start(struct bg_job *bg, const struct train_spec *spec);
+void bg_job_finish(struct bg_job *bg);
 
 #endif
