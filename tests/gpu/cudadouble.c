@@ -19,7 +19,7 @@
  *    streams interleave differently from run to run. Host functions run on
  *    that thread, as on CUDA's callback thread, and may make no CUDA or NCCL
  *    call (counted).
- *  - kernels: optim_cuda_launch() queues kern.h's optim_kern_elem over the
+ *  - kernels: optim_cuda_launch() queues kern.h's optim_kern_item over the
  *    range: the element code the GPU runs, compiled for the host.
  *  - NCCL: communicators made from one unique id (or split from one) form a
  *    clique of threads in this process. A collective part waits on its
@@ -97,7 +97,7 @@ struct pend {
 	struct pend *next;
 };
 
-enum task_kind { T_HOST, T_KERN, T_COLL, T_EVREC, T_EVWAIT };
+enum task_kind { T_HOST, T_KERN, T_COLL, T_EVREC, T_EVWAIT, T_COPY, T_SET };
 
 /* An event's shared state (a memfd page both processes map). */
 struct evshared {
@@ -120,6 +120,10 @@ struct task {
 	struct dop op;
 	struct evshared *ev; /* T_EVREC, T_EVWAIT */
 	uint64_t evseq;
+	void *dst; /* T_COPY, T_SET */
+	const void *src;
+	int value;
+	size_t bytes;
 	struct task *next;
 };
 
@@ -558,6 +562,64 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 	return cudaSuccess;
 }
 
+static void stream_push(cudaStream_t s, struct task *t);
+
+/* Under mu: a stream task's device sides are device memory of the stream's
+ * device (host sides are anything, as pageable memory is to CUDA). */
+static bool async_ok(cudaStream_t s, const void *dst, const void *src, size_t n,
+		     enum cudaMemcpyKind kind, const char *what)
+{
+	bool ok = s->dev == cur_dev;
+
+	if (!ok)
+		violation("%s on a stream of device %d, device %d current", what, s->dev, cur_dev);
+	if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
+		ok = ok && find_alloc(dst, n) != NULL;
+	if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice)
+		ok = ok && find_alloc(src, n) != NULL;
+	if (!ok)
+		violation("%s of %zu bytes: a device side is not device memory", what, n);
+	return ok;
+}
+
+static cudaError_t push_task(cudaStream_t s, struct task tmpl)
+{
+	struct task *t = malloc(sizeof(*t));
+
+	if (!t)
+		return fail(cudaErrorMemoryAllocation);
+	*t = tmpl;
+	stream_push(s, t);
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s)
+{
+	bool ok;
+
+	CUDA_ENTER();
+	pthread_mutex_lock(&mu);
+	ok = async_ok(s, dst, NULL, n, cudaMemcpyHostToDevice, "cudaMemsetAsync");
+	pthread_mutex_unlock(&mu);
+	if (!ok)
+		return fail(cudaErrorInvalidValue);
+	return push_task(s, (struct task){.kind = T_SET, .dst = dst, .value = value, .bytes = n});
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+			    cudaStream_t s)
+{
+	bool ok;
+
+	CUDA_ENTER();
+	pthread_mutex_lock(&mu);
+	ok = async_ok(s, dst, src, n, kind, "cudaMemcpyAsync");
+	pthread_mutex_unlock(&mu);
+	if (!ok)
+		return fail(cudaErrorInvalidValue);
+	return push_task(s, (struct task){.kind = T_COPY, .dst = dst, .src = src, .bytes = n});
+}
+
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *p)
 {
 	struct alloc *a;
@@ -779,8 +841,8 @@ static void run_task(struct task *t)
 		pthread_mutex_unlock(&mu);
 		return;
 	case T_KERN:
-		for (uint64_t i = 0; i < t->kern.n; i++)
-			optim_kern_elem(&t->kern, i);
+		for (uint64_t i = 0, n = optim_kern_items(&t->kern); i < n; i++)
+			optim_kern_item(&t->kern, i);
 		pthread_mutex_lock(&mu);
 		st.kernels++;
 		pthread_mutex_unlock(&mu);
@@ -793,6 +855,12 @@ static void run_task(struct task *t)
 		return;
 	case T_EVWAIT:
 		ev_wait(t->ev, t->evseq);
+		return;
+	case T_COPY:
+		memmove(t->dst, t->src, t->bytes);
+		return;
+	case T_SET:
+		memset(t->dst, t->value, t->bytes);
 		return;
 	}
 }
@@ -924,7 +992,10 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
 /* kern.h's launcher: the kernel body, on the stream's thread. */
 cudaError_t optim_cuda_launch(const struct optim_kern *a, cudaStream_t s)
 {
-	const bool sgd = a->kind == ZC_OPT_SGD;
+	const bool sgd = a->kind == ZC_OPT_SGD, lowp = a->dtype != ZC_DTYPE_F32;
+	/* on_dev counts floats: a bf16/fp16 buffer of n elements is n / 2 */
+	const size_t pn = lowp ? (a->n + 1) / 2 : a->n;
+	uint64_t items = optim_kern_items(a);
 	bool ok;
 	struct task *t;
 
@@ -935,14 +1006,37 @@ cudaError_t optim_cuda_launch(const struct optim_kern *a, cudaStream_t s)
 	ok = s->dev == cur_dev;
 	if (!ok)
 		violation("kernel on a stream of device %d, device %d current", s->dev, cur_dev);
-	ok = ok && on_dev(a->p, a->n, s->dev, "kernel param") &&
-	     on_dev(a->g, a->n, s->dev, "kernel grad");
-	if (sgd && a->sgd.mode != OPTIM_MOM_NONE)
-		ok = ok && on_dev(a->m, a->n, s->dev, "kernel momentum");
-	if (!sgd)
-		ok = ok && on_dev(a->m, a->n, s->dev, "kernel m") &&
-		     on_dev(a->v, a->n, s->dev, "kernel v") &&
-		     (!a->adam.amsgrad || on_dev(a->vmax, a->n, s->dev, "kernel vmax"));
+	switch (a->op) {
+	case OPTIM_KOP_STEP:
+		ok = ok && on_dev(a->p, pn, s->dev, "kernel param") &&
+		     on_dev(a->g, pn, s->dev, "kernel grad") &&
+		     (!lowp || on_dev(a->master, a->n, s->dev, "kernel master"));
+		if (sgd && a->sgd.mode != OPTIM_MOM_NONE)
+			ok = ok && on_dev(a->m, a->n, s->dev, "kernel momentum");
+		if (!sgd)
+			ok = ok && on_dev(a->m, a->n, s->dev, "kernel m") &&
+			     on_dev(a->v, a->n, s->dev, "kernel v") &&
+			     (!a->adam.amsgrad || on_dev(a->vmax, a->n, s->dev, "kernel vmax"));
+		break;
+	case OPTIM_KOP_CHECK:
+	case OPTIM_KOP_LOAD:
+	case OPTIM_KOP_RELOAD:
+		ok = ok && lowp && on_dev(a->p, pn, s->dev, "master param") &&
+		     on_dev(a->master, a->n, s->dev, "master") &&
+		     (a->op != OPTIM_KOP_CHECK || on_dev(a->count, 1, s->dev, "check flag"));
+		break;
+	case OPTIM_KOP_MEASURE:
+		ok = ok && on_dev(a->g, pn, s->dev, "measure grad") &&
+		     on_dev(a->sumsq, 2 * items, s->dev, "measure sums") &&
+		     on_dev(a->count, items, s->dev, "measure counts");
+		break;
+	case OPTIM_KOP_SCALE:
+		ok = ok && on_dev(a->g, pn, s->dev, "clip grad");
+		break;
+	default:
+		ok = false;
+		violation("kernel op %d", (int)a->op);
+	}
 	pthread_mutex_unlock(&mu);
 	if (!ok)
 		return fail(cudaErrorInvalidDevicePointer);

@@ -201,6 +201,8 @@ static void kernels_case(enum zc_optimizer kind, const struct zc_param_group g[2
 		.world = 2, .grads = dg, .params = dp, .nlocal = 2, .local = local, .pool = pool()};
 	REQUIRE(optim_cuda_ops.open(&cfg, &ctx) == 0, "%s: open", tag);
 	memcpy(pc, kpieces, sizeof(pc));
+	REQUIRE(optim_cuda_ops.state_alloc(ctx, pc, ARRAY_SIZE(pc), arrays) == 0,
+		"%s: state_alloc", tag);
 	for (uint64_t t = 1; t <= 4 && !test_failed_; t++) {
 		for (int d = 0; d < 2; d++)
 			for (size_t i = 0; i < KN; i++)
@@ -241,13 +243,22 @@ static void kernels_case(enum zc_optimizer kind, const struct zc_param_group g[2
 			      (unsigned long)t, d, i, i < KN ? dp[d][i] : 0, i < KN ? hp[d][i] : 0);
 		}
 	}
-	/* the device state is the state: the host arena stays as it was */
-	for (int k = 0; k < 3; k++)
+	/* the device state is the state: the host arena stays as it was, and
+	 * state_io reads the device's, the CPU's bits */
+	for (int k = 0; k < 3; k++) {
 		for (size_t i = 0; arena[k] && i < KN; i++)
 			if (arena[k][i] != 0) {
 				CHECK(arena[k][i] == 0, "%s: host arena %d written", tag, k);
 				break;
 			}
+		for (size_t q = 0; arena[k] && q < ARRAY_SIZE(pc) && !test_failed_; q++) {
+			float got[KN];
+			REQUIRE(optim_cuda_ops.state_io(ctx, &pc[q], (unsigned)k, got, false) == 0,
+				"%s: state_io", tag);
+			CHECK(memcmp(got, ref[k] + pc[q].at, pc[q].n * sizeof(float)) == 0,
+			      "%s: array %d of piece %zu differs from the CPU's", tag, k, q);
+		}
+	}
 	optim_cuda_ops.close(ctx);
 	for (int d = 0; d < 2; d++) {
 		cudaFree(dg[d]);
