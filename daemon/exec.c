@@ -69,6 +69,9 @@ struct lane {
 	unsigned ev;
 	uint32_t ev_lo, ev_hi;
 	uint64_t ev_iter;
+	/* device buffers: the marked gradients the op's REDUCE zeroes */
+	struct coll_zero *zero;
+	uint32_t nzero, zcap;
 };
 
 struct exec {
@@ -151,6 +154,8 @@ static int lane_coll(struct exec *e, struct lane *ln, enum coll_kind kind,
 				    .ev_lo = ln->ev_lo,
 				    .ev_hi = ln->ev_hi,
 				    .ev_iter = ln->ev_iter,
+				    .zero = ln->zero,
+				    .nzero = ln->nzero,
 				    .done = lane_req_done};
 	ln->req_done = false;
 	r = e->cfg.coll->submit(e->cg, &ln->req);
@@ -315,10 +320,43 @@ static void zero_one(void *arg, size_t i)
 	       0, sg->numel * es);
 }
 
+/* Device buffers: the ranges to zero go with the REDUCE (coll_req.zero),
+ * which zeroes them on the ranks' streams once their trainers' ready events
+ * fired. */
+static int zero_list(struct exec *e, struct lane *ln, uint32_t lo, uint32_t hi)
+{
+	const struct plan *p = e->cfg.plan;
+
+	ln->nzero = 0;
+	for (uint32_t b = lo; b <= hi; b++) {
+		unsigned es = plan_dtype_size(p->buckets[b].dtype);
+
+		for (uint32_t i = 0; i < e->nzero[b]; i++) {
+			const struct exec_zero *z = &e->zero[b][i];
+			const struct zc_segment *sg = &p->buckets[b].segments[z->seg];
+
+			if (ln->nzero == ln->zcap) {
+				uint32_t cap = ln->zcap ? 2 * ln->zcap : 16;
+				struct coll_zero *nz = realloc(ln->zero, cap * sizeof(*nz));
+				if (!nz)
+					return -ENOMEM;
+				ln->zero = nz;
+				ln->zcap = cap;
+			}
+			ln->zero[ln->nzero++] = (struct coll_zero){
+				.rank = z->rank,
+				.off = plan_bucket_offset(p, b) + sg->offset * es,
+				.bytes = sg->numel * es};
+		}
+	}
+	return 0;
+}
+
 /* Zero the gradients local ranks marked unused in buckets lo..hi, before
  * anything reads them: a marking rank contributes zero, and a segment every
  * rank marks averages to exactly 0 (finite, no part of any norm). Through
- * the pool, whose guard turns a buffer a trainer shrank into -EFAULT. */
+ * the pool, whose guard turns a buffer a trainer shrank into -EFAULT;
+ * device buffers through the REDUCE (zero_list). */
 static int zero_marked(struct exec *e, uint32_t lo, uint32_t hi)
 {
 	for (uint32_t b = lo; b <= hi; b++) {
@@ -328,7 +366,7 @@ static int zero_marked(struct exec *e, uint32_t lo, uint32_t hi)
 		if (!e->nzero[b])
 			continue;
 		if (!e->cfg.optim->step)
-			return -EOPNOTSUPP; /* device buffers: no host memset */
+			return -EOPNOTSUPP; /* device buffers: zero_list's */
 		r = pool_parallel_for(e->cfg.pool, e->nzero[b], zero_one, &t);
 		if (r < 0)
 			return r;
@@ -517,13 +555,14 @@ static int op_prog(struct exec *e, struct lane *ln, const struct zop *z, uint64_
 	case ZOP_STEP:
 		return op_step_all(e, ln, z->lo, z->hi);
 	case ZOP_REDUCE:
-		r = zero_marked(e, z->lo, z->hi);
+		r = e->cfg.optim->step ? zero_marked(e, z->lo, z->hi) : zero_list(e, ln, z->lo, z->hi);
 		/* the trainers' streams said the gradients are written */
 		ln->ev = COLL_EV_WAIT_READY;
 		ln->ev_lo = z->lo, ln->ev_hi = z->hi, ln->ev_iter = t;
 		if (r >= 0)
 			r = lane_coll(e, ln, COLL_REDUCE, mode, e->ranges + u0, u1 - u0);
 		ln->ev = 0;
+		ln->nzero = 0;
 		if (r >= 0)
 			e->reduced += bucket_elems(e, z->lo, z->hi);
 		return r;
@@ -1379,8 +1418,10 @@ void exec_free(struct exec *e)
 	free(e->used);
 	free(e->gused);
 	free(e->gbuf);
-	for (unsigned l = 0; l < LANE_COUNT; l++)
+	for (unsigned l = 0; l < LANE_COUNT; l++) {
 		pthread_cond_destroy(&e->lanes[l].cv);
+		free(e->lanes[l].zero);
+	}
 	pthread_mutex_destroy(&e->mu);
 	free(e);
 }

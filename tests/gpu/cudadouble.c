@@ -87,6 +87,7 @@ struct dop {
 	size_t count;
 	int root;
 	bool avg;
+	ncclDataType_t type; /* ncclFloat32, ncclBfloat16, ncclFloat16 */
 	uint64_t seq; /* the communicator's operation number, set when queued */
 };
 
@@ -145,6 +146,7 @@ struct slot {
 	size_t count;
 	int root;
 	bool avg;
+	ncclDataType_t type;
 	int arrived, departed;
 	bool done;
 	const float **send; /* [nranks] */
@@ -1051,14 +1053,66 @@ cudaError_t optim_cuda_launch(const struct optim_kern *a, cudaStream_t s)
 
 /* ------------------------------------------------------ collectives --- */
 
+/* coll_move of bf16/fp16: as the host backend (hostmem.c's host_sum_lowp)
+ * averages, summed in fp32 in rank order, divided, rounded once. */
+static void coll_move_lowp(struct slot *sl, int nranks)
+{
+	enum zc_dtype dt = sl->type == ncclBfloat16 ? ZC_DTYPE_BF16 : ZC_DTYPE_F16;
+	size_t n = sl->count, total = sl->kind == C_REDUCESCATTER || sl->kind == C_ALLGATHER
+					      ? n * (size_t)nranks
+					      : n;
+	uint16_t *tmp = malloc((total ? total : 1) * sizeof(uint16_t));
+
+	if (!tmp) {
+		violation("out of memory moving a collective");
+		return;
+	}
+	switch (sl->kind) {
+	case C_ALLREDUCE:
+	case C_REDUCE:
+	case C_REDUCESCATTER:
+		for (size_t i = 0; i < total; i++) {
+			float x = lowp_get(sl->send[0], i, dt);
+			for (int r = 1; r < nranks; r++)
+				x += lowp_get(sl->send[r], i, dt);
+			if (sl->avg)
+				x /= (float)nranks;
+			tmp[i] = lowp_narrow(x, dt);
+		}
+		if (sl->kind == C_REDUCE)
+			memcpy(sl->recv[sl->root], tmp, n * sizeof(*tmp));
+		for (int r = 0; sl->kind != C_REDUCE && r < nranks; r++)
+			memcpy(sl->recv[r], tmp + (sl->kind == C_REDUCESCATTER ? (size_t)r * n : 0),
+			       n * sizeof(*tmp));
+		break;
+	case C_BCAST:
+		memcpy(tmp, sl->send[sl->root], n * sizeof(*tmp));
+		for (int r = 0; r < nranks; r++)
+			memcpy(sl->recv[r], tmp, n * sizeof(*tmp));
+		break;
+	case C_ALLGATHER:
+		for (int r = 0; r < nranks; r++)
+			memcpy(tmp + (size_t)r * n, sl->send[r], n * sizeof(*tmp));
+		for (int r = 0; r < nranks; r++)
+			memcpy(sl->recv[r], tmp, total * sizeof(*tmp));
+		break;
+	}
+	free(tmp);
+}
+
 /* Under mu, the last part of a slot: move the data. */
 static void coll_move(struct slot *sl, int nranks)
 {
 	size_t n = sl->count, total = sl->kind == C_REDUCESCATTER || sl->kind == C_ALLGATHER
 					      ? n * (size_t)nranks
 					      : n;
-	float *tmp = malloc((total ? total : 1) * sizeof(float));
+	float *tmp;
 
+	if (sl->type != ncclFloat32) {
+		coll_move_lowp(sl, nranks);
+		return;
+	}
+	tmp = malloc((total ? total : 1) * sizeof(float));
 	if (!tmp) {
 		violation("out of memory moving a collective");
 		return;
@@ -1098,7 +1152,10 @@ static void coll_move(struct slot *sl, int nranks)
 /* Under mu: the buffers of one part are its device's. */
 static void coll_check(const struct dop *op, int nranks)
 {
-	size_t n = op->count, wide = n * (size_t)nranks;
+	/* on_dev counts floats: a bf16/fp16 count is half as many, rounded up */
+	size_t n = op->type == ncclFloat32 ? op->count : (op->count + 1) / 2;
+	size_t wide = op->type == ncclFloat32 ? op->count * (size_t)nranks
+					      : (op->count * (size_t)nranks + 1) / 2;
 	int dev = op->comm->dev;
 
 	switch (op->kind) {
@@ -1158,12 +1215,13 @@ static void coll_part(struct dop *op)
 				    .count = op->count,
 				    .root = op->root,
 				    .avg = op->avg,
+				    .type = op->type,
 				    .send = sl->send,
 				    .recv = sl->recv,
 				    .next = q->slots};
 		q->slots = sl;
 	} else if (sl->kind != op->kind || sl->count != op->count || sl->root != op->root ||
-		   sl->avg != op->avg) {
+		   sl->avg != op->avg || sl->type != op->type) {
 		violation("ranks disagree on collective #%llu: rank %d issues kind %d count %zu "
 			  "root %d, an earlier rank kind %d count %zu root %d",
 			  (unsigned long long)op->seq, c->rank, op->kind, op->count, op->root,
@@ -1540,12 +1598,14 @@ static ncclResult_t group_add(struct dop op, cudaStream_t stream, ncclDataType_t
 	struct pend *p;
 
 	NCCL_ENTER();
-	if (type != ncclFloat32 || (red != ncclSum && red != ncclAvg) || !op.comm || !stream)
+	if ((type != ncclFloat32 && type != ncclBfloat16 && type != ncclFloat16) ||
+	    (red != ncclSum && red != ncclAvg) || !op.comm || !stream)
 		return ncclInvalidArgument;
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return ncclSystemError;
 	op.avg = red == ncclAvg;
+	op.type = type;
 	p->op = op;
 	p->stream = stream;
 	if (group_tail)
