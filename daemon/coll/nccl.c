@@ -784,10 +784,6 @@ static int nccl_submit(struct coll_group *g, struct coll_req *req)
 	 * not do yet (the rendezvous hands host jobs to gloo) */
 	if (req->kind == COLL_GATHER)
 		return -EOPNOTSUPP;
-	/* fp32 only (backend_cuda.low_precision): never move bf16/fp16 as floats */
-	for (uint32_t i = 0; i < req->nranges; i++)
-		if (req->ranges[i].dtype != ZC_DTYPE_F32)
-			return ZC_ENOTSUP;
 	q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;

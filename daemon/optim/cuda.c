@@ -374,6 +374,7 @@ static int check_edits(struct optim_ctx *c, const struct optim_piece *pcs, uint3
 			r = scratch(c, o, n * sizeof(uint32_t), &sc);
 			if (r < 0)
 				break;
+			CUDA_GOTO(cudaSetDevice(c->dev[o]), r, out);
 			CUDA_GOTO(cudaMemsetAsync(sc, 0, n * sizeof(uint32_t), c->stream[o]), r,
 				  out);
 		}
@@ -459,42 +460,20 @@ static uint64_t nchunks(const struct optim_piece *pc)
  * scratch: the owner's `per` sums, then as many counts. */
 #define CHUNK_BYTES (sizeof(double) + sizeof(uint32_t))
 
-/* Add owner o's chunks into sumsq and *bad, in gradpass_measure's order
- * (pieces in order, each piece's chunks in order). */
-static int measure_collect(struct optim_ctx *c, uint32_t o, const struct optim_piece *pcs,
-			   uint32_t n, const uint64_t *pos, uint64_t per, double *sumsq,
-			   double *bad)
+/* Owner o's chunk sums and counts into host (per * CHUNK_BYTES). */
+static int measure_fetch(struct optim_ctx *c, uint32_t o, uint64_t per, double *host)
 {
-	double *host = malloc(per * CHUNK_BYTES);
-	const uint32_t *cnt = (const uint32_t *)(host + per);
-	int r = 0;
-
-	if (!host)
-		return -ENOMEM;
-	r = copy_sync(c, o, host, c->rs[o].scratch, per * CHUNK_BYTES, cudaMemcpyDeviceToHost);
-	if (r < 0)
-		goto out;
-	for (uint32_t k = 0; k < n; k++) {
-		if (pcs[k].owner != o)
-			continue;
-		for (uint64_t i = 0; i < nchunks(&pcs[k]); i++) {
-			sumsq[pcs[k].group] += host[pos[k] + i];
-			*bad += cnt[pos[k] + i];
-		}
-	}
-out:
-	free(host);
-	return r;
+	return copy_sync(c, o, host, c->rs[o].scratch, per * CHUNK_BYTES, cudaMemcpyDeviceToHost);
 }
 
 static int cuda_measure(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n, bool scale,
 			float inv_scale, double *sumsq, double *ret_nonfinite)
 {
 	uint64_t *pos = calloc(n ? n : 1, sizeof(*pos)), *per = calloc(c->world, sizeof(*per));
-	double bad = 0;
+	double **host = calloc(c->world, sizeof(*host)), bad = 0;
 	int r = 0;
 
-	if (!pos || !per) {
+	if (!pos || !per || !host) {
 		r = -ENOMEM;
 		goto out;
 	}
@@ -521,12 +500,29 @@ static int cuda_measure(struct optim_ctx *c, const struct optim_piece *pcs, uint
 		r = launch(c, &pcs[k], &a);
 	}
 	r = wait_used(c, r);
-	for (uint32_t o = 0; o < c->world && r == 0; o++)
-		if (per[o])
-			r = measure_collect(c, o, pcs, n, pos, per[o], sumsq, &bad);
+	for (uint32_t o = 0; o < c->world && r == 0; o++) {
+		if (!per[o])
+			continue;
+		host[o] = malloc(per[o] * CHUNK_BYTES);
+		r = host[o] ? measure_fetch(c, o, per[o], host[o]) : -ENOMEM;
+	}
+	/* gradpass_measure's order: pieces in order, each piece's chunks in
+	 * order, whichever device holds them */
+	for (uint32_t k = 0; k < n && r == 0; k++) {
+		const double *h = host[pcs[k].owner];
+		const uint32_t *cnt = (const uint32_t *)(h + per[pcs[k].owner]);
+
+		for (uint64_t i = 0; i < nchunks(&pcs[k]); i++) {
+			sumsq[pcs[k].group] += h[pos[k] + i];
+			bad += cnt[pos[k] + i];
+		}
+	}
 	if (r == 0)
 		*ret_nonfinite = bad;
 out:
+	for (uint32_t o = 0; host && o < c->world; o++)
+		free(host[o]);
+	free(host);
 	free(pos);
 	free(per);
 	return r;
