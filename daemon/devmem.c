@@ -71,16 +71,14 @@ int devmem_check(const struct daemon *d, const struct job *j, char *why, size_t 
 	for (uint32_t i = 0; i < j->ndevmem; i++) {
 		const struct devmem_use *u = &j->devmem[i];
 		uint64_t held = held_on(d, j, u->uuid);
-		char need[16], left[16], lim[16], dev[2 * MEM_CUDA_UUID_BYTES + 1];
+		char need[16], left[16], lim[16], dev[48];
 
 		if (held <= max && u->bytes <= max - held)
 			continue;
-		for (unsigned b = 0; b < MEM_CUDA_UUID_BYTES; b++)
-			snprintf(dev + 2 * b, 3, "%02x", u->uuid[b]);
 		snprintf(why, len,
-			 "the job needs %s of optimizer state on GPU %s, zerod has %s of its "
+			 "the job needs %s of optimizer state on %s, zerod has %s of its "
 			 "--max-device-memory %s left there",
-			 fmt_bytes(need, u->bytes), dev, fmt_bytes(left, held < max ? max - held : 0),
+			 fmt_bytes(need, u->bytes), mem_uuid_str(u->uuid, dev), fmt_bytes(left, held < max ? max - held : 0),
 			 fmt_bytes(lim, max));
 		return ZC_ELIMIT;
 	}

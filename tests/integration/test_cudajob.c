@@ -22,7 +22,9 @@
  *    zc_register_buffers(), as a handle of memory freed since) and a device
  *    zerod does not see (an unknown UUID): the job fails with ZC_EMAP naming
  *    the rank and the reason, while a second job beside it trains to the
- *    reference.
+ *    reference;
+ *  - --max-device-memory: a job whose state passes it on one GPU is refused
+ *    with ZC_ELIMIT naming the GPU, one beside it that fits trains.
  */
 #include <errno.h>
 #include <math.h>
@@ -301,6 +303,45 @@ static void t_unknown_uuid_refused(void)
 	refused_beside("cuda-uuid", unknown_uuid_rank, "no such device visible to zerod");
 }
 
+/* --max-device-memory: a job whose state would pass it on one GPU is
+ * refused with ZC_ELIMIT naming that GPU, and a smaller job beside it
+ * trains. With 2 ranks in bucket mode the GPU holding the most state needs
+ * ~141 KiB for SGD (a momentum buffer), ~423 KiB for Adam with an amsgrad
+ * group (three arrays): a limit of 300K takes the one job and not the
+ * other, whichever comes first (a refused job holds nothing). */
+static void t_device_memory_limit(void)
+{
+	const char *const extra[] = {"--backend", "cuda", "--max-device-memory", "300K", NULL};
+	struct train_spec good, bad;
+	pid_t gp[2], bp[2];
+	struct zd hd;
+
+	REQUIRE(zd_start(&hd, extra) == 0, "cannot start a zerod --max-device-memory 300K");
+	good = spec("cuda-devmem-sgd", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 31);
+	bad = spec("cuda-devmem-adam", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 32);
+	good.socket = bad.socket = hd.sock;
+	bad.results = shared_results(2);
+	REQUIRE(bad.results, "no shared memory for the results");
+	device_ = -1;
+	start_ranks(&good, gp);
+	start_ranks(&bad, bp);
+	for (int r = 0; r < 2; r++) {
+		int st = wait_child(bp[r], test_timeout(60000));
+		CHECK(st == 1, "rank %d of the large job exited with %d, not 1 (refused)", r, st);
+		CHECK(bad.results[r].code == ZC_ELIMIT, "rank %d ended with %s: %s, not ZC_ELIMIT",
+		      r, zc_strerror_name(bad.results[r].code), bad.results[r].msg);
+		CHECK(strstr(bad.results[r].msg, "--max-device-memory") &&
+			      strstr(bad.results[r].msg, "on GPU-"),
+		      "rank %d's reason \"%s\" does not name the limit and the GPU", r,
+		      bad.results[r].msg);
+	}
+	check_ranks(&good, gp);
+	CHECK(zd_alive(&hd), "zerod died");
+	if (test_failed_)
+		zd_dump_log(&hd);
+	CHECK(zd_stop(&hd, 10000) == 0, "the zerod did not stop cleanly");
+}
+
 static int host_only_rank(void *arg, int idx)
 {
 	const struct zd *hd = arg;
@@ -399,6 +440,7 @@ static const struct test_case cases[] = {
 	{"no_cuda_runtime", t_no_cuda_runtime, 40000},
 	{"bad_handle_refused", t_bad_handle_refused, 90000},
 	{"unknown_uuid_refused", t_unknown_uuid_refused, 90000},
+	{"device_memory_limit", t_device_memory_limit, 90000},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 
