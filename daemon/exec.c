@@ -239,8 +239,9 @@ static int load_masters(struct exec *e, bool edits_only)
 
 	if (!s->nmaster)
 		return 0;
-	if (e->cfg.optim->load_masters) /* the backend's state (cuda: on the devices) */
-		return e->cfg.optim->load_masters(e->oc, s->pieces, s->npieces, edits_only);
+	if (e->cfg.optim->masters) /* the backend's state (cuda: on the devices) */
+		return e->cfg.optim->masters(e->oc, s->pieces, s->npieces,
+					     edits_only ? OPTIM_MASTER_RELOAD : OPTIM_MASTER_LOAD);
 	return pool_parallel_for(e->cfg.pool, e->cfg.state->npieces, load_piece, &t);
 }
 
@@ -935,7 +936,7 @@ static int import_master(struct exec *e, const struct optim_piece *pc, const flo
 	if (e->cfg.optim->state_io)
 		return src ? e->cfg.optim->state_io(e->oc, pc, OPTIM_ARRAY_MASTER, (float *)src,
 						    true)
-			   : e->cfg.optim->load_masters(e->oc, pc, 1, false);
+			   : e->cfg.optim->masters(e->oc, pc, 1, OPTIM_MASTER_LOAD);
 	if (src)
 		memcpy(s->master + pc->mat, src, pc->n * sizeof(float));
 	else
@@ -949,11 +950,12 @@ static int import_master(struct exec *e, const struct optim_piece *pc, const flo
  * keeps the state (cuda) can fail a copy, and the job then fails. A
  * bf16/fp16 piece given without its master takes it from its owner's
  * parameters, widened. */
-static int state_import(struct exec *e, const struct exec_state_req *rq)
+static int state_import(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
 {
 	const struct plan *p = e->cfg.plan;
 	struct state *s = e->cfg.state;
 	uint64_t slots = p->state_numel;
+	bool stored = false;
 	int r = 0;
 
 	for (uint32_t b = 0; b < p->nbuckets; b++)
@@ -968,11 +970,17 @@ static int state_import(struct exec *e, const struct exec_state_req *rq)
 			if (!g->given)
 				continue;
 			if (pc->dtype != ZC_DTYPE_F32) {
+				bool given = g->present & ZC_STATE_MASTER;
 				r = import_master(e, pc,
-						  g->present & ZC_STATE_MASTER
-							  ? region(stg, slots, EXEC_REGION_MASTER) +
-								    at
-							  : NULL);
+						  given ? region(stg, slots, EXEC_REGION_MASTER) +
+								  at
+							: NULL);
+				/* device buffers: the client cannot write them, so the
+				 * owner's parameters take the narrowed master here */
+				if (r >= 0 && given && e->cfg.optim->masters) {
+					r = e->cfg.optim->masters(e->oc, pc, 1, OPTIM_MASTER_STORE);
+					stored = true;
+				}
 				if (r < 0)
 					break;
 			}
@@ -995,6 +1003,10 @@ static int state_import(struct exec *e, const struct exec_state_req *rq)
 						 g->present & ZC_STATE_MAX_EXP_AVG_SQ);
 			pc->step = has ? g->step + 1 : 1;
 		}
+	/* ... and every other local rank's from its owner (the client does this
+	 * itself for host buffers: zeroclient.h's zc_set_state) */
+	if (r >= 0 && stored)
+		r = lane_coll(e, ln, COLL_BCAST, p->shard_mode, e->ranges, e->cfg.shard->nunits);
 	return r;
 }
 
@@ -1013,7 +1025,7 @@ static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
 	case XOP_RELOAD:
 		return load_masters(e, true);
 	case XOP_STATE:
-		return o->st.set ? state_import(e, &o->st) : state_export(e, ln, &o->st);
+		return o->st.set ? state_import(e, ln, &o->st) : state_export(e, ln, &o->st);
 	}
 	return -EINVAL;
 }

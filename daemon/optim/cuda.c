@@ -326,14 +326,21 @@ static int launch(struct optim_ctx *c, const struct optim_piece *pc, struct opti
 	return 0;
 }
 
-static int cuda_load_masters(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
-			     bool edits_only)
+static int cuda_masters(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
+			unsigned how)
 {
+	static const enum optim_kop ops[] = {
+		[OPTIM_MASTER_LOAD] = OPTIM_KOP_LOAD,
+		[OPTIM_MASTER_RELOAD] = OPTIM_KOP_RELOAD,
+		[OPTIM_MASTER_STORE] = OPTIM_KOP_STORE,
+	};
 	int r = 0;
 
+	if (how >= ARRAY_SIZE(ops))
+		return -EINVAL;
 	memset(c->used, 0, c->world * sizeof(*c->used));
 	for (uint32_t k = 0; k < n && r == 0; k++) {
-		struct optim_kern a = {.op = edits_only ? OPTIM_KOP_RELOAD : OPTIM_KOP_LOAD};
+		struct optim_kern a = {.op = ops[how]};
 
 		if (pcs[k].dtype == ZC_DTYPE_F32)
 			continue;
@@ -552,7 +559,7 @@ const struct optim_ops optim_cuda_ops = {
 	.close = cuda_close,
 	.state_alloc = cuda_state_alloc,
 	.state_io = cuda_state_io,
-	.load_masters = cuda_load_masters,
+	.masters = cuda_masters,
 	.measure = cuda_measure,
 	.clip = cuda_clip,
 };

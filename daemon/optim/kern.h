@@ -37,6 +37,7 @@ enum optim_kop {
 	OPTIM_KOP_LOAD,    /* bf16/fp16: master = p widened (the job's start) */
 	OPTIM_KOP_RELOAD,  /* bf16/fp16: the same where p is not the narrowed master
 			    * (zc_params_changed(): hostmem.c's host_reload) */
+	OPTIM_KOP_STORE,   /* bf16/fp16: p = master narrowed (an imported master) */
 	OPTIM_KOP_MEASURE, /* per chunk: non-finite count, unscale, sum of squares */
 	OPTIM_KOP_SCALE,   /* g = g * coef (clipping) */
 };
@@ -113,6 +114,10 @@ static ZD_INLINE ZD_HD void optim_kern_adam(const struct optim_kern *a, uint64_t
 /* The master-keeping items of a bf16/fp16 launch. */
 static ZD_INLINE ZD_HD void optim_kern_master(const struct optim_kern *a, uint64_t i)
 {
+	if (a->op == OPTIM_KOP_STORE) {
+		optim_kern_narrow(a, i);
+		return;
+	}
 	uint16_t p = ((const uint16_t *)a->p)[i];
 	bool same = lowp_same(p, lowp_narrow(a->master[i], a->dtype), a->dtype);
 
@@ -139,6 +144,7 @@ static ZD_INLINE ZD_HD void optim_kern_item(const struct optim_kern *a, uint64_t
 	case OPTIM_KOP_CHECK:
 	case OPTIM_KOP_LOAD:
 	case OPTIM_KOP_RELOAD:
+	case OPTIM_KOP_STORE:
 		optim_kern_master(a, i);
 		return;
 	case OPTIM_KOP_MEASURE: {

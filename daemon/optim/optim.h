@@ -142,17 +142,24 @@ struct optim_ops {
 	 * n floats; -EINVAL for a piece or array the state does not have. */
 	int (*state_io)(struct optim_ctx *c, const struct optim_piece *pc, unsigned which,
 			float *buf, bool write);
-	/* The masters of the bf16/fp16 pieces among pcs from their owners'
-	 * parameters, widened: all (edits_only false), or only where the
-	 * parameter is not the narrowed master (zc_params_changed()). */
-	int (*load_masters)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
-			    bool edits_only);
+	/* The masters of the bf16/fp16 pieces among pcs and their owners'
+	 * parameters (enum optim_master: which way). */
+	int (*masters)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
+		       unsigned how);
 	/* gradpass.h's measure and clip over the owners' gradients (their
 	 * device buffers), in gradelem.h's order: the same bits. */
 	int (*measure)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n, bool scale,
 		       float inv_scale, double *sumsq, double *ret_nonfinite);
 	int (*clip)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
 		    const float *coef);
+};
+
+/* What masters() does. */
+enum optim_master {
+	OPTIM_MASTER_LOAD,   /* master = the owner's parameter, widened (the start) */
+	OPTIM_MASTER_RELOAD, /* the same where the parameter is not the narrowed
+			      * master (zc_params_changed(): hostmem.c's host_reload) */
+	OPTIM_MASTER_STORE,  /* the owner's parameter = the master, narrowed */
 };
 
 /* The arrays of state_io. */

@@ -1023,6 +1023,7 @@ cudaError_t optim_cuda_launch(const struct optim_kern *a, cudaStream_t s)
 	case OPTIM_KOP_CHECK:
 	case OPTIM_KOP_LOAD:
 	case OPTIM_KOP_RELOAD:
+	case OPTIM_KOP_STORE:
 		ok = ok && lowp && on_dev(a->p, pn, s->dev, "master param") &&
 		     on_dev(a->master, a->n, s->dev, "master") &&
 		     (a->op != OPTIM_KOP_CHECK || on_dev(a->count, 1, s->dev, "check flag"));

@@ -16,6 +16,9 @@
  *    event's record. A daemon that did not wait on the event (on its stream)
  *    would average NaNs. After each step zc_step_wait_cuda() orders the
  *    stream behind the done events;
+ *  - the state of a CUDA job out of the devices and back (zc_get_state,
+ *    zc_set_state) between iterations, the job then trains on to the
+ *    reference;
  *  - the CUDA kind on a zerod --backend host: ZC_ENOTSUP saying why;
  *  - no CUDA runtime in the trainer: ZC_ENOTSUP from zc_register_buffers();
  *  - a handle zerod cannot open (revoked in the double after
@@ -130,6 +133,68 @@ static const struct train_hooks cuda_hooks = {
 	.stepped = cuda_stepped,
 };
 
+/* The state round trip: after iteration 2 every rank exports the whole
+ * state (zc_get_state: from the devices), checks it holds what three Adam
+ * steps leave, and imports it again (zc_set_state: onto the devices); the
+ * job then trains on to the reference, bit for bit, so the state went out
+ * and came back whole. */
+static struct train_plan round_tp_;
+
+static int state_round_trip(zc_client *c)
+{
+	const struct zc_plan *p = &round_tp_.plan;
+	struct zc_segment_state segs[5 * 4];
+	float *mem[5 * 4][3] = {{NULL}};
+	uint32_t n = 0;
+	bool moved = false;
+	int r = 0;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t g = 0; g < p->buckets[b].nsegments; g++, n++) {
+			uint64_t numel = p->buckets[b].segments[g].numel;
+			segs[n] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+			segs[n].bucket = b;
+			segs[n].segment = g;
+			for (int k = 0; k < 3; k++)
+				mem[n][k] = calloc(numel, sizeof(float));
+			segs[n].exp_avg = mem[n][0];
+			segs[n].exp_avg_sq = mem[n][1];
+			segs[n].max_exp_avg_sq = mem[n][2];
+		}
+	r = zc_get_state(c, segs, n);
+	EXPECT(r == 0, "zc_get_state of a CUDA job: %s: %s", zc_strerror_name(r),
+	       zc_error_message());
+	for (uint32_t i = 0; i < n && r == 0; i++) {
+		EXPECT(segs[i].step == 3 && (segs[i].present & ZC_STATE_EXP_AVG),
+		       "segment %u of bucket %u: step %g, present %#x after 3 steps",
+		       segs[i].segment, segs[i].bucket, segs[i].step, segs[i].present);
+		moved = moved || segs[i].exp_avg[0] != 0;
+	}
+	EXPECT(r != 0 || moved, "the exported exp_avg is all zeros");
+	if (r == 0) {
+		r = zc_set_state(c, segs, n);
+		EXPECT(r == 0, "zc_set_state of a CUDA job: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+	}
+	for (uint32_t i = 0; i < n; i++)
+		for (int k = 0; k < 3; k++)
+			free(mem[i][k]);
+	return r;
+}
+
+static int cuda_stepped_state(zc_client *c, zc_future *step, int it)
+{
+	int r = cuda_stepped(c, step, it);
+
+	return r < 0 || it != 2 ? r : state_round_trip(c);
+}
+
+static const struct train_hooks cuda_state_hooks = {
+	.buffers = cuda_buffers,
+	.ready = cuda_ready,
+	.stepped = cuda_stepped_state,
+};
+
 /* ------------------------------------------------------------- training --- */
 
 static int rank_main(void *arg, int idx)
@@ -219,6 +284,22 @@ static void t_adamw_w3_bucket_at_end(void)
 static void t_sgd_w2_slice_interleaved(void)
 {
 	run("cuda-sgd-w2s", 2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, 14);
+}
+
+static void t_state_round_trip(void)
+{
+	struct train_spec s = spec("cuda-state", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 41);
+	pid_t pids[NDEV];
+
+	REQUIRE(zd_alive(&daemon_), "zerod is not running");
+	s.hooks = &cuda_state_hooks;
+	train_make_plan(&s, &round_tp_); /* inherited by the ranks */
+	device_ = -1;
+	start_ranks(&s, pids);
+	check_ranks(&s, pids);
+	CHECK(ran_on_cuda(s.job), "zerod's log does not say %s ran on the cuda backend", s.job);
+	if (test_failed_)
+		zd_dump_log(&daemon_);
 }
 
 /* -------------------------------------------------------------- refusals --- */
@@ -436,6 +517,7 @@ static const struct test_case cases[] = {
 	{"adam_w4_slice_at_end", t_adam_w4_slice_at_end, 90000},
 	{"adamw_w3_bucket_at_end", t_adamw_w3_bucket_at_end, 90000},
 	{"sgd_w2_slice_interleaved", t_sgd_w2_slice_interleaved, 90000},
+	{"state_round_trip", t_state_round_trip, 90000},
 	{"cuda_kind_on_host_only_daemon", t_cuda_kind_on_host_only_daemon, 40000},
 	{"no_cuda_runtime", t_no_cuda_runtime, 40000},
 	{"bad_handle_refused", t_bad_handle_refused, 90000},
