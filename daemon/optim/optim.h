@@ -25,6 +25,11 @@
  * AdamW: g = maximize ? -g : g
  *        p = p * (float)(1 - lr * wd)
  *        then Adam without the wd term.
+ *
+ * bf16/fp16 parameters step an fp32 master with the widened gradient and
+ * store the master rounded (lowp.h). The at_end passes (unscale, the
+ * squared norms, clipping) are gradelem.h's, whose header states the norm's
+ * summation order; both backends keep it, so their norms are the same bits.
  */
 #ifndef ZEROD_OPTIM_H
 #define ZEROD_OPTIM_H
