@@ -414,6 +414,8 @@ struct job_opts {
 	double inv_scale; /* a grad scale every iteration (0: none) */
 	bool masks;       /* rank 1 marks bucket 1's segment 0 unused, every rank
 			   * bucket 3's segment 1 */
+	int edit_iter;    /* before it every rank edits its parameters alike, then
+			   * zc_params_changed() (exec_reload); 0: never */
 	/* out: what each iteration's StepDone said */
 	double norm[8];
 	bool found_inf[8];
@@ -508,6 +510,15 @@ static void run_job_ex(const struct plan *p, uint32_t world, bool cuda, void *co
 			    tag);
 	for (unsigned t = 0; t < o->iters && !test_failed_; t++) {
 		uint32_t want = 0;
+
+		if (o->edit_iter && (int)t == o->edit_iter) {
+			/* the double's device memory is the host's: written in place */
+			for (uint32_t r = 0; r < world; r++)
+				for (uint32_t b = 0; b < p->nbuckets; b++)
+					for (uint64_t i = 0; i < p->buckets[b].numel; i += 3)
+						put_elem(p, params[r], b, i, 0.25f * (float)i);
+			CHECK(exec_reload(e) == 0, "%s: exec_reload", tag);
+		}
 
 		for (uint32_t r = 0; r < world; r++) {
 			rng_state = 1000 * t + r;
@@ -741,11 +752,12 @@ static void t_lowp_jobs_match_host(void)
 				struct plan *p = make_plan_ex(opt, sh ? ZC_SHARD_SLICE : ZC_SHARD_BUCKET,
 							      sp ? ZC_STEP_AT_END : ZC_STEP_INTERLEAVED,
 							      mixed, 0);
-				struct job_opts o = {.iters = 3, .nan_iter = -1, .masks = w > 1};
+				struct job_opts o = {
+					.iters = 4, .nan_iter = -1, .masks = w > 1, .edit_iter = 2};
 				char tag[96];
 
 				REQUIRE(p, "plan");
-				snprintf(tag, sizeof(tag), "lowp %s w%u %s/%s%s", plan_optimizer_name(opt),
+				snprintf(tag, sizeof(tag), "lowp %s w%u %s/%s%s, an edit", plan_optimizer_name(opt),
 					 w, plan_shard_name(p->shard_mode), plan_step_name(p->step_mode),
 					 o.masks ? " masks" : "");
 				rng_state = 77 + w * 4 + sh * 2 + sp;
