@@ -24,8 +24,8 @@ int devmem_of(const struct state *s, struct cudabufs *const *bufs, struct devmem
 	for (uint32_t k = 0; k < s->npieces; k++) {
 		const struct optim_piece *pc = &s->pieces[k];
 		const uint8_t *id = bufs[pc->owner]->param.cuda.uuid;
-		uint64_t b = (pc->n * narr + (pc->dtype != ZC_DTYPE_F32 ? pc->n : 0)) *
-			     sizeof(float);
+		uint64_t b =
+			(pc->n * narr + (pc->dtype != ZC_DTYPE_F32 ? pc->n : 0)) * sizeof(float);
 		uint32_t i = 0;
 
 		while (i < n && memcmp(u[i].uuid, id, MEM_CUDA_UUID_BYTES) != 0)
@@ -78,8 +78,8 @@ int devmem_check(const struct daemon *d, const struct job *j, char *why, size_t 
 		snprintf(why, len,
 			 "the job needs %s of optimizer state on %s, zerod has %s of its "
 			 "--max-device-memory %s left there",
-			 fmt_bytes(need, u->bytes), mem_uuid_str(u->uuid, dev), fmt_bytes(left, held < max ? max - held : 0),
-			 fmt_bytes(lim, max));
+			 fmt_bytes(need, u->bytes), mem_uuid_str(u->uuid, dev),
+			 fmt_bytes(left, held < max ? max - held : 0), fmt_bytes(lim, max));
 		return ZC_ELIMIT;
 	}
 	return 0;

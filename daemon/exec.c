@@ -556,7 +556,10 @@ static int op_prog(struct exec *e, struct lane *ln, const struct zop *z, uint64_
 	case ZOP_STEP:
 		return op_step_all(e, ln, z->lo, z->hi);
 	case ZOP_REDUCE:
-		r = e->cfg.optim->step ? zero_marked(e, z->lo, z->hi) : zero_list(e, ln, z->lo, z->hi);
+		if (e->cfg.optim->step)
+			r = zero_marked(e, z->lo, z->hi);
+		else
+			r = zero_list(e, ln, z->lo, z->hi);
 		/* the trainers' streams said the gradients are written */
 		ln->ev = COLL_EV_WAIT_READY;
 		ln->ev_lo = z->lo, ln->ev_hi = z->hi, ln->ev_iter = t;

@@ -620,8 +620,8 @@ static bool equal_slices(const struct coll_group *g, const struct coll_req *req,
 	if (req->mode != ZC_SHARD_SLICE || req->nranges != g->world)
 		return false;
 	for (uint32_t i = 0; i < req->nranges; i++)
-		if (rg[i].owner != i || rg[i].n != rg[0].n || rg[i].off != rg[0].off + i * rg[0].n ||
-		    rg[i].dtype != rg[0].dtype)
+		if (rg[i].owner != i || rg[i].n != rg[0].n ||
+		    rg[i].off != rg[0].off + i * rg[0].n || rg[i].dtype != rg[0].dtype)
 			return false;
 	*count = rg[0].n;
 	return true;
@@ -669,8 +669,8 @@ static ncclResult_t issue_rank(const struct coll_group *g, const struct coll_req
 			rg[j].owner == rg[i].owner))
 			end += rg[j++].n;
 		if (req->kind == COLL_REDUCE && req->mode == ZC_SHARD_BUCKET)
-			e = ncclAllReduce(grads + off * es, grads + off * es, end - off, ty, ncclAvg,
-					  comm, st);
+			e = ncclAllReduce(grads + off * es, grads + off * es, end - off, ty,
+					  ncclAvg, comm, st);
 		else if (req->kind == COLL_REDUCE)
 			e = ncclReduce(grads + off * es, grads + off * es, end - off, ty, ncclAvg,
 				       (int)rg[i].owner, comm, st);

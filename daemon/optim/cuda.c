@@ -211,7 +211,8 @@ static int cuda_state_alloc(struct optim_ctx *c, const struct optim_piece *pcs, 
 			continue;
 		CUDA_TRY(cudaSetDevice(c->dev[r]));
 		CUDA_TRY(cudaMalloc((void **)&rs->base, total * sizeof(float)));
-		int e = copy_sync(c, r, rs->base, NULL, total * sizeof(float), cudaMemcpyHostToDevice);
+		int e = copy_sync(c, r, rs->base, NULL, total * sizeof(float),
+				  cudaMemcpyHostToDevice);
 		if (e < 0)
 			return e;
 		at = rs->base;

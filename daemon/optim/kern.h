@@ -58,9 +58,9 @@ struct optim_kern {
 	float *m, *v, *vmax; /* state on the owner's device (NULL where not kept) */
 	float coef;          /* MEASURE: inv_scale (used when scale); SCALE: the factor */
 	bool scale;
-	double *sumsq;       /* MEASURE: [chunks] */
-	uint32_t *count;     /* MEASURE: [chunks] non-finite; CHECK: the flag */
-	uint64_t n;          /* elements */
+	double *sumsq;   /* MEASURE: [chunks] */
+	uint32_t *count; /* MEASURE: [chunks] non-finite; CHECK: the flag */
+	uint64_t n;      /* elements */
 };
 
 /* How many items a launch has. */
@@ -150,8 +150,8 @@ static ZD_INLINE ZD_HD void optim_kern_item(const struct optim_kern *a, uint64_t
 	case OPTIM_KOP_MEASURE: {
 		uint64_t x0 = i * OPTIM_NORM_CHUNK;
 		uint64_t n = a->n - x0 < OPTIM_NORM_CHUNK ? a->n - x0 : OPTIM_NORM_CHUNK;
-		a->sumsq[i] = optim_grad_measure(a->g, x0, n, a->dtype, a->scale, a->coef,
-						 &a->count[i]);
+		a->sumsq[i] =
+			optim_grad_measure(a->g, x0, n, a->dtype, a->scale, a->coef, &a->count[i]);
 		return;
 	}
 	case OPTIM_KOP_SCALE:

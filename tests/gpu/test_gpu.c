@@ -220,9 +220,19 @@ static void lowp_case(enum zc_dtype dt, enum zc_optimizer kind, const char *tag)
 	struct zc_param_group g[2] = {ZC_PARAM_GROUP_INIT, ZC_PARAM_GROUP_INIT};
 	const struct optim_piece pieces[3] = {
 		{.group = 0, .owner = 0, .off = 0, .n = 40000, .at = 0, .dtype = dt, .mat = 0},
-		{.group = 1, .owner = 0, .off = 40000, .n = 3, .at = 40000, .dtype = dt,
+		{.group = 1,
+		 .owner = 0,
+		 .off = 40000,
+		 .n = 3,
+		 .at = 40000,
+		 .dtype = dt,
 		 .mat = 40000},
-		{.group = 0, .owner = 0, .off = 40003, .n = KN - 40003, .at = 40003, .dtype = dt,
+		{.group = 0,
+		 .owner = 0,
+		 .off = 40003,
+		 .n = KN - 40003,
+		 .at = 40003,
+		 .dtype = dt,
 		 .mat = 40003},
 	};
 	struct optim_piece pc[3];
@@ -319,8 +329,7 @@ static void lowp_case(enum zc_dtype dt, enum zc_optimizer kind, const char *tag)
 			      optim_cuda_ops.clip(ctx, pc, 3, coef) == 0,
 		      "%s: clip", tag);
 		CU(cudaMemcpy(got16, dg, hb * sizeof(float), cudaMemcpyDeviceToHost));
-		CHECK(memcmp(got16, hg, KN * sizeof(uint16_t)) == 0, "%s: clipped gradients",
-		      tag);
+		CHECK(memcmp(got16, hg, KN * sizeof(uint16_t)) == 0, "%s: clipped gradients", tag);
 	}
 	optim_cuda_ops.close(ctx);
 	cudaFree(dp);

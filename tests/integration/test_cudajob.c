@@ -288,7 +288,8 @@ static void t_sgd_w2_slice_interleaved(void)
 
 static void t_state_round_trip(void)
 {
-	struct train_spec s = spec("cuda-state", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 41);
+	struct train_spec s =
+		spec("cuda-state", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 41);
 	pid_t pids[NDEV];
 
 	REQUIRE(zd_alive(&daemon_), "zerod is not running");

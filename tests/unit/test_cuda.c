@@ -202,8 +202,8 @@ static void kernels_case(enum zc_optimizer kind, const struct zc_param_group g[2
 		.world = 2, .grads = dg, .params = dp, .nlocal = 2, .local = local, .pool = pool()};
 	REQUIRE(optim_cuda_ops.open(&cfg, &ctx) == 0, "%s: open", tag);
 	memcpy(pc, kpieces, sizeof(pc));
-	REQUIRE(optim_cuda_ops.state_alloc(ctx, pc, ARRAY_SIZE(pc), arrays) == 0,
-		"%s: state_alloc", tag);
+	REQUIRE(optim_cuda_ops.state_alloc(ctx, pc, ARRAY_SIZE(pc), arrays) == 0, "%s: state_alloc",
+		tag);
 	for (uint64_t t = 1; t <= 4 && !test_failed_; t++) {
 		for (int d = 0; d < 2; d++)
 			for (size_t i = 0; i < KN; i++)
@@ -451,8 +451,8 @@ static void state_round(struct exec *e, struct completion_queue *cq, struct exec
 	(void)world;
 	REQUIRE(exec_state(e, &rq) == 0, "%s: exec_state", tag);
 	d = next_done(cq, pending);
-	CHECK(d && d->ev == EXEC_STATE_DONE && d->status == 0, "%s: state round: event %d status %d",
-	      tag, d ? (int)d->ev : -1, d ? d->status : 0);
+	CHECK(d && d->ev == EXEC_STATE_DONE && d->status == 0,
+	      "%s: state round: event %d status %d", tag, d ? (int)d->ev : -1, d ? d->status : 0);
 	free(d);
 }
 
@@ -706,8 +706,7 @@ static void free_bufs(void **b, uint32_t world)
 /* The job on the host backend, then on the cuda backend (the double, with
  * jittered streams and ncclInProgress answers): the same bytes in every
  * rank's parameters, the same norms and skips. */
-static void host_vs_cuda(const struct plan *p, uint32_t world, struct job_opts *o,
-			 const char *tag)
+static void host_vs_cuda(const struct plan *p, uint32_t world, struct job_opts *o, const char *tag)
 {
 	void **init = make_init(p, world), **host = make_out(p, world), **gpu = make_out(p, world);
 	struct job_opts oh = *o, oc = *o;
@@ -749,17 +748,18 @@ static void t_lowp_jobs_match_host(void)
 		for (unsigned sh = 0; sh < 2; sh++)
 			for (unsigned sp = 0; sp < 2 && !test_failed_; sp++) {
 				enum zc_optimizer opt = opts[(w + sh + sp) % 3];
-				struct plan *p = make_plan_ex(opt, sh ? ZC_SHARD_SLICE : ZC_SHARD_BUCKET,
-							      sp ? ZC_STEP_AT_END : ZC_STEP_INTERLEAVED,
-							      mixed, 0);
+				struct plan *p = make_plan_ex(
+					opt, sh ? ZC_SHARD_SLICE : ZC_SHARD_BUCKET,
+					sp ? ZC_STEP_AT_END : ZC_STEP_INTERLEAVED, mixed, 0);
 				struct job_opts o = {
 					.iters = 4, .nan_iter = -1, .masks = w > 1, .edit_iter = 2};
 				char tag[96];
 
 				REQUIRE(p, "plan");
-				snprintf(tag, sizeof(tag), "lowp %s w%u %s/%s%s, an edit", plan_optimizer_name(opt),
-					 w, plan_shard_name(p->shard_mode), plan_step_name(p->step_mode),
-					 o.masks ? " masks" : "");
+				snprintf(tag, sizeof(tag), "lowp %s w%u %s/%s%s, an edit",
+					 plan_optimizer_name(opt), w,
+					 plan_shard_name(p->shard_mode),
+					 plan_step_name(p->step_mode), o.masks ? " masks" : "");
 				rng_state = 77 + w * 4 + sh * 2 + sp;
 				host_vs_cuda(p, w, &o, tag);
 				plan_free(p);
@@ -775,9 +775,9 @@ static void t_clip_found_inf_match_host(void)
 {
 	for (uint32_t w = 2; w <= 3 && !test_failed_; w++)
 		for (unsigned lowp = 0; lowp < 2 && !test_failed_; lowp++) {
-			struct plan *p = make_plan_ex(ZC_OPT_ADAM, w == 2 ? ZC_SHARD_BUCKET
-									  : ZC_SHARD_SLICE,
-						      ZC_STEP_AT_END, lowp ? mixed : NULL, 0.5);
+			struct plan *p =
+				make_plan_ex(ZC_OPT_ADAM, w == 2 ? ZC_SHARD_BUCKET : ZC_SHARD_SLICE,
+					     ZC_STEP_AT_END, lowp ? mixed : NULL, 0.5);
 			struct job_opts o = {
 				.iters = 4, .nan_iter = 1, .inv_scale = 0.5, .masks = true};
 			char tag[64];
@@ -790,7 +790,8 @@ static void t_clip_found_inf_match_host(void)
 			      "%s: found_inf %d %d %d", tag, o.found_inf[0], o.found_inf[1],
 			      o.found_inf[2]);
 			/* the norm is of the unscaled gradient: clipping at 0.5 acts */
-			CHECK(o.norm[0] > 0.5 && isfinite(o.norm[0]), "%s: norm %g", tag, o.norm[0]);
+			CHECK(o.norm[0] > 0.5 && isfinite(o.norm[0]), "%s: norm %g", tag,
+			      o.norm[0]);
 			plan_free(p);
 		}
 }
@@ -800,7 +801,8 @@ static void t_clip_found_inf_match_host(void)
 static struct exec_seg_state *segs_of(const struct plan *p, const float *staging)
 {
 	struct exec_seg_state *sg = calloc(64, sizeof(*sg));
-	const uint32_t *meta = (const uint32_t *)(staging + (size_t)EXEC_REGION_META * p->state_numel);
+	const uint32_t *meta =
+		(const uint32_t *)(staging + (size_t)EXEC_REGION_META * p->state_numel);
 	uint32_t k = 0;
 
 	for (uint32_t b = 0; b < p->nbuckets; b++)
@@ -811,7 +813,8 @@ static struct exec_seg_state *segs_of(const struct plan *p, const float *staging
 			sg[k].given = true;
 			sg[k].step = step;
 			if (p->optimizer == ZC_OPT_SGD)
-				sg[k].present = w & EXEC_META_MOMENTUM ? ZC_STATE_MOMENTUM_BUFFER : 0;
+				sg[k].present =
+					w & EXEC_META_MOMENTUM ? ZC_STATE_MOMENTUM_BUFFER : 0;
 			else if (step)
 				sg[k].present = ZC_STATE_STEP | ZC_STATE_EXP_AVG |
 						ZC_STATE_EXP_AVG_SQ |
@@ -855,10 +858,11 @@ static void t_state_round_trip(void)
 		 * one-node export leaves alone) */
 		for (uint32_t r = 0; r < w && !test_failed_; r++) {
 			size_t from = (size_t)EXEC_REGION_META * p->state_numel, i = from;
-			while (i < slots && memcmp(&stg[0][r][i], &stg[1][r][i], sizeof(float)) == 0)
+			while (i < slots &&
+			       memcmp(&stg[0][r][i], &stg[1][r][i], sizeof(float)) == 0)
 				i++;
-			CHECK(i == slots, "%s: rank %u: export slot %zu: cuda %a, host %a", tag, r, i,
-			      i < slots ? stg[1][r][i] : 0, i < slots ? stg[0][r][i] : 0);
+			CHECK(i == slots, "%s: rank %u: export slot %zu: cuda %a, host %a", tag, r,
+			      i, i < slots ? stg[1][r][i] : 0, i < slots ? stg[0][r][i] : 0);
 		}
 		struct exec_seg_state *segs = segs_of(p, stg[0][0]);
 		for (unsigned be = 0; be < 2; be++) {
