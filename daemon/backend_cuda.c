@@ -21,6 +21,8 @@ const struct backend backend_cuda = {
 	.coll = &coll_nccl_ops,
 	.optim = &optim_cuda_ops,
 	.mem = &mem_cuda_ops,
+	/* fp32 masters on the owners' devices, lowp.h's rounding (optim/cuda.c) */
+	.low_precision = true,
 };
 
 /* NCCL 2.18: non-blocking communicators (2.14) and ncclCommSplit (2.18). */

@@ -74,6 +74,10 @@ static const struct key {
 	 "of --max-memory, what the jobs of one user (the trainers' uid) may hold together "
 	 "(0: all of it), so one user cannot starve the others; a reload applies it to jobs "
 	 "that start later"},
+	{"max-device-memory", K_SIZE, offsetof(struct daemon_config, max_device_memory), 0, true,
+	 "SIZE",
+	 "optimizer state CUDA jobs may hold on any one GPU together, besides --max-memory "
+	 "(0: no limit); a reload applies it to jobs that start later"},
 	{"log-level", K_LEVEL, offsetof(struct daemon_config, log_level), 3, true, "LEVEL",
 	 "err, warning, notice, info or debug (3..7); -v is debug, -q warning"},
 	{"flight-records", K_COUNT, offsetof(struct daemon_config, flight_records), 1, true, "N",

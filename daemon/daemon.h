@@ -36,6 +36,7 @@ struct pool;
 struct mem_map;
 struct mem_desc;
 struct cudabufs;
+struct devmem_use;
 struct conn;
 struct config_src;
 struct jobops;
@@ -73,6 +74,7 @@ struct daemon_config {
 	int hello_timeout_ms;  /* a connection that has no session this long is closed */
 	uint64_t max_memory;   /* bytes of optimizer state over all jobs; 0: half the RAM */
 	uint64_t max_user_memory; /* of it, what one user's jobs may hold; 0: all of it */
+	uint64_t max_device_memory; /* CUDA jobs' state on any one GPU; 0: no limit */
 	int log_level;
 	const char *backend; /* --backend auto|host|cuda; NULL: auto */
 	/* operations (ops.c): the stall inspector's first report, the flight
@@ -172,6 +174,8 @@ struct job {
 	char errmsg[256];
 	bool quiet_end;  /* ended between iterations by a rank leaving: not an error */
 	uint64_t memory; /* its share of d->memory_used */
+	struct devmem_use *devmem; /* a CUDA job: its state per device (devmem.h) */
+	uint32_t ndevmem;
 
 	struct session **ranks;     /* [world] */
 	struct plan **plans;        /* [world]: what each rank registered */

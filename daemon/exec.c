@@ -69,6 +69,9 @@ struct lane {
 	unsigned ev;
 	uint32_t ev_lo, ev_hi;
 	uint64_t ev_iter;
+	/* device buffers: the marked gradients the op's REDUCE zeroes */
+	struct coll_zero *zero;
+	uint32_t nzero, zcap;
 };
 
 struct exec {
@@ -151,6 +154,8 @@ static int lane_coll(struct exec *e, struct lane *ln, enum coll_kind kind,
 				    .ev_lo = ln->ev_lo,
 				    .ev_hi = ln->ev_hi,
 				    .ev_iter = ln->ev_iter,
+				    .zero = ln->zero,
+				    .nzero = ln->nzero,
 				    .done = lane_req_done};
 	ln->req_done = false;
 	r = e->cfg.coll->submit(e->cg, &ln->req);
@@ -224,15 +229,19 @@ static void load_piece(void *arg, size_t k)
 
 /* The masters of the bf16/fp16 pieces from their owners' parameters: all of
  * them when the job starts; after zc_params_changed() those whose parameter
- * was edited (hostmem.h). Host memory (only the host backend takes such
- * plans: struct backend's low_precision), read through the guarded pool as
- * every trainer buffer is: -EFAULT if one shrank. */
+ * was edited (hostmem.h). Host memory is read through the guarded pool as
+ * every trainer buffer is (-EFAULT if one shrank); a backend that keeps the
+ * state does it itself (cuda: kernels on the owners' devices). */
 static int load_masters(struct exec *e, bool edits_only)
 {
 	struct load_task t = {.e = e, .edits_only = edits_only};
+	const struct state *s = e->cfg.state;
 
-	if (!e->cfg.state->nmaster)
+	if (!s->nmaster)
 		return 0;
+	if (e->cfg.optim->masters) /* the backend's state (cuda: on the devices) */
+		return e->cfg.optim->masters(e->oc, s->pieces, s->npieces,
+					     edits_only ? OPTIM_MASTER_RELOAD : OPTIM_MASTER_LOAD);
 	return pool_parallel_for(e->cfg.pool, e->cfg.state->npieces, load_piece, &t);
 }
 
@@ -312,10 +321,43 @@ static void zero_one(void *arg, size_t i)
 	       0, sg->numel * es);
 }
 
+/* Device buffers: the ranges to zero go with the REDUCE (coll_req.zero),
+ * which zeroes them on the ranks' streams once their trainers' ready events
+ * fired. */
+static int zero_list(struct exec *e, struct lane *ln, uint32_t lo, uint32_t hi)
+{
+	const struct plan *p = e->cfg.plan;
+
+	ln->nzero = 0;
+	for (uint32_t b = lo; b <= hi; b++) {
+		unsigned es = plan_dtype_size(p->buckets[b].dtype);
+
+		for (uint32_t i = 0; i < e->nzero[b]; i++) {
+			const struct exec_zero *z = &e->zero[b][i];
+			const struct zc_segment *sg = &p->buckets[b].segments[z->seg];
+
+			if (ln->nzero == ln->zcap) {
+				uint32_t cap = ln->zcap ? 2 * ln->zcap : 16;
+				struct coll_zero *nz = realloc(ln->zero, cap * sizeof(*nz));
+				if (!nz)
+					return -ENOMEM;
+				ln->zero = nz;
+				ln->zcap = cap;
+			}
+			ln->zero[ln->nzero++] = (struct coll_zero){
+				.rank = z->rank,
+				.off = plan_bucket_offset(p, b) + sg->offset * es,
+				.bytes = sg->numel * es};
+		}
+	}
+	return 0;
+}
+
 /* Zero the gradients local ranks marked unused in buckets lo..hi, before
  * anything reads them: a marking rank contributes zero, and a segment every
  * rank marks averages to exactly 0 (finite, no part of any norm). Through
- * the pool, whose guard turns a buffer a trainer shrank into -EFAULT. */
+ * the pool, whose guard turns a buffer a trainer shrank into -EFAULT;
+ * device buffers through the REDUCE (zero_list). */
 static int zero_marked(struct exec *e, uint32_t lo, uint32_t hi)
 {
 	for (uint32_t b = lo; b <= hi; b++) {
@@ -325,7 +367,7 @@ static int zero_marked(struct exec *e, uint32_t lo, uint32_t hi)
 		if (!e->nzero[b])
 			continue;
 		if (!e->cfg.optim->step)
-			return -EOPNOTSUPP; /* device buffers: no host memset */
+			return -EOPNOTSUPP; /* device buffers: zero_list's */
 		r = pool_parallel_for(e->cfg.pool, e->nzero[b], zero_one, &t);
 		if (r < 0)
 			return r;
@@ -398,10 +440,13 @@ static int step_prepare(struct exec *e, struct lane *ln, uint32_t lo, uint32_t h
 	memset(v->sumsq, 0, ng * sizeof(*v->sumsq));
 	v->nonfinite = 0;
 	if (v->pass) {
-		if (!e->cfg.optim->step)
-			return -EOPNOTSUPP; /* device buffers: the pass is the host's */
-		r = gradpass_measure(e->cfg.pool, e->cfg.grads, s->pieces + k0, k1 - k0,
-				     e->has_scale, (float)e->inv_scale, v->sumsq, &v->nonfinite);
+		if (e->cfg.optim->measure) /* device buffers: the backend's kernels */
+			r = e->cfg.optim->measure(e->oc, s->pieces + k0, k1 - k0, e->has_scale,
+						  (float)e->inv_scale, v->sumsq, &v->nonfinite);
+		else
+			r = gradpass_measure(e->cfg.pool, e->cfg.grads, s->pieces + k0, k1 - k0,
+					     e->has_scale, (float)e->inv_scale, v->sumsq,
+					     &v->nonfinite);
 		if (r < 0)
 			return r;
 	}
@@ -479,7 +524,10 @@ static int op_step_all(struct exec *e, struct lane *ln, uint32_t lo, uint32_t hi
 			clip = clip || !(coef[g] >= 1.0f);
 		}
 		if (clip) {
-			r = gradpass_clip(e->cfg.pool, e->cfg.grads, s->pieces + k0, k1 - k0, coef);
+			r = e->cfg.optim->clip
+				    ? e->cfg.optim->clip(e->oc, s->pieces + k0, k1 - k0, coef)
+				    : gradpass_clip(e->cfg.pool, e->cfg.grads, s->pieces + k0,
+						    k1 - k0, coef);
 			if (r < 0)
 				return r;
 		}
@@ -508,13 +556,17 @@ static int op_prog(struct exec *e, struct lane *ln, const struct zop *z, uint64_
 	case ZOP_STEP:
 		return op_step_all(e, ln, z->lo, z->hi);
 	case ZOP_REDUCE:
-		r = zero_marked(e, z->lo, z->hi);
+		if (e->cfg.optim->step)
+			r = zero_marked(e, z->lo, z->hi);
+		else
+			r = zero_list(e, ln, z->lo, z->hi);
 		/* the trainers' streams said the gradients are written */
 		ln->ev = COLL_EV_WAIT_READY;
 		ln->ev_lo = z->lo, ln->ev_hi = z->hi, ln->ev_iter = t;
 		if (r >= 0)
 			r = lane_coll(e, ln, COLL_REDUCE, mode, e->ranges + u0, u1 - u0);
 		ln->ev = 0;
+		ln->nzero = 0;
 		if (r >= 0)
 			e->reduced += bucket_elems(e, z->lo, z->hi);
 		return r;
@@ -656,7 +708,11 @@ static int op_start(struct exec *e, struct lane *ln)
 	pthread_mutex_unlock(&e->mu);
 	if (r < 0)
 		return r;
-	r = state_alloc(e->cfg.state);
+	if (e->cfg.optim->state_alloc) /* on the devices: no host arena */
+		r = e->cfg.optim->state_alloc(e->oc, e->cfg.state->pieces, e->cfg.state->npieces,
+					      e->cfg.state->arrays);
+	else
+		r = state_alloc(e->cfg.state);
 	if (r < 0)
 		return r;
 	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);
@@ -690,15 +746,24 @@ static uint32_t piece_meta(const struct exec *e, const struct optim_piece *pc)
 	uint32_t w;
 
 	if (e->cfg.plan->optimizer == ZC_OPT_SGD)
-		return s->m && !pc->first_momentum ? EXEC_META_MOMENTUM : 0;
+		return (s->arrays & PLAN_STATE_M) && !pc->first_momentum ? EXEC_META_MOMENTUM : 0;
 	w = (uint32_t)MIN(pc->step - 1, (uint64_t)EXEC_META_STEP);
-	if (w && s->vmax && g->amsgrad)
+	if (w && (s->arrays & PLAN_STATE_VMAX) && g->amsgrad)
 		w |= EXEC_META_VMAX;
 	return w;
 }
 
+/* The backend's array (enum optim_array) of staging region k. */
+static unsigned state_array(unsigned k)
+{
+	return k == EXEC_REGION_M   ? OPTIM_ARRAY_M
+	       : k == EXEC_REGION_V ? OPTIM_ARRAY_V
+	       : k == EXEC_REGION_VMAX ? OPTIM_ARRAY_VMAX
+				       : OPTIM_ARRAY_MASTER;
+}
+
 /* Piece pc's values of region k, as 32-bit words (n of them) into dst. */
-static void piece_values(const struct exec *e, const struct optim_piece *pc, unsigned k, void *dst)
+static int piece_values(const struct exec *e, const struct optim_piece *pc, unsigned k, void *dst)
 {
 	const struct state *s = e->cfg.state;
 	const float *src = k == EXEC_REGION_M      ? s->m
@@ -710,12 +775,16 @@ static void piece_values(const struct exec *e, const struct optim_piece *pc, uns
 		uint32_t w = piece_meta(e, pc);
 		for (uint64_t x = 0; x < pc->n; x++)
 			memcpy((char *)dst + x * sizeof(w), &w, sizeof(w));
+	} else if (e->cfg.optim->state_io) { /* the backend's (cuda: device memory) */
+		if (k != EXEC_REGION_MASTER || pc->dtype != ZC_DTYPE_F32)
+			return e->cfg.optim->state_io(e->oc, pc, state_array(k), dst, false);
 	} else if (k == EXEC_REGION_MASTER) {
 		if (pc->dtype != ZC_DTYPE_F32)
 			memcpy(dst, s->master + pc->mat, pc->n * sizeof(float));
 	} else {
 		memcpy(dst, src + pc->at, pc->n * sizeof(float));
 	}
+	return 0;
 }
 
 static bool region_kept(const struct exec *e, unsigned k)
@@ -726,11 +795,11 @@ static bool region_kept(const struct exec *e, unsigned k)
 	case EXEC_REGION_META:
 		return true;
 	case EXEC_REGION_M:
-		return s->m;
+		return s->arrays & PLAN_STATE_M;
 	case EXEC_REGION_V:
-		return s->v;
+		return s->arrays & PLAN_STATE_V;
 	case EXEC_REGION_VMAX:
-		return s->vmax;
+		return s->arrays & PLAN_STATE_VMAX;
 	case EXEC_REGION_MASTER:
 		return s->nmaster;
 	}
@@ -743,6 +812,7 @@ static int export_local(struct exec *e, const struct exec_state_req *rq)
 {
 	const struct plan *p = e->cfg.plan;
 	const struct state *s = e->cfg.state;
+	int r;
 
 	for (unsigned k = EXEC_REGION_META; k < exec_state_regions(p); k++) {
 		if (!region_kept(e, k))
@@ -753,7 +823,9 @@ static int export_local(struct exec *e, const struct exec_state_req *rq)
 				uint64_t at = piece_slot(p, b, pc);
 				float *first = region(rq->staging[e->local[0]], p->state_numel, k);
 
-				piece_values(e, pc, k, first + at);
+				r = piece_values(e, pc, k, first + at);
+				if (r < 0)
+					return r;
 				for (uint32_t l = 1; l < e->nlocal; l++)
 					memcpy(region(rq->staging[e->local[l]], p->state_numel, k) +
 						       at,
@@ -799,6 +871,8 @@ static int export_bcast(struct exec *e, struct lane *ln, const struct exec_state
 
 	if (p->low_precision)
 		return -ENOTSUP; /* not taken over several nodes (above) */
+	if (e->cfg.optim->state_io)
+		return -EOPNOTSUPP; /* device buffers: not through host copies (yet) */
 	for (uint32_t l = 0; l < e->nlocal; l++) {
 		uint32_t lr = e->local[l];
 		memcpy(region(rq->staging[lr], p->state_numel, EXEC_REGION_SAVE), e->cfg.params[lr],
@@ -838,27 +912,57 @@ static uint32_t piece_segment(const struct plan *p, uint32_t b, uint64_t off)
 	return lo;
 }
 
-static void import_array(float *arr, uint64_t at, uint64_t n, const float *src, bool given)
+/* Piece pc's array `which` (host: arr) from src, or zeros where not given;
+ * nothing where the state has no such array. */
+static int import_array(struct exec *e, const struct optim_piece *pc, unsigned which, float *arr,
+			const float *src, bool given)
 {
+	if (e->cfg.optim->state_io) {
+		if (!(e->cfg.state->arrays & (PLAN_STATE_M << which)))
+			return 0;
+		return e->cfg.optim->state_io(e->oc, pc, which, given ? (float *)src : NULL, true);
+	}
 	if (!arr)
-		return;
+		return 0;
 	if (given)
-		memcpy(arr + at, src, n * sizeof(float));
+		memcpy(arr + pc->at, src, pc->n * sizeof(float));
 	else
-		memset(arr + at, 0, n * sizeof(float));
+		memset(arr + pc->at, 0, pc->n * sizeof(float));
+	return 0;
 }
 
-/* Validated on the loop thread already (statex.c): nothing here can fail,
- * so nothing is applied partially. A bf16/fp16 piece given without its
- * master takes it from its owner's parameters, widened. */
-static int state_import(struct exec *e, const struct exec_state_req *rq)
+/* A bf16/fp16 piece's master: given, or its owner's parameters widened. */
+static int import_master(struct exec *e, const struct optim_piece *pc, const float *src)
+{
+	struct state *s = e->cfg.state;
+
+	if (e->cfg.optim->state_io)
+		return src ? e->cfg.optim->state_io(e->oc, pc, OPTIM_ARRAY_MASTER, (float *)src,
+						    true)
+			   : e->cfg.optim->masters(e->oc, pc, 1, OPTIM_MASTER_LOAD);
+	if (src)
+		memcpy(s->master + pc->mat, src, pc->n * sizeof(float));
+	else
+		host_widen(s->master + pc->mat,
+			   (const uint16_t *)e->cfg.params[pc->owner] + pc->off, pc->n, pc->dtype);
+	return 0;
+}
+
+/* Validated on the loop thread already (statex.c): nothing here can fail
+ * on the host backend, so nothing is applied partially; a backend that
+ * keeps the state (cuda) can fail a copy, and the job then fails. A
+ * bf16/fp16 piece given without its master takes it from its owner's
+ * parameters, widened. */
+static int state_import(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
 {
 	const struct plan *p = e->cfg.plan;
 	struct state *s = e->cfg.state;
 	uint64_t slots = p->state_numel;
+	bool stored = false;
+	int r = 0;
 
 	for (uint32_t b = 0; b < p->nbuckets; b++)
-		for (uint32_t i = s->bucket_first[b]; i < s->bucket_first[b + 1]; i++) {
+		for (uint32_t i = s->bucket_first[b]; i < s->bucket_first[b + 1] && r >= 0; i++) {
 			struct optim_piece *pc = &s->pieces[i];
 			const struct exec_seg_state *g =
 				&rq->segs[rq->seg_first[b] + piece_segment(p, b, pc->off)];
@@ -869,34 +973,44 @@ static int state_import(struct exec *e, const struct exec_state_req *rq)
 			if (!g->given)
 				continue;
 			if (pc->dtype != ZC_DTYPE_F32) {
-				if (g->present & ZC_STATE_MASTER)
-					memcpy(s->master + pc->mat,
-					       region(stg, slots, EXEC_REGION_MASTER) + at,
-					       pc->n * sizeof(float));
-				else
-					host_widen(s->master + pc->mat,
-						   (const uint16_t *)e->cfg.params[pc->owner] +
-							   pc->off,
-						   pc->n, pc->dtype);
+				bool given = g->present & ZC_STATE_MASTER;
+				r = import_master(e, pc,
+						  given ? region(stg, slots, EXEC_REGION_MASTER) +
+								  at
+							: NULL);
+				/* device buffers: the client cannot write them, so the
+				 * owner's parameters take the narrowed master here */
+				if (r >= 0 && given && e->cfg.optim->masters) {
+					r = e->cfg.optim->masters(e->oc, pc, 1, OPTIM_MASTER_STORE);
+					stored = true;
+				}
+				if (r < 0)
+					break;
 			}
 			if (p->optimizer == ZC_OPT_SGD) {
 				has = g->present & ZC_STATE_MOMENTUM_BUFFER;
-				import_array(s->m, pc->at, pc->n,
-					     region(stg, slots, EXEC_REGION_M) + at, has);
+				r = import_array(e, pc, OPTIM_ARRAY_M, s->m,
+						 region(stg, slots, EXEC_REGION_M) + at, has);
 				pc->first_momentum = !has;
 				continue;
 			}
 			has = g->present & ZC_STATE_STEP;
-			import_array(s->m, pc->at, pc->n, region(stg, slots, EXEC_REGION_M) + at,
-				     has);
-			import_array(s->v, pc->at, pc->n, region(stg, slots, EXEC_REGION_V) + at,
-				     has);
-			import_array(s->vmax, pc->at, pc->n,
-				     region(stg, slots, EXEC_REGION_VMAX) + at,
-				     g->present & ZC_STATE_MAX_EXP_AVG_SQ);
+			r = import_array(e, pc, OPTIM_ARRAY_M, s->m,
+					 region(stg, slots, EXEC_REGION_M) + at, has);
+			if (r >= 0)
+				r = import_array(e, pc, OPTIM_ARRAY_V, s->v,
+						 region(stg, slots, EXEC_REGION_V) + at, has);
+			if (r >= 0)
+				r = import_array(e, pc, OPTIM_ARRAY_VMAX, s->vmax,
+						 region(stg, slots, EXEC_REGION_VMAX) + at,
+						 g->present & ZC_STATE_MAX_EXP_AVG_SQ);
 			pc->step = has ? g->step + 1 : 1;
 		}
-	return 0;
+	/* ... and every other local rank's from its owner (the client does this
+	 * itself for host buffers: zeroclient.h's zc_set_state) */
+	if (r >= 0 && stored)
+		r = lane_coll(e, ln, COLL_BCAST, p->shard_mode, e->ranges, e->cfg.shard->nunits);
+	return r;
 }
 
 static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
@@ -914,7 +1028,7 @@ static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
 	case XOP_RELOAD:
 		return load_masters(e, true);
 	case XOP_STATE:
-		return o->st.set ? state_import(e, &o->st) : state_export(e, ln, &o->st);
+		return o->st.set ? state_import(e, ln, &o->st) : state_export(e, ln, &o->st);
 	}
 	return -EINVAL;
 }
@@ -1319,8 +1433,10 @@ void exec_free(struct exec *e)
 	free(e->used);
 	free(e->gused);
 	free(e->gbuf);
-	for (unsigned l = 0; l < LANE_COUNT; l++)
+	for (unsigned l = 0; l < LANE_COUNT; l++) {
 		pthread_cond_destroy(&e->lanes[l].cv);
+		free(e->lanes[l].zero);
+	}
 	pthread_mutex_destroy(&e->mu);
 	free(e);
 }

@@ -7,7 +7,8 @@
  * They run on the worker pool, one task per HOST_CHUNK of a piece, like the
  * step. Each chunk keeps its own partial sum (double) and the chunks are
  * added in order afterwards, so the norms are the same bits on every run
- * whatever thread ran what. The gradients are the owners' gradient buffers,
+ * whatever thread ran what (the order gradelem.h defines, which the CUDA
+ * backend's kernels follow too). The gradients are the owners' gradient buffers,
  * where REDUCE left the average (docs/DATAPLANE.md), so these are host
  * pointers: the host backend's pass only.
  */
@@ -18,7 +19,7 @@
 #include "common.h"
 #include "gradpass.h"
 #include "hostmem.h"
-#include "optim/lowp.h"
+#include "optim/gradelem.h"
 #include "pool.h"
 
 struct pass {
@@ -33,31 +34,10 @@ struct pass {
 	uint32_t *nonfinite;
 };
 
-/* bf16/fp16 gradients (zeroclient.h's rules): read widened, written back
- * rounded to nearest even, as torch's unscale_ and clip_grad_norm_ leave a
- * low-precision .grad. */
-static inline float g_get(const float *g, size_t k, enum zc_dtype dt)
-{
-	const uint16_t *h = (const uint16_t *)g;
-
-	return dt == ZC_DTYPE_F32    ? g[k]
-	       : dt == ZC_DTYPE_BF16 ? lowp_bf16_to_f32(h[k])
-				     : lowp_f16_to_f32(h[k]);
-}
-
-/* Store v; what the element now holds. */
-static inline float g_put(float *g, size_t k, enum zc_dtype dt, float v)
-{
-	uint16_t *h = (uint16_t *)g;
-
-	if (dt == ZC_DTYPE_F32)
-		return g[k] = v;
-	h[k] = dt == ZC_DTYPE_BF16 ? lowp_f32_to_bf16(v) : lowp_f32_to_f16(v);
-	return g_get(g, k, dt);
-}
+_Static_assert(OPTIM_NORM_CHUNK == HOST_CHUNK, "the norm's chunks are the pass's");
 
 /* The piece of chunk i and the chunk's place in it. *ret_g points at the
- * chunk's first element, of the piece's dtype (cast: see g_get). */
+ * chunk's first element, of the piece's dtype (cast: see lowp_get). */
 static const struct optim_piece *chunk_of(const struct pass *t, size_t i, float **ret_g,
 					  size_t *ret_n)
 {
@@ -87,19 +67,9 @@ static void measure_chunk(void *arg, size_t i)
 	const struct pass *t = arg;
 	float *g;
 	size_t n;
-	double s = 0;
-	uint32_t bad = 0;
-
 	enum zc_dtype dt = chunk_of(t, i, &g, &n)->dtype;
-	for (size_t k = 0; k < n; k++) {
-		float v = g_get(g, k, dt);
-		bad += !isfinite(v);
-		if (t->scale && t->inv_scale != 1.0f)
-			v = g_put(g, k, dt, v * t->inv_scale);
-		s += (double)v * (double)v;
-	}
-	t->sumsq[i] = s;
-	t->nonfinite[i] = bad;
+
+	t->sumsq[i] = optim_grad_measure(g, 0, n, dt, t->scale, t->inv_scale, &t->nonfinite[i]);
 }
 
 static void clip_chunk(void *arg, size_t i)
@@ -113,7 +83,7 @@ static void clip_chunk(void *arg, size_t i)
 	if (c >= 1.0f)
 		return;
 	for (size_t k = 0; k < n; k++)
-		g_put(g, k, pc->dtype, g_get(g, k, pc->dtype) * c);
+		optim_grad_scale(g, k, pc->dtype, c);
 }
 
 /* Chunk numbering over the pieces; *ret_first is malloc'd. */

@@ -23,6 +23,7 @@
 #include "common.h"
 #include "cudabufs.h"
 #include "daemon.h"
+#include "devmem.h"
 #include "log.h"
 #include "ops.h"
 #include "semantics.h"
@@ -83,6 +84,7 @@ static void job_free(struct job *j)
 		}
 	d->njobs--;
 	d->memory_used -= j->memory; /* 0 once EXEC_STOPPED came */
+	free(j->devmem);
 	if (j->exec) {
 		exec_stats(j->exec, &es);
 		exec_free(j->exec);
@@ -437,6 +439,22 @@ static void job_start(struct job *j)
 				 "hold %s of their --max-user-memory %s",
 				 fmt_bytes(need, j->memory), (unsigned)j->uid,
 				 fmt_bytes(held, mine), fmt_bytes(max, d->cfg.max_user_memory));
+			j->memory = 0;
+			r = 0;
+			goto out;
+		}
+	}
+	free(j->devmem); /* a re-plan's start: charged again */
+	j->devmem = NULL;
+	j->ndevmem = 0;
+	if (j->cuda) {
+		char why[256];
+
+		r = devmem_of(st, j->cuda, &j->devmem, &j->ndevmem);
+		if (r < 0)
+			goto out;
+		if (devmem_check(d, j, why, sizeof(why)) < 0) {
+			job_fail(j, ZC_ELIMIT, true, "%s", why);
 			j->memory = 0;
 			r = 0;
 			goto out;

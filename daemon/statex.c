@@ -224,11 +224,13 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 						  : "this rank's request is being served");
 		return;
 	}
-	if (j->be != &backend_host && j->be != &backend_host_multi) {
-		/* the CUDA optimizer keeps its own copy of the state per device */
+	if (j->be != &backend_host && j->be != &backend_host_multi && j->rdzv) {
+		/* the CUDA state is on the devices: the export over several
+		 * nodes moves it through host buffers (exec.c) */
 		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
-			   "job %s: the optimizer state of a %s job cannot be %sed yet", j->id,
-			   j->be->name, what);
+			   "job %s: the optimizer state of a %s job over several nodes cannot "
+			   "be %sed yet",
+			   j->id, j->be->name, what);
 		return;
 	}
 	if (!j->sx && (r = round_new(j, set)) < 0) {

@@ -128,6 +128,19 @@ struct coll_req {
 	unsigned ev;
 	uint32_t ev_lo, ev_hi;
 	uint64_t ev_iter;
+	/* nccl, REDUCE: zero these byte ranges of local ranks' gradient
+	 * buffers first (segments those ranks marked unused), on their
+	 * streams after the ready events, so a trainer's late write cannot land
+	 * after the zeros. The host backends get none (exec.c zeroes host
+	 * buffers itself). */
+	const struct coll_zero *zero;
+	uint32_t nzero;
+};
+
+struct coll_zero {
+	uint32_t rank; /* a local rank */
+	uint64_t off;  /* bytes into its gradient buffer */
+	uint64_t bytes;
 };
 
 #define COLL_EV_WAIT_READY  1u

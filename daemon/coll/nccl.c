@@ -21,7 +21,8 @@
  *   BCAST: ncclBroadcast from each range's owner, or ncclAllGather in place
  *     for equal slices.
  * ncclAvg is NCCL's own average (2.10+; for floats a pre-multiplied sum), so
- * results match the host backend's sum-then-divide only to rounding.
+ * results match the host backend's sum-then-divide only to rounding. bf16 and
+ * fp16 buckets are reduced in their own type (ncclBfloat16, ncclFloat16).
  *
  * Completion: after the group call, one host function per local stream
  * (cudaLaunchHostFunc); the last of them to run calls done(). Host functions
@@ -61,6 +62,7 @@
 #include "common.h"
 #include "cudabufs.h"
 #include "cudacheck.h"
+#include "plan.h"
 
 #define NSETS            2
 #define POLL_NS          1000000L /* watchdog period while requests are in flight */
@@ -618,46 +620,62 @@ static bool equal_slices(const struct coll_group *g, const struct coll_req *req,
 	if (req->mode != ZC_SHARD_SLICE || req->nranges != g->world)
 		return false;
 	for (uint32_t i = 0; i < req->nranges; i++)
-		if (rg[i].owner != i || rg[i].n != rg[0].n || rg[i].off != rg[0].off + i * rg[0].n)
+		if (rg[i].owner != i || rg[i].n != rg[0].n ||
+		    rg[i].off != rg[0].off + i * rg[0].n || rg[i].dtype != rg[0].dtype)
 			return false;
 	*count = rg[0].n;
 	return true;
 }
 
-/* One local rank's part of the group call. */
+/* NCCL's type for a bucket's dtype. */
+static ncclDataType_t nccl_type(enum zc_dtype t)
+{
+	return t == ZC_DTYPE_BF16 ? ncclBfloat16 : t == ZC_DTYPE_F16 ? ncclFloat16 : ncclFloat32;
+}
+
+/* One local rank's part of the group call. Offsets count elements of each
+ * range's dtype; bf16/fp16 ranges are reduced by NCCL in their own type
+ * (ncclAvg), so over several ranks their rounding is NCCL's, not the host
+ * backend's rounded-once fp32 sum (docs/DATAPLANE.md). */
 static ncclResult_t issue_rank(const struct coll_group *g, const struct coll_req *req,
 			       uint32_t rank, ncclComm_t comm, cudaStream_t st)
 {
 	const struct coll_range *rg = req->ranges;
-	float *grads = g->grads[rank], *params = g->params[rank];
+	char *grads = (char *)g->grads[rank], *params = (char *)g->params[rank];
 	ncclResult_t e = ncclSuccess;
 	size_t c;
 
 	if (equal_slices(g, req, &c)) {
+		size_t es = plan_dtype_size(rg[0].dtype);
 		uint64_t at = rg[0].off;
+		ncclDataType_t ty = nccl_type(rg[0].dtype);
+
 		if (req->kind == COLL_REDUCE)
-			return ncclReduceScatter(grads + at, grads + at + rank * c, c, ncclFloat32,
-						 ncclAvg, comm, st);
-		return ncclAllGather(params + at + rank * c, params + at, c, ncclFloat32, comm, st);
+			return ncclReduceScatter(grads + at * es, grads + (at + rank * c) * es, c,
+						 ty, ncclAvg, comm, st);
+		return ncclAllGather(params + (at + rank * c) * es, params + at * es, c, ty, comm,
+				     st);
 	}
 	for (uint32_t i = 0; i < req->nranges && (e == ncclSuccess || e == ncclInProgress);) {
 		uint64_t off = rg[i].off, end = rg[i].off + rg[i].n;
+		size_t es = plan_dtype_size(rg[i].dtype);
+		ncclDataType_t ty = nccl_type(rg[i].dtype);
 		uint32_t j = i + 1;
 
 		/* bucket mode's all-reduce spans every contiguous range; other
-		 * calls merge contiguous ranges of one owner */
-		while (j < req->nranges && rg[j].off == end &&
+		 * calls merge contiguous ranges of one owner; never two dtypes */
+		while (j < req->nranges && rg[j].off == end && rg[j].dtype == rg[i].dtype &&
 		       ((req->kind == COLL_REDUCE && req->mode == ZC_SHARD_BUCKET) ||
 			rg[j].owner == rg[i].owner))
 			end += rg[j++].n;
 		if (req->kind == COLL_REDUCE && req->mode == ZC_SHARD_BUCKET)
-			e = ncclAllReduce(grads + off, grads + off, end - off, ncclFloat32, ncclAvg,
-					  comm, st);
+			e = ncclAllReduce(grads + off * es, grads + off * es, end - off, ty,
+					  ncclAvg, comm, st);
 		else if (req->kind == COLL_REDUCE)
-			e = ncclReduce(grads + off, grads + off, end - off, ncclFloat32, ncclAvg,
+			e = ncclReduce(grads + off * es, grads + off * es, end - off, ty, ncclAvg,
 				       (int)rg[i].owner, comm, st);
 		else
-			e = ncclBroadcast(params + off, params + off, end - off, ncclFloat32,
+			e = ncclBroadcast(params + off * es, params + off * es, end - off, ty,
 					  (int)rg[i].owner, comm, st);
 		i = j;
 	}
@@ -700,6 +718,25 @@ out:
 	return r;
 }
 
+/* Under the set's mutex: the gradients of marked segments to zero, on the
+ * streams (coll_req.zero). */
+static int zero_marked(struct coll_group *g, struct cset *set, const struct coll_req *req)
+{
+	for (uint32_t i = 0; i < req->nzero; i++) {
+		const struct coll_zero *z = &req->zero[i];
+		uint32_t k = 0;
+
+		while (k < g->nlocal && g->local[k] != z->rank)
+			k++;
+		if (k == g->nlocal)
+			return -EINVAL;
+		CUDA_TRY(cudaSetDevice(g->dev[k]));
+		CUDA_TRY(cudaMemsetAsync((char *)g->grads[z->rank] + z->off, 0, z->bytes,
+					 set->stream[k]));
+	}
+	return 0;
+}
+
 /* Under the set's mutex: the group call, then its host functions. */
 static int issue(struct coll_group *g, struct cset *set, struct nreq *q)
 {
@@ -707,6 +744,9 @@ static int issue(struct coll_group *g, struct cset *set, struct nreq *q)
 	int r = 0;
 
 	r = ring_events(g, set, q->req, COLL_EV_WAIT_READY);
+	if (r < 0)
+		goto out;
+	r = zero_marked(g, set, q->req);
 	if (r < 0)
 		goto out;
 	NCCL_TRY(ncclGroupStart());
@@ -744,10 +784,6 @@ static int nccl_submit(struct coll_group *g, struct coll_req *req)
 	 * not do yet (the rendezvous hands host jobs to gloo) */
 	if (req->kind == COLL_GATHER)
 		return -EOPNOTSUPP;
-	/* fp32 only (backend_cuda.low_precision): never move bf16/fp16 as floats */
-	for (uint32_t i = 0; i < req->nranges; i++)
-		if (req->ranges[i].dtype != ZC_DTYPE_F32)
-			return ZC_ENOTSUP;
 	q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;

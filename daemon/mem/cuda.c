@@ -56,14 +56,9 @@ static void addr_range_init(void)
 	(void)cudaGetLastError();
 }
 
-/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L names it. */
 static const char *uuid_str(const uint8_t u[16], char buf[48])
 {
-	snprintf(buf, 48,
-		 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-		 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-		 u[14], u[15]);
-	return buf;
+	return mem_uuid_str(u, buf);
 }
 
 /* The ordinal of the device with this UUID in this process, or a negative

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 enum mem_kind {
@@ -73,5 +74,16 @@ struct mem_ops {
 
 extern const struct mem_ops mem_shm_ops;
 extern const struct mem_ops mem_cuda_ops; /* builds with CUDA only */
+
+/* A device UUID as nvidia-smi -L names it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-
+ * xxxxxxxxxxxx". */
+static inline const char *mem_uuid_str(const uint8_t u[MEM_CUDA_UUID_BYTES], char buf[48])
+{
+	snprintf(buf, 48,
+		 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+		 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+		 u[14], u[15]);
+	return buf;
+}
 
 #endif

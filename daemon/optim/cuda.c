@@ -2,27 +2,33 @@
  * cuda.c — the CUDA optimizer backend: per job a context with one CUDA
  * stream per local rank, on that rank's device; run() launches kern.cu's
  * kernel for each piece on its owner's stream (fp32 parameters stepped in
- * place in the owner's buffer, the averaged gradient read from the owner's
- * gradient buffer) and waits for them. Scalars and flags come from elem.h's
- * setup functions, as on the CPU, so both backends apply the same formulas
- * with the same casts.
+ * place in the owner's buffer, bf16/fp16 ones through their fp32 masters,
+ * the averaged gradient read from the owner's gradient buffer) and waits
+ * for them. Scalars and flags come from elem.h's setup functions, as on the
+ * CPU, so both backends apply the same formulas with the same casts.
  *
- * The state (Adam m, v, vmax; SGD's momentum) lives on the owner's device:
- * each piece's arrays are allocated there the first time the piece is
- * stepped and seeded from the host arena the executor keeps (zeros today, a
- * restored checkpoint later); from then on the device copy is the state. The
- * executor still allocates that host arena (state_alloc) and charges it to
- * --max-memory: placing the arena on the devices is the executor's next
- * change, not this file's.
+ * The state lives on the owners' devices and nowhere else (optim.h's
+ * state_alloc ... clip): for each local owner rank one allocation on its
+ * device, compact over the pieces it owns: m | v | vmax (those the job
+ * keeps), nelems floats each, then the masters of its bf16/fp16 pieces. The
+ * executor keeps the layout (state.h) but no host arena, charges these
+ * bytes to --max-memory and, per device, to --max-device-memory (job.c,
+ * devmem.c), and exports and imports the state through state_io (blocking
+ * copies, on its lanes). The at_end passes (unscale, norms, clipping) run
+ * here as kernels in gradelem.h's order, so their norms are the CPU's bits.
+ *
+ * A bf16/fp16 run() first checks every such piece's parameters against its
+ * narrowed master; if one was edited (without zc_params_changed()) nothing
+ * is stepped and run() returns ZC_EPARAMEDIT naming the first (the CPU
+ * leaves only the edited chunks untouched: either way the step fails).
  *
  * What this backend leaves to others: the parameters of the other ranks are
  * written by BCAST (the op sequence always has one for a backend that does
  * not fuse in-node, zero.h), so run() writes only the owner's buffer; and
  * OPTIM_GRAD_SUM_LOCAL (FUSED) never reaches it.
  *
- * Threads: open, run and close on the executor's lanes (run on the compute
- * lane only, one call at a time), never the loop. bf16/fp16 masters wait for
- * the API issue's dtypes.
+ * Threads: everything on the executor's lanes (run on the compute lane
+ * only, one call at a time), never the loop.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -32,24 +38,36 @@
 #include "cudacheck.h"
 #include "optim/kern.h"
 #include "optim/optim.h"
+#include "plan.h"
 
-/* One piece's state arrays on its owner's device: m | v | vmax, n each,
- * only those the job keeps. */
-struct dstate {
-	uint64_t at; /* the piece's offset in the host arena: the key */
+/* One local owner rank's state, on its device. */
+struct rstate {
+	float *base;   /* the one allocation (NULL: the rank owns nothing) */
+	float *arr[3]; /* m, v, vmax: nelems each, NULL where not kept */
+	float *master; /* nmaster floats */
+	uint64_t nelems, nmaster;
+	void *scratch; /* flags and the norm's chunk sums, grown on demand */
+	size_t scratch_bytes;
+};
+
+/* Where a piece's state is in its owner's allocation. */
+struct dpiece {
+	uint64_t at; /* the layout's offset: the key (run() gets copies of pieces) */
 	uint64_t n;
-	int dev;
-	float *buf;
+	uint32_t owner;
+	uint64_t dat, dmat;
 };
 
 struct optim_ctx {
 	uint32_t world;
-	float **grads, **params; /* [world]: device pointers, NULL off this node */
-	int *dev;                /* [world]: the rank's device, -1 off this node */
-	cudaStream_t *stream;    /* [world] */
-	bool *used;              /* [world]: scratch for run() */
-	struct dstate *st;       /* sorted by at */
-	uint32_t nst, cap;
+	void **grads, **params; /* [world]: device pointers, NULL off this node */
+	int *dev;               /* [world]: the rank's device, -1 off this node */
+	cudaStream_t *stream;   /* [world] */
+	bool *used;             /* [world]: the streams a call queued work on */
+	struct rstate *rs;      /* [world] */
+	bool allocated;
+	struct dpiece *dp; /* sorted by at */
+	uint32_t ndp;
 };
 
 /* The device that holds p, or a negative code. */
@@ -77,12 +95,16 @@ static void cuda_close(struct optim_ctx *c)
 		(void)cudaStreamSynchronize(c->stream[r]);
 		(void)cudaStreamDestroy(c->stream[r]);
 	}
-	for (uint32_t i = 0; i < c->nst; i++) {
-		(void)cudaSetDevice(c->st[i].dev);
-		(void)cudaFree(c->st[i].buf);
+	for (uint32_t r = 0; c->rs && r < c->world; r++) {
+		if (!c->rs[r].base && !c->rs[r].scratch)
+			continue;
+		(void)cudaSetDevice(c->dev[r]);
+		(void)cudaFree(c->rs[r].base);
+		(void)cudaFree(c->rs[r].scratch);
 	}
 	(void)cudaGetLastError();
-	free(c->st);
+	free(c->dp);
+	free(c->rs);
 	free(c->grads);
 	free(c->params);
 	free(c->dev);
@@ -104,7 +126,8 @@ static int cuda_open(const struct optim_config *cfg, struct optim_ctx **ret)
 	c->dev = calloc(cfg->world, sizeof(*c->dev));
 	c->stream = calloc(cfg->world, sizeof(*c->stream));
 	c->used = calloc(cfg->world, sizeof(*c->used));
-	if (!c->grads || !c->params || !c->dev || !c->stream || !c->used)
+	c->rs = calloc(cfg->world, sizeof(*c->rs));
+	if (!c->grads || !c->params || !c->dev || !c->stream || !c->used || !c->rs)
 		goto fail;
 	for (uint32_t r0 = 0; r0 < cfg->world; r0++)
 		c->dev[r0] = -1;
@@ -129,114 +152,150 @@ fail:
 	return r;
 }
 
-/* The device state of piece pc (owned by a rank on device dev), allocated
- * and seeded from the host arena the first time. */
-static int piece_state(struct optim_ctx *c, const struct optim_call *call,
-		       const struct optim_piece *pc, int dev, struct dstate **ret)
+static bool local_rank(const struct optim_ctx *c, uint32_t r)
 {
-	float *const host[3] = {call->m, call->v, call->vmax};
-	uint32_t lo = 0, hi = c->nst, narr = 0;
-	struct dstate ns = {.at = pc->at, .n = pc->n, .dev = dev};
-	int r;
+	return r < c->world && c->dev[r] >= 0;
+}
+
+/* Rank r's stream is non-blocking: plain cudaMemcpy/cudaMemset would not be
+ * ordered with its kernels, so copies go on the stream and are waited for.
+ * src NULL: set bytes of dst to zero. */
+static int copy_sync(struct optim_ctx *c, uint32_t r, void *dst, const void *src, size_t bytes,
+		     enum cudaMemcpyKind kind)
+{
+	CUDA_TRY(cudaSetDevice(c->dev[r]));
+	if (src)
+		CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, c->stream[r]));
+	else
+		CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, c->stream[r]));
+	CUDA_TRY(cudaStreamSynchronize(c->stream[r]));
+	return 0;
+}
+
+/* ----------------------------------------------------------- the state --- */
+
+static int cuda_state_alloc(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
+			    unsigned arrays)
+{
+	unsigned narr = !!(arrays & PLAN_STATE_M) + !!(arrays & PLAN_STATE_V) +
+			!!(arrays & PLAN_STATE_VMAX);
+
+	if (c->allocated || c->dp)
+		return -EALREADY;
+	c->dp = calloc(n ? n : 1, sizeof(*c->dp));
+	if (!c->dp)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < n; k++) {
+		const struct optim_piece *pc = &pcs[k];
+		struct rstate *rs;
+
+		if (!local_rank(c, pc->owner) || (k > 0 && pc->at <= pcs[k - 1].at))
+			return -EINVAL; /* a rank of another node, or not the layout */
+		rs = &c->rs[pc->owner];
+		c->dp[k] = (struct dpiece){.at = pc->at,
+					   .n = pc->n,
+					   .owner = pc->owner,
+					   .dat = rs->nelems,
+					   .dmat = rs->nmaster};
+		rs->nelems += pc->n;
+		if (pc->dtype != ZC_DTYPE_F32)
+			rs->nmaster += pc->n;
+	}
+	c->ndp = n;
+	for (uint32_t r = 0; r < c->world; r++) {
+		struct rstate *rs = &c->rs[r];
+		uint64_t total = rs->nelems * narr + rs->nmaster;
+		float *at;
+
+		if (total == 0)
+			continue;
+		CUDA_TRY(cudaSetDevice(c->dev[r]));
+		CUDA_TRY(cudaMalloc((void **)&rs->base, total * sizeof(float)));
+		int e = copy_sync(c, r, rs->base, NULL, total * sizeof(float),
+				  cudaMemcpyHostToDevice);
+		if (e < 0)
+			return e;
+		at = rs->base;
+		for (unsigned a = 0; a < 3; a++)
+			if (arrays & (PLAN_STATE_M << a)) {
+				rs->arr[a] = at;
+				at += rs->nelems;
+			}
+		rs->master = rs->nmaster ? at : NULL;
+	}
+	c->allocated = true;
+	return 0;
+}
+
+/* The state of the piece at layout offset at, or NULL. */
+static const struct dpiece *find_piece(const struct optim_ctx *c, uint64_t at)
+{
+	uint32_t lo = 0, hi = c->ndp;
 
 	while (lo < hi) {
 		uint32_t mid = lo + (hi - lo) / 2;
-		if (c->st[mid].at < pc->at)
+		if (c->dp[mid].at < at)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
-	if (lo < c->nst && c->st[lo].at == pc->at) {
-		/* pieces are fixed for the job: same offset, same piece */
-		if (c->st[lo].n != pc->n || c->st[lo].dev != dev)
-			return -EINVAL;
-		*ret = &c->st[lo];
+	return lo < c->ndp && c->dp[lo].at == at ? &c->dp[lo] : NULL;
+}
+
+/* Piece pc's array `which` (enum optim_array) on its owner's device, or
+ * NULL where the state has none. */
+static float *piece_array(const struct optim_ctx *c, const struct optim_piece *pc, unsigned which)
+{
+	const struct dpiece *d = find_piece(c, pc->at);
+	const struct rstate *rs;
+
+	/* pieces are fixed for the job: same offset, same piece */
+	if (!d || d->n != pc->n || d->owner != pc->owner)
+		return NULL;
+	rs = &c->rs[d->owner];
+	if (which == OPTIM_ARRAY_MASTER)
+		return pc->dtype != ZC_DTYPE_F32 && rs->master ? rs->master + d->dmat : NULL;
+	return which < 3 && rs->arr[which] ? rs->arr[which] + d->dat : NULL;
+}
+
+static int cuda_state_io(struct optim_ctx *c, const struct optim_piece *pc, unsigned which,
+			 float *buf, bool write)
+{
+	float *d = piece_array(c, pc, which);
+	size_t bytes = pc->n * sizeof(float);
+
+	if (!d)
+		return -EINVAL;
+	if (bytes == 0)
 		return 0;
-	}
-	if (c->nst == c->cap) {
-		uint32_t cap = c->cap ? 2 * c->cap : 16;
-		struct dstate *st = realloc(c->st, cap * sizeof(*st));
-		if (!st)
-			return -ENOMEM;
-		c->st = st;
-		c->cap = cap;
-	}
-	for (unsigned a = 0; a < 3; a++)
-		narr += host[a] != NULL;
-	if (narr) {
-		unsigned k = 0;
+	if (write)
+		return copy_sync(c, pc->owner, d, buf, bytes, cudaMemcpyHostToDevice);
+	return copy_sync(c, pc->owner, buf, d, bytes, cudaMemcpyDeviceToHost);
+}
 
-		CUDA_TRY(cudaMalloc((void **)&ns.buf, pc->n * narr * sizeof(float)));
-		for (unsigned a = 0; a < 3; a++) {
-			if (!host[a])
-				continue;
-			CUDA_GOTO(cudaMemcpy(ns.buf + k * pc->n, host[a] + pc->at,
-					     pc->n * sizeof(float), cudaMemcpyHostToDevice),
-				  r, free_buf);
-			k++;
-		}
+/* At least bytes of rank r's scratch, on its device. */
+static int scratch(struct optim_ctx *c, uint32_t r, size_t bytes, void **ret)
+{
+	struct rstate *rs = &c->rs[r];
+
+	if (rs->scratch_bytes < bytes) {
+		size_t want = bytes < 4096 ? 4096 : bytes;
+
+		CUDA_TRY(cudaSetDevice(c->dev[r]));
+		CUDA_TRY(cudaStreamSynchronize(c->stream[r]));
+		CUDA_TRY(cudaFree(rs->scratch));
+		rs->scratch = NULL;
+		rs->scratch_bytes = 0;
+		CUDA_TRY(cudaMalloc(&rs->scratch, want));
+		rs->scratch_bytes = want;
 	}
-	memmove(&c->st[lo + 1], &c->st[lo], (c->nst - lo) * sizeof(*c->st));
-	c->st[lo] = ns;
-	c->nst++;
-	*ret = &c->st[lo];
+	*ret = rs->scratch;
 	return 0;
-free_buf:
-	(void)cudaFree(ns.buf);
-	return r;
 }
 
-/* The state arrays of piece pc inside its device buffer, in the order the
- * host arena's arrays are kept (m, v, vmax; only those that exist). */
-static void piece_arrays(const struct optim_call *call, const struct dstate *s, float **m,
-			 float **v, float **vmax)
+/* Wait for every stream c->used marks: r, or else the first error. */
+static int wait_used(struct optim_ctx *c, int r)
 {
-	float **out[3] = {m, v, vmax};
-	const float *host[3] = {call->m, call->v, call->vmax};
-	unsigned k = 0;
-
-	for (unsigned a = 0; a < 3; a++)
-		*out[a] = host[a] ? s->buf + (k++) * s->n : NULL;
-}
-
-static int cuda_run(struct optim_ctx *c, const struct optim_call *call)
-{
-	int r = 0;
-
-	if (call->grad != OPTIM_GRAD_OWNER)
-		return -EOPNOTSUPP;
-	/* fp32 only (backend_cuda.low_precision): never step bf16/fp16 as floats */
-	for (uint32_t k = 0; k < call->npieces; k++)
-		if (call->pieces[k].dtype != ZC_DTYPE_F32)
-			return ZC_ENOTSUP;
-	memset(c->used, 0, c->world * sizeof(*c->used));
-	for (uint32_t k = 0; k < call->npieces; k++) {
-		const struct optim_piece *pc = &call->pieces[k];
-		struct optim_kern a = {.kind = call->kind};
-		struct dstate *s = NULL;
-
-		if (pc->owner >= c->world || c->dev[pc->owner] < 0) {
-			r = -EINVAL; /* a piece of a rank on another node */
-			break;
-		}
-		CUDA_GOTO(cudaSetDevice(c->dev[pc->owner]), r, wait);
-		r = piece_state(c, call, pc, c->dev[pc->owner], &s);
-		if (r < 0)
-			break;
-		if (call->kind == ZC_OPT_SGD)
-			a.sgd = optim_sgd_setup(&call->groups[pc->group], pc->first_momentum);
-		else
-			a.adam = optim_adam_setup(&call->groups[pc->group], pc->step,
-						  call->kind == ZC_OPT_ADAMW);
-		a.p = c->params[pc->owner] + pc->off;
-		a.g = c->grads[pc->owner] + pc->off;
-		piece_arrays(call, s, &a.m, &a.v, &a.vmax);
-		a.n = pc->n;
-		c->used[pc->owner] = true;
-		CUDA_GOTO(optim_cuda_launch(&a, c->stream[pc->owner]), r, wait);
-	}
-wait:
-	/* even after a failure: what was launched must end before we return */
 	for (uint32_t o = 0; o < c->world; o++) {
 		int w = 0;
 
@@ -251,10 +310,257 @@ wait:
 	return r;
 }
 
+/* Queue launch a over piece pc on its owner's stream. */
+static int launch(struct optim_ctx *c, const struct optim_piece *pc, struct optim_kern *a)
+{
+	size_t es = plan_dtype_size(pc->dtype);
+
+	if (!local_rank(c, pc->owner))
+		return -EINVAL; /* a piece of a rank on another node */
+	a->p = (char *)c->params[pc->owner] + pc->off * es;
+	a->g = (char *)c->grads[pc->owner] + pc->off * es;
+	a->dtype = pc->dtype;
+	a->n = pc->n;
+	c->used[pc->owner] = true;
+	CUDA_TRY(cudaSetDevice(c->dev[pc->owner]));
+	CUDA_TRY(optim_cuda_launch(a, c->stream[pc->owner]));
+	return 0;
+}
+
+static int cuda_masters(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
+			unsigned how)
+{
+	static const enum optim_kop ops[] = {
+		[OPTIM_MASTER_LOAD] = OPTIM_KOP_LOAD,
+		[OPTIM_MASTER_RELOAD] = OPTIM_KOP_RELOAD,
+		[OPTIM_MASTER_STORE] = OPTIM_KOP_STORE,
+	};
+	int r = 0;
+
+	if (how >= ARRAY_SIZE(ops))
+		return -EINVAL;
+	memset(c->used, 0, c->world * sizeof(*c->used));
+	for (uint32_t k = 0; k < n && r == 0; k++) {
+		struct optim_kern a = {.op = ops[how]};
+
+		if (pcs[k].dtype == ZC_DTYPE_F32)
+			continue;
+		a.master = piece_array(c, &pcs[k], OPTIM_ARRAY_MASTER);
+		r = a.master ? launch(c, &pcs[k], &a) : -EINVAL;
+	}
+	return wait_used(c, r);
+}
+
+/* ------------------------------------------------------------- the step --- */
+
+/* The first n words of owner o's scratch. */
+static int fetch_words(struct optim_ctx *c, uint32_t o, uint32_t *dst, size_t n)
+{
+	return copy_sync(c, o, dst, c->rs[o].scratch, n * sizeof(*dst), cudaMemcpyDeviceToHost);
+}
+
+/* bf16/fp16: the first piece (index into pcs) whose parameters are no
+ * longer its narrowed master into *ret_first, or n if none. */
+static int check_edits(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
+		       uint32_t *ret_first)
+{
+	uint32_t *flags = malloc((n ? n : 1) * sizeof(*flags));
+	int r = 0;
+
+	if (!flags)
+		return -ENOMEM;
+	memset(c->used, 0, c->world * sizeof(*c->used));
+	/* one flag per piece, in its owner's scratch at the piece's index */
+	for (uint32_t k = 0; k < n && r == 0; k++) {
+		struct optim_kern a = {.op = OPTIM_KOP_CHECK};
+		uint32_t o = pcs[k].owner;
+		void *sc;
+
+		if (pcs[k].dtype == ZC_DTYPE_F32)
+			continue;
+		if (!c->used[o]) {
+			r = scratch(c, o, n * sizeof(uint32_t), &sc);
+			if (r < 0)
+				break;
+			CUDA_GOTO(cudaSetDevice(c->dev[o]), r, out);
+			CUDA_GOTO(cudaMemsetAsync(sc, 0, n * sizeof(uint32_t), c->stream[o]), r,
+				  out);
+		}
+		a.master = piece_array(c, &pcs[k], OPTIM_ARRAY_MASTER);
+		a.count = (uint32_t *)c->rs[o].scratch + k;
+		r = a.master ? launch(c, &pcs[k], &a) : -EINVAL;
+	}
+out:
+	r = wait_used(c, r);
+	*ret_first = n;
+	for (uint32_t o = 0; o < c->world && r == 0; o++) {
+		if (!c->used[o] || (r = fetch_words(c, o, flags, n)) < 0)
+			continue;
+		for (uint32_t k = 0; k < *ret_first; k++)
+			if (pcs[k].owner == o && pcs[k].dtype != ZC_DTYPE_F32 && flags[k])
+				*ret_first = k;
+	}
+	free(flags);
+	return r;
+}
+
+static int cuda_run(struct optim_ctx *c, const struct optim_call *call)
+{
+	bool lowp = false;
+	uint32_t first;
+	int r = 0;
+
+	if (call->grad != OPTIM_GRAD_OWNER)
+		return -EOPNOTSUPP;
+	for (uint32_t k = 0; k < call->npieces; k++) {
+		if (!local_rank(c, call->pieces[k].owner))
+			return -EINVAL; /* a piece of a rank on another node */
+		lowp = lowp || call->pieces[k].dtype != ZC_DTYPE_F32;
+	}
+	if (!c->allocated)
+		return -EINVAL; /* no state_alloc */
+	if (lowp) {
+		r = check_edits(c, call->pieces, call->npieces, &first);
+		if (r < 0)
+			return r;
+		if (first < call->npieces) {
+			if (call->edited)
+				*call->edited = first;
+			return ZC_EPARAMEDIT;
+		}
+	}
+	memset(c->used, 0, c->world * sizeof(*c->used));
+	for (uint32_t k = 0; k < call->npieces && r == 0; k++) {
+		const struct optim_piece *pc = &call->pieces[k];
+		struct optim_kern a = {.op = OPTIM_KOP_STEP, .kind = call->kind};
+
+		if (!find_piece(c, pc->at)) {
+			r = -EINVAL;
+			break;
+		}
+		if (call->kind == ZC_OPT_SGD)
+			a.sgd = optim_sgd_setup(&call->groups[pc->group], pc->first_momentum);
+		else
+			a.adam = optim_adam_setup(&call->groups[pc->group], pc->step,
+						  call->kind == ZC_OPT_ADAMW);
+		a.m = piece_array(c, pc, OPTIM_ARRAY_M);
+		a.v = piece_array(c, pc, OPTIM_ARRAY_V);
+		a.vmax = piece_array(c, pc, OPTIM_ARRAY_VMAX);
+		a.master = piece_array(c, pc, OPTIM_ARRAY_MASTER);
+		if (pc->dtype != ZC_DTYPE_F32 && !a.master) {
+			r = -EINVAL;
+			break;
+		}
+		r = launch(c, pc, &a);
+	}
+	/* even after a failure: what was launched must end before we return */
+	return wait_used(c, r);
+}
+
+/* ------------------------------------------------- the at_end passes --- */
+
+static uint64_t nchunks(const struct optim_piece *pc)
+{
+	return (pc->n + OPTIM_NORM_CHUNK - 1) / OPTIM_NORM_CHUNK;
+}
+
+/* A chunk's sum (double) and non-finite count (uint32) in its owner's
+ * scratch: the owner's `per` sums, then as many counts. */
+#define CHUNK_BYTES (sizeof(double) + sizeof(uint32_t))
+
+/* Owner o's chunk sums and counts into host (per * CHUNK_BYTES). */
+static int measure_fetch(struct optim_ctx *c, uint32_t o, uint64_t per, double *host)
+{
+	return copy_sync(c, o, host, c->rs[o].scratch, per * CHUNK_BYTES, cudaMemcpyDeviceToHost);
+}
+
+static int cuda_measure(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n, bool scale,
+			float inv_scale, double *sumsq, double *ret_nonfinite)
+{
+	uint64_t *pos = calloc(n ? n : 1, sizeof(*pos)), *per = calloc(c->world, sizeof(*per));
+	double **host = calloc(c->world, sizeof(*host)), bad = 0;
+	int r = 0;
+
+	if (!pos || !per || !host) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t k = 0; k < n; k++) {
+		if (!local_rank(c, pcs[k].owner)) {
+			r = -EINVAL;
+			goto out;
+		}
+		pos[k] = per[pcs[k].owner];
+		per[pcs[k].owner] += nchunks(&pcs[k]);
+	}
+	memset(c->used, 0, c->world * sizeof(*c->used));
+	for (uint32_t o = 0; o < c->world && r == 0; o++) {
+		void *sc;
+		if (per[o])
+			r = scratch(c, o, per[o] * CHUNK_BYTES, &sc);
+	}
+	for (uint32_t k = 0; k < n && r == 0; k++) {
+		uint32_t o = pcs[k].owner;
+		struct optim_kern a = {.op = OPTIM_KOP_MEASURE, .coef = inv_scale, .scale = scale};
+
+		a.sumsq = (double *)c->rs[o].scratch + pos[k];
+		a.count = (uint32_t *)((double *)c->rs[o].scratch + per[o]) + pos[k];
+		r = launch(c, &pcs[k], &a);
+	}
+	r = wait_used(c, r);
+	for (uint32_t o = 0; o < c->world && r == 0; o++) {
+		if (!per[o])
+			continue;
+		host[o] = malloc(per[o] * CHUNK_BYTES);
+		r = host[o] ? measure_fetch(c, o, per[o], host[o]) : -ENOMEM;
+	}
+	/* gradpass_measure's order: pieces in order, each piece's chunks in
+	 * order, whichever device holds them */
+	for (uint32_t k = 0; k < n && r == 0; k++) {
+		const double *h = host[pcs[k].owner];
+		const uint32_t *cnt = (const uint32_t *)(h + per[pcs[k].owner]);
+
+		for (uint64_t i = 0; i < nchunks(&pcs[k]); i++) {
+			sumsq[pcs[k].group] += h[pos[k] + i];
+			bad += cnt[pos[k] + i];
+		}
+	}
+	if (r == 0)
+		*ret_nonfinite = bad;
+out:
+	for (uint32_t o = 0; host && o < c->world; o++)
+		free(host[o]);
+	free(host);
+	free(pos);
+	free(per);
+	return r;
+}
+
+static int cuda_clip(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
+		     const float *coef)
+{
+	int r = 0;
+
+	memset(c->used, 0, c->world * sizeof(*c->used));
+	for (uint32_t k = 0; k < n && r == 0; k++) {
+		struct optim_kern a = {.op = OPTIM_KOP_SCALE, .coef = coef[pcs[k].group]};
+
+		if (a.coef >= 1.0f)
+			continue; /* as gradpass.c: a NaN factor is applied */
+		r = launch(c, &pcs[k], &a);
+	}
+	return wait_used(c, r);
+}
+
 const struct optim_ops optim_cuda_ops = {
 	.name = "cuda",
 	.step = NULL, /* no per-range host call: every step runs through run() */
 	.open = cuda_open,
 	.run = cuda_run,
 	.close = cuda_close,
+	.state_alloc = cuda_state_alloc,
+	.state_io = cuda_state_io,
+	.masters = cuda_masters,
+	.measure = cuda_measure,
+	.clip = cuda_clip,
 };

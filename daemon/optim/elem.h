@@ -20,17 +20,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "hd.h"
 #include "zeroclient.h"
 
-#if defined(__CUDACC__)
-#define ZD_HD     __host__ __device__
-#define ZD_INLINE __forceinline__
-#else
-#define ZD_HD
-/* The CPU kernels vectorise only once the element function is inlined into
- * the loop, so it must not be left to heuristics. */
-#define ZD_INLINE inline __attribute__((always_inline))
-#endif
 
 /* ----------------------------------------------------------------- SGD --- */
 

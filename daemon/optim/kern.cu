@@ -1,7 +1,8 @@
 /*
- * kern.cu — the CUDA optimizer kernels: a grid-stride loop over kern.h's
- * per-element body, one specialisation per optimizer family so a launch
- * carries only its own arithmetic. Everything else (which pieces, which
+ * kern.cu — the CUDA optimizer kernels: grid-stride loops over kern.h's
+ * per-item bodies: the step with one specialisation per optimizer family so
+ * a launch carries only its own arithmetic, one kernel for the rest
+ * (masters, the norm's chunks, clipping). Everything else (which pieces, which
  * device, the scalars, errors) is optim/cuda.c's, in C.
  *
  * Built with -fmad=false (meson.build): the rounding contract of optim.h,
@@ -26,14 +27,26 @@ template <bool SGD> __global__ void __launch_bounds__(THREADS) optim_kernel(cons
 	}
 }
 
+/* Everything but the step: masters, the norm's chunks, clipping. */
+__global__ void __launch_bounds__(THREADS) optim_kernel_other(const optim_kern a)
+{
+	const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+	const uint64_t items = optim_kern_items(&a);
+
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < items; i += stride)
+		optim_kern_item(&a, i);
+}
+
 extern "C" cudaError_t optim_cuda_launch(const struct optim_kern *a, cudaStream_t s)
 {
-	uint64_t want = (a->n + THREADS - 1) / THREADS;
+	uint64_t want = (optim_kern_items(a) + THREADS - 1) / THREADS;
 	unsigned blocks = want < MAX_BLOCKS ? (unsigned)want : MAX_BLOCKS;
 
 	if (a->n == 0)
 		return cudaSuccess;
-	if (a->kind == ZC_OPT_SGD)
+	if (a->op != OPTIM_KOP_STEP)
+		optim_kernel_other<<<blocks, THREADS, 0, s>>>(*a);
+	else if (a->kind == ZC_OPT_SGD)
 		optim_kernel<true><<<blocks, THREADS, 0, s>>>(*a);
 	else
 		optim_kernel<false><<<blocks, THREADS, 0, s>>>(*a);

@@ -7,14 +7,21 @@
  * roundTiesToEven): overflow becomes inf of the value's sign, fp16 results
  * below 2^-14 become subnormals rounded the same way, a NaN stays a quiet NaN
  * of its sign keeping the top bits of its payload.
+ *
+ * Host and device (hd.h): the CUDA kernels (kern.h) round with these very
+ * functions, so a bf16/fp16 job on the GPU rounds as on the CPU, bit for bit.
  */
 #ifndef ZEROD_OPTIM_LOWP_H
 #define ZEROD_OPTIM_LOWP_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t lowp_bits(float x)
+#include "hd.h"
+#include "zeroclient.h"
+
+static inline ZD_HD uint32_t lowp_bits(float x)
 {
 	uint32_t u;
 
@@ -22,7 +29,7 @@ static inline uint32_t lowp_bits(float x)
 	return u;
 }
 
-static inline float lowp_float(uint32_t u)
+static inline ZD_HD float lowp_float(uint32_t u)
 {
 	float x;
 
@@ -31,12 +38,12 @@ static inline float lowp_float(uint32_t u)
 }
 
 /* bf16: fp32's top half. */
-static inline float lowp_bf16_to_f32(uint16_t h)
+static inline ZD_HD float lowp_bf16_to_f32(uint16_t h)
 {
 	return lowp_float((uint32_t)h << 16);
 }
 
-static inline uint16_t lowp_f32_to_bf16(float x)
+static inline ZD_HD uint16_t lowp_f32_to_bf16(float x)
 {
 	uint32_t u = lowp_bits(x);
 
@@ -49,7 +56,7 @@ static inline uint16_t lowp_f32_to_bf16(float x)
 }
 
 /* fp16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. */
-static inline float lowp_f16_to_f32(uint16_t h)
+static inline ZD_HD float lowp_f16_to_f32(uint16_t h)
 {
 	uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
 	uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
@@ -71,7 +78,7 @@ static inline float lowp_f16_to_f32(uint16_t h)
 	return lowp_float(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
-static inline uint16_t lowp_f32_to_f16(float x)
+static inline ZD_HD uint16_t lowp_f32_to_f16(float x)
 {
 	uint32_t u = lowp_bits(x);
 	uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
@@ -98,6 +105,45 @@ static inline uint16_t lowp_f32_to_f16(float x)
 		       * a carry into the exponent is right, up to inf */
 		return (uint16_t)(sign | ((((uint32_t)(e + 15) << 10) + (q - 0x400u))));
 	return (uint16_t)(sign | q); /* subnormal, or the smallest normal by a carry */
+}
+
+/* Element k of a buffer of dtype dt, widened (exact). */
+static inline ZD_HD float lowp_get(const void *buf, uint64_t k, enum zc_dtype dt)
+{
+	const uint16_t *h = (const uint16_t *)buf;
+
+	return dt == ZC_DTYPE_F32    ? ((const float *)buf)[k]
+	       : dt == ZC_DTYPE_BF16 ? lowp_bf16_to_f32(h[k])
+				     : lowp_f16_to_f32(h[k]);
+}
+
+/* x narrowed to dt (bf16 or fp16), as a bit pattern. */
+static inline ZD_HD uint16_t lowp_narrow(float x, enum zc_dtype dt)
+{
+	return dt == ZC_DTYPE_BF16 ? lowp_f32_to_bf16(x) : lowp_f32_to_f16(x);
+}
+
+/* Store x into element k (rounded to nearest even for bf16/fp16); what the
+ * element now holds, widened. */
+static inline ZD_HD float lowp_put(void *buf, uint64_t k, enum zc_dtype dt, float x)
+{
+	uint16_t *h = (uint16_t *)buf;
+
+	if (dt == ZC_DTYPE_F32)
+		return ((float *)buf)[k] = x;
+	h[k] = lowp_narrow(x, dt);
+	return lowp_get(buf, k, dt);
+}
+
+/* A bf16/fp16 parameter p still is the narrowed master nar: equal bits, or
+ * both NaN (loading a signalling NaN's master quietens it). */
+static inline ZD_HD bool lowp_same(uint16_t p, uint16_t nar, enum zc_dtype dt)
+{
+	uint16_t exp = dt == ZC_DTYPE_BF16 ? 0x7f80 : 0x7c00;
+	bool pn = (p & exp) == exp && (p & ~exp & 0x7fff);
+	bool nn = (nar & exp) == exp && (nar & ~exp & 0x7fff);
+
+	return p == nar || (pn && nn);
 }
 
 #endif

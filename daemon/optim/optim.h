@@ -25,6 +25,11 @@
  * AdamW: g = maximize ? -g : g
  *        p = p * (float)(1 - lr * wd)
  *        then Adam without the wd term.
+ *
+ * bf16/fp16 parameters step an fp32 master with the widened gradient and
+ * store the master rounded (lowp.h). The at_end passes (unscale, the
+ * squared norms, clipping) are gradelem.h's, whose header states the norm's
+ * summation order; both backends keep it, so their norms are the same bits.
  */
 #ifndef ZEROD_OPTIM_H
 #define ZEROD_OPTIM_H
@@ -122,6 +127,52 @@ struct optim_ops {
 	int (*run)(struct optim_ctx *c, const struct optim_call *call);
 	/* Free the context. Accepts NULL. No call may be running. */
 	void (*close)(struct optim_ctx *c);
+
+	/*
+	 * A backend that keeps the job's state itself (cuda: on the owners'
+	 * devices) has the members below; NULL in all of them (cpu) means the
+	 * executor's host arena (state.h) is the state and calls pass it in
+	 * optim_call. All on the executor's lanes, one at a time, never with a
+	 * run() in flight; each blocks until its copies and kernels are done.
+	 */
+	/* Allocate the state of the pieces this node owns (state.h's layout,
+	 * pcs sorted by .at), zeroed: the arrays in `arrays` (PLAN_STATE_M,
+	 * _V, _VMAX) for every piece, a master for each bf16/fp16 piece. Once
+	 * per context, before the first run(); run() then ignores optim_call's
+	 * m, v, vmax and master but for whether they are NULL. */
+	int (*state_alloc)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
+			   unsigned arrays);
+	/* Copy piece pc's array `which` (enum optim_array) to buf (write
+	 * false) or from it (write true; buf NULL: zeros). pc is found by .at.
+	 * n floats; -EINVAL for a piece or array the state does not have. */
+	int (*state_io)(struct optim_ctx *c, const struct optim_piece *pc, unsigned which,
+			float *buf, bool write);
+	/* The masters of the bf16/fp16 pieces among pcs and their owners'
+	 * parameters (enum optim_master: which way). */
+	int (*masters)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
+		       unsigned how);
+	/* gradpass.h's measure and clip over the owners' gradients (their
+	 * device buffers), in gradelem.h's order: the same bits. */
+	int (*measure)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n, bool scale,
+		       float inv_scale, double *sumsq, double *ret_nonfinite);
+	int (*clip)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
+		    const float *coef);
+};
+
+/* What masters() does. */
+enum optim_master {
+	OPTIM_MASTER_LOAD,   /* master = the owner's parameter, widened (the start) */
+	OPTIM_MASTER_RELOAD, /* the same where the parameter is not the narrowed
+			      * master (zc_params_changed(): hostmem.c's host_reload) */
+	OPTIM_MASTER_STORE,  /* the owner's parameter = the master, narrowed */
+};
+
+/* The arrays of state_io. */
+enum optim_array {
+	OPTIM_ARRAY_M,
+	OPTIM_ARRAY_V,
+	OPTIM_ARRAY_VMAX,
+	OPTIM_ARRAY_MASTER,
 };
 
 extern const struct optim_ops optim_cpu_ops;

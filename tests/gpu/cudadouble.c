@@ -19,7 +19,7 @@
  *    streams interleave differently from run to run. Host functions run on
  *    that thread, as on CUDA's callback thread, and may make no CUDA or NCCL
  *    call (counted).
- *  - kernels: optim_cuda_launch() queues kern.h's optim_kern_elem over the
+ *  - kernels: optim_cuda_launch() queues kern.h's optim_kern_item over the
  *    range: the element code the GPU runs, compiled for the host.
  *  - NCCL: communicators made from one unique id (or split from one) form a
  *    clique of threads in this process. A collective part waits on its
@@ -87,6 +87,7 @@ struct dop {
 	size_t count;
 	int root;
 	bool avg;
+	ncclDataType_t type; /* ncclFloat32, ncclBfloat16, ncclFloat16 */
 	uint64_t seq; /* the communicator's operation number, set when queued */
 };
 
@@ -97,7 +98,7 @@ struct pend {
 	struct pend *next;
 };
 
-enum task_kind { T_HOST, T_KERN, T_COLL, T_EVREC, T_EVWAIT };
+enum task_kind { T_HOST, T_KERN, T_COLL, T_EVREC, T_EVWAIT, T_COPY, T_SET };
 
 /* An event's shared state (a memfd page both processes map). */
 struct evshared {
@@ -120,6 +121,10 @@ struct task {
 	struct dop op;
 	struct evshared *ev; /* T_EVREC, T_EVWAIT */
 	uint64_t evseq;
+	void *dst; /* T_COPY, T_SET */
+	const void *src;
+	int value;
+	size_t bytes;
 	struct task *next;
 };
 
@@ -141,6 +146,7 @@ struct slot {
 	size_t count;
 	int root;
 	bool avg;
+	ncclDataType_t type;
 	int arrived, departed;
 	bool done;
 	const float **send; /* [nranks] */
@@ -558,6 +564,64 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 	return cudaSuccess;
 }
 
+static void stream_push(cudaStream_t s, struct task *t);
+
+/* Under mu: a stream task's device sides are device memory of the stream's
+ * device (host sides are anything, as pageable memory is to CUDA). */
+static bool async_ok(cudaStream_t s, const void *dst, const void *src, size_t n,
+		     enum cudaMemcpyKind kind, const char *what)
+{
+	bool ok = s->dev == cur_dev;
+
+	if (!ok)
+		violation("%s on a stream of device %d, device %d current", what, s->dev, cur_dev);
+	if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
+		ok = ok && find_alloc(dst, n) != NULL;
+	if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice)
+		ok = ok && find_alloc(src, n) != NULL;
+	if (!ok)
+		violation("%s of %zu bytes: a device side is not device memory", what, n);
+	return ok;
+}
+
+static cudaError_t push_task(cudaStream_t s, struct task tmpl)
+{
+	struct task *t = malloc(sizeof(*t));
+
+	if (!t)
+		return fail(cudaErrorMemoryAllocation);
+	*t = tmpl;
+	stream_push(s, t);
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s)
+{
+	bool ok;
+
+	CUDA_ENTER();
+	pthread_mutex_lock(&mu);
+	ok = async_ok(s, dst, NULL, n, cudaMemcpyHostToDevice, "cudaMemsetAsync");
+	pthread_mutex_unlock(&mu);
+	if (!ok)
+		return fail(cudaErrorInvalidValue);
+	return push_task(s, (struct task){.kind = T_SET, .dst = dst, .value = value, .bytes = n});
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+			    cudaStream_t s)
+{
+	bool ok;
+
+	CUDA_ENTER();
+	pthread_mutex_lock(&mu);
+	ok = async_ok(s, dst, src, n, kind, "cudaMemcpyAsync");
+	pthread_mutex_unlock(&mu);
+	if (!ok)
+		return fail(cudaErrorInvalidValue);
+	return push_task(s, (struct task){.kind = T_COPY, .dst = dst, .src = src, .bytes = n});
+}
+
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *p)
 {
 	struct alloc *a;
@@ -779,8 +843,8 @@ static void run_task(struct task *t)
 		pthread_mutex_unlock(&mu);
 		return;
 	case T_KERN:
-		for (uint64_t i = 0; i < t->kern.n; i++)
-			optim_kern_elem(&t->kern, i);
+		for (uint64_t i = 0, n = optim_kern_items(&t->kern); i < n; i++)
+			optim_kern_item(&t->kern, i);
 		pthread_mutex_lock(&mu);
 		st.kernels++;
 		pthread_mutex_unlock(&mu);
@@ -793,6 +857,12 @@ static void run_task(struct task *t)
 		return;
 	case T_EVWAIT:
 		ev_wait(t->ev, t->evseq);
+		return;
+	case T_COPY:
+		memmove(t->dst, t->src, t->bytes);
+		return;
+	case T_SET:
+		memset(t->dst, t->value, t->bytes);
 		return;
 	}
 }
@@ -924,7 +994,10 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
 /* kern.h's launcher: the kernel body, on the stream's thread. */
 cudaError_t optim_cuda_launch(const struct optim_kern *a, cudaStream_t s)
 {
-	const bool sgd = a->kind == ZC_OPT_SGD;
+	const bool sgd = a->kind == ZC_OPT_SGD, lowp = a->dtype != ZC_DTYPE_F32;
+	/* on_dev counts floats: a bf16/fp16 buffer of n elements is n / 2 */
+	const size_t pn = lowp ? (a->n + 1) / 2 : a->n;
+	uint64_t items = optim_kern_items(a);
 	bool ok;
 	struct task *t;
 
@@ -935,14 +1008,38 @@ cudaError_t optim_cuda_launch(const struct optim_kern *a, cudaStream_t s)
 	ok = s->dev == cur_dev;
 	if (!ok)
 		violation("kernel on a stream of device %d, device %d current", s->dev, cur_dev);
-	ok = ok && on_dev(a->p, a->n, s->dev, "kernel param") &&
-	     on_dev(a->g, a->n, s->dev, "kernel grad");
-	if (sgd && a->sgd.mode != OPTIM_MOM_NONE)
-		ok = ok && on_dev(a->m, a->n, s->dev, "kernel momentum");
-	if (!sgd)
-		ok = ok && on_dev(a->m, a->n, s->dev, "kernel m") &&
-		     on_dev(a->v, a->n, s->dev, "kernel v") &&
-		     (!a->adam.amsgrad || on_dev(a->vmax, a->n, s->dev, "kernel vmax"));
+	switch (a->op) {
+	case OPTIM_KOP_STEP:
+		ok = ok && on_dev(a->p, pn, s->dev, "kernel param") &&
+		     on_dev(a->g, pn, s->dev, "kernel grad") &&
+		     (!lowp || on_dev(a->master, a->n, s->dev, "kernel master"));
+		if (sgd && a->sgd.mode != OPTIM_MOM_NONE)
+			ok = ok && on_dev(a->m, a->n, s->dev, "kernel momentum");
+		if (!sgd)
+			ok = ok && on_dev(a->m, a->n, s->dev, "kernel m") &&
+			     on_dev(a->v, a->n, s->dev, "kernel v") &&
+			     (!a->adam.amsgrad || on_dev(a->vmax, a->n, s->dev, "kernel vmax"));
+		break;
+	case OPTIM_KOP_CHECK:
+	case OPTIM_KOP_LOAD:
+	case OPTIM_KOP_RELOAD:
+	case OPTIM_KOP_STORE:
+		ok = ok && lowp && on_dev(a->p, pn, s->dev, "master param") &&
+		     on_dev(a->master, a->n, s->dev, "master") &&
+		     (a->op != OPTIM_KOP_CHECK || on_dev(a->count, 1, s->dev, "check flag"));
+		break;
+	case OPTIM_KOP_MEASURE:
+		ok = ok && on_dev(a->g, pn, s->dev, "measure grad") &&
+		     on_dev(a->sumsq, 2 * items, s->dev, "measure sums") &&
+		     on_dev(a->count, items, s->dev, "measure counts");
+		break;
+	case OPTIM_KOP_SCALE:
+		ok = ok && on_dev(a->g, pn, s->dev, "clip grad");
+		break;
+	default:
+		ok = false;
+		violation("kernel op %d", (int)a->op);
+	}
 	pthread_mutex_unlock(&mu);
 	if (!ok)
 		return fail(cudaErrorInvalidDevicePointer);
@@ -957,14 +1054,66 @@ cudaError_t optim_cuda_launch(const struct optim_kern *a, cudaStream_t s)
 
 /* ------------------------------------------------------ collectives --- */
 
+/* coll_move of bf16/fp16: as the host backend (hostmem.c's host_sum_lowp)
+ * averages, summed in fp32 in rank order, divided, rounded once. */
+static void coll_move_lowp(struct slot *sl, int nranks)
+{
+	enum zc_dtype dt = sl->type == ncclBfloat16 ? ZC_DTYPE_BF16 : ZC_DTYPE_F16;
+	size_t n = sl->count, total = sl->kind == C_REDUCESCATTER || sl->kind == C_ALLGATHER
+					      ? n * (size_t)nranks
+					      : n;
+	uint16_t *tmp = malloc((total ? total : 1) * sizeof(uint16_t));
+
+	if (!tmp) {
+		violation("out of memory moving a collective");
+		return;
+	}
+	switch (sl->kind) {
+	case C_ALLREDUCE:
+	case C_REDUCE:
+	case C_REDUCESCATTER:
+		for (size_t i = 0; i < total; i++) {
+			float x = lowp_get(sl->send[0], i, dt);
+			for (int r = 1; r < nranks; r++)
+				x += lowp_get(sl->send[r], i, dt);
+			if (sl->avg)
+				x /= (float)nranks;
+			tmp[i] = lowp_narrow(x, dt);
+		}
+		if (sl->kind == C_REDUCE)
+			memcpy(sl->recv[sl->root], tmp, n * sizeof(*tmp));
+		for (int r = 0; sl->kind != C_REDUCE && r < nranks; r++)
+			memcpy(sl->recv[r], tmp + (sl->kind == C_REDUCESCATTER ? (size_t)r * n : 0),
+			       n * sizeof(*tmp));
+		break;
+	case C_BCAST:
+		memcpy(tmp, sl->send[sl->root], n * sizeof(*tmp));
+		for (int r = 0; r < nranks; r++)
+			memcpy(sl->recv[r], tmp, n * sizeof(*tmp));
+		break;
+	case C_ALLGATHER:
+		for (int r = 0; r < nranks; r++)
+			memcpy(tmp + (size_t)r * n, sl->send[r], n * sizeof(*tmp));
+		for (int r = 0; r < nranks; r++)
+			memcpy(sl->recv[r], tmp, total * sizeof(*tmp));
+		break;
+	}
+	free(tmp);
+}
+
 /* Under mu, the last part of a slot: move the data. */
 static void coll_move(struct slot *sl, int nranks)
 {
 	size_t n = sl->count, total = sl->kind == C_REDUCESCATTER || sl->kind == C_ALLGATHER
 					      ? n * (size_t)nranks
 					      : n;
-	float *tmp = malloc((total ? total : 1) * sizeof(float));
+	float *tmp;
 
+	if (sl->type != ncclFloat32) {
+		coll_move_lowp(sl, nranks);
+		return;
+	}
+	tmp = malloc((total ? total : 1) * sizeof(float));
 	if (!tmp) {
 		violation("out of memory moving a collective");
 		return;
@@ -1004,7 +1153,10 @@ static void coll_move(struct slot *sl, int nranks)
 /* Under mu: the buffers of one part are its device's. */
 static void coll_check(const struct dop *op, int nranks)
 {
-	size_t n = op->count, wide = n * (size_t)nranks;
+	/* on_dev counts floats: a bf16/fp16 count is half as many, rounded up */
+	size_t n = op->type == ncclFloat32 ? op->count : (op->count + 1) / 2;
+	size_t wide = op->type == ncclFloat32 ? op->count * (size_t)nranks
+					      : (op->count * (size_t)nranks + 1) / 2;
 	int dev = op->comm->dev;
 
 	switch (op->kind) {
@@ -1064,12 +1216,13 @@ static void coll_part(struct dop *op)
 				    .count = op->count,
 				    .root = op->root,
 				    .avg = op->avg,
+				    .type = op->type,
 				    .send = sl->send,
 				    .recv = sl->recv,
 				    .next = q->slots};
 		q->slots = sl;
 	} else if (sl->kind != op->kind || sl->count != op->count || sl->root != op->root ||
-		   sl->avg != op->avg) {
+		   sl->avg != op->avg || sl->type != op->type) {
 		violation("ranks disagree on collective #%llu: rank %d issues kind %d count %zu "
 			  "root %d, an earlier rank kind %d count %zu root %d",
 			  (unsigned long long)op->seq, c->rank, op->kind, op->count, op->root,
@@ -1446,12 +1599,14 @@ static ncclResult_t group_add(struct dop op, cudaStream_t stream, ncclDataType_t
 	struct pend *p;
 
 	NCCL_ENTER();
-	if (type != ncclFloat32 || (red != ncclSum && red != ncclAvg) || !op.comm || !stream)
+	if ((type != ncclFloat32 && type != ncclBfloat16 && type != ncclFloat16) ||
+	    (red != ncclSum && red != ncclAvg) || !op.comm || !stream)
 		return ncclInvalidArgument;
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return ncclSystemError;
 	op.avg = red == ncclAvg;
+	op.type = type;
 	p->op = op;
 	p->stream = stream;
 	if (group_tail)

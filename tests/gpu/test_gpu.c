@@ -5,6 +5,9 @@
  *  - kernels: every optimizer and flag combination through optim_cuda_ops,
  *    bit for bit against the CPU kernels (nvcc -fmad=false, IEEE division
  *    and sqrtf: optim.h's rounding contract);
+ *  - bf16/fp16 masters (load, step, narrow), the at_end passes (unscale
+ *    with a non-finite check, the norms in gradelem.h's order, clipping)
+ *    through optim_cuda_ops, bit for bit against the CPU's code;
  *  - bandwidth: the Adam kernel against a device-to-device copy of the same
  *    run, in bytes moved per second (issue 9's target: 80 %);
  *  - a job of W = min(GPUs, 4) ranks, one per GPU, through the executor with
@@ -32,6 +35,7 @@
 #include "backend.h"
 #include "common.h"
 #include "exec.h"
+#include "gradpass.h"
 #include "mem/mem.h"
 #include "optim/kern.h"
 #include "pool.h"
@@ -116,6 +120,7 @@ static void kernels_case(enum zc_optimizer kind, const struct zc_param_group g[2
 		.world = 1, .grads = &dg, .params = &dp, .nlocal = 1, .local = &local};
 	REQUIRE(optim_cuda_ops.open(&cfg, &ctx) == 0, "%s: open", tag);
 	memcpy(pc, pieces, sizeof(pc));
+	REQUIRE(optim_cuda_ops.state_alloc(ctx, pc, 3, arrays) == 0, "%s: state_alloc", tag);
 	for (uint64_t t = 1; t <= 3 && !test_failed_; t++) {
 		for (size_t i = 0; i < KN; i++)
 			hg[i] = rng_float(-3, 3);
@@ -151,6 +156,15 @@ static void kernels_case(enum zc_optimizer kind, const struct zc_param_group g[2
 		CHECK(i == KN, "%s: step %lu: param[%zu] = %a on the GPU, %a on the CPU", tag,
 		      (unsigned long)t, i, i < KN ? got[i] : 0, i < KN ? hp[i] : 0);
 	}
+	/* the state on the device is the CPU's too */
+	for (int k = 0; k < 3 && !test_failed_; k++)
+		for (int q = 0; arena[k] && q < 3; q++) {
+			REQUIRE(optim_cuda_ops.state_io(ctx, &pc[q], (unsigned)k, got, false) == 0,
+				"%s: state_io", tag);
+			size_t i = first_diff(got, ref[k] + pc[q].at, pc[q].n);
+			CHECK(i == pc[q].n, "%s: state array %d of piece %d differs at %zu", tag, k,
+			      q, i);
+		}
 	optim_cuda_ops.close(ctx);
 	cudaFree(dp);
 	cudaFree(dg);
@@ -192,6 +206,159 @@ static void t_kernels(void)
 		n += 3;
 	}
 	test_note("%u optimizer cases on the GPU, bit for bit with the CPU", n);
+}
+
+/* ------------------------------------------ bf16/fp16, norms, clipping --- */
+
+/* bf16 or fp16 parameters with fp32 masters on the GPU (kern.h's element
+ * bodies under nvcc) against the CPU's order of operations (optim/cpu.c's
+ * run_chunk_lowp: widen the gradient, step the master, narrow it), then the
+ * at_end passes (optim_cuda_ops.measure and .clip against gradpass.c): the
+ * same bits for parameters, masters, moments, gradients and norms. */
+static void lowp_case(enum zc_dtype dt, enum zc_optimizer kind, const char *tag)
+{
+	struct zc_param_group g[2] = {ZC_PARAM_GROUP_INIT, ZC_PARAM_GROUP_INIT};
+	const struct optim_piece pieces[3] = {
+		{.group = 0, .owner = 0, .off = 0, .n = 40000, .at = 0, .dtype = dt, .mat = 0},
+		{.group = 1,
+		 .owner = 0,
+		 .off = 40000,
+		 .n = 3,
+		 .at = 40000,
+		 .dtype = dt,
+		 .mat = 40000},
+		{.group = 0,
+		 .owner = 0,
+		 .off = 40003,
+		 .n = KN - 40003,
+		 .at = 40003,
+		 .dtype = dt,
+		 .mat = 40003},
+	};
+	struct optim_piece pc[3];
+	size_t hb = (KN + 1) / 2 + 1; /* floats holding KN 16-bit values */
+	uint16_t *hp = calloc(hb, sizeof(float)), *hg = calloc(hb, sizeof(float));
+	uint16_t *got16 = calloc(hb, sizeof(float));
+	float *master = malloc(KN * sizeof(float)), *wg = malloc(KN * sizeof(float));
+	float *got = malloc(KN * sizeof(float)), *ref[3];
+	float *dp = dev_alloc(0, hb), *dg = dev_alloc(0, hb);
+	uint32_t local = 0;
+	struct optim_ctx *ctx = NULL;
+	unsigned arrays;
+
+	g[0].lr = 0.01;
+	g[0].momentum = 0.9;
+	g[0].weight_decay = 0.01;
+	g[1].lr = 0.003;
+	g[1].amsgrad = true;
+	arrays = plan_state_arrays(kind, g, 2);
+	for (int k = 0; k < 3; k++)
+		ref[k] = calloc(KN, sizeof(float));
+	REQUIRE(hp && hg && got16 && master && wg && got && dp && dg, "%s: memory", tag);
+	for (size_t i = 0; i < KN; i++) {
+		hp[i] = lowp_narrow(rng_float(-2, 2), dt);
+		master[i] = lowp_get(hp, i, dt);
+	}
+	CU(cudaMemcpy(dp, hp, hb * sizeof(float), cudaMemcpyHostToDevice));
+	struct optim_config cfg = {
+		.world = 1, .grads = &dg, .params = &dp, .nlocal = 1, .local = &local};
+	REQUIRE(optim_cuda_ops.open(&cfg, &ctx) == 0, "%s: open", tag);
+	memcpy(pc, pieces, sizeof(pc));
+	REQUIRE(optim_cuda_ops.state_alloc(ctx, pc, 3, arrays) == 0 &&
+			optim_cuda_ops.masters(ctx, pc, 3, OPTIM_MASTER_LOAD) == 0,
+		"%s: state_alloc, masters", tag);
+	for (uint64_t t = 1; t <= 3 && !test_failed_; t++) {
+		for (size_t i = 0; i < KN; i++)
+			hg[i] = lowp_narrow(rng_float(-3, 3), dt);
+		CU(cudaMemcpy(dg, hg, hb * sizeof(float), cudaMemcpyHostToDevice));
+		for (int k = 0; k < 3; k++) {
+			pc[k].step = t;
+			pc[k].first_momentum = t == 1;
+		}
+		struct optim_call call = {.kind = kind,
+					  .groups = g,
+					  .pieces = pc,
+					  .npieces = 3,
+					  .grad = OPTIM_GRAD_OWNER};
+		CHECK(optim_cuda_ops.run(ctx, &call) == 0, "%s: run", tag);
+		for (size_t i = 0; i < KN; i++)
+			wg[i] = lowp_get(hg, i, dt);
+		for (int k = 0; k < 3; k++) {
+			struct optim_args a = {.kind = kind,
+					       .hp = &g[pc[k].group],
+					       .step = t,
+					       .first_momentum = t == 1,
+					       .param = master + pc[k].mat,
+					       .grad = wg + pc[k].off,
+					       .m = ref[0] + pc[k].at,
+					       .v = ref[1] + pc[k].at,
+					       .vmax = ref[2] + pc[k].at,
+					       .n = pc[k].n};
+			optim_cpu_ops.step(&a);
+		}
+		for (size_t i = 0; i < KN; i++)
+			hp[i] = lowp_narrow(master[i], dt);
+		CU(cudaMemcpy(got16, dp, hb * sizeof(float), cudaMemcpyDeviceToHost));
+		CHECK(memcmp(got16, hp, KN * sizeof(uint16_t)) == 0, "%s: step %lu: parameters",
+		      tag, (unsigned long)t);
+	}
+	for (int q = 0; q < 3 && !test_failed_; q++) {
+		REQUIRE(optim_cuda_ops.state_io(ctx, &pc[q], OPTIM_ARRAY_MASTER, got, false) == 0,
+			"%s: state_io", tag);
+		size_t i = first_diff(got, master + pc[q].mat, pc[q].n);
+		CHECK(i == pc[q].n, "%s: master of piece %d differs at %zu", tag, q, i);
+	}
+	/* unscale by 0.5 with a non-finite element, the norms, then clip */
+	{
+		double hs[2] = {0, 0}, ds[2] = {0, 0}, hbad = 0, dbad = 0;
+		const float coef[2] = {0.25f, 1.0f};
+		void *hgp = hg;
+
+		hg[12345] = lowp_narrow(INFINITY, dt);
+		CU(cudaMemcpy(dg, hg, hb * sizeof(float), cudaMemcpyHostToDevice));
+		CHECK(gradpass_measure(pool_, (float *const *)&hgp, pc, 3, true, 0.5f, hs, &hbad) ==
+				      0 &&
+			      optim_cuda_ops.measure(ctx, pc, 3, true, 0.5f, ds, &dbad) == 0,
+		      "%s: measure", tag);
+		CHECK(memcmp(hs, ds, sizeof(hs)) == 0 && hbad == dbad && hbad == 1,
+		      "%s: norms %a %a, %g non-finite on the CPU; %a %a, %g on the GPU", tag, hs[0],
+		      hs[1], hbad, ds[0], ds[1], dbad);
+		hg[12345] = 0;
+		CU(cudaMemcpy(dg, hg, hb * sizeof(float), cudaMemcpyHostToDevice));
+		CHECK(gradpass_clip(pool_, (float *const *)&hgp, pc, 3, coef) == 0 &&
+			      optim_cuda_ops.clip(ctx, pc, 3, coef) == 0,
+		      "%s: clip", tag);
+		CU(cudaMemcpy(got16, dg, hb * sizeof(float), cudaMemcpyDeviceToHost));
+		CHECK(memcmp(got16, hg, KN * sizeof(uint16_t)) == 0, "%s: clipped gradients", tag);
+	}
+	optim_cuda_ops.close(ctx);
+	cudaFree(dp);
+	cudaFree(dg);
+	for (int k = 0; k < 3; k++)
+		free(ref[k]);
+	free(hp);
+	free(hg);
+	free(got16);
+	free(master);
+	free(wg);
+	free(got);
+}
+
+static void t_lowp_and_norms(void)
+{
+	static const enum zc_optimizer opts[] = {ZC_OPT_SGD, ZC_OPT_ADAM, ZC_OPT_ADAMW};
+	char tag[64];
+
+	rng_state = 0x10f9;
+	for (int d = 0; d < 2 && !test_failed_; d++)
+		for (int o = 0; o < 3 && !test_failed_; o++) {
+			enum zc_dtype dt = d ? ZC_DTYPE_F16 : ZC_DTYPE_BF16;
+			snprintf(tag, sizeof(tag), "%s %s", plan_dtype_name(dt),
+				 plan_optimizer_name(opts[o]));
+			lowp_case(dt, opts[o], tag);
+		}
+	test_note("bf16 and fp16 masters, unscale, norms and clipping on the GPU, bit for bit "
+		  "with the CPU");
 }
 
 /* ---------------------------------------------------------- bandwidth --- */
@@ -523,6 +690,7 @@ static void t_ipc(void)
 
 static const struct test_case cases[] = {
 	{"kernels_match_cpu_bit_for_bit", t_kernels},
+	{"lowp_masters_norms_clip_match_cpu", t_lowp_and_norms},
 	{"adam_bandwidth_vs_copy", t_bandwidth},
 	{"job_through_nccl_and_kernels", t_job},
 	{"ipc_buffer_from_another_process", t_ipc},

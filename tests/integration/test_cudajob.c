@@ -16,13 +16,18 @@
  *    event's record. A daemon that did not wait on the event (on its stream)
  *    would average NaNs. After each step zc_step_wait_cuda() orders the
  *    stream behind the done events;
+ *  - the state of a CUDA job out of the devices and back (zc_get_state,
+ *    zc_set_state) between iterations, the job then trains on to the
+ *    reference;
  *  - the CUDA kind on a zerod --backend host: ZC_ENOTSUP saying why;
  *  - no CUDA runtime in the trainer: ZC_ENOTSUP from zc_register_buffers();
  *  - a handle zerod cannot open (revoked in the double after
  *    zc_register_buffers(), as a handle of memory freed since) and a device
  *    zerod does not see (an unknown UUID): the job fails with ZC_EMAP naming
  *    the rank and the reason, while a second job beside it trains to the
- *    reference.
+ *    reference;
+ *  - --max-device-memory: a job whose state passes it on one GPU is refused
+ *    with ZC_ELIMIT naming the GPU, one beside it that fits trains.
  */
 #include <errno.h>
 #include <math.h>
@@ -128,6 +133,68 @@ static const struct train_hooks cuda_hooks = {
 	.stepped = cuda_stepped,
 };
 
+/* The state round trip: after iteration 2 every rank exports the whole
+ * state (zc_get_state: from the devices), checks it holds what three Adam
+ * steps leave, and imports it again (zc_set_state: onto the devices); the
+ * job then trains on to the reference, bit for bit, so the state went out
+ * and came back whole. */
+static struct train_plan round_tp_;
+
+static int state_round_trip(zc_client *c)
+{
+	const struct zc_plan *p = &round_tp_.plan;
+	struct zc_segment_state segs[5 * 4];
+	float *mem[5 * 4][3] = {{NULL}};
+	uint32_t n = 0;
+	bool moved = false;
+	int r = 0;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t g = 0; g < p->buckets[b].nsegments; g++, n++) {
+			uint64_t numel = p->buckets[b].segments[g].numel;
+			segs[n] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+			segs[n].bucket = b;
+			segs[n].segment = g;
+			for (int k = 0; k < 3; k++)
+				mem[n][k] = calloc(numel, sizeof(float));
+			segs[n].exp_avg = mem[n][0];
+			segs[n].exp_avg_sq = mem[n][1];
+			segs[n].max_exp_avg_sq = mem[n][2];
+		}
+	r = zc_get_state(c, segs, n);
+	EXPECT(r == 0, "zc_get_state of a CUDA job: %s: %s", zc_strerror_name(r),
+	       zc_error_message());
+	for (uint32_t i = 0; i < n && r == 0; i++) {
+		EXPECT(segs[i].step == 3 && (segs[i].present & ZC_STATE_EXP_AVG),
+		       "segment %u of bucket %u: step %g, present %#x after 3 steps",
+		       segs[i].segment, segs[i].bucket, segs[i].step, segs[i].present);
+		moved = moved || segs[i].exp_avg[0] != 0;
+	}
+	EXPECT(r != 0 || moved, "the exported exp_avg is all zeros");
+	if (r == 0) {
+		r = zc_set_state(c, segs, n);
+		EXPECT(r == 0, "zc_set_state of a CUDA job: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+	}
+	for (uint32_t i = 0; i < n; i++)
+		for (int k = 0; k < 3; k++)
+			free(mem[i][k]);
+	return r;
+}
+
+static int cuda_stepped_state(zc_client *c, zc_future *step, int it)
+{
+	int r = cuda_stepped(c, step, it);
+
+	return r < 0 || it != 2 ? r : state_round_trip(c);
+}
+
+static const struct train_hooks cuda_state_hooks = {
+	.buffers = cuda_buffers,
+	.ready = cuda_ready,
+	.stepped = cuda_stepped_state,
+};
+
 /* ------------------------------------------------------------- training --- */
 
 static int rank_main(void *arg, int idx)
@@ -219,6 +286,23 @@ static void t_sgd_w2_slice_interleaved(void)
 	run("cuda-sgd-w2s", 2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, 14);
 }
 
+static void t_state_round_trip(void)
+{
+	struct train_spec s =
+		spec("cuda-state", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 41);
+	pid_t pids[NDEV];
+
+	REQUIRE(zd_alive(&daemon_), "zerod is not running");
+	s.hooks = &cuda_state_hooks;
+	train_make_plan(&s, &round_tp_); /* inherited by the ranks */
+	device_ = -1;
+	start_ranks(&s, pids);
+	check_ranks(&s, pids);
+	CHECK(ran_on_cuda(s.job), "zerod's log does not say %s ran on the cuda backend", s.job);
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
 /* -------------------------------------------------------------- refusals --- */
 
 /* A rank that registers CUDA buffers with the train hooks and reports how
@@ -299,6 +383,45 @@ static void t_bad_handle_refused(void)
 static void t_unknown_uuid_refused(void)
 {
 	refused_beside("cuda-uuid", unknown_uuid_rank, "no such device visible to zerod");
+}
+
+/* --max-device-memory: a job whose state would pass it on one GPU is
+ * refused with ZC_ELIMIT naming that GPU, and a smaller job beside it
+ * trains. With 2 ranks in bucket mode the GPU holding the most state needs
+ * ~141 KiB for SGD (a momentum buffer), ~423 KiB for Adam with an amsgrad
+ * group (three arrays): a limit of 300K takes the one job and not the
+ * other, whichever comes first (a refused job holds nothing). */
+static void t_device_memory_limit(void)
+{
+	const char *const extra[] = {"--backend", "cuda", "--max-device-memory", "300K", NULL};
+	struct train_spec good, bad;
+	pid_t gp[2], bp[2];
+	struct zd hd;
+
+	REQUIRE(zd_start(&hd, extra) == 0, "cannot start a zerod --max-device-memory 300K");
+	good = spec("cuda-devmem-sgd", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 31);
+	bad = spec("cuda-devmem-adam", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 32);
+	good.socket = bad.socket = hd.sock;
+	bad.results = shared_results(2);
+	REQUIRE(bad.results, "no shared memory for the results");
+	device_ = -1;
+	start_ranks(&good, gp);
+	start_ranks(&bad, bp);
+	for (int r = 0; r < 2; r++) {
+		int st = wait_child(bp[r], test_timeout(60000));
+		CHECK(st == 1, "rank %d of the large job exited with %d, not 1 (refused)", r, st);
+		CHECK(bad.results[r].code == ZC_ELIMIT, "rank %d ended with %s: %s, not ZC_ELIMIT",
+		      r, zc_strerror_name(bad.results[r].code), bad.results[r].msg);
+		CHECK(strstr(bad.results[r].msg, "--max-device-memory") &&
+			      strstr(bad.results[r].msg, "on GPU-"),
+		      "rank %d's reason \"%s\" does not name the limit and the GPU", r,
+		      bad.results[r].msg);
+	}
+	check_ranks(&good, gp);
+	CHECK(zd_alive(&hd), "zerod died");
+	if (test_failed_)
+		zd_dump_log(&hd);
+	CHECK(zd_stop(&hd, 10000) == 0, "the zerod did not stop cleanly");
 }
 
 static int host_only_rank(void *arg, int idx)
@@ -395,10 +518,12 @@ static const struct test_case cases[] = {
 	{"adam_w4_slice_at_end", t_adam_w4_slice_at_end, 90000},
 	{"adamw_w3_bucket_at_end", t_adamw_w3_bucket_at_end, 90000},
 	{"sgd_w2_slice_interleaved", t_sgd_w2_slice_interleaved, 90000},
+	{"state_round_trip", t_state_round_trip, 90000},
 	{"cuda_kind_on_host_only_daemon", t_cuda_kind_on_host_only_daemon, 40000},
 	{"no_cuda_runtime", t_no_cuda_runtime, 40000},
 	{"bad_handle_refused", t_bad_handle_refused, 90000},
 	{"unknown_uuid_refused", t_unknown_uuid_refused, 90000},
+	{"device_memory_limit", t_device_memory_limit, 90000},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 

@@ -38,6 +38,7 @@
 #include "cudadouble.h"
 #include "exec.h"
 #include "filestore.h"
+#include "optim/lowp.h"
 #include "mem/mem.h"
 #include "pool.h"
 #include "testlib.h"
@@ -201,6 +202,8 @@ static void kernels_case(enum zc_optimizer kind, const struct zc_param_group g[2
 		.world = 2, .grads = dg, .params = dp, .nlocal = 2, .local = local, .pool = pool()};
 	REQUIRE(optim_cuda_ops.open(&cfg, &ctx) == 0, "%s: open", tag);
 	memcpy(pc, kpieces, sizeof(pc));
+	REQUIRE(optim_cuda_ops.state_alloc(ctx, pc, ARRAY_SIZE(pc), arrays) == 0, "%s: state_alloc",
+		tag);
 	for (uint64_t t = 1; t <= 4 && !test_failed_; t++) {
 		for (int d = 0; d < 2; d++)
 			for (size_t i = 0; i < KN; i++)
@@ -241,13 +244,22 @@ static void kernels_case(enum zc_optimizer kind, const struct zc_param_group g[2
 			      (unsigned long)t, d, i, i < KN ? dp[d][i] : 0, i < KN ? hp[d][i] : 0);
 		}
 	}
-	/* the device state is the state: the host arena stays as it was */
-	for (int k = 0; k < 3; k++)
+	/* the device state is the state: the host arena stays as it was, and
+	 * state_io reads the device's, the CPU's bits */
+	for (int k = 0; k < 3; k++) {
 		for (size_t i = 0; arena[k] && i < KN; i++)
 			if (arena[k][i] != 0) {
 				CHECK(arena[k][i] == 0, "%s: host arena %d written", tag, k);
 				break;
 			}
+		for (size_t q = 0; arena[k] && q < ARRAY_SIZE(pc) && !test_failed_; q++) {
+			float got[KN];
+			REQUIRE(optim_cuda_ops.state_io(ctx, &pc[q], (unsigned)k, got, false) == 0,
+				"%s: state_io", tag);
+			CHECK(memcmp(got, ref[k] + pc[q].at, pc[q].n * sizeof(float)) == 0,
+			      "%s: array %d of piece %zu differs from the CPU's", tag, k, q);
+		}
+	}
 	optim_cuda_ops.close(ctx);
 	for (int d = 0; d < 2; d++) {
 		cudaFree(dg[d]);
@@ -343,31 +355,42 @@ static void t_kernels_refuse(void)
 
 /* ---------------------------------------------------- whole jobs ---- */
 
-static struct plan *make_plan(enum zc_shard_mode shard, enum zc_step_mode step)
+/* The plan of the job tests: AdamW (or opt) over two groups, five uneven
+ * buckets (one divisible by 2, 3 and 4: the equal-slice path), each
+ * bucket's dtype dt[b] (NULL: fp32), global clipping at max_norm (0: none). */
+static struct plan *make_plan_ex(enum zc_optimizer opt, enum zc_shard_mode shard,
+				 enum zc_step_mode step, const enum zc_dtype *dt, double max_norm)
 {
-	/* uneven buckets, one divisible by 2, 3 and 4 (the equal-slice path) */
 	static const uint64_t sizes[] = {37, 120, 5, 64, 1};
 	struct zc_param_group g[2] = {ZC_PARAM_GROUP_INIT, ZC_PARAM_GROUP_INIT};
 	struct zc_segment seg[ARRAY_SIZE(sizes)][2];
 	struct zc_bucket b[ARRAY_SIZE(sizes)];
-	struct zc_plan zp = PLAN(ZC_OPT_ADAMW, shard, step, 2, g, ARRAY_SIZE(sizes), b);
+	struct zc_plan zp = PLAN(opt, shard, step, 2, g, ARRAY_SIZE(sizes), b);
 	struct plan *p = NULL;
 	char err[200];
 
 	g[0].lr = 0.01;
 	g[0].weight_decay = 0.05;
+	g[0].momentum = 0.9;
 	g[1].lr = 0.003;
 	g[1].amsgrad = true;
+	zp.max_grad_norm = max_norm;
 	for (size_t i = 0; i < ARRAY_SIZE(sizes); i++) {
 		uint64_t half = sizes[i] / 2;
 		uint32_t ns = half ? 2 : 1;
 		seg[i][0] = (struct zc_segment)SEG(0, half ? half : sizes[i], 0);
 		seg[i][1] = (struct zc_segment)SEG(half, sizes[i] - half, 1);
 		b[i] = (struct zc_bucket)BUCKET(sizes[i], ns, seg[i]);
+		b[i].dtype = dt ? dt[i] : ZC_DTYPE_F32;
 	}
 	if (plan_from_zc(&zp, &p, err, sizeof(err)) < 0)
 		test_note("plan_from_zc: %s", err);
 	return p;
+}
+
+static struct plan *make_plan(enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	return make_plan_ex(ZC_OPT_ADAMW, shard, step, NULL, 0);
 }
 
 static struct exec_done *next_done(struct completion_queue *cq, struct exec_done **pending)
@@ -384,17 +407,67 @@ static struct exec_done *next_done(struct completion_queue *cq, struct exec_done
 	return d;
 }
 
+/* What a job does besides plain iterations. */
+struct job_opts {
+	unsigned iters;
+	int nan_iter;     /* that iteration, rank 0's first gradient is NaN (-1: never) */
+	double inv_scale; /* a grad scale every iteration (0: none) */
+	bool masks;       /* rank 1 marks bucket 1's segment 0 unused, every rank
+			   * bucket 3's segment 1 */
+	int edit_iter;    /* before it every rank edits its parameters alike, then
+			   * zc_params_changed() (exec_reload); 0: never */
+	/* out: what each iteration's StepDone said */
+	double norm[8];
+	bool found_inf[8];
+	/* between the iterations and the stop: an export of the state, and
+	 * optionally an import first (staging per rank, the state's layout) */
+	float **export_to;
+	float *const *import_from;
+	const struct exec_seg_state *import_segs;
+};
+
+/* Element i of bucket b of buf, written as v in the bucket's dtype. */
+static void put_elem(const struct plan *p, void *buf, uint32_t b, uint64_t i, float v)
+{
+	lowp_put((char *)buf + plan_bucket_offset(p, b), i, p->buckets[b].dtype, v);
+}
+
+/* Run one XOP_STATE round on e and wait for its StateOk. */
+static void state_round(struct exec *e, struct completion_queue *cq, struct exec_done **pending,
+			const struct plan *p, uint32_t world, float **staging,
+			const struct exec_seg_state *segs, const char *tag)
+{
+	uint32_t seg_first[8], nsegs = 0;
+	struct exec_state_req rq = {.set = segs != NULL, .staging = staging};
+	struct exec_done *d;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		seg_first[b] = nsegs;
+		nsegs += p->buckets[b].nsegments;
+	}
+	seg_first[p->nbuckets] = nsegs;
+	rq.segs = segs;
+	rq.seg_first = seg_first;
+	(void)world;
+	REQUIRE(exec_state(e, &rq) == 0, "%s: exec_state", tag);
+	d = next_done(cq, pending);
+	CHECK(d && d->ev == EXEC_STATE_DONE && d->status == 0,
+	      "%s: state round: event %d status %d", tag, d ? (int)d->ev : -1, d ? d->status : 0);
+	free(d);
+}
+
 /* One job on one node: every rank local, on device r (cuda) or in host
- * memory; initial parameters init[r], gradients of iteration t from a seed.
- * Leaves the final parameters of every rank in out[r]. */
-static void run_job(const struct plan *p, uint32_t world, bool cuda, float *const *init,
-		    unsigned iters, float **out, const char *tag)
+ * memory; initial parameters init[r] (the plan's buffer bytes), gradients
+ * of iteration t from a seed. Leaves the final parameters of every rank in
+ * out[r]. */
+static void run_job_ex(const struct plan *p, uint32_t world, bool cuda, void *const *init,
+		       struct job_opts *o, void **out, const char *tag)
 {
 	uint32_t node_of[4] = {0, 0, 0, 0};
 	struct zero_topo topo = {.world = world, .nnodes = 1, .node = 0, .node_of = node_of};
 	struct zero_caps caps = {.local_fuse = !cuda};
-	size_t n = p->total_numel;
-	float *grads[4] = {NULL}, *params[4] = {NULL};
+	size_t bytes = plan_buffer_bytes(p), nf = (bytes + 3) / 4;
+	void *grads[4] = {NULL}, *params[4] = {NULL};
 	struct shard_map *sm = NULL;
 	struct completion_queue *cq = NULL;
 	struct zero_program prog = {0};
@@ -404,10 +477,10 @@ static void run_job(const struct plan *p, uint32_t world, bool cuda, float *cons
 	bool stopped = false;
 
 	for (uint32_t r = 0; r < world; r++) {
-		grads[r] = cuda ? dev_alloc((int)r, n) : calloc(n, sizeof(float));
-		params[r] = cuda ? dev_alloc((int)r, n) : calloc(n, sizeof(float));
+		grads[r] = cuda ? (void *)dev_alloc((int)r, nf) : calloc(nf, sizeof(float));
+		params[r] = cuda ? (void *)dev_alloc((int)r, nf) : calloc(nf, sizeof(float));
 		REQUIRE(grads[r] && params[r], "%s: buffers", tag);
-		memcpy(params[r], init[r], n * sizeof(float));
+		memcpy(params[r], init[r], bytes);
 	}
 	REQUIRE(shard_assign(p, world, &sm) == 0, "%s: shard", tag);
 	REQUIRE(completion_queue_new(&cq) == 0 && zero_program(p, &topo, &caps, &prog) == 0,
@@ -421,8 +494,8 @@ static void run_job(const struct plan *p, uint32_t world, bool cuda, float *cons
 				 .prog = &prog,
 				 .state = stt,
 				 .world = world,
-				 .grads = grads,
-				 .params = params,
+				 .grads = (float **)grads,
+				 .params = (float **)params,
 				 .coll = cuda ? &coll_nccl_ops : &coll_host_ops,
 				 .optim = cuda ? &optim_cuda_ops : &optim_cpu_ops,
 				 .pool = pool(),
@@ -432,16 +505,49 @@ static void run_job(const struct plan *p, uint32_t world, bool cuda, float *cons
 	CHECK(d && d->ev == EXEC_STARTED, "%s: started (%d, status %d)", tag, d ? (int)d->ev : -1,
 	      d ? d->status : 0);
 	free(d);
-	for (unsigned t = 0; t < iters && !test_failed_; t++) {
+	if (o->import_from)
+		state_round(e, cq, &pending, p, world, (float **)o->import_from, o->import_segs,
+			    tag);
+	for (unsigned t = 0; t < o->iters && !test_failed_; t++) {
 		uint32_t want = 0;
+
+		if (o->edit_iter && (int)t == o->edit_iter) {
+			/* the double's device memory is the host's: written in place */
+			for (uint32_t r = 0; r < world; r++)
+				for (uint32_t b = 0; b < p->nbuckets; b++)
+					for (uint64_t i = 0; i < p->buckets[b].numel; i += 3)
+						put_elem(p, params[r], b, i, 0.25f * (float)i);
+			CHECK(exec_reload(e) == 0, "%s: exec_reload", tag);
+		}
 
 		for (uint32_t r = 0; r < world; r++) {
 			rng_state = 1000 * t + r;
-			for (size_t i = 0; i < n; i++)
-				grads[r][i] = rng_float(-1, 1);
+			for (uint32_t b = 0; b < p->nbuckets; b++)
+				for (uint64_t i = 0; i < p->buckets[b].numel; i++)
+					put_elem(p, grads[r], b, i, rng_float(-1, 1));
 		}
-		for (uint32_t b = 0; b < p->nbuckets; b++)
-			CHECK(exec_bucket(e, t, b) == 0, "%s: exec_bucket", tag);
+		if ((int)t == o->nan_iter)
+			put_elem(p, grads[0], 0, 0, NAN);
+		for (uint32_t b = 0; b < p->nbuckets; b++) {
+			uint32_t marks[2] = {0, 0};
+			struct exec_zero zero[4];
+			struct exec_bucket_in in = {.marks = marks, .zero = zero};
+
+			if (o->masks && b == 1) {
+				marks[0] = 1;
+				zero[in.nzero++] = (struct exec_zero){.rank = 1, .seg = 0};
+			}
+			if (o->masks && b == 3)
+				for (uint32_t r = 0; r < world; r++) {
+					marks[1]++;
+					zero[in.nzero++] = (struct exec_zero){.rank = r, .seg = 1};
+				}
+			if (b == p->nbuckets - 1 && o->inv_scale) {
+				in.has_scale = true;
+				in.inv_scale = o->inv_scale;
+			}
+			CHECK(exec_bucket_ex(e, t, b, &in) == 0, "%s: exec_bucket", tag);
+		}
 		while ((d = next_done(cq, &pending))) {
 			bool end = d->ev != EXEC_BUCKET_DONE;
 			if (d->ev == EXEC_BUCKET_DONE)
@@ -451,12 +557,18 @@ static void run_job(const struct plan *p, uint32_t world, bool cuda, float *cons
 				CHECK(d->ev == EXEC_STEP_DONE && d->iteration == t,
 				      "%s: iteration %u: event %d (%s of %u, status %d)", tag, t,
 				      (int)d->ev, d->op ? d->op : "", d->lo, d->status);
+			if (d->ev == EXEC_STEP_DONE && t < ARRAY_SIZE(o->norm)) {
+				o->norm[t] = d->grad_norm;
+				o->found_inf[t] = d->found_inf;
+			}
 			free(d);
 			if (end)
 				break;
 		}
 		CHECK(want == p->nbuckets, "%s: iteration %u: %u BucketDones", tag, t, want);
 	}
+	if (o->export_to && !test_failed_)
+		state_round(e, cq, &pending, p, world, o->export_to, NULL, tag);
 	exec_stop(e);
 	while ((d = next_done(cq, &pending))) {
 		stopped = d->ev == EXEC_STOPPED;
@@ -472,7 +584,7 @@ static void run_job(const struct plan *p, uint32_t world, bool cuda, float *cons
 	if (stopped)
 		exec_free(e);
 	for (uint32_t r = 0; r < world; r++) {
-		memcpy(out[r], params[r], n * sizeof(float));
+		memcpy(out[r], params[r], bytes);
 		if (cuda) {
 			cudaFree(grads[r]);
 			cudaFree(params[r]);
@@ -484,6 +596,14 @@ static void run_job(const struct plan *p, uint32_t world, bool cuda, float *cons
 	zero_program_clear(&prog);
 	completion_queue_free(cq);
 	shard_map_free(sm);
+}
+
+static void run_job(const struct plan *p, uint32_t world, bool cuda, float *const *init,
+		    unsigned iters, float **out, const char *tag)
+{
+	struct job_opts o = {.iters = iters, .nan_iter = -1};
+
+	run_job_ex(p, world, cuda, (void *const *)init, &o, (void **)out, tag);
 }
 
 static void t_jobs_match_host(void)
@@ -545,6 +665,238 @@ static void t_jobs_match_host(void)
 				jobs++;
 			}
 	test_note("%u jobs, cuda (double) = host bit for bit", jobs);
+}
+
+/* ------------------------------------- bf16/fp16, masks, clipping --- */
+
+static const enum zc_dtype mixed[5] = {ZC_DTYPE_BF16, ZC_DTYPE_F32, ZC_DTYPE_F16, ZC_DTYPE_BF16,
+				       ZC_DTYPE_F16};
+
+/* Each rank's parameters: random values in each bucket's dtype (rank 0's
+ * must win). */
+static void **make_init(const struct plan *p, uint32_t world)
+{
+	void **init = calloc(world, sizeof(*init));
+
+	for (uint32_t r = 0; r < world; r++) {
+		init[r] = calloc(1, plan_buffer_bytes(p) + 4);
+		for (uint32_t b = 0; b < p->nbuckets; b++)
+			for (uint64_t i = 0; i < p->buckets[b].numel; i++)
+				put_elem(p, init[r], b, i, rng_float(-1, 1));
+	}
+	return init;
+}
+
+static void **make_out(const struct plan *p, uint32_t world)
+{
+	void **out = calloc(world, sizeof(*out));
+
+	for (uint32_t r = 0; r < world; r++)
+		out[r] = calloc(1, plan_buffer_bytes(p) + 4);
+	return out;
+}
+
+static void free_bufs(void **b, uint32_t world)
+{
+	for (uint32_t r = 0; r < world; r++)
+		free(b[r]);
+	free(b);
+}
+
+/* The job on the host backend, then on the cuda backend (the double, with
+ * jittered streams and ncclInProgress answers): the same bytes in every
+ * rank's parameters, the same norms and skips. */
+static void host_vs_cuda(const struct plan *p, uint32_t world, struct job_opts *o, const char *tag)
+{
+	void **init = make_init(p, world), **host = make_out(p, world), **gpu = make_out(p, world);
+	struct job_opts oh = *o, oc = *o;
+	struct cudadouble_stats st;
+
+	run_job_ex(p, world, false, init, &oh, host, tag);
+	reset(4, 2, 100);
+	run_job_ex(p, world, true, init, &oc, gpu, tag);
+	for (uint32_t r = 0; r < world && !test_failed_; r++) {
+		size_t i = 0, bytes = plan_buffer_bytes(p);
+		while (i < bytes && ((char *)host[r])[i] == ((char *)gpu[r])[i])
+			i++;
+		CHECK(i == bytes, "%s: rank %u: byte %zu of the parameters differs from the host's",
+		      tag, r, i);
+		CHECK(memcmp(host[r], init[r], bytes) != 0, "%s: rank %u: no update", tag, r);
+	}
+	for (unsigned t = 0; t < o->iters && t < ARRAY_SIZE(o->norm); t++) {
+		CHECK(memcmp(&oh.norm[t], &oc.norm[t], sizeof(double)) == 0 &&
+			      oh.found_inf[t] == oc.found_inf[t],
+		      "%s: iteration %u: norm %a found_inf %d on the host, %a %d on cuda", tag, t,
+		      oh.norm[t], oh.found_inf[t], oc.norm[t], oc.found_inf[t]);
+		o->norm[t] = oc.norm[t];
+		o->found_inf[t] = oc.found_inf[t];
+	}
+	cudadouble_stats(&st);
+	CHECK(st.live_allocs == 0, "%s: %u device allocations left", tag, st.live_allocs);
+	check_clean(tag);
+	free_bufs(init, world);
+	free_bufs(host, world);
+	free_bufs(gpu, world);
+}
+
+static void t_lowp_jobs_match_host(void)
+{
+	static const enum zc_optimizer opts[] = {ZC_OPT_SGD, ZC_OPT_ADAM, ZC_OPT_ADAMW};
+	unsigned jobs = 0;
+
+	for (uint32_t w = 1; w <= 3; w++)
+		for (unsigned sh = 0; sh < 2; sh++)
+			for (unsigned sp = 0; sp < 2 && !test_failed_; sp++) {
+				enum zc_optimizer opt = opts[(w + sh + sp) % 3];
+				struct plan *p = make_plan_ex(
+					opt, sh ? ZC_SHARD_SLICE : ZC_SHARD_BUCKET,
+					sp ? ZC_STEP_AT_END : ZC_STEP_INTERLEAVED, mixed, 0);
+				struct job_opts o = {
+					.iters = 4, .nan_iter = -1, .masks = w > 1, .edit_iter = 2};
+				char tag[96];
+
+				REQUIRE(p, "plan");
+				snprintf(tag, sizeof(tag), "lowp %s w%u %s/%s%s, an edit",
+					 plan_optimizer_name(opt), w,
+					 plan_shard_name(p->shard_mode),
+					 plan_step_name(p->step_mode), o.masks ? " masks" : "");
+				rng_state = 77 + w * 4 + sh * 2 + sp;
+				host_vs_cuda(p, w, &o, tag);
+				plan_free(p);
+				jobs++;
+			}
+	test_note("%u bf16/fp16/fp32 jobs, cuda (double) = host bit for bit", jobs);
+}
+
+/* at_end with a grad scale, global clipping and a NaN in iteration 1:
+ * the norms agree to the bit (gradelem.h's order), iteration 1 is skipped
+ * on both, and the parameters match. */
+static void t_clip_found_inf_match_host(void)
+{
+	for (uint32_t w = 2; w <= 3 && !test_failed_; w++)
+		for (unsigned lowp = 0; lowp < 2 && !test_failed_; lowp++) {
+			struct plan *p =
+				make_plan_ex(ZC_OPT_ADAM, w == 2 ? ZC_SHARD_BUCKET : ZC_SHARD_SLICE,
+					     ZC_STEP_AT_END, lowp ? mixed : NULL, 0.5);
+			struct job_opts o = {
+				.iters = 4, .nan_iter = 1, .inv_scale = 0.5, .masks = true};
+			char tag[64];
+
+			REQUIRE(p, "plan");
+			snprintf(tag, sizeof(tag), "clip w%u%s", w, lowp ? " bf16/fp16" : "");
+			rng_state = 500 + w;
+			host_vs_cuda(p, w, &o, tag);
+			CHECK(!o.found_inf[0] && o.found_inf[1] && !o.found_inf[2],
+			      "%s: found_inf %d %d %d", tag, o.found_inf[0], o.found_inf[1],
+			      o.found_inf[2]);
+			/* the norm is of the unscaled gradient: clipping at 0.5 acts */
+			CHECK(o.norm[0] > 0.5 && isfinite(o.norm[0]), "%s: norm %g", tag,
+			      o.norm[0]);
+			plan_free(p);
+		}
+}
+
+/* The segments' list of an import from an export's staging (its meta
+ * words), every segment given. */
+static struct exec_seg_state *segs_of(const struct plan *p, const float *staging)
+{
+	struct exec_seg_state *sg = calloc(64, sizeof(*sg));
+	const uint32_t *meta =
+		(const uint32_t *)(staging + (size_t)EXEC_REGION_META * p->state_numel);
+	uint32_t k = 0;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t g = 0; g < p->buckets[b].nsegments; g++, k++) {
+			uint32_t w = meta[p->buckets[b].sbase + p->buckets[b].segments[g].offset];
+			uint32_t step = w & EXEC_META_STEP;
+
+			sg[k].given = true;
+			sg[k].step = step;
+			if (p->optimizer == ZC_OPT_SGD)
+				sg[k].present =
+					w & EXEC_META_MOMENTUM ? ZC_STATE_MOMENTUM_BUFFER : 0;
+			else if (step)
+				sg[k].present = ZC_STATE_STEP | ZC_STATE_EXP_AVG |
+						ZC_STATE_EXP_AVG_SQ |
+						(w & EXEC_META_VMAX ? ZC_STATE_MAX_EXP_AVG_SQ : 0);
+			if (p->buckets[b].dtype != ZC_DTYPE_F32)
+				sg[k].present |= ZC_STATE_MASTER;
+		}
+	return sg;
+}
+
+/* A CUDA job's state out (export) and back in (import into a new job):
+ * the export equals the host job's to the bit, and both jobs continued from
+ * it end equal; a job not given the state ends elsewhere. */
+static void t_state_round_trip(void)
+{
+	for (unsigned lowp = 0; lowp < 2 && !test_failed_; lowp++) {
+		const uint32_t w = 2;
+		struct plan *p = make_plan_ex(ZC_OPT_ADAMW, ZC_SHARD_SLICE, ZC_STEP_AT_END,
+					      lowp ? mixed : NULL, 0);
+		size_t slots = (size_t)exec_state_regions(p) * p->state_numel;
+		float *stg[2][2];
+		void **init, **mid[2], **end[2], **fresh;
+		char tag[64];
+
+		REQUIRE(p, "plan");
+		snprintf(tag, sizeof(tag), "state%s", lowp ? " bf16/fp16" : "");
+		rng_state = 900 + lowp;
+		init = make_init(p, w);
+		for (unsigned be = 0; be < 2; be++) {
+			struct job_opts o = {.iters = 3, .nan_iter = -1};
+
+			for (uint32_t r = 0; r < w; r++)
+				stg[be][r] = calloc(slots, sizeof(float));
+			mid[be] = make_out(p, w);
+			o.export_to = stg[be];
+			if (be)
+				reset(4, 1, 50);
+			run_job_ex(p, w, be, init, &o, mid[be], tag);
+		}
+		/* the state's regions (not region 0, the saved parameters, which a
+		 * one-node export leaves alone) */
+		for (uint32_t r = 0; r < w && !test_failed_; r++) {
+			size_t from = (size_t)EXEC_REGION_META * p->state_numel, i = from;
+			while (i < slots &&
+			       memcmp(&stg[0][r][i], &stg[1][r][i], sizeof(float)) == 0)
+				i++;
+			CHECK(i == slots, "%s: rank %u: export slot %zu: cuda %a, host %a", tag, r,
+			      i, i < slots ? stg[1][r][i] : 0, i < slots ? stg[0][r][i] : 0);
+		}
+		struct exec_seg_state *segs = segs_of(p, stg[0][0]);
+		for (unsigned be = 0; be < 2; be++) {
+			struct job_opts o = {.iters = 2,
+					     .nan_iter = -1,
+					     .import_from = stg[be],
+					     .import_segs = segs};
+			end[be] = make_out(p, w);
+			if (be)
+				reset(4, 1, 50);
+			run_job_ex(p, w, be, mid[be], &o, end[be], tag);
+		}
+		struct job_opts o = {.iters = 2, .nan_iter = -1};
+		fresh = make_out(p, w);
+		reset(4, 0, 0);
+		run_job_ex(p, w, true, mid[1], &o, fresh, tag);
+		for (uint32_t r = 0; r < w && !test_failed_; r++) {
+			CHECK(memcmp(end[0][r], end[1][r], plan_buffer_bytes(p)) == 0,
+			      "%s: rank %u: after the import cuda and host differ", tag, r);
+			CHECK(memcmp(end[1][r], fresh[r], plan_buffer_bytes(p)) != 0,
+			      "%s: rank %u: the import changed nothing", tag, r);
+		}
+		check_clean(tag);
+		free(segs);
+		for (unsigned be = 0; be < 2; be++) {
+			for (uint32_t r = 0; r < w; r++)
+				free(stg[be][r]);
+			free_bufs(mid[be], w);
+			free_bufs(end[be], w);
+		}
+		free_bufs(fresh, w);
+		free_bufs(init, w);
+		plan_free(p);
+	}
 }
 
 /* --------------------------------------------- two nodes, one id --- */
@@ -1023,6 +1375,9 @@ static const struct test_case cases[] = {
 	{"kernels_match_cpu_bit_for_bit", t_kernels},
 	{"kernels_refuse", t_kernels_refuse},
 	{"jobs_through_executor_match_host", t_jobs_match_host},
+	{"lowp_jobs_match_host", t_lowp_jobs_match_host},
+	{"clip_found_inf_masks_match_host", t_clip_found_inf_match_host},
+	{"state_round_trip", t_state_round_trip},
 	{"two_nodes_one_id_every_collective", t_two_nodes},
 	{"two_nodes_id_through_the_store", t_two_nodes_store},
 	{"open_refuses", t_open_refuses},

@@ -1,0 +1,36 @@
+/*
+ * devmem.h — the optimizer state a CUDA job keeps on each GPU (optim/cuda.c
+ * allocates it on the owner ranks' devices), counted per device by UUID so
+ * --max-device-memory bounds what all jobs together hold on one GPU. Loop
+ * thread (job.c, when a job starts).
+ */
+#ifndef ZEROD_DEVMEM_H
+#define ZEROD_DEVMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mem/mem.h"
+
+struct cudabufs;
+struct daemon;
+struct job;
+struct state;
+
+struct devmem_use {
+	uint8_t uuid[MEM_CUDA_UUID_BYTES];
+	uint64_t bytes;
+};
+
+/* The bytes state s places on each device: each piece on its owner rank's
+ * (bufs[owner]'s UUID), as optim/cuda.c lays it out (state_bytes() is their
+ * sum). *ret (malloc'd, NULL when none) and *ret_n entries; 0 or -ENOMEM. */
+int devmem_of(const struct state *s, struct cudabufs *const *bufs, struct devmem_use **ret,
+	      uint32_t *ret_n);
+
+/* Whether j's j->devmem fits under --max-device-memory beside what the other
+ * jobs hold on the same devices: 0, or ZC_ELIMIT with why naming the device,
+ * what the job needs there and what is left. */
+int devmem_check(const struct daemon *d, const struct job *j, char *why, size_t len);
+
+#endif
