@@ -296,6 +296,18 @@ static void t_status_idle(void)
 	CHECK(zeroctl(&daemon_, "st0j", "-o", "json", "status", NULL) == 0, "zeroctl -o json");
 	CHECK(check("json", "st0j") == 0, "schema");
 	CHECK(has("st0j", "out", "\"schema_version\":1"), "schema_version");
+	CHECK(has("st0j", "out", "\"rendezvous\":[]"), "no rendezvous served");
+	{
+		/* SIGUSR1 logs what the control socket says */
+		struct zd_status logged, ctl;
+		CHECK(zd_status(&daemon_, &logged) == 0, "no status line logged on SIGUSR1");
+		CHECK(zd_ctl_levels(&daemon_, &ctl) == 0, "no status on the control socket");
+		CHECK(logged.jobs == ctl.jobs && logged.sessions == ctl.sessions &&
+			      logged.memory == ctl.memory,
+		      "logged: %u jobs, %u sessions, %llu bytes; control socket: %u, %u, %llu",
+		      logged.jobs, logged.sessions, logged.memory, ctl.jobs, ctl.sessions,
+		      ctl.memory);
+	}
 }
 
 /* A job of two ranks runs while zeroctl looks at it, with a trace on. */
@@ -768,6 +780,7 @@ static void t_socket_activation(void)
 		struct zd z = {0};
 		snprintf(z.sock, sizeof(z.sock), "%s", sock);
 		snprintf(z.log, sizeof(z.log), "%s", log);
+		CHECK(zd_wait_ctl(&z, 5000) == 0, "zerod answers on its control socket");
 		CHECK(zd_wait_log(&z, "came from systemd (socket activation)", 2000), "zerod says so");
 		CHECK(zeroctl(&z, "sa1", "status", NULL, NULL, NULL) == 0, "zeroctl reaches it");
 		CHECK(has("sa1", "out", sock), "its socket");
