@@ -521,7 +521,9 @@ static void t_daemon_killed(void)
 	b = spawn(orphan_rank, "orphan", 1);
 	CHECK(wait_pipe(doomed_pipe[0], 10000) && wait_pipe(doomed_pipe[0], 10000),
 	      "the ranks did not get to wait");
-	usleep((useconds_t)test_timeout(50) * 1000);
+	/* iteration 0 is in flight: rank 0's buckets are in, rank 1's never come */
+	CHECK(zd_wait_arrived(&doomed, "orphan", 1, 1, 10000) == 0,
+	      "rank 0's buckets did not reach zerod");
 	kill(doomed.pid, SIGKILL);
 	CHECK(wait_child(a, 10000) == 0, "rank 0 failed or hung");
 	CHECK(wait_child(b, 10000) == 0, "rank 1 failed or hung");
