@@ -487,8 +487,10 @@ static int c_vanish(void *arg, int idx)
 	raw_close(&r); /* no Goodbye, and this process stays */
 	snprintf(want, sizeof(want), "job vanish: ended (ZC_ERANKDEAD: rank 0 (pid %d) closed",
 		 (int)getpid());
-	/* well before the stall timeout (STALL_MS) */
-	EXPECT(zd_wait_log(&daemon_, want, 1000), "no '%s' in the daemon's log within 1 s", want);
+	/* ended well before the stall timeout (STALL_MS), and said why */
+	EXPECT(zd_wait_job(&daemon_, "vanish", ZD_JOB_GONE, 1000) == 0,
+	       "job vanish did not end within 1 s");
+	EXPECT(zd_wait_log(&daemon_, want, 1000), "no '%s' in the daemon's log", want);
 	raw_reg_free(&g);
 	return child_bad;
 }

@@ -603,8 +603,10 @@ static void t_exit_during_flood(void)
 	signal_pipe(go[1]);
 	expect_exit(ex, 0, 10000, "the exiting trainer");
 	expect_exit(fl, 0, flood_ms + 10000, "the flood");
-	CHECK(zd_wait_log(&daemon_, "job exiter: failed: ZC_ERANKDEAD: rank 0", 2000),
+	CHECK(zd_wait_job(&daemon_, "exiter", ZD_JOB_ENDED | ZD_JOB_GONE, 2000) == 0,
 	      "the exit was not noticed");
+	CHECK(zd_wait_log(&daemon_, "job exiter: failed: ZC_ERANKDEAD: rank 0", 2000),
+	      "the exit was not logged");
 	bg_check(&sh->bg, "an exit during a flood");
 	pipes_close();
 	settle("an exit during a flood");
