@@ -90,6 +90,7 @@ struct zd_job {
 	uint32_t world, local_ranks, nodes, connected;
 	uint64_t iteration;      /* in flight, or next */
 	bool rendezvous_serving; /* over several nodes: this zerod listens for it */
+	bool stalled;            /* waiting for ranks or the executor past stall-warn */
 	char error[256];         /* ended: "ZC_E...: message" */
 };
 /* One status request: job's state (ZD_JOB_GONE if there is none by that id). */
@@ -113,6 +114,8 @@ int zd_wait_registered(const struct zd *d, const char *job, uint32_t rank, int t
  * least `ranks` of its local ranks (it is not done before they all sent it). */
 int zd_wait_arrived(const struct zd *d, const char *job, uint32_t bucket, uint32_t ranks,
 		    int timeout_ms);
+/* Until job waits (for ranks or its executor) longer than stall-warn. */
+int zd_wait_stalled(const struct zd *d, const char *job, int timeout_ms);
 /* Until this zerod serves job's rendezvous (job NULL: any rendezvous). */
 int zd_wait_serving(const struct zd *d, const char *job, int timeout_ms);
 

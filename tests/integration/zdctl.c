@@ -139,6 +139,7 @@ static void job_from(const Zerod__V1__CtlJob *j, struct zd_job *out)
 		.connected = j->connected,
 		.iteration = j->iteration,
 		.rendezvous_serving = j->has_rendezvous_serving && j->rendezvous_serving,
+		.stalled = j->stalled,
 	};
 	snprintf(out->state_name, sizeof(out->state_name), "%s", j->state);
 	if (j->error)
@@ -194,6 +195,7 @@ struct want {
 	uint64_t iteration; /* and at least this iteration */
 	uint32_t connected; /* and at least this many local ranks connected */
 	bool serving;       /* and the job's rendezvous served here (job NULL: any) */
+	bool stalled;       /* and the job waits past stall-warn */
 	int rank;           /* >= 0: and this rank registered (an inspect) */
 	int bucket;         /* >= 0: and this bucket arrived from `arrived` ranks (an inspect) */
 	uint32_t arrived;
@@ -206,7 +208,8 @@ static bool wanted(const struct want *w, const struct zd_job *j, bool any_servin
 	if (!w->job)
 		return !w->serving || any_serving;
 	return (j->state & states) && j->iteration >= w->iteration &&
-	       j->connected >= w->connected && (!w->serving || j->rendezvous_serving);
+	       j->connected >= w->connected && (!w->serving || j->rendezvous_serving) &&
+	       (!w->stalled || j->stalled);
 }
 
 /* 1: what w asks of an inspect is there (w->rank registered, w->bucket
@@ -410,5 +413,14 @@ int zd_wait_arrived(const struct zd *d, const char *job, uint32_t bucket, uint32
 	char what[128];
 
 	snprintf(what, sizeof(what), "job %s with bucket %u from %u ranks", job, bucket, ranks);
+	return wait_for(d, &w, what, timeout_ms);
+}
+
+int zd_wait_stalled(const struct zd *d, const char *job, int timeout_ms)
+{
+	const struct want w = {.job = job, .stalled = true, .rank = -1, .bucket = -1};
+	char what[128];
+
+	snprintf(what, sizeof(what), "job %s stalled (waiting past stall-warn)", job);
 	return wait_for(d, &w, what, timeout_ms);
 }

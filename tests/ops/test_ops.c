@@ -442,7 +442,8 @@ static void t_stall(void)
 		pids[r] = spawn(c_wedge, "ops-wedge", r);
 	close(wedge_pipe[0]);
 	/* stall-warn 300 ms: reports at 0.3 s, 0.6 s, 1.2 s ... of the wait */
-	CHECK(zd_wait_log(&daemon_, STALL_LINE, 10000), "a stall report");
+	CHECK(zd_wait_stalled(&daemon_, "ops-wedge", 10000) == 0, "the job never stalled");
+	CHECK(zd_wait_log(&daemon_, STALL_LINE, 2000), "a stall report");
 	/* rank 0 owes bucket 1 as well: both are named */
 	CHECK(zd_wait_log(&daemon_, "rank 1 (bucket 0 of 2)", 1000),
 	      "it names the rank and the bucket");
