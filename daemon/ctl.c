@@ -34,6 +34,7 @@
 #include "loop.h"
 #include "ops_int.h"
 #include "pool.h"
+#include "rdzv.h"
 #include "resume.h"
 #include "zeroclient.h"
 
@@ -96,6 +97,7 @@ static bool visible(const struct caller *c, const struct job *j)
 static void fill_job(struct job *j, Zerod__V1__CtlJob *out, char *err, char *who, int64_t now)
 {
 	struct jobops *jo = jobops_of(j);
+	bool serving = false;
 
 	*out = (Zerod__V1__CtlJob)ZEROD__V1__CTL_JOB__INIT;
 	out->id = j->id;
@@ -120,6 +122,9 @@ static void fill_job(struct job *j, Zerod__V1__CtlJob *out, char *err, char *who
 		ops_describe_wait(j, who, 256);
 		out->waiting_for = who;
 	}
+	out->rendezvous = (char *)rdzv_job_endpoint(j, &serving);
+	out->has_rendezvous_serving = out->rendezvous != NULL;
+	out->rendezvous_serving = out->has_rendezvous_serving && serving;
 }
 
 static void do_status(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
@@ -130,6 +135,7 @@ static void do_status(struct daemon *d, const struct caller *c, const void *rout
 	Zerod__V1__StatusReply st = ZEROD__V1__STATUS_REPLY__INIT;
 	Zerod__V1__CtlJob *jobs = NULL, **jp = NULL;
 	char (*text)[2][256] = NULL, *devices[] = {"cpu"};
+	const char *serving[64];
 	size_t n = 0;
 	int64_t now = now_ms();
 
@@ -168,6 +174,8 @@ static void do_status(struct daemon *d, const struct caller *c, const void *rout
 	st.config = (char *)config_src_path(d->cfg.src);
 	st.n_jobs = n;
 	st.jobs = jp;
+	st.n_rendezvous = rdzv_serving(d, serving, sizeof(serving) / sizeof(serving[0]));
+	st.rendezvous = (char **)serving;
 	reply.body_case = ZEROD__V1__CTL__BODY_STATUS;
 	reply.status = &st;
 	send_reply(d, route, rlen, &reply);

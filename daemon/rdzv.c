@@ -2192,3 +2192,23 @@ void rdzv_close_all(struct daemon *d)
 	free(rd);
 	d->rdzv = NULL;
 }
+
+/* ------------------------------------------- for the control socket --- */
+
+size_t rdzv_serving(const struct daemon *d, const char **names, size_t max)
+{
+	size_t n = 0;
+
+	for (const struct listener *ls = d->rdzv ? d->rdzv->listeners : NULL; ls && n < max;
+	     ls = ls->next)
+		names[n++] = ls->name;
+	return n;
+}
+
+const char *rdzv_job_endpoint(const struct job *j, bool *ret_serving)
+{
+	if (!j->rdzv)
+		return NULL;
+	*ret_serving = j->rdzv->hosting && j->rdzv->lst;
+	return j->rdzv->endpoint;
+}

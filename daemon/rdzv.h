@@ -73,4 +73,13 @@ bool rdzv_exec_failed(struct job *j, const char *what);
 void rdzv_iteration_done(struct job *j);
 void rdzv_job_free(struct job *j);
 
+/* For the control socket (ctl.c), on the loop thread. The names ("host:port")
+ * of the rendezvous listeners this zerod serves now, at most max, valid
+ * until the loop goes on; how many. */
+size_t rdzv_serving(const struct daemon *d, const char **names, size_t max);
+/* j's rendezvous endpoint as its trainers name it, NULL for a job of one
+ * node; *ret_serving (set when not NULL is returned): this zerod listens on
+ * it now. */
+const char *rdzv_job_endpoint(const struct job *j, bool *ret_serving);
+
 #endif

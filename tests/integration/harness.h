@@ -69,6 +69,56 @@ void zd_dump_log(const struct zd *d);
 bool zd_log_has(const struct zd *d, const char *needle);
 /* Poll the daemon's log for needle for up to timeout_ms: true once it is there. */
 bool zd_wait_log(const struct zd *d, const char *needle, int timeout_ms);
+
+/* Waiting on zerod's control socket (zdctl.c): how tests synchronise with a
+ * daemon. Each returns 0 once the state is there, or -ETIMEDOUT (after
+ * test_timeout(timeout_ms)), -ECHILD (the daemon exited) or another -errno,
+ * and then says in a TAP comment what it saw last. */
+enum {
+	ZD_JOB_GONE = 1u << 0, /* no job by that id: not come yet, or ended and freed */
+	ZD_JOB_FORMING = 1u << 1,
+	ZD_JOB_REGISTERING = 1u << 2, /* every rank (and node) agreed on the plan */
+	ZD_JOB_ACTIVE = 1u << 3,
+	ZD_JOB_FAILED = 1u << 4, /* ended: its ranks were told */
+	ZD_JOB_DRAINING = 1u << 5,
+};
+#define ZD_JOB_ENDED (ZD_JOB_FAILED | ZD_JOB_DRAINING)
+/* A job as `zeroctl status` shows it. */
+struct zd_job {
+	unsigned state; /* one ZD_JOB_ bit */
+	char state_name[16];
+	uint32_t world, local_ranks, nodes, connected;
+	uint64_t iteration;      /* in flight, or next */
+	bool rendezvous_serving; /* over several nodes: this zerod listens for it */
+	bool stalled;            /* waiting for ranks or the executor past stall-warn */
+	char error[256];         /* ended: "ZC_E...: message" */
+};
+/* One status request: job's state (ZD_JOB_GONE if there is none by that id). */
+int zd_job_status(const struct zd *d, const char *job, struct zd_job *ret);
+/* Until job is in one of the states (ZD_JOB_ bits). */
+int zd_wait_job(const struct zd *d, const char *job, unsigned states, int timeout_ms);
+/* What zd_status() tells, from the control socket (status and metrics: the
+ * same counters, jobs of every user): 0 or -errno. The levels tests compare
+ * come from here, not from the log. */
+int zd_ctl_levels(const struct zd *d, struct zd_status *ret);
+/* Until the daemon answers on its control socket. */
+int zd_wait_ctl(const struct zd *d, int timeout_ms);
+/* Until job is active at `iteration` or later (its iteration n: every local
+ * rank handed over every bucket of iteration n - 1). */
+int zd_wait_iteration(const struct zd *d, const char *job, uint64_t iteration, int timeout_ms);
+/* Until at least `ranks` of job's local ranks are connected here. */
+int zd_wait_connected(const struct zd *d, const char *job, uint32_t ranks, int timeout_ms);
+/* Until rank `rank` of job has registered its plan here. */
+int zd_wait_registered(const struct zd *d, const char *job, uint32_t rank, int timeout_ms);
+/* Until bucket `bucket` of job's iteration in flight arrived here from at
+ * least `ranks` of its local ranks (it is not done before they all sent it). */
+int zd_wait_arrived(const struct zd *d, const char *job, uint32_t bucket, uint32_t ranks,
+		    int timeout_ms);
+/* Until job waits (for ranks or its executor) longer than stall-warn. */
+int zd_wait_stalled(const struct zd *d, const char *job, int timeout_ms);
+/* Until this zerod serves job's rendezvous (job NULL: any rendezvous). */
+int zd_wait_serving(const struct zd *d, const char *job, int timeout_ms);
+
 /* exec bin with args (argv[1]..., NULL-terminated) under $ZEROD_WRAPPER; on
  * failure _exit(127). For a forked child that becomes a zerod. */
 _Noreturn void zd_exec(const char *bin, const char *const *args);

@@ -233,7 +233,7 @@ static void t_bg_start(void)
 		REQUIRE(bg->pids[r] > 0, "fork: %s", strerror(errno));
 	}
 	/* let it connect and get going before the bad cases start */
-	CHECK(zd_wait_log(&daemon_, "job bg: active", 15000),
+	CHECK(zd_wait_job(&daemon_, "bg", ZD_JOB_ACTIVE, 15000) == 0,
 	      "job bg did not become active in 15 s");
 }
 
@@ -487,8 +487,10 @@ static int c_vanish(void *arg, int idx)
 	raw_close(&r); /* no Goodbye, and this process stays */
 	snprintf(want, sizeof(want), "job vanish: ended (ZC_ERANKDEAD: rank 0 (pid %d) closed",
 		 (int)getpid());
-	/* well before the stall timeout (STALL_MS) */
-	EXPECT(zd_wait_log(&daemon_, want, 1000), "no '%s' in the daemon's log within 1 s", want);
+	/* ended well before the stall timeout (STALL_MS), and said why */
+	EXPECT(zd_wait_job(&daemon_, "vanish", ZD_JOB_GONE, 1000) == 0,
+	       "job vanish did not end within 1 s");
+	EXPECT(zd_wait_log(&daemon_, want, 1000), "no '%s' in the daemon's log", want);
 	raw_reg_free(&g);
 	return child_bad;
 }
@@ -812,7 +814,7 @@ static int c_planmm(void *arg, int idx)
 	EXPECT(r == 0, "zc_alloc_buffers: %s", zc_strerror_name(r));
 	if (idx == 1) {
 		/* register after rank 0, so that it is rank 1's plan that differs */
-		EXPECT(zd_wait_log(&daemon_, "job planmm: rank 0 registered", 5000),
+		EXPECT(zd_wait_registered(&daemon_, "planmm", 0, 5000) == 0,
 		       "rank 0 did not register within 5 s");
 		r = zc_register_plan(c);
 		printf("# rank 1 register -> %s: %s\n", zc_strerror_name(r), zc_error_message());

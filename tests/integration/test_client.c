@@ -239,11 +239,15 @@ static int midway_rank(void *arg, int idx)
 		for (uint32_t b = 0; b < 2; b++) {
 			for (uint64_t i = 0; i < buckets[b].numel; i++)
 				zc_grad_buffer(c, b)[i] = 1.0f;
-			if (zc_bucket_ready(c, b, NULL) < 0)
+			zc_future *done = NULL;
+			if (zc_bucket_ready(c, b, it == 0 && b == 0 ? &done : NULL) < 0)
 				FAIL("bucket_ready");
-			if (it == 0 && b == 0) {
+			if (done) {
 				/* bucket 0 is reduced: iteration 0 has begun */
-				usleep((useconds_t)test_timeout(20) * 1000);
+				r = zc_future_wait(done, test_timeout(10000));
+				zc_future_free(done);
+				if (r != 1)
+					FAIL("bucket 0 of iteration 0: %s", zc_strerror_name(r));
 				g.lr = 0;
 				if ((r = zc_set_hyper(c, 0, &g)) < 0)
 					FAIL("set_hyper: %s", zc_strerror_name(r));
@@ -517,7 +521,9 @@ static void t_daemon_killed(void)
 	b = spawn(orphan_rank, "orphan", 1);
 	CHECK(wait_pipe(doomed_pipe[0], 10000) && wait_pipe(doomed_pipe[0], 10000),
 	      "the ranks did not get to wait");
-	usleep((useconds_t)test_timeout(50) * 1000);
+	/* iteration 0 is in flight: rank 0's buckets are in, rank 1's never come */
+	CHECK(zd_wait_arrived(&doomed, "orphan", 1, 1, 10000) == 0,
+	      "rank 0's buckets did not reach zerod");
 	kill(doomed.pid, SIGKILL);
 	CHECK(wait_child(a, 10000) == 0, "rank 0 failed or hung");
 	CHECK(wait_child(b, 10000) == 0, "rank 1 failed or hung");
@@ -756,8 +762,8 @@ static void t_memory_limit(void)
 	static const char *const extra[] = {"--max-memory", "8K", NULL};
 
 	REQUIRE(zd_start(&small, extra) == 0, "zerod --max-memory 8K");
-	CHECK(zd_wait_log(&small, "8.0 KiB for optimizer state", 10000),
-	      "the budget is not logged");
+	REQUIRE(zd_wait_ctl(&small, 10000) == 0, "zerod does not answer");
+	CHECK(zd_wait_log(&small, "8.0 KiB for optimizer state", 2000), "the budget is not logged");
 	CHECK(wait_child(spawn(memory_checks, NULL, 0), 20000) == 0, "memory limit not kept");
 	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
 }

@@ -339,7 +339,7 @@ static void t_bg_start(void)
 		bg->pids[r] = spawn(bg_main, &bg->spec, r);
 		REQUIRE(bg->pids[r] > 0, "fork: %s", strerror(errno));
 	}
-	CHECK(zd_wait_log(&daemon_, "job bg: active", 15000),
+	CHECK(zd_wait_job(&daemon_, "bg", ZD_JOB_ACTIVE, 15000) == 0,
 	      "job bg did not become active in 15 s");
 }
 
@@ -491,11 +491,11 @@ static void t_memory_charged(void)
 	unsigned long long want = (3 * all + lowp) * sizeof(float); /* m, v, vmax; masters */
 	unsigned long long before;
 
-	REQUIRE(zd_status(&daemon_, &st) == 0, "no status line");
+	REQUIRE(zd_ctl_levels(&daemon_, &st) == 0, "no status from the control socket");
 	before = st.memory;
 	make_plan(&d, &j);
 	REQUIRE((c = join(&j, 0, &d)) != NULL, "join");
-	REQUIRE(zd_status(&daemon_, &st) == 0, "no status line");
+	REQUIRE(zd_ctl_levels(&daemon_, &st) == 0, "no status from the control socket");
 	CHECK(st.memory - before == want,
 	      "the job is charged %llu bytes, want %llu (m, v, vmax for %lu elements, masters "
 	      "for %lu)",

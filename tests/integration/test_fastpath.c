@@ -81,7 +81,7 @@ static int iterate(zc_client *c, uint32_t nbuckets)
 	if (r >= 0)
 		r = zc_step_future(c, it, &step);
 	if (r >= 0)
-		r = zc_future_wait(step, 20000);
+		r = zc_future_wait(step, test_timeout(20000));
 	zc_future_free(step);
 	return r;
 }
@@ -245,7 +245,7 @@ static int garbage_child(void *arg, int kind)
 		FAIL("could not hand the garbage over: %s", zc_strerror_name(r));
 	if (zc_step_future(c, 1, &step) < 0)
 		FAIL("step future");
-	r = zc_future_wait(step, 20000);
+	r = zc_future_wait(step, test_timeout(20000));
 	printf("# %s -> %s: %s\n", garbage_want[kind].job, r == 1 ? "done" : zc_strerror_name(r),
 	       zc_future_message(step));
 	if (r != garbage_want[kind].code || !strstr(zc_future_message(step), garbage_want[kind].needle))
@@ -481,13 +481,13 @@ static int hyper_rank(void *arg, int rank)
 	g.lr = rank ? 0.25 : 0.125;
 	if (zc_bucket_ready(c, 0, NULL) < 0 || zc_set_hyper(c, 0, &g) < 0 ||
 	    zc_bucket_ready(c, 1, NULL) < 0 || zc_step_future(c, 0, &step) < 0 ||
-	    zc_future_wait(step, 20000) != 1 || zc_bucket_ready(c, 0, &b0) < 0)
+	    zc_future_wait(step, test_timeout(20000)) != 1 || zc_bucket_ready(c, 0, &b0) < 0)
 		FAIL("order rank %d: iteration 0: %s", rank, zc_error_message());
 	zc_future_free(step);
 	/* both channels delivered by now: a BucketDone read out of its turn
 	 * would show */
 	usleep(100000);
-	r = zc_future_wait(b0, 20000);
+	r = zc_future_wait(b0, test_timeout(20000));
 	if (r != 1)
 		FAIL("order rank %d: bucket 0 of iteration 1: %s", rank, zc_strerror_name(r));
 	/* what was read by the time the bucket was: nothing processed since */
@@ -502,7 +502,7 @@ static int hyper_rank(void *arg, int rank)
 	       seen == ORDER_E ? "E" : seen == ORDER_L ? "L" : seen == ORDER_N ? "N" : "F",
 	       zc_strerror_name(r), zc_error_message());
 	if (zc_bucket_ready(c, 1, NULL) < 0 || zc_step_future(c, 1, &step) < 0 ||
-	    zc_future_wait(step, 20000) != 1)
+	    zc_future_wait(step, test_timeout(20000)) != 1)
 		FAIL("order rank %d: iteration 1: %s", rank, zc_error_message());
 	zc_future_free(step);
 	zc_future_free(b0);
@@ -560,7 +560,7 @@ static int doomed_rank(void *arg, int rank)
 		FAIL("doomed rank 0: iteration 0");
 	if (!wait_pipe(gone_pipe[0], 20000))
 		FAIL("doomed rank 0: zerod was not stopped");
-	r = zc_future_wait(step, 10000);
+	r = zc_future_wait(step, test_timeout(10000));
 	if (r != 1)
 		FAIL("doomed rank 0: step 0, done before zerod stopped, ended with %s: %s",
 		     zc_strerror_name(r), zc_future_message(step));

@@ -9,11 +9,13 @@
  * Every case checks that bg trains on (its worst iteration stays under
  * BG_WORST_MS and it makes progress), that zerod is alive, and that its fds,
  * sessions, jobs, connections and optimizer memory return to their levels
- * from before the case (SIGUSR1 status line, /proc/PID/fd). Cross-user cases
+ * from before the case (status and metrics on the control socket,
+ * /proc/PID/fd). Cross-user cases
  * need root (a throwaway user, removed at the end); without it they skip and
  * say why.
  *
- * Clients live in forked children (the parent never makes a ZeroMQ context);
+ * Clients live in forked children (the parent's only ZeroMQ contexts are a
+ * control request's, ended before it returns, so none lives across a fork);
  * a child exits 0 when all it saw was as expected.
  */
 #include <errno.h>
@@ -163,7 +165,7 @@ static struct shared *sh;
 static bool level_get(struct zd *d, struct level *l)
 {
 	l->fds = zd_fd_count(d);
-	return zd_status(d, &l->st) == 0 && l->fds > 0;
+	return zd_ctl_levels(d, &l->st) == 0 && l->fds > 0;
 }
 
 static bool level_same(const struct level *a, const struct level *b)
@@ -300,7 +302,7 @@ static void share_socket(bool share)
 static void t_bg_start(void)
 {
 	REQUIRE(bg_start(&sh->bg, &daemon_, "bg"), "job bg did not get going in 15 s");
-	REQUIRE(level_get(&daemon_, &sh->base), "no status line from zerod");
+	REQUIRE(level_get(&daemon_, &sh->base), "no status from zerod's control socket");
 	test_note("levels: %d fds, %u jobs, %u sessions, %u connections, %llu bytes", sh->base.fds,
 		  sh->base.st.jobs, sh->base.st.sessions, sh->base.st.conns, sh->base.st.memory);
 	CHECK(sh->base.st.jobs == 1 && sh->base.st.sessions == 2 && sh->base.st.conns == 2,
@@ -351,7 +353,7 @@ static void t_fd_exhaustion(void)
 	CHECK(wait_pipe(ready[0], 10000), "the connections were not made");
 	usleep(200000);
 	CHECK(zd_alive(&daemon_), "zerod died under %d connections", BARE_CONNS);
-	if (zd_status(&daemon_, &st) == 0) {
+	if (zd_ctl_levels(&daemon_, &st) == 0) {
 		test_note("%u connections open, %llu closed", st.conns, st.conns_closed);
 		CHECK(st.conns < NOFILE / 2, "%u connections open", st.conns);
 		CHECK(st.conns_closed > 0, "no connection was closed");
@@ -453,8 +455,7 @@ static void t_cross_user_join(void)
 	/* the owner's rank 0 waits for rank 1; the intruder comes first */
 	s = job_spec(&daemon_, "shared", 10);
 	owner[0] = spawn_ok(bg_main, &s, 0);
-	for (int i = 0; i < 500 && !zd_log_has(&daemon_, "job shared: rank 0 joined"); i++)
-		usleep(10000);
+	CHECK(zd_wait_connected(&daemon_, "shared", 1, 5000) == 0, "owner rank 0 did not join");
 	in = spawn_ok(c_intruder, "shared", 1);
 	CHECK(wait_pipe(ready[0], 10000), "the intruder did not connect");
 	owner[1] = spawn_ok(bg_main, &s, 1);
@@ -602,8 +603,10 @@ static void t_exit_during_flood(void)
 	signal_pipe(go[1]);
 	expect_exit(ex, 0, 10000, "the exiting trainer");
 	expect_exit(fl, 0, flood_ms + 10000, "the flood");
-	CHECK(zd_wait_log(&daemon_, "job exiter: failed: ZC_ERANKDEAD: rank 0", 2000),
+	CHECK(zd_wait_job(&daemon_, "exiter", ZD_JOB_ENDED | ZD_JOB_GONE, 2000) == 0,
 	      "the exit was not noticed");
+	CHECK(zd_wait_log(&daemon_, "job exiter: failed: ZC_ERANKDEAD: rank 0", 2000),
+	      "the exit was not logged");
 	bg_check(&sh->bg, "an exit during a flood");
 	pipes_close();
 	settle("an exit during a flood");
@@ -706,7 +709,7 @@ static void t_join_timeouts_free_slots(void)
 	pid = spawn_ok(c_silent, NULL, 0);
 	CHECK(wait_pipe(ready[0], 10000), "the silent jobs did not time out");
 	for (int i = 0; i < 20; i++) {
-		if (zd_status(&daemon_, &st) == 0 && st.jobs == sh->base.st.jobs &&
+		if (zd_ctl_levels(&daemon_, &st) == 0 && st.jobs == sh->base.st.jobs &&
 		    st.sessions == sh->base.st.sessions)
 			break;
 		usleep(50000);
@@ -761,7 +764,7 @@ static void t_close_between_iterations(void)
 	pid = spawn_ok(c_close_between, NULL, 0);
 	CHECK(wait_pipe(ready[0], 10000), "the trainer did not get through iteration 0");
 	for (int i = 0; i < 20; i++) {
-		if (zd_status(&daemon_, &st) == 0 && st.jobs == sh->base.st.jobs)
+		if (zd_ctl_levels(&daemon_, &st) == 0 && st.jobs == sh->base.st.jobs)
 			break;
 		usleep(50000);
 	}
@@ -813,7 +816,7 @@ static void nonreader_drained(const struct zd_status *st0, struct zd_status *st,
 {
 	for (int i = 0; i < 50; i++) {
 		usleep(100000);
-		if (zd_status(&daemon_, st) == 0 && st->replies_dropped - st0->replies_dropped > want)
+		if (zd_ctl_levels(&daemon_, st) == 0 && st->replies_dropped - st0->replies_dropped > want)
 			return;
 	}
 }
@@ -825,7 +828,7 @@ static void t_nonreader(void)
 	pid_t pid;
 
 	pipes_open();
-	zd_status(&daemon_, &st0);
+	zd_ctl_levels(&daemon_, &st0);
 	bg_mark(&sh->bg);
 	pid = spawn_ok(c_nonreader, NULL, 0);
 	CHECK(wait_pipe(ready[0], 20000), "the first batch was not sent");
@@ -910,8 +913,6 @@ static void t_log_forging(void)
 {
 	bg_mark(&sh->bg);
 	expect_exit(spawn_ok(c_forge, NULL, 0), 0, 15000, "log forging");
-	for (int i = 0; i < 100 && !zd_log_has(&daemon_, "forge\\x0a<0>FORGED"); i++)
-		usleep(10000);
 	CHECK(zd_wait_log(&daemon_, "forge\\x0a<0>FORGED", 2000), "the escaped name is not logged");
 	CHECK(!zd_log_has(&daemon_, "\n<0>FORGED"), "a client wrote a log line of its own");
 	bg_check(&sh->bg, "log forging");
@@ -1032,8 +1033,7 @@ static void t_exit_while_forming(void)
 	r1 = spawn_ok(c_joining, NULL, 1);
 	CHECK(wait_pipe(ready[0], 10000), "rank 1 did not connect");
 	r0 = spawn_ok(c_joining, NULL, 0);
-	for (int i = 0; i < 500 && !zd_log_has(&daemon_, "job forming: rank 0 registered"); i++)
-		usleep(10000);
+	CHECK(zd_wait_registered(&daemon_, "forming", 0, 5000) == 0, "rank 0 did not register");
 	kill(r1, SIGKILL);
 	expect_exit(r1, 128 + SIGKILL, 10000, "rank 1");
 	expect_exit(r0, 0, 15000, "rank 0");

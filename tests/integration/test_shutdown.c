@@ -189,8 +189,9 @@ static void t_sigterm_mid_iteration(void)
 	for (int r = 0; r < 2; r++)
 		ready += wait_pipe(ready_pipe[0], 15000);
 	CHECK(ready == 2, "only %d of 2 ranks got to the iteration", ready);
-	/* let rank 0's buckets reach the daemon: the iteration is in flight */
-	usleep((useconds_t)test_timeout(200) * 1000);
+	/* rank 0's buckets reached the daemon: the iteration is in flight */
+	CHECK(zd_wait_arrived(&daemon_, shut_job, 1, 1, 10000) == 0,
+	      "rank 0's buckets did not reach zerod");
 	CHECK(shm_count(prefix, true) == 0, "the daemon left the names of mapped buffers");
 
 	snprintf(dir, sizeof(dir), "%s", daemon_.dir);

@@ -606,7 +606,7 @@ static void t_rendezvous_lost_after_forming(void)
 	s.sleep_us = 60000;
 	start_ranks(&s, pids, 0, 3);
 	/* active on node 1: its gloo group is open, the store no longer needed */
-	CHECK(zd_wait_log(&cl.zd[1], "job rdzvlost: active", 20000), "the job never ran");
+	CHECK(zd_wait_job(&cl.zd[1], "rdzvlost", ZD_JOB_ACTIVE, 20000) == 0, "the job never ran");
 	kill(proxy, SIGKILL);
 	wait_child(proxy, 5000);
 	wait_ranks(pids, 0, 3, st, 30000);
@@ -616,8 +616,8 @@ static void t_rendezvous_lost_after_forming(void)
 		      s.results[r].msg);
 	CHECK(zd_wait_log(&cl.zd[1], "lost the rendezvous", 2000), "node 1 never noticed");
 	/* the run is over on both nodes (its job id is free again) */
-	CHECK(zd_wait_log(&cl.zd[0], "job rdzvlost: ended", 10000) &&
-		      zd_wait_log(&cl.zd[1], "job rdzvlost: ended", 10000),
+	CHECK(zd_wait_job(&cl.zd[0], "rdzvlost", ZD_JOB_GONE, 10000) == 0 &&
+		      zd_wait_job(&cl.zd[1], "rdzvlost", ZD_JOB_GONE, 10000) == 0,
 	      "the first run never ended");
 	/* the next run of the job id needs the rendezvous: it fails at its
 	 * join timeout, on both nodes, with names */
@@ -679,7 +679,7 @@ static void t_wrong_secret_and_garbage_refused(void)
 	s.sleep_us = 300000; /* the nodes' connections outlive --hello-timeout */
 	cl.n = 3;
 	start_ranks(&s, pids, 0, 1);
-	REQUIRE(zd_wait_log(&cl.zd[0], "rendezvous: serving", 10000), "no rendezvous served");
+	REQUIRE(zd_wait_serving(&cl.zd[0], "secret", 10000) == 0, "no rendezvous served");
 	silent = poke(cl.port, NULL, 0, true);
 	CHECK(poke(cl.port, http, strlen(http), false) == 0, "cannot connect");
 	CHECK(poke(cl.port, junk, sizeof(junk), false) == 0, "cannot connect");
@@ -746,7 +746,7 @@ static void t_join_twice_and_claimed_ranks_refused(void)
 
 	/* before node 1 comes: daemon 2 brings rank 0 as node 1 */
 	start_ranks(&s, pids, 0, 1);
-	REQUIRE(zd_wait_log(&cl.zd[0], "rendezvous: serving", 10000), "no rendezvous served");
+	REQUIRE(zd_wait_serving(&cl.zd[0], "places", 10000) == 0, "no rendezvous served");
 	claim = s;
 	claim.node_of = claims_rank0;
 	claim.sockets = other_socks;
@@ -759,7 +759,9 @@ static void t_join_twice_and_claimed_ranks_refused(void)
 
 	/* the real node 1 joins; the job forms */
 	start_ranks(&s, pids, 1, 2);
-	REQUIRE(zd_wait_log(&cl.zd[0], "job places: formed over", 20000), "the job did not form");
+	/* formed: past forming, the executor starts */
+	REQUIRE(zd_wait_job(&cl.zd[0], "places", ZD_JOB_REGISTERING | ZD_JOB_ACTIVE, 20000) == 0,
+		"the job did not form");
 	/* daemon 2 brings node 1's rank again */
 	twice = s;
 	twice.sockets = other_socks;
@@ -777,6 +779,28 @@ static void t_join_twice_and_claimed_ranks_refused(void)
 		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
 		      s.results[r].msg);
 	cluster_stop(&cl, -1);
+}
+
+/* What `zeroctl [-o json] status` prints for d (at most len - 1 bytes), or
+ * "" if it cannot run. */
+static const char *zeroctl_status(const struct zd *d, bool json, char *buf, size_t len)
+{
+	const char *bin = getenv("ZEROCTL_BIN");
+	char cmd[512];
+	size_t n = 0;
+	FILE *p;
+
+	buf[0] = 0;
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' %s status", bin ? bin : "zeroctl", d->sock,
+		 json ? "-o json" : "");
+	fflush(stdout);
+	p = popen(cmd, "r");
+	if (!p)
+		return buf;
+	n = fread(buf, 1, len - 1, p);
+	buf[n] = 0;
+	pclose(p);
+	return buf;
 }
 
 /* Send a store connection's Hello with client nonce cn; the Challenge's
@@ -843,7 +867,19 @@ static void t_replayed_auth_refused(void)
 	REQUIRE(cluster_start_args(&cl, 2, 6000, HELLO_MS) == 0, "cannot start 2 daemons");
 	s = spec_for(&cl, "replay", 2, node_of, true);
 	start_ranks(&s, pids, 0, 1);
-	REQUIRE(zd_wait_log(&cl.zd[0], "rendezvous: serving", 10000), "no rendezvous served");
+	REQUIRE(zd_wait_serving(&cl.zd[0], "replay", 10000) == 0, "no rendezvous served");
+	{
+		/* zeroctl says so, and where */
+		char out[4096], want[96];
+		snprintf(want, sizeof(want), "rendezvous: serving 127.0.0.1:%d", cl.port);
+		CHECK(strstr(zeroctl_status(&cl.zd[0], false, out, sizeof(out)), want),
+		      "zeroctl status: %s", out);
+		snprintf(want, sizeof(want), "job replay: rendezvous %s (served here)", cl.rdzv);
+		CHECK(strstr(out, want), "zeroctl status: %s", out);
+		CHECK(strstr(zeroctl_status(&cl.zd[0], true, out, sizeof(out)),
+			     "\"rendezvous_serving\":true"),
+		      "zeroctl -o json status: %s", out);
+	}
 
 	/* the recorded handshake: a real one, by one who knows the secret */
 	rdzv_random(cn, sizeof(cn));
@@ -938,8 +974,10 @@ static void t_listening_surface_and_garbage(void)
 	s.iters = 8;
 	s.sleep_us = 150000;
 	start_ranks(&s, pids, 0, 2);
-	REQUIRE(zd_wait_log(&cl.zd[0], "job surface: formed over", 20000), "the job did not form");
-	usleep(400000); /* the gloo mesh is up once the first iteration ran */
+	/* the gloo mesh is up once an iteration ran on both nodes */
+	REQUIRE(zd_wait_iteration(&cl.zd[0], "surface", 2, 20000) == 0 &&
+			zd_wait_iteration(&cl.zd[1], "surface", 2, 20000) == 0,
+		"the job did not form and train");
 	n1 = listening_ports(cl.zd[1].pid, ports, 16);
 	CHECK(n1 == 0, "node 1's daemon listens on %d ports (first %d)", n1, n1 ? ports[0] : 0);
 	n0 = listening_ports(cl.zd[0].pid, ports, 16);

@@ -296,6 +296,18 @@ static void t_status_idle(void)
 	CHECK(zeroctl(&daemon_, "st0j", "-o", "json", "status", NULL) == 0, "zeroctl -o json");
 	CHECK(check("json", "st0j") == 0, "schema");
 	CHECK(has("st0j", "out", "\"schema_version\":1"), "schema_version");
+	CHECK(has("st0j", "out", "\"rendezvous\":[]"), "no rendezvous served");
+	{
+		/* SIGUSR1 logs what the control socket says */
+		struct zd_status logged, ctl;
+		CHECK(zd_status(&daemon_, &logged) == 0, "no status line logged on SIGUSR1");
+		CHECK(zd_ctl_levels(&daemon_, &ctl) == 0, "no status on the control socket");
+		CHECK(logged.jobs == ctl.jobs && logged.sessions == ctl.sessions &&
+			      logged.memory == ctl.memory,
+		      "logged: %u jobs, %u sessions, %llu bytes; control socket: %u, %u, %llu",
+		      logged.jobs, logged.sessions, logged.memory, ctl.jobs, ctl.sessions,
+		      ctl.memory);
+	}
 }
 
 /* A job of two ranks runs while zeroctl looks at it, with a trace on. */
@@ -430,7 +442,8 @@ static void t_stall(void)
 		pids[r] = spawn(c_wedge, "ops-wedge", r);
 	close(wedge_pipe[0]);
 	/* stall-warn 300 ms: reports at 0.3 s, 0.6 s, 1.2 s ... of the wait */
-	CHECK(zd_wait_log(&daemon_, STALL_LINE, 10000), "a stall report");
+	CHECK(zd_wait_stalled(&daemon_, "ops-wedge", 10000) == 0, "the job never stalled");
+	CHECK(zd_wait_log(&daemon_, STALL_LINE, 2000), "a stall report");
 	/* rank 0 owes bucket 1 as well: both are named */
 	CHECK(zd_wait_log(&daemon_, "rank 1 (bucket 0 of 2)", 1000),
 	      "it names the rank and the bucket");
@@ -768,6 +781,7 @@ static void t_socket_activation(void)
 		struct zd z = {0};
 		snprintf(z.sock, sizeof(z.sock), "%s", sock);
 		snprintf(z.log, sizeof(z.log), "%s", log);
+		CHECK(zd_wait_ctl(&z, 5000) == 0, "zerod answers on its control socket");
 		CHECK(zd_wait_log(&z, "came from systemd (socket activation)", 2000), "zerod says so");
 		CHECK(zeroctl(&z, "sa1", "status", NULL, NULL, NULL) == 0, "zeroctl reaches it");
 		CHECK(has("sa1", "out", sock), "its socket");

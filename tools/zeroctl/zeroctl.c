@@ -384,7 +384,12 @@ static void json_job(const Zerod__V1__CtlJob *j)
 		json_str(j->error);
 	else
 		printf("null");
-	printf("}");
+	printf(",\"rendezvous\":");
+	if (j->rendezvous)
+		json_str(j->rendezvous);
+	else
+		printf("null");
+	printf(",\"rendezvous_serving\":%s}", j->rendezvous_serving ? "true" : "false");
 }
 
 static int show_status(const Zerod__V1__StatusReply *st)
@@ -418,7 +423,12 @@ static int show_status(const Zerod__V1__StatusReply *st)
 			json_str(st->trace_file);
 		else
 			printf("null");
-		printf(",\"degraded\":%s,\"jobs\":[", degraded ? "true" : "false");
+		printf(",\"rendezvous\":[");
+		for (size_t i = 0; i < st->n_rendezvous; i++) {
+			printf(i ? "," : "");
+			json_str(st->rendezvous[i]);
+		}
+		printf("],\"degraded\":%s,\"jobs\":[", degraded ? "true" : "false");
 		for (size_t i = 0; i < st->n_jobs; i++) {
 			printf(i ? "," : "");
 			json_job(st->jobs[i]);
@@ -434,6 +444,12 @@ static int show_status(const Zerod__V1__StatusReply *st)
 	       st->workers, st->sessions, st->connections, bytes(b2, st->state_bytes),
 	       bytes(b3, st->max_state_bytes));
 	printf("trace: %s%s\n", st->tracing ? "on, " : "off", st->tracing ? st->trace_file : "");
+	if (st->n_rendezvous) {
+		printf("rendezvous: serving");
+		for (size_t i = 0; i < st->n_rendezvous; i++)
+			printf("%s %s", i ? "," : "", st->rendezvous[i]);
+		printf("\n");
+	}
 	if (!st->n_jobs) {
 		printf("\nno jobs\n");
 		return 0;
@@ -453,6 +469,11 @@ static int show_status(const Zerod__V1__StatusReply *st)
 			  j->waiting ? j->waiting_for : fmt(b6, sizeof(b6), "-"));
 	}
 	table_print(&t);
+	for (size_t i = 0; i < st->n_jobs; i++)
+		if (st->jobs[i]->rendezvous)
+			printf("job %s: rendezvous %s%s\n", st->jobs[i]->id,
+			       st->jobs[i]->rendezvous,
+			       st->jobs[i]->rendezvous_serving ? " (served here)" : "");
 	for (size_t i = 0; i < st->n_jobs; i++)
 		if (st->jobs[i]->error)
 			printf("job %s failed: %s\n", st->jobs[i]->id, st->jobs[i]->error);
