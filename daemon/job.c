@@ -30,12 +30,18 @@
 #include "mem/mem.h"
 
 /* Job ids are per uid: another user's Hello never finds (nor learns of, nor
- * squats) a job, it names one of its own. */
+ * squats) a job, it names one of its own. A failed job whose ranks have all
+ * left and that waits only for its executor to stop (DRAINING) no longer
+ * holds its id: the next run forms beside it while it drains (one over
+ * several nodes keeps it, since the rendezvous knows jobs by id). */
 static struct job *job_find(struct daemon *d, const char *id, uid_t uid)
 {
-	for (struct job *j = d->jobs; j; j = j->next)
+	for (struct job *j = d->jobs; j; j = j->next) {
+		if (j->state == JOB_DRAINING && j->nconnected == 0 && !j->rdzv)
+			continue;
 		if (j->uid == uid && strcmp(j->id, id) == 0)
 			return j;
+	}
 	return NULL;
 }
 
@@ -291,8 +297,10 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 	if (j && job_ended(j) && job_drop_exited(j))
 		j = job_find(d, h->job_id, s->uid); /* it may be gone: a fresh one forms */
 	if (j && job_ended(j)) {
-		snprintf(err, errlen, "job %s failed earlier (%s: %s); wait for its ranks to leave",
-			 j->id, zc_strerror_name(j->err), j->errmsg);
+		snprintf(err, errlen, "job %s failed earlier (%s: %s); %s", j->id,
+			 zc_strerror_name(j->err), j->errmsg,
+			 j->nconnected ? "wait for its ranks to leave"
+				       : "its ranks left, its nodes are still stopping it");
 		return ZC_EJOBFAILED;
 	}
 	if (j && j->local_size != h->local_size) {
