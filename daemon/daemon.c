@@ -44,6 +44,7 @@
 #include "mem/mem.h"
 #include "ops.h"
 #include "pool.h"
+#include "rdzv.h"
 
 /* fds kept beyond connections and pidfds: shm opens, /proc reads, the odd
  * eventfd a new ZeroMQ pipe may want */
@@ -505,6 +506,12 @@ int daemon_run(const struct daemon_config *cfg)
 		snprintf(why, sizeof(why), "rendezvous: %s", zc_strerror(r));
 		goto out;
 	}
+	r = rdzv_curve_init(&d, why, sizeof(why));
+	if (r < 0)
+		goto out;
+	if (rdzv_curve_public(&d))
+		log_notice("rendezvous: CURVE on: this zerod's public key is %s",
+			   rdzv_curve_public(&d));
 	if ((r = loop_add_zsock(d.loop, d.router, on_router, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, completion_queue_fd(d.cq), on_completions, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, d.sigfd, on_signal, &d)) < 0) {

@@ -38,6 +38,11 @@ struct rdzv_spec {
 
 /* The daemon's side: listeners, connections, the resolver. 0 or -errno. */
 int rdzv_init(struct daemon *d);
+/* After rdzv_init(): load the CURVE keys the config names (none: plain
+ * TCP). 0, or -errno with "PATH[:LINE]: why" in err. */
+int rdzv_curve_init(struct daemon *d, char *err, size_t errlen);
+/* This zerod's CURVE public key (Z85), or NULL without CURVE. */
+const char *rdzv_curve_public(const struct daemon *d);
 /* After every job is freed. Accepts a daemon without rdzv_init(). */
 void rdzv_close_all(struct daemon *d);
 /* The nearest deadline (retries, handshakes, join timeouts), and what is due. */
