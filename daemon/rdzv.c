@@ -2391,11 +2391,9 @@ void rdzv_close_all(struct daemon *d)
 	d->rdzv = NULL;
 }
 
-int rdzv_curve_init(struct daemon *d, char *err, size_t errlen)
+void rdzv_curve_use(struct daemon *d, struct rdzv_keys *keys)
 {
-	struct rdzv_daemon *rd = d->rdzv;
-
-	return rdzv_keys_load(d->cfg.curve_secret_key, d->cfg.curve_peers, &rd->keys, err, errlen);
+	d->rdzv->keys = keys;
 }
 
 const char *rdzv_curve_public(const struct daemon *d)

@@ -9,13 +9,16 @@
  *    its store keys are on the wire without CURVE (so the check can fail)
  *    and nowhere with it;
  *  - a daemon whose key the rendezvous does not trust is refused: its ranks
- *    get ZC_ECONNECT naming the key, node 0 logs why; a CURVE job beside it
- *    over two trusted daemons trains to the reference;
+ *    get ZC_ECONNECT naming the key, node 0 logs why; a rendezvous whose
+ *    key the joining node does not trust is left, named the same way; a
+ *    CURVE job beside them over two trusted daemons trains to the reference;
  *  - a plain daemon against a CURVE rendezvous, and a CURVE daemon against a
  *    plain one: each refused with ZC_ECONNECT saying which side lacks CURVE;
  *  - one flipped bit in a sealed frame (node 1's Join) through the relay:
  *    node 0 logs the frame that fails to open and refuses node 1, whose
- *    ranks get ZC_ECONNECT naming it.
+ *    ranks get ZC_ECONNECT naming it;
+ *  - a secret key file readable by others, a bad line in the peers file, a
+ *    secret key without peers: zerod does not start, and says why.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -448,10 +451,10 @@ static void t_untrusted_key_refused(void)
 	 * nobody trusts c */
 	static const char *const key[] = {"a", "b", "c"}, *const peers[] = {"ab", "ab", "c"};
 	struct cluster cl;
-	struct train_spec bad, good;
-	const char *bad_socks[2], *good_socks[2];
-	char good_rdzv[32], why[120];
-	pid_t pids[2], bad_pids[2];
+	struct train_spec bad, good, rev;
+	const char *bad_socks[2], *good_socks[2], *rev_socks[2];
+	char good_rdzv[32], rev_rdzv[32], why[120];
+	pid_t pids[2], bad_pids[2], rev_pids[2];
 	int st[2];
 
 	REQUIRE(make_keys(), "no keys");
@@ -469,10 +472,24 @@ static void t_untrusted_key_refused(void)
 	bad_socks[0] = cl.socks[0];
 	bad_socks[1] = cl.socks[2];
 	bad = spec2("untrusted", cl.rdzv, bad_socks);
-	for (int r = 0; r < 2; r++)
+	/* daemon 0 as node 1 of a job whose rendezvous daemon 2 serves: c
+	 * trusts a, a does not trust c */
+	snprintf(rev_rdzv, sizeof(rev_rdzv), "127.0.0.1:%d", free_port());
+	rev_socks[0] = cl.socks[2];
+	rev_socks[1] = cl.socks[0];
+	rev = spec2("untrustedhost", rev_rdzv, rev_socks);
+	for (int r = 0; r < 2; r++) {
 		bad_pids[r] = spawn(rank_main, &bad, r);
-	for (int r = 0; r < 2; r++)
+		rev_pids[r] = spawn(rank_main, &rev, r);
+	}
+	for (int r = 0; r < 2; r++) {
 		wait_child(bad_pids[r], 30000);
+		wait_child(rev_pids[r], 30000);
+	}
+	CHECK(rev.results[1].code == ZC_ECONNECT && has(rev.results[1].msg, pub[2]) &&
+		      has(rev.results[1].msg, "not among this node's authorized keys"),
+	      "node 1 of the job with an untrusted rendezvous: %s: %s",
+	      zc_strerror_name(rev.results[1].code), rev.results[1].msg);
 	CHECK(bad.results[1].code == ZC_ECONNECT && has(bad.results[1].msg, pub[2]) &&
 		      has(bad.results[1].msg, "not among the authorized keys"),
 	      "node 1 of the refused job: %s: %s", zc_strerror_name(bad.results[1].code),
@@ -550,11 +567,52 @@ static void t_flipped_bit_refused(void)
 	cluster_stop(&cl);
 }
 
+/* zerod with key files it must refuse: it does not start and says why. */
+static void t_bad_key_files(void)
+{
+	char kpath[200], ppath[200], bad[200];
+	struct {
+		const char *why;
+		const char *args[6];
+	} tries[] = {
+		{"mode 0644: a secret key must not be readable by group or others",
+		 {"--curve-secret-key", kpath, "--curve-peers", ppath, NULL}},
+		{"bad:2: not a CURVE public key",
+		 {"--curve-secret-key", kpath, "--curve-peers", bad, NULL}},
+		{"--curve-secret-key without --curve-peers: CURVE needs both",
+		 {"--curve-secret-key", kpath, NULL}},
+	};
+	const char *lines[] = {"# a short one", "abc"};
+	FILE *f;
+
+	REQUIRE(make_keys(), "no keys");
+	snprintf(kpath, sizeof(kpath), "%s/a.key", keydir);
+	snprintf(ppath, sizeof(ppath), "%s/ab", keydir);
+	snprintf(bad, sizeof(bad), "%s/bad", keydir);
+	f = fopen(bad, "w");
+	REQUIRE(f, "fopen");
+	fprintf(f, "%s\n%s\n", lines[0], lines[1]);
+	fclose(f);
+	for (size_t i = 0; i < sizeof(tries) / sizeof(tries[0]); i++) {
+		struct zd d;
+		int r;
+		chmod(kpath, i == 0 ? 0644 : 0600);
+		r = zd_start(&d, tries[i].args);
+		CHECK(r < 0, "zerod started with %s", tries[i].why);
+		CHECK(zd_log_has(&d, tries[i].why), "zerod did not say \"%s\"", tries[i].why);
+		if (r >= 0)
+			zd_stop(&d, 10000);
+		else if (test_failed_)
+			zd_dump_log(&d);
+	}
+}
+
 static const struct test_case cases[] = {
 	{"curve_job_trains_like_plain_and_hides_the_job", t_curve_trains_and_hides, 90000},
 	{"curve_untrusted_key_refused_job_beside_trains", t_untrusted_key_refused, 90000},
 	{"curve_plain_peer_refused_both_ways", t_plain_peer_refused, 60000},
 	{"curve_flipped_bit_in_sealed_frame_refused", t_flipped_bit_refused, 60000},
+	{"curve_bad_key_files_zerod_does_not_start", t_bad_key_files, 60000},
 };
 
 TEST_MAIN(cases)
