@@ -32,7 +32,8 @@
 #define KB RDZV_CURVE_KEY_BYTES
 
 struct rdzv_keys {
-	uint8_t pk[KB], sk[KB];
+	uint8_t pk[KB];
+	uint8_t *sk; /* sodium_malloc(): guarded pages, locked, wiped when freed */
 	char z85[RDZV_CURVE_Z85_LEN + 1];
 	uint8_t (*peers)[KB];
 	unsigned npeers;
@@ -218,12 +219,14 @@ int rdzv_keys_load(const char *secret_path, const char *peers_path, struct rdzv_
 		snprintf(err, errlen, "libsodium does not start");
 		return -EIO;
 	}
-	k = sodium_malloc(sizeof(*k));
-	if (!k) {
+	k = calloc(1, sizeof(*k));
+	if (k)
+		k->sk = sodium_malloc(KB);
+	if (!k || !k->sk) {
+		free(k);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	memset(k, 0, sizeof(*k));
 	r = load_secret(k, secret_path, err, errlen);
 	if (r >= 0)
 		r = load_peers(k, peers_path, err, errlen);
@@ -240,7 +243,8 @@ void rdzv_keys_free(struct rdzv_keys *k)
 	if (!k)
 		return;
 	free(k->peers);
-	sodium_free(k); /* wipes it */
+	sodium_free(k->sk); /* wipes it */
+	free(k);
 }
 
 const char *rdzv_keys_public(const struct rdzv_keys *k)
