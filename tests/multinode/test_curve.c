@@ -8,15 +8,16 @@
  *    bit), as the same job does without; through the relay, the job id and
  *    its store keys are on the wire without CURVE (so the check can fail)
  *    and nowhere with it;
- *  - a daemon whose key the rendezvous does not trust is refused: its ranks
- *    get ZC_ECONNECT naming the key, node 0 logs why; a rendezvous whose
+ *  - a daemon whose key the rendezvous does not trust is refused: its job
+ *    fails with ZC_ECONNECT naming the key, node 0 logs why; a rendezvous whose
  *    key the joining node does not trust is left, named the same way; a
  *    CURVE job beside them over two trusted daemons trains to the reference;
  *  - a plain daemon against a CURVE rendezvous, and a CURVE daemon against a
  *    plain one: each refused with ZC_ECONNECT saying which side lacks CURVE;
  *  - one flipped bit in a sealed frame (node 1's Join) through the relay:
  *    node 0 logs the frame that fails to open and refuses node 1, whose
- *    ranks get ZC_ECONNECT naming it;
+ *    ranks get ZC_ECONNECT naming it; one flipped in the host's sealed
+ *    Welcome: node 1 logs it, connects again and the job trains;
  *  - a secret key file readable by others, a bad line in the peers file, a
  *    secret key without peers: zerod does not start, and says why.
  */
@@ -234,12 +235,29 @@ static bool has(const char *msg, const char *needle)
 	return strstr(msg, needle) != NULL;
 }
 
+/* Job `job` on daemon d was refused at the rendezvous with ZC_ECONNECT
+ * saying `why`: in its log, and to its rank res, which may also learn
+ * it as the end of its session when the refusal came before its plan
+ * (CURVE refuses at the first exchange, as soon as every local rank said
+ * Hello). */
+static bool refused(const struct zd *d, const struct train_result *res, const char *job,
+		    const char *why)
+{
+	char want[96];
+
+	snprintf(want, sizeof(want), "job %s: failed: ZC_ECONNECT: ", job);
+	if (!zd_wait_log(d, want, 2000) || !zd_log_has(d, why))
+		return false;
+	return res->code == ZC_ECONNECT ? has(res->msg, why) : res->code != 0;
+}
+
 /* ----------------------------------------------------------- relay --- */
 
 /* A TCP relay from port `from` to `to` on loopback, until killed: every
  * byte both ways is appended to rec_fd; with flip > 0, the last byte of
  * the flip-th frame (4-byte length, then the body) a client sends on one
- * connection is changed, once. */
+ * connection is changed, once; with flip < 0, of the -flip-th frame the
+ * server sends. */
 struct frames {
 	uint8_t hdr[4];
 	int have, frames;
@@ -250,7 +268,7 @@ static void relay_main(int from, int to, int ready_fd, int rec_fd, int flip)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	struct pollfd p[1 + 2 * 16];
-	struct frames up[16];
+	struct frames fr[32]; /* [i]: what p[1 + i] reads (even: client, odd: server) */
 	int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1, n = 0;
 	bool flipped = false;
 
@@ -269,7 +287,7 @@ static void relay_main(int from, int to, int ready_fd, int rec_fd, int flip)
 			sa.sin_port = htons((uint16_t)to);
 			if (a >= 0 && b >= 0 &&
 			    connect(b, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-				memset(&up[n / 2], 0, sizeof(up[0]));
+				memset(&fr[n], 0, 2 * sizeof(fr[0]));
 				p[1 + n++] = (struct pollfd){.fd = a, .events = POLLIN};
 				p[1 + n++] = (struct pollfd){.fd = b, .events = POLLIN};
 			} else {
@@ -286,8 +304,9 @@ static void relay_main(int from, int to, int ready_fd, int rec_fd, int flip)
 			int peer = p[1 + (i ^ 1)].fd;
 			if (got > 0)
 				(void)!write(rec_fd, buf, (size_t)got);
-			for (ssize_t k = 0; got > 0 && i % 2 == 0 && k < got; k++) {
-				struct frames *u = &up[i / 2];
+			for (ssize_t k = 0;
+			     got > 0 && flip && (flip > 0) == (i % 2 == 0) && k < got; k++) {
+				struct frames *u = &fr[i];
 				if (u->left == 0) {
 					u->hdr[u->have++] = buf[k];
 					if (u->have == 4) {
@@ -299,7 +318,7 @@ static void relay_main(int from, int to, int ready_fd, int rec_fd, int flip)
 					}
 					continue;
 				}
-				if (--u->left == 0 && u->frames == flip && !flipped) {
+				if (--u->left == 0 && u->frames == abs(flip) && !flipped) {
 					buf[k] ^= 0x01;
 					flipped = true;
 				}
@@ -453,7 +472,7 @@ static void t_untrusted_key_refused(void)
 	struct cluster cl;
 	struct train_spec bad, good, rev;
 	const char *bad_socks[2], *good_socks[2], *rev_socks[2];
-	char good_rdzv[32], rev_rdzv[32], why[120];
+	char good_rdzv[32], rev_rdzv[32], why[200];
 	pid_t pids[2], bad_pids[2], rev_pids[2];
 	int st[2];
 
@@ -486,16 +505,18 @@ static void t_untrusted_key_refused(void)
 		wait_child(bad_pids[r], 30000);
 		wait_child(rev_pids[r], 30000);
 	}
-	CHECK(rev.results[1].code == ZC_ECONNECT && has(rev.results[1].msg, pub[2]) &&
-		      has(rev.results[1].msg, "not among this node's authorized keys"),
+	snprintf(why, sizeof(why),
+		 "it presented CURVE key %s, which is not among this node's "
+		 "authorized keys",
+		 pub[2]);
+	CHECK(refused(&cl.zd[0], &rev.results[1], "untrustedhost", why),
 	      "node 1 of the job with an untrusted rendezvous: %s: %s",
 	      zc_strerror_name(rev.results[1].code), rev.results[1].msg);
-	CHECK(bad.results[1].code == ZC_ECONNECT && has(bad.results[1].msg, pub[2]) &&
-		      has(bad.results[1].msg, "not among the authorized keys"),
+	snprintf(why, sizeof(why), "CURVE key %s is not among the authorized keys", pub[2]);
+	CHECK(refused(&cl.zd[2], &bad.results[1], "untrusted", why),
 	      "node 1 of the refused job: %s: %s", zc_strerror_name(bad.results[1].code),
 	      bad.results[1].msg);
 	CHECK(bad.results[0].code != 0, "node 0 of the refused job trained");
-	snprintf(why, sizeof(why), "CURVE key %s is not among the authorized keys", pub[2]);
 	CHECK(zd_wait_log(&cl.zd[0], why, 2000), "daemon 0 did not log why it refused c");
 	CHECK(zd_log_has(&cl.zd[0], "refused 127.0.0.1:"), "no peer address logged");
 	for (int r = 0; r < 2; r++)
@@ -522,7 +543,7 @@ static void t_plain_peer_refused(void)
 	/* a plain node against the CURVE rendezvous */
 	s = spec2("plainnode", cl.rdzv, cl.socks);
 	run2(&s, st);
-	CHECK(s.results[1].code == ZC_ECONNECT && has(s.results[1].msg, "requires CURVE"),
+	CHECK(refused(&cl.zd[1], &s.results[1], "plainnode", "it requires CURVE"),
 	      "the plain node: %s: %s", zc_strerror_name(s.results[1].code), s.results[1].msg);
 	CHECK(zd_wait_log(&cl.zd[0], "a plain Hello, and this zerod requires CURVE", 2000),
 	      "daemon 0 did not log the plain Hello");
@@ -532,7 +553,7 @@ static void t_plain_peer_refused(void)
 	swapped[1] = cl.socks[0];
 	t = spec2("curvenode", rdzv2, swapped);
 	run2(&t, st);
-	CHECK(t.results[1].code == ZC_ECONNECT && has(t.results[1].msg, "no CURVE keys configured"),
+	CHECK(refused(&cl.zd[0], &t.results[1], "curvenode", "it has no CURVE keys configured"),
 	      "the CURVE node: %s: %s", zc_strerror_name(t.results[1].code), t.results[1].msg);
 	CHECK(zd_wait_log(&cl.zd[1], "it speaks CURVE, and this zerod has no CURVE keys", 2000),
 	      "daemon 1 did not log the Curve");
@@ -607,11 +628,45 @@ static void t_bad_key_files(void)
 	}
 }
 
+/* One bit flipped in the host's sealed Welcome: node 1 logs the frame that
+ * fails to open, drops the connection, connects again (the relay flips
+ * once), and the job trains to the reference. */
+static void t_flipped_bit_from_host(void)
+{
+	static const char *const key[] = {"a", "b"}, *const peers[] = {"ab", "ab"};
+	struct cluster cl;
+	struct relay rl;
+	struct train_spec s;
+	const char *rdzvs[2];
+	char want[96];
+	int st[2];
+
+	REQUIRE(make_keys(), "no keys");
+	REQUIRE(cluster_start(&cl, 2, key, peers) == 0, "cannot start 2 daemons");
+	/* the host's frames: Curve, then sealed: Challenge, Welcome */
+	REQUIRE(relay_start(&rl, cl.port, -3, "flipdown"), "the relay did not start");
+	rdzvs[0] = cl.rdzv;
+	rdzvs[1] = rl.rdzv;
+	s = spec2("flippeddown", cl.rdzv, cl.socks);
+	s.rdzvs = rdzvs;
+	run2(&s, st);
+	for (int r = 0; r < 2; r++)
+		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
+		      "rank %d: exit %d after %d iterations: %s: %s", r, st[r],
+		      s.results[r].iterations, zc_strerror_name(s.results[r].code),
+		      s.results[r].msg);
+	snprintf(want, sizeof(want), "rendezvous %s: a sealed frame that fails to open", rl.rdzv);
+	CHECK(zd_wait_log(&cl.zd[1], want, 2000), "node 1 did not log the changed frame");
+	relay_stop(&rl);
+	cluster_stop(&cl);
+}
+
 static const struct test_case cases[] = {
 	{"curve_job_trains_like_plain_and_hides_the_job", t_curve_trains_and_hides, 90000},
 	{"curve_untrusted_key_refused_job_beside_trains", t_untrusted_key_refused, 90000},
 	{"curve_plain_peer_refused_both_ways", t_plain_peer_refused, 60000},
 	{"curve_flipped_bit_in_sealed_frame_refused", t_flipped_bit_refused, 60000},
+	{"curve_flipped_bit_from_host_logged_node_joins_again", t_flipped_bit_from_host, 60000},
 	{"curve_bad_key_files_zerod_does_not_start", t_bad_key_files, 60000},
 };
 
