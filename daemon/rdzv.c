@@ -20,6 +20,14 @@
  * refused, logged with the peer's address (at most RDZV_LOG_PER_SEC lines a
  * second) and closed. None of it touches a job.
  *
+ * CURVE. With keys (zerod --curve-secret-key, --curve-peers), every
+ * connection first runs rdzvcurve.h's handshake (Curve both ways, then the
+ * joiner's CurveAuth: both long-term keys proven, each trusted by the other
+ * side), and from then on every frame both ways is sealed (on_frame());
+ * the handshake above runs inside. A host with keys refuses a plain Hello,
+ * one without refuses a Curve, each with a Fail that says which side lacks
+ * CURVE; a frame that fails to open closes the connection, named.
+ *
  * Forming. A node joins with its world size, node count, node index (if its
  * trainers gave one), its ranks and its plan. Once every node joined, the
  * host checks, in this order: node count, world size, node indices (given
