@@ -96,7 +96,7 @@ static int load_secret(struct rdzv_keys *k, const char *path, char *err, size_t 
 {
 	char line[256], *t;
 	struct stat st;
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW), r = -EINVAL, n = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), r = -EINVAL, n = 0;
 	FILE *f;
 
 	if (fd < 0) {
