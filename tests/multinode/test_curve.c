@@ -19,7 +19,7 @@
  *    ranks get ZC_ECONNECT naming it; one flipped in the host's sealed
  *    Welcome: node 1 logs it, connects again and the job trains;
  *  - a secret key file readable by others, a bad line in the peers file, a
- *    secret key without peers: zerod does not start, and says why.
+ *    secret key without peers: zerod does not start (exit 78), and says why.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -625,6 +625,24 @@ static void t_bad_key_files(void)
 			zd_stop(&d, 10000);
 		else if (test_failed_)
 			zd_dump_log(&d);
+	}
+	/* exit 78, as for any config zerod refuses: systemd does not restart it */
+	{
+		char sock[200];
+		pid_t pid;
+		int st;
+		snprintf(sock, sizeof(sock), "%s/z.sock", keydir);
+		fflush(stdout);
+		pid = fork();
+		if (pid == 0) {
+			int fd = open("/dev/null", O_WRONLY);
+			dup2(fd, 2);
+			execl(getenv("ZEROD_BIN"), "zerod", "--socket", sock, "--curve-secret-key",
+			      kpath, (char *)NULL);
+			_exit(127);
+		}
+		st = wait_child(pid, 10000);
+		CHECK(st == 78, "zerod with a secret key and no peers exited with %d, not 78", st);
 	}
 }
 
