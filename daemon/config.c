@@ -97,6 +97,15 @@ static const struct key {
 	{"group", K_NAME, offsetof(struct daemon_config, group), 0, false, "NAME",
 	 "members of this group may run zeroctl's read verbs (status, inspect, metrics); root "
 	 "and zerod's own user may run every verb (\"\": zerod's own group)"},
+	{"curve-secret-key", K_PATH, offsetof(struct daemon_config, curve_secret_key), 0, false,
+	 "FILE",
+	 "this zerod's CURVE secret key (one Z85 key, as `zeroctl keygen` writes it; mode 0600): "
+	 "with --curve-peers, every rendezvous connection between daemons is encrypted and both "
+	 "ends authenticated, and a peer without CURVE or with a key not listed is refused "
+	 "(\"\": plain TCP, the job secret only)"},
+	{"curve-peers", K_PATH, offsetof(struct daemon_config, curve_peers), 0, false, "FILE",
+	 "the CURVE public keys of the zerods this one trusts, one Z85 key a line (a line that "
+	 "begins with '#' is a comment); its own key is always trusted"},
 };
 
 #define NKEYS ARRAY_SIZE(keys)
@@ -136,6 +145,8 @@ static void defaults(struct daemon_config *c)
 		.checkpoint_dir = "",
 		.metrics_interval_ms = 15000,
 		.group = "",
+		.curve_secret_key = "",
+		.curve_peers = "",
 		.backend = "auto",
 	};
 }

@@ -44,6 +44,8 @@
 #include "mem/mem.h"
 #include "ops.h"
 #include "pool.h"
+#include "rdzv.h"
+#include "rdzvcurve.h"
 
 /* fds kept beyond connections and pidfds: shm opens, /proc reads, the odd
  * eventfd a new ZeroMQ pipe may want */
@@ -447,6 +449,7 @@ int daemon_run(const struct daemon_config *cfg)
 {
 	struct daemon d = {.cfg = *cfg, .sigfd = -1, .lockfd = -1, .listen_fd = -1};
 	char size[16], why[512] = "";
+	struct rdzv_keys *keys = NULL; /* CURVE, until the rendezvous takes them */
 	int r;
 
 	if (!d.cfg.max_memory)
@@ -491,6 +494,9 @@ int daemon_run(const struct daemon_config *cfg)
 	r = fd_limits(&d, why, sizeof(why));
 	if (r < 0)
 		goto out;
+	r = rdzv_keys_load(cfg->curve_secret_key, cfg->curve_peers, &keys, why, sizeof(why));
+	if (r < 0)
+		goto out;
 	r = open_router(&d, why, sizeof(why));
 	if (r < 0)
 		goto out;
@@ -505,6 +511,11 @@ int daemon_run(const struct daemon_config *cfg)
 		snprintf(why, sizeof(why), "rendezvous: %s", zc_strerror(r));
 		goto out;
 	}
+	rdzv_curve_use(&d, keys);
+	keys = NULL;
+	if (rdzv_curve_public(&d))
+		log_notice("rendezvous: CURVE on: this zerod's public key is %s",
+			   rdzv_curve_public(&d));
 	if ((r = loop_add_zsock(d.loop, d.router, on_router, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, completion_queue_fd(d.cq), on_completions, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, d.sigfd, on_signal, &d)) < 0) {
@@ -531,6 +542,7 @@ int daemon_run(const struct daemon_config *cfg)
 out:
 	if (r < 0)
 		log_err("zerod: %s", why[0] ? why : zc_strerror(r));
+	rdzv_keys_free(keys);
 	daemon_close(&d);
 	log_stop(1000);
 	return r;

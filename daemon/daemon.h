@@ -85,6 +85,9 @@ struct daemon_config {
 	const char *checkpoint_dir;   /* zeroctl checkpoint's default (DIR/JOB); "": none */
 	int metrics_interval_ms;
 	const char *group; /* "": zerod's own group */
+	/* CURVE on the rendezvous between daemons (rdzvcurve.h); "": none */
+	const char *curve_secret_key;
+	const char *curve_peers;
 	struct config_src *src; /* the flags and file it came from: read again on reload */
 };
 

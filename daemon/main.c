@@ -3,11 +3,13 @@
 
 #include "config.h"
 #include "daemon.h"
+#include "rdzvcurve.h"
 
 int main(int argc, char **argv)
 {
 	struct daemon_config cfg;
 	struct config_src *src;
+	struct rdzv_keys *keys = NULL;
 	char err[512];
 	int r;
 
@@ -15,6 +17,15 @@ int main(int argc, char **argv)
 	if (r != 0)
 		return r > 0 ? 0 : -r;
 	r = config_build(src, &cfg, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "<3>zerod: refusing to start: %s\n", err);
+		config_src_free(src);
+		return CONFIG_EXIT_CONFIG;
+	}
+	/* key files it refuses are a config it refuses (exit 78: systemd does
+	 * not restart it); daemon_run() reads them again, before serving */
+	r = rdzv_keys_load(cfg.curve_secret_key, cfg.curve_peers, &keys, err, sizeof(err));
+	rdzv_keys_free(keys);
 	if (r < 0) {
 		fprintf(stderr, "<3>zerod: refusing to start: %s\n", err);
 		config_src_free(src);

@@ -20,6 +20,14 @@
  * refused, logged with the peer's address (at most RDZV_LOG_PER_SEC lines a
  * second) and closed. None of it touches a job.
  *
+ * CURVE. With keys (zerod --curve-secret-key, --curve-peers), every
+ * connection first runs rdzvcurve.h's handshake (Curve both ways, then the
+ * joiner's CurveAuth: both long-term keys proven, each trusted by the other
+ * side), and from then on every frame both ways is sealed (on_frame());
+ * the handshake above runs inside. A host with keys refuses a plain Hello,
+ * one without refuses a Curve, each with a Fail that says which side lacks
+ * CURVE; a frame that fails to open closes the connection, named.
+ *
  * Forming. A node joins with its world size, node count, node index (if its
  * trainers gave one), its ranks and its plan. Once every node joined, the
  * host checks, in this order: node count, world size, node indices (given
@@ -63,6 +71,7 @@
 #include "log.h"
 #include "loop.h"
 #include "rdzv.h"
+#include "rdzvcurve.h"
 #include "rdzvstore.h"
 #include "rdzvwire.h"
 #include "wire.h"
@@ -81,6 +90,7 @@
 
 enum conn_state {
 	CS_CONNECTING, /* a node's connect() is in progress */
+	CS_CURVE,      /* CURVE: securing the connection (rdzvcurve.h) before the Hello */
 	CS_HELLO,      /* host: waits for Hello; node: for Challenge */
 	CS_AUTH,       /* host: waits for Auth; node: for Welcome */
 	CS_OPEN,       /* authenticated */
@@ -112,6 +122,7 @@ struct rconn {
 	bool want_out;
 	int64_t deadline; /* handshake, or CS_CLOSING's flush */
 	char peer[NAME_LEN];
+	struct rdzv_sec *sec; /* CURVE: the channel (NULL: plain TCP) */
 	uint8_t cn[RDZV_NONCE_BYTES], sn[RDZV_NONCE_BYTES];
 	uint8_t *in;
 	size_t in_len, in_cap;
@@ -157,6 +168,7 @@ struct rdzv_daemon {
 	struct resolve *resolving;
 	int64_t log_window;
 	unsigned log_count, log_dropped;
+	struct rdzv_keys *keys; /* CURVE (NULL: plain TCP) */
 };
 
 struct rdzv_job {
@@ -313,7 +325,9 @@ static const char *joiner_name(const struct rconn *c, char *buf, size_t len)
 
 static size_t max_frame(const struct rconn *c)
 {
-	return c->st == CS_OPEN ? ZEROD_MAX_MSG_BYTES : RDZV_UNAUTH_FRAME;
+	size_t extra = c->sec ? RDZV_CURVE_OVERHEAD : 0;
+
+	return (c->st == CS_OPEN ? ZEROD_MAX_MSG_BYTES : RDZV_UNAUTH_FRAME) + extra;
 }
 
 /* Write what is queued; want EPOLLOUT while some is left. Never frees c. */
@@ -345,16 +359,23 @@ static void flush(struct rconn *c)
 	}
 }
 
-/* Queue one message and write what can be. Never frees c: a connection that
- * cannot take it is marked dead. */
+/* Queue one message, sealed once the connection's CURVE channel is ready
+ * (plain: the handshake's own messages, a refusal before it), and write
+ * what can be. Never frees c: a connection that cannot take it is marked
+ * dead. */
 static void conn_send(struct rconn *c, const Zerod__V1__RdzvEnvelope *env)
 {
 	uint8_t *buf;
 	size_t len;
+	int r;
 
 	if (c->dead || c->st == CS_CLOSING)
 		return;
-	if (rdzv_frame_encode(env, &buf, &len) < 0) {
+	if (c->sec && rdzv_sec_ready(c->sec))
+		r = rdzv_sec_encode(c->sec, env, &buf, &len);
+	else
+		r = rdzv_frame_encode(env, &buf, &len);
+	if (r < 0) {
 		c->dead = true;
 		return;
 	}
@@ -445,6 +466,7 @@ static void conn_free(struct rconn *c)
 	}
 	loop_remove_fd(rd->d->loop, c->fd);
 	close(c->fd);
+	rdzv_sec_free(c->sec);
 	free(c->in);
 	free(c->out);
 	free(c->ranks);
@@ -697,7 +719,7 @@ static void on_node_lost(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
 static int setup_net(struct rdzv_job *rj, const struct sockaddr *store_at, socklen_t len)
 {
 	struct daemon *d = rj->rd->d;
-	int r = rdzv_store_new(store_at, len, rj->j->id, rj->secret, rj->secret_len,
+	int r = rdzv_store_new(store_at, len, rj->j->id, rj->secret, rj->secret_len, rj->rd->keys,
 			       d->cfg.stall_timeout_ms, &rj->store);
 
 	if (r < 0)
@@ -1038,6 +1060,73 @@ static struct rdzv_job *hosted_job(struct rconn *c, const char *id, bool *ret_en
 	return ended;
 }
 
+/* The host: a client's Curve (rdzvcurve.h). A host without keys refuses
+ * it, as one with keys refuses a key it does not trust. */
+static void on_curve(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
+	Zerod__V1__RdzvCurve reply;
+	char why[160], msg[400];
+	int code;
+
+	if (!c->sec) {
+		peer_log(c->rd,
+			 "rendezvous %s: refused %s: it speaks CURVE, and this zerod has no CURVE "
+			 "keys (--curve-secret-key)",
+			 c->lst->name, c->peer);
+		snprintf(msg, sizeof(msg),
+			 "the rendezvous at %s refused this node: it has no CURVE keys configured, "
+			 "and this node has",
+			 c->lst->name);
+		refuse(c, ZC_ECONNECT, msg);
+		return;
+	}
+	code = rdzv_sec_on_hello(c->sec, m->curve, &reply, why, sizeof(why));
+	if (code) {
+		peer_log(c->rd, "rendezvous %s: refused %s: %s", c->lst->name, c->peer, why);
+		snprintf(msg, sizeof(msg), "the rendezvous at %s refused this node: %s",
+			 c->lst->name, why);
+		refuse(c, code, msg);
+		return;
+	}
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE;
+	env.curve = &reply;
+	conn_send(c, &env);
+}
+
+/* The host: the client's proof; frames are sealed both ways from here. */
+static void on_curve_auth(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
+{
+	char why[160], msg[400];
+	int code = rdzv_sec_on_auth(c->sec, m->curve_auth, why, sizeof(why));
+
+	if (code) {
+		peer_log(c->rd, "rendezvous %s: refused %s: %s", c->lst->name, c->peer, why);
+		snprintf(msg, sizeof(msg), "the rendezvous at %s refused this node: %s",
+			 c->lst->name, why);
+		refuse(c, code, msg);
+		return;
+	}
+	c->st = CS_HELLO;
+	log_debug("rendezvous %s: %s proved CURVE key %s", c->lst->name, c->peer,
+		  rdzv_sec_peer(c->sec));
+}
+
+/* The host requires CURVE: a plain Hello is refused, saying why. */
+static void on_plain_hello(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
+{
+	char msg[256];
+
+	(void)m;
+	peer_log(c->rd, "rendezvous %s: refused %s: a plain Hello, and this zerod requires CURVE",
+		 c->lst->name, c->peer);
+	snprintf(msg, sizeof(msg),
+		 "the rendezvous at %s refused this node: it requires CURVE, and this node's "
+		 "zerod has no CURVE keys (--curve-secret-key, --curve-peers)",
+		 c->lst->name);
+	refuse(c, ZC_ECONNECT, msg);
+}
+
 static void on_hello(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
 {
 	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
@@ -1264,6 +1353,13 @@ static void on_accept(struct loop *l, void *userdata)
 		}
 		c->lst = ls;
 		c->st = CS_HELLO;
+		if (rd->keys) {
+			if (rdzv_sec_new(rd->keys, true, &c->sec) < 0) {
+				conn_free(c);
+				continue;
+			}
+			c->st = CS_CURVE;
+		}
 		c->unauth = true;
 		rd->nunauth++;
 		c->deadline = now_ms() + rd->d->cfg.hello_timeout_ms;
@@ -1498,11 +1594,50 @@ static void on_formed(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
 	job_formed(j);
 }
 
+/* A node's Hello (sealed once its CURVE channel is ready). */
+static void send_hello(struct rconn *c)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
+	Zerod__V1__RdzvHello h = ZEROD__V1__RDZV_HELLO__INIT;
+
+	rdzv_random(c->cn, sizeof(c->cn));
+	h.protocol_version = RDZV_PROTOCOL;
+	h.job_id = c->rj->j->id;
+	h.kind = ZEROD__V1__RDZV_KIND__RDZV_JOIN;
+	h.nonce = (ProtobufCBinaryData){sizeof(c->cn), c->cn};
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	conn_send(c, &env);
+}
+
+/* A node: the host's Curve. Its key must be one this node trusts, and
+ * proven; then this node's proof, and the Hello, sealed. */
+static void on_curve_reply(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
+	Zerod__V1__RdzvCurveAuth auth;
+	struct rdzv_job *rj = c->rj;
+	char why[160];
+
+	if (rdzv_sec_on_reply(c->sec, m->curve, &auth, why, sizeof(why)) != 0) {
+		job_fail(rj->j, ZC_ECONNECT, true, "the zerod serving the rendezvous at %s: %s",
+			 rj->endpoint, why);
+		conn_gone(c, why);
+		return;
+	}
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE_AUTH;
+	env.curve_auth = &auth;
+	conn_send(c, &env);
+	rdzv_sec_start(c->sec);
+	c->st = CS_HELLO;
+	send_hello(c);
+}
+
 static void connect_up(struct rdzv_job *rj)
 {
 	struct rdzv_daemon *rd = rj->rd;
 	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
-	Zerod__V1__RdzvHello h = ZEROD__V1__RDZV_HELLO__INIT;
+	Zerod__V1__RdzvCurve cv;
 	int one = 1, fd = socket(rj->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	struct rconn *c;
 
@@ -1528,15 +1663,20 @@ static void connect_up(struct rdzv_job *rj)
 	c->deadline = now_ms() + rd->d->cfg.hello_timeout_ms;
 	snprintf(c->peer, sizeof(c->peer), "%.63s", rj->endpoint);
 	rj->up = c;
-	rdzv_random(c->cn, sizeof(c->cn));
-	h.protocol_version = RDZV_PROTOCOL;
-	h.job_id = rj->j->id;
-	h.kind = ZEROD__V1__RDZV_KIND__RDZV_JOIN;
-	h.nonce = (ProtobufCBinaryData){sizeof(c->cn), c->cn};
-	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO;
-	env.hello = &h;
 	/* queued: it leaves once connected */
-	conn_send(c, &env);
+	if (rd->keys) {
+		if (rdzv_sec_new(rd->keys, false, &c->sec) < 0) {
+			c->dead = true;
+			schedule_retry(rj, "out of memory");
+			return;
+		}
+		rdzv_sec_hello(c->sec, &cv);
+		env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE;
+		env.curve = &cv;
+		conn_send(c, &env);
+	} else {
+		send_hello(c);
+	}
 	c->want_out = true;
 	loop_want_out(rd->d->loop, fd, true);
 }
@@ -1553,6 +1693,10 @@ static const struct handler {
 	unsigned kind; /* 0: any */
 	void (*fn)(struct rconn *c, const Zerod__V1__RdzvEnvelope *m);
 } handlers[] = {
+	{ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE, ROLE_HOST, CS_CURVE, 0, on_curve},
+	{ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE, ROLE_HOST, CS_HELLO, 0, on_curve},
+	{ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE_AUTH, ROLE_HOST, CS_CURVE, 0, on_curve_auth},
+	{ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO, ROLE_HOST, CS_CURVE, 0, on_plain_hello},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO, ROLE_HOST, CS_HELLO, 0, on_hello},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_AUTH, ROLE_HOST, CS_AUTH, 0, on_auth},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_JOIN, ROLE_HOST, CS_OPEN, ZEROD__V1__RDZV_KIND__RDZV_JOIN,
@@ -1563,6 +1707,7 @@ static const struct handler {
 	 ZEROD__V1__RDZV_KIND__RDZV_STORE, on_store_set},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_GET, ROLE_HOST, CS_OPEN,
 	 ZEROD__V1__RDZV_KIND__RDZV_STORE, on_store_get},
+	{ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE, ROLE_NODE, CS_CURVE, 0, on_curve_reply},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_CHALLENGE, ROLE_NODE, CS_HELLO, 0, on_challenge},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_WELCOME, ROLE_NODE, CS_AUTH, 0, on_welcome},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL, ROLE_NODE, ANY_STATE, 0, on_host_fail},
@@ -1606,6 +1751,66 @@ static void dispatch(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
 	}
 	snprintf(what, sizeof(what), "%s out of turn", rdzv_msg_name(m->body_case));
 	protocol_error(c, what);
+}
+
+/* A sealed frame did not open: changed, replayed, reordered or cut on the
+ * way. The host refuses the peer (a joined node hears why, sealed: the
+ * way out still works); a node drops its connection as lost. */
+static void curve_broken(struct rconn *c)
+{
+	static const char what[] = "a sealed frame that fails to open (changed, replayed, "
+				   "reordered or cut on the way)";
+	char msg[256];
+
+	if (!c->server) {
+		log_notice("rendezvous %s: %s", c->peer, what);
+		snprintf(msg, sizeof(msg), "the rendezvous sent %s", what);
+		conn_gone(c, msg);
+		return;
+	}
+	peer_log(c->rd, "rendezvous %s: refused %s (CURVE key %s): %s", c->lst->name, c->peer,
+		 rdzv_sec_peer(c->sec), what);
+	snprintf(msg, sizeof(msg), "the rendezvous at %s refused this node: it received %s",
+		 c->lst->name, what);
+	if (c->st == CS_OPEN)
+		refuse(c, ZC_ECONNECT, msg);
+	else
+		c->dead = true;
+}
+
+/* One frame in: on a CURVE connection, once its handshake is done, every
+ * frame must be sealed and open; before it (or without CURVE) none may be. */
+static void on_frame(struct rconn *c, const Zerod__V1__RdzvEnvelope *m)
+{
+	bool sealed = m->body_case == ZEROD__V1__RDZV_ENVELOPE__BODY_SEALED;
+	bool secure = c->sec && rdzv_sec_ready(c->sec);
+	Zerod__V1__RdzvEnvelope *inner = NULL;
+	int r;
+
+	if (!sealed && !secure) {
+		dispatch(c, m);
+		return;
+	}
+	if (!secure) {
+		protocol_error(c, c->sec ? "a sealed frame before its CURVE handshake ended"
+					 : "a sealed frame, and this connection has no CURVE");
+		return;
+	}
+	if (!sealed) {
+		protocol_error(c, "a plain frame on a CURVE connection");
+		return;
+	}
+	r = rdzv_sec_open(c->sec, &m->sealed, &inner);
+	if (r == -EBADMSG) {
+		curve_broken(c);
+		return;
+	}
+	if (r < 0) {
+		protocol_error(c, "a sealed frame that holds no rendezvous message");
+		return;
+	}
+	dispatch(c, inner);
+	rdzv_msg_free(inner);
 }
 
 /* ------------------------------------------------ connection events --- */
@@ -1676,8 +1881,8 @@ static void connected(struct rconn *c)
 		conn_gone(c, strerror(err));
 		return;
 	}
-	c->st = CS_HELLO;
-	flush(c); /* the Hello */
+	c->st = c->sec ? CS_CURVE : CS_HELLO;
+	flush(c); /* the Hello, or the Curve before it */
 }
 
 /* Read what is there (at most RDZV_READ_CHUNK a turn; epoll calls again for
@@ -1729,7 +1934,7 @@ static void read_in(struct rconn *c)
 			protocol_error(c, "bytes that are not a rendezvous message");
 			return;
 		}
-		dispatch(c, m);
+		on_frame(c, m);
 		rdzv_msg_free(m);
 		memmove(c->in, c->in + 4 + len, c->in_len - 4 - len);
 		c->in_len -= 4 + len;
@@ -2189,6 +2394,7 @@ void rdzv_close_all(struct daemon *d)
 	loop_remove_fd(d->loop, rd->efd);
 	close(rd->efd);
 	pthread_mutex_destroy(&rd->mu);
+	rdzv_keys_free(rd->keys);
 	free(rd);
 	d->rdzv = NULL;
 }
@@ -2211,4 +2417,14 @@ const char *rdzv_job_endpoint(const struct job *j, bool *ret_serving)
 		return NULL;
 	*ret_serving = j->rdzv->hosting && j->rdzv->lst;
 	return j->rdzv->endpoint;
+}
+
+void rdzv_curve_use(struct daemon *d, struct rdzv_keys *keys)
+{
+	d->rdzv->keys = keys;
+}
+
+const char *rdzv_curve_public(const struct daemon *d)
+{
+	return d->rdzv && d->rdzv->keys ? rdzv_keys_public(d->rdzv->keys) : NULL;
 }

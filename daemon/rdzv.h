@@ -38,6 +38,13 @@ struct rdzv_spec {
 
 /* The daemon's side: listeners, connections, the resolver. 0 or -errno. */
 int rdzv_init(struct daemon *d);
+/* After rdzv_init(): CURVE with keys (rdzvcurve.h's rdzv_keys_load(), which
+ * the daemon runs before its sockets exist), which it owns from now on;
+ * NULL: plain TCP. */
+struct rdzv_keys;
+void rdzv_curve_use(struct daemon *d, struct rdzv_keys *keys);
+/* This zerod's CURVE public key (Z85), or NULL without CURVE. */
+const char *rdzv_curve_public(const struct daemon *d);
 /* After every job is freed. Accepts a daemon without rdzv_init(). */
 void rdzv_close_all(struct daemon *d);
 /* The nearest deadline (retries, handshakes, join timeouts), and what is due. */

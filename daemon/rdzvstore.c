@@ -6,7 +6,9 @@
  * and the client asks again after a short, growing pause until the key is
  * there or its time is up. gloo sets and reads one key per node when its
  * group opens, so a few round trips on a quiet connection are all it costs,
- * and the host never holds a waiter.
+ * and the host never holds a waiter. With CURVE keys, the connection is
+ * secured first, as a node's is (rdzvcurve.h), and every frame after that
+ * is sealed.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +22,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "rdzvcurve.h"
 #include "rdzvstore.h"
 #include "rdzvwire.h"
 
@@ -31,6 +34,8 @@ struct rdzv_store {
 	char job[ZEROD_JOB_ID_MAX + 1];
 	uint8_t secret[RDZV_SECRET_MAX];
 	size_t secret_len;
+	const struct rdzv_keys *keys; /* NULL: plain TCP */
+	struct rdzv_sec *sec;         /* this connection's channel */
 	int timeout_ms;
 };
 
@@ -39,6 +44,80 @@ static void drop(struct rdzv_store *s)
 	if (s->fd >= 0)
 		close(s->fd);
 	s->fd = -1;
+	rdzv_sec_free(s->sec);
+	s->sec = NULL;
+}
+
+/* One message out, sealed once the channel is ready. */
+static int xsend(struct rdzv_store *s, const Zerod__V1__RdzvEnvelope *env, int64_t deadline)
+{
+	uint8_t *buf;
+	size_t len;
+	int r;
+
+	if (!s->sec || !rdzv_sec_ready(s->sec))
+		return rdzv_send_blocking(s->fd, env, deadline);
+	r = rdzv_sec_encode(s->sec, env, &buf, &len);
+	if (r < 0)
+		return r;
+	r = rdzv_send_frame_blocking(s->fd, buf, len, deadline);
+	free(buf);
+	return r;
+}
+
+/* One message in (at most max bytes), opened once the channel is ready:
+ * -EBADMSG if it fails to. */
+static int xrecv(struct rdzv_store *s, size_t max, int64_t deadline, Zerod__V1__RdzvEnvelope **ret)
+{
+	Zerod__V1__RdzvEnvelope *in = NULL;
+	int r;
+
+	if (!s->sec || !rdzv_sec_ready(s->sec))
+		return rdzv_recv_blocking(s->fd, max, deadline, ret);
+	r = rdzv_recv_blocking(s->fd, max + RDZV_CURVE_OVERHEAD, deadline, &in);
+	if (r < 0)
+		return r;
+	if (in->body_case != ZEROD__V1__RDZV_ENVELOPE__BODY_SEALED) {
+		r = in->body_case == ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL ? -EACCES : -EPROTO;
+		rdzv_msg_free(in);
+		return r;
+	}
+	r = rdzv_sec_open(s->sec, &in->sealed, ret);
+	rdzv_msg_free(in);
+	return r;
+}
+
+/* CURVE: Curve, the host's Curve, CurveAuth; sealed from then on. */
+static int secure(struct rdzv_store *s, int64_t deadline)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT, *in = NULL;
+	Zerod__V1__RdzvCurve cv;
+	Zerod__V1__RdzvCurveAuth auth;
+	char why[160];
+	int r = rdzv_sec_new(s->keys, false, &s->sec);
+
+	if (r < 0)
+		return r;
+	rdzv_sec_hello(s->sec, &cv);
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE;
+	env.curve = &cv;
+	r = rdzv_send_blocking(s->fd, &env, deadline);
+	if (r >= 0)
+		r = rdzv_recv_blocking(s->fd, RDZV_UNAUTH_FRAME, deadline, &in);
+	if (r < 0)
+		return r;
+	if (in->body_case != ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE)
+		r = in->body_case == ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL ? -EACCES : -EPROTO;
+	else if (rdzv_sec_on_reply(s->sec, in->curve, &auth, why, sizeof(why)) != 0)
+		r = -EACCES; /* a host this node does not trust, or one that did not prove it */
+	rdzv_msg_free(in);
+	if (r < 0)
+		return r;
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE_AUTH;
+	env.curve_auth = &auth;
+	r = rdzv_send_blocking(s->fd, &env, deadline);
+	rdzv_sec_start(s->sec);
+	return r;
 }
 
 static int connect_by(struct rdzv_store *s, int64_t deadline)
@@ -100,9 +179,11 @@ static int handshake(struct rdzv_store *s, int64_t deadline)
 	h.nonce = (ProtobufCBinaryData){sizeof(cn), cn};
 	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO;
 	env.hello = &h;
-	r = rdzv_send_blocking(s->fd, &env, deadline);
+	r = s->keys ? secure(s, deadline) : 0;
 	if (r >= 0)
-		r = rdzv_recv_blocking(s->fd, RDZV_UNAUTH_FRAME, deadline, &in);
+		r = xsend(s, &env, deadline);
+	if (r >= 0)
+		r = xrecv(s, RDZV_UNAUTH_FRAME, deadline, &in);
 	if (r < 0)
 		return r;
 	if (in->body_case != ZEROD__V1__RDZV_ENVELOPE__BODY_CHALLENGE ||
@@ -118,9 +199,9 @@ static int handshake(struct rdzv_store *s, int64_t deadline)
 	a.proof = (ProtobufCBinaryData){sizeof(proof), proof};
 	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_AUTH;
 	env.auth = &a;
-	r = rdzv_send_blocking(s->fd, &env, deadline);
+	r = xsend(s, &env, deadline);
 	if (r >= 0)
-		r = rdzv_recv_blocking(s->fd, RDZV_UNAUTH_FRAME, deadline, &in);
+		r = xrecv(s, RDZV_UNAUTH_FRAME, deadline, &in);
 	if (r < 0)
 		return r;
 	rdzv_proof(proof, s->secret, s->secret_len, true, s->job, h.kind, cn, sn);
@@ -155,9 +236,9 @@ static int request(struct rdzv_store *s, const Zerod__V1__RdzvEnvelope *env, int
 	int r = ensure(s, deadline);
 
 	if (r >= 0)
-		r = rdzv_send_blocking(s->fd, env, deadline);
+		r = xsend(s, env, deadline);
 	if (r >= 0)
-		r = rdzv_recv_blocking(s->fd, RDZV_VALUE_MAX + 1024, deadline, &in);
+		r = xrecv(s, RDZV_VALUE_MAX + 1024, deadline, &in);
 	if (r >= 0 && in->body_case != ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_REPLY) {
 		r = fail_code(in);
 		rdzv_msg_free(in);
@@ -233,7 +314,8 @@ static int st_get(void *ctx, const char *key, int timeout_ms, void **ret_value, 
 }
 
 int rdzv_store_new(const struct sockaddr *addr, socklen_t addrlen, const char *job,
-		   const void *secret, size_t secret_len, int timeout_ms, struct rdzv_store **ret)
+		   const void *secret, size_t secret_len, const struct rdzv_keys *keys,
+		   int timeout_ms, struct rdzv_store **ret)
 {
 	struct rdzv_store *s;
 
@@ -250,6 +332,7 @@ int rdzv_store_new(const struct sockaddr *addr, socklen_t addrlen, const char *j
 	strcpy(s->job, job);
 	memcpy(s->secret, secret, secret_len);
 	s->secret_len = secret_len;
+	s->keys = keys;
 	s->timeout_ms = timeout_ms > 0 ? timeout_ms : 30000;
 	*ret = s;
 	return 0;

@@ -13,10 +13,15 @@
 
 struct rdzv_store;
 
+struct rdzv_keys;
+
 /* A store client of job `job` at addr, proving `secret`; it connects on
- * first use. Every wait is bounded by timeout_ms. Copies its arguments. */
+ * first use, over CURVE when keys is not NULL (they must outlive the
+ * client). Every wait is bounded by timeout_ms. Copies its other
+ * arguments. */
 int rdzv_store_new(const struct sockaddr *addr, socklen_t addrlen, const char *job,
-		   const void *secret, size_t secret_len, int timeout_ms, struct rdzv_store **ret);
+		   const void *secret, size_t secret_len, const struct rdzv_keys *keys,
+		   int timeout_ms, struct rdzv_store **ret);
 /* The coll_store calling it (valid while s lives). */
 struct coll_store rdzv_store_ops(struct rdzv_store *s);
 /* Closes its connection. Accepts NULL. Nothing may be calling it. */

@@ -170,6 +170,11 @@ int rdzv_send_blocking(int fd, const Zerod__V1__RdzvEnvelope *env, int64_t deadl
 	return r;
 }
 
+int rdzv_send_frame_blocking(int fd, const uint8_t *buf, size_t len, int64_t deadline)
+{
+	return send_all(fd, buf, len, deadline);
+}
+
 int rdzv_recv_blocking(int fd, size_t max, int64_t deadline, Zerod__V1__RdzvEnvelope **ret)
 {
 	uint8_t hdr[4], *buf;

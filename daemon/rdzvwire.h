@@ -57,6 +57,8 @@ void rdzv_random(void *buf, size_t len);
  * clock). 0, -ETIMEDOUT, -ECONNRESET (closed), -EPROTO (too big or not a
  * message), or -errno. */
 int rdzv_send_blocking(int fd, const Zerod__V1__RdzvEnvelope *env, int64_t deadline);
+/* A frame already encoded (rdzvcurve.h's sealed ones). */
+int rdzv_send_frame_blocking(int fd, const uint8_t *buf, size_t len, int64_t deadline);
 int rdzv_recv_blocking(int fd, size_t max, int64_t deadline, Zerod__V1__RdzvEnvelope **ret);
 
 /* "host:port" or "[v6]:port" into host and port; false if it is not. */

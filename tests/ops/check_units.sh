@@ -82,7 +82,8 @@ st=$?
 miss=""
 for k in --config --socket --stall-timeout --stall-warn --join-timeout --hello-timeout \
     --shutdown-timeout --workers --max-jobs --max-sessions --max-memory --log-level \
-    --flight-records --metrics-textfile --metrics-interval --group SIGHUP "Exit status" 78 live restart; do
+    --flight-records --metrics-textfile --metrics-interval --group --curve-secret-key --curve-peers \
+    SIGHUP "Exit status" 78 live restart; do
     grep -q -- "$k" "$dir/zh" || miss="$miss $k"
 done
 if [ $st -eq 0 ] && [ -z "$miss" ]; then ok "zerod --help: every key, signals, exit statuses"; else
@@ -90,7 +91,7 @@ if [ $st -eq 0 ] && [ -z "$miss" ]; then ok "zerod --help: every key, signals, e
 "$build/tools/zeroctl" --help >"$dir/ch" 2>&1
 st=$?
 miss=""
-for k in status inspect metrics reload "trace on FILE" "trace off" "-o, --output" schema_version \
+for k in status inspect metrics reload "trace on FILE" "trace off" keygen "-o, --output" schema_version \
     " 0 " " 1 " " 64 " " 69 " " 76 " " 77 "; do
     grep -q -- "$k" "$dir/ch" || miss="$miss '$k'"
 done

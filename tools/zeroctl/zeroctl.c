@@ -25,6 +25,7 @@
 #include <zmq.h>
 
 #include "common.h"
+#include "keygen.h"
 #include "zerod.pb-c.h"
 
 #define EXIT_DEGRADED    1
@@ -79,6 +80,11 @@ static void usage(FILE *f)
 		"                             (default: zerod's checkpoint-dir/JOB) at the next\n"
 		"                             iteration boundary, if they poll zc_checkpoint_due();\n"
 		"                             says which iteration (one-node jobs)\n"
+		"  keygen [PREFIX]            a CURVE key pair for the rendezvous between\n"
+		"                             daemons (ZeroMQ's Z85 keys): PREFIX.key, the secret\n"
+		"                             (mode 0600; zerod --curve-secret-key), and PREFIX.pub,\n"
+		"                             a line for the other nodes' --curve-peers files\n"
+		"                             (default PREFIX: zerod); needs no zerod\n"
 		"\n"
 		"Options:\n"
 		"  -s, --socket PATH    zerod's socket, as given to zerod --socket (default\n"
@@ -809,6 +815,8 @@ int main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	opt.verb = argv[optind++];
+	if (strcmp(opt.verb, "keygen") == 0 && optind + 1 >= argc)
+		return zeroctl_keygen(optind < argc ? argv[optind] : "zerod", stdout, stderr);
 	req.version = ZEROD_CTL_VERSION;
 	if (strcmp(opt.verb, "status") == 0 && optind == argc) {
 		req.body_case = ZEROD__V1__CTL__BODY_STATUS_REQUEST;

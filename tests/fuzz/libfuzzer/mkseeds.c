@@ -150,7 +150,7 @@ int main(int argc, char **argv)
 	put("dispatch", "session", d, dl);
 
 	/* rdzv: every kind a peer sends, framed */
-	Zerod__V1__RdzvEnvelope re[5];
+	Zerod__V1__RdzvEnvelope re[8];
 	Zerod__V1__RdzvHello rh = ZEROD__V1__RDZV_HELLO__INIT;
 	Zerod__V1__RdzvAuth ra = ZEROD__V1__RDZV_AUTH__INIT;
 	Zerod__V1__RdzvJoin rj = ZEROD__V1__RDZV_JOIN__INIT;
@@ -158,8 +158,12 @@ int main(int argc, char **argv)
 	Zerod__V1__StoreGet sg = ZEROD__V1__STORE_GET__INIT;
 	static uint8_t nonce[32], proof[32];
 	static uint32_t ranks[2] = {2, 3};
-	static const char *rnames[5] = {"hello", "auth", "join", "store_set", "store_get"};
-	for (int i = 0; i < 5; i++)
+	Zerod__V1__RdzvCurve rc = ZEROD__V1__RDZV_CURVE__INIT;
+	Zerod__V1__RdzvCurveAuth rca = ZEROD__V1__RDZV_CURVE_AUTH__INIT;
+	static uint8_t key[32] = {9}, header[24], sealed[64];
+	static const char *rnames[8] = {"hello",     "auth",      "join",       "store_set",
+					"store_get", "curve",     "curve_auth", "sealed"};
+	for (int i = 0; i < 8; i++)
 		re[i] = (Zerod__V1__RdzvEnvelope)ZEROD__V1__RDZV_ENVELOPE__INIT;
 	rh.protocol_version = ZC_PROTOCOL_VERSION;
 	rh.job_id = "fuzz";
@@ -178,8 +182,17 @@ int main(int argc, char **argv)
 	re[3].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_SET, re[3].store_set = &ss;
 	sg.key = "job.1/rank_0";
 	re[4].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_GET, re[4].store_get = &sg;
+	/* CURVE (rdzvcurve.h): a client's Curve, a CurveAuth, a sealed frame */
+	rc.static_key = rc.ephemeral_key = (ProtobufCBinaryData){.len = 32, .data = key};
+	rc.nonce = (ProtobufCBinaryData){.len = 32, .data = nonce};
+	re[5].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE, re[5].curve = &rc;
+	rca.proof = (ProtobufCBinaryData){.len = 32, .data = proof};
+	rca.header = (ProtobufCBinaryData){.len = 24, .data = header};
+	re[6].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE_AUTH, re[6].curve_auth = &rca;
+	re[7].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_SEALED;
+	re[7].sealed = (ProtobufCBinaryData){.len = sizeof(sealed), .data = sealed};
 	dl = 0;
-	for (int i = 0; i < 5; i++) {
+	for (int i = 0; i < 8; i++) {
 		uint8_t *buf;
 		size_t len;
 		if (rdzv_frame_encode(&re[i], &buf, &len) != 0)
