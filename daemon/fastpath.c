@@ -92,6 +92,15 @@ struct fastpath_listener {
 	struct fp_conn *pending;
 	unsigned npending;
 	struct fastpath *owed; /* rings pushed to since the last flush */
+	/* The tokens of the last sessions that ended, with why: a trainer
+	 * whose job failed just before it offered its buffers or its ring is
+	 * told the job's error, not that no session has its token. */
+	struct retired {
+		uint64_t token;
+		int code;
+		char why[236]; /* as long as the replies' message */
+	} retired[16];
+	unsigned nretired; /* written so far (the table wraps) */
 };
 
 /* A connection on <socket>.fd: pending until it attaches, then the
@@ -504,6 +513,19 @@ void fastpath_take_last(struct session *s)
 		fp_drain(s->fp);
 }
 
+void fastpath_retire(struct session *s, int code, const char *why)
+{
+	struct fastpath_listener *l = s->d->fpl;
+	struct retired *r;
+
+	if (!s->fp || !l)
+		return;
+	r = &l->retired[l->nretired++ % ARRAY_SIZE(l->retired)];
+	r->token = s->fp->token;
+	r->code = code;
+	snprintf(r->why, sizeof(r->why), "%s", why);
+}
+
 void fastpath_free(struct session *s)
 {
 	if (!s->fp)
@@ -521,6 +543,19 @@ static struct session *find_token(struct daemon *d, uint64_t token)
 		if (s->fp && s->fp->token == token)
 			return s;
 	return NULL;
+}
+
+/* Why no session has `token`: the code and reason its session ended with,
+ * if it ended lately, else -EPERM (a token zerod never gave). */
+static int no_token(const struct fastpath_listener *l, uint64_t token, char *err, size_t errlen)
+{
+	for (unsigned k = 0; k < ARRAY_SIZE(l->retired) && k < l->nretired; k++)
+		if (l->retired[k].token == token) {
+			snprintf(err, errlen, "%s", l->retired[k].why);
+			return l->retired[k].code;
+		}
+	snprintf(err, errlen, "no session has this token");
+	return -EPERM;
 }
 
 /* ATTACH from connection c (n bytes, recvmsg flags, received fds): map the
@@ -550,10 +585,8 @@ static int attach(struct fp_conn *c, const struct ring_attach *a, ssize_t n, int
 		return ZC_EPROTO;
 	}
 	s = find_token(c->l->d, a->token);
-	if (!s) {
-		snprintf(err, errlen, "no session has this token");
-		return -EPERM;
-	}
+	if (!s)
+		return no_token(c->l, a->token, err, errlen);
 	fp = s->fp;
 	/* the process that said Hello, and no other */
 	if (c->cred.pid != s->pid || c->cred.uid != s->uid) {
@@ -645,8 +678,7 @@ static void buffers(struct fp_conn *c, const struct fdbufs_offer *o, ssize_t n, 
 		rep.status = ZC_EPROTO;
 		snprintf(rep.message, sizeof(rep.message), "not an FDBUFS record (%zd bytes)", n);
 	} else if (!(s = find_token(c->l->d, o->token))) {
-		rep.status = -EPERM;
-		snprintf(rep.message, sizeof(rep.message), "no session has this token");
+		rep.status = no_token(c->l, o->token, rep.message, sizeof(rep.message));
 	} else if (c->cred.pid != s->pid || c->cred.uid != s->uid) {
 		rep.status = -EPERM;
 		snprintf(rep.message, sizeof(rep.message),

@@ -35,6 +35,9 @@ void fastpath_received(struct session *s);
  * messages are read before it is dropped. */
 void fastpath_take_last(struct session *s);
 /* Release s's fast path. Accepts a session without one. */
+/* s ends with (code, why): a buffer offer or ring attach that comes with
+ * its token later is answered with them. */
+void fastpath_retire(struct session *s, int code, const char *why);
 void fastpath_free(struct session *s);
 
 /* sched.c: a completion to s, through its ring when it has one, else as a

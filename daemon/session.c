@@ -304,6 +304,14 @@ void session_drop(struct session *s, enum leave_reason why)
 		conn_unbind(s->conn);
 	if (d->cur_session == s)
 		d->cur_session = NULL;
+	if (s->job && job_ended(s->job)) {
+		/* as fdbufs_offer() answers while the session lasts */
+		char reason[400];
+
+		(void)snprintf(reason, sizeof(reason), "job %s failed: %s", s->job->id,
+			       s->job->errmsg);
+		fastpath_retire(s, s->job->err ? s->job->err : ZC_EJOBFAILED, reason);
+	}
 	if (s->job)
 		job_leave(s->job, s, why);
 	fastpath_free(s);

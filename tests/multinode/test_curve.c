@@ -236,10 +236,9 @@ static bool has(const char *msg, const char *needle)
 }
 
 /* Job `job` on daemon d was refused at the rendezvous with ZC_ECONNECT
- * saying `why`: in its log, and to its rank res, which may also learn
- * it as the end of its session when the refusal came before its plan
- * (CURVE refuses at the first exchange, as soon as every local rank said
- * Hello). */
+ * saying `why`: in its log, and to its rank res, with that code and reason
+ * whichever way the rank hears it (its buffer offer refused while its
+ * session lasts or after it ended, fastpath.c's retired tokens). */
 static bool refused(const struct zd *d, const struct train_result *res, const char *job,
 		    const char *why)
 {
@@ -248,7 +247,7 @@ static bool refused(const struct zd *d, const struct train_result *res, const ch
 	snprintf(want, sizeof(want), "job %s: failed: ZC_ECONNECT: ", job);
 	if (!zd_wait_log(d, want, 2000) || !zd_log_has(d, why))
 		return false;
-	return res->code == ZC_ECONNECT ? has(res->msg, why) : res->code != 0;
+	return res->code == ZC_ECONNECT && has(res->msg, why);
 }
 
 /* ----------------------------------------------------------- relay --- */
