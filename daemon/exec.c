@@ -737,8 +737,10 @@ static bool region_kept(const struct exec *e, unsigned k)
 	return false;
 }
 
-/* One node: every piece is here and every rank's staging is mapped, so
- * each piece's values go straight into each staging. */
+/* One node: every piece is here and every staging is mapped, so each
+ * piece's values go straight into each rank's staging (the ranks given
+ * one). A sparse export writes the step word at each piece's first element
+ * only: a segment starts a piece, and a reader reads it there. */
 static int export_local(struct exec *e, const struct exec_state_req *rq)
 {
 	const struct plan *p = e->cfg.plan;
@@ -751,13 +753,27 @@ static int export_local(struct exec *e, const struct exec_state_req *rq)
 			for (uint32_t i = s->bucket_first[b]; i < s->bucket_first[b + 1]; i++) {
 				const struct optim_piece *pc = &s->pieces[i];
 				uint64_t at = piece_slot(p, b, pc);
-				float *first = region(rq->staging[e->local[0]], p->state_numel, k);
+				bool one = k == EXEC_REGION_META && rq->sparse_meta;
+				uint64_t n = one ? 1 : pc->n;
+				float *first = NULL;
 
-				piece_values(e, pc, k, first + at);
-				for (uint32_t l = 1; l < e->nlocal; l++)
-					memcpy(region(rq->staging[e->local[l]], p->state_numel, k) +
-						       at,
-					       first + at, pc->n * sizeof(float));
+				for (uint32_t l = 0; l < e->nlocal; l++) {
+					float *stg = rq->staging[e->local[l]], *dst;
+					if (!stg)
+						continue;
+					dst = region(stg, p->state_numel, k) + at;
+					if (first) {
+						memcpy(dst, first, n * sizeof(float));
+						continue;
+					}
+					if (one) {
+						uint32_t w = piece_meta(e, pc);
+						memcpy(dst, &w, sizeof(w));
+					} else {
+						piece_values(e, pc, k, dst);
+					}
+					first = dst;
+				}
 			}
 	}
 	return 0;

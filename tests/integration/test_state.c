@@ -1042,6 +1042,7 @@ static int raw_rank(void *arg, int idx)
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__GetState gs = ZEROD__V1__GET_STATE__INIT;
 	Zerod__V1__SetState ss = ZEROD__V1__SET_STATE__INIT;
+	Zerod__V1__CheckpointState cs = ZEROD__V1__CHECKPOINT_STATE__INIT;
 	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
 	Zerod__V1__SegmentState item = ZEROD__V1__SEGMENT_STATE__INIT, *items[1] = {&item};
 	struct raw_reg g;
@@ -1103,6 +1104,20 @@ static int raw_rank(void *arg, int idx)
 	ss.n_segments = 0;
 	raw_send(&r, &env);
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "an empty SetState");
+	/* a checkpoint's export (zc_checkpoint): a rank without staging takes
+	 * part and gets nothing; a staging of the wrong size is refused, one
+	 * of the right size served */
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_STATE;
+	env.checkpoint_state = &cs;
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "CheckpointState, no staging");
+	raw_make_shm(name, 4 * g.bytes);
+	cs.staging = &sg;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_ESIZE, "state staging", "CheckpointState, the wrong size");
+	raw_make_shm(name, 5 * g.bytes);
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "CheckpointState, a staging");
 	raw_goodbye(&r);
 	raw_close(&r);
 	shm_unlink(name);

@@ -164,6 +164,7 @@ struct shared {
 	struct xbar bar;
 	double ck[64][MAX_CKPTS]; /* [rank][checkpoint]: zc_checkpoint() in ns */
 	uint64_t rss_anon;
+	double copy_ns; /* the staging copy's floor (copy_floor) */
 	int err[64];
 	char msg[64][200];
 	double t[]; /* [rank][sample] */
@@ -198,6 +199,30 @@ static uint64_t rss_anon_bytes(pid_t pid)
 	return kb * 1024;
 }
 
+/* The staging copy's floor: one memcpy of `bytes` (what a checkpoint
+ * stages) between two buffers touched first, the median of 7, in ns; 0 if
+ * the memory is not there. */
+static double copy_floor(uint64_t bytes)
+{
+	char *src = malloc(bytes), *dst = malloc(bytes);
+	double t[7] = {0}, med = 0;
+
+	if (src && dst) {
+		memset(src, 1, bytes);
+		memset(dst, 2, bytes);
+		for (int i = 0; i < 7; i++) {
+			int64_t t0 = bench_ns();
+			memcpy(dst, src, bytes);
+			t[i] = (double)(bench_ns() - t0);
+			src[i] ^= dst[bytes - 1 - (uint64_t)i]; /* the copy is used */
+		}
+		med = bench_quantile(t, 7, 0.5);
+	}
+	free(src);
+	free(dst);
+	return med;
+}
+
 static void fill(float *p, uint64_t n, float v)
 {
 	for (uint64_t i = 0; i < n; i++)
@@ -227,6 +252,12 @@ static int64_t iteration(zc_client *c, uint32_t nbuckets, char *why, size_t whyl
 		snprintf(why, whylen, "%s", step ? zc_future_message(step) : zc_error_message());
 	zc_future_free(step);
 	return r < 0 ? r : t;
+}
+
+/* What a checkpoint stages: the parameters and every state tensor. */
+static uint64_t ckpt_bytes(const struct bench_cfg *cfg)
+{
+	return cfg->params * (1 + bench_state_floats(cfg)) * sizeof(float);
 }
 
 static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, size_t whylen)
@@ -276,6 +307,8 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 	r = xbar_wait(&run->sh->bar);
 	if (r == 0 && rank == 0)
 		run->sh->rss_anon = rss_anon_bytes(run->zerod);
+	if (r == 0 && rank == 0 && run->cfg->checkpoint_every)
+		run->sh->copy_ns = copy_floor(ckpt_bytes(run->cfg));
 	if (r == 0)
 		r = xbar_wait(&run->sh->bar);
 	return r;
@@ -410,6 +443,49 @@ static int rdzv_setup(struct run *run)
 	return 0;
 }
 
+/* The stall of the iterations that checkpoint (checkpoint k after timed
+ * iteration (k+1)*every - 1): each one's slowest rank's iteration +
+ * zc_checkpoint() over the median of the iterations that do not. */
+static void ckpt_stall(const struct run *run, const struct bench_cfg *cfg, struct job_result *ret)
+{
+	int every = cfg->checkpoint_every, n = 0;
+	double *plain = calloc((size_t)cfg->iters, sizeof(double)),
+	       *extra = calloc((size_t)ret->checkpoints, sizeof(double)), base;
+
+	if (!plain || !extra)
+		goto out;
+	for (int i = 0; i < cfg->iters; i++) {
+		double slowest = 0;
+		if ((i + 1) % every == 0 && (i + 1) / every <= ret->checkpoints)
+			continue;
+		for (uint32_t k = 0; k < cfg->ranks; k++) {
+			double v = run->sh->t[(size_t)k * (size_t)cfg->iters + (size_t)i];
+			slowest = v > slowest ? v : slowest;
+		}
+		plain[n++] = slowest;
+	}
+	if (n == 0)
+		goto out;
+	base = bench_quantile(plain, (size_t)n, 0.5);
+	for (int j = 0; j < ret->checkpoints; j++) {
+		size_t i = (size_t)(j + 1) * (size_t)every - 1;
+		double slowest = 0;
+		for (uint32_t k = 0; k < cfg->ranks; k++) {
+			double v =
+				run->sh->t[(size_t)k * (size_t)cfg->iters + i] + run->sh->ck[k][j];
+			slowest = v > slowest ? v : slowest;
+		}
+		extra[j] = slowest - base;
+	}
+	ret->ckpt_stall_max_ms = bench_quantile(extra, (size_t)ret->checkpoints, 1) / 1e6;
+	ret->ckpt_stall_ms = bench_quantile(extra, (size_t)ret->checkpoints, 0.5) / 1e6;
+	ret->ckpt_copy_ms = run->sh->copy_ns / 1e6;
+	ret->ckpt_bytes = ckpt_bytes(cfg);
+out:
+	free(plain);
+	free(extra);
+}
+
 int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 		   struct job_result *ret)
 {
@@ -474,6 +550,7 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 	if (ret->checkpoints) {
 		ret->ckpt_max_ms = bench_quantile(it, (size_t)ret->checkpoints, 1) / 1e6;
 		ret->ckpt_ms = bench_quantile(it, (size_t)ret->checkpoints, 0.5) / 1e6;
+		ckpt_stall(&run, cfg, ret);
 	}
 out:
 	end_run(&run);
