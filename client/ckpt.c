@@ -690,6 +690,16 @@ static int stage_get(struct ckpt_stage *st, const struct plan *p)
 	}
 	st->base = base;
 	st->bytes = bytes;
+	/* The regions a checkpoint fills (0: parameters, 2-4: the state
+	 * tensors the plan keeps; 1 is written sparsely) allocated now, in the
+	 * kernel, rather than faulted in page by page by the copies; where
+	 * the kernel cannot, they are faulted in by the copies. */
+	unsigned arrays = plan_state_arrays(p->optimizer, p->groups, p->ngroups);
+	for (unsigned k = 0; k < 5; k++)
+		if (k == 0 || (k == 2 && (arrays & PLAN_STATE_M)) ||
+		    (k == 3 && (arrays & PLAN_STATE_V)) || (k == 4 && (arrays & PLAN_STATE_VMAX)))
+			(void)madvise(st->base + k * p->state_numel, p->state_numel * sizeof(float),
+				      MADV_POPULATE_WRITE);
 	return 0;
 }
 

@@ -90,8 +90,9 @@ struct job_result {
 	 * median and slowest over the checkpoints. */
 	double ckpt_stall_ms, ckpt_stall_max_ms;
 	/* The staging copy's floor, measured in the same run: one memcpy of the
-	 * bytes a checkpoint stages (parameters and state) into a warm buffer,
-	 * the median of a few, by rank 0 while the job idles. */
+	 * bytes a checkpoint stages (parameters and state) into a warm buffer
+	 * by rank 0 between the iterations before each checkpoint's; the
+	 * median over the checkpoints. */
 	double ckpt_copy_ms;
 	uint64_t ckpt_bytes;
 };
