@@ -38,8 +38,9 @@
 
 struct statex {
 	bool set;
-	bool ckpt;   /* a checkpoint's export (statex_ckpt_request) */
-	bool queued; /* the executor has it */
+	bool ckpt;      /* a checkpoint's export (statex_ckpt_request) */
+	bool kept_used; /* a rank's staging of this round is j->sxk's */
+	bool queued;    /* the executor has it */
 	uint32_t narrived;
 	bool *arrived;        /* [world] */
 	struct mem_map **stg; /* [world] */
@@ -81,6 +82,7 @@ struct statex_kept {
 	struct mem_map *map;
 	dev_t dev;
 	ino_t ino;
+	uid_t owner; /* the uid mem->map checked the file against */
 	uint64_t bytes;
 };
 
@@ -108,7 +110,8 @@ static float *kept_map(struct job *j, const struct mem_desc *md, uint64_t want, 
 		*ret_code = ZC_EBUFFER;
 		return NULL;
 	}
-	if (k && k->dev == st.st_dev && k->ino == st.st_ino && k->bytes == want)
+	if (k && k->dev == st.st_dev && k->ino == st.st_ino && k->owner == md->owner &&
+	    k->bytes == want)
 		return j->d->mem->ptr(k->map);
 	if ((r = j->d->mem->map(md, want, &m, err, errlen)) < 0) {
 		*ret_code = r;
@@ -120,10 +123,11 @@ static float *kept_map(struct job *j, const struct mem_desc *md, uint64_t want, 
 		*ret_code = ZC_ELIMIT;
 		return NULL;
 	}
-	/* no round uses the old one: one round at a time, and this one is not
-	 * queued yet */
+	/* no round uses the old one: one round at a time, this one is not
+	 * queued yet, and no other rank of it has the kept one (kept_used) */
 	j->d->mem->unmap(k->map);
-	*k = (struct statex_kept){.map = m, .dev = st.st_dev, .ino = st.st_ino, .bytes = want};
+	*k = (struct statex_kept){
+		.map = m, .dev = st.st_dev, .ino = st.st_ino, .owner = md->owner, .bytes = want};
 	j->sxk = k;
 	return j->d->mem->ptr(m);
 }
@@ -322,8 +326,11 @@ static void request(struct job *j, struct session *s, uint32_t rank, bool set, b
 
 		r = stg->has_fd_serial ? fdbufs_staging(s, stg->fd_serial, &md, err, sizeof(err))
 				       : 0;
-		if (r >= 0 && ckpt && stg->has_fd_serial) {
+		/* one kept staging per job: a second rank's (no client sends
+		 * one) is mapped for this round only */
+		if (r >= 0 && ckpt && stg->has_fd_serial && !x->kept_used) {
 			x->base[rank] = kept_map(j, &md, want, &r, err, sizeof(err));
+			x->kept_used = x->base[rank] != NULL;
 		} else if (r >= 0) {
 			r = d->mem->map(&md, want, &x->stg[rank], err, sizeof(err));
 			if (r >= 0)
