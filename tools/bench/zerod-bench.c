@@ -165,7 +165,9 @@ static void usage(FILE *f)
 		   "  --torch-script P   the anchor script (default the source tree's)\n"
 		   "  --json             print one JSON object instead of a table\n"
 		   "  --checkpoint-every N  zc_checkpoint() after every N timed iterations, timed\n"
-		   "                     apart from them: how long training stalls (default 0)\n"
+		   "                     apart from them: how long training stalls (default 0);\n"
+		   "                     the stall (such an iteration over one without) against\n"
+		   "                     a memcpy of the bytes a checkpoint stages\n"
 		   "  --checkpoint-dir D where (default a temporary directory, removed after)\n"
 		   "  --checkpoint-sync  time zc_checkpoint() + zc_checkpoint_wait() (every rank):\n"
 		   "                     the stall of a write on the training path, to compare\n");
