@@ -740,7 +740,10 @@ static bool region_kept(const struct exec *e, unsigned k)
 /* One node: every piece is here and every staging is mapped, so each
  * piece's values go straight into each rank's staging (the ranks given
  * one). A sparse export writes the step word at each piece's first element
- * only: a segment starts a piece, and a reader reads it there. */
+ * only: a segment starts a piece, and a reader reads it there. The state
+ * arrays go with non-temporal stores: the staging is the trainer's, read
+ * by its writer later if at all, and a piece of tens of MB is below the
+ * size where memcpy streams (a checkpoint's copy is half as fast again). */
 static int export_local(struct exec *e, const struct exec_state_req *rq)
 {
 	const struct plan *p = e->cfg.plan;
@@ -754,6 +757,10 @@ static int export_local(struct exec *e, const struct exec_state_req *rq)
 				const struct optim_piece *pc = &s->pieces[i];
 				uint64_t at = piece_slot(p, b, pc);
 				bool one = k == EXEC_REGION_META && rq->sparse_meta;
+				const float *array = k == EXEC_REGION_M      ? s->m
+						     : k == EXEC_REGION_V    ? s->v
+						     : k == EXEC_REGION_VMAX ? s->vmax
+									     : NULL;
 				uint64_t n = one ? 1 : pc->n;
 				float *first = NULL;
 
@@ -763,12 +770,14 @@ static int export_local(struct exec *e, const struct exec_state_req *rq)
 						continue;
 					dst = region(stg, p->state_numel, k) + at;
 					if (first) {
-						memcpy(dst, first, n * sizeof(float));
+						host_store(dst, first, n);
 						continue;
 					}
 					if (one) {
 						uint32_t w = piece_meta(e, pc);
 						memcpy(dst, &w, sizeof(w));
+					} else if (array) {
+						host_store(dst, array + pc->at, n);
 					} else {
 						piece_values(e, pc, k, dst);
 					}
