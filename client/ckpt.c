@@ -23,10 +23,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "bufs.h"
 #include "internal.h"
 #include "plan.h"
 #include "zeroclient.h"
@@ -650,10 +652,56 @@ struct ckpt_writer {
 	struct image im;
 	struct mtext mt;
 	/* rank 0's staging: kept from one checkpoint to the next (its pages
-	 * stay mapped: no page faults on the training path after the first) */
+	 * stay mapped: no page faults on the training path after the first).
+	 * One node: a memfd zerod copies into and keeps mapped too (stage);
+	 * several: the export's copy out (arena). */
+	struct ckpt_stage stage;
 	float *arena;
 	uint64_t arena_floats;
 };
+
+static void stage_free(struct ckpt_stage *st)
+{
+	if (st->base)
+		munmap(st->base, st->bytes);
+	if (st->fd >= 0)
+		close(st->fd);
+	*st = (struct ckpt_stage){.fd = -1};
+}
+
+/* The stage for plan p (the state round's staging size), made afresh if
+ * the plan's size changed: 0 or -errno. */
+static int stage_get(struct ckpt_stage *st, const struct plan *p)
+{
+	uint64_t bytes = (uint64_t)5 * p->state_numel * sizeof(float);
+	void *base;
+	int r;
+
+	if (st->base && st->bytes == bytes)
+		return 0;
+	stage_free(st);
+	if ((r = bufs_staging(bytes, &st->fd)) < 0)
+		return r;
+	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, st->fd, 0);
+	if (base == MAP_FAILED) {
+		r = -errno;
+		stage_free(st);
+		return r;
+	}
+	st->base = base;
+	st->bytes = bytes;
+	/* The regions a checkpoint fills (0: parameters, 2-4: the state
+	 * tensors the plan keeps; 1 is written sparsely) allocated now, in the
+	 * kernel, rather than faulted in page by page by the copies; where
+	 * the kernel cannot, they are faulted in by the copies. */
+	unsigned arrays = plan_state_arrays(p->optimizer, p->groups, p->ngroups);
+	for (unsigned k = 0; k < 5; k++)
+		if (k == 0 || (k == 2 && (arrays & PLAN_STATE_M)) ||
+		    (k == 3 && (arrays & PLAN_STATE_V)) || (k == 4 && (arrays & PLAN_STATE_VMAX)))
+			(void)madvise(st->base + k * p->state_numel, p->state_numel * sizeof(float),
+				      MADV_POPULATE_WRITE);
+	return 0;
+}
 
 /* The write, off the training path: mkdir -p, the old manifest removed,
  * the data file, then the manifest, each fsynced and renamed. */
@@ -711,6 +759,7 @@ static struct ckpt_writer *writer_get(struct ckpt_writer **slot)
 		return NULL;
 	pthread_mutex_init(&w->mu, NULL);
 	pthread_cond_init(&w->cv, NULL);
+	w->stage.fd = -1;
 	return *slot = w;
 }
 
@@ -817,6 +866,7 @@ void ckpt_writer_close(struct ckpt_writer **slot)
 	(void)writer_join(w, -1, "zc_close");
 	free(w->dir);
 	free(w->arena);
+	stage_free(&w->stage);
 	pthread_mutex_destroy(&w->mu);
 	pthread_cond_destroy(&w->cv);
 	free(w);
@@ -836,6 +886,74 @@ int zc_checkpoint_wait(zc_client *c, int timeout_ms)
 		return 0;
 	return w->reading ? reader_wait(w, timeout_ms, __func__)
 			  : writer_join(w, timeout_ms, __func__);
+}
+
+/* One node: zerod copies its state into rank 0's kept stage while rank 0
+ * copies its parameters beside it (client_ckpt_export); the image points
+ * into the stage, which the writer writes from. The other ranks take part
+ * and get nothing. */
+static int export_staged(zc_client *c, const struct ckpt_view *v, struct ckpt_writer *w,
+			 struct image *ret, const char *fn)
+{
+	const struct plan *p = v->plan;
+	struct image im = {0};
+	int r;
+
+	if (v->rank == 0 && (r = stage_get(&w->stage, p)) < 0)
+		return err_set(r, "%s: the checkpoint's staging (%" PRIu64 " bytes): %s", fn,
+			       (uint64_t)5 * p->state_numel * sizeof(float), strerror(-r));
+	if ((r = image_alloc(p, &im, false, NULL)) < 0)
+		return err_set(r, "%s: %s", fn, strerror(-r));
+	free(im.arena);
+	im.arena = NULL;
+	r = client_ckpt_export(c, v->rank == 0 ? &w->stage : NULL, im.ss, im.nsegs, fn);
+	if (r < 0) {
+		image_free(&im);
+		return r;
+	}
+	for (uint32_t k = 0; k < im.nsegs && v->rank == 0; k++) {
+		const struct zc_segment_state *s = &im.ss[k];
+		im.params[k] = w->stage.base + p->buckets[s->bucket].sbase +
+			       p->buckets[s->bucket].segments[s->segment].offset;
+	}
+	*ret = im;
+	return 0;
+}
+
+/* Several nodes (or bf16/fp16 buckets): an export round of every segment,
+ * rank 0 copying it out into its kept arena, and its parameters beside. */
+static int export_copied(zc_client *c, const struct ckpt_view *v, struct ckpt_writer *w,
+			 struct image *ret, const char *fn)
+{
+	struct image im = {0};
+	int r;
+
+	if (v->rank == 0 && w->arena_floats != arena_floats(v->plan)) {
+		free(w->arena);
+		w->arena_floats = 0;
+		if (!(w->arena = malloc(arena_floats(v->plan) * sizeof(float))))
+			return err_set(-ENOMEM, "%s: out of memory", fn);
+		w->arena_floats = arena_floats(v->plan);
+	}
+	if ((r = image_alloc(v->plan, &im, v->rank == 0, v->rank == 0 ? w->arena : NULL)) < 0)
+		return err_set(r, "%s: %s", fn, strerror(-r));
+	r = zc_get_state(c, im.ss, im.nsegs);
+	if (r < 0) {
+		if (v->rank == 0)
+			im.arena = NULL; /* w->arena */
+		image_free(&im);
+		return r;
+	}
+	for (uint32_t k = 0; k < im.nsegs && v->rank == 0; k++) {
+		uint32_t b, s;
+		const struct zc_segment *seg = plan_seg(v->plan, k, &b, &s);
+		memcpy(im.params[k], zc_param_buffer(c, b) + seg->offset,
+		       seg->numel * sizeof(float));
+	}
+	if (v->rank == 0)
+		im.arena = NULL; /* w->arena: image_free() leaves it */
+	*ret = im;
+	return 0;
 }
 
 int zc_checkpoint(zc_client *c, const char *dir)
@@ -862,20 +980,12 @@ int zc_checkpoint(zc_client *c, const char *dir)
 	w->reading = false;
 	free(w->dir);
 	w->dir = NULL;
-	/* only rank 0 writes: the others take part in the export (a
-	 * collective) and copy nothing out */
-	if (v.rank == 0 && w->arena_floats != arena_floats(v.plan)) {
-		free(w->arena);
-		w->arena_floats = 0;
-		if (!(w->arena = malloc(arena_floats(v.plan) * sizeof(float))))
-			return err_set(-ENOMEM, "%s: out of memory", fn);
-		w->arena_floats = arena_floats(v.plan);
-	}
-	if ((r = image_alloc(v.plan, &im, v.rank == 0, v.rank == 0 ? w->arena : NULL)) < 0)
-		return err_set(r, "%s: %s", fn, strerror(-r));
-	r = zc_get_state(c, im.ss, im.nsegs);
+	if (v.one_node && !v.plan->low_precision)
+		r = export_staged(c, &v, w, &im, fn);
+	else
+		r = export_copied(c, &v, w, &im, fn);
 	if (r < 0)
-		goto fail;
+		return r;
 	if (!(w->dir = strdup(dir))) {
 		r = err_set(-ENOMEM, "%s: out of memory", fn);
 		goto fail;
@@ -886,12 +996,6 @@ int zc_checkpoint(zc_client *c, const char *dir)
 		image_free(&im);
 		w->reading = true;
 		return 0;
-	}
-	for (uint32_t k = 0; k < im.nsegs; k++) {
-		uint32_t b, s;
-		const struct zc_segment *seg = plan_seg(v.plan, k, &b, &s);
-		memcpy(im.params[k], zc_param_buffer(c, b) + seg->offset,
-		       seg->numel * sizeof(float));
 	}
 	if ((r = manifest_head(&mt, &v, &im)) < 0) {
 		r = err_set(ZC_ECKPT, "%s: the manifest: %s", fn, strerror(-r));
@@ -918,9 +1022,7 @@ fail:
 	free(w->dir);
 	w->dir = NULL;
 	free(mt.buf);
-	if (v.rank == 0)
-		im.arena = NULL; /* w->arena */
-	image_free(&im);
+	image_free(&im); /* its arena is never w->arena (export_copied) */
 	return r;
 }
 

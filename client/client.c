@@ -2189,6 +2189,50 @@ static int staging_new(zc_client *c, const struct plan *p, struct host_buf *ret,
 	return 0;
 }
 
+/* Send a state round's request env: 0, or the error recorded; state_wait()
+ * then waits for the round to be served. */
+static int state_send(zc_client *c, Zerod__V1__Envelope *env, const char *fn)
+{
+	uint64_t id = 0;
+	int r;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->state_pending) {
+		client_unlock(c);
+		return err_set(ZC_ESTATE, "%s: another state call of this client is waiting", fn);
+	}
+	if (c->job_error) {
+		r = c->job_error;
+		err_set(r, "%s", c->job_msg);
+		client_unlock(c);
+		return r;
+	}
+	r = send_env(c, env, &id);
+	if (r >= 0) {
+		c->state_pending = true;
+		c->state_request = id;
+		c->state_result = 0;
+		c->state_msg[0] = 0;
+	}
+	client_unlock(c);
+	if (r < 0)
+		return err_set(r, "%s: sending the request: %s", fn, zc_strerror(r));
+	return 0;
+}
+
+static int state_wait(zc_client *c, const char *fn)
+{
+	int r = wait_for(c, &c->state_result, c->state_msg, now_ms() + c->cfg.register_timeout_ms);
+
+	pthread_mutex_lock(&c->mu);
+	c->state_pending = false;
+	client_unlock(c);
+	if (r == 0)
+		return err_set(ZC_ETIMEDOUT, "%s: not every rank of this node called within %d ms",
+			       fn, c->cfg.register_timeout_ms);
+	return r < 0 ? r : 0;
+}
+
 /* Send the request (GetState when ss is NULL) naming stg (zerod's serial),
  * and wait for the round to be served. */
 static int state_round(zc_client *c, Zerod__V1__SetState *ss, const struct host_buf *stg,
@@ -2197,7 +2241,6 @@ static int state_round(zc_client *c, Zerod__V1__SetState *ss, const struct host_
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__GetState gs = ZEROD__V1__GET_STATE__INIT;
 	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
-	uint64_t id = 0;
 	int r;
 
 	sg.shm_name = (char *)"";
@@ -2213,35 +2256,9 @@ static int state_round(zc_client *c, Zerod__V1__SetState *ss, const struct host_
 		env.body_case = ZEROD__V1__ENVELOPE__BODY_GET_STATE;
 		env.get_state = &gs;
 	}
-	pthread_mutex_lock(&c->mu);
-	if (c->state_pending) {
-		client_unlock(c);
-		return err_set(ZC_ESTATE, "%s: another state call of this client is waiting", fn);
-	}
-	if (c->job_error) {
-		r = c->job_error;
-		err_set(r, "%s", c->job_msg);
-		client_unlock(c);
+	if ((r = state_send(c, &env, fn)) < 0)
 		return r;
-	}
-	r = send_env(c, &env, &id);
-	if (r >= 0) {
-		c->state_pending = true;
-		c->state_request = id;
-		c->state_result = 0;
-		c->state_msg[0] = 0;
-	}
-	client_unlock(c);
-	if (r < 0)
-		return err_set(r, "%s: sending the request: %s", fn, zc_strerror(r));
-	r = wait_for(c, &c->state_result, c->state_msg, now_ms() + c->cfg.register_timeout_ms);
-	pthread_mutex_lock(&c->mu);
-	c->state_pending = false;
-	client_unlock(c);
-	if (r == 0)
-		return err_set(ZC_ETIMEDOUT, "%s: not every rank of this node called within %d ms",
-			       fn, c->cfg.register_timeout_ms);
-	return r < 0 ? r : 0;
+	return state_wait(c, fn);
 }
 
 static int seg_where(const struct plan *p, const struct zc_segment_state *s, uint64_t *ret_at,
@@ -2298,6 +2315,27 @@ static const char *tensor_name(uint32_t bit)
 	return "?";
 }
 
+/* The keys present in a segment of bucket b whose step word (staging
+ * region 1, docs/STATE.md) is w, and its step. */
+static uint32_t meta_present(const struct plan *p, uint32_t b, uint32_t w, double *ret_step)
+{
+	uint32_t present = 0;
+
+	*ret_step = 0;
+	if (p->optimizer == ZC_OPT_SGD) {
+		if (w & (1u << 31))
+			present = ZC_STATE_MOMENTUM_BUFFER;
+	} else if (w & PLAN_STATE_MAX_STEP) {
+		present = ZC_STATE_STEP | ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ;
+		if (w & (1u << 30))
+			present |= ZC_STATE_MAX_EXP_AVG_SQ;
+		*ret_step = (double)(w & PLAN_STATE_MAX_STEP);
+	}
+	if (p->buckets[b].dtype != ZC_DTYPE_F32)
+		present |= ZC_STATE_MASTER; /* it always has one */
+	return present;
+}
+
 /* Export into the plan p's staging, then read segs out of it. Called for the
  * registered plan, which stays until zc_close() or a re-plan (neither runs
  * beside a state call: zc_close() must not race, a re-plan is this thread's). */
@@ -2321,22 +2359,12 @@ static int get_state(zc_client *c, const struct plan *p, struct zc_segment_state
 	for (uint32_t i = 0; i < n && r >= 0; i++) {
 		struct zc_segment_state *s = (void *)((char *)segs + (size_t)i * stride);
 		uint64_t at, numel;
-		uint32_t w, present = 0;
-		double step = 0;
+		uint32_t w, present;
+		double step;
 
 		(void)seg_where(p, s, &at, &numel, fn, i);
 		memcpy(&w, stg.base + STG_META * total + at, sizeof(w));
-		if (p->optimizer == ZC_OPT_SGD) {
-			if (w & (1u << 31))
-				present = ZC_STATE_MOMENTUM_BUFFER;
-		} else if (w & PLAN_STATE_MAX_STEP) {
-			present = ZC_STATE_STEP | ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ;
-			if (w & (1u << 30))
-				present |= ZC_STATE_MAX_EXP_AVG_SQ;
-			step = (double)(w & PLAN_STATE_MAX_STEP);
-		}
-		if (p->buckets[s->bucket].dtype != ZC_DTYPE_F32)
-			present |= ZC_STATE_MASTER; /* it always has one */
+		present = meta_present(p, s->bucket, w, &step);
 		for (unsigned k = 2; k <= last_region(p, s->bucket); k++) {
 			float *dst = seg_tensor(s, p->optimizer, k);
 			if (dst && (present & tensor_bit(p->optimizer, k)))
@@ -2817,6 +2845,73 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 	}
 	client_unlock(c);
 	return r;
+}
+
+int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_segment_state *ss,
+		       uint32_t n, const char *fn)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__CheckpointState cs = ZEROD__V1__CHECKPOINT_STATE__INIT;
+	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
+	const struct plan *p = c->plan; /* registered: client_ckpt_view() said so */
+	char path[sizeof(c->fp_path)], err[256];
+	uint64_t token, serial = 0;
+	int r, timeout;
+
+	if ((r = state_wait_steps(c, fn)) < 0)
+		return r;
+	if (stg) {
+		pthread_mutex_lock(&c->mu);
+		fd_socket(c, path, sizeof(path));
+		token = c->fp_token;
+		timeout = c->cfg.connect_timeout_ms;
+		pthread_mutex_unlock(&c->mu);
+		if (!path[0])
+			return err_set(ZC_ENOTSUP,
+				       "%s: zerod offered no fd socket to pass the staging on", fn);
+		r = bufs_send_staging(path, token, stg->fd, stg->bytes, timeout, &serial, err,
+				      sizeof(err));
+		if (r < 0)
+			return err_set(r, "%s: %s", fn, err);
+		sg.shm_name = (char *)"";
+		sg.bytes = stg->bytes;
+		sg.has_fd_serial = true;
+		sg.fd_serial = serial;
+		cs.staging = &sg;
+	}
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_STATE;
+	env.checkpoint_state = &cs;
+	if ((r = state_send(c, &env, fn)) < 0)
+		return r;
+	/* the parameters, while zerod copies the state: the step is done, and
+	 * on one node nothing writes them until the next iteration's broadcast */
+	if (stg && !c->dev)
+		for (uint32_t b = 0; b < p->nbuckets; b++)
+			memcpy(stg->base + p->buckets[b].sbase, zc_param_buffer(c, b),
+			       p->buckets[b].numel * sizeof(float));
+	if ((r = state_wait(c, fn)) < 0 || !stg)
+		return r;
+	for (uint32_t i = 0; i < n; i++) {
+		struct zc_segment_state *s = &ss[i];
+		uint64_t at, numel;
+		uint32_t w;
+
+		if ((r = seg_where(p, s, &at, &numel, fn, i)) < 0)
+			return r;
+		memcpy(&w, stg->base + STG_META * p->state_numel + at, sizeof(w));
+		s->present = meta_present(p, s->bucket, w, &s->step);
+		for (unsigned k = 2; k <= last_region(p, s->bucket); k++) {
+			float **slot = k == 2   ? (p->optimizer == ZC_OPT_SGD ? &s->momentum_buffer
+									      : &s->exp_avg)
+				       : k == 3 ? &s->exp_avg_sq
+				       : k == 4 ? &s->max_exp_avg_sq
+						: &s->master;
+			*slot = (s->present & tensor_bit(p->optimizer, k))
+					? stg->base + k * p->state_numel + at
+					: NULL;
+		}
+	}
+	return 0;
 }
 
 int client_ckpt_writer(zc_client *c, const char *fn, struct ckpt_writer ***ret)

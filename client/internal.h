@@ -37,6 +37,23 @@ struct ckpt_view {
 int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret);
 /* The job goes on at `iteration` (Resume): 0, or an error recorded. */
 int client_resume(zc_client *c, uint64_t iteration, const char *fn);
+/* A checkpoint's staging (ckpt.c keeps it from one checkpoint to the next):
+ * a memfd of `bytes` (bufs_staging), mapped at base, in the state round's
+ * staging layout (docs/STATE.md; region 0 the parameters). */
+struct ckpt_stage {
+	int fd;
+	float *base;
+	uint64_t bytes;
+};
+struct zc_segment_state;
+/* zc_checkpoint()'s export on one node, fp32 plans (CheckpointState), every
+ * local rank: after the last step, zerod copies every piece's state into
+ * stg (the rank that writes; NULL on the others, which take part and get
+ * nothing) while this thread copies its parameters into region 0. Then
+ * ss[n] (bucket and segment set) get their present keys, step, and tensor
+ * pointers into stg. 0, or an error recorded. */
+int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_segment_state *ss,
+		       uint32_t n, const char *fn);
 /* c's checkpoint writer slot in *ret, whatever c's plan state
  * (zc_checkpoint_wait): 0, or -EINVAL / ZC_EFORKED recorded. */
 int client_ckpt_writer(zc_client *c, const char *fn, struct ckpt_writer ***ret);

@@ -216,6 +216,7 @@ struct job {
 	/* state export/import and re-planning (statex.c) */
 	struct statex *sx;      /* the round in progress, or NULL */
 	struct replan *rp;      /* a new plan is being registered (statex.c), or NULL */
+	struct statex_kept *sxk; /* a checkpoint's staging kept mapped (statex.c), or NULL */
 
 	uint64_t iterations_done, buckets_done;
 	struct jobops *ops; /* the operator's record of it (ops.c), or NULL */

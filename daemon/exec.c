@@ -806,8 +806,13 @@ static bool region_kept(const struct exec *e, unsigned k)
 	return false;
 }
 
-/* One node: every piece is here and every rank's staging is mapped, so
- * each piece's values go straight into each staging. */
+/* One node: every piece is here and every staging is mapped, so each
+ * piece's values go straight into each rank's staging (the ranks given
+ * one). A sparse export writes the step word at each piece's first element
+ * only: a segment starts a piece, and a reader reads it there. The state
+ * arrays go with non-temporal stores: the staging is the trainer's, read
+ * by its writer later if at all, and a piece of tens of MB is below the
+ * size where memcpy streams (a checkpoint's copy is half as fast again). */
 static int export_local(struct exec *e, const struct exec_state_req *rq)
 {
 	const struct plan *p = e->cfg.plan;
@@ -821,15 +826,35 @@ static int export_local(struct exec *e, const struct exec_state_req *rq)
 			for (uint32_t i = s->bucket_first[b]; i < s->bucket_first[b + 1]; i++) {
 				const struct optim_piece *pc = &s->pieces[i];
 				uint64_t at = piece_slot(p, b, pc);
-				float *first = region(rq->staging[e->local[0]], p->state_numel, k);
+				bool one = k == EXEC_REGION_META && rq->sparse_meta;
+				const float *array = k == EXEC_REGION_M      ? s->m
+						     : k == EXEC_REGION_V    ? s->v
+						     : k == EXEC_REGION_VMAX ? s->vmax
+									     : NULL;
+				uint64_t n = one ? 1 : pc->n;
+				float *first = NULL;
 
-				r = piece_values(e, pc, k, first + at);
-				if (r < 0)
-					return r;
-				for (uint32_t l = 1; l < e->nlocal; l++)
-					memcpy(region(rq->staging[e->local[l]], p->state_numel, k) +
-						       at,
-					       first + at, pc->n * sizeof(float));
+				for (uint32_t l = 0; l < e->nlocal; l++) {
+					float *stg = rq->staging[e->local[l]], *dst;
+					if (!stg)
+						continue;
+					dst = region(stg, p->state_numel, k) + at;
+					if (first) {
+						host_store(dst, first, n);
+						continue;
+					}
+					if (one) {
+						uint32_t w = piece_meta(e, pc);
+						memcpy(dst, &w, sizeof(w));
+					} else if (array && !e->cfg.optim->state_io) {
+						host_store(dst, array + pc->at, n);
+					} else {
+						r = piece_values(e, pc, k, dst);
+						if (r < 0)
+							return r;
+					}
+					first = dst;
+				}
 			}
 	}
 	return 0;

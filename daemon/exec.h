@@ -129,7 +129,12 @@ struct exec_seg_state {
 };
 struct exec_state_req {
 	bool set;
-	float *const *staging;             /* [world]: NULL for ranks on other nodes */
+	/* export: the step word only at each piece's first element (a
+	 * checkpoint's export: the client reads no other) */
+	bool sparse_meta;
+	/* [world]: NULL for ranks on other nodes, and (an export on one node)
+	 * for ranks that get nothing */
+	float *const *staging;
 	const struct exec_seg_state *segs; /* set: [every segment of the plan, in order] */
 	const uint32_t *seg_first;         /* set: [nbuckets]: index of each bucket's first */
 };

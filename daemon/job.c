@@ -97,6 +97,7 @@ static void job_free(struct job *j)
 	}
 	rdzv_job_free(j); /* after the executor: it used the rendezvous' store */
 	statex_free(j);   /* after the executor: it may have used the staging */
+	statex_kept_free(j);
 	statex_replan_free(j);
 	zero_program_clear(&j->prog);
 	free(j->node_of);

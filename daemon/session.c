@@ -608,6 +608,13 @@ static void on_set_state(struct daemon *d, const void *route, size_t rlen, struc
 	statex_request(s->job, s, s->rank, true, m->staging, m->segments, m->n_segments);
 }
 
+static void on_checkpoint_state(struct daemon *d, const void *route, size_t rlen, struct session *s,
+				const Zerod__V1__Envelope *env)
+{
+	(void)d, (void)route, (void)rlen;
+	statex_ckpt_request(s->job, s, s->rank, env->checkpoint_state->staging);
+}
+
 static void on_goodbye(struct daemon *d, const void *route, size_t rlen, struct session *s,
 		       const Zerod__V1__Envelope *env)
 {
@@ -633,6 +640,7 @@ static const struct handler {
 	{ZEROD__V1__ENVELOPE__BODY_GET_STATE, on_get_state, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_SET_STATE, on_set_state, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_RESUME, on_resume, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_STATE, on_checkpoint_state, NEEDS_SESSION},
 };
 
 /* The largest message s may send now (no session: before Hello). */

@@ -8,6 +8,12 @@
  * in, the executor copies the state in or out (exec_state) and each rank
  * gets StateOk.
  *
+ * A checkpoint's export (CheckpointState, zc_checkpoint() on one node) is
+ * such a round in which only the ranks passing a staging get the state, the
+ * step word at each piece's first element only; a memfd staging is kept
+ * mapped in j->sxk while the next round passes the same file, so after the
+ * first checkpoint nothing is mapped, faulted in or unmapped on its way.
+ *
  * A request that cannot be served (a wrong staging size, a bad segment, a
  * list that differs from another rank's) spoils its round: the round still
  * waits for every local rank, then every one of them hears the error and
@@ -21,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common.h"
 #include "daemon.h"
@@ -31,7 +38,9 @@
 
 struct statex {
 	bool set;
-	bool queued; /* the executor has it */
+	bool ckpt;      /* a checkpoint's export (statex_ckpt_request) */
+	bool kept_used; /* a rank's staging of this round is j->sxk's */
+	bool queued;    /* the executor has it */
 	uint32_t narrived;
 	bool *arrived;        /* [world] */
 	struct mem_map **stg; /* [world] */
@@ -65,6 +74,62 @@ void statex_free(struct job *j)
 	free(x->seg_first);
 	free(x);
 	j->sx = NULL;
+}
+
+/* A checkpoint's staging kept mapped: the memfd's file, and the bytes it
+ * was mapped for (a re-plan may change them). */
+struct statex_kept {
+	struct mem_map *map;
+	dev_t dev;
+	ino_t ino;
+	uid_t owner; /* the uid mem->map checked the file against */
+	uint64_t bytes;
+};
+
+void statex_kept_free(struct job *j)
+{
+	if (!j->sxk)
+		return;
+	j->d->mem->unmap(j->sxk->map);
+	free(j->sxk);
+	j->sxk = NULL;
+}
+
+/* The kept mapping of md's memfd for `want` bytes, mapped now if it is
+ * another file (or size) than the kept one: its base, or NULL with err. */
+static float *kept_map(struct job *j, const struct mem_desc *md, uint64_t want, int *ret_code,
+		       char *err, size_t errlen)
+{
+	struct statex_kept *k = j->sxk;
+	struct mem_map *m = NULL;
+	struct stat st;
+	int r;
+
+	if (fstat(md->fd, &st) < 0) {
+		snprintf(err, errlen, "fstat: %s", strerror(errno));
+		*ret_code = ZC_EBUFFER;
+		return NULL;
+	}
+	if (k && k->dev == st.st_dev && k->ino == st.st_ino && k->owner == md->owner &&
+	    k->bytes == want)
+		return j->d->mem->ptr(k->map);
+	if ((r = j->d->mem->map(md, want, &m, err, errlen)) < 0) {
+		*ret_code = r;
+		return NULL;
+	}
+	if (!k && !(k = calloc(1, sizeof(*k)))) {
+		j->d->mem->unmap(m);
+		snprintf(err, errlen, "out of memory");
+		*ret_code = ZC_ELIMIT;
+		return NULL;
+	}
+	/* no round uses the old one: one round at a time, this one is not
+	 * queued yet, and no other rank of it has the kept one (kept_used) */
+	j->d->mem->unmap(k->map);
+	*k = (struct statex_kept){
+		.map = m, .dev = st.st_dev, .ino = st.st_ino, .owner = md->owner, .bytes = want};
+	j->sxk = k;
+	return j->d->mem->ptr(m);
 }
 
 static int round_new(struct job *j, bool set)
@@ -176,6 +241,7 @@ static void round_complete(struct job *j)
 	if (!x->err) {
 		rq = (struct exec_state_req){
 			.set = x->set,
+			.sparse_meta = x->ckpt,
 			.staging = x->base,
 			.segs = x->segs,
 			.seg_first = x->seg_first,
@@ -197,7 +263,8 @@ static void round_complete(struct job *j)
 	statex_free(j);
 }
 
-void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
+/* stg NULL: a checkpoint's export without staging for this rank. */
+static void request(struct job *j, struct session *s, uint32_t rank, bool set, bool ckpt,
 		    const Zerod__V1__StateStaging *stg, Zerod__V1__SegmentState *const *list,
 		    size_t n)
 {
@@ -239,12 +306,21 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 		return;
 	}
 	x = j->sx;
+	if (x->narrived == 0)
+		x->ckpt = ckpt;
 	x->arrived[rank] = true;
 	x->narrived++;
-	if (x->set != set)
-		spoil(x, ZC_ESTATE, "rank %u asked to %s the state while others %s it", rank, what,
-		      x->set ? "import" : "export");
-	if (!x->err) {
+	if (x->set != set || x->ckpt != ckpt)
+		spoil(x, ZC_ESTATE, "rank %u asked to %s the state while others %s it", rank,
+		      ckpt ? "export (for a checkpoint)" : what,
+		      x->set    ? "import"
+		      : x->ckpt ? "export it for a checkpoint"
+				: "export");
+	if (!x->err && ckpt && j->local_size != j->world)
+		spoil(x, ZC_ENOTSUP,
+		      "a checkpoint's export is for a job on one node; this one spans several "
+		      "(GetState exports the state of such a job)");
+	if (!x->err && stg) {
 		uint64_t want = (uint64_t)exec_state_regions(j->plan) * j->plan->state_numel *
 				sizeof(float);
 		struct mem_desc md = {
@@ -252,19 +328,38 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 
 		r = stg->has_fd_serial ? fdbufs_staging(s, stg->fd_serial, &md, err, sizeof(err))
 				       : 0;
-		if (r >= 0)
+		/* one kept staging per job: a second rank's (no client sends
+		 * one) is mapped for this round only */
+		if (r >= 0 && ckpt && stg->has_fd_serial && !x->kept_used) {
+			x->base[rank] = kept_map(j, &md, want, &r, err, sizeof(err));
+			x->kept_used = x->base[rank] != NULL;
+		} else if (r >= 0) {
 			r = d->mem->map(&md, want, &x->stg[rank], err, sizeof(err));
-		if (r < 0)
-			spoil(x, r, "rank %u: state staging: %s", rank, err);
-		else
-			x->base[rank] = d->mem->ptr(x->stg[rank]);
+			if (r >= 0)
+				x->base[rank] = d->mem->ptr(x->stg[rank]);
+		}
+		if (r < 0 || !x->base[rank])
+			spoil(x, r < 0 ? r : ZC_EBUFFER, "rank %u: state staging: %s", rank, err);
 	}
-	if (stg->has_fd_serial)
+	if (stg && stg->has_fd_serial)
 		fdbufs_free(s); /* mapped, or refused: the mapping keeps the memory */
 	if (set && !x->err)
 		take_list(j, x, rank, list, n);
 	if (x->narrived == j->local_size)
 		round_complete(j);
+}
+
+void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
+		    const Zerod__V1__StateStaging *stg, Zerod__V1__SegmentState *const *list,
+		    size_t n)
+{
+	request(j, s, rank, set, false, stg, list, n);
+}
+
+void statex_ckpt_request(struct job *j, struct session *s, uint32_t rank,
+			 const Zerod__V1__StateStaging *stg)
+{
+	request(j, s, rank, false, true, stg, NULL, 0);
 }
 
 bool statex_busy(const struct job *j)

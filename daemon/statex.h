@@ -21,6 +21,14 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
 		    const Zerod__V1__StateStaging *stg, Zerod__V1__SegmentState *const *list,
 		    size_t n);
 
+/* zc_checkpoint()'s export (CheckpointState): an export round in which only
+ * the ranks passing a staging (stg non-NULL) get the state, the step word at
+ * each piece's first element only; a staging passed as a memfd is kept
+ * mapped for the job's next such round (statex_kept_free). One node only. */
+void statex_ckpt_request(struct job *j, struct session *s, uint32_t rank,
+			 const Zerod__V1__StateStaging *stg);
+/* Unmap the kept checkpoint staging: the job ends, after its executor. */
+void statex_kept_free(struct job *j);
 /* Rank s registers plan p (taken over) with buffers gd and pd while the job
  * runs: a re-plan. Once every local rank did, the executor stops, and
  * statex_replan_stopped() starts the job on the new plan. */

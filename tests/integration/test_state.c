@@ -1042,6 +1042,7 @@ static int raw_rank(void *arg, int idx)
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__GetState gs = ZEROD__V1__GET_STATE__INIT;
 	Zerod__V1__SetState ss = ZEROD__V1__SET_STATE__INIT;
+	Zerod__V1__CheckpointState cs = ZEROD__V1__CHECKPOINT_STATE__INIT;
 	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
 	Zerod__V1__SegmentState item = ZEROD__V1__SEGMENT_STATE__INIT, *items[1] = {&item};
 	struct raw_reg g;
@@ -1103,6 +1104,20 @@ static int raw_rank(void *arg, int idx)
 	ss.n_segments = 0;
 	raw_send(&r, &env);
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "an empty SetState");
+	/* a checkpoint's export (zc_checkpoint): a rank without staging takes
+	 * part and gets nothing; a staging of the wrong size is refused, one
+	 * of the right size served */
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_STATE;
+	env.checkpoint_state = &cs;
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "CheckpointState, no staging");
+	raw_make_shm(name, 4 * g.bytes);
+	cs.staging = &sg;
+	raw_send(&r, &env);
+	raw_expect_error(&r, ZC_ESIZE, "state staging", "CheckpointState, the wrong size");
+	raw_make_shm(name, 5 * g.bytes);
+	raw_send(&r, &env);
+	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "CheckpointState, a staging");
 	raw_goodbye(&r);
 	raw_close(&r);
 	shm_unlink(name);
@@ -1247,6 +1262,36 @@ static int stage_rank(void *arg, int idx)
 	sg.fd_serial = rep.serial;
 	raw_send(&r, &env);
 	raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, "GetState with a memfd staging");
+	/* a checkpoint's staging: kept mapped by zerod, used again when the
+	 * same memfd comes back, replaced by another one, refused when small */
+	Zerod__V1__CheckpointState cs = ZEROD__V1__CHECKPOINT_STATE__INIT;
+	static const struct {
+		int which; /* 0: good, 1: another, 2: one region short */
+		const char *what;
+	} ck[] = {{0, "kept"},
+		  {0, "the kept one again"},
+		  {1, "another"},
+		  {2, "one region short"},
+		  {0, "the first again"}};
+	int other = stage_memfd(5 * g.bytes, true), small = stage_memfd(4 * g.bytes, true);
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_STATE;
+	env.checkpoint_state = &cs;
+	cs.staging = &sg;
+	for (size_t i = 0; i < sizeof(ck) / sizeof(ck[0]); i++) {
+		int fd = ck[i].which == 0 ? good : ck[i].which == 1 ? other : small;
+		uint64_t bytes = (ck[i].which == 2 ? 4 : 5) * g.bytes;
+		EXPECT(stage_send(path, token, &fd, 1, bytes, &rep) == 0 && rep.status == 0,
+		       "a checkpoint's staging (%s): %d %s", ck[i].what, rep.status, rep.message);
+		sg.bytes = bytes;
+		sg.fd_serial = rep.serial;
+		raw_send(&r, &env);
+		if (ck[i].which == 2)
+			raw_expect_error(&r, ZC_EBUFFER, "state staging", ck[i].what);
+		else
+			raw_expect_body(&r, ZEROD__V1__ENVELOPE__BODY_STATE_OK, ck[i].what);
+	}
+	close(other);
+	close(small);
 	close(good);
 	raw_goodbye(&r);
 	raw_close(&r);

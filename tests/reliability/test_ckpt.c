@@ -79,6 +79,8 @@ struct script {
 	int sleep_ms;          /* per iteration: a job that lasts while zeroctl asks */
 	atomic_int due_at[8];  /* the iteration each rank checkpointed at when asked */
 	atomic_int killed;
+	int replan_at; /* > 0: before this iteration, re-plan to replan_layout */
+	int replan_layout;
 	uint32_t nnodes;
 	uint32_t node_of[8];
 	char socks[3][192];
@@ -187,6 +189,28 @@ static int restore(zc_client *c, const struct script *sc, uint32_t rank, uint64_
 	return 0;
 }
 
+/* DDP's re-plan between iterations: new buffers of sc->replan_layout,
+ * *tp replaced by its plan. */
+static int replan(zc_client *c, const struct script *sc, struct tplan **tp)
+{
+	struct tplan *to = calloc(1, sizeof(*to));
+	int r;
+
+	if (!to)
+		return -ENOMEM;
+	make_plan(to, &layouts[sc->replan_layout], sc->opt, sc->shard, sc->step, sc->ids);
+	r = zc_alloc_buffers(c, &to->plan);
+	if (r >= 0)
+		r = zc_register_plan(c);
+	if (r < 0) {
+		free(to);
+		return r;
+	}
+	free(*tp);
+	*tp = to;
+	return 0;
+}
+
 static int rank_main(void *arg, int idx)
 {
 	struct script *sc = arg;
@@ -217,6 +241,12 @@ static int rank_main(void *arg, int idx)
 			break;
 		if (sc->sleep_ms)
 			usleep((useconds_t)sc->sleep_ms * 1000);
+		if (sc->replan_at > 0 && t == (uint64_t)sc->replan_at) {
+			what = "re-plan";
+			r = replan(c, sc, &tp);
+			if (r < 0)
+				break;
+		}
 		what = "iteration";
 		r = one_iteration(c, sc, tp, rank);
 		if (r >= 0 && sc->ckpt_every && (t + 1) % (uint64_t)sc->ckpt_every == 0) {
@@ -466,6 +496,39 @@ static void other_layout(enum zc_optimizer opt, bool ids, int layout)
 	b->restore = true;
 	b->restore_at = 3;
 	b->iters = 5;
+	b->want = want;
+	run_script(b);
+}
+
+/* Checkpoints every iteration, a re-plan between them (the staging zerod
+ * keeps mapped from one checkpoint to the next is replaced when its size
+ * changes, reused when not), and the last one restored by another job
+ * (3 ranks, slice mode, another layout): the reference of 6 iterations
+ * with 2 ranks then 2 with 3. */
+static void t_replan_between_checkpoints(void)
+{
+	struct script *a =
+		script_new("ck-replan", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct script *b = script_new("rs-replan", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *want = test_shared(sizeof(*want));
+
+	snap_init(want, a->seed);
+	ref_train_nodes(want, ZC_OPT_ADAM, a->seed, 2, NULL, 0, 6);
+	a->ids = true;
+	a->iters = 6;
+	a->ckpt_every = 1;
+	a->replan_at = 3;
+	a->replan_layout = 1;
+	a->want = want;
+	run_script(a);
+	REQUIRE(!test_failed_, "the checkpointing job failed");
+	ref_train_nodes(want, ZC_OPT_ADAM, a->seed, 3, NULL, 6, 8);
+	snprintf(b->dir, sizeof(b->dir), "%s", a->dir);
+	b->ids = true;
+	b->layout = 2;
+	b->restore = true;
+	b->restore_at = 6;
+	b->iters = 8;
 	b->want = want;
 	run_script(b);
 }
@@ -1027,6 +1090,7 @@ static const struct test_case cases[] = {
 	{"restore_other_world_shard_layout_sgd", t_restore_other_layout_sgd, 90000},
 	{"restore_other_world_shard_layout_adamw", t_restore_other_layout_adamw, 90000},
 	{"restore_by_position_adam", t_restore_by_position_adam, 90000},
+	{"replan_between_checkpoints_restores", t_replan_between_checkpoints, 90000},
 	{"bad_checkpoints_ECKPT_job_beside_trains", t_bad_checkpoints, 180000},
 	{"unwritable_dir_ECKPT_from_checkpoint_wait", t_unwritable_dir, 60000},
 	{"zeroctl_checkpoint_at_next_boundary", t_zeroctl_checkpoint, 120000},

@@ -83,8 +83,18 @@ struct job_result {
 	double iter_min_ms;      /* fastest iteration */
 	uint64_t rss_anon_bytes; /* zerod's RssAnon with the job active */
 	int checkpoints;         /* zc_checkpoint() calls timed (--checkpoint-every) */
-	double ckpt_ms;          /* their median, the slowest rank's: training stalls this long */
+	double ckpt_ms;          /* their median, the slowest rank's: zc_checkpoint() this long */
 	double ckpt_max_ms;
+	/* The extra time of an iteration that checkpoints (its slowest rank's
+	 * iteration + zc_checkpoint()) over the median iteration that does not:
+	 * median and slowest over the checkpoints. */
+	double ckpt_stall_ms, ckpt_stall_max_ms;
+	/* The staging copy's floor, measured in the same run: one memcpy of the
+	 * bytes a checkpoint stages (parameters and state) into a warm buffer
+	 * by rank 0 between the iterations before each checkpoint's; the
+	 * median over the checkpoints. */
+	double ckpt_copy_ms;
+	uint64_t ckpt_bytes;
 };
 
 /* With cfg->daemons = N >= 2, d is an array of N daemons, one per node: node

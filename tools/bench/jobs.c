@@ -164,6 +164,7 @@ struct shared {
 	struct xbar bar;
 	double ck[64][MAX_CKPTS]; /* [rank][checkpoint]: zc_checkpoint() in ns */
 	uint64_t rss_anon;
+	double copy_ns[MAX_CKPTS]; /* [checkpoint]: the staging copy's floor before it */
 	int err[64];
 	char msg[64][200];
 	double t[]; /* [rank][sample] */
@@ -198,6 +199,34 @@ static uint64_t rss_anon_bytes(pid_t pid)
 	return kb * 1024;
 }
 
+/* The staging copy's floor: one memcpy of what a checkpoint stages between
+ * two buffers kept warm, timed by rank 0 between the iterations just before
+ * each checkpoint's (the other ranks wait at the barrier, the last write is
+ * done), so under the load the checkpoint meets. */
+struct copy_floor {
+	char *src, *dst;
+	uint64_t bytes;
+};
+
+static double copy_floor_ns(struct copy_floor *f)
+{
+	int64_t t0;
+
+	if (!f->src) {
+		f->src = malloc(f->bytes);
+		f->dst = malloc(f->bytes);
+		if (!f->src || !f->dst)
+			return 0;
+		memset(f->src, 1, f->bytes);
+		memset(f->dst, 2, f->bytes);
+	}
+	t0 = bench_ns();
+	memcpy(f->dst, f->src, f->bytes);
+	t0 = bench_ns() - t0;
+	f->src[0] ^= f->dst[f->bytes - 1]; /* the copy is used */
+	return (double)t0;
+}
+
 static void fill(float *p, uint64_t n, float v)
 {
 	for (uint64_t i = 0; i < n; i++)
@@ -229,11 +258,18 @@ static int64_t iteration(zc_client *c, uint32_t nbuckets, char *why, size_t whyl
 	return r < 0 ? r : t;
 }
 
+/* What a checkpoint stages: the parameters and every state tensor. */
+static uint64_t ckpt_bytes(const struct bench_cfg *cfg)
+{
+	return cfg->params * (1 + bench_state_floats(cfg)) * sizeof(float);
+}
+
 static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, size_t whylen)
 {
 	const struct zc_plan *plan = &run->plan;
 	double *t = run->sh->t + (size_t)rank * (size_t)run->iters;
-	int r;
+	struct copy_floor cf = {.bytes = ckpt_bytes(run->cfg)};
+	int r = 0;
 
 	for (uint32_t b = 0; b < plan->nbuckets; b++)
 		fill(zc_param_buffer(c, b), plan->buckets[b].numel, 0.01f);
@@ -246,14 +282,20 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 			     1e-3f * (float)(rank + 1) * (float)(1 + (i & 3)));
 		r = xbar_wait(&run->sh->bar);
 		if (r < 0)
-			return r;
+			goto out;
 		int64_t ns = iteration(c, plan->nbuckets, why, whylen);
-		if (ns < 0)
-			return (int)ns;
+		if (ns < 0) {
+			r = (int)ns;
+			goto out;
+		}
 		if (i >= run->warmup)
 			t[i - run->warmup] = (double)ns;
 		int every = run->cfg->checkpoint_every,
-		    k = (i + 1 - run->warmup) / (every ? every : 1);
+		    k = (i + 1 - run->warmup) / (every ? every : 1),
+		    kn = (i + 2 - run->warmup) / (every ? every : 1);
+		if (every && rank == 0 && i + 1 >= run->warmup &&
+		    (i + 2 - run->warmup) % every == 0 && kn <= MAX_CKPTS)
+			run->sh->copy_ns[kn - 1] = copy_floor_ns(&cf);
 		if (every && i >= run->warmup && (i + 1 - run->warmup) % every == 0 &&
 		    k <= MAX_CKPTS) {
 			int64_t t0 = bench_ns();
@@ -262,7 +304,7 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 				r = zc_checkpoint_wait(c, -1);
 			if (r < 0) {
 				snprintf(why, whylen, "zc_checkpoint: %s", zc_error_message());
-				return r;
+				goto out;
 			}
 			run->sh->ck[rank][k - 1] = (double)(bench_ns() - t0);
 		}
@@ -270,7 +312,7 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 	/* the last checkpoint written: it must have been (not timed) */
 	if (run->cfg->checkpoint_every && (r = zc_checkpoint_wait(c, -1)) < 0) {
 		snprintf(why, whylen, "zc_checkpoint_wait: %s", zc_error_message());
-		return r;
+		goto out;
 	}
 	/* Every rank is still connected: the job is active with all its state. */
 	r = xbar_wait(&run->sh->bar);
@@ -278,6 +320,9 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 		run->sh->rss_anon = rss_anon_bytes(run->zerod);
 	if (r == 0)
 		r = xbar_wait(&run->sh->bar);
+out:
+	free(cf.src);
+	free(cf.dst);
 	return r;
 }
 
@@ -410,6 +455,51 @@ static int rdzv_setup(struct run *run)
 	return 0;
 }
 
+/* The stall of the iterations that checkpoint (checkpoint k after timed
+ * iteration (k+1)*every - 1): each one's slowest rank's iteration +
+ * zc_checkpoint() over the median of the iterations that do not. */
+static void ckpt_stall(const struct run *run, const struct bench_cfg *cfg, struct job_result *ret)
+{
+	int every = cfg->checkpoint_every, n = 0;
+	double *plain = calloc((size_t)cfg->iters, sizeof(double)),
+	       *extra = calloc((size_t)ret->checkpoints, sizeof(double)), base;
+
+	if (!plain || !extra)
+		goto out;
+	for (int i = 0; i < cfg->iters; i++) {
+		double slowest = 0;
+		if ((i + 1) % every == 0 && (i + 1) / every <= ret->checkpoints)
+			continue;
+		for (uint32_t k = 0; k < cfg->ranks; k++) {
+			double v = run->sh->t[(size_t)k * (size_t)cfg->iters + (size_t)i];
+			slowest = v > slowest ? v : slowest;
+		}
+		plain[n++] = slowest;
+	}
+	if (n == 0)
+		goto out;
+	base = bench_quantile(plain, (size_t)n, 0.5);
+	for (int j = 0; j < ret->checkpoints; j++) {
+		size_t i = (size_t)(j + 1) * (size_t)every - 1;
+		double slowest = 0;
+		for (uint32_t k = 0; k < cfg->ranks; k++) {
+			double v =
+				run->sh->t[(size_t)k * (size_t)cfg->iters + i] + run->sh->ck[k][j];
+			slowest = v > slowest ? v : slowest;
+		}
+		extra[j] = slowest - base;
+	}
+	ret->ckpt_stall_max_ms = bench_quantile(extra, (size_t)ret->checkpoints, 1) / 1e6;
+	ret->ckpt_stall_ms = bench_quantile(extra, (size_t)ret->checkpoints, 0.5) / 1e6;
+	for (int j = 0; j < ret->checkpoints; j++)
+		plain[j] = run->sh->copy_ns[j];
+	ret->ckpt_copy_ms = bench_quantile(plain, (size_t)ret->checkpoints, 0.5) / 1e6;
+	ret->ckpt_bytes = ckpt_bytes(cfg);
+out:
+	free(plain);
+	free(extra);
+}
+
 int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 		   struct job_result *ret)
 {
@@ -474,6 +564,7 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 	if (ret->checkpoints) {
 		ret->ckpt_max_ms = bench_quantile(it, (size_t)ret->checkpoints, 1) / 1e6;
 		ret->ckpt_ms = bench_quantile(it, (size_t)ret->checkpoints, 0.5) / 1e6;
+		ckpt_stall(&run, cfg, ret);
 	}
 out:
 	end_run(&run);

@@ -165,7 +165,9 @@ static void usage(FILE *f)
 		   "  --torch-script P   the anchor script (default the source tree's)\n"
 		   "  --json             print one JSON object instead of a table\n"
 		   "  --checkpoint-every N  zc_checkpoint() after every N timed iterations, timed\n"
-		   "                     apart from them: how long training stalls (default 0)\n"
+		   "                     apart from them: how long training stalls (default 0);\n"
+		   "                     the stall (such an iteration over one without) against\n"
+		   "                     a memcpy of the bytes a checkpoint stages\n"
 		   "  --checkpoint-dir D where (default a temporary directory, removed after)\n"
 		   "  --checkpoint-sync  time zc_checkpoint() + zc_checkpoint_wait() (every rank):\n"
 		   "                     the stall of a write on the training path, to compare\n");
@@ -514,6 +516,12 @@ static void print_json(const struct opts *o, const struct results *x)
 		jnum("checkpoint_stall_ms", x->job.ckpt_ms, "%.3f", false);
 		jnum("checkpoint_stall_max_ms", x->job.ckpt_max_ms, "%.3f", false);
 		printf("  \"checkpoint_sync\": %s,\n", c->checkpoint_sync ? "true" : "false");
+		jnum("ckpt_stall_ms", x->job.ckpt_stall_ms, "%.3f", false);
+		jnum("ckpt_stall_max_ms", x->job.ckpt_stall_max_ms, "%.3f", false);
+		jnum("ckpt_copy_ms", x->job.ckpt_copy_ms, "%.3f", false);
+		jnum("ckpt_bytes", (double)x->job.ckpt_bytes, "%.0f", false);
+		jnum("ckpt_stall_vs_copy", ratio(x->job.ckpt_stall_ms, x->job.ckpt_copy_ms), "%.3f",
+		     false);
 	}
 	jnum("daemon_rss_anon_bytes", (double)x->job.rss_anon_bytes, "%.0f", false);
 	jnum("state_bytes", (double)x->state_bytes, "%.0f", false);
@@ -566,6 +574,15 @@ static void print_table(const struct opts *o, const struct results *x)
 		       "%.2f ms)\n",
 		       x->job.ckpt_ms, c->checkpoint_sync ? " + zc_checkpoint_wait()" : "",
 		       x->job.checkpoints, x->job.ckpt_max_ms);
+	if (x->job.checkpoints) {
+		printf("  iteration + checkpoint  %9.2f ms  over one without, median (slowest "
+		       "%.2f ms)\n",
+		       x->job.ckpt_stall_ms, x->job.ckpt_stall_max_ms);
+		printf("  staging copy floor      %9.2f ms  memcpy of %.1f MB into a warm buffer; "
+		       "stall %.2fx this\n",
+		       x->job.ckpt_copy_ms, (double)x->job.ckpt_bytes / 1e6,
+		       ratio(x->job.ckpt_stall_ms, x->job.ckpt_copy_ms));
+	}
 	printf("handoff, zc_bucket_ready -> step done, 1 bucket of 16 elements\n");
 	printf("  p50 / p99               %9.1f / %.1f us  p50 = %.2fx the AF_UNIX round trip\n",
 	       x->handoff_p50_us, x->handoff_p99_us, ratio(x->handoff_p50_us, x->unix_rtt_us));
