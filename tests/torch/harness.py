@@ -81,7 +81,7 @@ def run_case(script, name, cfg, timeout):
     procs = []
     try:
         zerod, sock = start_zerod(run)
-        env = dict(os.environ, ZEROD_SOCKET=sock, OMP_NUM_THREADS="1",
+        env = dict(os.environ, ZEROD_SOCKET=sock, OMP_NUM_THREADS="1", ZEROD_TORCH_RUN=run,
                    ZEROD_LIBZEROCLIENT=libzeroclient(),
                    PYTHONPATH=os.path.join(TOP, "client", "python"))
         world = cfg.get("world", 2)

@@ -89,6 +89,7 @@ STEP_INTERLEAVED, STEP_AT_END = 1, 2
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 BUFFERS_HOST, BUFFERS_CUDA = 0, 1
 NO_ITERATION = 2**64 - 1
+ZC_ETIMEDOUT = -1014  # zeroclient.h's ZC_ERRORS (zc_checkpoint_wait's "still writing")
 
 FutureCallback = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
 
@@ -134,6 +135,11 @@ _SIGNATURES = {
     # cudaStream_t, e.g. torch.cuda.current_stream().cuda_stream)
     "zc_bucket_ready_cuda": (_int, [_vp, c_u32, _vp, ctypes.POINTER(_vp)]),
     "zc_step_wait_cuda": (_int, [_vp, _vp]),
+    # checkpoint: the optimizer state and parameters on disk (docs/CHECKPOINT.md)
+    "zc_checkpoint": (_int, [_vp, ctypes.c_char_p]),
+    "zc_checkpoint_wait": (_int, [_vp, _int]),
+    "zc_restore": (_int, [_vp, ctypes.c_char_p]),
+    "zc_checkpoint_due": (_int, [_vp, ctypes.c_char_p, ctypes.c_size_t]),
 }
 # the functions of this round's parts, by part: the first one names the part
 PARTS = {
@@ -145,6 +151,7 @@ PARTS = {
     "dtype": "zc_params_changed",
     "own_buffers": "zc_register_buffers",
     "cuda": "zc_bucket_ready_cuda",
+    "checkpoint": "zc_checkpoint",
 }
 
 

@@ -350,3 +350,31 @@ class Client:
 
     def set_state(self, segs):
         self.lib.check("zc_set_state", self.h, segs, len(segs))
+
+    # -- checkpoints (the checkpoint part) ---------------------------------
+    def checkpoint(self, directory):
+        """zc_checkpoint(): every rank, between iterations; rank 0's client
+        writes dir in the background."""
+        self.lib.check("zc_checkpoint", self.h, os.fsencode(directory))
+
+    def checkpoint_wait(self, timeout_ms=-1):
+        """zc_checkpoint_wait(): True once the last checkpoint is durable,
+        False if it is still being written after timeout_ms; a failed write
+        raises ZerodError (ZC_ECKPT with the reason)."""
+        r = self.lib.fn("zc_checkpoint_wait")(self.h, int(timeout_ms))
+        if r == _lib.ZC_ETIMEDOUT:
+            return False
+        if r < 0:
+            raise ZerodError("zc_checkpoint_wait", r, self.lib.error_message())
+        return True
+
+    def restore(self, directory):
+        self.lib.check("zc_restore", self.h, os.fsencode(directory))
+
+    def checkpoint_due(self):
+        """zc_checkpoint_due(): the directory an operator asked for with
+        `zeroctl checkpoint` when this rank is at the iteration it named,
+        else None."""
+        buf = ctypes.create_string_buffer(4096)
+        r = self.lib.check("zc_checkpoint_due", self.h, buf, len(buf))
+        return os.fsdecode(buf.value) if r == 1 else None

@@ -46,6 +46,11 @@ How an iteration goes:
   next kernels that read the parameters run after zerod's writes. No
   re-plan (libzeroclient cannot re-plan CUDA buffers yet): after DDP's
   rebuild the hook maps its buckets onto the first plan.
+- Checkpoints: checkpoint(dir) / restore(dir) write and load the optimizer
+  state with the parameters (libzeroclient's zc_checkpoint/zc_restore:
+  checksummed files, restorable onto another world size or layout), and
+  step() takes the checkpoints an operator asks for with `zeroctl checkpoint
+  JOB [DIR]` at the iteration zerod names.
 - Gradient clipping and loss scaling run in zerod (at_end mode): the
   max_grad_norm option, set_grad_scale(). Doing either on p.grad after
   backward (clip_grad_norm_, GradScaler.unscale_) would be too late: zerod
@@ -151,6 +156,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self.lib = _lib.Lib.get()
         self.last_grad_norm = float("nan")
         self.found_inf = False
+        self.last_checkpoint_error = None  # of the last checkpoint zeroctl asked for
 
         # stable ids: a parameter's index in the model's parameters(), + 1
         self._model_params = list(ddp_model.module.parameters())
@@ -506,6 +512,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._check()
         self._versions = None
         self._sent_iter = None
+        self._operator_checkpoint()
         return loss
 
     def set_grad_scale(self, scale):
@@ -672,6 +679,56 @@ class ZerodOptimizer(torch.optim.Optimizer):
             h = _hyper(self.kind, group)
             self.client.set_hyper(g, h)
             self._sent[g] = h
+
+    # -- checkpoints (zc_checkpoint / zc_restore, docs/CHECKPOINT.md) -------
+    def checkpoint(self, directory):
+        """Write the optimizer state and the parameters to `directory`
+        (every rank, between iterations: after opt.step()). Returns once the
+        state is staged; rank 0's client writes the files in the background
+        (checkpoint_wait() says when they are durable). fp32 parameters
+        only (bf16/fp16: ZC_ENOTSUP); the param groups' hyperparameters and
+        the schedulers are the script's, as with torch.save(opt.state_dict())."""
+        self.lib.require("checkpoint")
+        self._wait_step()
+        self.client.checkpoint(directory)
+
+    def checkpoint_wait(self, timeout_ms=-1):
+        """True once the last checkpoint() is on disk, False while it is
+        still being written after timeout_ms (< 0: no limit); a failed write
+        raises ZerodError (ZC_ECKPT with the reason)."""
+        self.lib.require("checkpoint")
+        return self.client.checkpoint_wait(timeout_ms)
+
+    def restore(self, directory):
+        """Load a checkpoint() (every rank, before the first backward or
+        between iterations): the parameters, which are views into zerod's
+        buffers, take its values, zerod its optimizer state, and the job
+        goes on at its iteration. The world size, shard and step mode and
+        DDP's bucket layout may differ from the run that wrote it. A
+        missing, corrupt or mismatched checkpoint raises ZerodError
+        (ZC_ECKPT naming what is wrong) and changes nothing."""
+        self.lib.require("checkpoint")
+        self._wait_step()
+        self.client.restore(directory)
+
+    def _operator_checkpoint(self):
+        """`zeroctl checkpoint JOB [DIR]`: the daemon names an iteration and
+        every rank checkpoints when it is between iterations there (step()
+        asks after each iteration). A failed request is warned about and
+        kept in last_checkpoint_error; training goes on."""
+        if not self.lib.has("zc_checkpoint_due"):
+            return
+        directory = self.client.checkpoint_due()
+        if directory is None:
+            return
+        try:
+            self.client.checkpoint(directory)
+            self.last_checkpoint_error = None
+        except _lib.ZerodError as e:
+            import warnings
+            self.last_checkpoint_error = e
+            warnings.warn(f"ZerodOptimizer: the checkpoint zeroctl asked for into {directory} "
+                          f"failed: {e}")
 
     def close(self):
         """Leave the job (every rank). Parameters in this process's own
