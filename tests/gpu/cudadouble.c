@@ -545,6 +545,34 @@ cudaError_t cudaFree(void *p)
 	return cudaSuccess;
 }
 
+/* Pinned host memory: host memory to the double (its copies need none),
+ * counted with the device allocations so that a leak shows. */
+cudaError_t cudaMallocHost(void **p, size_t size)
+{
+	CUDA_ENTER();
+	if (cfg.ndevices <= 0)
+		return fail(cudaErrorInsufficientDriver);
+	*p = malloc(size ? size : 1);
+	if (!*p)
+		return fail(cudaErrorMemoryAllocation);
+	pthread_mutex_lock(&mu);
+	st.live_allocs++;
+	pthread_mutex_unlock(&mu);
+	return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+	CUDA_ENTER();
+	if (!p)
+		return cudaSuccess;
+	free(p);
+	pthread_mutex_lock(&mu);
+	st.live_allocs--;
+	pthread_mutex_unlock(&mu);
+	return cudaSuccess;
+}
+
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
 	bool ok = true;

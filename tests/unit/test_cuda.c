@@ -1205,6 +1205,87 @@ static void t_two_nodes_store(void)
 	check_clean("two nodes through the store");
 }
 
+/* A job over two nodes gathers each node's bytes in node order (the
+ * executor's masks and norm partials): through set 2's all-gather, growing
+ * its staging, every node the same result; a second gather while one is in
+ * flight is -EBUSY; a gather the peer never joins ends on abort. */
+static void t_two_nodes_gather(void)
+{
+	char dir[] = "/tmp/zerod-test-cuda.XXXXXX";
+	static const size_t sizes[3] = {5, 100, 700}; /* doubles: 40 B, then past 256 B twice */
+	struct coll_store store;
+	struct coll_net net[2];
+	struct node nodes[2];
+	struct waiter w[2];
+	double *in[2], *out[2];
+
+	REQUIRE(mkdtemp(dir), "mkdtemp");
+	store = filestore_new(dir);
+	reset(4, 3, 100);
+	REQUIRE(nodes_open_via(nodes, NULL, &store, net) == 0, "open through the store: %d %d",
+		nodes[0].r, nodes[1].r);
+	for (int k = 0; k < 2; k++) {
+		in[k] = malloc(700 * sizeof(double));
+		out[k] = malloc(2 * 700 * sizeof(double));
+		REQUIRE(in[k] && out[k], "malloc");
+	}
+	for (unsigned t = 0; t < 3; t++) {
+		size_t n = sizes[t];
+		for (int k = 0; k < 2; k++) {
+			for (size_t i = 0; i < n; i++)
+				in[k][i] = 1000.0 * (k + 1) + (double)i + 0.25 * t;
+			memset(out[k], 0xff, 2 * n * sizeof(double));
+			waiter_init(&w[k]);
+			w[k].req = (struct coll_req){.kind = COLL_GATHER,
+						     .lane = 1,
+						     .gin = in[k],
+						     .gout = out[k],
+						     .gbytes = n * sizeof(double),
+						     .done = waiter_done};
+			CHECK(coll_nccl_ops.submit(nodes[k].g, &w[k].req) == 0, "gather %u: submit", t);
+			if (t == 0 && k == 0) {
+				/* node 1 has not joined: node 0's first is still in flight */
+				struct coll_req again = w[0].req;
+				int r = coll_nccl_ops.submit(nodes[0].g, &again);
+				CHECK(r == -EBUSY, "a second gather in flight: %d (want -EBUSY)", r);
+			}
+		}
+		for (int k = 0; k < 2; k++) {
+			CHECK(waiter_wait(&w[k], 5000) == 0 && w[k].calls == 1,
+			      "gather %u: node %d: status %d, %u calls", t, k, w[k].status, w[k].calls);
+			for (size_t i = 0; i < 2 * n; i++) {
+				double want = 1000.0 * (double)(i / n + 1) + (double)(i % n) + 0.25 * t;
+				if (out[k][i] != want) {
+					CHECK(0, "gather %u: node %d out[%zu] = %g, want %g (node %zu's)",
+					      t, k, i, out[k][i], want, i / n);
+					break;
+				}
+			}
+		}
+	}
+	/* node 1 never joins: node 0's gather ends on abort, no hang */
+	waiter_init(&w[0]);
+	w[0].req = (struct coll_req){.kind = COLL_GATHER,
+				     .lane = 1,
+				     .gin = in[0],
+				     .gout = out[0],
+				     .gbytes = 8,
+				     .done = waiter_done};
+	CHECK(coll_nccl_ops.submit(nodes[0].g, &w[0].req) == 0, "lone gather: submit");
+	CHECK(waiter_wait(&w[0], 200) == 1, "a gather without its peer completed: %d", w[0].status);
+	coll_nccl_ops.abort(nodes[0].g);
+	CHECK(waiter_wait(&w[0], 5000) == -ECANCELED, "lone gather after abort: %d (want "
+	      "-ECANCELED)", w[0].status);
+	nodes_close(nodes);
+	for (int k = 0; k < 2; k++) {
+		free(in[k]);
+		free(out[k]);
+	}
+	filestore_free(&store);
+	rm_dir(dir);
+	check_clean("two nodes gather");
+}
+
 /* What open refuses. */
 static void t_open_refuses(void)
 {
@@ -1380,6 +1461,7 @@ static const struct test_case cases[] = {
 	{"state_round_trip", t_state_round_trip},
 	{"two_nodes_one_id_every_collective", t_two_nodes},
 	{"two_nodes_id_through_the_store", t_two_nodes_store},
+	{"two_nodes_gather", t_two_nodes_gather},
 	{"open_refuses", t_open_refuses},
 	{"async_error_ends_stuck_collective", t_async_error},
 	{"abort_ends_stuck_collective", t_abort},
