@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -1286,6 +1287,130 @@ static void t_two_nodes_gather(void)
 	check_clean("two nodes gather");
 }
 
+/* One node of a job over two processes (cfg.shm_cliques): ranks 2 node and
+ * 2 node + 1 here. Reduces, broadcasts and gathers; unless `leave`, when it
+ * leaves after the open without a word (a node killed). 0 or why not. */
+static int shm_node(uint32_t node, const ncclUniqueId *id, bool leave, char *why, size_t len)
+{
+	struct cudadouble_config c = {.ndevices = 4, .driver_version = 13000,
+				      .inprogress_polls = 2, .jitter_us = 100, .seed = 7 + node,
+				      .shm_cliques = true};
+	float *grads[4] = {0}, *params[4] = {0}, want[NN];
+	struct coll_net net = {.nnodes = 2, .node = node, .node_of = node_of4, .prefix = "shm/"};
+	struct coll_config cfg = {.world = 4, .grads = grads, .params = params,
+				  .net = &net, .nccl_id = id->internal, .open_timeout_ms = 5000};
+	struct coll_range whole = {.owner = 0, .off = 0, .n = NN};
+	struct coll_group *g = NULL;
+	struct waiter w;
+	double in[3], out[6];
+	int r;
+
+	cudadouble_reset(&c);
+	for (uint32_t k = 2 * node; k < 2 * node + 2; k++) {
+		grads[k] = dev_alloc((int)k, NN);
+		params[k] = dev_alloc((int)k, NN);
+		for (size_t i = 0; i < NN; i++)
+			grads[k][i] = (float)(k + 1) * (float)i + 0.1f;
+	}
+	for (size_t i = 0; i < NN; i++) {
+		want[i] = 0;
+		for (uint32_t k = 0; k < 4; k++)
+			want[i] += (float)(k + 1) * (float)i + 0.1f;
+		want[i] /= 4;
+	}
+	r = coll_nccl_ops.open(&cfg, &g);
+	if (r < 0) {
+		snprintf(why, len, "node %u: open: %d", node, r);
+		return r;
+	}
+	if (leave)
+		_exit(0); /* no close, no abort: as SIGKILL leaves it */
+	waiter_init(&w);
+	w.req = (struct coll_req){.kind = COLL_REDUCE, .mode = ZC_SHARD_BUCKET, .ranges = &whole,
+				  .nranges = 1, .done = waiter_done};
+	r = coll_nccl_ops.submit(g, &w.req);
+	if (r == 0)
+		r = waiter_wait(&w, 10000);
+	for (uint32_t k = 2 * node; k < 2 * node + 2 && r == 0; k++)
+		if (memcmp(grads[k], want, sizeof(want)) != 0) {
+			snprintf(why, len, "node %u: rank %u has not the average of all four",
+				 node, k);
+			r = 1;
+		}
+	if (r < 0) {
+		snprintf(why, len, "node %u: all-reduce: %d", node, r);
+		goto out;
+	}
+	for (int i = 0; i < 3; i++)
+		in[i] = 10.0 * (node + 1) + i;
+	waiter_init(&w);
+	w.req = (struct coll_req){.kind = COLL_GATHER, .lane = 1, .gin = in, .gout = out,
+				  .gbytes = sizeof(in), .done = waiter_done};
+	r = coll_nccl_ops.submit(g, &w.req);
+	if (r == 0)
+		r = waiter_wait(&w, 10000);
+	for (int i = 0; i < 6 && r == 0; i++)
+		if (out[i] != 10.0 * (i / 3 + 1) + i % 3) {
+			snprintf(why, len, "node %u: gathered[%d] = %g", node, i, out[i]);
+			r = 1;
+		}
+	if (r < 0)
+		snprintf(why, len, "node %u: gather: %d", node, r);
+out:
+	coll_nccl_ops.close(g);
+	for (uint32_t k = 2 * node; k < 2 * node + 2; k++) {
+		cudaFree(grads[k]);
+		cudaFree(params[k]);
+	}
+	if (r == 0) {
+		struct cudadouble_stats s;
+		cudadouble_stats(&s);
+		if (s.violations) {
+			snprintf(why, len, "node %u: %u violations, first: %.150s", node, s.violations,
+				 s.first_violation);
+			r = 1;
+		}
+	}
+	return r;
+}
+
+/* Two processes, one job: the double's communicators of one id meet in
+ * shared memory, so the bytes really cross between the processes (as two
+ * zerod-double daemons do); then a peer process that leaves after the open
+ * fails the other's all-reduce with -ECONNRESET (NCCL's remote error), no
+ * hang. */
+static void t_two_processes(void)
+{
+	for (int leave = 0; leave < 2; leave++) {
+		ncclUniqueId id;
+		char why[256] = "", cwhy[256] = "";
+		int st = 0, r;
+		pid_t pid;
+
+		reset(4, 0, 0);
+		REQUIRE(ncclGetUniqueId(&id) == ncclSuccess, "id");
+		fflush(stdout);
+		pid = fork();
+		REQUIRE(pid >= 0, "fork");
+		if (pid == 0) {
+			r = shm_node(1, &id, leave, cwhy, sizeof(cwhy));
+			if (r)
+				printf("# %s\n", cwhy);
+			fflush(stdout);
+			_exit(r ? 1 : 0);
+		}
+		r = shm_node(0, &id, false, why, sizeof(why));
+		waitpid(pid, &st, 0);
+		if (!leave) {
+			CHECK(r == 0, "%s", why);
+			CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "node 1 (the child) failed");
+		} else {
+			CHECK(r == -ECONNRESET, "the survivor's all-reduce: %d (want -ECONNRESET): %s",
+			      r, why);
+		}
+	}
+}
+
 /* What open refuses. */
 static void t_open_refuses(void)
 {
@@ -1462,6 +1587,7 @@ static const struct test_case cases[] = {
 	{"two_nodes_one_id_every_collective", t_two_nodes},
 	{"two_nodes_id_through_the_store", t_two_nodes_store},
 	{"two_nodes_gather", t_two_nodes_gather},
+	{"two_processes_shared_cliques", t_two_processes},
 	{"open_refuses", t_open_refuses},
 	{"async_error_ends_stuck_collective", t_async_error},
 	{"abort_ends_stuck_collective", t_abort},
