@@ -194,6 +194,7 @@ struct ncclComm {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static struct cudadouble_config cfg;
+static bool env_configured; /* by ZEROD_CUDADOUBLE_DEVICES, not cudadouble_reset() */
 static struct cudadouble_stats st;
 static struct alloc *allocs;
 static struct ncclComm *comms;
@@ -219,6 +220,10 @@ static void violation(const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(st.first_violation, sizeof(st.first_violation), fmt, ap);
 		va_end(ap);
+		/* a process configured by the environment (a test zerod) has
+		 * nobody reading the stats: its log says it */
+		if (env_configured)
+			fprintf(stderr, "cudadouble: violation: %s\n", st.first_violation);
 	}
 }
 
@@ -315,6 +320,7 @@ __attribute__((constructor)) static void env_config(void)
 	if (n && atoi(n) > 0) {
 		cfg.ndevices = atoi(n);
 		cfg.driver_version = 13000;
+		env_configured = true;
 	}
 	n = getenv("ZEROD_CUDADOUBLE_SHM");
 	cfg.shm_cliques = n && atoi(n) > 0;
@@ -362,6 +368,7 @@ void cudadouble_reset(const struct cudadouble_config *c)
 	}
 	memset(&st, 0, sizeof(st));
 	cfg = *c;
+	env_configured = false;
 	pthread_mutex_unlock(&mu);
 }
 
@@ -1469,6 +1476,7 @@ static void sh_coll_part(struct dop *op)
 	size_t bytes = sh_contribution(op, q->nranks);
 	struct shslot *sl = &sh->slot[si];
 	bool mismatch = false, aborted;
+	struct shslot seen = {0};
 	struct slot tmp = {0};
 	const float *send[SH_MAXR];
 	float *recv[SH_MAXR] = {0};
@@ -1495,6 +1503,7 @@ static void sh_coll_part(struct dop *op)
 				      .avg = op->avg,
 				      .type = op->type,
 				      .count = op->count};
+	seen = *sl;
 	mismatch = !atomic_load(&sh->broken) && (sl->kind != (int32_t)op->kind || sl->count != op->count ||
 		   sl->root != op->root || sl->avg != (int32_t)op->avg ||
 		   sl->type != (int32_t)op->type);
@@ -1526,8 +1535,10 @@ static void sh_coll_part(struct dop *op)
 out:
 	pthread_mutex_lock(&mu);
 	if (mismatch)
-		violation("ranks disagree on shared collective #%llu (rank %d)",
-			  (unsigned long long)op->seq, c->rank);
+		violation("ranks disagree on shared collective #%llu: rank %d issues kind %d "
+			  "count %zu root %d, another kind %d count %llu root %d",
+			  (unsigned long long)op->seq, c->rank, op->kind, op->count, op->root,
+			  (int)seen.kind, (unsigned long long)seen.count, (int)seen.root);
 	st.waiting--;
 	pthread_mutex_unlock(&mu);
 }
