@@ -12,7 +12,12 @@
  *    same job on the host backend, bit for bit, with streams jittered and
  *    every non-blocking NCCL call answering ncclInProgress first;
  *  - two nodes sharing one NCCL unique id: every collective kind, done()
- *    from a stream's thread, never the submitter's;
+ *    from a stream's thread, never the submitter's; the gather in node
+ *    order (growing staging, -EBUSY while one is in flight, abort);
+ *  - two processes on one id (the double's cliques in shared memory): an
+ *    all-reduce and a gather moving bytes between them, and a peer process
+ *    that leaves after the open failing the other's all-reduce with
+ *    -ECONNRESET, no hang;
  *  - faults: an async NCCL error, and abort, each ending a collective that
  *    waits for a peer that never comes, with the right code, from the
  *    watchdog, and leaving no communicator or stream behind;
