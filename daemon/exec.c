@@ -907,8 +907,14 @@ static bool piece_region(const struct exec *e, const struct optim_piece *pc, uns
 
 #define PACK_HEAD 5 /* words per record: slot (2), n (2), region */
 
-/* The 32-bit words this node's export pack takes: a record per piece and
- * region, then a zero record count's worth (2 words) first. */
+/* Piece pc's region k is packed here: its owner is on this node. */
+static bool packed_here(const struct exec *e, const struct optim_piece *pc, unsigned k)
+{
+	return piece_region(e, pc, k) && rank_here(e, pc->owner);
+}
+
+/* The 32-bit words this node's export pack takes: the record count (2
+ * words), then a record per piece and region. */
 static uint64_t pack_words(const struct exec *e)
 {
 	const struct state *s = e->cfg.state;
@@ -916,7 +922,7 @@ static uint64_t pack_words(const struct exec *e)
 
 	for (uint32_t i = 0; i < s->npieces; i++)
 		for (unsigned k = EXEC_REGION_META; k < exec_state_regions(e->cfg.plan); k++)
-			if (piece_region(e, &s->pieces[i], k))
+			if (packed_here(e, &s->pieces[i], k))
 				w += PACK_HEAD + s->pieces[i].n;
 	return w;
 }
@@ -1002,7 +1008,7 @@ static int export_gather(struct exec *e, struct lane *ln, const struct exec_stat
 			     k++) {
 				const struct optim_piece *pc = &s->pieces[i];
 				uint64_t at = piece_slot(p, b, pc), len = pc->n;
-				if (!piece_region(e, pc, k))
+				if (!packed_here(e, pc, k))
 					continue;
 				memcpy(w + pos, &at, sizeof(at));
 				memcpy(w + pos + 2, &len, sizeof(len));

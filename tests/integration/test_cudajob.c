@@ -37,8 +37,10 @@
  *    order then one division; with node_of {0, 1} that is the order the
  *    references sum in); a job of 3 ranks over the two whose state goes out
  *    of the devices across the nodes and back, then trains on to the
- *    reference bit for bit; and a daemon killed mid-run: the other node's
- *    rank fails with a named error, no hang.
+ *    reference bit for bit; a bf16 and an fp16 bucket whose masters live on
+ *    each owner's device, exported across the nodes and imported again;
+ *    and a daemon killed mid-run: the other node's rank fails with
+ *    ZC_ERANKDEAD naming node 1, no hang.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -56,6 +58,7 @@
 
 #include "cudadouble.h"
 #include "harness.h"
+#include "refoptim.h"
 #include "semtrain.h"
 #include "testlib.h"
 #include "trainer.h"
@@ -516,6 +519,148 @@ static void t_two_nodes_state_round_trip(void)
 	cluster_stop(&cl, -1);
 }
 
+/* A bf16 and an fp16 bucket over the two nodes (rank r alone on node r),
+ * SGD in slice mode: each node owns half of each bucket and keeps its
+ * masters on its device. The values are multiples of 1/16 (exact in both
+ * dtypes and in every sum), so the reference is the movement itself: the
+ * reduction across the daemons, each owner's master step and rounding, the
+ * broadcast back. After iteration 2 each rank exports the state (masters
+ * included, gathered across the nodes) and checks the masters, then
+ * imports it again (each node its own owners' masters, narrowed into the
+ * parameters and broadcast); the job trains on to the reference. */
+#define LP_ITERS 5
+static const uint64_t lp_numel[2] = {40, 24};
+static const enum zc_dtype lp_dtype[2] = {ZC_DTYPE_BF16, ZC_DTYPE_F16};
+
+struct lowp_two {
+	struct cuda_cluster *cl;
+	struct train_result *res;
+};
+
+static float lp_init(uint32_t b, uint64_t i)
+{
+	return (float)((int)(i % 7) - 3) / 4 + (float)b;
+}
+
+static float lp_grad(uint32_t r, int it, uint32_t b, uint64_t i)
+{
+	return (float)((int)((i + b) % 5) - 2 + (int)r + it) / 8;
+}
+
+static int lowp_two_rank(void *arg, int idx)
+{
+	const struct lowp_two *x = arg;
+	uint32_t rank = (uint32_t)idx;
+	struct zc_param_group grp = {GROUP_SIZE, .lr = 0.5};
+	struct zc_segment segs[2][1] = {{SEG(0, 40, 0)}, {SEG(0, 24, 0)}};
+	struct zc_bucket bk[2] = {BUCKET(40, 1, segs[0]), BUCKET(24, 1, segs[1])};
+	struct zc_plan plan = PLAN(ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &grp, 2, bk);
+	struct zc_config cfg = test_config(&x->cl->zd[rank], "cuda-nodes-lowp", rank, 2);
+	float master[2][40];
+	zc_client *c = NULL;
+	int r, bad = 0;
+
+	bk[0].dtype = lp_dtype[0];
+	bk[1].dtype = lp_dtype[1];
+	cfg.local_rank = 0;
+	cfg.local_size = 1;
+	cfg.rdzv = x->cl->rdzv;
+	cfg.nnodes = 2;
+	cfg.has_node_rank = true;
+	cfg.node_rank = rank;
+	cfg.job_secret = "cuda nodes";
+	cfg.register_timeout_ms = test_timeout(20000);
+	device_ = -1;
+	r = zc_connect(&cfg, &c);
+	if (r == 0)
+		r = cuda_buffers(c, &plan, rank);
+	for (uint32_t b = 0; b < 2 && r == 0; b++) {
+		uint16_t *p = zc_param_ptr(c, b);
+		for (uint64_t i = 0; i < lp_numel[b]; i++) {
+			master[b][i] = lp_init(b, i);
+			/* rank 1's differ: the job starts from rank 0's */
+			p[i] = ref_lowp_round(rank ? -7.0f : master[b][i], lp_dtype[b]);
+		}
+	}
+	if (r == 0)
+		r = zc_register_plan(c);
+	for (int it = 0; it < LP_ITERS && r == 0; it++) {
+		zc_future *f = NULL;
+		for (uint32_t b = 0; b < 2 && r == 0; b++) {
+			uint16_t *g = zc_grad_ptr(c, b);
+			for (uint64_t i = 0; i < lp_numel[b]; i++)
+				g[i] = ref_lowp_round(lp_grad(rank, it, b, i), lp_dtype[b]);
+			r = zc_bucket_ready_cuda(c, b, stream_, NULL);
+		}
+		if (r == 0)
+			r = zc_step_future(c, (uint64_t)it, &f);
+		if (r == 0)
+			r = zc_future_wait(f, test_timeout(20000)) == 1 ? 0 : ZC_ETIMEDOUT;
+		if (r == 0)
+			r = cuda_stepped(c, f, it);
+		zc_future_free(f);
+		for (uint32_t b = 0; b < 2 && r == 0; b++) {
+			const uint16_t *p = zc_param_ptr(c, b);
+			for (uint64_t i = 0; i < lp_numel[b]; i++) {
+				float avg = (lp_grad(0, it, b, i) + lp_grad(1, it, b, i)) / 2;
+				master[b][i] -= 0.5f * avg;
+				if (p[i] != ref_lowp_round(master[b][i], lp_dtype[b]) && !bad++)
+					printf("# rank %u iteration %d bucket %u element %lu: %#x, "
+					       "want %#x\n",
+					       rank, it, b, (unsigned long)i, p[i],
+					       ref_lowp_round(master[b][i], lp_dtype[b]));
+			}
+		}
+		if (r == 0 && it == 2) {
+			struct zc_segment_state st[2];
+			float got[2][40];
+			for (uint32_t b = 0; b < 2; b++) {
+				st[b] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+				st[b].bucket = b;
+				st[b].segment = 0;
+				st[b].master = got[b];
+			}
+			r = zc_get_state(c, st, 2);
+			for (uint32_t b = 0; b < 2 && r == 0; b++) {
+				if (!(st[b].present & ZC_STATE_MASTER) && !bad++)
+					printf("# rank %u bucket %u: no master exported\n", rank, b);
+				for (uint64_t i = 0; i < lp_numel[b]; i++)
+					if (got[b][i] != master[b][i] && !bad++)
+						printf("# rank %u bucket %u master %lu: %g, want %g\n",
+						       rank, b, (unsigned long)i, got[b][i],
+						       master[b][i]);
+			}
+			for (uint32_t b = 0; b < 2; b++)
+				st[b].present &= ZC_STATE_MASTER; /* SGD without momentum */
+			if (r == 0)
+				r = zc_set_state(c, st, 2);
+		}
+	}
+	if (r < 0)
+		printf("# rank %u: %s: %s\n", rank, zc_strerror_name(r), zc_error_message());
+	zc_close(c);
+	return r < 0 || bad ? 1 : 0;
+}
+
+static void t_two_nodes_lowp_masters(void)
+{
+	struct cuda_cluster cl;
+	struct lowp_two x = {.cl = &cl};
+	pid_t pids[2];
+
+	cluster_start(&cl);
+	for (int r = 0; r < 2; r++)
+		pids[r] = spawn(lowp_two_rank, &x, r);
+	for (int r = 0; r < 2; r++) {
+		int st = wait_child(pids[r], test_timeout(60000));
+		CHECK(st == 0, "cuda-nodes-lowp rank %d exited with %d", r, st);
+	}
+	for (int k = 0; k < 2; k++)
+		CHECK(ran_on_cuda_node(&cl.zd[k], "cuda-nodes-lowp", k),
+		      "daemon %d's log does not say the job ran on cuda as node %d of 2", k, k);
+	cluster_stop(&cl, -1);
+}
+
 /* The daemon of node 1 is SIGKILLed mid-run: the rank on node 0 fails with
  * a named error within the stall timeout (its collectives end: the dead
  * peer breaks the clique), and its daemon lives on. */
@@ -770,6 +915,7 @@ static const struct test_case cases[] = {
 	{"two_nodes_masks_clip_scale", t_two_nodes_masks_clip_scale, 120000},
 	{"two_nodes_group_clip_found_inf", t_two_nodes_group_clip_found_inf, 120000},
 	{"two_nodes_state_round_trip", t_two_nodes_state_round_trip, 120000},
+	{"two_nodes_lowp_masters", t_two_nodes_lowp_masters, 120000},
 	{"two_nodes_daemon_killed", t_two_nodes_daemon_killed, 120000},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
