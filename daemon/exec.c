@@ -1094,9 +1094,8 @@ static int import_master(struct exec *e, const struct optim_piece *pc, const flo
 static bool masters_given(const struct plan *p, const struct exec_state_req *rq)
 {
 	for (uint32_t b = 0; b < p->nbuckets; b++)
-		for (uint32_t i = 0; p->buckets[b].dtype != ZC_DTYPE_F32 &&
-				     i < p->buckets[b].nsegments;
-		     i++) {
+		for (uint32_t i = 0;
+		     p->buckets[b].dtype != ZC_DTYPE_F32 && i < p->buckets[b].nsegments; i++) {
 			const struct exec_seg_state *g = &rq->segs[rq->seg_first[b] + i];
 			if (g->given && (g->present & ZC_STATE_MASTER))
 				return true;

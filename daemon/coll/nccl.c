@@ -120,12 +120,12 @@ struct coll_group {
 
 	/* gathers (set 2, under its mutex): nodes and their first ranks */
 	uint32_t nnodes;
-	uint32_t *node_first; /* [nnodes]: the lowest rank of each node */
-	void **gdev;          /* [nlocal]: world * gcap bytes on each local device */
-	char *ghost;          /* pinned: (1 + world) * gcap bytes, gin then the result */
-	size_t gcap;          /* bytes per rank the staging holds */
+	uint32_t *node_first;  /* [nnodes]: the lowest rank of each node */
+	void **gdev;           /* [nlocal]: world * gcap bytes on each local device */
+	char *ghost;           /* pinned: (1 + world) * gcap bytes, gin then the result */
+	size_t gcap;           /* bytes per rank the staging holds */
 	struct parked *parked; /* outgrown staging, freed at close */
-	bool gbusy;           /* a gather is in flight (under mu) */
+	bool gbusy;            /* a gather is in flight (under mu) */
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -902,8 +902,8 @@ static int gather_staging(struct coll_group *g, size_t gbytes)
 			continue;
 		if (!(k = malloc(sizeof(*k))))
 			return -ENOMEM;
-		*k = (struct parked){.p = old, .dev = i < g->nlocal ? g->dev[i] : -1,
-				     .next = g->parked};
+		*k = (struct parked){
+			.p = old, .dev = i < g->nlocal ? g->dev[i] : -1, .next = g->parked};
 		g->parked = k;
 		if (i < g->nlocal)
 			g->gdev[i] = NULL;

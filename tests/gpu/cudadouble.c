@@ -1249,10 +1249,10 @@ static void coll_check(const struct dop *op, int nranks)
 
 /* ------------------------------------------- cliques across processes --- */
 
-#define SH_MAGIC 0x7a646e63636c7368ULL
-#define SH_MAXR  64
-#define SH_CAP   (8u << 20) /* bytes one rank brings to one collective */
-#define SH_WAIT_MS 20       /* between checks that the peers live */
+#define SH_MAGIC   0x7a646e63636c7368ULL
+#define SH_MAXR    64
+#define SH_CAP     (8u << 20) /* bytes one rank brings to one collective */
+#define SH_WAIT_MS 20         /* between checks that the peers live */
 
 struct shslot {
 	uint64_t seq;
@@ -1504,9 +1504,10 @@ static void sh_coll_part(struct dop *op)
 				      .type = op->type,
 				      .count = op->count};
 	seen = *sl;
-	mismatch = !atomic_load(&sh->broken) && (sl->kind != (int32_t)op->kind || sl->count != op->count ||
-		   sl->root != op->root || sl->avg != (int32_t)op->avg ||
-		   sl->type != (int32_t)op->type);
+	mismatch =
+		!atomic_load(&sh->broken) &&
+		(sl->kind != (int32_t)op->kind || sl->count != op->count || sl->root != op->root ||
+		 sl->avg != (int32_t)op->avg || sl->type != (int32_t)op->type);
 	if (!atomic_load(&sh->broken) && !mismatch) {
 		memcpy(sh_area(sh, si, c->rank), op->send, bytes);
 		if (++sl->arrived == sh->nranks)
@@ -1520,9 +1521,14 @@ static void sh_coll_part(struct dop *op)
 		for (int r = 0; r < q->nranks; r++)
 			send[r] = (const float *)sh_area(sh, si, r);
 		recv[c->rank] = op->recv;
-		tmp = (struct slot){.seq = op->seq, .kind = op->kind, .count = op->count,
-				    .root = op->root, .avg = op->avg, .type = op->type,
-				    .send = send, .recv = recv};
+		tmp = (struct slot){.seq = op->seq,
+				    .kind = op->kind,
+				    .count = op->count,
+				    .root = op->root,
+				    .avg = op->avg,
+				    .type = op->type,
+				    .send = send,
+				    .recv = recv};
 		coll_move(&tmp, q->nranks);
 		if (sh_lock(sh) == 0) {
 			if (++sl->departed == sh->nranks)

@@ -358,8 +358,8 @@ static int free_port(void)
 static void cluster_start(struct cuda_cluster *cl)
 {
 	char stall[16];
-	const char *const args[] = {"--backend", "cuda", "--stall-timeout", stall,
-				    "--workers", "2",	 NULL};
+	const char *const args[] = {"--backend", "cuda", "--stall-timeout", stall, "--workers",
+				    "2",         NULL};
 	int port;
 
 	memset(cl, 0, sizeof(*cl));
@@ -623,10 +623,12 @@ static int lowp_two_rank(void *arg, int idx)
 			r = zc_get_state(c, st, 2);
 			for (uint32_t b = 0; b < 2 && r == 0; b++) {
 				if (!(st[b].present & ZC_STATE_MASTER) && !bad++)
-					printf("# rank %u bucket %u: no master exported\n", rank, b);
+					printf("# rank %u bucket %u: no master exported\n", rank,
+					       b);
 				for (uint64_t i = 0; i < lp_numel[b]; i++)
 					if (got[b][i] != master[b][i] && !bad++)
-						printf("# rank %u bucket %u master %lu: %g, want %g\n",
+						printf("# rank %u bucket %u master %lu: %g, want "
+						       "%g\n",
 						       rank, b, (unsigned long)i, got[b][i],
 						       master[b][i]);
 			}
@@ -706,7 +708,6 @@ struct refusal {
 	struct train_spec s;
 	struct train_result *res;
 };
-
 
 static int bad_handle_rank(void *arg, int idx)
 {

@@ -1248,21 +1248,27 @@ static void t_two_nodes_gather(void)
 						     .gout = out[k],
 						     .gbytes = n * sizeof(double),
 						     .done = waiter_done};
-			CHECK(coll_nccl_ops.submit(nodes[k].g, &w[k].req) == 0, "gather %u: submit", t);
+			CHECK(coll_nccl_ops.submit(nodes[k].g, &w[k].req) == 0, "gather %u: submit",
+			      t);
 			if (t == 0 && k == 0) {
 				/* node 1 has not joined: node 0's first is still in flight */
 				struct coll_req again = w[0].req;
 				int r = coll_nccl_ops.submit(nodes[0].g, &again);
-				CHECK(r == -EBUSY, "a second gather in flight: %d (want -EBUSY)", r);
+				CHECK(r == -EBUSY, "a second gather in flight: %d (want -EBUSY)",
+				      r);
 			}
 		}
 		for (int k = 0; k < 2; k++) {
 			CHECK(waiter_wait(&w[k], 5000) == 0 && w[k].calls == 1,
-			      "gather %u: node %d: status %d, %u calls", t, k, w[k].status, w[k].calls);
+			      "gather %u: node %d: status %d, %u calls", t, k, w[k].status,
+			      w[k].calls);
 			for (size_t i = 0; i < 2 * n; i++) {
-				double want = 1000.0 * (double)(i / n + 1) + (double)(i % n) + 0.25 * t;
+				double want =
+					1000.0 * (double)(i / n + 1) + (double)(i % n) + 0.25 * t;
 				if (out[k][i] != want) {
-					CHECK(0, "gather %u: node %d out[%zu] = %g, want %g (node %zu's)",
+					CHECK(0,
+					      "gather %u: node %d out[%zu] = %g, want %g (node "
+					      "%zu's)",
 					      t, k, i, out[k][i], want, i / n);
 					break;
 				}
@@ -1280,8 +1286,10 @@ static void t_two_nodes_gather(void)
 	CHECK(coll_nccl_ops.submit(nodes[0].g, &w[0].req) == 0, "lone gather: submit");
 	CHECK(waiter_wait(&w[0], 200) == 1, "a gather without its peer completed: %d", w[0].status);
 	coll_nccl_ops.abort(nodes[0].g);
-	CHECK(waiter_wait(&w[0], 5000) == -ECANCELED, "lone gather after abort: %d (want "
-	      "-ECANCELED)", w[0].status);
+	CHECK(waiter_wait(&w[0], 5000) == -ECANCELED,
+	      "lone gather after abort: %d (want "
+	      "-ECANCELED)",
+	      w[0].status);
 	nodes_close(nodes);
 	for (int k = 0; k < 2; k++) {
 		free(in[k]);
@@ -1297,13 +1305,20 @@ static void t_two_nodes_gather(void)
  * leaves after the open without a word (a node killed). 0 or why not. */
 static int shm_node(uint32_t node, const ncclUniqueId *id, bool leave, char *why, size_t len)
 {
-	struct cudadouble_config c = {.ndevices = 4, .driver_version = 13000,
-				      .inprogress_polls = 2, .jitter_us = 100, .seed = 7 + node,
+	struct cudadouble_config c = {.ndevices = 4,
+				      .driver_version = 13000,
+				      .inprogress_polls = 2,
+				      .jitter_us = 100,
+				      .seed = 7 + node,
 				      .shm_cliques = true};
 	float *grads[4] = {0}, *params[4] = {0}, want[NN];
 	struct coll_net net = {.nnodes = 2, .node = node, .node_of = node_of4, .prefix = "shm/"};
-	struct coll_config cfg = {.world = 4, .grads = grads, .params = params,
-				  .net = &net, .nccl_id = id->internal, .open_timeout_ms = 5000};
+	struct coll_config cfg = {.world = 4,
+				  .grads = grads,
+				  .params = params,
+				  .net = &net,
+				  .nccl_id = id->internal,
+				  .open_timeout_ms = 5000};
 	struct coll_range whole = {.owner = 0, .off = 0, .n = NN};
 	struct coll_group *g = NULL;
 	struct waiter w;
@@ -1331,15 +1346,18 @@ static int shm_node(uint32_t node, const ncclUniqueId *id, bool leave, char *why
 	if (leave)
 		_exit(0); /* no close, no abort: as SIGKILL leaves it */
 	waiter_init(&w);
-	w.req = (struct coll_req){.kind = COLL_REDUCE, .mode = ZC_SHARD_BUCKET, .ranges = &whole,
-				  .nranges = 1, .done = waiter_done};
+	w.req = (struct coll_req){.kind = COLL_REDUCE,
+				  .mode = ZC_SHARD_BUCKET,
+				  .ranges = &whole,
+				  .nranges = 1,
+				  .done = waiter_done};
 	r = coll_nccl_ops.submit(g, &w.req);
 	if (r == 0)
 		r = waiter_wait(&w, 10000);
 	for (uint32_t k = 2 * node; k < 2 * node + 2 && r == 0; k++)
 		if (memcmp(grads[k], want, sizeof(want)) != 0) {
-			snprintf(why, len, "node %u: rank %u has not the average of all four",
-				 node, k);
+			snprintf(why, len, "node %u: rank %u has not the average of all four", node,
+				 k);
 			r = 1;
 		}
 	if (r < 0) {
@@ -1349,8 +1367,12 @@ static int shm_node(uint32_t node, const ncclUniqueId *id, bool leave, char *why
 	for (int i = 0; i < 3; i++)
 		in[i] = 10.0 * (node + 1) + i;
 	waiter_init(&w);
-	w.req = (struct coll_req){.kind = COLL_GATHER, .lane = 1, .gin = in, .gout = out,
-				  .gbytes = sizeof(in), .done = waiter_done};
+	w.req = (struct coll_req){.kind = COLL_GATHER,
+				  .lane = 1,
+				  .gin = in,
+				  .gout = out,
+				  .gbytes = sizeof(in),
+				  .done = waiter_done};
 	r = coll_nccl_ops.submit(g, &w.req);
 	if (r == 0)
 		r = waiter_wait(&w, 10000);
@@ -1371,8 +1393,8 @@ out:
 		struct cudadouble_stats s;
 		cudadouble_stats(&s);
 		if (s.violations) {
-			snprintf(why, len, "node %u: %u violations, first: %.150s", node, s.violations,
-				 s.first_violation);
+			snprintf(why, len, "node %u: %u violations, first: %.150s", node,
+				 s.violations, s.first_violation);
 			r = 1;
 		}
 	}
@@ -1410,8 +1432,8 @@ static void t_two_processes(void)
 			CHECK(r == 0, "%s", why);
 			CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "node 1 (the child) failed");
 		} else {
-			CHECK(r == -ECONNRESET, "the survivor's all-reduce: %d (want -ECONNRESET): %s",
-			      r, why);
+			CHECK(r == -ECONNRESET,
+			      "the survivor's all-reduce: %d (want -ECONNRESET): %s", r, why);
 		}
 	}
 }
