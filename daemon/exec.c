@@ -915,9 +915,148 @@ static int export_bcast(struct exec *e, struct lane *ln, const struct exec_state
 	return r;
 }
 
+/* Rank r is on this node. */
+static bool rank_here(const struct exec *e, uint32_t r)
+{
+	for (uint32_t l = 0; l < e->nlocal; l++)
+		if (e->local[l] == r)
+			return true;
+	return false;
+}
+
+/* Region k of piece pc travels in an export (an fp32 piece has no master). */
+static bool piece_region(const struct exec *e, const struct optim_piece *pc, unsigned k)
+{
+	return region_kept(e, k) && (k != EXEC_REGION_MASTER || pc->dtype != ZC_DTYPE_F32);
+}
+
+#define PACK_HEAD 5 /* words per record: slot (2), n (2), region */
+
+/* Piece pc's region k is packed here: its owner is on this node. */
+static bool packed_here(const struct exec *e, const struct optim_piece *pc, unsigned k)
+{
+	return piece_region(e, pc, k) && rank_here(e, pc->owner);
+}
+
+/* The 32-bit words this node's export pack takes: the record count (2
+ * words), then a record per piece and region. */
+static uint64_t pack_words(const struct exec *e)
+{
+	const struct state *s = e->cfg.state;
+	uint64_t w = 2;
+
+	for (uint32_t i = 0; i < s->npieces; i++)
+		for (unsigned k = EXEC_REGION_META; k < exec_state_regions(e->cfg.plan); k++)
+			if (packed_here(e, &s->pieces[i], k))
+				w += PACK_HEAD + s->pieces[i].n;
+	return w;
+}
+
+/* The gather scratch for n doubles of this node and as many of each node. */
+static int gbuf_reserve(struct exec *e, size_t n)
+{
+	size_t need = n * (1 + (size_t)e->cfg.net->nnodes);
+
+	if (need > e->gbuf_cap) {
+		double *b = realloc(e->gbuf, need * sizeof(double));
+		if (!b)
+			return -ENOMEM;
+		e->gbuf = b;
+		e->gbuf_cap = need;
+	}
+	return 0;
+}
+
+/* Unpack one node's records into every local rank's staging. */
+static int unpack(struct exec *e, const struct exec_state_req *rq, const uint32_t *w, uint64_t len)
+{
+	const struct plan *p = e->cfg.plan;
+	uint64_t nrec, pos = 2;
+
+	memcpy(&nrec, w, sizeof(nrec));
+	for (uint64_t i = 0; i < nrec; i++) {
+		uint64_t at, n;
+		unsigned k;
+
+		if (pos + PACK_HEAD > len)
+			return -EPROTO;
+		memcpy(&at, w + pos, sizeof(at));
+		memcpy(&n, w + pos + 2, sizeof(n));
+		k = w[pos + 4];
+		pos += PACK_HEAD;
+		if (pos + n > len || k >= exec_state_regions(p) || at + n > p->state_numel)
+			return -EPROTO;
+		for (uint32_t l = 0; l < e->nlocal; l++)
+			memcpy(region(rq->staging[e->local[l]], p->state_numel, k) + at, w + pos,
+			       n * sizeof(float));
+		pos += n;
+	}
+	return 0;
+}
+
+/*
+ * Several nodes, state on the devices (optim_ops.state_io, cuda): a node's
+ * state holds its own owners' pieces only, so each node packs them as
+ * records (slot, length, region, values), one gather agrees on the longest
+ * pack, a second brings every node's (padded to it), and each node unpacks
+ * them all into every local rank's staging. The state crosses as bytes:
+ * the staging holds the owners' bits.
+ */
+static int export_gather(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
+{
+	const struct plan *p = e->cfg.plan;
+	const struct state *s = e->cfg.state;
+	uint64_t mine = pack_words(e), maxw = 0, pos = 2, nrec = 0;
+	uint32_t *w;
+	double *all;
+	size_t n;
+	int r;
+
+	r = gbuf_reserve(e, 1);
+	if (r < 0)
+		return r;
+	e->gbuf[0] = (double)mine;
+	r = lane_gather(e, ln, 1, &all);
+	if (r < 0)
+		return r;
+	for (uint32_t nd = 0; nd < e->cfg.net->nnodes; nd++)
+		maxw = MAX(maxw, (uint64_t)all[nd]);
+	n = (size_t)(maxw + 1) / 2; /* doubles: two words each */
+	r = gbuf_reserve(e, n);
+	if (r < 0)
+		return r;
+	w = (uint32_t *)e->gbuf;
+	memset(w, 0, n * sizeof(double));
+	for (uint32_t b = 0; b < p->nbuckets && r >= 0; b++)
+		for (uint32_t i = s->bucket_first[b]; i < s->bucket_first[b + 1] && r >= 0; i++)
+			for (unsigned k = EXEC_REGION_META; k < exec_state_regions(p) && r >= 0;
+			     k++) {
+				const struct optim_piece *pc = &s->pieces[i];
+				uint64_t at = piece_slot(p, b, pc), len = pc->n;
+				if (!packed_here(e, pc, k))
+					continue;
+				memcpy(w + pos, &at, sizeof(at));
+				memcpy(w + pos + 2, &len, sizeof(len));
+				w[pos + 4] = k;
+				r = piece_values(e, pc, k, w + pos + PACK_HEAD);
+				pos += PACK_HEAD + len;
+				nrec++;
+			}
+	memcpy(w, &nrec, sizeof(nrec));
+	/* a failed copy still gathers: the other nodes wait for this one */
+	int g = lane_gather(e, ln, n, &all);
+	if (r < 0 || g < 0)
+		return r < 0 ? r : g;
+	for (uint32_t nd = 0; nd < e->cfg.net->nnodes && r >= 0; nd++)
+		r = unpack(e, rq, (const uint32_t *)(all + (size_t)nd * n), 2 * (uint64_t)n);
+	return r;
+}
+
 static int state_export(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
 {
-	return e->nlocal == e->cfg.world ? export_local(e, rq) : export_bcast(e, ln, rq);
+	if (e->nlocal == e->cfg.world)
+		return export_local(e, rq);
+	return e->cfg.optim->state_io ? export_gather(e, ln, rq) : export_bcast(e, ln, rq);
 }
 
 /* The segment of bucket b that holds flat element off. */
@@ -943,7 +1082,8 @@ static int import_array(struct exec *e, const struct optim_piece *pc, unsigned w
 			const float *src, bool given)
 {
 	if (e->cfg.optim->state_io) {
-		if (!(e->cfg.state->arrays & (PLAN_STATE_M << which)))
+		/* over several nodes each node imports its own owners' pieces */
+		if (!(e->cfg.state->arrays & (PLAN_STATE_M << which)) || !rank_here(e, pc->owner))
 			return 0;
 		return e->cfg.optim->state_io(e->oc, pc, which, given ? (float *)src : NULL, true);
 	}
@@ -961,6 +1101,8 @@ static int import_master(struct exec *e, const struct optim_piece *pc, const flo
 {
 	struct state *s = e->cfg.state;
 
+	if (e->cfg.optim->state_io && !rank_here(e, pc->owner))
+		return 0; /* its owner's node imports it */
 	if (e->cfg.optim->state_io)
 		return src ? e->cfg.optim->state_io(e->oc, pc, OPTIM_ARRAY_MASTER, (float *)src,
 						    true)
@@ -971,6 +1113,19 @@ static int import_master(struct exec *e, const struct optim_piece *pc, const flo
 		host_widen(s->master + pc->mat,
 			   (const uint16_t *)e->cfg.params[pc->owner] + pc->off, pc->n, pc->dtype);
 	return 0;
+}
+
+/* Some bf16/fp16 segment is given with its master. */
+static bool masters_given(const struct plan *p, const struct exec_state_req *rq)
+{
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t i = 0;
+		     p->buckets[b].dtype != ZC_DTYPE_F32 && i < p->buckets[b].nsegments; i++) {
+			const struct exec_seg_state *g = &rq->segs[rq->seg_first[b] + i];
+			if (g->given && (g->present & ZC_STATE_MASTER))
+				return true;
+		}
+	return false;
 }
 
 /* Validated on the loop thread already (statex.c): nothing here can fail
@@ -1006,8 +1161,10 @@ static int state_import(struct exec *e, struct lane *ln, const struct exec_state
 				/* device buffers: the client cannot write them, so the
 				 * owner's parameters take the narrowed master here */
 				if (r >= 0 && given && e->cfg.optim->masters) {
-					r = e->cfg.optim->masters(e->oc, pc, 1, OPTIM_MASTER_STORE);
-					stored = true;
+					if (rank_here(e, pc->owner))
+						r = e->cfg.optim->masters(e->oc, pc, 1,
+									  OPTIM_MASTER_STORE);
+					stored = true; /* on every node: all broadcast */
 				}
 				if (r < 0)
 					break;
@@ -1032,7 +1189,11 @@ static int state_import(struct exec *e, struct lane *ln, const struct exec_state
 			pc->step = has ? g->step + 1 : 1;
 		}
 	/* ... and every other local rank's from its owner (the client does this
-	 * itself for host buffers: zeroclient.h's zc_set_state) */
+	 * itself for host buffers: zeroclient.h's zc_set_state); over several
+	 * nodes every node broadcasts if any may have stored one, since each
+	 * holds only its own owners' pieces */
+	if (e->cfg.net && e->cfg.net->nnodes > 1 && e->cfg.optim->masters)
+		stored = masters_given(p, rq);
 	if (r >= 0 && stored)
 		r = lane_coll(e, ln, COLL_BCAST, p->shard_mode, e->ranges, e->cfg.shard->nunits);
 	return r;

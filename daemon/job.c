@@ -520,11 +520,6 @@ static int buffers_kind_ok(struct job *j, struct session *s, bool cuda, char *er
 			 s->rank, j->d->backend_why);
 		return ZC_ENOTSUP;
 	}
-	if (cuda && j->rdzv) {
-		snprintf(err, errlen, "rank %u: CUDA buffers in a job over several nodes: not yet",
-			 s->rank);
-		return ZC_ENOTSUP;
-	}
 	for (uint32_t k = 0; k < j->world; k++)
 		if (k != s->rank && j->plans[k] && (j->cuda && j->cuda[k]) != cuda) {
 			snprintf(err, errlen,

@@ -291,15 +291,6 @@ static void request(struct job *j, struct session *s, uint32_t rank, bool set, b
 						  : "this rank's request is being served");
 		return;
 	}
-	if (j->be != &backend_host && j->be != &backend_host_multi && j->rdzv) {
-		/* the CUDA state is on the devices: the export over several
-		 * nodes moves it through host buffers (exec.c) */
-		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
-			   "job %s: the optimizer state of a %s job over several nodes cannot "
-			   "be %sed yet",
-			   j->id, j->be->name, what);
-		return;
-	}
 	if (!j->sx && (r = round_new(j, set)) < 0) {
 		statex_free(j);
 		sink_error(d->sink, s, ZC_ELIMIT, false, SINK_NO_ITERATION, -1, "out of memory");

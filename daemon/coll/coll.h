@@ -106,7 +106,8 @@ enum coll_kind {
 	/* Every node's gbytes of gin, in node order, into gout (nnodes *
 	 * gbytes): the few scalars an iteration's nodes must agree on (segment
 	 * masks, gradient norms, the grad scale). No ranges. gbytes is a
-	 * multiple of 8. gloo; host copies (one node); nccl: -EOPNOTSUPP. */
+	 * multiple of 8. gloo; host copies (one node); nccl: an all-gather
+	 * through small device staging, one at a time per group (-EBUSY). */
 	COLL_GATHER,
 };
 

@@ -19,7 +19,18 @@
  *     slices are equal and in rank order, else an ncclReduce(avg) per slice
  *     to its owner;
  *   BCAST: ncclBroadcast from each range's owner, or ncclAllGather in place
- *     for equal slices.
+ *     for equal slices;
+ *   GATHER (a job over several nodes): on set 2, a third communicator per
+ *     local rank (split like set 1, made only when the job spans nodes), so
+ *     the executor's compute lane, which gathers while the broadcast lane
+ *     runs, issues its calls in the same order on every node. Every local
+ *     rank copies the node's gbytes from a pinned host buffer into its slot
+ *     of a small device buffer (world * gbytes), one ncclAllGather in place
+ *     (a copy: no arithmetic), then local rank 0's stream copies the result
+ *     back to the pinned buffer and a host function picks each node's part
+ *     (that of its lowest rank) in node order into gout. One gather at a
+ *     time per group (the executor waits for each; another is -EBUSY); the
+ *     staging grows and is freed at close. One node: gin copied to gout.
  * ncclAvg is NCCL's own average (2.10+; for floats a pre-multiplied sum), so
  * results match the host backend's sum-then-divide only to rounding. bf16 and
  * fp16 buckets are reduced in their own type (ncclBfloat16, ncclFloat16).
@@ -64,7 +75,8 @@
 #include "cudacheck.h"
 #include "plan.h"
 
-#define NSETS            2
+#define NSETS            3 /* reductions, broadcasts, gathers (several nodes) */
+#define SET_GATHER       2
 #define POLL_NS          1000000L /* watchdog period while requests are in flight */
 #define ISSUE_NS         20000L   /* between polls of a call answered ncclInProgress */
 #define OPEN_TIMEOUT_MS  60000
@@ -75,7 +87,7 @@ _Static_assert(COLL_UNIQUE_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "coll.h's id size i
 struct nreq {
 	struct coll_group *g;
 	struct coll_req *req;
-	unsigned pending;   /* host functions not yet run */
+	unsigned pending;   /* host functions not yet run (gathers: one more) */
 	bool claimed;       /* done() has been, or is being, called */
 	struct nreq *next;  /* in inflight or zombies */
 	struct nreq *dnext; /* the watchdog's list of those it completes */
@@ -85,6 +97,13 @@ struct cset {
 	pthread_mutex_t mu;
 	ncclComm_t *comm;     /* [nlocal] */
 	cudaStream_t *stream; /* [nlocal] */
+};
+
+/* Staging a gather outgrew: it may still be read by work on the streams. */
+struct parked {
+	void *p;
+	int dev; /* -1: pinned host memory */
+	struct parked *next;
 };
 
 struct coll_group {
@@ -97,6 +116,16 @@ struct coll_group {
 	cudaEvent_t *ready, *done;
 	uint32_t ring, nev;
 	bool comms_live; /* communicators exist and were not aborted (watchdog, close) */
+	unsigned nsets;  /* 2, or 3 over several nodes (set 2 gathers) */
+
+	/* gathers (set 2, under its mutex): nodes and their first ranks */
+	uint32_t nnodes;
+	uint32_t *node_first;  /* [nnodes]: the lowest rank of each node */
+	void **gdev;           /* [nlocal]: world * gcap bytes on each local device */
+	char *ghost;           /* pinned: (1 + world) * gcap bytes, gin then the result */
+	size_t gcap;           /* bytes per rank the staging holds */
+	struct parked *parked; /* outgrown staging, freed at close */
+	bool gbusy;            /* a gather is in flight (under mu) */
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -137,6 +166,8 @@ static void host_done(void *arg)
 		if (!q->claimed) {
 			list_remove(&g->inflight, q);
 			req = q->req;
+			if (req->kind == COLL_GATHER)
+				g->gbusy = false;
 			/* after an abort NCCL may have cut the collective short */
 			status = atomic_load(&g->stop) ? (g->error ? g->error : -ECANCELED) : 0;
 		} else {
@@ -221,7 +252,7 @@ static void comms_destroy(struct coll_group *g)
 	int64_t deadline = now_ms() + CLOSE_TIMEOUT_MS;
 	int r = 0;
 
-	for (unsigned s = 0; s < NSETS && r == 0; s++) {
+	for (unsigned s = 0; s < g->nsets && r == 0; s++) {
 		for (uint32_t k = 0; k < g->nlocal && r == 0; k++)
 			NCCL_GOTO(ncclCommFinalize(g->set[s].comm[k]), r, out);
 		r = comms_settle(g, g->set[s].comm, g->nlocal, deadline);
@@ -231,7 +262,7 @@ out:
 		comms_abort(g);
 		return;
 	}
-	for (unsigned s = 0; s < NSETS; s++)
+	for (unsigned s = 0; s < g->nsets; s++)
 		for (uint32_t k = 0; k < g->nlocal; k++) {
 			(void)ncclCommDestroy(g->set[s].comm[k]);
 			g->set[s].comm[k] = NULL;
@@ -245,7 +276,7 @@ out:
  * has one. */
 static int comms_poll(struct coll_group *g)
 {
-	for (unsigned s = 0; s < NSETS; s++)
+	for (unsigned s = 0; s < g->nsets; s++)
 		for (uint32_t k = 0; k < g->nlocal; k++) {
 			ncclResult_t st;
 
@@ -282,6 +313,8 @@ static void watchdog_abort(struct coll_group *g)
 		g->zombies = q;
 		q->dnext = claimed;
 		claimed = q;
+		if (q->req->kind == COLL_GATHER)
+			g->gbusy = false; /* stop is set: no gather follows */
 	}
 	pthread_mutex_unlock(&g->mu);
 	while ((q = claimed)) {
@@ -332,6 +365,30 @@ static void *watchdog_main(void *arg)
 
 /* --------------------------------------------------------- open/close --- */
 
+/* Free the gather staging, outgrown buffers too (streams are drained). */
+static void gather_free(struct coll_group *g)
+{
+	while (g->parked) {
+		struct parked *k = g->parked;
+		g->parked = k->next;
+		if (k->dev < 0) {
+			(void)cudaFreeHost(k->p);
+		} else {
+			(void)cudaSetDevice(k->dev);
+			(void)cudaFree(k->p);
+		}
+		free(k);
+	}
+	for (uint32_t k = 0; g->gdev && k < g->nlocal; k++)
+		if (g->gdev[k]) {
+			(void)cudaSetDevice(g->dev[k]);
+			(void)cudaFree(g->gdev[k]);
+		}
+	if (g->ghost)
+		(void)cudaFreeHost(g->ghost);
+	free(g->gdev);
+}
+
 static void nccl_close(struct coll_group *g)
 {
 	if (!g)
@@ -368,6 +425,7 @@ static void nccl_close(struct coll_group *g)
 	}
 	free(g->ready);
 	free(g->done);
+	gather_free(g);
 	(void)cudaGetLastError();
 	/* streams are drained: no host function will come for these */
 	while (g->zombies) {
@@ -377,6 +435,7 @@ static void nccl_close(struct coll_group *g)
 	}
 	pthread_cond_destroy(&g->cv);
 	pthread_mutex_destroy(&g->mu);
+	free(g->node_first);
 	free(g->local);
 	free(g->dev);
 	free(g->grads);
@@ -503,7 +562,21 @@ end1:
 	NCCL_TRY(ncclGroupEnd());
 	if (r < 0)
 		return r;
-	return comms_settle(g, g->set[1].comm, g->nlocal, deadline);
+	r = comms_settle(g, g->set[1].comm, g->nlocal, deadline);
+	if (r < 0 || g->nsets < 3)
+		return r;
+	NCCL_TRY(ncclGroupStart());
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, end2);
+		NCCL_GOTO(ncclCommSplit(g->set[0].comm[k], 0, (int)g->local[k],
+					&g->set[SET_GATHER].comm[k], &nc),
+			  r, end2);
+	}
+end2:
+	NCCL_TRY(ncclGroupEnd());
+	if (r < 0)
+		return r;
+	return comms_settle(g, g->set[SET_GATHER].comm, g->nlocal, deadline);
 }
 
 /* Each local rank's event rings, on its device. */
@@ -552,6 +625,34 @@ static int open_events(struct coll_group *g, const struct coll_config *cfg)
 	return 0;
 }
 
+/* The job's nodes and the lowest rank of each (whose gathered part is its
+ * node's); a job over several nodes gets its gather set. */
+static int group_nodes(struct coll_group *g, const struct coll_config *cfg)
+{
+	const struct coll_net *net = cfg->net;
+
+	g->nsets = 2;
+	g->nnodes = 1;
+	if (!net || net->nnodes <= 1 || !net->node_of)
+		return 0;
+	g->nsets = 3;
+	g->nnodes = net->nnodes;
+	g->node_first = malloc(net->nnodes * sizeof(*g->node_first));
+	if (!g->node_first)
+		return -ENOMEM;
+	for (uint32_t n = 0; n < net->nnodes; n++)
+		g->node_first[n] = UINT32_MAX;
+	for (uint32_t r = cfg->world; r-- > 0;) {
+		if (net->node_of[r] >= net->nnodes)
+			return -EINVAL;
+		g->node_first[net->node_of[r]] = r;
+	}
+	for (uint32_t n = 0; n < net->nnodes; n++)
+		if (g->node_first[n] == UINT32_MAX)
+			return -EINVAL; /* a node without ranks */
+	return 0;
+}
+
 static int nccl_open(const struct coll_config *cfg, struct coll_group **ret)
 {
 	struct coll_group *g = calloc(1, sizeof(*g));
@@ -574,12 +675,15 @@ static int nccl_open(const struct coll_config *cfg, struct coll_group **ret)
 	r = group_layout(g, cfg);
 	if (r < 0)
 		goto fail;
+	r = group_nodes(g, cfg);
+	if (r < 0)
+		goto fail;
 	if (cfg->bufs && g->nlocal) {
 		r = open_events(g, cfg);
 		if (r < 0)
 			goto fail;
 	}
-	for (unsigned s = 0; s < NSETS; s++) {
+	for (unsigned s = 0; s < g->nsets; s++) {
 		g->set[s].comm = calloc(g->nlocal, sizeof(*g->set[s].comm));
 		g->set[s].stream = calloc(g->nlocal, sizeof(*g->set[s].stream));
 		if (!g->set[s].comm || !g->set[s].stream) {
@@ -774,34 +878,159 @@ out:
 	return r;
 }
 
+/* ------------------------------------------------------------ gather --- */
+
+/* Under set 2's mutex, no gather in flight: staging for gbytes per rank. */
+static int gather_staging(struct coll_group *g, size_t gbytes)
+{
+	size_t cap = g->gcap ? g->gcap : 256;
+	struct parked *k;
+	void *h = NULL;
+	int r = 0;
+
+	if (gbytes <= g->gcap)
+		return 0;
+	while (cap < gbytes)
+		cap *= 2;
+	if (!g->gdev && !(g->gdev = calloc(g->nlocal, sizeof(*g->gdev))))
+		return -ENOMEM;
+	/* the old buffers may still be read by work on the streams that a
+	 * fault cut short: parked, freed at close (a cudaFree would wait) */
+	for (uint32_t i = 0; i <= g->nlocal; i++) {
+		void *old = i < g->nlocal ? g->gdev[i] : g->ghost;
+		if (!old)
+			continue;
+		if (!(k = malloc(sizeof(*k))))
+			return -ENOMEM;
+		*k = (struct parked){
+			.p = old, .dev = i < g->nlocal ? g->dev[i] : -1, .next = g->parked};
+		g->parked = k;
+		if (i < g->nlocal)
+			g->gdev[i] = NULL;
+		else
+			g->ghost = NULL;
+	}
+	g->gcap = 0;
+	for (uint32_t i = 0; i < g->nlocal; i++) {
+		CUDA_TRY(cudaSetDevice(g->dev[i]));
+		CUDA_TRY(cudaMalloc(&g->gdev[i], cap * g->world));
+	}
+	CUDA_GOTO(cudaMallocHost(&h, cap * (1 + (size_t)g->world)), r, out);
+	g->ghost = h;
+	g->gcap = cap;
+out:
+	return r;
+}
+
+/* A host function on local rank 0's stream, after the copy back: each
+ * node's part into gout, unless the watchdog completed the request. */
+static void gather_out(void *arg)
+{
+	struct nreq *q = arg;
+	struct coll_group *g = q->g;
+	const struct coll_req *req = q->req;
+
+	pthread_mutex_lock(&g->mu);
+	if (!q->claimed)
+		for (uint32_t n = 0; n < g->nnodes; n++)
+			memcpy((char *)req->gout + n * req->gbytes,
+			       g->ghost + (1 + (size_t)g->node_first[n]) * req->gbytes,
+			       req->gbytes);
+	pthread_mutex_unlock(&g->mu);
+	host_done(q);
+}
+
+/* Under set 2's mutex: in, all-gather, out, then the host functions. */
+static int issue_gather(struct coll_group *g, struct cset *set, struct nreq *q)
+{
+	const struct coll_req *req = q->req;
+	size_t gb = req->gbytes;
+	unsigned launched = 0;
+	int r;
+
+	r = gather_staging(g, gb);
+	if (r < 0)
+		goto out;
+	memcpy(g->ghost, req->gin, gb); /* the last gather is done with it */
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, out);
+		CUDA_GOTO(cudaMemcpyAsync((char *)g->gdev[k] + g->local[k] * gb, g->ghost, gb,
+					  cudaMemcpyHostToDevice, set->stream[k]),
+			  r, out);
+	}
+	NCCL_TRY(ncclGroupStart());
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		char *buf = g->gdev[k];
+		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, end);
+		/* bytes as floats (gbytes is a multiple of 8): copied, not summed */
+		NCCL_GOTO(ncclAllGather(buf + g->local[k] * gb, buf, gb / sizeof(float),
+					ncclFloat32, set->comm[k], set->stream[k]),
+			  r, end);
+	}
+end:
+	NCCL_TRY(ncclGroupEnd());
+	if (r < 0)
+		goto out;
+	r = comms_settle(g, set->comm, g->nlocal, 0);
+	if (r < 0)
+		goto out;
+	CUDA_GOTO(cudaSetDevice(g->dev[0]), r, out);
+	CUDA_GOTO(cudaMemcpyAsync(g->ghost + gb, g->gdev[0], gb * g->world, cudaMemcpyDeviceToHost,
+				  set->stream[0]),
+		  r, out);
+	CUDA_GOTO(cudaLaunchHostFunc(set->stream[0], gather_out, q), r, out);
+	launched++;
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, out);
+		CUDA_GOTO(cudaLaunchHostFunc(set->stream[k], host_done, q), r, out);
+		launched++;
+	}
+out:
+	if (launched < g->nlocal + 1)
+		drop_pending(g, q, g->nlocal + 1 - launched);
+	return r;
+}
+
+/* A gather on one node: the node's part is all there is. */
+static int gather_here(struct coll_group *g, struct coll_req *req)
+{
+	if (g->nlocal != g->world)
+		return -EINVAL; /* several nodes, but open was not told which */
+	memmove(req->gout, req->gin, req->gbytes);
+	req->done(req, 0);
+	return 0;
+}
+
 static int nccl_submit(struct coll_group *g, struct coll_req *req)
 {
-	struct cset *set = &g->set[req->kind == COLL_REDUCE ? 0 : 1];
+	bool gather = req->kind == COLL_GATHER;
+	struct cset *set = &g->set[gather ? SET_GATHER : req->kind == COLL_REDUCE ? 0 : 1];
 	struct nreq *q;
 	int r;
 
-	/* the executor gathers only over several nodes, which NCCL jobs do
-	 * not do yet (the rendezvous hands host jobs to gloo) */
-	if (req->kind == COLL_GATHER)
-		return -EOPNOTSUPP;
+	if (gather && (req->gbytes % 8 || !req->gin || !req->gout))
+		return -EINVAL;
+	if (gather && g->nsets < 3)
+		return gather_here(g, req);
 	q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
-	*q = (struct nreq){.g = g, .req = req, .pending = g->nlocal};
+	*q = (struct nreq){.g = g, .req = req, .pending = g->nlocal + gather};
 	pthread_mutex_lock(&set->mu);
 	pthread_mutex_lock(&g->mu);
-	if (atomic_load(&g->stop)) {
-		r = g->error ? g->error : -ECANCELED;
+	if (atomic_load(&g->stop) || (gather && g->gbusy)) {
+		r = atomic_load(&g->stop) ? (g->error ? g->error : -ECANCELED) : -EBUSY;
 		pthread_mutex_unlock(&g->mu);
 		pthread_mutex_unlock(&set->mu);
 		free(q);
 		return r;
 	}
+	g->gbusy = g->gbusy || gather;
 	q->next = g->inflight;
 	g->inflight = q;
 	pthread_cond_broadcast(&g->cv); /* the watchdog polls while it is in flight */
 	pthread_mutex_unlock(&g->mu);
-	r = issue(g, set, q);
+	r = gather ? issue_gather(g, set, q) : issue(g, set, q);
 	pthread_mutex_unlock(&set->mu);
 	/* issued or not, it is in flight: the watchdog completes it */
 	if (r < 0)

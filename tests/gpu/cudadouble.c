@@ -31,6 +31,18 @@
  *    collective that is not yet on its stream is a violation.
  *    ncclCommAbort ends the communicator's waiting parts and breaks the
  *    clique: the peers' communicators then report ncclRemoteError.
+ *  - NCCL across processes (cfg.shm_cliques, ZEROD_CUDADOUBLE_SHM=1: two
+ *    zerod-double daemons playing two nodes): a clique also meets in a
+ *    shared file, /dev/shm/zerod-cudadouble-<hash of its id> (a split's key
+ *    derives from its parent's, so every process finds the same one), with
+ *    a process-shared mutex and condition. Each collective takes one of two
+ *    slots (seq % 2: a rank cannot run two ahead of the slowest); every rank
+ *    copies its contribution into the slot, and once all have arrived each
+ *    computes its own result from the copies with the same code as in one
+ *    process (sums in rank order, one division). A peer process that dies
+ *    (checked by pid while waiting) or aborts breaks the clique: the waiting
+ *    parts end and the communicators report ncclRemoteError. The last rank
+ *    to join unlinks the file (the mappings live on).
  *  - across processes (a real zerod built with the double, trainers that
  *    dlopen it as libzeroclient's CUDA runtime: ZEROD_CUDART): device memory
  *    is a memfd mapping, and an IPC handle names the exporter's pid and fd,
@@ -56,6 +68,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -157,9 +170,11 @@ struct slot {
 struct clique {
 	char key[NCCL_UNIQUE_ID_BYTES];
 	int nranks, joined, color;
-	struct ncclComm **member;
+	struct ncclComm **member; /* this process's members */
 	bool broken;
 	struct slot *slots;
+	struct shclique *sh; /* cfg.shm_cliques: the clique across processes */
+	size_t shlen;
 	struct clique *next;
 };
 
@@ -179,6 +194,7 @@ struct ncclComm {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static struct cudadouble_config cfg;
+static bool env_configured; /* by ZEROD_CUDADOUBLE_DEVICES, not cudadouble_reset() */
 static struct cudadouble_stats st;
 static struct alloc *allocs;
 static struct ncclComm *comms;
@@ -204,6 +220,10 @@ static void violation(const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(st.first_violation, sizeof(st.first_violation), fmt, ap);
 		va_end(ap);
+		/* a process configured by the environment (a test zerod) has
+		 * nobody reading the stats: its log says it */
+		if (env_configured)
+			fprintf(stderr, "cudadouble: violation: %s\n", st.first_violation);
 	}
 }
 
@@ -300,7 +320,10 @@ __attribute__((constructor)) static void env_config(void)
 	if (n && atoi(n) > 0) {
 		cfg.ndevices = atoi(n);
 		cfg.driver_version = 13000;
+		env_configured = true;
 	}
+	n = getenv("ZEROD_CUDADOUBLE_SHM");
+	cfg.shm_cliques = n && atoi(n) > 0;
 }
 
 /* --------------------------------------------------------- the config --- */
@@ -331,6 +354,8 @@ void cudadouble_reset(const struct cudadouble_config *c)
 	while (cliques) {
 		struct clique *q = cliques;
 		cliques = q->next;
+		if (q->sh)
+			munmap(q->sh, q->shlen);
 		while (q->slots) {
 			struct slot *s = q->slots;
 			q->slots = s->next;
@@ -343,6 +368,7 @@ void cudadouble_reset(const struct cudadouble_config *c)
 	}
 	memset(&st, 0, sizeof(st));
 	cfg = *c;
+	env_configured = false;
 	pthread_mutex_unlock(&mu);
 }
 
@@ -542,6 +568,34 @@ cudaError_t cudaFree(void *p)
 	st.live_allocs--;
 	pthread_mutex_unlock(&mu);
 	alloc_free(a);
+	return cudaSuccess;
+}
+
+/* Pinned host memory: host memory to the double (its copies need none),
+ * counted with the device allocations so that a leak shows. */
+cudaError_t cudaMallocHost(void **p, size_t size)
+{
+	CUDA_ENTER();
+	if (cfg.ndevices <= 0)
+		return fail(cudaErrorInsufficientDriver);
+	*p = malloc(size ? size : 1);
+	if (!*p)
+		return fail(cudaErrorMemoryAllocation);
+	pthread_mutex_lock(&mu);
+	st.live_allocs++;
+	pthread_mutex_unlock(&mu);
+	return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+	CUDA_ENTER();
+	if (!p)
+		return cudaSuccess;
+	free(p);
+	pthread_mutex_lock(&mu);
+	st.live_allocs--;
+	pthread_mutex_unlock(&mu);
 	return cudaSuccess;
 }
 
@@ -1080,22 +1134,26 @@ static void coll_move_lowp(struct slot *sl, int nranks)
 				x /= (float)nranks;
 			tmp[i] = lowp_narrow(x, dt);
 		}
-		if (sl->kind == C_REDUCE)
+		if (sl->kind == C_REDUCE && sl->recv[sl->root])
 			memcpy(sl->recv[sl->root], tmp, n * sizeof(*tmp));
 		for (int r = 0; sl->kind != C_REDUCE && r < nranks; r++)
-			memcpy(sl->recv[r], tmp + (sl->kind == C_REDUCESCATTER ? (size_t)r * n : 0),
-			       n * sizeof(*tmp));
+			if (sl->recv[r])
+				memcpy(sl->recv[r],
+				       tmp + (sl->kind == C_REDUCESCATTER ? (size_t)r * n : 0),
+				       n * sizeof(*tmp));
 		break;
 	case C_BCAST:
 		memcpy(tmp, sl->send[sl->root], n * sizeof(*tmp));
 		for (int r = 0; r < nranks; r++)
-			memcpy(sl->recv[r], tmp, n * sizeof(*tmp));
+			if (sl->recv[r])
+				memcpy(sl->recv[r], tmp, n * sizeof(*tmp));
 		break;
 	case C_ALLGATHER:
 		for (int r = 0; r < nranks; r++)
 			memcpy(tmp + (size_t)r * n, sl->send[r], n * sizeof(*tmp));
 		for (int r = 0; r < nranks; r++)
-			memcpy(sl->recv[r], tmp, total * sizeof(*tmp));
+			if (sl->recv[r])
+				memcpy(sl->recv[r], tmp, total * sizeof(*tmp));
 		break;
 	}
 	free(tmp);
@@ -1129,22 +1187,26 @@ static void coll_move(struct slot *sl, int nranks)
 		if (sl->avg)
 			for (size_t i = 0; i < total; i++)
 				tmp[i] /= (float)nranks;
-		if (sl->kind == C_REDUCE)
+		if (sl->kind == C_REDUCE && sl->recv[sl->root])
 			memcpy(sl->recv[sl->root], tmp, n * sizeof(float));
 		for (int r = 0; sl->kind != C_REDUCE && r < nranks; r++)
-			memcpy(sl->recv[r], tmp + (sl->kind == C_REDUCESCATTER ? (size_t)r * n : 0),
-			       n * sizeof(float));
+			if (sl->recv[r])
+				memcpy(sl->recv[r],
+				       tmp + (sl->kind == C_REDUCESCATTER ? (size_t)r * n : 0),
+				       n * sizeof(float));
 		break;
 	case C_BCAST:
 		memcpy(tmp, sl->send[sl->root], n * sizeof(float));
 		for (int r = 0; r < nranks; r++)
-			memcpy(sl->recv[r], tmp, n * sizeof(float));
+			if (sl->recv[r])
+				memcpy(sl->recv[r], tmp, n * sizeof(float));
 		break;
 	case C_ALLGATHER:
 		for (int r = 0; r < nranks; r++)
 			memcpy(tmp + (size_t)r * n, sl->send[r], n * sizeof(float));
 		for (int r = 0; r < nranks; r++)
-			memcpy(sl->recv[r], tmp, total * sizeof(float));
+			if (sl->recv[r])
+				memcpy(sl->recv[r], tmp, total * sizeof(float));
 		break;
 	}
 	free(tmp);
@@ -1185,6 +1247,308 @@ static void coll_check(const struct dop *op, int nranks)
 	}
 }
 
+/* ------------------------------------------- cliques across processes --- */
+
+#define SH_MAGIC   0x7a646e63636c7368ULL
+#define SH_MAXR    64
+#define SH_CAP     (8u << 20) /* bytes one rank brings to one collective */
+#define SH_WAIT_MS 20         /* between checks that the peers live */
+
+struct shslot {
+	uint64_t seq;
+	int32_t arrived, departed; /* departed == nranks: free */
+	int32_t kind, root, avg, type;
+	uint64_t count;
+};
+
+/* The file's head; then 2 slots x nranks x SH_CAP bytes of contributions. */
+struct shclique {
+	_Atomic uint64_t magic; /* set once the creator initialised the rest */
+	int32_t nranks, color;
+	pthread_mutex_t mu; /* process-shared, robust */
+	pthread_cond_t cv;  /* process-shared */
+	_Atomic int32_t joined, broken;
+	int32_t pid[SH_MAXR];
+	struct shslot slot[2];
+};
+
+static size_t sh_bytes(int nranks)
+{
+	size_t head = (sizeof(struct shclique) + 4095) / 4096 * 4096;
+	return head + 2 * (size_t)nranks * SH_CAP;
+}
+
+static char *sh_area(struct shclique *sh, unsigned s, int rank)
+{
+	size_t head = (sizeof(struct shclique) + 4095) / 4096 * 4096;
+	return (char *)sh + head + ((size_t)s * (size_t)sh->nranks + (size_t)rank) * SH_CAP;
+}
+
+static uint64_t fnv64(const void *p, size_t n, uint64_t h)
+{
+	const unsigned char *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ULL;
+	return h;
+}
+
+static void sh_name(const char *key, char *name, size_t len)
+{
+	snprintf(name, len, "/dev/shm/zerod-cudadouble-%016llx",
+		 (unsigned long long)fnv64(key, NCCL_UNIQUE_ID_BYTES, 0xcbf29ce484222325ULL));
+}
+
+static int sh_lock(struct shclique *sh)
+{
+	int r = pthread_mutex_lock(&sh->mu);
+
+	if (r == EOWNERDEAD) { /* a peer died holding it: the clique is broken */
+		atomic_store(&sh->broken, 1);
+		pthread_mutex_consistent(&sh->mu);
+		r = 0;
+	}
+	return r;
+}
+
+/* Process pid has exited (a zombie its parent has not reaped yet too). */
+static bool pid_gone(pid_t pid)
+{
+	char path[64], buf[256], *p;
+	ssize_t n;
+	int fd;
+
+	if (kill(pid, 0) < 0 && errno == ESRCH)
+		return true;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = 0;
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* Under sh->mu: a timed wait, then whether every peer process still lives
+ * (a dead one breaks the clique). */
+static void sh_wait(struct shclique *sh)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += SH_WAIT_MS * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	if (pthread_cond_timedwait(&sh->cv, &sh->mu, &ts) == EOWNERDEAD) {
+		atomic_store(&sh->broken, 1);
+		pthread_mutex_consistent(&sh->mu);
+	}
+	for (int r = 0; r < sh->nranks; r++)
+		if (sh->pid[r] > 0 && sh->pid[r] != getpid() && pid_gone(sh->pid[r]))
+			atomic_store(&sh->broken, 1);
+}
+
+/* Under mu: map (creating it if first) the shared clique of key. NULL on
+ * failure (a violation says why). */
+static struct shclique *sh_open(const char *key, int nranks, int color)
+{
+	char name[80];
+	struct shclique *sh;
+	size_t len = sh_bytes(nranks);
+	bool creator = true;
+	int fd;
+
+	if (nranks > SH_MAXR) {
+		violation("shared clique of %d ranks: the double holds %d", nranks, SH_MAXR);
+		return NULL;
+	}
+	sh_name(key, name, sizeof(name));
+	fd = open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0 && errno == EEXIST) {
+		creator = false;
+		fd = open(name, O_RDWR | O_CLOEXEC);
+	}
+	if (fd < 0 || (creator && ftruncate(fd, (off_t)len) < 0)) {
+		violation("shared clique %s: %s", name, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	for (int i = 0; !creator && i < 5000; i++) { /* the creator sizes it */
+		struct stat sb;
+		if (fstat(fd, &sb) == 0 && (size_t)sb.st_size >= len)
+			break;
+		usleep(1000);
+	}
+	sh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (sh == MAP_FAILED) {
+		violation("shared clique %s: mmap: %s", name, strerror(errno));
+		return NULL;
+	}
+	if (creator) {
+		pthread_mutexattr_t ma;
+		pthread_condattr_t ca;
+
+		pthread_mutexattr_init(&ma);
+		pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+		pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+		pthread_mutex_init(&sh->mu, &ma);
+		pthread_mutexattr_destroy(&ma);
+		pthread_condattr_init(&ca);
+		pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+		pthread_cond_init(&sh->cv, &ca);
+		pthread_condattr_destroy(&ca);
+		sh->nranks = nranks;
+		sh->color = color;
+		for (unsigned k = 0; k < 2; k++)
+			sh->slot[k] = (struct shslot){.seq = UINT64_MAX, .departed = nranks};
+		atomic_store(&sh->magic, SH_MAGIC);
+	}
+	for (int i = 0; atomic_load(&sh->magic) != SH_MAGIC && i < 5000; i++)
+		usleep(1000);
+	if (atomic_load(&sh->magic) != SH_MAGIC || sh->nranks != nranks || sh->color != color) {
+		violation("shared clique %s: %d ranks color %d there, %d color %d wanted", name,
+			  sh->nranks, sh->color, nranks, color);
+		munmap(sh, len);
+		return NULL;
+	}
+	return sh;
+}
+
+/* Under mu: rank joins the shared clique; the last one unlinks its file. */
+static bool sh_join(struct clique *q, int rank)
+{
+	char name[80];
+	bool ok;
+
+	if (!q->sh) {
+		q->sh = sh_open(q->key, q->nranks, q->color);
+		q->shlen = sh_bytes(q->nranks);
+		if (!q->sh)
+			return false;
+	}
+	if (sh_lock(q->sh) != 0)
+		return false;
+	ok = q->sh->pid[rank] == 0;
+	if (ok) {
+		q->sh->pid[rank] = getpid();
+		if (atomic_fetch_add(&q->sh->joined, 1) + 1 == q->nranks) {
+			sh_name(q->key, name, sizeof(name));
+			unlink(name);
+		}
+	}
+	pthread_mutex_unlock(&q->sh->mu);
+	if (!ok)
+		violation("rank %d joins shared clique twice", rank);
+	return ok;
+}
+
+static bool q_broken(const struct clique *q)
+{
+	return q->broken || (q->sh && atomic_load(&q->sh->broken));
+}
+
+/* Bytes rank brings to op (its send side). */
+static size_t sh_contribution(const struct dop *op, int nranks)
+{
+	size_t es = op->type == ncclFloat32 ? 4 : 2;
+
+	if (op->kind == C_BCAST)
+		return op->comm->rank == op->root ? op->count * es : 0;
+	return op->count * es * (op->kind == C_REDUCESCATTER ? (size_t)nranks : 1);
+}
+
+/* One rank's part of a collective of a shared clique, on its stream's
+ * thread: never holds mu while it waits. */
+static void sh_coll_part(struct dop *op)
+{
+	struct ncclComm *c = op->comm;
+	struct clique *q = c->cq;
+	struct shclique *sh = q->sh;
+	unsigned si = (unsigned)(op->seq % 2);
+	size_t bytes = sh_contribution(op, q->nranks);
+	struct shslot *sl = &sh->slot[si];
+	bool mismatch = false, aborted;
+	struct shslot seen = {0};
+	struct slot tmp = {0};
+	const float *send[SH_MAXR];
+	float *recv[SH_MAXR] = {0};
+
+	pthread_mutex_lock(&mu);
+	aborted = c->aborted;
+	coll_check(op, q->nranks);
+	st.waiting++;
+	pthread_mutex_unlock(&mu);
+	if (bytes > SH_CAP) {
+		atomic_store(&sh->broken, 1);
+		pthread_mutex_lock(&mu);
+		violation("a collective of %zu bytes: the shared clique holds %u", bytes, SH_CAP);
+		pthread_mutex_unlock(&mu);
+	}
+	if (aborted || sh_lock(sh) != 0)
+		goto out;
+	while (!atomic_load(&sh->broken) && sl->seq != op->seq && sl->departed != sh->nranks)
+		sh_wait(sh);
+	if (!atomic_load(&sh->broken) && sl->seq != op->seq)
+		*sl = (struct shslot){.seq = op->seq,
+				      .kind = op->kind,
+				      .root = op->root,
+				      .avg = op->avg,
+				      .type = op->type,
+				      .count = op->count};
+	seen = *sl;
+	mismatch =
+		!atomic_load(&sh->broken) &&
+		(sl->kind != (int32_t)op->kind || sl->count != op->count || sl->root != op->root ||
+		 sl->avg != (int32_t)op->avg || sl->type != (int32_t)op->type);
+	if (!atomic_load(&sh->broken) && !mismatch) {
+		memcpy(sh_area(sh, si, c->rank), op->send, bytes);
+		if (++sl->arrived == sh->nranks)
+			pthread_cond_broadcast(&sh->cv);
+		while (!atomic_load(&sh->broken) && sl->arrived < sh->nranks)
+			sh_wait(sh);
+	}
+	pthread_mutex_unlock(&sh->mu);
+	if (!atomic_load(&sh->broken) && !mismatch) {
+		/* nobody writes the slot before every rank departs */
+		for (int r = 0; r < q->nranks; r++)
+			send[r] = (const float *)sh_area(sh, si, r);
+		recv[c->rank] = op->recv;
+		tmp = (struct slot){.seq = op->seq,
+				    .kind = op->kind,
+				    .count = op->count,
+				    .root = op->root,
+				    .avg = op->avg,
+				    .type = op->type,
+				    .send = send,
+				    .recv = recv};
+		coll_move(&tmp, q->nranks);
+		if (sh_lock(sh) == 0) {
+			if (++sl->departed == sh->nranks)
+				pthread_cond_broadcast(&sh->cv);
+			pthread_mutex_unlock(&sh->mu);
+		}
+	} else if (mismatch) {
+		atomic_store(&sh->broken, 1);
+	}
+out:
+	pthread_mutex_lock(&mu);
+	if (mismatch)
+		violation("ranks disagree on shared collective #%llu: rank %d issues kind %d "
+			  "count %zu root %d, another kind %d count %llu root %d",
+			  (unsigned long long)op->seq, c->rank, op->kind, op->count, op->root,
+			  (int)seen.kind, (unsigned long long)seen.count, (int)seen.root);
+	st.waiting--;
+	pthread_mutex_unlock(&mu);
+}
+
 /* One rank's part of a collective, on its stream's thread. */
 static void coll_part(struct dop *op)
 {
@@ -1192,6 +1556,10 @@ static void coll_part(struct dop *op)
 	struct clique *q = c->cq;
 	struct slot *sl, **pp;
 
+	if (q->sh) {
+		sh_coll_part(op);
+		return;
+	}
 	pthread_mutex_lock(&mu);
 	if (c->aborted || q->broken) {
 		/* NCCL's kernels leave at once after an abort */
@@ -1331,10 +1699,19 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 	NCCL_ENTER();
 	memset(id, 0, sizeof(*id));
 	pthread_mutex_lock(&mu);
-	snprintf(id->internal, sizeof(id->internal), "cudadouble id %llu",
-		 (unsigned long long)++ids);
+	/* unique across processes too (shared cliques are keyed by it) */
+	snprintf(id->internal, sizeof(id->internal), "cudadouble id %d.%llu.%llx", (int)getpid(),
+		 (unsigned long long)++ids, (unsigned long long)time(NULL));
 	pthread_mutex_unlock(&mu);
 	return ncclSuccess;
+}
+
+/* Under mu: whether c's clique is complete (across processes too). */
+static bool init_done(struct ncclComm *c)
+{
+	if (c->init_pending && c->cq->sh && atomic_load(&c->cq->sh->joined) == c->cq->nranks)
+		c->init_pending = false;
+	return !c->init_pending;
 }
 
 /* Under mu: join rank `rank` on device dev to the clique keyed key. */
@@ -1389,6 +1766,8 @@ static ncclResult_t clique_join(const char *key, int nranks, int rank, int dev, 
 	comms = c;
 	q->member[rank] = c;
 	st.live_comms++;
+	if (cfg.shm_cliques && !sh_join(q, rank))
+		return ncclSystemError;
 	if (++q->joined == nranks) {
 		for (int r = 0; r < nranks; r++)
 			q->member[r]->init_pending = false;
@@ -1401,8 +1780,15 @@ static ncclResult_t clique_join(const char *key, int nranks, int rank, int dev, 
 				  "does not model it)");
 			return ncclInvalidUsage;
 		}
-		while (c->init_pending)
-			pthread_cond_wait(&cv, &mu);
+		while (!init_done(c)) {
+			if (!q->sh) {
+				pthread_cond_wait(&cv, &mu);
+				continue;
+			}
+			pthread_mutex_unlock(&mu);
+			usleep(1000);
+			pthread_mutex_lock(&mu);
+		}
 		c->async = ncclSuccess;
 		return ncclSuccess;
 	}
@@ -1445,6 +1831,14 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 			k.parent = comm->cq;
 			k.n = comm->nsplits++;
 			memcpy(id + 32, &k, sizeof(k));
+			if (comm->cq->sh) /* the same key in every process */
+				memset(id, 0, sizeof(id));
+			if (comm->cq->sh)
+				snprintf(id, sizeof(id), "cudadouble split %016llx.%llu.%d",
+					 (unsigned long long)fnv64(comm->cq->key,
+								   sizeof(comm->cq->key),
+								   0xcbf29ce484222325ULL),
+					 (unsigned long long)k.n, color);
 			r = clique_join(id, comm->cq->nranks, comm->rank, comm->dev, color, conf,
 					newcomm);
 		}
@@ -1461,7 +1855,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async)
 		pthread_mutex_unlock(&mu);
 		return ncclInvalidUsage;
 	}
-	if (comm->async == ncclInProgress && !comm->init_pending) {
+	if (comm->async == ncclInProgress && init_done(comm)) {
 		if (comm->polls_left > 0) {
 			comm->polls_left--;
 		} else {
@@ -1470,7 +1864,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async)
 		}
 	}
 	/* a peer aborted: NCCL reports it as a remote error */
-	if (comm->cq->broken && (comm->async == ncclSuccess || comm->async == ncclInProgress))
+	if (q_broken(comm->cq) && (comm->async == ncclSuccess || comm->async == ncclInProgress))
 		comm->async = ncclRemoteError;
 	*async = comm->async;
 	pthread_mutex_unlock(&mu);
@@ -1486,6 +1880,8 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 	if (comm_usable(comm, "ncclCommAbort")) {
 		comm->aborted = true;
 		comm->cq->broken = true;
+		if (comm->cq->sh)
+			atomic_store(&comm->cq->sh->broken, 1); /* the peers' parts see it */
 		while (comm->deferred) {
 			struct pend *p = comm->deferred;
 			comm->deferred = p->next;

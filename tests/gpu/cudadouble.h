@@ -22,6 +22,9 @@ struct cudadouble_config {
 				    * answers ncclInProgress before it takes effect */
 	unsigned jitter_us;        /* each stream task first sleeps up to this long */
 	unsigned seed;             /* for the jitter */
+	bool shm_cliques;          /* NCCL cliques meet across processes in /dev/shm
+				    * (ZEROD_CUDADOUBLE_SHM=1 in a process that never
+				    * calls cudadouble_reset()) */
 };
 
 struct cudadouble_stats {

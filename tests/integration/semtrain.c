@@ -289,7 +289,7 @@ int sem_rank(const struct sem_spec *s, uint32_t rank)
 		bad = failed(s, rank, "connect", r, zc_error_message());
 		goto out;
 	}
-	r = zc_alloc_buffers(c, &l.plan);
+	r = s->buffers ? s->buffers(c, &l.plan, rank) : zc_alloc_buffers(c, &l.plan);
 	if (r < 0) {
 		bad = failed(s, rank, "alloc_buffers", r, zc_error_message());
 		goto out;

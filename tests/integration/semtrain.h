@@ -48,6 +48,9 @@ struct sem_spec {
 	double tolerance;       /* 0: bit for bit */
 	int expect_code;        /* a rank's step must fail with this (0: succeed) */
 	const char *expect_msg; /* ... its message holding this */
+	/* instead of zc_alloc_buffers() (the CUDA tests: device buffers the
+	 * host can write, on the test double); NULL: host buffers */
+	int (*buffers)(zc_client *c, const struct zc_plan *plan, uint32_t rank);
 };
 
 /* Defaults: no masks, no clipping, no scale, 6 iterations, lr 0.05. */

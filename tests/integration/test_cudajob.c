@@ -27,20 +27,39 @@
  *    the rank and the reason, while a second job beside it trains to the
  *    reference;
  *  - --max-device-memory: a job whose state passes it on one GPU is refused
- *    with ZC_ELIMIT naming the GPU, one beside it that fits trains.
+ *    with ZC_ELIMIT naming the GPU, one beside it that fits trains;
+ *  - two nodes: two zerod-double daemons on loopback (the rendezvous on a
+ *    free port) whose NCCL cliques meet across the processes in shared
+ *    memory (ZEROD_CUDADOUBLE_SHM=1), so the collectives move the bytes
+ *    between the daemons: semtrain.c's jobs with masks, clipping (global
+ *    and per group), a grad scale and a non-finite iteration in at_end, bit
+ *    for bit against its reference (the double's average is a sum in rank
+ *    order then one division; with node_of {0, 1} that is the order the
+ *    references sum in); a job of 3 ranks over the two whose state goes out
+ *    of the devices across the nodes and back, then trains on to the
+ *    reference bit for bit; a bf16 and an fp16 bucket whose masters live on
+ *    each owner's device, exported across the nodes and imported again;
+ *    and a daemon killed mid-run: the other node's rank fails with
+ *    ZC_ERANKDEAD naming node 1, no hang.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
 #include "cudadouble.h"
 #include "harness.h"
+#include "refoptim.h"
+#include "semtrain.h"
 #include "testlib.h"
 #include "trainer.h"
 #include "zctest.h"
@@ -303,14 +322,7 @@ static void t_state_round_trip(void)
 		zd_dump_log(&daemon_);
 }
 
-/* -------------------------------------------------------------- refusals --- */
-
-/* A rank that registers CUDA buffers with the train hooks and reports how
- * its job ended (results in shared memory). */
-struct refusal {
-	struct train_spec s;
-	struct train_result *res;
-};
+/* ------------------------------------------------------------ two nodes --- */
 
 static struct train_result *shared_results(uint32_t n)
 {
@@ -319,6 +331,383 @@ static struct train_result *shared_results(uint32_t n)
 
 	return p == MAP_FAILED ? NULL : p;
 }
+
+struct cuda_cluster {
+	struct zd zd[2];
+	const char *socks[2];
+	char rdzv[32];
+};
+
+static int free_port(void)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
+
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+		port = ntohs(sa.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+#define STALL_MS 6000
+
+/* Two zerod-double --backend cuda whose cliques meet in /dev/shm. */
+static void cluster_start(struct cuda_cluster *cl)
+{
+	char stall[16];
+	const char *const args[] = {"--backend", "cuda", "--stall-timeout", stall, "--workers",
+				    "2",         NULL};
+	int port;
+
+	memset(cl, 0, sizeof(*cl));
+	snprintf(stall, sizeof(stall), "%d", test_timeout(STALL_MS));
+	setenv("ZEROD_CUDADOUBLE_SHM", "1", 1); /* this case's process and its children */
+	for (int k = 0; k < 2; k++) {
+		REQUIRE(zd_start(&cl->zd[k], args) == 0, "zerod-double %d did not start", k);
+		cl->socks[k] = cl->zd[k].sock;
+	}
+	port = free_port();
+	REQUIRE(port > 0, "no free port");
+	snprintf(cl->rdzv, sizeof(cl->rdzv), "127.0.0.1:%d", port);
+}
+
+/* Stop both (`killed`: SIGKILLed by the case, or -1). */
+static void cluster_stop(struct cuda_cluster *cl, int killed)
+{
+	for (int k = 0; k < 2; k++) {
+		if (test_failed_) {
+			printf("# ---- daemon %d ----\n", k);
+			zd_dump_log(&cl->zd[k]);
+		}
+		int st = zd_stop(&cl->zd[k], 10000);
+		if (k == killed)
+			CHECK(st == 128 + SIGKILL, "daemon %d: exit %d, not SIGKILL", k, st);
+		else
+			CHECK(st == 0, "daemon %d exited with %d after SIGTERM", k, st);
+	}
+}
+
+/* The daemon's log says job ran on cuda as node `node` of 2. */
+static bool ran_on_cuda_node(const struct zd *d, const char *job, int node)
+{
+	char want[96], where[32], line[1024];
+	bool found = false;
+	FILE *f = fopen(d->log, "r");
+
+	if (!f)
+		return false;
+	snprintf(want, sizeof(want), "job %s: plan ", job);
+	snprintf(where, sizeof(where), "node %d of 2", node);
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, want) && strstr(line, "backend cuda,") && strstr(line, where);
+	fclose(f);
+	return found;
+}
+
+static int sem_cuda_buffers(zc_client *c, const struct zc_plan *plan, uint32_t rank)
+{
+	device_ = -1;
+	return cuda_buffers(c, plan, rank);
+}
+
+static int sem_main(void *arg, int idx)
+{
+	return sem_rank(arg, (uint32_t)idx);
+}
+
+static const uint32_t node_of2[2] = {0, 1};
+
+/* semtrain's job on CUDA buffers over the two daemons, rank r on node r:
+ * bit for bit against its reference. */
+static void sem_two_nodes(struct sem_spec *s)
+{
+	struct cuda_cluster cl;
+	pid_t pids[2];
+
+	cluster_start(&cl);
+	s->rdzv = cl.rdzv;
+	s->nnodes = 2;
+	s->sockets = cl.socks;
+	s->node_of = node_of2;
+	s->buffers = sem_cuda_buffers;
+	s->tolerance = 0;
+	for (int r = 0; r < 2; r++)
+		pids[r] = spawn(sem_main, s, r);
+	for (int r = 0; r < 2; r++) {
+		int st = wait_child(pids[r], test_timeout(90000));
+		CHECK(st == 0, "%s rank %d exited with %d", s->job, r, st);
+	}
+	for (int k = 0; k < 2; k++)
+		CHECK(ran_on_cuda_node(&cl.zd[k], s->job, k),
+		      "daemon %d's log does not say %s ran on cuda as node %d of 2", k, s->job, k);
+	cluster_stop(&cl, -1);
+}
+
+/* Masks (segments unused on one node only, and on both), a global clip and
+ * a grad scale, bucket mode, at_end: the masks, norms and scale meet
+ * through the NCCL gather. */
+static void t_two_nodes_masks_clip_scale(void)
+{
+	struct sem_spec s;
+
+	sem_spec_init(&s, "cuda-nodes-mcs", 2);
+	s.opt = ZC_OPT_ADAM;
+	s.masks = true;
+	s.scale = true;
+	s.max_grad_norm = 5.0;
+	sem_two_nodes(&s);
+}
+
+/* Per-group clipping over both nodes' shards and +inf on node 1 at
+ * iteration 2 (neither node steps it), slice mode, with masks. */
+static void t_two_nodes_group_clip_found_inf(void)
+{
+	struct sem_spec s;
+
+	sem_spec_init(&s, "cuda-nodes-gci", 2);
+	s.opt = ZC_OPT_ADAMW;
+	s.shard = ZC_SHARD_SLICE;
+	s.masks = true;
+	s.scale = true;
+	s.inf_rank = 1;
+	s.inf_iter = 2;
+	s.hp[0].max_grad_norm = 3.0;
+	s.hp[1].max_grad_norm = 100.0;
+	sem_two_nodes(&s);
+}
+
+/* A train_spec over cl: rank r on node node_of[r]. */
+static void on_nodes(struct train_spec *s, struct cuda_cluster *cl, const uint32_t *node_of)
+{
+	s->socket = NULL;
+	s->rdzv = cl->rdzv;
+	s->nnodes = 2;
+	s->secret = "cuda nodes";
+	s->node_of = node_of;
+	s->explicit_nodes = true;
+	s->sockets = cl->socks;
+	s->plan_variant_node = -1;
+	s->die_rank = -1;
+}
+
+/* Three ranks over the two daemons (0 and 1 on node 0, 2 on node 1: the
+ * references' node order is then the double's rank order): after
+ * iteration 2 every rank exports the state (each node's owners' pieces
+ * gathered across the nodes) and imports it again (each node its own
+ * owners'), and the job trains on to the reference bit for bit. */
+static void t_two_nodes_state_round_trip(void)
+{
+	static const uint32_t node_of3[3] = {0, 0, 1};
+	struct train_spec s =
+		spec("cuda-nodes-state", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 43);
+	struct cuda_cluster cl;
+	pid_t pids[3];
+
+	cluster_start(&cl);
+	on_nodes(&s, &cl, node_of3);
+	s.hooks = &cuda_state_hooks;
+	train_make_plan(&s, &round_tp_); /* inherited by the ranks */
+	device_ = -1;
+	start_ranks(&s, pids);
+	check_ranks(&s, pids);
+	for (int k = 0; k < 2; k++)
+		CHECK(ran_on_cuda_node(&cl.zd[k], s.job, k),
+		      "daemon %d's log does not say %s ran on cuda as node %d of 2", k, s.job, k);
+	cluster_stop(&cl, -1);
+}
+
+/* A bf16 and an fp16 bucket over the two nodes (rank r alone on node r),
+ * SGD in slice mode: each node owns half of each bucket and keeps its
+ * masters on its device. The values are multiples of 1/16 (exact in both
+ * dtypes and in every sum), so the reference is the movement itself: the
+ * reduction across the daemons, each owner's master step and rounding, the
+ * broadcast back. After iteration 2 each rank exports the state (masters
+ * included, gathered across the nodes) and checks the masters, then
+ * imports it again (each node its own owners' masters, narrowed into the
+ * parameters and broadcast); the job trains on to the reference. */
+#define LP_ITERS 5
+static const uint64_t lp_numel[2] = {40, 24};
+static const enum zc_dtype lp_dtype[2] = {ZC_DTYPE_BF16, ZC_DTYPE_F16};
+
+struct lowp_two {
+	struct cuda_cluster *cl;
+	struct train_result *res;
+};
+
+static float lp_init(uint32_t b, uint64_t i)
+{
+	return (float)((int)(i % 7) - 3) / 4 + (float)b;
+}
+
+static float lp_grad(uint32_t r, int it, uint32_t b, uint64_t i)
+{
+	return (float)((int)((i + b) % 5) - 2 + (int)r + it) / 8;
+}
+
+static int lowp_two_rank(void *arg, int idx)
+{
+	const struct lowp_two *x = arg;
+	uint32_t rank = (uint32_t)idx;
+	struct zc_param_group grp = {GROUP_SIZE, .lr = 0.5};
+	struct zc_segment segs[2][1] = {{SEG(0, 40, 0)}, {SEG(0, 24, 0)}};
+	struct zc_bucket bk[2] = {BUCKET(40, 1, segs[0]), BUCKET(24, 1, segs[1])};
+	struct zc_plan plan = PLAN(ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, 1, &grp, 2, bk);
+	struct zc_config cfg = test_config(&x->cl->zd[rank], "cuda-nodes-lowp", rank, 2);
+	float master[2][40];
+	zc_client *c = NULL;
+	int r, bad = 0;
+
+	bk[0].dtype = lp_dtype[0];
+	bk[1].dtype = lp_dtype[1];
+	cfg.local_rank = 0;
+	cfg.local_size = 1;
+	cfg.rdzv = x->cl->rdzv;
+	cfg.nnodes = 2;
+	cfg.has_node_rank = true;
+	cfg.node_rank = rank;
+	cfg.job_secret = "cuda nodes";
+	cfg.register_timeout_ms = test_timeout(20000);
+	device_ = -1;
+	r = zc_connect(&cfg, &c);
+	if (r == 0)
+		r = cuda_buffers(c, &plan, rank);
+	for (uint32_t b = 0; b < 2 && r == 0; b++) {
+		uint16_t *p = zc_param_ptr(c, b);
+		for (uint64_t i = 0; i < lp_numel[b]; i++) {
+			master[b][i] = lp_init(b, i);
+			/* rank 1's differ: the job starts from rank 0's */
+			p[i] = ref_lowp_round(rank ? -7.0f : master[b][i], lp_dtype[b]);
+		}
+	}
+	if (r == 0)
+		r = zc_register_plan(c);
+	for (int it = 0; it < LP_ITERS && r == 0; it++) {
+		zc_future *f = NULL;
+		for (uint32_t b = 0; b < 2 && r == 0; b++) {
+			uint16_t *g = zc_grad_ptr(c, b);
+			for (uint64_t i = 0; i < lp_numel[b]; i++)
+				g[i] = ref_lowp_round(lp_grad(rank, it, b, i), lp_dtype[b]);
+			r = zc_bucket_ready_cuda(c, b, stream_, NULL);
+		}
+		if (r == 0)
+			r = zc_step_future(c, (uint64_t)it, &f);
+		if (r == 0)
+			r = zc_future_wait(f, test_timeout(20000)) == 1 ? 0 : ZC_ETIMEDOUT;
+		if (r == 0)
+			r = cuda_stepped(c, f, it);
+		zc_future_free(f);
+		for (uint32_t b = 0; b < 2 && r == 0; b++) {
+			const uint16_t *p = zc_param_ptr(c, b);
+			for (uint64_t i = 0; i < lp_numel[b]; i++) {
+				float avg = (lp_grad(0, it, b, i) + lp_grad(1, it, b, i)) / 2;
+				master[b][i] -= 0.5f * avg;
+				if (p[i] != ref_lowp_round(master[b][i], lp_dtype[b]) && !bad++)
+					printf("# rank %u iteration %d bucket %u element %lu: %#x, "
+					       "want %#x\n",
+					       rank, it, b, (unsigned long)i, p[i],
+					       ref_lowp_round(master[b][i], lp_dtype[b]));
+			}
+		}
+		if (r == 0 && it == 2) {
+			struct zc_segment_state st[2];
+			float got[2][40];
+			for (uint32_t b = 0; b < 2; b++) {
+				st[b] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+				st[b].bucket = b;
+				st[b].segment = 0;
+				st[b].master = got[b];
+			}
+			r = zc_get_state(c, st, 2);
+			for (uint32_t b = 0; b < 2 && r == 0; b++) {
+				if (!(st[b].present & ZC_STATE_MASTER) && !bad++)
+					printf("# rank %u bucket %u: no master exported\n", rank,
+					       b);
+				for (uint64_t i = 0; i < lp_numel[b]; i++)
+					if (got[b][i] != master[b][i] && !bad++)
+						printf("# rank %u bucket %u master %lu: %g, want "
+						       "%g\n",
+						       rank, b, (unsigned long)i, got[b][i],
+						       master[b][i]);
+			}
+			for (uint32_t b = 0; b < 2; b++)
+				st[b].present &= ZC_STATE_MASTER; /* SGD without momentum */
+			if (r == 0)
+				r = zc_set_state(c, st, 2);
+		}
+	}
+	if (r < 0)
+		printf("# rank %u: %s: %s\n", rank, zc_strerror_name(r), zc_error_message());
+	zc_close(c);
+	return r < 0 || bad ? 1 : 0;
+}
+
+static void t_two_nodes_lowp_masters(void)
+{
+	struct cuda_cluster cl;
+	struct lowp_two x = {.cl = &cl};
+	pid_t pids[2];
+
+	cluster_start(&cl);
+	for (int r = 0; r < 2; r++)
+		pids[r] = spawn(lowp_two_rank, &x, r);
+	for (int r = 0; r < 2; r++) {
+		int st = wait_child(pids[r], test_timeout(60000));
+		CHECK(st == 0, "cuda-nodes-lowp rank %d exited with %d", r, st);
+	}
+	for (int k = 0; k < 2; k++)
+		CHECK(ran_on_cuda_node(&cl.zd[k], "cuda-nodes-lowp", k),
+		      "daemon %d's log does not say the job ran on cuda as node %d of 2", k, k);
+	cluster_stop(&cl, -1);
+}
+
+/* The daemon of node 1 is SIGKILLed mid-run: the rank on node 0 fails with
+ * a named error within the stall timeout (its collectives end: the dead
+ * peer breaks the clique), and its daemon lives on. */
+static void t_two_nodes_daemon_killed(void)
+{
+	struct train_spec s =
+		spec("cuda-nodes-kill", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 44);
+	struct cuda_cluster cl;
+	pid_t pids[2];
+	int64_t t0;
+	int st;
+
+	cluster_start(&cl);
+	on_nodes(&s, &cl, node_of2);
+	s.iters = 100000;
+	s.sleep_us = 5000;
+	s.stop = train_stop_new(); /* never asked: counts rank 0's iterations */
+	s.results = shared_results(2);
+	REQUIRE(s.results, "no shared memory for the results");
+	device_ = -1;
+	start_ranks(&s, pids);
+	t0 = test_ms();
+	while (atomic_load(&s.stop->done) < 3 && test_ms() - t0 < test_timeout(20000))
+		usleep(2000);
+	REQUIRE(atomic_load(&s.stop->done) >= 3, "the job never ran 3 iterations");
+	kill(cl.zd[1].pid, SIGKILL);
+	st = wait_child(pids[0], test_timeout(STALL_MS + 10000));
+	CHECK(st == 1, "rank 0 exited with %d, not 1 (failed)", st);
+	printf("# rank 0: %s: %s\n", zc_strerror_name(s.results[0].code), s.results[0].msg);
+	CHECK(s.results[0].code == ZC_ERANKDEAD && strstr(s.results[0].msg, "node 1"),
+	      "rank 0 ended with %s: %s (want ZC_ERANKDEAD naming node 1)",
+	      zc_strerror_name(s.results[0].code), s.results[0].msg);
+	wait_child(pids[1], test_timeout(20000));
+	CHECK(zd_alive(&cl.zd[0]), "node 0's zerod died");
+	cluster_stop(&cl, 1);
+}
+
+/* -------------------------------------------------------------- refusals --- */
+
+/* A rank that registers CUDA buffers with the train hooks and reports how
+ * its job ended (results in shared memory). */
+struct refusal {
+	struct train_spec s;
+	struct train_result *res;
+};
 
 static int bad_handle_rank(void *arg, int idx)
 {
@@ -524,6 +913,11 @@ static const struct test_case cases[] = {
 	{"bad_handle_refused", t_bad_handle_refused, 90000},
 	{"unknown_uuid_refused", t_unknown_uuid_refused, 90000},
 	{"device_memory_limit", t_device_memory_limit, 90000},
+	{"two_nodes_masks_clip_scale", t_two_nodes_masks_clip_scale, 120000},
+	{"two_nodes_group_clip_found_inf", t_two_nodes_group_clip_found_inf, 120000},
+	{"two_nodes_state_round_trip", t_two_nodes_state_round_trip, 120000},
+	{"two_nodes_lowp_masters", t_two_nodes_lowp_masters, 120000},
+	{"two_nodes_daemon_killed", t_two_nodes_daemon_killed, 120000},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 

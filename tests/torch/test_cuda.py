@@ -7,6 +7,9 @@ a GPU is tests/gpu/torch_cuda.py, in tests/gpu/run.
   byte view of the CPU path's own buffer lands on exactly the memory the CPU
   path's parameters are views of: the CUDA path builds its parameter views
   the same way over a device byte tensor.
+- bucket_views() types bf16 and fp16 buckets as the CUDA path does for a
+  bf16/fp16 model: each view of its dtype at its byte offset, misaligned
+  offsets refused.
 - The CUDA bindings reach libzeroclient with the right types: on host buffers
   zc_bucket_ready_cuda and zc_step_wait_cuda refuse with ZC_ESTATE (and the
   job trains on), and ZC_BUFFERS_CUDA buffers with no CUDA runtime in the
@@ -70,6 +73,32 @@ def check_views(opt):
     return len(offsets), checked
 
 
+def lowp_views(rank):
+    """bucket_views() over one byte tensor with fp32, bf16 and fp16 buckets
+    (a mixed model's layout): each view has its dtype, starts at its byte
+    offset and writes land in exactly its bytes."""
+    from zerod.torch import bucket_views
+    mem = torch.zeros(256, dtype=torch.uint8)
+    offs, numels = [0, 64, 128], [10, 7, 9]
+    dts = [torch.float32, torch.bfloat16, torch.float16]
+    views = bucket_views(mem, offs, numels, dts)
+    for v, off, n, dt in zip(views, offs, numels, dts):
+        assert v.dtype == dt and v.numel() == n, (v.dtype, v.numel())
+        assert v.data_ptr() == mem.data_ptr() + off, (dt, off)
+        v.fill_(1.5)
+    for v, off, n, dt in zip(views, offs, numels, dts):
+        size = torch.empty(0, dtype=dt).element_size()
+        want = torch.full((n,), 1.5, dtype=dt).view(torch.uint8)
+        assert torch.equal(mem[off:off + n * size], want), dt
+    assert int(mem[40:64].sum()) == 0 and int(mem[78:128].sum()) == 0
+    try:
+        bucket_views(mem, [65], [2], [torch.bfloat16])
+        raise AssertionError("bucket_views took a misaligned bf16 bucket")
+    except ValueError as e:
+        assert "does not fit" in str(e), e
+    return {"buckets": [str(d) for d in dts]}
+
+
 def views_are_the_parameters(rank):
     cfg = dict(opt="adam", hyper={"lr": 0.01})
     ddp, opt, _, _ = make(cfg, rank)
@@ -124,6 +153,7 @@ def cuda_buffers_without_runtime(rank):
 
 CASES = {
     "bucket-views-over-libzeroclient-offsets-are-the-parameters": dict(world=2, what="views"),
+    "bucket-views-bf16-fp16-typed-at-their-offsets": dict(world=1, what="lowp"),
     "cuda-calls-on-host-buffers-refused-job-goes-on": dict(world=2, what="bindings",
                                                            needs="cuda"),
     "cuda-buffers-without-a-cuda-runtime-enotsup": dict(world=1, what="noruntime",
@@ -135,6 +165,8 @@ def rank_main(name, cfg, rank, world):
     what = cfg["what"]
     if what == "views":
         return views_are_the_parameters(rank)
+    if what == "lowp":
+        return lowp_views(rank)
     if what == "bindings":
         return bindings_on_host_buffers(rank)
     return cuda_buffers_without_runtime(rank)

@@ -12,7 +12,12 @@
  *    same job on the host backend, bit for bit, with streams jittered and
  *    every non-blocking NCCL call answering ncclInProgress first;
  *  - two nodes sharing one NCCL unique id: every collective kind, done()
- *    from a stream's thread, never the submitter's;
+ *    from a stream's thread, never the submitter's; the gather in node
+ *    order (growing staging, -EBUSY while one is in flight, abort);
+ *  - two processes on one id (the double's cliques in shared memory): an
+ *    all-reduce and a gather moving bytes between them, and a peer process
+ *    that leaves after the open failing the other's all-reduce with
+ *    -ECONNRESET, no hang;
  *  - faults: an async NCCL error, and abort, each ending a collective that
  *    waits for a peer that never comes, with the right code, from the
  *    watchdog, and leaving no communicator or stream behind;
@@ -31,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -1205,6 +1211,233 @@ static void t_two_nodes_store(void)
 	check_clean("two nodes through the store");
 }
 
+/* A job over two nodes gathers each node's bytes in node order (the
+ * executor's masks and norm partials): through set 2's all-gather, growing
+ * its staging, every node the same result; a second gather while one is in
+ * flight is -EBUSY; a gather the peer never joins ends on abort. */
+static void t_two_nodes_gather(void)
+{
+	char dir[] = "/tmp/zerod-test-cuda.XXXXXX";
+	static const size_t sizes[3] = {5, 100, 700}; /* doubles: 40 B, then past 256 B twice */
+	struct coll_store store;
+	struct coll_net net[2];
+	struct node nodes[2];
+	struct waiter w[2];
+	double *in[2], *out[2];
+
+	REQUIRE(mkdtemp(dir), "mkdtemp");
+	store = filestore_new(dir);
+	reset(4, 3, 100);
+	REQUIRE(nodes_open_via(nodes, NULL, &store, net) == 0, "open through the store: %d %d",
+		nodes[0].r, nodes[1].r);
+	for (int k = 0; k < 2; k++) {
+		in[k] = malloc(700 * sizeof(double));
+		out[k] = malloc(2 * 700 * sizeof(double));
+		REQUIRE(in[k] && out[k], "malloc");
+	}
+	for (unsigned t = 0; t < 3; t++) {
+		size_t n = sizes[t];
+		for (int k = 0; k < 2; k++) {
+			for (size_t i = 0; i < n; i++)
+				in[k][i] = 1000.0 * (k + 1) + (double)i + 0.25 * t;
+			memset(out[k], 0xff, 2 * n * sizeof(double));
+			waiter_init(&w[k]);
+			w[k].req = (struct coll_req){.kind = COLL_GATHER,
+						     .lane = 1,
+						     .gin = in[k],
+						     .gout = out[k],
+						     .gbytes = n * sizeof(double),
+						     .done = waiter_done};
+			CHECK(coll_nccl_ops.submit(nodes[k].g, &w[k].req) == 0, "gather %u: submit",
+			      t);
+			if (t == 0 && k == 0) {
+				/* node 1 has not joined: node 0's first is still in flight */
+				struct coll_req again = w[0].req;
+				int r = coll_nccl_ops.submit(nodes[0].g, &again);
+				CHECK(r == -EBUSY, "a second gather in flight: %d (want -EBUSY)",
+				      r);
+			}
+		}
+		for (int k = 0; k < 2; k++) {
+			CHECK(waiter_wait(&w[k], 5000) == 0 && w[k].calls == 1,
+			      "gather %u: node %d: status %d, %u calls", t, k, w[k].status,
+			      w[k].calls);
+			for (size_t i = 0; i < 2 * n; i++) {
+				double want =
+					1000.0 * (double)(i / n + 1) + (double)(i % n) + 0.25 * t;
+				if (out[k][i] != want) {
+					CHECK(0,
+					      "gather %u: node %d out[%zu] = %g, want %g (node "
+					      "%zu's)",
+					      t, k, i, out[k][i], want, i / n);
+					break;
+				}
+			}
+		}
+	}
+	/* node 1 never joins: node 0's gather ends on abort, no hang */
+	waiter_init(&w[0]);
+	w[0].req = (struct coll_req){.kind = COLL_GATHER,
+				     .lane = 1,
+				     .gin = in[0],
+				     .gout = out[0],
+				     .gbytes = 8,
+				     .done = waiter_done};
+	CHECK(coll_nccl_ops.submit(nodes[0].g, &w[0].req) == 0, "lone gather: submit");
+	CHECK(waiter_wait(&w[0], 200) == 1, "a gather without its peer completed: %d", w[0].status);
+	coll_nccl_ops.abort(nodes[0].g);
+	CHECK(waiter_wait(&w[0], 5000) == -ECANCELED,
+	      "lone gather after abort: %d (want "
+	      "-ECANCELED)",
+	      w[0].status);
+	nodes_close(nodes);
+	for (int k = 0; k < 2; k++) {
+		free(in[k]);
+		free(out[k]);
+	}
+	filestore_free(&store);
+	rm_dir(dir);
+	check_clean("two nodes gather");
+}
+
+/* One node of a job over two processes (cfg.shm_cliques): ranks 2 node and
+ * 2 node + 1 here. Reduces, broadcasts and gathers; unless `leave`, when it
+ * leaves after the open without a word (a node killed). 0 or why not. */
+static int shm_node(uint32_t node, const ncclUniqueId *id, bool leave, char *why, size_t len)
+{
+	struct cudadouble_config c = {.ndevices = 4,
+				      .driver_version = 13000,
+				      .inprogress_polls = 2,
+				      .jitter_us = 100,
+				      .seed = 7 + node,
+				      .shm_cliques = true};
+	float *grads[4] = {0}, *params[4] = {0}, want[NN];
+	struct coll_net net = {.nnodes = 2, .node = node, .node_of = node_of4, .prefix = "shm/"};
+	struct coll_config cfg = {.world = 4,
+				  .grads = grads,
+				  .params = params,
+				  .net = &net,
+				  .nccl_id = id->internal,
+				  .open_timeout_ms = 5000};
+	struct coll_range whole = {.owner = 0, .off = 0, .n = NN};
+	struct coll_group *g = NULL;
+	struct waiter w;
+	double in[3], out[6];
+	int r;
+
+	cudadouble_reset(&c);
+	for (uint32_t k = 2 * node; k < 2 * node + 2; k++) {
+		grads[k] = dev_alloc((int)k, NN);
+		params[k] = dev_alloc((int)k, NN);
+		for (size_t i = 0; i < NN; i++)
+			grads[k][i] = (float)(k + 1) * (float)i + 0.1f;
+	}
+	for (size_t i = 0; i < NN; i++) {
+		want[i] = 0;
+		for (uint32_t k = 0; k < 4; k++)
+			want[i] += (float)(k + 1) * (float)i + 0.1f;
+		want[i] /= 4;
+	}
+	r = coll_nccl_ops.open(&cfg, &g);
+	if (r < 0) {
+		snprintf(why, len, "node %u: open: %d", node, r);
+		return r;
+	}
+	if (leave)
+		_exit(0); /* no close, no abort: as SIGKILL leaves it */
+	waiter_init(&w);
+	w.req = (struct coll_req){.kind = COLL_REDUCE,
+				  .mode = ZC_SHARD_BUCKET,
+				  .ranges = &whole,
+				  .nranges = 1,
+				  .done = waiter_done};
+	r = coll_nccl_ops.submit(g, &w.req);
+	if (r == 0)
+		r = waiter_wait(&w, 10000);
+	for (uint32_t k = 2 * node; k < 2 * node + 2 && r == 0; k++)
+		if (memcmp(grads[k], want, sizeof(want)) != 0) {
+			snprintf(why, len, "node %u: rank %u has not the average of all four", node,
+				 k);
+			r = 1;
+		}
+	if (r < 0) {
+		snprintf(why, len, "node %u: all-reduce: %d", node, r);
+		goto out;
+	}
+	for (int i = 0; i < 3; i++)
+		in[i] = 10.0 * (node + 1) + i;
+	waiter_init(&w);
+	w.req = (struct coll_req){.kind = COLL_GATHER,
+				  .lane = 1,
+				  .gin = in,
+				  .gout = out,
+				  .gbytes = sizeof(in),
+				  .done = waiter_done};
+	r = coll_nccl_ops.submit(g, &w.req);
+	if (r == 0)
+		r = waiter_wait(&w, 10000);
+	for (int i = 0; i < 6 && r == 0; i++)
+		if (out[i] != 10.0 * (i / 3 + 1) + i % 3) {
+			snprintf(why, len, "node %u: gathered[%d] = %g", node, i, out[i]);
+			r = 1;
+		}
+	if (r < 0)
+		snprintf(why, len, "node %u: gather: %d", node, r);
+out:
+	coll_nccl_ops.close(g);
+	for (uint32_t k = 2 * node; k < 2 * node + 2; k++) {
+		cudaFree(grads[k]);
+		cudaFree(params[k]);
+	}
+	if (r == 0) {
+		struct cudadouble_stats s;
+		cudadouble_stats(&s);
+		if (s.violations) {
+			snprintf(why, len, "node %u: %u violations, first: %.150s", node,
+				 s.violations, s.first_violation);
+			r = 1;
+		}
+	}
+	return r;
+}
+
+/* Two processes, one job: the double's communicators of one id meet in
+ * shared memory, so the bytes really cross between the processes (as two
+ * zerod-double daemons do); then a peer process that leaves after the open
+ * fails the other's all-reduce with -ECONNRESET (NCCL's remote error), no
+ * hang. */
+static void t_two_processes(void)
+{
+	for (int leave = 0; leave < 2; leave++) {
+		ncclUniqueId id;
+		char why[256] = "", cwhy[256] = "";
+		int st = 0, r;
+		pid_t pid;
+
+		reset(4, 0, 0);
+		REQUIRE(ncclGetUniqueId(&id) == ncclSuccess, "id");
+		fflush(stdout);
+		pid = fork();
+		REQUIRE(pid >= 0, "fork");
+		if (pid == 0) {
+			r = shm_node(1, &id, leave, cwhy, sizeof(cwhy));
+			if (r)
+				printf("# %s\n", cwhy);
+			fflush(stdout);
+			_exit(r ? 1 : 0);
+		}
+		r = shm_node(0, &id, false, why, sizeof(why));
+		waitpid(pid, &st, 0);
+		if (!leave) {
+			CHECK(r == 0, "%s", why);
+			CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "node 1 (the child) failed");
+		} else {
+			CHECK(r == -ECONNRESET,
+			      "the survivor's all-reduce: %d (want -ECONNRESET): %s", r, why);
+		}
+	}
+}
+
 /* What open refuses. */
 static void t_open_refuses(void)
 {
@@ -1380,6 +1613,8 @@ static const struct test_case cases[] = {
 	{"state_round_trip", t_state_round_trip},
 	{"two_nodes_one_id_every_collective", t_two_nodes},
 	{"two_nodes_id_through_the_store", t_two_nodes_store},
+	{"two_nodes_gather", t_two_nodes_gather},
+	{"two_processes_shared_cliques", t_two_processes},
 	{"open_refuses", t_open_refuses},
 	{"async_error_ends_stuck_collective", t_async_error},
 	{"abort_ends_stuck_collective", t_abort},

@@ -39,7 +39,8 @@ How an iteration goes:
   library's from the start. bf16/fp16 parameters get buckets of their dtype.
 - CUDA parameters (all on one device): the buffers are two uint8 device
   tensors from torch's allocator, registered over CUDA IPC
-  (ZC_BUFFERS_CUDA), the parameters views into them. The hook's copy runs on
+  (ZC_BUFFERS_CUDA), the parameters views into them, typed by their bucket
+  (fp32, bf16 or fp16: zerod keeps the fp32 masters on the device). The hook's copy runs on
   the current stream and zc_bucket_ready_cuda() records the bucket's ready
   event behind it; the torch future still completes from the host future.
   Waiting for a step adds zc_step_wait_cuda() on the current stream, so the
@@ -229,9 +230,6 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 raise NotImplementedError("ZerodOptimizer: find_unused_parameters=True with "
                                           "CUDA parameters (zc_bucket_ready_cuda takes no "
                                           "unused-segment mask yet)")
-            if any(p.dtype != torch.float32 for g in self.param_groups for p in g["params"]):
-                raise NotImplementedError("ZerodOptimizer: bf16/fp16 CUDA parameters (zerod's "
-                                          "cuda backend steps fp32 buckets only)")
         return dev
 
     def _cuda_buffers(self, plan, layout, dts):
