@@ -57,6 +57,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cudadouble.h"
+#include "cudareplan.h"
 #include "harness.h"
 #include "refoptim.h"
 #include "semtrain.h"
@@ -270,6 +271,25 @@ static bool ran_on_cuda(const char *job)
 	return found;
 }
 
+/* Whether a line of zerod's log names job and holds what. */
+static bool log_has(const char *job, const char *what)
+{
+	char want[96], line[1024];
+	bool found = false;
+	FILE *f = fopen(daemon_.log, "r");
+
+	if (!f)
+		return false;
+	snprintf(want, sizeof(want), "job %s", job);
+	while (!found && fgets(line, sizeof(line), f)) {
+		const char *at = strstr(line, want);
+		found = at && (at[strlen(want)] == ':' || at[strlen(want)] == ' ') &&
+			strstr(at, what);
+	}
+	fclose(f);
+	return found;
+}
+
 static void run(const char *job, uint32_t world, enum zc_optimizer opt, enum zc_shard_mode shard,
 		enum zc_step_mode step, uint64_t seed)
 {
@@ -320,6 +340,159 @@ static void t_state_round_trip(void)
 	CHECK(ran_on_cuda(s.job), "zerod's log does not say %s ran on the cuda backend", s.job);
 	if (test_failed_)
 		zd_dump_log(&daemon_);
+}
+
+/* ---------------------------------------------------------- re-planning --- */
+
+static struct crp_script *crp_new(const char *job, uint32_t world, enum zc_optimizer opt,
+				  enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	struct crp_script *sc = test_shared(sizeof(*sc));
+
+	sc->zd = &daemon_;
+	snprintf(sc->job, sizeof(sc->job), "%s", job);
+	sc->world = world;
+	sc->opt = opt;
+	sc->shard = sc->shard2 = shard;
+	sc->step = step;
+	sc->seed = 7;
+	sc->replan_at = -1;
+	return sc;
+}
+
+static void crp_run(struct crp_script *sc)
+{
+	pid_t pids[NDEV];
+
+	REQUIRE(zd_alive(&daemon_), "zerod is not running");
+	for (uint32_t r = 0; r < sc->world; r++)
+		pids[r] = spawn(crp_rank, sc, (int)r);
+	for (uint32_t r = 0; r < sc->world; r++) {
+		int st = wait_child(pids[r], test_timeout(60000));
+		CHECK(st == 0, "%s rank %u exited with %d", sc->job, r, st);
+	}
+	CHECK(ran_on_cuda(sc->job), "zerod's log does not say %s ran on the cuda backend",
+	      sc->job);
+	CHECK(log_has(sc->job, ": re-planned") == (sc->replan_at >= 0 && !sc->replan_code),
+	      "zerod's log says %s re-planned: %d", sc->job, log_has(sc->job, ": re-planned"));
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+/* Train 5 iterations on CUDA buffers, re-plan to another layout and shard
+ * mode (new device buffers, IPC handles and event rings), train 5 more:
+ * equal to the reference bit for bit (parameters, moments, steps; the lr
+ * set at iteration 3 stays in force), so the state moved by param_id (or
+ * position) without loss. */
+static void cuda_replan(const char *job, enum zc_optimizer opt, enum zc_shard_mode from_shard,
+			enum zc_shard_mode to_shard, enum zc_step_mode step, int from, int to,
+			bool ids, uint32_t world)
+{
+	struct crp_script *sc = crp_new(job, world, opt, from_shard, step);
+	struct snap *want = test_shared(sizeof(*want));
+
+	sf_hyper_iter = 3;
+	snap_init(want, sc->seed);
+	ref_train(want, opt, sc->seed, world, 0, 10);
+	sc->shard2 = to_shard;
+	sc->layout = from;
+	sc->ids = ids;
+	sc->iters = 10;
+	sc->replan_at = 5;
+	sc->replan_layout = to;
+	sc->want = want;
+	crp_run(sc);
+}
+
+static void t_replan_adam_bucket_to_slice(void)
+{
+	cuda_replan("cuda-replan-adam", ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_SHARD_SLICE,
+		    ZC_STEP_AT_END, 0, 1, true, 2);
+}
+
+static void t_replan_sgd_slice_to_bucket(void)
+{
+	cuda_replan("cuda-replan-sgd", ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_SHARD_BUCKET,
+		    ZC_STEP_INTERLEAVED, 3, 0, false, 3);
+}
+
+static void t_replan_adamw_slice_w4(void)
+{
+	cuda_replan("cuda-replan-adamw", ZC_OPT_ADAMW, ZC_SHARD_SLICE, ZC_SHARD_SLICE,
+		    ZC_STEP_INTERLEAVED, 2, 1, true, 4);
+}
+
+/* fp32, bf16 and fp16 buckets on CUDA: the run that re-plans after 5
+ * iterations (bucket mode to slice mode) ends bit for bit where a run on
+ * the second layout from the first run's export at 5 (masters imported)
+ * ends. The masters at 5 are finer than the parameters, so a re-plan that
+ * re-derived them from the rounded parameters on the devices would not. */
+static void t_replan_lowp_masters(void)
+{
+	struct crp_script *a = crp_new("cuda-lowp-5", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET,
+				       ZC_STEP_AT_END);
+	struct crp_script *b = crp_new("cuda-lowp-2nd", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE,
+				       ZC_STEP_AT_END);
+	struct crp_script *c = crp_new("cuda-lowp-replans", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET,
+				       ZC_STEP_AT_END);
+	struct snap *at5 = test_shared(sizeof(*at5)), *end = test_shared(sizeof(*end));
+	uint64_t finer = 0;
+
+	sf_lowp = true;
+	a->layout = 4;
+	a->ids = true;
+	a->iters = 5;
+	a->out = at5;
+	crp_run(a);
+	REQUIRE(at5->valid && !test_failed_, "the first 5 iterations failed");
+	for (int k = 0; k < NP; k++) {
+		bool lp = sf_lowp_dt[k] != ZC_DTYPE_F32;
+		CHECK(!!(at5->present[k] & ZC_STATE_MASTER) == lp, "param %d: present 0x%x", k,
+		      at5->present[k]);
+		for (uint64_t i = 0; lp && i < params[k].numel; i++)
+			finer += at5->master[param_base(k) + i] != at5->p[param_base(k) + i];
+	}
+	CHECK(finer > 0, "every master equals its rounded parameter: not a master");
+	printf("# %llu masters finer than their parameters\n", (unsigned long long)finer);
+	b->layout = 5;
+	b->ids = true;
+	b->load = true;
+	b->in = at5;
+	b->start = 5;
+	b->iters = 5;
+	b->out = end;
+	crp_run(b);
+	REQUIRE(end->valid && !test_failed_, "the run on the second layout failed");
+	c->shard2 = ZC_SHARD_SLICE;
+	c->layout = 4;
+	c->ids = true;
+	c->iters = 10;
+	c->replan_at = 5;
+	c->replan_layout = 5;
+	c->want = end;
+	crp_run(c);
+}
+
+/* A new plan that moves a parameter to another group: ZC_EREPLAN from
+ * zc_register_buffers(), the client keeps its buffers and the job trains on
+ * with the plan it had, to the reference. */
+static void t_replan_changes_params(void)
+{
+	struct crp_script *sc = crp_new("cuda-replan-bad", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET,
+					ZC_STEP_INTERLEAVED);
+	struct snap *want = test_shared(sizeof(*want));
+
+	sf_hyper_iter = 3;
+	snap_init(want, sc->seed);
+	ref_train(want, ZC_OPT_SGD, sc->seed, 2, 0, 8);
+	sc->ids = true;
+	sc->iters = 8;
+	sc->replan_at = 4;
+	sc->replan_layout = 1;
+	sc->replan_regroup = true;
+	sc->replan_code = ZC_EREPLAN;
+	sc->want = want;
+	crp_run(sc);
 }
 
 /* ------------------------------------------------------------ two nodes --- */
@@ -908,6 +1081,11 @@ static const struct test_case cases[] = {
 	{"adamw_w3_bucket_at_end", t_adamw_w3_bucket_at_end, 90000},
 	{"sgd_w2_slice_interleaved", t_sgd_w2_slice_interleaved, 90000},
 	{"state_round_trip", t_state_round_trip, 90000},
+	{"replan_adam_bucket_to_slice", t_replan_adam_bucket_to_slice, 90000},
+	{"replan_sgd_slice_to_bucket", t_replan_sgd_slice_to_bucket, 90000},
+	{"replan_adamw_slice_w4", t_replan_adamw_slice_w4, 90000},
+	{"replan_lowp_masters", t_replan_lowp_masters, 120000},
+	{"replan_changes_params", t_replan_changes_params, 90000},
 	{"cuda_kind_on_host_only_daemon", t_cuda_kind_on_host_only_daemon, 40000},
 	{"no_cuda_runtime", t_no_cuda_runtime, 40000},
 	{"bad_handle_refused", t_bad_handle_refused, 90000},
