@@ -172,6 +172,20 @@ int crp_rank(void *arg, int idx)
 	int r;
 
 	cfg.register_timeout_ms = test_timeout(20000);
+	if (sc->nnodes > 1) {
+		cfg.socket = sc->socks[sc->node_of[rank]];
+		cfg.local_rank = cfg.local_size = 0;
+		for (uint32_t k = 0; k < sc->world; k++)
+			if (sc->node_of[k] == sc->node_of[rank]) {
+				cfg.local_rank += k < rank;
+				cfg.local_size++;
+			}
+		cfg.rdzv = sc->rdzv;
+		cfg.nnodes = sc->nnodes;
+		cfg.node_rank = sc->node_of[rank];
+		cfg.has_node_rank = 1;
+		cfg.job_secret = "cuda replan secret";
+	}
 	make_plan(tp, &crp_layouts[sc->layout], sc->opt, sc->shard, sc->step, sc->ids);
 	if (cudaSetDevice((int)(rank % NDEV)) != cudaSuccess ||
 	    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess)

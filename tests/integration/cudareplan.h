@@ -27,6 +27,11 @@ struct crp_script {
 	bool replan_regroup; /* the new plan moves a parameter to another group */
 	int replan_code;       /* the re-plan's expected error (0: it is taken) */
 	struct snap *in, *out, *want;
+	/* over several zerods (nnodes > 1): rank r on node node_of[r] */
+	uint32_t nnodes;
+	uint32_t node_of[4];
+	char socks[2][192];
+	char rdzv[32];
 };
 
 extern const struct layout crp_layouts[];
