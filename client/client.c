@@ -171,7 +171,8 @@ struct zc_client {
 	 * plan is registered */
 	struct plan *old_plan;
 	struct host_buf old_grad, old_param;
-	struct devbufs *old_dev; /* a CUDA re-plan's registered buffers */
+	/* a CUDA re-plan: the registered buffers, c->dev the new plan's */
+	struct devbufs *old_dev;
 	uint32_t *replan_map; /* each new segment's index in the old plan's order */
 	int replan_fd;        /* the new buffers' memfd (grad at 0, param at replan_poff) */
 	uint64_t replan_poff;
@@ -1291,8 +1292,9 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 	bool dev = c->dev != NULL;
 	pthread_mutex_unlock(&c->mu);
 	if (replan && dev)
-		return err_set(ZC_ESTATE, "zc_alloc_buffers: a client of CUDA buffers re-plans "
-					  "with new CUDA buffers: zc_register_buffers(ZC_BUFFERS_CUDA)");
+		return err_set(ZC_ESTATE,
+			       "zc_alloc_buffers: a client of CUDA buffers re-plans "
+			       "with new CUDA buffers: zc_register_buffers(ZC_BUFFERS_CUDA)");
 	if (replan)
 		return replan_alloc(c, zp);
 	/* the size first; register_fds() reads the plan again under the lock */

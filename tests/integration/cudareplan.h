@@ -20,12 +20,12 @@ struct crp_script {
 	int layout; /* crp_layouts[] */
 	bool ids;
 	uint64_t seed;
-	int start, iters;  /* iterations [start, start + iters) */
-	bool load;         /* start from *in (parameters and state) */
-	int replan_at;     /* before this iteration, re-plan (-1: never) */
-	int replan_layout; /* to crp_layouts[replan_layout] */
+	int start, iters;    /* iterations [start, start + iters) */
+	bool load;           /* start from *in (parameters and state) */
+	int replan_at;       /* before this iteration, re-plan (-1: never) */
+	int replan_layout;   /* to crp_layouts[replan_layout] */
 	bool replan_regroup; /* the new plan moves a parameter to another group */
-	int replan_code;       /* the re-plan's expected error (0: it is taken) */
+	int replan_code;     /* the re-plan's expected error (0: it is taken) */
 	struct snap *in, *out, *want;
 	/* over several zerods (nnodes > 1): rank r on node node_of[r] */
 	uint32_t nnodes;

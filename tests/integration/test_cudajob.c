@@ -416,12 +416,12 @@ static void t_replan_adamw_slice_w4(void)
  * re-derived them from the rounded parameters on the devices would not. */
 static void t_replan_lowp_masters(void)
 {
-	struct crp_script *a = crp_new("cuda-lowp-5", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET,
-				       ZC_STEP_AT_END);
-	struct crp_script *b = crp_new("cuda-lowp-2nd", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE,
-				       ZC_STEP_AT_END);
-	struct crp_script *c = crp_new("cuda-lowp-replans", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET,
-				       ZC_STEP_AT_END);
+	struct crp_script *a =
+		crp_new("cuda-lowp-5", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct crp_script *b =
+		crp_new("cuda-lowp-2nd", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct crp_script *c =
+		crp_new("cuda-lowp-replans", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
 	struct snap *at5 = test_shared(sizeof(*at5)), *end = test_shared(sizeof(*end));
 	uint64_t finer = 0;
 
@@ -465,8 +465,8 @@ static void t_replan_lowp_masters(void)
  * with the plan it had, to the reference. */
 static void t_replan_changes_params(void)
 {
-	struct crp_script *sc = crp_new("cuda-replan-bad", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET,
-					ZC_STEP_INTERLEAVED);
+	struct crp_script *sc =
+		crp_new("cuda-replan-bad", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
 	struct snap *want = test_shared(sizeof(*want));
 
 	sf_hyper_iter = 3;
@@ -687,8 +687,8 @@ static void t_two_nodes_state_round_trip(void)
  * bit for bit on the reference summed in node order. */
 static void t_two_nodes_replan(void)
 {
-	struct crp_script *sc = crp_new("cuda-nodes-replan", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE,
-					ZC_STEP_AT_END);
+	struct crp_script *sc =
+		crp_new("cuda-nodes-replan", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
 	struct snap *want = test_shared(sizeof(*want));
 	static const uint32_t node_of3[3] = {0, 0, 1};
 	struct cuda_cluster cl;
