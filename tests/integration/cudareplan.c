@@ -134,6 +134,12 @@ static int replan(zc_client *c, const struct crp_script *sc, struct tplan *tp, s
 		tp2->segs[0][0].group = (tp2->segs[0][0].group + 1) % 3;
 	for (uint32_t b = 0; b < tp->plan.nbuckets; b++)
 		old[b] = zc_param_ptr(c, b);
+	if (sc->replan_code) { /* the library allocates no device memory */
+		r = zc_alloc_buffers(c, &tp2->plan);
+		EXPECT(r == ZC_ESTATE && strstr(zc_error_message(), "zc_register_buffers"),
+		       "rank %u: zc_alloc_buffers() re-planning CUDA buffers: %s: %s", rank,
+		       zc_strerror_name(r), zc_error_message());
+	}
 	*step = "re-plan: register_buffers";
 	r = cuda_buffers(c, tp2, &nbase);
 	if (r < 0 && sc->replan_code && r == sc->replan_code) {

@@ -462,7 +462,8 @@ static void t_replan_lowp_masters(void)
 
 /* A new plan that moves a parameter to another group: ZC_EREPLAN from
  * zc_register_buffers(), the client keeps its buffers and the job trains on
- * with the plan it had, to the reference. */
+ * with the plan it had, to the reference. zc_alloc_buffers() on such a
+ * client is ZC_ESTATE naming zc_register_buffers(). */
 static void t_replan_changes_params(void)
 {
 	struct crp_script *sc =
