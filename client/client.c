@@ -171,6 +171,8 @@ struct zc_client {
 	 * plan is registered */
 	struct plan *old_plan;
 	struct host_buf old_grad, old_param;
+	/* a CUDA re-plan: the registered buffers, c->dev the new plan's */
+	struct devbufs *old_dev;
 	uint32_t *replan_map; /* each new segment's index in the old plan's order */
 	int replan_fd;        /* the new buffers' memfd (grad at 0, param at replan_poff) */
 	uint64_t replan_poff;
@@ -1079,6 +1081,7 @@ void zc_close(zc_client *c)
 	buf_release(&c->grad);
 	buf_release(&c->param);
 	devbufs_free(c->dev);
+	devbufs_free(c->old_dev);
 	buf_release(&c->old_grad);
 	buf_release(&c->old_param);
 	plan_free(c->old_plan);
@@ -1135,6 +1138,7 @@ static int buffers_claim(zc_client *c, const struct zc_plan *zp, struct plan **r
 }
 
 static int replan_alloc(zc_client *c, const struct zc_plan *zp);
+static int replan_cuda(zc_client *c, const struct zc_plan *zp, const struct zc_buffers *b);
 
 /*
  * Pass b's memfds to zerod for zp's buffers and map them here: what
@@ -1205,6 +1209,10 @@ static int register_cuda(zc_client *c, const struct zc_plan *zp, const struct zc
 		return err_set(-EINVAL, "%s: CUDA buffers: %s is NULL", fn,
 			       b->grad_dev ? "param_dev" : "grad_dev");
 	pthread_mutex_lock(&c->mu);
+	if (c->plan && c->registered && c->dev) {
+		pthread_mutex_unlock(&c->mu);
+		return replan_cuda(c, zp, b);
+	}
 	r = buffers_claim(c, zp, &p, fn);
 	if (r < 0)
 		goto out;
@@ -1284,8 +1292,9 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 	bool dev = c->dev != NULL;
 	pthread_mutex_unlock(&c->mu);
 	if (replan && dev)
-		return err_set(ZC_ENOTSUP, "zc_alloc_buffers: re-planning a client of CUDA "
-					   "buffers is not supported yet");
+		return err_set(ZC_ESTATE,
+			       "zc_alloc_buffers: a client of CUDA buffers re-plans "
+			       "with new CUDA buffers: zc_register_buffers(ZC_BUFFERS_CUDA)");
 	if (replan)
 		return replan_alloc(c, zp);
 	/* the size first; register_fds() reads the plan again under the lock */
@@ -2663,6 +2672,66 @@ out:
 	return r < 0 ? r : 0;
 }
 
+/* zc_register_buffers(ZC_BUFFERS_CUDA) after the plan was registered: the
+ * new plan's CUDA buffers (new handles and event rings), which the caller
+ * filled with every segment's parameters (the library does not copy device
+ * memory); the registered ones stay until zc_register_plan() took the new. */
+static int replan_cuda(zc_client *c, const struct zc_plan *zp, const struct zc_buffers *b)
+{
+	const char *fn = "zc_register_buffers";
+	uint32_t *map = NULL;
+	struct devbufs *dev = NULL;
+	struct plan *p = NULL;
+	char err[384];
+	int r;
+
+	if ((r = state_wait_steps(c, fn)) < 0)
+		return r;
+	r = plan_from_zc(zp, &p, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "%s: %s", fn, err);
+	pthread_mutex_lock(&c->mu);
+	if (c->old_plan || c->bufs_busy) {
+		r = err_set(ZC_ESTATE, "%s: a new plan is allocated already: register it first",
+			    fn);
+		goto out;
+	}
+	map = calloc(plan_nsegs(p) ? plan_nsegs(p) : 1, sizeof(*map));
+	if (!map) {
+		r = err_set(-ENOMEM, NULL);
+		goto out;
+	}
+	r = plan_replan_match(c->plan, p, map, err, sizeof(err));
+	if (r < 0) {
+		err_set(r, "%s: the new plan %s: %s", fn,
+			r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
+		goto out;
+	}
+	c->bufs_busy = true;
+	pthread_mutex_unlock(&c->mu);
+	/* creates events: not under the lock */
+	r = devbufs_open(b->grad_dev, b->param_dev, plan_buffer_bytes(p), p->nbuckets, &dev, err,
+			 sizeof(err));
+	if (r < 0)
+		err_set(r, "%s: CUDA buffers: %s", fn, err);
+	pthread_mutex_lock(&c->mu);
+	c->bufs_busy = false;
+	if (r < 0)
+		goto out;
+	c->old_plan = c->plan;
+	c->old_dev = c->dev;
+	c->plan = p;
+	c->dev = dev;
+	c->replan_map = map;
+	p = NULL;
+	map = NULL;
+out:
+	client_unlock(c);
+	plan_free(p);
+	free(map);
+	return r < 0 ? r : 0;
+}
+
 /* A re-plan the job did not take: back to the registered plan and its
  * buffers. Called with c->mu held. */
 static void replan_undo(zc_client *c)
@@ -2674,6 +2743,11 @@ static void replan_undo(zc_client *c)
 	c->grad = c->old_grad;
 	c->param = c->old_param;
 	c->old_plan = NULL;
+	if (c->old_dev) {
+		devbufs_free(c->dev);
+		c->dev = c->old_dev;
+		c->old_dev = NULL;
+	}
 	memset(&c->old_grad, 0, sizeof(c->old_grad));
 	memset(&c->old_param, 0, sizeof(c->old_param));
 	free(c->replan_map);
@@ -2698,6 +2772,8 @@ static int replan_register(zc_client *c)
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
 	Zerod__V1__FdBuffers fds = ZEROD__V1__FD_BUFFERS__INIT;
+	Zerod__V1__CudaBuffers cuda;
+	void *cuda_arrays = NULL;
 	Zerod__V1__Plan pb;
 	const struct plan *old = c->old_plan, *p = c->plan;
 	char path[sizeof(c->fp_path)], err[256];
@@ -2733,10 +2809,21 @@ static int replan_register(zc_client *c)
 	pthread_mutex_lock(&c->mu);
 	fd_socket(c, path, sizeof(path));
 	pthread_mutex_unlock(&c->mu);
-	r = path[0] ? bufs_send(path, c->fp_token, &c->replan_fd, 1, plan_buffer_bytes(p), 0,
-				c->replan_poff, c->cfg.connect_timeout_ms, &serial, err,
-				sizeof(err))
-		    : ZC_ENOTSUP;
+	if (c->dev) /* CUDA buffers: their handles go with the plan */
+		r = devbufs_to_pb(c->dev, &cuda, &cuda_arrays);
+	else
+		r = path[0] ? bufs_send(path, c->fp_token, &c->replan_fd, 1, plan_buffer_bytes(p),
+					0, c->replan_poff, c->cfg.connect_timeout_ms, &serial, err,
+					sizeof(err))
+			    : ZC_ENOTSUP;
+	if (r < 0 && c->dev) {
+		err_set(r, "%s: the new CUDA buffers: %s", fn, zc_strerror(r));
+		pthread_mutex_lock(&c->mu);
+		replan_undo(c);
+		old = NULL;
+		client_unlock(c);
+		goto out;
+	}
 	if (r < 0) {
 		err_set(r, "%s: the new buffers: %s", fn,
 			path[0] ? err : "zerod offered no fd socket to pass them on");
@@ -2753,7 +2840,10 @@ static int replan_register(zc_client *c)
 	}
 	fds.serial = serial;
 	rp.plan = &pb;
-	rp.fds = &fds;
+	if (c->dev)
+		rp.cuda = &cuda;
+	else
+		rp.fds = &fds;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
 	env.register_plan = &rp;
 	pthread_mutex_lock(&c->mu);
@@ -2787,8 +2877,11 @@ static int replan_register(zc_client *c)
 	pthread_mutex_lock(&c->mu);
 	buf_release(&c->old_grad);
 	buf_release(&c->old_param);
+	devbufs_free(c->old_dev); /* zerod closed its handles of them */
+	c->old_dev = NULL;
 	c->old_plan = NULL;
-	close(c->replan_fd); /* zerod and our mappings keep the memory */
+	if (c->replan_fd >= 0)
+		close(c->replan_fd); /* zerod and our mappings keep the memory */
 	c->replan_fd = -1;
 	client_unlock(c);
 	for (uint32_t k = 0; k < nnew; k++) {
@@ -2811,6 +2904,7 @@ out:
 	free(nb);
 	free(nsg);
 	free(arena);
+	free(cuda_arrays);
 	return r < 0 ? r : 0;
 }
 

@@ -559,16 +559,8 @@ static void register_plan(struct job *j, struct session *s, struct plan *p,
 		cudabufs_free(cb);
 		return;
 	}
-	if (j->state == JOB_ACTIVE && (cb || j->cuda)) {
-		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
-			   "job %s: rank %u: re-planning a job of CUDA buffers is not supported yet",
-			   j->id, s->rank);
-		plan_free(p);
-		cudabufs_free(cb);
-		return;
-	}
 	if (j->state == JOB_ACTIVE) {
-		statex_replan(j, s, p, gd, pd); /* between iterations: a new layout */
+		statex_replan(j, s, p, gd, pd, cb); /* between iterations: a new layout */
 		return;
 	}
 	if (j->state != JOB_FORMING || j->plans[s->rank] || j->grad_map[s->rank]) {

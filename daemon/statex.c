@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 
 #include "common.h"
+#include "cudabufs.h"
 #include "daemon.h"
 #include "fdbufs.h"
 #include "log.h"
@@ -382,7 +383,13 @@ void statex_done(struct job *j)
  * first and import it into the new layout after PlanOk, zeroclient.h), the
  * new buffers replace the old ones and the job starts again on the new plan
  * (job_restart: REGISTERING, then ACTIVE and PlanOk, as at the first start).
- * Iterations go on counting, and the hyperparameters in force stay.
+ * Iterations go on counting, and the hyperparameters in force stay. A job
+ * of CUDA buffers does the same with new IPC handles and event rings: the
+ * stopping executor closes the old handles and communicators and frees the
+ * device state on its lanes, the next one opens the new handles and
+ * communicators there and lays out the state for the new plan; the state
+ * itself moves through the clients' export and import, which copy between
+ * the staging and the devices with optim_ops.state_io on the executor.
  */
 struct replan {
 	uint32_t n;
@@ -390,6 +397,7 @@ struct replan {
 	struct plan **plans;       /* [world] */
 	struct mem_map **grad_map; /* [world] */
 	struct mem_map **param_map;
+	struct cudabufs **cuda; /* [world]: a job of CUDA buffers, opened by its next executor */
 };
 
 void statex_replan_free(struct job *j)
@@ -405,16 +413,19 @@ void statex_replan_free(struct job *j)
 			j->d->mem->unmap(rp->grad_map[r]);
 		if (rp->param_map)
 			j->d->mem->unmap(rp->param_map[r]);
+		if (rp->cuda)
+			cudabufs_free(rp->cuda[r]);
 	}
 	free(rp->plans);
 	free(rp->grad_map);
 	free(rp->param_map);
+	free(rp->cuda);
 	free(rp);
 	j->rp = NULL;
 }
 
 void statex_replan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
-		   const struct mem_desc *pd)
+		   const struct mem_desc *pd, struct cudabufs *cb)
 {
 	struct daemon *d = j->d;
 	uint32_t rank = s->rank;
@@ -432,6 +443,16 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 			   : j->sx      ? "a state export or import is in progress"
 					: "this rank's new plan is registered already");
 		plan_free(p);
+		cudabufs_free(cb);
+		return;
+	}
+	if (!cb != !j->cuda) {
+		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
+			   "job %s: rank %u: a new plan with %s buffers, the job runs on %s "
+			   "buffers: a re-plan keeps their kind",
+			   j->id, rank, cb ? "CUDA" : "host", j->cuda ? "CUDA" : "host");
+		plan_free(p);
+		cudabufs_free(cb);
 		return;
 	}
 	r = plan_replan_match(j->plan, p, NULL, err, sizeof(err));
@@ -440,6 +461,7 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 			   "job %s: rank %u: the new plan %s: %s", j->id, rank,
 			   r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
 		plan_free(p);
+		cudabufs_free(cb);
 		return;
 	}
 	if (!rp) {
@@ -449,9 +471,11 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 			rp->plans = calloc(j->world, sizeof(*rp->plans));
 			rp->grad_map = calloc(j->world, sizeof(*rp->grad_map));
 			rp->param_map = calloc(j->world, sizeof(*rp->param_map));
+			rp->cuda = calloc(j->world, sizeof(*rp->cuda));
 		}
-		if (!rp || !rp->plans || !rp->grad_map || !rp->param_map) {
+		if (!rp || !rp->plans || !rp->grad_map || !rp->param_map || !rp->cuda) {
 			plan_free(p);
+			cudabufs_free(cb);
 			job_fail(j, ZC_ELIMIT, true, "re-plan: out of memory");
 			return;
 		}
@@ -461,6 +485,7 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 			continue;
 		if (plan_diff(rp->plans[k], p, field, sizeof(field))) {
 			plan_free(p);
+			cudabufs_free(cb);
 			job_fail(j, ZC_EPLANMISMATCH, true,
 				 "new plan of rank %u differs from rank %u's at %s", rank, k,
 				 field);
@@ -469,9 +494,14 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 		break;
 	}
 	/* the job cannot go on with half its ranks on new buffers: a buffer
-	 * that cannot be mapped ends it */
-	r = d->mem->map(gd, bytes, &rp->grad_map[rank], err, sizeof(err));
-	if (r >= 0)
+	 * that cannot be mapped ends it. CUDA buffers are opened by the next
+	 * executor, off the loop (exec.c, open_buffers), as at the start. */
+	r = 0;
+	if (cb)
+		rp->cuda[rank] = cb;
+	else
+		r = d->mem->map(gd, bytes, &rp->grad_map[rank], err, sizeof(err));
+	if (r >= 0 && !cb)
 		r = d->mem->map(pd, bytes, &rp->param_map[rank], err, sizeof(err));
 	if (r < 0) {
 		plan_free(p);
@@ -512,6 +542,11 @@ bool statex_replan_stopped(struct job *j)
 		plan_free(j->plans[r]);
 		j->plans[r] = rp->plans[r];
 		rp->plans[r] = NULL;
+		if (j->cuda) { /* the old executor closed the old handles */
+			cudabufs_free(j->cuda[r]);
+			j->cuda[r] = rp->cuda[r];
+			rp->cuda[r] = NULL;
+		}
 	}
 	statex_replan_free(j);
 	log_info("job %s: re-planned", j->id);

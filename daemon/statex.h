@@ -29,12 +29,14 @@ void statex_ckpt_request(struct job *j, struct session *s, uint32_t rank,
 			 const Zerod__V1__StateStaging *stg);
 /* Unmap the kept checkpoint staging: the job ends, after its executor. */
 void statex_kept_free(struct job *j);
-/* Rank s registers plan p (taken over) with buffers gd and pd while the job
- * runs: a re-plan. Once every local rank did, the executor stops, and
+/* Rank s registers plan p (taken over) with buffers gd and pd, or CUDA
+ * buffers cb (taken over; gd and pd NULL), while the job runs: a re-plan.
+ * Once every local rank did, the executor stops, and
  * statex_replan_stopped() starts the job on the new plan. */
 struct mem_desc;
+struct cudabufs;
 void statex_replan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
-		   const struct mem_desc *pd);
+		   const struct mem_desc *pd, struct cudabufs *cb);
 /* EXEC_STOPPED of a job that re-plans: true if it was that (the job is
  * starting again), false if the job just stopped. */
 bool statex_replan_stopped(struct job *j);

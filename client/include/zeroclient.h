@@ -431,8 +431,8 @@ enum zc_buffers_kind {
  * without it the call is ZC_ENOTSUP saying so. A zerod without the cuda
  * backend (built without CUDA, --backend host, no GPU visible) refuses CUDA
  * buffers in zc_register_plan() with ZC_ENOTSUP and its reason; so does a
- * job over several nodes (not yet), a re-plan of such a job (not yet), and
- * a job whose ranks mix host and CUDA buffers.
+ * job whose ranks mix host and CUDA buffers. Such a job re-plans with
+ * zc_register_buffers() of new CUDA buffers (see "Re-planning" below).
  * The event rings: for each bucket the library creates ZC_CUDA_EVENT_RING
  * ready and as many done events (cudaEventInterprocess |
  * cudaEventDisableTiming) on the buffers' device and sends their IPC handles
@@ -483,11 +483,13 @@ int zc_plan_buffer_bytes(const struct zc_plan *plan, uint64_t *ret_bytes);
  * to the daemon, which checks them (above) and answers before this returns;
  * the library maps them too, for zc_grad_buffer() / zc_param_buffer(). May
  * be called once per client, instead of zc_alloc_buffers(), before
- * zc_register_plan().
+ * zc_register_plan(); with ZC_BUFFERS_CUDA also once more per re-plan of
+ * a client of CUDA buffers (see "Re-planning").
  * Errors: ZC_EBUFFER (the daemon refused the memory: which buffer and why),
  *         ZC_EPLANINVAL, -EBADF (an fd < 0), -EINVAL / -E2BIG for a struct
  *         size, ZC_ESTATE (buffers already), ZC_ENOTSUP (the daemon offered
- *         no fd socket), ZC_ETIMEDOUT; the reason in zc_error_message().
+ *         no fd socket), ZC_ETIMEDOUT, ZC_EREPLAN (a CUDA re-plan's plan
+ *         changes the parameters); the reason in zc_error_message().
  * Ownership: plan is validated and copied; the fds stay the caller's (the
  *            daemon and the library keep mappings, not the fds: the caller
  *            may close them once this returns). The memory is shared: the
@@ -626,6 +628,17 @@ int zc_register_plan(zc_client *c);
  * running sends the client back to the registered plan and its buffers.
  * Once the daemon took the new plan, only the job's failure can fail the
  * import that follows.
+ * CUDA buffers: instead of zc_alloc_buffers() (ZC_ESTATE for such a client:
+ * the library allocates no device memory), call zc_register_buffers() with
+ * ZC_BUFFERS_CUDA and the new plan's device buffers, after copying every
+ * segment's parameters into its place in them (cudaMemcpy, and synchronise
+ * first: zerod reads them on its own streams); it checks the plan as above
+ * and creates the new buffers' event rings. zc_register_plan() then sends
+ * their IPC handles: zerod closes the old handles and communicators and
+ * opens the new ones off its loop, and the state (on the owners' devices)
+ * moves as above, bf16/fp16 masters narrowed into the new parameters on the
+ * devices. Free the old buffers once zc_register_plan() returned 0 (zerod
+ * has closed its handles of them); after a refusal the old ones stay.
  */
 
 /* ------------------------------------------------------ optimizer state --- */

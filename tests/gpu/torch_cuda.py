@@ -66,8 +66,9 @@ def groups(model):
 
 
 # name, optimizer, hyperparameters, shard, step mode, DDP's first bucket's
-# bytes (torch's 1 MiB: one bucket, then several after DDP's rebuild, which
-# the hook maps parameter by parameter; 1 KiB: several from the start)
+# bytes (torch's 1 MiB: one bucket, then several after DDP's rebuild, for
+# which ZerodOptimizer re-plans onto new CUDA buffers, the state moving by
+# param_id; 1 KiB: several from the start)
 CASES = [
     ("adamw-bucket-interleaved-2groups-steplr", torch.optim.AdamW,
      dict(lr=0.01, weight_decay=0.01), "bucket", "interleaved", 1 << 20),
@@ -114,8 +115,12 @@ def run_case(name, cls, hyper, shard, step_mode, first_bucket, sock):
             if not torch.allclose(p.detach(), q.detach(), rtol=RTOL, atol=ATOL):
                 raise AssertionError(f"iteration {it}: {n} differs, largest |diff| "
                                      f"{(p.detach() - q.detach()).abs().max().item():.3g}")
-    assert all(lo <= p.data_ptr() < hi for p in model.parameters())
-    route = "mapped by parameter" if opt_z._route else "one plan"
+    lo2 = opt_z._pmem.data_ptr()  # a re-plan's buffers, if DDP rebuilt its buckets
+    hi2 = lo2 + opt_z._pmem.numel()
+    assert all(lo2 <= p.data_ptr() < hi2 for p in model.parameters()), \
+        "a parameter is not a view into the registered parameter buffer"
+    assert opt_z._route is None, "DDP's rebuilt buckets were mapped onto the first plan"
+    route = "re-planned onto new CUDA buffers" if lo2 != lo else "one plan"
     nb = len(opt_z._layout)
     opt_z.close()
     return f"{ITERS} iterations, {nb} zerod buckets ({route} after DDP's rebuild), " \
@@ -169,9 +174,15 @@ def run_lowp_case(name, dtype, cls, hyper, shard, step_mode, sock):
             if ulps > 1.0:
                 raise AssertionError(f"iteration {it}: {n} differs by {ulps:.3g} ulp of "
                                      f"{dtype} from the fp32 reference rounded")
+    lo2 = opt_z._pmem.data_ptr()  # a re-plan's buffers, if DDP rebuilt its buckets
+    hi2 = lo2 + opt_z._pmem.numel()
+    assert all(lo2 <= p.data_ptr() < hi2 for p in model.parameters()), \
+        "a parameter is not a view into the registered parameter buffer"
     nb = len(opt_z._layout)
     opt_z.close()
-    return f"{ITERS} iterations, {nb} zerod {dtype} buckets, largest difference {worst:.3g} ulp"
+    route = ", re-planned (masters moved)" if lo2 != lo else ""
+    return f"{ITERS} iterations, {nb} zerod {dtype} buckets{route}, largest difference " \
+        f"{worst:.3g} ulp"
 
 
 def main():

@@ -19,6 +19,12 @@
  *  - the state of a CUDA job out of the devices and back (zc_get_state,
  *    zc_set_state) between iterations, the job then trains on to the
  *    reference;
+ *  - re-planning (cudareplan.c): ranks register new CUDA buffers and a new
+ *    layout after 5 iterations, in the same or the other shard mode, over 2-4
+ *    ranks and over the two nodes below, and end bit for bit on the
+ *    reference; fp32, bf16 and fp16 buckets end where a run on the second
+ *    layout from the same state (masters included) ends; a new plan that
+ *    moves a parameter to another group is ZC_EREPLAN and the job trains on;
  *  - the CUDA kind on a zerod --backend host: ZC_ENOTSUP saying why;
  *  - no CUDA runtime in the trainer: ZC_ENOTSUP from zc_register_buffers();
  *  - a handle zerod cannot open (revoked in the double after
@@ -57,6 +63,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cudadouble.h"
+#include "cudareplan.h"
 #include "harness.h"
 #include "refoptim.h"
 #include "semtrain.h"
@@ -322,6 +329,160 @@ static void t_state_round_trip(void)
 		zd_dump_log(&daemon_);
 }
 
+/* ---------------------------------------------------------- re-planning --- */
+
+static struct crp_script *crp_new(const char *job, uint32_t world, enum zc_optimizer opt,
+				  enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	struct crp_script *sc = test_shared(sizeof(*sc));
+
+	sc->zd = &daemon_;
+	snprintf(sc->job, sizeof(sc->job), "%s", job);
+	sc->world = world;
+	sc->opt = opt;
+	sc->shard = sc->shard2 = shard;
+	sc->step = step;
+	sc->seed = 7;
+	sc->replan_at = -1;
+	return sc;
+}
+
+static void crp_run(struct crp_script *sc)
+{
+	pid_t pids[NDEV];
+
+	REQUIRE(zd_alive(&daemon_), "zerod is not running");
+	for (uint32_t r = 0; r < sc->world; r++)
+		pids[r] = spawn(crp_rank, sc, (int)r);
+	for (uint32_t r = 0; r < sc->world; r++) {
+		int st = wait_child(pids[r], test_timeout(60000));
+		CHECK(st == 0, "%s rank %u exited with %d", sc->job, r, st);
+	}
+	/* no look at zerod's log: it drops lines of clients that cause more
+	 * than 20 a second, as these quick jobs do. The ranks ran on CUDA
+	 * buffers (zc_bucket_ready_cuda and zc_step_wait_cuda refuse others),
+	 * and a rank that re-planned had zc_register_plan() succeed. */
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+/* Train 5 iterations on CUDA buffers, re-plan to another layout and shard
+ * mode (new device buffers, IPC handles and event rings), train 5 more:
+ * equal to the reference bit for bit (parameters, moments, steps; the lr
+ * set at iteration 3 stays in force), so the state moved by param_id (or
+ * position) without loss. */
+static void cuda_replan(const char *job, enum zc_optimizer opt, enum zc_shard_mode from_shard,
+			enum zc_shard_mode to_shard, enum zc_step_mode step, int from, int to,
+			bool ids, uint32_t world)
+{
+	struct crp_script *sc = crp_new(job, world, opt, from_shard, step);
+	struct snap *want = test_shared(sizeof(*want));
+
+	sf_hyper_iter = 3;
+	snap_init(want, sc->seed);
+	ref_train(want, opt, sc->seed, world, 0, 10);
+	sc->shard2 = to_shard;
+	sc->layout = from;
+	sc->ids = ids;
+	sc->iters = 10;
+	sc->replan_at = 5;
+	sc->replan_layout = to;
+	sc->want = want;
+	crp_run(sc);
+}
+
+static void t_replan_adam_bucket_to_slice(void)
+{
+	cuda_replan("cuda-replan-adam", ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_SHARD_SLICE,
+		    ZC_STEP_AT_END, 0, 1, true, 2);
+}
+
+static void t_replan_sgd_slice_to_bucket(void)
+{
+	cuda_replan("cuda-replan-sgd", ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_SHARD_BUCKET,
+		    ZC_STEP_INTERLEAVED, 3, 0, false, 3);
+}
+
+static void t_replan_adamw_slice_w4(void)
+{
+	cuda_replan("cuda-replan-adamw", ZC_OPT_ADAMW, ZC_SHARD_SLICE, ZC_SHARD_SLICE,
+		    ZC_STEP_INTERLEAVED, 2, 1, true, 4);
+}
+
+/* fp32, bf16 and fp16 buckets on CUDA: the run that re-plans after 5
+ * iterations (bucket mode to slice mode) ends bit for bit where a run on
+ * the second layout from the first run's export at 5 (masters imported)
+ * ends. The masters at 5 are finer than the parameters, so a re-plan that
+ * re-derived them from the rounded parameters on the devices would not. */
+static void t_replan_lowp_masters(void)
+{
+	struct crp_script *a =
+		crp_new("cuda-lowp-5", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct crp_script *b =
+		crp_new("cuda-lowp-2nd", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct crp_script *c =
+		crp_new("cuda-lowp-replans", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct snap *at5 = test_shared(sizeof(*at5)), *end = test_shared(sizeof(*end));
+	uint64_t finer = 0;
+
+	sf_lowp = true;
+	a->layout = 4;
+	a->ids = true;
+	a->iters = 5;
+	a->out = at5;
+	crp_run(a);
+	REQUIRE(at5->valid && !test_failed_, "the first 5 iterations failed");
+	for (int k = 0; k < NP; k++) {
+		bool lp = sf_lowp_dt[k] != ZC_DTYPE_F32;
+		CHECK(!!(at5->present[k] & ZC_STATE_MASTER) == lp, "param %d: present 0x%x", k,
+		      at5->present[k]);
+		for (uint64_t i = 0; lp && i < params[k].numel; i++)
+			finer += at5->master[param_base(k) + i] != at5->p[param_base(k) + i];
+	}
+	CHECK(finer > 0, "every master equals its rounded parameter: not a master");
+	printf("# %llu masters finer than their parameters\n", (unsigned long long)finer);
+	b->layout = 5;
+	b->ids = true;
+	b->load = true;
+	b->in = at5;
+	b->start = 5;
+	b->iters = 5;
+	b->out = end;
+	crp_run(b);
+	REQUIRE(end->valid && !test_failed_, "the run on the second layout failed");
+	c->shard2 = ZC_SHARD_SLICE;
+	c->layout = 4;
+	c->ids = true;
+	c->iters = 10;
+	c->replan_at = 5;
+	c->replan_layout = 5;
+	c->want = end;
+	crp_run(c);
+}
+
+/* A new plan that moves a parameter to another group: ZC_EREPLAN from
+ * zc_register_buffers(), the client keeps its buffers and the job trains on
+ * with the plan it had, to the reference. zc_alloc_buffers() on such a
+ * client is ZC_ESTATE naming zc_register_buffers(). */
+static void t_replan_changes_params(void)
+{
+	struct crp_script *sc =
+		crp_new("cuda-replan-bad", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct snap *want = test_shared(sizeof(*want));
+
+	sf_hyper_iter = 3;
+	snap_init(want, sc->seed);
+	ref_train(want, ZC_OPT_SGD, sc->seed, 2, 0, 8);
+	sc->ids = true;
+	sc->iters = 8;
+	sc->replan_at = 4;
+	sc->replan_layout = 1;
+	sc->replan_regroup = true;
+	sc->replan_code = ZC_EREPLAN;
+	sc->want = want;
+	crp_run(sc);
+}
+
 /* ------------------------------------------------------------ two nodes --- */
 
 static struct train_result *shared_results(uint32_t n)
@@ -516,6 +677,50 @@ static void t_two_nodes_state_round_trip(void)
 	for (int k = 0; k < 2; k++)
 		CHECK(ran_on_cuda_node(&cl.zd[k], s.job, k),
 		      "daemon %d's log does not say %s ran on cuda as node %d of 2", k, s.job, k);
+	cluster_stop(&cl, -1);
+}
+
+/* Three ranks over the two daemons (0 and 1 on node 0, 2 on node 1) on
+ * CUDA buffers re-plan after 5 iterations to another layout and shard mode:
+ * each node stops its executor, takes its ranks' new handles and rings,
+ * and the new NCCL communicators meet under fresh store keys; the state
+ * goes out across the nodes and back into the new layout, and the job ends
+ * bit for bit on the reference summed in node order. */
+static void t_two_nodes_replan(void)
+{
+	struct crp_script *sc =
+		crp_new("cuda-nodes-replan", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct snap *want = test_shared(sizeof(*want));
+	static const uint32_t node_of3[3] = {0, 0, 1};
+	struct cuda_cluster cl;
+	pid_t pids[3];
+
+	cluster_start(&cl);
+	sf_hyper_iter = 3;
+	snap_init(want, sc->seed);
+	ref_train_nodes(want, ZC_OPT_ADAM, sc->seed, 3, node_of3, 0, 10);
+	sc->zd = &cl.zd[0];
+	sc->nnodes = 2;
+	memcpy(sc->node_of, node_of3, sizeof(node_of3));
+	for (int k = 0; k < 2; k++)
+		snprintf(sc->socks[k], sizeof(sc->socks[k]), "%s", cl.socks[k]);
+	snprintf(sc->rdzv, sizeof(sc->rdzv), "%s", cl.rdzv);
+	sc->shard2 = ZC_SHARD_BUCKET;
+	sc->layout = 0;
+	sc->ids = true;
+	sc->iters = 10;
+	sc->replan_at = 5;
+	sc->replan_layout = 1;
+	sc->want = want;
+	for (uint32_t r = 0; r < 3; r++)
+		pids[r] = spawn(crp_rank, sc, (int)r);
+	for (uint32_t r = 0; r < 3; r++) {
+		int st = wait_child(pids[r], test_timeout(90000));
+		CHECK(st == 0, "%s rank %u exited with %d", sc->job, r, st);
+	}
+	for (int k = 0; k < 2; k++)
+		CHECK(ran_on_cuda_node(&cl.zd[k], sc->job, k),
+		      "daemon %d's log does not say %s ran on cuda as node %d of 2", k, sc->job, k);
 	cluster_stop(&cl, -1);
 }
 
@@ -908,6 +1113,11 @@ static const struct test_case cases[] = {
 	{"adamw_w3_bucket_at_end", t_adamw_w3_bucket_at_end, 90000},
 	{"sgd_w2_slice_interleaved", t_sgd_w2_slice_interleaved, 90000},
 	{"state_round_trip", t_state_round_trip, 90000},
+	{"replan_adam_bucket_to_slice", t_replan_adam_bucket_to_slice, 90000},
+	{"replan_sgd_slice_to_bucket", t_replan_sgd_slice_to_bucket, 90000},
+	{"replan_adamw_slice_w4", t_replan_adamw_slice_w4, 90000},
+	{"replan_lowp_masters", t_replan_lowp_masters, 120000},
+	{"replan_changes_params", t_replan_changes_params, 90000},
 	{"cuda_kind_on_host_only_daemon", t_cuda_kind_on_host_only_daemon, 40000},
 	{"no_cuda_runtime", t_no_cuda_runtime, 40000},
 	{"bad_handle_refused", t_bad_handle_refused, 90000},
@@ -917,6 +1127,7 @@ static const struct test_case cases[] = {
 	{"two_nodes_group_clip_found_inf", t_two_nodes_group_clip_found_inf, 120000},
 	{"two_nodes_state_round_trip", t_two_nodes_state_round_trip, 120000},
 	{"two_nodes_lowp_masters", t_two_nodes_lowp_masters, 120000},
+	{"two_nodes_replan", t_two_nodes_replan, 120000},
 	{"two_nodes_daemon_killed", t_two_nodes_daemon_killed, 120000},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };

@@ -46,10 +46,13 @@ def libzeroclient():
                                                                 "libzeroclient.so.1")
 
 
-def start_zerod(run):
+def start_zerod(run, double=False):
+    """zerod, or (double) zerod-double --backend cuda: the daemon linked
+    with the CUDA test double ($ZEROD_DOUBLE_BIN, tests/gpu/cudadouble.c)."""
     sock = os.path.join(run, "zerod.sock")
     log = open(os.path.join(run, "zerod.log"), "w")
-    p = subprocess.Popen([zerod_bin(), "--socket", sock], stdout=log, stderr=log)
+    cmd = [os.environ["ZEROD_DOUBLE_BIN"], "--backend", "cuda"] if double else [zerod_bin()]
+    p = subprocess.Popen(cmd + ["--socket", sock], stdout=log, stderr=log)
     for _ in range(400):
         if os.path.exists(sock) or p.poll() is not None:
             break
@@ -74,16 +77,21 @@ def missing(part):
 def run_case(script, name, cfg, timeout):
     """(status, result dict or reason): status 'ok', 'fail', 'skip'."""
     why = missing(cfg["needs"]) if cfg.get("needs") else None
+    if not why and cfg.get("double") and not (os.environ.get("ZEROD_DOUBLE_BIN") and
+                                              os.environ.get("ZEROD_CUDADOUBLE")):
+        why = "no CUDA test double ($ZEROD_DOUBLE_BIN, $ZEROD_CUDADOUBLE: a build with CUDA)"
     if why:
         return "skip", why
     run = tempfile.mkdtemp(prefix="zerod-torch-")
     zerod = None
     procs = []
     try:
-        zerod, sock = start_zerod(run)
+        zerod, sock = start_zerod(run, bool(cfg.get("double")))
         env = dict(os.environ, ZEROD_SOCKET=sock, OMP_NUM_THREADS="1", ZEROD_TORCH_RUN=run,
                    ZEROD_LIBZEROCLIENT=libzeroclient(),
                    PYTHONPATH=os.path.join(TOP, "client", "python"))
+        if cfg.get("double"):  # libzeroclient's CUDA runtime is the double too
+            env["ZEROD_CUDART"] = os.environ["ZEROD_CUDADOUBLE"]
         world = cfg.get("world", 2)
         for r in range(world):
             out = open(os.path.join(run, f"rank{r}.out"), "w")

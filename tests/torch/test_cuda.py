@@ -15,6 +15,16 @@ a GPU is tests/gpu/torch_cuda.py, in tests/gpu/run.
   job trains on), and ZC_BUFFERS_CUDA buffers with no CUDA runtime in the
   process ($ZEROD_CUDART names none) are ZC_ENOTSUP (a zc_buffers of the
   wrong layout would be read as host buffers and refused for their fds).
+- ZerodOptimizer's CUDA path itself, on the CUDA test double
+  (tests/gpu/cudadouble.c: zerod-double --backend cuda, and the double as
+  libzeroclient's CUDA runtime): a subclass only says where device memory
+  and streams come from (the double's cudaMalloc, wrapped as CPU tensors, and
+  a stream of the double's); everything else is torch.py's CUDA code: the
+  parameters views into registered CUDA buffers, the hook's
+  zc_bucket_ready_cuda(), zc_step_wait_cuda(), and after DDP's bucket
+  rebuild a re-plan onto new device buffers (new IPC handles and event
+  rings) with the state moved by param_id. DDP + it against DDP + plain
+  torch.optim within the oracle's tolerance, both shard modes.
 """
 import ctypes
 
@@ -151,6 +161,72 @@ def cuda_buffers_without_runtime(rank):
     return {"buffer_bytes": n, "error": msg[:120]}
 
 
+def double_cuda(cfg, rank, world):
+    """ZerodOptimizer's CUDA path over the double's device memory, against
+    plain torch, with the re-plan after DDP's rebuild."""
+    import copy
+    import os
+
+    import torch.nn as nn
+    from oracle import OPTS, Net, data, max_diff
+    from zerod.torch import ZerodOptimizer
+
+    rt = ctypes.CDLL(os.environ["ZEROD_CUDART"])  # the instance libzeroclient loads
+    stream = ctypes.c_void_p()
+    assert rt.cudaSetDevice(rank % 4) == 0
+    assert rt.cudaStreamCreateWithFlags(ctypes.byref(stream), 1) == 0
+    allocs = []
+
+    class DoubleCuda(ZerodOptimizer):
+        _DEVICE_BUFFERS = True
+
+        def _device_bytes(self, n):
+            ptr = ctypes.c_void_p()
+            assert rt.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(n)) == 0
+            allocs.append((ptr.value, n))
+            return torch.frombuffer((ctypes.c_uint8 * n).from_address(ptr.value),
+                                    dtype=torch.uint8)
+
+        def _stream(self):
+            return stream.value
+
+        def _device_sync(self):
+            assert rt.cudaStreamSynchronize(stream) == 0
+
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 1024  # several DDP buckets, small model
+    torch.manual_seed(7)
+    model = Net()
+    ref = copy.deepcopy(model)
+    ddp_z = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.002)
+    ddp_r = nn.parallel.DistributedDataParallel(ref, bucket_cap_mb=0.002)
+    cls = OPTS[cfg["opt"]]
+    opt_z = DoubleCuda(ddp_z, cls, shard=cfg["shard"], step_mode=cfg["step_mode"],
+                       **cfg["hyper"])
+    opt_r = cls(ref.parameters(), **cfg["hyper"])
+    first = [k for k, _, _ in opt_z._layout]
+    worst = 0.0
+    for it in range(10):
+        for ddp, opt in ((ddp_z, opt_z), (ddp_r, opt_r)):
+            x, y = data(rank, it)
+            ((ddp(x) - y) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        d, bad = max_diff(ddp_z, ddp_r)
+        worst = max(worst, d)
+        assert not bad, f"iteration {it}: {bad} differ (max |diff| {d:.3g})"
+    # re-planned: a second pair of device buffers, DDP's buckets its plan
+    # (not mapped onto the first), the parameters views into the new ones
+    assert [k for k, _, _ in opt_z._layout] != first, "DDP kept its first buckets"
+    assert opt_z._route is None, "the rebuilt buckets were mapped onto the first plan"
+    assert len(allocs) == 4, allocs
+    (pbase, n) = allocs[3]
+    for p in model.parameters():
+        assert pbase <= p.data_ptr() < pbase + n, "a parameter outside the new buffers"
+    opt_z.close()
+    dist.barrier()
+    return {"iters": 10, "max_abs_diff": worst, "buckets": [len(first), len(opt_z._layout)]}
+
+
 CASES = {
     "bucket-views-over-libzeroclient-offsets-are-the-parameters": dict(world=2, what="views"),
     "bucket-views-bf16-fp16-typed-at-their-offsets": dict(world=1, what="lowp"),
@@ -158,6 +234,12 @@ CASES = {
                                                            needs="cuda"),
     "cuda-buffers-without-a-cuda-runtime-enotsup": dict(world=1, what="noruntime",
                                                         needs="cuda"),
+    "cuda-path-on-the-double-replans-adam-bucket": dict(
+        world=2, what="double", needs="cuda", double=True, opt="adam", shard="bucket",
+        step_mode="interleaved", hyper={"lr": 0.01}),
+    "cuda-path-on-the-double-replans-sgd-slice": dict(
+        world=2, what="double", needs="cuda", double=True, opt="sgd", shard="slice",
+        step_mode="at_end", hyper={"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}),
 }
 
 
@@ -169,6 +251,8 @@ def rank_main(name, cfg, rank, world):
         return lowp_views(rank)
     if what == "bindings":
         return bindings_on_host_buffers(rank)
+    if what == "double":
+        return double_cuda(cfg, rank, world)
     return cuda_buffers_without_runtime(rank)
 
 

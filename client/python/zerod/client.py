@@ -153,7 +153,7 @@ class Client:
             self.lib.require("clip")
         self.lib.check("zc_alloc_buffers", self.h, ctypes.byref(cplan))
         if self.plan is not None:  # a re-plan: back to these if it is refused
-            self._prev = (self.plan, self._keep, self.own)
+            self._prev = (self.plan, self._keep, self.own, self.cuda)
         self.plan, self._keep = plan, (cplan, keep)
         self.own = None  # a re-plan's buffers are the library's
 
@@ -194,12 +194,15 @@ class Client:
         return n.value
 
     def register_cuda_buffers(self, plan, grad_dev, param_dev):
-        """The first plan's buffers in device memory this process allocated
+        """A plan's buffers in device memory this process allocated
         (grad_dev, param_dev: device addresses of buffer_bytes(plan) bytes
         each, on one device): zc_register_buffers() of kind ZC_BUFFERS_CUDA,
         which sends zerod their CUDA IPC handles and the event rings. The
         buffers are then device memory only: grad_offset() / param_offset()
-        say where each bucket starts; grad_buffer() / param_buffer() refuse."""
+        say where each bucket starts; grad_buffer() / param_buffer() refuse.
+        After the plan was registered, a re-plan (put the parameters in the
+        new buffers, then register_plan()); a library that cannot re-plan
+        CUDA buffers refuses with ZC_ESTATE (buffers already)."""
         self.lib.require("cuda")
         cplan, keep = plan.to_c(self.lib.has("zc_get_state"))
         b = _lib.BuffersCuda()
@@ -209,6 +212,8 @@ class Client:
         # argtypes): b.size tells the library how much there is
         self.lib.check("zc_register_buffers", self.h, ctypes.byref(cplan),
                        ctypes.cast(ctypes.pointer(b), ctypes.POINTER(_lib.Buffers)))
+        if self.plan is not None:  # a re-plan: back to these if it is refused
+            self._prev = (self.plan, self._keep, self.own, self.cuda)
         self.plan, self._keep = plan, (cplan, keep)
         self.cuda = (grad_dev, param_dev)
 
@@ -232,7 +237,7 @@ class Client:
             self.lib.check("zc_register_plan", self.h)
         except ZerodError:
             if prev is not None:  # the library went back to the registered plan
-                self.plan, self._keep, self.own = prev
+                self.plan, self._keep, self.own, self.cuda = prev
             raise
 
     def _buffer(self, name, bucket):

@@ -28,8 +28,9 @@ How an iteration goes:
   rebuilds its buckets at the start of the next forward. A forward pre-hook
   on the wrapped module sees the rebuilt layout (reducer's
   _get_zeros_like_grad_buckets()) before any parameter is read, and registers
-  the new plan with zerod (re-planning: the state moves by param_id). With a
-  libzeroclient without re-planning the old plan stays and each DDP bucket's
+  the new plan with zerod (re-planning: the state moves by param_id), on the
+  CPU and on CUDA alike. With a libzeroclient without re-planning (or one
+  that re-plans host buffers only) the old plan stays and each DDP bucket's
   parameters are copied one by one into their place in it, handing zerod
   buckets over once all their parameters arrived (correct, less overlap).
 - Buffers: the first plan's are a memfd this process creates, seals and maps
@@ -44,9 +45,16 @@ How an iteration goes:
   the current stream and zc_bucket_ready_cuda() records the bucket's ready
   event behind it; the torch future still completes from the host future.
   Waiting for a step adds zc_step_wait_cuda() on the current stream, so the
-  next kernels that read the parameters run after zerod's writes. No
-  re-plan (libzeroclient cannot re-plan CUDA buffers yet): after DDP's
-  rebuild the hook maps its buckets onto the first plan.
+  next kernels that read the parameters run after zerod's writes. After
+  DDP's rebuild it re-plans: two new device tensors, the parameters copied
+  into them by the new layout on the current stream (then synchronised),
+  zc_register_buffers() of them (new IPC handles and event rings) and
+  zc_register_plan(), which moves the state (moments, steps, the fp32
+  masters of bf16/fp16 parameters) out of zerod's devices and into the new
+  layout by param_id; the parameters become views into the new buffers (the
+  old ones are freed with their last reference). Checked on the CUDA test
+  double (tests/torch/test_cuda.py); tests/gpu/torch_cuda.py checks it on a
+  GPU.
 - Checkpoints: checkpoint(dir) / restore(dir) write and load the optimizer
   state with the parameters (libzeroclient's zc_checkpoint/zc_restore:
   checksummed files, restorable onto another world size or layout), and
@@ -133,6 +141,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
     close() together (they are collective, like DDP's own construction).
     """
 
+    # CUDA buffers whatever the parameters' device: for a subclass whose
+    # _device_bytes(), _stream() and _device_sync() reach device memory
+    # other than torch's (tests/torch/test_cuda.py: the CUDA test double's)
+    _DEVICE_BUFFERS = False
+
     def __init__(self, ddp_model, optimizer_class=torch.optim.AdamW, params=None,
                  shard="bucket", step_mode="interleaved", max_grad_norm=0.0,
                  socket=None, job_id=None, **defaults):
@@ -173,7 +186,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
                                               "bf16 or fp16 only)")
                 self._group_of[id(p)] = gi
         self.device = self._device()
-        self.cuda = self.device.type == "cuda"
+        self.cuda = self.device.type == "cuda" or self._DEVICE_BUFFERS
         self.find_unused = bool(ddp_model.find_unused_parameters)
         if self.find_unused:
             self.lib.require("masks")  # else unused parameters would get zero-grad steps
@@ -233,20 +246,29 @@ class ZerodOptimizer(torch.optim.Optimizer):
         return dev
 
     def _cuda_buffers(self, plan, layout, dts):
-        """The first plan's buffers as device memory (one uint8 tensor each,
-        from torch's allocator, kept by self), registered over CUDA IPC;
-        per bucket its typed parameter and gradient views."""
+        """A plan's buffers as device memory (one uint8 tensor each, from
+        torch's allocator, kept by self), registered over CUDA IPC (the first
+        plan's, or a re-plan's: zc_register_buffers() again); per bucket its
+        typed parameter and gradient views. The previous buffers stay in
+        self._old_mem until the new plan is registered."""
         n = self.client.buffer_bytes(plan)
-        self._gmem = torch.empty(n, dtype=torch.uint8, device=self.device)
-        self._pmem = torch.empty(n, dtype=torch.uint8, device=self.device)
-        self.client.register_cuda_buffers(plan, self._gmem.data_ptr(), self._pmem.data_ptr())
+        gmem, pmem = self._device_bytes(n), self._device_bytes(n)
+        self.client.register_cuda_buffers(plan, gmem.data_ptr(), pmem.data_ptr())
+        self._old_mem = (getattr(self, "_gmem", None), getattr(self, "_pmem", None))
+        self._gmem, self._pmem = gmem, pmem
         nb = range(len(layout))
         numels = [sum(p.numel() for p in ps) for _, ps, _ in layout]
-        return (bucket_views(self._pmem, [self.client.param_offset(b) for b in nb], numels, dts),
-                bucket_views(self._gmem, [self.client.grad_offset(b) for b in nb], numels, dts))
+        return (bucket_views(pmem, [self.client.param_offset(b) for b in nb], numels, dts),
+                bucket_views(gmem, [self.client.grad_offset(b) for b in nb], numels, dts))
+
+    def _device_bytes(self, n):
+        return torch.empty(n, dtype=torch.uint8, device=self.device)
 
     def _stream(self):
         return torch.cuda.current_stream(self.device).cuda_stream
+
+    def _device_sync(self):
+        torch.cuda.synchronize(self.device)
 
     # -- layout and plan -----------------------------------------------------
     def _read_layout(self):
@@ -282,7 +304,9 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     [[(self._group_of[id(p)], p.numel(), self._pid[id(p)]) for p in ps]
                      for _, ps, _ in layout], self.max_grad_norm, [_DTYPES[d] for d in dts])
         self.low_precision = any(d != torch.float32 for d in dts)
-        if self.cuda:  # first only: _before_forward never re-plans CUDA buffers
+        if self.cuda:  # a re-plan's too: new device buffers, the parameters copied below
+            if not first:
+                self._wait_step()
             pbufs, gbufs = self._cuda_buffers(plan, layout, dts)
         elif not first:
             self._wait_step()
@@ -302,12 +326,19 @@ class ZerodOptimizer(torch.optim.Optimizer):
             off = 0
             for s, p in enumerate(ps):
                 where[id(p)] = (b, s, off)
-                if first:
+                if first or self.cuda:  # a host re-plan's zc_alloc_buffers() copied them
                     pbufs[b][off:off + p.numel()].copy_(p.detach().reshape(-1))
                 off += p.numel()
         if self.cuda:  # zerod reads the parameters on its own streams
-            torch.cuda.synchronize(self.device)
-        self.client.register_plan()
+            self._device_sync()
+        try:
+            self.client.register_plan()
+        except BaseException:
+            if self.cuda and not first:  # refused: the registered buffers stay
+                self._gmem, self._pmem = self._old_mem
+            raise
+        finally:
+            self._old_mem = None  # registered: zerod closed its handles of the old ones
         if not self.cuda:
             # a re-plan's new buffers are the ones to take once it registered
             pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
@@ -338,17 +369,15 @@ class ZerodOptimizer(torch.optim.Optimizer):
         if torch.is_grad_enabled() and self.ddp._has_rebuilt_buckets and not self._rebuilt_seen:
             self._rebuilt_seen = True
             layout = self._read_layout()
-            if [k for k, _, _ in layout] != [k for k, _, _ in self._layout] and self.cuda:
-                # libzeroclient cannot re-plan CUDA buffers yet (ZC_ENOTSUP)
-                self._route_by_param(layout)
-            elif [k for k, _, _ in layout] != [k for k, _, _ in self._layout]:
+            if [k for k, _, _ in layout] != [k for k, _, _ in self._layout]:
                 try:
                     self._set_layout(layout, first=False)
                 except _lib.ZerodError as e:
                     # a library without re-planning refuses a second
-                    # zc_alloc_buffers() (ZC_ESTATE), changing nothing; an
-                    # older one refused to re-plan bf16/fp16 buckets
-                    # (ZC_ENOTSUP) and kept the registered plan
+                    # zc_alloc_buffers() or zc_register_buffers() (ZC_ESTATE:
+                    # CUDA buffers before it re-planned them), changing
+                    # nothing; an older one refused to re-plan bf16/fp16
+                    # buckets (ZC_ENOTSUP) and kept the registered plan
                     if not (e.name == "ZC_ESTATE" and "buffers already" in e.reason) and \
                             e.name != "ZC_ENOTSUP":
                         raise
