@@ -166,6 +166,11 @@ struct zc_client {
 	/* zeroctl checkpoint: the operator's request (zc_checkpoint_due) */
 	char *ckpt_due_dir; /* NULL: none */
 	struct ckpt_writer *ckpt_writer; /* zc_checkpoint's write in flight (ckpt.c) */
+	/* a checkpoint's export over several nodes: StateOk's ranges (pairs),
+	 * this node's index and the count */
+	uint64_t *ckpt_ranges;
+	size_t nckpt_ranges;
+	uint32_t ckpt_node, ckpt_nnodes;
 	uint64_t ckpt_due_iter;
 	/* re-planning: the registered plan and its buffers, until the new
 	 * plan is registered */
@@ -520,8 +525,20 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 		handle_error(c, env);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_STATE_OK:
-		if (c->state_pending && c->state_result == 0)
+		if (c->state_pending && c->state_result == 0) {
+			const Zerod__V1__StateOk *ok = env->state_ok;
+			free(c->ckpt_ranges);
+			c->ckpt_ranges = NULL;
+			c->nckpt_ranges = 0;
+			if (ok->n_ranges && !(ok->n_ranges & 1) &&
+			    (c->ckpt_ranges = malloc(ok->n_ranges * sizeof(uint64_t)))) {
+				memcpy(c->ckpt_ranges, ok->ranges, ok->n_ranges * sizeof(uint64_t));
+				c->nckpt_ranges = ok->n_ranges / 2;
+				c->ckpt_node = ok->node;
+				c->ckpt_nnodes = ok->nnodes;
+			}
 			c->state_result = 1;
+		}
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_DUE:
 		free(c->ckpt_due_dir);
@@ -1046,6 +1063,8 @@ void zc_close(zc_client *c)
 		return;
 	/* a checkpoint still being written is finished first */
 	ckpt_writer_close(&c->ckpt_writer);
+	free(c->ckpt_ranges);
+	c->ckpt_ranges = NULL;
 	/* The goodbye needs a linger to leave before the socket goes; without
 	 * one it is not sent, and zerod ends the session when the connection
 	 * closes, as for a trainer that died. */
@@ -2839,6 +2858,7 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 					  .world = c->cfg.world_size,
 					  .nnodes = c->cfg.nnodes ? c->cfg.nnodes : 1,
 					  .one_node = c->cfg.local_size == c->cfg.world_size,
+					  .local_rank = c->cfg.local_rank,
 					  .iteration = c->iter,
 					  .timeout_ms = c->cfg.register_timeout_ms,
 					  .writer = &c->ckpt_writer};
@@ -2847,8 +2867,11 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 	return r;
 }
 
+static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_owned *o,
+		      const char *fn);
+
 int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_segment_state *ss,
-		       uint32_t n, const char *fn)
+		       uint32_t n, struct ckpt_owned *ret_own, const char *fn)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__CheckpointState cs = ZEROD__V1__CHECKPOINT_STATE__INIT;
@@ -2891,6 +2914,8 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 			       p->buckets[b].numel * sizeof(float));
 	if ((r = state_wait(c, fn)) < 0 || !stg)
 		return r;
+	if (ret_own)
+		return own_ranges(c, stg, ret_own, fn);
 	for (uint32_t i = 0; i < n; i++) {
 		struct zc_segment_state *s = &ss[i];
 		uint64_t at, numel;
@@ -2910,6 +2935,66 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 					? stg->base + k * p->state_numel + at
 					: NULL;
 		}
+	}
+	return 0;
+}
+
+void ckpt_owned_free(struct ckpt_owned *o)
+{
+	free(o->slot);
+	free(o->n);
+	free(o->bucket);
+	free(o->present);
+	free(o->step);
+	*o = (struct ckpt_owned){0};
+}
+
+/* StateOk's ranges of a checkpoint's export over several nodes, with each
+ * range's keys and step read from its step word in stg. */
+static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_owned *o,
+		      const char *fn)
+{
+	const struct plan *p = c->plan;
+	size_t n;
+	uint32_t b = 0;
+
+	pthread_mutex_lock(&c->mu);
+	n = c->nckpt_ranges;
+	*o = (struct ckpt_owned){.count = n, .node = c->ckpt_node, .nnodes = c->ckpt_nnodes};
+	o->slot = malloc((n + 1) * sizeof(*o->slot));
+	o->n = malloc((n + 1) * sizeof(*o->n));
+	o->bucket = malloc((n + 1) * sizeof(*o->bucket));
+	o->present = malloc((n + 1) * sizeof(*o->present));
+	o->step = malloc((n + 1) * sizeof(*o->step));
+	if (o->slot && o->n && o->bucket && o->present && o->step)
+		for (size_t i = 0; i < n; i++) {
+			o->slot[i] = c->ckpt_ranges[2 * i];
+			o->n[i] = c->ckpt_ranges[2 * i + 1];
+		}
+	free(c->ckpt_ranges);
+	c->ckpt_ranges = NULL;
+	c->nckpt_ranges = 0;
+	pthread_mutex_unlock(&c->mu);
+	if (!o->slot || !o->n || !o->bucket || !o->present || !o->step) {
+		ckpt_owned_free(o);
+		return err_set(-ENOMEM, "%s: out of memory", fn);
+	}
+	if (o->nnodes < 2 || o->node >= o->nnodes) {
+		ckpt_owned_free(o);
+		return err_set(ZC_EPROTO, "%s: zerod named no ranges of this node", fn);
+	}
+	for (size_t i = 0; i < n; i++) {
+		uint32_t w;
+		while (b < p->nbuckets && o->slot[i] >= p->buckets[b].sbase + p->buckets[b].numel)
+			b++;
+		if (b == p->nbuckets || o->slot[i] < p->buckets[b].sbase || o->n[i] == 0 ||
+		    o->slot[i] + o->n[i] > p->buckets[b].sbase + p->buckets[b].numel) {
+			ckpt_owned_free(o);
+			return err_set(ZC_EPROTO, "%s: zerod named a range out of the plan", fn);
+		}
+		memcpy(&w, stg->base + STG_META * p->state_numel + o->slot[i], sizeof(w));
+		o->bucket[i] = b;
+		o->present[i] = meta_present(p, b, w, &o->step[i]);
 	}
 	return 0;
 }

@@ -307,10 +307,6 @@ static void request(struct job *j, struct session *s, uint32_t rank, bool set, b
 		      x->set    ? "import"
 		      : x->ckpt ? "export it for a checkpoint"
 				: "export");
-	if (!x->err && ckpt && j->local_size != j->world)
-		spoil(x, ZC_ENOTSUP,
-		      "a checkpoint's export is for a job on one node; this one spans several "
-		      "(GetState exports the state of such a job)");
 	if (!x->err && stg) {
 		uint64_t want = (uint64_t)exec_state_regions(j->plan) * j->plan->state_numel *
 				sizeof(float);
@@ -361,12 +357,23 @@ bool statex_busy(const struct job *j)
 void statex_done(struct job *j)
 {
 	struct statex *x = j->sx;
+	uint64_t *ranges = NULL;
+	size_t nranges = 0;
 
 	if (!x)
 		return;
+	/* a checkpoint's export over several nodes: its stager learns which
+	 * ranges it got (its node's), and the node's index */
+	if (x->ckpt && j->local_size != j->world)
+		(void)exec_owned_ranges(j->exec, &ranges, &nranges);
 	for (uint32_t k = 0; k < j->world; k++)
 		if (x->arrived[k] && j->ranks[k])
-			j->d->sink->state_ok(j->ranks[k]);
+			j->d->sink->state_ok(j->ranks[k],
+					     &(struct sink_ranges){.ranges = x->base[k] ? ranges : NULL,
+								   .n = x->base[k] ? nranges : 0,
+								   .node = j->topo.node,
+								   .nnodes = j->topo.nnodes});
+	free(ranges);
 	log_info("job %s: optimizer state %sed", j->id, x->set ? "import" : "export");
 	statex_free(j);
 	if (j->rdzv)
