@@ -171,6 +171,11 @@ struct zc_client {
 	uint64_t *ckpt_ranges;
 	size_t nckpt_ranges;
 	uint32_t ckpt_node, ckpt_nnodes;
+	/* the last such export's ranges, for the plan of hash ckpt_prev_hash:
+	 * the next one copies only their parameters */
+	uint64_t *ckpt_prev;
+	size_t nckpt_prev;
+	uint64_t ckpt_prev_hash;
 	uint64_t ckpt_due_iter;
 	/* re-planning: the registered plan and its buffers, until the new
 	 * plan is registered */
@@ -1065,6 +1070,8 @@ void zc_close(zc_client *c)
 	ckpt_writer_close(&c->ckpt_writer);
 	free(c->ckpt_ranges);
 	c->ckpt_ranges = NULL;
+	free(c->ckpt_prev);
+	c->ckpt_prev = NULL;
 	/* The goodbye needs a linger to leave before the socket goes; without
 	 * one it is not sent, and zerod ends the session when the connection
 	 * closes, as for a trainer that died. */
@@ -2870,6 +2877,32 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_owned *o,
 		      const char *fn);
 
+/* StateOk's ranges lie each within one bucket of p's state layout. */
+static bool ranges_ok(const struct plan *p, const uint64_t *rg, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint32_t b = 0;
+		while (b < p->nbuckets && rg[2 * i] >= p->buckets[b].sbase + p->buckets[b].numel)
+			b++;
+		if (b == p->nbuckets || rg[2 * i] < p->buckets[b].sbase || rg[2 * i + 1] == 0 ||
+		    rg[2 * i + 1] > p->buckets[b].sbase + p->buckets[b].numel - rg[2 * i])
+			return false;
+	}
+	return true;
+}
+
+/* The parameter at slot of the registered plan's state layout (fp32
+ * buckets: the layout is the buffers'). */
+static float *params_at(zc_client *c, uint64_t slot)
+{
+	const struct plan *p = c->plan;
+	uint32_t b = 0;
+
+	while (b + 1 < p->nbuckets && slot >= p->buckets[b + 1].sbase)
+		b++;
+	return zc_param_buffer(c, b) + (slot - p->buckets[b].sbase);
+}
+
 int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_segment_state *ss,
 		       uint32_t n, struct ckpt_owned *ret_own, const char *fn)
 {
@@ -2907,15 +2940,46 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 	if ((r = state_send(c, &env, fn)) < 0)
 		return r;
 	/* the parameters, while zerod copies the state: the step is done, and
-	 * on one node nothing writes them until the next iteration's broadcast */
-	if (stg && !c->dev)
+	 * nothing writes them until the next iteration's broadcast. Over
+	 * several nodes only those of the ranges the last export named (the
+	 * same plan: the same ranges), all the first time. */
+	bool part = ret_own && c->ckpt_prev && c->ckpt_prev_hash == p->hash;
+	if (stg && !c->dev && part)
+		for (size_t i = 0; i < c->nckpt_prev; i++)
+			memcpy(stg->base + c->ckpt_prev[2 * i],
+			       params_at(c, c->ckpt_prev[2 * i]), c->ckpt_prev[2 * i + 1] * 4);
+	else if (stg && !c->dev)
 		for (uint32_t b = 0; b < p->nbuckets; b++)
 			memcpy(stg->base + p->buckets[b].sbase, zc_param_buffer(c, b),
 			       p->buckets[b].numel * sizeof(float));
 	if ((r = state_wait(c, fn)) < 0 || !stg)
 		return r;
-	if (ret_own)
+	if (ret_own) {
+		pthread_mutex_lock(&c->mu);
+		if (!ranges_ok(p, c->ckpt_ranges, c->nckpt_ranges)) {
+			pthread_mutex_unlock(&c->mu);
+			return own_ranges(c, stg, ret_own, fn); /* it says why */
+		}
+		bool same = part && c->nckpt_prev == c->nckpt_ranges &&
+			    memcmp(c->ckpt_prev, c->ckpt_ranges,
+				   c->nckpt_ranges * 2 * sizeof(uint64_t)) == 0;
+		if (!same && c->ckpt_ranges)
+			for (size_t i = 0; i < c->nckpt_ranges && part; i++)
+				memcpy(stg->base + c->ckpt_ranges[2 * i],
+				       params_at(c, c->ckpt_ranges[2 * i]),
+				       c->ckpt_ranges[2 * i + 1] * 4);
+		free(c->ckpt_prev);
+		c->ckpt_prev = NULL;
+		c->nckpt_prev = 0;
+		if (c->ckpt_ranges &&
+		    (c->ckpt_prev = malloc(c->nckpt_ranges * 2 * sizeof(uint64_t)))) {
+			memcpy(c->ckpt_prev, c->ckpt_ranges, c->nckpt_ranges * 2 * sizeof(uint64_t));
+			c->nckpt_prev = c->nckpt_ranges;
+			c->ckpt_prev_hash = p->hash;
+		}
+		pthread_mutex_unlock(&c->mu);
 		return own_ranges(c, stg, ret_own, fn);
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		struct zc_segment_state *s = &ss[i];
 		uint64_t at, numel;
@@ -2988,7 +3052,7 @@ static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_ow
 		while (b < p->nbuckets && o->slot[i] >= p->buckets[b].sbase + p->buckets[b].numel)
 			b++;
 		if (b == p->nbuckets || o->slot[i] < p->buckets[b].sbase || o->n[i] == 0 ||
-		    o->slot[i] + o->n[i] > p->buckets[b].sbase + p->buckets[b].numel) {
+		    o->n[i] > p->buckets[b].sbase + p->buckets[b].numel - o->slot[i]) {
 			ckpt_owned_free(o);
 			return err_set(ZC_EPROTO, "%s: zerod named a range out of the plan", fn);
 		}
