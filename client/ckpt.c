@@ -3,10 +3,13 @@
  * (zc_checkpoint, zc_restore), the format docs/CHECKPOINT.md describes.
  *
  * Built on the state export/import rounds (zc_get_state / zc_set_state):
- * an export gives every rank the whole job's state whatever the shard mode
- * and node count, so rank 0 writes it all, per parameter segment (keyed by
- * param_id, or the position in plan order), and a restore maps it onto any
- * layout, world size, shard mode or node count holding the same parameters.
+ * the state is torch's per parameter segment (keyed by param_id, or the
+ * position in plan order), so a restore maps it onto any layout, world
+ * size, shard mode or node count holding the same parameters. On one node
+ * rank 0 writes it all (version 1: state.zck); on several each node's local
+ * rank 0 writes the ranges its zerod owns (version 2: node-K.zck, records
+ * of (segment, offset, numel)), and rank 0 the manifest once every node's
+ * node-K.sum names the iteration.
  * Files are written to a temporary name, fsynced, renamed, and the directory
  * fsynced; the manifest goes last and names the data file's size and
  * BLAKE2b checksum (libsodium's crypto_generichash), and carries its own.

@@ -535,9 +535,12 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 			free(c->ckpt_ranges);
 			c->ckpt_ranges = NULL;
 			c->nckpt_ranges = 0;
-			if (ok->n_ranges && !(ok->n_ranges & 1) &&
-			    (c->ckpt_ranges = malloc(ok->n_ranges * sizeof(uint64_t)))) {
-				memcpy(c->ckpt_ranges, ok->ranges, ok->n_ranges * sizeof(uint64_t));
+			c->ckpt_nnodes = 0; /* none told */
+			if (ok->has_nnodes && !(ok->n_ranges & 1) &&
+			    (c->ckpt_ranges = malloc((ok->n_ranges + 1) * sizeof(uint64_t)))) {
+				if (ok->n_ranges)
+					memcpy(c->ckpt_ranges, ok->ranges,
+					       ok->n_ranges * sizeof(uint64_t));
 				c->nckpt_ranges = ok->n_ranges / 2;
 				c->ckpt_node = ok->node;
 				c->ckpt_nnodes = ok->nnodes;
@@ -2972,7 +2975,7 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 		c->ckpt_prev = NULL;
 		c->nckpt_prev = 0;
 		if (c->ckpt_ranges &&
-		    (c->ckpt_prev = malloc(c->nckpt_ranges * 2 * sizeof(uint64_t)))) {
+		    (c->ckpt_prev = malloc((c->nckpt_ranges * 2 + 1) * sizeof(uint64_t)))) {
 			memcpy(c->ckpt_prev, c->ckpt_ranges, c->nckpt_ranges * 2 * sizeof(uint64_t));
 			c->nckpt_prev = c->nckpt_ranges;
 			c->ckpt_prev_hash = p->hash;
@@ -3043,7 +3046,7 @@ static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_ow
 		ckpt_owned_free(o);
 		return err_set(-ENOMEM, "%s: out of memory", fn);
 	}
-	if (o->nnodes < 2 || o->node >= o->nnodes) {
+	if (o->nnodes < 2 || o->node >= o->nnodes || o->nnodes > 4096) {
 		ckpt_owned_free(o);
 		return err_set(ZC_EPROTO, "%s: zerod named no ranges of this node", fn);
 	}

@@ -821,7 +821,7 @@ static void sink_state_ok(struct session *s, const struct sink_ranges *rg)
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__StateOk ok = ZEROD__V1__STATE_OK__INIT;
 
-	if (rg && rg->n) {
+	if (rg) {
 		ok.n_ranges = rg->n;
 		ok.ranges = (uint64_t *)rg->ranges;
 		ok.has_node = ok.has_nnodes = true;

@@ -44,9 +44,9 @@ struct sink_ops {
 	 * -1). fatal: the job cannot go on, every pending future fails. */
 	void (*error)(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,
 		      const char *msg);
-	/* The state export or import the rank asked for is done; rg: a
-	 * checkpoint's export over several nodes tells the stager its node's
-	 * ranges (rg->n 0: none to tell). */
+	/* The state export or import the rank asked for is done; rg (else
+	 * NULL): a checkpoint's export over several nodes tells the stager
+	 * its node's ranges (rg->n words; 0: the node owns none). */
 	void (*state_ok)(struct session *s, const struct sink_ranges *rg);
 	/* The operator asked for a checkpoint into dir: the rank takes it
 	 * between iterations once its iteration is `iteration` (resume.c). */

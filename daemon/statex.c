@@ -363,16 +363,20 @@ void statex_done(struct job *j)
 	if (!x)
 		return;
 	/* a checkpoint's export over several nodes: its stager learns which
-	 * ranges it got (its node's), and the node's index */
-	if (x->ckpt && j->local_size != j->world)
-		(void)exec_owned_ranges(j->exec, &ranges, &nranges);
-	for (uint32_t k = 0; k < j->world; k++)
-		if (x->arrived[k] && j->ranks[k])
-			j->d->sink->state_ok(j->ranks[k],
-					     &(struct sink_ranges){.ranges = x->base[k] ? ranges : NULL,
-								   .n = x->base[k] ? nranges : 0,
-								   .node = j->topo.node,
-								   .nnodes = j->topo.nnodes});
+	 * ranges it got (its node's: maybe none), and the node's index */
+	bool nodes = x->ckpt && j->local_size != j->world;
+	int rr = nodes ? exec_owned_ranges(j->exec, &ranges, &nranges) : 0;
+	struct sink_ranges rg = {
+		.ranges = ranges, .n = nranges, .node = j->topo.node, .nnodes = j->topo.nnodes};
+	for (uint32_t k = 0; k < j->world; k++) {
+		if (!x->arrived[k] || !j->ranks[k])
+			continue;
+		if (nodes && x->base[k] && rr < 0)
+			sink_error(j->d->sink, j->ranks[k], ZC_ELIMIT, false, SINK_NO_ITERATION, -1,
+				   "job %s: the checkpoint's ranges: out of memory", j->id);
+		else
+			j->d->sink->state_ok(j->ranks[k], nodes && x->base[k] ? &rg : NULL);
+	}
 	free(ranges);
 	log_info("job %s: optimizer state %sed", j->id, x->set ? "import" : "export");
 	statex_free(j);
