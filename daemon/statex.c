@@ -8,9 +8,10 @@
  * in, the executor copies the state in or out (exec_state) and each rank
  * gets StateOk.
  *
- * A checkpoint's export (CheckpointState, zc_checkpoint() on one node) is
- * such a round in which only the ranks passing a staging get the state, the
- * step word at each piece's first element only; a memfd staging is kept
+ * A checkpoint's export (CheckpointState, zc_checkpoint()) is such a round
+ * in which only the ranks passing a staging get the state of the pieces
+ * this node owns (over several nodes: no other node's, and StateOk names
+ * them), the step word at each piece's first element only; a memfd staging is kept
  * mapped in j->sxk while the next round passes the same file, so after the
  * first checkpoint nothing is mapped, faulted in or unmapped on its way.
  *
