@@ -729,7 +729,7 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 	       ratio(algn, algg));
 	if (!job->checkpoints)
 		return;
-	printf("checkpoints over %u daemons (each node writes its own file)\n", c->daemons);
+	printf("checkpoints over %u daemons\n", c->daemons);
 	printf("  checkpoint stall        %9.2f ms  zc_checkpoint()%s, median of %d (slowest "
 	       "%.2f ms)\n",
 	       job->ckpt_ms, c->checkpoint_sync ? " + zc_checkpoint_wait()" : "",
