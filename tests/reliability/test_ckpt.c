@@ -1214,6 +1214,49 @@ static void t_nodes_files_per_node(void)
 		zd_dump_log(&daemon_);
 }
 
+/* The version 1 writer over several nodes (ZEROD_CKPT_V1: the export
+ * round into rank 0, which writes state.zck) still works, and its
+ * checkpoint restores into a job over the same two zerods. */
+static void t_nodes_v1_still_restores(void)
+{
+	static const uint32_t node_of[] = {0, 1, 1};
+	struct script *a = script_new("v1-nodes", 3, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct script *b = script_new("v1-back", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	struct snap *want = test_shared(sizeof(*want));
+	char line[64], path[512];
+	struct stat st;
+	int r;
+
+	snap_init(want, a->seed);
+	ref_train_nodes(want, a->opt, a->seed, 3, node_of, 0, 3);
+	a->ids = b->ids = true;
+	a->iters = 3;
+	a->ckpt_every = 3;
+	a->want = want;
+	r = nodes_start(a, node_of);
+	REQUIRE(r == 0, "cannot start the nodes: %s", strerror(-r));
+	setenv("ZEROD_CKPT_V1", "1", 1); /* the ranks inherit it */
+	run_script(a);
+	unsetenv("ZEROD_CKPT_V1");
+	REQUIRE(!test_failed_, "the checkpointing job failed");
+	CHECK(manifest_line(a->dir, "zerod-checkpoint ", line, sizeof(line)) && atoi(line) == 1,
+	      "the manifest is not of version 1");
+	snprintf(path, sizeof(path), "%s/state.zck", a->dir);
+	CHECK(stat(path, &st) == 0, "no %s", path);
+	ref_train_nodes(want, a->opt, a->seed, 3, node_of, 3, 5);
+	b->nnodes = 2;
+	memcpy(b->node_of, node_of, sizeof(node_of));
+	memcpy(b->socks, a->socks, sizeof(a->socks));
+	snprintf(b->rdzv, sizeof(b->rdzv), "%s", a->rdzv);
+	snprintf(b->dir, sizeof(b->dir), "%s", a->dir);
+	b->restore = true;
+	b->restore_at = 3;
+	b->iters = 5;
+	b->want = want;
+	run_script(b);
+	nodes_stop();
+}
+
 /* ---------------------------------------------- zeroctl checkpoint --- */
 
 /* zeroctl -s SOCK -o json ARGS... with stdout into out: its exit status. */
@@ -1339,6 +1382,7 @@ static const struct test_case node_cases[] = {
 	{"nodes_crash_restart_equals_uninterrupted", t_nodes_crash, 180000},
 	{"nodes_restore_other_world", t_nodes_restore_other_world, 120000},
 	{"nodes_files_per_node_spoils_refused_restore_one_node", t_nodes_files_per_node, 120000},
+	{"nodes_v1_writer_still_restores", t_nodes_v1_still_restores, 120000},
 };
 
 int main(int argc, char **argv)
