@@ -528,9 +528,10 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 		*next++ = '\0';
 		if (sscanf(line, "zerod-checkpoint %u", &version) == 1) {
 			if (version != CKPT_VERSION && version != CKPT_VERSION_NODES)
-				return err_set(ZC_ECKPT,
-					       "%s: format version %u; this library reads %d and %d",
-					       fn, version, CKPT_VERSION, CKPT_VERSION_NODES);
+				return err_set(
+					ZC_ECKPT,
+					"%s: format version %u; this library reads %d and %d", fn,
+					version, CKPT_VERSION, CKPT_VERSION_NODES);
 			m->version = version;
 		} else if (sscanf(line, "iteration %" SCNu64, &m->iteration) == 1 ||
 			   sscanf(line, "world %u", &m->world) == 1 ||
@@ -576,8 +577,9 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 						   .step = step};
 			nsegs_seen++;
 		} else if (version == CKPT_VERSION_NODES &&
-			   sscanf(line, "segment %u param_id %" SCNu64 " numel %" SCNu64 " group %u",
-				  &a, &id, &numel, &b) == 4) {
+			   sscanf(line,
+				  "segment %u param_id %" SCNu64 " numel %" SCNu64 " group %u", &a,
+				  &id, &numel, &b) == 4) {
 			/* version 2: the keys and steps are in the node files */
 			if (!m->segs || a != nsegs_seen || a >= m->nsegs || numel > PLAN_MAX_NUMEL)
 				return err_set(ZC_ECKPT, "%s: manifest: segment %u out of order",
@@ -879,9 +881,9 @@ static int write_node(struct ckpt_writer *w, int dirfd)
 		for (unsigned t = 0; t < 4 && r >= 0; t++) {
 			if (!(rc->present & tensor_bits[t]))
 				continue;
-			r = afile_write(&f,
-					w->stage.base + tensor_region(t) * w->state_numel + rc->slot,
-					rc->n * sizeof(float));
+			r = afile_write(
+				&f, w->stage.base + tensor_region(t) * w->state_numel + rc->slot,
+				rc->n * sizeof(float));
 			bytes += rc->n * sizeof(float);
 		}
 	}
@@ -1519,12 +1521,13 @@ static int load_node(int dirfd, const char *dir, const struct manifest *m, uint3
 	r = read_file(dirfd, name, cf->bytes, &data, &len);
 	if (r < 0)
 		return err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, name, strerror(-r),
-			       r == -EFBIG	? " (longer than the manifest says)"
+			       r == -EFBIG    ? " (longer than the manifest says)"
 			       : r == -ENOENT ? " (the manifest lists it: missing)"
 					      : "");
 	if (len != cf->bytes) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)",
-			    fn, dir, name, len, cf->bytes);
+		r = err_set(ZC_ECKPT,
+			    "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)", fn,
+			    dir, name, len, cf->bytes);
 		goto out;
 	}
 	crypto_generichash(h, sizeof(h), (const unsigned char *)data, len, NULL, 0);

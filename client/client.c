@@ -2976,7 +2976,8 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 		c->nckpt_prev = 0;
 		if (c->ckpt_ranges &&
 		    (c->ckpt_prev = malloc((c->nckpt_ranges * 2 + 1) * sizeof(uint64_t)))) {
-			memcpy(c->ckpt_prev, c->ckpt_ranges, c->nckpt_ranges * 2 * sizeof(uint64_t));
+			memcpy(c->ckpt_prev, c->ckpt_ranges,
+			       c->nckpt_ranges * 2 * sizeof(uint64_t));
 			c->nckpt_prev = c->nckpt_ranges;
 			c->ckpt_prev_hash = p->hash;
 		}
