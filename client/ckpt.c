@@ -3,10 +3,13 @@
  * (zc_checkpoint, zc_restore), the format docs/CHECKPOINT.md describes.
  *
  * Built on the state export/import rounds (zc_get_state / zc_set_state):
- * an export gives every rank the whole job's state whatever the shard mode
- * and node count, so rank 0 writes it all, per parameter segment (keyed by
- * param_id, or the position in plan order), and a restore maps it onto any
- * layout, world size, shard mode or node count holding the same parameters.
+ * the state is torch's per parameter segment (keyed by param_id, or the
+ * position in plan order), so a restore maps it onto any layout, world
+ * size, shard mode or node count holding the same parameters. On one node
+ * rank 0 writes it all (version 1: state.zck); on several each node's local
+ * rank 0 writes the ranges its zerod owns (version 2: node-K.zck, records
+ * of (segment, offset, numel)), and rank 0 the manifest once every node's
+ * node-K.sum names the iteration.
  * Files are written to a temporary name, fsynced, renamed, and the directory
  * fsynced; the manifest goes last and names the data file's size and
  * BLAKE2b checksum (libsodium's crypto_generichash), and carries its own.
@@ -40,6 +43,12 @@
 #define CKPT_HASH_BYTES   32
 #define CKPT_MAX_MANIFEST (256u << 20)
 #define CKPT_HEADER       24 /* magic, u32 version, u32 0, u64 iteration */
+/* version 2 (several nodes): a data file per node, named by the manifest */
+#define CKPT_VERSION_NODES 2
+#define CKPT_NODE_MAGIC    "ZCKPTNOD"
+#define CKPT_NODE_HEADER   32 /* magic, u32 version, u32 node, u64 iteration, u64 records */
+#define CKPT_RECORD        32 /* u32 segment, u32 present, u64 offset, u64 numel, u64 step */
+#define CKPT_MAX_NODES     4096
 
 /* One segment as the checkpoint holds it. */
 struct cseg {
@@ -48,10 +57,18 @@ struct cseg {
 	double step;
 };
 
+/* A node's data file as a version 2 manifest lists it. */
+struct cfile {
+	uint64_t bytes;
+	unsigned char hash[CKPT_HASH_BYTES];
+};
+
 /* What a manifest says. */
 struct manifest {
 	uint64_t iteration, plan_hash, data_bytes;
-	uint32_t world, nodes, ngroups, nsegs;
+	uint32_t version, world, nodes, ngroups, nsegs;
+	uint32_t nfiles;     /* version 2: node-0.zck .. node-(nfiles-1).zck */
+	struct cfile *files; /* [nodes] */
 	char job[ZEROD_JOB_ID_MAX + 1], optimizer[32], shard[32], step_mode[32];
 	uint8_t *group_momentum, *group_amsgrad; /* [ngroups] */
 	struct cseg *segs;                       /* [nsegs] */
@@ -60,6 +77,7 @@ struct manifest {
 
 static void manifest_free(struct manifest *m)
 {
+	free(m->files);
 	free(m->group_momentum);
 	free(m->group_amsgrad);
 	free(m->segs);
@@ -221,6 +239,14 @@ static void afile_abort(struct afile *f)
 	f->fd = -1;
 }
 
+/* One record of a node file (version 2): a range of one segment this node
+ * owns, at slot in the staging's state layout. */
+struct crec {
+	uint32_t seg, present; /* segment in plan order, its ZC_STATE_* keys */
+	uint64_t off, n, slot; /* offset within the segment, numel */
+	double step;
+};
+
 /* The whole job's parameters and state, by segment in plan order. */
 struct image {
 	uint32_t nsegs;
@@ -344,20 +370,32 @@ static int __attribute__((format(printf, 2, 3))) mput(struct mtext *t, const cha
 
 /* Every manifest line before the file line; the file and checksum lines
  * need room for another 256 bytes, kept free. */
+static int manifest_head_v(struct mtext *t, const struct ckpt_view *v, const struct image *im,
+			   uint32_t nodes);
+
 static int manifest_head(struct mtext *t, const struct ckpt_view *v, const struct image *im)
 {
-	const struct plan *p = v->plan;
+	return manifest_head_v(t, v, im, 0);
+}
 
-	t->cap = 4096 + (size_t)p->ngroups * 64 + (size_t)im->nsegs * 160;
+/* im NULL: version 2's head for `nodes` node files (their file lines need
+ * room too: 160 bytes each, kept free). */
+static int manifest_head_v(struct mtext *t, const struct ckpt_view *v, const struct image *im,
+			   uint32_t nodes)
+{
+	const struct plan *p = v->plan;
+	uint32_t nsegs = im ? im->nsegs : plan_nsegs(p);
+
+	t->cap = 4096 + (size_t)p->ngroups * 64 + (size_t)nsegs * 160 + (size_t)nodes * 160;
 	t->len = 0;
 	t->buf = malloc(t->cap);
 	if (!t->buf)
 		return -ENOMEM;
-	t->cap -= 256; /* a segment's line is under 160 bytes */
-	mput(t, "zerod-checkpoint %d\n", CKPT_VERSION);
+	t->cap -= 256 + (size_t)nodes * 160; /* a segment's line is under 160 bytes */
+	mput(t, "zerod-checkpoint %d\n", im ? CKPT_VERSION : CKPT_VERSION_NODES);
 	mput(t, "iteration %" PRIu64 "\n", v->iteration);
 	mput(t, "job %s\n", v->job_id);
-	mput(t, "world %u\nnodes %u\n", v->world, v->nnodes);
+	mput(t, "world %u\nnodes %u\n", v->world, im ? v->nnodes : nodes);
 	mput(t, "optimizer %s\nshard_mode %s\nstep_mode %s\n", plan_optimizer_name(p->optimizer),
 	     plan_shard_name(p->shard_mode), plan_step_name(p->step_mode));
 	mput(t, "plan_hash %016" PRIx64 "\n", p->hash);
@@ -365,10 +403,15 @@ static int manifest_head(struct mtext *t, const struct ckpt_view *v, const struc
 	for (uint32_t g = 0; g < p->ngroups; g++)
 		mput(t, "group %u momentum %d amsgrad %d\n", g, p->groups[g].momentum != 0,
 		     p->groups[g].amsgrad ? 1 : 0);
-	mput(t, "segments %u\n", im->nsegs);
-	for (uint32_t k = 0; k < im->nsegs; k++) {
+	mput(t, "segments %u\n", nsegs);
+	for (uint32_t k = 0; k < nsegs; k++) {
 		uint32_t b, s;
 		const struct zc_segment *seg = plan_seg(p, k, &b, &s);
+		if (!im) {
+			mput(t, "segment %u param_id %" PRIu64 " numel %" PRIu64 " group %u\n", k,
+			     seg->param_id, seg->numel, seg->group);
+			continue;
+		}
 		mput(t,
 		     "segment %u param_id %" PRIu64 " numel %" PRIu64 " group %u present %u step "
 		     "%.0f\n",
@@ -376,7 +419,7 @@ static int manifest_head(struct mtext *t, const struct ckpt_view *v, const struc
 	}
 	if (t->len >= t->cap)
 		return -EOVERFLOW;
-	t->cap += 256;
+	t->cap += 256 + (size_t)nodes * 160;
 	return 0;
 }
 
@@ -484,10 +527,12 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 			return err_set(ZC_ECKPT, "%s: the manifest's last line is cut", fn);
 		*next++ = '\0';
 		if (sscanf(line, "zerod-checkpoint %u", &version) == 1) {
-			if (version != CKPT_VERSION)
-				return err_set(ZC_ECKPT,
-					       "%s: format version %u; this library reads %d", fn,
-					       version, CKPT_VERSION);
+			if (version != CKPT_VERSION && version != CKPT_VERSION_NODES)
+				return err_set(
+					ZC_ECKPT,
+					"%s: format version %u; this library reads %d and %d", fn,
+					version, CKPT_VERSION, CKPT_VERSION_NODES);
+			m->version = version;
 		} else if (sscanf(line, "iteration %" SCNu64, &m->iteration) == 1 ||
 			   sscanf(line, "world %u", &m->world) == 1 ||
 			   sscanf(line, "nodes %u", &m->nodes) == 1 ||
@@ -531,11 +576,40 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 						   .present = c,
 						   .step = step};
 			nsegs_seen++;
+		} else if (version == CKPT_VERSION_NODES &&
+			   sscanf(line,
+				  "segment %u param_id %" SCNu64 " numel %" SCNu64 " group %u", &a,
+				  &id, &numel, &b) == 4) {
+			/* version 2: the keys and steps are in the node files */
+			if (!m->segs || a != nsegs_seen || a >= m->nsegs || numel > PLAN_MAX_NUMEL)
+				return err_set(ZC_ECKPT, "%s: manifest: segment %u out of order",
+					       fn, a);
+			m->segs[a] = (struct cseg){.param_id = id, .numel = numel, .group = b};
+			nsegs_seen++;
 		} else if (sscanf(line, "file %63s %" SCNu64 " %64s", name, &x, hx) == 3) {
-			if (strcmp(name, CKPT_DATA) != 0 || unhex(hx, m->data_hash) < 0)
-				return err_set(ZC_ECKPT, "%s: manifest: unknown file %s", fn, name);
-			m->data_bytes = x;
-			file_seen = true;
+			char wname[32];
+			if (version == CKPT_VERSION_NODES) {
+				if (!m->files && m->nodes >= 1 && m->nodes <= CKPT_MAX_NODES)
+					m->files = calloc(m->nodes, sizeof(*m->files));
+				if (!m->files || m->nfiles >= m->nodes)
+					return err_set(ZC_ECKPT,
+						       "%s: manifest: file %s beyond its %u nodes",
+						       fn, name, m->nodes);
+				snprintf(wname, sizeof(wname), "node-%u.zck", m->nfiles);
+				if (strcmp(name, wname) != 0 ||
+				    unhex(hx, m->files[m->nfiles].hash) < 0)
+					return err_set(ZC_ECKPT,
+						       "%s: manifest: file %s where %s belongs", fn,
+						       name, wname);
+				m->files[m->nfiles++].bytes = x;
+				file_seen = m->nfiles == m->nodes;
+			} else {
+				if (strcmp(name, CKPT_DATA) != 0 || unhex(hx, m->data_hash) < 0)
+					return err_set(ZC_ECKPT, "%s: manifest: unknown file %s",
+						       fn, name);
+				m->data_bytes = x;
+				file_seen = true;
+			}
 		} else {
 			return err_set(ZC_ECKPT, "%s: manifest: a line it does not know: \"%.60s\"",
 				       fn, line);
@@ -544,14 +618,14 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 	if (m->iteration > (1ull << 53))
 		return err_set(ZC_ECKPT, "%s: manifest: iteration %" PRIu64 " is above 2^53", fn,
 			       m->iteration);
-	if (version != CKPT_VERSION || !m->group_momentum || !m->segs || !file_seen ||
+	if (!version || !m->group_momentum || !m->segs || !file_seen ||
 	    ngroups_seen != m->ngroups || nsegs_seen != m->nsegs || !m->world)
 		return err_set(ZC_ECKPT, "%s: the manifest lacks %s", fn,
-			       version != CKPT_VERSION ? "its version line"
+			       !version ? "its version line"
 			       : !m->group_momentum || ngroups_seen != m->ngroups ? "groups"
 			       : !m->segs || nsegs_seen != m->nsegs               ? "segments"
-			       : !file_seen                                       ? "its file line"
-										  : "the world");
+			       : !file_seen ? "a file line (one per node)"
+					    : "the world");
 	return 0;
 }
 
@@ -658,6 +732,16 @@ struct ckpt_writer {
 	struct ckpt_stage stage;
 	float *arena;
 	uint64_t arena_floats;
+	/* version 2, several nodes: each node's stager (local rank 0) writes
+	 * its node's records from stage; rank 0 then waits for every node's
+	 * sum file and writes the manifest (mt: its head). */
+	bool v2;
+	bool node_file; /* this rank stages its node's file */
+	bool manifest;  /* rank 0 */
+	uint32_t node, nnodes;
+	uint64_t state_numel;
+	struct crec *recs;
+	size_t nrecs;
 };
 
 static void stage_free(struct ckpt_stage *st)
@@ -738,6 +822,206 @@ out:
 	w->im.arena = NULL;
 	image_free(&w->im);
 	w->im = (struct image){0};
+	free(w->mt.buf);
+	w->mt = (struct mtext){0};
+	pthread_mutex_lock(&w->mu);
+	w->result = r;
+	w->finished = true;
+	pthread_cond_broadcast(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+	return NULL;
+}
+
+/* The staging region of tensor t (tensor_bits order): 2 (momentum_buffer
+ * or exp_avg), 3, 4. */
+static unsigned tensor_region(unsigned t)
+{
+	return t == 0 ? 2 : t + 1;
+}
+
+/* node-K.zck from the stage, then node-K.sum naming its size and checksum,
+ * each atomically. */
+static int write_node(struct ckpt_writer *w, int dirfd)
+{
+	char name[32], sum[32], hx[2 * CKPT_HASH_BYTES + 1], line[256];
+	unsigned char head[CKPT_NODE_HEADER] = {0}, hash[CKPT_HASH_BYTES];
+	uint32_t version = CKPT_VERSION_NODES;
+	uint64_t nrecs = w->nrecs, bytes = CKPT_NODE_HEADER;
+	struct afile f;
+	int r;
+
+	snprintf(name, sizeof(name), "node-%u.zck", w->node);
+	snprintf(sum, sizeof(sum), "node-%u.sum", w->node);
+	w->doing = "removing the old node sum";
+	if (unlinkat(dirfd, sum, 0) < 0 && errno != ENOENT)
+		return -errno;
+	w->doing = "writing the node file";
+	if ((r = afile_open(&f, dirfd, name)) < 0)
+		return r;
+	memcpy(head, CKPT_NODE_MAGIC, 8);
+	memcpy(head + 8, &version, 4);
+	memcpy(head + 12, &w->node, 4);
+	memcpy(head + 16, &w->iteration, 8);
+	memcpy(head + 24, &nrecs, 8);
+	r = afile_write(&f, head, sizeof(head));
+	for (size_t i = 0; i < w->nrecs && r >= 0; i++) {
+		const struct crec *rc = &w->recs[i];
+		unsigned char rh[CKPT_RECORD] = {0};
+		uint64_t step = (uint64_t)rc->step;
+		memcpy(rh, &rc->seg, 4);
+		memcpy(rh + 4, &rc->present, 4);
+		memcpy(rh + 8, &rc->off, 8);
+		memcpy(rh + 16, &rc->n, 8);
+		memcpy(rh + 24, &step, 8);
+		r = afile_write(&f, rh, sizeof(rh));
+		bytes += CKPT_RECORD;
+		if (r >= 0)
+			r = afile_write(&f, w->stage.base + rc->slot, rc->n * sizeof(float));
+		bytes += rc->n * sizeof(float);
+		for (unsigned t = 0; t < 4 && r >= 0; t++) {
+			if (!(rc->present & tensor_bits[t]))
+				continue;
+			r = afile_write(
+				&f, w->stage.base + tensor_region(t) * w->state_numel + rc->slot,
+				rc->n * sizeof(float));
+			bytes += rc->n * sizeof(float);
+		}
+	}
+	if (r < 0) {
+		afile_abort(&f);
+		return r;
+	}
+	if ((r = afile_commit(&f, hash)) < 0)
+		return r;
+	w->doing = "writing the node sum";
+	hex(hash, hx);
+	snprintf(line, sizeof(line), "node %u iteration %" PRIu64 " file %s %" PRIu64 " %s\n",
+		 w->node, w->iteration, name, bytes, hx);
+	if ((r = afile_open(&f, dirfd, sum)) < 0)
+		return r;
+	if ((r = afile_write(&f, line, strlen(line))) < 0) {
+		afile_abort(&f);
+		return r;
+	}
+	return afile_commit(&f, hash);
+}
+
+/* Rank 0: every node's sum for this iteration, read within the timeout;
+ * their file lines appended to the manifest's head. */
+static int gather_sums(struct ckpt_writer *w, int dirfd)
+{
+	int64_t end = now_ms() + w->timeout_ms;
+
+	for (uint32_t k = 0; k < w->nnodes; k++) {
+		char sum[32], name[64], want[32], hx[2 * CKPT_HASH_BYTES + 1];
+		unsigned node;
+		uint64_t it, bytes;
+
+		snprintf(sum, sizeof(sum), "node-%u.sum", k);
+		snprintf(want, sizeof(want), "node-%u.zck", k);
+		for (;;) {
+			char *text = NULL;
+			size_t len = 0;
+			bool ok = read_file(dirfd, sum, 4096, &text, &len) == 0 &&
+				  sscanf(text,
+					 "node %u iteration %" SCNu64 " file %63s %" SCNu64 " %64s",
+					 &node, &it, name, &bytes, hx) == 5 &&
+				  node == k && it == w->iteration && strcmp(name, want) == 0;
+			free(text);
+			if (ok)
+				break;
+			if (now_ms() >= end)
+				return -ETIMEDOUT;
+			usleep(2000);
+		}
+		if (mput(&w->mt, "file %s %" PRIu64 " %s\n", want, bytes, hx) < 0)
+			return -EOVERFLOW;
+	}
+	return 0;
+}
+
+static int write_manifest_nodes(int dirfd, struct mtext *t)
+{
+	char hx[2 * CKPT_HASH_BYTES + 1];
+	unsigned char h[CKPT_HASH_BYTES];
+	struct afile f;
+	int r;
+
+	crypto_generichash(h, sizeof(h), (const unsigned char *)t->buf, t->len, NULL, 0);
+	hex(h, hx);
+	if ((r = mput(t, "checksum %s\n", hx)) < 0)
+		return r;
+	if ((r = afile_open(&f, dirfd, CKPT_MANIFEST)) < 0)
+		return r;
+	if ((r = afile_write(&f, t->buf, t->len)) < 0) {
+		afile_abort(&f);
+		return r;
+	}
+	return afile_commit(&f, h);
+}
+
+/* A stager but rank 0: dir's manifest names this iteration (or a later
+ * one) within the timeout: 0 or -ETIMEDOUT. */
+static int manifest_names(struct ckpt_writer *w, int dirfd)
+{
+	int64_t end = now_ms() + w->timeout_ms;
+
+	for (;;) {
+		struct manifest m = {0};
+		char *text = NULL;
+		size_t len = 0;
+		bool ok = read_file(dirfd, CKPT_MANIFEST, CKPT_MAX_MANIFEST, &text, &len) == 0 &&
+			  parse_manifest(text, len, &m, "") == 0 && m.iteration >= w->iteration;
+		free(text);
+		manifest_free(&m);
+		if (ok)
+			return 0;
+		if (now_ms() >= end)
+			return -ETIMEDOUT;
+		usleep(2000);
+	}
+}
+
+/* Version 2's write: this node's file (the stager), then on rank 0 the
+ * manifest once every node's sum names this iteration. */
+static void *writer_nodes_main(void *arg)
+{
+	struct ckpt_writer *w = arg;
+	int r, dirfd = -1;
+
+	w->doing = "making it";
+	if ((r = mkdirs(w->dir)) < 0)
+		goto out;
+	w->doing = "opening it";
+	if ((dirfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		r = -errno;
+		goto out;
+	}
+	/* The old manifest stays until the new one replaces it: a node's
+	 * stager waits for it to name its iteration before it may overwrite
+	 * its file again, and would wait forever for one removed before it
+	 * looked. Meanwhile it may name node files being rewritten: a restore
+	 * then refuses them (checksum mismatch), never loads them. */
+	if (w->node_file && (r = write_node(w, dirfd)) < 0)
+		goto out;
+	if (!w->manifest) {
+		/* the next checkpoint overwrites this node's file: not before
+		 * rank 0's manifest names this one */
+		w->doing = "waiting for rank 0's " CKPT_MANIFEST;
+		r = manifest_names(w, dirfd);
+		goto out;
+	}
+	w->doing = "waiting for every node's file (node-K.sum)";
+	if ((r = gather_sums(w, dirfd)) < 0)
+		goto out;
+	w->doing = "writing " CKPT_MANIFEST;
+	r = write_manifest_nodes(dirfd, &w->mt);
+out:
+	if (dirfd >= 0)
+		close(dirfd);
+	free(w->recs);
+	w->recs = NULL;
+	w->nrecs = 0;
 	free(w->mt.buf);
 	w->mt = (struct mtext){0};
 	pthread_mutex_lock(&w->mu);
@@ -906,7 +1190,7 @@ static int export_staged(zc_client *c, const struct ckpt_view *v, struct ckpt_wr
 		return err_set(r, "%s: %s", fn, strerror(-r));
 	free(im.arena);
 	im.arena = NULL;
-	r = client_ckpt_export(c, v->rank == 0 ? &w->stage : NULL, im.ss, im.nsegs, fn);
+	r = client_ckpt_export(c, v->rank == 0 ? &w->stage : NULL, im.ss, im.nsegs, NULL, fn);
 	if (r < 0) {
 		image_free(&im);
 		return r;
@@ -956,6 +1240,111 @@ static int export_copied(zc_client *c, const struct ckpt_view *v, struct ckpt_wr
 	return 0;
 }
 
+/* The records of this node's file from the ranges zerod filled: each
+ * within one segment (a piece never crosses one). */
+static int node_records(const struct plan *p, const struct ckpt_owned *o, struct crec **ret,
+			const char *fn)
+{
+	struct crec *rc = calloc(o->count ? o->count : 1, sizeof(*rc));
+	uint32_t first = 0, b = 0;
+
+	if (!rc)
+		return err_set(-ENOMEM, "%s: out of memory", fn);
+	for (size_t i = 0; i < o->count; i++) {
+		const struct plan_bucket *bk;
+		uint64_t off;
+		uint32_t sg = 0;
+
+		for (; b < o->bucket[i]; b++)
+			first += p->buckets[b].nsegments;
+		bk = &p->buckets[b];
+		off = o->slot[i] - bk->sbase;
+		while (sg + 1 < bk->nsegments && bk->segments[sg + 1].offset <= off)
+			sg++;
+		if (off < bk->segments[sg].offset ||
+		    off + o->n[i] > bk->segments[sg].offset + bk->segments[sg].numel) {
+			free(rc);
+			return err_set(ZC_EPROTO, "%s: zerod named a range across segments", fn);
+		}
+		rc[i] = (struct crec){.seg = first + sg,
+				      .present = o->present[i],
+				      .off = off - bk->segments[sg].offset,
+				      .n = o->n[i],
+				      .slot = o->slot[i],
+				      .step = o->step[i]};
+	}
+	*ret = rc;
+	return 0;
+}
+
+/* Several nodes: every node's local rank 0 gets its node's pieces in its
+ * stage (its parameters beside), and its writer thread writes the node's
+ * file; rank 0's also writes the manifest, last. */
+static int checkpoint_nodes(zc_client *c, const struct ckpt_view *v, struct ckpt_writer *w,
+			    const char *fn)
+{
+	const struct plan *p = v->plan;
+	bool stager = v->local_rank == 0;
+	struct ckpt_owned own = {0};
+	struct mtext mt = {0};
+	struct crec *recs = NULL;
+	int r;
+
+	if (stager && (r = stage_get(&w->stage, p)) < 0)
+		return err_set(r, "%s: the checkpoint's staging (%" PRIu64 " bytes): %s", fn,
+			       (uint64_t)5 * p->state_numel * sizeof(float), strerror(-r));
+	r = client_ckpt_export(c, stager ? &w->stage : NULL, NULL, 0, stager ? &own : NULL, fn);
+	if (r < 0)
+		return r;
+	if (stager && (r = node_records(p, &own, &recs, fn)) < 0)
+		goto fail;
+	if (v->rank == 0 &&
+	    (r = manifest_head_v(&mt, v, NULL, stager ? own.nnodes : v->nnodes)) < 0) {
+		r = err_set(ZC_ECKPT, "%s: the manifest: %s", fn, strerror(-r));
+		goto fail;
+	}
+	if (!(w->dir = strdup(v->dir))) {
+		r = err_set(-ENOMEM, "%s: out of memory", fn);
+		goto fail;
+	}
+	w->iteration = v->iteration;
+	w->timeout_ms = v->timeout_ms;
+	if (!stager && v->rank != 0) {
+		w->reading = true;
+		ckpt_owned_free(&own);
+		return 0;
+	}
+	w->v2 = true;
+	w->node_file = stager;
+	w->manifest = v->rank == 0;
+	w->node = own.node;
+	w->nnodes = stager ? own.nnodes : v->nnodes;
+	w->state_numel = p->state_numel;
+	w->recs = recs;
+	w->nrecs = stager ? own.count : 0;
+	w->mt = mt;
+	w->result = 0;
+	w->doing = "";
+	w->finished = false;
+	w->writing = true;
+	ckpt_owned_free(&own);
+	if ((r = pthread_create(&w->th, NULL, writer_nodes_main, w)) != 0) {
+		w->writing = false;
+		w->recs = NULL;
+		w->mt = (struct mtext){0};
+		free(w->dir);
+		w->dir = NULL;
+		r = err_set(ZC_ECKPT, "%s: no writer thread: %s", fn, strerror(r));
+		goto fail;
+	}
+	return 0;
+fail:
+	ckpt_owned_free(&own);
+	free(recs);
+	free(mt.buf);
+	return r;
+}
+
 int zc_checkpoint(zc_client *c, const char *dir)
 {
 	static const char fn[] = "zc_checkpoint";
@@ -980,6 +1369,11 @@ int zc_checkpoint(zc_client *c, const char *dir)
 	w->reading = false;
 	free(w->dir);
 	w->dir = NULL;
+	w->v2 = false;
+	if (!v.one_node && !v.plan->low_precision && !getenv("ZEROD_CKPT_V1")) {
+		v.dir = dir;
+		return checkpoint_nodes(c, &v, w, fn);
+	}
 	if (v.one_node && !v.plan->low_precision)
 		r = export_staged(c, &v, w, &im, fn);
 	else
@@ -1026,18 +1420,262 @@ fail:
 	return r;
 }
 
+/* Version 1: state.zck, every segment's parameters and state, into im
+ * (the plan's segment k gets the checkpoint's map[k]). */
+static int load_v1(int dirfd, const char *dir, const struct manifest *m, const uint32_t *map,
+		   struct image *im, const char *fn)
+{
+	unsigned char h[CKPT_HASH_BYTES];
+	uint64_t want = CKPT_HEADER, at = CKPT_HEADER, it;
+	uint32_t version;
+	char *data = NULL;
+	size_t len = 0;
+	int r;
+
+	for (uint32_t k = 0; k < m->nsegs; k++)
+		want += (1 + ntensors(m->segs[k].present)) * m->segs[k].numel * sizeof(float);
+	if (want != m->data_bytes) {
+		r = err_set(ZC_ECKPT,
+			    "%s: the manifest names %" PRIu64 " bytes of %s, its segments "
+			    "%" PRIu64,
+			    fn, m->data_bytes, CKPT_DATA, want);
+		goto out;
+	}
+	r = read_file(dirfd, CKPT_DATA, want, &data, &len);
+	if (r < 0) {
+		r = err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_DATA, strerror(-r),
+			    r == -EFBIG ? " (longer than the manifest says)" : "");
+		goto out;
+	}
+	if (len != want) {
+		r = err_set(ZC_ECKPT,
+			    "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)", fn,
+			    dir, CKPT_DATA, len, want);
+		goto out;
+	}
+	crypto_generichash(h, sizeof(h), (const unsigned char *)data, len, NULL, 0);
+	if (sodium_memcmp(h, m->data_hash, sizeof(h)) != 0) {
+		r = err_set(ZC_ECKPT, "%s: %s/%s: checksum mismatch (corrupt)", fn, dir, CKPT_DATA);
+		goto out;
+	}
+	memcpy(&version, data + 8, 4);
+	memcpy(&it, data + 16, 8);
+	if (memcmp(data, CKPT_MAGIC, 8) != 0 || version != CKPT_VERSION || it != m->iteration) {
+		r = err_set(ZC_ECKPT, "%s: %s/%s: not the manifest's data (header)", fn, dir,
+			    CKPT_DATA);
+		goto out;
+	}
+	/* checkpoint segment i's data → the plan's segment k with map[k] == i */
+	for (uint32_t i = 0; i < m->nsegs; i++) {
+		uint32_t k = 0;
+		while (map[k] != i)
+			k++;
+		uint64_t nb = m->segs[i].numel * sizeof(float);
+		memcpy(im->params[k], data + at, nb);
+		at += nb;
+		im->ss[k].present = m->segs[i].present;
+		im->ss[k].step = m->segs[i].step;
+		for (unsigned t = 0; t < 4; t++) {
+			if (!(m->segs[i].present & tensor_bits[t]))
+				continue;
+			memcpy(*seg_slot(&im->ss[k], t), data + at, nb);
+			at += nb;
+		}
+	}
+	r = 0;
+out:
+	free(data);
+	return r;
+}
+
+/* A record's place, for the coverage check. */
+struct cover {
+	uint32_t seg;
+	uint64_t off, n;
+};
+
+static int cover_cmp(const void *a, const void *b)
+{
+	const struct cover *x = a, *y = b;
+
+	if (x->seg != y->seg)
+		return x->seg < y->seg ? -1 : 1;
+	return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* One node file, read and checked whole (size, checksum, header), its
+ * records into im and cv (its places appended at *ncv). */
+static int load_node(int dirfd, const char *dir, const struct manifest *m, uint32_t node,
+		     const uint32_t *inv, struct image *im, bool *seen, struct cover **cv,
+		     size_t *ncv, size_t *cvcap, const char *fn)
+{
+	const struct cfile *cf = &m->files[node];
+	unsigned char h[CKPT_HASH_BYTES];
+	char name[32], *data = NULL;
+	size_t len = 0;
+	uint64_t it, nrecs, at = CKPT_NODE_HEADER;
+	uint32_t version, nd;
+	int r;
+
+	snprintf(name, sizeof(name), "node-%u.zck", node);
+	r = read_file(dirfd, name, cf->bytes, &data, &len);
+	if (r < 0)
+		return err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, name, strerror(-r),
+			       r == -EFBIG    ? " (longer than the manifest says)"
+			       : r == -ENOENT ? " (the manifest lists it: missing)"
+					      : "");
+	if (len != cf->bytes) {
+		r = err_set(ZC_ECKPT,
+			    "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)", fn,
+			    dir, name, len, cf->bytes);
+		goto out;
+	}
+	crypto_generichash(h, sizeof(h), (const unsigned char *)data, len, NULL, 0);
+	if (sodium_memcmp(h, cf->hash, sizeof(h)) != 0) {
+		r = err_set(ZC_ECKPT, "%s: %s/%s: checksum mismatch (corrupt)", fn, dir, name);
+		goto out;
+	}
+	if (len < CKPT_NODE_HEADER) {
+		r = err_set(ZC_ECKPT, "%s: %s/%s: no header", fn, dir, name);
+		goto out;
+	}
+	memcpy(&version, data + 8, 4);
+	memcpy(&nd, data + 12, 4);
+	memcpy(&it, data + 16, 8);
+	memcpy(&nrecs, data + 24, 8);
+	if (memcmp(data, CKPT_NODE_MAGIC, 8) != 0 || version != CKPT_VERSION_NODES ||
+	    nd != node || it != m->iteration) {
+		r = err_set(ZC_ECKPT, "%s: %s/%s: not the manifest's node file (header)", fn, dir,
+			    name);
+		goto out;
+	}
+	for (uint64_t i = 0; i < nrecs; i++) {
+		uint32_t seg, present;
+		uint64_t off, n, step, nb;
+		uint32_t k;
+		float *dst;
+
+		if (len - at < CKPT_RECORD) {
+			r = err_set(ZC_ECKPT, "%s: %s/%s: record %" PRIu64 " is cut", fn, dir, name,
+				    i);
+			goto out;
+		}
+		memcpy(&seg, data + at, 4);
+		memcpy(&present, data + at + 4, 4);
+		memcpy(&off, data + at + 8, 8);
+		memcpy(&n, data + at + 16, 8);
+		memcpy(&step, data + at + 24, 8);
+		at += CKPT_RECORD;
+		if (seg >= m->nsegs || n == 0 || off > m->segs[seg].numel ||
+		    n > m->segs[seg].numel - off ||
+		    (present & ~(uint32_t)(ZC_STATE_STEP | ZC_STATE_MOMENTUM_BUFFER |
+					   ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ |
+					   ZC_STATE_MAX_EXP_AVG_SQ)) ||
+		    (len - at) / sizeof(float) / (1 + ntensors(present)) < n) {
+			r = err_set(ZC_ECKPT, "%s: %s/%s: record %" PRIu64 " is out of bounds", fn,
+				    dir, name, i);
+			goto out;
+		}
+		k = inv[seg];
+		if (seen[seg] &&
+		    (im->ss[k].present != present || im->ss[k].step != (double)step)) {
+			r = err_set(ZC_ECKPT,
+				    "%s: %s/%s: segment %u's keys or step differ between its "
+				    "records",
+				    fn, dir, name, seg);
+			goto out;
+		}
+		seen[seg] = true;
+		im->ss[k].present = present;
+		im->ss[k].step = (double)step;
+		nb = n * sizeof(float);
+		memcpy(im->params[k] + off, data + at, nb);
+		at += nb;
+		for (unsigned t = 0; t < 4; t++) {
+			if (!(present & tensor_bits[t]))
+				continue;
+			dst = *seg_slot(&im->ss[k], t);
+			memcpy(dst + off, data + at, nb);
+			at += nb;
+		}
+		if (*ncv == *cvcap) {
+			size_t cap = *cvcap ? 2 * *cvcap : 256;
+			struct cover *x = realloc(*cv, cap * sizeof(*x));
+			if (!x) {
+				r = err_set(-ENOMEM, "%s: out of memory", fn);
+				goto out;
+			}
+			*cv = x;
+			*cvcap = cap;
+		}
+		(*cv)[(*ncv)++] = (struct cover){.seg = seg, .off = off, .n = n};
+	}
+	if (at != len) {
+		r = err_set(ZC_ECKPT, "%s: %s/%s: %zu bytes after its records", fn, dir, name,
+			    len - (size_t)at);
+		goto out;
+	}
+	r = 0;
+out:
+	free(data);
+	return r;
+}
+
+/* Version 2: every node file the manifest lists, checked, into im; every
+ * element of every segment given exactly once over the files. */
+static int load_nodes(int dirfd, const char *dir, const struct manifest *m, const uint32_t *map,
+		      struct image *im, const char *fn)
+{
+	uint32_t *inv = calloc(m->nsegs ? m->nsegs : 1, sizeof(*inv));
+	bool *seen = calloc(m->nsegs ? m->nsegs : 1, sizeof(*seen));
+	struct cover *cv = NULL;
+	size_t ncv = 0, cvcap = 0, c = 0;
+	int r = 0;
+
+	if (!inv || !seen) {
+		r = err_set(-ENOMEM, "%s: out of memory", fn);
+		goto out;
+	}
+	for (uint32_t k = 0; k < m->nsegs; k++)
+		inv[map[k]] = k;
+	for (uint32_t nd = 0; nd < m->nfiles && r >= 0; nd++)
+		r = load_node(dirfd, dir, m, nd, inv, im, seen, &cv, &ncv, &cvcap, fn);
+	if (r < 0)
+		goto out;
+	qsort(cv, ncv, sizeof(*cv), cover_cmp);
+	for (uint32_t i = 0; i < m->nsegs; i++) {
+		uint64_t next = 0;
+		for (; c < ncv && cv[c].seg == i; c++) {
+			if (cv[c].off != next)
+				break;
+			next += cv[c].n;
+		}
+		if (next != m->segs[i].numel || (c < ncv && cv[c].seg == i)) {
+			r = err_set(ZC_ECKPT,
+				    "%s: %s: segment %u (param_id %" PRIu64 ") is %s by the node "
+				    "files (%" PRIu64 " of %" PRIu64 " elements in order)",
+				    fn, dir, i, m->segs[i].param_id,
+				    c < ncv && cv[c].seg == i ? "given twice in part"
+							      : "not given whole",
+				    next, m->segs[i].numel);
+			goto out;
+		}
+	}
+out:
+	free(inv);
+	free(seen);
+	free(cv);
+	return r;
+}
+
 int zc_restore(zc_client *c, const char *dir)
 {
 	static const char fn[] = "zc_restore";
 	struct ckpt_view v;
 	struct image im = {0};
 	struct manifest m = {0};
-	unsigned char h[CKPT_HASH_BYTES];
-	uint32_t *map = NULL, version;
+	uint32_t *map = NULL;
 	float *saved = NULL;
-	char *data = NULL;
-	size_t len = 0;
-	uint64_t want = CKPT_HEADER, at = CKPT_HEADER, it;
 	int r, dirfd = -1;
 
 	if ((r = client_ckpt_view(c, fn, &v)) < 0)
@@ -1067,60 +1705,14 @@ int zc_restore(zc_client *c, const char *dir)
 	}
 	if ((r = match(v.plan, &m, map, fn)) < 0)
 		goto out;
-	for (uint32_t k = 0; k < m.nsegs; k++)
-		want += (1 + ntensors(m.segs[k].present)) * m.segs[k].numel * sizeof(float);
-	if (want != m.data_bytes) {
-		r = err_set(ZC_ECKPT,
-			    "%s: the manifest names %" PRIu64 " bytes of %s, its segments "
-			    "%" PRIu64,
-			    fn, m.data_bytes, CKPT_DATA, want);
-		goto out;
-	}
-	r = read_file(dirfd, CKPT_DATA, want, &data, &len);
-	if (r < 0) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_DATA, strerror(-r),
-			    r == -EFBIG ? " (longer than the manifest says)" : "");
-		goto out;
-	}
-	if (len != want) {
-		r = err_set(ZC_ECKPT,
-			    "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)", fn,
-			    dir, CKPT_DATA, len, want);
-		goto out;
-	}
-	crypto_generichash(h, sizeof(h), (const unsigned char *)data, len, NULL, 0);
-	if (sodium_memcmp(h, m.data_hash, sizeof(h)) != 0) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: checksum mismatch (corrupt)", fn, dir, CKPT_DATA);
-		goto out;
-	}
-	memcpy(&version, data + 8, 4);
-	memcpy(&it, data + 16, 8);
-	if (memcmp(data, CKPT_MAGIC, 8) != 0 || version != CKPT_VERSION || it != m.iteration) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: not the manifest's data (header)", fn, dir,
-			    CKPT_DATA);
-		goto out;
-	}
 	if ((r = image_alloc(v.plan, &im, true, NULL)) < 0) {
 		r = err_set(r, "%s: %s", fn, strerror(-r));
 		goto out;
 	}
-	/* checkpoint segment i's data → the plan's segment k with map[k] == i */
-	for (uint32_t i = 0; i < m.nsegs; i++) {
-		uint32_t k = 0;
-		while (map[k] != i)
-			k++;
-		uint64_t nb = m.segs[i].numel * sizeof(float);
-		memcpy(im.params[k], data + at, nb);
-		at += nb;
-		im.ss[k].present = m.segs[i].present;
-		im.ss[k].step = m.segs[i].step;
-		for (unsigned t = 0; t < 4; t++) {
-			if (!(m.segs[i].present & tensor_bits[t]))
-				continue;
-			memcpy(*seg_slot(&im.ss[k], t), data + at, nb);
-			at += nb;
-		}
-	}
+	r = m.version == CKPT_VERSION_NODES ? load_nodes(dirfd, dir, &m, map, &im, fn)
+					    : load_v1(dirfd, dir, &m, map, &im, fn);
+	if (r < 0)
+		goto out;
 	/* The parameters go in first, saved so that a refused import (the
 	 * daemon's checks) leaves them as they were. */
 	saved = malloc((v.plan->total_numel + 1) * sizeof(float));
@@ -1149,7 +1741,6 @@ out:
 	if (dirfd >= 0)
 		close(dirfd);
 	free(saved);
-	free(data);
 	free(map);
 	manifest_free(&m);
 	image_free(&im);

@@ -166,6 +166,16 @@ struct zc_client {
 	/* zeroctl checkpoint: the operator's request (zc_checkpoint_due) */
 	char *ckpt_due_dir; /* NULL: none */
 	struct ckpt_writer *ckpt_writer; /* zc_checkpoint's write in flight (ckpt.c) */
+	/* a checkpoint's export over several nodes: StateOk's ranges (pairs),
+	 * this node's index and the count */
+	uint64_t *ckpt_ranges;
+	size_t nckpt_ranges;
+	uint32_t ckpt_node, ckpt_nnodes;
+	/* the last such export's ranges, for the plan of hash ckpt_prev_hash:
+	 * the next one copies only their parameters */
+	uint64_t *ckpt_prev;
+	size_t nckpt_prev;
+	uint64_t ckpt_prev_hash;
 	uint64_t ckpt_due_iter;
 	/* re-planning: the registered plan and its buffers, until the new
 	 * plan is registered */
@@ -522,8 +532,23 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 		handle_error(c, env);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_STATE_OK:
-		if (c->state_pending && c->state_result == 0)
+		if (c->state_pending && c->state_result == 0) {
+			const Zerod__V1__StateOk *ok = env->state_ok;
+			free(c->ckpt_ranges);
+			c->ckpt_ranges = NULL;
+			c->nckpt_ranges = 0;
+			c->ckpt_nnodes = 0; /* none told */
+			if (ok->has_nnodes && !(ok->n_ranges & 1) &&
+			    (c->ckpt_ranges = malloc((ok->n_ranges + 1) * sizeof(uint64_t)))) {
+				if (ok->n_ranges)
+					memcpy(c->ckpt_ranges, ok->ranges,
+					       ok->n_ranges * sizeof(uint64_t));
+				c->nckpt_ranges = ok->n_ranges / 2;
+				c->ckpt_node = ok->node;
+				c->ckpt_nnodes = ok->nnodes;
+			}
 			c->state_result = 1;
+		}
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_DUE:
 		free(c->ckpt_due_dir);
@@ -1048,6 +1073,10 @@ void zc_close(zc_client *c)
 		return;
 	/* a checkpoint still being written is finished first */
 	ckpt_writer_close(&c->ckpt_writer);
+	free(c->ckpt_ranges);
+	c->ckpt_ranges = NULL;
+	free(c->ckpt_prev);
+	c->ckpt_prev = NULL;
 	/* The goodbye needs a linger to leave before the socket goes; without
 	 * one it is not sent, and zerod ends the session when the connection
 	 * closes, as for a trainer that died. */
@@ -2933,6 +2962,7 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 					  .world = c->cfg.world_size,
 					  .nnodes = c->cfg.nnodes ? c->cfg.nnodes : 1,
 					  .one_node = c->cfg.local_size == c->cfg.world_size,
+					  .local_rank = c->cfg.local_rank,
 					  .iteration = c->iter,
 					  .timeout_ms = c->cfg.register_timeout_ms,
 					  .writer = &c->ckpt_writer};
@@ -2941,8 +2971,37 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 	return r;
 }
 
+static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_owned *o,
+		      const char *fn);
+
+/* StateOk's ranges lie each within one bucket of p's state layout. */
+static bool ranges_ok(const struct plan *p, const uint64_t *rg, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint32_t b = 0;
+		while (b < p->nbuckets && rg[2 * i] >= p->buckets[b].sbase + p->buckets[b].numel)
+			b++;
+		if (b == p->nbuckets || rg[2 * i] < p->buckets[b].sbase || rg[2 * i + 1] == 0 ||
+		    rg[2 * i + 1] > p->buckets[b].sbase + p->buckets[b].numel - rg[2 * i])
+			return false;
+	}
+	return true;
+}
+
+/* The parameter at slot of the registered plan's state layout (fp32
+ * buckets: the layout is the buffers'). */
+static float *params_at(zc_client *c, uint64_t slot)
+{
+	const struct plan *p = c->plan;
+	uint32_t b = 0;
+
+	while (b + 1 < p->nbuckets && slot >= p->buckets[b + 1].sbase)
+		b++;
+	return zc_param_buffer(c, b) + (slot - p->buckets[b].sbase);
+}
+
 int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_segment_state *ss,
-		       uint32_t n, const char *fn)
+		       uint32_t n, struct ckpt_owned *ret_own, const char *fn)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__CheckpointState cs = ZEROD__V1__CHECKPOINT_STATE__INIT;
@@ -2978,13 +3037,47 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 	if ((r = state_send(c, &env, fn)) < 0)
 		return r;
 	/* the parameters, while zerod copies the state: the step is done, and
-	 * on one node nothing writes them until the next iteration's broadcast */
-	if (stg && !c->dev)
+	 * nothing writes them until the next iteration's broadcast. Over
+	 * several nodes only those of the ranges the last export named (the
+	 * same plan: the same ranges), all the first time. */
+	bool part = ret_own && c->ckpt_prev && c->ckpt_prev_hash == p->hash;
+	if (stg && !c->dev && part)
+		for (size_t i = 0; i < c->nckpt_prev; i++)
+			memcpy(stg->base + c->ckpt_prev[2 * i],
+			       params_at(c, c->ckpt_prev[2 * i]), c->ckpt_prev[2 * i + 1] * 4);
+	else if (stg && !c->dev)
 		for (uint32_t b = 0; b < p->nbuckets; b++)
 			memcpy(stg->base + p->buckets[b].sbase, zc_param_buffer(c, b),
 			       p->buckets[b].numel * sizeof(float));
 	if ((r = state_wait(c, fn)) < 0 || !stg)
 		return r;
+	if (ret_own) {
+		pthread_mutex_lock(&c->mu);
+		if (!ranges_ok(p, c->ckpt_ranges, c->nckpt_ranges)) {
+			pthread_mutex_unlock(&c->mu);
+			return own_ranges(c, stg, ret_own, fn); /* it says why */
+		}
+		bool same = part && c->nckpt_prev == c->nckpt_ranges &&
+			    memcmp(c->ckpt_prev, c->ckpt_ranges,
+				   c->nckpt_ranges * 2 * sizeof(uint64_t)) == 0;
+		if (!same && c->ckpt_ranges)
+			for (size_t i = 0; i < c->nckpt_ranges && part; i++)
+				memcpy(stg->base + c->ckpt_ranges[2 * i],
+				       params_at(c, c->ckpt_ranges[2 * i]),
+				       c->ckpt_ranges[2 * i + 1] * 4);
+		free(c->ckpt_prev);
+		c->ckpt_prev = NULL;
+		c->nckpt_prev = 0;
+		if (c->ckpt_ranges &&
+		    (c->ckpt_prev = malloc((c->nckpt_ranges * 2 + 1) * sizeof(uint64_t)))) {
+			memcpy(c->ckpt_prev, c->ckpt_ranges,
+			       c->nckpt_ranges * 2 * sizeof(uint64_t));
+			c->nckpt_prev = c->nckpt_ranges;
+			c->ckpt_prev_hash = p->hash;
+		}
+		pthread_mutex_unlock(&c->mu);
+		return own_ranges(c, stg, ret_own, fn);
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		struct zc_segment_state *s = &ss[i];
 		uint64_t at, numel;
@@ -3004,6 +3097,66 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 					? stg->base + k * p->state_numel + at
 					: NULL;
 		}
+	}
+	return 0;
+}
+
+void ckpt_owned_free(struct ckpt_owned *o)
+{
+	free(o->slot);
+	free(o->n);
+	free(o->bucket);
+	free(o->present);
+	free(o->step);
+	*o = (struct ckpt_owned){0};
+}
+
+/* StateOk's ranges of a checkpoint's export over several nodes, with each
+ * range's keys and step read from its step word in stg. */
+static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_owned *o,
+		      const char *fn)
+{
+	const struct plan *p = c->plan;
+	size_t n;
+	uint32_t b = 0;
+
+	pthread_mutex_lock(&c->mu);
+	n = c->nckpt_ranges;
+	*o = (struct ckpt_owned){.count = n, .node = c->ckpt_node, .nnodes = c->ckpt_nnodes};
+	o->slot = malloc((n + 1) * sizeof(*o->slot));
+	o->n = malloc((n + 1) * sizeof(*o->n));
+	o->bucket = malloc((n + 1) * sizeof(*o->bucket));
+	o->present = malloc((n + 1) * sizeof(*o->present));
+	o->step = malloc((n + 1) * sizeof(*o->step));
+	if (o->slot && o->n && o->bucket && o->present && o->step)
+		for (size_t i = 0; i < n; i++) {
+			o->slot[i] = c->ckpt_ranges[2 * i];
+			o->n[i] = c->ckpt_ranges[2 * i + 1];
+		}
+	free(c->ckpt_ranges);
+	c->ckpt_ranges = NULL;
+	c->nckpt_ranges = 0;
+	pthread_mutex_unlock(&c->mu);
+	if (!o->slot || !o->n || !o->bucket || !o->present || !o->step) {
+		ckpt_owned_free(o);
+		return err_set(-ENOMEM, "%s: out of memory", fn);
+	}
+	if (o->nnodes < 2 || o->node >= o->nnodes || o->nnodes > 4096) {
+		ckpt_owned_free(o);
+		return err_set(ZC_EPROTO, "%s: zerod named no ranges of this node", fn);
+	}
+	for (size_t i = 0; i < n; i++) {
+		uint32_t w;
+		while (b < p->nbuckets && o->slot[i] >= p->buckets[b].sbase + p->buckets[b].numel)
+			b++;
+		if (b == p->nbuckets || o->slot[i] < p->buckets[b].sbase || o->n[i] == 0 ||
+		    o->n[i] > p->buckets[b].sbase + p->buckets[b].numel - o->slot[i]) {
+			ckpt_owned_free(o);
+			return err_set(ZC_EPROTO, "%s: zerod named a range out of the plan", fn);
+		}
+		memcpy(&w, stg->base + STG_META * p->state_numel + o->slot[i], sizeof(w));
+		o->bucket[i] = b;
+		o->present[i] = meta_present(p, b, w, &o->step[i]);
 	}
 	return 0;
 }

@@ -28,6 +28,8 @@ struct ckpt_view {
 	const char *job_id;
 	uint32_t rank, world, nnodes;
 	bool one_node;      /* every rank of the job on this node */
+	uint32_t local_rank; /* 0: its node's stager of a checkpoint over nodes */
+	const char *dir;     /* zc_checkpoint()'s, set by ckpt.c */
 	uint64_t iteration; /* the next one this rank hands buckets of */
 	int timeout_ms;     /* the client's register_timeout_ms */
 	struct ckpt_writer **writer; /* c's checkpoint writer (ckpt.c), NULL: none */
@@ -52,8 +54,19 @@ struct zc_segment_state;
  * nothing) while this thread copies its parameters into region 0. Then
  * ss[n] (bucket and segment set) get their present keys, step, and tensor
  * pointers into stg. 0, or an error recorded. */
+/* Over several nodes (ret_own not NULL, ss unused): stg gets only this
+ * node's pieces, and *ret_own the ranges zerod filled (StateOk), each with
+ * its bucket, keys and step; free with ckpt_owned_free(). */
+struct ckpt_owned {
+	size_t count;
+	uint64_t *slot, *n; /* [count]: state layout slot, numel */
+	uint32_t *bucket, *present;
+	double *step;
+	uint32_t node, nnodes;
+};
+void ckpt_owned_free(struct ckpt_owned *o);
 int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_segment_state *ss,
-		       uint32_t n, const char *fn);
+		       uint32_t n, struct ckpt_owned *ret_own, const char *fn);
 /* c's checkpoint writer slot in *ret, whatever c's plan state
  * (zc_checkpoint_wait): 0, or -EINVAL / ZC_EFORKED recorded. */
 int client_ckpt_writer(zc_client *c, const char *fn, struct ckpt_writer ***ret);

@@ -806,8 +806,8 @@ static bool region_kept(const struct exec *e, unsigned k)
 	return false;
 }
 
-/* One node: every piece is here and every staging is mapped, so each
- * piece's values go straight into each rank's staging (the ranks given
+/* One node, or a checkpoint's export on any node: each piece this node
+ * owns goes straight into each local rank's staging (the ranks given
  * one). A sparse export writes the step word at each piece's first element
  * only: a segment starts a piece, and a reader reads it there. The state
  * arrays go with non-temporal stores: the staging is the trainer's, read
@@ -1054,7 +1054,9 @@ static int export_gather(struct exec *e, struct lane *ln, const struct exec_stat
 
 static int state_export(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
 {
-	if (e->nlocal == e->cfg.world)
+	/* a checkpoint's export stays on its node: each node's stager gets
+	 * this node's pieces only, and its trainer writes them */
+	if (e->nlocal == e->cfg.world || rq->sparse_meta)
 		return export_local(e, rq);
 	return e->cfg.optim->state_io ? export_gather(e, ln, rq) : export_bcast(e, ln, rq);
 }
@@ -1455,6 +1457,25 @@ int exec_reload(struct exec *e)
 	 * the last broadcast wrote and the trainers edited since */
 	enqueue(e, o, LANE_COMPUTE, 0, e->cfg.plan->nbuckets - 1, true);
 	pthread_mutex_unlock(&e->mu);
+	return 0;
+}
+
+int exec_owned_ranges(const struct exec *e, uint64_t **ret, size_t *ret_n)
+{
+	const struct plan *p = e->cfg.plan;
+	const struct state *s = e->cfg.state;
+	uint64_t *w = malloc((2 * (size_t)s->npieces + 1) * sizeof(*w));
+	size_t n = 0;
+
+	if (!w)
+		return -ENOMEM;
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t i = s->bucket_first[b]; i < s->bucket_first[b + 1]; i++) {
+			w[n++] = piece_slot(p, b, &s->pieces[i]);
+			w[n++] = s->pieces[i].n;
+		}
+	*ret = w;
+	*ret_n = n;
 	return 0;
 }
 

@@ -139,6 +139,10 @@ struct exec_state_req {
 	const uint32_t *seg_first;         /* set: [nbuckets]: index of each bucket's first */
 };
 int exec_state(struct exec *e, const struct exec_state_req *req);
+/* Loop thread: the state layout's ranges this node owns, as (slot, numel)
+ * pairs in *ret (malloc'd, *ret_n words): the pieces' layout is fixed for
+ * the executor's life. 0 or -ENOMEM. */
+int exec_owned_ranges(const struct exec *e, uint64_t **ret, size_t *ret_n);
 
 /* Drop what is queued, abort the collectives in flight, free the state;
  * EXEC_STOPPED says the threads are gone. Idempotent. */

@@ -816,10 +816,18 @@ static void sink_plan_ok(struct session *s, uint64_t plan_hash)
 	session_send(s, &env);
 }
 
-static void sink_state_ok(struct session *s)
+static void sink_state_ok(struct session *s, const struct sink_ranges *rg)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__StateOk ok = ZEROD__V1__STATE_OK__INIT;
+
+	if (rg) {
+		ok.n_ranges = rg->n;
+		ok.ranges = (uint64_t *)rg->ranges;
+		ok.has_node = ok.has_nnodes = true;
+		ok.node = rg->node;
+		ok.nnodes = rg->nnodes;
+	}
 
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_STATE_OK;
 	env.state_ok = &ok;

@@ -21,6 +21,14 @@ struct session;
 /* An error about no particular iteration. */
 #define SINK_NO_ITERATION UINT64_MAX
 
+/* A checkpoint's export over several nodes: the state layout's ranges this
+ * node owns, (slot, numel) pairs, n words; and the node's index. */
+struct sink_ranges {
+	const uint64_t *ranges;
+	size_t n;
+	uint32_t node, nnodes;
+};
+
 struct sink_ops {
 	/* Every rank of the job registered the same plan. */
 	void (*plan_ok)(struct session *s, uint64_t plan_hash);
@@ -36,8 +44,10 @@ struct sink_ops {
 	 * -1). fatal: the job cannot go on, every pending future fails. */
 	void (*error)(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,
 		      const char *msg);
-	/* The state export or import the rank asked for is done. */
-	void (*state_ok)(struct session *s);
+	/* The state export or import the rank asked for is done; rg (else
+	 * NULL): a checkpoint's export over several nodes tells the stager
+	 * its node's ranges (rg->n words; 0: the node owns none). */
+	void (*state_ok)(struct session *s, const struct sink_ranges *rg);
 	/* The operator asked for a checkpoint into dir: the rank takes it
 	 * between iterations once its iteration is `iteration` (resume.c). */
 	void (*checkpoint_due)(struct session *s, const char *dir, uint64_t iteration);

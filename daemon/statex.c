@@ -8,9 +8,10 @@
  * in, the executor copies the state in or out (exec_state) and each rank
  * gets StateOk.
  *
- * A checkpoint's export (CheckpointState, zc_checkpoint() on one node) is
- * such a round in which only the ranks passing a staging get the state, the
- * step word at each piece's first element only; a memfd staging is kept
+ * A checkpoint's export (CheckpointState, zc_checkpoint()) is such a round
+ * in which only the ranks passing a staging get the state of the pieces
+ * this node owns (over several nodes: no other node's, and StateOk names
+ * them), the step word at each piece's first element only; a memfd staging is kept
  * mapped in j->sxk while the next round passes the same file, so after the
  * first checkpoint nothing is mapped, faulted in or unmapped on its way.
  *
@@ -308,10 +309,6 @@ static void request(struct job *j, struct session *s, uint32_t rank, bool set, b
 		      x->set    ? "import"
 		      : x->ckpt ? "export it for a checkpoint"
 				: "export");
-	if (!x->err && ckpt && j->local_size != j->world)
-		spoil(x, ZC_ENOTSUP,
-		      "a checkpoint's export is for a job on one node; this one spans several "
-		      "(GetState exports the state of such a job)");
 	if (!x->err && stg) {
 		uint64_t want = (uint64_t)exec_state_regions(j->plan) * j->plan->state_numel *
 				sizeof(float);
@@ -362,12 +359,27 @@ bool statex_busy(const struct job *j)
 void statex_done(struct job *j)
 {
 	struct statex *x = j->sx;
+	uint64_t *ranges = NULL;
+	size_t nranges = 0;
 
 	if (!x)
 		return;
-	for (uint32_t k = 0; k < j->world; k++)
-		if (x->arrived[k] && j->ranks[k])
-			j->d->sink->state_ok(j->ranks[k]);
+	/* a checkpoint's export over several nodes: its stager learns which
+	 * ranges it got (its node's: maybe none), and the node's index */
+	bool nodes = x->ckpt && j->local_size != j->world;
+	int rr = nodes ? exec_owned_ranges(j->exec, &ranges, &nranges) : 0;
+	struct sink_ranges rg = {
+		.ranges = ranges, .n = nranges, .node = j->topo.node, .nnodes = j->topo.nnodes};
+	for (uint32_t k = 0; k < j->world; k++) {
+		if (!x->arrived[k] || !j->ranks[k])
+			continue;
+		if (nodes && x->base[k] && rr < 0)
+			sink_error(j->d->sink, j->ranks[k], ZC_ELIMIT, false, SINK_NO_ITERATION, -1,
+				   "job %s: the checkpoint's ranges: out of memory", j->id);
+		else
+			j->d->sink->state_ok(j->ranks[k], nodes && x->base[k] ? &rg : NULL);
+	}
+	free(ranges);
 	log_info("job %s: optimizer state %sed", j->id, x->set ? "import" : "export");
 	statex_free(j);
 	if (j->rdzv)

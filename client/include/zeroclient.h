@@ -755,14 +755,19 @@ int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n);
  * checksums. Every rank of the job calls it between iterations (after the
  * step of the last iteration it handed over) with the same dir, which must
  * be one directory for every node (a shared filesystem on several nodes):
- * it is a collective (one export round). It returns once the state is
- * copied out: into rank 0's memory (its staging copy), from which a thread
- * of rank 0's client writes the files while training goes on. The
- * checkpoint names zc_iteration(), the iteration a restore goes on at.
+ * it is a collective (one export round per node). It returns once the
+ * state is copied out: on one node into rank 0's staging, from which a
+ * thread of rank 0's client writes the files while training goes on; on
+ * several (format version 2) each node's local rank 0 gets its own node's
+ * state in its staging and writes the node's file, and rank 0 writes the
+ * manifest once every node's file is durable. The checkpoint names
+ * zc_iteration(), the iteration a restore goes on at.
  * zc_checkpoint_wait() says when it is durable and whether the write
  * failed; the next zc_checkpoint(), zc_restore() and zc_close() wait for a
- * write in flight first. An older checkpoint in dir is replaced; between
- * its manifest's removal and the new one's rename dir holds none.
+ * write in flight first. An older checkpoint in dir is replaced; on one
+ * node, between its manifest's removal and the new one's rename dir holds
+ * none; on several, its manifest stays until the new one replaces it, and
+ * a restore meanwhile may find a node file rewritten (refused).
  * Errors: ZC_ESTATE (no plan, mid-iteration), ZC_ENOTSUP (bf16/fp16
  * buckets), ZC_ECKPT (no writer thread), zc_get_state()'s; a failed write
  * comes back from zc_checkpoint_wait().
@@ -776,7 +781,9 @@ int zc_checkpoint(zc_client *c, const char *dir);
  * Wait up to timeout_ms for this rank's last zc_checkpoint() to be durable
  * and return its result: 0, or ZC_ECKPT with the reason. On rank 0 (the
  * writer) it waits for its write (< 0: without limit); ZC_ETIMEDOUT if it
- * is still writing (the write goes on: call again). On the other ranks it
+ * is still writing (the write goes on: call again). On several nodes each
+ * node's local rank 0 writes too: it waits for its node's file and for the
+ * manifest to name it (rank 0 writes that), as rank 0 does. On the other ranks it
  * reads dir's manifest back until it names the checkpoint's iteration (<
  * 0: up to the client's register_timeout_ms); ZC_ECKPT if it does not by
  * then (rank 0 failed to write: its call says why; or dir is not one

@@ -975,6 +975,288 @@ static void t_nodes_restore_other_world(void)
 	nodes_stop();
 }
 
+/* ------------------------------------------- per-node files (v2) --- */
+
+/* A line of dir's MANIFEST starting with key: its rest, into out. */
+static bool manifest_line(const char *dir, const char *key, char *out, size_t len)
+{
+	char path[512], line[512];
+	bool found = false;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/MANIFEST", dir);
+	if (!(f = fopen(path, "r")))
+		return false;
+	while (!found && fgets(line, sizeof(line), f))
+		if (strncmp(line, key, strlen(key)) == 0) {
+			snprintf(out, len, "%s", line + strlen(key));
+			found = true;
+		}
+	fclose(f);
+	return found;
+}
+
+/* What node-K.zck holds: its size as its records add it up, and which
+ * elements of which segment (marks[seg offset + element] += 1). */
+static long node_file_walk(const char *dir, uint32_t node, const uint64_t *seg_base,
+			   uint32_t nsegs, uint8_t *marks, uint64_t *ret_elems)
+{
+	char path[512];
+	unsigned char head[32], rh[32];
+	uint64_t nrecs, elems = 0;
+	uint32_t version, nd;
+	long size = 32;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/node-%u.zck", dir, node);
+	if (!(f = fopen(path, "rb")))
+		return -1;
+	if (fread(head, 1, 32, f) != 32 || memcmp(head, "ZCKPTNOD", 8) != 0) {
+		fclose(f);
+		return -1;
+	}
+	memcpy(&version, head + 8, 4);
+	memcpy(&nd, head + 12, 4);
+	memcpy(&nrecs, head + 24, 8);
+	CHECK(version == 2 && nd == node, "%s: version %u node %u", path, version, nd);
+	for (uint64_t i = 0; i < nrecs; i++) {
+		uint32_t seg, present, nt = 1;
+		uint64_t off, n;
+		if (fread(rh, 1, 32, f) != 32)
+			break;
+		memcpy(&seg, rh, 4);
+		memcpy(&present, rh + 4, 4);
+		memcpy(&off, rh + 8, 8);
+		memcpy(&n, rh + 16, 8);
+		for (uint32_t b = ZC_STATE_MOMENTUM_BUFFER; b <= ZC_STATE_MAX_EXP_AVG_SQ; b <<= 1)
+			nt += !!(present & b);
+		if (seg >= nsegs || seg_base[seg] + off + n > seg_base[seg + 1]) {
+			CHECK(0, "%s: record %llu out of its segment", path, (unsigned long long)i);
+			break;
+		}
+		for (uint64_t x = 0; x < n; x++)
+			marks[seg_base[seg] + off + x]++;
+		elems += n;
+		size += 32 + (long)(n * nt * sizeof(float));
+		if (fseek(f, (long)(n * nt * sizeof(float)), SEEK_CUR) < 0)
+			break;
+	}
+	fclose(f);
+	*ret_elems = elems;
+	return size;
+}
+
+/* The spoiled copies of a version 2 checkpoint, and what a restore says. */
+static const struct {
+	const char *what, *file, *needle;
+	int how; /* 0: a byte flipped, 1: truncated, 2: deleted */
+} node_spoils[] = {
+	{"node 1's file deleted", "node-1.zck", "node-1.zck: No such file", 2},
+	{"a byte of node 0's file flipped", "node-0.zck", "node-0.zck: checksum mismatch", 0},
+	{"node 1's file truncated", "node-1.zck", "node-1.zck: ", 1},
+};
+#define NNODE_SPOILS (sizeof(node_spoils) / sizeof(node_spoils[0]))
+
+/* A job of 2 ranks on one zerod tries every spoiled copy (each refused,
+ * naming the file, nothing moved), then restores the good one (a
+ * checkpoint of 3 ranks over 2 nodes) and trains on to the reference. */
+static int node_spoil_rank(void *arg, int idx)
+{
+	struct script *sc = arg;
+	uint32_t rank = (uint32_t)idx;
+	struct tplan *tp = calloc(1, sizeof(*tp));
+	struct snap *got = calloc(1, sizeof(*got));
+	zc_client *c = NULL;
+	const char *what;
+	int r;
+
+	make_plan(tp, &layouts[sc->layout], sc->opt, sc->shard, sc->step, sc->ids);
+	r = setup(sc, rank, tp, &c, &what);
+	for (size_t i = 0; i < NNODE_SPOILS && r >= 0; i++) {
+		char dir[300];
+		snprintf(dir, sizeof(dir), "%s.%zu", sc->dir, i);
+		int e = zc_restore(c, dir);
+		EXPECT(e == ZC_ECKPT && strstr(zc_error_message(), node_spoils[i].needle),
+		       "rank %u: %s: %s: %s", rank, node_spoils[i].what, zc_strerror_name(e),
+		       zc_error_message());
+		if (rank == 0)
+			printf("# %s: %s\n", node_spoils[i].what, zc_error_message());
+		EXPECT(zc_iteration(c) == 0, "rank %u: %s moved the iteration", rank,
+		       node_spoils[i].what);
+	}
+	if (r >= 0)
+		r = restore(c, sc, rank, sc->restore_at);
+	while (r >= 0 && (int)zc_iteration(c) < sc->iters)
+		r = one_iteration(c, sc, tp, rank);
+	if (r >= 0)
+		r = export_snap(c, tp, sc->opt, got);
+	EXPECT(r == 0, "rank %u: %s", rank, zc_error_message());
+	if (r == 0)
+		EXPECT(snap_compare(sc->job, got, sc->want, sc->opt) == 0,
+		       "rank %u: differs from the reference", rank);
+	zc_close(c);
+	free(tp);
+	free(got);
+	return child_bad;
+}
+
+/* A job of 3 ranks over 2 zerods (rank 0 on node 1) checkpoints: version
+ * 2, one file per node, each holding only its node's ranges, together
+ * every element once, sizes as the manifest says; spoiled copies are
+ * refused naming the file; a one-node job of 2 ranks restores it. */
+static void t_nodes_files_per_node(void)
+{
+	static const uint32_t node_of[] = {1, 0, 1};
+	struct script *a = script_new("v2-nodes", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct script *b = script_new("v2-one", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct snap *want = test_shared(sizeof(*want));
+	uint64_t seg_base[16] = {0}, total = 0, elems[2] = {0};
+	uint32_t nsegs = 0;
+	char line[256], key[32];
+	uint8_t *marks = NULL;
+	int r;
+
+	snap_init(want, a->seed);
+	ref_train_nodes(want, a->opt, a->seed, 3, node_of, 0, 3);
+	a->ids = b->ids = true;
+	a->iters = 3;
+	a->ckpt_every = 3;
+	a->want = want;
+	r = nodes_start(a, node_of);
+	REQUIRE(r == 0, "cannot start the nodes: %s", strerror(-r));
+	run_script(a);
+	nodes_stop();
+	REQUIRE(!test_failed_, "the checkpointing job failed");
+
+	CHECK(manifest_line(a->dir, "zerod-checkpoint ", line, sizeof(line)) && atoi(line) == 2,
+	      "the manifest is not of version 2");
+	CHECK(manifest_line(a->dir, "nodes ", line, sizeof(line)) && atoi(line) == 2,
+	      "the manifest does not say 2 nodes");
+	REQUIRE(manifest_line(a->dir, "segments ", line, sizeof(line)), "no segments line");
+	nsegs = (uint32_t)atoi(line);
+	REQUIRE(nsegs > 0 && nsegs < 16, "%u segments", nsegs);
+	for (uint32_t k = 0; k < nsegs; k++) {
+		unsigned long long numel = 0;
+		snprintf(key, sizeof(key), "segment %u ", k);
+		REQUIRE(manifest_line(a->dir, key, line, sizeof(line)) &&
+				sscanf(line, "param_id %*u numel %llu", &numel) == 1,
+			"no line for segment %u", k);
+		seg_base[k + 1] = seg_base[k] + numel;
+	}
+	total = seg_base[nsegs];
+	marks = calloc(total, 1);
+	REQUIRE(marks, "out of memory");
+	for (uint32_t nd = 0; nd < 2; nd++) {
+		char path[512];
+		unsigned long long listed = 0;
+		struct stat st;
+		long size = node_file_walk(a->dir, nd, seg_base, nsegs, marks, &elems[nd]);
+		snprintf(key, sizeof(key), "file node-%u.zck ", nd);
+		snprintf(path, sizeof(path), "%s/node-%u.zck", a->dir, nd);
+		CHECK(manifest_line(a->dir, key, line, sizeof(line)) &&
+			      sscanf(line, "%llu", &listed) == 1,
+		      "the manifest lists no node-%u.zck", nd);
+		CHECK(size > 0 && stat(path, &st) == 0 && st.st_size == size &&
+			      (unsigned long long)size == listed,
+		      "node-%u.zck: %ld bytes by its records, %lld on disk, %llu in the manifest",
+		      nd, size, (long long)st.st_size, listed);
+		/* a node holds its own ranges only: never every element */
+		CHECK(elems[nd] > 0 && elems[nd] < total,
+		      "node-%u.zck holds %llu of %llu elements", nd,
+		      (unsigned long long)elems[nd], (unsigned long long)total);
+		printf("# node-%u.zck: %ld bytes, %llu of %llu elements\n", nd, size,
+		       (unsigned long long)elems[nd], (unsigned long long)total);
+	}
+	for (uint64_t x = 0; x < total; x++)
+		if (marks[x] != 1) {
+			CHECK(0, "element %llu is in %u node files, want 1", (unsigned long long)x,
+			      marks[x]);
+			break;
+		}
+	CHECK(elems[0] + elems[1] == total, "the node files hold %llu elements, the model %llu",
+	      (unsigned long long)(elems[0] + elems[1]), (unsigned long long)total);
+	free(marks);
+
+	/* spoiled copies */
+	for (size_t i = 0; i < NNODE_SPOILS; i++) {
+		char from[512], to[512], dir[300];
+		snprintf(dir, sizeof(dir), "%s.%zu", a->dir, i);
+		mkdir(dir, 0755);
+		for (const char *const *f = (const char *const[]){"MANIFEST", "node-0.zck",
+								  "node-1.zck", NULL};
+		     *f; f++) {
+			snprintf(from, sizeof(from), "%s/%s", a->dir, *f);
+			snprintf(to, sizeof(to), "%s/%s", dir, *f);
+			copy_file(from, to);
+		}
+		snprintf(to, sizeof(to), "%s/%s", dir, node_spoils[i].file);
+		struct stat st;
+		stat(to, &st);
+		if (node_spoils[i].how == 2)
+			unlink(to);
+		else
+			corrupt(to, node_spoils[i].how ? st.st_size - 50 : st.st_size / 2,
+				node_spoils[i].how);
+	}
+	ref_train_nodes(want, a->opt, a->seed, 2, NULL, 3, 5);
+	snprintf(b->dir, sizeof(b->dir), "%s", a->dir);
+	b->layout = 1;
+	b->restore_at = 3;
+	b->iters = 5;
+	b->want = want;
+	{
+		pid_t pids[2];
+		for (uint32_t k = 0; k < 2; k++)
+			pids[k] = spawn(node_spoil_rank, b, (int)k);
+		wait_all(b, pids);
+	}
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+/* The version 1 writer over several nodes (ZEROD_CKPT_V1: the export
+ * round into rank 0, which writes state.zck) still works, and its
+ * checkpoint restores into a job over the same two zerods. */
+static void t_nodes_v1_still_restores(void)
+{
+	static const uint32_t node_of[] = {0, 1, 1};
+	struct script *a = script_new("v1-nodes", 3, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct script *b = script_new("v1-back", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	struct snap *want = test_shared(sizeof(*want));
+	char line[64], path[512];
+	struct stat st;
+	int r;
+
+	snap_init(want, a->seed);
+	ref_train_nodes(want, a->opt, a->seed, 3, node_of, 0, 3);
+	a->ids = b->ids = true;
+	a->iters = 3;
+	a->ckpt_every = 3;
+	a->want = want;
+	r = nodes_start(a, node_of);
+	REQUIRE(r == 0, "cannot start the nodes: %s", strerror(-r));
+	setenv("ZEROD_CKPT_V1", "1", 1); /* the ranks inherit it */
+	run_script(a);
+	unsetenv("ZEROD_CKPT_V1");
+	REQUIRE(!test_failed_, "the checkpointing job failed");
+	CHECK(manifest_line(a->dir, "zerod-checkpoint ", line, sizeof(line)) && atoi(line) == 1,
+	      "the manifest is not of version 1");
+	snprintf(path, sizeof(path), "%s/state.zck", a->dir);
+	CHECK(stat(path, &st) == 0, "no %s", path);
+	ref_train_nodes(want, a->opt, a->seed, 3, node_of, 3, 5);
+	b->nnodes = 2;
+	memcpy(b->node_of, node_of, sizeof(node_of));
+	memcpy(b->socks, a->socks, sizeof(a->socks));
+	snprintf(b->rdzv, sizeof(b->rdzv), "%s", a->rdzv);
+	snprintf(b->dir, sizeof(b->dir), "%s", a->dir);
+	b->restore = true;
+	b->restore_at = 3;
+	b->iters = 5;
+	b->want = want;
+	run_script(b);
+	nodes_stop();
+}
+
 /* ---------------------------------------------- zeroctl checkpoint --- */
 
 /* zeroctl -s SOCK -o json ARGS... with stdout into out: its exit status. */
@@ -1099,6 +1381,8 @@ static const struct test_case cases[] = {
 static const struct test_case node_cases[] = {
 	{"nodes_crash_restart_equals_uninterrupted", t_nodes_crash, 180000},
 	{"nodes_restore_other_world", t_nodes_restore_other_world, 120000},
+	{"nodes_files_per_node_spoils_refused_restore_one_node", t_nodes_files_per_node, 120000},
+	{"nodes_v1_writer_still_restores", t_nodes_v1_still_restores, 120000},
 };
 
 int main(int argc, char **argv)

@@ -695,6 +695,17 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 		jnum("busbw_zerod", algz * f, "%.3f", false);
 		jnum("busbw_gloo", algg * f, "%.3f", false);
 		jnum("vs_gloo", ratio(algz, algg), "%.3f", false);
+		if (job->checkpoints) {
+			jnum("checkpoint_stall_ms", job->ckpt_ms, "%.3f", false);
+			jnum("checkpoint_stall_max_ms", job->ckpt_max_ms, "%.3f", false);
+			printf("  \"checkpoint_sync\": %s,\n", c->checkpoint_sync ? "true" : "false");
+			jnum("ckpt_stall_ms", job->ckpt_stall_ms, "%.3f", false);
+			jnum("ckpt_stall_max_ms", job->ckpt_stall_max_ms, "%.3f", false);
+			jnum("ckpt_copy_ms", job->ckpt_copy_ms, "%.3f", false);
+			jnum("ckpt_bytes", (double)job->ckpt_bytes, "%.0f", false);
+			jnum("ckpt_stall_vs_copy", ratio(job->ckpt_stall_ms, job->ckpt_copy_ms),
+			     "%.3f", false);
+		}
 		jnum("algbw_net", algn, "%.3f", false);
 		jnum("busbw_net", algn * f, "%.3f", false);
 		jnum("vs_gloo_net", ratio(algn, algg), "%.3f", true);
@@ -716,12 +727,55 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 	       algn, algn * f);
 	printf("  zerod / gloo  whole iteration %9.3f   all-reduce %9.3f\n", ratio(algz, algg),
 	       ratio(algn, algg));
+	if (!job->checkpoints)
+		return;
+	printf("checkpoints over %u daemons\n", c->daemons);
+	printf("  checkpoint stall        %9.2f ms  zc_checkpoint()%s, median of %d (slowest "
+	       "%.2f ms)\n",
+	       job->ckpt_ms, c->checkpoint_sync ? " + zc_checkpoint_wait()" : "",
+	       job->checkpoints, job->ckpt_max_ms);
+	printf("  iteration + checkpoint  %9.2f ms  over one without, median (slowest %.2f ms)\n",
+	       job->ckpt_stall_ms, job->ckpt_stall_max_ms);
+	printf("  staging copy floor      %9.2f ms  memcpy of %.1f MB into a warm buffer; "
+	       "stall %.2fx this\n",
+	       job->ckpt_copy_ms, (double)job->ckpt_bytes / 1e6,
+	       ratio(job->ckpt_stall_ms, job->ckpt_copy_ms));
 }
 
-static int run_daemons(const struct opts *o)
+/* The files a checkpoint into the temporary dir left (version 1 or 2), and
+ * the dir. */
+static void ckpt_tmp_remove(const char *dir, uint32_t nodes)
+{
+	char f[96];
+
+	snprintf(f, sizeof(f), "%s/MANIFEST", dir);
+	unlink(f);
+	snprintf(f, sizeof(f), "%s/state.zck", dir);
+	unlink(f);
+	for (uint32_t k = 0; k < nodes; k++) {
+		snprintf(f, sizeof(f), "%s/node-%u.zck", dir, k);
+		unlink(f);
+		snprintf(f, sizeof(f), "%s/node-%u.sum", dir, k);
+		unlink(f);
+	}
+	rmdir(dir);
+}
+
+static const char *ckpt_tmp_make(struct bench_cfg *cfg)
+{
+	static char tmp[] = "/tmp/zerod-bench-ckpt.XXXXXX";
+
+	if (!cfg->checkpoint_every || cfg->checkpoint_dir)
+		return NULL;
+	cfg->checkpoint_dir = mkdtemp(tmp) ? tmp : NULL;
+	return cfg->checkpoint_dir;
+}
+
+static int run_daemons(struct opts *o)
 {
 #ifdef ZEROD_BENCH_GLOO
-	const struct bench_cfg *cfg = &o->cfg;
+	struct bench_cfg *cfg = &o->cfg;
+	const char *ckpt_tmp = ckpt_tmp_make(cfg);
 	struct bench_daemon d[16];
 	struct job_result job = {0};
 	double gloo_ms = NAN, algn = NAN, load = loadavg();
@@ -738,7 +792,10 @@ static int run_daemons(const struct opts *o)
 	if (r == 0) {
 		progress("zerod: iterations across daemons");
 		step = "iterations";
-		r = job_iterations(d, cfg, &job);
+		r = cfg->checkpoint_every && !cfg->checkpoint_dir ? -errno
+								  : job_iterations(d, cfg, &job);
+		if (ckpt_tmp)
+			ckpt_tmp_remove(ckpt_tmp, cfg->daemons);
 		if (r < 0)
 			for (k = 0; k < cfg->daemons; k++)
 				dump_log(&d[k]);
@@ -764,6 +821,7 @@ static int run_daemons(const struct opts *o)
 #else
 	(void)o;
 	(void)print_daemons;
+	(void)ckpt_tmp_remove;
 	fprintf(stderr, "zerod-bench: --daemons is unavailable: zerod was built without gloo "
 			"(libgloo-dev, -Dgloo)\n");
 	return 2;
@@ -829,21 +887,11 @@ static int run(int argc, char **argv)
 	}
 	progress("zerod: iterations");
 	step = "iterations";
-	if (cfg->checkpoint_every && !cfg->checkpoint_dir) {
-		static char tmp[] = "/tmp/zerod-bench-ckpt.XXXXXX";
-		cfg->checkpoint_dir = mkdtemp(tmp) ? tmp : NULL;
-		ckpt_tmp = cfg->checkpoint_dir;
-	}
+	ckpt_tmp = ckpt_tmp_make(cfg);
 	r = cfg->checkpoint_every && !cfg->checkpoint_dir ? -errno
 							  : job_iterations(&d, cfg, &x.job);
-	if (ckpt_tmp) {
-		char f[64];
-		snprintf(f, sizeof(f), "%s/MANIFEST", ckpt_tmp);
-		unlink(f);
-		snprintf(f, sizeof(f), "%s/state.zck", ckpt_tmp);
-		unlink(f);
-		rmdir(ckpt_tmp);
-	}
+	if (ckpt_tmp)
+		ckpt_tmp_remove(ckpt_tmp, 1);
 	if (r == 0) {
 		progress("zerod: tiny-bucket handoff");
 		step = "handoff";
