@@ -739,6 +739,7 @@ struct ckpt_writer {
 	bool node_file; /* this rank stages its node's file */
 	bool manifest;  /* rank 0 */
 	uint32_t node, nnodes;
+	uint64_t run; /* the job's run (StateOk.run) in node sums; 0: none known */
 	uint64_t state_numel;
 	struct crec *recs;
 	size_t nrecs;
@@ -895,8 +896,9 @@ static int write_node(struct ckpt_writer *w, int dirfd)
 		return r;
 	w->doing = "writing the node sum";
 	hex(hash, hx);
-	snprintf(line, sizeof(line), "node %u iteration %" PRIu64 " file %s %" PRIu64 " %s\n",
-		 w->node, w->iteration, name, bytes, hx);
+	snprintf(line, sizeof(line),
+		 "node %u iteration %" PRIu64 " file %s %" PRIu64 " %s run %016" PRIx64 "\n",
+		 w->node, w->iteration, name, bytes, hx, w->run);
 	if ((r = afile_open(&f, dirfd, sum)) < 0)
 		return r;
 	if ((r = afile_write(&f, line, strlen(line))) < 0) {
@@ -915,18 +917,23 @@ static int gather_sums(struct ckpt_writer *w, int dirfd)
 	for (uint32_t k = 0; k < w->nnodes; k++) {
 		char sum[32], name[64], want[32], hx[2 * CKPT_HASH_BYTES + 1];
 		unsigned node;
-		uint64_t it, bytes;
+		uint64_t it, bytes, run = 0;
 
 		snprintf(sum, sizeof(sum), "node-%u.sum", k);
 		snprintf(want, sizeof(want), "node-%u.zck", k);
 		for (;;) {
 			char *text = NULL;
 			size_t len = 0;
+			/* a sum of this iteration from another run of the job (a
+			 * directory used again) is not this checkpoint's: its
+			 * node has not replaced it yet */
 			bool ok = read_file(dirfd, sum, 4096, &text, &len) == 0 &&
 				  sscanf(text,
-					 "node %u iteration %" SCNu64 " file %63s %" SCNu64 " %64s",
-					 &node, &it, name, &bytes, hx) == 5 &&
-				  node == k && it == w->iteration && strcmp(name, want) == 0;
+					 "node %u iteration %" SCNu64 " file %63s %" SCNu64
+					 " %64s run %" SCNx64,
+					 &node, &it, name, &bytes, hx, &run) == 6 &&
+				  node == k && it == w->iteration && strcmp(name, want) == 0 &&
+				  (w->run == 0 || run == w->run);
 			free(text);
 			if (ok)
 				break;
@@ -1318,6 +1325,7 @@ static int checkpoint_nodes(zc_client *c, const struct ckpt_view *v, struct ckpt
 	w->node_file = stager;
 	w->manifest = v->rank == 0;
 	w->node = own.node;
+	w->run = stager ? own.run : 0;
 	w->nnodes = stager ? own.nnodes : v->nnodes;
 	w->state_numel = p->state_numel;
 	w->recs = recs;

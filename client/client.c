@@ -171,6 +171,7 @@ struct zc_client {
 	uint64_t *ckpt_ranges;
 	size_t nckpt_ranges;
 	uint32_t ckpt_node, ckpt_nnodes;
+	uint64_t ckpt_run;
 	/* the last such export's ranges, for the plan of hash ckpt_prev_hash:
 	 * the next one copies only their parameters */
 	uint64_t *ckpt_prev;
@@ -546,6 +547,7 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 				c->nckpt_ranges = ok->n_ranges / 2;
 				c->ckpt_node = ok->node;
 				c->ckpt_nnodes = ok->nnodes;
+				c->ckpt_run = ok->has_run ? ok->run : 0;
 			}
 			c->state_result = 1;
 		}
@@ -3122,7 +3124,8 @@ static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_ow
 
 	pthread_mutex_lock(&c->mu);
 	n = c->nckpt_ranges;
-	*o = (struct ckpt_owned){.count = n, .node = c->ckpt_node, .nnodes = c->ckpt_nnodes};
+	*o = (struct ckpt_owned){
+		.count = n, .node = c->ckpt_node, .nnodes = c->ckpt_nnodes, .run = c->ckpt_run};
 	o->slot = malloc((n + 1) * sizeof(*o->slot));
 	o->n = malloc((n + 1) * sizeof(*o->n));
 	o->bucket = malloc((n + 1) * sizeof(*o->bucket));

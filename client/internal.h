@@ -63,6 +63,7 @@ struct ckpt_owned {
 	uint32_t *bucket, *present;
 	double *step;
 	uint32_t node, nnodes;
+	uint64_t run; /* StateOk.run: this run of the job over its nodes */
 };
 void ckpt_owned_free(struct ckpt_owned *o);
 int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_segment_state *ss,

@@ -827,6 +827,8 @@ static void sink_state_ok(struct session *s, const struct sink_ranges *rg)
 		ok.has_node = ok.has_nnodes = true;
 		ok.node = rg->node;
 		ok.nnodes = rg->nnodes;
+		ok.has_run = true;
+		ok.run = rg->run;
 	}
 
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_STATE_OK;

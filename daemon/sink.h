@@ -27,6 +27,7 @@ struct sink_ranges {
 	const uint64_t *ranges;
 	size_t n;
 	uint32_t node, nnodes;
+	uint64_t run; /* StateOk.run */
 };
 
 struct sink_ops {

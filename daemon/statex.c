@@ -31,12 +31,14 @@
 #include <sys/stat.h>
 
 #include "common.h"
+#include "coll/coll.h"
 #include "cudabufs.h"
 #include "daemon.h"
 #include "fdbufs.h"
 #include "log.h"
 #include "mem/mem.h"
 #include "statex.h"
+#include "rdzv.h"
 
 struct statex {
 	bool set;
@@ -356,6 +358,19 @@ bool statex_busy(const struct job *j)
 	return j->sx && j->sx->queued;
 }
 
+/* StateOk.run: FNV-1a of the store prefix of the job's current executor,
+ * which the rendezvous draws at random at forming and derives alike on
+ * every node at each re-plan. */
+static uint64_t run_tag(struct job *j)
+{
+	const struct coll_net *net = j->rdzv ? rdzv_net(j) : NULL;
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (const char *p = net && net->prefix ? net->prefix : ""; *p; p++)
+		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+	return h;
+}
+
 void statex_done(struct job *j)
 {
 	struct statex *x = j->sx;
@@ -368,8 +383,11 @@ void statex_done(struct job *j)
 	 * ranges it got (its node's: maybe none), and the node's index */
 	bool nodes = x->ckpt && j->local_size != j->world;
 	int rr = nodes ? exec_owned_ranges(j->exec, &ranges, &nranges) : 0;
-	struct sink_ranges rg = {
-		.ranges = ranges, .n = nranges, .node = j->topo.node, .nnodes = j->topo.nnodes};
+	struct sink_ranges rg = {.ranges = ranges,
+				 .n = nranges,
+				 .node = j->topo.node,
+				 .nnodes = j->topo.nnodes,
+				 .run = nodes ? run_tag(j) : 0};
 	for (uint32_t k = 0; k < j->world; k++) {
 		if (!x->arrived[k] || !j->ranks[k])
 			continue;
