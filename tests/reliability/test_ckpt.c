@@ -79,6 +79,7 @@ struct script {
 	int sleep_ms;          /* per iteration: a job that lasts while zeroctl asks */
 	atomic_int due_at[8];  /* the iteration each rank checkpointed at when asked */
 	atomic_int killed;
+	int ckpt_late_rank1;   /* rank ckpt_late_rank1 - 1 comes to its checkpoints late */
 	int replan_at; /* > 0: before this iteration, re-plan to replan_layout */
 	int replan_layout;
 	uint32_t nnodes;
@@ -251,6 +252,8 @@ static int rank_main(void *arg, int idx)
 		r = one_iteration(c, sc, tp, rank);
 		if (r >= 0 && sc->ckpt_every && (t + 1) % (uint64_t)sc->ckpt_every == 0) {
 			what = "checkpoint";
+			if (sc->ckpt_late_rank1 == (int)rank + 1)
+				usleep((useconds_t)test_timeout(700) * 1000);
 			r = zc_checkpoint(c, sc->dir);
 			if (r >= 0)
 				last_ckpt = (int)t + 1;
@@ -1214,6 +1217,57 @@ static void t_nodes_files_per_node(void)
 		zd_dump_log(&daemon_);
 }
 
+/* A directory used again by another run: run A checkpoints iteration 3
+ * into dir, then run B (another job, other values) checkpoints iteration 3
+ * into the same dir while node 0's only rank (its stager) comes to it
+ * late, so rank 0's writer on node 1 finds run A's node-0.sum of that
+ * iteration there first. Node sums carry the run, so it waits for run B's,
+ * and the checkpoint restores to B's reference bit for bit (listing A's
+ * file would give a manifest whose checksum node 0's rewrite then breaks,
+ * or A's values). */
+static void t_nodes_stale_run(void)
+{
+	static const uint32_t node_of[] = {1, 0, 1};
+	struct script *a = script_new("stale-a", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct script *b = script_new("stale-b", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct script *c = script_new("stale-c", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	struct snap *wa = test_shared(sizeof(*wa)), *wb = test_shared(sizeof(*wb));
+	int r;
+
+	b->seed = c->seed = 11;
+	snap_init(wa, a->seed);
+	ref_train_nodes(wa, a->opt, a->seed, 3, node_of, 0, 3);
+	snap_init(wb, b->seed);
+	ref_train_nodes(wb, b->opt, b->seed, 3, node_of, 0, 3);
+	a->ids = b->ids = c->ids = true;
+	a->iters = b->iters = 3;
+	a->ckpt_every = b->ckpt_every = 3;
+	a->want = wa;
+	b->want = wb;
+	r = nodes_start(a, node_of);
+	REQUIRE(r == 0, "cannot start the nodes: %s", strerror(-r));
+	b->nnodes = a->nnodes;
+	memcpy(b->node_of, a->node_of, sizeof(b->node_of));
+	memcpy(b->socks, a->socks, sizeof(b->socks));
+	memcpy(b->rdzv, a->rdzv, sizeof(b->rdzv));
+	snprintf(b->dir, sizeof(b->dir), "%s", a->dir);
+	b->ckpt_late_rank1 = 2; /* rank 1: node 0's stager */
+	run_script(a);
+	REQUIRE(!test_failed_, "run A failed");
+	run_script(b);
+	nodes_stop();
+	REQUIRE(!test_failed_, "run B failed");
+	/* one node of 2 ranks restores run B's checkpoint and trains on */
+	ref_train_nodes(wb, b->opt, b->seed, 2, NULL, 3, 5);
+	snprintf(c->dir, sizeof(c->dir), "%s", a->dir);
+	c->layout = 1;
+	c->restore = true;
+	c->restore_at = 3;
+	c->iters = 5;
+	c->want = wb;
+	run_script(c);
+}
+
 /* The version 1 writer over several nodes (ZEROD_CKPT_V1: the export
  * round into rank 0, which writes state.zck) still works, and its
  * checkpoint restores into a job over the same two zerods. */
@@ -1383,6 +1437,7 @@ static const struct test_case node_cases[] = {
 	{"nodes_restore_other_world", t_nodes_restore_other_world, 120000},
 	{"nodes_files_per_node_spoils_refused_restore_one_node", t_nodes_files_per_node, 120000},
 	{"nodes_v1_writer_still_restores", t_nodes_v1_still_restores, 120000},
+	{"nodes_dir_used_again_by_another_run", t_nodes_stale_run, 120000},
 };
 
 int main(int argc, char **argv)
