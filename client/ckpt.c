@@ -423,17 +423,14 @@ static int manifest_head_v(struct mtext *t, const struct ckpt_view *v, const str
 	return 0;
 }
 
-/* The file and checksum lines after t's head, and the manifest written. */
-static int write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes,
-			  const unsigned char *data_hash)
+/* t's checksum line, and t written as the manifest (both versions). */
+static int manifest_commit(int dirfd, struct mtext *t)
 {
 	char hx[2 * CKPT_HASH_BYTES + 1];
 	unsigned char h[CKPT_HASH_BYTES];
 	struct afile f;
 	int r;
 
-	hex(data_hash, hx);
-	mput(t, "file %s %" PRIu64 " %s\n", CKPT_DATA, data_bytes, hx);
 	crypto_generichash(h, sizeof(h), (const unsigned char *)t->buf, t->len, NULL, 0);
 	hex(h, hx);
 	if ((r = mput(t, "checksum %s\n", hx)) < 0)
@@ -445,6 +442,17 @@ static int write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes,
 		return r;
 	}
 	return afile_commit(&f, h);
+}
+
+/* The file and checksum lines after t's head, and the manifest written. */
+static int write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes,
+			  const unsigned char *data_hash)
+{
+	char hx[2 * CKPT_HASH_BYTES + 1];
+
+	hex(data_hash, hx);
+	mput(t, "file %s %" PRIu64 " %s\n", CKPT_DATA, data_bytes, hx);
+	return manifest_commit(dirfd, t);
 }
 
 /* ------------------------------------------------------------ reading --- */
@@ -947,26 +955,6 @@ static int gather_sums(struct ckpt_writer *w, int dirfd)
 	return 0;
 }
 
-static int write_manifest_nodes(int dirfd, struct mtext *t)
-{
-	char hx[2 * CKPT_HASH_BYTES + 1];
-	unsigned char h[CKPT_HASH_BYTES];
-	struct afile f;
-	int r;
-
-	crypto_generichash(h, sizeof(h), (const unsigned char *)t->buf, t->len, NULL, 0);
-	hex(h, hx);
-	if ((r = mput(t, "checksum %s\n", hx)) < 0)
-		return r;
-	if ((r = afile_open(&f, dirfd, CKPT_MANIFEST)) < 0)
-		return r;
-	if ((r = afile_write(&f, t->buf, t->len)) < 0) {
-		afile_abort(&f);
-		return r;
-	}
-	return afile_commit(&f, h);
-}
-
 /* A stager but rank 0: dir's manifest names this iteration (or a later
  * one) within the timeout: 0 or -ETIMEDOUT. */
 static int manifest_names(struct ckpt_writer *w, int dirfd)
@@ -1022,7 +1010,7 @@ static void *writer_nodes_main(void *arg)
 	if ((r = gather_sums(w, dirfd)) < 0)
 		goto out;
 	w->doing = "writing " CKPT_MANIFEST;
-	r = write_manifest_nodes(dirfd, &w->mt);
+	r = manifest_commit(dirfd, &w->mt);
 out:
 	if (dirfd >= 0)
 		close(dirfd);

@@ -157,6 +157,10 @@ extern int child_bad;
 void signal_pipe(int fd);
 bool wait_pipe(int fd, int timeout_ms);
 
+/* A loopback TCP port nobody listens on now (the kernel's pick), for a
+ * rendezvous; -1 if none. */
+int zd_free_port(void);
+
 /* How many objects in /dev/shm have names starting with prefix (no leading
  * '/'); with show, each is printed as a TAP comment. */
 int shm_count(const char *prefix, bool show);

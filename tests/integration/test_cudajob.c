@@ -499,20 +499,6 @@ struct cuda_cluster {
 	char rdzv[32];
 };
 
-static int free_port(void)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-		port = ntohs(sa.sin_port);
-	if (fd >= 0)
-		close(fd);
-	return port;
-}
-
 #define STALL_MS 6000
 
 /* Two zerod-double --backend cuda whose cliques meet in /dev/shm. */
@@ -530,7 +516,7 @@ static void cluster_start(struct cuda_cluster *cl)
 		REQUIRE(zd_start(&cl->zd[k], args) == 0, "zerod-double %d did not start", k);
 		cl->socks[k] = cl->zd[k].sock;
 	}
-	port = free_port();
+	port = zd_free_port();
 	REQUIRE(port > 0, "no free port");
 	snprintf(cl->rdzv, sizeof(cl->rdzv), "127.0.0.1:%d", port);
 }

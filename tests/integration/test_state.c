@@ -1317,10 +1317,8 @@ static struct zd nodes_[3];
 
 static int nodes_start(struct script *sc, uint32_t nnodes, const uint32_t *node_of)
 {
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(sa);
 	const char *const args[] = {"--workers", "2", NULL};
-	int fd, port = -1;
+	int port;
 
 	sc->nnodes = nnodes;
 	memcpy(sc->node_of, node_of, sc->world * sizeof(*node_of));
@@ -1330,12 +1328,7 @@ static int nodes_start(struct script *sc, uint32_t nnodes, const uint32_t *node_
 			return r;
 		snprintf(sc->socks[k], sizeof(sc->socks[k]), "%s", nodes_[k].sock);
 	}
-	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-		port = ntohs(sa.sin_port);
-	if (fd >= 0)
-		close(fd);
+	port = zd_free_port();
 	snprintf(sc->rdzv, sizeof(sc->rdzv), "127.0.0.1:%d", port);
 	return port > 0 ? 0 : -EADDRINUSE;
 }

@@ -116,20 +116,6 @@ struct cluster {
 	char rdzv[32];
 };
 
-static int free_port(void)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-		port = ntohs(sa.sin_port);
-	if (fd >= 0)
-		close(fd);
-	return port;
-}
-
 /* Start n daemons; daemon k with CURVE when key[k] names a key pair made
  * by keygen() (with peers file peers[k]), plain when it is NULL. */
 static int cluster_start(struct cluster *cl, uint32_t n, const char *const *key,
@@ -160,7 +146,7 @@ static int cluster_start(struct cluster *cl, uint32_t n, const char *const *key,
 			return r;
 		cl->socks[k] = cl->zd[k].sock;
 	}
-	cl->port = free_port();
+	cl->port = zd_free_port();
 	snprintf(cl->rdzv, sizeof(cl->rdzv), "127.0.0.1:%d", cl->port);
 	return cl->port > 0 ? 0 : -EADDRINUSE;
 }
@@ -344,7 +330,7 @@ static bool relay_start(struct relay *r, int to, int flip, const char *name)
 	int pfd[2], rec;
 	bool ok;
 
-	r->port = free_port();
+	r->port = zd_free_port();
 	snprintf(r->rdzv, sizeof(r->rdzv), "127.0.0.1:%d", r->port);
 	snprintf(r->rec, sizeof(r->rec), "%s/%s.rec", keydir, name);
 	rec = open(r->rec, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
@@ -478,7 +464,7 @@ static void t_untrusted_key_refused(void)
 	REQUIRE(make_keys(), "no keys");
 	REQUIRE(cluster_start(&cl, 3, key, peers) == 0, "cannot start 3 daemons");
 	/* the job beside it: daemons 0 and 1, its own rendezvous port */
-	snprintf(good_rdzv, sizeof(good_rdzv), "127.0.0.1:%d", free_port());
+	snprintf(good_rdzv, sizeof(good_rdzv), "127.0.0.1:%d", zd_free_port());
 	good_socks[0] = cl.socks[0];
 	good_socks[1] = cl.socks[1];
 	good = spec2("trusted", good_rdzv, good_socks);
@@ -492,7 +478,7 @@ static void t_untrusted_key_refused(void)
 	bad = spec2("untrusted", cl.rdzv, bad_socks);
 	/* daemon 0 as node 1 of a job whose rendezvous daemon 2 serves: c
 	 * trusts a, a does not trust c */
-	snprintf(rev_rdzv, sizeof(rev_rdzv), "127.0.0.1:%d", free_port());
+	snprintf(rev_rdzv, sizeof(rev_rdzv), "127.0.0.1:%d", zd_free_port());
 	rev_socks[0] = cl.socks[2];
 	rev_socks[1] = cl.socks[0];
 	rev = spec2("untrustedhost", rev_rdzv, rev_socks);
@@ -547,7 +533,7 @@ static void t_plain_peer_refused(void)
 	CHECK(zd_wait_log(&cl.zd[0], "a plain Hello, and this zerod requires CURVE", 2000),
 	      "daemon 0 did not log the plain Hello");
 	/* a CURVE node against a plain rendezvous (daemon 1 serves it) */
-	snprintf(rdzv2, sizeof(rdzv2), "127.0.0.1:%d", free_port());
+	snprintf(rdzv2, sizeof(rdzv2), "127.0.0.1:%d", zd_free_port());
 	swapped[0] = cl.socks[1];
 	swapped[1] = cl.socks[0];
 	t = spec2("curvenode", rdzv2, swapped);

@@ -61,21 +61,6 @@ struct cluster {
 	char rdzv[32];
 };
 
-/* A TCP port nobody listens on now (the kernel's pick). */
-static int free_port(void)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-		port = ntohs(sa.sin_port);
-	if (fd >= 0)
-		close(fd);
-	return port;
-}
-
 static int cluster_start_args(struct cluster *cl, uint32_t n, int join_ms, int hello_ms)
 {
 	char stall[16], join[16], hello[16];
@@ -100,7 +85,7 @@ static int cluster_start_args(struct cluster *cl, uint32_t n, int join_ms, int h
 			return r;
 		cl->socks[k] = cl->zd[k].sock;
 	}
-	cl->port = free_port();
+	cl->port = zd_free_port();
 	snprintf(cl->rdzv, sizeof(cl->rdzv), "127.0.0.1:%d", cl->port);
 	return cl->port > 0 ? 0 : -EADDRINUSE;
 }
@@ -593,7 +578,7 @@ static void t_rendezvous_lost_after_forming(void)
 	REQUIRE(cluster_start(&cl, 2) == 0, "cannot start 2 daemons");
 	REQUIRE(pipe(pfd) == 0, "pipe");
 	/* node 1 reaches the rendezvous through a relay, gloo's mesh directly */
-	int port = free_port();
+	int port = zd_free_port();
 	fflush(stdout);
 	proxy = fork();
 	if (proxy == 0)

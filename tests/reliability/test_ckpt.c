@@ -882,9 +882,7 @@ static const char *const node_args[] = {"--workers", "2", NULL};
 
 static int nodes_start(struct script *sc, const uint32_t *node_of)
 {
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(sa);
-	int fd, port = -1;
+	int port;
 
 	sc->nnodes = 2;
 	memcpy(sc->node_of, node_of, sc->world * sizeof(*node_of));
@@ -894,12 +892,7 @@ static int nodes_start(struct script *sc, const uint32_t *node_of)
 			return r;
 		snprintf(sc->socks[k], sizeof(sc->socks[k]), "%s", nodes_[k].sock);
 	}
-	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-		port = ntohs(sa.sin_port);
-	if (fd >= 0)
-		close(fd);
+	port = zd_free_port();
 	snprintf(sc->rdzv, sizeof(sc->rdzv), "127.0.0.1:%d", port);
 	return port > 0 ? 0 : -EADDRINUSE;
 }
