@@ -286,7 +286,7 @@ static void t_hyper_midway(void)
  *  - iteration 2: rank 0 sets 0.1, rank 1 sets 0.3: they disagree, rank 0's
  *    0.1 applies and rank 1 (only) hears ZC_EHYPER.
  */
-static int last_pipe[2], done_pipe[2];
+static int last_pipe[2], done_pipe[2], checked_pipe[2];
 
 static int hyper_set(zc_client *c, double lr)
 {
@@ -351,12 +351,19 @@ static int last_wins_rank(void *arg, int rank)
 			FAIL("rank %d iteration 2: %s (%s), want %s", rank, zc_strerror_name(r),
 			     zc_error_message(), rank ? "ZC_EHYPER" : "no error");
 	}
-	/* rank 0 stays until rank 1 has read its refusal: its Goodbye would
-	 * end the job, and the job's end is the later error */
-	if (rank == 1)
+	/* neither leaves before the other has read its last error: a
+	 * Goodbye ends the job, and the job's end would be the later error
+	 * (rank 0 stays until rank 1 has read its refusal, rank 1 until rank
+	 * 0 has read that its iteration 2 went through) */
+	if (rank == 1) {
 		signal_pipe(done_pipe[1]);
-	else if (!wait_pipe(done_pipe[0], 10000))
-		FAIL("rank 1 did not finish");
+		if (!wait_pipe(checked_pipe[0], 10000))
+			FAIL("rank 0 did not finish");
+	} else {
+		signal_pipe(checked_pipe[1]);
+		if (!wait_pipe(done_pipe[0], 10000))
+			FAIL("rank 1 did not finish");
+	}
 	zc_close(c);
 	return 0;
 }
@@ -365,7 +372,7 @@ static void t_hyper_last_wins(void)
 {
 	pid_t a, b;
 
-	REQUIRE(pipe(last_pipe) == 0 && pipe(done_pipe) == 0, "pipe");
+	REQUIRE(pipe(last_pipe) == 0 && pipe(done_pipe) == 0 && pipe(checked_pipe) == 0, "pipe");
 	a = spawn(last_wins_rank, "lastwins", 0);
 	b = spawn(last_wins_rank, "lastwins", 1);
 	CHECK(wait_child(a, 20000) == 0, "rank 0 failed");
