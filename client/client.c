@@ -1227,13 +1227,32 @@ out:
 	return r;
 }
 
+/* p's CUDA buffers b opened (runtime loaded, event rings made) into *ret,
+ * with c->mu held on entry and on return but released meanwhile (c is
+ * marked busy with buffers). 0, or the code with the reason recorded. */
+static int cuda_bufs_open(zc_client *c, const struct plan *p, const struct zc_buffers *b,
+			  struct devbufs **ret, const char *fn)
+{
+	char err[384];
+	int r;
+
+	c->bufs_busy = true;
+	pthread_mutex_unlock(&c->mu);
+	r = devbufs_open(b->grad_dev, b->param_dev, plan_buffer_bytes(p), p->nbuckets, ret, err,
+			 sizeof(err));
+	if (r < 0)
+		err_set(r, "%s: CUDA buffers: %s", fn, err);
+	pthread_mutex_lock(&c->mu);
+	c->bufs_busy = false;
+	return r;
+}
+
 /* CUDA buffers: their handles and event rings, sent with the plan. */
 static int register_cuda(zc_client *c, const struct zc_plan *zp, const struct zc_buffers *b)
 {
 	const char *fn = "zc_register_buffers";
 	struct devbufs *dev = NULL;
 	struct plan *p = NULL;
-	char err[384];
 	int r;
 
 	if (!b->grad_dev || !b->param_dev)
@@ -1247,15 +1266,7 @@ static int register_cuda(zc_client *c, const struct zc_plan *zp, const struct zc
 	r = buffers_claim(c, zp, &p, fn);
 	if (r < 0)
 		goto out;
-	c->bufs_busy = true;
-	pthread_mutex_unlock(&c->mu);
-	/* loads the runtime and creates events: not under the lock */
-	r = devbufs_open(b->grad_dev, b->param_dev, plan_buffer_bytes(p), p->nbuckets, &dev, err,
-			 sizeof(err));
-	if (r < 0)
-		err_set(r, "%s: CUDA buffers: %s", fn, err);
-	pthread_mutex_lock(&c->mu);
-	c->bufs_busy = false;
+	r = cuda_bufs_open(c, p, b, &dev, fn);
 	if (r < 0)
 		goto out;
 	c->dev = dev;
@@ -2738,15 +2749,7 @@ static int replan_cuda(zc_client *c, const struct zc_plan *zp, const struct zc_b
 			r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
 		goto out;
 	}
-	c->bufs_busy = true;
-	pthread_mutex_unlock(&c->mu);
-	/* creates events: not under the lock */
-	r = devbufs_open(b->grad_dev, b->param_dev, plan_buffer_bytes(p), p->nbuckets, &dev, err,
-			 sizeof(err));
-	if (r < 0)
-		err_set(r, "%s: CUDA buffers: %s", fn, err);
-	pthread_mutex_lock(&c->mu);
-	c->bufs_busy = false;
+	r = cuda_bufs_open(c, p, b, &dev, fn);
 	if (r < 0)
 		goto out;
 	c->old_plan = c->plan;
