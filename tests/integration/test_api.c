@@ -437,7 +437,7 @@ static void t_errors_per_thread(void)
  * than rank 0 for iterations 1 and 2; it asks only after iteration 2: the
  * refusal of iteration 2 comes back (not the first), then nothing.
  */
-static int latest_pipe[2];
+static int latest_pipe[2][2]; /* [rank]: that rank has looked */
 
 static int latest_rank(void *arg, int rank)
 {
@@ -457,8 +457,9 @@ static int latest_rank(void *arg, int rank)
 			FAIL("rank %d iteration %d: %s", rank, it, zc_strerror_name(r));
 	}
 	/* a call that fails on its own, with its own reason */
-	if (zc_bucket_ready(c, 7, NULL) != ZC_EBUCKET)
-		FAIL("bucket 7 of 1");
+	if ((r = zc_bucket_ready(c, 7, NULL)) != ZC_EBUCKET)
+		FAIL("rank %d: bucket 7 of 1: %s \"%s\"", rank, zc_strerror_name(r),
+		     zc_error_message());
 	r = zc_last_error(c);
 	if (rank == 0 && r != 0)
 		FAIL("rank 0 (whose values apply): %s %s", zc_strerror_name(r), zc_error_message());
@@ -467,11 +468,11 @@ static int latest_rank(void *arg, int rank)
 		     zc_error_message());
 	if ((r = zc_last_error(c)) != 0)
 		FAIL("rank %d: asked again: %s %s", rank, zc_strerror_name(r), zc_error_message());
-	/* rank 0 leaving would end the job: not before rank 1 looked */
-	if (rank == 1)
-		signal_pipe(latest_pipe[1]);
-	else if (!wait_pipe(latest_pipe[0], 10000))
-		FAIL("rank 1 did not finish");
+	/* either rank leaving ends the job (and the other's bucket 7 would
+	 * then get ZC_EJOBFAILED): neither leaves before both looked */
+	signal_pipe(latest_pipe[rank][1]);
+	if (!wait_pipe(latest_pipe[!rank][0], 10000))
+		FAIL("rank %d: rank %d did not finish", rank, !rank);
 	zc_close(c);
 	return 0;
 }
@@ -480,7 +481,7 @@ static void t_last_error_is_the_latest(void)
 {
 	pid_t a, b;
 
-	REQUIRE(pipe(latest_pipe) == 0, "pipe");
+	REQUIRE(pipe(latest_pipe[0]) == 0 && pipe(latest_pipe[1]) == 0, "pipes");
 	a = spawn(latest_rank, "latest", 0);
 	b = spawn(latest_rank, "latest", 1);
 
