@@ -18,15 +18,31 @@ ZEROD_SIMD_CLONES void host_sum(float *restrict out, const float *const *src, ui
 {
 	const float *restrict s0 = src[0] + off;
 
+	/* The same operations in the same order as copy, add each, divide
+	 * (so the same bits), in as few passes as that allows: the first two
+	 * sources are read together (two streams keep more loads in flight
+	 * than one), and the divide joins the last add. */
+	if (nsrc == 1) {
+		for (size_t i = 0; i < n; i++)
+			out[i] = s0[i] / div;
+		return;
+	}
+	const float *restrict s1 = src[1] + off;
+	if (nsrc == 2) {
+		for (size_t i = 0; i < n; i++)
+			out[i] = (s0[i] + s1[i]) / div;
+		return;
+	}
 	for (size_t i = 0; i < n; i++)
-		out[i] = s0[i];
-	for (uint32_t r = 1; r < nsrc; r++) {
+		out[i] = s0[i] + s1[i];
+	for (uint32_t r = 2; r + 1 < nsrc; r++) {
 		const float *restrict sr = src[r] + off;
 		for (size_t i = 0; i < n; i++)
 			out[i] += sr[i];
 	}
+	const float *restrict sl = src[nsrc - 1] + off;
 	for (size_t i = 0; i < n; i++)
-		out[i] /= div;
+		out[i] = (out[i] + sl[i]) / div;
 }
 
 void host_store(float *restrict dst, const float *restrict src, size_t n)

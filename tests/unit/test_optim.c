@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "hostmem.h"
 #include "optim/optim.h"
 #include "plan.h"
 #include "testlib.h"
@@ -680,8 +681,40 @@ static void test_random_sweep(void)
 	}
 }
 
+/* host_sum (hostmem.h) rounds as copy, add each source in order, divide
+ * once, for every source count and any offset, whatever passes it runs in:
+ * the reference is that order, one element at a time. */
+static void test_host_sum_order(void)
+{
+	enum { N = 1000, R = 5, OFF = 3 };
+	static float src[R][N], out[N];
+	const float *sp[R];
+
+	rng_state = 0x5eed;
+	for (int r = 0; r < R; r++) {
+		for (int i = 0; i < N; i++)
+			src[r][i] = (float)rng_range(-1e3, 1e3) * (i % 7 ? 1.0f : 1e-6f);
+		sp[r] = src[r];
+	}
+	for (uint32_t nsrc = 1; nsrc <= R; nsrc++) {
+		size_t n = N - OFF - nsrc; /* odd lengths: the vector loops' tails */
+		host_sum(out, sp, nsrc, OFF, n, (float)nsrc);
+		for (size_t i = 0; i < n; i++) {
+			float want = src[0][OFF + i];
+			for (uint32_t r = 1; r < nsrc; r++)
+				want += src[r][OFF + i];
+			want /= (float)nsrc;
+			if (memcmp(&out[i], &want, sizeof(want))) {
+				CHECK(0, "%u sources, element %zu: %a, want %a", nsrc, i, out[i], want);
+				break;
+			}
+		}
+	}
+}
+
 static const struct test_case cases[] = {
 	{"ops", test_ops},
+	{"host_sum_order", test_host_sum_order},
 	{"sgd_plain", test_sgd_plain},
 	{"sgd_momentum", test_sgd_momentum},
 	{"sgd_dampening", test_sgd_dampening},
