@@ -133,6 +133,7 @@ struct zc_client {
 	struct plan *plan;
 	struct host_buf grad, param;
 	uint64_t bufs_serial; /* zerod's name for them (RegisterPlan's FdBuffers) */
+	bool bufs_shared;     /* registered with ZC_BUFFERS_SHARED_PARAMS */
 	struct devbufs *dev;  /* CUDA buffers (devbufs.h) instead of grad and param */
 	bool bufs_busy;       /* zc_register_buffers() is talking to zerod */
 	bool registered;
@@ -1219,6 +1220,7 @@ static int register_fds(zc_client *c, const struct zc_plan *zp, const struct zc_
 	c->grad = grad;
 	c->param = param;
 	c->bufs_serial = serial;
+	c->bufs_shared = b->flags & ZC_BUFFERS_SHARED_PARAMS;
 	c->plan = p;
 	p = NULL;
 out:
@@ -1289,6 +1291,10 @@ int zc_register_buffers(zc_client *c, const struct zc_plan *zp, const struct zc_
 		return err_set(-EINVAL, "zc_register_buffers: the plan is NULL");
 	if ((r = buffers_from_zc(ub, &b)) < 0)
 		return r;
+	if (b.kind == ZC_BUFFERS_CUDA && b.flags)
+		return err_set(ZC_ENOTSUP, "zc_register_buffers: flags 0x%x with CUDA buffers: "
+					   "ZC_BUFFERS_SHARED_PARAMS is for host buffers",
+			       b.flags);
 	if (b.kind == ZC_BUFFERS_CUDA)
 		return register_cuda(c, zp, &b);
 	if (b.kind != ZC_BUFFERS_HOST)
@@ -1297,6 +1303,9 @@ int zc_register_buffers(zc_client *c, const struct zc_plan *zp, const struct zc_
 	if (b.grad_fd < 0 || b.param_fd < 0)
 		return err_set(-EBADF, "zc_register_buffers: grad_fd %d, param_fd %d: not fds",
 			       b.grad_fd, b.param_fd);
+	if (b.flags & ~ZC_BUFFERS_SHARED_PARAMS)
+		return err_set(-EINVAL, "zc_register_buffers: flags 0x%x (ZC_BUFFERS_SHARED_PARAMS)",
+			       b.flags);
 	return register_fds(c, zp, &b, __func__);
 }
 
@@ -1487,6 +1496,7 @@ int zc_register_plan(zc_client *c)
 	c->plan_result = 0;
 	fastpath_setup(c);
 	fds.serial = c->bufs_serial;
+	fds.has_shared_params = fds.shared_params = c->bufs_shared;
 	rp.plan = &pb;
 	if (c->dev)
 		rp.cuda = &cuda;

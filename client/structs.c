@@ -105,7 +105,9 @@ FROZEN(zc_buffers, kind, 32);
 FROZEN(zc_buffers, reserved2, 36);
 FROZEN(zc_buffers, grad_dev, 40);
 FROZEN(zc_buffers, param_dev, 48);
-FROZEN_SIZE(zc_buffers, 56);
+FROZEN(zc_buffers, flags, 56);
+FROZEN(zc_buffers, reserved3, 60);
+FROZEN_SIZE(zc_buffers, 64);
 
 _Static_assert(sizeof(enum zc_optimizer) == 4 && sizeof(bool) == 1, "the ABI assumes LP64");
 
@@ -199,7 +201,9 @@ int buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out)
 	ABI_TAKE(&b, src, size, reserved2);
 	ABI_TAKE(&b, src, size, grad_dev);
 	ABI_TAKE(&b, src, size, param_dev);
-	if (b.reserved || b.reserved2) {
+	ABI_TAKE(&b, src, size, flags);
+	ABI_TAKE(&b, src, size, reserved3);
+	if (b.reserved || b.reserved2 || b.reserved3) {
 		abi_reason(-E2BIG, size, "buffers", "buffers", why, sizeof(why));
 		return err_set(-E2BIG, "zc_register_buffers: %s", why);
 	}

@@ -43,6 +43,7 @@ struct jobops;
 struct ops;
 struct rdzv_daemon;
 struct rdzv_job;
+struct sharedp;
 
 /* What serves a job's data plane; chosen per job. */
 struct backend {
@@ -184,6 +185,7 @@ struct job {
 	struct plan **plans;        /* [world]: what each rank registered */
 	struct mem_map **grad_map;  /* [world] */
 	struct mem_map **param_map; /* [world] */
+	struct sharedp *sharedp;    /* [world]: who shares its parameter buffer (sharedp.h) */
 	/* [world], or NULL for a job of host buffers: what each rank
 	 * registered as CUDA buffers (cudabufs.h), opened by the executor */
 	struct cudabufs **cuda;

@@ -27,6 +27,7 @@
 #include "log.h"
 #include "ops.h"
 #include "semantics.h"
+#include "sharedp.h"
 #include "mem/mem.h"
 
 /* Job ids are per uid: another user's Hello never finds (nor learns of, nor
@@ -60,12 +61,15 @@ static struct job *job_new(struct daemon *d, const char *id, uid_t uid, uint32_t
 	j->plans = calloc(world, sizeof(*j->plans));
 	j->grad_map = calloc(world, sizeof(*j->grad_map));
 	j->param_map = calloc(world, sizeof(*j->param_map));
+	j->sharedp = calloc(world, sizeof(*j->sharedp));
 	j->next_bucket = calloc(world, sizeof(*j->next_bucket));
-	if (!j->ranks || !j->plans || !j->grad_map || !j->param_map || !j->next_bucket) {
+	if (!j->ranks || !j->plans || !j->grad_map || !j->param_map || !j->sharedp ||
+	    !j->next_bucket) {
 		free(j->ranks);
 		free(j->plans);
 		free(j->grad_map);
 		free(j->param_map);
+		free(j->sharedp);
 		free(j->next_bucket);
 		free(j);
 		return NULL;
@@ -127,6 +131,7 @@ static void job_free(struct job *j)
 	free(j->plans);
 	free(j->grad_map);
 	free(j->param_map);
+	free(j->sharedp);
 	free(j->next_bucket);
 	free(j->arrived);
 	free(j->groups);
@@ -393,6 +398,7 @@ static void job_start(struct job *j)
 		grads[k] = d->mem->ptr(j->grad_map[k]);
 		params[k] = d->mem->ptr(j->param_map[k]);
 	}
+	sharedp_alias(j, params);
 	/* every local rank registered this plan (rank 0 may be on another node) */
 	for (uint32_t k = 0; k < j->world && !j->plan; k++) {
 		j->plan = j->plans[k];
@@ -550,6 +556,7 @@ static void register_plan(struct job *j, struct session *s, struct plan *p,
 {
 	struct daemon *d = j->d;
 	char err[384], field[192];
+	struct sharedp sp = {0};
 	int r;
 
 	if (job_ended(j)) {
@@ -589,6 +596,8 @@ static void register_plan(struct job *j, struct session *s, struct plan *p,
 		break; /* the registered plans agree with each other already */
 	}
 	r = buffers_kind_ok(j, s, cb != NULL, err, sizeof(err));
+	if (r >= 0)
+		r = sharedp_check(j, s->rank, pd, &sp, err, sizeof(err));
 	if (r < 0) {
 		sink_error(d->sink, s, r, false, SINK_NO_ITERATION, -1, "%s", err);
 		plan_free(p);
@@ -624,6 +633,7 @@ static void register_plan(struct job *j, struct session *s, struct plan *p,
 		return;
 	}
 registered:
+	sharedp_commit(j, s->rank, &sp);
 	j->plans[s->rank] = p;
 	j->nregistered++;
 	j->progress_ms = now_ms();

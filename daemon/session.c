@@ -527,6 +527,7 @@ static void on_register_plan(struct daemon *d, const void *route, size_t rlen, s
 	}
 	if (m->fds) {
 		r = fdbufs_descs(s, m->fds->serial, &gd, &pd, err, sizeof(err));
+		pd.shared = m->fds->has_shared_params && m->fds->shared_params;
 		if (r < 0) {
 			plan_free(p);
 			session_send_error(s, r, false, SESSION_NO_ITERATION, -1, "rank %u: %s",

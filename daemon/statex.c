@@ -39,6 +39,7 @@
 #include "mem/mem.h"
 #include "statex.h"
 #include "rdzv.h"
+#include "sharedp.h"
 
 struct statex {
 	bool set;
@@ -561,6 +562,7 @@ bool statex_replan_stopped(struct job *j)
 	d->stats.stepped_elems += es.stepped_elems;
 	exec_free(j->exec);
 	j->exec = NULL;
+	sharedp_clear(j); /* the new buffers are each rank's own */
 	for (uint32_t r = 0; r < j->world; r++) {
 		if (!rp->plans[r])
 			continue;

@@ -104,7 +104,8 @@ unsigned zc_version(void);
 	X(EREPLAN, -1027, "re-plan changes the parameters")                                        \
 	X(ESTATEINVAL, -1028, "invalid optimizer state")                                           \
 	X(EPARAMEDIT, -1029, "low-precision parameters edited without zc_params_changed()")        \
-	X(ECKPT, -1030, "checkpoint refused: missing, corrupt, partial or incompatible")
+	X(ECKPT, -1030, "checkpoint refused: missing, corrupt, partial or incompatible")          \
+	X(ESHAREDPARAMS, -1032, "parameter buffer not the one the job's local ranks share")
 
 enum zc_error {
 #define ZC__ERROR_ENUM(name, value, text) ZC_##name = (value),
@@ -452,7 +453,33 @@ struct zc_buffers {
 	uint32_t reserved2; /* 0 */
 	void *grad_dev;     /* ZC_BUFFERS_CUDA: the gradients, device memory */
 	void *param_dev;    /* ZC_BUFFERS_CUDA: the parameters, on the same device */
+	/* 64 bytes from here on (56 before flags: such a caller's flags are 0) */
+	uint32_t flags;     /* ZC_BUFFERS_SHARED_PARAMS, or 0 */
+	uint32_t reserved3; /* 0 */
 };
+
+/*
+ * flags: ZC_BUFFERS_SHARED_PARAMS (host buffers, a job on one node): every
+ * local rank of the job registers the same parameter buffer, the same memfd
+ * (one file: the fds may differ, the file may not) at the same
+ * param_offset, each with this flag, and its own gradient buffer. After
+ * every step all ranks' parameters are equal anyway, so one buffer can hold
+ * them: zerod writes each updated parameter once instead of once per local
+ * rank (docs/DATAPLANE.md, "Shared parameters"), and the trainers' models
+ * all view it. What follows from sharing: an edit one rank makes between
+ * iterations is every rank's (make it on one rank, or the same on every
+ * rank: as without sharing, the next step starts from it); and a trainer
+ * must not write its parameters while another rank's step is in flight.
+ * The ranks must get the memfd to each other (fork, SCM_RIGHTS, pidfd_getfd).
+ * zerod checks it per rank as the plan registers: a rank whose parameter
+ * buffer is another file or offset than the other local ranks', or whose
+ * flag differs from theirs, fails zc_register_plan() with ZC_ESHAREDPARAMS
+ * naming both ranks; a job over several nodes refuses the flag with
+ * ZC_ENOTSUP (each node would need its own: not yet). CUDA buffers and
+ * zc_alloc_buffers() (each rank its own memfd) do not take it: ZC_ENOTSUP.
+ * A re-plan (zc_alloc_buffers() again) gives each rank its own buffers.
+ */
+#define ZC_BUFFERS_SHARED_PARAMS 1u
 
 /* Events per bucket and direction (why a ring: DATAPLANE.md, "CUDA
  * buffers"): a record overwrites an event, so a slot is recorded again only

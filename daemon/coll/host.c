@@ -79,8 +79,9 @@ static void task_chunk_lowp(struct coll_group *g, const struct coll_range *rg,
 		host_narrow((uint16_t *)g->grads[rg->owner] + off, scratch, n, rg->dtype);
 		return;
 	}
+	/* ranks that share the owner's parameter buffer have them (sharedp.h) */
 	for (uint32_t r = 0; r < g->world; r++)
-		if (r != rg->owner)
+		if (g->params[r] != g->params[rg->owner])
 			memcpy((uint16_t *)g->params[r] + off, (uint16_t *)g->params[rg->owner] + off,
 			       n * sizeof(uint16_t));
 }
@@ -112,7 +113,7 @@ static void task_chunk(void *arg, size_t i)
 		return;
 	}
 	for (uint32_t r = 0; r < g->world; r++)
-		if (r != rg->owner)
+		if (g->params[r] != g->params[rg->owner])
 			host_store(g->params[r] + off, g->params[rg->owner] + off, n);
 }
 

@@ -32,6 +32,8 @@ struct mem_desc {
 	 * (the caller's: map neither takes nor closes it). */
 	int fd;
 	uint64_t offset;
+	/* MEM_FD parameters: registered with ZC_BUFFERS_SHARED_PARAMS (sharedp.h) */
+	bool shared;
 	/* MEM_CUDA_IPC: device memory the trainer allocated. The handle is
 	 * of the allocation's base (cudaIpcGetMemHandle of what
 	 * cuMemGetAddressRange gives), the buffer starts offset bytes into it;

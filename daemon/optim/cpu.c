@@ -274,8 +274,10 @@ static void run_chunk_lowp(struct run_task *t, uint32_t k, uint64_t x, size_t n,
 	};
 	cpu_step(&a);
 	host_narrow(nar, mp, n, pc->dtype);
+	/* local ranks share one parameter buffer, or none do (sharedp.h) */
 	for (uint32_t r = 0; r < cfg->nlocal; r++)
-		memcpy((uint16_t *)cfg->params[cfg->local[r]] + off, nar, n * sizeof(*nar));
+		if (r == 0 || cfg->params[cfg->local[r]] != cfg->params[cfg->local[r - 1]])
+			memcpy((uint16_t *)cfg->params[cfg->local[r]] + off, nar, n * sizeof(*nar));
 }
 
 /* One chunk: its gradient (summed over the local ranks, or the owner's
@@ -330,8 +332,9 @@ static void run_chunk(void *arg, size_t i)
 		.n = n,
 	};
 	cpu_step(&a);
+	/* ranks that share the owner's parameter buffer hold p already (sharedp.h) */
 	for (uint32_t k = 0; k < cfg->nlocal; k++)
-		if (cfg->local[k] != pc->owner)
+		if (cfg->params[cfg->local[k]] != cfg->params[pc->owner])
 			host_store(cfg->params[cfg->local[k]] + off, p, n);
 }
 

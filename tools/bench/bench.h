@@ -60,6 +60,8 @@ int floor_two_cpus(int *ret_a, int *ret_b);
 int floor_fused_ms(const struct bench_cfg *cfg, double *ret_ms, double *ret_min_ms);
 /* Bytes one iteration must move through memory at the least (see floors.c). */
 double floor_bytes_moved(const struct bench_cfg *cfg);
+/* The same when the ranks share one parameter buffer: it is written once. */
+double floor_bytes_shared(const struct bench_cfg *cfg);
 
 /* ---- jobs.c: a real zerod and real trainer processes ---- */
 
@@ -104,7 +106,7 @@ struct job_result {
 /* The main job: cfg's plan, warmup + iters iterations; each rank fills its
  * gradients, waits for the others, then times bucket_ready of every bucket
  * up to its step future. */
-int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
+int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg, bool shared_params,
 		   struct job_result *ret);
 /* The handoff job: one bucket of 16 elements; zc_bucket_ready to the step
  * future done, per rank and iteration, p50 and p99 in microseconds. */

@@ -14,6 +14,9 @@
  * output written once: R gradient buffers and the master parameters read,
  * the optimizer state read and written, R parameter buffers written,
  *     bytes = 4 N (2R + 1 + 2S)       (N elements, S state floats per element)
+ * and when the ranks share one parameter buffer (--shared-params), which is
+ * read and written once,
+ *     bytes = 4 N (R + 2 + 2S)
  * at the memory bandwidth triad shows. STREAM counts triad as 3 arrays, but
  * the machine also reads `a` before writing it (write-allocate), so the
  * bandwidth it really moved is 4/3 of the STREAM figure; the floor uses that,
@@ -502,4 +505,10 @@ out:
 double floor_bytes_moved(const struct bench_cfg *cfg)
 {
 	return 4.0 * (double)cfg->params * (2.0 * cfg->ranks + 1.0 + 2.0 * bench_state_floats(cfg));
+}
+
+double floor_bytes_shared(const struct bench_cfg *cfg)
+{
+	/* R gradients read, the parameters read and written once, the state */
+	return 4.0 * (double)cfg->params * (cfg->ranks + 2.0 + 2.0 * bench_state_floats(cfg));
 }

@@ -178,6 +178,7 @@ struct run {
 	char secret[33]; /* random hex, likewise */
 	struct zc_plan plan;
 	int warmup, iters; /* samples = iters */
+	int param_fd;      /* >= 0: the one parameter memfd every rank shares */
 	pid_t zerod;
 	struct shared *sh;
 };
@@ -326,6 +327,41 @@ out:
 	return r;
 }
 
+/* Memfd-backed buffers, sealed as zerod wants them. */
+static int bench_memfd(uint64_t bytes, int *ret_fd)
+{
+	int fd = memfd_create("zerod-bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)bytes) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		int r = -errno;
+		close(fd);
+		return r;
+	}
+	*ret_fd = fd;
+	return 0;
+}
+
+/* --shared-params: this rank's own gradient memfd, and the parameter memfd
+ * every rank inherited from the bench (ZC_BUFFERS_SHARED_PARAMS). */
+static int shared_buffers(struct run *run, zc_client *c)
+{
+	struct zc_buffers b = ZC_BUFFERS_INIT;
+	uint64_t bytes;
+	int r = zc_plan_buffer_bytes(&run->plan, &bytes);
+
+	if (r >= 0)
+		r = bench_memfd(bytes, &b.grad_fd);
+	if (r < 0)
+		return r;
+	b.param_fd = run->param_fd;
+	b.flags = ZC_BUFFERS_SHARED_PARAMS;
+	r = zc_register_buffers(c, &run->plan, &b);
+	close(b.grad_fd);
+	return r;
+}
+
 static int rank_main(struct run *run, uint32_t rank)
 {
 	struct zc_config zc = ZC_CONFIG_INIT;
@@ -358,7 +394,7 @@ static int rank_main(struct run *run, uint32_t rank)
 		snprintf(why, sizeof(why), "%s", zc_error_message());
 		goto out;
 	}
-	r = zc_alloc_buffers(c, &run->plan);
+	r = run->param_fd >= 0 ? shared_buffers(run, c) : zc_alloc_buffers(c, &run->plan);
 	if (r >= 0)
 		r = rank_run(run, rank, c, why, sizeof(why));
 	if (r < 0 && !why[0])
@@ -500,7 +536,7 @@ out:
 	free(extra);
 }
 
-int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
+int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg, bool shared_params,
 		   struct job_result *ret)
 {
 	struct zc_segment *segs = calloc(cfg->nbuckets, sizeof(*segs));
@@ -508,9 +544,10 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 	double *it = calloc((size_t)cfg->iters, sizeof(double));
 	struct run run = {.d = d,
 			  .cfg = cfg,
-			  .job = "bench-iter",
+			  .job = shared_params ? "bench-iter-shared" : "bench-iter",
 			  .warmup = cfg->warmup,
 			  .iters = cfg->iters,
+			  .param_fd = -1,
 			  .zerod = d->pid};
 	uint64_t left = cfg->params;
 	int r = -ENOMEM;
@@ -539,6 +576,14 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 				    .groups = &cfg->hp,
 				    .nbuckets = cfg->nbuckets,
 				    .buckets = bks};
+	if (shared_params) {
+		uint64_t bytes;
+		r = zc_plan_buffer_bytes(&run.plan, &bytes);
+		if (r >= 0)
+			r = bench_memfd(bytes, &run.param_fd);
+		if (r < 0)
+			goto out;
+	}
 	r = run_ranks(&run, 120 + 5 * (cfg->warmup + cfg->iters));
 	if (r < 0)
 		goto out;
@@ -568,6 +613,8 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 	}
 out:
 	end_run(&run);
+	if (run.param_fd >= 0)
+		close(run.param_fd);
 	free(segs);
 	free(bks);
 	free(it);
@@ -585,6 +632,7 @@ int job_handoff(const struct bench_daemon *d, const struct bench_cfg *cfg, doubl
 			  .job = "bench-handoff",
 			  .iters = cfg->handoff_iters,
 			  .warmup = cfg->handoff_iters / 10 + 10,
+			  .param_fd = -1,
 			  .zerod = d->pid};
 	size_t n = (size_t)cfg->ranks * (size_t)cfg->handoff_iters;
 	int r;

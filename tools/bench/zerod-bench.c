@@ -105,6 +105,7 @@ struct opts {
 	struct bench_cfg cfg;
 	uint64_t bucket_bytes;
 	bool json, vs_torch, torch_zerod;
+	bool shared_params; /* --shared-params: the job again, sharing one parameter buffer */
 	const char *python, *anchor;
 };
 
@@ -170,7 +171,10 @@ static void usage(FILE *f)
 		   "                     a memcpy of the bytes a checkpoint stages\n"
 		   "  --checkpoint-dir D where (default a temporary directory, removed after)\n"
 		   "  --checkpoint-sync  time zc_checkpoint() + zc_checkpoint_wait() (every rank):\n"
-		   "                     the stall of a write on the training path, to compare\n");
+		   "                     the stall of a write on the training path, to compare\n"
+		   "  --shared-params    also run the job with one parameter buffer every rank\n"
+		   "                     shares (ZC_BUFFERS_SHARED_PARAMS), right after the\n"
+		   "                     usual one: zerod_shared_iter_ms and its ratios\n");
 }
 
 enum {
@@ -197,6 +201,7 @@ enum {
 	OPT_CKPT_EVERY,
 	OPT_CKPT_DIR,
 	OPT_CKPT_SYNC,
+	OPT_SHARED,
 };
 
 static const struct option longopts[] = {
@@ -223,6 +228,7 @@ static const struct option longopts[] = {
 	{"checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY},
 	{"checkpoint-dir", required_argument, NULL, OPT_CKPT_DIR},
 	{"checkpoint-sync", no_argument, NULL, OPT_CKPT_SYNC},
+	{"shared-params", no_argument, NULL, OPT_SHARED},
 	{0},
 };
 
@@ -287,6 +293,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_CKPT_SYNC:
 			cfg->checkpoint_sync = true;
+			break;
+		case OPT_SHARED:
+			o->shared_params = true;
 			break;
 		case OPT_OPTIM:
 			if (!strcmp(optarg, "sgd"))
@@ -458,6 +467,9 @@ struct results {
 	double memcpy_gbps, triad_gbps, unix_rtt_us, unix_rtt_same_cpu_us, fused_ms, fused_min_ms,
 		floor_ms, floor_bytes;
 	struct job_result job;
+	/* --shared-params: the same job with one parameter buffer, and its floor */
+	struct job_result shared;
+	double floor_shared_ms, floor_shared_bytes;
 	double handoff_p50_us, handoff_p99_us;
 	struct torch_result torch;
 	uint64_t state_bytes;
@@ -506,6 +518,10 @@ static void print_json(const struct opts *o, const struct results *x)
 	jnum("fused_ref_min_ms", x->fused_min_ms, "%.3f", false);
 	jnum("floor_iter_ms", x->floor_ms, "%.3f", false);
 	jnum("floor_bytes", x->floor_bytes, "%.0f", false);
+	jnum("zerod_shared_iter_ms", x->shared.iter_ms, "%.3f", false);
+	jnum("zerod_shared_iter_min_ms", x->shared.iter_min_ms, "%.3f", false);
+	jnum("floor_shared_iter_ms", x->floor_shared_ms, "%.3f", false);
+	jnum("floor_shared_bytes", x->floor_shared_bytes, "%.0f", false);
 	jnum("handoff_p50_us", x->handoff_p50_us, "%.1f", false);
 	jnum("handoff_p99_us", x->handoff_p99_us, "%.1f", false);
 	jnum("unix_rtt_us", x->unix_rtt_us, "%.2f", false);
@@ -530,6 +546,9 @@ static void print_json(const struct opts *o, const struct results *x)
 	jnum("torch_zerod_vs_c", ratio(x->torch.zerod_iter_ms, x->job.iter_ms), "%.3f", false);
 	jnum("vs_fused", ratio(x->job.iter_ms, x->fused_ms), "%.3f", false);
 	jnum("vs_floor", ratio(x->job.iter_ms, x->floor_ms), "%.3f", false);
+	jnum("vs_torch_shared", ratio(x->torch.iter_ms, x->shared.iter_ms), "%.3f", false);
+	jnum("vs_floor_shared", ratio(x->shared.iter_ms, x->floor_shared_ms), "%.3f", false);
+	jnum("shared_vs_own", ratio(x->shared.iter_ms, x->job.iter_ms), "%.3f", false);
 	jnum("handoff_vs_unix", ratio(x->handoff_p50_us, x->unix_rtt_us), "%.3f", false);
 	jnum("rss_vs_state", ratio((double)x->job.rss_anon_bytes, (double)x->state_bytes), "%.3f",
 	     true);
@@ -569,6 +588,12 @@ static void print_table(const struct opts *o, const struct results *x)
 	       x->fused_ms, ratio(x->job.iter_ms, x->fused_ms), x->fused_min_ms);
 	printf("  bytes-moved floor       %9.2f ms  %.0f MB at 4/3 of triad; zerod %.2fx\n",
 	       x->floor_ms, x->floor_bytes / 1e6, ratio(x->job.iter_ms, x->floor_ms));
+	if (isfinite(x->shared.iter_ms))
+		printf("  zerod, shared params    %9.2f ms  (fastest %.2f ms) %.2fx the usual; torch "
+		       "takes %.2fx this\n  its bytes-moved floor   %9.2f ms  %.0f MB; zerod %.2fx\n",
+		       x->shared.iter_ms, x->shared.iter_min_ms, ratio(x->shared.iter_ms, x->job.iter_ms),
+		       ratio(x->torch.iter_ms, x->shared.iter_ms), x->floor_shared_ms,
+		       x->floor_shared_bytes / 1e6, ratio(x->shared.iter_ms, x->floor_shared_ms));
 	if (x->job.checkpoints)
 		printf("  checkpoint stall        %9.2f ms  zc_checkpoint()%s, median of %d (slowest "
 		       "%.2f ms)\n",
@@ -793,7 +818,7 @@ static int run_daemons(struct opts *o)
 		progress("zerod: iterations across daemons");
 		step = "iterations";
 		r = cfg->checkpoint_every && !cfg->checkpoint_dir ? -errno
-								  : job_iterations(d, cfg, &job);
+								  : job_iterations(d, cfg, false, &job);
 		if (ckpt_tmp)
 			ckpt_tmp_remove(ckpt_tmp, cfg->daemons);
 		if (r < 0)
@@ -874,6 +899,11 @@ static int run(int argc, char **argv)
 		goto fail;
 	x.floor_bytes = floor_bytes_moved(cfg);
 	x.floor_ms = x.floor_bytes / (x.triad_gbps * 4.0 / 3.0) / 1e6;
+	x.shared.iter_ms = x.shared.iter_min_ms = x.floor_shared_ms = x.floor_shared_bytes = NAN;
+	if (o.shared_params) {
+		x.floor_shared_bytes = floor_bytes_shared(cfg);
+		x.floor_shared_ms = x.floor_shared_bytes / (x.triad_gbps * 4.0 / 3.0) / 1e6;
+	}
 
 	step = "starting zerod";
 	r = daemon_start(&d, cfg->zerod);
@@ -889,9 +919,14 @@ static int run(int argc, char **argv)
 	step = "iterations";
 	ckpt_tmp = ckpt_tmp_make(cfg);
 	r = cfg->checkpoint_every && !cfg->checkpoint_dir ? -errno
-							  : job_iterations(&d, cfg, &x.job);
+							  : job_iterations(&d, cfg, false, &x.job);
 	if (ckpt_tmp)
 		ckpt_tmp_remove(ckpt_tmp, 1);
+	if (r == 0 && o.shared_params) {
+		progress("zerod: iterations, shared parameters");
+		step = "iterations, shared parameters";
+		r = job_iterations(&d, cfg, true, &x.shared);
+	}
 	if (r == 0) {
 		progress("zerod: tiny-bucket handoff");
 		step = "handoff";

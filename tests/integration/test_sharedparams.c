@@ -1,0 +1,544 @@
+/*
+ * test_sharedparams.c — one parameter buffer shared by the local ranks of a
+ * job (ZC_BUFFERS_SHARED_PARAMS) against a real zerod: two ranks that share
+ * train to the same bits as two ranks with their own buffers, in both shard
+ * and both step modes, an edit made between iterations (on one rank only:
+ * the buffer is one) is what the next step starts from, and a rank whose
+ * buffer or flag differs from the other rank's fails zc_register_plan()
+ * with ZC_ESHAREDPARAMS naming both ranks, while the background job "bg"
+ * trains on through all of it.
+ *
+ * The test process creates the memfds before it forks the ranks, so the
+ * ranks inherit them, and reads the results from its own mappings after
+ * the ranks have gone.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "testlib.h"
+#include "trainer.h"
+#include "zctest.h"
+
+static struct zd daemon_;
+
+#define N0    1000
+#define N1    3000
+#define NUMEL (N0 + N1)
+#define ITERS 6
+#define EDIT  3 /* the parameters are edited before this iteration */
+
+static const struct zc_segment segs[2][1] = {{SEG(0, N0, 0)}, {SEG(0, N1, 0)}};
+static const struct zc_bucket buckets[2] = {BUCKET(N0, 1, segs[0]), BUCKET(N1, 1, segs[1])};
+
+/* A memfd of `bytes`, sealed against shrinking, zero-filled. */
+static int make_memfd(size_t bytes)
+{
+	int fd = memfd_create("test-sharedparams", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	if (fd < 0 || ftruncate(fd, (off_t)bytes) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		printf("# memfd: %s\n", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static float *map_fd(int fd, size_t bytes, size_t offset)
+{
+	float *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+/* What a job of two ranks is given: its plan, each rank's gradient memfd and
+ * parameter memfd (the same one twice when they share) with its offset. */
+struct job_spec {
+	const char *job;
+	struct zc_plan plan;
+	struct zc_param_group group;
+	int grad_fd[2], param_fd[2];
+	size_t param_offset[2];
+	bool shared[2]; /* ZC_BUFFERS_SHARED_PARAMS */
+	bool edit_one;  /* the edit is made by rank 0 alone (the buffer is shared) */
+	size_t bytes;   /* zc_plan_buffer_bytes() */
+};
+
+/* Rank idx's gradient for element e (bucket order) at iteration it: varied,
+ * so that any element stepped from the wrong value shows. */
+static float grad_of(int idx, int it, size_t e)
+{
+	return (float)(idx + 1) * 0.01f * sinf(0.37f * (float)e + 1.3f * (float)it) +
+	       0.001f * (float)(e % 5);
+}
+
+/* Element e of the plan in a mapping of a buffer, where the library says
+ * each bucket starts. */
+static float *elem(zc_client *c, float *base, size_t e)
+{
+	size_t b = e < N0 ? 0 : 1,
+	       at = (size_t)(zc_param_buffer(c, (uint32_t)b) - zc_param_buffer(c, 0));
+
+	return base + at + (b ? e - N0 : e);
+}
+
+static zc_client *connect_c(const char *job, uint32_t rank)
+{
+	struct zc_config cfg = test_config(&daemon_, job, rank, 2);
+	zc_client *c = NULL;
+	int r = zc_connect(&cfg, &c);
+
+	EXPECT(r == 0, "zc_connect %s rank %u: %s: %s", job, rank, zc_strerror_name(r),
+	       zc_error_message());
+	return r == 0 ? c : NULL;
+}
+
+static int register_rank(const struct job_spec *js, int idx, zc_client *c)
+{
+	struct zc_buffers b = ZC_BUFFERS_INIT;
+
+	b.grad_fd = js->grad_fd[idx];
+	b.param_fd = js->param_fd[idx];
+	b.param_offset = js->param_offset[idx];
+	b.flags = js->shared[idx] ? ZC_BUFFERS_SHARED_PARAMS : 0;
+	return zc_register_buffers(c, &js->plan, &b);
+}
+
+/* One rank of a job that trains: ITERS iterations; before iteration EDIT
+ * every element becomes p * 0.5 + 0.25, made by each rank on its own
+ * buffer, or by rank 0 alone on a shared one. */
+static int share_rank(void *arg, int idx)
+{
+	const struct job_spec *js = arg;
+	zc_client *c = connect_c(js->job, (uint32_t)idx);
+	float *grad = NULL, *param = NULL;
+	int r = -1;
+
+	if (!c)
+		return 1;
+	grad = map_fd(js->grad_fd[idx], js->bytes, 0);
+	param = map_fd(js->param_fd[idx], js->bytes, js->param_offset[idx]);
+	EXPECT(grad && param, "mmap: %s", strerror(errno));
+	if (grad && param) {
+		r = register_rank(js, idx, c);
+		EXPECT(r == 0, "zc_register_buffers: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+	}
+	if (r == 0) {
+		/* rank 0's initial values win: rank 1's start elsewhere */
+		for (size_t e = 0; e < NUMEL; e++)
+			*elem(c, param, e) = idx == 0 || js->shared[idx] ? 0.5f + 1e-3f * (float)(e % 97)
+								       : -7.0f;
+		r = zc_register_plan(c);
+		EXPECT(r == 0, "zc_register_plan: %s: %s", zc_strerror_name(r),
+		       zc_error_message());
+	}
+	for (int it = 0; it < ITERS && r == 0; it++) {
+		zc_future *step = NULL;
+		uint64_t iter = zc_iteration(c);
+
+		if (it == EDIT && (idx == 0 || !js->edit_one))
+			for (size_t e = 0; e < NUMEL; e++)
+				*elem(c, param, e) = *elem(c, param, e) * 0.5f + 0.25f;
+		for (size_t e = 0; e < NUMEL; e++)
+			*elem(c, grad, e) = grad_of(idx, it, e);
+		for (uint32_t b = 0; b < 2 && r == 0; b++)
+			r = zc_bucket_ready(c, b, NULL);
+		if (r == 0)
+			r = zc_step_future(c, iter, &step);
+		if (r == 0)
+			r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
+		EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
+		zc_future_free(step);
+	}
+	zc_close(c);
+	if (grad)
+		munmap(grad, js->bytes);
+	if (param)
+		munmap(param, js->bytes);
+	return child_bad;
+}
+
+static void spec_init(struct job_spec *js, const char *job, enum zc_optimizer opt,
+		      enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	uint64_t bytes = 0;
+
+	memset(js, 0, sizeof(*js));
+	js->job = job;
+	js->group = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
+	js->group.lr = 0.05;
+	js->group.weight_decay = opt == ZC_OPT_ADAMW ? 0.01 : 0;
+	js->plan = (struct zc_plan)PLAN(opt, shard, step, 1, &js->group, 2, buckets);
+	CHECK(zc_plan_buffer_bytes(&js->plan, &bytes) == 0, "zc_plan_buffer_bytes: %s",
+	      zc_error_message());
+	js->bytes = (size_t)bytes;
+	for (int i = 0; i < 2; i++)
+		js->grad_fd[i] = js->param_fd[i] = -1;
+}
+
+static void spec_close(struct job_spec *js)
+{
+	for (int i = 0; i < 2; i++) {
+		if (js->grad_fd[i] >= 0)
+			close(js->grad_fd[i]);
+		if (js->param_fd[i] >= 0 && (i == 0 || js->param_fd[1] != js->param_fd[0]))
+			close(js->param_fd[i]);
+	}
+}
+
+/* ---- the background job ---- */
+
+static struct bg_job *bg;
+
+static void t_background_job_starts(void)
+{
+	bg_job_start(bg, &(struct train_spec){
+		.socket = daemon_.sock,
+		.job = "bg",
+		.world = 2,
+		.optimizer = ZC_OPT_ADAM,
+		.shard_mode = ZC_SHARD_SLICE,
+		.step_mode = ZC_STEP_INTERLEAVED,
+		.iters = 100000,
+		.seed = 5,
+		.sleep_us = 2000,
+	});
+}
+
+/* ---- sharing trains to the bits of not sharing ---- */
+
+/*
+ * Two jobs side by side on the same plan and gradients: "own-*" gives each
+ * rank its own parameters, "shared-*" one memfd both register. The edit
+ * before iteration EDIT is made on each own buffer, and once on the shared
+ * one. Every parameter must end as the same float in all three buffers.
+ */
+static void shared_vs_own(const char *tag, enum zc_optimizer opt, enum zc_shard_mode shard,
+			  enum zc_step_mode step)
+{
+	struct job_spec own, shared;
+	char own_id[32], shared_id[32];
+	float *po[2] = {NULL, NULL}, *ps = NULL;
+	pid_t pid[4];
+	int st[4];
+
+	snprintf(own_id, sizeof(own_id), "own-%s", tag);
+	snprintf(shared_id, sizeof(shared_id), "shared-%s", tag);
+	spec_init(&own, own_id, opt, shard, step);
+	spec_init(&shared, shared_id, opt, shard, step);
+	shared.edit_one = true;
+	for (int i = 0; i < 2; i++) {
+		own.grad_fd[i] = make_memfd(own.bytes);
+		own.param_fd[i] = make_memfd(own.bytes);
+		shared.grad_fd[i] = make_memfd(shared.bytes);
+		shared.shared[i] = true;
+	}
+	/* the shared parameters one page into their memfd, on both ranks */
+	shared.param_fd[0] = shared.param_fd[1] = make_memfd(shared.bytes + 4096);
+	shared.param_offset[0] = shared.param_offset[1] = 4096;
+	for (int i = 0; i < 2; i++)
+		CHECK(own.grad_fd[i] >= 0 && own.param_fd[i] >= 0 && shared.grad_fd[i] >= 0 &&
+			      shared.param_fd[i] >= 0,
+		      "memfds");
+	for (int i = 0; i < 2; i++) {
+		pid[i] = spawn(share_rank, &own, i);
+		pid[2 + i] = spawn(share_rank, &shared, i);
+	}
+	for (int i = 0; i < 4; i++)
+		st[i] = wait_child(pid[i], 60000);
+	for (int i = 0; i < 4; i++)
+		CHECK(st[i] == 0, "%s rank %d", i < 2 ? own_id : shared_id, i % 2);
+	for (int i = 0; i < 2; i++)
+		po[i] = map_fd(own.param_fd[i], own.bytes, 0);
+	ps = map_fd(shared.param_fd[0], shared.bytes, 4096);
+	CHECK(po[0] && po[1] && ps, "mmap: %s", strerror(errno));
+	/* the same layout in all three: bucket 1 starts where the library put it */
+	size_t n = own.bytes / sizeof(float), diff = 0, first = 0;
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(&po[0][i], &ps[i], sizeof(float)) ||
+		    memcmp(&po[1][i], &ps[i], sizeof(float))) {
+			if (!diff++)
+				first = i;
+		}
+	CHECK(diff == 0, "%zu of %zu floats differ; the first at %zu: own %a / %a, shared %a", diff,
+	      n, first, po[0][first], po[1][first], ps[first]);
+	/* it trained: nothing is left at its start or at the edit's value */
+	CHECK(ps[0] != 0.5f && ps[0] != 0.5f * 0.5f + 0.25f && isfinite(ps[0]), "ps[0] = %a",
+	      ps[0]);
+	for (int i = 0; i < 2; i++)
+		munmap(po[i], own.bytes);
+	munmap(ps, shared.bytes);
+	spec_close(&own);
+	spec_close(&shared);
+}
+
+static void t_bucket_interleaved(void)
+{
+	shared_vs_own("bi", ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+}
+
+static void t_slice_interleaved(void)
+{
+	shared_vs_own("si", ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+}
+
+static void t_bucket_at_end(void)
+{
+	shared_vs_own("ba", ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+}
+
+static void t_slice_at_end(void)
+{
+	shared_vs_own("sa", ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+}
+
+/* ---- an edit between iterations is where the next step starts ---- */
+
+/*
+ * SGD, lr 0.5, gradients 0.125 and 0.375 (average 0.25): each step takes
+ * 0.125 off, exactly. Two steps from 1.0 leave 0.75; rank 0 alone then
+ * writes 2.0 into the shared buffer, and the third step must leave 1.875,
+ * which rank 1 reads through its own mapping.
+ */
+static int edit_rank(void *arg, int idx)
+{
+	const struct job_spec *js = arg;
+	zc_client *c = connect_c(js->job, (uint32_t)idx);
+	float *grad = NULL, *param = NULL;
+	int r = -1;
+
+	if (!c)
+		return 1;
+	grad = map_fd(js->grad_fd[idx], js->bytes, 0);
+	param = map_fd(js->param_fd[idx], js->bytes, 0);
+	if (grad && param && (r = register_rank(js, idx, c)) == 0) {
+		if (idx == 0)
+			for (size_t e = 0; e < NUMEL; e++)
+				*elem(c, param, e) = 1.0f;
+		r = zc_register_plan(c);
+	}
+	EXPECT(r == 0, "registering: %s: %s", zc_strerror_name(r), zc_error_message());
+	for (int it = 0; it < 3 && r == 0; it++) {
+		zc_future *step = NULL;
+		uint64_t iter = zc_iteration(c);
+
+		if (it == 2 && idx == 0) {
+			for (size_t e = 0; e < NUMEL; e++) {
+				EXPECT(*elem(c, param, e) == 0.75f, "element %zu = %a before the edit",
+				       e, *elem(c, param, e));
+				*elem(c, param, e) = 2.0f;
+				if (child_bad)
+					break;
+			}
+		}
+		for (size_t e = 0; e < NUMEL; e++)
+			*elem(c, grad, e) = idx == 0 ? 0.125f : 0.375f;
+		for (uint32_t b = 0; b < 2 && r == 0; b++)
+			r = zc_bucket_ready(c, b, NULL);
+		if (r == 0)
+			r = zc_step_future(c, iter, &step);
+		if (r == 0)
+			r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
+		EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
+		zc_future_free(step);
+	}
+	for (size_t e = 0; e < NUMEL && r == 0 && !child_bad; e++)
+		EXPECT(*elem(c, param, e) == 1.875f, "rank %d: element %zu = %a, want 1.875", idx,
+		       e, *elem(c, param, e));
+	zc_close(c);
+	if (grad)
+		munmap(grad, js->bytes);
+	if (param)
+		munmap(param, js->bytes);
+	return child_bad;
+}
+
+static void t_edit_between_iterations(void)
+{
+	struct job_spec js;
+	pid_t pid[2];
+
+	spec_init(&js, "edit", ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	js.group.lr = 0.5;
+	js.grad_fd[0] = make_memfd(js.bytes);
+	js.grad_fd[1] = make_memfd(js.bytes);
+	js.param_fd[0] = js.param_fd[1] = make_memfd(js.bytes);
+	js.shared[0] = js.shared[1] = true;
+	CHECK(js.grad_fd[0] >= 0 && js.grad_fd[1] >= 0 && js.param_fd[0] >= 0, "memfds");
+	for (int i = 0; i < 2; i++)
+		pid[i] = spawn(edit_rank, &js, i);
+	for (int i = 0; i < 2; i++)
+		CHECK(wait_child(pid[i], 30000) == 0, "rank %d", i);
+	spec_close(&js);
+}
+
+/* ---- a rank that does not share as the other does ---- */
+
+enum mismatch { OTHER_MEMFD, OTHER_OFFSET, NOT_FLAGGED };
+
+/* Both ranks register; whichever comes second is refused with
+ * ZC_ESHAREDPARAMS (the first then learns the second left). Each rank
+ * writes what it got into the shared page of the test. */
+struct mismatch_out {
+	int r[2];
+	char msg[2][300];
+};
+
+static struct mismatch_out *mout;
+
+static int mismatch_rank(void *arg, int idx)
+{
+	const struct job_spec *js = arg;
+	zc_client *c = connect_c(js->job, (uint32_t)idx);
+	int r;
+
+	if (!c)
+		return 1;
+	r = register_rank(js, idx, c);
+	EXPECT(r == 0, "zc_register_buffers: %s: %s", zc_strerror_name(r), zc_error_message());
+	if (r == 0)
+		r = zc_register_plan(c);
+	mout->r[idx] = r;
+	snprintf(mout->msg[idx], sizeof(mout->msg[idx]), "%s", zc_error_message());
+	zc_close(c);
+	return child_bad;
+}
+
+static void run_mismatch(enum mismatch k)
+{
+	static const char *const jobs[] = {"mis-memfd", "mis-offset", "mis-flag"};
+	static const char *const words[] = {"another memfd", "another offset", "its own"};
+	struct job_spec js;
+	pid_t pid[2];
+	bool named = false;
+
+	spec_init(&js, jobs[k], ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	js.grad_fd[0] = make_memfd(js.bytes);
+	js.grad_fd[1] = make_memfd(js.bytes);
+	js.param_fd[0] = make_memfd(js.bytes + 4096);
+	js.param_fd[1] = k == OTHER_MEMFD ? make_memfd(js.bytes) : js.param_fd[0];
+	js.param_offset[1] = k == OTHER_OFFSET ? 4096 : 0;
+	js.shared[0] = true;
+	js.shared[1] = k != NOT_FLAGGED;
+	CHECK(js.grad_fd[0] >= 0 && js.grad_fd[1] >= 0 && js.param_fd[0] >= 0 &&
+		      js.param_fd[1] >= 0,
+	      "memfds");
+	memset(mout, 0, sizeof(*mout));
+	for (int i = 0; i < 2; i++)
+		pid[i] = spawn(mismatch_rank, &js, i);
+	for (int i = 0; i < 2; i++)
+		CHECK(wait_child(pid[i], 30000) == 0, "rank %d", i);
+	for (int i = 0; i < 2; i++) {
+		printf("# rank %d: %s: %s\n", i, zc_strerror_name(mout->r[i]), mout->msg[i]);
+		CHECK(mout->r[i] < 0, "rank %d registered a job that does not share as declared",
+		      i);
+		if (mout->r[i] == ZC_ESHAREDPARAMS && strstr(mout->msg[i], words[k]) &&
+		    strstr(mout->msg[i], "rank 0") && strstr(mout->msg[i], "rank 1"))
+			named = true;
+	}
+	CHECK(named, "no rank got ZC_ESHAREDPARAMS naming both ranks and \"%s\"", words[k]);
+	spec_close(&js);
+}
+
+static void t_other_memfd(void)
+{
+	run_mismatch(OTHER_MEMFD);
+}
+
+static void t_other_offset(void)
+{
+	run_mismatch(OTHER_OFFSET);
+}
+
+static void t_not_flagged(void)
+{
+	run_mismatch(NOT_FLAGGED);
+}
+
+/* ---- flags zc_register_buffers() refuses ---- */
+
+static int flags_child(void *arg, int idx)
+{
+	zc_client *c = connect_c("flags", 0);
+	struct job_spec js;
+	struct zc_buffers b = ZC_BUFFERS_INIT;
+	int r;
+
+	(void)arg, (void)idx;
+	if (!c)
+		return 1;
+	spec_init(&js, "flags", ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	b.param_offset = (js.bytes + 4095) / 4096 * 4096;
+	b.grad_fd = b.param_fd = make_memfd(b.param_offset + js.bytes);
+	b.flags = 2;
+	r = zc_register_buffers(c, &js.plan, &b);
+	EXPECT(r == -EINVAL, "an unknown flag: %s", zc_strerror_name(r));
+	b.kind = ZC_BUFFERS_CUDA;
+	b.flags = ZC_BUFFERS_SHARED_PARAMS;
+	b.grad_dev = b.param_dev = (void *)0x1000;
+	r = zc_register_buffers(c, &js.plan, &b);
+	EXPECT(r == ZC_ENOTSUP && strstr(zc_error_message(), "host buffers"),
+	       "shared CUDA buffers: %s: %s", zc_strerror_name(r), zc_error_message());
+	/* an older caller's struct (56 bytes) has no flags: it does not share */
+	b = (struct zc_buffers)ZC_BUFFERS_INIT;
+	b.size = 56;
+	b.param_offset = (js.bytes + 4095) / 4096 * 4096;
+	b.grad_fd = b.param_fd = make_memfd(b.param_offset + js.bytes);
+	r = zc_register_buffers(c, &js.plan, &b);
+	EXPECT(r == 0, "a 56-byte zc_buffers: %s: %s", zc_strerror_name(r), zc_error_message());
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_flags_refused(void)
+{
+	CHECK(wait_child(spawn(flags_child, NULL, 0), 30000) == 0, "child");
+}
+
+/* ---- the background job trained through all of it ---- */
+
+static void t_background_job_unharmed(void)
+{
+	bg_job_finish(bg);
+	CHECK(zd_alive(&daemon_), "zerod died");
+}
+
+static void t_daemon_stops_cleanly(void)
+{
+	int st = zd_stop(&daemon_, 10000);
+
+	CHECK(st == 0, "zerod exited with %d after SIGTERM", st);
+}
+
+static const struct test_case cases[] = {
+	{"background_job_starts", t_background_job_starts},
+	{"shared_equals_own_bucket_interleaved", t_bucket_interleaved},
+	{"shared_equals_own_slice_interleaved", t_slice_interleaved},
+	{"shared_equals_own_bucket_at_end", t_bucket_at_end},
+	{"shared_equals_own_slice_at_end", t_slice_at_end},
+	{"edit_between_iterations_is_the_start", t_edit_between_iterations},
+	{"other_memfd_ESHAREDPARAMS", t_other_memfd},
+	{"other_offset_ESHAREDPARAMS", t_other_offset},
+	{"one_rank_not_flagged_ESHAREDPARAMS", t_not_flagged},
+	{"flags_refused", t_flags_refused},
+	{"background_job_unharmed", t_background_job_unharmed},
+	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
+};
+
+int main(int argc, char **argv)
+{
+	bg = bg_job_new();
+	mout = mmap(NULL, sizeof(*mout), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (mout == MAP_FAILED)
+		return 1;
+	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+}
