@@ -2,8 +2,9 @@
  * test_sharedparams.c — one parameter buffer shared by the local ranks of a
  * job (ZC_BUFFERS_SHARED_PARAMS) against a real zerod: two ranks that share
  * train to the same bits as two ranks with their own buffers, in both shard
- * and both step modes, an edit made between iterations (on one rank only:
- * the buffer is one) is what the next step starts from, and a rank whose
+ * and both step modes and through a checkpoint and its restore, an edit
+ * made between iterations (on one rank only: the buffer is one) is what the
+ * next step starts from, and a rank whose
  * buffer or flag differs from the other rank's fails zc_register_plan()
  * with ZC_ESHAREDPARAMS naming both ranks, while the background job "bg"
  * trains on through all of it.
@@ -14,6 +15,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +34,9 @@ static struct zd daemon_;
 #define N1    3000
 #define NUMEL (N0 + N1)
 #define ITERS 6
-#define EDIT  3 /* the parameters are edited before this iteration */
+#define EDIT    3 /* the parameters are edited before this iteration */
+#define CKPT    2 /* with a checkpoint directory: zc_checkpoint() before this one */
+#define RESTORE 5 /* and zc_restore() of it before this one */
 
 static const struct zc_segment segs[2][1] = {{SEG(0, N0, 0)}, {SEG(0, N1, 0)}};
 static const struct zc_bucket buckets[2] = {BUCKET(N0, 1, segs[0]), BUCKET(N1, 1, segs[1])};
@@ -52,6 +56,17 @@ static int make_memfd(size_t bytes)
 	return fd;
 }
 
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st, (void)flag, (void)ftw;
+	return remove(path) < 0 ? -1 : 0;
+}
+
+static void rm_tree(const char *dir)
+{
+	nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+}
+
 static float *map_fd(int fd, size_t bytes, size_t offset)
 {
 	float *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
@@ -69,6 +84,8 @@ struct job_spec {
 	size_t param_offset[2];
 	bool shared[2]; /* ZC_BUFFERS_SHARED_PARAMS */
 	bool edit_one;  /* the edit is made by rank 0 alone (the buffer is shared) */
+	/* checkpointed here before iteration CKPT, restored from before RESTORE */
+	const char *ckpt_dir;
 	size_t bytes;   /* zc_plan_buffer_bytes() */
 };
 
@@ -145,6 +162,20 @@ static int share_rank(void *arg, int idx)
 		zc_future *step = NULL;
 		uint64_t iter = zc_iteration(c);
 
+		if (js->ckpt_dir && it == CKPT) {
+			r = zc_checkpoint(c, js->ckpt_dir);
+			if (r == 0)
+				r = zc_checkpoint_wait(c, test_timeout(10000));
+			EXPECT(r == 0, "checkpoint: %s: %s", zc_strerror_name(r), zc_error_message());
+			iter = zc_iteration(c);
+		}
+		if (js->ckpt_dir && it == RESTORE && r == 0) {
+			r = zc_restore(c, js->ckpt_dir);
+			EXPECT(r == 0, "restore: %s: %s", zc_strerror_name(r), zc_error_message());
+			iter = zc_iteration(c);
+		}
+		if (r != 0)
+			break;
 		if (it == EDIT && (idx == 0 || !js->edit_one))
 			for (size_t e = 0; e < NUMEL; e++)
 				*elem(c, param, e) = *elem(c, param, e) * 0.5f + 0.25f;
@@ -223,10 +254,10 @@ static void t_background_job_starts(void)
  * one. Every parameter must end as the same float in all three buffers.
  */
 static void shared_vs_own(const char *tag, enum zc_optimizer opt, enum zc_shard_mode shard,
-			  enum zc_step_mode step)
+			  enum zc_step_mode step, bool ckpt)
 {
 	struct job_spec own, shared;
-	char own_id[32], shared_id[32];
+	char own_id[32], shared_id[32], dirs[2][64] = {"", ""};
 	float *po[2] = {NULL, NULL}, *ps = NULL;
 	pid_t pid[4];
 	int st[4];
@@ -236,6 +267,12 @@ static void shared_vs_own(const char *tag, enum zc_optimizer opt, enum zc_shard_
 	spec_init(&own, own_id, opt, shard, step);
 	spec_init(&shared, shared_id, opt, shard, step);
 	shared.edit_one = true;
+	for (int i = 0; ckpt && i < 2; i++) {
+		snprintf(dirs[i], sizeof(dirs[i]), "/tmp/zerod-test-shared-ckpt.XXXXXX");
+		CHECK(mkdtemp(dirs[i]), "mkdtemp: %s", strerror(errno));
+	}
+	own.ckpt_dir = ckpt ? dirs[0] : NULL;
+	shared.ckpt_dir = ckpt ? dirs[1] : NULL;
 	for (int i = 0; i < 2; i++) {
 		own.grad_fd[i] = make_memfd(own.bytes);
 		own.param_fd[i] = make_memfd(own.bytes);
@@ -279,26 +316,35 @@ static void shared_vs_own(const char *tag, enum zc_optimizer opt, enum zc_shard_
 	munmap(ps, shared.bytes);
 	spec_close(&own);
 	spec_close(&shared);
+	for (int i = 0; ckpt && i < 2; i++)
+		rm_tree(dirs[i]);
 }
 
 static void t_bucket_interleaved(void)
 {
-	shared_vs_own("bi", ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	shared_vs_own("bi", ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, false);
 }
 
 static void t_slice_interleaved(void)
 {
-	shared_vs_own("si", ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	shared_vs_own("si", ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, false);
 }
 
 static void t_bucket_at_end(void)
 {
-	shared_vs_own("ba", ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	shared_vs_own("ba", ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END, false);
 }
 
 static void t_slice_at_end(void)
 {
-	shared_vs_own("sa", ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	shared_vs_own("sa", ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_AT_END, false);
+}
+
+/* The same through a checkpoint and zc_restore() of it (every rank writes
+ * the checkpoint's parameters into its view: the shared buffer twice). */
+static void t_checkpoint_restore(void)
+{
+	shared_vs_own("cr", ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED, true);
 }
 
 /* ---- an edit between iterations is where the next step starts ---- */
@@ -378,6 +424,97 @@ static void t_edit_between_iterations(void)
 		pid[i] = spawn(edit_rank, &js, i);
 	for (int i = 0; i < 2; i++)
 		CHECK(wait_child(pid[i], 30000) == 0, "rank %d", i);
+	spec_close(&js);
+}
+
+/* ---- a re-plan gives each rank its own buffers ---- */
+
+/*
+ * The SGD job above: two steps on the shared buffer leave 0.75; then each
+ * rank re-plans with zc_alloc_buffers() (the same layout), which gives it a
+ * buffer of its own holding the parameters, and two more steps must leave
+ * 0.5 in both ranks' new buffers, and the old shared buffer as it was.
+ */
+static int replan_rank(void *arg, int idx)
+{
+	const struct job_spec *js = arg;
+	zc_client *c = connect_c(js->job, (uint32_t)idx);
+	float *grad = NULL, *param = NULL;
+	int r = -1;
+
+	if (!c)
+		return 1;
+	grad = map_fd(js->grad_fd[idx], js->bytes, 0);
+	param = map_fd(js->param_fd[idx], js->bytes, 0);
+	if (grad && param && (r = register_rank(js, idx, c)) == 0) {
+		if (idx == 0)
+			for (size_t e = 0; e < NUMEL; e++)
+				*elem(c, param, e) = 1.0f;
+		r = zc_register_plan(c);
+	}
+	EXPECT(r == 0, "registering: %s: %s", zc_strerror_name(r), zc_error_message());
+	for (int it = 0; it < 4 && r == 0; it++) {
+		zc_future *step = NULL;
+		uint64_t iter;
+
+		if (it == 2) {
+			r = zc_alloc_buffers(c, &js->plan);
+			if (r == 0)
+				r = zc_register_plan(c);
+			EXPECT(r == 0, "re-plan: %s: %s", zc_strerror_name(r), zc_error_message());
+			if (r != 0)
+				break;
+			EXPECT(zc_param_buffer(c, 0) != elem(c, param, 0),
+			       "the re-plan kept the shared buffer");
+		}
+		iter = zc_iteration(c);
+		for (uint32_t b = 0; b < 2; b++) {
+			float *g = zc_grad_buffer(c, b);
+			for (uint64_t e = 0; e < buckets[b].numel; e++)
+				g[e] = idx == 0 ? 0.125f : 0.375f;
+		}
+		for (uint32_t b = 0; b < 2 && r == 0; b++)
+			r = zc_bucket_ready(c, b, NULL);
+		if (r == 0)
+			r = zc_step_future(c, iter, &step);
+		if (r == 0)
+			r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
+		EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
+		zc_future_free(step);
+	}
+	for (uint32_t b = 0; b < 2 && r == 0 && !child_bad; b++)
+		for (uint64_t e = 0; e < buckets[b].numel && !child_bad; e++)
+			EXPECT(zc_param_buffer(c, b)[e] == 0.5f, "rank %d: bucket %u[%llu] = %a, "
+			       "want 0.5", idx, b, (unsigned long long)e, zc_param_buffer(c, b)[e]);
+	zc_close(c);
+	if (grad)
+		munmap(grad, js->bytes);
+	if (param)
+		munmap(param, js->bytes);
+	return child_bad;
+}
+
+static void t_replan_own_buffers(void)
+{
+	struct job_spec js;
+	pid_t pid[2];
+	float *p;
+
+	spec_init(&js, "replan", ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	js.group.lr = 0.5;
+	js.grad_fd[0] = make_memfd(js.bytes);
+	js.grad_fd[1] = make_memfd(js.bytes);
+	js.param_fd[0] = js.param_fd[1] = make_memfd(js.bytes);
+	js.shared[0] = js.shared[1] = true;
+	CHECK(js.grad_fd[0] >= 0 && js.grad_fd[1] >= 0 && js.param_fd[0] >= 0, "memfds");
+	for (int i = 0; i < 2; i++)
+		pid[i] = spawn(replan_rank, &js, i);
+	for (int i = 0; i < 2; i++)
+		CHECK(wait_child(pid[i], 30000) == 0, "rank %d", i);
+	p = map_fd(js.param_fd[0], js.bytes, 0);
+	CHECK(p && p[0] == 0.75f, "the old shared buffer: %a, want 0.75 (two steps)",
+	      p ? p[0] : 0.0f);
+	munmap(p, js.bytes);
 	spec_close(&js);
 }
 
@@ -525,7 +662,9 @@ static const struct test_case cases[] = {
 	{"shared_equals_own_slice_interleaved", t_slice_interleaved},
 	{"shared_equals_own_bucket_at_end", t_bucket_at_end},
 	{"shared_equals_own_slice_at_end", t_slice_at_end},
+	{"shared_equals_own_through_checkpoint_restore", t_checkpoint_restore},
 	{"edit_between_iterations_is_the_start", t_edit_between_iterations},
+	{"replan_gives_each_rank_its_own_buffers", t_replan_own_buffers},
 	{"other_memfd_ESHAREDPARAMS", t_other_memfd},
 	{"other_offset_ESHAREDPARAMS", t_other_offset},
 	{"one_rank_not_flagged_ESHAREDPARAMS", t_not_flagged},

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The bench suite: a few seconds of zerod-bench (small job, few iterations,
-# a small memcpy, two checkpoints) must run and print one JSON object with every key the
+# a small memcpy, two checkpoints, the job again with shared parameters) must run and print one JSON object with every key the
 # issue asks for; then the same for `--daemons 2` (two daemons on loopback
 # against raw gloo), skipped where zerod was built without gloo. It asserts
 # nothing about speed.
@@ -14,7 +14,8 @@ trap 'rm -f "$out" "$err"' EXIT
 
 echo "1..4"
 if "$bench" --params 200K --buckets 2 --ranks 2 --optim adam --iters 6 --warmup 1 \
-    --handoff-iters 200 --memcpy-size 16M --checkpoint-every 3 --json >"$out" 2>"$err"; then
+    --handoff-iters 200 --memcpy-size 16M --checkpoint-every 3 --shared-params \
+    --json >"$out" 2>"$err"; then
     echo "ok 1 - zerod-bench ran"
 else
     echo "not ok 1 - zerod-bench failed"
@@ -27,7 +28,8 @@ keys = """zerod_iter_ms torch_iter_ms fused_ref_ms floor_iter_ms handoff_p50_us
 handoff_p99_us unix_rtt_us memcpy_gbps triad_gbps daemon_rss_anon_bytes state_bytes
 vs_torch vs_fused handoff_vs_unix rss_vs_state params buckets ranks optim shard step
 torch_zerod_iter_ms vs_torch_zerod torch_zerod_vs_c checkpoint_stall_ms ckpt_stall_ms
-ckpt_stall_max_ms ckpt_copy_ms ckpt_bytes ckpt_stall_vs_copy""".split()
+ckpt_stall_max_ms ckpt_copy_ms ckpt_bytes ckpt_stall_vs_copy zerod_shared_iter_ms
+floor_shared_iter_ms vs_floor_shared vs_torch_shared shared_vs_own""".split()
 try:
     j = json.load(open(sys.argv[1]))
 except ValueError as e:
@@ -39,7 +41,7 @@ if missing:
     sys.exit(1)
 # Measured without torch: these must be numbers; torch's are null.
 nulls = ("torch_iter_ms", "vs_torch", "torch_zerod_iter_ms", "vs_torch_zerod",
-         "torch_zerod_vs_c")
+         "torch_zerod_vs_c", "vs_torch_shared")
 bad = [k for k in keys if k not in nulls + ("optim", "shard", "step")
        and not isinstance(j[k], (int, float))]
 if bad or j["torch_iter_ms"] is not None:

@@ -62,7 +62,7 @@ PY
 }
 
 [ -n "${ONLY:-}" ] || rm -f "$out"/*.json
-run headline --params 25M --buckets 4 --ranks 2 --optim adam --vs-torch
+run headline --params 25M --buckets 4 --ranks 2 --optim adam --vs-torch --shared-params
 for s in $sizes; do
     run "size-$s" --params "$s" --bucket-size 25M --ranks 2 --optim adam --vs-torch
 done

@@ -57,6 +57,20 @@ def measured(h, sizes, modes, nodes, top):
     return "; ".join(out)
 
 
+def shared_rows(h):
+    """The headline's rows for --shared-params (none in a run without it)."""
+    if h.get("zerod_shared_iter_ms") is None:
+        return ""
+    return (
+        f"| zerod iteration, the ranks sharing one parameter buffer (`zerod_shared_iter_ms`; "
+        f"fastest `zerod_shared_iter_min_ms`) | {h['zerod_shared_iter_ms']:.1f} ms "
+        f"({h['zerod_shared_iter_min_ms']:.1f}) | {num(h['vs_torch_shared'], '{:.2f}')}× faster "
+        f"than torch (`vs_torch_shared`); {h['shared_vs_own']:.2f}× the time of own buffers "
+        f"(`shared_vs_own`) | ≥ 8× |\n"
+        f"| its bytes-moved floor (`floor_shared_iter_ms`) | {h['floor_shared_iter_ms']:.1f} ms | "
+        f"zerod {h['vs_floor_shared']:.2f}× (`vs_floor_shared`) | |\n")
+
+
 def main():
     d, doc = sys.argv[1], sys.argv[2]
     top = os.path.dirname(os.path.dirname(os.path.abspath(doc)))
@@ -117,7 +131,7 @@ times across runs.
 ## The headline job: 25M parameters, 2 ranks, 4 buckets of 25 MB, Adam
 
 ```sh
-build/tools/bench/zerod-bench --params 25M --buckets 4 --ranks 2 --optim adam --vs-torch --json
+build/tools/bench/zerod-bench --params 25M --buckets 4 --ranks 2 --optim adam --vs-torch --shared-params --json
 ```
 
 | measure | value | ratio | issue 5's target |
@@ -126,7 +140,7 @@ build/tools/bench/zerod-bench --params 25M --buckets 4 --ranks 2 --optim adam --
 | torch DDP + ZeroRedundancyOptimizer(Adam), gloo (`torch_iter_ms`) | {num(h['torch_iter_ms'])} ms | zerod {num(h['vs_torch'], '{:.2f}')}× faster (`vs_torch`) | ≥ 8× |
 | plain-C fused pass (`fused_ref_ms`; fastest pass `fused_ref_min_ms`) | {h['fused_ref_ms']:.1f} ms ({h['fused_ref_min_ms']:.1f}) | zerod {h['vs_fused']:.2f}× slower (`vs_fused`) | ≤ 1.15× |
 | bytes-moved floor (`floor_iter_ms`) | {h['floor_iter_ms']:.1f} ms | zerod {h['vs_floor']:.2f}× (`vs_floor`) | |
-| tiny-bucket handoff p50 / p99 (`handoff_p50_us`, `handoff_p99_us`) | {h['handoff_p50_us']:.0f} / {h['handoff_p99_us']:.0f} µs | p50 = {h['handoff_vs_unix']:.2f}× the AF_UNIX round trip (`handoff_vs_unix`) | ≤ 3× |
+{shared_rows(h)}| tiny-bucket handoff p50 / p99 (`handoff_p50_us`, `handoff_p99_us`) | {h['handoff_p50_us']:.0f} / {h['handoff_p99_us']:.0f} µs | p50 = {h['handoff_vs_unix']:.2f}× the AF_UNIX round trip (`handoff_vs_unix`) | ≤ 3× |
 | AF_UNIX 64 B round trip, across / on one CPU (`unix_rtt_us`, `unix_rtt_same_cpu_us`) | {h['unix_rtt_us']:.1f} / {h['unix_rtt_same_cpu_us']:.1f} µs | | |
 | daemon RssAnon with the job active (`daemon_rss_anon_bytes`) | {h['daemon_rss_anon_bytes'] / mb:.0f} MB | {h['rss_vs_state']:.2f}× the optimizer state (`rss_vs_state`) | ≤ 1.05× |
 | optimizer state the daemon must hold (`state_bytes`) | {h['state_bytes'] / mb:.0f} MB | | |
@@ -246,6 +260,13 @@ without it, a table with the same values.
   many bytes as one iteration moves, so both see the same level of the
   memory hierarchy (this CPU reports a 260 MiB L3, of which a VM gets some:
   small jobs run partly from cache).
+- **`zerod_shared_iter_ms`** (`--shared-params`): the same job run again on
+  the same daemon right after the first, every rank registering one
+  parameter memfd the bench made before forking them
+  (`ZC_BUFFERS_SHARED_PARAMS`; `docs/DATAPLANE.md`, "Shared parameters"), each
+  its own gradient memfd. The pass then writes every parameter once:
+  `floor_shared_bytes` = 4 N (R + 2 + 2S), `floor_shared_iter_ms` at the same
+  bandwidth as `floor_iter_ms`.
 - **`memcpy_gbps`**: bytes copied per second by one thread's `memcpy` of
   `--memcpy-size` (256M), best of at least 6 copies and 0.3 s.
   **`triad_gbps`**: STREAM triad `a = b + 3c` on `--threads` threads, counted
@@ -286,6 +307,9 @@ without it, a table with the same values.
   `torch_zerod_iter_ms` / `zerod_iter_ms` (the Python package's cost, as a
   factor of the C trainers' iteration),
   `vs_fused` = zerod / fused, `vs_floor` = zerod / floor,
+  `vs_torch_shared` = torch / `zerod_shared_iter_ms`, `vs_floor_shared` =
+  `zerod_shared_iter_ms` / `floor_shared_iter_ms`, `shared_vs_own` =
+  `zerod_shared_iter_ms` / `zerod_iter_ms`,
   `handoff_vs_unix` = handoff p50 / `unix_rtt_us`,
   `rss_vs_state` = RssAnon / state; `null` where a side is missing.
 
