@@ -106,8 +106,12 @@ struct job_result {
 /* The main job: cfg's plan, warmup + iters iterations; each rank fills its
  * gradients, waits for the others, then times bucket_ready of every bucket
  * up to its step future. */
-int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg, bool shared_params,
-		   struct job_result *ret);
+/* With ret_shared, a second job beside it of the same plan whose ranks share
+ * one parameter buffer (ZC_BUFFERS_SHARED_PARAMS): the two take turns, one
+ * iteration each, so both see the same machine; its times go to ret_shared,
+ * and zerod's RssAnon then holds both jobs' state. */
+int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
+		   struct job_result *ret, struct job_result *ret_shared);
 /* The handoff job: one bucket of 16 elements; zc_bucket_ready to the step
  * future done, per rank and iteration, p50 and p99 in microseconds. */
 int job_handoff(const struct bench_daemon *d, const struct bench_cfg *cfg, double *ret_p50_us,

@@ -165,8 +165,8 @@ struct shared {
 	double ck[64][MAX_CKPTS]; /* [rank][checkpoint]: zc_checkpoint() in ns */
 	uint64_t rss_anon;
 	double copy_ns[MAX_CKPTS]; /* [checkpoint]: the staging copy's floor before it */
-	int err[64];
-	char msg[64][200];
+	int err[128]; /* [process]: 2 x --ranks with --shared-params */
+	char msg[128][200];
 	double t[]; /* [rank][sample] */
 };
 
@@ -178,7 +178,12 @@ struct run {
 	char secret[33]; /* random hex, likewise */
 	struct zc_plan plan;
 	int warmup, iters; /* samples = iters */
-	int param_fd;      /* >= 0: the one parameter memfd every rank shares */
+	/* --shared-params: a second job (`job2`) of the same plan whose ranks
+	 * share one parameter memfd, param_fd; its ranks are processes R..2R-1,
+	 * and the two jobs take turns, one iteration each (rank_run) */
+	const char *job2;
+	int param_fd;
+	uint32_t nproc; /* R, or 2R with job2 */
 	pid_t zerod;
 	struct shared *sh;
 };
@@ -265,10 +270,16 @@ static uint64_t ckpt_bytes(const struct bench_cfg *cfg)
 	return cfg->params * (1 + bench_state_floats(cfg)) * sizeof(float);
 }
 
-static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, size_t whylen)
+/* Process proc (rank proc % R of job proc / R): with two jobs, the first
+ * job's ranks run each iteration while the second's wait at the barrier,
+ * then the other way round, so both see the same machine, iteration by
+ * iteration. */
+static int rank_run(struct run *run, uint32_t proc, zc_client *c, char *why, size_t whylen)
 {
 	const struct zc_plan *plan = &run->plan;
-	double *t = run->sh->t + (size_t)rank * (size_t)run->iters;
+	uint32_t rank = proc % run->cfg->ranks, job = proc / run->cfg->ranks;
+	bool turns = run->nproc > run->cfg->ranks;
+	double *t = run->sh->t + (size_t)proc * (size_t)run->iters;
 	struct copy_floor cf = {.bytes = ckpt_bytes(run->cfg)};
 	int r = 0;
 
@@ -282,6 +293,8 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 			fill(zc_grad_buffer(c, b), plan->buckets[b].numel,
 			     1e-3f * (float)(rank + 1) * (float)(1 + (i & 3)));
 		r = xbar_wait(&run->sh->bar);
+		if (r == 0 && turns && job == 1)
+			r = xbar_wait(&run->sh->bar); /* the first job's turn */
 		if (r < 0)
 			goto out;
 		int64_t ns = iteration(c, plan->nbuckets, why, whylen);
@@ -289,8 +302,12 @@ static int rank_run(struct run *run, uint32_t rank, zc_client *c, char *why, siz
 			r = (int)ns;
 			goto out;
 		}
+		if (turns && job == 0 && (r = xbar_wait(&run->sh->bar)) < 0)
+			goto out;
 		if (i >= run->warmup)
 			t[i - run->warmup] = (double)ns;
+		if (job == 1)
+			continue; /* checkpoints: the first job's */
 		int every = run->cfg->checkpoint_every,
 		    k = (i + 1 - run->warmup) / (every ? every : 1),
 		    kn = (i + 2 - run->warmup) / (every ? every : 1);
@@ -362,15 +379,17 @@ static int shared_buffers(struct run *run, zc_client *c)
 	return r;
 }
 
-static int rank_main(struct run *run, uint32_t rank)
+static int rank_main(struct run *run, uint32_t proc)
 {
 	struct zc_config zc = ZC_CONFIG_INIT;
 	char why[200] = "";
 	zc_client *c = NULL;
+	/* process proc is rank proc % R of job proc / R */
+	uint32_t rank = proc % run->cfg->ranks, job = proc / run->cfg->ranks;
 	int r;
 
 	zc.socket = run->d->sock;
-	zc.job_id = run->job;
+	zc.job_id = job ? run->job2 : run->job;
 	zc.rank = zc.local_rank = rank;
 	zc.world_size = zc.local_size = run->cfg->ranks;
 	if (run->cfg->daemons >= 2) {
@@ -394,15 +413,15 @@ static int rank_main(struct run *run, uint32_t rank)
 		snprintf(why, sizeof(why), "%s", zc_error_message());
 		goto out;
 	}
-	r = run->param_fd >= 0 ? shared_buffers(run, c) : zc_alloc_buffers(c, &run->plan);
+	r = job ? shared_buffers(run, c) : zc_alloc_buffers(c, &run->plan);
 	if (r >= 0)
-		r = rank_run(run, rank, c, why, sizeof(why));
+		r = rank_run(run, proc, c, why, sizeof(why));
 	if (r < 0 && !why[0])
 		snprintf(why, sizeof(why), "%s", zc_error_message());
 out:
 	if (r < 0 && r != -ECANCELED) {
-		run->sh->err[rank] = r;
-		snprintf(run->sh->msg[rank], sizeof(run->sh->msg[rank]), "%s", why);
+		run->sh->err[proc] = r;
+		snprintf(run->sh->msg[proc], sizeof(run->sh->msg[proc]), "%s", why);
 		xbar_abort(&run->sh->bar);
 	}
 	zc_close(c);
@@ -413,9 +432,9 @@ out:
  * first error. */
 static int run_ranks(struct run *run, int timeout_s)
 {
-	uint32_t n = run->cfg->ranks;
+	uint32_t n = run->nproc;
 	size_t size = sizeof(struct shared) + (size_t)n * (size_t)run->iters * sizeof(double);
-	pid_t pids[64] = {0};
+	pid_t pids[128] = {0};
 	int r = 0;
 	int64_t deadline = bench_ns() + (int64_t)timeout_s * 1000000000ll;
 
@@ -450,7 +469,8 @@ static int run_ranks(struct run *run, int timeout_s)
 	for (uint32_t k = 0; k < n && r == 0; k++)
 		if (run->sh->err[k]) {
 			r = run->sh->err[k];
-			fprintf(stderr, "zerod-bench: %s rank %u: %s: %s\n", run->job, k,
+			fprintf(stderr, "zerod-bench: %s rank %u: %s: %s\n",
+				k < run->cfg->ranks ? run->job : run->job2, k % run->cfg->ranks,
 				zc_strerror_name(r), run->sh->msg[k]);
 		}
 	return r;
@@ -458,8 +478,7 @@ static int run_ranks(struct run *run, int timeout_s)
 
 static void end_run(struct run *run)
 {
-	size_t size = sizeof(struct shared) +
-		      (size_t)run->cfg->ranks * (size_t)run->iters * sizeof(double);
+	size_t size = sizeof(struct shared) + (size_t)run->nproc * (size_t)run->iters * sizeof(double);
 
 	if (run->sh && run->sh != MAP_FAILED)
 		munmap(run->sh, size);
@@ -536,18 +555,37 @@ out:
 	free(extra);
 }
 
-int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg, bool shared_params,
-		   struct job_result *ret)
+/* The median and fastest of the iterations of job `job` (0, or 1 for the
+ * shared one), each its slowest rank's, into ret. */
+static void iter_times(const struct run *run, uint32_t job, double *it, struct job_result *ret)
+{
+	const struct bench_cfg *cfg = run->cfg;
+
+	for (int i = 0; i < cfg->iters; i++) {
+		it[i] = 0;
+		for (uint32_t k = job * cfg->ranks; k < (job + 1) * cfg->ranks; k++) {
+			double v = run->sh->t[(size_t)k * (size_t)cfg->iters + (size_t)i];
+			it[i] = v > it[i] ? v : it[i];
+		}
+	}
+	ret->iter_min_ms = bench_quantile(it, (size_t)cfg->iters, 0) / 1e6;
+	ret->iter_ms = bench_quantile(it, (size_t)cfg->iters, 0.5) / 1e6;
+}
+
+int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
+		   struct job_result *ret, struct job_result *ret_shared)
 {
 	struct zc_segment *segs = calloc(cfg->nbuckets, sizeof(*segs));
 	struct zc_bucket *bks = calloc(cfg->nbuckets, sizeof(*bks));
 	double *it = calloc((size_t)cfg->iters, sizeof(double));
 	struct run run = {.d = d,
 			  .cfg = cfg,
-			  .job = shared_params ? "bench-iter-shared" : "bench-iter",
+			  .job = "bench-iter",
+			  .job2 = "bench-iter-shared",
 			  .warmup = cfg->warmup,
 			  .iters = cfg->iters,
 			  .param_fd = -1,
+			  .nproc = ret_shared ? 2 * cfg->ranks : cfg->ranks,
 			  .zerod = d->pid};
 	uint64_t left = cfg->params;
 	int r = -ENOMEM;
@@ -576,7 +614,7 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg, bo
 				    .groups = &cfg->hp,
 				    .nbuckets = cfg->nbuckets,
 				    .buckets = bks};
-	if (shared_params) {
+	if (ret_shared) {
 		uint64_t bytes;
 		r = zc_plan_buffer_bytes(&run.plan, &bytes);
 		if (r >= 0)
@@ -588,15 +626,11 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg, bo
 	if (r < 0)
 		goto out;
 	/* An iteration ends when its slowest rank has its step. */
-	for (int i = 0; i < cfg->iters; i++) {
-		it[i] = 0;
-		for (uint32_t k = 0; k < cfg->ranks; k++) {
-			double v = run.sh->t[(size_t)k * (size_t)cfg->iters + (size_t)i];
-			it[i] = v > it[i] ? v : it[i];
-		}
+	iter_times(&run, 0, it, ret);
+	if (ret_shared) {
+		iter_times(&run, 1, it, ret_shared);
+		ret_shared->rss_anon_bytes = run.sh->rss_anon;
 	}
-	ret->iter_min_ms = bench_quantile(it, (size_t)cfg->iters, 0) / 1e6;
-	ret->iter_ms = bench_quantile(it, (size_t)cfg->iters, 0.5) / 1e6;
 	ret->rss_anon_bytes = run.sh->rss_anon;
 	ret->checkpoints = cfg->checkpoint_every ? cfg->iters / cfg->checkpoint_every : 0;
 	if (ret->checkpoints > MAX_CKPTS)
@@ -629,6 +663,7 @@ int job_handoff(const struct bench_daemon *d, const struct bench_cfg *cfg, doubl
 		.size = sizeof(bk), .numel = 16, .nsegments = 1, .segments = &seg};
 	struct run run = {.d = d,
 			  .cfg = cfg,
+			  .nproc = cfg->ranks,
 			  .job = "bench-handoff",
 			  .iters = cfg->handoff_iters,
 			  .warmup = cfg->handoff_iters / 10 + 10,

@@ -260,13 +260,17 @@ without it, a table with the same values.
   many bytes as one iteration moves, so both see the same level of the
   memory hierarchy (this CPU reports a 260 MiB L3, of which a VM gets some:
   small jobs run partly from cache).
-- **`zerod_shared_iter_ms`** (`--shared-params`): the same job run again on
-  the same daemon right after the first, every rank registering one
+- **`zerod_shared_iter_ms`** (`--shared-params`): a second job of the same
+  plan on the same daemon, beside the first, whose ranks all register one
   parameter memfd the bench made before forking them
   (`ZC_BUFFERS_SHARED_PARAMS`; `docs/DATAPLANE.md`, "Shared parameters"), each
-  its own gradient memfd. The pass then writes every parameter once:
-  `floor_shared_bytes` = 4 N (R + 2 + 2S), `floor_shared_iter_ms` at the same
-  bandwidth as `floor_iter_ms`.
+  its own gradient memfd. The two jobs take turns, one iteration each (the
+  other job's ranks sleep at the barrier meanwhile), so a neighbour's burst
+  bends both alike and `shared_vs_own` compares them on the same machine.
+  The pass then writes every parameter once: `floor_shared_bytes` =
+  4 N (R + 2 + 2S), `floor_shared_iter_ms` at the same bandwidth as
+  `floor_iter_ms`. With it the daemon holds both jobs' state, and
+  `state_bytes` counts both.
 - **`memcpy_gbps`**: bytes copied per second by one thread's `memcpy` of
   `--memcpy-size` (256M), best of at least 6 copies and 0.3 s.
   **`triad_gbps`**: STREAM triad `a = b + 3c` on `--threads` threads, counted
