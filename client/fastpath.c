@@ -285,6 +285,15 @@ int fpc_next(struct fpc *f, uint64_t zrecv, struct fpc_event *ret, char *err, si
 
 	while ((r = peek(f, zrecv, &sl, err, errlen)) == 1) {
 		f->down_tail++;
+		/* fpc_sleep() tells zerod the tail; a client that never has to
+		 * sleep (it polls, or finds each completion there already) must
+		 * free the slots too, or zerod finds the ring full: every half
+		 * ring */
+		if (f->down_tail - f->down_told >= f->down_n / 2) {
+			atomic_store_explicit(&f->mem->down.tail, f->down_tail,
+					      memory_order_release);
+			f->down_told = f->down_tail;
+		}
 		if (sl.tag >> 24 == RING_MARK)
 			continue;
 		*ret = (struct fpc_event){.step = sl.tag >> 24 == RING_STEP_DONE,

@@ -181,6 +181,54 @@ static void t_fast_path_in_use(void)
 	      ring_off ? "ZeroMQ alone did not serve a job" : "the fast path did not serve a job");
 }
 
+/* ---- a client that never has to sleep ---- */
+
+/*
+ * A trainer that polls its step future (zc_future_poll) finds every
+ * completion already in the ring and never sleeps; it must still free the
+ * ring's slots for zerod, or after down_slots / 2 iterations zerod finds the
+ * ring full and drops it as a client that does not read. 4 rings' worth of
+ * iterations must complete.
+ */
+static int poller_child(void *arg, int idx)
+{
+	zc_client *c = join("poller", 0, 1, &plan1);
+	struct ring_shared *mem;
+	uint32_t n;
+
+	(void)arg, (void)idx;
+	if (!c)
+		return 1;
+	mem = find_ring();
+	if (!mem)
+		FAIL("no ring");
+	n = 4 * mem->down_slots;
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t it = zc_iteration(c);
+		zc_future *step = NULL;
+		int64_t end = test_ms() + test_timeout(20000);
+		int r = zc_bucket_ready(c, 0, NULL);
+
+		if (r >= 0)
+			r = zc_step_future(c, it, &step);
+		while (r >= 0 && (r = zc_future_poll(step)) == 0 && test_ms() < end)
+			;
+		zc_future_free(step);
+		if (r != 1)
+			FAIL("iteration %u of %u: %s: %s", i, n, zc_strerror_name(r),
+			     zc_error_message());
+	}
+	zc_close(c);
+	return 0;
+}
+
+static void t_poller_frees_the_ring(void)
+{
+	if (ring_off)
+		SKIP("ZEROD_FASTPATH=0: no ring");
+	CHECK(wait_child(spawn(poller_child, NULL, 0), 60000) == 0, "the poller");
+}
+
 /* ---- garbage in the ring ---- */
 
 enum garbage { HEAD_PAST_RING, TORN_SLOT, DOWN_TAIL, BAD_BUCKET };
@@ -611,6 +659,7 @@ static void t_daemon_stops_cleanly(void)
 static const struct test_case cases[] = {
 	{"background_job_starts", t_background_job_starts},
 	{"fast_path_in_use", t_fast_path_in_use},
+	{"poller_that_never_sleeps_frees_the_ring", t_poller_frees_the_ring},
 	{"garbage_head_past_ring_EPROTO", t_head_past_ring},
 	{"garbage_torn_slot_EPROTO", t_torn_slot},
 	{"garbage_down_tail_EPROTO", t_down_tail},
