@@ -273,7 +273,7 @@ static uint64_t ckpt_bytes(const struct bench_cfg *cfg)
 /* Process proc (rank proc % R of job proc / R): with two jobs, the first
  * job's ranks run each iteration while the second's wait at the barrier,
  * then the other way round, so both see the same machine, iteration by
- * iteration. */
+ * iteration; every rank fills its gradients while neither job is timed. */
 static int rank_run(struct run *run, uint32_t proc, zc_client *c, char *why, size_t whylen)
 {
 	const struct zc_plan *plan = &run->plan;
@@ -302,7 +302,13 @@ static int rank_run(struct run *run, uint32_t proc, zc_client *c, char *why, siz
 			r = (int)ns;
 			goto out;
 		}
-		if (turns && job == 0 && (r = xbar_wait(&run->sh->bar)) < 0)
+		/* the first job's turn ends; then the second's: the gradients
+		 * of the next iteration are filled once neither is timed */
+		if (turns && job == 0)
+			r = xbar_wait(&run->sh->bar);
+		if (r == 0 && turns)
+			r = xbar_wait(&run->sh->bar);
+		if (r < 0)
 			goto out;
 		if (i >= run->warmup)
 			t[i - run->warmup] = (double)ns;
