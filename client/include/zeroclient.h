@@ -475,9 +475,9 @@ struct zc_buffers {
  * buffer is another file or offset than the other local ranks', or whose
  * flag differs from theirs, fails zc_register_plan() with ZC_ESHAREDPARAMS
  * naming both ranks; a job over several nodes refuses the flag with
- * ZC_ENOTSUP (each node would need its own: not yet). CUDA buffers and
- * zc_alloc_buffers() (each rank its own memfd) do not take it: ZC_ENOTSUP.
- * A re-plan (zc_alloc_buffers() again) gives each rank its own buffers.
+ * ZC_ENOTSUP (each node would need its own: not yet), and so does
+ * zc_register_buffers() with CUDA buffers. zc_alloc_buffers() gives each
+ * rank a memfd of its own, and so does a re-plan with it.
  */
 #define ZC_BUFFERS_SHARED_PARAMS 1u
 
