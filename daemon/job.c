@@ -396,9 +396,9 @@ static void job_start(struct job *j)
 		if (!j->grad_map[k])
 			continue; /* a rank of another node */
 		grads[k] = d->mem->ptr(j->grad_map[k]);
-		params[k] = d->mem->ptr(j->param_map[k]);
+		params[k] = j->param_map[k] ? d->mem->ptr(j->param_map[k]) : NULL;
 	}
-	sharedp_alias(j, params);
+	sharedp_alias(j, params); /* the ranks of a shared buffer: its one mapping */
 	/* every local rank registered this plan (rank 0 may be on another node) */
 	for (uint32_t k = 0; k < j->world && !j->plan; k++) {
 		j->plan = j->plans[k];
@@ -618,7 +618,8 @@ static void register_plan(struct job *j, struct session *s, struct plan *p,
 		goto registered;
 	}
 	r = session_map_grad(s, gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
-	if (r >= 0) {
+	/* a shared parameter buffer is mapped once, by its first rank */
+	if (r >= 0 && !sharedp_mapped(j, &sp)) {
 		r = d->mem->map(pd, plan_buffer_bytes(p), &j->param_map[s->rank], err, sizeof(err));
 		if (r < 0) {
 			/* its name is gone: kept, so that a retry can name it again */

@@ -9,10 +9,11 @@
  * never guessed: each rank declares it, and the buffer must be the same
  * file (st_dev, st_ino of the memfd) at the same offset on every local rank
  * that declares it, and every local rank must declare it or none. Then
- * every local rank's entry in the executor's params[] is one pointer (the
- * first sharing rank's mapping), and the writers skip a store whose
- * destination is its source (optim/cpu.c, coll/host.c): every path that
- * writes parameters writes each element once.
+ * the buffer is mapped once (by the first sharing rank to register; the
+ * others' j->param_map stays NULL), every local rank's entry in the
+ * executor's params[] is that one pointer, and the writers skip a store
+ * whose destination is its source (optim/cpu.c, coll/host.c): every path
+ * that writes parameters writes each element once.
  *
  * Owns: nothing: j->sharedp (one record per rank) is job.c's.
  */
@@ -45,7 +46,8 @@ int sharedp_check(const struct job *j, uint32_t rank, const struct mem_desc *pd,
 		return ZC_ENOTSUP;
 	}
 	if (sp.shared) {
-		/* the fd passed the map check: a memfd, so fstat cannot block */
+		/* fdbufs.c checked the fd as mem_ops.map does: a memfd, so fstat
+	 * cannot block */
 		if (fstat(pd->fd, &st) < 0) {
 			snprintf(err, errlen, "rank %u: fstat of its parameter buffer: %s", rank,
 				 zc_strerror(-errno));
@@ -88,17 +90,24 @@ void sharedp_commit(struct job *j, uint32_t rank, const struct sharedp *sp)
 	j->sharedp[rank] = *sp;
 }
 
+bool sharedp_mapped(const struct job *j, const struct sharedp *sp)
+{
+	for (uint32_t k = 0; sp->shared && k < j->world; k++)
+		if (j->sharedp[k].shared && j->param_map[k])
+			return true;
+	return false;
+}
+
 void sharedp_alias(const struct job *j, float **params)
 {
 	float *one = NULL;
 
-	for (uint32_t k = 0; k < j->world; k++) {
-		if (!j->sharedp[k].shared || !params[k])
-			continue;
-		if (!one)
+	for (uint32_t k = 0; k < j->world && !one; k++)
+		if (j->sharedp[k].shared)
 			one = params[k];
-		params[k] = one;
-	}
+	for (uint32_t k = 0; k < j->world; k++)
+		if (j->sharedp[k].shared)
+			params[k] = one;
 }
 
 void sharedp_clear(struct job *j)

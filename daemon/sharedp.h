@@ -33,12 +33,20 @@ struct sharedp {
 int sharedp_check(const struct job *j, uint32_t rank, const struct mem_desc *pd,
 		  struct sharedp *ret, char *err, size_t errlen);
 
+/* job.c, after sharedp_check(): true if sp is shared and a local rank
+ * registered before mapped the buffer: this rank's is not mapped again (its
+ * j->param_map entry stays NULL). Every sharing rank registers the same
+ * memfd at the same offset for the same plan, so the first one's mapping
+ * (which passed mem_ops.map's checks) serves them all. */
+bool sharedp_mapped(const struct job *j, const struct sharedp *sp);
+
 /* job.c: rank registered with record sp (from sharedp_check). */
 void sharedp_commit(struct job *j, uint32_t rank, const struct sharedp *sp);
 
 /* job.c, as the job starts: every local rank that shares points at the
- * first one's mapping of the buffer in params[] (the executor's), so that
- * every writer sees one buffer and writes it once. */
+ * one mapping of the buffer in params[] (the executor's; NULL for the
+ * ranks that did not map it), so that every writer sees one buffer and
+ * writes it once. */
 void sharedp_alias(const struct job *j, float **params);
 
 /* statex.c: a re-plan's buffers are each rank's own (zc_alloc_buffers()):

@@ -35,16 +35,17 @@ static struct zd daemon_;
 #define NUMEL (N0 + N1)
 #define ITERS 6
 #define EDIT    3 /* the parameters are edited before this iteration */
+#define SHARED_NAME "test-sharedparams-shared" /* the shared parameters' memfd */
 #define CKPT    2 /* with a checkpoint directory: zc_checkpoint() before this one */
 #define RESTORE 5 /* and zc_restore() of it before this one */
 
 static const struct zc_segment segs[2][1] = {{SEG(0, N0, 0)}, {SEG(0, N1, 0)}};
 static const struct zc_bucket buckets[2] = {BUCKET(N0, 1, segs[0]), BUCKET(N1, 1, segs[1])};
 
-/* A memfd of `bytes`, sealed against shrinking, zero-filled. */
-static int make_memfd(size_t bytes)
+/* A memfd of `bytes` named `name`, sealed against shrinking, zero-filled. */
+static int make_memfd_named(const char *name, size_t bytes)
 {
-	int fd = memfd_create("test-sharedparams", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 
 	if (fd < 0 || ftruncate(fd, (off_t)bytes) < 0 ||
 	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
@@ -54,6 +55,27 @@ static int make_memfd(size_t bytes)
 		return -1;
 	}
 	return fd;
+}
+
+static int make_memfd(size_t bytes)
+{
+	return make_memfd_named("test-sharedparams", bytes);
+}
+
+/* Lines of /proc/PID/maps naming needle: the mappings of a memfd. */
+static int maps_lines(pid_t pid, const char *needle)
+{
+	char path[64], line[512];
+	FILE *f;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	f = fopen(path, "re");
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, needle) != NULL;
+	if (f)
+		fclose(f);
+	return n;
 }
 
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -157,6 +179,11 @@ static int share_rank(void *arg, int idx)
 		r = zc_register_plan(c);
 		EXPECT(r == 0, "zc_register_plan: %s: %s", zc_strerror_name(r),
 		       zc_error_message());
+	}
+	/* every rank registered: zerod mapped the shared buffer once */
+	if (r == 0 && js->shared[idx] && idx == 0) {
+		int n = maps_lines(daemon_.pid, "memfd:" SHARED_NAME);
+		EXPECT(n == 1, "zerod maps the shared parameter memfd %d times", n);
 	}
 	for (int it = 0; it < ITERS && r == 0; it++) {
 		zc_future *step = NULL;
@@ -280,7 +307,7 @@ static void shared_vs_own(const char *tag, enum zc_optimizer opt, enum zc_shard_
 		shared.shared[i] = true;
 	}
 	/* the shared parameters one page into their memfd, on both ranks */
-	shared.param_fd[0] = shared.param_fd[1] = make_memfd(shared.bytes + 4096);
+	shared.param_fd[0] = shared.param_fd[1] = make_memfd_named(SHARED_NAME, shared.bytes + 4096);
 	shared.param_offset[0] = shared.param_offset[1] = 4096;
 	for (int i = 0; i < 2; i++)
 		CHECK(own.grad_fd[i] >= 0 && own.param_fd[i] >= 0 && shared.grad_fd[i] >= 0 &&
