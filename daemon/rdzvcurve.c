@@ -557,3 +557,30 @@ int rdzv_sec_open(struct rdzv_sec *s, const ProtobufCBinaryData *sealed,
 	free(plain);
 	return *ret ? 0 : -EPROTO;
 }
+
+_Static_assert(RDZV_SEC_ABYTES == crypto_secretstream_xchacha20poly1305_ABYTES,
+	       "rdzvcurve.h's RDZV_SEC_ABYTES");
+
+int rdzv_sec_seal(struct rdzv_sec *s, uint8_t *out, const void *in, size_t n)
+{
+	if (s->st != SEC_READY)
+		return -EINVAL;
+	crypto_secretstream_xchacha20poly1305_push(
+		&s->tx, out, NULL, in, n, NULL, 0, crypto_secretstream_xchacha20poly1305_TAG_MESSAGE);
+	return 0;
+}
+
+int rdzv_sec_unseal(struct rdzv_sec *s, void *out, const uint8_t *in, size_t n)
+{
+	unsigned char tag;
+
+	if (s->st != SEC_READY || s->broken || n <= RDZV_SEC_ABYTES)
+		return -EBADMSG;
+	if (crypto_secretstream_xchacha20poly1305_pull(&s->rx, out, NULL, &tag, in, n, NULL, 0) !=
+		    0 ||
+	    tag != crypto_secretstream_xchacha20poly1305_TAG_MESSAGE) {
+		s->broken = true;
+		return -EBADMSG;
+	}
+	return 0;
+}

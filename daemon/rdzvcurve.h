@@ -87,4 +87,15 @@ int rdzv_sec_encode(struct rdzv_sec *s, const Zerod__V1__RdzvEnvelope *env, uint
 int rdzv_sec_open(struct rdzv_sec *s, const ProtobufCBinaryData *sealed,
 		  Zerod__V1__RdzvEnvelope **ret);
 
+/* Raw frames on a ready channel, for bulk data (coll/sealmesh.c): the same
+ * two streams as the envelopes above, without protobuf around them. */
+#define RDZV_SEC_ABYTES 17 /* what sealing adds: secretstream's tag and MAC */
+/* Seal in[0..n) into out[0..n + RDZV_SEC_ABYTES) (not overlapping).
+ * 0, or -EINVAL before the channel is ready. */
+int rdzv_sec_seal(struct rdzv_sec *s, uint8_t *out, const void *in, size_t n);
+/* Open in[0..n) (n > RDZV_SEC_ABYTES) into out[0..n - RDZV_SEC_ABYTES):
+ * 0, or -EBADMSG if it fails to (changed, replayed, reordered, forged or
+ * cut; the stream is useless after it). */
+int rdzv_sec_unseal(struct rdzv_sec *s, void *out, const uint8_t *in, size_t n);
+
 #endif

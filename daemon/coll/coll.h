@@ -27,6 +27,7 @@
 
 struct pool;
 struct cudabufs;
+struct rdzv_keys;
 
 /*
  * A key-value store every node of a job reaches, through which the nodes
@@ -58,6 +59,9 @@ struct coll_net {
 	const struct coll_store *store;
 	uint32_t timeout_ms; /* connecting, and each network operation; 0: 30 s */
 	uint64_t window;     /* elements per network round (scratch size); 0: default */
+	/* the daemon's CURVE keys (rdzvcurve.h): the tensors cross the sealed
+	 * mesh (coll/sealmesh.c), not gloo's plain TCP. NULL: gloo. */
+	const struct rdzv_keys *keys;
 };
 
 /* Bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES), so that the
