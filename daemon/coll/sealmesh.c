@@ -693,9 +693,10 @@ static int xfer_step(struct coll_mesh *m, struct xfer *x, unsigned lane, bool *m
 		if (got < 0 && (errno == EAGAIN || errno == EINTR))
 			break;
 		if (got <= 0) {
-			snprintf(why, wlen, "sealed mesh: lane %u: node %u (CURVE key %s) %s", lane,
-				 x->peer, rdzv_sec_peer(c->sec),
-				 got == 0 ? "closed the connection" : strerror(errno));
+			snprintf(why, wlen, "sealed mesh: lane %u: node %u (CURVE key %s)%s%s",
+				 lane, x->peer, rdzv_sec_peer(c->sec),
+				 got == 0 || errno == ECONNRESET ? " closed the connection" : ": ",
+				 got == 0 || errno == ECONNRESET ? "" : strerror(errno));
 			return conn_fail(c, -ECONNRESET, why);
 		}
 		*moved = true;

@@ -39,6 +39,7 @@
 #include "filestore.h"
 #include "pool.h"
 #include "refoptim.h"
+#include "testkeys.h"
 #include "testlib.h"
 #include "zctest.h"
 
@@ -139,6 +140,23 @@ static void mesh_free(struct mesh *m)
 	rmdir(m->dir);
 }
 
+/* The sealed_* cases: a CURVE key every node holds and trusts, so the
+ * groups cross the sealed mesh (coll/sealmesh.c) instead of gloo's. */
+static struct rdzv_keys *test_keys;
+
+static void use_sealed_mesh(void)
+{
+	char dir[] = "/tmp/zerod-glookeys-XXXXXX", pub[RDZV_CURVE_Z85_LEN + 1], cmd[64];
+
+	if (!mkdtemp(dir) || testkeys_make(dir, "a", pub) < 0)
+		abort();
+	test_keys = testkeys_load(dir, "a", NULL, 0);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	(void)!system(cmd);
+	if (!test_keys)
+		abort();
+}
+
 /* A node's network settings (the store must outlive the open). */
 static struct coll_net node_net(uint32_t node, const struct topo *t, const struct mesh *m,
 				const struct coll_store *store, uint32_t timeout_ms,
@@ -153,6 +171,7 @@ static struct coll_net node_net(uint32_t node, const struct topo *t, const struc
 		.store = store,
 		.timeout_ms = timeout_ms,
 		.window = window,
+		.keys = test_keys,
 	};
 }
 
@@ -1067,6 +1086,20 @@ static void t_never_joins(void)
 	mesh_free(&m);
 }
 
+#define SEALED(name, fn)                                                                           \
+	static void name(void)                                                                     \
+	{                                                                                          \
+		use_sealed_mesh();                                                                 \
+		fn();                                                                              \
+	}
+SEALED(t_sealed_never_joins, t_never_joins)
+SEALED(t_sealed_coll, t_coll)
+SEALED(t_sealed_exec_sgd, t_exec_sgd)
+SEALED(t_sealed_abort_silent_peer, t_abort_silent_peer)
+SEALED(t_sealed_abort_stopped_peer, t_abort_stopped_peer)
+SEALED(t_sealed_timeout_silent_peer, t_timeout_silent_peer)
+SEALED(t_sealed_killed_peer, t_killed_peer)
+
 /* Topologies open refuses: a node without ranks, a rank on no node. */
 static void t_bad_topology(void)
 {
@@ -1232,6 +1265,14 @@ static const struct test_case cases[] = {
 	{"abort_ends_transfer_to_stopped_peer", t_abort_stopped_peer},
 	{"silent_peer_times_out", t_timeout_silent_peer},
 	{"killed_peer_fails_within_timeout", t_killed_peer},
+	/* the same over the sealed mesh (CURVE keys) */
+	{"sealed_never_joins_fails_open", t_sealed_never_joins},
+	{"sealed_reduce_bcast_bit_for_bit", t_sealed_coll},
+	{"sealed_executor_sgd_bit_for_bit", t_sealed_exec_sgd},
+	{"sealed_abort_ends_collective_with_silent_peer", t_sealed_abort_silent_peer},
+	{"sealed_abort_ends_transfer_to_stopped_peer", t_sealed_abort_stopped_peer},
+	{"sealed_silent_peer_times_out", t_sealed_timeout_silent_peer},
+	{"sealed_killed_peer_fails_within_timeout", t_sealed_killed_peer},
 };
 
 int main(int argc, char **argv)
