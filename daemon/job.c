@@ -371,6 +371,22 @@ static int refuse_low_precision(struct job *j)
 
 /* Every rank registered: pick the backend, lay out the shard and the state,
  * charge the state against --max-memory and start the executor. */
+/* NCCL moves a CUDA job's tensors between nodes in plain text: with CURVE
+ * keys configured such a job is refused unless the operator allowed it. */
+static bool refuse_plain_nccl(struct job *j)
+{
+	const struct coll_net *net = j->rdzv ? rdzv_net(j) : NULL;
+
+	if (!net || net->nnodes < 2 || !net->keys || j->d->cfg.curve_allow_plain_nccl)
+		return false;
+	job_fail(j, ZC_ENOTSUP, true,
+		 "a CUDA job over %u nodes: NCCL's transport between nodes is not encrypted, and "
+		 "this zerod has CURVE keys; run it on host buffers (the sealed mesh), or allow "
+		 "it with --curve-allow-plain-nccl (zerod.conf: curve-allow-plain-nccl = yes)",
+		 net->nnodes);
+	return true;
+}
+
 static void job_start(struct job *j)
 {
 	struct daemon *d = j->d;
@@ -468,6 +484,11 @@ static void job_start(struct job *j)
 			r = 0;
 			goto out;
 		}
+	}
+	if (j->cuda && refuse_plain_nccl(j)) {
+		j->memory = 0;
+		r = 0;
+		goto out;
 	}
 	d->memory_used += j->memory;
 	ec = (struct exec_config){
