@@ -75,7 +75,7 @@
 #include "zeroclient.h"
 
 #define LANES       COLL_MESH_LANES
-#define FRAME_MAX   (SEALMESH_CHUNK + RDZV_SEC_ABYTES)
+#define FRAME_MAX   (SEALMESH_CHUNK + RDZV_SEC_ABYTES) /* the most a frame holds */
 #define BIND_MAX    512
 #define ADDR_MAX    (INET6_ADDRSTRLEN + 16)
 #define WHY_LEN     256
@@ -160,7 +160,7 @@ static int recv_sealed(struct conn *c, uint8_t *buf, size_t max, int64_t deadlin
 	if (r < 0)
 		return r;
 	n = rdzv_frame_len(hdr);
-	if (n <= RDZV_SEC_ABYTES || n > max + RDZV_SEC_ABYTES)
+	if (n <= rdzv_sec_abytes(c->sec) || n > max + rdzv_sec_abytes(c->sec))
 		return -EPROTO;
 	frame = malloc(n);
 	if (!frame)
@@ -169,30 +169,54 @@ static int recv_sealed(struct conn *c, uint8_t *buf, size_t max, int64_t deadlin
 	if (r >= 0)
 		r = rdzv_sec_unseal(c->sec, buf, frame, n);
 	free(frame);
-	return r < 0 ? r : (int)(n - RDZV_SEC_ABYTES);
+	return r < 0 ? r : (int)(n - rdzv_sec_abytes(c->sec));
 }
 
 static int send_sealed(struct conn *c, const void *data, size_t n, int64_t deadline)
 {
-	uint8_t *frame = malloc(4 + n + RDZV_SEC_ABYTES);
+	uint8_t *frame = malloc(4 + n + rdzv_sec_abytes(c->sec));
 	int r;
 
 	if (!frame)
 		return -ENOMEM;
-	put_be32(frame, (uint32_t)(n + RDZV_SEC_ABYTES));
+	put_be32(frame, (uint32_t)(n + rdzv_sec_abytes(c->sec)));
 	r = rdzv_sec_seal(c->sec, frame + 4, data, n);
 	if (r >= 0)
-		r = rdzv_send_frame_blocking(c->fd, frame, 4 + n + RDZV_SEC_ABYTES, deadline);
+		r = rdzv_send_frame_blocking(c->fd, frame, 4 + n + rdzv_sec_abytes(c->sec), deadline);
 	free(frame);
 	return r;
 }
 
 /* ----------------------------------------------------------- open --- */
 
-static int bind_text(char *buf, size_t len, const char *prefix, uint32_t from, uint32_t to,
-		     unsigned lane)
+#define CIPHER_AES    "aes256gcm"
+#define CIPHER_STREAM "xchacha20poly1305"
+
+/* The cipher this node offers for data: AES-256-GCM where the CPU has
+ * AES-NI, unless ZEROD_SEALMESH_NO_AES is set (a diagnostic knob, which the
+ * tests use to run the other cipher). */
+static const char *cipher_offer(void)
 {
-	return snprintf(buf, len, "%s %s %u %u %u", BIND_MAGIC, prefix, from, to, lane);
+	const char *no = getenv("ZEROD_SEALMESH_NO_AES");
+
+	return rdzv_sec_aes_available() && !(no && *no && strcmp(no, "0") != 0) ? CIPHER_AES
+										  : CIPHER_STREAM;
+}
+
+static int bind_text(char *buf, size_t len, const char *prefix, uint32_t from, uint32_t to,
+		     unsigned lane, const char *cipher)
+{
+	return snprintf(buf, len, "%s %s %u %u %u %s", BIND_MAGIC, prefix, from, to, lane,
+			cipher);
+}
+
+/* Data in AES-256-GCM if both ends offered it (over sealed frames, so no
+ * one between them can make them settle for less). */
+static int agree_cipher(struct conn *c, const char *mine, const char *theirs)
+{
+	if (strcmp(mine, CIPHER_AES) == 0 && strcmp(theirs, CIPHER_AES) == 0)
+		return rdzv_sec_use_aes(c->sec);
+	return 0;
 }
 
 /* The connector's side of one connection to node `to`, lane `lane`, at
@@ -203,7 +227,8 @@ static int client_secure(struct coll_mesh *m, struct conn *c, uint32_t to, unsig
 	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT, *in = NULL;
 	Zerod__V1__RdzvCurve cv;
 	Zerod__V1__RdzvCurveAuth auth;
-	char mine[BIND_MAX], want[BIND_MAX], got[BIND_MAX + 1], sub[160];
+	char mine[BIND_MAX], want[2][BIND_MAX], got[BIND_MAX + 1], sub[160];
+	const char *offer = cipher_offer();
 	int r = rdzv_sec_new(m->keys, false, &c->sec);
 
 	if (r < 0)
@@ -240,22 +265,29 @@ static int client_secure(struct coll_mesh *m, struct conn *c, uint32_t to, unsig
 	env.curve_auth = &auth;
 	r = rdzv_send_blocking(c->fd, &env, deadline);
 	rdzv_sec_start(c->sec);
-	bind_text(mine, sizeof(mine), m->prefix, m->node, to, lane);
-	bind_text(want, sizeof(want), m->prefix, to, m->node, lane);
+	bind_text(mine, sizeof(mine), m->prefix, m->node, to, lane, offer);
+	bind_text(want[0], sizeof(want[0]), m->prefix, to, m->node, lane, CIPHER_AES);
+	bind_text(want[1], sizeof(want[1]), m->prefix, to, m->node, lane, CIPHER_STREAM);
 	if (r >= 0)
 		r = send_sealed(c, mine, strlen(mine), deadline);
 	if (r >= 0)
 		r = recv_sealed(c, (uint8_t *)got, BIND_MAX, deadline);
 	if (r >= 0) {
 		got[r] = '\0';
-		if (strcmp(got, want) != 0) {
+		bool aes = strcmp(got, want[0]) == 0;
+		if (aes || strcmp(got, want[1]) == 0)
+			r = agree_cipher(c, offer, aes ? CIPHER_AES : CIPHER_STREAM);
+		else
+			r = -EPROTO;
+		if (r == -EPROTO) {
 			snprintf(why, len,
 				 "node %u at %s (CURVE key %s) answered for another mesh, node or "
 				 "lane",
 				 to, addr, rdzv_sec_peer(c->sec));
 			return ZC_ECONNECT;
 		}
-		return 0;
+		if (r == 0)
+			return 0;
 	}
 	snprintf(why, len, "node %u at %s (CURVE key %s): %s", to, addr, rdzv_sec_peer(c->sec),
 		 r == -ECONNRESET ? "it refused the connection to this mesh"
@@ -272,7 +304,8 @@ static int server_secure(struct coll_mesh *m, int fd, int64_t deadline, char *wh
 	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT, *in = NULL;
 	Zerod__V1__RdzvCurve reply;
 	struct conn tmp = {.fd = fd}, *c;
-	char got[BIND_MAX + 1], want[BIND_MAX], sub[160], head[BIND_MAX];
+	char got[BIND_MAX + 1], want[BIND_MAX], sub[160], head[BIND_MAX], theirs[32];
+	const char *offer = cipher_offer();
 	unsigned from, to, lane;
 	int r = rdzv_sec_new(m->keys, true, &tmp.sec), n = 0;
 
@@ -317,9 +350,10 @@ static int server_secure(struct coll_mesh *m, int fd, int64_t deadline, char *wh
 	got[r] = '\0';
 	snprintf(head, sizeof(head), "%s %s ", BIND_MAGIC, m->prefix);
 	if (strncmp(got, head, strlen(head)) != 0 ||
-	    sscanf(got + strlen(head), "%u %u %u%n", &from, &to, &lane, &n) != 3 ||
+	    sscanf(got + strlen(head), "%u %u %u %31s%n", &from, &to, &lane, theirs, &n) != 4 ||
 	    got[strlen(head) + (size_t)n] != '\0' || to != m->node || from <= m->node ||
-	    from >= m->nnodes || lane >= LANES) {
+	    from >= m->nnodes || lane >= LANES ||
+	    (strcmp(theirs, CIPHER_AES) != 0 && strcmp(theirs, CIPHER_STREAM) != 0)) {
 		snprintf(why, len, "CURVE key %s: a connection for another mesh, node or lane",
 			 rdzv_sec_peer(tmp.sec));
 		goto fail;
@@ -330,8 +364,10 @@ static int server_secure(struct coll_mesh *m, int fd, int64_t deadline, char *wh
 			 rdzv_sec_peer(tmp.sec), from, lane);
 		goto fail;
 	}
-	bind_text(want, sizeof(want), m->prefix, m->node, from, lane);
+	bind_text(want, sizeof(want), m->prefix, m->node, from, lane, offer);
 	r = send_sealed(&tmp, want, strlen(want), deadline);
+	if (r >= 0)
+		r = agree_cipher(&tmp, offer, theirs);
 	if (r < 0) {
 		snprintf(why, len, "node %u: %s", from, strerror(-r));
 		goto fail;
@@ -658,6 +694,7 @@ static int xfer_step(struct coll_mesh *m, struct xfer *x, unsigned lane, bool *m
 		     size_t wlen)
 {
 	struct conn *c = x->c;
+	size_t ab = rdzv_sec_abytes(c->sec);
 
 	/* out: seal the next frame once the last one is written */
 	for (;;) {
@@ -665,11 +702,11 @@ static int xfer_step(struct coll_mesh *m, struct xfer *x, unsigned lane, bool *m
 			if (x->sleft == 0)
 				break;
 			size_t n = MIN(x->sleft, (size_t)SEALMESH_CHUNK);
-			put_be32(c->sbuf, (uint32_t)(n + RDZV_SEC_ABYTES));
+			put_be32(c->sbuf, (uint32_t)(n + ab));
 			rdzv_sec_seal(c->sec, c->sbuf + 4, x->src, n);
 			x->src += n;
 			x->sleft -= n;
-			x->slen = 4 + n + RDZV_SEC_ABYTES;
+			x->slen = 4 + n + ab;
 			x->sat = 0;
 		}
 		ssize_t w = send(c->fd, c->sbuf + x->sat, x->slen - x->sat,
@@ -688,7 +725,7 @@ static int xfer_step(struct coll_mesh *m, struct xfer *x, unsigned lane, bool *m
 	}
 	/* in: a whole frame at a time, opened straight into place */
 	while (x->rleft) {
-		size_t n = MIN(x->rleft, (size_t)SEALMESH_CHUNK), need = 4 + n + RDZV_SEC_ABYTES;
+		size_t n = MIN(x->rleft, (size_t)SEALMESH_CHUNK), need = 4 + n + ab;
 		ssize_t got = recv(c->fd, c->rbuf + x->rat, need - x->rat, MSG_DONTWAIT);
 		if (got < 0 && (errno == EAGAIN || errno == EINTR))
 			break;
@@ -701,17 +738,16 @@ static int xfer_step(struct coll_mesh *m, struct xfer *x, unsigned lane, bool *m
 		}
 		*moved = true;
 		x->rat += (size_t)got;
-		if (x->rat >= 4 && rdzv_frame_len(c->rbuf) != n + RDZV_SEC_ABYTES) {
+		if (x->rat >= 4 && rdzv_frame_len(c->rbuf) != n + ab) {
 			snprintf(why, wlen,
 				 "sealed mesh: lane %u: node %u (CURVE key %s) sent a frame of %u "
 				 "bytes where %zu were due: refused",
-				 lane, x->peer, rdzv_sec_peer(c->sec), rdzv_frame_len(c->rbuf),
-				 n + RDZV_SEC_ABYTES);
+				 lane, x->peer, rdzv_sec_peer(c->sec), rdzv_frame_len(c->rbuf), n + ab);
 			return conn_fail(c, -EPROTO, why);
 		}
 		if (x->rat < need)
 			continue;
-		if (rdzv_sec_unseal(c->sec, x->dst, c->rbuf + 4, n + RDZV_SEC_ABYTES) < 0) {
+		if (rdzv_sec_unseal(c->sec, x->dst, c->rbuf + 4, n + ab) < 0) {
 			snprintf(why, wlen,
 				 "sealed mesh: lane %u: a frame from node %u (CURVE key %s) does "
 				 "not open: changed, replayed, reordered or forged on the wire; "
