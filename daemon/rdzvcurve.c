@@ -618,8 +618,8 @@ int rdzv_sec_seal(struct rdzv_sec *s, uint8_t *out, const void *in, size_t n)
 						      &s->tx_aes);
 		return 0;
 	}
-	crypto_secretstream_xchacha20poly1305_push(
-		&s->tx, out, NULL, in, n, NULL, 0, crypto_secretstream_xchacha20poly1305_TAG_MESSAGE);
+	crypto_secretstream_xchacha20poly1305_push(&s->tx, out, NULL, in, n, NULL, 0,
+						   crypto_secretstream_xchacha20poly1305_TAG_MESSAGE);
 	return 0;
 }
 

@@ -19,23 +19,30 @@
  *      header. Each side must hold a key the other trusts, and proves it
  *      holds its secret key; the stream keys come from four X25519 results
  *      (fresh and static keys of both sides), fresh for every connection.
- *   2. One binding frame each way, sealed: "zerod sealmesh 1 PREFIX FROM TO
- *      LANE". The mesh prefix is fresh for every run of a job (and every
- *      re-plan), so a connection is bound to this mesh, this pair of nodes
- *      in this direction and this lane; anything else is refused.
+ *   2. One binding frame each way, sealed (secretstream): "zerod sealmesh 1
+ *      PREFIX FROM TO LANE CIPHER". The mesh prefix is fresh for every run
+ *      of a job (and every re-plan), so a connection is bound to this mesh,
+ *      this pair of nodes in this direction and this lane; anything else is
+ *      refused. CIPHER is what the sender offers for the data: aes256gcm
+ *      where its CPU has AES-NI, else xchacha20poly1305. Both offers travel
+ *      sealed, so no one between the nodes can downgrade them.
  *   3. Data: each call's bytes to a peer cut into frames of at most
- *      SEALMESH_CHUNK bytes, each frame a 4-byte big-endian length and one
- *      crypto_secretstream_xchacha20poly1305 message (data + 17 bytes). A
- *      receiver knows how many bytes each frame must carry; another length
- *      is refused before anything is opened.
+ *      SEALMESH_CHUNK bytes, each frame a 4-byte big-endian length and the
+ *      data sealed: AES-256-GCM (+16 bytes) if both offered it, under a key
+ *      per direction from the handshake and a nonce that is the frame's
+ *      number in that direction; else one more secretstream message (+17
+ *      bytes). A receiver knows how many bytes each frame must carry;
+ *      another length is refused before anything is opened.
  *
  * Threat model. An attacker on the network can read, drop, change, replay,
  * reorder and inject bytes. Authenticated: both ends (static keys in the
- * trusted set, proven each connection), and every byte of every frame;
- * secretstream chains each frame's nonce to the previous one, so a frame
- * changed, replayed from this or another connection, reordered, or forged
- * fails to open, the call fails naming the peer node and its key, and the
- * connection is shut (nothing after the first bad frame is trusted). What
+ * trusted set, proven each connection), and every byte of every frame; the
+ * keys are fresh for every connection and each frame's nonce is its place
+ * in its direction's stream (secretstream chains them; AES-GCM counts), so
+ * a frame changed, replayed from this or another connection, reordered, or
+ * forged fails to open, the call fails naming the peer node and its key,
+ * and the connection is shut (nothing after the first bad frame is
+ * trusted). What
  * the attacker learns: which nodes talk, when, and how much (frame sizes
  * give the tensors' sizes and the calls' timing); not a byte of data. What
  * the attacker can do: cut connections or delay them (the call times out),
@@ -74,13 +81,13 @@
 #include "rdzvwire.h"
 #include "zeroclient.h"
 
-#define LANES       COLL_MESH_LANES
-#define FRAME_MAX   (SEALMESH_CHUNK + RDZV_SEC_ABYTES) /* the most a frame holds */
-#define BIND_MAX    512
-#define ADDR_MAX    (INET6_ADDRSTRLEN + 16)
-#define WHY_LEN     256
-#define BIND_MAGIC  "zerod sealmesh 1"
-#define STORE_KEY   "sealmesh/"
+#define LANES      COLL_MESH_LANES
+#define FRAME_MAX  (SEALMESH_CHUNK + RDZV_SEC_ABYTES) /* the most a frame holds */
+#define BIND_MAX   512
+#define ADDR_MAX   (INET6_ADDRSTRLEN + 16)
+#define WHY_LEN    256
+#define BIND_MAGIC "zerod sealmesh 1"
+#define STORE_KEY  "sealmesh/"
 
 struct conn {
 	int fd; /* -1: none (this node) */
@@ -182,7 +189,8 @@ static int send_sealed(struct conn *c, const void *data, size_t n, int64_t deadl
 	put_be32(frame, (uint32_t)(n + rdzv_sec_abytes(c->sec)));
 	r = rdzv_sec_seal(c->sec, frame + 4, data, n);
 	if (r >= 0)
-		r = rdzv_send_frame_blocking(c->fd, frame, 4 + n + rdzv_sec_abytes(c->sec), deadline);
+		r = rdzv_send_frame_blocking(c->fd, frame, 4 + n + rdzv_sec_abytes(c->sec),
+					     deadline);
 	free(frame);
 	return r;
 }
@@ -200,14 +208,13 @@ static const char *cipher_offer(void)
 	const char *no = getenv("ZEROD_SEALMESH_NO_AES");
 
 	return rdzv_sec_aes_available() && !(no && *no && strcmp(no, "0") != 0) ? CIPHER_AES
-										  : CIPHER_STREAM;
+										: CIPHER_STREAM;
 }
 
 static int bind_text(char *buf, size_t len, const char *prefix, uint32_t from, uint32_t to,
 		     unsigned lane, const char *cipher)
 {
-	return snprintf(buf, len, "%s %s %u %u %u %s", BIND_MAGIC, prefix, from, to, lane,
-			cipher);
+	return snprintf(buf, len, "%s %s %u %u %u %s", BIND_MAGIC, prefix, from, to, lane, cipher);
 }
 
 /* Data in AES-256-GCM if both ends offered it (over sealed frames, so no
@@ -519,8 +526,8 @@ static void sm_close(struct coll_mesh *m)
 }
 
 /* Connect to every lower node, every lane. */
-static int connect_lower(struct coll_mesh *m, const struct coll_mesh_config *cfg,
-			 int64_t deadline, char *err, size_t errlen)
+static int connect_lower(struct coll_mesh *m, const struct coll_mesh_config *cfg, int64_t deadline,
+			 char *err, size_t errlen)
 {
 	char key[512], why[WHY_LEN];
 
@@ -554,8 +561,8 @@ static int connect_lower(struct coll_mesh *m, const struct coll_mesh_config *cfg
 			c->fd = connect_to(addr, deadline);
 			if (c->fd < 0) {
 				r = c->fd;
-				snprintf(err, errlen, "sealed mesh: connect to node %u at %s: %s", j,
-					 addr, r == -EINVAL ? "not an address" : strerror(-r));
+				snprintf(err, errlen, "sealed mesh: connect to node %u at %s: %s",
+					 j, addr, r == -EINVAL ? "not an address" : strerror(-r));
 				return r;
 			}
 			r = client_secure(m, c, j, l, addr, deadline, why, sizeof(why));
@@ -717,7 +724,7 @@ static int xfer_step(struct coll_mesh *m, struct xfer *x, unsigned lane, bool *m
 			snprintf(why, wlen, "sealed mesh: lane %u: node %u (CURVE key %s): %s",
 				 lane, x->peer, rdzv_sec_peer(c->sec),
 				 errno == EPIPE || errno == ECONNRESET ? "the connection is closed"
-								      : strerror(errno));
+								       : strerror(errno));
 			return conn_fail(c, -ECONNRESET, why);
 		}
 		x->sat += (size_t)w;
@@ -742,7 +749,8 @@ static int xfer_step(struct coll_mesh *m, struct xfer *x, unsigned lane, bool *m
 			snprintf(why, wlen,
 				 "sealed mesh: lane %u: node %u (CURVE key %s) sent a frame of %u "
 				 "bytes where %zu were due: refused",
-				 lane, x->peer, rdzv_sec_peer(c->sec), rdzv_frame_len(c->rbuf), n + ab);
+				 lane, x->peer, rdzv_sec_peer(c->sec), rdzv_frame_len(c->rbuf),
+				 n + ab);
 			return conn_fail(c, -EPROTO, why);
 		}
 		if (x->rat < need)
@@ -806,8 +814,9 @@ static int run(struct coll_mesh *m, unsigned lane, struct xfer *x, uint32_t nx, 
 			all = false;
 			p[np++] = (struct pollfd){
 				.fd = x[i].c->fd,
-				.events = (short)((x[i].rleft ? POLLIN : 0) |
-						  (x[i].sat < x[i].slen || x[i].sleft ? POLLOUT : 0)),
+				.events =
+					(short)((x[i].rleft ? POLLIN : 0) |
+						(x[i].sat < x[i].slen || x[i].sleft ? POLLOUT : 0)),
 			};
 		}
 		if (all)
@@ -816,7 +825,8 @@ static int run(struct coll_mesh *m, unsigned lane, struct xfer *x, uint32_t nx, 
 			for (uint32_t i = 0; i < nx; i++)
 				if (!xfer_done(&x[i])) {
 					snprintf(err, errlen,
-						 "sealed mesh: lane %u: node %u moved nothing for %d "
+						 "sealed mesh: lane %u: node %u moved nothing for "
+						 "%d "
 						 "ms",
 						 lane, x[i].peer, m->timeout_ms);
 					break;
@@ -845,9 +855,8 @@ static unsigned tag_lane(uint32_t tag)
 	return tag & (LANES - 1);
 }
 
-static int sm_alltoallv(struct coll_mesh *m, uint32_t tag, const float *in,
-			const size_t *scnt, float *out, const size_t *rcnt, char *err,
-			size_t errlen)
+static int sm_alltoallv(struct coll_mesh *m, uint32_t tag, const float *in, const size_t *scnt,
+			float *out, const size_t *rcnt, char *err, size_t errlen)
 {
 	struct xfer x[m->nnodes];
 	size_t so = 0, ro = 0;

@@ -142,7 +142,8 @@ static void *relay_main(void *arg)
 		if ((p[0].revents & POLLIN) && n < 16) {
 			int a = accept(r->lfd, NULL, NULL), b = socket(AF_INET, SOCK_STREAM, 0);
 			sa.sin_port = htons((uint16_t)r->to);
-			if (a >= 0 && b >= 0 && connect(b, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+			if (a >= 0 && b >= 0 &&
+			    connect(b, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
 				/* even: from the connecting side; odd: from the listener */
 				p[1 + n++] = (struct pollfd){.fd = a, .events = POLLIN};
 				p[1 + n++] = (struct pollfd){.fd = b, .events = POLLIN};
@@ -605,8 +606,8 @@ static int on_wire(const struct run *rn, size_t *ret_bytes)
 		char *buf = malloc((size_t)len + 1);
 		if (fread(buf, 1, (size_t)len, f) == (size_t)len) {
 			*ret_bytes += (size_t)len;
-			for (char *p = buf; (p = memmem(p, (size_t)(buf + len - p), pat,
-							 sizeof(pat)));
+			for (char *p = buf;
+			     (p = memmem(p, (size_t)(buf + len - p), pat, sizeof(pat)));
 			     p += sizeof(pat))
 				count++;
 		}

@@ -31,8 +31,7 @@ int testkeys_make(const char *dir, const char *name, char pub[RDZV_CURVE_Z85_LEN
 	return r;
 }
 
-struct rdzv_keys *testkeys_load(const char *dir, const char *name, const char *const *trust,
-				int n)
+struct rdzv_keys *testkeys_load(const char *dir, const char *name, const char *const *trust, int n)
 {
 	char sec[512], peers[512], err[256] = "";
 	struct rdzv_keys *k = NULL;

@@ -14,7 +14,6 @@ int testkeys_make(const char *dir, const char *name, char pub[RDZV_CURVE_Z85_LEN
 
 /* The keys of DIR/NAME.key trusting the n public keys given (written to
  * DIR/NAME.peers); NULL (with why on stdout) if they do not load. */
-struct rdzv_keys *testkeys_load(const char *dir, const char *name, const char *const *trust,
-				int n);
+struct rdzv_keys *testkeys_load(const char *dir, const char *name, const char *const *trust, int n);
 
 #endif
