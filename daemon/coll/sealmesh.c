@@ -88,6 +88,9 @@
 #define WHY_LEN    256
 #define BIND_MAGIC "zerod sealmesh 1"
 #define STORE_KEY  "sealmesh/"
+/* what one accepted connection may take to prove itself, so a stranger
+ * that connects and says nothing holds the others up this long at most */
+#define HANDSHAKE_MS 5000
 
 struct conn {
 	int fd; /* -1: none (this node) */
@@ -421,7 +424,9 @@ static int local_addr(const struct coll_mesh_config *cfg, struct sockaddr_storag
 			freeifaddrs(ifs);
 			return 0;
 		}
-		if (i->ifa_addr->sa_family == AF_INET6 && !v6)
+		/* a link-local address needs its scope, which "[addr]:port" has not */
+		if (i->ifa_addr->sa_family == AF_INET6 && !v6 &&
+		    !IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr))
 			v6 = i;
 	}
 	if (v6) {
@@ -601,7 +606,8 @@ static int accept_higher(struct coll_mesh *m, int lfd, int64_t deadline, char *e
 		if (fd < 0)
 			continue;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		if (server_secure(m, fd, deadline, why, sizeof(why)) == 0)
+		if (server_secure(m, fd, MIN(deadline, now_ms() + HANDSHAKE_MS), why,
+				  sizeof(why)) == 0)
 			have++;
 		else
 			snprintf(refused, sizeof(refused), "%s", why);

@@ -16,18 +16,22 @@
  *    fails naming node 0; a fresh mesh of the same two processes then
  *    works, bit for bit;
  *  - a key the other node does not trust, each way: the open is refused
- *    with ZC_ECONNECT, naming the key.
+ *    with ZC_ECONNECT, naming the key;
+ *  - strangers on node 0's mesh port before node 1 (garbage, a header that
+ *    claims 4 GiB, silence): each refused, the mesh opens, results right.
  *
  * The executor's cases of test_gloo.c also run over the sealed mesh there
  * (its sealed_* cases); test_curve.c trains real zerods with CURVE.
  */
 #include <dirent.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,8 +61,9 @@ struct run {
 	const char *trust[2][2]; /* the names of the keys each trusts */
 	char pub[3][RDZV_CURVE_Z85_LEN + 1];
 	int timeout_ms;
-	bool refuse; /* the open is to be refused */
-	bool no_aes; /* node 1 offers no AES-256-GCM: the data is in secretstream */
+	bool refuse;   /* the open is to be refused */
+	bool no_aes;   /* node 1 offers no AES-256-GCM: the data is in secretstream */
+	int strangers; /* connections to node 0's mesh port before node 1 comes */
 };
 
 static const char *const names[] = {"a", "b", "c"};
@@ -286,11 +291,58 @@ static void run_free(struct run *rn)
 }
 
 /* Both nodes, to their end; CHECKs each. */
+/* Connections to node 0's mesh port (its address in the store), once it
+ * is published: garbage, a frame header that claims 4 GiB, silence. They
+ * stay open; -1 where one could not be made. */
+static void strangers(struct run *rn, int *fds)
+{
+	char path[256], addr[64] = "";
+	unsigned port = 0;
+	FILE *f = NULL;
+
+	/* the file store's name for PREFIX "sealmesh/0" ('/' made '_') */
+	snprintf(path, sizeof(path), "%s/%ssealmesh/0", rn->dir, rn->prefix[0]);
+	for (char *p = path + strlen(rn->dir) + 1; *p; p++)
+		if (*p == '/')
+			*p = '_';
+	for (int i = 0; i < 1000 && !(f = fopen(path, "r")); i++)
+		usleep(10000);
+	if (f) {
+		size_t n = fread(addr, 1, sizeof(addr) - 1, f);
+		addr[n] = '\0';
+		fclose(f);
+	}
+	for (int k = 0; k < rn->strangers; k++) {
+		struct sockaddr_in sa = {.sin_family = AF_INET,
+					 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		static const uint8_t huge[4] = {0xff, 0xff, 0xff, 0xff};
+		fds[k] = -1;
+		if (sscanf(addr, "127.0.0.1:%u", &port) != 1)
+			continue;
+		sa.sin_port = htons((uint16_t)port);
+		fds[k] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (connect(fds[k], (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+			close(fds[k]);
+			fds[k] = -1;
+			continue;
+		}
+		if (k % 3 == 0) {
+			static const char junk[] = "GET / HTTP/1.0\r\n\r\n garbage";
+			(void)!write(fds[k], junk, sizeof(junk) - 1);
+		} else if (k % 3 == 1)
+			(void)!write(fds[k], huge, sizeof(huge));
+		/* k % 3 == 2: says nothing */
+	}
+}
+
 static void run_nodes(struct run *rn, const char *tag)
 {
 	pid_t pid[2];
+	int sfd[8];
 
 	for (uint32_t j = 0; j < 2; j++) {
+		if (j == 1 && rn->strangers)
+			strangers(rn, sfd);
 		fflush(stdout);
 		pid[j] = fork();
 		if (pid[j] == 0) {
@@ -307,6 +359,11 @@ static void run_nodes(struct run *rn, const char *tag)
 		waitpid(pid[j], &st, 0);
 		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: node %u ended with %#x", tag, j,
 		      st);
+	}
+	for (int k = 0; k < rn->strangers; k++) {
+		CHECK(sfd[k] >= 0, "stranger %d could not connect to node 0's mesh port", k);
+		if (sfd[k] >= 0)
+			close(sfd[k]);
 	}
 }
 
@@ -459,11 +516,29 @@ static void t_untrusted(void)
 	run_free(rn);
 }
 
+/* Three strangers on node 0's mesh port before node 1 connects: garbage,
+ * a frame header claiming 4 GiB, silence. Node 0 refuses each (the silent
+ * one after HANDSHAKE_MS) and the mesh opens; the collectives are right. */
+static void t_strangers(void)
+{
+	struct run *rn = run_new(true);
+
+	int64_t t0 = now_ms();
+
+	rn->strangers = 3;
+	rn->timeout_ms = test_timeout(15000);
+	run_nodes(rn, "strangers first");
+	test_note("the mesh opened and the collectives ran in %ld ms, past the strangers",
+		  (long)(now_ms() - t0));
+	run_free(rn);
+}
+
 static const struct test_case cases[] = {
 	{"sealed_hides_the_tensors_gloo_does_not", t_wire, 60000},
 	{"changed_byte_fails_naming_the_peer", t_flip, 60000},
 	{"replayed_frame_fails_naming_the_peer", t_replay, 60000},
 	{"untrusted_key_refused_both_ways", t_untrusted, 60000},
+	{"strangers_on_the_mesh_port_refused", t_strangers, 60000},
 };
 
 int main(int argc, char **argv)
