@@ -369,8 +369,6 @@ static int refuse_low_precision(struct job *j)
 	return 0;
 }
 
-/* Every rank registered: pick the backend, lay out the shard and the state,
- * charge the state against --max-memory and start the executor. */
 /* NCCL moves a CUDA job's tensors between nodes in plain text: with CURVE
  * keys configured such a job is refused unless the operator allowed it. */
 static bool refuse_plain_nccl(struct job *j)
@@ -387,6 +385,8 @@ static bool refuse_plain_nccl(struct job *j)
 	return true;
 }
 
+/* Every rank registered: pick the backend, lay out the shard and the state,
+ * charge the state against --max-memory and start the executor. */
 static void job_start(struct job *j)
 {
 	struct daemon *d = j->d;
