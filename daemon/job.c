@@ -516,11 +516,15 @@ static void job_start(struct job *j)
 	job_set_state(j, JOB_REGISTERING);
 	log_info("job %s: plan %016" PRIx64 ": %s, shard %s (%u units), step %s, %u buckets, "
 		 "%" PRIu64 " elements, backend %s, node %u of %u, %u ops per iteration, "
-		 "%" PRIu64 " bytes of state here",
+		 "%" PRIu64 " bytes of state here%s",
 		 j->id, j->plan->hash, plan_optimizer_name(j->plan->optimizer),
 		 plan_shard_name(j->plan->shard_mode), j->shard->nunits,
 		 plan_step_name(j->plan->step_mode), j->plan->nbuckets, j->plan->total_numel,
-		 j->be->name, node, nnodes, j->prog.nops, j->memory);
+		 j->be->name, node, nnodes, j->prog.nops, j->memory,
+		 nnodes < 2	      ? ""
+		 : j->cuda	      ? ", tensors between nodes over NCCL (not encrypted)"
+		 : rdzv_net(j)->keys ? ", tensors between nodes sealed (CURVE)"
+				      : ", tensors between nodes over gloo (not encrypted)");
 out:
 	state_free(st);
 	/* the executor copied the arrays */

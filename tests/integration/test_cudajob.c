@@ -979,9 +979,12 @@ static void t_two_nodes_curve_refuses_nccl(void)
 	on_nodes(&ok, &cl, node_of2);
 	start_ranks(&ok, pids);
 	check_ranks(&ok, pids);
-	for (int k = 0; k < 2; k++)
+	for (int k = 0; k < 2; k++) {
 		CHECK(ran_on_cuda_node(&cl.zd[k], ok.job, k),
 		      "daemon %d's log does not say %s ran on cuda as node %d of 2", k, ok.job, k);
+		CHECK(zd_log_has(&cl.zd[k], "tensors between nodes over NCCL (not encrypted)"),
+		      "daemon %d's log does not say NCCL carries the tensors in the clear", k);
+	}
 	cluster_stop(&cl, -1);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	(void)!system(cmd);
