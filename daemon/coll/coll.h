@@ -13,7 +13,8 @@
  *
  * coll/host.c: every rank on this node; reductions and copies through the
  * mapped buffers on the worker pool. coll/gloo.c: a job over several nodes,
- * summed inside each node the same way and across nodes over gloo (TCP).
+ * summed inside each node the same way and across nodes over a mesh
+ * (coll/mesh.h): gloo (TCP), or with CURVE keys coll/sealmesh.c (sealed).
  * coll/nccl.c: GPUs, through NCCL (builds with the CUDA toolkit only).
  */
 #ifndef ZEROD_COLL_H
