@@ -703,8 +703,7 @@ static int conn_fail(struct conn *c, int code, const char *why)
 }
 
 /* Move what can move now without blocking. 0 (and *moved), or a code. */
-static int xfer_step(struct coll_mesh *m, struct xfer *x, unsigned lane, bool *moved, char *why,
-		     size_t wlen)
+static int xfer_step(struct xfer *x, unsigned lane, bool *moved, char *why, size_t wlen)
 {
 	struct conn *c = x->c;
 	size_t ab = rdzv_sec_abytes(c->sec);
@@ -773,7 +772,6 @@ static int xfer_step(struct coll_mesh *m, struct xfer *x, unsigned lane, bool *m
 		x->rleft -= n;
 		x->rat = 0;
 	}
-	(void)m;
 	return 0;
 }
 
@@ -808,7 +806,7 @@ static int run(struct coll_mesh *m, unsigned lane, struct xfer *x, uint32_t nx, 
 		}
 		for (uint32_t i = 0; i < nx && r >= 0; i++)
 			if (!xfer_done(&x[i]))
-				r = xfer_step(m, &x[i], lane, &moved, err, errlen);
+				r = xfer_step(&x[i], lane, &moved, err, errlen);
 		if (r < 0)
 			break;
 		int64_t now = now_ms();
