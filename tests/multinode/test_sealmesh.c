@@ -28,6 +28,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,9 +62,10 @@ struct run {
 	const char *trust[2][2]; /* the names of the keys each trusts */
 	char pub[3][RDZV_CURVE_Z85_LEN + 1];
 	int timeout_ms;
-	bool refuse;   /* the open is to be refused */
-	bool no_aes;   /* node 1 offers no AES-256-GCM: the data is in secretstream */
-	int strangers; /* connections to node 0's mesh port before node 1 comes */
+	bool refuse;         /* the open is to be refused */
+	bool no_aes;         /* node 1 offers no AES-256-GCM: the data is in secretstream */
+	int strangers;       /* connections to node 0's mesh port before node 1 comes */
+	_Atomic int done[2]; /* nodes through each mesh's collectives */
 };
 
 static const char *const names[] = {"a", "b", "c"};
@@ -190,6 +192,16 @@ static void tell(struct run *rn, uint32_t node, int r, const char *err)
 	fflush(stdout);
 }
 
+/* Wait (10 s at most) until both nodes are through mesh `which`: a node's
+ * relays are threads of its process, so neither may close its group and
+ * leave while the other still reads what they forward. */
+static void both_done(struct run *rn, int which)
+{
+	atomic_fetch_add(&rn->done[which], 1);
+	for (int i = 0; i < 1000 && atomic_load(&rn->done[which]) < 2; i++)
+		usleep(10000);
+}
+
 static void node_main(struct run *rn, uint32_t node)
 {
 	struct coll_store store = relaystore_new(rn->dir, rn->mode, rn->frame);
@@ -221,6 +233,7 @@ static void node_main(struct run *rn, uint32_t node)
 	r = one_round(g, grads[node], params[node], node, rn->n, err, sizeof(err));
 	if (rn->mode == RELAY_PLAIN) {
 		CHECK(r == 0, "node %u: %s: %s", node, zc_strerror_name(r), err);
+		both_done(rn, 0);
 		goto out;
 	}
 	tell(rn, node, r, err);
@@ -233,6 +246,7 @@ static void node_main(struct run *rn, uint32_t node)
 	r = one_round(g, grads[node], params[node], node, rn->n, err, sizeof(err));
 	CHECK(r == 0, "node %u: a fresh mesh after the failure: %s: %s", node, zc_strerror_name(r),
 	      err);
+	both_done(rn, 1);
 out:
 	coll_gloo_ops.close(g);
 	relaystore_free(&store);
