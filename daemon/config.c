@@ -35,6 +35,7 @@ enum key_type {
 	K_COUNT, /* unsigned >= min */
 	K_SIZE,  /* bytes: 123, 64K, 1.5G */
 	K_LEVEL, /* 3..7 or err, warning, notice, info, debug */
+	K_BOOL,  /* yes/no, true/false, on/off, 1/0; a flag without a value is yes */
 };
 
 static const struct key {
@@ -106,6 +107,11 @@ static const struct key {
 	{"curve-peers", K_PATH, offsetof(struct daemon_config, curve_peers), 0, false, "FILE",
 	 "the CURVE public keys of the zerods this one trusts, one Z85 key a line (a line that "
 	 "begins with '#' is a comment); its own key is always trusted"},
+	{"curve-allow-plain-nccl", K_BOOL, offsetof(struct daemon_config, curve_allow_plain_nccl),
+	 0, true, "B",
+	 "with CURVE keys, still run CUDA jobs over several nodes, whose tensors NCCL moves "
+	 "between the nodes unencrypted (no: such a job is refused with ZC_ENOTSUP; host jobs "
+	 "cross the sealed mesh either way); a reload applies it to jobs that start later"},
 };
 
 #define NKEYS ARRAY_SIZE(keys)
@@ -244,6 +250,17 @@ static int set_key(struct config_src *src, struct daemon_config *c, const struct
 		snprintf(err, len, "'%s' is not a level (err, warning, notice, info, debug or 3..7)",
 			 v);
 		return -EINVAL;
+	case K_BOOL:
+		for (int i = 0; i < 8; i++) {
+			static const char *const words[] = {"no",  "false", "off", "0",
+							    "yes", "true",  "on",  "1"};
+			if (strcasecmp(v, words[i]) == 0) {
+				*(bool *)field = i >= 4;
+				return 0;
+			}
+		}
+		snprintf(err, len, "'%s' is not yes or no", v);
+		return -EINVAL;
 	}
 	return -EINVAL;
 }
@@ -268,6 +285,9 @@ static void format_key(const struct daemon_config *c, const struct key *k, char 
 		break;
 	case K_LEVEL:
 		snprintf(buf, len, "%s", level_names[*(const int *)field & 7]);
+		break;
+	case K_BOOL:
+		snprintf(buf, len, "%s", *(const bool *)field ? "yes" : "no");
 		break;
 	}
 }
@@ -397,7 +417,8 @@ void config_usage(FILE *f)
 		const struct key *k = &keys[i];
 		char opt[48];
 		format_key(&d, k, def, sizeof(def));
-		snprintf(opt, sizeof(opt), "--%s %s", k->name, k->arg);
+		snprintf(opt, sizeof(opt), k->type == K_BOOL ? "--%s[=%s]" : "--%s %s", k->name,
+			 k->arg);
 		fprintf(f, "  %-26s %s\n  %-26s (default %s; %s)\n", opt, k->help, "", def,
 			k->live ? "live" : "restart");
 	}
@@ -447,8 +468,10 @@ int config_parse_args(int argc, char **argv, struct config_src **ret)
 	if (!src)
 		return -ENOMEM;
 	for (size_t i = 0; i < NKEYS; i++)
-		opts[n++] = (struct option){keys[i].name, required_argument, NULL,
-					    OPT_KEY + (int)i};
+		opts[n++] = (struct option){keys[i].name,
+					    keys[i].type == K_BOOL ? optional_argument
+								   : required_argument,
+					    NULL, OPT_KEY + (int)i};
 	opts[n++] = (struct option){"config", required_argument, NULL, OPT_CONFIG};
 	opts[n++] = (struct option){"verbose", no_argument, NULL, 'v'};
 	opts[n++] = (struct option){"quiet", no_argument, NULL, 'q'};
@@ -493,12 +516,13 @@ int config_parse_args(int argc, char **argv, struct config_src **ret)
 			}
 			/* a bad value is a usage error now, not at start */
 			defaults(&probe);
-			if (set_key(src, &probe, &keys[c - OPT_KEY], optarg, err, sizeof(err)) < 0) {
+			const char *v = optarg ? optarg : "yes"; /* K_BOOL's bare flag */
+			if (set_key(src, &probe, &keys[c - OPT_KEY], v, err, sizeof(err)) < 0) {
 				fprintf(stderr, "zerod: --%s: %s\n", keys[c - OPT_KEY].name, err);
 				r = -CONFIG_EXIT_USAGE;
 				break;
 			}
-			r = add_flag(src, (unsigned)(c - OPT_KEY), optarg);
+			r = add_flag(src, (unsigned)(c - OPT_KEY), v);
 			break;
 		}
 	}
@@ -599,6 +623,7 @@ void config_apply_live(struct daemon_config *to, const struct daemon_config *fro
 		const struct key *k = &keys[i];
 		size_t size = k->type == K_PATH || k->type == K_NAME ? sizeof(const char *)
 			      : k->type == K_SIZE			 ? sizeof(uint64_t)
+			      : k->type == K_BOOL			 ? sizeof(bool)
 										 : sizeof(int);
 		if (k->live)
 			memcpy((char *)to + k->off, (const char *)from + k->off, size);

@@ -514,7 +514,8 @@ int daemon_run(const struct daemon_config *cfg)
 	rdzv_curve_use(&d, keys);
 	keys = NULL;
 	if (rdzv_curve_public(&d))
-		log_notice("rendezvous: CURVE on: this zerod's public key is %s",
+		log_notice("rendezvous: CURVE on (the rendezvous, its store and the tensors "
+			   "sealed): this zerod's public key is %s",
 			   rdzv_curve_public(&d));
 	if ((r = loop_add_zsock(d.loop, d.router, on_router, &d)) < 0 ||
 	    (r = loop_add_fd(d.loop, completion_queue_fd(d.cq), on_completions, &d)) < 0 ||

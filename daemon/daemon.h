@@ -89,6 +89,7 @@ struct daemon_config {
 	/* CURVE on the rendezvous between daemons (rdzvcurve.h); "": none */
 	const char *curve_secret_key;
 	const char *curve_peers;
+	bool curve_allow_plain_nccl; /* CUDA jobs over nodes with CURVE keys (NCCL is plain) */
 	struct config_src *src; /* the flags and file it came from: read again on reload */
 };
 

@@ -98,6 +98,7 @@ struct exec {
 	bool stopping, failed, silent;
 	char open_err[256]; /* why the collectives could not open, from the backend */
 	char step_err[256]; /* why a step failed (an edit without zc_params_changed()) */
+	char coll_err[256]; /* why the first collective failed, the backend's words */
 
 	_Atomic uint64_t reduced, stepped, bcast;
 
@@ -165,6 +166,9 @@ static int lane_coll(struct exec *e, struct lane *ln, enum coll_kind kind,
 	while (!ln->req_done)
 		pthread_cond_wait(&ln->cv, &e->mu);
 	r = ln->req_status;
+	if (r < 0 && r != -ECANCELED && !e->coll_err[0] && e->cfg.coll->last_error)
+		snprintf(e->coll_err, sizeof(e->coll_err), "%s",
+			 e->cfg.coll->last_error(e->cg, ln->idx));
 	pthread_mutex_unlock(&e->mu);
 	return r;
 }
@@ -1260,6 +1264,7 @@ static void xop_finish(struct exec *e, struct xop *o, int r)
 			/* why it failed: opening, an edit, or the job's semantics */
 			.detail = o->type == XOP_START ? e->open_err
 				  : e->step_err[0]     ? e->step_err
+				  : e->coll_err[0]     ? e->coll_err
 						       : e->sem_err,
 			.lo = z ? z->lo : 0,
 			.hi = z ? z->hi : 0,

@@ -374,6 +374,22 @@ static int refuse_low_precision(struct job *j)
 	return 0;
 }
 
+/* NCCL moves a CUDA job's tensors between nodes in plain text: with CURVE
+ * keys configured such a job is refused unless the operator allowed it. */
+static bool refuse_plain_nccl(struct job *j)
+{
+	const struct coll_net *net = j->rdzv ? rdzv_net(j) : NULL;
+
+	if (!net || net->nnodes < 2 || !net->keys || j->d->cfg.curve_allow_plain_nccl)
+		return false;
+	job_fail(j, ZC_ENOTSUP, true,
+		 "a CUDA job over %u nodes: NCCL's transport between nodes is not encrypted, and "
+		 "this zerod has CURVE keys; run it on host buffers (the sealed mesh), or allow "
+		 "it with --curve-allow-plain-nccl (zerod.conf: curve-allow-plain-nccl = yes)",
+		 net->nnodes);
+	return true;
+}
+
 /* Every rank registered: pick the backend, lay out the shard and the state,
  * charge the state against --max-memory and start the executor. */
 static void job_start(struct job *j)
@@ -475,6 +491,11 @@ static void job_start(struct job *j)
 			goto out;
 		}
 	}
+	if (j->cuda && refuse_plain_nccl(j)) {
+		j->memory = 0;
+		r = 0;
+		goto out;
+	}
 	d->memory_used += j->memory;
 	ec = (struct exec_config){
 		.tag = j,
@@ -501,11 +522,15 @@ static void job_start(struct job *j)
 	job_set_state(j, JOB_REGISTERING);
 	log_info("job %s: plan %016" PRIx64 ": %s, shard %s (%u units), step %s, %u buckets, "
 		 "%" PRIu64 " elements, backend %s, node %u of %u, %u ops per iteration, "
-		 "%" PRIu64 " bytes of state here",
+		 "%" PRIu64 " bytes of state here%s",
 		 j->id, j->plan->hash, plan_optimizer_name(j->plan->optimizer),
 		 plan_shard_name(j->plan->shard_mode), j->shard->nunits,
 		 plan_step_name(j->plan->step_mode), j->plan->nbuckets, j->plan->total_numel,
-		 j->be->name, node, nnodes, j->prog.nops, j->memory);
+		 j->be->name, node, nnodes, j->prog.nops, j->memory,
+		 nnodes < 2	      ? ""
+		 : j->cuda	      ? ", tensors between nodes over NCCL (not encrypted)"
+		 : rdzv_net(j)->keys ? ", tensors between nodes sealed (CURVE)"
+				      : ", tensors between nodes over gloo (not encrypted)");
 out:
 	state_free(st);
 	/* the executor copied the arrays */

@@ -733,6 +733,7 @@ static int setup_net(struct rdzv_job *rj, const struct sockaddr *store_at, sockl
 		.prefix = rj->prefix,
 		.store = &rj->store_ops,
 		.timeout_ms = (uint32_t)d->cfg.stall_timeout_ms,
+		.keys = rj->rd->keys,
 	};
 	return 0;
 }

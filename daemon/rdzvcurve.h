@@ -87,4 +87,27 @@ int rdzv_sec_encode(struct rdzv_sec *s, const Zerod__V1__RdzvEnvelope *env, uint
 int rdzv_sec_open(struct rdzv_sec *s, const ProtobufCBinaryData *sealed,
 		  Zerod__V1__RdzvEnvelope **ret);
 
+/* Raw frames on a ready channel, for bulk data (coll/sealmesh.c): the same
+ * two streams as the envelopes above without protobuf around them, or,
+ * once both ends switched (rdzv_sec_use_aes), AES-256-GCM under two more
+ * keys of the handshake, one per direction, each frame's nonce its number
+ * in that direction. */
+#define RDZV_SEC_ABYTES 17 /* the most sealing adds: secretstream's tag and MAC */
+/* What sealing adds now: 17 (secretstream), or 16 (AES-256-GCM). */
+size_t rdzv_sec_abytes(const struct rdzv_sec *s);
+/* Seal in[0..n) into out[0..n + rdzv_sec_abytes(s)) (not overlapping).
+ * 0, or -EINVAL before the channel is ready. */
+int rdzv_sec_seal(struct rdzv_sec *s, uint8_t *out, const void *in, size_t n);
+/* Open in[0..n) (n > rdzv_sec_abytes(s)) into out[0..n - abytes): 0, or
+ * -EBADMSG if it fails to (changed, replayed, reordered, forged or cut;
+ * the channel is useless after it). */
+int rdzv_sec_unseal(struct rdzv_sec *s, void *out, const uint8_t *in, size_t n);
+/* Whether this CPU runs libsodium's AES-256-GCM (AES-NI): several times
+ * faster than secretstream where it does. */
+bool rdzv_sec_aes_available(void);
+/* Raw frames from now on in AES-256-GCM, both ways: both ends call it at
+ * the same point of their streams, once they agreed (over sealed frames)
+ * that both can. 0, or -ENOTSUP (not ready, or no AES-NI). */
+int rdzv_sec_use_aes(struct rdzv_sec *s);
+
 #endif

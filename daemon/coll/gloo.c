@@ -1,7 +1,11 @@
 /*
  * gloo.c — collectives for a job spread over several nodes (coll.h): inside
  * a node through the mapped buffers, as coll/host.c does; across nodes over
- * gloo's TCP transport (coll/gloo_shim.h), one full mesh among the nodes.
+ * one full mesh among the nodes (coll/mesh.h): gloo's TCP transport
+ * (coll/gloo_shim.h), or, when this daemon has CURVE keys, the sealed mesh
+ * (coll/sealmesh.c) that encrypts and authenticates every byte. Everything
+ * below the network calls (the sums, the ranges, the lanes, the metrics) is
+ * the same for both.
  *
  * The order of summation, fixed and the same on every node and every run:
  *
@@ -52,12 +56,14 @@
 
 #include "coll/coll.h"
 #include "coll/gloo_shim.h"
+#include "coll/mesh.h"
+#include "coll/sealmesh.h"
 #include "coll/netstats.h"
 #include "common.h"
 #include "hostmem.h"
 #include "pool.h"
 
-#define GLOO_LANES          4u         /* zero.h's lanes, in the tag's two low bits */
+#define GLOO_LANES          COLL_MESH_LANES /* zero.h's lanes, in the tag's low bits */
 #define GLOO_WINDOW_DEFAULT (2u << 20) /* 8 MiB: as fast as larger ones on loopback */
 #define GLOO_TIMEOUT_MS     30000u
 #define GLOO_ERR_LEN        256
@@ -87,7 +93,8 @@ struct coll_group {
 	uint32_t nlocal;
 	const float **lgrads; /* [nlocal]: their gradient buffers, rank order */
 	struct pool *pool;
-	struct gloo_shim *net; /* NULL with one node */
+	const struct coll_mesh_ops *mo; /* gloo's or the sealed mesh */
+	struct coll_mesh *net;          /* NULL with one node */
 	uint64_t window;
 	struct lane_ctx lanes[GLOO_LANES];
 	atomic_bool aborted;
@@ -198,15 +205,15 @@ static int net_alltoallv(struct coll_group *g, struct lane_ctx *ln, const float 
 		memcpy(out, in, scnt[0] * sizeof(float));
 		return 0;
 	}
-	return gloo_shim_alltoallv(g->net, lane_tag(g, ln), in, scnt, out, rcnt, ln->err,
-				   sizeof(ln->err));
+	return g->mo->alltoallv(g->net, lane_tag(g, ln), in, scnt, out, rcnt, ln->err,
+				sizeof(ln->err));
 }
 
 static int net_allgatherv(struct coll_group *g, struct lane_ctx *ln, float *buf, const size_t *cnt)
 {
 	if (!g->net)
 		return 0;
-	return gloo_shim_allgatherv(g->net, lane_tag(g, ln), buf, cnt, ln->err, sizeof(ln->err));
+	return g->mo->allgatherv(g->net, lane_tag(g, ln), buf, cnt, ln->err, sizeof(ln->err));
 }
 
 static int net_broadcast(struct coll_group *g, struct lane_ctx *ln, uint32_t root, float *buf,
@@ -214,9 +221,64 @@ static int net_broadcast(struct coll_group *g, struct lane_ctx *ln, uint32_t roo
 {
 	if (!g->net)
 		return 0;
-	return gloo_shim_broadcast(g->net, lane_tag(g, ln), (int)root, buf, (size_t)n, ln->err,
-				   sizeof(ln->err));
+	return g->mo->broadcast(g->net, lane_tag(g, ln), root, buf, (size_t)n, ln->err,
+				sizeof(ln->err));
 }
+
+/* gloo's plain TCP mesh (gloo_shim.h) as a coll_mesh_ops. */
+static int gm_open(const struct coll_mesh_config *cfg, struct coll_mesh **ret, char *err,
+		   size_t errlen)
+{
+	struct gloo_shim_config sc = {
+		.rank = (int)cfg->node,
+		.size = (int)cfg->nnodes,
+		.host = cfg->host,
+		.iface = cfg->iface,
+		.prefix = cfg->prefix,
+		.store = cfg->store,
+		.timeout_ms = cfg->timeout_ms,
+	};
+
+	return gloo_shim_open(&sc, (struct gloo_shim **)ret, err, errlen);
+}
+
+static int gm_alltoallv(struct coll_mesh *m, uint32_t tag, const float *in, const size_t *scnt,
+			float *out, const size_t *rcnt, char *err, size_t errlen)
+{
+	return gloo_shim_alltoallv((struct gloo_shim *)m, tag, in, scnt, out, rcnt, err, errlen);
+}
+
+static int gm_allgatherv(struct coll_mesh *m, uint32_t tag, float *out, const size_t *cnt,
+			 char *err, size_t errlen)
+{
+	return gloo_shim_allgatherv((struct gloo_shim *)m, tag, out, cnt, err, errlen);
+}
+
+static int gm_broadcast(struct coll_mesh *m, uint32_t tag, uint32_t root, float *buf, size_t n,
+			char *err, size_t errlen)
+{
+	return gloo_shim_broadcast((struct gloo_shim *)m, tag, (int)root, buf, n, err, errlen);
+}
+
+static void gm_abort(struct coll_mesh *m)
+{
+	gloo_shim_abort((struct gloo_shim *)m);
+}
+
+static void gm_close(struct coll_mesh *m)
+{
+	gloo_shim_close((struct gloo_shim *)m);
+}
+
+static const struct coll_mesh_ops gloo_mesh_ops = {
+	.name = "gloo",
+	.open = gm_open,
+	.alltoallv = gm_alltoallv,
+	.allgatherv = gm_allgatherv,
+	.broadcast = gm_broadcast,
+	.abort = gm_abort,
+	.close = gm_close,
+};
 
 /* ------------------------------------------------------- windows --- */
 
@@ -497,7 +559,8 @@ static void gl_close(struct coll_group *g)
 {
 	if (!g)
 		return;
-	gloo_shim_close(g->net);
+	if (g->net)
+		g->mo->close(g->net);
 	for (unsigned l = 0; l < GLOO_LANES; l++)
 		free(g->lanes[l].buf);
 	free(g->node_of);
@@ -574,17 +637,21 @@ static int gl_open(const struct coll_config *cfg, struct coll_group **ret)
 			g->local[g->nlocal++] = k;
 		}
 	}
+	g->mo = net->keys ? &coll_sealmesh_ops : &gloo_mesh_ops;
 	if (net->nnodes > 1) {
-		struct gloo_shim_config sc = {
-			.rank = (int)net->node,
-			.size = (int)net->nnodes,
+		struct coll_mesh_config mc = {
+			.node = net->node,
+			.nnodes = net->nnodes,
 			.host = net->host,
 			.iface = net->iface,
 			.prefix = net->prefix,
 			.store = net->store,
 			.timeout_ms = (int)(net->timeout_ms ? net->timeout_ms : GLOO_TIMEOUT_MS),
+			.keys = net->keys,
 		};
-		r = gloo_shim_open(&sc, &g->net, cfg->err, cfg->errlen);
+		char scratch[GLOO_ERR_LEN];
+		r = g->mo->open(&mc, &g->net, cfg->err ? cfg->err : scratch,
+				cfg->err ? cfg->errlen : sizeof(scratch));
 		if (r < 0)
 			goto fail;
 	}
@@ -648,7 +715,7 @@ static void gl_abort(struct coll_group *g)
 {
 	atomic_store(&g->aborted, true);
 	if (g->net)
-		gloo_shim_abort(g->net);
+		g->mo->abort(g->net);
 }
 
 static const char *gl_last_error(struct coll_group *g, unsigned lane)

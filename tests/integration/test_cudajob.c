@@ -50,6 +50,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -61,6 +62,7 @@
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
+#include <zmq.h>
 
 #include "cudadouble.h"
 #include "cudareplan.h"
@@ -501,14 +503,17 @@ struct cuda_cluster {
 
 #define STALL_MS 6000
 
-/* Two zerod-double --backend cuda whose cliques meet in /dev/shm. */
-static void cluster_start(struct cuda_cluster *cl)
+/* Two zerod-double --backend cuda whose cliques meet in /dev/shm, with
+ * the flags in extra (NULL-terminated, at most 8) besides. */
+static void cluster_start_with(struct cuda_cluster *cl, const char *const *extra)
 {
 	char stall[16];
-	const char *const args[] = {"--backend", "cuda", "--stall-timeout", stall, "--workers",
-				    "2",         NULL};
-	int port;
+	const char *args[16] = {"--backend", "cuda", "--stall-timeout", stall, "--workers", "2"};
+	int port, a = 6;
 
+	for (int i = 0; extra && extra[i] && a < 15; i++)
+		args[a++] = extra[i];
+	args[a] = NULL;
 	memset(cl, 0, sizeof(*cl));
 	snprintf(stall, sizeof(stall), "%d", test_timeout(STALL_MS));
 	setenv("ZEROD_CUDADOUBLE_SHM", "1", 1); /* this case's process and its children */
@@ -519,6 +524,11 @@ static void cluster_start(struct cuda_cluster *cl)
 	port = zd_free_port();
 	REQUIRE(port > 0, "no free port");
 	snprintf(cl->rdzv, sizeof(cl->rdzv), "127.0.0.1:%d", port);
+}
+
+static void cluster_start(struct cuda_cluster *cl)
+{
+	cluster_start_with(cl, NULL);
 }
 
 /* Stop both (`killed`: SIGKILLed by the case, or -1). */
@@ -891,6 +901,95 @@ static void t_two_nodes_daemon_killed(void)
 	cluster_stop(&cl, 1);
 }
 
+/* ------------------------------------------------- CURVE and NCCL --- */
+
+/* One CURVE key pair both daemons hold (a zerod trusts its own key), made
+ * by libzmq as `zeroctl keygen` makes one: DIR/node.key and an empty
+ * DIR/peers. */
+static bool curve_files(char dir[64], char key[96], char peers[96])
+{
+	char pub[41], sec[41];
+	FILE *f;
+	int fd;
+
+	snprintf(dir, 64, "/tmp/zerod-cudacurve-XXXXXX");
+	if (!mkdtemp(dir) || zmq_curve_keypair(pub, sec) != 0)
+		return false;
+	snprintf(key, 96, "%s/node.key", dir);
+	snprintf(peers, 96, "%s/peers", dir);
+	fd = open(key, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || dprintf(fd, "%s\n", sec) != 41)
+		return false;
+	close(fd);
+	f = fopen(peers, "w");
+	if (!f)
+		return false;
+	fprintf(f, "# only this key pair\n");
+	fclose(f);
+	return true;
+}
+
+/* With CURVE keys a CUDA job over the two daemons is refused before it
+ * moves a byte: NCCL's transport between nodes is plain. Every rank gets
+ * ZC_ENOTSUP saying so and naming the option that allows it; a one-node
+ * CUDA job on the same daemon trains to the reference after it (NCCL
+ * stays inside the node). Daemons started with --curve-allow-plain-nccl
+ * run the same two-node job to the reference. */
+static void t_two_nodes_curve_refuses_nccl(void)
+{
+	char dir[64], key[96], peers[96], cmd[96];
+	struct cuda_cluster cl;
+	pid_t pids[2];
+
+	REQUIRE(curve_files(dir, key, peers), "no CURVE key files");
+	const char *const curve[] = {"--curve-secret-key", key, "--curve-peers", peers, NULL};
+	const char *const allow[] = {"--curve-secret-key", key, "--curve-peers", peers,
+				     "--curve-allow-plain-nccl", NULL};
+
+	cluster_start_with(&cl, curve);
+	struct train_spec bad =
+		spec("cuda-nodes-curve", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 45);
+	on_nodes(&bad, &cl, node_of2);
+	bad.results = shared_results(2);
+	REQUIRE(bad.results, "no shared memory for the results");
+	device_ = -1;
+	start_ranks(&bad, pids);
+	for (int r = 0; r < 2; r++) {
+		int st = wait_child(pids[r], test_timeout(60000));
+		const struct train_result *res = &bad.results[r];
+		CHECK(st == 1 && res->code == ZC_ENOTSUP && strstr(res->msg, "NCCL") &&
+			      strstr(res->msg, "not encrypted") &&
+			      strstr(res->msg, "--curve-allow-plain-nccl"),
+		      "rank %d: exit %d, %s: %s (want ZC_ENOTSUP: NCCL is not encrypted)", r, st,
+		      zc_strerror_name(res->code), res->msg);
+		if (r == 0)
+			printf("# rank 0: %s: %s\n", zc_strerror_name(res->code), res->msg);
+	}
+	struct train_spec local =
+		spec("cuda-curve-local", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 46);
+	local.socket = cl.zd[0].sock;
+	start_ranks(&local, pids);
+	check_ranks(&local, pids);
+	CHECK(zd_alive(&cl.zd[0]) && zd_alive(&cl.zd[1]), "a daemon died");
+	cluster_stop(&cl, -1);
+
+	cluster_start_with(&cl, allow);
+	struct train_spec ok =
+		spec("cuda-nodes-curve-ok", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 47);
+	on_nodes(&ok, &cl, node_of2);
+	start_ranks(&ok, pids);
+	check_ranks(&ok, pids);
+	for (int k = 0; k < 2; k++) {
+		CHECK(ran_on_cuda_node(&cl.zd[k], ok.job, k),
+		      "daemon %d's log does not say %s ran on cuda as node %d of 2", k, ok.job, k);
+		CHECK(zd_log_has(&cl.zd[k], "tensors between nodes over NCCL (not encrypted)"),
+		      "daemon %d's log does not say NCCL carries the tensors in the clear", k);
+	}
+	cluster_stop(&cl, -1);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	(void)!system(cmd);
+}
+
 /* -------------------------------------------------------------- refusals --- */
 
 /* A rank that registers CUDA buffers with the train hooks and reports how
@@ -1115,6 +1214,7 @@ static const struct test_case cases[] = {
 	{"two_nodes_lowp_masters", t_two_nodes_lowp_masters, 120000},
 	{"two_nodes_replan", t_two_nodes_replan, 120000},
 	{"two_nodes_daemon_killed", t_two_nodes_daemon_killed, 120000},
+	{"two_nodes_curve_refuses_nccl", t_two_nodes_curve_refuses_nccl, 120000},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 

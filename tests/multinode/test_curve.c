@@ -5,9 +5,10 @@
  * and can change one.
  *
  *  - a job over two daemons with CURVE trains to the reference (SGD bit for
- *    bit), as the same job does without; through the relay, the job id and
- *    its store keys are on the wire without CURVE (so the check can fail)
- *    and nowhere with it;
+ *    bit), its tensors over the sealed mesh (coll/sealmesh.c; each daemon
+ *    says so), as the same job does without, over gloo; through the relay,
+ *    the job id and its store keys are on the wire without CURVE (so the
+ *    check can fail) and nowhere with it;
  *  - a daemon whose key the rendezvous does not trust is refused: its job
  *    fails with ZC_ECONNECT naming the key, node 0 logs why; a rendezvous whose
  *    key the joining node does not trust is left, named the same way; a
@@ -424,6 +425,13 @@ static int job_through_relay(const char *const *key, const char *const *peers, c
 	if (key)
 		CHECK(zd_log_has(&cl.zd[0], "CURVE on") && zd_log_has(&cl.zd[1], "CURVE on"),
 		      "a daemon does not say CURVE is on");
+	/* the tensors: the sealed mesh with keys (test-sealmesh shows what
+	 * is on its wire), gloo without */
+	for (int k = 0; k < 2; k++)
+		CHECK(zd_log_has(&cl.zd[k], key ? "tensors between nodes sealed (CURVE)"
+						: "tensors between nodes over gloo (not encrypted)"),
+		      "daemon %d does not say its tensors went %s", k,
+		      key ? "over the sealed mesh" : "over gloo");
 	relay_stop(&rl);
 	seen = recorded(&rl, job, ret_bytes);
 	cluster_stop(&cl);

@@ -39,6 +39,8 @@
 #include "filestore.h"
 #include "pool.h"
 #include "refoptim.h"
+#include "relaystore.h"
+#include "testkeys.h"
 #include "testlib.h"
 #include "zctest.h"
 
@@ -139,6 +141,23 @@ static void mesh_free(struct mesh *m)
 	rmdir(m->dir);
 }
 
+/* The sealed_* cases: a CURVE key every node holds and trusts, so the
+ * groups cross the sealed mesh (coll/sealmesh.c) instead of gloo's. */
+static struct rdzv_keys *test_keys;
+
+static void use_sealed_mesh(void)
+{
+	char dir[] = "/tmp/zerod-glookeys-XXXXXX", pub[RDZV_CURVE_Z85_LEN + 1], cmd[64];
+
+	if (!mkdtemp(dir) || testkeys_make(dir, "a", pub) < 0)
+		abort();
+	test_keys = testkeys_load(dir, "a", NULL, 0);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	(void)!system(cmd);
+	if (!test_keys)
+		abort();
+}
+
 /* A node's network settings (the store must outlive the open). */
 static struct coll_net node_net(uint32_t node, const struct topo *t, const struct mesh *m,
 				const struct coll_store *store, uint32_t timeout_ms,
@@ -153,6 +172,7 @@ static struct coll_net node_net(uint32_t node, const struct topo *t, const struc
 		.store = store,
 		.timeout_ms = timeout_ms,
 		.window = window,
+		.keys = test_keys,
 	};
 }
 
@@ -542,6 +562,9 @@ struct exec_case {
 	unsigned iters;
 	struct mesh m;
 	char tag[128];
+	/* the sealed_executor_* case: node 1's lane-0 connection through a
+	 * relay that flips a byte of its 5th frame; the job fails, naming it */
+	bool tamper;
 };
 
 /* exec.c builds the coll_config itself and knows no nodes yet (part 2 of
@@ -670,9 +693,11 @@ static void exec_node(uint32_t node, void *arg)
 	struct exec_case *c = arg;
 	struct plan *p = make_plan(c->opt, c->shard, c->step);
 	struct shard_map *sm = NULL;
-	struct coll_store store = filestore_new(c->m.dir);
+	struct coll_store store = c->tamper ? relaystore_new(c->m.dir, RELAY_FLIP, 5)
+					    : filestore_new(c->m.dir);
 	struct coll_net net = node_net(node, &c->t, &c->m, &store, 10000, 0);
 	struct zero_topo zt = {c->t.world, c->t.nnodes, node, c->t.node_of};
+	bool refused = false;
 	struct zero_caps caps = {.local_fuse = coll_gloo_ops.local_fuse};
 	struct zero_program prog = {0};
 	struct completion_queue *cq = NULL;
@@ -733,6 +758,20 @@ static void exec_node(uint32_t node, void *arg)
 		ref_step(c, p, &rf, it);
 		for (;;) {
 			d = next_done(cq, &pending, NODE_T);
+			if (c->tamper && d && d->ev == EXEC_FAILED) {
+				/* node 0 opened the changed frame; node 1 hears of it */
+				const char *why = d->detail ? d->detail : "";
+				test_note("node %u: %s failed: %s: %s", node, d->op,
+					  zc_strerror_name(d->status), why);
+				CHECK(node == 0 ? d->status == -EBADMSG && strstr(why, "node 1") &&
+							  strstr(why, "does not open")
+						: d->status < 0 && strstr(why, "node 0"),
+				      "%s: node %u: %s: %s", c->tag, node,
+				      zc_strerror_name(d->status), why);
+				refused = true;
+				free(d);
+				break;
+			}
 			if (!d || d->ev == EXEC_FAILED) {
 				CHECK(false, "%s: node %u iteration %u: %s %s: %d", c->tag, node,
 				      it, d ? "failed in" : "timed out", d ? d->op : "",
@@ -745,12 +784,15 @@ static void exec_node(uint32_t node, void *arg)
 			if (end)
 				break;
 		}
+		if (refused)
+			break;
 		if (!test_failed_) {
 			char when[32];
 			snprintf(when, sizeof(when), "iteration %u", it);
 			check_against(c, p, node, b.params, rf.p, when);
 		}
 	}
+	CHECK(!c->tamper || refused, "%s: node %u: the changed byte went unnoticed", c->tag, node);
 	exec_stop(e);
 	while ((d = next_done(cq, &pending, NODE_T))) {
 		bool stopped = d->ev == EXEC_STOPPED;
@@ -769,7 +811,10 @@ static void exec_node(uint32_t node, void *arg)
 	zero_program_clear(&prog);
 	pool_free(pool);
 	bufs_free(&b);
-	filestore_free(&store);
+	if (c->tamper)
+		relaystore_free(&store);
+	else
+		filestore_free(&store);
 	shard_map_free(sm);
 	plan_free(p);
 }
@@ -1067,6 +1112,39 @@ static void t_never_joins(void)
 	mesh_free(&m);
 }
 
+#define SEALED(name, fn)                                                                           \
+	static void name(void)                                                                     \
+	{                                                                                          \
+		use_sealed_mesh();                                                                 \
+		fn();                                                                              \
+	}
+SEALED(t_sealed_never_joins, t_never_joins)
+SEALED(t_sealed_coll, t_coll)
+SEALED(t_sealed_exec_sgd, t_exec_sgd)
+SEALED(t_sealed_abort_silent_peer, t_abort_silent_peer)
+SEALED(t_sealed_abort_stopped_peer, t_abort_stopped_peer)
+SEALED(t_sealed_timeout_silent_peer, t_timeout_silent_peer)
+SEALED(t_sealed_killed_peer, t_killed_peer)
+
+/* The executor over the sealed mesh, one byte changed on the wire: both
+ * nodes' executors fail the iteration, node 0 (which opened the frame)
+ * naming node 1 and the frame that does not open, node 1 naming node 0. */
+static void t_sealed_exec_tampered(void)
+{
+	struct exec_case c = {.t = {2, 2, {0, 1}},
+			      .opt = ZC_OPT_SGD,
+			      .shard = ZC_SHARD_BUCKET,
+			      .step = ZC_STEP_INTERLEAVED,
+			      .iters = 3,
+			      .tamper = true};
+
+	use_sealed_mesh();
+	snprintf(c.tag, sizeof(c.tag), "sealed, a changed byte");
+	REQUIRE(mesh_new(&c.m) == 0, "mkdtemp");
+	run_nodes(2, exec_node, &c, c.tag);
+	mesh_free(&c.m);
+}
+
 /* Topologies open refuses: a node without ranks, a rank on no node. */
 static void t_bad_topology(void)
 {
@@ -1232,6 +1310,15 @@ static const struct test_case cases[] = {
 	{"abort_ends_transfer_to_stopped_peer", t_abort_stopped_peer},
 	{"silent_peer_times_out", t_timeout_silent_peer},
 	{"killed_peer_fails_within_timeout", t_killed_peer},
+	/* the same over the sealed mesh (CURVE keys) */
+	{"sealed_never_joins_fails_open", t_sealed_never_joins},
+	{"sealed_reduce_bcast_bit_for_bit", t_sealed_coll},
+	{"sealed_executor_sgd_bit_for_bit", t_sealed_exec_sgd},
+	{"sealed_abort_ends_collective_with_silent_peer", t_sealed_abort_silent_peer},
+	{"sealed_abort_ends_transfer_to_stopped_peer", t_sealed_abort_stopped_peer},
+	{"sealed_silent_peer_times_out", t_sealed_timeout_silent_peer},
+	{"sealed_killed_peer_fails_within_timeout", t_sealed_killed_peer},
+	{"sealed_executor_changed_byte_fails_naming_the_peer", t_sealed_exec_tampered},
 };
 
 int main(int argc, char **argv)

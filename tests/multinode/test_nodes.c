@@ -24,6 +24,10 @@
  *    job trains the rendezvous is the only port the daemons listen on
  *    (gloo listens only while its mesh connects), and garbage sent there
  *    mid-training harms nothing.
+ *
+ * With TEST_NODES_CURVE=1 (meson's nodes-curve, which names the cases that
+ * speak only through trainers) every daemon has one CURVE key pair, so the
+ * jobs' tensors cross the sealed mesh (coll/sealmesh.c) instead of gloo.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -42,6 +46,7 @@
 #include "common.h"
 #include "harness.h"
 #include "rdzvwire.h"
+#include "testkeys.h"
 #include "testlib.h"
 #include "trainer.h"
 
@@ -61,19 +66,32 @@ struct cluster {
 	char rdzv[32];
 };
 
+/* TEST_NODES_CURVE: the key files every daemon gets, made in main() */
+static char curve_key[96], curve_peers[96];
+
 static int cluster_start_args(struct cluster *cl, uint32_t n, int join_ms, int hello_ms)
 {
 	char stall[16], join[16], hello[16];
-	const char *const args[] = {"--stall-timeout",
-				    stall,
-				    "--join-timeout",
-				    join,
-				    "--hello-timeout",
-				    hello,
-				    "--workers",
-				    "2",
-				    NULL};
+	const char *args[] = {"--stall-timeout",
+			      stall,
+			      "--join-timeout",
+			      join,
+			      "--hello-timeout",
+			      hello,
+			      "--workers",
+			      "2",
+			      NULL,
+			      NULL,
+			      NULL,
+			      NULL,
+			      NULL};
 
+	if (curve_key[0]) {
+		args[8] = "--curve-secret-key";
+		args[9] = curve_key;
+		args[10] = "--curve-peers";
+		args[11] = curve_peers;
+	}
 	snprintf(stall, sizeof(stall), "%d", test_timeout(STALL_MS));
 	snprintf(join, sizeof(join), "%d", test_timeout(join_ms));
 	snprintf(hello, sizeof(hello), "%d", test_timeout(hello_ms));
@@ -232,6 +250,11 @@ static void run_ok(const char *job, const struct layout *lay, enum zc_optimizer 
 		/* its log thread may lag on a loaded machine: wait for the line */
 		snprintf(want, sizeof(want), "node %u of %u", k, lay->nnodes);
 		CHECK(zd_wait_log(&cl.zd[k], want, 5000), "daemon %u never says \"%s\"", k, want);
+		/* and which mesh carried the tensors */
+		CHECK(zd_log_has(&cl.zd[k], curve_key[0] ? "tensors between nodes sealed (CURVE)"
+							 : "tensors between nodes over gloo"),
+		      "daemon %u does not say its tensors went %s", k,
+		      curve_key[0] ? "sealed" : "over gloo");
 		mine = state_bytes(&cl.zd[k]);
 		CHECK(mine >= 0 && mine < whole, "daemon %u holds %lld bytes of %lld", k, mine,
 		      whole);
@@ -1077,4 +1100,45 @@ static const struct test_case cases[] = {
 	{"listening_surface_and_garbage", t_listening_surface_and_garbage, 90000},
 };
 
-TEST_MAIN(cases)
+static char curve_dir[64];
+static pid_t curve_owner; /* the cases' processes inherit atexit() too */
+
+static void curve_dir_remove(void)
+{
+	if (getpid() != curve_owner)
+		return;
+	unlink(curve_key);
+	unlink(curve_peers);
+	rmdir(curve_dir);
+}
+
+/* One key pair for every daemon (a zerod trusts its own key). */
+static int curve_setup(void)
+{
+	char pub[RDZV_CURVE_Z85_LEN + 1];
+	FILE *f;
+
+	snprintf(curve_dir, sizeof(curve_dir), "/tmp/zerod-nodescurve-XXXXXX");
+	if (!mkdtemp(curve_dir) || testkeys_make(curve_dir, "node", pub) < 0)
+		return -1;
+	snprintf(curve_key, sizeof(curve_key), "%s/node.key", curve_dir);
+	snprintf(curve_peers, sizeof(curve_peers), "%s/peers", curve_dir);
+	f = fopen(curve_peers, "w");
+	if (!f)
+		return -1;
+	fclose(f);
+	curve_owner = getpid();
+	atexit(curve_dir_remove);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *curve = getenv("TEST_NODES_CURVE");
+
+	if (curve && strcmp(curve, "1") == 0 && curve_setup() < 0) {
+		printf("Bail out! no CURVE key files\n");
+		return 1;
+	}
+	return test_main(cases, ARRAY_SIZE(cases), argc, argv);
+}

@@ -83,6 +83,7 @@ miss=""
 for k in --config --socket --stall-timeout --stall-warn --join-timeout --hello-timeout \
     --shutdown-timeout --workers --max-jobs --max-sessions --max-memory --log-level \
     --flight-records --metrics-textfile --metrics-interval --group --curve-secret-key --curve-peers \
+    --curve-allow-plain-nccl \
     SIGHUP "Exit status" 78 live restart; do
     grep -q -- "$k" "$dir/zh" || miss="$miss $k"
 done

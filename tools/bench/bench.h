@@ -31,6 +31,7 @@ struct bench_cfg {
 	int checkpoint_every;       /* zc_checkpoint() after every N timed iterations; 0: never */
 	const char *checkpoint_dir; /* where (--checkpoint-dir; default a temporary one) */
 	bool checkpoint_sync;       /* the stall timed includes zc_checkpoint_wait() */
+	bool curve; /* --daemons: the job again on daemons with CURVE keys (sealed mesh) */
 };
 
 /* Monotonic time in nanoseconds. */
@@ -77,6 +78,8 @@ void bench_rmdir(const char *path);
 
 /* Start cfg->zerod on a socket in a fresh temporary directory. 0 or -errno. */
 int daemon_start(struct bench_daemon *d, const char *bin);
+/* The same with the flags in extra besides (NULL-terminated, at most 8). */
+int daemon_start_args(struct bench_daemon *d, const char *bin, const char *const *extra);
 /* SIGTERM, wait, remove the directory. 0, or -errno / the exit status. */
 int daemon_stop(struct bench_daemon *d);
 

@@ -54,13 +54,15 @@ else
     sed 's/^/# /' "$out"
 fi
 
-# --daemons 2: a second of two daemons and raw gloo, and its keys.
-if "$bench" --daemons 2 --params 200K --buckets 2 --iters 5 --warmup 1 --json \
+# --daemons 2 --curve: a second of two daemons, again with CURVE keys (the
+# sealed mesh), and raw gloo, and its keys.
+if "$bench" --daemons 2 --curve --params 200K --buckets 2 --iters 5 --warmup 1 --json \
     >"$out" 2>"$err"; then
     if python3 - "$out" <<'PY'; then
 import json, sys
 keys = """daemons ranks params buckets bytes zerod_iter_ms gloo_iter_ms algbw_zerod algbw_gloo
-busbw_zerod busbw_gloo vs_gloo algbw_net busbw_net vs_gloo_net""".split()
+busbw_zerod busbw_gloo vs_gloo algbw_net busbw_net vs_gloo_net
+curve_iter_ms curve_algbw_net curve_vs_plain curve_vs_plain_net""".split()
 try:
     j = json.load(open(sys.argv[1]))
 except ValueError as e:
@@ -71,7 +73,7 @@ if bad:
     print(f"# missing or not numbers: {' '.join(bad)}")
     sys.exit(1)
 PY
-        echo "ok 3 - zerod-bench --daemons 2: one JSON object with every key"
+        echo "ok 3 - zerod-bench --daemons 2 --curve: one JSON object with every key"
     else
         echo "not ok 3 - zerod-bench --daemons 2: JSON output"
         sed 's/^/# /' "$out"

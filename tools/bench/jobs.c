@@ -53,7 +53,14 @@ void bench_rmdir(const char *path)
 
 int daemon_start(struct bench_daemon *d, const char *bin)
 {
+	return daemon_start_args(d, bin, NULL);
+}
+
+int daemon_start_args(struct bench_daemon *d, const char *bin, const char *const *extra)
+{
+	const char *argv[16] = {bin, "--socket", NULL};
 	int64_t deadline;
+	int a = 3;
 
 	memset(d, 0, sizeof(*d));
 	snprintf(d->dir, sizeof(d->dir), "/tmp/zerod-bench.XXXXXX");
@@ -68,7 +75,11 @@ int daemon_start(struct bench_daemon *d, const char *bin)
 		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 		if (fd >= 0)
 			dup2(fd, 2);
-		execl(bin, bin, "--socket", d->sock, (char *)NULL);
+		argv[2] = d->sock;
+		for (int i = 0; extra && extra[i] && a < 15; i++)
+			argv[a++] = extra[i];
+		argv[a] = NULL;
+		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
 	deadline = bench_ns() + 10000000000ll;

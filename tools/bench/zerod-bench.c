@@ -43,7 +43,10 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <zmq.h>
 
 #include "bench.h"
 
@@ -151,6 +154,8 @@ static void usage(FILE *f)
 		   "  --bucket-size B    buckets of B bytes (default 25M, as DDP's bucket_cap)\n"
 		   "  --ranks R          trainer processes (default 2, or N with --daemons N)\n"
 		   "  --daemons N        N >= 2 daemons on loopback, vs raw gloo (needs gloo)\n"
+		   "  --curve            --daemons: the job also on daemons with CURVE keys (its\n"
+		   "                     tensors over the sealed mesh), against the plain run\n"
 		   "  --optim O          sgd|adam|adamw (default adam)\n"
 		   "  --shard S          bucket|slice (default bucket)\n"
 		   "  --step S           interleaved|at_end (default interleaved)\n"
@@ -203,6 +208,7 @@ enum {
 	OPT_CKPT_DIR,
 	OPT_CKPT_SYNC,
 	OPT_SHARED,
+	OPT_CURVE,
 };
 
 static const struct option longopts[] = {
@@ -230,6 +236,7 @@ static const struct option longopts[] = {
 	{"checkpoint-dir", required_argument, NULL, OPT_CKPT_DIR},
 	{"checkpoint-sync", no_argument, NULL, OPT_CKPT_SYNC},
 	{"shared-params", no_argument, NULL, OPT_SHARED},
+	{"curve", no_argument, NULL, OPT_CURVE},
 	{0},
 };
 
@@ -297,6 +304,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_SHARED:
 			o->shared_params = true;
+			break;
+		case OPT_CURVE:
+			cfg->curve = true;
 			break;
 		case OPT_OPTIM:
 			if (!strcmp(optarg, "sgd"))
@@ -378,6 +388,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		return r;
 	if (cfg->daemons && !ranks_set && cfg->daemons > cfg->ranks)
 		cfg->ranks = cfg->daemons;
+	if (cfg->curve && !cfg->daemons) {
+		fprintf(stderr, "zerod-bench: --curve needs --daemons N\n");
+		return -EINVAL;
+	}
 	if (cfg->daemons > cfg->ranks) {
 		fprintf(stderr, "zerod-bench: --ranks must be at least --daemons\n");
 		return -EINVAL;
@@ -698,7 +712,7 @@ static double daemons_net_algbw(const struct bench_daemon *d, uint32_t n)
 }
 
 static void print_daemons(const struct opts *o, const struct job_result *job, double gloo_ms,
-			  double algn, double load)
+			  double algn, double load, const struct job_result *sealed, double algs)
 {
 	const struct bench_cfg *c = &o->cfg;
 	double n = c->daemons, f = 2.0 * (n - 1) / n, bytes = 4.0 * (double)c->params;
@@ -737,6 +751,14 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 		}
 		jnum("algbw_net", algn, "%.3f", false);
 		jnum("busbw_net", algn * f, "%.3f", false);
+		if (sealed) {
+			/* the same job on daemons with CURVE keys: the sealed mesh */
+			jnum("curve_iter_ms", sealed->iter_ms, "%.3f", false);
+			jnum("curve_algbw_net", algs, "%.3f", false);
+			jnum("curve_vs_plain", ratio(job->iter_ms, sealed->iter_ms), "%.3f",
+			     false);
+			jnum("curve_vs_plain_net", ratio(algs, algn), "%.3f", false);
+		}
 		jnum("vs_gloo_net", ratio(algn, algg), "%.3f", true);
 		printf("}\n");
 		return;
@@ -756,6 +778,18 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 	       algn, algn * f);
 	printf("  zerod / gloo  whole iteration %9.3f   all-reduce %9.3f\n", ratio(algz, algg),
 	       ratio(algn, algg));
+	if (sealed) {
+		double algc = bytes / (sealed->iter_ms * 1e6);
+		printf("with CURVE keys (the tensors over the sealed mesh), the same job\n");
+		printf("  zerod (whole iteration)  %9.2f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n",
+		       sealed->iter_ms, algc, algc * f);
+		printf("  zerod's own all-reduce                 algbw %7.3f GB/s  busbw %7.3f "
+		       "GB/s\n",
+		       algs, algs * f);
+		printf("  sealed / plain  whole iteration %7.3f   all-reduce %9.3f  (speed, 1 = "
+		       "as fast)\n",
+		       ratio(job->iter_ms, sealed->iter_ms), ratio(algs, algn));
+	}
 	if (!job->checkpoints)
 		return;
 	printf("checkpoints over %u daemons\n", c->daemons);
@@ -792,50 +826,120 @@ static void ckpt_tmp_remove(const char *dir, uint32_t nodes)
 
 static const char *ckpt_tmp_make(struct bench_cfg *cfg)
 {
-	static char tmp[] = "/tmp/zerod-bench-ckpt.XXXXXX";
+	static char tmp[64];
 
 	if (!cfg->checkpoint_every || cfg->checkpoint_dir)
 		return NULL;
+	snprintf(tmp, sizeof(tmp), "/tmp/zerod-bench-ckpt.XXXXXX"); /* once per run of the job */
 	cfg->checkpoint_dir = mkdtemp(tmp) ? tmp : NULL;
 	return cfg->checkpoint_dir;
+}
+
+/* One CURVE key pair every daemon holds (a zerod trusts its own key), in
+ * a temporary directory, as `zeroctl keygen` makes one (libzmq's
+ * zmq_curve_keypair): the flags that give it to zerod in args. */
+struct curve_files {
+	char dir[64], key[96], peers[96];
+	const char *args[5];
+};
+
+static int curve_files_make(struct curve_files *cf)
+{
+	char pub[41], sec[41];
+	FILE *f;
+	int fd;
+
+	snprintf(cf->dir, sizeof(cf->dir), "/tmp/zerod-bench-curve.XXXXXX");
+	if (!mkdtemp(cf->dir))
+		return -errno;
+	if (zmq_curve_keypair(pub, sec) != 0)
+		return -ENOTSUP; /* a libzmq without CURVE */
+	snprintf(cf->key, sizeof(cf->key), "%s/node.key", cf->dir);
+	snprintf(cf->peers, sizeof(cf->peers), "%s/peers", cf->dir);
+	fd = open(cf->key, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	dprintf(fd, "%s\n", sec);
+	close(fd);
+	f = fopen(cf->peers, "we");
+	if (!f)
+		return -errno;
+	fclose(f);
+	cf->args[0] = "--curve-secret-key";
+	cf->args[1] = cf->key;
+	cf->args[2] = "--curve-peers";
+	cf->args[3] = cf->peers;
+	cf->args[4] = NULL;
+	return 0;
+}
+
+static void curve_files_remove(struct curve_files *cf)
+{
+	unlink(cf->key);
+	unlink(cf->peers);
+	rmdir(cf->dir);
+}
+
+/* The job across cfg->daemons daemons started with extra flags: its
+ * iterations, and the daemons' own all-reduce bandwidth in *ret_algn. */
+static int daemons_job(struct opts *o, const char *const *extra, struct job_result *job,
+		       double *ret_algn, const char **ret_step)
+{
+	struct bench_cfg *cfg = &o->cfg;
+	const char *ckpt_tmp = ckpt_tmp_make(cfg);
+	struct bench_daemon d[16];
+	uint32_t k;
+	int r = 0;
+
+	*ret_step = "starting zerod";
+	memset(d, 0, sizeof(d));
+	for (k = 0; k < cfg->daemons && r == 0; k++) {
+		r = daemon_start_args(&d[k], cfg->zerod, extra);
+		if (r < 0)
+			dump_log(&d[k]);
+	}
+	if (r == 0) {
+		progress(extra ? "zerod: iterations across daemons with CURVE (sealed mesh)"
+			       : "zerod: iterations across daemons");
+		*ret_step = "iterations";
+		r = cfg->checkpoint_every && !cfg->checkpoint_dir ? -errno
+								  : job_iterations(d, cfg, job, NULL);
+		if (ckpt_tmp) {
+			ckpt_tmp_remove(ckpt_tmp, cfg->daemons);
+			cfg->checkpoint_dir = NULL;
+		}
+		if (r < 0)
+			for (k = 0; k < cfg->daemons; k++)
+				dump_log(&d[k]);
+		else
+			*ret_algn = daemons_net_algbw(d, cfg->daemons);
+	}
+	for (k = 0; k < cfg->daemons; k++)
+		if (daemon_stop(&d[k]) != 0 && r == 0) {
+			*ret_step = "stopping zerod";
+			r = -ECHILD;
+		}
+	return r;
 }
 
 static int run_daemons(struct opts *o)
 {
 #ifdef ZEROD_BENCH_GLOO
 	struct bench_cfg *cfg = &o->cfg;
-	const char *ckpt_tmp = ckpt_tmp_make(cfg);
-	struct bench_daemon d[16];
-	struct job_result job = {0};
-	double gloo_ms = NAN, algn = NAN, load = loadavg();
+	struct job_result job = {0}, sealed = {0};
+	double gloo_ms = NAN, algn = NAN, algs = NAN, load = loadavg();
 	const char *step = "starting zerod";
-	uint32_t k;
-	int r = 0;
+	struct curve_files cf;
+	int r;
 
-	memset(d, 0, sizeof(d));
-	for (k = 0; k < cfg->daemons && r == 0; k++) {
-		r = daemon_start(&d[k], cfg->zerod);
-		if (r < 0)
-			dump_log(&d[k]);
+	r = daemons_job(o, NULL, &job, &algn, &step);
+	if (r == 0 && cfg->curve) {
+		step = "CURVE keys";
+		r = curve_files_make(&cf);
+		if (r == 0)
+			r = daemons_job(o, cf.args, &sealed, &algs, &step);
+		curve_files_remove(&cf);
 	}
-	if (r == 0) {
-		progress("zerod: iterations across daemons");
-		step = "iterations";
-		r = cfg->checkpoint_every && !cfg->checkpoint_dir ? -errno
-								  : job_iterations(d, cfg, &job, NULL);
-		if (ckpt_tmp)
-			ckpt_tmp_remove(ckpt_tmp, cfg->daemons);
-		if (r < 0)
-			for (k = 0; k < cfg->daemons; k++)
-				dump_log(&d[k]);
-		else
-			algn = daemons_net_algbw(d, cfg->daemons);
-	}
-	for (k = 0; k < cfg->daemons; k++)
-		if (daemon_stop(&d[k]) != 0 && r == 0) {
-			step = "stopping zerod";
-			r = -ECHILD;
-		}
 	if (r == 0) {
 		progress("raw gloo all-reduce");
 		step = "raw gloo";
@@ -845,12 +949,14 @@ static int run_daemons(struct opts *o)
 		fprintf(stderr, "zerod-bench: %s: %s\n", step, zc_strerror(r));
 		return 1;
 	}
-	print_daemons(o, &job, gloo_ms, algn, load);
+	print_daemons(o, &job, gloo_ms, algn, load, cfg->curve ? &sealed : NULL, algs);
 	return 0;
 #else
 	(void)o;
 	(void)print_daemons;
-	(void)ckpt_tmp_remove;
+	(void)daemons_job;
+	(void)curve_files_make;
+	(void)curve_files_remove;
 	fprintf(stderr, "zerod-bench: --daemons is unavailable: zerod was built without gloo "
 			"(libgloo-dev, -Dgloo)\n");
 	return 2;
