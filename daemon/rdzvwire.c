@@ -101,8 +101,7 @@ void rdzv_random(void *buf, size_t len)
 	randombytes_buf(buf, len);
 }
 
-/* Wait for fd to be ready for events until deadline. */
-static int wait_fd(int fd, short events, int64_t deadline)
+int rdzv_wait_fd(int fd, short events, int64_t deadline)
 {
 	for (;;) {
 		struct pollfd p = {.fd = fd, .events = events};
@@ -124,7 +123,7 @@ static int send_all(int fd, const uint8_t *p, size_t n, int64_t deadline)
 	while (n) {
 		ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
-			int r = wait_fd(fd, POLLOUT, deadline);
+			int r = rdzv_wait_fd(fd, POLLOUT, deadline);
 			if (r < 0)
 				return r;
 			continue;
@@ -137,12 +136,12 @@ static int send_all(int fd, const uint8_t *p, size_t n, int64_t deadline)
 	return 0;
 }
 
-static int recv_all(int fd, uint8_t *p, size_t n, int64_t deadline)
+int rdzv_recv_all(int fd, uint8_t *p, size_t n, int64_t deadline)
 {
 	while (n) {
 		ssize_t got = recv(fd, p, n, MSG_DONTWAIT);
 		if (got < 0 && (errno == EAGAIN || errno == EINTR)) {
-			int r = wait_fd(fd, POLLIN, deadline);
+			int r = rdzv_wait_fd(fd, POLLIN, deadline);
 			if (r < 0)
 				return r;
 			continue;
@@ -179,7 +178,7 @@ int rdzv_recv_blocking(int fd, size_t max, int64_t deadline, Zerod__V1__RdzvEnve
 {
 	uint8_t hdr[4], *buf;
 	uint32_t n;
-	int r = recv_all(fd, hdr, sizeof(hdr), deadline);
+	int r = rdzv_recv_all(fd, hdr, sizeof(hdr), deadline);
 
 	if (r < 0)
 		return r;
@@ -189,7 +188,7 @@ int rdzv_recv_blocking(int fd, size_t max, int64_t deadline, Zerod__V1__RdzvEnve
 	buf = malloc(n ? n : 1);
 	if (!buf)
 		return -ENOMEM;
-	r = recv_all(fd, buf, n, deadline);
+	r = rdzv_recv_all(fd, buf, n, deadline);
 	if (r >= 0) {
 		*ret = rdzv_msg_decode(buf, n);
 		r = *ret ? 0 : -EPROTO;

@@ -60,6 +60,12 @@ int rdzv_send_blocking(int fd, const Zerod__V1__RdzvEnvelope *env, int64_t deadl
 /* A frame already encoded (rdzvcurve.h's sealed ones). */
 int rdzv_send_frame_blocking(int fd, const uint8_t *buf, size_t len, int64_t deadline);
 int rdzv_recv_blocking(int fd, size_t max, int64_t deadline, Zerod__V1__RdzvEnvelope **ret);
+/* Wait until fd is ready for events (poll's), or the deadline: 0,
+ * -ETIMEDOUT or -errno. */
+int rdzv_wait_fd(int fd, short events, int64_t deadline);
+/* Exactly n bytes into p (fd non-blocking or not): 0, -ETIMEDOUT,
+ * -ECONNRESET (closed first) or -errno. */
+int rdzv_recv_all(int fd, uint8_t *p, size_t n, int64_t deadline);
 
 /* "host:port" or "[v6]:port" into host and port; false if it is not. */
 bool rdzv_split_endpoint(const char *ep, char *host, size_t hostlen, char *port, size_t portlen);

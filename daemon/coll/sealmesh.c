@@ -123,49 +123,13 @@ static void put_be32(uint8_t *p, uint32_t v)
 
 /* ------------------------------------------------------ blocking I/O --- */
 
-/* For the handshake: wait for fd (or the deadline, now_ms() clock). */
-static int wait_fd(int fd, short events, int64_t deadline)
-{
-	struct pollfd p = {.fd = fd, .events = events};
-
-	for (;;) {
-		int64_t left = deadline - now_ms();
-		if (left <= 0)
-			return -ETIMEDOUT;
-		int r = poll(&p, 1, (int)MIN(left, 1000 * 1000));
-		if (r > 0)
-			return 0;
-		if (r < 0 && errno != EINTR)
-			return -errno;
-	}
-}
-
-static int recv_exact(int fd, uint8_t *p, size_t n, int64_t deadline)
-{
-	while (n) {
-		ssize_t got = recv(fd, p, n, MSG_DONTWAIT);
-		if (got < 0 && (errno == EAGAIN || errno == EINTR)) {
-			int r = wait_fd(fd, POLLIN, deadline);
-			if (r < 0)
-				return r;
-			continue;
-		}
-		if (got == 0)
-			return -ECONNRESET;
-		if (got < 0)
-			return -errno;
-		p += got;
-		n -= (size_t)got;
-	}
-	return 0;
-}
 
 /* One sealed frame of at most max bytes of data into buf; its length. */
 static int recv_sealed(struct conn *c, uint8_t *buf, size_t max, int64_t deadline)
 {
 	uint8_t hdr[4], *frame;
 	uint32_t n;
-	int r = recv_exact(c->fd, hdr, sizeof(hdr), deadline);
+	int r = rdzv_recv_all(c->fd, hdr, sizeof(hdr), deadline);
 
 	if (r < 0)
 		return r;
@@ -175,7 +139,7 @@ static int recv_sealed(struct conn *c, uint8_t *buf, size_t max, int64_t deadlin
 	frame = malloc(n);
 	if (!frame)
 		return -ENOMEM;
-	r = recv_exact(c->fd, frame, n, deadline);
+	r = rdzv_recv_all(c->fd, frame, n, deadline);
 	if (r >= 0)
 		r = rdzv_sec_unseal(c->sec, buf, frame, n);
 	free(frame);
@@ -501,7 +465,7 @@ static int connect_to(const char *addr, int64_t deadline)
 	r = connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS ? -errno : 0;
 	freeaddrinfo(ai);
 	if (r >= 0)
-		r = wait_fd(fd, POLLOUT, deadline);
+		r = rdzv_wait_fd(fd, POLLOUT, deadline);
 	if (r >= 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) == 0 && err)
 		r = -err;
 	if (r < 0) {
@@ -588,7 +552,7 @@ static int accept_higher(struct coll_mesh *m, int lfd, int64_t deadline, char *e
 	int one = 1;
 
 	while (have < want) {
-		int r = wait_fd(lfd, POLLIN, deadline);
+		int r = rdzv_wait_fd(lfd, POLLIN, deadline);
 		if (r == -ETIMEDOUT) {
 			uint32_t j = m->node + 1;
 			while (j < m->nnodes && conn_of(m, j, LANES - 1)->fd >= 0)
