@@ -831,15 +831,18 @@ int zc_checkpoint_wait(zc_client *c, int timeout_ms);
  * with the same kind of state, segment count, each segment's numel and
  * group; matched by param_id when every segment of both has one, else by
  * position in plan order). The bucket layout, world size, shard mode and
- * node count may differ from the checkpoint's. Then it writes the
- * parameters into this rank's buffers, imports the state (zc_set_state())
- * and moves the job to the checkpoint's iteration: zc_iteration() returns
- * it, and the next buckets are that iteration's.
+ * node count may differ from the checkpoint's. Then it imports the state
+ * (zc_set_state()), moves the job to the checkpoint's iteration
+ * (zc_iteration() returns it, and the next buckets are that iteration's)
+ * and only then writes the parameters into this rank's buffers, so a
+ * refused import changes no rank's parameters, a shared buffer's
+ * (ZC_BUFFERS_SHARED_PARAMS) included.
  * Refused with ZC_ECKPT naming what is wrong (no manifest, a missing,
  * truncated or corrupt file, another version, other parameters), and
  * nothing is changed: the job keeps its state, parameters and iteration.
  * Errors also: ZC_ESTATE, ZC_ENOTSUP (bf16/fp16 buckets), zc_set_state()'s
- * (the parameters are then put back).
+ * (e.g. ZC_ESTATEINVAL: the local ranks restored different checkpoints;
+ * the parameters are then untouched).
  * Ownership: dir stays the caller's.
  * Threads:   any thread.  Blocking: until every local rank imported.
  */

@@ -4,7 +4,9 @@
  * train to the same bits as two ranks with their own buffers, in both shard
  * and both step modes and through a checkpoint and its restore, an edit
  * made between iterations (on one rank only: the buffer is one) is what the
- * next step starts from, and a rank whose
+ * next step starts from, a restore that zerod refuses (the ranks restore
+ * different checkpoints: ZC_ESTATEINVAL) leaves every rank's parameters
+ * as they were, shared or not, and a rank whose
  * buffer or flag differs from the other rank's fails zc_register_plan()
  * with ZC_ESHAREDPARAMS naming both ranks, while the background job "bg"
  * trains on through all of it.
@@ -108,6 +110,7 @@ struct job_spec {
 	bool edit_one;  /* the edit is made by rank 0 alone (the buffer is shared) */
 	/* checkpointed here before iteration CKPT, restored from before RESTORE */
 	const char *ckpt_dir;
+	const char *ckpt_dir2; /* refused_restore(): the second checkpoint */
 	size_t bytes;   /* zc_plan_buffer_bytes() */
 };
 
@@ -545,6 +548,160 @@ static void t_replan_own_buffers(void)
 	spec_close(&js);
 }
 
+/* ---- a refused restore leaves the parameters as they were ---- */
+
+/*
+ * Adam, two ranks: two iterations, a checkpoint into dirs[0], two more, a
+ * checkpoint into dirs[1], one more. Then rank 0 restores dirs[0] and rank
+ * 1 dirs[1]: both checkpoints are sound, but their steps differ, so zerod
+ * refuses the import for both ranks with ZC_ESTATEINVAL. Every rank's
+ * parameters (one buffer when they share) must be the bits they were before,
+ * its iteration unchanged, and the job must train on. Each rank snapshots
+ * its parameters before either calls zc_restore() and compares once both
+ * returned (a rank putting back after the other compared would show too).
+ */
+struct restore_sync {
+	int before, after;
+};
+
+static struct restore_sync *rsync;
+
+/* Wait for both ranks at *count (a guard against a hang, not a time
+ * assertion: the other rank is there at once unless it failed). */
+static bool both_at(int *count)
+{
+	__atomic_add_fetch(count, 1, __ATOMIC_SEQ_CST);
+	for (int i = 0; i < test_timeout(30000); i++) {
+		if (__atomic_load_n(count, __ATOMIC_SEQ_CST) >= 2)
+			return true;
+		usleep(1000);
+	}
+	return false;
+}
+
+static int train_one(zc_client *c, int idx, int it, float *grad)
+{
+	zc_future *step = NULL;
+	uint64_t iter = zc_iteration(c);
+	int r = 0;
+
+	for (size_t e = 0; e < NUMEL; e++)
+		*elem(c, grad, e) = grad_of(idx, it, e);
+	for (uint32_t b = 0; b < 2 && r == 0; b++)
+		r = zc_bucket_ready(c, b, NULL);
+	if (r == 0)
+		r = zc_step_future(c, iter, &step);
+	if (r == 0)
+		r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
+	EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
+	zc_future_free(step);
+	return r;
+}
+
+static int refused_restore_rank(void *arg, int idx)
+{
+	const struct job_spec *js = arg;
+	zc_client *c = connect_c(js->job, (uint32_t)idx);
+	float *grad = NULL, *param = NULL, *before = malloc(NUMEL * sizeof(float));
+	const char *dirs[2] = {js->ckpt_dir, js->ckpt_dir2};
+	uint64_t iter = 0;
+	size_t diff = 0, first = 0;
+	int r = -1;
+
+	if (!c || !before)
+		return 1;
+	grad = map_fd(js->grad_fd[idx], js->bytes, 0);
+	param = map_fd(js->param_fd[idx], js->bytes, js->param_offset[idx]);
+	if (grad && param && (r = register_rank(js, idx, c)) == 0) {
+		for (size_t e = 0; idx == 0 && e < NUMEL; e++)
+			*elem(c, param, e) = 0.5f + 1e-3f * (float)(e % 97);
+		r = zc_register_plan(c);
+	}
+	EXPECT(r == 0, "registering: %s: %s", zc_strerror_name(r), zc_error_message());
+	for (int it = 0; it < 5 && r == 0; it++) {
+		if (it == 2 || it == 4) {
+			r = zc_checkpoint(c, dirs[it / 2 - 1]);
+			if (r == 0)
+				r = zc_checkpoint_wait(c, test_timeout(10000));
+			EXPECT(r == 0, "checkpoint: %s: %s", zc_strerror_name(r), zc_error_message());
+		}
+		if (r == 0)
+			r = train_one(c, idx, it, grad);
+	}
+	if (r == 0) {
+		for (size_t e = 0; e < NUMEL; e++)
+			before[e] = *elem(c, param, e);
+		iter = zc_iteration(c);
+		EXPECT(both_at(&rsync->before), "the other rank never came to its restore");
+		r = zc_restore(c, dirs[idx]);
+		printf("# rank %d: zc_restore(%s): %s: %s\n", idx, dirs[idx], zc_strerror_name(r),
+		       zc_error_message());
+		EXPECT(r == ZC_ESTATEINVAL, "rank %d: restoring another checkpoint than rank %d's: "
+		       "%s", idx, 1 - idx, zc_strerror_name(r));
+		EXPECT(zc_iteration(c) == iter, "rank %d: iteration %llu after the refusal, was %llu",
+		       idx, (unsigned long long)zc_iteration(c), (unsigned long long)iter);
+		EXPECT(both_at(&rsync->after), "the other rank never returned from its restore");
+		for (size_t e = 0; e < NUMEL; e++)
+			if (memcmp(elem(c, param, e), &before[e], sizeof(float)) && !diff++)
+				first = e;
+		EXPECT(diff == 0, "rank %d: %zu of %d parameters changed by a refused restore; "
+		       "the first, %zu: %a, was %a", idx, diff, NUMEL, first,
+		       *elem(c, param, first), before[first]);
+		r = child_bad ? -1 : train_one(c, idx, 5, grad);
+	}
+	zc_close(c);
+	free(before);
+	if (grad)
+		munmap(grad, js->bytes);
+	if (param)
+		munmap(param, js->bytes);
+	return child_bad;
+}
+
+static void refused_restore(const char *job, bool share)
+{
+	struct job_spec js;
+	char dirs[2][64];
+	pid_t pid[2];
+
+	spec_init(&js, job, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	for (int i = 0; i < 2; i++) {
+		snprintf(dirs[i], sizeof(dirs[i]), "/tmp/zerod-test-shared-ckpt.XXXXXX");
+		CHECK(mkdtemp(dirs[i]), "mkdtemp: %s", strerror(errno));
+	}
+	js.ckpt_dir = dirs[0];
+	js.ckpt_dir2 = dirs[1];
+	for (int i = 0; i < 2; i++) {
+		js.grad_fd[i] = make_memfd(js.bytes);
+		js.shared[i] = share;
+		if (!share)
+			js.param_fd[i] = make_memfd(js.bytes);
+	}
+	if (share)
+		js.param_fd[0] = js.param_fd[1] = make_memfd(js.bytes);
+	CHECK(js.grad_fd[0] >= 0 && js.grad_fd[1] >= 0 && js.param_fd[0] >= 0 &&
+		      js.param_fd[1] >= 0,
+	      "memfds");
+	memset(rsync, 0, sizeof(*rsync));
+	for (int i = 0; i < 2; i++)
+		pid[i] = spawn(refused_restore_rank, &js, i);
+	for (int i = 0; i < 2; i++)
+		CHECK(wait_child(pid[i], 60000) == 0, "rank %d", i);
+	spec_close(&js);
+	for (int i = 0; i < 2; i++)
+		rm_tree(dirs[i]);
+}
+
+static void t_refused_restore_shared(void)
+{
+	refused_restore("refused-shared", true);
+}
+
+static void t_refused_restore_own(void)
+{
+	refused_restore("refused-own", false);
+}
+
 /* ---- a rank that does not share as the other does ---- */
 
 enum mismatch { OTHER_MEMFD, OTHER_OFFSET, NOT_FLAGGED };
@@ -692,6 +849,8 @@ static const struct test_case cases[] = {
 	{"shared_equals_own_through_checkpoint_restore", t_checkpoint_restore},
 	{"edit_between_iterations_is_the_start", t_edit_between_iterations},
 	{"replan_gives_each_rank_its_own_buffers", t_replan_own_buffers},
+	{"refused_restore_leaves_shared_params", t_refused_restore_shared},
+	{"refused_restore_leaves_own_params", t_refused_restore_own},
 	{"other_memfd_ESHAREDPARAMS", t_other_memfd},
 	{"other_offset_ESHAREDPARAMS", t_other_offset},
 	{"one_rank_not_flagged_ESHAREDPARAMS", t_not_flagged},
@@ -704,7 +863,8 @@ int main(int argc, char **argv)
 {
 	bg = bg_job_new();
 	mout = mmap(NULL, sizeof(*mout), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (mout == MAP_FAILED)
+	rsync = test_shared(sizeof(*rsync));
+	if (mout == MAP_FAILED || !rsync)
 		return 1;
 	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }
