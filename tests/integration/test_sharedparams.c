@@ -623,7 +623,8 @@ static int refused_restore_rank(void *arg, int idx)
 			r = zc_checkpoint(c, dirs[it / 2 - 1]);
 			if (r == 0)
 				r = zc_checkpoint_wait(c, test_timeout(10000));
-			EXPECT(r == 0, "checkpoint: %s: %s", zc_strerror_name(r), zc_error_message());
+			EXPECT(r == 0, "checkpoint: %s: %s", zc_strerror_name(r),
+			       zc_error_message());
 		}
 		if (r == 0)
 			r = train_one(c, idx, it, grad);
@@ -638,8 +639,9 @@ static int refused_restore_rank(void *arg, int idx)
 		       zc_error_message());
 		EXPECT(r == ZC_ESTATEINVAL, "rank %d: restoring another checkpoint than rank %d's: "
 		       "%s", idx, 1 - idx, zc_strerror_name(r));
-		EXPECT(zc_iteration(c) == iter, "rank %d: iteration %llu after the refusal, was %llu",
-		       idx, (unsigned long long)zc_iteration(c), (unsigned long long)iter);
+		EXPECT(zc_iteration(c) == iter,
+		       "rank %d: iteration %llu after the refusal, was %llu", idx,
+		       (unsigned long long)zc_iteration(c), (unsigned long long)iter);
 		EXPECT(both_at(&rsync->after), "the other rank never returned from its restore");
 		for (size_t e = 0; e < NUMEL; e++)
 			if (memcmp(elem(c, param, e), &before[e], sizeof(float)) && !diff++)
