@@ -414,11 +414,14 @@ static void job_failed(zc_client *c, int code, const char *msg)
 		snprintf(c->job_msg, sizeof(c->job_msg), "%s", msg);
 	}
 	fail_all(c, c->job_error, c->job_msg);
+	/* the reason goes with the answer it gives: a RegisterPlan answered
+	 * with its own error already keeps that error's reason */
+	if (c->hello_result == 0 || (c->hello_result > 0 && c->plan_result == 0))
+		snprintf(c->answer_msg, sizeof(c->answer_msg), "%s", c->job_msg);
 	if (c->hello_result == 0)
 		c->hello_result = c->job_error;
 	if (c->plan_result == 0)
 		c->plan_result = c->job_error;
-	snprintf(c->answer_msg, sizeof(c->answer_msg), "%s", c->job_msg);
 	if (c->state_pending && c->state_result == 0) {
 		c->state_result = c->job_error;
 		snprintf(c->state_msg, sizeof(c->state_msg), "%s", c->job_msg);
