@@ -134,6 +134,8 @@ struct zc_client {
 	struct host_buf grad, param;
 	uint64_t bufs_serial; /* zerod's name for them (RegisterPlan's FdBuffers) */
 	bool bufs_shared;     /* registered with ZC_BUFFERS_SHARED_PARAMS */
+	int share_fd; /* zc_alloc_buffers_shared()'s parameter memfd, open for the other
+			 local ranks until zc_close() (-1: none) */
 	struct devbufs *dev;  /* CUDA buffers (devbufs.h) instead of grad and param */
 	bool bufs_busy;       /* zc_register_buffers() is talking to zerod */
 	bool registered;
@@ -963,6 +965,7 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	c->pid = getpid();
 	c->efd = -1;
 	c->replan_fd = -1;
+	c->share_fd = -1;
 	for (unsigned i = 0; i < STEP_RECS; i++)
 		c->step_recs[i].iteration = UINT64_MAX;
 	c->cfg = cfg;
@@ -1108,6 +1111,8 @@ void zc_close(zc_client *c)
 	}
 	if (c->efd >= 0)
 		close(c->efd);
+	if (c->share_fd >= 0)
+		close(c->share_fd);
 	fpc_free(c->fp);
 	if (c->sock)
 		zmq_close(c->sock);
@@ -3247,4 +3252,13 @@ int zc_checkpoint_due(zc_client *c, char *dir, size_t len)
 	}
 	client_unlock(c);
 	return r;
+}
+
+void client_keep_share_fd(zc_client *c, int fd)
+{
+	pthread_mutex_lock(&c->mu);
+	if (c->share_fd >= 0)
+		close(c->share_fd);
+	c->share_fd = fd;
+	pthread_mutex_unlock(&c->mu);
 }

@@ -37,6 +37,9 @@ struct ckpt_view {
 /* 0, or ZC_ESTATE (no plan, a re-plan half done, mid-iteration) with the
  * reason recorded (fn names the caller). */
 int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret);
+/* share.c: keep fd (the shared parameter memfd this rank created) open
+ * until zc_close(), which closes it; c owns it from here. */
+void client_keep_share_fd(zc_client *c, int fd);
 /* The job goes on at `iteration` (Resume): 0, or an error recorded. */
 int client_resume(zc_client *c, uint64_t iteration, const char *fn);
 /* A checkpoint's staging (ckpt.c keeps it from one checkpoint to the next):

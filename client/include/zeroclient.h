@@ -470,7 +470,8 @@ struct zc_buffers {
  * iterations is every rank's (make it on one rank, or the same on every
  * rank: as without sharing, the next step starts from it); and a trainer
  * must not write its parameters while another rank's step is in flight.
- * The ranks must get the memfd to each other (fork, SCM_RIGHTS, pidfd_getfd).
+ * The ranks must get the memfd to each other (fork, SCM_RIGHTS, pidfd_getfd),
+ * or let zc_alloc_buffers_shared() do it: then they pass two numbers.
  * zerod checks it per rank as the plan registers: a rank whose parameter
  * buffer is another file or offset than the other local ranks', or whose
  * flag differs from theirs, fails zc_register_plan() with ZC_ESHAREDPARAMS
@@ -492,6 +493,55 @@ struct zc_buffers {
 	}
 
 int zc_buffers_init(struct zc_buffers *b, size_t size);
+
+/*
+ * Shared parameters without passing fds: what a rank that created the
+ * job's shared parameter buffer (zc_alloc_buffers_shared() with from NULL)
+ * tells the other local ranks, by any channel (a torch.distributed store,
+ * MPI, a file): its pid and the memfd's fd number there.
+ */
+struct zc_shared_params {
+	uint32_t size;     /* sizeof(struct zc_shared_params) */
+	int32_t pid;       /* the creating rank's process */
+	int32_t fd;        /* the memfd's fd number in it (its client keeps it open) */
+	uint32_t reserved; /* 0 */
+};
+
+#define ZC_SHARED_PARAMS_INIT                                                                      \
+	{                                                                                          \
+		.size = sizeof(struct zc_shared_params), .fd = -1                                  \
+	}
+
+/*
+ * zc_register_buffers() with ZC_BUFFERS_SHARED_PARAMS, the memfds made
+ * here: every local rank calls it once, before zc_register_plan(), one rank
+ * (say local rank 0) with from NULL and the others with what that one got
+ * in *ret. With from NULL it creates the parameter memfd, which its client
+ * keeps open until zc_close(), and writes {pid, fd} into *ret; with from it
+ * opens that memfd through /proc/PID/fd/N (the same user, the creator
+ * dumpable: the kernel's rule for reading another process's fds; yama's
+ * ptrace_scope does not restrict it) and copies *from to *ret. Each rank
+ * gets a gradient memfd of its own. The creator's call need not wait for
+ * the others, but must have returned before they call, and the creator
+ * must not zc_close() before every local rank's call returned (its
+ * zc_register_plan() returning is enough: that waits for every rank's).
+ * zc_param_buffer() then gives the one buffer on every rank: write initial
+ * values on one rank only. A re-plan (zc_alloc_buffers() on a registered
+ * client) gives each rank a buffer of its own, as for any shared buffer.
+ * Errors: zc_register_buffers()'s (ZC_ENOTSUP on a job over several nodes,
+ *         and ZC_ESHAREDPARAMS later from zc_register_plan() if the ranks'
+ *         files differ), -EINVAL (c, plan or ret NULL; from->size wrong; a
+ *         handle naming no memfd, or one too small for plan), -ENOENT (the
+ *         creator exited or closed its client), -EACCES / -EPERM (another
+ *         user's, or a process not dumpable), -errno of memfd_create(); the
+ *         reason in zc_error_message().
+ * Ownership: plan as zc_register_buffers(); from is only read; *ret is
+ *            written on success.
+ * Threads:   any thread.
+ * Blocking:  as zc_register_buffers().
+ */
+int zc_alloc_buffers_shared(zc_client *c, const struct zc_plan *plan,
+			    const struct zc_shared_params *from, struct zc_shared_params *ret);
 
 /*
  * The size in bytes of each of plan's two buffers (what a memfd must hold

@@ -6,7 +6,9 @@
  * made between iterations (on one rank only: the buffer is one) is what the
  * next step starts from, a restore that zerod refuses (the ranks restore
  * different checkpoints: ZC_ESTATEINVAL) leaves every rank's parameters
- * as they were, shared or not, and a rank whose
+ * as they were, shared or not, zc_alloc_buffers_shared() shares without
+ * the ranks passing fds (and refuses handles naming no usable memfd), and
+ * a rank whose
  * buffer or flag differs from the other rank's fails zc_register_plan()
  * with ZC_ESHAREDPARAMS naming both ranks, while the background job "bg"
  * trains on through all of it.
@@ -704,6 +706,142 @@ static void t_refused_restore_own(void)
 	refused_restore("refused-own", false);
 }
 
+/* ---- zc_alloc_buffers_shared(): sharing without passing fds ---- */
+
+/*
+ * The ranks are forked before any memfd exists, so nothing is inherited:
+ * rank 0 creates the buffer and publishes its handle in shared memory (as
+ * a trainer would in a store), rank 1 opens it from that. SGD, lr 0.5,
+ * gradients 0.125 and 0.375: three steps from 1.0 leave 0.625, on both
+ * ranks; rank 1 sees rank 0's initial values, and zerod maps the buffer
+ * once.
+ */
+struct handoff {
+	int ready;
+	struct zc_shared_params h;
+};
+
+static struct handoff *hand;
+
+static int alloc_shared_rank(void *arg, int idx)
+{
+	const struct job_spec *js = arg;
+	zc_client *c = connect_c(js->job, (uint32_t)idx);
+	struct zc_shared_params h = ZC_SHARED_PARAMS_INIT;
+	int r = 0;
+
+	if (!c)
+		return 1;
+	if (idx == 1) {
+		for (int i = 0; i < test_timeout(30000) && !__atomic_load_n(&hand->ready,
+									 __ATOMIC_ACQUIRE);
+		     i++)
+			usleep(1000);
+		EXPECT(hand->ready, "rank 0 never published its handle");
+		r = hand->ready ? 0 : -1;
+	}
+	if (r == 0)
+		r = zc_alloc_buffers_shared(c, &js->plan, idx ? &hand->h : NULL, &h);
+	EXPECT(r == 0, "zc_alloc_buffers_shared: %s: %s", zc_strerror_name(r), zc_error_message());
+	if (r == 0 && idx == 0) {
+		EXPECT(h.pid == getpid() && h.fd >= 0, "the handle: pid %d fd %d", h.pid, h.fd);
+		for (uint32_t b = 0; b < 2; b++)
+			for (uint64_t e = 0; e < buckets[b].numel; e++)
+				zc_param_buffer(c, b)[e] = 1.0f;
+		hand->h = h;
+		__atomic_store_n(&hand->ready, 1, __ATOMIC_RELEASE);
+	}
+	if (r == 0)
+		r = zc_register_plan(c);
+	EXPECT(r == 0, "zc_register_plan: %s: %s", zc_strerror_name(r), zc_error_message());
+	if (r == 0 && idx == 0) {
+		int n = maps_lines(daemon_.pid, "memfd:zerod-shared-params");
+		EXPECT(n == 1, "zerod maps the shared parameter memfd %d times", n);
+	}
+	for (int it = 0; it < 3 && r == 0; it++) {
+		zc_future *step = NULL;
+		uint64_t iter = zc_iteration(c);
+
+		for (uint32_t b = 0; b < 2; b++)
+			for (uint64_t e = 0; e < buckets[b].numel; e++)
+				zc_grad_buffer(c, b)[e] = idx == 0 ? 0.125f : 0.375f;
+		for (uint32_t b = 0; b < 2 && r == 0; b++)
+			r = zc_bucket_ready(c, b, NULL);
+		if (r == 0)
+			r = zc_step_future(c, iter, &step);
+		if (r == 0)
+			r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
+		EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
+		zc_future_free(step);
+	}
+	for (uint32_t b = 0; b < 2 && r == 0 && !child_bad; b++)
+		for (uint64_t e = 0; e < buckets[b].numel && !child_bad; e++)
+			EXPECT(zc_param_buffer(c, b)[e] == 0.625f,
+			       "rank %d: bucket %u[%llu] = %a, want 0.625", idx, b,
+			       (unsigned long long)e, zc_param_buffer(c, b)[e]);
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_alloc_shared(void)
+{
+	struct job_spec js;
+	pid_t pid[2];
+
+	spec_init(&js, "alloc-shared", ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	js.group.lr = 0.5;
+	memset(hand, 0, sizeof(*hand));
+	for (int i = 0; i < 2; i++)
+		pid[i] = spawn(alloc_shared_rank, &js, i);
+	for (int i = 0; i < 2; i++)
+		CHECK(wait_child(pid[i], 30000) == 0, "rank %d", i);
+}
+
+/* Handles that name no usable memfd are refused with the reason, before
+ * anything reaches zerod: a pipe, an fd nobody has open, a memfd too
+ * small for the plan, a wrong struct size. */
+static int bad_handle_child(void *arg, int idx)
+{
+	zc_client *c = connect_c("bad-handle", 0);
+	struct zc_shared_params h = ZC_SHARED_PARAMS_INIT, out = ZC_SHARED_PARAMS_INIT;
+	struct job_spec js;
+	int p[2], small, r;
+
+	(void)arg, (void)idx;
+	if (!c || pipe2(p, O_CLOEXEC) < 0)
+		return 1;
+	spec_init(&js, "bad-handle", ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	h.pid = getpid();
+	h.fd = p[0];
+	r = zc_alloc_buffers_shared(c, &js.plan, &h, &out);
+	EXPECT(r == -EINVAL && strstr(zc_error_message(), "not a memfd"), "a pipe: %s: %s",
+	       zc_strerror_name(r), zc_error_message());
+	h.fd = 1000;
+	r = zc_alloc_buffers_shared(c, &js.plan, &h, &out);
+	EXPECT(r == -ENOENT && strstr(zc_error_message(), "/proc/"), "an fd not open: %s: %s",
+	       zc_strerror_name(r), zc_error_message());
+	small = make_memfd(64);
+	h.fd = small;
+	r = zc_alloc_buffers_shared(c, &js.plan, &h, &out);
+	EXPECT(r == -EINVAL && strstr(zc_error_message(), "holds"), "a small memfd: %s: %s",
+	       zc_strerror_name(r), zc_error_message());
+	h.size = 8;
+	r = zc_alloc_buffers_shared(c, &js.plan, &h, &out);
+	EXPECT(r == -EINVAL, "size 8: %s", zc_strerror_name(r));
+	EXPECT(out.fd == -1 && out.pid == 0, "*ret written on failure");
+	/* the client is still free to take buffers */
+	r = zc_alloc_buffers(c, &js.plan);
+	EXPECT(r == 0, "zc_alloc_buffers after the refusals: %s: %s", zc_strerror_name(r),
+	       zc_error_message());
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_alloc_shared_bad_handle(void)
+{
+	CHECK(wait_child(spawn(bad_handle_child, NULL, 0), 30000) == 0, "child");
+}
+
 /* ---- a rank that does not share as the other does ---- */
 
 enum mismatch { OTHER_MEMFD, OTHER_OFFSET, NOT_FLAGGED };
@@ -853,6 +991,8 @@ static const struct test_case cases[] = {
 	{"replan_gives_each_rank_its_own_buffers", t_replan_own_buffers},
 	{"refused_restore_leaves_shared_params", t_refused_restore_shared},
 	{"refused_restore_leaves_own_params", t_refused_restore_own},
+	{"alloc_buffers_shared_without_passing_fds", t_alloc_shared},
+	{"alloc_buffers_shared_bad_handle_refused", t_alloc_shared_bad_handle},
 	{"other_memfd_ESHAREDPARAMS", t_other_memfd},
 	{"other_offset_ESHAREDPARAMS", t_other_offset},
 	{"one_rank_not_flagged_ESHAREDPARAMS", t_not_flagged},
@@ -866,7 +1006,8 @@ int main(int argc, char **argv)
 	bg = bg_job_new();
 	mout = mmap(NULL, sizeof(*mout), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	rsync = test_shared(sizeof(*rsync));
-	if (mout == MAP_FAILED || !rsync)
+	hand = test_shared(sizeof(*hand));
+	if (mout == MAP_FAILED || !rsync || !hand)
 		return 1;
 	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }
