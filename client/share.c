@@ -9,13 +9,16 @@
  * requires (one file, sharedp.c). That open needs what the kernel asks of
  * a read of another process's fds (ptrace read access: the same user, the
  * creator dumpable), which yama's ptrace_scope does not restrict (it limits
- * attaching only).
+ * attaching only). On a registered client the same call re-plans
+ * (zc_alloc_buffers()'s re-plan) into a new shared buffer: the creator
+ * copies the parameters into it, the others only map it.
  *
  * Owns: nothing past a call: the creator's memfd goes to its client.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -96,6 +99,7 @@ int zc_alloc_buffers_shared(zc_client *c, const struct zc_plan *plan,
 	struct zc_buffers b = ZC_BUFFERS_INIT;
 	uint64_t bytes = 0;
 	int gfd = -1, pfd = -1, r;
+	bool replan;
 
 	if (!c || !plan || !ret)
 		return err_set(-EINVAL, "%s: c, plan and ret are required", fn);
@@ -104,12 +108,20 @@ int zc_alloc_buffers_shared(zc_client *c, const struct zc_plan *plan,
 			       sizeof(*from));
 	if ((r = zc_plan_buffer_bytes(plan, &bytes)) < 0)
 		return r;
+	replan = client_registered_host(c);
 	if (from)
 		r = open_peer(from, bytes, &pfd, fn);
 	else if ((r = sealed_memfd("zerod-shared-params", bytes, &pfd)) < 0)
 		err_set(r, "%s: a memfd of %" PRIu64 " bytes: %s", fn, bytes, zc_strerror(r));
 	if (r < 0)
 		goto out;
+	if (replan) {
+		/* the creator fills the new buffer from the registered one; the
+		 * others find it filled (they open it once the creator's call
+		 * returned) */
+		r = client_replan_shared(c, plan, pfd, !from);
+		goto done;
+	}
 	if ((r = sealed_memfd("zerod-grads", bytes, &gfd)) < 0) {
 		err_set(r, "%s: a memfd of %" PRIu64 " bytes: %s", fn, bytes, zc_strerror(r));
 		goto out;
@@ -117,7 +129,9 @@ int zc_alloc_buffers_shared(zc_client *c, const struct zc_plan *plan,
 	b.grad_fd = gfd;
 	b.param_fd = pfd;
 	b.flags = ZC_BUFFERS_SHARED_PARAMS;
-	if ((r = zc_register_buffers(c, plan, &b)) < 0)
+	r = zc_register_buffers(c, plan, &b);
+done:
+	if (r < 0)
 		goto out;
 	if (from) {
 		*ret = *from;

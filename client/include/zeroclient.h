@@ -478,7 +478,8 @@ struct zc_buffers {
  * naming both ranks; a job over several nodes refuses the flag with
  * ZC_ENOTSUP (each node would need its own: not yet), and so does
  * zc_register_buffers() with CUDA buffers. zc_alloc_buffers() gives each
- * rank a memfd of its own, and so does a re-plan with it.
+ * rank a memfd of its own, and so does a re-plan with it; a re-plan with
+ * zc_alloc_buffers_shared() shares again.
  */
 #define ZC_BUFFERS_SHARED_PARAMS 1u
 
@@ -526,8 +527,14 @@ struct zc_shared_params {
  * must not zc_close() before every local rank's call returned (its
  * zc_register_plan() returning is enough: that waits for every rank's).
  * zc_param_buffer() then gives the one buffer on every rank: write initial
- * values on one rank only. A re-plan (zc_alloc_buffers() on a registered
- * client) gives each rank a buffer of its own, as for any shared buffer.
+ * values on one rank only. On a client whose plan is registered (host
+ * buffers) it re-plans as zc_alloc_buffers() does (then
+ * zc_register_plan(), "Re-planning"), into a new shared buffer: again the
+ * creator with from NULL, which copies every segment's parameters into it
+ * by the new layout, and then the others with its new handle (they copy
+ * nothing: call only after the creator's call returned). The creator's
+ * client closes the previous buffer's fd. zc_alloc_buffers() instead
+ * re-plans into each rank's own buffers.
  * Errors: zc_register_buffers()'s (ZC_ENOTSUP on a job over several nodes,
  *         and ZC_ESHAREDPARAMS later from zc_register_plan() if the ranks'
  *         files differ), -EINVAL (c, plan or ret NULL; from->size wrong; a

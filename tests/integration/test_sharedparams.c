@@ -719,6 +719,8 @@ static void t_refused_restore_own(void)
 struct handoff {
 	int ready;
 	struct zc_shared_params h;
+	int ready2; /* the re-plan's */
+	struct zc_shared_params h2;
 };
 
 static struct handoff *hand;
@@ -793,6 +795,128 @@ static void t_alloc_shared(void)
 	memset(hand, 0, sizeof(*hand));
 	for (int i = 0; i < 2; i++)
 		pid[i] = spawn(alloc_shared_rank, &js, i);
+	for (int i = 0; i < 2; i++)
+		CHECK(wait_child(pid[i], 30000) == 0, "rank %d", i);
+}
+
+/*
+ * A re-plan that keeps sharing: two SGD steps on a shared buffer, then a
+ * re-plan into one bucket holding both segments with
+ * zc_alloc_buffers_shared() (rank 0 creates the new buffer and copies the
+ * parameters in by the new layout, rank 1 opens it from rank 0's new
+ * handle), and two more steps. Element e starts at 1 + e/1024 and each
+ * step takes 0.125 off exactly, so every element must end at
+ * 0.5 + e/1024 where the new layout puts it, on both ranks, in the one new
+ * buffer, which zerod maps once (the old one no longer).
+ */
+static const struct zc_segment one_segs[2] = {SEG(0, N0, 0), SEG(N0, N1, 0)};
+static const struct zc_bucket one_bucket[1] = {BUCKET(NUMEL, 2, one_segs)};
+
+static int wait_flag(int *flag)
+{
+	for (int i = 0; i < test_timeout(30000) && !__atomic_load_n(flag, __ATOMIC_ACQUIRE); i++)
+		usleep(1000);
+	return __atomic_load_n(flag, __ATOMIC_ACQUIRE) ? 0 : -1;
+}
+
+static int sgd_step(zc_client *c, int idx, int it)
+{
+	zc_future *step = NULL;
+	uint64_t iter = zc_iteration(c);
+	uint32_t nb = zc_param_buffer(c, 1) ? 2 : 1;
+	int r = 0;
+
+	for (uint32_t b = 0; b < nb; b++) {
+		float *g = zc_grad_buffer(c, b);
+		uint64_t n = nb == 2 ? buckets[b].numel : NUMEL;
+		for (uint64_t e = 0; e < n; e++)
+			g[e] = idx == 0 ? 0.125f : 0.375f;
+	}
+	for (uint32_t b = 0; b < nb && r == 0; b++)
+		r = zc_bucket_ready(c, b, NULL);
+	if (r == 0)
+		r = zc_step_future(c, iter, &step);
+	if (r == 0)
+		r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
+	EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
+	zc_future_free(step);
+	return r;
+}
+
+static int replan_shared_rank(void *arg, int idx)
+{
+	const struct job_spec *js = arg;
+	zc_client *c = connect_c(js->job, (uint32_t)idx);
+	struct zc_shared_params h = ZC_SHARED_PARAMS_INIT;
+	struct zc_plan np = js->plan;
+	int r = 0;
+
+	if (!c)
+		return 1;
+	np.buckets = one_bucket;
+	np.nbuckets = 1;
+	if (idx == 1)
+		r = wait_flag(&hand->ready);
+	if (r == 0)
+		r = zc_alloc_buffers_shared(c, &js->plan, idx ? &hand->h : NULL, &h);
+	EXPECT(r == 0, "zc_alloc_buffers_shared: %s: %s", zc_strerror_name(r), zc_error_message());
+	if (r == 0 && idx == 0) {
+		for (size_t e = 0; e < NUMEL; e++)
+			*elem(c, zc_param_buffer(c, 0), e) = 1.0f + (float)e / 1024.0f;
+		hand->h = h;
+		__atomic_store_n(&hand->ready, 1, __ATOMIC_RELEASE);
+	}
+	if (r == 0)
+		r = zc_register_plan(c);
+	EXPECT(r == 0, "zc_register_plan: %s: %s", zc_strerror_name(r), zc_error_message());
+	for (int it = 0; it < 4 && r == 0; it++) {
+		if (it == 2) {
+			float *old = zc_param_buffer(c, 0);
+
+			if (idx == 1)
+				r = wait_flag(&hand->ready2);
+			if (r == 0)
+				r = zc_alloc_buffers_shared(c, &np, idx ? &hand->h2 : NULL, &h);
+			if (r == 0 && idx == 0) {
+				EXPECT(h.fd >= 0 && h.fd != hand->h.fd,
+				       "the re-plan's handle is the first buffer's");
+				hand->h2 = h;
+				__atomic_store_n(&hand->ready2, 1, __ATOMIC_RELEASE);
+			}
+			if (r == 0)
+				r = zc_register_plan(c);
+			EXPECT(r == 0, "shared re-plan: %s: %s", zc_strerror_name(r),
+			       zc_error_message());
+			if (r != 0)
+				break;
+			EXPECT(zc_param_buffer(c, 0) != old && !zc_param_buffer(c, 1),
+			       "the re-plan's buffers are not the new one-bucket plan's");
+			if (idx == 0) {
+				int n = maps_lines(daemon_.pid, "memfd:zerod-shared-params");
+				EXPECT(n == 1, "after the re-plan zerod maps %d shared parameter "
+				       "memfds", n);
+			}
+		}
+		r = sgd_step(c, idx, it);
+	}
+	for (size_t e = 0; e < NUMEL && r == 0 && !child_bad; e++) {
+		float want = 0.5f + (float)e / 1024.0f, got = zc_param_buffer(c, 0)[e];
+		EXPECT(got == want, "rank %d: element %zu = %a, want %a", idx, e, got, want);
+	}
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_replan_keeps_sharing(void)
+{
+	struct job_spec js;
+	pid_t pid[2];
+
+	spec_init(&js, "replan-shared", ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	js.group.lr = 0.5;
+	memset(hand, 0, sizeof(*hand));
+	for (int i = 0; i < 2; i++)
+		pid[i] = spawn(replan_shared_rank, &js, i);
 	for (int i = 0; i < 2; i++)
 		CHECK(wait_child(pid[i], 30000) == 0, "rank %d", i);
 }
@@ -993,6 +1117,7 @@ static const struct test_case cases[] = {
 	{"refused_restore_leaves_own_params", t_refused_restore_own},
 	{"alloc_buffers_shared_without_passing_fds", t_alloc_shared},
 	{"alloc_buffers_shared_bad_handle_refused", t_alloc_shared_bad_handle},
+	{"replan_keeps_sharing_with_alloc_buffers_shared", t_replan_keeps_sharing},
 	{"other_memfd_ESHAREDPARAMS", t_other_memfd},
 	{"other_offset_ESHAREDPARAMS", t_other_offset},
 	{"one_rank_not_flagged_ESHAREDPARAMS", t_not_flagged},
