@@ -158,10 +158,11 @@ class Client:
         self.own = None  # a re-plan's buffers are the library's
 
     def alloc_buffers_shared(self, plan, handle=None):
-        """zc_alloc_buffers_shared(plan): the first plan's buffers, the
-        library's, the parameters in one memfd the job's local ranks share
-        (ZC_BUFFERS_SHARED_PARAMS). handle None: this rank creates it (its
-        client keeps it open until close()); else (pid, fd), what the
+        """zc_alloc_buffers_shared(plan): the first plan's buffers, or a
+        re-plan's, the library's, the parameters in one memfd the job's
+        local ranks share (ZC_BUFFERS_SHARED_PARAMS). handle None: this rank
+        creates it (its client keeps it open until close(); a re-plan's is
+        filled from the registered buffers); else (pid, fd), what the
         creating rank's call returned, opened through /proc/PID/fd/N.
         Returns the handle (pid, fd) for the other local ranks."""
         self.lib.require("shared_params")
@@ -178,6 +179,8 @@ class Client:
         out.size, out.fd = ctypes.sizeof(out), -1
         self.lib.check("zc_alloc_buffers_shared", self.h, ctypes.byref(cplan),
                        ctypes.byref(src) if src is not None else None, ctypes.byref(out))
+        if self.plan is not None:  # a re-plan: back to these if it is refused
+            self._prev = (self.plan, self._keep, self.own, self.cuda)
         self.plan, self._keep = plan, (cplan, keep)
         self.own = None  # the library's buffers
         return out.pid, out.fd

@@ -37,7 +37,9 @@ How an iteration goes:
   (zc_register_buffers()): the parameters' storage is that mapping and keeps
   it alive, close() or not. A re-plan's are the library's (zc_alloc_buffers()
   is how libzeroclient re-plans). ZEROD_TORCH_BUFFERS=library takes the
-  library's from the start. bf16/fp16 parameters get buckets of their dtype.
+  library's from the start. shared_params=True: the library's from the
+  start, the parameters in one memfd of rank 0's that the others open
+  (zc_alloc_buffers_shared()), and a re-plan's in a new one the same way. bf16/fp16 parameters get buckets of their dtype.
 - CUDA parameters (all on one device): the buffers are two uint8 device
   tensors from torch's allocator, registered over CUDA IPC
   (ZC_BUFFERS_CUDA), the parameters views into them, typed by their bucket
@@ -142,12 +144,10 @@ class ZerodOptimizer(torch.optim.Optimizer):
     parameters in one buffer (ZC_BUFFERS_SHARED_PARAMS), which zerod writes
     once per step instead of once per rank: rank 0 creates it and tells the
     others over the process group (its pid and fd, which they open through
-    /proc/PID/fd/N: the same user). DDP's rebuilt buckets are then mapped
-    onto the first plan parameter by parameter instead of re-planning (a
-    re-plan would give each rank its own buffers): the sharing stays, and
-    a zerod bucket is handed over once all its parameters' gradients are in
-    (less overlap when the rebuild reorders them). params_shared says
-    whether the registered buffers are shared.
+    /proc/PID/fd/N: the same user). DDP's bucket rebuild re-plans into a
+    new shared buffer the same way (rank 0 copies the parameters in by the
+    new layout). params_shared says whether the registered buffers are
+    shared.
     Every rank constructs it, calls state_dict()/load_state_dict() and
     close() together (they are collective, like DDP's own construction).
     """
@@ -328,7 +328,10 @@ class ZerodOptimizer(torch.optim.Optimizer):
             pbufs, gbufs = self._cuda_buffers(plan, layout, dts)
         elif not first:
             self._wait_step()
-            self.client.alloc_buffers(plan)  # each rank's own, shared before or not
+            if self.params_shared:  # into a new shared buffer, rank 0 copying
+                self._share_buffers(plan)
+            else:
+                self.client.alloc_buffers(plan)
         elif self.shared_params:
             self._share_buffers(plan)
         elif self.lib.has("zc_register_buffers") and os.environ.get("ZEROD_TORCH_BUFFERS") \
@@ -363,8 +366,6 @@ class ZerodOptimizer(torch.optim.Optimizer):
             raise
         finally:
             self._old_mem = None  # registered: zerod closed its handles of the old ones
-        if not first:
-            self.params_shared = False
         if not self.cuda:
             # a re-plan's new buffers are the ones to take once it registered
             pbufs = [torch.frombuffer(self.client.param_buffer(b), dtype=dts[b])
@@ -384,10 +385,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
             self._sent = [dict(h) for h in self._plan_groups]
 
     def _share_buffers(self, plan):
-        """The first plan's buffers with the parameters in one memfd every
-        rank shares: rank 0 creates it, and the process group carries its
-        handle (host, pid, fd) to the others, which open it. A failure on
-        rank 0 is carried too, so that no rank waits for a handle."""
+        """A plan's buffers (the first, or a re-plan's) with the parameters
+        in one memfd every rank shares: rank 0 creates it (a re-plan's
+        filled from the registered buffers), and the process group carries
+        its handle (host, pid, fd) to the others, which open it. A failure
+        on rank 0 is carried too, so that no rank waits for a handle."""
         pg = self.ddp.process_group
         src = dist.get_global_rank(pg, 0) if hasattr(dist, "get_global_rank") else 0
         box, err = [None], None
@@ -422,13 +424,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         if torch.is_grad_enabled() and self.ddp._has_rebuilt_buckets and not self._rebuilt_seen:
             self._rebuilt_seen = True
             layout = self._read_layout()
-            if [k for k, _, _ in layout] != [k for k, _, _ in self._layout] and \
-                    self.params_shared:
-                # a re-plan would give each rank its own buffers again
-                # (zc_alloc_buffers()): keep the shared one and its plan,
-                # DDP's rebuilt buckets mapped onto it parameter by parameter
-                self._route_by_param(layout)
-            elif [k for k, _, _ in layout] != [k for k, _, _ in self._layout]:
+            if [k for k, _, _ in layout] != [k for k, _, _ in self._layout]:
                 try:
                     self._set_layout(layout, first=False)
                 except _lib.ZerodError as e:
