@@ -39,7 +39,8 @@ How an iteration goes:
   is how libzeroclient re-plans). ZEROD_TORCH_BUFFERS=library takes the
   library's from the start. shared_params=True: the library's from the
   start, the parameters in one memfd of rank 0's that the others open
-  (zc_alloc_buffers_shared()), and a re-plan's in a new one the same way. bf16/fp16 parameters get buckets of their dtype.
+  (zc_alloc_buffers_shared()), and a re-plan's in a new one the same way.
+  bf16/fp16 parameters get buckets of their dtype.
 - CUDA parameters (all on one device): the buffers are two uint8 device
   tensors from torch's allocator, registered over CUDA IPC
   (ZC_BUFFERS_CUDA), the parameters views into them, typed by their bucket
