@@ -1671,7 +1671,6 @@ int zc_restore(zc_client *c, const char *dir)
 	struct image im = {0};
 	struct manifest m = {0};
 	uint32_t *map = NULL;
-	float *saved = NULL;
 	int r, dirfd = -1;
 
 	if ((r = client_ckpt_view(c, fn, &v)) < 0)
@@ -1709,34 +1708,34 @@ int zc_restore(zc_client *c, const char *dir)
 					    : load_v1(dirfd, dir, &m, map, &im, fn);
 	if (r < 0)
 		goto out;
-	/* The parameters go in first, saved so that a refused import (the
-	 * daemon's checks) leaves them as they were. */
-	saved = malloc((v.plan->total_numel + 1) * sizeof(float));
-	if (!saved) {
-		r = err_set(-ENOMEM, "%s: out of memory", fn);
-		goto out;
-	}
-	for (uint32_t k = 0; k < im.nsegs; k++) {
-		uint32_t b, s;
-		const struct zc_segment *seg = plan_seg(v.plan, k, &b, &s);
-		float *pb = zc_param_buffer(c, b) + seg->offset;
-		memcpy(saved + v.plan->buckets[b].base + seg->offset, pb, seg->numel * 4);
-		memcpy(pb, im.params[k], seg->numel * sizeof(float));
-	}
+	/*
+	 * The parameters go in only once the import is accepted, so a refused
+	 * one changes no parameter and nothing is put back. The import is one
+	 * round of every local rank (docs/STATE.md): zerod answers each of
+	 * them only once all are in, and refuses it for all of them alike.
+	 * Writing first and putting back a saved copy on refusal was wrong
+	 * with a shared parameter buffer (ZC_BUFFERS_SHARED_PARAMS): a rank
+	 * could save what another rank had already written (the checkpoint's
+	 * values), and put that back after the other had restored the
+	 * originals. Written after, the ranks that share write the same
+	 * checkpoint values into one buffer, and before the next step reads
+	 * them: that step waits for every local rank's first bucket, which
+	 * each sends after its copy. Nothing reads the parameters in between:
+	 * the import of an fp32 plan (the only kind restored) touches only the
+	 * state.
+	 */
 	r = zc_set_state(c, im.ss, im.nsegs);
 	if (r >= 0)
 		r = client_resume(c, m.iteration, fn);
-	if (r < 0)
-		for (uint32_t k = 0; k < im.nsegs; k++) {
-			uint32_t b, s;
-			const struct zc_segment *seg = plan_seg(v.plan, k, &b, &s);
-			memcpy(zc_param_buffer(c, b) + seg->offset,
-			       saved + v.plan->buckets[b].base + seg->offset, seg->numel * 4);
-		}
+	for (uint32_t k = 0; r >= 0 && k < im.nsegs; k++) {
+		uint32_t b, s;
+		const struct zc_segment *seg = plan_seg(v.plan, k, &b, &s);
+		memcpy(zc_param_buffer(c, b) + seg->offset, im.params[k],
+		       seg->numel * sizeof(float));
+	}
 out:
 	if (dirfd >= 0)
 		close(dirfd);
-	free(saved);
 	free(map);
 	manifest_free(&m);
 	image_free(&im);

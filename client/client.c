@@ -134,6 +134,8 @@ struct zc_client {
 	struct host_buf grad, param;
 	uint64_t bufs_serial; /* zerod's name for them (RegisterPlan's FdBuffers) */
 	bool bufs_shared;     /* registered with ZC_BUFFERS_SHARED_PARAMS */
+	int share_fd; /* zc_alloc_buffers_shared()'s parameter memfd, open for the other
+			 local ranks until zc_close() (-1: none) */
 	struct devbufs *dev;  /* CUDA buffers (devbufs.h) instead of grad and param */
 	bool bufs_busy;       /* zc_register_buffers() is talking to zerod */
 	bool registered;
@@ -188,6 +190,7 @@ struct zc_client {
 	uint32_t *replan_map; /* each new segment's index in the old plan's order */
 	int replan_fd;        /* the new buffers' memfd (grad at 0, param at replan_poff) */
 	uint64_t replan_poff;
+	int replan_pfd; /* a shared re-plan: the parameters' memfd (at 0); -1: in replan_fd */
 };
 
 /* ------------------------------------------------------- errors, fork --- */
@@ -414,11 +417,14 @@ static void job_failed(zc_client *c, int code, const char *msg)
 		snprintf(c->job_msg, sizeof(c->job_msg), "%s", msg);
 	}
 	fail_all(c, c->job_error, c->job_msg);
+	/* the reason goes with the answer it gives: a RegisterPlan answered
+	 * with its own error already keeps that error's reason */
+	if (c->hello_result == 0 || (c->hello_result > 0 && c->plan_result == 0))
+		snprintf(c->answer_msg, sizeof(c->answer_msg), "%s", c->job_msg);
 	if (c->hello_result == 0)
 		c->hello_result = c->job_error;
 	if (c->plan_result == 0)
 		c->plan_result = c->job_error;
-	snprintf(c->answer_msg, sizeof(c->answer_msg), "%s", c->job_msg);
 	if (c->state_pending && c->state_result == 0) {
 		c->state_result = c->job_error;
 		snprintf(c->state_msg, sizeof(c->state_msg), "%s", c->job_msg);
@@ -960,6 +966,8 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	c->pid = getpid();
 	c->efd = -1;
 	c->replan_fd = -1;
+	c->replan_pfd = -1;
+	c->share_fd = -1;
 	for (unsigned i = 0; i < STEP_RECS; i++)
 		c->step_recs[i].iteration = UINT64_MAX;
 	c->cfg = cfg;
@@ -1105,6 +1113,8 @@ void zc_close(zc_client *c)
 	}
 	if (c->efd >= 0)
 		close(c->efd);
+	if (c->share_fd >= 0)
+		close(c->share_fd);
 	fpc_free(c->fp);
 	if (c->sock)
 		zmq_close(c->sock);
@@ -1120,6 +1130,8 @@ void zc_close(zc_client *c)
 	free(c->replan_map);
 	if (c->replan_fd >= 0)
 		close(c->replan_fd);
+	if (c->replan_pfd >= 0)
+		close(c->replan_pfd);
 	plan_free(c->plan);
 	free(c->ckpt_due_dir);
 	pthread_mutex_destroy(&c->mu);
@@ -1169,7 +1181,13 @@ static int buffers_claim(zc_client *c, const struct zc_plan *zp, struct plan **r
 	return 0;
 }
 
-static int replan_alloc(zc_client *c, const struct zc_plan *zp);
+/* A re-plan's parameters in the job's shared memfd param_fd (at 0), which
+ * only the rank that created it fills (copy): zc_alloc_buffers_shared(). */
+struct replan_share {
+	int param_fd;
+	bool copy;
+};
+static int replan_alloc(zc_client *c, const struct zc_plan *zp, const struct replan_share *sh);
 static int replan_cuda(zc_client *c, const struct zc_plan *zp, const struct zc_buffers *b);
 
 /*
@@ -1347,7 +1365,7 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 			       "zc_alloc_buffers: a client of CUDA buffers re-plans "
 			       "with new CUDA buffers: zc_register_buffers(ZC_BUFFERS_CUDA)");
 	if (replan)
-		return replan_alloc(c, zp);
+		return replan_alloc(c, zp, NULL);
 	/* the size first; register_fds() reads the plan again under the lock */
 	r = plan_from_zc(zp, &p, err, sizeof(err));
 	if (r < 0)
@@ -2646,7 +2664,7 @@ static int seg_index(const struct plan *p, uint32_t **ret_bucket, uint32_t **ret
  * each segment's parameters copied from where the registered plan had them.
  * The last step must have landed first (the daemon writes the parameters
  * until then). */
-static int replan_alloc(zc_client *c, const struct zc_plan *zp)
+static int replan_alloc(zc_client *c, const struct zc_plan *zp, const struct replan_share *sh)
 {
 	const char *fn = "zc_alloc_buffers";
 	struct host_buf grad = {0}, param = {0};
@@ -2654,7 +2672,7 @@ static int replan_alloc(zc_client *c, const struct zc_plan *zp)
 	struct plan *p = NULL;
 	uint64_t poff = 0;
 	char err[256];
-	int fd = -1, r;
+	int fd = -1, pfd = -1, r;
 
 	if ((r = state_wait_steps(c, fn)) < 0)
 		return r;
@@ -2678,16 +2696,24 @@ static int replan_alloc(zc_client *c, const struct zc_plan *zp)
 			r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
 		goto out;
 	}
+	/* shared: the gradients in a memfd of our own (its parameter half is
+	 * never touched, so it takes no pages), the parameters in the job's */
 	r = bufs_memfd(plan_buffer_bytes(p), &poff, &fd);
 	if (r < 0 || (r = map_buf(fd, 0, plan_buffer_bytes(p), &grad)) < 0 ||
-	    (r = map_buf(fd, poff, plan_buffer_bytes(p), &param)) < 0) {
+	    (r = map_buf(sh ? sh->param_fd : fd, sh ? 0 : poff, plan_buffer_bytes(p), &param)) <
+		    0) {
 		err_set(r, "%s: a memfd of 2 x %" PRIu64 " bytes: %s", fn, plan_buffer_bytes(p),
 			zc_strerror(r));
 		goto out;
 	}
+	if (sh && (pfd = fcntl(sh->param_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+		r = err_set(-errno, "%s: dup of the shared parameter memfd: %s", fn,
+			    strerror(errno));
+		goto out;
+	}
 	/* each segment's parameters, by its bucket's layout (a segment keeps its
-	 * dtype: plan_replan_match) */
-	for (uint32_t k = 0; k < plan_nsegs(p); k++) {
+	 * dtype: plan_replan_match); a shared buffer's by its creator only */
+	for (uint32_t k = 0; k < plan_nsegs(p) && (!sh || sh->copy); k++) {
 		const struct plan_bucket *nbk = &p->buckets[nb[k]],
 					 *obk = &c->plan->buckets[ob[map[k]]];
 		const struct zc_segment *n = &nbk->segments[ns[k]], *o = &obk->segments[os[map[k]]];
@@ -2704,7 +2730,8 @@ static int replan_alloc(zc_client *c, const struct zc_plan *zp)
 	c->replan_map = map;
 	c->replan_fd = fd; /* passed to zerod by zc_register_plan() */
 	c->replan_poff = poff;
-	fd = -1;
+	c->replan_pfd = pfd;
+	fd = pfd = -1;
 	p = NULL;
 	map = NULL;
 	memset(&grad, 0, sizeof(grad));
@@ -2713,6 +2740,8 @@ out:
 	client_unlock(c);
 	if (fd >= 0)
 		close(fd);
+	if (pfd >= 0)
+		close(pfd);
 	buf_release(&grad);
 	buf_release(&param);
 	plan_free(p);
@@ -2799,6 +2828,9 @@ static void replan_undo(zc_client *c)
 	if (c->replan_fd >= 0)
 		close(c->replan_fd);
 	c->replan_fd = -1;
+	if (c->replan_pfd >= 0)
+		close(c->replan_pfd);
+	c->replan_pfd = -1;
 	c->plan_result = 1;
 }
 
@@ -2855,6 +2887,10 @@ static int replan_register(zc_client *c)
 	pthread_mutex_unlock(&c->mu);
 	if (c->dev) /* CUDA buffers: their handles go with the plan */
 		r = devbufs_to_pb(c->dev, &cuda, &cuda_arrays);
+	else if (path[0] && c->replan_pfd >= 0) /* shared: two memfds */
+		r = bufs_send(path, c->fp_token, (const int[]){c->replan_fd, c->replan_pfd}, 2,
+			      plan_buffer_bytes(p), 0, 0, c->cfg.connect_timeout_ms, &serial, err,
+			      sizeof(err));
 	else
 		r = path[0] ? bufs_send(path, c->fp_token, &c->replan_fd, 1, plan_buffer_bytes(p),
 					0, c->replan_poff, c->cfg.connect_timeout_ms, &serial, err,
@@ -2883,6 +2919,7 @@ static int replan_register(zc_client *c)
 		goto out;
 	}
 	fds.serial = serial;
+	fds.has_shared_params = fds.shared_params = c->replan_pfd >= 0;
 	rp.plan = &pb;
 	if (c->dev)
 		rp.cuda = &cuda;
@@ -2927,6 +2964,10 @@ static int replan_register(zc_client *c)
 	if (c->replan_fd >= 0)
 		close(c->replan_fd); /* zerod and our mappings keep the memory */
 	c->replan_fd = -1;
+	c->bufs_shared = c->replan_pfd >= 0;
+	if (c->replan_pfd >= 0)
+		close(c->replan_pfd);
+	c->replan_pfd = -1;
 	client_unlock(c);
 	for (uint32_t k = 0; k < nnew; k++) {
 		ns[k] = os[c->replan_map[k]];
@@ -3244,4 +3285,33 @@ int zc_checkpoint_due(zc_client *c, char *dir, size_t len)
 	}
 	client_unlock(c);
 	return r;
+}
+
+void client_keep_share_fd(zc_client *c, int fd)
+{
+	pthread_mutex_lock(&c->mu);
+	if (c->share_fd >= 0)
+		close(c->share_fd);
+	c->share_fd = fd;
+	pthread_mutex_unlock(&c->mu);
+}
+
+bool client_registered_host(zc_client *c)
+{
+	if (!c || forked(c->forks))
+		return false; /* the caller's next call says why */
+	pthread_mutex_lock(&c->mu);
+	bool r = c->plan && c->registered && !c->dev;
+	pthread_mutex_unlock(&c->mu);
+	return r;
+}
+
+int client_replan_shared(zc_client *c, const struct zc_plan *zp, int param_fd, bool copy)
+{
+	struct replan_share sh = {.param_fd = param_fd, .copy = copy};
+	int r;
+
+	if ((r = client_check(c, "zc_alloc_buffers_shared")) < 0)
+		return r;
+	return replan_alloc(c, zp, &sh);
 }

@@ -37,6 +37,17 @@ struct ckpt_view {
 /* 0, or ZC_ESTATE (no plan, a re-plan half done, mid-iteration) with the
  * reason recorded (fn names the caller). */
 int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret);
+/* share.c: keep fd (the shared parameter memfd this rank created) open
+ * until zc_close(), which closes it; c owns it from here. */
+void client_keep_share_fd(zc_client *c, int fd);
+/* share.c: whether c registered a plan of host buffers (a call that gives
+ * buffers is then a re-plan). */
+bool client_registered_host(zc_client *c);
+/* share.c: zc_alloc_buffers()'s re-plan with the parameters in the job's
+ * shared memfd param_fd (at 0; dup'ed, the caller keeps its fd), filled
+ * from the registered buffers only when copy (the rank that created it):
+ * 0, or an error recorded. */
+int client_replan_shared(zc_client *c, const struct zc_plan *zp, int param_fd, bool copy);
 /* The job goes on at `iteration` (Resume): 0, or an error recorded. */
 int client_resume(zc_client *c, uint64_t iteration, const char *fn);
 /* A checkpoint's staging (ckpt.c keeps it from one checkpoint to the next):

@@ -31,6 +31,12 @@
 int sharedp_check(const struct job *j, uint32_t rank, const struct mem_desc *pd,
 		  struct sharedp *ret, char *err, size_t errlen)
 {
+	return sharedp_check_in(j, j->sharedp, rank, pd, ret, err, errlen);
+}
+
+int sharedp_check_in(const struct job *j, const struct sharedp *recs, uint32_t rank,
+		     const struct mem_desc *pd, struct sharedp *ret, char *err, size_t errlen)
+{
 	struct sharedp sp = {.set = true, .shared = pd && pd->shared};
 	struct stat st;
 
@@ -58,7 +64,7 @@ int sharedp_check(const struct job *j, uint32_t rank, const struct mem_desc *pd,
 		sp.offset = pd->offset;
 	}
 	for (uint32_t k = 0; k < j->world; k++) {
-		const struct sharedp *o = &j->sharedp[k];
+		const struct sharedp *o = &recs[k];
 
 		if (k == rank || !o->set)
 			continue;
@@ -92,8 +98,14 @@ void sharedp_commit(struct job *j, uint32_t rank, const struct sharedp *sp)
 
 bool sharedp_mapped(const struct job *j, const struct sharedp *sp)
 {
+	return sharedp_mapped_in(j, j->sharedp, j->param_map, sp);
+}
+
+bool sharedp_mapped_in(const struct job *j, const struct sharedp *recs,
+		       struct mem_map *const *maps, const struct sharedp *sp)
+{
 	for (uint32_t k = 0; sp->shared && k < j->world; k++)
-		if (j->sharedp[k].shared && j->param_map[k])
+		if (recs[k].shared && maps[k])
 			return true;
 	return false;
 }
@@ -110,7 +122,7 @@ void sharedp_alias(const struct job *j, float **params)
 			params[k] = one;
 }
 
-void sharedp_clear(struct job *j)
+void sharedp_take(struct job *j, const struct sharedp *recs)
 {
-	memset(j->sharedp, 0, j->world * sizeof(*j->sharedp));
+	memcpy(j->sharedp, recs, j->world * sizeof(*j->sharedp));
 }

@@ -33,12 +33,20 @@ struct sharedp {
 int sharedp_check(const struct job *j, uint32_t rank, const struct mem_desc *pd,
 		  struct sharedp *ret, char *err, size_t errlen);
 
+/* The same against the records recs[world] (statex.c: a re-plan's, before
+ * they replace the job's). */
+int sharedp_check_in(const struct job *j, const struct sharedp *recs, uint32_t rank,
+		     const struct mem_desc *pd, struct sharedp *ret, char *err, size_t errlen);
+
 /* job.c, after sharedp_check(): true if sp is shared and a local rank
  * registered before mapped the buffer: this rank's is not mapped again (its
  * j->param_map entry stays NULL). Every sharing rank registers the same
  * memfd at the same offset for the same plan, so the first one's mapping
  * (which passed mem_ops.map's checks) serves them all. */
 bool sharedp_mapped(const struct job *j, const struct sharedp *sp);
+/* The same against a re-plan's records and mappings ([world] each). */
+bool sharedp_mapped_in(const struct job *j, const struct sharedp *recs,
+		       struct mem_map *const *maps, const struct sharedp *sp);
 
 /* job.c: rank registered with record sp (from sharedp_check). */
 void sharedp_commit(struct job *j, uint32_t rank, const struct sharedp *sp);
@@ -49,8 +57,10 @@ void sharedp_commit(struct job *j, uint32_t rank, const struct sharedp *sp);
  * writes it once. */
 void sharedp_alias(const struct job *j, float **params);
 
-/* statex.c: a re-plan's buffers are each rank's own (zc_alloc_buffers()):
- * forget the records. */
-void sharedp_clear(struct job *j);
+/* statex.c, as a re-plan's buffers replace the job's: its records recs
+ * [world] replace the job's (all unset when every rank re-planned into its
+ * own buffers, zc_alloc_buffers(); shared ones from
+ * zc_alloc_buffers_shared()). */
+void sharedp_take(struct job *j, const struct sharedp *recs);
 
 #endif

@@ -429,6 +429,7 @@ struct replan {
 	struct mem_map **grad_map; /* [world] */
 	struct mem_map **param_map;
 	struct cudabufs **cuda; /* [world]: a job of CUDA buffers, opened by its next executor */
+	struct sharedp *sharedp; /* [world]: the new parameter buffers' sharing (sharedp.c) */
 };
 
 void statex_replan_free(struct job *j)
@@ -451,6 +452,7 @@ void statex_replan_free(struct job *j)
 	free(rp->grad_map);
 	free(rp->param_map);
 	free(rp->cuda);
+	free(rp->sharedp);
 	free(rp);
 	j->rp = NULL;
 }
@@ -503,8 +505,10 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 			rp->grad_map = calloc(j->world, sizeof(*rp->grad_map));
 			rp->param_map = calloc(j->world, sizeof(*rp->param_map));
 			rp->cuda = calloc(j->world, sizeof(*rp->cuda));
+			rp->sharedp = calloc(j->world, sizeof(*rp->sharedp));
 		}
-		if (!rp || !rp->plans || !rp->grad_map || !rp->param_map || !rp->cuda) {
+		if (!rp || !rp->plans || !rp->grad_map || !rp->param_map || !rp->cuda ||
+		    !rp->sharedp) {
 			plan_free(p);
 			cudabufs_free(cb);
 			job_fail(j, ZC_ELIMIT, true, "re-plan: out of memory");
@@ -525,14 +529,19 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 		break;
 	}
 	/* the job cannot go on with half its ranks on new buffers: a buffer
-	 * that cannot be mapped ends it. CUDA buffers are opened by the next
-	 * executor, off the loop (exec.c, open_buffers), as at the start. */
+	 * that cannot be mapped, or one shared otherwise than the other local
+	 * ranks' new ones (sharedp.c), ends it. A shared one is mapped once,
+	 * as at the start. CUDA buffers are opened by the next executor, off
+	 * the loop (exec.c, open_buffers), as at the start. */
+	struct sharedp sp = {0};
 	r = 0;
 	if (cb)
 		rp->cuda[rank] = cb;
 	else
-		r = d->mem->map(gd, bytes, &rp->grad_map[rank], err, sizeof(err));
+		r = sharedp_check_in(j, rp->sharedp, rank, pd, &sp, err, sizeof(err));
 	if (r >= 0 && !cb)
+		r = d->mem->map(gd, bytes, &rp->grad_map[rank], err, sizeof(err));
+	if (r >= 0 && !cb && !sharedp_mapped_in(j, rp->sharedp, rp->param_map, &sp))
 		r = d->mem->map(pd, bytes, &rp->param_map[rank], err, sizeof(err));
 	if (r < 0) {
 		plan_free(p);
@@ -540,6 +549,8 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 		return;
 	}
 	rp->plans[rank] = p;
+	if (!cb)
+		rp->sharedp[rank] = sp;
 	j->progress_ms = now_ms();
 	log_info("job %s: rank %u registered new plan %016" PRIx64 " (%u/%u)", j->id, rank, p->hash,
 		 rp->n + 1, j->local_size);
@@ -562,7 +573,7 @@ bool statex_replan_stopped(struct job *j)
 	d->stats.stepped_elems += es.stepped_elems;
 	exec_free(j->exec);
 	j->exec = NULL;
-	sharedp_clear(j); /* the new buffers are each rank's own */
+	sharedp_take(j, rp->sharedp); /* shared as the new buffers are */
 	for (uint32_t r = 0; r < j->world; r++) {
 		if (!rp->plans[r])
 			continue;

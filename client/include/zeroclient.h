@@ -470,14 +470,16 @@ struct zc_buffers {
  * iterations is every rank's (make it on one rank, or the same on every
  * rank: as without sharing, the next step starts from it); and a trainer
  * must not write its parameters while another rank's step is in flight.
- * The ranks must get the memfd to each other (fork, SCM_RIGHTS, pidfd_getfd).
+ * The ranks must get the memfd to each other (fork, SCM_RIGHTS, pidfd_getfd),
+ * or let zc_alloc_buffers_shared() do it: then they pass two numbers.
  * zerod checks it per rank as the plan registers: a rank whose parameter
  * buffer is another file or offset than the other local ranks', or whose
  * flag differs from theirs, fails zc_register_plan() with ZC_ESHAREDPARAMS
  * naming both ranks; a job over several nodes refuses the flag with
  * ZC_ENOTSUP (each node would need its own: not yet), and so does
  * zc_register_buffers() with CUDA buffers. zc_alloc_buffers() gives each
- * rank a memfd of its own, and so does a re-plan with it.
+ * rank a memfd of its own, and so does a re-plan with it; a re-plan with
+ * zc_alloc_buffers_shared() shares again.
  */
 #define ZC_BUFFERS_SHARED_PARAMS 1u
 
@@ -492,6 +494,61 @@ struct zc_buffers {
 	}
 
 int zc_buffers_init(struct zc_buffers *b, size_t size);
+
+/*
+ * Shared parameters without passing fds: what a rank that created the
+ * job's shared parameter buffer (zc_alloc_buffers_shared() with from NULL)
+ * tells the other local ranks, by any channel (a torch.distributed store,
+ * MPI, a file): its pid and the memfd's fd number there.
+ */
+struct zc_shared_params {
+	uint32_t size;     /* sizeof(struct zc_shared_params) */
+	int32_t pid;       /* the creating rank's process */
+	int32_t fd;        /* the memfd's fd number in it (its client keeps it open) */
+	uint32_t reserved; /* 0 */
+};
+
+#define ZC_SHARED_PARAMS_INIT                                                                      \
+	{                                                                                          \
+		.size = sizeof(struct zc_shared_params), .fd = -1                                  \
+	}
+
+/*
+ * zc_register_buffers() with ZC_BUFFERS_SHARED_PARAMS, the memfds made
+ * here: every local rank calls it once, before zc_register_plan(), one rank
+ * (say local rank 0) with from NULL and the others with what that one got
+ * in *ret. With from NULL it creates the parameter memfd, which its client
+ * keeps open until zc_close(), and writes {pid, fd} into *ret; with from it
+ * opens that memfd through /proc/PID/fd/N (the same user, the creator
+ * dumpable: the kernel's rule for reading another process's fds; yama's
+ * ptrace_scope does not restrict it) and copies *from to *ret. Each rank
+ * gets a gradient memfd of its own. The creator's call need not wait for
+ * the others, but must have returned before they call, and the creator
+ * must not zc_close() before every local rank's call returned (its
+ * zc_register_plan() returning is enough: that waits for every rank's).
+ * zc_param_buffer() then gives the one buffer on every rank: write initial
+ * values on one rank only. On a client whose plan is registered (host
+ * buffers) it re-plans as zc_alloc_buffers() does (then
+ * zc_register_plan(), "Re-planning"), into a new shared buffer: again the
+ * creator with from NULL, which copies every segment's parameters into it
+ * by the new layout, and then the others with its new handle (they copy
+ * nothing: call only after the creator's call returned). The creator's
+ * client closes the previous buffer's fd. zc_alloc_buffers() instead
+ * re-plans into each rank's own buffers.
+ * Errors: zc_register_buffers()'s (ZC_ENOTSUP on a job over several nodes,
+ *         and ZC_ESHAREDPARAMS later from zc_register_plan() if the ranks'
+ *         files differ), -EINVAL (c, plan or ret NULL; from->size wrong; a
+ *         handle naming no memfd, or one too small for plan), -ENOENT (the
+ *         creator exited or closed its client), -EACCES / -EPERM (another
+ *         user's, or a process not dumpable), -errno of memfd_create(); the
+ *         reason in zc_error_message().
+ * Ownership: plan as zc_register_buffers(); from is only read; *ret is
+ *            written on success.
+ * Threads:   any thread.
+ * Blocking:  as zc_register_buffers().
+ */
+int zc_alloc_buffers_shared(zc_client *c, const struct zc_plan *plan,
+			    const struct zc_shared_params *from, struct zc_shared_params *ret);
 
 /*
  * The size in bytes of each of plan's two buffers (what a memfd must hold
@@ -831,15 +888,18 @@ int zc_checkpoint_wait(zc_client *c, int timeout_ms);
  * with the same kind of state, segment count, each segment's numel and
  * group; matched by param_id when every segment of both has one, else by
  * position in plan order). The bucket layout, world size, shard mode and
- * node count may differ from the checkpoint's. Then it writes the
- * parameters into this rank's buffers, imports the state (zc_set_state())
- * and moves the job to the checkpoint's iteration: zc_iteration() returns
- * it, and the next buckets are that iteration's.
+ * node count may differ from the checkpoint's. Then it imports the state
+ * (zc_set_state()), moves the job to the checkpoint's iteration
+ * (zc_iteration() returns it, and the next buckets are that iteration's)
+ * and only then writes the parameters into this rank's buffers, so a
+ * refused import changes no rank's parameters, a shared buffer's
+ * (ZC_BUFFERS_SHARED_PARAMS) included.
  * Refused with ZC_ECKPT naming what is wrong (no manifest, a missing,
  * truncated or corrupt file, another version, other parameters), and
  * nothing is changed: the job keeps its state, parameters and iteration.
  * Errors also: ZC_ESTATE, ZC_ENOTSUP (bf16/fp16 buckets), zc_set_state()'s
- * (the parameters are then put back).
+ * (e.g. ZC_ESTATEINVAL: the local ranks restored different checkpoints;
+ * the parameters are then untouched).
  * Ownership: dir stays the caller's.
  * Threads:   any thread.  Blocking: until every local rank imported.
  */

@@ -4,7 +4,11 @@
  * train to the same bits as two ranks with their own buffers, in both shard
  * and both step modes and through a checkpoint and its restore, an edit
  * made between iterations (on one rank only: the buffer is one) is what the
- * next step starts from, and a rank whose
+ * next step starts from, a restore that zerod refuses (the ranks restore
+ * different checkpoints: ZC_ESTATEINVAL) leaves every rank's parameters
+ * as they were, shared or not, zc_alloc_buffers_shared() shares without
+ * the ranks passing fds (and refuses handles naming no usable memfd), and
+ * a rank whose
  * buffer or flag differs from the other rank's fails zc_register_plan()
  * with ZC_ESHAREDPARAMS naming both ranks, while the background job "bg"
  * trains on through all of it.
@@ -108,6 +112,7 @@ struct job_spec {
 	bool edit_one;  /* the edit is made by rank 0 alone (the buffer is shared) */
 	/* checkpointed here before iteration CKPT, restored from before RESTORE */
 	const char *ckpt_dir;
+	const char *ckpt_dir2; /* refused_restore(): the second checkpoint */
 	size_t bytes;   /* zc_plan_buffer_bytes() */
 };
 
@@ -545,6 +550,422 @@ static void t_replan_own_buffers(void)
 	spec_close(&js);
 }
 
+/* ---- a refused restore leaves the parameters as they were ---- */
+
+/*
+ * Adam, two ranks: two iterations, a checkpoint into dirs[0], two more, a
+ * checkpoint into dirs[1], one more. Then rank 0 restores dirs[0] and rank
+ * 1 dirs[1]: both checkpoints are sound, but their steps differ, so zerod
+ * refuses the import for both ranks with ZC_ESTATEINVAL. Every rank's
+ * parameters (one buffer when they share) must be the bits they were before,
+ * its iteration unchanged, and the job must train on. Each rank snapshots
+ * its parameters before either calls zc_restore() and compares once both
+ * returned (a rank putting back after the other compared would show too).
+ */
+struct restore_sync {
+	int before, after;
+};
+
+static struct restore_sync *rsync;
+
+/* Wait for both ranks at *count (a guard against a hang, not a time
+ * assertion: the other rank is there at once unless it failed). */
+static bool both_at(int *count)
+{
+	__atomic_add_fetch(count, 1, __ATOMIC_SEQ_CST);
+	for (int i = 0; i < test_timeout(30000); i++) {
+		if (__atomic_load_n(count, __ATOMIC_SEQ_CST) >= 2)
+			return true;
+		usleep(1000);
+	}
+	return false;
+}
+
+static int train_one(zc_client *c, int idx, int it, float *grad)
+{
+	zc_future *step = NULL;
+	uint64_t iter = zc_iteration(c);
+	int r = 0;
+
+	for (size_t e = 0; e < NUMEL; e++)
+		*elem(c, grad, e) = grad_of(idx, it, e);
+	for (uint32_t b = 0; b < 2 && r == 0; b++)
+		r = zc_bucket_ready(c, b, NULL);
+	if (r == 0)
+		r = zc_step_future(c, iter, &step);
+	if (r == 0)
+		r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
+	EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
+	zc_future_free(step);
+	return r;
+}
+
+static int refused_restore_rank(void *arg, int idx)
+{
+	const struct job_spec *js = arg;
+	zc_client *c = connect_c(js->job, (uint32_t)idx);
+	float *grad = NULL, *param = NULL, *before = malloc(NUMEL * sizeof(float));
+	const char *dirs[2] = {js->ckpt_dir, js->ckpt_dir2};
+	uint64_t iter = 0;
+	size_t diff = 0, first = 0;
+	int r = -1;
+
+	if (!c || !before)
+		return 1;
+	grad = map_fd(js->grad_fd[idx], js->bytes, 0);
+	param = map_fd(js->param_fd[idx], js->bytes, js->param_offset[idx]);
+	if (grad && param && (r = register_rank(js, idx, c)) == 0) {
+		for (size_t e = 0; idx == 0 && e < NUMEL; e++)
+			*elem(c, param, e) = 0.5f + 1e-3f * (float)(e % 97);
+		r = zc_register_plan(c);
+	}
+	EXPECT(r == 0, "registering: %s: %s", zc_strerror_name(r), zc_error_message());
+	for (int it = 0; it < 5 && r == 0; it++) {
+		if (it == 2 || it == 4) {
+			r = zc_checkpoint(c, dirs[it / 2 - 1]);
+			if (r == 0)
+				r = zc_checkpoint_wait(c, test_timeout(10000));
+			EXPECT(r == 0, "checkpoint: %s: %s", zc_strerror_name(r),
+			       zc_error_message());
+		}
+		if (r == 0)
+			r = train_one(c, idx, it, grad);
+	}
+	if (r == 0) {
+		for (size_t e = 0; e < NUMEL; e++)
+			before[e] = *elem(c, param, e);
+		iter = zc_iteration(c);
+		EXPECT(both_at(&rsync->before), "the other rank never came to its restore");
+		r = zc_restore(c, dirs[idx]);
+		printf("# rank %d: zc_restore(%s): %s: %s\n", idx, dirs[idx], zc_strerror_name(r),
+		       zc_error_message());
+		EXPECT(r == ZC_ESTATEINVAL, "rank %d: restoring another checkpoint than rank %d's: "
+		       "%s", idx, 1 - idx, zc_strerror_name(r));
+		EXPECT(zc_iteration(c) == iter,
+		       "rank %d: iteration %llu after the refusal, was %llu", idx,
+		       (unsigned long long)zc_iteration(c), (unsigned long long)iter);
+		EXPECT(both_at(&rsync->after), "the other rank never returned from its restore");
+		for (size_t e = 0; e < NUMEL; e++)
+			if (memcmp(elem(c, param, e), &before[e], sizeof(float)) && !diff++)
+				first = e;
+		EXPECT(diff == 0, "rank %d: %zu of %d parameters changed by a refused restore; "
+		       "the first, %zu: %a, was %a", idx, diff, NUMEL, first,
+		       *elem(c, param, first), before[first]);
+		r = child_bad ? -1 : train_one(c, idx, 5, grad);
+	}
+	zc_close(c);
+	free(before);
+	if (grad)
+		munmap(grad, js->bytes);
+	if (param)
+		munmap(param, js->bytes);
+	return child_bad;
+}
+
+static void refused_restore(const char *job, bool share)
+{
+	struct job_spec js;
+	char dirs[2][64];
+	pid_t pid[2];
+
+	spec_init(&js, job, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	for (int i = 0; i < 2; i++) {
+		snprintf(dirs[i], sizeof(dirs[i]), "/tmp/zerod-test-shared-ckpt.XXXXXX");
+		CHECK(mkdtemp(dirs[i]), "mkdtemp: %s", strerror(errno));
+	}
+	js.ckpt_dir = dirs[0];
+	js.ckpt_dir2 = dirs[1];
+	for (int i = 0; i < 2; i++) {
+		js.grad_fd[i] = make_memfd(js.bytes);
+		js.shared[i] = share;
+		if (!share)
+			js.param_fd[i] = make_memfd(js.bytes);
+	}
+	if (share)
+		js.param_fd[0] = js.param_fd[1] = make_memfd(js.bytes);
+	CHECK(js.grad_fd[0] >= 0 && js.grad_fd[1] >= 0 && js.param_fd[0] >= 0 &&
+		      js.param_fd[1] >= 0,
+	      "memfds");
+	memset(rsync, 0, sizeof(*rsync));
+	for (int i = 0; i < 2; i++)
+		pid[i] = spawn(refused_restore_rank, &js, i);
+	for (int i = 0; i < 2; i++)
+		CHECK(wait_child(pid[i], 60000) == 0, "rank %d", i);
+	spec_close(&js);
+	for (int i = 0; i < 2; i++)
+		rm_tree(dirs[i]);
+}
+
+static void t_refused_restore_shared(void)
+{
+	refused_restore("refused-shared", true);
+}
+
+static void t_refused_restore_own(void)
+{
+	refused_restore("refused-own", false);
+}
+
+/* ---- zc_alloc_buffers_shared(): sharing without passing fds ---- */
+
+/*
+ * The ranks are forked before any memfd exists, so nothing is inherited:
+ * rank 0 creates the buffer and publishes its handle in shared memory (as
+ * a trainer would in a store), rank 1 opens it from that. SGD, lr 0.5,
+ * gradients 0.125 and 0.375: three steps from 1.0 leave 0.625, on both
+ * ranks; rank 1 sees rank 0's initial values, and zerod maps the buffer
+ * once.
+ */
+struct handoff {
+	int ready;
+	struct zc_shared_params h;
+	int ready2; /* the re-plan's */
+	struct zc_shared_params h2;
+};
+
+static struct handoff *hand;
+
+static int alloc_shared_rank(void *arg, int idx)
+{
+	const struct job_spec *js = arg;
+	zc_client *c = connect_c(js->job, (uint32_t)idx);
+	struct zc_shared_params h = ZC_SHARED_PARAMS_INIT;
+	int r = 0;
+
+	if (!c)
+		return 1;
+	if (idx == 1) {
+		for (int i = 0; i < test_timeout(30000) && !__atomic_load_n(&hand->ready,
+									 __ATOMIC_ACQUIRE);
+		     i++)
+			usleep(1000);
+		EXPECT(hand->ready, "rank 0 never published its handle");
+		r = hand->ready ? 0 : -1;
+	}
+	if (r == 0)
+		r = zc_alloc_buffers_shared(c, &js->plan, idx ? &hand->h : NULL, &h);
+	EXPECT(r == 0, "zc_alloc_buffers_shared: %s: %s", zc_strerror_name(r), zc_error_message());
+	if (r == 0 && idx == 0) {
+		EXPECT(h.pid == getpid() && h.fd >= 0, "the handle: pid %d fd %d", h.pid, h.fd);
+		for (uint32_t b = 0; b < 2; b++)
+			for (uint64_t e = 0; e < buckets[b].numel; e++)
+				zc_param_buffer(c, b)[e] = 1.0f;
+		hand->h = h;
+		__atomic_store_n(&hand->ready, 1, __ATOMIC_RELEASE);
+	}
+	if (r == 0)
+		r = zc_register_plan(c);
+	EXPECT(r == 0, "zc_register_plan: %s: %s", zc_strerror_name(r), zc_error_message());
+	if (r == 0 && idx == 0) {
+		int n = maps_lines(daemon_.pid, "memfd:zerod-shared-params");
+		EXPECT(n == 1, "zerod maps the shared parameter memfd %d times", n);
+	}
+	for (int it = 0; it < 3 && r == 0; it++) {
+		zc_future *step = NULL;
+		uint64_t iter = zc_iteration(c);
+
+		for (uint32_t b = 0; b < 2; b++)
+			for (uint64_t e = 0; e < buckets[b].numel; e++)
+				zc_grad_buffer(c, b)[e] = idx == 0 ? 0.125f : 0.375f;
+		for (uint32_t b = 0; b < 2 && r == 0; b++)
+			r = zc_bucket_ready(c, b, NULL);
+		if (r == 0)
+			r = zc_step_future(c, iter, &step);
+		if (r == 0)
+			r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
+		EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
+		zc_future_free(step);
+	}
+	for (uint32_t b = 0; b < 2 && r == 0 && !child_bad; b++)
+		for (uint64_t e = 0; e < buckets[b].numel && !child_bad; e++)
+			EXPECT(zc_param_buffer(c, b)[e] == 0.625f,
+			       "rank %d: bucket %u[%llu] = %a, want 0.625", idx, b,
+			       (unsigned long long)e, zc_param_buffer(c, b)[e]);
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_alloc_shared(void)
+{
+	struct job_spec js;
+	pid_t pid[2];
+
+	spec_init(&js, "alloc-shared", ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	js.group.lr = 0.5;
+	memset(hand, 0, sizeof(*hand));
+	for (int i = 0; i < 2; i++)
+		pid[i] = spawn(alloc_shared_rank, &js, i);
+	for (int i = 0; i < 2; i++)
+		CHECK(wait_child(pid[i], 30000) == 0, "rank %d", i);
+}
+
+/*
+ * A re-plan that keeps sharing: two SGD steps on a shared buffer, then a
+ * re-plan into one bucket holding both segments with
+ * zc_alloc_buffers_shared() (rank 0 creates the new buffer and copies the
+ * parameters in by the new layout, rank 1 opens it from rank 0's new
+ * handle), and two more steps. Element e starts at 1 + e/1024 and each
+ * step takes 0.125 off exactly, so every element must end at
+ * 0.5 + e/1024 where the new layout puts it, on both ranks, in the one new
+ * buffer, which zerod maps once (the old one no longer).
+ */
+static const struct zc_segment one_segs[2] = {SEG(0, N0, 0), SEG(N0, N1, 0)};
+static const struct zc_bucket one_bucket[1] = {BUCKET(NUMEL, 2, one_segs)};
+
+static int wait_flag(int *flag)
+{
+	for (int i = 0; i < test_timeout(30000) && !__atomic_load_n(flag, __ATOMIC_ACQUIRE); i++)
+		usleep(1000);
+	return __atomic_load_n(flag, __ATOMIC_ACQUIRE) ? 0 : -1;
+}
+
+static int sgd_step(zc_client *c, int idx, int it)
+{
+	zc_future *step = NULL;
+	uint64_t iter = zc_iteration(c);
+	uint32_t nb = zc_param_buffer(c, 1) ? 2 : 1;
+	int r = 0;
+
+	for (uint32_t b = 0; b < nb; b++) {
+		float *g = zc_grad_buffer(c, b);
+		uint64_t n = nb == 2 ? buckets[b].numel : NUMEL;
+		for (uint64_t e = 0; e < n; e++)
+			g[e] = idx == 0 ? 0.125f : 0.375f;
+	}
+	for (uint32_t b = 0; b < nb && r == 0; b++)
+		r = zc_bucket_ready(c, b, NULL);
+	if (r == 0)
+		r = zc_step_future(c, iter, &step);
+	if (r == 0)
+		r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
+	EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
+	zc_future_free(step);
+	return r;
+}
+
+static int replan_shared_rank(void *arg, int idx)
+{
+	const struct job_spec *js = arg;
+	zc_client *c = connect_c(js->job, (uint32_t)idx);
+	struct zc_shared_params h = ZC_SHARED_PARAMS_INIT;
+	struct zc_plan np = js->plan;
+	int r = 0;
+
+	if (!c)
+		return 1;
+	np.buckets = one_bucket;
+	np.nbuckets = 1;
+	if (idx == 1)
+		r = wait_flag(&hand->ready);
+	if (r == 0)
+		r = zc_alloc_buffers_shared(c, &js->plan, idx ? &hand->h : NULL, &h);
+	EXPECT(r == 0, "zc_alloc_buffers_shared: %s: %s", zc_strerror_name(r), zc_error_message());
+	if (r == 0 && idx == 0) {
+		for (size_t e = 0; e < NUMEL; e++)
+			*elem(c, zc_param_buffer(c, 0), e) = 1.0f + (float)e / 1024.0f;
+		hand->h = h;
+		__atomic_store_n(&hand->ready, 1, __ATOMIC_RELEASE);
+	}
+	if (r == 0)
+		r = zc_register_plan(c);
+	EXPECT(r == 0, "zc_register_plan: %s: %s", zc_strerror_name(r), zc_error_message());
+	for (int it = 0; it < 4 && r == 0; it++) {
+		if (it == 2) {
+			float *old = zc_param_buffer(c, 0);
+
+			if (idx == 1)
+				r = wait_flag(&hand->ready2);
+			if (r == 0)
+				r = zc_alloc_buffers_shared(c, &np, idx ? &hand->h2 : NULL, &h);
+			if (r == 0 && idx == 0) {
+				EXPECT(h.fd >= 0 && h.fd != hand->h.fd,
+				       "the re-plan's handle is the first buffer's");
+				hand->h2 = h;
+				__atomic_store_n(&hand->ready2, 1, __ATOMIC_RELEASE);
+			}
+			if (r == 0)
+				r = zc_register_plan(c);
+			EXPECT(r == 0, "shared re-plan: %s: %s", zc_strerror_name(r),
+			       zc_error_message());
+			if (r != 0)
+				break;
+			EXPECT(zc_param_buffer(c, 0) != old && !zc_param_buffer(c, 1),
+			       "the re-plan's buffers are not the new one-bucket plan's");
+			if (idx == 0) {
+				int n = maps_lines(daemon_.pid, "memfd:zerod-shared-params");
+				EXPECT(n == 1, "after the re-plan zerod maps %d shared parameter "
+				       "memfds", n);
+			}
+		}
+		r = sgd_step(c, idx, it);
+	}
+	for (size_t e = 0; e < NUMEL && r == 0 && !child_bad; e++) {
+		float want = 0.5f + (float)e / 1024.0f, got = zc_param_buffer(c, 0)[e];
+		EXPECT(got == want, "rank %d: element %zu = %a, want %a", idx, e, got, want);
+	}
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_replan_keeps_sharing(void)
+{
+	struct job_spec js;
+	pid_t pid[2];
+
+	spec_init(&js, "replan-shared", ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	js.group.lr = 0.5;
+	memset(hand, 0, sizeof(*hand));
+	for (int i = 0; i < 2; i++)
+		pid[i] = spawn(replan_shared_rank, &js, i);
+	for (int i = 0; i < 2; i++)
+		CHECK(wait_child(pid[i], 30000) == 0, "rank %d", i);
+}
+
+/* Handles that name no usable memfd are refused with the reason, before
+ * anything reaches zerod: a pipe, an fd nobody has open, a memfd too
+ * small for the plan, a wrong struct size. */
+static int bad_handle_child(void *arg, int idx)
+{
+	zc_client *c = connect_c("bad-handle", 0);
+	struct zc_shared_params h = ZC_SHARED_PARAMS_INIT, out = ZC_SHARED_PARAMS_INIT;
+	struct job_spec js;
+	int p[2], small, r;
+
+	(void)arg, (void)idx;
+	if (!c || pipe2(p, O_CLOEXEC) < 0)
+		return 1;
+	spec_init(&js, "bad-handle", ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+	h.pid = getpid();
+	h.fd = p[0];
+	r = zc_alloc_buffers_shared(c, &js.plan, &h, &out);
+	EXPECT(r == -EINVAL && strstr(zc_error_message(), "not a memfd"), "a pipe: %s: %s",
+	       zc_strerror_name(r), zc_error_message());
+	h.fd = 1000;
+	r = zc_alloc_buffers_shared(c, &js.plan, &h, &out);
+	EXPECT(r == -ENOENT && strstr(zc_error_message(), "/proc/"), "an fd not open: %s: %s",
+	       zc_strerror_name(r), zc_error_message());
+	small = make_memfd(64);
+	h.fd = small;
+	r = zc_alloc_buffers_shared(c, &js.plan, &h, &out);
+	EXPECT(r == -EINVAL && strstr(zc_error_message(), "holds"), "a small memfd: %s: %s",
+	       zc_strerror_name(r), zc_error_message());
+	h.size = 8;
+	r = zc_alloc_buffers_shared(c, &js.plan, &h, &out);
+	EXPECT(r == -EINVAL, "size 8: %s", zc_strerror_name(r));
+	EXPECT(out.fd == -1 && out.pid == 0, "*ret written on failure");
+	/* the client is still free to take buffers */
+	r = zc_alloc_buffers(c, &js.plan);
+	EXPECT(r == 0, "zc_alloc_buffers after the refusals: %s: %s", zc_strerror_name(r),
+	       zc_error_message());
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_alloc_shared_bad_handle(void)
+{
+	CHECK(wait_child(spawn(bad_handle_child, NULL, 0), 30000) == 0, "child");
+}
+
 /* ---- a rank that does not share as the other does ---- */
 
 enum mismatch { OTHER_MEMFD, OTHER_OFFSET, NOT_FLAGGED };
@@ -692,6 +1113,11 @@ static const struct test_case cases[] = {
 	{"shared_equals_own_through_checkpoint_restore", t_checkpoint_restore},
 	{"edit_between_iterations_is_the_start", t_edit_between_iterations},
 	{"replan_gives_each_rank_its_own_buffers", t_replan_own_buffers},
+	{"refused_restore_leaves_shared_params", t_refused_restore_shared},
+	{"refused_restore_leaves_own_params", t_refused_restore_own},
+	{"alloc_buffers_shared_without_passing_fds", t_alloc_shared},
+	{"alloc_buffers_shared_bad_handle_refused", t_alloc_shared_bad_handle},
+	{"replan_keeps_sharing_with_alloc_buffers_shared", t_replan_keeps_sharing},
 	{"other_memfd_ESHAREDPARAMS", t_other_memfd},
 	{"other_offset_ESHAREDPARAMS", t_other_offset},
 	{"one_rank_not_flagged_ESHAREDPARAMS", t_not_flagged},
@@ -704,7 +1130,9 @@ int main(int argc, char **argv)
 {
 	bg = bg_job_new();
 	mout = mmap(NULL, sizeof(*mout), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (mout == MAP_FAILED)
+	rsync = test_shared(sizeof(*rsync));
+	hand = test_shared(sizeof(*hand));
+	if (mout == MAP_FAILED || !rsync || !hand)
 		return 1;
 	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

@@ -58,6 +58,10 @@ class Buffers(ctypes.Structure):  # zc_register_buffers
                 ("param_fd", c_i32), ("reserved", c_u32), ("param_offset", c_u64)]
 
 
+class SharedParams(ctypes.Structure):  # shared_params: zc_alloc_buffers_shared
+    _fields_ = [("size", c_u32), ("pid", c_i32), ("fd", c_i32), ("reserved", c_u32)]
+
+
 class BuffersCuda(ctypes.Structure):  # cuda: zc_register_buffers, kind ZC_BUFFERS_CUDA
     """The whole zc_buffers (Buffers is its first 32 bytes, what the host
     path has always sent): kind and the two device pointers."""
@@ -104,6 +108,8 @@ _SIGNATURES = {
     "zc_close": (None, [_vp]),
     "zc_alloc_buffers": (_int, [_vp, ctypes.POINTER(Plan)]),
     "zc_register_buffers": (_int, [_vp, ctypes.POINTER(Plan), ctypes.POINTER(Buffers)]),
+    "zc_alloc_buffers_shared": (_int, [_vp, ctypes.POINTER(Plan), ctypes.POINTER(SharedParams),
+                                       ctypes.POINTER(SharedParams)]),
     "zc_plan_buffer_bytes": (_int, [ctypes.POINTER(Plan), ctypes.POINTER(c_u64)]),
     "zc_grad_buffer": (_vp, [_vp, c_u32]),
     "zc_param_buffer": (_vp, [_vp, c_u32]),
@@ -152,6 +158,7 @@ PARTS = {
     "own_buffers": "zc_register_buffers",
     "cuda": "zc_bucket_ready_cuda",
     "checkpoint": "zc_checkpoint",
+    "shared_params": "zc_alloc_buffers_shared",
 }
 
 

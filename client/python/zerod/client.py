@@ -157,6 +157,34 @@ class Client:
         self.plan, self._keep = plan, (cplan, keep)
         self.own = None  # a re-plan's buffers are the library's
 
+    def alloc_buffers_shared(self, plan, handle=None):
+        """zc_alloc_buffers_shared(plan): the first plan's buffers, or a
+        re-plan's, the library's, the parameters in one memfd the job's
+        local ranks share (ZC_BUFFERS_SHARED_PARAMS). handle None: this rank
+        creates it (its client keeps it open until close(); a re-plan's is
+        filled from the registered buffers); else (pid, fd), what the
+        creating rank's call returned, opened through /proc/PID/fd/N.
+        Returns the handle (pid, fd) for the other local ranks."""
+        self.lib.require("shared_params")
+        cplan, keep = plan.to_c(self.lib.has("zc_get_state"))
+        if any(d != "f32" for d in plan.dtypes):
+            self.lib.require("dtype")
+        if plan.max_grad_norm or any(g.get("max_grad_norm") for g in plan.groups):
+            self.lib.require("clip")
+        src = None
+        if handle is not None:
+            src = _lib.SharedParams()
+            src.size, (src.pid, src.fd) = ctypes.sizeof(src), handle
+        out = _lib.SharedParams()
+        out.size, out.fd = ctypes.sizeof(out), -1
+        self.lib.check("zc_alloc_buffers_shared", self.h, ctypes.byref(cplan),
+                       ctypes.byref(src) if src is not None else None, ctypes.byref(out))
+        if self.plan is not None:  # a re-plan: back to these if it is refused
+            self._prev = (self.plan, self._keep, self.own, self.cuda)
+        self.plan, self._keep = plan, (cplan, keep)
+        self.own = None  # the library's buffers
+        return out.pid, out.fd
+
     def register_buffers(self, plan):
         """The first plan's buffers in memory this process owns: a memfd it
         creates (gradients, then parameters at the next page), seals against

@@ -37,7 +37,10 @@ How an iteration goes:
   (zc_register_buffers()): the parameters' storage is that mapping and keeps
   it alive, close() or not. A re-plan's are the library's (zc_alloc_buffers()
   is how libzeroclient re-plans). ZEROD_TORCH_BUFFERS=library takes the
-  library's from the start. bf16/fp16 parameters get buckets of their dtype.
+  library's from the start. shared_params=True: the library's from the
+  start, the parameters in one memfd of rank 0's that the others open
+  (zc_alloc_buffers_shared()), and a re-plan's in a new one the same way.
+  bf16/fp16 parameters get buckets of their dtype.
 - CUDA parameters (all on one device): the buffers are two uint8 device
   tensors from torch's allocator, registered over CUDA IPC
   (ZC_BUFFERS_CUDA), the parameters views into them, typed by their bucket
@@ -68,6 +71,7 @@ How an iteration goes:
 """
 import os
 import secrets
+import socket as _socket
 
 import torch
 import torch.distributed as dist
@@ -137,6 +141,14 @@ class ZerodOptimizer(torch.optim.Optimizer):
     max_grad_norm: clip the averaged gradients' global norm in zerod (at_end).
     socket / job_id: the daemon's socket (default: $ZEROD_SOCKET...) and the
     job's id (default: $ZEROD_JOB_ID, else one rank 0 draws and broadcasts).
+    shared_params: on the CPU, every rank of a job on one node keeps its
+    parameters in one buffer (ZC_BUFFERS_SHARED_PARAMS), which zerod writes
+    once per step instead of once per rank: rank 0 creates it and tells the
+    others over the process group (its pid and fd, which they open through
+    /proc/PID/fd/N: the same user). DDP's bucket rebuild re-plans into a
+    new shared buffer the same way (rank 0 copies the parameters in by the
+    new layout). params_shared says whether the registered buffers are
+    shared.
     Every rank constructs it, calls state_dict()/load_state_dict() and
     close() together (they are collective, like DDP's own construction).
     """
@@ -148,7 +160,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
 
     def __init__(self, ddp_model, optimizer_class=torch.optim.AdamW, params=None,
                  shard="bucket", step_mode="interleaved", max_grad_norm=0.0,
-                 socket=None, job_id=None, **defaults):
+                 socket=None, job_id=None, shared_params=False, **defaults):
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError("ZerodOptimizer: ddp_model must be a DistributedDataParallel")
         kind = _KINDS.get(optimizer_class)
@@ -166,6 +178,8 @@ class ZerodOptimizer(torch.optim.Optimizer):
         del ref
         self.kind, self.shard, self.step_mode = kind, shard, step_mode
         self.max_grad_norm = float(max_grad_norm)
+        self.shared_params = bool(shared_params)
+        self.params_shared = False  # the registered buffers are shared
         self.ddp = ddp_model
         self.lib = _lib.Lib.get()
         self.last_grad_norm = float("nan")
@@ -187,6 +201,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 self._group_of[id(p)] = gi
         self.device = self._device()
         self.cuda = self.device.type == "cuda" or self._DEVICE_BUFFERS
+        if self.shared_params and self.cuda:
+            raise NotImplementedError("ZerodOptimizer: shared_params=True with CUDA "
+                                      "parameters (shared parameter buffers are host memory)")
+        if self.shared_params:
+            self.lib.require("shared_params")
         self.find_unused = bool(ddp_model.find_unused_parameters)
         if self.find_unused:
             self.lib.require("masks")  # else unused parameters would get zero-grad steps
@@ -310,7 +329,12 @@ class ZerodOptimizer(torch.optim.Optimizer):
             pbufs, gbufs = self._cuda_buffers(plan, layout, dts)
         elif not first:
             self._wait_step()
-            self.client.alloc_buffers(plan)
+            if self.params_shared:  # into a new shared buffer, rank 0 copying
+                self._share_buffers(plan)
+            else:
+                self.client.alloc_buffers(plan)
+        elif self.shared_params:
+            self._share_buffers(plan)
         elif self.lib.has("zc_register_buffers") and os.environ.get("ZEROD_TORCH_BUFFERS") \
                 != "library":
             # the first plan's buffers are memory this process owns: the
@@ -326,7 +350,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
             off = 0
             for s, p in enumerate(ps):
                 where[id(p)] = (b, s, off)
-                if first or self.cuda:  # a host re-plan's zc_alloc_buffers() copied them
+                # a host re-plan's zc_alloc_buffers() copied them; a shared
+                # buffer takes rank 0's (equal on every rank after DDP's
+                # broadcast), before its zc_register_plan(), which every
+                # rank's waits for
+                if (first and not (self.params_shared and self.rank != 0)) or self.cuda:
                     pbufs[b][off:off + p.numel()].copy_(p.detach().reshape(-1))
                 off += p.numel()
         if self.cuda:  # zerod reads the parameters on its own streams
@@ -356,6 +384,34 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._param_ptr = {id(p): p.data_ptr() for _, ps, _ in layout for p in ps}
         if first:
             self._sent = [dict(h) for h in self._plan_groups]
+
+    def _share_buffers(self, plan):
+        """A plan's buffers (the first, or a re-plan's) with the parameters
+        in one memfd every rank shares: rank 0 creates it (a re-plan's
+        filled from the registered buffers), and the process group carries
+        its handle (host, pid, fd) to the others, which open it. A failure
+        on rank 0 is carried too, so that no rank waits for a handle."""
+        pg = self.ddp.process_group
+        src = dist.get_global_rank(pg, 0) if hasattr(dist, "get_global_rank") else 0
+        box, err = [None], None
+        if self.rank == 0:
+            try:
+                box = [(_socket.gethostname(),) + self.client.alloc_buffers_shared(plan)]
+            except BaseException as e:
+                err, box = e, [("error", str(e))]
+        dist.broadcast_object_list(box, src=src, group=pg)
+        if err is not None:
+            raise err
+        if box[0][0] == "error":
+            raise RuntimeError(f"ZerodOptimizer: rank 0 could not share its parameters: "
+                               f"{box[0][1]}")
+        host, pid, fd = box[0]
+        if self.rank != 0:
+            if host != _socket.gethostname():
+                raise NotImplementedError(f"ZerodOptimizer: shared_params=True on a job over "
+                                          f"several nodes (rank 0 on {host}): one node only")
+            self.client.alloc_buffers_shared(plan, (pid, fd))
+        self.params_shared = True
 
     def _route_by_param(self, ddp_layout):
         """Map a DDP layout onto the registered plan parameter by parameter."""
