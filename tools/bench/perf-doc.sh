@@ -74,7 +74,7 @@ for shard in bucket slice; do
 done
 for step in interleaved at_end; do
     run "daemons-2-$step" --daemons 2 --params 25M --buckets 4 --ranks 2 --optim adam \
-        --step "$step"
+        --step "$step" --curve
 done
 
 /usr/bin/python3 "$top/tools/bench/perf_doc.py" "$out" "$top/docs/PERFORMANCE.md"

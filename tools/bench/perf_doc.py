@@ -104,6 +104,32 @@ def main():
         f"{num(j['busbw_zerod'], '{:.3f}')} | {num(j['busbw_net'], '{:.3f}')} | "
         f"{num(j['busbw_gloo'], '{:.3f}')} | {num(j['vs_gloo'], '{:.2f}')} | "
         f"{num(j['vs_gloo_net'], '{:.2f}')} | {load_cell(j)} |" for j in nodes)
+    sealed = [j for j in nodes if j.get("curve_iter_ms") is not None]
+    sealed_rows = "\n".join(
+        f"| {j['step']} | {num(j['zerod_iter_ms'])} | {num(j['curve_iter_ms'])} | "
+        f"{num(j['curve_vs_plain'], '{:.2f}')} | {num(j['curve_vs_plain_net'], '{:.2f}')} | "
+        f"{load_cell(j)} |" for j in sealed)
+    sealed_text = f"""
+### With CURVE keys: the sealed mesh against gloo
+
+The same runs (`--curve`) run the job a second time on daemons started with
+CURVE keys (a key pair made in a temporary directory, as `zeroctl keygen`
+makes it), whose tensors cross the sealed mesh (`daemon/coll/sealmesh.c`)
+instead of gloo. "sealed / plain" is the plain run's time over the sealed
+run's (a speed: 1 would be as fast); "all-reduce" compares the daemons' own
+cross-node all-reduce bandwidths (`curve_algbw_net` / `algbw_net`).
+
+| step | plain ms | sealed ms | sealed / plain whole iteration | sealed / plain all-reduce | load |
+|---|---|---|---|---|---|
+{sealed_rows}
+
+The price is the sealing: every byte a node sends is sealed once and every
+byte it receives opened once, on the lane's thread, with AES-256-GCM where
+both CPUs have AES-NI, else `crypto_secretstream_xchacha20poly1305`. Here
+both "nodes" seal on the same 2 cores; on separate machines they would not
+share them, and a real network is slower than loopback, so the sealing's
+share of the time would be smaller.
+""" if sealed else ""
     mb = 1e6
     text = f"""# zerod performance
 
@@ -193,7 +219,7 @@ so the all-reduce shares the CPUs with them (and with the other "node"); in
 `at_end` mode it runs alone, as gloo's does, and that row is the fair
 comparison of the all-reduce itself. On separate machines the two daemons
 would not compete for the same cores.
-
+{sealed_text}
 ## What zerod-bench measures
 
 One run, in this order: the floors, then a real `zerod` (`--zerod PATH`,
@@ -305,7 +331,11 @@ without it, a table with the same values.
   them (metrics `zerod_net_allreduce_bytes_total` /
   `zerod_net_allreduce_seconds_total`, read with `zeroctl metrics` after the
   run), the slowest daemon's; `vs_gloo` = busbw_zerod / busbw_gloo,
-  `vs_gloo_net` = busbw_net / busbw_gloo.
+  `vs_gloo_net` = busbw_net / busbw_gloo. With `--curve` also
+  `curve_iter_ms` (the same job on daemons with CURVE keys: the sealed
+  mesh), `curve_algbw_net` (their own all-reduce), `curve_vs_plain` =
+  `zerod_iter_ms` / `curve_iter_ms` and `curve_vs_plain_net` =
+  `curve_algbw_net` / `algbw_net`.
 - Ratios: `vs_torch` = torch / zerod (how many times faster zerod is),
   `vs_torch_zerod` = torch / `torch_zerod_iter_ms`, `torch_zerod_vs_c` =
   `torch_zerod_iter_ms` / `zerod_iter_ms` (the Python package's cost, as a
