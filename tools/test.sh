@@ -24,7 +24,8 @@ meson test -C "$build" --print-errorlogs "$@" || status=$?
 if [ "${ZEROD_TEST_ASAN:-1}" != 0 ]; then
     echo "== the same suites under AddressSanitizer + UBSan (${build}-asan)"
     args=("$@")
-    [ $# -gt 0 ] || args=(--suite unit --suite integration --suite fuzz --suite ops --suite reliability)
+    [ $# -gt 0 ] || args=(--suite unit --suite integration --suite multinode --suite fuzz --suite ops
+                            --suite reliability)
     rm -f "$build-asan/meson-logs/testlog.json"
     BUILD_DIR=$build "$top/tools/sanitize.sh" asan "${args[@]}" || status=$?
     logs+=("$build-asan/meson-logs/testlog.json")
