@@ -156,6 +156,25 @@ static int register_rank(const struct job_spec *js, int idx, zc_client *c)
 	return zc_register_buffers(c, &js->plan, &b);
 }
 
+/* Hand over buckets 0..n-1 (their gradients written) and wait for the
+ * step of the current iteration; `it` names it in the failure. */
+static int step_buckets(zc_client *c, uint32_t n, int it)
+{
+	zc_future *step = NULL;
+	uint64_t iter = zc_iteration(c);
+	int r = 0;
+
+	for (uint32_t b = 0; b < n && r == 0; b++)
+		r = zc_bucket_ready(c, b, NULL);
+	if (r == 0)
+		r = zc_step_future(c, iter, &step);
+	if (r == 0)
+		r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
+	EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
+	zc_future_free(step);
+	return r;
+}
+
 /* One rank of a job that trains: ITERS iterations; before iteration EDIT
  * every element becomes p * 0.5 + 0.25, made by each rank on its own
  * buffer, or by rank 0 alone on a shared one. */
@@ -191,20 +210,15 @@ static int share_rank(void *arg, int idx)
 		EXPECT(n == 1, "zerod maps the shared parameter memfd %d times", n);
 	}
 	for (int it = 0; it < ITERS && r == 0; it++) {
-		zc_future *step = NULL;
-		uint64_t iter = zc_iteration(c);
-
 		if (js->ckpt_dir && it == CKPT) {
 			r = zc_checkpoint(c, js->ckpt_dir);
 			if (r == 0)
 				r = zc_checkpoint_wait(c, test_timeout(10000));
 			EXPECT(r == 0, "checkpoint: %s: %s", zc_strerror_name(r), zc_error_message());
-			iter = zc_iteration(c);
 		}
 		if (js->ckpt_dir && it == RESTORE && r == 0) {
 			r = zc_restore(c, js->ckpt_dir);
 			EXPECT(r == 0, "restore: %s: %s", zc_strerror_name(r), zc_error_message());
-			iter = zc_iteration(c);
 		}
 		if (r != 0)
 			break;
@@ -213,14 +227,7 @@ static int share_rank(void *arg, int idx)
 				*elem(c, param, e) = *elem(c, param, e) * 0.5f + 0.25f;
 		for (size_t e = 0; e < NUMEL; e++)
 			*elem(c, grad, e) = grad_of(idx, it, e);
-		for (uint32_t b = 0; b < 2 && r == 0; b++)
-			r = zc_bucket_ready(c, b, NULL);
-		if (r == 0)
-			r = zc_step_future(c, iter, &step);
-		if (r == 0)
-			r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
-		EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
-		zc_future_free(step);
+		r = step_buckets(c, 2, it);
 	}
 	zc_close(c);
 	if (grad)
@@ -406,9 +413,6 @@ static int edit_rank(void *arg, int idx)
 	}
 	EXPECT(r == 0, "registering: %s: %s", zc_strerror_name(r), zc_error_message());
 	for (int it = 0; it < 3 && r == 0; it++) {
-		zc_future *step = NULL;
-		uint64_t iter = zc_iteration(c);
-
 		if (it == 2 && idx == 0) {
 			for (size_t e = 0; e < NUMEL; e++) {
 				EXPECT(*elem(c, param, e) == 0.75f, "element %zu = %a before the edit",
@@ -420,14 +424,7 @@ static int edit_rank(void *arg, int idx)
 		}
 		for (size_t e = 0; e < NUMEL; e++)
 			*elem(c, grad, e) = idx == 0 ? 0.125f : 0.375f;
-		for (uint32_t b = 0; b < 2 && r == 0; b++)
-			r = zc_bucket_ready(c, b, NULL);
-		if (r == 0)
-			r = zc_step_future(c, iter, &step);
-		if (r == 0)
-			r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
-		EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
-		zc_future_free(step);
+		r = step_buckets(c, 2, it);
 	}
 	for (size_t e = 0; e < NUMEL && r == 0 && !child_bad; e++)
 		EXPECT(*elem(c, param, e) == 1.875f, "rank %d: element %zu = %a, want 1.875", idx,
@@ -486,9 +483,6 @@ static int replan_rank(void *arg, int idx)
 	}
 	EXPECT(r == 0, "registering: %s: %s", zc_strerror_name(r), zc_error_message());
 	for (int it = 0; it < 4 && r == 0; it++) {
-		zc_future *step = NULL;
-		uint64_t iter;
-
 		if (it == 2) {
 			r = zc_alloc_buffers(c, &js->plan);
 			if (r == 0)
@@ -499,20 +493,12 @@ static int replan_rank(void *arg, int idx)
 			EXPECT(zc_param_buffer(c, 0) != elem(c, param, 0),
 			       "the re-plan kept the shared buffer");
 		}
-		iter = zc_iteration(c);
 		for (uint32_t b = 0; b < 2; b++) {
 			float *g = zc_grad_buffer(c, b);
 			for (uint64_t e = 0; e < buckets[b].numel; e++)
 				g[e] = idx == 0 ? 0.125f : 0.375f;
 		}
-		for (uint32_t b = 0; b < 2 && r == 0; b++)
-			r = zc_bucket_ready(c, b, NULL);
-		if (r == 0)
-			r = zc_step_future(c, iter, &step);
-		if (r == 0)
-			r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
-		EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
-		zc_future_free(step);
+		r = step_buckets(c, 2, it);
 	}
 	for (uint32_t b = 0; b < 2 && r == 0 && !child_bad; b++)
 		for (uint64_t e = 0; e < buckets[b].numel && !child_bad; e++)
@@ -583,21 +569,9 @@ static bool both_at(int *count)
 
 static int train_one(zc_client *c, int idx, int it, float *grad)
 {
-	zc_future *step = NULL;
-	uint64_t iter = zc_iteration(c);
-	int r = 0;
-
 	for (size_t e = 0; e < NUMEL; e++)
 		*elem(c, grad, e) = grad_of(idx, it, e);
-	for (uint32_t b = 0; b < 2 && r == 0; b++)
-		r = zc_bucket_ready(c, b, NULL);
-	if (r == 0)
-		r = zc_step_future(c, iter, &step);
-	if (r == 0)
-		r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
-	EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
-	zc_future_free(step);
-	return r;
+	return step_buckets(c, 2, it);
 }
 
 static int refused_restore_rank(void *arg, int idx)
@@ -761,20 +735,10 @@ static int alloc_shared_rank(void *arg, int idx)
 		EXPECT(n == 1, "zerod maps the shared parameter memfd %d times", n);
 	}
 	for (int it = 0; it < 3 && r == 0; it++) {
-		zc_future *step = NULL;
-		uint64_t iter = zc_iteration(c);
-
 		for (uint32_t b = 0; b < 2; b++)
 			for (uint64_t e = 0; e < buckets[b].numel; e++)
 				zc_grad_buffer(c, b)[e] = idx == 0 ? 0.125f : 0.375f;
-		for (uint32_t b = 0; b < 2 && r == 0; b++)
-			r = zc_bucket_ready(c, b, NULL);
-		if (r == 0)
-			r = zc_step_future(c, iter, &step);
-		if (r == 0)
-			r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
-		EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
-		zc_future_free(step);
+		r = step_buckets(c, 2, it);
 	}
 	for (uint32_t b = 0; b < 2 && r == 0 && !child_bad; b++)
 		for (uint64_t e = 0; e < buckets[b].numel && !child_bad; e++)
@@ -821,10 +785,7 @@ static int wait_flag(int *flag)
 
 static int sgd_step(zc_client *c, int idx, int it)
 {
-	zc_future *step = NULL;
-	uint64_t iter = zc_iteration(c);
 	uint32_t nb = zc_param_buffer(c, 1) ? 2 : 1;
-	int r = 0;
 
 	for (uint32_t b = 0; b < nb; b++) {
 		float *g = zc_grad_buffer(c, b);
@@ -832,15 +793,7 @@ static int sgd_step(zc_client *c, int idx, int it)
 		for (uint64_t e = 0; e < n; e++)
 			g[e] = idx == 0 ? 0.125f : 0.375f;
 	}
-	for (uint32_t b = 0; b < nb && r == 0; b++)
-		r = zc_bucket_ready(c, b, NULL);
-	if (r == 0)
-		r = zc_step_future(c, iter, &step);
-	if (r == 0)
-		r = zc_future_wait(step, test_timeout(10000)) == 1 ? 0 : -1;
-	EXPECT(r == 0, "iteration %d: %s", it, step ? zc_future_message(step) : "no step");
-	zc_future_free(step);
-	return r;
+	return step_buckets(c, nb, it);
 }
 
 static int replan_shared_rank(void *arg, int idx)
