@@ -100,6 +100,24 @@ def _hyper(kind, g):
     return h
 
 
+def _sgd_keeps_empty_momentum():
+    """Whether this torch's SGD without momentum records {'momentum_buffer':
+    None} for a parameter it stepped (torch 1.x) or keeps no state for it
+    (torch 2.x): asked of torch itself, once, so state_dict() matches the
+    installed torch's format."""
+    global _SGD_EMPTY_MOMENTUM
+    if _SGD_EMPTY_MOMENTUM is None:
+        x = torch.zeros(1, requires_grad=True)
+        x.grad = torch.ones(1)
+        o = torch.optim.SGD([x], lr=0.1)
+        o.step()
+        _SGD_EMPTY_MOMENTUM = "momentum_buffer" in o.state.get(x, {})
+    return _SGD_EMPTY_MOMENTUM
+
+
+_SGD_EMPTY_MOMENTUM = None
+
+
 def _rounds_to(wide, t):
     """Whether fp32 tensor wide, rounded to t's dtype, is t (None: no)."""
     return isinstance(wide, torch.Tensor) and wide.numel() == t.numel() and torch.equal(
@@ -671,10 +689,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 low = p.dtype != torch.float32
                 st = {}
                 if not s.present & ~_lib.STATE_MASTER:
-                    # torch's SGD without momentum keeps {'momentum_buffer':
-                    # None} once it stepped a parameter; zerod keeps nothing
+                    # torch 1.x's SGD without momentum keeps
+                    # {'momentum_buffer': None} once it stepped a parameter
+                    # (torch 2.x keeps nothing); zerod keeps nothing
                     if self.kind == "sgd" and not g["momentum"] and self._steps_done \
-                            and not self.find_unused:
+                            and not self.find_unused and _sgd_keeps_empty_momentum():
                         st["momentum_buffer"] = None
                     else:
                         continue
