@@ -427,6 +427,12 @@ enum zc_buffers_kind {
  * opens each handle once per plan, off its loop, when the job starts; a
  * handle it cannot open, or a device it does not see, fails the job with
  * ZC_EMAP naming the rank, the buffer and CUDA's reason.
+ * IPC shares an allocation's whole underlying block, and the driver may
+ * carve small cudaMalloc allocations out of a larger one: give buffers in
+ * allocations of a multiple of 2 MiB (PyTorch's caching allocator makes no
+ * smaller ones); memory from cuMemCreate/cuMemMap or cudaMallocAsync pools
+ * (PyTorch's expandable segments or its cudaMallocAsync backend) has no
+ * cudaIpcGetMemHandle, and zc_register_buffers() fails with CUDA's reason.
  * The library does not link the CUDA runtime: it loads libcudart.so.13 (else
  * libcudart.so; $ZEROD_CUDART names another) at the first CUDA call, and
  * without it the call is ZC_ENOTSUP saying so. A zerod without the cuda

@@ -387,20 +387,33 @@ static void t_bandwidth(void)
 			       .m = a[2],
 			       .v = a[3],
 			       .n = n};
-	CU(cudaMemcpyAsync(a[4], a[0], n * sizeof(float), cudaMemcpyDeviceToDevice, s)); /* warm */
-	CU(optim_cuda_launch(&k, s));
-	CU(cudaEventRecord(e0, s));
-	for (int r = 0; r < reps; r++)
+	/* warm both up, then the best of 3 rounds of each, interleaved, so a
+	 * moment of noise on the device costs neither */
+	for (int r = 0; r < 3; r++) {
 		CU(cudaMemcpyAsync(a[4], a[0], n * sizeof(float), cudaMemcpyDeviceToDevice, s));
-	CU(cudaEventRecord(e1, s));
-	CU(cudaEventSynchronize(e1));
-	CU(cudaEventElapsedTime(&copy_ms, e0, e1));
-	CU(cudaEventRecord(e0, s));
-	for (int r = 0; r < reps; r++)
 		CU(optim_cuda_launch(&k, s));
-	CU(cudaEventRecord(e1, s));
-	CU(cudaEventSynchronize(e1));
-	CU(cudaEventElapsedTime(&adam_ms, e0, e1));
+	}
+	CU(cudaStreamSynchronize(s));
+	copy_ms = adam_ms = 1e30f;
+	for (int round = 0; round < 3; round++) {
+		float ms;
+
+		CU(cudaEventRecord(e0, s));
+		for (int r = 0; r < reps; r++)
+			CU(cudaMemcpyAsync(a[4], a[0], n * sizeof(float), cudaMemcpyDeviceToDevice,
+					   s));
+		CU(cudaEventRecord(e1, s));
+		CU(cudaEventSynchronize(e1));
+		CU(cudaEventElapsedTime(&ms, e0, e1));
+		copy_ms = ms < copy_ms ? ms : copy_ms;
+		CU(cudaEventRecord(e0, s));
+		for (int r = 0; r < reps; r++)
+			CU(optim_cuda_launch(&k, s));
+		CU(cudaEventRecord(e1, s));
+		CU(cudaEventSynchronize(e1));
+		CU(cudaEventElapsedTime(&ms, e0, e1));
+		adam_ms = ms < adam_ms ? ms : adam_ms;
+	}
 	/* bytes moved: a copy reads and writes each byte; Adam reads p, g, m,
 	 * v and writes p, m, v */
 	double copy_gbs = 2.0 * n * sizeof(float) * reps / (copy_ms * 1e6);
@@ -408,7 +421,8 @@ static void t_bandwidth(void)
 	test_note("device copy %.0f GB/s, Adam %.0f GB/s (%.0f %% of copy), %zu elements, "
 		  "%.2f ms per step",
 		  copy_gbs, adam_gbs, 100 * adam_gbs / copy_gbs, n, adam_ms / reps);
-	CHECK(adam_gbs >= 0.8 * copy_gbs, "Adam below 80 %% of the copy bandwidth");
+	CHECK(adam_gbs >= 0.8 * copy_gbs, "Adam at %.0f %% of the copy bandwidth, below 80 %%",
+	      100 * adam_gbs / copy_gbs);
 	cudaEventDestroy(e0);
 	cudaEventDestroy(e1);
 	cudaStreamDestroy(s);
@@ -631,7 +645,9 @@ static int ipc_child(void)
 	float *base, got[IPC_N];
 	char c;
 
-	if (cudaSetDevice(0) != cudaSuccess || cudaMalloc((void **)&base, 2 * IPC_N * 4) ||
+	/* 2 MiB: IPC shares a cudaMalloc's whole underlying block, and a small
+	 * allocation may be carved out of a larger one (zeroclient.h) */
+	if (cudaSetDevice(0) != cudaSuccess || cudaMalloc((void **)&base, 2 << 20) ||
 	    cudaMemset(base, 0, 2 * IPC_N * 4) || cudaIpcGetMemHandle(&h, base) ||
 	    cudaGetDeviceProperties(&prop, 0))
 		return 2;

@@ -3,8 +3,10 @@
  * GPU (suite gpu; tests/gpu/run): a real zerod --backend cuda, this process
  * as its trainer with libzeroclient loading the CUDA runtime ($ZEROD_CUDART):
  * device buffers registered by IPC handle + offset and UUID, gradients
- * copied asynchronously on the trainer's stream and handed over with
- * zc_bucket_ready_cuda() (zerod's reduction waits on the ready event), NCCL,
+ * copied asynchronously on the trainer's stream, behind a host function that
+ * holds the stream back, and handed over with zc_bucket_ready_cuda() at once
+ * (zerod's reduction must wait on the ready event: read early, it would see
+ * the last iteration's gradients, and the parameters would differ), NCCL,
  * the CUDA Adam kernels, and zc_step_wait_cuda() on the done events; the
  * parameters are read back and compared with tests/refoptim.c's Adam
  * (world 1: the average is the gradient). Exits 77 without a GPU.
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -40,6 +43,19 @@
 			goto out;                                                                  \
 		}                                                                                  \
 	} while (0)
+
+/* IPC shares a cudaMalloc's whole underlying block, and the driver may
+ * carve small allocations out of a larger one: buffers for IPC are whole
+ * allocations of a multiple of 2 MiB (zeroclient.h) */
+#define IPC_ROUND ((uint64_t)2 << 20)
+
+/* On the trainer's stream before each gradient copy: the copy, and so the
+ * bucket's ready event, comes well after zc_bucket_ready_cuda() returned. */
+static void CUDART_CB hold_stream(void *arg)
+{
+	(void)arg;
+	usleep(20000);
+}
 
 int main(void)
 {
@@ -71,7 +87,10 @@ int main(void)
 		total += tp.buckets[b].numel;
 	ZC(zc_plan_buffer_bytes(&tp.plan, &bytes));
 	host_p = calloc(bytes, 1);
-	host_g = calloc(bytes, 1);
+	/* pinned, so the copies are truly asynchronous */
+	if (cudaMallocHost((void **)&host_g, bytes) != cudaSuccess)
+		goto out;
+	memset(host_g, 0, bytes);
 	ref_p = calloc(bytes, 1);
 	m = calloc(bytes, 1);
 	v = calloc(bytes, 1);
@@ -86,7 +105,7 @@ int main(void)
 	CU(cudaSetDevice(0));
 	CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 	/* one allocation, both buffers at offsets into it */
-	CU(cudaMalloc((void **)&dev, 2 * bytes + 512));
+	CU(cudaMalloc((void **)&dev, (2 * bytes + 512 + IPC_ROUND - 1) / IPC_ROUND * IPC_ROUND));
 	cfg = test_config(&d, s.job, 0, 1);
 	ZC(zc_connect(&cfg, &c));
 	bufs.kind = ZC_BUFFERS_CUDA;
@@ -112,7 +131,8 @@ int main(void)
 
 			for (uint64_t i = 0; i < n; i++)
 				g[i] = det_uniform(8, (uint64_t)it, b, i);
-			/* the gradients are still being copied when the bucket goes */
+			/* the gradients are not yet copied when the bucket goes */
+			CU(cudaLaunchHostFunc(st, hold_stream, NULL));
 			CU(cudaMemcpyAsync((char *)bufs.grad_dev + at, g, n * sizeof(float),
 					   cudaMemcpyHostToDevice, st));
 			ZC(zc_bucket_ready_cuda(c, b, st, NULL));
@@ -165,7 +185,7 @@ out:
 		cudaStreamDestroy(st);
 	cudaFree(dev);
 	free(host_p);
-	free(host_g);
+	cudaFreeHost(host_g);
 	free(ref_p);
 	free(m);
 	free(v);

@@ -51,6 +51,12 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(TOP, "client", "python"))
 RTOL, ATOL, ITERS = 1e-5, 1e-6, 12
 
+# torch's default allocator: under expandable segments or cudaMallocAsync
+# (set on some machines) CUDA IPC cannot export its memory, and
+# ZerodOptimizer refuses CUDA parameters, naming the setting
+for _var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+    os.environ.pop(_var, None)
+
 try:
     import torch
     import torch.distributed as dist

@@ -109,6 +109,28 @@ def lowp_views(rank):
     return {"buckets": [str(d) for d in dts]}
 
 
+def allocator_without_ipc(rank):
+    """torch allocator settings whose memory CUDA IPC cannot export are named
+    (ZerodOptimizer then refuses CUDA parameters with it); others pass."""
+    import os
+    from zerod.torch import _allocator_without_ipc
+    seen = {}
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        for conf, refused in (("expandable_segments:True", True),
+                              ("max_split_size_mb:128, expandable_segments:True", True),
+                              ("backend:cudaMallocAsync", True),
+                              ("expandable_segments:False", False),
+                              ("max_split_size_mb:128", False), ("", False)):
+            for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+                os.environ.pop(v, None)
+            os.environ[var] = conf
+            why = _allocator_without_ipc()
+            assert (why is not None) == refused, (var, conf, why)
+            assert why is None or why.startswith(var + "="), why
+            seen[f"{var}={conf}"] = why is not None
+    return {"refused": sorted(k for k, v in seen.items() if v)}
+
+
 def views_are_the_parameters(rank):
     cfg = dict(opt="adam", hyper={"lr": 0.01})
     ddp, opt, _, _ = make(cfg, rank)
@@ -230,6 +252,7 @@ def double_cuda(cfg, rank, world):
 CASES = {
     "bucket-views-over-libzeroclient-offsets-are-the-parameters": dict(world=2, what="views"),
     "bucket-views-bf16-fp16-typed-at-their-offsets": dict(world=1, what="lowp"),
+    "allocator-settings-without-cuda-ipc-named": dict(world=1, what="allocator"),
     "cuda-calls-on-host-buffers-refused-job-goes-on": dict(world=2, what="bindings",
                                                            needs="cuda"),
     "cuda-buffers-without-a-cuda-runtime-enotsup": dict(world=1, what="noruntime",
@@ -249,6 +272,8 @@ def rank_main(name, cfg, rank, world):
         return views_are_the_parameters(rank)
     if what == "lowp":
         return lowp_views(rank)
+    if what == "allocator":
+        return allocator_without_ipc(rank)
     if what == "bindings":
         return bindings_on_host_buffers(rank)
     if what == "double":

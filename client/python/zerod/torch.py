@@ -118,6 +118,18 @@ def _sgd_keeps_empty_momentum():
 _SGD_EMPTY_MOMENTUM = None
 
 
+def _allocator_without_ipc():
+    """The setting, if any, under which torch's CUDA allocator hands out
+    memory CUDA IPC cannot export: expandable segments (cuMemMap) or the
+    stream-ordered allocator (cudaMallocAsync)."""
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        conf = os.environ.get(var, "").replace(" ", "")
+        for opt in conf.split(","):
+            if opt in ("expandable_segments:True", "backend:cudaMallocAsync"):
+                return f"{var}={conf}"
+    return None
+
+
 def _rounds_to(wide, t):
     """Whether fp32 tensor wide, rounded to t's dtype, is t (None: no)."""
     return isinstance(wide, torch.Tensor) and wide.numel() == t.numel() and torch.equal(
@@ -280,6 +292,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
                 raise NotImplementedError("ZerodOptimizer: find_unused_parameters=True with "
                                           "CUDA parameters (zc_bucket_ready_cuda takes no "
                                           "unused-segment mask yet)")
+            why = _allocator_without_ipc()
+            if why:
+                raise NotImplementedError(f"ZerodOptimizer: CUDA parameters with {why}: zerod "
+                                          "opens the buffers over CUDA IPC, which memory of "
+                                          "that allocator cannot give (cudaIpcGetMemHandle)")
         return dev
 
     def _cuda_buffers(self, plan, layout, dts):
