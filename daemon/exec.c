@@ -1375,12 +1375,20 @@ static void *lane_main(void *arg)
 	}
 	ln->tail = NULL;
 	if (--e->alive == 0) {
-		/* the last lane out: nothing runs any more */
-		e->cfg.coll->close(e->cg);
+		/* the last lane out: nothing runs any more. The closes may wait
+		 * for the device (a stream's synchronize, cudaFree, NCCL's
+		 * destroy), so they run without e->mu, which the loop thread
+		 * takes; exec_stop() and exec_free() find NULLs. */
+		struct coll_group *cg = e->cg;
+		struct optim_ctx *oc = e->oc;
+
 		e->cg = NULL;
-		e->cfg.optim->close(e->oc);
 		e->oc = NULL;
+		pthread_mutex_unlock(&e->mu);
+		e->cfg.coll->close(cg);
+		e->cfg.optim->close(oc);
 		close_buffers(e);
+		pthread_mutex_lock(&e->mu);
 		state_release(e->cfg.state);
 		post(e, &e->stop_done);
 	}
