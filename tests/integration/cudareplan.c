@@ -18,7 +18,6 @@
 #include <cuda_runtime_api.h>
 
 #include "cudareplan.h"
-#include "refoptim.h"
 #include "testlib.h"
 
 #define NDEV 4 /* ZEROD_CUDADOUBLE_DEVICES (tests/meson.build) */
@@ -34,15 +33,6 @@ const struct layout crp_layouts[] = {
 };
 
 static cudaStream_t stream_;
-
-/* A value into a bucket of dtype t at element i (narrowed by the rules). */
-static void put_value(void *buf, enum zc_dtype t, uint64_t i, float x)
-{
-	if (t == ZC_DTYPE_F32)
-		((float *)buf)[i] = x;
-	else
-		((uint16_t *)buf)[i] = ref_lowp_round(x, t);
-}
 
 /* Device buffers for tp's plan (both in one allocation, at offsets), and
  * zc_register_buffers(): the first registration or a re-plan's. */
@@ -96,14 +86,8 @@ static int one_iteration(zc_client *c, const struct crp_script *sc, const struct
 	uint64_t t = zc_iteration(c);
 	int r;
 
-	for (int k = 0; k < NP; k++) {
-		void *gb = zc_grad_ptr(c, tp->bucket_of[k]);
-		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
-		if (!gb)
-			return -1;
-		for (uint64_t i = 0; i < params[k].numel; i++)
-			put_value(gb, dtype_of(k), at + i, grad_value(sc->seed, rank, it, k, i));
-	}
+	if ((r = sf_fill_grads(c, tp, sc->seed, rank, it)) < 0)
+		return r;
 	for (uint32_t b = 0; b < tp->plan.nbuckets; b++)
 		if ((r = zc_bucket_ready_cuda(c, b, stream_, NULL)) < 0)
 			return r;
@@ -171,7 +155,7 @@ int crp_rank(void *arg, int idx)
 	uint32_t rank = (uint32_t)idx;
 	struct zc_config cfg = test_config(sc->zd, sc->job, rank, sc->world);
 	struct tplan *tp = calloc(1, sizeof(*tp)), *tp2 = calloc(1, sizeof(*tp2));
-	struct snap *got = calloc(1, sizeof(*got)), *init = calloc(1, sizeof(*init));
+	struct snap *got = calloc(1, sizeof(*got));
 	zc_client *c = NULL;
 	char *base = NULL;
 	const char *step = "connect";
@@ -180,17 +164,8 @@ int crp_rank(void *arg, int idx)
 	cfg.register_timeout_ms = test_timeout(20000);
 	if (sc->nnodes > 1) {
 		cfg.socket = sc->socks[sc->node_of[rank]];
-		cfg.local_rank = cfg.local_size = 0;
-		for (uint32_t k = 0; k < sc->world; k++)
-			if (sc->node_of[k] == sc->node_of[rank]) {
-				cfg.local_rank += k < rank;
-				cfg.local_size++;
-			}
-		cfg.rdzv = sc->rdzv;
-		cfg.nnodes = sc->nnodes;
-		cfg.node_rank = sc->node_of[rank];
-		cfg.has_node_rank = 1;
-		cfg.job_secret = "cuda replan secret";
+		sf_config_nodes(&cfg, rank, sc->world, sc->node_of, sc->nnodes, sc->rdzv,
+				"cuda replan secret");
 	}
 	make_plan(tp, &crp_layouts[sc->layout], sc->opt, sc->shard, sc->step, sc->ids);
 	if (cudaSetDevice((int)(rank % NDEV)) != cudaSuccess ||
@@ -202,38 +177,12 @@ int crp_rank(void *arg, int idx)
 		step = "register_buffers";
 		r = cuda_buffers(c, tp, &base);
 	}
-	if (r >= 0) {
-		if (sc->load)
-			*init = *sc->in;
-		else
-			snap_init(init, sc->seed);
-		for (int k = 0; k < NP && r >= 0; k++) {
-			void *pb = zc_param_ptr(c, tp->bucket_of[k]);
-			uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
-			if (!pb)
-				r = -1;
-			for (uint64_t i = 0; pb && i < params[k].numel; i++)
-				put_value(pb, dtype_of(k), at + i, init->p[param_base(k) + i]);
-		}
-	}
-	if (r >= 0) {
-		step = "register_plan";
-		r = zc_register_plan(c);
-	}
-	if (r >= 0 && sc->load) {
-		struct zc_segment_state segs[NP];
-		snap_segs(init, tp, sc->opt, segs);
-		step = "set_state";
-		r = zc_set_state(c, segs, NP);
-	}
+	if (r >= 0)
+		r = sf_begin(c, tp, sc->opt, sc->load ? sc->in : NULL, sc->seed, &step);
 	for (int it = sc->start; r >= 0 && it < sc->start + sc->iters; it++) {
-		if (it == sf_hyper_iter) {
-			struct zc_param_group h = tp->groups[0];
-			h.lr *= 0.5;
-			step = "set_hyper";
-			if ((r = zc_set_hyper(c, 0, &h)) < 0)
-				break;
-		}
+		step = "set_hyper";
+		if ((r = sf_hyper_at(c, tp, it)) < 0)
+			break;
 		if (it == sc->replan_at) {
 			r = replan(c, sc, tp, tp2, &base, rank, &step);
 			if (r > 0) {
@@ -264,6 +213,5 @@ int crp_rank(void *arg, int idx)
 	free(tp);
 	free(tp2);
 	free(got);
-	free(init);
 	return child_bad;
 }

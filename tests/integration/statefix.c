@@ -1,9 +1,11 @@
 /*
  * statefix.c — the job the optimizer-state tests train (statefix.h): its
  * parameters, plans over any layout of them, the single-process reference,
- * and snapshots of parameters and state by parameter. Shared by
- * tests/integration/test_state.c and tests/reliability/test_ckpt.c.
+ * snapshots of parameters and state by parameter, and the steps of a rank of
+ * the job. Shared by tests/integration/test_state.c, cudareplan.c and
+ * tests/reliability/test_ckpt.c.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,6 +229,100 @@ int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer opt, str
 	}
 	out->valid = true;
 	return 0;
+}
+
+void sf_config_nodes(struct zc_config *cfg, uint32_t rank, uint32_t world, const uint32_t *node_of,
+		     uint32_t nnodes, const char *rdzv, const char *secret)
+{
+	cfg->local_rank = cfg->local_size = 0;
+	for (uint32_t r = 0; r < world; r++)
+		if (node_of[r] == node_of[rank]) {
+			cfg->local_rank += r < rank;
+			cfg->local_size++;
+		}
+	cfg->rdzv = rdzv;
+	cfg->nnodes = nnodes;
+	cfg->node_rank = node_of[rank];
+	cfg->has_node_rank = 1;
+	cfg->job_secret = secret;
+}
+
+/* A value into a bucket of dtype t at element i (narrowed by the rules). */
+static void put_value(void *buf, enum zc_dtype t, uint64_t i, float x)
+{
+	if (t == ZC_DTYPE_F32)
+		((float *)buf)[i] = x;
+	else
+		((uint16_t *)buf)[i] = ref_lowp_round(x, t);
+}
+
+int sf_fill_params(zc_client *c, const struct tplan *tp, const struct snap *from)
+{
+	for (int k = 0; k < NP; k++) {
+		void *pb = zc_param_ptr(c, tp->bucket_of[k]);
+		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		if (!pb)
+			return -1;
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			put_value(pb, dtype_of(k), at + i, from->p[param_base(k) + i]);
+	}
+	return 0;
+}
+
+int sf_fill_grads(zc_client *c, const struct tplan *tp, uint64_t seed, uint32_t rank, int it)
+{
+	for (int k = 0; k < NP; k++) {
+		void *gb = zc_grad_ptr(c, tp->bucket_of[k]);
+		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
+		if (!gb)
+			return -1;
+		for (uint64_t i = 0; i < params[k].numel; i++)
+			put_value(gb, dtype_of(k), at + i, grad_value(seed, rank, it, k, i));
+	}
+	return 0;
+}
+
+int sf_import(zc_client *c, const struct tplan *tp, enum zc_optimizer opt, struct snap *s)
+{
+	struct zc_segment_state segs[NP];
+
+	snap_segs(s, tp, opt, segs);
+	return zc_set_state(c, segs, NP);
+}
+
+int sf_begin(zc_client *c, const struct tplan *tp, enum zc_optimizer opt, const struct snap *in,
+	     uint64_t seed, const char **step)
+{
+	struct snap *init = malloc(sizeof(*init));
+	int r = -ENOMEM;
+
+	if (!init)
+		return r;
+	if (in)
+		*init = *in;
+	else
+		snap_init(init, seed);
+	r = sf_fill_params(c, tp, init);
+	if (r >= 0) {
+		*step = "register_plan";
+		r = zc_register_plan(c);
+	}
+	if (r >= 0 && in) {
+		*step = "set_state";
+		r = sf_import(c, tp, opt, init);
+	}
+	free(init);
+	return r;
+}
+
+int sf_hyper_at(zc_client *c, const struct tplan *tp, int it)
+{
+	struct zc_param_group h = tp->groups[0];
+
+	if (it != sf_hyper_iter)
+		return 0;
+	h.lr *= 0.5;
+	return zc_set_hyper(c, 0, &h);
 }
 
 /* Bit for bit, reasons as TAP comments; how many differences (at most a few

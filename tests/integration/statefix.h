@@ -90,6 +90,28 @@ void snap_segs(struct snap *s, const struct tplan *tp, enum zc_optimizer opt,
 	       struct zc_segment_state *segs);
 /* Export the client's parameters and state into a snap (zc_get_state). */
 int export_snap(zc_client *c, const struct tplan *tp, enum zc_optimizer opt, struct snap *out);
+/* The rank's side of a job over nnodes > 1 zerods, rank r on node_of[r]:
+ * cfg's node fields and its place among its node's ranks (not its socket). */
+void sf_config_nodes(struct zc_config *cfg, uint32_t rank, uint32_t world, const uint32_t *node_of,
+		     uint32_t nnodes, const char *rdzv, const char *secret);
+/* from's parameters into the client's parameter buffers, by tp's layout; 0,
+ * or -1 if the client has no buffer for a bucket. */
+int sf_fill_params(zc_client *c, const struct tplan *tp, const struct snap *from);
+/* rank's gradients of iteration it into the client's gradient buffers, by
+ * tp's layout; 0, or -1 if the client has no buffer for a bucket. */
+int sf_fill_grads(zc_client *c, const struct tplan *tp, uint64_t seed, uint32_t rank, int it);
+/* The job's start on a client whose buffers tp's plan has: *in's parameters
+ * (or snap_init()'s for seed when in is NULL), zc_register_plan(), then with
+ * in, its state imported (zc_set_state). 0, or the failing step's error with
+ * *step naming it ("register_plan", "set_state"; left as it was if a buffer
+ * is missing). */
+int sf_begin(zc_client *c, const struct tplan *tp, enum zc_optimizer opt, const struct snap *in,
+	     uint64_t seed, const char **step);
+/* Import s (parameters are not touched) with zc_set_state; its result. */
+int sf_import(zc_client *c, const struct tplan *tp, enum zc_optimizer opt, struct snap *s);
+/* Before iteration it: at sf_hyper_iter, group 0's lr halved
+ * (zc_set_hyper); zc_set_hyper's result then, else 0. */
+int sf_hyper_at(zc_client *c, const struct tplan *tp, int it);
 /* Bit for bit, reasons as TAP comments; how many differences (at most a few
  * are printed). */
 int snap_compare(const char *what, const struct snap *got, const struct snap *want,

@@ -87,40 +87,8 @@ static struct zc_config script_config(const struct script *sc, uint32_t rank)
 	if (sc->nnodes < 2)
 		return cfg;
 	cfg.socket = sc->socks[sc->node_of[rank]];
-	cfg.local_rank = cfg.local_size = 0;
-	for (uint32_t r = 0; r < sc->world; r++)
-		if (sc->node_of[r] == sc->node_of[rank]) {
-			cfg.local_rank += r < rank;
-			cfg.local_size++;
-		}
-	cfg.rdzv = sc->rdzv;
-	cfg.nnodes = sc->nnodes;
-	cfg.node_rank = sc->node_of[rank];
-	cfg.has_node_rank = 1;
-	cfg.job_secret = "state secret";
+	sf_config_nodes(&cfg, rank, sc->world, sc->node_of, sc->nnodes, sc->rdzv, "state secret");
 	return cfg;
-}
-
-/* A value into a bucket of dtype t at element i (narrowed by the rules). */
-static void put_value(void *buf, enum zc_dtype t, uint64_t i, float x)
-{
-	if (t == ZC_DTYPE_F32)
-		((float *)buf)[i] = x;
-	else
-		((uint16_t *)buf)[i] = ref_lowp_round(x, t);
-}
-
-static int fill_params(zc_client *c, const struct tplan *tp, const struct snap *from)
-{
-	for (int k = 0; k < NP; k++) {
-		void *pb = zc_param_ptr(c, tp->bucket_of[k]);
-		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
-		if (!pb)
-			return -1;
-		for (uint64_t i = 0; i < params[k].numel; i++)
-			put_value(pb, dtype_of(k), at + i, from->p[param_base(k) + i]);
-	}
-	return 0;
 }
 
 static int one_iteration(zc_client *c, const struct script *sc, const struct tplan *tp,
@@ -130,14 +98,8 @@ static int one_iteration(zc_client *c, const struct script *sc, const struct tpl
 	uint64_t t = zc_iteration(c); /* the job's count: `it` is the training's */
 	int r;
 
-	for (int k = 0; k < NP; k++) {
-		void *gb = zc_grad_ptr(c, tp->bucket_of[k]);
-		uint64_t at = tp->segs[tp->bucket_of[k]][tp->seg_of[k]].offset;
-		if (!gb)
-			return -1;
-		for (uint64_t i = 0; i < params[k].numel; i++)
-			put_value(gb, dtype_of(k), at + i, grad_value(sc->seed, rank, it, k, i));
-	}
+	if ((r = sf_fill_grads(c, tp, sc->seed, rank, it)) < 0)
+		return r;
 	for (uint32_t b = 0; b < tp->plan.nbuckets; b++)
 		if ((r = zc_bucket_ready(c, b, NULL)) < 0)
 			return r;
@@ -172,7 +134,7 @@ static int rank_main(void *arg, int idx)
 	uint32_t rank = (uint32_t)idx;
 	struct zc_config cfg = script_config(sc, rank);
 	struct tplan *tp = calloc(1, sizeof(*tp)), *tp2 = calloc(1, sizeof(*tp2));
-	struct snap *got = calloc(1, sizeof(*got)), *init = calloc(1, sizeof(*init));
+	struct snap *got = calloc(1, sizeof(*got));
 	zc_client *c = NULL;
 	const char *step = "connect";
 	int r;
@@ -183,29 +145,12 @@ static int rank_main(void *arg, int idx)
 		step = "alloc_buffers";
 		r = zc_alloc_buffers(c, &tp->plan);
 	}
-	if (r >= 0) {
-		if (sc->load)
-			*init = *sc->in;
-		else
-			snap_init(init, sc->seed);
-		fill_params(c, tp, init);
-		step = "register_plan";
-		r = zc_register_plan(c);
-	}
-	if (r >= 0 && sc->load) {
-		struct zc_segment_state segs[NP];
-		snap_segs(init, tp, sc->opt, segs);
-		step = "set_state";
-		r = zc_set_state(c, segs, NP);
-	}
+	if (r >= 0)
+		r = sf_begin(c, tp, sc->opt, sc->load ? sc->in : NULL, sc->seed, &step);
 	for (int it = sc->start; r >= 0 && it < sc->start + sc->iters; it++) {
-		if (it == sf_hyper_iter) {
-			struct zc_param_group h = tp->groups[0];
-			h.lr *= 0.5;
-			step = "set_hyper";
-			if ((r = zc_set_hyper(c, 0, &h)) < 0)
-				break;
-		}
+		step = "set_hyper";
+		if ((r = sf_hyper_at(c, tp, it)) < 0)
+			break;
 		if (it == sc->replan_at) {
 			int to = sc->replan_layout_node1 > 0 && sc->nnodes > 1 &&
 						 sc->node_of[rank] == 1
@@ -225,7 +170,6 @@ static int rank_main(void *arg, int idx)
 				free(tp);
 				free(tp2);
 				free(got);
-				free(init);
 				return child_bad;
 			} else if (sc->replan_code && r == sc->replan_code) {
 				/* refused: the job goes on with the plan it had */
@@ -251,11 +195,9 @@ static int rank_main(void *arg, int idx)
 		r = export_snap(c, tp, sc->opt, got);
 	}
 	if (r >= 0 && sc->roundtrip) {
-		struct zc_segment_state segs[NP];
 		struct snap *again = calloc(1, sizeof(*again));
-		snap_segs(got, tp, sc->opt, segs);
 		step = "round trip: set_state";
-		r = zc_set_state(c, segs, NP);
+		r = sf_import(c, tp, sc->opt, got);
 		if (r >= 0) {
 			step = "round trip: get_state";
 			r = export_snap(c, tp, sc->opt, again);
@@ -283,7 +225,6 @@ static int rank_main(void *arg, int idx)
 	free(tp);
 	free(tp2);
 	free(got);
-	free(init);
 	return child_bad;
 }
 
@@ -857,7 +798,7 @@ static int bad_rank(void *arg, int idx)
 	make_plan(tp, &layouts[0], ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, true);
 	snap_init(s, sc->seed);
 	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &tp->plan)) < 0 ||
-	    fill_params(c, tp, s) < 0 || (r = zc_register_plan(c)) < 0) {
+	    sf_fill_params(c, tp, s) < 0 || (r = zc_register_plan(c)) < 0) {
 		EXPECT(0, "setup: %s: %s", zc_strerror_name(r), zc_error_message());
 		zc_close(c);
 		return 1;

@@ -31,18 +31,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "harness.h"
 #include "testlib.h"
 #include "trainer.h"
 
-#define MAXN 3
 #define MAXW 4
 
 #define STALL_MS 4000
@@ -109,70 +108,34 @@ static void rm_keydir(void)
 
 /* --------------------------------------------------------- daemons --- */
 
-struct cluster {
-	struct zd zd[MAXN];
-	const char *socks[MAXN];
-	uint32_t n;
-	int port;
-	char rdzv[32];
-};
-
 /* Start n daemons; daemon k with CURVE when key[k] names a key pair made
  * by keygen() (with peers file peers[k]), plain when it is NULL. */
-static int cluster_start(struct cluster *cl, uint32_t n, const char *const *key,
-			 const char *const *peers)
+static int curve_cluster_start(struct cluster *cl, uint32_t n, const char *const *key,
+			       const char *const *peers)
 {
-	char stall[16], join[16], hello[16], kpath[MAXN][200], ppath[MAXN][200];
+	char kpath[CLUSTER_MAXN][200], ppath[CLUSTER_MAXN][200];
+	const char *kp[CLUSTER_MAXN] = {NULL}, *pp[CLUSTER_MAXN] = {NULL};
+	const struct cluster_opts o = {
+		.stall_ms = STALL_MS,
+		.join_ms = JOIN_MS,
+		.hello_ms = HELLO_MS,
+		.curve_key = kp,
+		.curve_peers = pp,
+	};
 
-	snprintf(stall, sizeof(stall), "%d", test_timeout(STALL_MS));
-	snprintf(join, sizeof(join), "%d", test_timeout(JOIN_MS));
-	snprintf(hello, sizeof(hello), "%d", test_timeout(HELLO_MS));
-	memset(cl, 0, sizeof(*cl));
-	cl->n = n;
-	for (uint32_t k = 0; k < n; k++) {
-		const char *args[16] = {"--stall-timeout", stall, "--join-timeout", join,
-					"--hello-timeout", hello, "--workers",      "2"};
-		int a = 8, r;
-		if (key && key[k]) {
+	for (uint32_t k = 0; key && k < n; k++)
+		if (key[k]) {
 			snprintf(kpath[k], sizeof(kpath[k]), "%s/%s.key", keydir, key[k]);
 			snprintf(ppath[k], sizeof(ppath[k]), "%s/%s", keydir, peers[k]);
-			args[a++] = "--curve-secret-key";
-			args[a++] = kpath[k];
-			args[a++] = "--curve-peers";
-			args[a++] = ppath[k];
+			kp[k] = kpath[k];
+			pp[k] = ppath[k];
 		}
-		args[a] = NULL;
-		r = zd_start(&cl->zd[k], args);
-		if (r < 0)
-			return r;
-		cl->socks[k] = cl->zd[k].sock;
-	}
-	cl->port = zd_free_port();
-	snprintf(cl->rdzv, sizeof(cl->rdzv), "127.0.0.1:%d", cl->port);
-	return cl->port > 0 ? 0 : -EADDRINUSE;
-}
-
-static void cluster_stop(struct cluster *cl)
-{
-	if (test_failed_)
-		for (uint32_t k = 0; k < cl->n; k++) {
-			printf("# ---- daemon %u ----\n", k);
-			zd_dump_log(&cl->zd[k]);
-		}
-	for (uint32_t k = 0; k < cl->n; k++) {
-		int st = zd_stop(&cl->zd[k], 10000);
-		CHECK(st == 0, "daemon %u exited with %d after SIGTERM", k, st);
-	}
+	return cluster_start(cl, n, &o);
 }
 
 static struct train_result *results_new(void)
 {
-	struct train_result *r = mmap(NULL, MAXW * sizeof(*r), PROT_READ | PROT_WRITE,
-				      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-
-	if (r == MAP_FAILED)
-		abort();
-	return r;
+	return test_shared(MAXW * sizeof(struct train_result));
 }
 
 static int rank_main(void *arg, int idx)
@@ -372,7 +335,7 @@ static int recorded(const struct relay *r, const char *needle, size_t *ret_bytes
 
 /* ----------------------------------------------------------- cases --- */
 
-static char pub[MAXN + 1][64];
+static char pub[CLUSTER_MAXN + 1][64];
 
 /* Keys for daemons a, b, c; a and b trust each other (files "ab"), c trusts
  * a and b but neither trusts c. */
@@ -408,7 +371,7 @@ static int job_through_relay(const char *const *key, const char *const *peers, c
 	const char *rdzvs[2];
 	int st[2], seen;
 
-	if (cluster_start(&cl, 2, key, peers) < 0 || !relay_start(&rl, cl.port, 0, job)) {
+	if (curve_cluster_start(&cl, 2, key, peers) < 0 || !relay_start(&rl, cl.port, 0, job)) {
 		CHECK(0, "cannot start 2 daemons and the relay");
 		return -1;
 	}
@@ -434,7 +397,7 @@ static int job_through_relay(const char *const *key, const char *const *peers, c
 		      key ? "over the sealed mesh" : "over gloo");
 	relay_stop(&rl);
 	seen = recorded(&rl, job, ret_bytes);
-	cluster_stop(&cl);
+	cluster_stop(&cl, -1);
 	return seen;
 }
 
@@ -470,7 +433,7 @@ static void t_untrusted_key_refused(void)
 	int st[2];
 
 	REQUIRE(make_keys(), "no keys");
-	REQUIRE(cluster_start(&cl, 3, key, peers) == 0, "cannot start 3 daemons");
+	REQUIRE(curve_cluster_start(&cl, 3, key, peers) == 0, "cannot start 3 daemons");
 	/* the job beside it: daemons 0 and 1, its own rendezvous port */
 	snprintf(good_rdzv, sizeof(good_rdzv), "127.0.0.1:%d", zd_free_port());
 	good_socks[0] = cl.socks[0];
@@ -518,7 +481,7 @@ static void t_untrusted_key_refused(void)
 		CHECK(st[r] == 0 && good.results[r].iterations == good.iters,
 		      "the trusted job's rank %d: exit %d after %d iterations: %s", r, st[r],
 		      good.results[r].iterations, good.results[r].msg);
-	cluster_stop(&cl);
+	cluster_stop(&cl, -1);
 }
 
 static void t_plain_peer_refused(void)
@@ -532,7 +495,7 @@ static void t_plain_peer_refused(void)
 	int st[2];
 
 	REQUIRE(make_keys(), "no keys");
-	REQUIRE(cluster_start(&cl, 2, key, peers) == 0, "cannot start 2 daemons");
+	REQUIRE(curve_cluster_start(&cl, 2, key, peers) == 0, "cannot start 2 daemons");
 	/* a plain node against the CURVE rendezvous */
 	s = spec2("plainnode", cl.rdzv, cl.socks);
 	run2(&s, st);
@@ -550,7 +513,7 @@ static void t_plain_peer_refused(void)
 	      "the CURVE node: %s: %s", zc_strerror_name(t.results[1].code), t.results[1].msg);
 	CHECK(zd_wait_log(&cl.zd[1], "it speaks CURVE, and this zerod has no CURVE keys", 2000),
 	      "daemon 1 did not log the Curve");
-	cluster_stop(&cl);
+	cluster_stop(&cl, -1);
 }
 
 static void t_flipped_bit_refused(void)
@@ -563,7 +526,7 @@ static void t_flipped_bit_refused(void)
 	int st[2];
 
 	REQUIRE(make_keys(), "no keys");
-	REQUIRE(cluster_start(&cl, 2, key, peers) == 0, "cannot start 2 daemons");
+	REQUIRE(curve_cluster_start(&cl, 2, key, peers) == 0, "cannot start 2 daemons");
 	/* node 1's frames: Curve, CurveAuth, then sealed: Hello, Auth, Join */
 	REQUIRE(relay_start(&rl, cl.port, 5, "flip"), "the relay did not start");
 	rdzvs[0] = cl.rdzv;
@@ -578,7 +541,7 @@ static void t_flipped_bit_refused(void)
 	CHECK(zd_wait_log(&cl.zd[0], "a sealed frame that fails to open", 2000),
 	      "daemon 0 did not log the changed frame");
 	relay_stop(&rl);
-	cluster_stop(&cl);
+	cluster_stop(&cl, -1);
 }
 
 /* zerod with key files it must refuse: it does not start and says why. */
@@ -653,7 +616,7 @@ static void t_flipped_bit_from_host(void)
 	int st[2];
 
 	REQUIRE(make_keys(), "no keys");
-	REQUIRE(cluster_start(&cl, 2, key, peers) == 0, "cannot start 2 daemons");
+	REQUIRE(curve_cluster_start(&cl, 2, key, peers) == 0, "cannot start 2 daemons");
 	/* the host's frames: Curve, then sealed: Challenge, Welcome */
 	REQUIRE(relay_start(&rl, cl.port, -3, "flipdown"), "the relay did not start");
 	rdzvs[0] = cl.rdzv;
@@ -669,7 +632,7 @@ static void t_flipped_bit_from_host(void)
 	snprintf(want, sizeof(want), "rendezvous %s: a sealed frame that fails to open", rl.rdzv);
 	CHECK(zd_wait_log(&cl.zd[1], want, 2000), "node 1 did not log the changed frame");
 	relay_stop(&rl);
-	cluster_stop(&cl);
+	cluster_stop(&cl, -1);
 }
 
 static const struct test_case cases[] = {

@@ -38,11 +38,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "common.h"
 #include "harness.h"
 #include "rdzvwire.h"
@@ -50,7 +50,6 @@
 #include "testlib.h"
 #include "trainer.h"
 
-#define MAXN 3
 #define MAXW 8
 
 /* short clocks, so the failures are quick to see (scaled by test_timeout()) */
@@ -58,89 +57,32 @@
 #define JOIN_MS  2000
 #define HELLO_MS 2000
 
-struct cluster {
-	struct zd zd[MAXN];
-	const char *socks[MAXN];
-	uint32_t n;
-	int port;
-	char rdzv[32];
-};
-
 /* TEST_NODES_CURVE: the key files every daemon gets, made in main() */
 static char curve_key[96], curve_peers[96];
 
-static int cluster_start_args(struct cluster *cl, uint32_t n, int join_ms, int hello_ms)
+static int nodes_start_args(struct cluster *cl, uint32_t n, int join_ms, int hello_ms)
 {
-	char stall[16], join[16], hello[16];
-	const char *args[] = {"--stall-timeout",
-			      stall,
-			      "--join-timeout",
-			      join,
-			      "--hello-timeout",
-			      hello,
-			      "--workers",
-			      "2",
-			      NULL,
-			      NULL,
-			      NULL,
-			      NULL,
-			      NULL};
+	const char *const key[CLUSTER_MAXN] = {curve_key, curve_key, curve_key};
+	const char *const peers[CLUSTER_MAXN] = {curve_peers, curve_peers, curve_peers};
+	const struct cluster_opts o = {
+		.stall_ms = STALL_MS,
+		.join_ms = join_ms,
+		.hello_ms = hello_ms,
+		.curve_key = curve_key[0] ? key : NULL,
+		.curve_peers = peers,
+	};
 
-	if (curve_key[0]) {
-		args[8] = "--curve-secret-key";
-		args[9] = curve_key;
-		args[10] = "--curve-peers";
-		args[11] = curve_peers;
-	}
-	snprintf(stall, sizeof(stall), "%d", test_timeout(STALL_MS));
-	snprintf(join, sizeof(join), "%d", test_timeout(join_ms));
-	snprintf(hello, sizeof(hello), "%d", test_timeout(hello_ms));
-	memset(cl, 0, sizeof(*cl));
-	cl->n = n;
-	for (uint32_t k = 0; k < n; k++) {
-		int r = zd_start(&cl->zd[k], args);
-		if (r < 0)
-			return r;
-		cl->socks[k] = cl->zd[k].sock;
-	}
-	cl->port = zd_free_port();
-	snprintf(cl->rdzv, sizeof(cl->rdzv), "127.0.0.1:%d", cl->port);
-	return cl->port > 0 ? 0 : -EADDRINUSE;
+	return cluster_start(cl, n, &o);
 }
 
-static int cluster_start(struct cluster *cl, uint32_t n)
+static int nodes_start(struct cluster *cl, uint32_t n)
 {
-	return cluster_start_args(cl, n, JOIN_MS, HELLO_MS);
-}
-
-/* Stop every daemon; `killed` (or -1) was SIGKILLed by the case. */
-static void cluster_stop(struct cluster *cl, int killed)
-{
-	if (test_failed_)
-		for (uint32_t k = 0; k < cl->n; k++) {
-			printf("# ---- daemon %u ----\n", k);
-			zd_dump_log(&cl->zd[k]);
-		}
-	for (uint32_t k = 0; k < cl->n; k++) {
-		int st;
-		if (cl->zd[k].pid <= 0)
-			continue;
-		st = zd_stop(&cl->zd[k], 10000);
-		if ((int)k == killed)
-			CHECK(st == 128 + SIGKILL, "daemon %u: exit %d, not SIGKILL", k, st);
-		else
-			CHECK(st == 0, "daemon %u exited with %d after SIGTERM", k, st);
-	}
+	return nodes_start_args(cl, n, JOIN_MS, HELLO_MS);
 }
 
 static struct train_result *results_new(void)
 {
-	struct train_result *r = mmap(NULL, MAXW * sizeof(*r), PROT_READ | PROT_WRITE,
-				      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-
-	if (r == MAP_FAILED)
-		abort();
-	return r;
+	return test_shared(MAXW * sizeof(struct train_result));
 }
 
 static int rank_main(void *arg, int idx)
@@ -226,7 +168,7 @@ static void run_ok(const char *job, const struct layout *lay, enum zc_optimizer 
 	int st[MAXW];
 	char want[64];
 
-	REQUIRE(cluster_start(&cl, lay->nnodes) == 0, "cannot start %u daemons", lay->nnodes);
+	REQUIRE(nodes_start(&cl, lay->nnodes) == 0, "cannot start %u daemons", lay->nnodes);
 	s = spec_for(&cl, job, lay->world, lay->node_of, lay->explicit_nodes);
 	s.optimizer = opt;
 	s.shard_mode = shard;
@@ -329,7 +271,7 @@ static void t_node_never_joins(void)
 	pid_t pids[3];
 	int64_t t0;
 
-	REQUIRE(cluster_start(&cl, 3) == 0, "cannot start 3 daemons");
+	REQUIRE(nodes_start(&cl, 3) == 0, "cannot start 3 daemons");
 	s = spec_for(&cl, "nojoin", 3, node_of, true);
 	t0 = test_ms();
 	start_ranks(&s, pids, 0, 2); /* node 2's trainer never comes */
@@ -351,7 +293,7 @@ static void t_host_never_answers(void)
 	struct train_spec s;
 	pid_t pids[2];
 
-	REQUIRE(cluster_start(&cl, 2) == 0, "cannot start 2 daemons");
+	REQUIRE(nodes_start(&cl, 2) == 0, "cannot start 2 daemons");
 	s = spec_for(&cl, "nohost", 2, node_of, true);
 	start_ranks(&s, pids, 1, 2); /* node 0, which serves the rendezvous, never comes */
 	wait_ranks(pids, 1, 2, NULL, 20000);
@@ -368,7 +310,7 @@ static void t_plans_differ(void)
 	struct train_spec s;
 	pid_t pids[3];
 
-	REQUIRE(cluster_start(&cl, 2) == 0, "cannot start 2 daemons");
+	REQUIRE(nodes_start(&cl, 2) == 0, "cannot start 2 daemons");
 	s = spec_for(&cl, "plandiff", 3, node_of, false);
 	s.plan_variant_node = 1;
 	start_ranks(&s, pids, 0, 3);
@@ -447,7 +389,7 @@ static void t_low_precision_refused(void)
 	struct cluster cl;
 	pid_t pids[2];
 
-	REQUIRE(cluster_start(&cl, 2) == 0, "cannot start 2 daemons");
+	REQUIRE(nodes_start(&cl, 2) == 0, "cannot start 2 daemons");
 	for (int k = 0; k < 2; k++)
 		pids[k] = spawn(lowp_main, &cl, k);
 	for (int k = 0; k < 2; k++)
@@ -472,7 +414,7 @@ static void peer_killed(uint32_t victim)
 	int st, n = 0;
 	int64_t t0, waited;
 
-	REQUIRE(cluster_start(&cl, 3) == 0, "cannot start 3 daemons");
+	REQUIRE(nodes_start(&cl, 3) == 0, "cannot start 3 daemons");
 	s = spec_for(&cl, "killed", 4, node_of, false);
 	s.iters = 100000;
 	s.sleep_us = 5000;
@@ -527,7 +469,7 @@ static void t_rank_dies_on_one_node(void)
 	pid_t pids[4];
 	int st[4];
 
-	REQUIRE(cluster_start(&cl, 2) == 0, "cannot start 2 daemons");
+	REQUIRE(nodes_start(&cl, 2) == 0, "cannot start 2 daemons");
 	s = spec_for(&cl, "rankdies", 4, node_of, false);
 	s.iters = 6;
 	s.die_rank = 3;
@@ -598,7 +540,7 @@ static void t_rendezvous_lost_after_forming(void)
 	pid_t pids[3], proxy;
 	int pfd[2], st[3];
 
-	REQUIRE(cluster_start(&cl, 2) == 0, "cannot start 2 daemons");
+	REQUIRE(nodes_start(&cl, 2) == 0, "cannot start 2 daemons");
 	REQUIRE(pipe(pfd) == 0, "pipe");
 	/* node 1 reaches the rendezvous through a relay, gloo's mesh directly */
 	int port = zd_free_port();
@@ -683,7 +625,7 @@ static void t_wrong_secret_and_garbage_refused(void)
 	int st[2], silent;
 
 	/* the job waits for its nodes longer than a silent peer is given */
-	REQUIRE(cluster_start_args(&cl, 3, 6000, 1000) == 0, "cannot start 3 daemons");
+	REQUIRE(nodes_start_args(&cl, 3, 6000, 1000) == 0, "cannot start 3 daemons");
 	cl.n = 2; /* the job's nodes; daemon 2 is the impostor's */
 	s = spec_for(&cl, "secret", 2, node_of, true);
 	s.sleep_us = 300000; /* the nodes' connections outlive --hello-timeout */
@@ -749,7 +691,7 @@ static void t_join_twice_and_claimed_ranks_refused(void)
 	pid_t pids[2], p;
 	int st[2];
 
-	REQUIRE(cluster_start_args(&cl, 3, 6000, HELLO_MS) == 0, "cannot start 3 daemons");
+	REQUIRE(nodes_start_args(&cl, 3, 6000, HELLO_MS) == 0, "cannot start 3 daemons");
 	cl.n = 2; /* the job's nodes; daemon 2 is the intruders' */
 	s = spec_for(&cl, "places", 2, node_of, true);
 	s.iters = 6;
@@ -878,7 +820,7 @@ static void t_replayed_auth_refused(void)
 	pid_t pids[2];
 	int st[2], a, b;
 
-	REQUIRE(cluster_start_args(&cl, 2, 6000, HELLO_MS) == 0, "cannot start 2 daemons");
+	REQUIRE(nodes_start_args(&cl, 2, 6000, HELLO_MS) == 0, "cannot start 2 daemons");
 	s = spec_for(&cl, "replay", 2, node_of, true);
 	start_ranks(&s, pids, 0, 1);
 	REQUIRE(zd_wait_serving(&cl.zd[0], "replay", 10000) == 0, "no rendezvous served");
@@ -983,7 +925,7 @@ static void t_listening_surface_and_garbage(void)
 	int st[2], ports[16], n0, n1, silent;
 	uint8_t junk[256];
 
-	REQUIRE(cluster_start(&cl, 2) == 0, "cannot start 2 daemons");
+	REQUIRE(nodes_start(&cl, 2) == 0, "cannot start 2 daemons");
 	s = spec_for(&cl, "surface", 2, node_of, true);
 	s.iters = 8;
 	s.sleep_us = 150000;
@@ -1025,7 +967,7 @@ static void t_settings_checked(void)
 	const char *err = "";
 	int r;
 
-	REQUIRE(cluster_start(&cl, 1) == 0, "cannot start a daemon");
+	REQUIRE(nodes_start(&cl, 1) == 0, "cannot start a daemon");
 	unsetenv("ZEROD_RDZV");
 	unsetenv("ZEROD_NNODES");
 	unsetenv("ZEROD_NODE_RANK");

@@ -100,17 +100,7 @@ static struct zc_config script_config(const struct script *sc, uint32_t rank)
 		return cfg;
 	}
 	cfg.socket = sc->socks[sc->node_of[rank]];
-	cfg.local_rank = cfg.local_size = 0;
-	for (uint32_t r = 0; r < sc->world; r++)
-		if (sc->node_of[r] == sc->node_of[rank]) {
-			cfg.local_rank += r < rank;
-			cfg.local_size++;
-		}
-	cfg.rdzv = sc->rdzv;
-	cfg.nnodes = sc->nnodes;
-	cfg.node_rank = sc->node_of[rank];
-	cfg.has_node_rank = 1;
-	cfg.job_secret = "ckpt secret";
+	sf_config_nodes(&cfg, rank, sc->world, sc->node_of, sc->nnodes, sc->rdzv, "ckpt secret");
 	return cfg;
 }
 

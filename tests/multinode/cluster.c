@@ -1,0 +1,60 @@
+/*
+ * cluster.c — starting and stopping the zerods of a multinode case
+ * (cluster.h); the cases own what they run on them.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cluster.h"
+#include "testlib.h"
+
+int cluster_start(struct cluster *cl, uint32_t n, const struct cluster_opts *o)
+{
+	char stall[16], join[16], hello[16];
+
+	snprintf(stall, sizeof(stall), "%d", test_timeout(o->stall_ms));
+	snprintf(join, sizeof(join), "%d", test_timeout(o->join_ms));
+	snprintf(hello, sizeof(hello), "%d", test_timeout(o->hello_ms));
+	memset(cl, 0, sizeof(*cl));
+	cl->n = n;
+	for (uint32_t k = 0; k < n; k++) {
+		const char *args[16] = {"--stall-timeout", stall, "--join-timeout", join,
+					"--hello-timeout", hello, "--workers",      "2"};
+		int a = 8, r;
+		if (o->curve_key && o->curve_key[k]) {
+			args[a++] = "--curve-secret-key";
+			args[a++] = o->curve_key[k];
+			args[a++] = "--curve-peers";
+			args[a++] = o->curve_peers[k];
+		}
+		args[a] = NULL;
+		r = zd_start(&cl->zd[k], args);
+		if (r < 0)
+			return r;
+		cl->socks[k] = cl->zd[k].sock;
+	}
+	cl->port = zd_free_port();
+	snprintf(cl->rdzv, sizeof(cl->rdzv), "127.0.0.1:%d", cl->port);
+	return cl->port > 0 ? 0 : -EADDRINUSE;
+}
+
+void cluster_stop(struct cluster *cl, int killed)
+{
+	if (test_failed_)
+		for (uint32_t k = 0; k < cl->n; k++) {
+			printf("# ---- daemon %u ----\n", k);
+			zd_dump_log(&cl->zd[k]);
+		}
+	for (uint32_t k = 0; k < cl->n; k++) {
+		int st;
+		if (cl->zd[k].pid <= 0)
+			continue;
+		st = zd_stop(&cl->zd[k], 10000);
+		if ((int)k == killed)
+			CHECK(st == 128 + SIGKILL, "daemon %u: exit %d, not SIGKILL", k, st);
+		else
+			CHECK(st == 0, "daemon %u exited with %d after SIGTERM", k, st);
+	}
+}

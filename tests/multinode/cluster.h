@@ -1,0 +1,44 @@
+/*
+ * cluster.h — N real zerods on loopback for the multinode tests
+ * (test_nodes.c, test_curve.c): each on its own socket, with short clocks,
+ * optionally with CURVE keys, and a rendezvous address on a port picked free
+ * for the case, so parallel runs never collide.
+ */
+#ifndef ZEROD_TEST_CLUSTER_H
+#define ZEROD_TEST_CLUSTER_H
+
+#include <stdint.h>
+
+#include "harness.h"
+
+#define CLUSTER_MAXN 3
+
+struct cluster {
+	struct zd zd[CLUSTER_MAXN];
+	const char *socks[CLUSTER_MAXN]; /* zd[k].sock, for train_spec.sockets */
+	uint32_t n;
+	int port;      /* the rendezvous port, free when started */
+	char rdzv[32]; /* "127.0.0.1:port" */
+};
+
+/* How to start the daemons: --stall-timeout, --join-timeout and
+ * --hello-timeout in ms (before test_timeout() scales them); daemon k with
+ * CURVE when curve_key[k] is a secret key file (and curve_peers[k] its peers
+ * file), plain when curve_key or curve_key[k] is NULL. */
+struct cluster_opts {
+	int stall_ms, join_ms, hello_ms;
+	const char *const *curve_key;
+	const char *const *curve_peers;
+};
+
+/* Start n (<= CLUSTER_MAXN) daemons, each with "--workers 2". 0 or -errno;
+ * on failure the daemons started are left running (the case's process
+ * exit ends them). */
+int cluster_start(struct cluster *cl, uint32_t n, const struct cluster_opts *o);
+
+/* Dump every daemon's log if the case failed, then stop each (one whose pid
+ * is gone is skipped) and CHECK its exit: 0 after SIGTERM, or SIGKILL for
+ * daemon `killed` (-1: none), which the case killed. */
+void cluster_stop(struct cluster *cl, int killed);
+
+#endif
