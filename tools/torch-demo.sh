@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # PyTorch on zerod: install what is missing, build, start zerod on a private
-# socket, and train a small MLP (tools/torch-train.py: DDP over gloo +
+# socket, and train a small MLP (tools/torch-train.py: DDP +
 # ZerodOptimizer) with RANKS processes (default 3), printing the loss.
+# On the CPU (DDP over gloo, zerod's host backend) unless zerod found a GPU
+# (its cuda backend) and the python with torch ($ZEROD_PYTHON, else python3)
+# sees one: then on the GPUs (DDP over NCCL, buffers over CUDA IPC), one rank
+# per GPU (NCCL refuses two ranks on one), so at most as many ranks as GPUs.
+# ZEROD_DEMO_DEVICE=cpu keeps it on the CPU.
 #
 #   tools/torch-demo.sh [RANKS] [ITERATIONS] [torch-train.py options...]
 #   e.g. tools/torch-demo.sh 2 40 --shard slice --step-mode at_end --compare
@@ -27,14 +32,29 @@ zpid=$!
 for _ in $(seq 100); do [ -S "$run/zerod.sock" ] && break; sleep 0.05; done
 [ -S "$run/zerod.sock" ] || { cat "$run/zerod.log"; echo "zerod did not start" >&2; exit 1; }
 
-echo "== zerod (pid $zpid) on $run/zerod.sock; $ranks ranks of tools/torch-train.py, $iters iterations =="
+py=/usr/bin/python3 # Debian's python3-torch (CPU), which tools/deps.sh installs
+device=cpu
+if [ "${ZEROD_DEMO_DEVICE:-auto}" != cpu ] && grep -q 'backends: cuda' "$run/zerod.log"; then
+    gpy=${ZEROD_PYTHON:-python3}
+    ngpu=$("$gpy" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+    if [ "$ngpu" -ge 1 ]; then
+        device=cuda py=$gpy
+        if [ "$ranks" -gt "$ngpu" ]; then
+            echo "== $ngpu GPU(s): $ngpu rank(s), one per GPU (NCCL refuses two ranks on one) =="
+            ranks=$ngpu
+        fi
+    fi
+fi
+
+echo "== zerod (pid $zpid) on $run/zerod.sock; $ranks ranks of tools/torch-train.py on" \
+    "$device, $iters iterations =="
 export ZEROD_SOCKET=$run/zerod.sock
 export ZEROD_LIBZEROCLIENT=$build/client/libzeroclient.so.1
 export PYTHONPATH=$top/client/python${PYTHONPATH:+:$PYTHONPATH}
 export OMP_NUM_THREADS=1
 pids=()
 for ((r = 0; r < ranks; r++)); do
-    /usr/bin/python3 "$top/tools/torch-train.py" --rank "$r" --world "$ranks" \
+    "$py" "$top/tools/torch-train.py" --rank "$r" --world "$ranks" --device "$device" \
         --store "$run/store" --iters "$iters" "$@" >"$run/rank$r.out" 2>&1 &
     pids+=($!)
 done

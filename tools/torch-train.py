@@ -1,10 +1,15 @@
 #!/usr/bin/python3
 """An example PyTorch training script on zerod: a small MLP on synthetic
-regression data, DDP over gloo, and ZerodOptimizer instead of torch.optim
-(the two lines marked below). tools/torch-demo.sh starts zerod and the ranks.
+regression data, DDP, and ZerodOptimizer instead of torch.optim (the two
+lines marked below). tools/torch-demo.sh starts zerod and the ranks.
 
     torch-train.py --rank R --world W --store FILE [--iters N] [--shard bucket|slice]
-                   [--step-mode interleaved|at_end] [--compare]
+                   [--step-mode interleaved|at_end] [--compare] [--device cpu|cuda]
+
+--device cpu (the default): DDP over gloo, zerod's host backend. --device
+cuda: rank R's model on cuda:R, DDP over NCCL, and ZerodOptimizer's buffers
+in device memory that zerod (--backend cuda) opens over CUDA IPC; one GPU
+per rank.
 
 --compare trains the same model with plain torch.optim beside it and prints
 the largest parameter difference (zerod's sum-then-divide rounding).
@@ -28,17 +33,22 @@ ap.add_argument("--iters", type=int, default=40)
 ap.add_argument("--shard", default="bucket")
 ap.add_argument("--step-mode", default="interleaved")
 ap.add_argument("--compare", action="store_true")
+ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
 a = ap.parse_args()
 
 torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method="file://" + a.store, rank=a.rank,
-                        world_size=a.world)
+dev = torch.device("cuda", a.rank) if a.device == "cuda" else torch.device("cpu")
+ddp_kw = dict(device_ids=[a.rank]) if a.device == "cuda" else {}
+if a.device == "cuda":
+    torch.cuda.set_device(dev)
+dist.init_process_group("nccl" if a.device == "cuda" else "gloo",
+                        init_method="file://" + a.store, rank=a.rank, world_size=a.world)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
-                      nn.Linear(256, 1))
+                      nn.Linear(256, 1)).to(dev)
 ref = copy.deepcopy(model) if a.compare else None
 
-ddp = DistributedDataParallel(model)
+ddp = DistributedDataParallel(model, **ddp_kw)
 # no weight decay on biases: two param groups
 groups = [{"params": [p for p in model.parameters() if p.dim() > 1]},
           {"params": [p for p in model.parameters() if p.dim() == 1], "weight_decay": 0.0}]
@@ -46,7 +56,7 @@ opt = ZerodOptimizer(ddp, torch.optim.AdamW, groups, lr=3e-3, weight_decay=0.01,
                      shard=a.shard, step_mode=a.step_mode)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 10))
 if ref is not None:
-    ddp_r = DistributedDataParallel(ref)
+    ddp_r = DistributedDataParallel(ref, **ddp_kw)
     opt_r = torch.optim.AdamW([{"params": [p for p in ref.parameters() if p.dim() > 1]},
                                {"params": [p for p in ref.parameters() if p.dim() == 1],
                                 "weight_decay": 0.0}], lr=3e-3, weight_decay=0.01)
@@ -60,6 +70,7 @@ t0 = time.monotonic()
 for it in range(a.iters):
     x = torch.randn(64, 32, generator=gen)
     y = torch.sin(x @ w_true).unsqueeze(1)
+    x, y = x.to(dev), y.to(dev)
     loss = nn.functional.mse_loss(ddp(x), y)
     loss.backward()
     opt.step()
@@ -79,7 +90,8 @@ for it in range(a.iters):
               flush=True)
 dt = time.monotonic() - t0
 if a.rank == 0:
-    print(f"{a.iters} iterations in {dt:.2f} s on {a.world} ranks ({a.shard}, {a.step_mode})"
+    print(f"{a.iters} iterations in {dt:.2f} s on {a.world} ranks ({a.shard}, {a.step_mode}, "
+          f"{a.device})"
           + (f"; largest difference from torch.optim.AdamW: {worst:.3g}" if ref is not None
              else ""), flush=True)
 opt.close()
