@@ -100,6 +100,7 @@ struct daemon_stats {
 	uint64_t reduced_elems;
 	uint64_t stepped_elems;
 	uint64_t errors_sent;
+	uint64_t ended_sent;      /* of those, ZC_EJOBFAILED: a rank told its job ended */
 	uint64_t replies_dropped; /* error replies over a connection's budget */
 	uint64_t conns_shed;      /* connections closed over the limit or idle */
 };
