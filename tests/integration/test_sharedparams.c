@@ -156,6 +156,48 @@ static int register_rank(const struct job_spec *js, int idx, zc_client *c)
 	return zc_register_buffers(c, &js->plan, &b);
 }
 
+/* Connect rank idx (*c), map its own buffers (*grad, *param) and register
+ * them (register_rank); the caller writes the starting parameters and
+ * registers the plan. 0, or nonzero after an EXPECT that says why; the
+ * rank ends with rank_close() either way. */
+static int rank_open(const struct job_spec *js, int idx, zc_client **c, float **grad,
+		     float **param)
+{
+	int r;
+
+	*grad = *param = NULL;
+	*c = connect_c(js->job, (uint32_t)idx);
+	if (!*c)
+		return -1;
+	*grad = map_fd(js->grad_fd[idx], js->bytes, 0);
+	*param = map_fd(js->param_fd[idx], js->bytes, js->param_offset[idx]);
+	EXPECT(*grad && *param, "mmap: %s", strerror(errno));
+	if (!*grad || !*param)
+		return -1;
+	r = register_rank(js, idx, *c);
+	EXPECT(r == 0, "zc_register_buffers: %s: %s", zc_strerror_name(r), zc_error_message());
+	return r;
+}
+
+/* zc_register_plan(), EXPECTed. */
+static int register_plan(zc_client *c)
+{
+	int r = zc_register_plan(c);
+
+	EXPECT(r == 0, "zc_register_plan: %s: %s", zc_strerror_name(r), zc_error_message());
+	return r;
+}
+
+static int rank_close(const struct job_spec *js, zc_client *c, float *grad, float *param)
+{
+	zc_close(c);
+	if (grad)
+		munmap(grad, js->bytes);
+	if (param)
+		munmap(param, js->bytes);
+	return child_bad;
+}
+
 /* Hand over buckets 0..n-1 (their gradients written) and wait for the
  * step of the current iteration; `it` names it in the failure. */
 static int step_buckets(zc_client *c, uint32_t n, int it)
@@ -181,28 +223,16 @@ static int step_buckets(zc_client *c, uint32_t n, int it)
 static int share_rank(void *arg, int idx)
 {
 	const struct job_spec *js = arg;
-	zc_client *c = connect_c(js->job, (uint32_t)idx);
-	float *grad = NULL, *param = NULL;
-	int r = -1;
+	zc_client *c;
+	float *grad, *param;
+	int r = rank_open(js, idx, &c, &grad, &param);
 
-	if (!c)
-		return 1;
-	grad = map_fd(js->grad_fd[idx], js->bytes, 0);
-	param = map_fd(js->param_fd[idx], js->bytes, js->param_offset[idx]);
-	EXPECT(grad && param, "mmap: %s", strerror(errno));
-	if (grad && param) {
-		r = register_rank(js, idx, c);
-		EXPECT(r == 0, "zc_register_buffers: %s: %s", zc_strerror_name(r),
-		       zc_error_message());
-	}
 	if (r == 0) {
 		/* rank 0's initial values win: rank 1's start elsewhere */
 		for (size_t e = 0; e < NUMEL; e++)
 			*elem(c, param, e) = idx == 0 || js->shared[idx] ? 0.5f + 1e-3f * (float)(e % 97)
 								       : -7.0f;
-		r = zc_register_plan(c);
-		EXPECT(r == 0, "zc_register_plan: %s: %s", zc_strerror_name(r),
-		       zc_error_message());
+		r = register_plan(c);
 	}
 	/* every rank registered: zerod mapped the shared buffer once */
 	if (r == 0 && js->shared[idx] && idx == 0) {
@@ -229,12 +259,7 @@ static int share_rank(void *arg, int idx)
 			*elem(c, grad, e) = grad_of(idx, it, e);
 		r = step_buckets(c, 2, it);
 	}
-	zc_close(c);
-	if (grad)
-		munmap(grad, js->bytes);
-	if (param)
-		munmap(param, js->bytes);
-	return child_bad;
+	return rank_close(js, c, grad, param);
 }
 
 static void spec_init(struct job_spec *js, const char *job, enum zc_optimizer opt,
@@ -397,21 +422,15 @@ static void t_checkpoint_restore(void)
 static int edit_rank(void *arg, int idx)
 {
 	const struct job_spec *js = arg;
-	zc_client *c = connect_c(js->job, (uint32_t)idx);
-	float *grad = NULL, *param = NULL;
-	int r = -1;
+	zc_client *c;
+	float *grad, *param;
+	int r = rank_open(js, idx, &c, &grad, &param);
 
-	if (!c)
-		return 1;
-	grad = map_fd(js->grad_fd[idx], js->bytes, 0);
-	param = map_fd(js->param_fd[idx], js->bytes, 0);
-	if (grad && param && (r = register_rank(js, idx, c)) == 0) {
-		if (idx == 0)
-			for (size_t e = 0; e < NUMEL; e++)
-				*elem(c, param, e) = 1.0f;
-		r = zc_register_plan(c);
+	if (r == 0) {
+		for (size_t e = 0; idx == 0 && e < NUMEL; e++)
+			*elem(c, param, e) = 1.0f;
+		r = register_plan(c);
 	}
-	EXPECT(r == 0, "registering: %s: %s", zc_strerror_name(r), zc_error_message());
 	for (int it = 0; it < 3 && r == 0; it++) {
 		if (it == 2 && idx == 0) {
 			for (size_t e = 0; e < NUMEL; e++) {
@@ -429,12 +448,7 @@ static int edit_rank(void *arg, int idx)
 	for (size_t e = 0; e < NUMEL && r == 0 && !child_bad; e++)
 		EXPECT(*elem(c, param, e) == 1.875f, "rank %d: element %zu = %a, want 1.875", idx,
 		       e, *elem(c, param, e));
-	zc_close(c);
-	if (grad)
-		munmap(grad, js->bytes);
-	if (param)
-		munmap(param, js->bytes);
-	return child_bad;
+	return rank_close(js, c, grad, param);
 }
 
 static void t_edit_between_iterations(void)
@@ -467,21 +481,15 @@ static void t_edit_between_iterations(void)
 static int replan_rank(void *arg, int idx)
 {
 	const struct job_spec *js = arg;
-	zc_client *c = connect_c(js->job, (uint32_t)idx);
-	float *grad = NULL, *param = NULL;
-	int r = -1;
+	zc_client *c;
+	float *grad, *param;
+	int r = rank_open(js, idx, &c, &grad, &param);
 
-	if (!c)
-		return 1;
-	grad = map_fd(js->grad_fd[idx], js->bytes, 0);
-	param = map_fd(js->param_fd[idx], js->bytes, 0);
-	if (grad && param && (r = register_rank(js, idx, c)) == 0) {
-		if (idx == 0)
-			for (size_t e = 0; e < NUMEL; e++)
-				*elem(c, param, e) = 1.0f;
-		r = zc_register_plan(c);
+	if (r == 0) {
+		for (size_t e = 0; idx == 0 && e < NUMEL; e++)
+			*elem(c, param, e) = 1.0f;
+		r = register_plan(c);
 	}
-	EXPECT(r == 0, "registering: %s: %s", zc_strerror_name(r), zc_error_message());
 	for (int it = 0; it < 4 && r == 0; it++) {
 		if (it == 2) {
 			r = zc_alloc_buffers(c, &js->plan);
@@ -504,12 +512,7 @@ static int replan_rank(void *arg, int idx)
 		for (uint64_t e = 0; e < buckets[b].numel && !child_bad; e++)
 			EXPECT(zc_param_buffer(c, b)[e] == 0.5f, "rank %d: bucket %u[%llu] = %a, "
 			       "want 0.5", idx, b, (unsigned long long)e, zc_param_buffer(c, b)[e]);
-	zc_close(c);
-	if (grad)
-		munmap(grad, js->bytes);
-	if (param)
-		munmap(param, js->bytes);
-	return child_bad;
+	return rank_close(js, c, grad, param);
 }
 
 static void t_replan_own_buffers(void)
@@ -577,23 +580,20 @@ static int train_one(zc_client *c, int idx, int it, float *grad)
 static int refused_restore_rank(void *arg, int idx)
 {
 	const struct job_spec *js = arg;
-	zc_client *c = connect_c(js->job, (uint32_t)idx);
-	float *grad = NULL, *param = NULL, *before = malloc(NUMEL * sizeof(float));
 	const char *dirs[2] = {js->ckpt_dir, js->ckpt_dir2};
+	float *before = malloc(NUMEL * sizeof(float));
+	zc_client *c;
+	float *grad, *param;
+	int r = rank_open(js, idx, &c, &grad, &param);
 	uint64_t iter = 0;
 	size_t diff = 0, first = 0;
-	int r = -1;
 
-	if (!c || !before)
-		return 1;
-	grad = map_fd(js->grad_fd[idx], js->bytes, 0);
-	param = map_fd(js->param_fd[idx], js->bytes, js->param_offset[idx]);
-	if (grad && param && (r = register_rank(js, idx, c)) == 0) {
+	EXPECT(before, "out of memory");
+	if (r == 0 && before) {
 		for (size_t e = 0; idx == 0 && e < NUMEL; e++)
 			*elem(c, param, e) = 0.5f + 1e-3f * (float)(e % 97);
-		r = zc_register_plan(c);
+		r = register_plan(c);
 	}
-	EXPECT(r == 0, "registering: %s: %s", zc_strerror_name(r), zc_error_message());
 	for (int it = 0; it < 5 && r == 0; it++) {
 		if (it == 2 || it == 4) {
 			r = zc_checkpoint(c, dirs[it / 2 - 1]);
@@ -627,13 +627,8 @@ static int refused_restore_rank(void *arg, int idx)
 		       *elem(c, param, first), before[first]);
 		r = child_bad ? -1 : train_one(c, idx, 5, grad);
 	}
-	zc_close(c);
 	free(before);
-	if (grad)
-		munmap(grad, js->bytes);
-	if (param)
-		munmap(param, js->bytes);
-	return child_bad;
+	return rank_close(js, c, grad, param);
 }
 
 static void refused_restore(const char *job, bool share)

@@ -20,9 +20,21 @@ int cluster_start(struct cluster *cl, uint32_t n, const struct cluster_opts *o)
 	memset(cl, 0, sizeof(*cl));
 	cl->n = n;
 	for (uint32_t k = 0; k < n; k++) {
-		const char *args[16] = {"--stall-timeout", stall, "--join-timeout", join,
-					"--hello-timeout", hello, "--workers",      "2"};
-		int a = 8, r;
+		const char *args[16] = {"--workers", "2"};
+		int a = 2, r;
+
+		if (o->stall_ms) {
+			args[a++] = "--stall-timeout";
+			args[a++] = stall;
+		}
+		if (o->join_ms) {
+			args[a++] = "--join-timeout";
+			args[a++] = join;
+		}
+		if (o->hello_ms) {
+			args[a++] = "--hello-timeout";
+			args[a++] = hello;
+		}
 		if (o->curve_key && o->curve_key[k]) {
 			args[a++] = "--curve-secret-key";
 			args[a++] = o->curve_key[k];

@@ -1,6 +1,6 @@
 /*
  * cluster.h — N real zerods on loopback for the multinode tests
- * (test_nodes.c, test_curve.c): each on its own socket, with short clocks,
+ * (test_nodes.c, test_curve.c, test_sharednodes.c): each on its own socket, with short clocks,
  * optionally with CURVE keys, and a rendezvous address on a port picked free
  * for the case, so parallel runs never collide.
  */
@@ -22,7 +22,8 @@ struct cluster {
 };
 
 /* How to start the daemons: --stall-timeout, --join-timeout and
- * --hello-timeout in ms (before test_timeout() scales them); daemon k with
+ * --hello-timeout in ms (before test_timeout() scales them; 0: zerod's
+ * default); daemon k with
  * CURVE when curve_key[k] is a secret key file (and curve_peers[k] its peers
  * file), plain when curve_key or curve_key[k] is NULL. */
 struct cluster_opts {

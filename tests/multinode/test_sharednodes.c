@@ -8,8 +8,7 @@
  * and then a job without the flag over the same two daemons trains to the
  * reference.
  *
- * In the multinode suite (it needs the gloo backend), in a file of its own
- * so that it touches none of tests/multinode.
+ * In the multinode suite: it needs the gloo backend.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "harness.h"
 #include "testlib.h"
 #include "trainer.h"
@@ -62,22 +62,13 @@ static int rank_main(void *arg, int idx)
 static void t_several_nodes_refuse_shared_params(void)
 {
 	static const uint32_t node_of[NODES] = {0, 1};
-	const char *const args[] = {"--workers", "2", NULL};
+	const struct cluster_opts defaults = {0};
 	struct train_result *res = test_shared(2 * NODES * sizeof(*res));
-	struct zd zd[NODES];
-	const char *socks[NODES];
-	char rdzv[32];
+	struct cluster cl;
 	pid_t pids[NODES];
-	int st[NODES], port;
+	int st[NODES];
 
-	memset(zd, 0, sizeof(zd));
-	for (int k = 0; k < NODES; k++) {
-		REQUIRE(zd_start(&zd[k], args) == 0, "cannot start zerod %d", k);
-		socks[k] = zd[k].sock;
-	}
-	port = zd_free_port();
-	REQUIRE(port > 0, "no free port");
-	snprintf(rdzv, sizeof(rdzv), "127.0.0.1:%d", port);
+	REQUIRE(cluster_start(&cl, NODES, &defaults) == 0, "cannot start the zerods");
 
 	struct train_spec s = {
 		.job = "shared-nodes",
@@ -88,12 +79,12 @@ static void t_several_nodes_refuse_shared_params(void)
 		.iters = 4,
 		.seed = 7,
 		.hyper_iter = -1,
-		.rdzv = rdzv,
+		.rdzv = cl.rdzv,
 		.nnodes = NODES,
 		.secret = "correct horse battery staple",
 		.node_of = node_of,
 		.explicit_nodes = true,
-		.sockets = socks,
+		.sockets = cl.socks,
 		.plan_variant_node = -1,
 		.die_rank = -1,
 		.die_iter = -1,
@@ -118,7 +109,8 @@ static void t_several_nodes_refuse_shared_params(void)
 		      "rank %d trained with shared parameters over several nodes", r);
 		CHECK(named || (res[r].code == ZC_ERANKDEAD && strstr(res[r].msg, "left the job")),
 		      "rank %d: %s, neither ZC_ENOTSUP naming several nodes nor the other node's "
-		      "rank gone", r, zc_strerror_name(res[r].code));
+		      "rank gone",
+		      r, zc_strerror_name(res[r].code));
 		refused += named;
 	}
 	CHECK(refused > 0, "no rank was refused with ZC_ENOTSUP naming several nodes");
@@ -136,13 +128,7 @@ static void t_several_nodes_refuse_shared_params(void)
 		      "rank %d of the job without the flag: exit %d after %d iterations: %s", r,
 		      st[r], s.results[r].iterations, s.results[r].msg);
 
-	for (int k = 0; k < NODES; k++) {
-		if (test_failed_) {
-			printf("# ---- daemon %d ----\n", k);
-			zd_dump_log(&zd[k]);
-		}
-		CHECK(zd_stop(&zd[k], 10000) == 0, "zerod %d did not stop cleanly", k);
-	}
+	cluster_stop(&cl, -1);
 }
 
 static const struct test_case cases[] = {
