@@ -1,8 +1,9 @@
 /*
  * cluster.h — N real zerods on loopback for the multinode tests
- * (test_nodes.c, test_curve.c, test_sharednodes.c): each on its own socket, with short clocks,
- * optionally with CURVE keys, and a rendezvous address on a port picked free
- * for the case, so parallel runs never collide.
+ * (test_nodes.c, test_curve.c, test_sharednodes.c): each on its own socket,
+ * with short clocks or zerod's own, optionally with CURVE keys, and a
+ * rendezvous address on a port picked free for the case, so parallel runs
+ * never collide.
  */
 #ifndef ZEROD_TEST_CLUSTER_H
 #define ZEROD_TEST_CLUSTER_H
