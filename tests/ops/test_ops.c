@@ -763,10 +763,29 @@ static void t_socket_activation(void)
 	fflush(stdout);
 	act = fork();
 	if (act == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		/* it passes zerod only the environment it is told to: a
+		 * sanitizer's options (suppressions, exit code) go through */
+		static const char *const keep[] = {"ASAN_OPTIONS", "UBSAN_OPTIONS",
+						   "TSAN_OPTIONS", "LSAN_OPTIONS"};
+		const char *argv[20];
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644), n = 0;
+
 		dup2(fd, 2);
-		execl(bin, bin, "-l", sock, env("ZEROD_BIN"), "--socket", sock, "--config",
-		      "/dev/null", (char *)NULL);
+		argv[n++] = bin;
+		for (size_t i = 0; i < ARRAY_SIZE(keep); i++)
+			if (getenv(keep[i])) {
+				argv[n++] = "-E";
+				argv[n++] = keep[i];
+			}
+		argv[n++] = "-l";
+		argv[n++] = sock;
+		argv[n++] = env("ZEROD_BIN");
+		argv[n++] = "--socket";
+		argv[n++] = sock;
+		argv[n++] = "--config";
+		argv[n++] = "/dev/null";
+		argv[n] = NULL;
+		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
 	for (int i = 0; i < test_timeout(500) && access(sock, F_OK) < 0; i++)
