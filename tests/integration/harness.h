@@ -32,8 +32,8 @@ struct zd {
 #define ZD_CHECKER_EXIT 86
 
 /* Start $ZEROD_BIN --socket DIR/zerod.sock [extra...] (NULL-terminated) and
- * wait until it serves. 0 or -errno. It dies with the process that started
- * it (PDEATHSIG). */
+ * wait until it serves (its socket and its control socket exist). 0 or
+ * -errno. It dies with the process that started it (PDEATHSIG). */
 int zd_start(struct zd *d, const char *const *extra);
 
 /* How zd_start_ex() starts it. */
