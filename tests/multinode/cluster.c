@@ -70,3 +70,34 @@ void cluster_stop(struct cluster *cl, int killed)
 			CHECK(st == 0, "daemon %u exited with %d after SIGTERM", k, st);
 	}
 }
+
+struct train_result *cluster_results(void)
+{
+	return test_shared(CLUSTER_MAXW * sizeof(struct train_result));
+}
+
+struct train_spec cluster_spec(const char *job, uint32_t world, uint32_t nnodes,
+			       const char *rdzv, const char *const *socks,
+			       const uint32_t *node_of)
+{
+	return (struct train_spec){
+		.job = job,
+		.world = world,
+		.optimizer = ZC_OPT_SGD,
+		.shard_mode = ZC_SHARD_BUCKET,
+		.step_mode = ZC_STEP_INTERLEAVED,
+		.iters = 4,
+		.seed = 7,
+		.hyper_iter = -1,
+		.rdzv = rdzv,
+		.nnodes = nnodes,
+		.secret = "correct horse battery staple",
+		.node_of = node_of,
+		.explicit_nodes = true,
+		.sockets = socks,
+		.plan_variant_node = -1,
+		.die_rank = -1,
+		.die_iter = -1,
+		.results = cluster_results(),
+	};
+}

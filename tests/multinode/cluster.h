@@ -11,8 +11,10 @@
 #include <stdint.h>
 
 #include "harness.h"
+#include "trainer.h"
 
 #define CLUSTER_MAXN 3
+#define CLUSTER_MAXW 8 /* ranks of a job, for cluster_results() */
 
 struct cluster {
 	struct zd zd[CLUSTER_MAXN];
@@ -42,5 +44,16 @@ int cluster_start(struct cluster *cl, uint32_t n, const struct cluster_opts *o);
  * is gone is skipped) and CHECK its exit: 0 after SIGTERM, or SIGKILL for
  * daemon `killed` (-1: none), which the case killed. */
 void cluster_stop(struct cluster *cl, int killed);
+
+/* [CLUSTER_MAXW] results in memory shared with the ranks a case spawns. */
+struct train_result *cluster_results(void);
+
+/* The multinode cases' job: `world` ranks of SGD (bucket shard, interleaved
+ * step, 4 iterations, seed 7) over the nnodes zerods at socks, through the
+ * rendezvous at rdzv; rank r on node node_of[r], named explicitly; its
+ * results from cluster_results(). Cases change the fields they test. */
+struct train_spec cluster_spec(const char *job, uint32_t world, uint32_t nnodes,
+			       const char *rdzv, const char *const *socks,
+			       const uint32_t *node_of);
 
 #endif

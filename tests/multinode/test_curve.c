@@ -42,8 +42,6 @@
 #include "testlib.h"
 #include "trainer.h"
 
-#define MAXW 4
-
 #define STALL_MS 4000
 #define JOIN_MS  3000
 #define HELLO_MS 2000
@@ -133,11 +131,6 @@ static int curve_cluster_start(struct cluster *cl, uint32_t n, const char *const
 	return cluster_start(cl, n, &o);
 }
 
-static struct train_result *results_new(void)
-{
-	return test_shared(MAXW * sizeof(struct train_result));
-}
-
 static int rank_main(void *arg, int idx)
 {
 	return train_rank(arg, (uint32_t)idx);
@@ -147,27 +140,10 @@ static int rank_main(void *arg, int idx)
 static struct train_spec spec2(const char *job, const char *rdzv, const char *const *socks)
 {
 	static const uint32_t node_of[] = {0, 1};
+	struct train_spec s = cluster_spec(job, 2, 2, rdzv, socks, node_of);
 
-	return (struct train_spec){
-		.job = job,
-		.world = 2,
-		.optimizer = ZC_OPT_SGD,
-		.shard_mode = ZC_SHARD_BUCKET,
-		.step_mode = ZC_STEP_INTERLEAVED,
-		.iters = 4,
-		.seed = 11,
-		.hyper_iter = -1,
-		.rdzv = rdzv,
-		.nnodes = 2,
-		.secret = "correct horse battery staple",
-		.node_of = node_of,
-		.explicit_nodes = true,
-		.sockets = socks,
-		.plan_variant_node = -1,
-		.die_rank = -1,
-		.die_iter = -1,
-		.results = results_new(),
-	};
+	s.seed = 11;
+	return s;
 }
 
 static void run2(struct train_spec *s, int *st)

@@ -80,11 +80,6 @@ static int nodes_start(struct cluster *cl, uint32_t n)
 	return nodes_start_args(cl, n, JOIN_MS, HELLO_MS);
 }
 
-static struct train_result *results_new(void)
-{
-	return test_shared(MAXW * sizeof(struct train_result));
-}
-
 static int rank_main(void *arg, int idx)
 {
 	return train_rank(arg, (uint32_t)idx);
@@ -95,26 +90,10 @@ static int rank_main(void *arg, int idx)
 static struct train_spec spec_for(struct cluster *cl, const char *job, uint32_t world,
 				  const uint32_t *node_of, bool explicit_nodes)
 {
-	return (struct train_spec){
-		.job = job,
-		.world = world,
-		.optimizer = ZC_OPT_SGD,
-		.shard_mode = ZC_SHARD_BUCKET,
-		.step_mode = ZC_STEP_INTERLEAVED,
-		.iters = 4,
-		.seed = 7,
-		.hyper_iter = -1,
-		.rdzv = cl->rdzv,
-		.nnodes = cl->n,
-		.secret = "correct horse battery staple",
-		.node_of = node_of,
-		.explicit_nodes = explicit_nodes,
-		.sockets = cl->socks,
-		.plan_variant_node = -1,
-		.die_rank = -1,
-		.die_iter = -1,
-		.results = results_new(),
-	};
+	struct train_spec s = cluster_spec(job, world, cl->n, cl->rdzv, cl->socks, node_of);
+
+	s.explicit_nodes = explicit_nodes;
+	return s;
 }
 
 /* Start ranks lo..hi-1 of s. */
@@ -573,7 +552,7 @@ static void t_rendezvous_lost_after_forming(void)
 	      "the first run never ended");
 	/* the next run of the job id needs the rendezvous: it fails at its
 	 * join timeout, on both nodes, with names */
-	s.results = results_new();
+	s.results = cluster_results();
 	s.iters = 2;
 	start_ranks(&s, pids, 0, 3);
 	wait_ranks(pids, 0, 3, NULL, 20000);
@@ -638,7 +617,7 @@ static void t_wrong_secret_and_garbage_refused(void)
 	/* a zerod whose trainer has the wrong secret claims node 1 */
 	bad = s;
 	bad.secret = "wrong secret";
-	bad.results = results_new();
+	bad.results = cluster_results();
 	bad_socks[0] = cl.socks[0];
 	bad_socks[1] = cl.socks[2];
 	bad.sockets = bad_socks;
@@ -706,7 +685,7 @@ static void t_join_twice_and_claimed_ranks_refused(void)
 	claim = s;
 	claim.node_of = claims_rank0;
 	claim.sockets = other_socks;
-	claim.results = results_new();
+	claim.results = cluster_results();
 	p = spawn(rank_main, &claim, 0);
 	CHECK(wait_child(p, 20000) != 0, "a second rank 0 trained");
 	CHECK(claim.results[0].code != 0 && has(claim.results[0].msg, "rank 0"),
@@ -721,7 +700,7 @@ static void t_join_twice_and_claimed_ranks_refused(void)
 	/* daemon 2 brings node 1's rank again */
 	twice = s;
 	twice.sockets = other_socks;
-	twice.results = results_new();
+	twice.results = cluster_results();
 	p = spawn(rank_main, &twice, 1);
 	CHECK(wait_child(p, 20000) != 0, "node 1 joined twice and trained");
 	CHECK(twice.results[1].code == ZC_EJOBFAILED &&

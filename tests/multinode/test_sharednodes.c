@@ -63,34 +63,16 @@ static void t_several_nodes_refuse_shared_params(void)
 {
 	static const uint32_t node_of[NODES] = {0, 1};
 	const struct cluster_opts defaults = {0};
-	struct train_result *res = test_shared(2 * NODES * sizeof(*res));
 	struct cluster cl;
 	pid_t pids[NODES];
 	int st[NODES];
 
 	REQUIRE(cluster_start(&cl, NODES, &defaults) == 0, "cannot start the zerods");
 
-	struct train_spec s = {
-		.job = "shared-nodes",
-		.world = NODES,
-		.optimizer = ZC_OPT_SGD,
-		.shard_mode = ZC_SHARD_BUCKET,
-		.step_mode = ZC_STEP_INTERLEAVED,
-		.iters = 4,
-		.seed = 7,
-		.hyper_iter = -1,
-		.rdzv = cl.rdzv,
-		.nnodes = NODES,
-		.secret = "correct horse battery staple",
-		.node_of = node_of,
-		.explicit_nodes = true,
-		.sockets = cl.socks,
-		.plan_variant_node = -1,
-		.die_rank = -1,
-		.die_iter = -1,
-		.results = res,
-		.hooks = &shared_hooks,
-	};
+	struct train_spec s = cluster_spec("shared-nodes", NODES, NODES, cl.rdzv, cl.socks, node_of);
+	struct train_result *res = s.results;
+
+	s.hooks = &shared_hooks;
 	for (int r = 0; r < NODES; r++)
 		pids[r] = spawn(rank_main, &s, r);
 	for (int r = 0; r < NODES; r++)
@@ -118,7 +100,7 @@ static void t_several_nodes_refuse_shared_params(void)
 	/* the daemons are unharmed: the same job without the flag trains */
 	s.job = "own-nodes";
 	s.hooks = NULL;
-	s.results = res + NODES;
+	s.results = cluster_results();
 	for (int r = 0; r < NODES; r++)
 		pids[r] = spawn(rank_main, &s, r);
 	for (int r = 0; r < NODES; r++)
