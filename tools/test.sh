@@ -3,13 +3,17 @@
 # every meson suite (unit, integration, multinode, fuzz, ops, reliability, torch),
 # then the C suites once more built with AddressSanitizer + UBSan
 # (tools/sanitize.sh asan; torch's python cannot load an instrumented library),
-# then the libFuzzer targets for a short while (tools/fuzz.sh), and print one
-# closing line that counts every run. Fails if any run fails.
+# then the libFuzzer targets for a short while (tools/fuzz.sh), then the build
+# variants a user's machine may give (tools/variants.sh: no CUDA toolkit,
+# through the README's first command; no gloo), and print one closing line
+# that counts every run. Fails if any run fails.
 #
 #   tools/test.sh [meson test args...]     e.g. tools/test.sh --suite unit
 #   ZEROD_TEST_ASAN=0 tools/test.sh        without the sanitizer run
-#   ZEROD_TEST_LIBFUZZER=0 tools/test.sh   without the libFuzzer run (it runs only
-#                                          when no meson test args are given)
+#   ZEROD_TEST_LIBFUZZER=0 tools/test.sh   without the libFuzzer run
+#   ZEROD_TEST_VARIANTS=0 tools/test.sh    without the build variants
+#                                          (both run only when no meson test
+#                                          args are given)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$top/build}
@@ -38,6 +42,14 @@ if [ $# -eq 0 ] && [ "${ZEROD_TEST_LIBFUZZER:-1}" != 0 ]; then
     logs+=("$build-fuzz/meson-logs/testlog.json")
 fi
 
+if [ $# -eq 0 ] && [ "${ZEROD_TEST_VARIANTS:-1}" != 0 ]; then
+    echo "== the build variants: no CUDA toolkit (${build}-nocuda), no gloo (${build}-nogloo)"
+    BUILD_DIR=$build "$top/tools/variants.sh" || status=$?
+    for v in nocuda nogloo; do
+        logs+=("$build-$v.tap" "$build-$v/meson-logs/testlog.json")
+    done
+fi
+
 # One line any CI can read: subtests (TAP cases) counted over all suites and runs.
 python3 - "${logs[@]}" <<'PY' || true
 import json, os, re, sys
@@ -45,6 +57,11 @@ passed = failed = skipped = 0
 for path in sys.argv[1:]:
     if not os.path.exists(path):
         failed += 1  # that run did not get as far as its tests
+        continue
+    if path.endswith(".tap"):  # a script's own checks (tools/variants.sh)
+        out = open(path).read()
+        passed += len(re.findall(r"^ok \d+", out, re.M))
+        failed += len(re.findall(r"^not ok \d+", out, re.M))
         continue
     for line in open(path):
         if not line.strip():
