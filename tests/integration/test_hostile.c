@@ -1261,6 +1261,120 @@ static void t_socket_not_a_socket(void)
 	settle("--socket on what is not a socket");
 }
 
+/* 12. The config file replaced by what is not one: a FIFO (whose open and
+ * read would wait for a writer for good, on the loop thread), a symlink to
+ * a FIFO, and what a crash can leave (a NUL first, then garbage). Each
+ * reload, by zeroctl and by SIGHUP, is refused naming why, the running
+ * config is kept, bg3 trains on, and zerod still stops on SIGTERM. */
+static int zeroctl_reload(const struct zd *d, const char *out)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		dup2(fd, 1);
+		dup2(fd, 2);
+		execl(getenv("ZEROCTL_BIN"), "zeroctl", "--socket", d->sock, "reload",
+		      (char *)NULL);
+		_exit(127);
+	}
+	return pid < 0 ? -1 : wait_child(pid, 5000);
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+	char buf[4096] = "";
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+
+	if (fd >= 0)
+		close(fd);
+	buf[n > 0 ? n : 0] = 0;
+	if (!strstr(buf, needle))
+		printf("# %s has no '%s'; it holds: %s\n", path, needle, buf);
+	return strstr(buf, needle) != NULL;
+}
+
+static void write_file(const char *path, const void *buf, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+	CHECK(fd >= 0 && write(fd, buf, len) == (ssize_t)len, "write %s", path);
+	if (fd >= 0)
+		close(fd);
+}
+
+/* A reload of what conf is now: refused by zeroctl (exit 1) and by SIGHUP,
+ * each saying `why`; zerod answers at once after it. */
+static void reload_refused(struct zd *d, const char *dir, const char *why, const char *what)
+{
+	char out[192];
+	int before = zd_log_lines(d), st;
+	struct zd_status lv;
+
+	snprintf(out, sizeof(out), "%s/reload.out", dir);
+	st = zeroctl_reload(d, out);
+	CHECK(st == 1, "%s: zeroctl reload exited with %d, want 1 (refused)", what, st);
+	CHECK(file_has(out, why), "%s: zeroctl does not say why", what);
+	CHECK(kill(d->pid, SIGHUP) == 0, "SIGHUP");
+	CHECK(zd_wait_log(d, "keeping the running config", 3000) &&
+		      zd_log_lines(d) >= before + 2,
+	      "%s: SIGHUP's reload not refused", what);
+	CHECK(zd_ctl_levels(d, &lv) == 0, "%s: zerod does not answer after the reload", what);
+}
+
+static void t_config_not_a_file(void)
+{
+	static const char damaged[] = "\x00\xff\xfe garbage [[[\n";
+	static const char good[] = "stall-timeout = 20000\nstall-warn = 5000\n";
+	static struct zd d3;
+	char dir[96], conf[128], fifo[128], out[128], cmd[160];
+	const char *const extra[] = {"--config", conf, NULL};
+	const struct zd_opts o = {.nofile = 0, .stderr_fd = -1};
+	struct bg b3 = {0};
+	int st;
+
+	snprintf(dir, sizeof(dir), "%s/zerod-conf.XXXXXX", test_tmpdir());
+	REQUIRE(mkdtemp(dir), "mkdtemp");
+	snprintf(conf, sizeof(conf), "%s/zerod.conf", dir);
+	snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+	snprintf(out, sizeof(out), "%s/good.out", dir);
+	write_file(conf, good, sizeof(good) - 1);
+	REQUIRE(zd_start_ex(&d3, extra, &o) == 0, "cannot start a zerod with --config %s", conf);
+	CHECK(bg_start(&b3, &d3, "bg3"), "job bg3 did not get going");
+	bg_mark(&b3);
+
+	/* what a crash can leave: a NUL first */
+	write_file(conf, damaged, sizeof(damaged) - 1);
+	reload_refused(&d3, dir, "zerod.conf:1: a NUL byte", "a NUL byte");
+	/* a FIFO, and a symlink to one */
+	CHECK(unlink(conf) == 0 && mkfifo(conf, 0644) == 0, "mkfifo %s", conf);
+	reload_refused(&d3, dir, "a FIFO, not a regular file", "a FIFO");
+	CHECK(unlink(conf) == 0 && mkfifo(fifo, 0644) == 0 && symlink(fifo, conf) == 0,
+	      "symlink %s", conf);
+	reload_refused(&d3, dir, "a FIFO, not a regular file", "a symlink to a FIFO");
+	/* the running config was kept: a good file again changes one key and
+	 * reports nothing else (stall-timeout stayed 20000, not 60000) */
+	CHECK(unlink(conf) == 0, "unlink %s", conf);
+	write_file(conf, "stall-timeout = 20000\nstall-warn = 6000\n", 40);
+	st = zeroctl_reload(&d3, out);
+	CHECK(st == 0, "a good file: zeroctl reload exited with %d", st);
+	CHECK(zd_wait_log(&d3, "reload: stall-warn: 5000 -> 6000", 3000), "the good reload");
+	CHECK(!zd_log_has(&d3, "stall-timeout: 20000 -> 60000") &&
+		      !zd_log_has(&d3, "stall-timeout: 60000 -> 20000"),
+	      "a refused reload changed stall-timeout");
+	bg_check(&b3, "config files that are not ones");
+	bg_stop(&b3);
+	st = zd_stop(&d3, 5000);
+	CHECK(st == 0, "zerod exited with %d after SIGTERM", st);
+	if (test_failed_)
+		zd_dump_log(&d3);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	(void)!system(cmd);
+	bg_check(&sh->bg, "another zerod's config files that are not ones");
+	settle("another zerod's config files that are not ones");
+}
+
 static void t_bg_survived(void)
 {
 	REQUIRE(sh->bg.pids[0] > 0, "bg did not start");
@@ -1296,6 +1410,7 @@ static const struct test_case cases[] = {
 	{"log_pipe_full_no_freeze", t_log_pipe_full},
 	{"two_daemons_one_wins", t_two_daemons},
 	{"socket_path_not_a_socket_untouched", t_socket_not_a_socket},
+	{"config_not_a_file_refused", t_config_not_a_file},
 	{"bg_job_survived", t_bg_survived},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
