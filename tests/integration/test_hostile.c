@@ -37,6 +37,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "bufwire.h"
 #include "harness.h"
 #include "raw.h"
 #include "testlib.h"
@@ -1261,6 +1262,142 @@ static void t_socket_not_a_socket(void)
 	settle("--socket on what is not a socket");
 }
 
+/* 17. One user holds 100 connections to <socket>.fd open without a word
+ * (5 processes of 20), reconnecting each one zerod closes: a job of another
+ * user registers (its buffers go through that socket) and trains; the
+ * holders' connections past their share are told why (FDREFUSED,
+ * ZC_ELIMIT), and so is a trainer of the holding user. Before the bound, 64
+ * such connections refused everyone's buffers for 10 s at a time. */
+#define FD_HOLDERS      5
+#define FD_HOLDER_CONNS 20
+
+static int c_fd_holder(void *arg, int idx)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fds[FD_HOLDER_CONNS];
+	long made = 0, limit = 0, other = 0;
+	bool signalled = false;
+
+	(void)arg;
+	become_user();
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%.100s.fd", daemon_.sock);
+	for (int i = 0; i < FD_HOLDER_CONNS; i++)
+		fds[i] = -1;
+	for (;;) {
+		for (int i = 0; i < FD_HOLDER_CONNS; i++) {
+			struct fdbufs_reply rep;
+			ssize_t n;
+
+			if (fds[i] < 0) {
+				fds[i] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK,
+						0);
+				if (fds[i] >= 0 &&
+				    connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+					close(fds[i]);
+					fds[i] = -1;
+				}
+				made += fds[i] >= 0;
+				continue;
+			}
+			n = recv(fds[i], &rep, sizeof(rep), MSG_DONTWAIT);
+			if (n < 0 && errno == ECONNRESET)
+				n = recv(fds[i], &rep, sizeof(rep), MSG_DONTWAIT);
+			if (n < 0 && errno == EAGAIN)
+				continue; /* held */
+			if (n == sizeof(rep) && rep.magic == FDREFUSED_MAGIC &&
+			    rep.status == ZC_ELIMIT) {
+				rep.message[sizeof(rep.message) - 1] = 0;
+				if (limit++ == 0 && idx == 0)
+					printf("# refused: %s\n", rep.message);
+			} else if (!(n == sizeof(rep) && rep.magic == FDREFUSED_MAGIC)) {
+				other++; /* closed without a word */
+			}
+			close(fds[i]);
+			fds[i] = -1;
+		}
+		if (!signalled)
+			signal_pipe(ready[1]);
+		signalled = true;
+		if (wait_pipe(go[0], 5))
+			break;
+	}
+	for (int i = 0; i < FD_HOLDER_CONNS; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	printf("# holder %d: %ld connections made, %ld refused with ZC_ELIMIT, %ld closed "
+	       "without a word\n",
+	       idx, made, limit, other);
+	EXPECT(limit > 0, "no connection past the share was told ZC_ELIMIT");
+	EXPECT(other == 0, "%ld connections closed without saying why", other);
+	return child_bad;
+}
+
+/* A trainer of the holding user: its buffers are refused, saying why (a
+ * gap in the holders' reconnects may let one through: tried a few times). */
+static int c_fd_same_user(void *arg, int idx)
+{
+	struct train_spec ts = job_spec(&daemon_, "fdown", 1);
+	struct zc_config cfg = test_config(&daemon_, "fdown", 0, 1);
+	struct train_plan tp;
+	int r = 0;
+
+	(void)arg, (void)idx;
+	become_user();
+	ts.world = 1;
+	train_make_plan(&ts, &tp);
+	for (int attempt = 0; attempt < 5; attempt++) {
+		zc_client *c = NULL;
+
+		r = zc_connect(&cfg, &c);
+		if (r == 0)
+			r = zc_alloc_buffers(c, &tp.plan);
+		printf("# the holding user's trainer: zc_alloc_buffers -> %s: %s\n",
+		       zc_strerror_name(r), r ? zc_error_message() : "");
+		if (r == ZC_ELIMIT)
+			EXPECT(strstr(zc_error_message(), "connections to this socket that sent "
+							  "nothing yet"),
+			       "the error does not say why: %s", zc_error_message());
+		zc_close(c);
+		if (r == ZC_ELIMIT)
+			break;
+		usleep(100000);
+	}
+	EXPECT(r == ZC_ELIMIT, "got %s, want ZC_ELIMIT", zc_strerror_name(r));
+	return child_bad;
+}
+
+static void t_fd_socket_held(void)
+{
+	static struct train_spec s;
+	pid_t holders[FD_HOLDERS], owner[2], same;
+
+	if (!have_user())
+		SKIP(sh->no_user);
+	pipes_open();
+	share_socket(true);
+	bg_mark(&sh->bg);
+	for (int k = 0; k < FD_HOLDERS; k++)
+		holders[k] = spawn_ok(c_fd_holder, NULL, k);
+	for (int k = 0; k < FD_HOLDERS; k++)
+		CHECK(wait_pipe(ready[0], 10000), "holder %d did not connect", k);
+	usleep(200000); /* their refused connections come back */
+	s = job_spec(&daemon_, "fdheld", 20);
+	for (int r = 0; r < 2; r++)
+		owner[r] = spawn_ok(bg_main, &s, r);
+	same = spawn_ok(c_fd_same_user, NULL, 0);
+	expect_exit(owner[0], 0, 20000, "rank 0 of a job beside the held connections");
+	expect_exit(owner[1], 0, 20000, "rank 1 of a job beside the held connections");
+	expect_exit(same, 0, 20000, "the holding user's trainer");
+	for (int k = 0; k < FD_HOLDERS; k++)
+		signal_pipe(go[1]);
+	for (int k = 0; k < FD_HOLDERS; k++)
+		expect_exit(holders[k], 0, 10000, "a holder");
+	share_socket(false);
+	pipes_close();
+	bg_check(&sh->bg, "idle connections held on the fd socket");
+	settle("idle connections held on the fd socket");
+}
+
 /* 12. The config file replaced by what is not one: a FIFO (whose open and
  * read would wait for a writer for good, on the loop thread), a symlink to
  * a FIFO, and what a crash can leave (a NUL first, then garbage). Each
@@ -1410,6 +1547,7 @@ static const struct test_case cases[] = {
 	{"log_pipe_full_no_freeze", t_log_pipe_full},
 	{"two_daemons_one_wins", t_two_daemons},
 	{"socket_path_not_a_socket_untouched", t_socket_not_a_socket},
+	{"fd_socket_held_by_one_user", t_fd_socket_held},
 	{"config_not_a_file_refused", t_config_not_a_file},
 	{"bg_job_survived", t_bg_survived},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
