@@ -4,7 +4,8 @@
  * (FDSTAGE) exchange (common/bufwire.h) on a
  * connection of its own to zerod's <socket>.fd. The checks of the memory
  * are zerod's (daemon/fdbufs.c): it is the one that must trust it, and its
- * reasons come back here word for word.
+ * reasons come back here word for word, as are those of a connection zerod
+ * serves none of (FDREFUSED: too many of this user wait there).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -66,6 +67,36 @@ static int send_rec(const char *path, uint64_t magic, uint64_t token, const int 
 		    uint64_t bytes, uint64_t grad_offset, uint64_t param_offset, int timeout_ms,
 		    uint64_t *ret_serial, char *err, size_t errlen);
 
+ssize_t bufs_answer(int fd, void *rep, size_t size, int timeout_ms, char *err, size_t errlen)
+{
+	struct pollfd pfd = {.fd = fd, .events = POLLIN};
+	struct fdbufs_reply refused;
+	ssize_t n;
+
+	if (poll(&pfd, 1, timeout_ms) != 1) {
+		snprintf(err, errlen, "zerod did not answer within %d ms", timeout_ms);
+		return ZC_ETIMEDOUT;
+	}
+	n = recv(fd, rep, size, MSG_DONTWAIT);
+	/* zerod closed with our record unread: the reset comes first, then
+	 * what it sent before it closed */
+	if (n < 0 && errno == ECONNRESET)
+		n = recv(fd, rep, size, MSG_DONTWAIT);
+	if (n < 0) {
+		n = -errno;
+		snprintf(err, errlen, "reading zerod's answer: %s", strerror(errno));
+		return n;
+	}
+	if ((size_t)n != sizeof(refused) || size < sizeof(refused))
+		return n;
+	memcpy(&refused, rep, sizeof(refused));
+	if (refused.magic != FDREFUSED_MAGIC)
+		return n;
+	refused.message[sizeof(refused.message) - 1] = 0;
+	snprintf(err, errlen, "zerod refused the connection: %s", refused.message);
+	return refused.status < 0 ? refused.status : ZC_EPROTO;
+}
+
 int bufs_send(const char *path, uint64_t token, const int *fds, int nfds, uint64_t bytes,
 	      uint64_t grad_offset, uint64_t param_offset, int timeout_ms, uint64_t *ret_serial,
 	      char *err, size_t errlen)
@@ -104,7 +135,6 @@ static int send_rec(const char *path, uint64_t magic, uint64_t token, const int 
 			    .msg_control = cbuf.buf,
 			    .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
 	struct cmsghdr *cm;
-	struct pollfd pfd;
 	ssize_t n;
 	int fd, r;
 
@@ -131,17 +161,20 @@ static int send_rec(const char *path, uint64_t magic, uint64_t token, const int 
 	memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
 	if (sendmsg(fd, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof(o)) {
 		r = -errno;
+		/* zerod may have refused the connection before reading it */
+		n = bufs_answer(fd, &rep, sizeof(rep), 0, err, errlen);
+		if (n < 0 && n != ZC_ETIMEDOUT) {
+			r = (int)n;
+			goto out;
+		}
 		snprintf(err, errlen, "sending the buffers to %s: %s", path, strerror(-r));
 		goto out;
 	}
-	pfd = (struct pollfd){.fd = fd, .events = POLLIN};
-	if (poll(&pfd, 1, timeout_ms) != 1) {
-		r = ZC_ETIMEDOUT;
-		snprintf(err, errlen, "zerod did not answer for the buffers within %d ms",
-			 timeout_ms);
+	n = bufs_answer(fd, &rep, sizeof(rep), timeout_ms, err, errlen);
+	if (n < 0) {
+		r = (int)n;
 		goto out;
 	}
-	n = recv(fd, &rep, sizeof(rep), MSG_DONTWAIT);
 	if (n != (ssize_t)sizeof(rep) || rep.magic != FDBUFS_MAGIC) {
 		r = ZC_EPROTO;
 		snprintf(err, errlen, "no answer for the buffers (%zd bytes): an older zerod?", n);

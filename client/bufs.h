@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* A memfd for zc_alloc_buffers(): the gradients at 0 and the parameters
  * at *ret_param_offset (a page multiple), `bytes` each, zero-filled and
@@ -30,5 +31,12 @@ int bufs_staging(uint64_t bytes, int *ret_fd);
  * with the reason in err. */
 int bufs_send_staging(const char *path, uint64_t token, int fd, uint64_t bytes, int timeout_ms,
 		      uint64_t *ret_serial, char *err, size_t errlen);
+
+/* Wait up to timeout_ms for zerod's answer on fd (a connection to its fd
+ * socket that sent its record, or failed to) and read it into rep (size
+ * bytes): the bytes read, for the caller to check; or a code with why in
+ * err: ZC_ETIMEDOUT, -errno, or what zerod refused the connection with
+ * (FDREFUSED, which may come before the record was read). */
+ssize_t bufs_answer(int fd, void *rep, size_t size, int timeout_ms, char *err, size_t errlen);
 
 #endif

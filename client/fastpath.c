@@ -21,6 +21,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "bufs.h"
 #include "fastpath.h"
 #include "ring.h"
 #include "zeroclient.h"
@@ -118,7 +119,6 @@ static int ring_attach(struct fpc *f, const char *path, uint64_t token, uint64_t
 			    .msg_control = cbuf.buf,
 			    .msg_controllen = sizeof(cbuf.buf)};
 	struct cmsghdr *cm;
-	struct pollfd pfd;
 	ssize_t n;
 
 	if (strlen(path) >= sizeof(sa.sun_path)) {
@@ -138,15 +138,17 @@ static int ring_attach(struct fpc *f, const char *path, uint64_t token, uint64_t
 	cm->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
 	if (sendmsg(f->fd, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof(a)) {
-		snprintf(err, errlen, "send ATTACH: %s", strerror(errno));
-		return -errno;
+		int r = -errno;
+		/* zerod may have refused the connection before reading it */
+		n = bufs_answer(f->fd, &rep, sizeof(rep), 0, err, errlen);
+		if (n < 0 && n != ZC_ETIMEDOUT)
+			return (int)n;
+		snprintf(err, errlen, "send ATTACH: %s", strerror(-r));
+		return r;
 	}
-	pfd = (struct pollfd){.fd = f->fd, .events = POLLIN};
-	if (poll(&pfd, 1, timeout_ms) != 1) {
-		snprintf(err, errlen, "zerod did not answer ATTACH within %d ms", timeout_ms);
-		return ZC_ETIMEDOUT;
-	}
-	n = recv(f->fd, &rep, sizeof(rep), MSG_DONTWAIT);
+	n = bufs_answer(f->fd, &rep, sizeof(rep), timeout_ms, err, errlen);
+	if (n < 0)
+		return (int)n;
 	if (n != (ssize_t)sizeof(rep) || rep.magic != RING_ATTACH_MAGIC) {
 		snprintf(err, errlen, "no answer to ATTACH (%zd bytes)", n);
 		return ZC_EPROTO;

@@ -19,6 +19,15 @@
  * (param_offset unused). The reply is FDBUFS's. */
 #define FDSTAGE_MAGIC 0x7a66647374616765ull /* "zfdstage" */
 
+/* zerod's answer on either kind of connection to <socket>.fd (FDBUFS,
+ * FDSTAGE or a ring's ATTACH) when it serves none: too many connections of
+ * the caller's user or process wait unanswered there, or it sent nothing in
+ * time. A struct fdbufs_reply with this magic (a ring_attach_reply has its
+ * status and message at the same places); status is ZC_ELIMIT or
+ * ZC_ETIMEDOUT, message says which and why. It may come before the client
+ * sent anything, and the connection is closed after it. */
+#define FDREFUSED_MAGIC 0x7a66647265667573ull /* "zfdrefus" */
+
 /* One fd (grad and param in one memfd at two offsets) or two (grad, then
  * param). Offsets are multiples of the page size. */
 struct fdbufs_offer {

@@ -26,6 +26,11 @@
  * iterations of the largest plan (65536 buckets) and room for the rest, so a
  * send never fails with EAGAIN on a queue the protocol itself fills. */
 #define ZEROD_QUEUE_MSGS (2 * 65536 + 4096)
+/* ...except what zerod's ROUTER reads ahead of its loop (ZMQ_RCVHWM): the
+ * loop reads every queue without pause, so a small one costs an honest
+ * client nothing (its own send queue holds the rest), and it bounds what a
+ * peer that floods without reading can make zerod hold. */
+#define ZEROD_RECV_QUEUE_MSGS 1024
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define MIN(a, b)     ((a) < (b) ? (a) : (b))

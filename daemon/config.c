@@ -9,9 +9,12 @@
  *
  * The file is INI (libinih): `key = value` lines, `#` or `;` comments, keys
  * at the top or under [zerod]. Unknown keys and sections are errors, named
- * with the file and line, so a typo never silently keeps a default.
+ * with the file and line, so a typo never silently keeps a default. A reload
+ * reads it on the loop thread, so it is read as a hostile user could have
+ * made it: without blocking, a regular file only, bounded, no NUL inside.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <ini.h>
 #include <stddef.h>
@@ -22,6 +25,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "config.h"
@@ -115,6 +119,9 @@ static const struct key {
 };
 
 #define NKEYS ARRAY_SIZE(keys)
+
+/* A config file is a few hundred bytes: anything past this is not one. */
+#define CONFIG_MAX_BYTES (1 << 20)
 
 /* A string a built config points into: all are kept until the end. */
 struct str {
@@ -344,36 +351,124 @@ static int on_ini(void *user, const char *section, const char *name, const char 
 	return 1;
 }
 
+/* What a file's mode says it is, for the refusal of what is not text. */
+static const char *file_kind(mode_t mode)
+{
+	return S_ISFIFO(mode)  ? "a FIFO"
+	       : S_ISSOCK(mode) ? "a socket"
+	       : S_ISDIR(mode)  ? "a directory"
+	       : S_ISCHR(mode)  ? "a character device"
+	       : S_ISBLK(mode)  ? "a block device"
+				: "not a regular file";
+}
+
+/*
+ * The whole file into *ret (NUL-terminated, malloc'd), read the way STYLE.md
+ * asks, since a reload reads it on the loop thread: opened non-blocking (a
+ * FIFO's open and read would wait for a writer for good), its type checked
+ * on the open fd (no window for a swap), at most CONFIG_MAX_BYTES, and no
+ * NUL inside (inih stops a line at one, so "\0garbage" would read as no
+ * settings). A symlink is followed: configs under /etc often are ones, and
+ * what it ends at is checked like any file. /dev/null is "no config file".
+ * 0, -ENOENT (nothing there; err says so), or another code with why in err.
+ */
+static int slurp(const char *path, char **ret, char *err, size_t len)
+{
+	char *buf = NULL;
+	size_t n = 0;
+	struct stat st;
+	int fd, r;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	if (fd < 0) {
+		r = -errno;
+		snprintf(err, len, "%s: %s", path, strerror(-r));
+		return r;
+	}
+	if (fstat(fd, &st) < 0) {
+		r = -errno;
+		snprintf(err, len, "%s: %s", path, strerror(-r));
+		goto out;
+	}
+	if (S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3)) {
+		st.st_size = 0; /* /dev/null */
+	} else if (!S_ISREG(st.st_mode)) {
+		r = -EINVAL;
+		snprintf(err, len, "%s: %s, not a regular file: not read", path,
+			 file_kind(st.st_mode));
+		goto out;
+	}
+	if (st.st_size > CONFIG_MAX_BYTES) {
+		r = -EFBIG;
+		snprintf(err, len, "%s: %lld bytes, more than a config file's %d: not read", path,
+			 (long long)st.st_size, CONFIG_MAX_BYTES);
+		goto out;
+	}
+	/* one byte more than fstat said: a file that grew since shows */
+	buf = malloc((size_t)st.st_size + 2);
+	if (!buf) {
+		r = -ENOMEM;
+		snprintf(err, len, "%s: out of memory", path);
+		goto out;
+	}
+	while (n <= (size_t)st.st_size && S_ISREG(st.st_mode)) {
+		ssize_t k = read(fd, buf + n, (size_t)st.st_size + 1 - n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0) {
+			r = -errno;
+			snprintf(err, len, "%s: cannot read it: %s", path, strerror(-r));
+			goto out;
+		}
+		if (k == 0)
+			break;
+		n += (size_t)k;
+	}
+	if (n > (size_t)st.st_size) {
+		r = -EAGAIN;
+		snprintf(err, len, "%s: it grew while it was read: not read", path);
+		goto out;
+	}
+	buf[n] = 0;
+	if (strlen(buf) != n) {
+		const char *nul = buf + strlen(buf);
+		int line = 1;
+		for (const char *p = buf; p < nul; p++)
+			line += *p == '\n';
+		r = -EINVAL;
+		snprintf(err, len, "%s:%d: a NUL byte: a damaged file, or not text", path, line);
+		goto out;
+	}
+	*ret = buf;
+	buf = NULL;
+	r = 0;
+out:
+	free(buf);
+	close(fd);
+	return r;
+}
+
 static int read_file(struct config_src *src, struct daemon_config *c, char *err, size_t len)
 {
 	struct file_ctx fc = {.src = src, .cfg = c};
-	struct stat st;
-	FILE *f;
-	int line;
+	char *text = NULL;
+	int line, r;
 
 	src->path_read = false;
-	f = fopen(src->path, "re");
-	if (!f) {
-		int r = -errno;
-		if (r == -ENOENT && !src->path_given)
-			return 0; /* no file at the default place: defaults and flags */
-		snprintf(err, len, "%s: %s", src->path, strerror(-r));
+	r = slurp(src->path, &text, err, len);
+	if (r == -ENOENT && !src->path_given) {
+		err[0] = 0;
+		return 0; /* no file at the default place: defaults and flags */
+	}
+	if (r < 0)
 		return r;
-	}
-	/* a regular file, or /dev/null ("no config file") */
-	if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode) &&
-	    !(S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3))) {
-		fclose(f);
-		snprintf(err, len, "%s: not a regular file", src->path);
-		return -EINVAL;
-	}
-	line = ini_parse_file(f, on_ini, &fc);
-	fclose(f);
+	line = ini_parse_string(text, on_ini, &fc);
+	free(text);
 	src->path_read = true;
 	if (line == 0)
 		return 0;
 	if (line < 0) {
-		snprintf(err, len, "%s: cannot read it", src->path);
+		snprintf(err, len, "%s: cannot parse it", src->path);
 		return -EIO;
 	}
 	if (fc.err[0])

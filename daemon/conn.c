@@ -11,6 +11,11 @@
  *     one) is shut down, so the fds never run out and a real trainer still
  *     gets in while bare connections pile up;
  *   - a connection without a session is shut down after hello_timeout_ms;
+ *   - one that never had a session is shut down once it sent more messages
+ *     than a Hello needs (MSGS_WITHOUT_SESSION_MAX), and what it still has
+ *     queued is dropped unread: with the ROUTER's small receive queue
+ *     (ZEROD_RECV_QUEUE_MSGS) that bounds what a peer that floods before
+ *     Hello makes zerod hold, and how long it holds it;
  *   - a session whose connection closed ends (session_conn_closed).
  * Always shutdown(), never close(): the fd stays libzmq's, and libzmq reports
  * DISCONNECTED before it closes it, so no fd number is reused before the loop
@@ -35,6 +40,12 @@
 #define REPLY_RATE_BEFORE_HELLO  4 /* a second */
 #define REPLY_BURST_SESSION      256
 #define REPLY_RATE_SESSION       64
+/* Messages a connection that never had a session may send: an honest
+ * trainer sends one Hello (a few, if it is refused). More than the ROUTER's
+ * receive queue holds, several times: messages an older connection left
+ * queued when its fd number was reused are charged to the new one, and the
+ * ROUTER's fair queueing reads a new peer's Hello within the first of them. */
+#define MSGS_WITHOUT_SESSION_MAX (4 * ZEROD_RECV_QUEUE_MSGS)
 
 struct conn {
 	int fd;
@@ -42,6 +53,8 @@ struct conn {
 	struct session *s;
 	struct conn *prev, *next; /* in the idle list while s == NULL && !shut */
 	bool shut;                /* shut down: waits for DISCONNECTED */
+	bool had_session;         /* once bound: its messages are no longer counted */
+	uint32_t unbound_msgs;    /* messages while it never had a session */
 	double tokens;            /* error replies it may still get */
 	int64_t refill_ms;
 };
@@ -241,6 +254,7 @@ void conn_bind(struct conn *c, struct session *s)
 		return;
 	idle_del(d, c);
 	c->s = s;
+	c->had_session = true;
 	c->tokens = REPLY_BURST_SESSION;
 	s->conn = c;
 }
@@ -254,6 +268,19 @@ void conn_unbind(struct conn *c)
 	c->tokens = MIN(c->tokens, REPLY_BURST_BEFORE_HELLO);
 	if (!c->shut)
 		idle_add(d, c);
+}
+
+bool conn_drop_msg(struct daemon *d, int fd, struct conn *c)
+{
+	if (!c) /* unknown, or shut: what a shut connection left is dropped */
+		return fd >= 0 && (size_t)fd < d->conns_cap && d->conns[fd] && d->conns[fd]->shut;
+	if (c->s || c->had_session || ++c->unbound_msgs <= MSGS_WITHOUT_SESSION_MAX)
+		return false;
+	log_notice("closing a connection that sent %u messages without a Hello (an honest "
+		   "client sends one)",
+		   MSGS_WITHOUT_SESSION_MAX);
+	conn_shut(d, c);
+	return true;
 }
 
 bool conn_may_reply(struct daemon *d, struct conn *c)

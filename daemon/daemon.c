@@ -268,7 +268,8 @@ static int claim_socket_path(struct daemon *d, char *why, size_t len)
 static int open_router(struct daemon *d, char *why, size_t len)
 {
 	char endpoint[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
-	int one = 1, zero = 0, hwm = ZEROD_QUEUE_MSGS, hs = d->cfg.hello_timeout_ms;
+	int one = 1, zero = 0, hwm = ZEROD_QUEUE_MSGS, rcvhwm = ZEROD_RECV_QUEUE_MSGS;
+	int hs = d->cfg.hello_timeout_ms;
 	mode_t old_mask;
 	int64_t maxmsg = ZEROD_MAX_MSG_BYTES;
 	struct stat st;
@@ -289,7 +290,7 @@ static int open_router(struct daemon *d, char *why, size_t len)
 	if (zmq_setsockopt(d->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
 	    zmq_setsockopt(d->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
 	    zmq_setsockopt(d->router, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
-	    zmq_setsockopt(d->router, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
+	    zmq_setsockopt(d->router, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm)) < 0 ||
 	    zmq_setsockopt(d->router, ZMQ_HANDSHAKE_IVL, &hs, sizeof(hs)) < 0 ||
 	    zmq_setsockopt(d->router, ZMQ_LINGER, &zero, sizeof(zero)) < 0) {
 		r = -zmq_errno();

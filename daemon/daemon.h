@@ -285,6 +285,10 @@ struct conn *conn_of_msg(struct daemon *d, int fd, const void *route, size_t rle
  * hello_timeout_ms. */
 void conn_bind(struct conn *c, struct session *s);
 void conn_unbind(struct conn *c);
+/* Is the message that came on fd (c: conn_of_msg()'s) to be dropped
+ * unread? It is once its connection was shut, and a connection that never
+ * had a session is shut once it sent more than a Hello needs. */
+bool conn_drop_msg(struct daemon *d, int fd, struct conn *c);
 /* May c be sent one more error reply? A budget per connection (small
  * before Hello): a peer that sends bad messages and never reads cannot park
  * unbounded replies in the daemon. Counts what it refuses. */

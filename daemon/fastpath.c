@@ -21,6 +21,11 @@
  * which then stays open as the session's doorbell, both ways: one 1-byte
  * packet rings the other side.
  *
+ * Connections that sent nothing yet are bounded (PENDING_*): per process,
+ * per user (SO_PEERCRED), in all, and in time. One past its share is told
+ * why (FDREFUSED, common/bufwire.h) and closed, so a member of the
+ * socket's group holding connections open blocks its own user at worst.
+ *
  * Why a socket and not eventfds: O_NONBLOCK of an eventfd belongs to its open
  * file description, which SCM_RIGHTS shares, so a client could turn the
  * daemon's copy blocking and stop the loop thread in a read or write. Each
@@ -58,6 +63,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,8 +84,15 @@
 #include "ring.h"
 #include "wire.h"
 
-#define PENDING_MAX        64    /* connections not attached yet, at once */
-#define PENDING_TIMEOUT_MS 10000 /* to send ATTACH after connecting */
+/* Connections that sent nothing yet, at once: in all, of one user, of one
+ * process. A trainer has one at a time and sends its record right after it
+ * connects, so one that waits this long is not a trainer at work. A user
+ * past its share is refused; when all are taken, the oldest of the user
+ * holding the most goes, so other users' trainers always get in. */
+#define PENDING_MAX        64
+#define PENDING_PER_UID    16
+#define PENDING_PER_PID    4
+#define PENDING_TIMEOUT_MS 2000
 #define DOORBELLS_PER_WAKE 64
 
 struct fastpath_listener {
@@ -101,6 +114,8 @@ struct fastpath_listener {
 		char why[236]; /* as long as the replies' message */
 	} retired[16];
 	unsigned nretired; /* written so far (the table wraps) */
+	uint64_t refused;  /* connections refused (FDREFUSED) so far */
+	int64_t refused_log_ms;
 };
 
 /* A connection on <socket>.fd: pending until it attaches, then the
@@ -132,6 +147,13 @@ struct fastpath {
 };
 
 enum drain_result { DRAIN_EMPTY, DRAIN_BLOCKED, DRAIN_BUDGET, DRAIN_BROKEN };
+
+_Static_assert(sizeof(struct fdbufs_reply) == sizeof(struct ring_attach_reply) &&
+		       offsetof(struct fdbufs_reply, status) ==
+			       offsetof(struct ring_attach_reply, status) &&
+		       offsetof(struct fdbufs_reply, message) ==
+			       offsetof(struct ring_attach_reply, message),
+	       "FDREFUSED answers both kinds of connection");
 
 /* ---------------------------------------------------------- helpers --- */
 
@@ -778,6 +800,113 @@ static void on_conn(struct loop *loop, void *userdata)
 		on_pending(c);
 }
 
+/* Tell the connection on fd why it is not served (FDREFUSED) and close it.
+ * What it sent is read first: closing with it unread would reset the
+ * connection, and the client would read that before our answer. */
+static void refuse(struct fastpath_listener *l, int fd, const struct ucred *cred, int code,
+		   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void refuse(struct fastpath_listener *l, int fd, const struct ucred *cred, int code,
+		   const char *fmt, ...)
+{
+	struct fdbufs_reply rep = {.magic = FDREFUSED_MAGIC, .status = code};
+	char cbuf[CMSG_SPACE(4 * sizeof(int))], junk[64];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(rep.message, sizeof(rep.message), fmt, ap);
+	va_end(ap);
+	for (int i = 0; i < 4; i++) {
+		struct iovec iov = {.iov_base = junk, .iov_len = sizeof(junk)};
+		struct msghdr mh = {.msg_iov = &iov,
+				    .msg_iovlen = 1,
+				    .msg_control = cbuf,
+				    .msg_controllen = sizeof(cbuf)};
+		if (recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) <= 0)
+			break;
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+			if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+				for (size_t k = 0; k < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+				     k++) {
+					int rfd;
+					memcpy(&rfd, CMSG_DATA(cm) + k * sizeof(int), sizeof(int));
+					close(rfd);
+				}
+	}
+	(void)!send(fd, &rep, sizeof(rep), MSG_DONTWAIT | MSG_NOSIGNAL);
+	l->refused++;
+	if (now_ms() - l->refused_log_ms >= 1000) {
+		l->refused_log_ms = now_ms();
+		log_warning("fast path: refused a connection of pid %d uid %u: %s: %s (%llu "
+			    "refused so far)",
+			    (int)cred->pid, (unsigned)cred->uid, zc_strerror_name(code),
+			    rep.message, (unsigned long long)l->refused);
+	}
+}
+
+static void pending_refuse(struct fp_conn *c, int code, const char *why)
+{
+	refuse(c->l, c->fd, &c->cred, code, "%s", why);
+	conn_close(c);
+}
+
+/* The pending connection to give up for a new one when all are taken: the
+ * oldest of the user holding the most. */
+static struct fp_conn *pending_victim(struct fastpath_listener *l)
+{
+	struct fp_conn *victim = NULL;
+	unsigned most = 0;
+
+	for (struct fp_conn *c = l->pending; c; c = c->next) {
+		unsigned n = 0;
+		for (struct fp_conn *o = l->pending; o; o = o->next)
+			n += o->cred.uid == c->cred.uid;
+		/* the list is newest first: a later one of as many is older */
+		if (n >= most) {
+			most = n;
+			victim = c;
+		}
+	}
+	return victim;
+}
+
+/* A new connection from cred: 0 if it may wait among the pending, else a
+ * code with why (the user's or the process's share is taken). */
+static int pending_admit(struct fastpath_listener *l, const struct ucred *cred, char *why,
+			 size_t len)
+{
+	unsigned by_uid = 0, by_pid = 0;
+
+	for (struct fp_conn *c = l->pending; c; c = c->next) {
+		by_uid += c->cred.uid == cred->uid;
+		by_pid += c->cred.pid == cred->pid;
+	}
+	if (by_pid >= PENDING_PER_PID) {
+		snprintf(why, len,
+			 "process %d holds %u connections to this socket that sent nothing yet "
+			 "(at most %d): refused",
+			 (int)cred->pid, by_pid, PENDING_PER_PID);
+		return ZC_ELIMIT;
+	}
+	if (by_uid >= PENDING_PER_UID) {
+		snprintf(why, len,
+			 "uid %u holds %u connections to this socket that sent nothing yet "
+			 "(at most %d per user; some process of that user holds them open): "
+			 "refused",
+			 (unsigned)cred->uid, by_uid, PENDING_PER_UID);
+		return ZC_ELIMIT;
+	}
+	if (l->npending >= PENDING_MAX) {
+		struct fp_conn *v = pending_victim(l);
+		char vwhy[200];
+		snprintf(vwhy, sizeof(vwhy),
+			 "%d connections to this socket wait, uid %u holds the most: its oldest "
+			 "gave way to a new one",
+			 PENDING_MAX, (unsigned)v->cred.uid);
+		pending_refuse(v, ZC_ELIMIT, vwhy);
+	}
+	return 0;
+}
+
 static void on_accept(struct loop *loop, void *userdata)
 {
 	struct fastpath_listener *l = userdata;
@@ -785,21 +914,30 @@ static void on_accept(struct loop *loop, void *userdata)
 	(void)loop;
 	for (int i = 0; i < 16; i++) {
 		socklen_t len = sizeof(struct ucred);
+		struct ucred cred;
 		struct fp_conn *c;
+		char why[200];
 		int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		int r;
 
 		if (fd < 0)
 			return;
-		c = l->npending < PENDING_MAX ? calloc(1, sizeof(*c)) : NULL;
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+			close(fd);
+			continue;
+		}
+		r = pending_admit(l, &cred, why, sizeof(why));
+		c = r == 0 ? calloc(1, sizeof(*c)) : NULL;
 		if (!c) {
+			refuse(l, fd, &cred, r ? r : -ENOMEM, "%s", r ? why : "out of memory");
 			close(fd);
 			continue;
 		}
 		c->l = l;
 		c->fd = fd;
+		c->cred = cred;
 		c->accepted_ms = now_ms();
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &len) < 0 ||
-		    loop_add_fd(l->d->loop, fd, on_conn, c) < 0) {
+		if (loop_add_fd(l->d->loop, fd, on_conn, c) < 0) {
 			close(fd);
 			free(c);
 			continue;
@@ -817,9 +955,19 @@ void fastpath_tick(struct daemon *d, int64_t now)
 	if (!l)
 		return;
 	for (struct fp_conn *c = l->pending, *next; c; c = next) {
+		char byte;
+
 		next = c->next;
-		if (now - c->accepted_ms >= PENDING_TIMEOUT_MS)
-			conn_close(c);
+		/* one whose record waits (a loop slowed down, under valgrind)
+		 * is served by on_conn() next, not timed out */
+		if (now - c->accepted_ms >= PENDING_TIMEOUT_MS &&
+		    recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN) {
+			char why[64];
+			snprintf(why, sizeof(why),
+				 "sent nothing within %d ms of connecting: closed",
+				 PENDING_TIMEOUT_MS);
+			pending_refuse(c, ZC_ETIMEDOUT, why);
+		}
 	}
 }
 

@@ -761,8 +761,9 @@ int session_on_router(struct loop *l, void *userdata)
 	 * the rest after they had their turn. */
 	for (; handled < BATCH_PER_TURN && decoded < DECODE_BYTES_PER_TURN; handled++) {
 		zmq_msg_t route, body;
-		int more = 0;
+		int more = 0, fd;
 		size_t more_len = sizeof(more);
+		bool drop;
 
 		zmq_msg_init(&route);
 		if (zmq_msg_recv(&route, d->router, ZMQ_DONTWAIT) < 0) {
@@ -775,10 +776,11 @@ int session_on_router(struct loop *l, void *userdata)
 			zmq_msg_close(&route);
 			continue;
 		}
+		fd = zmq_msg_get(&body, ZMQ_SRCFD);
 		d->cur_peer = peer_cred(&body);
-		d->cur_conn = conn_of_msg(d, zmq_msg_get(&body, ZMQ_SRCFD), zmq_msg_data(&route),
-					  zmq_msg_size(&route));
+		d->cur_conn = conn_of_msg(d, fd, zmq_msg_data(&route), zmq_msg_size(&route));
 		log_set_cause(d->cur_peer.uid);
+		drop = conn_drop_msg(d, fd, d->cur_conn);
 		zmq_getsockopt(d->router, ZMQ_RCVMORE, &more, &more_len);
 		if (more) {
 			/* a multi-frame message: drop the rest, answer once */
@@ -789,9 +791,11 @@ int session_on_router(struct loop *l, void *userdata)
 				more = zmq_msg_more(&extra);
 				zmq_msg_close(&extra);
 			}
-			reply_error(d, zmq_msg_data(&route), zmq_msg_size(&route), ZC_EPROTO,
-				    "multi-frame message: send one Envelope per message");
-		} else if (zmq_msg_size(&route) <= ZEROD_ROUTE_MAX) {
+			if (!drop)
+				reply_error(d, zmq_msg_data(&route), zmq_msg_size(&route),
+					    ZC_EPROTO,
+					    "multi-frame message: send one Envelope per message");
+		} else if (!drop && zmq_msg_size(&route) <= ZEROD_ROUTE_MAX) {
 			decoded += zmq_msg_size(&body);
 			dispatch(d, zmq_msg_data(&route), zmq_msg_size(&route), zmq_msg_data(&body),
 				 zmq_msg_size(&body));
