@@ -20,6 +20,7 @@
  * parameter and element, never of the layout).
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -54,6 +55,28 @@ static const struct layout layouts[] = {
 	{1, {{2, 0, 4, 1, 5, 3, -1}}},
 	{2, {{0, 1, 2, -1}, {3, 4, -1}}}, /* param 5 missing: another model */
 };
+
+/* ------------------------------------------------------ generations --- */
+
+/* The directory dir's current checkpoint is in (docs/CHECKPOINT.md,
+ * "Generations"): its newest dir/ckpt-SEQ, or dir itself (the older
+ * single-generation layout), into out. */
+static const char *ckpt_gen(const char *dir, char *out, size_t len)
+{
+	unsigned long long best = 0, v;
+	DIR *d = opendir(dir);
+	struct dirent *e;
+
+	snprintf(out, len, "%s", dir);
+	while (d && (e = readdir(d)))
+		if (sscanf(e->d_name, "ckpt-%llu", &v) == 1 && v > best) {
+			best = v;
+			snprintf(out, len, "%s/%s", dir, e->d_name);
+		}
+	if (d)
+		closedir(d);
+	return out;
+}
 
 /* -------------------------------------------------------------- a rank --- */
 
@@ -602,6 +625,11 @@ static const struct spoil spoils[] = {
 	{"the manifest truncated", "checksum line", 0, ZC_OPT_ADAM},
 	{"another model (5 parameters)", "segments", 3, ZC_OPT_ADAM},
 	{"another optimizer", "optimizer", 0, ZC_OPT_SGD},
+	/* issue 20 §4: each of these hung zc_restore() for good */
+	{"a FIFO for the manifest", "MANIFEST: a FIFO, not a regular file", 0, ZC_OPT_ADAM},
+	{"a link to a FIFO for the manifest", "MANIFEST: a symbolic link", 0, ZC_OPT_ADAM},
+	{"a FIFO for the data file", "state.zck: a FIFO, not a regular file", 0, ZC_OPT_ADAM},
+	{"a link to a FIFO for the data file", "state.zck: a symbolic link", 0, ZC_OPT_ADAM},
 	{"no directory", "No such file", 0, ZC_OPT_ADAM},
 };
 #define NSPOILS (sizeof(spoils) / sizeof(spoils[0]))
@@ -611,16 +639,21 @@ static void spoil_make(const char *good, const char *dir, size_t i)
 	char a[512], b[512];
 	struct stat st;
 
+	char gen[400], src[400];
+
 	if (i == NSPOILS - 1)
 		return; /* no directory */
 	mkdir(dir, 0755);
+	snprintf(gen, sizeof(gen), "%s/ckpt-00000001", dir);
+	mkdir(gen, 0755);
+	ckpt_gen(good, src, sizeof(src));
 	for (int f = 0; f < 2; f++) {
 		const char *name = f ? "MANIFEST" : "state.zck";
-		snprintf(a, sizeof(a), "%s/%s", good, name);
-		snprintf(b, sizeof(b), "%s/%s", dir, name);
+		snprintf(a, sizeof(a), "%s/%s", src, name);
+		snprintf(b, sizeof(b), "%s/%s", gen, name);
 		copy_file(a, b);
 	}
-	snprintf(b, sizeof(b), "%s/state.zck", dir);
+	snprintf(b, sizeof(b), "%s/state.zck", gen);
 	stat(b, &st);
 	switch (i) {
 	case 0:
@@ -635,7 +668,7 @@ static void spoil_make(const char *good, const char *dir, size_t i)
 	default:
 		break;
 	}
-	snprintf(b, sizeof(b), "%s/MANIFEST", dir);
+	snprintf(b, sizeof(b), "%s/MANIFEST", gen);
 	stat(b, &st);
 	switch (i) {
 	case 1:
@@ -649,6 +682,16 @@ static void spoil_make(const char *good, const char *dir, size_t i)
 		break;
 	default:
 		break;
+	}
+	if (i >= 8 && i <= 11) { /* a FIFO, or a link to one, with nobody writing it */
+		snprintf(b, sizeof(b), "%s/%s", gen, i <= 9 ? "MANIFEST" : "state.zck");
+		snprintf(a, sizeof(a), "%s/fifo", dir);
+		unlink(b);
+		mkfifo(a, 0644);
+		if (i == 8 || i == 10)
+			CHECK(rename(a, b) == 0, "%s: %s", b, strerror(errno));
+		else
+			CHECK(symlink(a, b) == 0, "%s: %s", b, strerror(errno));
 	}
 }
 
@@ -966,11 +1009,11 @@ static void t_nodes_restore_other_world(void)
 /* A line of dir's MANIFEST starting with key: its rest, into out. */
 static bool manifest_line(const char *dir, const char *key, char *out, size_t len)
 {
-	char path[512], line[512];
+	char path[512], line[512], gen[400];
 	bool found = false;
 	FILE *f;
 
-	snprintf(path, sizeof(path), "%s/MANIFEST", dir);
+	snprintf(path, sizeof(path), "%s/MANIFEST", ckpt_gen(dir, gen, sizeof(gen)));
 	if (!(f = fopen(path, "r")))
 		return false;
 	while (!found && fgets(line, sizeof(line), f))
@@ -987,14 +1030,14 @@ static bool manifest_line(const char *dir, const char *key, char *out, size_t le
 static long node_file_walk(const char *dir, uint32_t node, const uint64_t *seg_base,
 			   uint32_t nsegs, uint8_t *marks, uint64_t *ret_elems)
 {
-	char path[512];
+	char path[512], gen[400];
 	unsigned char head[32], rh[32];
 	uint64_t nrecs, elems = 0;
 	uint32_t version, nd;
 	long size = 32;
 	FILE *f;
 
-	snprintf(path, sizeof(path), "%s/node-%u.zck", dir, node);
+	snprintf(path, sizeof(path), "%s/node-%u.zck", ckpt_gen(dir, gen, sizeof(gen)), node);
 	if (!(f = fopen(path, "rb")))
 		return -1;
 	if (fread(head, 1, 32, f) != 32 || memcmp(head, "ZCKPTNOD", 8) != 0) {
@@ -1098,7 +1141,7 @@ static void t_nodes_files_per_node(void)
 	struct snap *want = test_shared(sizeof(*want));
 	uint64_t seg_base[16] = {0}, total = 0, elems[2] = {0};
 	uint32_t nsegs = 0;
-	char line[256], key[32];
+	char line[256], key[32], gen[400];
 	uint8_t *marks = NULL;
 	int r;
 
@@ -1138,7 +1181,8 @@ static void t_nodes_files_per_node(void)
 		struct stat st;
 		long size = node_file_walk(a->dir, nd, seg_base, nsegs, marks, &elems[nd]);
 		snprintf(key, sizeof(key), "file node-%u.zck ", nd);
-		snprintf(path, sizeof(path), "%s/node-%u.zck", a->dir, nd);
+		snprintf(path, sizeof(path), "%s/node-%u.zck", ckpt_gen(a->dir, gen, sizeof(gen)),
+			 nd);
 		CHECK(manifest_line(a->dir, key, line, sizeof(line)) &&
 			      sscanf(line, "%llu", &listed) == 1,
 		      "the manifest lists no node-%u.zck", nd);
@@ -1165,13 +1209,13 @@ static void t_nodes_files_per_node(void)
 
 	/* spoiled copies */
 	for (size_t i = 0; i < NNODE_SPOILS; i++) {
-		char from[512], to[512], dir[300];
+		char from[512], to[512], dir[360];
 		snprintf(dir, sizeof(dir), "%s.%zu", a->dir, i);
-		mkdir(dir, 0755);
+		mkdir(dir, 0755); /* the old single-generation layout: read as before */
 		for (const char *const *f = (const char *const[]){"MANIFEST", "node-0.zck",
 								  "node-1.zck", NULL};
 		     *f; f++) {
-			snprintf(from, sizeof(from), "%s/%s", a->dir, *f);
+			snprintf(from, sizeof(from), "%s/%s", ckpt_gen(a->dir, gen, sizeof(gen)), *f);
 			snprintf(to, sizeof(to), "%s/%s", dir, *f);
 			copy_file(from, to);
 		}
@@ -1260,7 +1304,7 @@ static void t_nodes_v1_still_restores(void)
 	struct script *a = script_new("v1-nodes", 3, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
 	struct script *b = script_new("v1-back", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
 	struct snap *want = test_shared(sizeof(*want));
-	char line[64], path[512];
+	char line[64], path[512], gen[400];
 	struct stat st;
 	int r;
 
@@ -1278,7 +1322,7 @@ static void t_nodes_v1_still_restores(void)
 	REQUIRE(!test_failed_, "the checkpointing job failed");
 	CHECK(manifest_line(a->dir, "zerod-checkpoint ", line, sizeof(line)) && atoi(line) == 1,
 	      "the manifest is not of version 1");
-	snprintf(path, sizeof(path), "%s/state.zck", a->dir);
+	snprintf(path, sizeof(path), "%s/state.zck", ckpt_gen(a->dir, gen, sizeof(gen)));
 	CHECK(stat(path, &st) == 0, "no %s", path);
 	ref_train_nodes(want, a->opt, a->seed, 3, node_of, 3, 5);
 	b->nnodes = 2;
@@ -1341,7 +1385,7 @@ static void t_zeroctl_checkpoint(void)
 	struct script *b =
 		script_new("opctl-restored", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
 	struct snap *want = test_shared(sizeof(*want));
-	char cdir[200], args0[220], out[256], manifest[300], line[64];
+	char cdir[200], args0[220], out[256], manifest[420], line[64];
 	const char *args[] = {"--checkpoint-dir", args0, NULL};
 	struct zd own;
 	pid_t pids[2];
@@ -1374,7 +1418,12 @@ static void t_zeroctl_checkpoint(void)
 		CHECK(atomic_load(&sc->due_at[k]) == at,
 		      "rank %d checkpointed at %d, zeroctl said %lld", k,
 		      atomic_load(&sc->due_at[k]), at);
-	snprintf(manifest, sizeof(manifest), "%s/opctl/MANIFEST", cdir);
+	{
+		char top[400], gen[400];
+		snprintf(top, sizeof(top), "%s/opctl", cdir);
+		snprintf(manifest, sizeof(manifest), "%s/MANIFEST",
+			 ckpt_gen(top, gen, sizeof(gen)));
+	}
 	{
 		FILE *f = fopen(manifest, "re");
 		bool found = false;
