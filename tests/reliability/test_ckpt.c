@@ -11,9 +11,13 @@
  *    zerod, and on two (the job over two nodes; node 1's zerod is killed).
  *  - restore_*: a checkpoint restored onto another world size, shard mode,
  *    step mode, bucket layout and node count trains on like the reference.
- *  - bad_*: a corrupt, partial, truncated or mismatched checkpoint is
- *    refused with ZC_ECKPT naming what is wrong; the job keeps its state and
- *    trains on to the reference, and a job beside it trains on.
+ *  - bad_*: a corrupt, partial, truncated or mismatched checkpoint, or a
+ *    FIFO or a link to one for its manifest or data file, is refused at once
+ *    with ZC_ECKPT naming what is wrong; the job keeps its state and trains
+ *    on to the reference, and a job beside it trains on.
+ *  - killed_while_writing_*: the writer or its zerod killed at random
+ *    points of a checkpoint; every restore loads the previous checkpoint or
+ *    the new one, whole (issue 20 §5).
  *
  * The job's parameters and the reference are test_state.c's (one copy of
  * its model here: NP tensors, gradients a function of rank, iteration,
@@ -23,17 +27,20 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -908,6 +915,264 @@ static void t_unwritable_dir(void)
 	wait_all(sc, pids);
 }
 
+/* ------------------------------------------- killed while writing --- */
+
+/*
+ * Issue 20 §5: a checkpoint's writer (the trainer) or its zerod killed at a
+ * random point of a checkpoint, every restore after it loads the previous
+ * checkpoint or the new one, whole: never none, never a half one. A 1-rank
+ * job checkpoints iteration 2 (waited durable), trains to 4 and checkpoints
+ * again; the test watches the directory (inotify: every file or directory
+ * made, written, closed, renamed or removed in it and in the directories
+ * made in it) and kills at the K-th such event, K drawn from 1 to what a
+ * whole checkpoint made in the first round: the trainer (SIGKILL) or, every
+ * third round, the zerod (SIGKILL, then started again; the trainer's write
+ * needs no zerod and goes on). A fresh job then
+ * restores the directory and must be at iteration 2 or 4 with exactly the
+ * reference's parameters and state of that iteration. A job beside the
+ * trainer-killed ones, on the same zerod, trains on to its reference.
+ */
+#define KILL_ROUNDS 30
+
+struct killck {
+	struct script sc;
+	atomic_int phase;    /* 1: the second zc_checkpoint() is next; 2: durable */
+	atomic_int armed;    /* the test watches: the writer may go on */
+	atomic_long took_us; /* that checkpoint, zc_checkpoint() to durable */
+	bool kill_zerod;
+	int restored_at; /* the restore's iteration (-1: failed) */
+};
+
+static int64_t now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int kill_writer_rank(void *arg, int idx)
+{
+	struct killck *k = arg;
+	struct script *sc = &k->sc;
+	struct tplan tp;
+	zc_client *c = NULL;
+	const char *what = "setup";
+	int r;
+
+	make_plan(&tp, &layouts[0], sc->opt, sc->shard, sc->step, false);
+	r = setup(sc, (uint32_t)idx, &tp, &c, &what);
+	for (int it = 0; it < 2 && r >= 0; it++)
+		r = one_iteration(c, sc, &tp, 0);
+	if (r >= 0)
+		r = zc_checkpoint(c, sc->dir);
+	if (r >= 0)
+		r = zc_checkpoint_wait(c, -1);
+	for (int it = 0; it < 2 && r >= 0; it++)
+		r = one_iteration(c, sc, &tp, 0);
+	EXPECT(r == 0, "%s: the first checkpoint and training: %s: %s", sc->job,
+	       zc_strerror_name(r), zc_error_message());
+	if (r < 0)
+		return child_bad;
+	int64_t t0 = now_us();
+	atomic_store(&k->phase, 1);
+	while (!atomic_load(&k->armed))
+		usleep(100);
+	r = zc_checkpoint(c, sc->dir);
+	if (r >= 0)
+		r = zc_checkpoint_wait(c, -1);
+	atomic_store(&k->took_us, (long)(now_us() - t0));
+	atomic_store(&k->phase, 2);
+	if (k->kill_zerod) {
+		/* its zerod died at some point: the write is on disk or
+		 * zc_checkpoint() failed before it began, either is fine */
+		zc_close(c);
+		return 0;
+	}
+	for (;;) /* until the test kills this trainer */
+		usleep(1000);
+}
+
+static int kill_restore_rank(void *arg, int idx)
+{
+	struct killck *k = arg;
+	struct script sc = k->sc;
+	struct snap *got = calloc(1, sizeof(*got)), *want = calloc(1, sizeof(*want));
+	struct tplan tp;
+	zc_client *c = NULL;
+	const char *what = "setup";
+	int r, at = -1;
+
+	snprintf(sc.job, sizeof(sc.job), "%.40s-restore", k->sc.job);
+	make_plan(&tp, &layouts[0], sc.opt, sc.shard, sc.step, false);
+	r = setup(&sc, (uint32_t)idx, &tp, &c, &what);
+	if (r >= 0) {
+		what = "restore";
+		r = zc_restore(c, sc.dir);
+	}
+	if (r >= 0) {
+		at = (int)zc_iteration(c);
+		what = "get_state";
+		r = export_snap(c, &tp, sc.opt, got);
+	}
+	EXPECT(r == 0, "%s: %s: %s: %s", sc.job, what, zc_strerror_name(r), zc_error_message());
+	if (r == 0) {
+		EXPECT(at == 2 || at == 4, "%s: restored at iteration %d: neither 2 nor 4", sc.job,
+		       at);
+		snap_init(want, sc.seed);
+		ref_train_nodes(want, sc.opt, sc.seed, 1, NULL, 0, at);
+		EXPECT(snap_compare("the restored checkpoint", got, want, sc.opt) == 0,
+		       "%s: the checkpoint of iteration %d restored is not that iteration's whole",
+		       sc.job, at);
+	}
+	k->restored_at = r == 0 ? at : -1;
+	zc_close(c);
+	free(got);
+	free(want);
+	return child_bad;
+}
+
+/* Whether a checkpoint not finished (.tmp-*) is left in dir. */
+static bool unfinished_left(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	bool found = false;
+
+	while (d && (e = readdir(d)))
+		found = found || strncmp(e->d_name, ".tmp-", 5) == 0;
+	if (d)
+		closedir(d);
+	return found;
+}
+
+/* Watch k's directory (and the directories made in it) until `want`
+ * events happened or the checkpoint is durable (phase 2): how many were
+ * seen. Busy: the kill follows the event as closely as it can. */
+static long watch_until(struct killck *k, long want, int64_t deadline)
+{
+	const uint32_t mask = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO |
+			      IN_CLOSE_WRITE | IN_MODIFY;
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	long seen = 0;
+
+	if (fd < 0 || inotify_add_watch(fd, k->sc.dir, mask) < 0) {
+		CHECK(0, "inotify on %s: %s", k->sc.dir, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		atomic_store(&k->armed, 1);
+		return 0;
+	}
+	atomic_store(&k->armed, 1);
+	while (seen < want && test_ms() < deadline) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+		if (n <= 0) {
+			if (atomic_load(&k->phase) >= 2)
+				break;
+			continue;
+		}
+		for (char *p = buf; p < buf + n && seen < want;) {
+			struct inotify_event *e = (struct inotify_event *)p;
+			if ((e->mask & IN_CREATE) && (e->mask & IN_ISDIR) && e->len) {
+				char sub[512];
+				snprintf(sub, sizeof(sub), "%s/%s", k->sc.dir, e->name);
+				inotify_add_watch(fd, sub, mask);
+			}
+			if (e->mask & mask)
+				seen++;
+			p += sizeof(*e) + e->len;
+		}
+	}
+	close(fd);
+	return seen;
+}
+
+static void t_killed_while_writing(void)
+{
+	struct train_spec *by = test_shared(sizeof(*by));
+	struct killck *k = test_shared(sizeof(*k));
+	const char *const own_args[] = {"--workers", "2", NULL};
+	unsigned seed = (unsigned)now_us(), cut = 0, at[5] = {0};
+	pid_t bpids[2];
+	long span = 0;
+	struct zd own;
+	int r = zd_start(&own, own_args);
+
+	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
+	printf("# random seed %u\n", seed);
+	srand(seed);
+	*by = (struct train_spec){.socket = daemon_.sock,
+				  .job = "kill-bystander",
+				  .world = 2,
+				  .optimizer = ZC_OPT_ADAM,
+				  .shard_mode = ZC_SHARD_SLICE,
+				  .step_mode = ZC_STEP_INTERLEAVED,
+				  .iters = 60,
+				  .seed = 99,
+				  .hyper_iter = -1};
+	for (uint32_t i = 0; i < 2; i++)
+		bpids[i] = spawn(bystander_rank, by, (int)i);
+	for (int round = 0; round < KILL_ROUNDS && !test_failed_; round++) {
+		char job[32];
+		snprintf(job, sizeof(job), "killck-%d", round);
+		k->sc = *script_new(job, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+		k->kill_zerod = round % 3 == 2;
+		if (k->kill_zerod)
+			snprintf(k->sc.socks[0], sizeof(k->sc.socks[0]), "%s", own.sock);
+		atomic_store(&k->phase, 0);
+		atomic_store(&k->armed, 0);
+		atomic_store(&k->took_us, 0);
+		k->restored_at = -1;
+		pid_t w = spawn(kill_writer_rank, k, 0);
+		int64_t deadline = test_ms() + test_timeout(30000);
+		while (atomic_load(&k->phase) < 1 && proc_alive(w) && test_ms() < deadline)
+			usleep(200);
+		REQUIRE(atomic_load(&k->phase) >= 1, "round %d: the writer never got to its second "
+			"checkpoint", round);
+		/* round 0 counts a whole checkpoint's events: the kills fall
+		 * within them */
+		long want = round == 0 ? LONG_MAX : 1 + rand() % (span + 1);
+		long seen = watch_until(k, want, deadline);
+		if (round == 0) {
+			span = seen;
+			printf("# a whole checkpoint made %ld events in %s\n", span, k->sc.dir);
+			REQUIRE(span > 0, "no event seen in %s", k->sc.dir);
+		}
+		long delay = seen;
+		if (k->kill_zerod) {
+			r = crash_and_restart(&own, own_args, &k->sc.killed);
+			CHECK(r == 0, "round %d: restarting zerod: %s", round, strerror(-r));
+		} else {
+			kill(w, SIGKILL);
+		}
+		int st = wait_child(w, test_timeout(30000));
+		CHECK(k->kill_zerod ? st == 0 : st != 0, "round %d: the writer ended with %d", round,
+		      st);
+		bool mid = unfinished_left(k->sc.dir) || atomic_load(&k->phase) < 2;
+		cut += mid;
+		pid_t rp = spawn(kill_restore_rank, k, 0);
+		CHECK(wait_child(rp, test_timeout(30000)) == 0, "round %d: the restore, see above",
+		      round);
+		if (k->restored_at == 2 || k->restored_at == 4)
+			at[k->restored_at]++;
+		printf("# round %d: %s killed %s (at event %ld), restored at %d\n", round,
+		       k->kill_zerod ? "zerod" : "the trainer", mid ? "mid-checkpoint" : "after it",
+		       delay, k->restored_at);
+	}
+	printf("# %u of %d kills fell before the checkpoint was durable; restored at 2: %u, at 4: "
+	       "%u\n",
+	       cut, KILL_ROUNDS, at[2], at[4]);
+	for (uint32_t i = 0; i < 2; i++)
+		CHECK(wait_child(bpids[i], test_timeout(90000)) == 0,
+		      "the job beside it, rank %u, did not train to the reference", i);
+	if (test_failed_) {
+		zd_dump_log(&daemon_);
+		zd_dump_log(&own);
+	}
+	CHECK(zd_stop(&own, 10000) == 0, "the restarted zerod did not stop cleanly");
+}
+
 /* ------------------------------------------- over two nodes (gloo) --- */
 
 static struct zd nodes_[2];
@@ -1462,6 +1727,7 @@ static const struct test_case cases[] = {
 	{"bad_checkpoints_ECKPT_job_beside_trains", t_bad_checkpoints, 180000},
 	{"unwritable_dir_ECKPT_from_checkpoint_wait", t_unwritable_dir, 60000},
 	{"zeroctl_checkpoint_at_next_boundary", t_zeroctl_checkpoint, 120000},
+	{"killed_while_writing_restores_previous_or_new", t_killed_while_writing, 180000},
 };
 
 static const struct test_case node_cases[] = {
