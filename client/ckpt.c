@@ -25,6 +25,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -657,7 +658,7 @@ static void gen_remove(int dirfd, const char *name)
  * by a node's stager, over several nodes), and the single-generation
  * layout's files. 0 or -errno (the checkpoint is durable and current only
  * on 0). */
-static int gen_publish(int dirfd, const char *tmp, uint64_t iteration)
+static int gen_publish(int dirfd, const char *tmp, uint64_t iteration, char *ret_name)
 {
 	char name[CKPT_GEN_NAME];
 	uint64_t seq = 0;
@@ -676,6 +677,7 @@ static int gen_publish(int dirfd, const char *tmp, uint64_t iteration)
 	}
 	if (fsync(dirfd) < 0)
 		return -errno;
+	memcpy(ret_name, name, sizeof(name));
 	seq++;
 	if ((fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
 		return 0;
@@ -998,6 +1000,11 @@ struct ckpt_writer {
 	uint64_t state_numel;
 	struct crec *recs;
 	size_t nrecs;
+	/* the outcome for zerod: made by the thread as it ends, taken by the
+	 * client's thread (ckpt_report_take) */
+	char gen[CKPT_GEN_NAME]; /* the generation the thread made current */
+	struct ckpt_report report;
+	atomic_bool report_ready;
 };
 
 static void stage_free(struct ckpt_stage *st)
@@ -1043,9 +1050,22 @@ static int stage_get(struct ckpt_stage *st, const struct plan *p)
 	return 0;
 }
 
-/* The writer thread's last act: its result for the waiter. */
+/* The writer thread's last act: its result for the waiter, and the
+ * outcome for zerod (the message the waiter's error would say). */
 static void writer_finish(struct ckpt_writer *w, int r)
 {
+	struct ckpt_report *rp = &w->report;
+
+	*rp = (struct ckpt_report){.iteration = w->iteration, .ok = r == 0};
+	snprintf(rp->dir, sizeof(rp->dir), "%s", w->dir);
+	if (r == 0 && w->gen[0])
+		snprintf(rp->path, sizeof(rp->path), "%s/%s", w->dir, w->gen);
+	else if (r < 0)
+		snprintf(rp->error, sizeof(rp->error),
+			 "%s: checkpoint of iteration %" PRIu64 " in %s: %s: %s",
+			 zc_strerror_name(ZC_ECKPT), w->iteration, w->dir, w->doing,
+			 strerror(-r));
+	atomic_store(&w->report_ready, true);
 	pthread_mutex_lock(&w->mu);
 	w->result = r;
 	w->finished = true;
@@ -1082,7 +1102,7 @@ static void *writer_main(void *arg)
 	if ((r = write_manifest(gfd, &w->mt, bytes, hash)) < 0)
 		goto out;
 	w->doing = "making it the current generation";
-	r = gen_publish(dirfd, tmp, w->iteration);
+	r = gen_publish(dirfd, tmp, w->iteration, w->gen);
 out:
 	if (gfd >= 0)
 		close(gfd);
@@ -1266,7 +1286,7 @@ static void *writer_nodes_main(void *arg)
 	if ((r = manifest_commit(gfd, &w->mt)) < 0)
 		goto out;
 	w->doing = "making it the current generation";
-	r = gen_publish(dirfd, tmp, w->iteration);
+	r = gen_publish(dirfd, tmp, w->iteration, w->gen);
 out:
 	if (gfd >= 0)
 		close(gfd);
@@ -1381,6 +1401,27 @@ static int reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn)
 	return r;
 }
 
+void ckpt_writer_drain(struct ckpt_writer *w)
+{
+	if (w)
+		(void)writer_join(w, -1, "zc_close");
+}
+
+bool ckpt_report_ready(struct ckpt_writer *w)
+{
+	return w && atomic_load_explicit(&w->report_ready, memory_order_acquire);
+}
+
+bool ckpt_report_take(struct ckpt_writer *w, struct ckpt_report *ret)
+{
+	/* the thread wrote the report before it set the flag, and the next
+	 * thread starts only after zc_checkpoint() took it */
+	if (!w || !atomic_exchange_explicit(&w->report_ready, false, memory_order_acq_rel))
+		return false;
+	*ret = w->report;
+	return true;
+}
+
 void ckpt_writer_close(struct ckpt_writer **slot)
 {
 	struct ckpt_writer *w = *slot;
@@ -1408,8 +1449,9 @@ int zc_checkpoint_wait(zc_client *c, int timeout_ms)
 		return r;
 	if (!(w = *slot))
 		return 0;
-	return w->reading ? reader_wait(w, timeout_ms, __func__)
-			  : writer_join(w, timeout_ms, __func__);
+	r = w->reading ? reader_wait(w, timeout_ms, __func__) : writer_join(w, timeout_ms, __func__);
+	client_ckpt_report(c);
+	return r;
 }
 
 /* One node: zerod copies its state into rank 0's kept stage while rank 0
@@ -1586,7 +1628,7 @@ fail:
 	return r;
 }
 
-int zc_checkpoint(zc_client *c, const char *dir)
+static int checkpoint_start(zc_client *c, const char *dir, struct ckpt_view *ret_v)
 {
 	static const char fn[] = "zc_checkpoint";
 	struct ckpt_view v;
@@ -1597,6 +1639,7 @@ int zc_checkpoint(zc_client *c, const char *dir)
 
 	if ((r = client_ckpt_view(c, fn, &v)) < 0)
 		return r;
+	*ret_v = v;
 	if (!dir || !*dir)
 		return err_set(-EINVAL, "%s: no directory", fn);
 	if (sodium_init() < 0)
@@ -1604,9 +1647,12 @@ int zc_checkpoint(zc_client *c, const char *dir)
 	if (!(w = writer_get(v.writer)))
 		return err_set(-ENOMEM, "%s: out of memory", fn);
 	/* One write at a time: the last one's ends first (its result, if
-	 * nobody waited for it, goes). On the other ranks the export round
-	 * below cannot start before rank 0 is in it, that is after. */
+	 * nobody waited for it, goes; its outcome goes to zerod). On the other
+	 * ranks the export round below cannot start before rank 0 is in it,
+	 * that is after. */
 	(void)writer_join(w, -1, fn);
+	client_ckpt_report(c);
+	w->gen[0] = '\0';
 	w->reading = false;
 	free(w->dir);
 	w->dir = NULL;
@@ -1658,6 +1704,24 @@ fail:
 	w->dir = NULL;
 	free(mt.buf);
 	image_free(&im); /* its arena is never w->arena (export_copied) */
+	return r;
+}
+
+int zc_checkpoint(zc_client *c, const char *dir)
+{
+	struct ckpt_view v = {0};
+	int r = checkpoint_start(c, dir, &v);
+
+	/* a checkpoint that failed before its write began: the rank that
+	 * would have written it says so to zerod too (the others' calls fail
+	 * alike) */
+	if (r < 0 && v.plan && (v.rank == 0 || v.local_rank == 0) && r != ZC_ECONNECT) {
+		struct ckpt_report rp = {.iteration = v.iteration, .ok = false};
+		snprintf(rp.dir, sizeof(rp.dir), "%s", dir ? dir : "");
+		snprintf(rp.error, sizeof(rp.error), "%s: %s", zc_strerror_name(r),
+			 zc_error_message());
+		client_ckpt_report_now(c, &rp);
+	}
 	return r;
 }
 
