@@ -14,6 +14,10 @@
  *     config or start a trace.
  * Requests are small (ZEROD_CTL_REQUEST_BYTES) and a batch per loop turn is
  * bounded, so zeroctl in a loop cannot starve the trainers.
+ *
+ * checkpoint with no DIR: the default (checkpoint-dir/JOB) is checked
+ * first against the job's trainers' credentials (they write as themselves)
+ * and refused when they could not write it (docs/CHECKPOINT.md).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,8 @@
 /*
  * ops.c — the operator's side of zerod, glued to the core (see ops.h): the
- * per-job records (flight recorder, iteration timing, stall reports), the
- * hooks that fill them, the stall inspector, the config reload, and the
+ * per-job records (flight recorder, iteration timing, stall reports, the
+ * last checkpoint asked or reported), the hooks that fill them, the stall
+ * inspector, the config reload, and the
  * timer that pings the watchdog, updates STATUS= and writes the metrics
  * textfile. Owns struct ops and every struct jobops.
  *
