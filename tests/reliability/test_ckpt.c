@@ -826,6 +826,29 @@ static void t_bad_checkpoints(void)
 		snprintf(dir, sizeof(dir), "%s.%zu", bd->good, i);
 		spoil_make(good, dir, i);
 	}
+	{ /* the layout before generations, the files directly in the dir:
+		   still read (a job of mk's plan restores it and equals mk's
+		   reference of 2 iterations) */
+		struct script *old =
+			script_new("old-layout", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+		struct snap *want = test_shared(sizeof(*want));
+		char a[700], b[700], gen[400];
+		mkdir(old->dir, 0755);
+		for (int f = 0; f < 2; f++) {
+			const char *name = f ? "MANIFEST" : "state.zck";
+			snprintf(a, sizeof(a), "%s/%s", ckpt_gen(good, gen, sizeof(gen)), name);
+			snprintf(b, sizeof(b), "%s/%s", old->dir, name);
+			copy_file(a, b);
+		}
+		snap_init(want, old->seed);
+		ref_train_nodes(want, ZC_OPT_ADAM, old->seed, 1, NULL, 0, 2);
+		old->restore = true;
+		old->restore_at = 2;
+		old->iters = 2;
+		old->want = want;
+		run_script(old);
+		REQUIRE(!test_failed_, "the old single-generation layout did not restore");
+	}
 	for (uint32_t r = 0; r < 2; r++)
 		pids[r] = spawn(bad_rank, bd, (int)r);
 	for (uint32_t r = 0; r < 2; r++)
