@@ -10,16 +10,22 @@
  * rank 0 writes the ranges its zerod owns (version 2: node-K.zck, records
  * of (segment, offset, numel)), and rank 0 the manifest once every node's
  * node-K.sum names the iteration.
- * Files are written to a temporary name, fsynced, renamed, and the directory
- * fsynced; the manifest goes last and names the data file's size and
- * BLAKE2b checksum (libsodium's crypto_generichash), and carries its own.
- * A restore checks everything before it changes anything.
+ * Each checkpoint is a new generation: its files are written into a
+ * directory of their own (.tmp-ITERATION-RUN), each fsynced, the manifest
+ * last (it names the data files' sizes and BLAKE2b checksums, libsodium's
+ * crypto_generichash, and carries its own); then that directory is renamed
+ * to ckpt-SEQ in one step and the older generations removed. A restore
+ * takes the newest ckpt-SEQ (or the single-generation layout of older
+ * versions, files directly in dir), opens every file without following
+ * links or blocking, and checks everything before it changes anything.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -49,6 +55,10 @@
 #define CKPT_NODE_HEADER   32 /* magic, u32 version, u32 node, u64 iteration, u64 records */
 #define CKPT_RECORD        32 /* u32 segment, u32 present, u64 offset, u64 numel, u64 step */
 #define CKPT_MAX_NODES     4096
+/* generations (docs/CHECKPOINT.md, "Generations") */
+#define CKPT_GEN_PREFIX "ckpt-" /* a complete one: ckpt-SEQ, SEQ counting up */
+#define CKPT_TMP_PREFIX ".tmp-" /* one being written: .tmp-ITERATION-RUN */
+#define CKPT_GEN_NAME   48
 
 /* One segment as the checkpoint holds it. */
 struct cseg {
@@ -196,7 +206,9 @@ static int afile_open(struct afile *f, int dirfd, const char *name)
 	f->dirfd = dirfd;
 	f->name = name;
 	snprintf(f->tmp, sizeof(f->tmp), ".%s.tmp.%ld", name, (long)getpid());
-	f->fd = openat(dirfd, f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	/* a name left by a write a kill cut short is made anew, never followed */
+	(void)unlinkat(dirfd, f->tmp, 0);
+	f->fd = openat(dirfd, f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 	if (f->fd < 0)
 		return -errno;
 	crypto_generichash_init(&f->h, NULL, 0, CKPT_HASH_BYTES);
@@ -457,21 +469,33 @@ static int write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes,
 
 /* ------------------------------------------------------------ reading --- */
 
-static int read_file(int dirfd, const char *name, size_t max, char **ret, size_t *ret_len)
+/* A checkpoint file that is not a regular file: -ENOTREG, its type in
+ * read_file()'s *ret_mode. */
+#define CKPT_ENOTREG EBADFD
+
+/* name in dirfd, read whole (at most max bytes), the way a hostile writer
+ * of the directory would make it: never following a link (-ELOOP), never
+ * blocking on a FIFO or device (opened O_NONBLOCK, then anything but a
+ * regular file refused: -CKPT_ENOTREG with its mode in *ret_mode), its size
+ * checked before a byte is read (-EFBIG). */
+static int read_file(int dirfd, const char *name, size_t max, char **ret, size_t *ret_len,
+		     mode_t *ret_mode)
 {
 	struct stat st;
 	char *buf;
 	size_t got = 0;
-	int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC), r = 0;
+	int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), r = 0;
 
 	if (fd < 0)
 		return -errno;
 	if (fstat(fd, &st) < 0)
 		r = -errno;
 	else if (!S_ISREG(st.st_mode))
-		r = -EINVAL;
+		r = -CKPT_ENOTREG;
 	else if ((uint64_t)st.st_size > max)
 		r = -EFBIG;
+	if (ret_mode)
+		*ret_mode = r == -CKPT_ENOTREG ? st.st_mode : 0;
 	if (r < 0) {
 		close(fd);
 		return r;
@@ -499,6 +523,209 @@ static int read_file(int dirfd, const char *name, size_t max, char **ret, size_t
 	*ret_len = got;
 	return 0;
 }
+
+/* What read_file()'s r says of the file, for a person. */
+static const char *read_why(int r, mode_t mode)
+{
+	if (r == -ELOOP)
+		return "a symbolic link: refused (checkpoint files are never followed)";
+	if (r != -CKPT_ENOTREG)
+		return strerror(-r);
+	return S_ISFIFO(mode)	? "a FIFO, not a regular file: refused"
+	       : S_ISDIR(mode)	? "a directory, not a regular file: refused"
+	       : S_ISSOCK(mode) ? "a socket, not a regular file: refused"
+	       : S_ISCHR(mode) || S_ISBLK(mode) ? "a device, not a regular file: refused"
+						: "not a regular file: refused";
+}
+
+/* ------------------------------------------------------ generations --- */
+
+/* SEQ of a complete generation's name "ckpt-SEQ", or 0 (not one). */
+static uint64_t gen_seq(const char *name)
+{
+	const char *p = name + strlen(CKPT_GEN_PREFIX);
+	uint64_t v = 0;
+
+	if (strncmp(name, CKPT_GEN_PREFIX, strlen(CKPT_GEN_PREFIX)) != 0 || !*p ||
+	    strlen(p) > 18)
+		return 0;
+	for (; *p; p++) {
+		if (*p < '0' || *p > '9')
+			return 0;
+		v = 10 * v + (uint64_t)(*p - '0');
+	}
+	return v;
+}
+
+/* The newest complete generation in dirfd: its SEQ (0: none) and name. */
+static int gen_newest(int dirfd, uint64_t *ret_seq, char *ret_name)
+{
+	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	uint64_t best = 0;
+	struct dirent *e;
+	DIR *d;
+
+	if (fd < 0)
+		return -errno;
+	if (!(d = fdopendir(fd))) {
+		close(fd);
+		return -errno;
+	}
+	while ((e = readdir(d)))
+		if (gen_seq(e->d_name) > best) {
+			best = gen_seq(e->d_name);
+			/* gen_seq() took at most 18 digits: it fits */
+			memcpy(ret_name, e->d_name, strlen(e->d_name) + 1);
+		}
+	closedir(d);
+	*ret_seq = best;
+	return 0;
+}
+
+/*
+ * The checkpoint dir (open at dirfd) holds now: its newest generation
+ * ckpt-SEQ, or, where there is none, dir itself (the single-generation
+ * layout older versions wrote: MANIFEST and the data files in dir, read as
+ * before). ret_fd: that directory; where: its path, for messages. Errors:
+ * ZC_ECKPT naming the generation (a symbolic link or not a directory is
+ * refused, never followed).
+ */
+static int gen_open_current(int dirfd, const char *dir, int *ret_fd, char *where, size_t len,
+			    const char *fn)
+{
+	char name[CKPT_GEN_NAME];
+	uint64_t seq = 0;
+	int r = gen_newest(dirfd, &seq, name), fd;
+
+	if (r < 0)
+		return err_set(ZC_ECKPT, "%s: %s: %s", fn, dir, strerror(-r));
+	if (!seq) {
+		if ((fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0)
+			return err_set(-errno, "%s: %s: %s", fn, dir, strerror(errno));
+		snprintf(where, len, "%s", dir);
+		*ret_fd = fd;
+		return 0;
+	}
+	snprintf(where, len, "%s/%s", dir, name);
+	fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return err_set(ZC_ECKPT, "%s: %s: %s", fn, where,
+			       errno == ELOOP || errno == ENOTDIR
+				       ? "not a directory (a symbolic link or a file): refused"
+				       : strerror(errno));
+	*ret_fd = fd;
+	return 0;
+}
+
+/* The directory a checkpoint of `iteration` (this run of the job: run, 0
+ * on one node) is written into before it becomes a generation. */
+static void gen_tmp_name(char *out, uint64_t iteration, uint64_t run)
+{
+	snprintf(out, CKPT_GEN_NAME, CKPT_TMP_PREFIX "%" PRIu64 "-%016" PRIx64, iteration, run);
+}
+
+/* Remove dirfd's entry name: a file, or a directory of files (what a
+ * generation is). Best effort: what stays is removed by the next one. */
+static void gen_remove(int dirfd, const char *name)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct dirent *e;
+	DIR *d;
+
+	if (fd < 0) {
+		unlinkat(dirfd, name, 0);
+		return;
+	}
+	if (!(d = fdopendir(fd))) {
+		close(fd);
+		return;
+	}
+	/* the manifest first: a generation cut short by a kill reads as
+	 * unfinished, never as one with files missing */
+	unlinkat(fd, CKPT_MANIFEST, 0);
+	while ((e = readdir(d)))
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+			unlinkat(fd, e->d_name, 0);
+	closedir(d);
+	unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
+/* The checkpoint in tmp (a directory in dirfd, every file in it durable)
+ * made the current generation: renamed to ckpt-SEQ, SEQ one above the
+ * newest, in one step that never replaces one, and dirfd fsynced. Then the
+ * older ones go: generations below SEQ, directories of checkpoints not
+ * finished (of iterations up to this one: a later one may be being written
+ * by a node's stager, over several nodes), and the single-generation
+ * layout's files. 0 or -errno (the checkpoint is durable and current only
+ * on 0). */
+static int gen_publish(int dirfd, const char *tmp, uint64_t iteration, char *ret_name)
+{
+	char name[CKPT_GEN_NAME];
+	uint64_t seq = 0;
+	struct dirent *e;
+	DIR *d;
+	int r, fd;
+
+	for (int tries = 0;; tries++) {
+		if ((r = gen_newest(dirfd, &seq, name)) < 0)
+			return r;
+		snprintf(name, sizeof(name), CKPT_GEN_PREFIX "%08" PRIu64, seq + 1);
+		if (renameat2(dirfd, tmp, dirfd, name, RENAME_NOREPLACE) == 0)
+			break;
+		if (errno != EEXIST || tries == 8)
+			return -errno;
+	}
+	if (fsync(dirfd) < 0)
+		return -errno;
+	memcpy(ret_name, name, sizeof(name));
+	seq++;
+	if ((fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+		return 0;
+	if (!(d = fdopendir(fd))) {
+		close(fd);
+		return 0;
+	}
+	/* the old layout's manifest before its data: never a manifest naming
+	 * files half removed */
+	unlinkat(dirfd, CKPT_MANIFEST, 0);
+	while ((e = readdir(d))) {
+		const char *n = e->d_name;
+		uint64_t it = 0;
+		if (gen_seq(n) && gen_seq(n) < seq)
+			gen_remove(dirfd, n);
+		else if (strncmp(n, CKPT_TMP_PREFIX, strlen(CKPT_TMP_PREFIX)) == 0 &&
+			 sscanf(n + strlen(CKPT_TMP_PREFIX), "%" SCNu64, &it) == 1 &&
+			 it <= iteration)
+			gen_remove(dirfd, n);
+		else if (strcmp(n, CKPT_DATA) == 0 ||
+			 (strncmp(n, "node-", 5) == 0 &&
+			  (strstr(n, ".zck") || strstr(n, ".sum"))) ||
+			 (n[0] == '.' && strstr(n, ".tmp.")))
+			unlinkat(dirfd, n, 0);
+	}
+	closedir(d);
+	return 0;
+}
+
+/* The directory to write a checkpoint of iteration (run) into, in dirfd,
+ * made if missing (several nodes' stagers make it alike); fresh: whatever
+ * one of the same name holds (a write a kill cut short) is removed first
+ * (one writer only: one node). 0 with its fd, or -errno. */
+static int gen_begin(int dirfd, uint64_t iteration, uint64_t run, bool fresh, char *ret_tmp,
+		     int *ret_fd)
+{
+	gen_tmp_name(ret_tmp, iteration, run);
+	if (fresh)
+		gen_remove(dirfd, ret_tmp);
+	if (mkdirat(dirfd, ret_tmp, 0755) < 0 && errno != EEXIST)
+		return -errno;
+	*ret_fd = openat(dirfd, ret_tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	return *ret_fd < 0 ? -errno : 0;
+}
+
+/* The iteration of dir's current checkpoint (its manifest read and
+ * checked): 0 with it, or < 0 (none, or not readable: the reason set). */
+static int current_iteration(const char *dir, uint64_t *ret, const char *fn);
 
 /* Parse and check a manifest's text: 0, or ZC_ECKPT with the reason. */
 static int parse_manifest(char *text, size_t len, struct manifest *m, const char *fn)
@@ -701,13 +928,35 @@ static int read_manifest(int dirfd, const char *dir, struct manifest *m, const c
 {
 	char *text = NULL;
 	size_t len = 0;
-	int r = read_file(dirfd, CKPT_MANIFEST, CKPT_MAX_MANIFEST, &text, &len);
+	mode_t mode = 0;
+	int r = read_file(dirfd, CKPT_MANIFEST, CKPT_MAX_MANIFEST, &text, &len, &mode);
 
 	if (r < 0)
-		return err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_MANIFEST, strerror(-r),
+		return err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_MANIFEST,
+			       read_why(r, mode),
 			       r == -ENOENT ? " (no checkpoint, or one not finished)" : "");
 	r = parse_manifest(text, len, m, fn);
 	free(text);
+	return r;
+}
+
+static int current_iteration(const char *dir, uint64_t *ret, const char *fn)
+{
+	struct manifest m = {0};
+	char where[PATH_MAX];
+	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), gfd = -1, r;
+
+	if (dirfd < 0)
+		return err_set(ZC_ECKPT, "%s: %s: %s", fn, dir, strerror(errno));
+	r = gen_open_current(dirfd, dir, &gfd, where, sizeof(where), fn);
+	if (r >= 0)
+		r = read_manifest(gfd, where, &m, fn);
+	if (r >= 0)
+		*ret = m.iteration;
+	manifest_free(&m);
+	if (gfd >= 0)
+		close(gfd);
+	close(dirfd);
 	return r;
 }
 
@@ -751,6 +1000,11 @@ struct ckpt_writer {
 	uint64_t state_numel;
 	struct crec *recs;
 	size_t nrecs;
+	/* the outcome for zerod: made by the thread as it ends, taken by the
+	 * client's thread (ckpt_report_take) */
+	char gen[CKPT_GEN_NAME]; /* the generation the thread made current */
+	struct ckpt_report report;
+	atomic_bool report_ready;
 };
 
 static void stage_free(struct ckpt_stage *st)
@@ -796,14 +1050,39 @@ static int stage_get(struct ckpt_stage *st, const struct plan *p)
 	return 0;
 }
 
-/* The write, off the training path: mkdir -p, the old manifest removed,
- * the data file, then the manifest, each fsynced and renamed. */
+/* The writer thread's last act: its result for the waiter, and the
+ * outcome for zerod (the message the waiter's error would say). */
+static void writer_finish(struct ckpt_writer *w, int r)
+{
+	struct ckpt_report *rp = &w->report;
+
+	*rp = (struct ckpt_report){.iteration = w->iteration, .ok = r == 0};
+	snprintf(rp->dir, sizeof(rp->dir), "%s", w->dir);
+	if (r == 0 && w->gen[0])
+		snprintf(rp->path, sizeof(rp->path), "%s/%s", w->dir, w->gen);
+	else if (r < 0)
+		snprintf(rp->error, sizeof(rp->error),
+			 "%s: checkpoint of iteration %" PRIu64 " in %s: %s: %s",
+			 zc_strerror_name(ZC_ECKPT), w->iteration, w->dir, w->doing,
+			 strerror(-r));
+	atomic_store(&w->report_ready, true);
+	pthread_mutex_lock(&w->mu);
+	w->result = r;
+	w->finished = true;
+	pthread_cond_broadcast(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+}
+
+/* The write, off the training path: mkdir -p, a new generation's
+ * directory, the data file and the manifest into it (each fsynced and
+ * renamed, the directory fsynced), then the generation made current. */
 static void *writer_main(void *arg)
 {
 	struct ckpt_writer *w = arg;
 	unsigned char hash[CKPT_HASH_BYTES];
+	char tmp[CKPT_GEN_NAME];
 	uint64_t bytes = 0;
-	int r, dirfd = -1;
+	int r, dirfd = -1, gfd = -1;
 
 	w->doing = "making it";
 	if ((r = mkdirs(w->dir)) < 0)
@@ -813,18 +1092,20 @@ static void *writer_main(void *arg)
 		r = -errno;
 		goto out;
 	}
-	/* an old manifest first: no moment names new data under it */
-	w->doing = "removing the old manifest";
-	if (unlinkat(dirfd, CKPT_MANIFEST, 0) < 0 && errno != ENOENT) {
-		r = -errno;
+	w->doing = "making the new generation's directory";
+	if ((r = gen_begin(dirfd, w->iteration, 0, true, tmp, &gfd)) < 0)
 		goto out;
-	}
 	w->doing = "writing " CKPT_DATA;
-	if ((r = write_data(dirfd, &w->im, w->iteration, &bytes, hash)) < 0)
+	if ((r = write_data(gfd, &w->im, w->iteration, &bytes, hash)) < 0)
 		goto out;
 	w->doing = "writing " CKPT_MANIFEST;
-	r = write_manifest(dirfd, &w->mt, bytes, hash);
+	if ((r = write_manifest(gfd, &w->mt, bytes, hash)) < 0)
+		goto out;
+	w->doing = "making it the current generation";
+	r = gen_publish(dirfd, tmp, w->iteration, w->gen);
 out:
+	if (gfd >= 0)
+		close(gfd);
 	if (dirfd >= 0)
 		close(dirfd);
 	/* the staging copy is free again (its room kept in w->arena) */
@@ -833,11 +1114,7 @@ out:
 	w->im = (struct image){0};
 	free(w->mt.buf);
 	w->mt = (struct mtext){0};
-	pthread_mutex_lock(&w->mu);
-	w->result = r;
-	w->finished = true;
-	pthread_cond_broadcast(&w->cv);
-	pthread_mutex_unlock(&w->mu);
+	writer_finish(w, r);
 	return NULL;
 }
 
@@ -935,7 +1212,7 @@ static int gather_sums(struct ckpt_writer *w, int dirfd)
 			/* a sum of this iteration from another run of the job (a
 			 * directory used again) is not this checkpoint's: its
 			 * node has not replaced it yet */
-			bool ok = read_file(dirfd, sum, 4096, &text, &len) == 0 &&
+			bool ok = read_file(dirfd, sum, 4096, &text, &len, NULL) == 0 &&
 				  sscanf(text,
 					 "node %u iteration %" SCNu64 " file %63s %" SCNu64
 					 " %64s run %" SCNx64,
@@ -955,21 +1232,15 @@ static int gather_sums(struct ckpt_writer *w, int dirfd)
 	return 0;
 }
 
-/* A stager but rank 0: dir's manifest names this iteration (or a later
- * one) within the timeout: 0 or -ETIMEDOUT. */
-static int manifest_names(struct ckpt_writer *w, int dirfd)
+/* A stager but rank 0: dir's current manifest names this iteration (or a
+ * later one) within the timeout: 0 or -ETIMEDOUT. */
+static int manifest_names(struct ckpt_writer *w)
 {
 	int64_t end = now_ms() + w->timeout_ms;
 
 	for (;;) {
-		struct manifest m = {0};
-		char *text = NULL;
-		size_t len = 0;
-		bool ok = read_file(dirfd, CKPT_MANIFEST, CKPT_MAX_MANIFEST, &text, &len) == 0 &&
-			  parse_manifest(text, len, &m, "") == 0 && m.iteration >= w->iteration;
-		free(text);
-		manifest_free(&m);
-		if (ok)
+		uint64_t it = 0;
+		if (current_iteration(w->dir, &it, "") == 0 && it >= w->iteration)
 			return 0;
 		if (now_ms() >= end)
 			return -ETIMEDOUT;
@@ -977,12 +1248,14 @@ static int manifest_names(struct ckpt_writer *w, int dirfd)
 	}
 }
 
-/* Version 2's write: this node's file (the stager), then on rank 0 the
- * manifest once every node's sum names this iteration. */
+/* Version 2's write: this node's file into the generation's directory
+ * (the stager), then on rank 0 the manifest once every node's sum names
+ * this iteration, and the generation made current. */
 static void *writer_nodes_main(void *arg)
 {
 	struct ckpt_writer *w = arg;
-	int r, dirfd = -1;
+	char tmp[CKPT_GEN_NAME];
+	int r, dirfd = -1, gfd = -1;
 
 	w->doing = "making it";
 	if ((r = mkdirs(w->dir)) < 0)
@@ -992,26 +1265,31 @@ static void *writer_nodes_main(void *arg)
 		r = -errno;
 		goto out;
 	}
-	/* The old manifest stays until the new one replaces it: a node's
-	 * stager waits for it to name its iteration before it may overwrite
-	 * its file again, and would wait forever for one removed before it
-	 * looked. Meanwhile it may name node files being rewritten: a restore
-	 * then refuses them (checksum mismatch), never loads them. */
-	if (w->node_file && (r = write_node(w, dirfd)) < 0)
+	/* every node's stager writes into the one directory named by the
+	 * iteration and the run: no message needed to agree on it, and no
+	 * file of an earlier checkpoint (or run) is overwritten or listed */
+	w->doing = "making the new generation's directory";
+	if ((r = gen_begin(dirfd, w->iteration, w->run, false, tmp, &gfd)) < 0)
+		goto out;
+	if (w->node_file && (r = write_node(w, gfd)) < 0)
 		goto out;
 	if (!w->manifest) {
-		/* the next checkpoint overwrites this node's file: not before
-		 * rank 0's manifest names this one */
+		/* durable once rank 0 has made it the current generation */
 		w->doing = "waiting for rank 0's " CKPT_MANIFEST;
-		r = manifest_names(w, dirfd);
+		r = manifest_names(w);
 		goto out;
 	}
 	w->doing = "waiting for every node's file (node-K.sum)";
-	if ((r = gather_sums(w, dirfd)) < 0)
+	if ((r = gather_sums(w, gfd)) < 0)
 		goto out;
 	w->doing = "writing " CKPT_MANIFEST;
-	r = manifest_commit(dirfd, &w->mt);
+	if ((r = manifest_commit(gfd, &w->mt)) < 0)
+		goto out;
+	w->doing = "making it the current generation";
+	r = gen_publish(dirfd, tmp, w->iteration, w->gen);
 out:
+	if (gfd >= 0)
+		close(gfd);
 	if (dirfd >= 0)
 		close(dirfd);
 	free(w->recs);
@@ -1019,11 +1297,7 @@ out:
 	w->nrecs = 0;
 	free(w->mt.buf);
 	w->mt = (struct mtext){0};
-	pthread_mutex_lock(&w->mu);
-	w->result = r;
-	w->finished = true;
-	pthread_cond_broadcast(&w->cv);
-	pthread_mutex_unlock(&w->mu);
+	writer_finish(w, r);
 	return NULL;
 }
 
@@ -1106,17 +1380,8 @@ static int reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn)
 		return 0;
 	}
 	for (;;) {
-		struct manifest m = {0};
 		uint64_t it = 0;
-		int dirfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		bool ok = false;
-		if (dirfd >= 0) {
-			ok = read_manifest(dirfd, w->dir, &m, fn) == 0;
-			it = m.iteration;
-			manifest_free(&m);
-			close(dirfd);
-		}
-		if (ok && it >= w->iteration)
+		if (current_iteration(w->dir, &it, fn) == 0 && it >= w->iteration)
 			break;
 		if (now_ms() >= end) {
 			r = err_set(ZC_ECKPT,
@@ -1134,6 +1399,27 @@ static int reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn)
 	w->dir = NULL;
 	pthread_mutex_unlock(&w->mu);
 	return r;
+}
+
+void ckpt_writer_drain(struct ckpt_writer *w)
+{
+	if (w)
+		(void)writer_join(w, -1, "zc_close");
+}
+
+bool ckpt_report_ready(struct ckpt_writer *w)
+{
+	return w && atomic_load_explicit(&w->report_ready, memory_order_acquire);
+}
+
+bool ckpt_report_take(struct ckpt_writer *w, struct ckpt_report *ret)
+{
+	/* the thread wrote the report before it set the flag, and the next
+	 * thread starts only after zc_checkpoint() took it */
+	if (!w || !atomic_exchange_explicit(&w->report_ready, false, memory_order_acq_rel))
+		return false;
+	*ret = w->report;
+	return true;
 }
 
 void ckpt_writer_close(struct ckpt_writer **slot)
@@ -1163,8 +1449,9 @@ int zc_checkpoint_wait(zc_client *c, int timeout_ms)
 		return r;
 	if (!(w = *slot))
 		return 0;
-	return w->reading ? reader_wait(w, timeout_ms, __func__)
-			  : writer_join(w, timeout_ms, __func__);
+	r = w->reading ? reader_wait(w, timeout_ms, __func__) : writer_join(w, timeout_ms, __func__);
+	client_ckpt_report(c);
+	return r;
 }
 
 /* One node: zerod copies its state into rank 0's kept stage while rank 0
@@ -1341,7 +1628,7 @@ fail:
 	return r;
 }
 
-int zc_checkpoint(zc_client *c, const char *dir)
+static int checkpoint_start(zc_client *c, const char *dir, struct ckpt_view *ret_v)
 {
 	static const char fn[] = "zc_checkpoint";
 	struct ckpt_view v;
@@ -1352,6 +1639,7 @@ int zc_checkpoint(zc_client *c, const char *dir)
 
 	if ((r = client_ckpt_view(c, fn, &v)) < 0)
 		return r;
+	*ret_v = v;
 	if (!dir || !*dir)
 		return err_set(-EINVAL, "%s: no directory", fn);
 	if (sodium_init() < 0)
@@ -1359,9 +1647,12 @@ int zc_checkpoint(zc_client *c, const char *dir)
 	if (!(w = writer_get(v.writer)))
 		return err_set(-ENOMEM, "%s: out of memory", fn);
 	/* One write at a time: the last one's ends first (its result, if
-	 * nobody waited for it, goes). On the other ranks the export round
-	 * below cannot start before rank 0 is in it, that is after. */
+	 * nobody waited for it, goes; its outcome goes to zerod). On the other
+	 * ranks the export round below cannot start before rank 0 is in it,
+	 * that is after. */
 	(void)writer_join(w, -1, fn);
+	client_ckpt_report(c);
+	w->gen[0] = '\0';
 	w->reading = false;
 	free(w->dir);
 	w->dir = NULL;
@@ -1416,6 +1707,24 @@ fail:
 	return r;
 }
 
+int zc_checkpoint(zc_client *c, const char *dir)
+{
+	struct ckpt_view v = {0};
+	int r = checkpoint_start(c, dir, &v);
+
+	/* a checkpoint that failed before its write began: the rank that
+	 * would have written it says so to zerod too (the others' calls fail
+	 * alike) */
+	if (r < 0 && v.plan && (v.rank == 0 || v.local_rank == 0) && r != ZC_ECONNECT) {
+		struct ckpt_report rp = {.iteration = v.iteration, .ok = false};
+		snprintf(rp.dir, sizeof(rp.dir), "%s", dir ? dir : "");
+		snprintf(rp.error, sizeof(rp.error), "%s: %s", zc_strerror_name(r),
+			 zc_error_message());
+		client_ckpt_report_now(c, &rp);
+	}
+	return r;
+}
+
 /* Version 1: state.zck, every segment's parameters and state, into im
  * (the plan's segment k gets the checkpoint's map[k]). */
 static int load_v1(int dirfd, const char *dir, const struct manifest *m, const uint32_t *map,
@@ -1437,9 +1746,11 @@ static int load_v1(int dirfd, const char *dir, const struct manifest *m, const u
 			    fn, m->data_bytes, CKPT_DATA, want);
 		goto out;
 	}
-	r = read_file(dirfd, CKPT_DATA, want, &data, &len);
+	mode_t mode = 0;
+
+	r = read_file(dirfd, CKPT_DATA, want, &data, &len, &mode);
 	if (r < 0) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_DATA, strerror(-r),
+		r = err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_DATA, read_why(r, mode),
 			    r == -EFBIG ? " (longer than the manifest says)" : "");
 		goto out;
 	}
@@ -1514,9 +1825,11 @@ static int load_node(int dirfd, const char *dir, const struct manifest *m, uint3
 	int r;
 
 	snprintf(name, sizeof(name), "node-%u.zck", node);
-	r = read_file(dirfd, name, cf->bytes, &data, &len);
+	mode_t mode = 0;
+
+	r = read_file(dirfd, name, cf->bytes, &data, &len, &mode);
 	if (r < 0)
-		return err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, name, strerror(-r),
+		return err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, name, read_why(r, mode),
 			       r == -EFBIG    ? " (longer than the manifest says)"
 			       : r == -ENOENT ? " (the manifest lists it: missing)"
 					      : "");
@@ -1671,7 +1984,8 @@ int zc_restore(zc_client *c, const char *dir)
 	struct image im = {0};
 	struct manifest m = {0};
 	uint32_t *map = NULL;
-	int r, dirfd = -1;
+	char where[PATH_MAX];
+	int r, dirfd = -1, gfd = -1;
 
 	if ((r = client_ckpt_view(c, fn, &v)) < 0)
 		return r;
@@ -1691,7 +2005,9 @@ int zc_restore(zc_client *c, const char *dir)
 		r = err_set(ZC_ECKPT, "%s: %s: %s", fn, dir, strerror(errno));
 		goto out;
 	}
-	if ((r = read_manifest(dirfd, dir, &m, fn)) < 0)
+	if ((r = gen_open_current(dirfd, dir, &gfd, where, sizeof(where), fn)) < 0)
+		goto out;
+	if ((r = read_manifest(gfd, where, &m, fn)) < 0)
 		goto out;
 	map = calloc(m.nsegs ? m.nsegs : 1, sizeof(*map));
 	if (!map) {
@@ -1704,8 +2020,8 @@ int zc_restore(zc_client *c, const char *dir)
 		r = err_set(r, "%s: %s", fn, strerror(-r));
 		goto out;
 	}
-	r = m.version == CKPT_VERSION_NODES ? load_nodes(dirfd, dir, &m, map, &im, fn)
-					    : load_v1(dirfd, dir, &m, map, &im, fn);
+	r = m.version == CKPT_VERSION_NODES ? load_nodes(gfd, where, &m, map, &im, fn)
+					    : load_v1(gfd, where, &m, map, &im, fn);
 	if (r < 0)
 		goto out;
 	/*
@@ -1734,6 +2050,8 @@ int zc_restore(zc_client *c, const char *dir)
 		       seg->numel * sizeof(float));
 	}
 out:
+	if (gfd >= 0)
+		close(gfd);
 	if (dirfd >= 0)
 		close(dirfd);
 	free(map);

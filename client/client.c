@@ -1082,7 +1082,12 @@ void zc_close(zc_client *c)
 	 * parent's (the lock may even be held by a thread the child lacks) */
 	if (!c || forked(c->forks))
 		return;
-	/* a checkpoint still being written is finished first */
+	/* a checkpoint still being written is finished first, and how it
+	 * ended said to zerod */
+	ckpt_writer_drain(c->ckpt_writer);
+	pthread_mutex_lock(&c->mu);
+	client_ckpt_report_locked(c);
+	pthread_mutex_unlock(&c->mu);
 	ckpt_writer_close(&c->ckpt_writer);
 	free(c->ckpt_ranges);
 	c->ckpt_ranges = NULL;
@@ -1634,6 +1639,8 @@ static int bucket_ready(zc_client *c, uint32_t bucket, const uint64_t *unused, u
 	int r;
 
 	pthread_mutex_lock(&c->mu);
+	if (ckpt_report_ready(c->ckpt_writer))
+		client_ckpt_report_locked(c); /* a checkpoint's write ended */
 	if (c->job_error) {
 		r = err_set(c->job_error, "%s", c->job_msg);
 		goto out;
@@ -3255,6 +3262,49 @@ out:
 	return r;
 }
 
+/* CheckpointDone from rep (c->mu held). */
+static void send_report_locked(zc_client *c, const struct ckpt_report *rep)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__CheckpointDone cd = ZEROD__V1__CHECKPOINT_DONE__INIT;
+
+	if (!c->sock || c->hello_result != 1)
+		return;
+	cd.iteration = rep->iteration;
+	cd.dir = (char *)rep->dir;
+	cd.ok = rep->ok;
+	cd.path = rep->ok && rep->path[0] ? (char *)rep->path : NULL;
+	cd.error = rep->ok ? NULL : (char *)rep->error;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_DONE;
+	env.checkpoint_done = &cd;
+	(void)send_env(c, &env, NULL);
+}
+
+void client_ckpt_report_locked(zc_client *c)
+{
+	struct ckpt_report *rep;
+
+	if (!ckpt_report_ready(c->ckpt_writer) || !(rep = malloc(sizeof(*rep))))
+		return;
+	if (ckpt_report_take(c->ckpt_writer, rep))
+		send_report_locked(c, rep);
+	free(rep);
+}
+
+void client_ckpt_report(zc_client *c)
+{
+	pthread_mutex_lock(&c->mu);
+	client_ckpt_report_locked(c);
+	pthread_mutex_unlock(&c->mu);
+}
+
+void client_ckpt_report_now(zc_client *c, const struct ckpt_report *rep)
+{
+	pthread_mutex_lock(&c->mu);
+	send_report_locked(c, rep);
+	pthread_mutex_unlock(&c->mu);
+}
+
 int zc_checkpoint_due(zc_client *c, char *dir, size_t len)
 {
 	int r;
@@ -3264,6 +3314,7 @@ int zc_checkpoint_due(zc_client *c, char *dir, size_t len)
 	if (!dir || len == 0)
 		return err_set(-EINVAL, "zc_checkpoint_due: no room for the directory");
 	pthread_mutex_lock(&c->mu);
+	client_ckpt_report_locked(c); /* a checkpoint's write that ended */
 	if (!c->sent_in_iter)
 		dispatch_locked(c, LOOK_ALL); /* what came before the last step */
 	r = 0;

@@ -85,5 +85,32 @@ int client_ckpt_writer(zc_client *c, const char *fn, struct ckpt_writer ***ret);
 /* Wait for c's checkpoint write in flight, if any, and free the writer
  * (zc_close). */
 void ckpt_writer_close(struct ckpt_writer **w);
+/* Wait for the write in flight, if any, its outcome kept for
+ * ckpt_report_take() (zc_close, before the Goodbye). NULL-safe. */
+void ckpt_writer_drain(struct ckpt_writer *w);
+
+/* How a checkpoint ended, for zerod (CheckpointDone, docs/CHECKPOINT.md
+ * "Outcomes"): made by the writer thread when its write ends (or by
+ * zc_checkpoint() when it fails before writing), sent by the client's own
+ * thread on its next call that runs (client_ckpt_report). */
+struct ckpt_report {
+	uint64_t iteration;
+	bool ok;
+	char dir[4097];
+	char path[4160]; /* ok: the generation made current ("" if not known here) */
+	char error[512]; /* !ok */
+};
+/* Whether an outcome waits to be sent (one atomic load: the iteration's
+ * hot path asks). NULL-safe. */
+bool ckpt_report_ready(struct ckpt_writer *w);
+/* The outcome waiting, once: true with it in *ret. NULL-safe. */
+bool ckpt_report_take(struct ckpt_writer *w, struct ckpt_report *ret);
+/* Send the outcome waiting in c's writer, if any, as a CheckpointDone
+ * (best effort: a lost connection is said by the caller's own call; no
+ * error recorded). _locked: c->mu held. */
+void client_ckpt_report(zc_client *c);
+void client_ckpt_report_locked(zc_client *c);
+/* Send rep as c's CheckpointDone now (c->mu not held; as above). */
+void client_ckpt_report_now(zc_client *c, const struct ckpt_report *rep);
 
 #endif

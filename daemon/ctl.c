@@ -14,8 +14,13 @@
  *     config or start a trace.
  * Requests are small (ZEROD_CTL_REQUEST_BYTES) and a batch per loop turn is
  * bounded, so zeroctl in a loop cannot starve the trainers.
+ *
+ * checkpoint with no DIR: the default (checkpoint-dir/JOB) is checked
+ * first against the job's trainers' credentials (they write as themselves)
+ * and refused when they could not write it (docs/CHECKPOINT.md).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -93,8 +98,30 @@ static bool visible(const struct caller *c, const struct job *j)
 	return c->role == ROLE_ADMIN || j->uid == c->cred.uid;
 }
 
-/* Fill one CtlJob; the strings point into bufs (2 x 256 bytes). */
-static void fill_job(struct job *j, Zerod__V1__CtlJob *out, char *err, char *who, int64_t now)
+/* The job's last checkpoint into *ck (pointing into jo), or NULL: none. */
+static Zerod__V1__CtlCheckpoint *fill_ckpt(const struct jobops *jo, Zerod__V1__CtlCheckpoint *ck,
+					   int64_t now)
+{
+	const struct ckpt_seen *k = jo ? &jo->ckpt : NULL;
+
+	if (!k || k->state == CKPT_SEEN_NONE)
+		return NULL;
+	*ck = (Zerod__V1__CtlCheckpoint)ZEROD__V1__CTL_CHECKPOINT__INIT;
+	ck->state = (char *)ckpt_seen_name(k->state);
+	ck->iteration = k->iteration;
+	ck->dir = k->dir ? k->dir : (char *)"?";
+	ck->path = k->path;
+	ck->error = k->error;
+	ck->has_rank = k->state != CKPT_SEEN_ASKED;
+	ck->rank = k->rank;
+	ck->age_ms = now > k->at_ms ? (uint64_t)(now - k->at_ms) : 0;
+	return ck;
+}
+
+/* Fill one CtlJob; the strings point into bufs (2 x 256 bytes), its
+ * checkpoint into ck. */
+static void fill_job(struct job *j, Zerod__V1__CtlJob *out, char *err, char *who,
+		     Zerod__V1__CtlCheckpoint *ck, int64_t now)
 {
 	struct jobops *jo = jobops_of(j);
 	bool serving = false;
@@ -125,6 +152,7 @@ static void fill_job(struct job *j, Zerod__V1__CtlJob *out, char *err, char *who
 	out->rendezvous = (char *)rdzv_job_endpoint(j, &serving);
 	out->has_rendezvous_serving = out->rendezvous != NULL;
 	out->rendezvous_serving = out->has_rendezvous_serving && serving;
+	out->checkpoint = fill_ckpt(jo, ck, now);
 }
 
 static void do_status(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
@@ -134,6 +162,7 @@ static void do_status(struct daemon *d, const struct caller *c, const void *rout
 	Ctl reply = ZEROD__V1__CTL__INIT;
 	Zerod__V1__StatusReply st = ZEROD__V1__STATUS_REPLY__INIT;
 	Zerod__V1__CtlJob *jobs = NULL, **jp = NULL;
+	Zerod__V1__CtlCheckpoint *cks = NULL;
 	char (*text)[2][256] = NULL, *devices[] = {"cpu"};
 	const char *serving[64];
 	size_t n = 0;
@@ -144,7 +173,8 @@ static void do_status(struct daemon *d, const struct caller *c, const void *rout
 		jobs = calloc(d->njobs, sizeof(*jobs));
 		jp = calloc(d->njobs, sizeof(*jp));
 		text = calloc(d->njobs, sizeof(*text));
-		if (!jobs || !jp || !text) {
+		cks = calloc(d->njobs, sizeof(*cks));
+		if (!jobs || !jp || !text || !cks) {
 			send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
 				   "out of memory");
 			goto out;
@@ -153,7 +183,7 @@ static void do_status(struct daemon *d, const struct caller *c, const void *rout
 	for (struct job *j = d->jobs; j && n < d->njobs; j = j->next) {
 		if (!visible(c, j))
 			continue;
-		fill_job(j, &jobs[n], text[n][0], text[n][1], now);
+		fill_job(j, &jobs[n], text[n][0], text[n][1], &cks[n], now);
 		jp[n] = &jobs[n];
 		n++;
 	}
@@ -183,6 +213,7 @@ out:
 	free(jobs);
 	free(jp);
 	free(text);
+	free(cks);
 }
 
 /* The one job req names that c may see; else an error went out and NULL. */
@@ -219,6 +250,7 @@ static void do_inspect(struct daemon *d, const struct caller *c, const void *rou
 	Ctl reply = ZEROD__V1__CTL__INIT;
 	Zerod__V1__InspectReply in = ZEROD__V1__INSPECT_REPLY__INIT;
 	Zerod__V1__CtlJob job;
+	Zerod__V1__CtlCheckpoint ck;
 	Zerod__V1__CtlBucket *bk = NULL, **bkp = NULL;
 	Zerod__V1__CtlUnit *un = NULL, **unp = NULL;
 	Zerod__V1__CtlRank *rk = NULL, **rkp = NULL;
@@ -233,7 +265,7 @@ static void do_inspect(struct daemon *d, const struct caller *c, const void *rou
 	if (!j)
 		return;
 	jo = jobops_of(j);
-	fill_job(j, &job, err, who, now_ms());
+	fill_job(j, &job, err, who, &ck, now_ms());
 	in.job = &job;
 	p = j->plan;
 	for (uint32_t r = 0; !p && r < j->world; r++)
@@ -461,6 +493,114 @@ static void do_trace(struct daemon *d, const struct caller *c, const void *route
 	send_reply(d, route, rlen, &reply);
 }
 
+/* Who a job's trainers are: the job's uid, and the gid and groups of one
+ * connected local rank (/proc/PID/status; known false when none is
+ * connected or the file cannot be read: then only the uid is known). */
+struct owner {
+	uid_t uid;
+	bool known;
+	gid_t gid;
+	gid_t groups[64];
+	size_t ngroups;
+};
+
+static struct owner job_owner(const struct job *j)
+{
+	struct owner ow = {.uid = j->uid};
+	char path[64], buf[8192], *l;
+	ssize_t n = -1;
+	int fd = -1;
+
+	for (uint32_t r = 0; r < j->world && fd < 0; r++)
+		if (j->ranks[r] && j->ranks[r]->pid > 0) {
+			snprintf(path, sizeof(path), "/proc/%d/status", (int)j->ranks[r]->pid);
+			fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+		}
+	if (fd >= 0) {
+		n = read(fd, buf, sizeof(buf) - 1); /* procfs: one read, never blocks */
+		close(fd);
+	}
+	if (n <= 0)
+		return ow;
+	buf[n] = '\0';
+	if ((l = strstr(buf, "\nGid:")) && sscanf(l + 5, "%u", &ow.gid) == 1)
+		ow.known = true;
+	if ((l = strstr(buf, "\nGroups:"))) {
+		char *e = strchr(l + 1, '\n'), *p = l + 8;
+		unsigned g;
+		int used;
+		if (e)
+			*e = '\0';
+		while (ow.ngroups < ARRAY_SIZE(ow.groups) && sscanf(p, "%u%n", &g, &used) == 1) {
+			ow.groups[ow.ngroups++] = g;
+			p += used;
+		}
+	}
+	return ow;
+}
+
+/* May ow do `want` (mode bits: 1 search, 2 write) to a file of st? Mode
+ * bits only (ACLs are not read); a group unknown grants what its bits do. */
+static bool owner_may(const struct owner *ow, const struct stat *st, unsigned want)
+{
+	bool member = !ow->known || st->st_gid == ow->gid;
+	unsigned bits;
+
+	for (size_t i = 0; i < ow->ngroups && !member; i++)
+		member = st->st_gid == ow->groups[i];
+	if (ow->uid == 0)
+		return true;
+	bits = st->st_uid == ow->uid ? st->st_mode >> 6 : member ? st->st_mode >> 3 : st->st_mode;
+	return (bits & want) == want;
+}
+
+/*
+ * Can the job's trainers make and write dir (they write checkpoints as
+ * themselves, docs/CHECKPOINT.md)? Every existing directory on the way must
+ * let them search it, and the deepest existing one write into it. 0, or
+ * -EACCES with why. Run on the loop thread for the configured
+ * checkpoint-dir only (zerod's own config: a local path an operator chose);
+ * a few stat() calls.
+ */
+static int owner_can_write(const struct owner *ow, const char *dir, char *why, size_t len)
+{
+	char p[4096], last[4096] = "/";
+	struct stat st, last_st;
+	size_t n = strlen(dir);
+
+	if (n >= sizeof(p) || stat("/", &last_st) < 0)
+		return 0; /* not known: the trainers' outcome says it */
+	memcpy(p, dir, n + 1);
+	for (size_t i = 1; i <= n; i++) {
+		if (p[i] != '/' && p[i] != '\0')
+			continue;
+		char ch = p[i];
+		p[i] = '\0';
+		if (stat(p, &st) < 0) {
+			if (errno != ENOENT)
+				return 0;
+			p[i] = ch;
+			break; /* the rest is made below `last` */
+		}
+		if (!S_ISDIR(st.st_mode) || !owner_may(ow, &st, 1)) {
+			snprintf(why, len, "%.200s is %s for uid %u", p,
+				 S_ISDIR(st.st_mode) ? "not searchable" : "not a directory",
+				 (unsigned)ow->uid);
+			return -EACCES;
+		}
+		memcpy(last, p, i + 1);
+		last_st = st;
+		p[i] = ch;
+	}
+	if (!owner_may(ow, &last_st, 3)) {
+		snprintf(why, len, "uid %u cannot write into %.200s (mode %03o, owner %u:%u)",
+			 (unsigned)ow->uid, last, (unsigned)(last_st.st_mode & 07777),
+			 (unsigned)last_st.st_uid, (unsigned)last_st.st_gid);
+		return -EACCES;
+	}
+	return 0;
+}
+
 static void do_checkpoint(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
 			  const Ctl *req)
 {
@@ -468,7 +608,7 @@ static void do_checkpoint(struct daemon *d, const struct caller *c, const void *
 	Zerod__V1__InspectRequest iq = ZEROD__V1__INSPECT_REQUEST__INIT;
 	Ctl reply = ZEROD__V1__CTL__INIT;
 	Zerod__V1__CheckpointReply cr = ZEROD__V1__CHECKPOINT_REPLY__INIT;
-	char dir[4096], why[256];
+	char dir[4096], why[512];
 	struct job *j;
 	int r;
 
@@ -488,6 +628,20 @@ static void do_checkpoint(struct daemon *d, const struct caller *c, const void *
 			   "no directory named and no checkpoint-dir configured");
 		return;
 	}
+	/* the trainers write as themselves: a default they cannot write into
+	 * is refused here, before anyone is told (a DIR named is tried, and
+	 * its outcome reported) */
+	if (!(q->dir && q->dir[0])) {
+		struct owner ow = job_owner(j);
+		if (owner_can_write(&ow, dir, why, sizeof(why)) < 0) {
+			send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
+				   "job %s: the default checkpoint directory %s cannot be written "
+				   "by the job's trainers: %s; name a DIR they can write, or make "
+				   "checkpoint-dir one they can (docs/CHECKPOINT.md)",
+				   j->id, dir, why);
+			return;
+		}
+	}
 	r = resume_checkpoint_ask(j, dir, &cr.iteration, &cr.ranks, why, sizeof(why));
 	if (r < 0) {
 		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED, "%s", why);
@@ -495,6 +649,7 @@ static void do_checkpoint(struct daemon *d, const struct caller *c, const void *
 	}
 	log_notice("job %s: checkpoint into %s at iteration %" PRIu64 " asked by uid %u", j->id,
 		   dir, cr.iteration, (unsigned)c->cred.uid);
+	ops_checkpoint_asked(j, cr.iteration, dir);
 	cr.job = j->id;
 	cr.dir = dir;
 	reply.body_case = ZEROD__V1__CTL__BODY_CHECKPOINT;

@@ -199,6 +199,11 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 	one(b, "zerod_file_write_failures_total", "counter",
 	    "metrics textfile or trace writes that failed or were dropped",
 	    o->spool ? (double)spool_failures(o->spool) : 0);
+	head(b, "zerod_checkpoints_total", "counter",
+	     "checkpoints the trainers reported written or failed (CheckpointDone), by result");
+	sbuf_printf(b, "zerod_checkpoints_total{result=\"done\"} %" PRIu64 "\n"
+		       "zerod_checkpoints_total{result=\"failed\"} %" PRIu64 "\n",
+		    o->m.checkpoints_done, o->m.checkpoints_failed);
 	head(b, "zerod_reloads_total", "counter", "config reloads, by result");
 	sbuf_printf(b, "zerod_reloads_total{result=\"ok\"} %" PRIu64 "\n"
 		       "zerod_reloads_total{result=\"refused\"} %" PRIu64 "\n",

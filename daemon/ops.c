@@ -1,7 +1,8 @@
 /*
  * ops.c — the operator's side of zerod, glued to the core (see ops.h): the
- * per-job records (flight recorder, iteration timing, stall reports), the
- * hooks that fill them, the stall inspector, the config reload, and the
+ * per-job records (flight recorder, iteration timing, stall reports, the
+ * last checkpoint asked or reported), the hooks that fill them, the stall
+ * inspector, the config reload, and the
  * timer that pings the watchdog, updates STATUS= and writes the metrics
  * textfile. Owns struct ops and every struct jobops.
  *
@@ -48,6 +49,9 @@ static void jobops_free(struct jobops *jo)
 	free(jo->flight);
 	free(jo->queued_us);
 	free(jo->ready_us);
+	free(jo->ckpt.dir);
+	free(jo->ckpt.path);
+	free(jo->ckpt.error);
 	free(jo);
 }
 
@@ -327,6 +331,71 @@ void ops_error_sent(struct daemon *d, int code)
 {
 	if (d->ops)
 		metrics_count(d->ops->m.errors, code);
+}
+
+/* ------------------------------------------------------ checkpoints --- */
+
+const char *ckpt_seen_name(enum ckpt_seen_state s)
+{
+	static const char *const names[] = {"none", "asked", "done", "failed"};
+	return s <= CKPT_SEEN_FAILED ? names[s] : "?";
+}
+
+/* jo's last checkpoint replaced (out of memory: the strings it could not
+ * copy are NULL; dir then "?"). */
+static void ckpt_seen_set(struct jobops *jo, enum ckpt_seen_state state, uint64_t iteration,
+			  uint32_t rank, const char *dir, const char *path, const char *error)
+{
+	struct ckpt_seen *k = &jo->ckpt;
+
+	free(k->dir);
+	free(k->path);
+	free(k->error);
+	*k = (struct ckpt_seen){.state = state,
+				.iteration = iteration,
+				.rank = rank,
+				.at_ms = now_ms(),
+				.dir = strdup(dir),
+				.path = path && *path ? strdup(path) : NULL,
+				.error = error ? strdup(error) : NULL};
+}
+
+void ops_checkpoint_asked(struct job *j, uint64_t iteration, const char *dir)
+{
+	struct jobops *jo = j->d->ops ? jobops_of(j) : NULL;
+
+	if (jo)
+		ckpt_seen_set(jo, CKPT_SEEN_ASKED, iteration, 0, dir, NULL, NULL);
+}
+
+void ops_checkpoint_done(struct job *j, uint32_t rank, bool ok, uint64_t iteration,
+			 const char *dir, const char *path, const char *error)
+{
+	struct ops *o = j->d->ops;
+	struct jobops *jo;
+	char why[400];
+	size_t n = 0;
+
+	if (!o)
+		return;
+	/* the trainer's words: one line of printable bytes in the log and
+	 * zeroctl's tables */
+	for (const char *p = error ? error : "no reason given"; *p && n + 1 < sizeof(why); p++)
+		why[n++] = (unsigned char)*p < 0x20 || *p == 0x7f ? '?' : *p;
+	why[n] = '\0';
+	if (ok) {
+		o->m.checkpoints_done++;
+		log_notice("job %s: checkpoint of iteration %" PRIu64 " written to %s (rank %u)",
+			   j->id, iteration, path && *path ? path : dir, rank);
+	} else {
+		o->m.checkpoints_failed++;
+		log_warning("job %s: checkpoint of iteration %" PRIu64 " into %s failed (rank %u): "
+			    "%s",
+			    j->id, iteration, dir, rank, why);
+	}
+	if ((jo = jobops_of(j)))
+		ckpt_seen_set(jo, ok ? CKPT_SEEN_DONE : CKPT_SEEN_FAILED, iteration, rank, dir,
+			      path, ok ? NULL : why);
 }
 
 /* ------------------------------------------------- stall inspector --- */

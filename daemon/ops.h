@@ -12,6 +12,7 @@
 #ifndef ZEROD_OPS_H
 #define ZEROD_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,5 +60,14 @@ void ops_job_free(struct job *j);
 /* An Error with code went to a trainer (session.c: session_send_error and
  * reply_error). */
 void ops_error_sent(struct daemon *d, int code);
+/* A trainer of j (rank) said how a checkpoint of iteration ended
+ * (CheckpointDone, session.c; dir one line): logged, counted, kept as the
+ * job's last. path: ok, the generation written (may be NULL); error: !ok,
+ * why (any bytes: cleaned here). */
+void ops_checkpoint_done(struct job *j, uint32_t rank, bool ok, uint64_t iteration,
+			 const char *dir, const char *path, const char *error);
+/* zeroctl asked j for a checkpoint of iteration into dir (ctl.c): the job's
+ * last checkpoint is that one, asked, until its outcome comes. */
+void ops_checkpoint_asked(struct job *j, uint64_t iteration, const char *dir);
 
 #endif

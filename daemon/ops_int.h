@@ -76,6 +76,7 @@ struct metrics {
 	struct code_count errors[ERR_SLOTS];   /* Error replies by code */
 	struct code_count failures[ERR_SLOTS]; /* failed jobs by code */
 	uint64_t reloads_ok, reloads_failed;
+	uint64_t checkpoints_done, checkpoints_failed; /* CheckpointDone, by result */
 };
 void metrics_init(struct metrics *m);
 void metrics_count(struct code_count *t, int code);
@@ -83,6 +84,18 @@ void metrics_count(struct code_count *t, int code);
 void metrics_render(struct daemon *d, struct sbuf *out);
 
 /* ---- per job ---- */
+
+/* A job's last checkpoint as the operator sees it (zeroctl status and
+ * inspect): asked by zeroctl, or reported by its writer (CheckpointDone). */
+enum ckpt_seen_state { CKPT_SEEN_NONE, CKPT_SEEN_ASKED, CKPT_SEEN_DONE, CKPT_SEEN_FAILED };
+struct ckpt_seen {
+	enum ckpt_seen_state state;
+	uint64_t iteration;
+	uint32_t rank;    /* who reported it */
+	int64_t at_ms;    /* asked or reported (monotonic) */
+	char *dir, *path, *error; /* owned; path and error may be NULL */
+};
+const char *ckpt_seen_name(enum ckpt_seen_state s);
 
 struct jobops {
 	struct jobops *next;
@@ -106,6 +119,7 @@ struct jobops {
 	int64_t step_ms[16];     /* the last StepDones (monotonic ms), a ring */
 	unsigned nsteps;
 	bool failed_seen, trace_named;
+	struct ckpt_seen ckpt;   /* the last checkpoint */
 };
 
 /* The job's record (made at first sight), or NULL out of memory. */

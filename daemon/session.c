@@ -617,6 +617,26 @@ static void on_checkpoint_state(struct daemon *d, const void *route, size_t rlen
 	statex_ckpt_request(s->job, s, s->rank, env->checkpoint_state->staging);
 }
 
+/* How a checkpoint the rank wrote ended (docs/CHECKPOINT.md, "Outcomes"):
+ * for the operator only; the paths must be one line each (they go into the
+ * log and zeroctl's tables), the reason is cleaned where it is shown. */
+static void on_checkpoint_done(struct daemon *d, const void *route, size_t rlen,
+			       struct session *s, const Zerod__V1__Envelope *env)
+{
+	const Zerod__V1__CheckpointDone *m = env->checkpoint_done;
+
+	(void)d, (void)route, (void)rlen;
+	if (strlen(m->dir) > 4096 || strpbrk(m->dir, "\n\r") ||
+	    (m->path && (strlen(m->path) > 4200 || strpbrk(m->path, "\n\r")))) {
+		session_send_error(s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1,
+				   "CheckpointDone: the directory and path must be one line of "
+				   "at most 4096 bytes each");
+		return;
+	}
+	ops_checkpoint_done(s->job, s->rank, m->ok, m->iteration, m->dir, m->ok ? m->path : NULL,
+			    m->ok ? NULL : m->error);
+}
+
 static void on_goodbye(struct daemon *d, const void *route, size_t rlen, struct session *s,
 		       const Zerod__V1__Envelope *env)
 {
@@ -643,6 +663,7 @@ static const struct handler {
 	{ZEROD__V1__ENVELOPE__BODY_SET_STATE, on_set_state, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_RESUME, on_resume, NEEDS_SESSION},
 	{ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_STATE, on_checkpoint_state, NEEDS_SESSION},
+	{ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_DONE, on_checkpoint_done, NEEDS_SESSION},
 };
 
 /* The largest message s may send now (no session: before Hello). */

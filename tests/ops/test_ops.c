@@ -643,6 +643,193 @@ static void t_permissions(void)
 	CHECK(chmod(daemon_.dir, 0700) == 0, "chmod back");
 }
 
+/* -------------------------------------------------------- checkpoints --- */
+
+/* A job whose trainers run as the test user (zerod runs as root: files
+ * root owns are beyond them, as the zerod user's would be) and take the
+ * checkpoints zeroctl asks for (zc_checkpoint_due between iterations). */
+struct ckjob {
+	struct zd d;
+	atomic_int stop, iters;
+	uid_t uid;
+	gid_t gid;
+};
+
+static int c_ckpt_rank(void *arg, int rank)
+{
+	struct ckjob *k = arg;
+	struct zc_config cfg = test_config(&k->d, "ops-ckpt", (uint32_t)rank, 2);
+	struct zc_param_group g;
+	struct zc_segment s[2];
+	struct zc_bucket b[2];
+	struct zc_plan plan;
+	zc_client *c = NULL;
+	int r;
+
+	if (setgroups(0, NULL) < 0 || setgid(k->gid) < 0 || setuid(k->uid) < 0) {
+		EXPECT(0, "rank %d: becoming uid %u: %s", rank, (unsigned)k->uid, strerror(errno));
+		return child_bad;
+	}
+	small_plan(&plan, b, s, &g);
+	r = zc_connect(&cfg, &c);
+	if (r == 0)
+		r = zc_alloc_buffers(c, &plan);
+	if (r == 0)
+		r = zc_register_plan(c);
+	while (r >= 0 && !atomic_load(&k->stop)) {
+		zc_future *step = NULL;
+		uint64_t t = zc_iteration(c);
+		char due[512];
+		if ((r = zc_checkpoint_due(c, due, sizeof(due))) == 1)
+			r = zc_checkpoint(c, due); /* the write's outcome goes to zerod */
+		for (uint32_t i = 0; r >= 0 && i < 2; i++) {
+			for (int e = 0; e < 64; e++)
+				zc_grad_buffer(c, i)[e] = 0.01f * (float)(rank + e);
+			r = zc_bucket_ready(c, i, NULL);
+		}
+		if (r >= 0)
+			r = zc_step_future(c, t, &step);
+		if (r >= 0)
+			r = zc_future_wait(step, test_timeout(20000));
+		zc_future_free(step);
+		if (r >= 0 && rank == 0)
+			atomic_fetch_add(&k->iters, 1);
+		usleep(2000);
+	}
+	EXPECT(r >= 0, "rank %d: %s: %s", rank, zc_strerror_name(r), zc_error_message());
+	zc_close(c);
+	return child_bad;
+}
+
+/* zeroctl --socket SOCK ARGS (up to 6) into DIR/NAME.out and .err. */
+static int zeroctl6(const struct zd *d, const char *name, const char *const a[6])
+{
+	char out[256], err[256];
+	const char *argv[] = {env("ZEROCTL_BIN"), "--socket", d->sock, a[0], a[1], a[2],
+			      a[3], a[4], a[5], NULL};
+
+	snprintf(out, sizeof(out), "%s/%s.out", cfgdir, name);
+	snprintf(err, sizeof(err), "%s/%s.err", cfgdir, name);
+	return run(argv, out, err);
+}
+
+/*
+ * Issue 20 §2: every checkpoint's outcome reaches the operator. The job's
+ * trainers run as another user. (1) zeroctl checkpoint JOB with the
+ * default directory (zerod's checkpoint-dir, root's, mode 0755) is refused
+ * up front, naming why. (2) zeroctl checkpoint --wait into a directory the
+ * trainers cannot make (under root's 0755 one) exits 1 with the trainers'
+ * reason; zerod logged it, zerod_checkpoints_total{result="failed"} is 1,
+ * status and inspect (tables and JSON, against the schema) show it failed.
+ * (3) --wait into one they own exits 0 naming the generation written; the
+ * log, the metric {result="done"}, status and inspect show it. A job beside
+ * it on the same zerod trains on to its reference.
+ */
+static void t_checkpoint_outcomes(void)
+{
+	struct ckjob *k = test_shared(sizeof(*k));
+	struct train_stop *stop = train_stop_new();
+	char cdir[256], bad[300], good[300], want[400];
+	const char *args[] = {"--checkpoint-dir", cdir, "--group", TEST_USER, NULL};
+	pid_t pids[2], bpids[2];
+	struct train_spec by;
+	struct zd own;
+	int r;
+
+	if (sh->no_user)
+		SKIP(sh->no_user);
+	snprintf(cdir, sizeof(cdir), "%s/ck-default", cfgdir);
+	snprintf(bad, sizeof(bad), "%s/ck-root/job", cfgdir);
+	snprintf(good, sizeof(good), "%s/ck-user", cfgdir);
+	REQUIRE(mkdir(cdir, 0755) == 0, "mkdir %s: %s", cdir, strerror(errno));
+	snprintf(want, sizeof(want), "%s/ck-root", cfgdir);
+	REQUIRE(mkdir(want, 0755) == 0, "mkdir %s: %s", want, strerror(errno));
+	REQUIRE(mkdir(good, 0755) == 0 && chown(good, sh->uid, sh->gid) == 0, "mkdir %s", good);
+	r = zd_start(&own, args); /* not into shared memory: its child writes its pid */
+	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
+	k->d = own;
+	/* the test user may traverse to the trainers' sockets, which its group
+	 * may use (zeroclient.h, "Running zerod as another user") */
+	snprintf(want, sizeof(want), "%s.fd", k->d.sock);
+	REQUIRE(chmod(k->d.dir, 0711) == 0 && chown(k->d.sock, 0, sh->gid) == 0 &&
+			chown(want, 0, sh->gid) == 0,
+		"sharing %s: %s", k->d.sock, strerror(errno));
+	k->uid = sh->uid;
+	k->gid = sh->gid;
+	by = train_spec(k->d.sock, "ops-ckpt-beside", 2, 1000000, stop);
+	for (int i = 0; i < 2; i++) {
+		pids[i] = spawn(c_ckpt_rank, k, i);
+		bpids[i] = spawn(c_train, &by, i);
+	}
+	for (int i = 0; i < test_timeout(2000) && atomic_load(&k->iters) < 3; i++)
+		usleep(5000);
+	REQUIRE(atomic_load(&k->iters) >= 3, "the job did not train");
+
+	/* (1) the default directory: refused before anyone is told */
+	CHECK(zeroctl(&k->d, "ck1", "checkpoint", "ops-ckpt", NULL, NULL) == 1,
+	      "the default directory: exit 1");
+	CHECK(has("ck1", "err", "cannot be written by the job's trainers"), "says why");
+	CHECK(has("ck1", "err", cdir), "names the directory");
+	{
+		char *o = slurp(path_of("ck1", "out"));
+		CHECK(!strstr(o, "ranks told"), "nobody was told: %s", o);
+		free(o);
+	}
+
+	/* (2) a directory the trainers cannot make */
+	CHECK(zeroctl6(&k->d, "ck2", (const char *const[]){"checkpoint", "--wait", "ops-ckpt", bad,
+							   NULL, NULL}) == 1,
+	      "--wait on a checkpoint that fails: exit 1");
+	CHECK(has("ck2", "out", "ranks told"), "the ranks were told");
+	CHECK(has("ck2", "out", "FAILED"), "--wait says it failed");
+	CHECK(has("ck2", "out", "Permission denied"), "... and why");
+	snprintf(want, sizeof(want), "into %s failed (rank 0)", bad);
+	CHECK(count_lines(&k->d, want) == 1, "zerod logged the failure once: '%s'", want);
+	CHECK(zeroctl(&k->d, "ck2m", "metrics", NULL, NULL, NULL) == 0, "metrics");
+	CHECK(has("ck2m", "out", "zerod_checkpoints_total{result=\"failed\"} 1"), "counted failed");
+	CHECK(has("ck2m", "out", "zerod_checkpoints_total{result=\"done\"} 0"), "none done");
+	CHECK(check("metrics", "ck2m") == 0, "the metrics parse");
+	CHECK(zeroctl(&k->d, "ck2s", "status", NULL, NULL, NULL) == 0, "status");
+	CHECK(has("ck2s", "out", "job ops-ckpt: last checkpoint: iteration"), "status shows it");
+	CHECK(has("ck2s", "out", "FAILED") && has("ck2s", "out", "Permission denied"),
+	      "... failed, and why");
+	CHECK(zeroctl(&k->d, "ck2sj", "-o", "json", "status", NULL) == 0, "status -o json");
+	CHECK(check("json", "ck2sj") == 0, "schema");
+	CHECK(has("ck2sj", "out", "\"checkpoint\":{\"state\":\"failed\""), "JSON: failed");
+	CHECK(zeroctl(&k->d, "ck2i", "inspect", "ops-ckpt", NULL, NULL) == 0, "inspect");
+	CHECK(has("ck2i", "out", "FAILED"), "inspect shows it");
+	CHECK(zeroctl(&k->d, "ck2ij", "-o", "json", "inspect", "ops-ckpt") == 0, "inspect json");
+	CHECK(check("json", "ck2ij") == 0, "schema");
+	CHECK(has("ck2ij", "out", "\"state\":\"failed\""), "JSON: failed");
+
+	/* (3) one they can write */
+	CHECK(zeroctl6(&k->d, "ck3", (const char *const[]){"-o", "json", "checkpoint", "--wait",
+							   "ops-ckpt", good}) == 0,
+	      "--wait on a good checkpoint: exit 0");
+	CHECK(check("json", "ck3") == 0, "schema");
+	snprintf(want, sizeof(want), "\"state\":\"done\",");
+	CHECK(has("ck3", "out", want), "JSON: done");
+	snprintf(want, sizeof(want), "%s/ckpt-00000001", good);
+	CHECK(has("ck3", "out", want), "names the generation written");
+	snprintf(want, sizeof(want), "written to %s/ckpt-00000001 (rank 0)", good);
+	CHECK(count_lines(&k->d, want) == 1, "zerod logged it: '%s'", want);
+	CHECK(zeroctl(&k->d, "ck3m", "metrics", NULL, NULL, NULL) == 0, "metrics");
+	CHECK(has("ck3m", "out", "zerod_checkpoints_total{result=\"done\"} 1"), "counted done");
+	CHECK(zeroctl(&k->d, "ck3s", "status", NULL, NULL, NULL) == 0, "status");
+	CHECK(has("ck3s", "out", "written to"), "status shows it written");
+
+	atomic_store(&k->stop, 1);
+	atomic_store(&stop->requested, 1);
+	for (int i = 0; i < 2; i++) {
+		CHECK(wait_child(pids[i], 30000) == 0, "rank %d of the checkpointing job", i);
+		CHECK(wait_child(bpids[i], 30000) == 0,
+		      "the job beside it, rank %d, did not train to its reference", i);
+	}
+	if (test_failed_)
+		zd_dump_log(&own);
+	CHECK(zd_stop(&own, 10000) == 0, "zerod stops");
+}
+
 /* ------------------------------------------------- sd_notify, activation --- */
 
 struct notify_listener {
@@ -825,6 +1012,7 @@ static const struct test_case cases[] = {
 	{"permissions", t_permissions, 20000},
 	{"sd_notify", t_notify, 20000},
 	{"socket_activation", t_socket_activation, 40000},
+	{"checkpoint_outcomes_logged_counted_shown", t_checkpoint_outcomes, 60000},
 };
 
 static void make_user(void)

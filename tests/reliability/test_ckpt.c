@@ -11,28 +11,36 @@
  *    zerod, and on two (the job over two nodes; node 1's zerod is killed).
  *  - restore_*: a checkpoint restored onto another world size, shard mode,
  *    step mode, bucket layout and node count trains on like the reference.
- *  - bad_*: a corrupt, partial, truncated or mismatched checkpoint is
- *    refused with ZC_ECKPT naming what is wrong; the job keeps its state and
- *    trains on to the reference, and a job beside it trains on.
+ *  - bad_*: a corrupt, partial, truncated or mismatched checkpoint, or a
+ *    FIFO or a link to one for its manifest or data file, is refused at once
+ *    with ZC_ECKPT naming what is wrong; the job keeps its state and trains
+ *    on to the reference, and a job beside it trains on.
+ *  - killed_while_writing_*: the writer or its zerod killed at random
+ *    points of a checkpoint; every restore loads the previous checkpoint or
+ *    the new one, whole (issue 20 §5).
  *
  * The job's parameters and the reference are test_state.c's (one copy of
  * its model here: NP tensors, gradients a function of rank, iteration,
  * parameter and element, never of the layout).
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -54,6 +62,28 @@ static const struct layout layouts[] = {
 	{1, {{2, 0, 4, 1, 5, 3, -1}}},
 	{2, {{0, 1, 2, -1}, {3, 4, -1}}}, /* param 5 missing: another model */
 };
+
+/* ------------------------------------------------------ generations --- */
+
+/* The directory dir's current checkpoint is in (docs/CHECKPOINT.md,
+ * "Generations"): its newest dir/ckpt-SEQ, or dir itself (the older
+ * single-generation layout), into out. */
+static const char *ckpt_gen(const char *dir, char *out, size_t len)
+{
+	unsigned long long best = 0, v;
+	DIR *d = opendir(dir);
+	struct dirent *e;
+
+	snprintf(out, len, "%s", dir);
+	while (d && (e = readdir(d)))
+		if (sscanf(e->d_name, "ckpt-%llu", &v) == 1 && v > best) {
+			best = v;
+			snprintf(out, len, "%s/%s", dir, e->d_name);
+		}
+	if (d)
+		closedir(d);
+	return out;
+}
 
 /* -------------------------------------------------------------- a rank --- */
 
@@ -602,6 +632,11 @@ static const struct spoil spoils[] = {
 	{"the manifest truncated", "checksum line", 0, ZC_OPT_ADAM},
 	{"another model (5 parameters)", "segments", 3, ZC_OPT_ADAM},
 	{"another optimizer", "optimizer", 0, ZC_OPT_SGD},
+	/* issue 20 §4: each of these hung zc_restore() for good */
+	{"a FIFO for the manifest", "MANIFEST: a FIFO, not a regular file", 0, ZC_OPT_ADAM},
+	{"a link to a FIFO for the manifest", "MANIFEST: a symbolic link", 0, ZC_OPT_ADAM},
+	{"a FIFO for the data file", "state.zck: a FIFO, not a regular file", 0, ZC_OPT_ADAM},
+	{"a link to a FIFO for the data file", "state.zck: a symbolic link", 0, ZC_OPT_ADAM},
 	{"no directory", "No such file", 0, ZC_OPT_ADAM},
 };
 #define NSPOILS (sizeof(spoils) / sizeof(spoils[0]))
@@ -611,16 +646,21 @@ static void spoil_make(const char *good, const char *dir, size_t i)
 	char a[512], b[512];
 	struct stat st;
 
+	char gen[400], src[400];
+
 	if (i == NSPOILS - 1)
 		return; /* no directory */
 	mkdir(dir, 0755);
+	snprintf(gen, sizeof(gen), "%s/ckpt-00000001", dir);
+	mkdir(gen, 0755);
+	ckpt_gen(good, src, sizeof(src));
 	for (int f = 0; f < 2; f++) {
 		const char *name = f ? "MANIFEST" : "state.zck";
-		snprintf(a, sizeof(a), "%s/%s", good, name);
-		snprintf(b, sizeof(b), "%s/%s", dir, name);
+		snprintf(a, sizeof(a), "%s/%s", src, name);
+		snprintf(b, sizeof(b), "%s/%s", gen, name);
 		copy_file(a, b);
 	}
-	snprintf(b, sizeof(b), "%s/state.zck", dir);
+	snprintf(b, sizeof(b), "%s/state.zck", gen);
 	stat(b, &st);
 	switch (i) {
 	case 0:
@@ -635,7 +675,7 @@ static void spoil_make(const char *good, const char *dir, size_t i)
 	default:
 		break;
 	}
-	snprintf(b, sizeof(b), "%s/MANIFEST", dir);
+	snprintf(b, sizeof(b), "%s/MANIFEST", gen);
 	stat(b, &st);
 	switch (i) {
 	case 1:
@@ -649,6 +689,16 @@ static void spoil_make(const char *good, const char *dir, size_t i)
 		break;
 	default:
 		break;
+	}
+	if (i >= 8 && i <= 11) { /* a FIFO, or a link to one, with nobody writing it */
+		snprintf(b, sizeof(b), "%s/%s", gen, i <= 9 ? "MANIFEST" : "state.zck");
+		snprintf(a, sizeof(a), "%s/fifo", dir);
+		unlink(b);
+		mkfifo(a, 0644);
+		if (i == 8 || i == 10)
+			CHECK(rename(a, b) == 0, "%s: %s", b, strerror(errno));
+		else
+			CHECK(symlink(a, b) == 0, "%s: %s", b, strerror(errno));
 	}
 }
 
@@ -776,6 +826,29 @@ static void t_bad_checkpoints(void)
 		snprintf(dir, sizeof(dir), "%s.%zu", bd->good, i);
 		spoil_make(good, dir, i);
 	}
+	{ /* the layout before generations, the files directly in the dir:
+		   still read (a job of mk's plan restores it and equals mk's
+		   reference of 2 iterations) */
+		struct script *old =
+			script_new("old-layout", 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+		struct snap *want = test_shared(sizeof(*want));
+		char a[700], b[700], gen[400];
+		mkdir(old->dir, 0755);
+		for (int f = 0; f < 2; f++) {
+			const char *name = f ? "MANIFEST" : "state.zck";
+			snprintf(a, sizeof(a), "%s/%s", ckpt_gen(good, gen, sizeof(gen)), name);
+			snprintf(b, sizeof(b), "%s/%s", old->dir, name);
+			copy_file(a, b);
+		}
+		snap_init(want, old->seed);
+		ref_train_nodes(want, ZC_OPT_ADAM, old->seed, 1, NULL, 0, 2);
+		old->restore = true;
+		old->restore_at = 2;
+		old->iters = 2;
+		old->want = want;
+		run_script(old);
+		REQUIRE(!test_failed_, "the old single-generation layout did not restore");
+	}
 	for (uint32_t r = 0; r < 2; r++)
 		pids[r] = spawn(bad_rank, bd, (int)r);
 	for (uint32_t r = 0; r < 2; r++)
@@ -863,6 +936,264 @@ static void t_unwritable_dir(void)
 	for (uint32_t r = 0; r < 2; r++)
 		pids[r] = spawn(unwritable_rank, sc, (int)r);
 	wait_all(sc, pids);
+}
+
+/* ------------------------------------------- killed while writing --- */
+
+/*
+ * Issue 20 §5: a checkpoint's writer (the trainer) or its zerod killed at a
+ * random point of a checkpoint, every restore after it loads the previous
+ * checkpoint or the new one, whole: never none, never a half one. A 1-rank
+ * job checkpoints iteration 2 (waited durable), trains to 4 and checkpoints
+ * again; the test watches the directory (inotify: every file or directory
+ * made, written, closed, renamed or removed in it and in the directories
+ * made in it) and kills at the K-th such event, K drawn from 1 to what a
+ * whole checkpoint made in the first round: the trainer (SIGKILL) or, every
+ * third round, the zerod (SIGKILL, then started again; the trainer's write
+ * needs no zerod and goes on). A fresh job then
+ * restores the directory and must be at iteration 2 or 4 with exactly the
+ * reference's parameters and state of that iteration. A job beside the
+ * trainer-killed ones, on the same zerod, trains on to its reference.
+ */
+#define KILL_ROUNDS 30
+
+struct killck {
+	struct script sc;
+	atomic_int phase;    /* 1: the second zc_checkpoint() is next; 2: durable */
+	atomic_int armed;    /* the test watches: the writer may go on */
+	atomic_long took_us; /* that checkpoint, zc_checkpoint() to durable */
+	bool kill_zerod;
+	int restored_at; /* the restore's iteration (-1: failed) */
+};
+
+static int64_t now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int kill_writer_rank(void *arg, int idx)
+{
+	struct killck *k = arg;
+	struct script *sc = &k->sc;
+	struct tplan tp;
+	zc_client *c = NULL;
+	const char *what = "setup";
+	int r;
+
+	make_plan(&tp, &layouts[0], sc->opt, sc->shard, sc->step, false);
+	r = setup(sc, (uint32_t)idx, &tp, &c, &what);
+	for (int it = 0; it < 2 && r >= 0; it++)
+		r = one_iteration(c, sc, &tp, 0);
+	if (r >= 0)
+		r = zc_checkpoint(c, sc->dir);
+	if (r >= 0)
+		r = zc_checkpoint_wait(c, -1);
+	for (int it = 0; it < 2 && r >= 0; it++)
+		r = one_iteration(c, sc, &tp, 0);
+	EXPECT(r == 0, "%s: the first checkpoint and training: %s: %s", sc->job,
+	       zc_strerror_name(r), zc_error_message());
+	if (r < 0)
+		return child_bad;
+	int64_t t0 = now_us();
+	atomic_store(&k->phase, 1);
+	while (!atomic_load(&k->armed))
+		usleep(100);
+	r = zc_checkpoint(c, sc->dir);
+	if (r >= 0)
+		r = zc_checkpoint_wait(c, -1);
+	atomic_store(&k->took_us, (long)(now_us() - t0));
+	atomic_store(&k->phase, 2);
+	if (k->kill_zerod) {
+		/* its zerod died at some point: the write is on disk or
+		 * zc_checkpoint() failed before it began, either is fine */
+		zc_close(c);
+		return 0;
+	}
+	for (;;) /* until the test kills this trainer */
+		usleep(1000);
+}
+
+static int kill_restore_rank(void *arg, int idx)
+{
+	struct killck *k = arg;
+	struct script sc = k->sc;
+	struct snap *got = calloc(1, sizeof(*got)), *want = calloc(1, sizeof(*want));
+	struct tplan tp;
+	zc_client *c = NULL;
+	const char *what = "setup";
+	int r, at = -1;
+
+	snprintf(sc.job, sizeof(sc.job), "%.40s-restore", k->sc.job);
+	make_plan(&tp, &layouts[0], sc.opt, sc.shard, sc.step, false);
+	r = setup(&sc, (uint32_t)idx, &tp, &c, &what);
+	if (r >= 0) {
+		what = "restore";
+		r = zc_restore(c, sc.dir);
+	}
+	if (r >= 0) {
+		at = (int)zc_iteration(c);
+		what = "get_state";
+		r = export_snap(c, &tp, sc.opt, got);
+	}
+	EXPECT(r == 0, "%s: %s: %s: %s", sc.job, what, zc_strerror_name(r), zc_error_message());
+	if (r == 0) {
+		EXPECT(at == 2 || at == 4, "%s: restored at iteration %d: neither 2 nor 4", sc.job,
+		       at);
+		snap_init(want, sc.seed);
+		ref_train_nodes(want, sc.opt, sc.seed, 1, NULL, 0, at);
+		EXPECT(snap_compare("the restored checkpoint", got, want, sc.opt) == 0,
+		       "%s: the checkpoint of iteration %d restored is not that iteration's whole",
+		       sc.job, at);
+	}
+	k->restored_at = r == 0 ? at : -1;
+	zc_close(c);
+	free(got);
+	free(want);
+	return child_bad;
+}
+
+/* Whether a checkpoint not finished (.tmp-*) is left in dir. */
+static bool unfinished_left(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	bool found = false;
+
+	while (d && (e = readdir(d)))
+		found = found || strncmp(e->d_name, ".tmp-", 5) == 0;
+	if (d)
+		closedir(d);
+	return found;
+}
+
+/* Watch k's directory (and the directories made in it) until `want`
+ * events happened or the checkpoint is durable (phase 2): how many were
+ * seen. Busy: the kill follows the event as closely as it can. */
+static long watch_until(struct killck *k, long want, int64_t deadline)
+{
+	const uint32_t mask = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO |
+			      IN_CLOSE_WRITE | IN_MODIFY;
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	long seen = 0;
+
+	if (fd < 0 || inotify_add_watch(fd, k->sc.dir, mask) < 0) {
+		CHECK(0, "inotify on %s: %s", k->sc.dir, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		atomic_store(&k->armed, 1);
+		return 0;
+	}
+	atomic_store(&k->armed, 1);
+	while (seen < want && test_ms() < deadline) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+		if (n <= 0) {
+			if (atomic_load(&k->phase) >= 2)
+				break;
+			continue;
+		}
+		for (char *p = buf; p < buf + n && seen < want;) {
+			struct inotify_event *e = (struct inotify_event *)p;
+			if ((e->mask & IN_CREATE) && (e->mask & IN_ISDIR) && e->len) {
+				char sub[512];
+				snprintf(sub, sizeof(sub), "%s/%s", k->sc.dir, e->name);
+				inotify_add_watch(fd, sub, mask);
+			}
+			if (e->mask & mask)
+				seen++;
+			p += sizeof(*e) + e->len;
+		}
+	}
+	close(fd);
+	return seen;
+}
+
+static void t_killed_while_writing(void)
+{
+	struct train_spec *by = test_shared(sizeof(*by));
+	struct killck *k = test_shared(sizeof(*k));
+	const char *const own_args[] = {"--workers", "2", NULL};
+	unsigned seed = (unsigned)now_us(), cut = 0, at[5] = {0};
+	pid_t bpids[2];
+	long span = 0;
+	struct zd own;
+	int r = zd_start(&own, own_args);
+
+	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
+	printf("# random seed %u\n", seed);
+	srand(seed);
+	*by = (struct train_spec){.socket = daemon_.sock,
+				  .job = "kill-bystander",
+				  .world = 2,
+				  .optimizer = ZC_OPT_ADAM,
+				  .shard_mode = ZC_SHARD_SLICE,
+				  .step_mode = ZC_STEP_INTERLEAVED,
+				  .iters = 60,
+				  .seed = 99,
+				  .hyper_iter = -1};
+	for (uint32_t i = 0; i < 2; i++)
+		bpids[i] = spawn(bystander_rank, by, (int)i);
+	for (int round = 0; round < KILL_ROUNDS && !test_failed_; round++) {
+		char job[32];
+		snprintf(job, sizeof(job), "killck-%d", round);
+		k->sc = *script_new(job, 1, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+		k->kill_zerod = round % 3 == 2;
+		if (k->kill_zerod)
+			snprintf(k->sc.socks[0], sizeof(k->sc.socks[0]), "%s", own.sock);
+		atomic_store(&k->phase, 0);
+		atomic_store(&k->armed, 0);
+		atomic_store(&k->took_us, 0);
+		k->restored_at = -1;
+		pid_t w = spawn(kill_writer_rank, k, 0);
+		int64_t deadline = test_ms() + test_timeout(30000);
+		while (atomic_load(&k->phase) < 1 && proc_alive(w) && test_ms() < deadline)
+			usleep(200);
+		REQUIRE(atomic_load(&k->phase) >= 1, "round %d: the writer never got to its second "
+			"checkpoint", round);
+		/* round 0 counts a whole checkpoint's events: the kills fall
+		 * within them */
+		long want = round == 0 ? LONG_MAX : 1 + rand() % (span + 1);
+		long seen = watch_until(k, want, deadline);
+		if (round == 0) {
+			span = seen;
+			printf("# a whole checkpoint made %ld events in %s\n", span, k->sc.dir);
+			REQUIRE(span > 0, "no event seen in %s", k->sc.dir);
+		}
+		long delay = seen;
+		if (k->kill_zerod) {
+			r = crash_and_restart(&own, own_args, &k->sc.killed);
+			CHECK(r == 0, "round %d: restarting zerod: %s", round, strerror(-r));
+		} else {
+			kill(w, SIGKILL);
+		}
+		int st = wait_child(w, test_timeout(30000));
+		CHECK(k->kill_zerod ? st == 0 : st != 0, "round %d: the writer ended with %d", round,
+		      st);
+		bool mid = unfinished_left(k->sc.dir) || atomic_load(&k->phase) < 2;
+		cut += mid;
+		pid_t rp = spawn(kill_restore_rank, k, 0);
+		CHECK(wait_child(rp, test_timeout(30000)) == 0, "round %d: the restore, see above",
+		      round);
+		if (k->restored_at == 2 || k->restored_at == 4)
+			at[k->restored_at]++;
+		printf("# round %d: %s killed %s (at event %ld), restored at %d\n", round,
+		       k->kill_zerod ? "zerod" : "the trainer", mid ? "mid-checkpoint" : "after it",
+		       delay, k->restored_at);
+	}
+	printf("# %u of %d kills fell before the checkpoint was durable; restored at 2: %u, at 4: "
+	       "%u\n",
+	       cut, KILL_ROUNDS, at[2], at[4]);
+	for (uint32_t i = 0; i < 2; i++)
+		CHECK(wait_child(bpids[i], test_timeout(90000)) == 0,
+		      "the job beside it, rank %u, did not train to the reference", i);
+	if (test_failed_) {
+		zd_dump_log(&daemon_);
+		zd_dump_log(&own);
+	}
+	CHECK(zd_stop(&own, 10000) == 0, "the restarted zerod did not stop cleanly");
 }
 
 /* ------------------------------------------- over two nodes (gloo) --- */
@@ -966,11 +1297,11 @@ static void t_nodes_restore_other_world(void)
 /* A line of dir's MANIFEST starting with key: its rest, into out. */
 static bool manifest_line(const char *dir, const char *key, char *out, size_t len)
 {
-	char path[512], line[512];
+	char path[512], line[512], gen[400];
 	bool found = false;
 	FILE *f;
 
-	snprintf(path, sizeof(path), "%s/MANIFEST", dir);
+	snprintf(path, sizeof(path), "%s/MANIFEST", ckpt_gen(dir, gen, sizeof(gen)));
 	if (!(f = fopen(path, "r")))
 		return false;
 	while (!found && fgets(line, sizeof(line), f))
@@ -987,14 +1318,14 @@ static bool manifest_line(const char *dir, const char *key, char *out, size_t le
 static long node_file_walk(const char *dir, uint32_t node, const uint64_t *seg_base,
 			   uint32_t nsegs, uint8_t *marks, uint64_t *ret_elems)
 {
-	char path[512];
+	char path[512], gen[400];
 	unsigned char head[32], rh[32];
 	uint64_t nrecs, elems = 0;
 	uint32_t version, nd;
 	long size = 32;
 	FILE *f;
 
-	snprintf(path, sizeof(path), "%s/node-%u.zck", dir, node);
+	snprintf(path, sizeof(path), "%s/node-%u.zck", ckpt_gen(dir, gen, sizeof(gen)), node);
 	if (!(f = fopen(path, "rb")))
 		return -1;
 	if (fread(head, 1, 32, f) != 32 || memcmp(head, "ZCKPTNOD", 8) != 0) {
@@ -1098,7 +1429,7 @@ static void t_nodes_files_per_node(void)
 	struct snap *want = test_shared(sizeof(*want));
 	uint64_t seg_base[16] = {0}, total = 0, elems[2] = {0};
 	uint32_t nsegs = 0;
-	char line[256], key[32];
+	char line[256], key[32], gen[400];
 	uint8_t *marks = NULL;
 	int r;
 
@@ -1138,7 +1469,8 @@ static void t_nodes_files_per_node(void)
 		struct stat st;
 		long size = node_file_walk(a->dir, nd, seg_base, nsegs, marks, &elems[nd]);
 		snprintf(key, sizeof(key), "file node-%u.zck ", nd);
-		snprintf(path, sizeof(path), "%s/node-%u.zck", a->dir, nd);
+		snprintf(path, sizeof(path), "%s/node-%u.zck", ckpt_gen(a->dir, gen, sizeof(gen)),
+			 nd);
 		CHECK(manifest_line(a->dir, key, line, sizeof(line)) &&
 			      sscanf(line, "%llu", &listed) == 1,
 		      "the manifest lists no node-%u.zck", nd);
@@ -1165,13 +1497,13 @@ static void t_nodes_files_per_node(void)
 
 	/* spoiled copies */
 	for (size_t i = 0; i < NNODE_SPOILS; i++) {
-		char from[512], to[512], dir[300];
+		char from[512], to[512], dir[360];
 		snprintf(dir, sizeof(dir), "%s.%zu", a->dir, i);
-		mkdir(dir, 0755);
+		mkdir(dir, 0755); /* the old single-generation layout: read as before */
 		for (const char *const *f = (const char *const[]){"MANIFEST", "node-0.zck",
 								  "node-1.zck", NULL};
 		     *f; f++) {
-			snprintf(from, sizeof(from), "%s/%s", a->dir, *f);
+			snprintf(from, sizeof(from), "%s/%s", ckpt_gen(a->dir, gen, sizeof(gen)), *f);
 			snprintf(to, sizeof(to), "%s/%s", dir, *f);
 			copy_file(from, to);
 		}
@@ -1260,7 +1592,7 @@ static void t_nodes_v1_still_restores(void)
 	struct script *a = script_new("v1-nodes", 3, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
 	struct script *b = script_new("v1-back", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
 	struct snap *want = test_shared(sizeof(*want));
-	char line[64], path[512];
+	char line[64], path[512], gen[400];
 	struct stat st;
 	int r;
 
@@ -1278,7 +1610,7 @@ static void t_nodes_v1_still_restores(void)
 	REQUIRE(!test_failed_, "the checkpointing job failed");
 	CHECK(manifest_line(a->dir, "zerod-checkpoint ", line, sizeof(line)) && atoi(line) == 1,
 	      "the manifest is not of version 1");
-	snprintf(path, sizeof(path), "%s/state.zck", a->dir);
+	snprintf(path, sizeof(path), "%s/state.zck", ckpt_gen(a->dir, gen, sizeof(gen)));
 	CHECK(stat(path, &st) == 0, "no %s", path);
 	ref_train_nodes(want, a->opt, a->seed, 3, node_of, 3, 5);
 	b->nnodes = 2;
@@ -1341,7 +1673,7 @@ static void t_zeroctl_checkpoint(void)
 	struct script *b =
 		script_new("opctl-restored", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
 	struct snap *want = test_shared(sizeof(*want));
-	char cdir[200], args0[220], out[256], manifest[300], line[64];
+	char cdir[200], args0[220], out[256], manifest[420], line[64];
 	const char *args[] = {"--checkpoint-dir", args0, NULL};
 	struct zd own;
 	pid_t pids[2];
@@ -1374,7 +1706,12 @@ static void t_zeroctl_checkpoint(void)
 		CHECK(atomic_load(&sc->due_at[k]) == at,
 		      "rank %d checkpointed at %d, zeroctl said %lld", k,
 		      atomic_load(&sc->due_at[k]), at);
-	snprintf(manifest, sizeof(manifest), "%s/opctl/MANIFEST", cdir);
+	{
+		char top[400], gen[400];
+		snprintf(top, sizeof(top), "%s/opctl", cdir);
+		snprintf(manifest, sizeof(manifest), "%s/MANIFEST",
+			 ckpt_gen(top, gen, sizeof(gen)));
+	}
 	{
 		FILE *f = fopen(manifest, "re");
 		bool found = false;
@@ -1413,6 +1750,7 @@ static const struct test_case cases[] = {
 	{"bad_checkpoints_ECKPT_job_beside_trains", t_bad_checkpoints, 180000},
 	{"unwritable_dir_ECKPT_from_checkpoint_wait", t_unwritable_dir, 60000},
 	{"zeroctl_checkpoint_at_next_boundary", t_zeroctl_checkpoint, 120000},
+	{"killed_while_writing_restores_previous_or_new", t_killed_while_writing, 180000},
 };
 
 static const struct test_case node_cases[] = {

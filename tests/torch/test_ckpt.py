@@ -77,6 +77,14 @@ def restore_equals_uninterrupted(cfg, rank, world):
     return {"iterations": n, "checkpoint_after": at, "max_diff": worst}
 
 
+def current_generation(d):
+    """The directory d's current checkpoint is in: its newest ckpt-SEQ
+    (docs/CHECKPOINT.md, "Generations"), or d itself (the older layout)."""
+    gens = [f for f in os.listdir(d) if f.startswith("ckpt-") and f[5:].isdigit()] \
+        if os.path.isdir(d) else []
+    return os.path.join(d, max(gens, key=lambda f: int(f[5:]))) if gens else d
+
+
 def corrupt_refused(cfg, rank, world):
     from zerod import ZerodError
     d = os.path.join(os.environ["ZEROD_TORCH_RUN"], "ck")
@@ -85,8 +93,9 @@ def corrupt_refused(cfg, rank, world):
     assert opt.checkpoint_wait()
     dist.barrier()
     if rank == 0:  # flip one byte of the data file
-        data = [f for f in os.listdir(d) if f != "MANIFEST" and not f.startswith(".")]
-        with open(os.path.join(d, sorted(data)[0]), "r+b") as f:
+        g = current_generation(d)
+        data = [f for f in os.listdir(g) if f != "MANIFEST" and not f.startswith(".")]
+        with open(os.path.join(g, sorted(data)[0]), "r+b") as f:
             f.seek(100)
             b = f.read(1)
             f.seek(100)
@@ -124,8 +133,9 @@ def zeroctl_asks(cfg, rank, world):
     assert opt.checkpoint_wait(30000), "the asked-for checkpoint is not durable"
     dist.barrier()
     asked = json.load(open(os.path.join(run, "asked.json")))["checkpoint"]
-    manifest = open(os.path.join(d, "MANIFEST")).read() if os.path.exists(
-        os.path.join(d, "MANIFEST")) else ""
+    g = current_generation(d)
+    manifest = open(os.path.join(g, "MANIFEST")).read() if os.path.exists(
+        os.path.join(g, "MANIFEST")) else ""
     assert manifest, f"no manifest in {d}: {os.listdir(d) if os.path.isdir(d) else 'no dir'}"
     # the checkpoint restores: into a fresh optimizer, at the named iteration
     ref = params(model)

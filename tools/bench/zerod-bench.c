@@ -35,6 +35,7 @@
  *   vs_gloo_net  = busbw_net / busbw_gloo: the all-reduce against gloo's.
  * The floors, the handoff and the torch anchor are not run in this mode.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -805,22 +806,32 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 	       ratio(job->ckpt_stall_ms, job->ckpt_copy_ms));
 }
 
-/* The files a checkpoint into the temporary dir left (version 1 or 2), and
- * the dir. */
-static void ckpt_tmp_remove(const char *dir, uint32_t nodes)
+/* What checkpoints into the temporary dir left (their generations,
+ * docs/CHECKPOINT.md: directories of files), and the dir. */
+static void ckpt_tmp_remove(const char *dir)
 {
-	char f[96];
+	char f[512], g[1024];
+	DIR *d = opendir(dir), *sub;
+	struct dirent *e, *x;
 
-	snprintf(f, sizeof(f), "%s/MANIFEST", dir);
-	unlink(f);
-	snprintf(f, sizeof(f), "%s/state.zck", dir);
-	unlink(f);
-	for (uint32_t k = 0; k < nodes; k++) {
-		snprintf(f, sizeof(f), "%s/node-%u.zck", dir, k);
-		unlink(f);
-		snprintf(f, sizeof(f), "%s/node-%u.sum", dir, k);
-		unlink(f);
+	while (d && (e = readdir(d))) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		snprintf(f, sizeof(f), "%s/%s", dir, e->d_name);
+		if ((sub = opendir(f))) {
+			while ((x = readdir(sub)))
+				if (strcmp(x->d_name, ".") != 0 && strcmp(x->d_name, "..") != 0) {
+					snprintf(g, sizeof(g), "%s/%s", f, x->d_name);
+					unlink(g);
+				}
+			closedir(sub);
+			rmdir(f);
+		} else {
+			unlink(f);
+		}
 	}
+	if (d)
+		closedir(d);
 	rmdir(dir);
 }
 
@@ -905,7 +916,7 @@ static int daemons_job(struct opts *o, const char *const *extra, struct job_resu
 		r = cfg->checkpoint_every && !cfg->checkpoint_dir ? -errno
 								  : job_iterations(d, cfg, job, NULL);
 		if (ckpt_tmp) {
-			ckpt_tmp_remove(ckpt_tmp, cfg->daemons);
+			ckpt_tmp_remove(ckpt_tmp);
 			cfg->checkpoint_dir = NULL;
 		}
 		if (r < 0)
@@ -1034,7 +1045,7 @@ static int run(int argc, char **argv)
 									   o.shared_params ? &x.shared
 											   : NULL);
 	if (ckpt_tmp)
-		ckpt_tmp_remove(ckpt_tmp, 1);
+		ckpt_tmp_remove(ckpt_tmp);
 	if (r == 0) {
 		progress("zerod: tiny-bucket handoff");
 		step = "handoff";

@@ -47,7 +47,12 @@ static struct {
 	int timeout_ms;
 	const char *verb;
 	int ops; /* inspect: operations shown (human output) */
+	bool wait; /* checkpoint: wait for the outcome */
 } opt = {.timeout_ms = DEFAULT_TIMEOUT_MS, .ops = HUMAN_OPS};
+
+/* checkpoint --wait: how long at most, and how often zerod is asked */
+#define WAIT_MAX_MS  600000
+#define WAIT_POLL_MS 100
 
 static void usage(FILE *f)
 {
@@ -75,11 +80,14 @@ static void usage(FILE *f)
 		"                             chrome://tracing) of every job's buckets to FILE,\n"
 		"                             as zerod's user\n"
 		"  trace off                  stop it and complete the file\n"
-		"  checkpoint JOB [DIR] [--uid U]\n"
+		"  checkpoint JOB [DIR] [--uid U] [--wait]\n"
 		"                             have the job's trainers write a checkpoint into DIR\n"
-		"                             (default: zerod's checkpoint-dir/JOB) at the next\n"
-		"                             iteration boundary, if they poll zc_checkpoint_due();\n"
-		"                             says which iteration (one-node jobs)\n"
+		"                             (default: zerod's checkpoint-dir/JOB, refused if the\n"
+		"                             job's user cannot write it) at the next iteration\n"
+		"                             boundary, if they poll zc_checkpoint_due(); says which\n"
+		"                             iteration (one-node jobs). --wait: until the trainers\n"
+		"                             report it written (exit 0) or failed (exit 1, why),\n"
+		"                             at most 10 minutes\n"
 		"  keygen [PREFIX]            a CURVE key pair for the rendezvous between\n"
 		"                             daemons (ZeroMQ's Z85 keys): PREFIX.key, the secret\n"
 		"                             (mode 0600; zerod --curve-secret-key), and PREFIX.pub,\n"
@@ -369,6 +377,47 @@ static bool job_degraded(const Zerod__V1__CtlJob *j)
 
 /* ----------------------------------------------------------- verbs --- */
 
+/* A job's last checkpoint (CtlCheckpoint), or null. */
+static void json_ckpt(const Zerod__V1__CtlCheckpoint *k)
+{
+	if (!k) {
+		printf("null");
+		return;
+	}
+	printf("{\"state\":");
+	json_str(k->state);
+	printf(",\"iteration\":%" PRIu64 ",\"dir\":", k->iteration);
+	json_str(k->dir);
+	printf(",\"path\":");
+	k->path ? json_str(k->path) : (void)printf("null");
+	printf(",\"error\":");
+	k->error ? json_str(k->error) : (void)printf("null");
+	printf(",\"rank\":");
+	k->has_rank ? printf("%u", k->rank) : printf("null");
+	printf(",\"age_seconds\":%.3f}", k->age_ms / 1000.0);
+}
+
+/* The same for people, one line. */
+static void print_ckpt(const char *job, const Zerod__V1__CtlCheckpoint *k)
+{
+	char b[32];
+
+	if (strcmp(k->state, "asked") == 0)
+		printf("job %s: checkpoint of iteration %" PRIu64 " into %s asked %s ago, not "
+		       "reported yet\n",
+		       job, k->iteration, k->dir, duration(b, k->age_ms / 1000.0));
+	else if (strcmp(k->state, "done") == 0)
+		printf("job %s: last checkpoint: iteration %" PRIu64 " written to %s (rank %u, %s "
+		       "ago)\n",
+		       job, k->iteration, k->path ? k->path : k->dir, k->rank,
+		       duration(b, k->age_ms / 1000.0));
+	else
+		printf("job %s: last checkpoint: iteration %" PRIu64 " into %s FAILED (rank %u, %s "
+		       "ago): %s\n",
+		       job, k->iteration, k->dir, k->rank, duration(b, k->age_ms / 1000.0),
+		       k->error ? k->error : "no reason given");
+}
+
 static void json_job(const Zerod__V1__CtlJob *j)
 {
 	printf("{\"id\":");
@@ -395,7 +444,9 @@ static void json_job(const Zerod__V1__CtlJob *j)
 		json_str(j->rendezvous);
 	else
 		printf("null");
-	printf(",\"rendezvous_serving\":%s}", j->rendezvous_serving ? "true" : "false");
+	printf(",\"rendezvous_serving\":%s,\"checkpoint\":", j->rendezvous_serving ? "true" : "false");
+	json_ckpt(j->checkpoint);
+	printf("}");
 }
 
 static int show_status(const Zerod__V1__StatusReply *st)
@@ -483,6 +534,9 @@ static int show_status(const Zerod__V1__StatusReply *st)
 	for (size_t i = 0; i < st->n_jobs; i++)
 		if (st->jobs[i]->error)
 			printf("job %s failed: %s\n", st->jobs[i]->id, st->jobs[i]->error);
+	for (size_t i = 0; i < st->n_jobs; i++)
+		if (st->jobs[i]->checkpoint)
+			print_ckpt(st->jobs[i]->id, st->jobs[i]->checkpoint);
 	return degraded ? EXIT_DEGRADED : 0;
 }
 
@@ -577,6 +631,8 @@ static int show_inspect(const Zerod__V1__InspectReply *in)
 		       bytes(b2, in->state_bytes));
 	else
 		printf("plan: not registered yet\n");
+	if (j->checkpoint)
+		print_ckpt(j->id, j->checkpoint);
 
 	printf("\n");
 	table_row(&t, "RANK", "CONNECTED", "PID", "REGISTERED", "NEXT BUCKET", "OWNS");
@@ -705,21 +761,91 @@ static int show_trace(const Zerod__V1__TraceReply *tr)
 	return 0;
 }
 
-static int show_checkpoint(const Zerod__V1__CheckpointReply *cr)
+/*
+ * checkpoint --wait: ask zerod for the job (inspect) until the trainers
+ * have reported the checkpoint of cr's iteration into cr's dir (its last
+ * checkpoint is that one, done or failed): 0 with the reply in *ret (its
+ * job's checkpoint the outcome), or an exit status said.
+ */
+static int wait_outcome(const Zerod__V1__CheckpointReply *cr, long uid, Ctl **ret)
 {
+	Zerod__V1__InspectRequest iq = ZEROD__V1__INSPECT_REQUEST__INIT;
+	Ctl req = ZEROD__V1__CTL__INIT, *rep = NULL;
+	int code;
+
+	iq.job = cr->job;
+	iq.has_uid = uid >= 0;
+	iq.uid = (uint32_t)uid;
+	iq.has_bucket = iq.has_rank = true;
+	iq.bucket = iq.rank = INT32_MAX; /* none: only the job */
+	req.version = ZEROD_CTL_VERSION;
+	req.body_case = ZEROD__V1__CTL__BODY_INSPECT_REQUEST;
+	req.inspect_request = &iq;
+	for (int waited = 0;; waited += WAIT_POLL_MS) {
+		const Zerod__V1__CtlJob *j;
+		const Zerod__V1__CtlCheckpoint *k;
+		if ((code = call(&req, &rep)) != 0)
+			return code;
+		if ((code = expect(rep, ZEROD__V1__CTL__BODY_INSPECT)) != 0) {
+			zerod__v1__ctl__free_unpacked(rep, NULL);
+			return code;
+		}
+		j = rep->inspect->job;
+		k = j->checkpoint;
+		if (k && k->iteration == cr->iteration && strcmp(k->dir, cr->dir) == 0 &&
+		    strcmp(k->state, "asked") != 0) {
+			*ret = rep;
+			return 0;
+		}
+		if (j->error || strcmp(j->state, "active") != 0 || waited >= WAIT_MAX_MS) {
+			code = fail(EXIT_DEGRADED,
+				    "job %s: no outcome of the checkpoint of iteration %" PRIu64
+				    " into %s %s",
+				    cr->job, cr->iteration, cr->dir,
+				    waited >= WAIT_MAX_MS ? "after 10 minutes"
+				    : j->error	  ? "(the job failed)"
+						  : "(the job is no longer active)");
+			zerod__v1__ctl__free_unpacked(rep, NULL);
+			return code;
+		}
+		zerod__v1__ctl__free_unpacked(rep, NULL);
+		usleep(WAIT_POLL_MS * 1000);
+	}
+}
+
+static int show_checkpoint(const Zerod__V1__CheckpointReply *cr, long uid)
+{
+	const Zerod__V1__CtlCheckpoint *k = NULL;
+	Ctl *rep = NULL;
+	int code = 0;
+
+	if (!opt.json)
+		printf("job %s: %u ranks told to checkpoint into %s when iteration %" PRIu64
+		       " begins\n",
+		       cr->job, cr->ranks, cr->dir, cr->iteration);
+	if (opt.wait) {
+		fflush(stdout);
+		if ((code = wait_outcome(cr, uid, &rep)) != 0)
+			return code;
+		k = rep->inspect->job->checkpoint;
+		code = strcmp(k->state, "done") == 0 ? 0 : EXIT_DEGRADED;
+	}
 	if (opt.json) {
 		json_head();
 		printf(",\"checkpoint\":{\"job\":");
 		json_str(cr->job);
 		printf(",\"dir\":");
 		json_str(cr->dir);
-		printf(",\"iteration\":%" PRIu64 ",\"ranks\":%u}}\n", cr->iteration, cr->ranks);
-	} else {
-		printf("job %s: %u ranks told to checkpoint into %s when iteration %" PRIu64
-		       " begins\n",
-		       cr->job, cr->ranks, cr->dir, cr->iteration);
+		printf(",\"iteration\":%" PRIu64 ",\"ranks\":%u,\"outcome\":", cr->iteration,
+		       cr->ranks);
+		json_ckpt(k);
+		printf("}}\n");
+	} else if (k) {
+		print_ckpt(cr->job, k);
 	}
-	return 0;
+	if (rep)
+		zerod__v1__ctl__free_unpacked(rep, NULL);
+	return code;
 }
 
 /* FILE as the daemon must see it: absolute (its cwd is not ours). */
@@ -751,6 +877,7 @@ int main(int argc, char **argv)
 		{"bucket", required_argument, NULL, 'b'},
 		{"uid", required_argument, NULL, 'u'},
 		{"ops", required_argument, NULL, 'n'},
+		{"wait", no_argument, NULL, 'w'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},
 		{0},
@@ -798,6 +925,9 @@ int main(int argc, char **argv)
 				opt.ops = (int)v;
 			break;
 		}
+		case 'w':
+			opt.wait = true;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -873,6 +1003,8 @@ int main(int argc, char **argv)
 	      req.body_case == ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST))
 		return fail(EXIT_USAGE, "--rank, --bucket and --uid go with inspect (--uid with "
 					"checkpoint too)");
+	if (opt.wait && req.body_case != ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST)
+		return fail(EXIT_USAGE, "--wait goes with checkpoint");
 
 	code = call(&req, &rep);
 	if (code)
@@ -901,7 +1033,7 @@ int main(int argc, char **argv)
 	case ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST:
 		code = expect(rep, ZEROD__V1__CTL__BODY_CHECKPOINT);
 		if (!code)
-			code = show_checkpoint(rep->checkpoint);
+			code = show_checkpoint(rep->checkpoint, uid);
 		break;
 	default:
 		code = expect(rep, ZEROD__V1__CTL__BODY_TRACE);
