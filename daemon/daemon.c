@@ -537,13 +537,11 @@ int daemon_run(const struct daemon_config *cfg)
 	r = loop_run(d.loop);
 	if (r < 0)
 		snprintf(why, sizeof(why), "event loop: %s", strerror(-r));
-	/* a job ends when a rank leaves, and its other ranks are told so
-	 * (ZC_EJOBFAILED), a clean end too: those are not counted as errors */
-	log_notice("zerod: served %" PRIu64 " jobs: %" PRIu64 " iterations, %" PRIu64
-		   " buckets reduced, %" PRIu64 " errors sent, %" PRIu64
-		   " ranks told their job had ended",
-		   d.stats.jobs, d.stats.iterations, d.stats.buckets,
-		   d.stats.errors_sent - d.stats.ended_sent, d.stats.ended_sent);
+	/* a clean end (its ranks left after an iteration) sends no error */
+	log_notice("zerod: served %" PRIu64 " jobs (%" PRIu64 " failed): %" PRIu64
+		   " iterations, %" PRIu64 " buckets reduced, %" PRIu64 " errors sent",
+		   d.stats.jobs, d.stats.jobs_failed, d.stats.iterations, d.stats.buckets,
+		   d.stats.errors_sent);
 out:
 	if (r < 0)
 		log_err("zerod: %s", why[0] ? why : zc_strerror(r));

@@ -56,11 +56,11 @@ static void record_failure(struct ops *o, struct jobops *jo)
 	struct job *j = jo->job;
 	struct flight_op *op;
 
-	if (jo->failed_seen || !job_ended(j))
+	/* a quiet end (a rank left between iterations) is no failure, unless
+	 * another rank goes on after it (job_went_on): looked at again */
+	if (jo->failed_seen || !job_ended(j) || j->quiet_end)
 		return;
 	jo->failed_seen = true;
-	if (j->quiet_end)
-		return; /* a rank left between iterations: not an error */
 	metrics_count(o->m.failures, j->err);
 	op = flight_add(jo->flight, ops_now_us() - jo->seen_us, FL_FAILED, j->iter, -1, -1, 0);
 	snprintf(op->detail, sizeof(op->detail), "%s: %.96s", zc_strerror_name(j->err),

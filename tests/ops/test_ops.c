@@ -420,6 +420,107 @@ static void t_metrics(void)
 	}
 }
 
+/* The zerod_errors_total samples of `zeroctl metrics` (at most len - 1
+ * bytes into buf, each line ended by '\n'): 0, or -1 if zeroctl failed. */
+static int errors_total(const char *name, char *buf, size_t len)
+{
+	char *text, *save = NULL;
+	size_t n = 0;
+
+	buf[0] = 0;
+	if (zeroctl(&daemon_, name, "metrics", NULL, NULL, NULL) != 0)
+		return -1;
+	text = slurp(path_of(name, "out"));
+	for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+		if (strncmp(l, "zerod_errors_total", 18) == 0 && n + strlen(l) + 2 < len)
+			n += (size_t)snprintf(buf + n, len - n, "%s\n", l);
+	free(text);
+	return 0;
+}
+
+/* What zerod logged when job ended ("ok", or the code and why): in buf. */
+static bool ended_as(const char *job, char *buf, size_t len)
+{
+	char needle[96], *s, *p;
+
+	snprintf(needle, sizeof(needle), "job %s: ended (", job);
+	if (!zd_wait_log(&daemon_, needle, 10000))
+		return false;
+	s = slurp(daemon_.log);
+	p = strstr(s, needle);
+	snprintf(buf, len, "%.*s", p ? (int)strcspn(p + strlen(needle), "\n") : 0,
+		 p ? p + strlen(needle) : "");
+	free(s);
+	return p != NULL;
+}
+
+/* Issue 20 §3: ranks that all leave after the last iteration end their job
+ * cleanly: no error sent, counted or logged, and "ended (ok)" with every
+ * rank. */
+static void t_clean_end(void)
+{
+	struct train_spec spec = train_spec(daemon_.sock, "ops-clean", 3, 6, NULL);
+	char before[4096], after[4096], how[256];
+	pid_t pids[3];
+
+	REQUIRE(errors_total("ce0", before, sizeof(before)) == 0, "metrics before");
+	for (int r = 0; r < 3; r++)
+		pids[r] = spawn(c_train, &spec, r);
+	for (int r = 0; r < 3; r++)
+		CHECK(wait_child(pids[r], 30000) == 0, "rank %d trained to the reference", r);
+	REQUIRE(ended_as("ops-clean", how, sizeof(how)), "the job's end is logged");
+	CHECK(strncmp(how, "ok): 3 ranks", 12) == 0, "ended (%s", how);
+	REQUIRE(errors_total("ce1", after, sizeof(after)) == 0, "metrics after");
+	CHECK(strcmp(before, after) == 0, "zerod_errors_total unchanged:\n# before:\n%s# after:\n%s",
+	      before, after);
+	CHECK(!zd_log_has(&daemon_, "job ops-clean failed") &&
+		      !zd_log_has(&daemon_, "job ops-clean: failed"),
+	      "no failure logged");
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
+/* ... but a job whose rank is stopped by Ctrl-C (SIGINT) while the others
+ * go on ends failed, never "ok"; a job beside it trains on. */
+static void t_sigint_rank(void)
+{
+	struct train_stop *beside_stop = train_stop_new(), *stop = train_stop_new();
+	struct train_spec beside = train_spec(daemon_.sock, "ops-beside", 2, 1000000, beside_stop);
+	struct train_spec spec = train_spec(daemon_.sock, "ops-int", 2, 1000000, stop);
+	pid_t bp[2], ip[2];
+	char how[256];
+	int done;
+
+	/* both ranks of ops-int rest 100 ms after each iteration: the signal
+	 * lands between iterations, where a leaving rank once ended a job "ok" */
+	spec.sleep_us = 100000;
+	for (int r = 0; r < 2; r++) {
+		bp[r] = spawn(c_train, &beside, r);
+		ip[r] = spawn(c_train, &spec, r);
+	}
+	for (int i = 0; i < test_timeout(1500) &&
+			(atomic_load(&stop->done) < 5 || atomic_load(&beside_stop->done) < 5);
+	     i++)
+		usleep(10000);
+	REQUIRE(atomic_load(&stop->done) >= 5 && atomic_load(&beside_stop->done) >= 5,
+		"both jobs trained 5 iterations");
+	kill(ip[1], SIGINT);
+	CHECK(wait_child(ip[1], 10000) != 0, "rank 1 of ops-int stopped by SIGINT");
+	CHECK(wait_child(ip[0], 30000) != 0, "rank 0 of ops-int did not end as if trained");
+	REQUIRE(ended_as("ops-int", how, sizeof(how)), "the job's end is logged");
+	CHECK(strncmp(how, "ok)", 3) != 0 && strstr(how, "rank 1"),
+	      "ended (%s: not ok, names rank 1", how);
+	done = atomic_load(&beside_stop->done);
+	for (int i = 0; i < test_timeout(1500) && atomic_load(&beside_stop->done) < done + 5; i++)
+		usleep(10000);
+	CHECK(atomic_load(&beside_stop->done) >= done + 5, "the job beside trains on");
+	atomic_store(&beside_stop->requested, 1);
+	for (int r = 0; r < 2; r++)
+		CHECK(wait_child(bp[r], 30000) == 0, "ops-beside rank %d trained to the reference", r);
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
 static int count_lines(const struct zd *d, const char *needle)
 {
 	char *s = slurp(d->log);
@@ -818,6 +919,8 @@ static const struct test_case cases[] = {
 	{"status_idle", t_status_idle, 20000},
 	{"job_and_trace", t_job_and_trace, 60000},
 	{"metrics", t_metrics, 20000},
+	{"clean_end", t_clean_end, 40000},
+	{"sigint_rank", t_sigint_rank, 60000},
 	{"stall_inspector", t_stall, 30000},
 	{"reload", t_reload, 20000},
 	{"reload_bad", t_reload_bad, 20000},
