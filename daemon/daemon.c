@@ -37,6 +37,7 @@
 
 #include "common.h"
 #include "backend.h"
+#include "config.h"
 #include "daemon.h"
 #include "fastpath.h"
 #include "log.h"
@@ -216,18 +217,36 @@ static int claim_socket_path(struct daemon *d, char *why, size_t len)
 		return -ENAMETOOLONG;
 	}
 	snprintf(lock, sizeof(lock), "%s.lock", path);
-	d->lockfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (d->lockfd < 0) {
-		r = -errno;
-		snprintf(why, len, "lock file %s: %s", lock, strerror(-r));
-		return r;
-	}
-	if (flock(d->lockfd, LOCK_EX | LOCK_NB) < 0) {
-		r = -errno;
-		snprintf(why, len, "socket %s: %s", path,
-			 r == -EWOULDBLOCK ? "another zerod is serving it (it holds its lock file)"
-					   : strerror(-r));
-		return r == -EWOULDBLOCK ? -EADDRINUSE : r;
+	/* A zerod that stops removes its lock file while it holds the lock: a
+	 * lock taken on a file that is no longer at the path is taken again. */
+	for (int tries = 0;; tries++) {
+		struct stat held;
+		d->lockfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+		if (d->lockfd < 0) {
+			r = -errno;
+			snprintf(why, len, "lock file %s: %s", lock, strerror(-r));
+			return r;
+		}
+		if (flock(d->lockfd, LOCK_EX | LOCK_NB) < 0) {
+			r = -errno;
+			close(d->lockfd); /* not ours: daemon_close() must not remove it */
+			d->lockfd = -1;
+			snprintf(why, len, "socket %s: %s", path,
+				 r == -EWOULDBLOCK
+					 ? "another zerod is serving it (it holds its lock file)"
+					 : strerror(-r));
+			return r == -EWOULDBLOCK ? -EADDRINUSE : r;
+		}
+		if (fstat(d->lockfd, &held) == 0 && lstat(lock, &st) == 0 &&
+		    held.st_dev == st.st_dev && held.st_ino == st.st_ino)
+			break;
+		close(d->lockfd);
+		d->lockfd = -1;
+		if (tries == 10) {
+			snprintf(why, len, "lock file %s: replaced under this zerod again and again",
+				 lock);
+			return -EBUSY;
+		}
 	}
 	if (d->listen_fd >= 0)
 		return 0; /* systemd's socket (socket activation): it stays as it is */
@@ -441,8 +460,14 @@ static void daemon_close(struct daemon *d)
 	loop_free(d->loop);
 	if (d->sigfd >= 0)
 		close(d->sigfd);
-	if (d->lockfd >= 0)
-		close(d->lockfd); /* the lock goes with it; the file stays, harmless */
+	if (d->lockfd >= 0) {
+		/* removed while still held: a zerod starting now locks a new file
+		 * (claim_socket_path checks that the file it locked is the path's) */
+		char lock[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
+		snprintf(lock, sizeof(lock), "%s.lock", d->cfg.socket_path);
+		unlink(lock);
+		close(d->lockfd);
+	}
 }
 
 int daemon_run(const struct daemon_config *cfg)
@@ -530,6 +555,12 @@ int daemon_run(const struct daemon_config *cfg)
 		   ZEROD_VERSION_STRING, cfg->socket_path, d.cuda ? "cuda, host" : "host", d.mem->name,
 		   pool_threads(d.pool), fmt_bytes(size, d.cfg.max_memory), d.cfg.max_sessions,
 		   d.conn_limit, d.nofile);
+	/* a config file put where zerod does not look is never silently ignored */
+	if (cfg->src && config_src_path(cfg->src)[0])
+		log_notice("zerod: config file %s", config_src_path(cfg->src));
+	else if (cfg->src)
+		log_notice("zerod: no config file (%s does not exist): defaults and flags",
+			   config_src_file(cfg->src));
 	if (d.listen_fd >= 0)
 		log_notice("the trainers' socket %s came from systemd (socket activation)",
 			   cfg->socket_path);
