@@ -569,10 +569,10 @@ int daemon_run(const struct daemon_config *cfg)
 	if (r < 0)
 		snprintf(why, sizeof(why), "event loop: %s", strerror(-r));
 	/* a clean end (its ranks left after an iteration) sends no error */
-	log_notice("zerod: served %" PRIu64 " jobs (%" PRIu64 " failed): %" PRIu64
+	log_notice("zerod: served %" PRIu64 " job%s (%" PRIu64 " failed): %" PRIu64
 		   " iterations, %" PRIu64 " buckets reduced, %" PRIu64 " errors sent",
-		   d.stats.jobs, d.stats.jobs_failed, d.stats.iterations, d.stats.buckets,
-		   d.stats.errors_sent);
+		   d.stats.jobs, d.stats.jobs == 1 ? "" : "s", d.stats.jobs_failed,
+		   d.stats.iterations, d.stats.buckets, d.stats.errors_sent);
 out:
 	if (r < 0)
 		log_err("zerod: %s", why[0] ? why : zc_strerror(r));

@@ -38,7 +38,7 @@ stop_zerod() {
     st=$?
     zpid=
 }
-echo "1..12"
+echo "1..13"
 
 # the units as they are installed, pointing at this build's binaries
 sed -e "s#@ZEROD@#$build/daemon/zerod#" -e "s#@ZEROCTL@#$build/tools/zeroctl#" \
@@ -239,6 +239,17 @@ if [ $st -eq 78 ] && grep -q "$dir/bad.conf:4: key stall-timeout: 'soon'" "$dir/
 else
     notok "a bad config file: exit $st"; show "$dir/bad"
 fi
+# Python's ZerodError names the call once, also when the library's reason
+# begins with it ("zc_restore: ZC_ECKPT (-1030): zc_restore: ..." was said)
+msg=$(PYTHONPATH="$src/client/python" ZEROD_LIBZEROCLIENT="$build/client/libzeroclient.so.1" \
+    python3 -c 'from zerod import ZerodError
+print(ZerodError("zc_restore", -1030, "zc_restore: /x: no checkpoint"))' 2>&1)
+if [ "$msg" = "zc_restore: ZC_ECKPT (-1030): /x: no checkpoint" ]; then
+    ok "ZerodError names the call once: $msg"
+else
+    notok "ZerodError: '$msg'"
+fi
+
 # A trace into a /tmp that is zerod's own (zerod.service's PrivateTmp=yes;
 # here a tmpfs over $dir/priv in zerod's mount namespace) is refused and
 # stopped; a relative FILE is the caller's, resolved from its directory.

@@ -293,6 +293,12 @@ static void t_status_idle(void)
 	CHECK(has("st0", "out", "backends host"), "backends");
 	CHECK(has("st0", "out", "no jobs"), "no jobs yet");
 	CHECK(has("st0", "out", cfgfile), "the config file read");
+	CHECK(zd_log_has(&daemon_, "; mem memfd;"), "the start line names the buffers' kind");
+	{
+		char line[256];
+		snprintf(line, sizeof(line), "zerod: config file %s", cfgfile);
+		CHECK(zd_log_has(&daemon_, line), "the start says which config file it read");
+	}
 	CHECK(zeroctl(&daemon_, "st0j", "-o", "json", "status", NULL) == 0, "zeroctl -o json");
 	CHECK(check("json", "st0j") == 0, "schema");
 	CHECK(has("st0j", "out", "\"schema_version\":1"), "schema_version");
@@ -341,7 +347,9 @@ static void t_job_and_trace(void)
 	CHECK(has("in1", "out", "plan "), "the plan");
 	CHECK(has("in1", "out", "adam, shard bucket, step interleaved"), "its modes");
 	CHECK(has("in1", "out", "OWNERS"), "ownership");
-	CHECK(has("in1", "out", "flight recorder"), "the flight recorder");
+	CHECK(has("in1", "out", "flight recorder: the last 32 of 64 operations (it keeps the last 64; "
+		  "--ops N shows more)"),
+	      "the flight recorder, its size said once");
 	CHECK(has("in1", "out", " step "), "a step in it");
 	CHECK(has("in1", "out", " reduced "), "a reduced bucket in it");
 	CHECK(zeroctl(&daemon_, "in1j", "-o", "json", "inspect", "ops-train") == 0,
@@ -478,6 +486,105 @@ static void t_clean_end(void)
 	      "no failure logged");
 	if (test_failed_)
 		zd_dump_log(&daemon_);
+}
+
+/* The same with PyTorch: two ranks of tools/torch-train.py (DDP over gloo,
+ * ZerodOptimizer) end, and no error was sent for it (every healthy torch job
+ * once added ZC_EJOBFAILED and ZC_EPROTO, its last rank's Goodbye). */
+static void t_clean_end_torch(void)
+{
+	const char *py = env("OPS_TORCH_PYTHON");
+	const char *check[] = {py, "-c", "import torch", NULL};
+	char before[4096], after[4096], store[256], script[256], pypath[256];
+	char *log, *p;
+	pid_t pids[2];
+
+	if (!*py)
+		SKIP("a sanitized build: python would load an instrumented libzeroclient");
+	if (getenv("ZEROD_WRAPPER") && *getenv("ZEROD_WRAPPER"))
+		SKIP("zerod under $ZEROD_WRAPPER: the torch ranks would take minutes");
+	if (run(check, NULL, NULL) != 0)
+		SKIP("no torch in OPS_TORCH_PYTHON (Debian's python3-torch)");
+	snprintf(store, sizeof(store), "%s/torch-store", cfgdir);
+	snprintf(script, sizeof(script), "%s/tools/torch-train.py", env("ZEROD_SRC"));
+	snprintf(pypath, sizeof(pypath), "%s/client/python", env("ZEROD_SRC"));
+	REQUIRE(errors_total("ct0", before, sizeof(before)) == 0, "metrics before");
+	for (int r = 0; r < 2; r++) {
+		char rank[8], out[256];
+		snprintf(rank, sizeof(rank), "%d", r);
+		snprintf(out, sizeof(out), "%s/torch%d.out", cfgdir, r);
+		fflush(stdout);
+		pids[r] = fork();
+		if (pids[r] == 0) {
+			const char *argv[] = {py,	 script,   "--rank",  rank,	    "--world",
+					      "2",	 "--store", store,    "--iters", "6",
+					      "--device", "cpu",	   NULL};
+			int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+			dup2(fd, 1);
+			dup2(fd, 2);
+			setenv("ZEROD_SOCKET", daemon_.sock, 1);
+			setenv("ZEROD_LIBZEROCLIENT", env("OPS_LIBZEROCLIENT"), 1);
+			setenv("PYTHONPATH", pypath, 1);
+			setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
+			setenv("OMP_NUM_THREADS", "1", 1);
+			execv(py, (char *const *)argv);
+			_exit(127);
+		}
+	}
+	for (int r = 0; r < 2; r++) {
+		int st = wait_child(pids[r], 120000);
+		CHECK(st == 0, "torch rank %d: exit %d", r, st);
+		if (st != 0) {
+			char out[256], *t;
+			snprintf(out, sizeof(out), "%s/torch%d.out", cfgdir, r);
+			t = slurp(out);
+			printf("# %s\n", t);
+			free(t);
+		}
+	}
+	REQUIRE(zd_wait_log(&daemon_, ": ended (ok): 2 ranks, 6 iterations", 10000),
+		"the torch job ended (ok) after its 6 iterations");
+	REQUIRE(errors_total("ct1", after, sizeof(after)) == 0, "metrics after");
+	CHECK(strcmp(before, after) == 0, "zerod_errors_total unchanged:\n# before:\n%s# after:\n%s",
+	      before, after);
+	log = slurp(daemon_.log);
+	for (p = strstr(log, "job torch-"); p; p = strstr(p + 1, "job torch-")) {
+		int n = (int)strcspn(p, "\n");
+		CHECK(!memmem(p, (size_t)n, "ZC_E", 4), "an error logged: %.*s", n, p);
+	}
+	free(log);
+}
+
+/* A job whose rank 2 never connected ends with the ranks it had. */
+static int c_join_leave(void *arg, int rank)
+{
+	struct zc_config cfg = test_config(&daemon_, arg, (uint32_t)rank, 3);
+	zc_client *c = NULL;
+	char ch;
+	int r = zc_connect(&cfg, &c);
+
+	close(wedge_pipe[1]);
+	EXPECT(r == 0, "rank %d: %s", rank, zc_strerror_name(r));
+	(void)!read(wedge_pipe[0], &ch, 1);
+	zc_close(c);
+	return child_bad;
+}
+
+static void t_ranks_counted(void)
+{
+	char how[256];
+	pid_t pids[2];
+
+	REQUIRE(pipe(wedge_pipe) == 0, "pipe");
+	for (int r = 0; r < 2; r++)
+		pids[r] = spawn(c_join_leave, "ops-partial", r);
+	close(wedge_pipe[0]);
+	CHECK(zd_wait_connected(&daemon_, "ops-partial", 2, 10000) == 0, "ranks 0 and 1 joined");
+	close(wedge_pipe[1]);
+	for (int r = 0; r < 2; r++)
+		CHECK(wait_child(pids[r], 10000) == 0, "rank %d", r);
+	REQUIRE(ended_as("ops-partial", how, sizeof(how)), "the job's end is logged");
+	CHECK(strstr(how, "): 2 of 3 ranks, 0 iterations"), "ended (%s", how);
 }
 
 /* ... but a job whose rank is stopped by Ctrl-C (SIGINT) while the others
@@ -921,6 +1028,8 @@ static const struct test_case cases[] = {
 	{"metrics", t_metrics, 20000},
 	{"clean_end", t_clean_end, 40000},
 	{"sigint_rank", t_sigint_rank, 60000},
+	{"clean_end_torch", t_clean_end_torch, 150000},
+	{"ranks_counted", t_ranks_counted, 20000},
 	{"stall_inspector", t_stall, 30000},
 	{"reload", t_reload, 20000},
 	{"reload_bad", t_reload_bad, 20000},

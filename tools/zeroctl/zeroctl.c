@@ -614,8 +614,13 @@ static int show_inspect(const Zerod__V1__InspectReply *in)
 	}
 
 	first = in->n_ops > (size_t)opt.ops ? in->n_ops - (size_t)opt.ops : 0;
-	printf("\nflight recorder: the last %zu of %zu operations kept (of %u)\n",
-	       in->n_ops - first, in->n_ops, in->ops_kept);
+	if (first)
+		printf("\nflight recorder: the last %zu of %zu operations (it keeps the last %u; "
+		       "--ops N shows more)\n",
+		       in->n_ops - first, in->n_ops, in->ops_kept);
+	else
+		printf("\nflight recorder: %zu operations (it keeps the last %u)\n", in->n_ops,
+		       in->ops_kept);
 	if (in->n_ops) {
 		t.ncols = 7;
 		table_row(&t, "AT", "WHAT", "ITERATION", "BUCKET", "RANK", "TOOK", "DETAIL");
