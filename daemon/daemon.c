@@ -40,6 +40,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "fastpath.h"
+#include "lockfile.h"
 #include "log.h"
 #include "loop.h"
 #include "mem/mem.h"
@@ -208,7 +209,6 @@ static int claim_socket_path(struct daemon *d, char *why, size_t len)
 {
 	const char *path = d->cfg.socket_path;
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	char lock[sizeof(sa.sun_path) + 8];
 	struct stat st;
 	int fd, r;
 
@@ -216,38 +216,14 @@ static int claim_socket_path(struct daemon *d, char *why, size_t len)
 		snprintf(why, len, "socket path %s is too long", path);
 		return -ENAMETOOLONG;
 	}
-	snprintf(lock, sizeof(lock), "%s.lock", path);
-	/* A zerod that stops removes its lock file while it holds the lock: a
-	 * lock taken on a file that is no longer at the path is taken again. */
-	for (int tries = 0;; tries++) {
-		struct stat held;
-		d->lockfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-		if (d->lockfd < 0) {
-			r = -errno;
-			snprintf(why, len, "lock file %s: %s", lock, strerror(-r));
-			return r;
-		}
-		if (flock(d->lockfd, LOCK_EX | LOCK_NB) < 0) {
-			r = -errno;
-			close(d->lockfd); /* not ours: daemon_close() must not remove it */
-			d->lockfd = -1;
-			snprintf(why, len, "socket %s: %s", path,
-				 r == -EWOULDBLOCK
-					 ? "another zerod is serving it (it holds its lock file)"
-					 : strerror(-r));
-			return r == -EWOULDBLOCK ? -EADDRINUSE : r;
-		}
-		if (fstat(d->lockfd, &held) == 0 && lstat(lock, &st) == 0 &&
-		    held.st_dev == st.st_dev && held.st_ino == st.st_ino)
-			break;
-		close(d->lockfd);
-		d->lockfd = -1;
-		if (tries == 10) {
-			snprintf(why, len, "lock file %s: replaced under this zerod again and again",
-				 lock);
-			return -EBUSY;
-		}
+	r = lockfile_take(path, &d->lockfd, why, len);
+	if (r == -EWOULDBLOCK) {
+		snprintf(why, len, "socket %s: another zerod is serving it (it holds its lock file)",
+			 path);
+		return -EADDRINUSE;
 	}
+	if (r < 0)
+		return r;
 	if (d->listen_fd >= 0)
 		return 0; /* systemd's socket (socket activation): it stays as it is */
 	if (lstat(path, &st) < 0) {
@@ -460,14 +436,7 @@ static void daemon_close(struct daemon *d)
 	loop_free(d->loop);
 	if (d->sigfd >= 0)
 		close(d->sigfd);
-	if (d->lockfd >= 0) {
-		/* removed while still held: a zerod starting now locks a new file
-		 * (claim_socket_path checks that the file it locked is the path's) */
-		char lock[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
-		snprintf(lock, sizeof(lock), "%s.lock", d->cfg.socket_path);
-		unlink(lock);
-		close(d->lockfd);
-	}
+	lockfile_release(d->cfg.socket_path, d->lockfd); /* a zerod after it takes a new one */
 }
 
 int daemon_run(const struct daemon_config *cfg)

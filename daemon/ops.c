@@ -3,7 +3,8 @@
  * per-job records (flight recorder, iteration timing, stall reports), the
  * hooks that fill them, the stall inspector, the config reload, and the
  * timer that pings the watchdog, updates STATUS= and writes the metrics
- * textfile. Owns struct ops and every struct jobops.
+ * textfile (under its lock file, so that two zerods never write one). Owns
+ * struct ops, every struct jobops and the textfile's lock.
  *
  * A job's record is made the first time the ops side sees the job and goes
  * with it: ops_job_free() when job.c frees it, else the next sweep finds the
@@ -27,6 +28,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "lockfile.h"
 #include "log.h"
 #include "ops_int.h"
 #include "spool.h"
@@ -398,6 +400,32 @@ static void update_status(struct daemon *d, int64_t now)
 	notify_status(&d->ops->notify, text);
 }
 
+/* May this zerod write the textfile at path? Only while it holds
+ * PATH.lock: two zerods sharing a config file (nodes on one machine)
+ * would each overwrite the other's metrics. A path another one holds is
+ * refused once, loudly, and asked about again when the config changes. */
+static bool textfile_claimed(struct ops *o, const char *path)
+{
+	char why[512];
+	int r;
+
+	if (strcmp(o->textfile_held, path) == 0)
+		return o->textfile_lock >= 0;
+	lockfile_release(o->textfile_held, o->textfile_lock);
+	o->textfile_lock = -1;
+	snprintf(o->textfile_held, sizeof(o->textfile_held), "%s", path);
+	if (!path[0])
+		return false; /* a reload turned it off */
+	r = lockfile_take(path, &o->textfile_lock, why, sizeof(why));
+	if (r == -EWOULDBLOCK)
+		log_warning("metrics-textfile %s: another zerod writes it (it holds %s.lock); "
+			    "this one writes none: give each zerod its own --metrics-textfile",
+			    path, path);
+	else if (r < 0)
+		log_warning("metrics-textfile %s: %s; not writing it", path, why);
+	return r == 0;
+}
+
 static void write_textfile(struct daemon *d)
 {
 	struct sbuf b = {0};
@@ -431,8 +459,11 @@ void ops_tick(struct daemon *d, int64_t now)
 	if (o->notify.enabled && now >= o->notify.next_ping_ms)
 		update_status(d, now);
 	notify_tick(&o->notify, now);
+	if (!d->cfg.metrics_textfile[0] && o->textfile_held[0])
+		textfile_claimed(o, ""); /* its lock goes */
 	if (d->cfg.metrics_textfile[0] && now >= o->textfile_next_ms) {
-		write_textfile(d);
+		if (textfile_claimed(o, d->cfg.metrics_textfile))
+			write_textfile(d);
 		o->textfile_next_ms = now + d->cfg.metrics_interval_ms;
 	}
 	trace_flush(d);
@@ -575,6 +606,7 @@ int ops_open(struct daemon *d, const struct daemon_config *configured, char *why
 	o->start_wall = (double)ts.tv_sec + ts.tv_nsec / 1e9;
 	o->activated = d->listen_fd >= 0;
 	o->textfile_next_ms = o->start_ms;
+	o->textfile_lock = -1;
 	metrics_init(&o->m);
 	notify_init(&o->notify);
 	r = find_group(d->cfg.group, &o->group, why, len);
@@ -614,6 +646,7 @@ void ops_close(struct daemon *d)
 	}
 	ctl_close(d);
 	spool_free(o->spool, 1000);
+	lockfile_release(o->textfile_held, o->textfile_lock); /* after its last write */
 	while (o->jobs) {
 		struct jobops *jo = o->jobs;
 		o->jobs = jo->next;

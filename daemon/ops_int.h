@@ -173,6 +173,9 @@ struct ops {
 	struct jobops *jobs;
 	unsigned job_serial;
 	int64_t textfile_next_ms;
+	/* the metrics textfile's lock (lockfile.h): one zerod writes a path */
+	int textfile_lock;      /* -1: none held */
+	char textfile_held[4096]; /* the path it is of, or the one refused */
 	struct exec_stats ended; /* of executors that stopped */
 	bool activated;          /* the trainers' socket came from systemd */
 };

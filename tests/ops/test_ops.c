@@ -426,6 +426,21 @@ static void t_metrics(void)
 			usleep(10000);
 		CHECK(access(textfile, R_OK) == 0, "it is written again (metrics-interval)");
 	}
+	/* a second zerod given the same textfile (two nodes on one machine
+	 * sharing a config file) writes none, says so, and races on nothing */
+	{
+		struct zd other = {0};
+		const char *args[] = {"--config",	      "/dev/null", "--metrics-textfile",
+				      textfile,	      "--metrics-interval", "100",
+				      NULL};
+		REQUIRE(zd_start(&other, args) == 0, "a second zerod");
+		CHECK(zd_wait_log(&other, "another zerod writes it", 3000),
+		      "it says another zerod writes the textfile");
+		usleep(300000); /* its intervals pass */
+		CHECK(!zd_log_has(&daemon_, "cannot write") && !zd_log_has(&other, "cannot write"),
+		      "no write failed");
+		CHECK(zd_stop(&other, 10000) == 0, "the second zerod stops");
+	}
 }
 
 /* The zerod_errors_total samples of `zeroctl metrics` (at most len - 1
