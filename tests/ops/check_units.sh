@@ -9,9 +9,11 @@
 # every file under the prefix; the installed unit's ExecStart line started
 # as systemd starts it (RUNTIME_DIRECTORY, STATE_DIRECTORY,
 # CONFIGURATION_DIRECTORY) with no config file and with one; a --config FILE
-# that does not exist refused; zerod's and zeroctl's --help; and a trace
-# file that zerod would write into a /tmp of its own (PrivateTmp=yes, here
-# a tmpfs in zerod's mount namespace) refused. TAP.
+# that does not exist refused; zerod's and zeroctl's --help (the verbs
+# members of --group may run as ctl.c and the README say); Python's
+# ZerodError naming its call once; and a trace file that zerod would write
+# into a /tmp of its own (PrivateTmp=yes, here a tmpfs in zerod's mount
+# namespace) refused. TAP.
 #   check_units.sh SOURCE_ROOT BUILD_ROOT
 src=$1
 build=$2

@@ -7,8 +7,11 @@
  * winning over the file, a bad file refused and the old config kept);
  * zeroctl's exit codes 0, 1, 64, 69, 76, 77 (the last as a member of the
  * group running an admin verb, and as a user outside it); sd_notify states
- * seen by a fake NOTIFY_SOCKET listener; and socket activation through
- * systemd-socket-activate.
+ * seen by a fake NOTIFY_SOCKET listener; socket activation through
+ * systemd-socket-activate; a clean job end (C trainers, and torch's
+ * tools/torch-train.py) that sends, counts and logs no error, a job whose
+ * rank is stopped by SIGINT ending failed while another trains on; and a
+ * second zerod refused the first one's metrics textfile.
  *
  * zerod runs with --config FILE (whose stall-timeout the --stall-timeout
  * flag overrides), --stall-warn 300, a metrics textfile, and --group of a
