@@ -967,6 +967,15 @@ static void t_notify(void)
 	st = wait_child(pid, 10000);
 	CHECK(st == 0, "zerod exits 0: %d", st);
 	close(nl.fd);
+	{
+		struct zd z = {0};
+		char lock[200];
+		snprintf(z.log, sizeof(z.log), "%s", log);
+		snprintf(lock, sizeof(lock), "%s.lock", sock);
+		CHECK(access(lock, F_OK) < 0, "its lock file %s is gone", lock);
+		CHECK(zd_log_has(&z, "zerod: served 0 jobs (0 failed): 0 iterations"),
+		      "its last line: jobs served, how many failed");
+	}
 }
 
 static void t_socket_activation(void)
