@@ -115,7 +115,7 @@ static void fill_job(struct job *j, Zerod__V1__CtlJob *out, char *err, char *who
 	out->waiting = ops_job_waiting(j);
 	out->stalled = out->waiting && j->d->cfg.stall_warn_ms > 0 &&
 		       now - j->progress_ms >= j->d->cfg.stall_warn_ms;
-	if (job_ended(j)) {
+	if (job_ended(j) && !j->quiet_end) {
 		snprintf(err, 256, "%s: %.200s", zc_strerror_name(j->err), j->errmsg);
 		out->error = err;
 	}

@@ -156,6 +156,9 @@ bool ops_job_waiting(const struct job *j)
 
 const char *ops_job_state_name(const struct job *j)
 {
+	/* a clean end whose last ranks are still to leave: not a failure */
+	if (j->state == JOB_FAILED && j->quiet_end)
+		return "ended";
 	return job_state_name(j->state);
 }
 

@@ -573,6 +573,62 @@ static void t_clean_end_torch(void)
 	free(log);
 }
 
+/* Both ranks register; rank 1 leaves at once (between iterations), rank 0
+ * stays until the pipe closes. */
+static int c_leave_early(void *arg, int rank)
+{
+	struct zc_config cfg = test_config(&daemon_, arg, (uint32_t)rank, 2);
+	struct zc_param_group g;
+	struct zc_segment s[2];
+	struct zc_bucket b[2];
+	struct zc_plan plan;
+	zc_client *c = NULL;
+	char ch;
+	int r;
+
+	close(wedge_pipe[1]);
+	small_plan(&plan, b, s, &g);
+	r = zc_connect(&cfg, &c);
+	if (r == 0)
+		r = zc_alloc_buffers(c, &plan);
+	if (r == 0)
+		r = zc_register_plan(c);
+	EXPECT(r == 0, "rank %d: %s", rank, zc_strerror_name(r));
+	if (rank == 0)
+		(void)!read(wedge_pipe[0], &ch, 1);
+	zc_close(c);
+	return child_bad;
+}
+
+/* A job that ended cleanly while a rank is still to leave is "ended", not
+ * a failure: zeroctl status is not degraded by it. */
+static void t_ended_not_failed(void)
+{
+	char how[256];
+	pid_t pids[2];
+
+	REQUIRE(pipe(wedge_pipe) == 0, "pipe");
+	for (int r = 0; r < 2; r++)
+		pids[r] = spawn(c_leave_early, "ops-lingers", r);
+	close(wedge_pipe[0]);
+	CHECK(wait_child(pids[1], 10000) == 0, "rank 1 registered and left");
+	CHECK(zd_wait_log(&daemon_, "job ops-lingers: ends: rank 1", 5000), "the job ends");
+	CHECK(zeroctl(&daemon_, "el1", "status", NULL, NULL, NULL) == 0,
+	      "status: exit 0 (nothing degraded)");
+	CHECK(has("el1", "out", "ops-lingers") && has("el1", "out", "ended"), "the job: ended");
+	CHECK(zeroctl(&daemon_, "el1j", "-o", "json", "status", NULL) == 0, "json: exit 0");
+	CHECK(check("json", "el1j") == 0, "schema");
+	CHECK(has("el1j", "out", "\"state\":\"ended\""), "ended in JSON");
+	CHECK(zeroctl(&daemon_, "el1m", "metrics", NULL, NULL, NULL) == 0, "metrics");
+	CHECK(has("el1m", "out", "zerod_jobs{state=\"ended\"} 1") &&
+		      has("el1m", "out", "zerod_jobs{state=\"failed\"} 0"),
+	      "counted as ended, not failed");
+	close(wedge_pipe[1]);
+	CHECK(wait_child(pids[0], 10000) == 0, "rank 0 left");
+	REQUIRE(ended_as("ops-lingers", how, sizeof(how)), "the job's end is logged");
+	CHECK(strncmp(how, "ok): 2 ranks", 12) == 0, "ended (%s", how);
+}
+
 /* A job whose rank 2 never connected ends with the ranks it had. */
 static int c_join_leave(void *arg, int rank)
 {
@@ -1057,6 +1113,7 @@ static const struct test_case cases[] = {
 	{"sigint_rank", t_sigint_rank, 60000},
 	{"clean_end_torch", t_clean_end_torch, 150000},
 	{"ranks_counted", t_ranks_counted, 20000},
+	{"ended_not_failed", t_ended_not_failed, 20000},
 	{"stall_inspector", t_stall, 30000},
 	{"reload", t_reload, 20000},
 	{"reload_bad", t_reload_bad, 20000},
