@@ -149,7 +149,10 @@ start_unit() {
     shift
     rm -rf "$dir/run"
     mkdir -p "$dir/run/zerod" "$dir/state/zerod" "$dir/etc/zerod"
-    env -i PATH=/usr/bin:/bin RUNTIME_DIRECTORY="$dir/run/zerod" \
+    # a sanitizer's options go through (systemd would pass Environment=)
+    env -i PATH=/usr/bin:/bin ${ASAN_OPTIONS:+ASAN_OPTIONS=$ASAN_OPTIONS} \
+        ${UBSAN_OPTIONS:+UBSAN_OPTIONS=$UBSAN_OPTIONS} ${TSAN_OPTIONS:+TSAN_OPTIONS=$TSAN_OPTIONS} \
+        ${LSAN_OPTIONS:+LSAN_OPTIONS=$LSAN_OPTIONS} RUNTIME_DIRECTORY="$dir/run/zerod" \
         STATE_DIRECTORY="$dir/state/zerod" CONFIGURATION_DIRECTORY="$dir/etc/zerod" \
         "$dir/inst$bin" "$@" 2>"$dir/unit.log" &
     zpid=$!

@@ -706,10 +706,12 @@ static int trace_unseen(const Zerod__V1__TraceReply *tr)
 	Ctl req = ZEROD__V1__CTL__INIT, *rep = NULL;
 	struct stat st;
 
-	if (!tr->on || !tr->has_dev || !tr->has_ino ||
-	    (stat(tr->file, &st) == 0 && (uint64_t)st.st_dev == tr->dev &&
-	     (uint64_t)st.st_ino == tr->ino))
+	if (!tr->on || !tr->has_dev || !tr->has_ino)
 		return 0;
+	if (stat(tr->file, &st) == 0 ? (uint64_t)st.st_dev == tr->dev &&
+					       (uint64_t)st.st_ino == tr->ino
+				     : errno != ENOENT && errno != ENOTDIR)
+		return 0; /* the same file; or one we may not look at (not a sign) */
 	req.version = ZEROD_CTL_VERSION;
 	req.body_case = ZEROD__V1__CTL__BODY_TRACE_REQUEST;
 	req.trace_request = &off;
