@@ -6,7 +6,7 @@
 # must stay "OK", <= 2.5), sysusers.d and tmpfiles.d entries applied to a
 # scratch root; `meson install --destdir` as a user who is not root (as
 # nobody, in a mount namespace where the build's meson-logs is writable),
-# every file under the prefix; the installed unit's ExecStart line started
+# every file under the prefix, and under another prefix (configured only); the installed unit's ExecStart line started
 # as systemd starts it (RUNTIME_DIRECTORY, STATE_DIRECTORY,
 # CONFIGURATION_DIRECTORY) with no config file and with one; a --config FILE
 # that does not exist refused; zerod's and zeroctl's --help (the verbs
@@ -40,7 +40,7 @@ stop_zerod() {
     st=$?
     zpid=
 }
-echo "1..13"
+echo "1..14"
 
 # the units as they are installed, pointing at this build's binaries
 sed -e "s#@ZEROD@#$build/daemon/zerod#" -e "s#@ZEROCTL@#$build/tools/zeroctl#" \
@@ -138,6 +138,23 @@ if [ $st -eq 0 ]; then
     fi
 else
     notok "meson install $as: exit $st"; show "$dir/install"
+fi
+
+# Another prefix, configured only (a build would take minutes): every file
+# `meson install` would copy, as meson lists them, lies under it
+meson setup "$dir/pfx-build" "$src" --prefix "$dir/pfx" -Dtests=false -Dgloo=disabled \
+    -Dcuda=disabled >"$dir/pfx-setup" 2>&1
+st=$?
+outside=$(meson introspect "$dir/pfx-build" --installed 2>>"$dir/pfx-setup" | python3 -c '
+import json, sys
+dests = json.load(sys.stdin).values()
+print(len(dests), " ".join(d for d in dests if not d.startswith(sys.argv[1] + "/")))' "$dir/pfx")
+set -- $outside
+if [ $st -eq 0 ] && [ "${1:-0}" -gt 10 ] && [ $# -eq 1 ]; then
+    ok "meson setup --prefix DIR: all $1 files meson install would copy go under DIR"
+else
+    notok "meson setup --prefix DIR: exit $st; files, then those outside DIR: $outside"
+    show "$dir/pfx-setup"
 fi
 
 # The installed unit's ExecStart line, as systemd starts it: its
