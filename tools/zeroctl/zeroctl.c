@@ -705,6 +705,7 @@ static int trace_unseen(const Zerod__V1__TraceReply *tr)
 	Zerod__V1__TraceRequest off = ZEROD__V1__TRACE_REQUEST__INIT;
 	Ctl req = ZEROD__V1__CTL__INIT, *rep = NULL;
 	struct stat st;
+	bool json;
 
 	if (!tr->on || !tr->has_dev || !tr->has_ino)
 		return 0;
@@ -715,8 +716,11 @@ static int trace_unseen(const Zerod__V1__TraceReply *tr)
 	req.version = ZEROD_CTL_VERSION;
 	req.body_case = ZEROD__V1__CTL__BODY_TRACE_REQUEST;
 	req.trace_request = &off;
+	json = opt.json;
+	opt.json = false; /* one document: the refusal below */
 	if (call(&req, &rep) == 0)
 		zerod__v1__ctl__free_unpacked(rep, NULL);
+	opt.json = json;
 	return fail(EXIT_DEGRADED,
 		    "zerod opened %s in a filesystem of its own, where you do not see it "
 		    "(zerod.service has PrivateTmp=yes: its /tmp and /var/tmp are not yours); "
