@@ -100,8 +100,9 @@ static const struct key {
 	 "where `zeroctl checkpoint JOB` has the job's trainers write, as DIR/JOB, when it names "
 	 "no directory (\"\": it must name one); shared by every node of a job"},
 	{"group", K_NAME, offsetof(struct daemon_config, group), 0, false, "NAME",
-	 "members of this group may run zeroctl's read verbs (status, inspect, metrics); root "
-	 "and zerod's own user may run every verb (\"\": zerod's own group)"},
+	 "members of this group may run zeroctl status, inspect, metrics and checkpoint, on "
+	 "their own jobs only; root and zerod's own user may run every verb, reload and trace "
+	 "too (\"\": zerod's own group)"},
 	{"curve-secret-key", K_PATH, offsetof(struct daemon_config, curve_secret_key), 0, false,
 	 "FILE",
 	 "this zerod's CURVE secret key (one Z85 key, as `zeroctl keygen` writes it; mode 0600): "
@@ -481,6 +482,19 @@ static int read_file(struct config_src *src, struct daemon_config *c, char *err,
 
 /* --------------------------------------------------- command line --- */
 
+/* The config file when --config names none: zerod.conf in systemd's
+ * ConfigurationDirectory= (the first one listed), else ZEROD_CONFIG_PATH. */
+static char *default_path(void)
+{
+	const char *env = getenv("CONFIGURATION_DIRECTORY");
+	char path[4096];
+
+	if (!env || !*env)
+		return strdup(ZEROD_CONFIG_PATH);
+	snprintf(path, sizeof(path), "%.*s/zerod.conf", (int)strcspn(env, ":"), env);
+	return strdup(path);
+}
+
 enum { OPT_CONFIG = 'c', OPT_HELP = 'h', OPT_VERSION = 1000, OPT_KEY = 1100 };
 
 void config_usage(FILE *f)
@@ -498,8 +512,11 @@ void config_usage(FILE *f)
 		"\n"
 		"Settings come from defaults, then the config file, then the flags (flags win).\n"
 		"Every KEY below is a line `KEY = VALUE` of the file and a flag `--KEY VALUE`.\n"
-		"  -c, --config FILE        the config file (default %s;\n"
-		"                           a missing default file is no error)\n"
+		"  -c, --config FILE        the config file (default\n"
+		"                           $CONFIGURATION_DIRECTORY/zerod.conf, which is\n"
+		"                           /etc/zerod/zerod.conf under zerod.service, else\n"
+		"                           %s); a missing default file is\n"
+		"                           no error, a missing FILE named here is one)\n"
 		"  -s, --socket PATH        same as --socket below\n"
 		"  -v, --verbose            log-level debug\n"
 		"  -q, --quiet              log-level warning\n"
@@ -533,8 +550,9 @@ void config_usage(FILE *f)
 		"command line or no socket path; %d the config file was refused (names the\n"
 		"file, the line and the key).\n"
 		"\n"
-		"Operate it with zeroctl(1): zeroctl status | inspect JOB | metrics | reload |\n"
-		"trace on FILE | trace off.\n",
+		"Operate it with zeroctl (zeroctl --help says more): zeroctl status |\n"
+		"inspect JOB | metrics | reload | trace on FILE | trace off |\n"
+		"checkpoint JOB [DIR] | keygen FILE.\n",
 		CONFIG_EXIT_USAGE, CONFIG_EXIT_CONFIG);
 }
 
@@ -625,7 +643,7 @@ int config_parse_args(int argc, char **argv, struct config_src **ret)
 		fprintf(stderr, "zerod: unexpected argument '%s'; see zerod --help\n", argv[optind]);
 		r = -CONFIG_EXIT_USAGE;
 	}
-	if (r == 0 && !src->path && !(src->path = strdup(ZEROD_CONFIG_PATH)))
+	if (r == 0 && !src->path && !(src->path = default_path()))
 		r = -ENOMEM;
 	if (r == -ENOMEM)
 		fprintf(stderr, "zerod: out of memory\n");
@@ -656,6 +674,11 @@ void config_src_free(struct config_src *src)
 const char *config_src_path(const struct config_src *src)
 {
 	return src->path_read ? src->path : "";
+}
+
+const char *config_src_file(const struct config_src *src)
+{
+	return src->path;
 }
 
 int config_build(struct config_src *src, struct daemon_config *ret, char *err, size_t len)

@@ -32,6 +32,8 @@ int config_parse_args(int argc, char **argv, struct config_src **ret);
 void config_src_free(struct config_src *src);
 /* The config file src reads ("" when the default file does not exist). */
 const char *config_src_path(const struct config_src *src);
+/* The config file src looks for (read or not). */
+const char *config_src_file(const struct config_src *src);
 
 /* Defaults, then the file, then the flags, then the socket's fallbacks
  * ($ZEROD_SOCKET over the file, $RUNTIME_DIRECTORY/zerod.sock when nothing

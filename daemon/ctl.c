@@ -8,8 +8,9 @@
  * socket file is mode 0660, so the kernel already keeps others out):
  *   - root and zerod's own user: every verb, every user's jobs;
  *   - members of the group (config key `group`, default zerod's own group):
- *     status, inspect and metrics, and only their own jobs in status,
- *     inspect and checkpoint (jobs are per uid, as on the trainers' socket);
+ *     status, inspect, metrics and checkpoint, and only their own jobs in
+ *     status, inspect and checkpoint (jobs are per uid, as on the trainers'
+ *     socket);
  *   - anyone else: DENIED. Trainers are members, so they cannot reload the
  *     config or start a trace.
  * Requests are small (ZEROD_CTL_REQUEST_BYTES) and a batch per loop turn is
@@ -141,7 +142,7 @@ static void fill_job(struct job *j, Zerod__V1__CtlJob *out, char *err, char *who
 	out->waiting = ops_job_waiting(j);
 	out->stalled = out->waiting && j->d->cfg.stall_warn_ms > 0 &&
 		       now - j->progress_ms >= j->d->cfg.stall_warn_ms;
-	if (job_ended(j)) {
+	if (job_ended(j) && !j->quiet_end) {
 		snprintf(err, 256, "%s: %.200s", zc_strerror_name(j->err), j->errmsg);
 		out->error = err;
 	}
@@ -457,6 +458,7 @@ static void do_trace(struct daemon *d, const struct caller *c, const void *route
 	Ctl reply = ZEROD__V1__CTL__INIT;
 	Zerod__V1__TraceReply tr = ZEROD__V1__TRACE_REPLY__INIT;
 	char why[512], file[512] = "";
+	struct stat st;
 	int r;
 
 	if (q->on) {
@@ -465,7 +467,7 @@ static void do_trace(struct daemon *d, const struct caller *c, const void *route
 				   "trace on needs a file");
 			return;
 		}
-		r = trace_start(d, q->file, why, sizeof(why));
+		r = trace_start(d, q->file, &st, why, sizeof(why));
 		if (r < 0) {
 			send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
 				   "cannot start the trace: %s", why);
@@ -476,6 +478,9 @@ static void do_trace(struct daemon *d, const struct caller *c, const void *route
 		tr.on = true;
 		tr.file = q->file;
 		tr.events = 0;
+		tr.has_dev = tr.has_ino = true;
+		tr.dev = (uint64_t)st.st_dev;
+		tr.ino = (uint64_t)st.st_ino;
 	} else {
 		if (!d->ops->trace) {
 			send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,

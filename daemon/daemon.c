@@ -37,8 +37,10 @@
 
 #include "common.h"
 #include "backend.h"
+#include "config.h"
 #include "daemon.h"
 #include "fastpath.h"
+#include "lockfile.h"
 #include "log.h"
 #include "loop.h"
 #include "mem/mem.h"
@@ -207,7 +209,6 @@ static int claim_socket_path(struct daemon *d, char *why, size_t len)
 {
 	const char *path = d->cfg.socket_path;
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	char lock[sizeof(sa.sun_path) + 8];
 	struct stat st;
 	int fd, r;
 
@@ -215,20 +216,14 @@ static int claim_socket_path(struct daemon *d, char *why, size_t len)
 		snprintf(why, len, "socket path %s is too long", path);
 		return -ENAMETOOLONG;
 	}
-	snprintf(lock, sizeof(lock), "%s.lock", path);
-	d->lockfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (d->lockfd < 0) {
-		r = -errno;
-		snprintf(why, len, "lock file %s: %s", lock, strerror(-r));
+	r = lockfile_take(path, &d->lockfd, why, len);
+	if (r == -EWOULDBLOCK) {
+		snprintf(why, len, "socket %s: another zerod is serving it (it holds its lock file)",
+			 path);
+		return -EADDRINUSE;
+	}
+	if (r < 0)
 		return r;
-	}
-	if (flock(d->lockfd, LOCK_EX | LOCK_NB) < 0) {
-		r = -errno;
-		snprintf(why, len, "socket %s: %s", path,
-			 r == -EWOULDBLOCK ? "another zerod is serving it (it holds its lock file)"
-					   : strerror(-r));
-		return r == -EWOULDBLOCK ? -EADDRINUSE : r;
-	}
 	if (d->listen_fd >= 0)
 		return 0; /* systemd's socket (socket activation): it stays as it is */
 	if (lstat(path, &st) < 0) {
@@ -442,8 +437,7 @@ static void daemon_close(struct daemon *d)
 	loop_free(d->loop);
 	if (d->sigfd >= 0)
 		close(d->sigfd);
-	if (d->lockfd >= 0)
-		close(d->lockfd); /* the lock goes with it; the file stays, harmless */
+	lockfile_release(d->cfg.socket_path, d->lockfd); /* a zerod after it takes a new one */
 }
 
 int daemon_run(const struct daemon_config *cfg)
@@ -531,6 +525,12 @@ int daemon_run(const struct daemon_config *cfg)
 		   ZEROD_VERSION_STRING, cfg->socket_path, d.cuda ? "cuda, host" : "host", d.mem->name,
 		   pool_threads(d.pool), fmt_bytes(size, d.cfg.max_memory), d.cfg.max_sessions,
 		   d.conn_limit, d.nofile);
+	/* a config file put where zerod does not look is never silently ignored */
+	if (cfg->src && config_src_path(cfg->src)[0])
+		log_notice("zerod: config file %s", config_src_path(cfg->src));
+	else if (cfg->src)
+		log_notice("zerod: no config file (%s does not exist): defaults and flags",
+			   config_src_file(cfg->src));
 	if (d.listen_fd >= 0)
 		log_notice("the trainers' socket %s came from systemd (socket activation)",
 			   cfg->socket_path);
@@ -538,13 +538,11 @@ int daemon_run(const struct daemon_config *cfg)
 	r = loop_run(d.loop);
 	if (r < 0)
 		snprintf(why, sizeof(why), "event loop: %s", strerror(-r));
-	/* a job ends when a rank leaves, and its other ranks are told so
-	 * (ZC_EJOBFAILED), a clean end too: those are not counted as errors */
-	log_notice("zerod: served %" PRIu64 " jobs: %" PRIu64 " iterations, %" PRIu64
-		   " buckets reduced, %" PRIu64 " errors sent, %" PRIu64
-		   " ranks told their job had ended",
-		   d.stats.jobs, d.stats.iterations, d.stats.buckets,
-		   d.stats.errors_sent - d.stats.ended_sent, d.stats.ended_sent);
+	/* a clean end (its ranks left after an iteration) sends no error */
+	log_notice("zerod: served %" PRIu64 " job%s (%" PRIu64 " failed): %" PRIu64
+		   " iterations, %" PRIu64 " buckets reduced, %" PRIu64 " errors sent",
+		   d.stats.jobs, d.stats.jobs == 1 ? "" : "s", d.stats.jobs_failed,
+		   d.stats.iterations, d.stats.buckets, d.stats.errors_sent);
 out:
 	if (r < 0)
 		log_err("zerod: %s", why[0] ? why : zc_strerror(r));

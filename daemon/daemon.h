@@ -95,12 +95,12 @@ struct daemon_config {
 
 struct daemon_stats {
 	uint64_t jobs;
+	uint64_t jobs_failed; /* ended with an error (not a clean end) */
 	uint64_t iterations;
 	uint64_t buckets;
 	uint64_t reduced_elems;
 	uint64_t stepped_elems;
 	uint64_t errors_sent;
-	uint64_t ended_sent;      /* of those, ZC_EJOBFAILED: a rank told its job ended */
 	uint64_t replies_dropped; /* error replies over a connection's budget */
 	uint64_t conns_shed;      /* connections closed over the limit or idle */
 };
@@ -178,7 +178,8 @@ struct job {
 	enum job_state state;
 	int err;
 	char errmsg[256];
-	bool quiet_end;  /* ended between iterations by a rank leaving: not an error */
+	bool quiet_end;  /* ended between iterations by a rank leaving: not an error
+			    (unless another rank goes on: job_went_on) */
 	uint64_t memory; /* its share of d->memory_used */
 	struct devmem_use *devmem; /* a CUDA job: its state per device (devmem.h) */
 	uint32_t ndevmem;
@@ -192,6 +193,8 @@ struct job {
 	 * registered as CUDA buffers (cudabufs.h), opened by the executor */
 	struct cudabufs **cuda;
 	uint32_t nconnected, nregistered; /* of local_size */
+	bool *joined;     /* [world]: which ranks ever joined here */
+	uint32_t njoined; /* how many */
 
 	struct plan *plan; /* the job's plan, once every rank agreed */
 	struct shard_map *shard;
@@ -351,6 +354,9 @@ void job_restart(struct job *j);
 void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void job_leave(struct job *j, struct session *s, enum leave_reason why);
+/* Rank s asks a job that ended quietly for more (a bucket of the next
+ * iteration...): the end was a failure after all. The caller answers s. */
+void job_went_on(struct job *j, struct session *s);
 void job_maybe_free(struct job *j);
 void job_set_state(struct job *j, enum job_state to);
 const char *job_state_name(enum job_state s);

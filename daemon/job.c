@@ -8,9 +8,11 @@
  * size-checked; a job over several nodes then waits for every node to join
  * the rendezvous, rdzv.h) -> REGISTERING (all registered: the executor opens the
  * job's backends and copies rank 0's parameters) -> ACTIVE (iterations,
- * sched.c); from any of them -> FAILED (a named error, or a quiet end; the
- * remaining ranks are told and detached) -> DRAINING (no rank left, the
- * executor still stopping) -> freed.
+ * sched.c); from any of them -> FAILED (a named error: the remaining ranks
+ * are told and detached; or a quiet end, a rank that left between
+ * iterations: the others stay until they leave too, and only one that asks
+ * for more is told, which makes the end a failure, job_went_on) -> DRAINING
+ * (no rank left, the executor still stopping) -> freed.
  */
 #include <assert.h>
 #include <errno.h>
@@ -28,6 +30,7 @@
 #include "ops.h"
 #include "semantics.h"
 #include "sharedp.h"
+#include "statex.h"
 #include "mem/mem.h"
 
 /* Job ids are per uid: another user's Hello never finds (nor learns of, nor
@@ -63,14 +66,16 @@ static struct job *job_new(struct daemon *d, const char *id, uid_t uid, uint32_t
 	j->param_map = calloc(world, sizeof(*j->param_map));
 	j->sharedp = calloc(world, sizeof(*j->sharedp));
 	j->next_bucket = calloc(world, sizeof(*j->next_bucket));
+	j->joined = calloc(world, sizeof(*j->joined));
 	if (!j->ranks || !j->plans || !j->grad_map || !j->param_map || !j->sharedp ||
-	    !j->next_bucket) {
+	    !j->next_bucket || !j->joined) {
 		free(j->ranks);
 		free(j->plans);
 		free(j->grad_map);
 		free(j->param_map);
 		free(j->sharedp);
 		free(j->next_bucket);
+		free(j->joined);
 		free(j);
 		return NULL;
 	}
@@ -85,6 +90,7 @@ static void job_free(struct job *j)
 {
 	struct daemon *d = j->d;
 	struct exec_stats es = {0};
+	char ranks[48];
 
 	ops_job_free(j);
 	for (struct job **pp = &d->jobs; *pp; pp = &(*pp)->next)
@@ -107,10 +113,14 @@ static void job_free(struct job *j)
 	free(j->node_of);
 	d->stats.reduced_elems += es.reduced_elems;
 	d->stats.stepped_elems += es.stepped_elems;
-	log_info("job %s: ended (%s%s%s): %u ranks, %" PRIu64 " iterations, %" PRIu64
+	d->stats.jobs_failed += j->state >= JOB_FAILED && !j->quiet_end;
+	/* the ranks that joined here: "2 of 3 ranks" when one never came */
+	snprintf(ranks, sizeof(ranks), j->njoined == j->world ? "%u ranks" : "%u of %u ranks",
+		 j->njoined, j->world);
+	log_info("job %s: ended (%s%s%s): %s, %" PRIu64 " iterations, %" PRIu64
 		 " buckets, %.1f MB reduced, %" PRIu64 " elements stepped",
 		 j->id, j->quiet_end ? "ok" : zc_strerror_name(j->err), j->quiet_end ? "" : ": ",
-		 j->quiet_end ? "" : j->errmsg, j->world, j->iterations_done, j->buckets_done,
+		 j->quiet_end ? "" : j->errmsg, ranks, j->iterations_done, j->buckets_done,
 		 (double)es.reduced_elems * sizeof(float) / 1e6, es.stepped_elems);
 	for (uint32_t r = 0; r < j->world; r++) {
 		d->mem->unmap(j->grad_map[r]);
@@ -133,6 +143,7 @@ static void job_free(struct job *j)
 	free(j->param_map);
 	free(j->sharedp);
 	free(j->next_bucket);
+	free(j->joined);
 	free(j->arrived);
 	free(j->groups);
 	sem_free(j->sem);
@@ -204,25 +215,33 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 		log_notice("job %s: failed: %s: %s", j->id, zc_strerror_name(code), j->errmsg);
 	else
 		log_info("job %s: ends: %s", j->id, j->errmsg);
-	/* Its ranks are told now (after a quiet end, what their next message
-	 * would have been told) and its sessions end at once: a failed job
-	 * holds no session, no slot and, once its executor stopped, no memory. */
-	for (uint32_t r = 0; r < j->world; r++) {
+	/* After a failure its ranks are told now and its sessions end at once:
+	 * a failed job holds no session, no slot and, once its executor
+	 * stopped, no memory. After a quiet end nobody waits on anything: the
+	 * other ranks are told nothing (most are leaving too, and their
+	 * Goodbye needs its session); one that goes on is told then. */
+	for (uint32_t r = 0; r < j->world && loud; r++) {
 		if (!j->ranks[r])
 			continue;
-		if (loud)
-			sink_error(j->d->sink, j->ranks[r], code, true, j->iter, -1, "job %s: %s",
-				   j->id, j->errmsg);
-		else
-			sink_error(j->d->sink, j->ranks[r], ZC_EJOBFAILED, true, SINK_NO_ITERATION,
-				   -1, "job %s failed: %s: %s", j->id, zc_strerror_name(code),
-				   j->errmsg);
+		sink_error(j->d->sink, j->ranks[r], code, true, j->iter, -1, "job %s: %s", j->id,
+			   j->errmsg);
 		j->d->sink->detach(j->ranks[r]);
 	}
 	if (j->rdzv)
 		rdzv_job_failed(j); /* the other nodes are told */
 	if (j->exec && j->exec_running)
 		exec_stop(j->exec);
+}
+
+void job_went_on(struct job *j, struct session *s)
+{
+	if (!j->quiet_end)
+		return;
+	/* the rank that left did not leave after the job's last iteration:
+	 * its end (a Ctrl-C, a crash between iterations) is the job's failure */
+	j->quiet_end = false;
+	log_notice("job %s: failed: %s: %s, and rank %u went on", j->id, zc_strerror_name(j->err),
+		   j->errmsg, s->rank);
 }
 
 /* A job that ended keeps its id until its ranks have left. Ranks whose
@@ -303,8 +322,10 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 	if (j && job_ended(j) && job_drop_exited(j))
 		j = job_find(d, h->job_id, s->uid); /* it may be gone: a fresh one forms */
 	if (j && job_ended(j)) {
-		snprintf(err, errlen, "job %s failed earlier (%s: %s); %s", j->id,
-			 zc_strerror_name(j->err), j->errmsg,
+		snprintf(err, errlen, "job %s %s earlier (%s%s%s); %s", j->id,
+			 j->quiet_end ? "ended" : "failed",
+			 j->quiet_end ? "" : zc_strerror_name(j->err), j->quiet_end ? "" : ": ",
+			 j->errmsg,
 			 j->nconnected ? "wait for its ranks to leave"
 				       : "its ranks left, its nodes are still stopping it");
 		return ZC_EJOBFAILED;
@@ -350,6 +371,10 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 	}
 	j->ranks[h->rank] = s;
 	j->nconnected++;
+	if (!j->joined[h->rank]) {
+		j->joined[h->rank] = true;
+		j->njoined++;
+	}
 	j->progress_ms = now_ms();
 	s->job = j;
 	log_info("job %s: rank %u joined (pid %d, %u/%u)", j->id, h->rank, (int)s->pid,
@@ -703,7 +728,8 @@ void job_leave(struct job *j, struct session *s, enum leave_reason why)
 	/* Between iterations a rank that leaves ends the job quietly: the
 	 * others are not waiting on anything. Otherwise they are told now. */
 	if (!job_ended(j)) {
-		bool idle = j->state == JOB_ACTIVE && !j->in_flight;
+		/* nobody waits on anything: no bucket in flight, no state round */
+		bool idle = j->state == JOB_ACTIVE && !j->in_flight && !statex_busy(j);
 		const char *how = why == LEAVE_GOODBYE ? "left the job"
 				  : why == LEAVE_UNREACHABLE
 					  ? "cannot be sent to (gone, or not reading)"

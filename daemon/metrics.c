@@ -112,13 +112,16 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 	struct ops *o = d->ops;
 	struct exec_stats total = o->ended;
 	struct netstats net;
-	unsigned states[JOB_DRAINING + 1] = {0}, queued = 0, stalled = 0;
+	unsigned states[JOB_DRAINING + 1] = {0}, queued = 0, stalled = 0, ended = 0;
 	uint64_t mapped = 0;
 	int64_t now = now_ms();
 
 	for (struct job *j = d->jobs; j; j = j->next) {
 		struct exec_stats es;
-		states[j->state]++;
+		if (j->state == JOB_FAILED && j->quiet_end)
+			ended++; /* a clean end, its last ranks still leaving */
+		else
+			states[j->state]++;
 		if (j->exec && j->exec_running) {
 			exec_stats(j->exec, &es);
 			total.reduced_elems += es.reduced_elems;
@@ -153,6 +156,7 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 	head(b, "zerod_jobs", "gauge", "jobs by state");
 	for (unsigned s = 0; s <= JOB_DRAINING; s++)
 		sbuf_printf(b, "zerod_jobs{state=\"%s\"} %u\n", job_state_name(s), states[s]);
+	sbuf_printf(b, "zerod_jobs{state=\"ended\"} %u\n", ended);
 	one(b, "zerod_jobs_stalled", "gauge", "jobs waiting longer than stall-warn", stalled);
 	one(b, "zerod_sessions", "gauge", "trainers connected", d->nsessions);
 	one(b, "zerod_connections", "gauge", "connections to the trainers' socket", d->nconns);

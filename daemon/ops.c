@@ -4,7 +4,8 @@
  * last checkpoint asked or reported), the hooks that fill them, the stall
  * inspector, the config reload, and the
  * timer that pings the watchdog, updates STATUS= and writes the metrics
- * textfile. Owns struct ops and every struct jobops.
+ * textfile (under its lock file, so that two zerods never write one). Owns
+ * struct ops, every struct jobops and the textfile's lock.
  *
  * A job's record is made the first time the ops side sees the job and goes
  * with it: ops_job_free() when job.c frees it, else the next sweep finds the
@@ -28,6 +29,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "lockfile.h"
 #include "log.h"
 #include "ops_int.h"
 #include "spool.h"
@@ -60,11 +62,11 @@ static void record_failure(struct ops *o, struct jobops *jo)
 	struct job *j = jo->job;
 	struct flight_op *op;
 
-	if (jo->failed_seen || !job_ended(j))
+	/* a quiet end (a rank left between iterations) is no failure, unless
+	 * another rank goes on after it (job_went_on): looked at again */
+	if (jo->failed_seen || !job_ended(j) || j->quiet_end)
 		return;
 	jo->failed_seen = true;
-	if (j->quiet_end)
-		return; /* a rank left between iterations: not an error */
 	metrics_count(o->m.failures, j->err);
 	op = flight_add(jo->flight, ops_now_us() - jo->seen_us, FL_FAILED, j->iter, -1, -1, 0);
 	snprintf(op->detail, sizeof(op->detail), "%s: %.96s", zc_strerror_name(j->err),
@@ -158,6 +160,9 @@ bool ops_job_waiting(const struct job *j)
 
 const char *ops_job_state_name(const struct job *j)
 {
+	/* a clean end whose last ranks are still to leave: not a failure */
+	if (j->state == JOB_FAILED && j->quiet_end)
+		return "ended";
 	return job_state_name(j->state);
 }
 
@@ -467,6 +472,32 @@ static void update_status(struct daemon *d, int64_t now)
 	notify_status(&d->ops->notify, text);
 }
 
+/* May this zerod write the textfile at path? Only while it holds
+ * PATH.lock: two zerods sharing a config file (nodes on one machine)
+ * would each overwrite the other's metrics. A path another one holds is
+ * refused once, loudly, and asked about again when the config changes. */
+static bool textfile_claimed(struct ops *o, const char *path)
+{
+	char why[512];
+	int r;
+
+	if (strcmp(o->textfile_held, path) == 0)
+		return o->textfile_lock >= 0;
+	lockfile_release(o->textfile_held, o->textfile_lock);
+	o->textfile_lock = -1;
+	snprintf(o->textfile_held, sizeof(o->textfile_held), "%s", path);
+	if (!path[0])
+		return false; /* a reload turned it off */
+	r = lockfile_take(path, &o->textfile_lock, why, sizeof(why));
+	if (r == -EWOULDBLOCK)
+		log_warning("metrics-textfile %s: another zerod writes it (it holds %s.lock); "
+			    "this one writes none: give each zerod its own --metrics-textfile",
+			    path, path);
+	else if (r < 0)
+		log_warning("metrics-textfile %s: %s; not writing it", path, why);
+	return r == 0;
+}
+
 static void write_textfile(struct daemon *d)
 {
 	struct sbuf b = {0};
@@ -500,8 +531,11 @@ void ops_tick(struct daemon *d, int64_t now)
 	if (o->notify.enabled && now >= o->notify.next_ping_ms)
 		update_status(d, now);
 	notify_tick(&o->notify, now);
+	if (!d->cfg.metrics_textfile[0] && o->textfile_held[0])
+		textfile_claimed(o, ""); /* its lock goes */
 	if (d->cfg.metrics_textfile[0] && now >= o->textfile_next_ms) {
-		write_textfile(d);
+		if (textfile_claimed(o, d->cfg.metrics_textfile))
+			write_textfile(d);
 		o->textfile_next_ms = now + d->cfg.metrics_interval_ms;
 	}
 	trace_flush(d);
@@ -644,6 +678,7 @@ int ops_open(struct daemon *d, const struct daemon_config *configured, char *why
 	o->start_wall = (double)ts.tv_sec + ts.tv_nsec / 1e9;
 	o->activated = d->listen_fd >= 0;
 	o->textfile_next_ms = o->start_ms;
+	o->textfile_lock = -1;
 	metrics_init(&o->m);
 	notify_init(&o->notify);
 	r = find_group(d->cfg.group, &o->group, why, len);
@@ -683,6 +718,7 @@ void ops_close(struct daemon *d)
 	}
 	ctl_close(d);
 	spool_free(o->spool, 1000);
+	lockfile_release(o->textfile_held, o->textfile_lock); /* after its last write */
 	while (o->jobs) {
 		struct jobops *jo = o->jobs;
 		o->jobs = jo->next;

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "daemon.h"
@@ -139,7 +140,7 @@ int64_t ops_now_us(void);
 
 struct trace;
 /* Open path (created or truncated, mode 0640) and start; -errno with why. */
-int trace_start(struct daemon *d, const char *path, char *why, size_t len);
+int trace_start(struct daemon *d, const char *path, struct stat *ret_st, char *why, size_t len);
 /* Complete the file and stop: how many events it holds. */
 uint64_t trace_stop(struct daemon *d);
 void trace_flush(struct daemon *d);
@@ -186,6 +187,9 @@ struct ops {
 	struct jobops *jobs;
 	unsigned job_serial;
 	int64_t textfile_next_ms;
+	/* the metrics textfile's lock (lockfile.h): one zerod writes a path */
+	int textfile_lock;      /* -1: none held */
+	char textfile_held[4096]; /* the path it is of, or the one refused */
 	struct exec_stats ended; /* of executors that stopped */
 	bool activated;          /* the trainers' socket came from systemd */
 };

@@ -57,10 +57,11 @@ static bool job_usable(struct job *j, struct session *s, uint64_t iteration, int
 {
 	if (j->state == JOB_ACTIVE)
 		return true;
-	if (job_ended(j))
+	if (job_ended(j)) {
+		job_went_on(j, s);
 		sink_error(j->d->sink, s, ZC_EJOBFAILED, true, iteration, bucket,
 			   "job %s failed: %s: %s", j->id, zc_strerror_name(j->err), j->errmsg);
-	else
+	} else
 		sink_error(j->d->sink, s, ZC_ESTATE, false, iteration, bucket,
 			   "job %s: the plan is not registered by every rank yet", j->id);
 	return false;

@@ -152,7 +152,6 @@ void session_send_error(struct session *s, int code, bool fatal, uint64_t iterat
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	s->d->stats.errors_sent++;
-	s->d->stats.ended_sent += code == ZC_EJOBFAILED;
 	ops_error_sent(s->d, code);
 	if (log_allowed(s))
 		log_info("job %s rank %u: %s: %s", s->job ? s->job->id : "-", s->rank,

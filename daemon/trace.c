@@ -61,7 +61,7 @@ static void maybe_flush(struct daemon *d)
 		trace_flush(d);
 }
 
-int trace_start(struct daemon *d, const char *path, char *why, size_t len)
+int trace_start(struct daemon *d, const char *path, struct stat *ret_st, char *why, size_t len)
 {
 	struct trace *t;
 	int fd, r;
@@ -82,10 +82,12 @@ int trace_start(struct daemon *d, const char *path, char *why, size_t len)
 		return r;
 	}
 	t = calloc(1, sizeof(*t) + strlen(path) + 1);
-	if (!t) {
+	if (!t || fstat(fd, ret_st) < 0) {
+		r = t ? -errno : -ENOMEM;
+		free(t);
 		close(fd);
-		snprintf(why, len, "out of memory");
-		return -ENOMEM;
+		snprintf(why, len, "%s: %s", path, strerror(-r));
+		return r;
 	}
 	t->fd = fd;
 	t->t0_us = ops_now_us();

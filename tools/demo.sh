@@ -29,6 +29,9 @@ iters=${2:-40}
 build=${BUILD_DIR:-$top/build}
 [ "$ranks" -ge "$nodes" ] || { echo "demo: fewer ranks than nodes" >&2; exit 2; }
 
+# say what the silent minutes are: a first build takes about two of them
+echo "== installing what is missing (tools/deps.sh), then building zerod into $build" \
+    "(meson + ninja; a first build takes about 2 minutes, later ones seconds) =="
 "$top/tools/deps.sh"
 BUILD_DIR=$build "$top/tools/build.sh"
 

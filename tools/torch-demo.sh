@@ -17,6 +17,9 @@ iters=${2:-40}
 shift $(($# > 2 ? 2 : $#))
 build=${BUILD_DIR:-$top/build}
 
+# say what the silent minutes are: a first build takes about two of them
+echo "== installing what is missing (tools/deps.sh), then building zerod into $build" \
+    "(meson + ninja; a first build takes about 2 minutes, later ones seconds) =="
 "$top/tools/deps.sh"
 BUILD_DIR=$build "$top/tools/build.sh"
 

@@ -375,7 +375,10 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client);
  * Leave the job (Goodbye) and free the client and its buffers. A
  * checkpoint this client is still writing (zc_checkpoint() on rank 0) is
  * finished first; its result is not reported (zc_checkpoint_wait() first
- * for that).
+ * for that). A rank that leaves between iterations ends the job cleanly
+ * (no error to anyone) if the others leave there too; one that goes on
+ * (its next bucket) gets ZC_EJOBFAILED naming the rank that left, and the
+ * job ends failed. A rank that leaves during an iteration fails the job.
  * Ownership: frees c; futures still held by the caller stay valid (pending
  *            ones fail with ZC_ESTATE, and their callbacks run here) and are
  *            still freed with zc_future_free(). Accepts NULL. In a child after

@@ -253,7 +253,7 @@ static void shm_reclaim(const char *job, uint32_t rank, pid_t own_pid, uid_t own
 }
 
 const struct mem_ops mem_shm_ops = {
-	.name = "shm",
+	.name = "memfd", /* or, from older clients, named shm: what trainers pass */
 	.blocking = false,
 	.map = shm_map,
 	.ptr = shm_ptr,

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -78,7 +79,8 @@ static void usage(FILE *f)
 		"                             not parse is refused and the running config kept\n"
 		"  trace on FILE              write a Chrome trace timeline (Perfetto,\n"
 		"                             chrome://tracing) of every job's buckets to FILE,\n"
-		"                             as zerod's user\n"
+		"                             as zerod's user; a FILE zerod would write where\n"
+		"                             you do not see it (its private /tmp) is refused\n"
 		"  trace off                  stop it and complete the file\n"
 		"  checkpoint JOB [DIR] [--uid U] [--wait]\n"
 		"                             have the job's trainers write a checkpoint into DIR\n"
@@ -668,8 +670,13 @@ static int show_inspect(const Zerod__V1__InspectReply *in)
 	}
 
 	first = in->n_ops > (size_t)opt.ops ? in->n_ops - (size_t)opt.ops : 0;
-	printf("\nflight recorder: the last %zu of %zu operations kept (of %u)\n",
-	       in->n_ops - first, in->n_ops, in->ops_kept);
+	if (first)
+		printf("\nflight recorder: the last %zu of %zu operations (it keeps the last %u; "
+		       "--ops N shows more)\n",
+		       in->n_ops - first, in->n_ops, in->ops_kept);
+	else
+		printf("\nflight recorder: %zu operations (it keeps the last %u)\n", in->n_ops,
+		       in->ops_kept);
 	if (in->n_ops) {
 		t.ncols = 7;
 		table_row(&t, "AT", "WHAT", "ITERATION", "BUCKET", "RANK", "TOOK", "DETAIL");
@@ -746,8 +753,44 @@ static int show_reload(const Zerod__V1__ReloadReply *r)
 	return 0;
 }
 
+/* A trace zerod writes where the caller cannot see it (zerod.service's
+ * PrivateTmp=yes gives zerod a /tmp and /var/tmp of its own) is stopped and
+ * refused: the operator would look for a file that never appears. */
+static int trace_unseen(const Zerod__V1__TraceReply *tr)
+{
+	Zerod__V1__TraceRequest off = ZEROD__V1__TRACE_REQUEST__INIT;
+	Ctl req = ZEROD__V1__CTL__INIT, *rep = NULL;
+	struct stat st;
+	bool json;
+
+	if (!tr->on || !tr->has_dev || !tr->has_ino)
+		return 0;
+	if (stat(tr->file, &st) == 0 ? (uint64_t)st.st_dev == tr->dev &&
+					       (uint64_t)st.st_ino == tr->ino
+				     : errno != ENOENT && errno != ENOTDIR)
+		return 0; /* the same file; or one we may not look at (not a sign) */
+	req.version = ZEROD_CTL_VERSION;
+	req.body_case = ZEROD__V1__CTL__BODY_TRACE_REQUEST;
+	req.trace_request = &off;
+	json = opt.json;
+	opt.json = false; /* one document: the refusal below */
+	if (call(&req, &rep) == 0)
+		zerod__v1__ctl__free_unpacked(rep, NULL);
+	opt.json = json;
+	return fail(EXIT_DEGRADED,
+		    "zerod opened %s in a filesystem of its own, where you do not see it "
+		    "(zerod.service has PrivateTmp=yes: its /tmp and /var/tmp are not yours); "
+		    "trace stopped: name a file in a directory you share with zerod, such as "
+		    "/var/lib/zerod",
+		    tr->file);
+}
+
 static int show_trace(const Zerod__V1__TraceReply *tr)
 {
+	int code = trace_unseen(tr);
+
+	if (code)
+		return code;
 	if (opt.json) {
 		json_head();
 		printf(",\"trace\":{\"on\":%s,\"file\":", tr->on ? "true" : "false");

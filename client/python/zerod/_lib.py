@@ -167,6 +167,9 @@ class ZerodError(RuntimeError):
     name) and the library's reason."""
 
     def __init__(self, call, code, reason):
+        # the library's reasons often begin with the function's name: said once
+        if reason.startswith(f"{call}: "):
+            reason = reason[len(call) + 2:]
         self.call, self.code, self.reason = call, code, reason
         self.name = Lib.get().strerror_name(code)
         super().__init__(f"{call}: {self.name} ({code}): {reason}")
