@@ -75,8 +75,11 @@ else
 fi
 if systemd-tmpfiles --root="$dir/root" --create "$src/systemd/zerod.tmpfiles" >"$dir/tmpfiles" 2>&1 &&
     [ "$(stat -c '%a' "$dir/root/run/zerod")" = 750 ] &&
-    [ "$(stat -c '%a' "$dir/root/var/lib/zerod")" = 750 ]; then
-    ok "tmpfiles.d: /run/zerod and /var/lib/zerod, mode 0750"
+    [ "$(stat -c '%a' "$dir/root/var/lib/zerod")" = 750 ] &&
+    [ "$(stat -c '%a' "$dir/root/var/lib/zerod/checkpoints")" = 1770 ] &&
+    [ "$(stat -c '%g' "$dir/root/var/lib/zerod/checkpoints")" = \
+        "$(awk -F: '$1 == "zerod" { print $3 }' "$dir/root/etc/group")" ]; then
+    ok "tmpfiles.d: /run/zerod and /var/lib/zerod, mode 0750; the example config's checkpoint-dir writable by the group zerod, sticky (1770)"
 else
     notok "tmpfiles.d"; show "$dir/tmpfiles"
 fi
