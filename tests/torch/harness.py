@@ -2,7 +2,7 @@
 socket and its own rank processes (gloo over loopback, a file store), with a
 timeout; the case file prints TAP.
 
-A case file defines CASES = {name: dict(world=..., ...)} and
+A case file defines CASES = {name: dict(world=..., env={...}, ...)} and
 rank_main(case, cfg, rank, world) -> dict (rank 0's dict is reported);
 it ends with harness.main(CASES, rank_main). A case whose rank raises
 Skip(reason) is reported as skipped (never as passed).
@@ -90,6 +90,7 @@ def run_case(script, name, cfg, timeout):
         env = dict(os.environ, ZEROD_SOCKET=sock, OMP_NUM_THREADS="1", ZEROD_TORCH_RUN=run,
                    ZEROD_LIBZEROCLIENT=libzeroclient(),
                    PYTHONPATH=os.path.join(TOP, "client", "python"))
+        env.update(cfg.get("env", {}))
         if cfg.get("double"):  # libzeroclient's CUDA runtime is the double too
             env["ZEROD_CUDART"] = os.environ["ZEROD_CUDADOUBLE"]
         world = cfg.get("world", 2)
