@@ -328,7 +328,9 @@ struct zc_config {
 	uint32_t local_rank;         /* rank on this node, < local_size */
 	uint32_t local_size;         /* ranks of the job on this node */
 	int32_t connect_timeout_ms;  /* zc_connect: the daemon's answer; 0: 30000 */
-	int32_t register_timeout_ms; /* zc_register_plan: every rank's plan; 0: connect's */
+	int32_t register_timeout_ms; /* zc_register_plan: every rank's plan; 0: connect's
+				      * plus twice zerod's --stall-timeout, so zerod's
+				      * error naming the missing ranks comes first */
 	uint32_t reserved;           /* 0 */
 	/* daemon socket path; NULL: $ZEROD_SOCKET, else
 	 * $XDG_RUNTIME_DIR/zerod/zerod.sock, else /run/zerod/zerod.sock */
