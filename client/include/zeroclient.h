@@ -368,8 +368,11 @@ int zc_config_init(struct zc_config *cfg, size_t size);
  *            with zc_close().
  * Threads:   any thread.
  * Blocking:  up to cfg->connect_timeout_ms waiting for the daemon's answer;
- *            -EACCES at once if this user may not use the socket. Job ids are
- *            per user: ranks of one job run under one uid.
+ *            -EACCES at once if this user may not use the socket, and
+ *            ZC_ECONNECT at once, naming the path, if it is missing, a
+ *            directory, not a socket, nothing listens there (after 200 ms of
+ *            refused connects) or what listens does not speak ZeroMQ. Job
+ *            ids are per user: ranks of one job run under one uid.
  */
 int zc_connect(const struct zc_config *cfg, zc_client **ret_client);
 
