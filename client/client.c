@@ -145,7 +145,7 @@ struct zc_client {
 	bool registered;
 	int plan_result; /* 0 waiting, 1 ok, < 0 error */
 	int hello_result;
-	int daemon_stall_ms; /* HelloOk's stall_timeout_ms (0: an older zerod's) */
+	int stall_ms;         /* HelloOk's stall_timeout_ms (0: an older zerod's) */
 	char answer_msg[256]; /* the reason of a failed Hello or RegisterPlan */
 
 	uint64_t iter;
@@ -517,8 +517,7 @@ static void hello_ok(zc_client *c, const Zerod__V1__HelloOk *ok)
 {
 	if (c->hello_result == 0) /* not after a lost connection */
 		c->hello_result = 1;
-	c->daemon_stall_ms = ok->has_stall_timeout_ms ? (int)MIN(ok->stall_timeout_ms, INT32_MAX / 4)
-						       : 0;
+	c->stall_ms = ok->has_stall_timeout_ms ? (int)MIN(ok->stall_timeout_ms, INT32_MAX / 4) : 0;
 	if (ok->fastpath_socket && ok->has_fastpath_token &&
 	    strlen(ok->fastpath_socket) < sizeof(c->fp_path)) {
 		snprintf(c->fp_path, sizeof(c->fp_path), "%s", ok->fastpath_socket);
@@ -801,7 +800,7 @@ static const char *default_socket(char *buf, size_t len)
 }
 
 /* what the trainer's error says to do (err_msg holds 256 bytes) */
-#define HOW_TO_START "start zerod (zerod --socket PATH) or set ZEROD_SOCKET to its socket"
+#define HOW_TO_START     "start zerod (zerod --socket PATH) or set ZEROD_SOCKET to its socket"
 #define PROBE_REFUSED_MS 200 /* a zerod between its bind() and listen() */
 
 /* What is at path, told at once: ZeroMQ would retry a missing socket, a
@@ -826,8 +825,8 @@ static int probe_socket(const char *path, int timeout_ms)
 		return err_set(ZC_ECONNECT, "no zerod socket at %.180s (%s): " HOW_TO_START, path,
 			       strerror(errno));
 	if (S_ISDIR(st.st_mode))
-		return err_set(ZC_ECONNECT, "%.180s is a directory, not zerod's socket: " HOW_TO_START,
-			       path);
+		return err_set(ZC_ECONNECT,
+			       "%.180s is a directory, not zerod's socket: " HOW_TO_START, path);
 	if (!S_ISSOCK(st.st_mode))
 		return err_set(ZC_ECONNECT, "%.180s is not a socket, so not zerod's: " HOW_TO_START,
 			       path);
@@ -849,8 +848,9 @@ static int probe_socket(const char *path, int timeout_ms)
 	}
 	if (r == ECONNREFUSED)
 		return err_set(ZC_ECONNECT,
-			       "nothing listens on %.180s (a socket left by a zerod that exited?): "
-			       HOW_TO_START, path);
+			       "nothing listens on %.180s (a socket left by a zerod that "
+			       "exited?): " HOW_TO_START,
+			       path);
 	if (r)
 		return 0; /* EACCES, EAGAIN...: ZeroMQ's connect and the Hello say */
 	if (send(fd, sig, sizeof(sig), MSG_NOSIGNAL) != (ssize_t)sizeof(sig))
@@ -1159,7 +1159,7 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	 * its stall timeout runs from the last progress, so twice it. */
 	if (!c->cfg.register_timeout_ms)
 		c->cfg.register_timeout_ms =
-			(int)MIN((int64_t)timeout + 2 * (int64_t)c->daemon_stall_ms, INT32_MAX);
+			(int)MIN((int64_t)timeout + 2 * (int64_t)c->stall_ms, INT32_MAX);
 	*ret_client = c;
 	return 0;
 fail:

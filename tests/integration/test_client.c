@@ -914,8 +914,8 @@ static void t_connect_errors(void)
 	fw.fd = unix_socket_at(web, true);
 	fq.fd = unix_socket_at(quiet, true);
 	REQUIRE(fw.fd >= 0 && fq.fd >= 0, "listening sockets");
-	REQUIRE(pthread_create(&tw, NULL, fake_serve, &fw) == 0 &&
-		pthread_create(&tq, NULL, fake_serve, &fq) == 0, "threads");
+	REQUIRE(pthread_create(&tw, NULL, fake_serve, &fw) == 0, "a thread");
+	REQUIRE(pthread_create(&tq, NULL, fake_serve, &fq) == 0, "a thread");
 	/* the default 30 s connect timeout, yet each says so at once */
 	CHECK(refused_at_once(missing, "no zerod socket", 0, test_timeout(5000)), "missing socket");
 	CHECK(refused_at_once(dir, "is a directory", 0, test_timeout(5000)), "a directory");
