@@ -648,6 +648,9 @@ static int register_timeout_rank(void *arg, int idx)
 	if (el < 250 || el > test_timeout(5000))
 		FAIL("register gave up after %ld ms, not after its 300 ms", (long)el);
 	zc_close(c);
+	/* its leaving ends the job; the end reason says what it waited for */
+	if (!zd_wait_log(&daemon_, "left the job; the job waited for rank 1 (not connected)", 5000))
+		FAIL("the job's end reason does not name rank 1");
 	return 0;
 }
 
