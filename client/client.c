@@ -50,9 +50,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -141,6 +145,7 @@ struct zc_client {
 	bool registered;
 	int plan_result; /* 0 waiting, 1 ok, < 0 error */
 	int hello_result;
+	int stall_ms;         /* HelloOk's stall_timeout_ms (0: an older zerod's) */
 	char answer_msg[256]; /* the reason of a failed Hello or RegisterPlan */
 
 	uint64_t iter;
@@ -512,6 +517,7 @@ static void hello_ok(zc_client *c, const Zerod__V1__HelloOk *ok)
 {
 	if (c->hello_result == 0) /* not after a lost connection */
 		c->hello_result = 1;
+	c->stall_ms = ok->has_stall_timeout_ms ? (int)MIN(ok->stall_timeout_ms, INT32_MAX / 4) : 0;
 	if (ok->fastpath_socket && ok->has_fastpath_token &&
 	    strlen(ok->fastpath_socket) < sizeof(c->fp_path)) {
 		snprintf(c->fp_path, sizeof(c->fp_path), "%s", ok->fastpath_socket);
@@ -793,6 +799,92 @@ static const char *default_socket(char *buf, size_t len)
 	return "/run/zerod/zerod.sock";
 }
 
+/* what the trainer's error says to do (err_msg holds 256 bytes) */
+#define HOW_TO_START     "start zerod (zerod --socket PATH) or set ZEROD_SOCKET to its socket"
+#define PROBE_REFUSED_MS 200 /* a zerod between its bind() and listen() */
+
+/* What is at path, told at once: ZeroMQ would retry a missing socket, a
+ * refused connect or a peer that is no ZeroMQ socket until the connect
+ * timeout and say only that no zerod answered. A plain connection sends
+ * ZMTP's signature (0xff, 8 bytes, 0x7f) and reads the peer's: libzmq sends
+ * its own at once, so anything else (an answer that is not one, an end of
+ * file) is a socket that is not zerod's. zerod's libzmq takes the probe
+ * for a peer whose handshake broke off, as it takes any. */
+static int probe_socket(const char *path, int timeout_ms)
+{
+	static const uint8_t sig[10] = {0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f};
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = timeout_ms % 1000 * 1000};
+	int64_t deadline = now_ms() + timeout_ms, refused_until = now_ms() + PROBE_REFUSED_MS;
+	uint8_t got[10];
+	size_t have = 0;
+	struct stat st;
+	int fd, r = 0;
+
+	if (stat(path, &st) < 0)
+		return err_set(ZC_ECONNECT, "no zerod socket at %.180s (%s): " HOW_TO_START, path,
+			       strerror(errno));
+	if (S_ISDIR(st.st_mode))
+		return err_set(ZC_ECONNECT,
+			       "%.180s is a directory, not zerod's socket: " HOW_TO_START, path);
+	if (!S_ISSOCK(st.st_mode))
+		return err_set(ZC_ECONNECT, "%.180s is not a socket, so not zerod's: " HOW_TO_START,
+			       path);
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return 0; /* ZeroMQ says what it makes of it */
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	for (;;) {
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return 0; /* no fd for a probe: ZeroMQ's connect will say */
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+			break;
+		r = errno;
+		close(fd);
+		if (r != ECONNREFUSED || now_ms() >= refused_until)
+			break;
+		poll(NULL, 0, 20);
+	}
+	if (r == ECONNREFUSED)
+		return err_set(ZC_ECONNECT,
+			       "nothing listens on %.180s (a socket left by a zerod that "
+			       "exited?): " HOW_TO_START,
+			       path);
+	if (r)
+		return 0; /* EACCES, EAGAIN...: ZeroMQ's connect and the Hello say */
+	if (send(fd, sig, sizeof(sig), MSG_NOSIGNAL) != (ssize_t)sizeof(sig))
+		goto not_zerod;
+	while (have < sizeof(got)) {
+		struct pollfd pfd = {.fd = fd, .events = POLLIN};
+		int64_t left = deadline - now_ms();
+		ssize_t n;
+
+		if (left <= 0 || poll(&pfd, 1, (int)left) == 0) {
+			close(fd);
+			return err_set(ZC_ECONNECT,
+				       "%.180s accepted a connection but sent no ZeroMQ greeting "
+				       "within %d ms: not zerod's socket? " HOW_TO_START,
+				       path, timeout_ms);
+		}
+		n = recv(fd, got + have, sizeof(got) - have, MSG_DONTWAIT);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n <= 0)
+			break;
+		have += (size_t)n;
+	}
+	if (have == sizeof(got) && got[0] == 0xff && (got[9] & 1)) {
+		close(fd);
+		return 0;
+	}
+not_zerod:
+	close(fd);
+	return err_set(ZC_ECONNECT,
+		       "%.180s is a socket that does not speak ZeroMQ, not zerod's: " HOW_TO_START,
+		       path);
+}
+
 /* A job over several nodes: the settings the Hello carries. */
 struct multinode {
 	const char *rdzv; /* NULL: one node */
@@ -976,14 +1068,13 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	c->cfg.socket = NULL;
 	timeout = cfg.connect_timeout_ms ? cfg.connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
 	c->cfg.connect_timeout_ms = timeout;
-	if (!c->cfg.register_timeout_ms)
-		c->cfg.register_timeout_ms = timeout;
 
 	path = cfg.socket ? cfg.socket : default_socket(pathbuf, sizeof(pathbuf));
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", path);
 	/* ZeroMQ retries a refused connect until the timeout; a socket this
 	 * user may not use (connecting needs write permission on it) is told
-	 * at once. A missing one may still appear: that waits. */
+	 * at once, and so is one that is missing, where nothing listens, or
+	 * that is not zerod's (probe_socket). */
 	if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) < 0 &&
 	    (errno == EACCES || errno == EPERM)) {
 		r = err_set(-EACCES,
@@ -992,6 +1083,9 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 			    path);
 		goto fail;
 	}
+	r = probe_socket(path, timeout);
+	if (r < 0)
+		goto fail;
 	if ((size_t)snprintf(c->fp_mine, sizeof(c->fp_mine), "%s.fd", path) >= sizeof(c->fp_mine))
 		c->fp_mine[0] = 0;
 	c->zctx = zmq_ctx_new();
@@ -1050,13 +1144,22 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	}
 	r = wait_for(c, &c->hello_result, NULL, now_ms() + timeout);
 	if (r == 0) {
-		r = err_set(ZC_ECONNECT, "no zerod answered on %.180s within %d ms", path, timeout);
+		r = err_set(ZC_ECONNECT,
+			    "no zerod answered on %.180s within %d ms (something listens there: "
+			    "not zerod's socket, or a zerod that hangs?)",
+			    path, timeout);
 		goto fail;
 	}
 	if (r < 0) {
 		err_set(r, "%s", c->answer_msg);
 		goto fail;
 	}
+	/* Waits for the other ranks (zc_register_plan...) last longer than
+	 * the daemon's own clock, which fails them naming the ranks missing:
+	 * its stall timeout runs from the last progress, so twice it. */
+	if (!c->cfg.register_timeout_ms)
+		c->cfg.register_timeout_ms =
+			(int)MIN((int64_t)timeout + 2 * (int64_t)c->stall_ms, INT32_MAX);
 	*ret_client = c;
 	return 0;
 fail:

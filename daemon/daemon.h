@@ -379,5 +379,9 @@ void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint3
 void sched_params_changed(struct job *j, struct session *s, uint64_t iteration);
 void sched_on_done(struct daemon *d, struct exec_done *done);
 void sched_check_stalls(struct daemon *d, int64_t now);
+/* Who j waits for, this node's ranks: "rank 1 (bucket 2 of 4)", or before
+ * it starts "rank 3 (not connected)"; returns how many are named (0: the
+ * text says the executor). */
+int sched_describe_wait(const struct job *j, char *buf, size_t len);
 
 #endif

@@ -721,6 +721,12 @@ void job_restart(struct job *j)
 
 void job_leave(struct job *j, struct session *s, enum leave_reason why)
 {
+	char who[256];
+	/* A rank that gives up on a job that waits for others (its own
+	 * register timeout): the job's end reason names them too. */
+	bool waited = !job_ended(j) && j->state == JOB_FORMING && j->plans[s->rank] &&
+		      sched_describe_wait(j, who, sizeof(who)) > 0;
+
 	if (j->ranks[s->rank] == s) {
 		j->ranks[s->rank] = NULL;
 		j->nconnected--;
@@ -737,7 +743,8 @@ void job_leave(struct job *j, struct session *s, enum leave_reason why)
 				  : j->state != JOB_ACTIVE ? "exited before the job started"
 				  : idle                   ? "exited between iterations"
 							   : "died during an iteration";
-		job_fail(j, ZC_ERANKDEAD, !idle, "rank %u (pid %d) %s", s->rank, (int)s->pid, how);
+		job_fail(j, ZC_ERANKDEAD, !idle, "rank %u (pid %d) %s%s%s", s->rank, (int)s->pid,
+			 how, waited ? "; the job waited for " : "", waited ? who : "");
 	}
 	job_maybe_free(j);
 }

@@ -406,8 +406,7 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 	}
 }
 
-/* Name who the job waits for: the ranks that have not sent the next bucket. */
-static void describe_wait(struct job *j, char *buf, size_t len)
+int sched_describe_wait(const struct job *j, char *buf, size_t len)
 {
 	size_t at = 0;
 	int shown = 0;
@@ -430,6 +429,7 @@ static void describe_wait(struct job *j, char *buf, size_t len)
 	}
 	if (!shown)
 		snprintf(buf, len, "the executor (no rank is missing)");
+	return shown;
 }
 
 void sched_check_stalls(struct daemon *d, int64_t now)
@@ -449,7 +449,7 @@ void sched_check_stalls(struct daemon *d, int64_t now)
 
 		if (!waiting || now - j->progress_ms < limit)
 			continue;
-		describe_wait(j, who, sizeof(who));
+		sched_describe_wait(j, who, sizeof(who));
 		if (j->state == JOB_ACTIVE)
 			job_fail(j, ZC_ETIMEDOUT, true,
 				 "iteration %" PRIu64 " made no progress for %d ms; waiting for %s",

@@ -483,6 +483,8 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 
 	ok.protocol_version = ZC_PROTOCOL_VERSION;
 	ok.daemon_version = (char *)ZEROD_VERSION_STRING;
+	ok.has_stall_timeout_ms = 1;
+	ok.stall_timeout_ms = (uint32_t)d->cfg.stall_timeout_ms;
 	fastpath_offer(s, &ok);
 	out.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO_OK;
 	out.hello_ok = &ok;

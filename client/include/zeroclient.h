@@ -328,7 +328,9 @@ struct zc_config {
 	uint32_t local_rank;         /* rank on this node, < local_size */
 	uint32_t local_size;         /* ranks of the job on this node */
 	int32_t connect_timeout_ms;  /* zc_connect: the daemon's answer; 0: 30000 */
-	int32_t register_timeout_ms; /* zc_register_plan: every rank's plan; 0: connect's */
+	int32_t register_timeout_ms; /* zc_register_plan: every rank's plan; 0: connect's
+				      * plus twice zerod's --stall-timeout, so zerod's
+				      * error naming the missing ranks comes first */
 	uint32_t reserved;           /* 0 */
 	/* daemon socket path; NULL: $ZEROD_SOCKET, else
 	 * $XDG_RUNTIME_DIR/zerod/zerod.sock, else /run/zerod/zerod.sock */
@@ -366,8 +368,11 @@ int zc_config_init(struct zc_config *cfg, size_t size);
  *            with zc_close().
  * Threads:   any thread.
  * Blocking:  up to cfg->connect_timeout_ms waiting for the daemon's answer;
- *            -EACCES at once if this user may not use the socket. Job ids are
- *            per user: ranks of one job run under one uid.
+ *            -EACCES at once if this user may not use the socket, and
+ *            ZC_ECONNECT at once, naming the path, if it is missing, a
+ *            directory, not a socket, nothing listens there (after 200 ms of
+ *            refused connects) or what listens does not speak ZeroMQ. Job
+ *            ids are per user: ranks of one job run under one uid.
  */
 int zc_connect(const struct zc_config *cfg, zc_client **ret_client);
 

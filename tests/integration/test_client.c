@@ -2,15 +2,21 @@
  * test_client.c — libzeroclient's future interface against a real zerod:
  * polling, waiting with a timeout that expires, the file descriptor for a
  * caller's own event loop, futures asked for after the fact, a bucket_ready
- * from a second thread while the first waits, and calls in the wrong state.
+ * from a second thread while the first waits, and calls in the wrong state;
+ * a socket path that is missing, a directory, a file, left by a zerod that
+ * exited, or served by something else fails zc_connect() at once, naming
+ * it; a rank that never connects is named in the others' error.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -642,6 +648,9 @@ static int register_timeout_rank(void *arg, int idx)
 	if (el < 250 || el > test_timeout(5000))
 		FAIL("register gave up after %ld ms, not after its 300 ms", (long)el);
 	zc_close(c);
+	/* its leaving ends the job; the end reason says what it waited for */
+	if (!zd_wait_log(&daemon_, "left the job; the job waited for rank 1 (not connected)", 5000))
+		FAIL("the job's end reason does not name rank 1");
 	return 0;
 }
 
@@ -828,6 +837,145 @@ static void t_user_memory_limit(void)
 	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
 }
 
+/* A listening socket at path that is not zerod's: it answers like a web
+ * server (answer) or says nothing (silent). */
+struct fake {
+	int fd;
+	bool silent;
+};
+
+static void *fake_serve(void *arg)
+{
+	struct fake *f = arg;
+	int c = accept(f->fd, NULL, NULL);
+
+	if (c >= 0 && !f->silent) {
+		static const char no[] = "HTTP/1.1 400 Bad Request\r\n\r\n";
+		if (write(c, no, sizeof(no) - 1) < 0)
+			perror("fake: write");
+		close(c);
+	}
+	return NULL; /* silent: the connection stays open, unanswered */
+}
+
+static int unix_socket_at(const char *path, bool listening)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    (listening && listen(fd, 4) < 0)) {
+		perror(path);
+		return -1;
+	}
+	return fd;
+}
+
+/* zc_connect(path) with connect_timeout_ms (0: the default 30 s) fails
+ * with ZC_ECONNECT within bound_ms, naming path, what it is and how to
+ * start zerod or set ZEROD_SOCKET. */
+static bool refused_at_once(const char *path, const char *what, int timeout_ms, int bound_ms)
+{
+	struct zc_config cfg = test_config(&daemon_, "nowhere", 0, 1);
+	zc_client *c = NULL;
+	int64_t t0 = test_ms(), el;
+	int r;
+
+	cfg.socket = path;
+	cfg.connect_timeout_ms = timeout_ms;
+	r = zc_connect(&cfg, &c);
+	el = test_ms() - t0;
+	printf("# %s -> %s after %ld ms: %s\n", path, zc_strerror_name(r), (long)el,
+	       zc_error_message());
+	if (r == 0)
+		zc_close(c);
+	return r == ZC_ECONNECT && el < bound_ms && strstr(zc_error_message(), path) &&
+	       strstr(zc_error_message(), what) && strstr(zc_error_message(), "ZEROD_SOCKET");
+}
+
+static void t_connect_errors(void)
+{
+	char dir[128], missing[160], file[160], stale[160], web[160], quiet[160];
+	struct fake fw = {.fd = -1}, fq = {.fd = -1, .silent = true};
+	pthread_t tw, tq;
+	int fd;
+
+	snprintf(dir, sizeof(dir), "%.80s/zerod-connect.XXXXXX", test_tmpdir());
+	REQUIRE(mkdtemp(dir), "mkdtemp");
+	snprintf(missing, sizeof(missing), "%s/zerod.sock", dir);
+	snprintf(file, sizeof(file), "%s/file.sock", dir);
+	snprintf(stale, sizeof(stale), "%s/stale.sock", dir);
+	snprintf(web, sizeof(web), "%s/web.sock", dir);
+	snprintf(quiet, sizeof(quiet), "%s/quiet.sock", dir);
+	fd = open(file, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+	REQUIRE(fd >= 0, "a plain file");
+	close(fd);
+	fd = unix_socket_at(stale, false); /* bound, never listening: a zerod gone */
+	REQUIRE(fd >= 0, "a stale socket");
+	close(fd);
+	fw.fd = unix_socket_at(web, true);
+	fq.fd = unix_socket_at(quiet, true);
+	REQUIRE(fw.fd >= 0 && fq.fd >= 0, "listening sockets");
+	REQUIRE(pthread_create(&tw, NULL, fake_serve, &fw) == 0, "a thread");
+	REQUIRE(pthread_create(&tq, NULL, fake_serve, &fq) == 0, "a thread");
+	/* the default 30 s connect timeout, yet each says so at once */
+	CHECK(refused_at_once(missing, "no zerod socket", 0, test_timeout(5000)), "missing socket");
+	CHECK(refused_at_once(dir, "is a directory", 0, test_timeout(5000)), "a directory");
+	CHECK(refused_at_once(file, "is not a socket", 0, test_timeout(5000)), "a plain file");
+	CHECK(refused_at_once(stale, "nothing listens", 0, test_timeout(5000)), "stale socket");
+	CHECK(refused_at_once(web, "does not speak ZeroMQ", 0, test_timeout(5000)),
+	      "a socket that is not ZeroMQ");
+	/* one that says nothing: its connect timeout, then named */
+	CHECK(refused_at_once(quiet, "no ZeroMQ greeting within 300 ms", 300, test_timeout(5000)),
+	      "a silent socket");
+	pthread_join(tw, NULL);
+	pthread_join(tq, NULL);
+	close(fw.fd);
+	close(fq.fd);
+	unlink(file), unlink(stale), unlink(web), unlink(quiet);
+	rmdir(dir);
+}
+
+/* A rank that never connects: the ranks that registered get zerod's error
+ * naming it (the client's default wait is longer than zerod's
+ * --stall-timeout, however short its connect timeout), and the job's end
+ * reason is that, not a rank leaving. */
+static int missing_rank(void *arg, int idx)
+{
+	struct zc_config cfg = test_config(&small, "missing", (uint32_t)idx, 3);
+	zc_client *c = NULL;
+	int r;
+
+	(void)arg;
+	cfg.connect_timeout_ms = 500; /* the default register wait was this */
+	if ((r = zc_connect(&cfg, &c)) < 0 || (r = zc_alloc_buffers(c, &plan)) < 0)
+		FAIL("rank %d: connect: %s", idx, zc_strerror_name(r));
+	r = zc_register_plan(c);
+	printf("# rank %d: register without rank 2 -> %s: %s\n", idx, zc_strerror_name(r),
+	       zc_error_message());
+	if (r >= 0 || !strstr(zc_error_message(), "rank 2 (not connected)"))
+		FAIL("rank %d: the error does not name rank 2", idx);
+	zc_close(c);
+	return 0;
+}
+
+static void t_missing_rank_named(void)
+{
+	static const char *const extra[] = {"--stall-timeout", "1500", NULL};
+	pid_t p[2];
+
+	REQUIRE(zd_start(&small, extra) == 0, "zerod --stall-timeout 1500");
+	for (int i = 0; i < 2; i++)
+		p[i] = spawn(missing_rank, NULL, i);
+	for (int i = 0; i < 2; i++)
+		CHECK(wait_child(p[i], 20000) == 0, "rank %d was not told rank 2 is missing", i);
+	CHECK(zd_wait_log(&small, "job missing: ended (ZC_ETIMEDOUT: plan registration", 5000) &&
+		      !zd_log_has(&small, "left the job"),
+	      "the job's end reason is not the missing rank");
+	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
+}
+
 static void t_daemon_stops_cleanly(void)
 {
 	CHECK(zd_stop(&daemon_, 10000) == 0, "zerod did not exit 0");
@@ -847,6 +995,8 @@ static const struct test_case cases[] = {
 	{"memory_limit_ELIMIT", t_memory_limit},
 	{"user_memory_limit_ELIMIT", t_user_memory_limit},
 	{"register_timeout", t_register_timeout},
+	{"connect_errors_at_once", t_connect_errors},
+	{"missing_rank_named", t_missing_rank_named},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 

@@ -2,7 +2,7 @@
 socket and its own rank processes (gloo over loopback, a file store), with a
 timeout; the case file prints TAP.
 
-A case file defines CASES = {name: dict(world=..., ...)} and
+A case file defines CASES = {name: dict(world=..., env={...}, ...)} and
 rank_main(case, cfg, rank, world) -> dict (rank 0's dict is reported);
 it ends with harness.main(CASES, rank_main). A case whose rank raises
 Skip(reason) is reported as skipped (never as passed).
@@ -90,15 +90,27 @@ def run_case(script, name, cfg, timeout):
         env = dict(os.environ, ZEROD_SOCKET=sock, OMP_NUM_THREADS="1", ZEROD_TORCH_RUN=run,
                    ZEROD_LIBZEROCLIENT=libzeroclient(),
                    PYTHONPATH=os.path.join(TOP, "client", "python"))
+        env.update(cfg.get("env", {}))
         if cfg.get("double"):  # libzeroclient's CUDA runtime is the double too
             env["ZEROD_CUDART"] = os.environ["ZEROD_CUDADOUBLE"]
         world = cfg.get("world", 2)
-        for r in range(world):
+        if cfg.get("torchrun"):
+            # torchrun's own code (torch.distributed.run, what /usr/bin/torchrun
+            # runs) with the options Debian's torch 1.13 needs under Python
+            # 3.11 (README; --monitor_interval only spares its 5 s polls): one
+            # launcher, its output as rank 0's
+            cmds = [[sys.executable, "-m", "torch.distributed.run", "--standalone",
+                     "--nproc_per_node", str(world), "--redirects", "1", "--tee", "1",
+                     "--log_dir", os.path.join(run, "logs"), "--monitor_interval", "0.2",
+                     script, "--torchrun",
+                     "--case", name, "--dir", run]]
+        else:
+            cmds = [[sys.executable, script, "--rank", str(r), "--world", str(world),
+                     "--case", name, "--dir", run] for r in range(world)]
+        for r, cmd in enumerate(cmds):
             out = open(os.path.join(run, f"rank{r}.out"), "w")
-            procs.append(subprocess.Popen(
-                [sys.executable, script, "--rank", str(r), "--world", str(world),
-                 "--case", name, "--dir", run], env=env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True))
+            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
         deadline = time.monotonic() + timeout
         codes = []
         for p in procs:
@@ -106,7 +118,7 @@ def run_case(script, name, cfg, timeout):
                 codes.append(p.wait(timeout=max(1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 codes.append("timeout")
-        outs = [open(os.path.join(run, f"rank{r}.out")).read() for r in range(world)]
+        outs = [open(os.path.join(run, f"rank{r}.out")).read() for r in range(len(procs))]
         if all(c == SKIP_EXIT for c in codes):
             return "skip", outs[0].strip().splitlines()[-1] if outs[0].strip() else "skipped"
         if any(c != 0 for c in codes):
@@ -133,13 +145,17 @@ def run_case(script, name, cfg, timeout):
 
 def main(cases, rank_main, timeout=120):
     script = os.path.abspath(sys.argv[0])
-    if "--rank" in sys.argv:
+    if "--rank" in sys.argv or "--torchrun" in sys.argv:
         a = sys.argv
-        rank, world = int(a[a.index("--rank") + 1]), int(a[a.index("--world") + 1])
         name, run = a[a.index("--case") + 1], a[a.index("--dir") + 1]
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method="file://" + os.path.join(run, "store"),
-                                rank=rank, world_size=world)
+        if "--torchrun" in a:  # RANK, WORLD_SIZE, MASTER_ADDR... from torchrun
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            dist.init_process_group("gloo")
+        else:
+            rank, world = int(a[a.index("--rank") + 1]), int(a[a.index("--world") + 1])
+            dist.init_process_group("gloo", init_method="file://" + os.path.join(run, "store"),
+                                    rank=rank, world_size=world)
         try:
             res = rank_main(name, cases[name], rank, world)
         except Skip as e:

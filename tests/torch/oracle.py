@@ -1,6 +1,9 @@
 """DDP + ZerodOptimizer against DDP + plain torch.optim, in one rank process:
 the same model, the same data (different on every rank), the same schedule;
-parameters compared after every iteration within RTOL/ATOL."""
+parameters compared after every iteration within RTOL/ATOL. Options a case
+sets: accum (micro-batches per iteration, all but the last under
+ddp.no_sync()), frozen (Net's first layer requires_grad=False, left in the
+param groups), set_to_none, zero_grad_every, unused (use_side's patterns)."""
 import copy
 import gc
 
@@ -27,7 +30,9 @@ class Net(nn.Module):
     def forward(self, x, use_side=True):
         h = torch.tanh(self.a(x))
         h = torch.tanh(self.b(h))
-        if use_side:
+        if use_side == "touch":  # in the graph, with a zero gradient
+            h = h + 0.0 * torch.tanh(self.side(h))
+        elif use_side:
             h = h + torch.tanh(self.side(h))
         return self.c(h)
 
@@ -56,10 +61,14 @@ def data(rank, it):
     return x, y
 
 
-def use_side(rank, it, cfg):
+def use_side(rank, it, cfg, micro=0):
     """unused: 'some' (unused on some ranks in some iterations), 'all'
-    (unused on every rank in some iterations) or None."""
+    (unused on every rank in some iterations), 'nosync' (with accum: used
+    in every micro-batch; in the first only, on every rank; in micro-batch
+    rank % accum only; in none) or None."""
     u = cfg.get("unused")
+    if u == "nosync":
+        return [True, micro == 0, micro == rank % cfg["accum"], False][it % 4]
     if u == "all":
         return it % 3 != 1
     if u == "some":
@@ -72,6 +81,9 @@ def make(cfg, rank):
     dist._DEFAULT_FIRST_BUCKET_BYTES = 1024  # several DDP buckets, small model
     torch.manual_seed(7)
     model = Net()
+    if cfg.get("frozen"):  # before DDP, as fine-tuning scripts freeze
+        for p in model.a.parameters():
+            p.requires_grad_(False)
     ref = copy.deepcopy(model)
     kw = dict(bucket_cap_mb=0.002, find_unused_parameters=bool(cfg.get("unused")))
     ddp_z, ddp_r = nn.parallel.DistributedDataParallel(model, **kw), \
@@ -91,8 +103,22 @@ def one_iter(ddp, opt, sched, rank, it, cfg):
     if cfg.get("manual_lr"):
         for g in opt.param_groups:
             g["lr"] = 0.01 * (1 + it % 4) / 4
-    x, y = data(rank, it)
-    loss = ((ddp(x, use_side(rank, it, cfg)) - y) ** 2).mean()
+    k = cfg.get("accum", 1)
+    for m in range(k - 1):  # gradient accumulation: no_sync micro-batches first
+        with ddp.no_sync():
+            x, y = data(rank, it * k + m)
+            (((ddp(x, use_side(rank, it, cfg, m)) - y) ** 2).mean() / k).backward()
+    x, y = data(rank, it * k + k - 1)
+    use = use_side(rank, it, cfg, k - 1)
+    if not use and not hasattr(opt, "client") and \
+            any(use_side(rank, it, cfg, m) for m in range(k - 1)):
+        # the reference: torch 1.13's DDP counts only the synced forward's
+        # parameters as used, and where no rank used one there it leaves
+        # each rank's accumulated gradient unreduced (the ranks' models
+        # drift apart); in the graph with a zero gradient, it reduces the
+        # accumulated ones, which is what no_sync() promises
+        use = "touch"
+    loss = ((ddp(x, use) - y) ** 2).mean() / k
     scale = cfg.get("grad_scale")
     if scale and hasattr(opt, "client"):  # zerod unscales, and skips non-finite steps
         opt.set_grad_scale(scale)

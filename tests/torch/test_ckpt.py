@@ -65,8 +65,8 @@ def restore_equals_uninterrupted(cfg, rank, world):
     # mode the case names: the checkpoint's parameters and state come back
     model2, ddp2, opt2 = make(cfg, 2, cfg.get("restore_shard", "bucket"))
     assert not all(torch.equal(a, b) for a, b in zip(params(model2), ref))
-    opt2.restore(d)
-    assert opt2.client.iteration() == at + 1, opt2.client.iteration()
+    resumed = opt2.restore(d)  # the iteration it goes on at
+    assert resumed == at + 1 == opt2.client.iteration(), (resumed, opt2.client.iteration())
     train(ddp2, opt2, at + 1, n, rank)
     got = params(model2)
     worst = max(float((a - b).abs().max()) for a, b in zip(got, ref))

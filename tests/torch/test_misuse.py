@@ -32,10 +32,18 @@ def backward(ddp, rank, it):
 
 
 def misuse(name, rank):
-    cfg = dict(opt="sgd", hyper={"lr": 0.05, "momentum": 0.9})
+    cfg = dict(opt="sgd", hyper={"lr": 0.05, "momentum": 0.9}, frozen=name == "unfreeze")
     ddp, opt, _, _ = make(cfg, rank)
     one_iter(ddp, opt, None, rank, 0, cfg)  # a normal iteration first
     one_iter(ddp, opt, None, rank, 1, cfg)  # (DDP rebuilt its buckets)
+    if name in ("freeze", "unfreeze"):  # the next forward refuses
+        ddp.module.a.weight.requires_grad_(name == "unfreeze")
+        msg = expect_raise(lambda: backward(ddp, rank, 2),
+                           ["a.weight", "was " + ("frozen" if name == "freeze" else "unfrozen"),
+                            "build both again"])
+        opt.close()
+        dist.barrier()
+        return {"error": msg[:100]}
     backward(ddp, rank, 2)
     if name == "clip_grad_norm_":
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.01)
@@ -57,6 +65,31 @@ def misuse(name, rank):
     opt.close()
     dist.barrier()
     return {"error": msg[:100]}
+
+
+def peer_dies(rank):
+    """Rank 1 exits between iterations; rank 0's next backward raises
+    zerod's own ZerodError with the daemon's reason (not torch's cast
+    error around it), and so does step()."""
+    import os
+    import time
+    from zerod import ZerodError
+    cfg = dict(opt="sgd", hyper={"lr": 0.05, "momentum": 0.9})
+    ddp, opt, _, _ = make(cfg, rank)
+    for it in range(2):
+        one_iter(ddp, opt, None, rank, it, cfg)
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)  # no close(): zerod sees the process go
+    time.sleep(0.5)
+    try:
+        backward(ddp, rank, 2)
+        opt.step()
+    except ZerodError as e:
+        assert "ZC_ERANKDEAD: rank 1" in e.reason, e
+        assert "Unable to cast" not in str(e), e
+        return {"error": str(e)[:120]}
+    raise AssertionError("no ZerodError after rank 1 died")
 
 
 def step_without_backward(rank):
@@ -125,6 +158,9 @@ CASES = {
     "lr-change-after-backward-raises": dict(world=2, what="lr-after-backward"),
     "p.data-replaced-raises": dict(world=2, what="p.data-replaced"),
     "add_param_group-after-construction-raises": dict(world=2, what="add_param_group"),
+    "freeze-after-construction-raises": dict(world=2, what="freeze"),
+    "unfreeze-after-construction-raises": dict(world=2, what="unfreeze"),
+    "peer-death-raises-ZerodError": dict(world=2, what="peer"),
     "step-without-backward-changes-nothing": dict(world=2, what="nobackward"),
     # torch's accumulation: zero_grad() every other iteration only
     "accumulate-without-zero_grad": dict(world=2, opt="sgd", iters=10, zero_grad_every=2,
@@ -141,6 +177,8 @@ CASES = {
 
 def rank_main(name, cfg, rank, world):
     what = cfg.get("what")
+    if what == "peer":
+        return peer_dies(rank)
     if what == "nobackward":
         return step_without_backward(rank)
     if what == "own":

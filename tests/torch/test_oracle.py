@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """DDP + ZerodOptimizer == DDP + torch.optim (tests/torch/oracle.py), >= 10
 iterations, 2 and 3 ranks, every optimizer, both shard and step modes,
-schedulers, two param groups."""
+schedulers, two param groups; one case launched by torchrun."""
 import harness
 from oracle import compare
 
@@ -21,6 +21,10 @@ CASES = {
                                                   sched="warmup", set_to_none=False),
     "adamw-2groups-w3-slice-interleaved-steplr": dict(world=3, opt="adamw", hyper=ADAMW,
                                                       groups=True, shard="slice", sched="step"),
+    # launched by torchrun (README: Debian's torch 1.13 under Python 3.11),
+    # LOCAL_RANK / LOCAL_WORLD_SIZE from it
+    "adamw-w2-slice-interleaved-torchrun": dict(world=2, opt="adamw", hyper=ADAMW,
+                                                shard="slice", torchrun=True, iters=6),
     # the check itself: an lr off by 1e-4 relative must be caught
     "control-lr-off-by-1e-4-is-caught": dict(world=2, opt="sgd", hyper=SGD,
                                              zerod_hyper={"lr": SGD["lr"] * (1 + 1e-4)},

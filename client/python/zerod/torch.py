@@ -63,6 +63,23 @@ How an iteration goes:
   checksummed files, restorable onto another world size or layout), and
   step() takes the checkpoints an operator asks for with `zeroctl checkpoint
   JOB [DIR]` at the iteration zerod names.
+- find_unused_parameters=True: a parameter is unused on a rank for the
+  step where its p.grad is None when its bucket is handed over (the
+  bucket's mask, zc_bucket_ready_ex), and zerod skips its step only where
+  it is unused on every rank, which is where torch.optim skips it. So a
+  parameter used in an earlier ddp.no_sync() micro-batch is used (its
+  accumulated gradient is averaged), and one that zero_grad(
+  set_to_none=False) left zeros in is stepped with them, as torch steps it.
+- Frozen parameters (requires_grad=False when DDP and the optimizer are
+  built) may stay in the param groups: DDP leaves them out of its buckets,
+  so they are out of the plan, never stepped and have no state_dict()
+  state, as in torch. Freezing or unfreezing one later raises at the next
+  forward or step() (DDP's buckets and the plan were made without it).
+- An error of zerod's in the comm hook (a peer rank died: ZC_EJOBFAILED
+  naming it) is raised out of backward as the ZerodError it is: the hook's
+  future completes and a callback queued on the autograd engine raises it
+  after DDP's finalize (an exception set on the future would reach DDP's
+  C++ reducer as a value that is no Tensor).
 - Gradient clipping and loss scaling run in zerod (at_end mode): the
   max_grad_norm option, set_grad_scale(). Doing either on p.grad after
   backward (clip_grad_norm_, GradScaler.unscale_) would be too late: zerod
@@ -168,7 +185,8 @@ class ZerodOptimizer(torch.optim.Optimizer):
     device. params: parameters or param groups (default:
     all of the model's); every parameter DDP reduces must be in one group.
     shard: "bucket" or "slice"; step_mode: "interleaved" or "at_end".
-    max_grad_norm: clip the averaged gradients' global norm in zerod (at_end).
+    max_grad_norm: clip the averaged gradients' global norm in zerod
+    (step_mode="at_end" only: ValueError otherwise).
     socket / job_id: the daemon's socket (default: $ZEROD_SOCKET...) and the
     job's id (default: $ZEROD_JOB_ID, else one rank 0 draws and broadcasts).
     shared_params: on the CPU, every rank of a job on one node keeps its
@@ -200,6 +218,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
         if shard not in ("bucket", "slice") or step_mode not in ("interleaved", "at_end"):
             raise ValueError("ZerodOptimizer: shard is 'bucket' or 'slice', step_mode "
                              "'interleaved' or 'at_end'")
+        if max_grad_norm and step_mode != "at_end":
+            raise ValueError("ZerodOptimizer: max_grad_norm needs step_mode='at_end' (zerod "
+                             "clips once every bucket is averaged, before any step): pass "
+                             "ZerodOptimizer(..., max_grad_norm=%g, step_mode='at_end')"
+                             % max_grad_norm)
         # torch's own class fills in its defaults and checks the values
         ref = optimizer_class(ddp_model.module.parameters() if params is None else params,
                               **defaults)
@@ -220,12 +243,17 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._model_params = list(ddp_model.module.parameters())
         self._pid = {id(p): i + 1 for i, p in enumerate(self._model_params)}
         self._group_of = {}
+        # requires_grad of every parameter of the groups, as built: DDP's
+        # buckets (and so the plan) are fixed by it (_check_frozen)
+        names = {id(p): n for n, p in ddp_model.module.named_parameters()}
+        self._requires = [(p, p.requires_grad, names.get(id(p), "?"))
+                          for g in self.param_groups for p in g["params"]]
         for gi, g in enumerate(self.param_groups):
             for p in g["params"]:
                 if id(p) not in self._pid:
                     raise ValueError("ZerodOptimizer: a parameter of the param groups is not "
                                      "one of the DDP model's")
-                if p.dtype not in _DTYPES:
+                if p.dtype not in _DTYPES and p.requires_grad:
                     raise NotImplementedError(f"ZerodOptimizer: {p.dtype} parameters (fp32, "
                                               "bf16 or fp16 only)")
                 self._group_of[id(p)] = gi
@@ -262,7 +290,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._sent_iter = None  # the hypers sent for the iteration under way
         self._grad_scale = None
         self._versions = None
-        self._used = set()
+        self._failure = None  # a bucket's zerod error, raised at the end of backward
         self._rebuilt_seen = False
         self._layout = None
         try:
@@ -270,10 +298,6 @@ class ZerodOptimizer(torch.optim.Optimizer):
         except BaseException:
             self.client.close()
             raise
-        self._handles = []
-        if self.find_unused:
-            self._handles = [p.register_hook(self._mark_used(self._pid[id(p)]))
-                             for p in self._model_params if p.requires_grad]
         ddp_model.register_comm_hook(self, _zerod_comm_hook)
         self._pre = ddp_model.module.register_forward_pre_hook(self._before_forward)
         self._ready = True
@@ -341,9 +365,13 @@ class ZerodOptimizer(torch.optim.Optimizer):
             if id(p) in reduced and id(p) not in self._group_of:
                 raise ValueError("ZerodOptimizer: every parameter DDP reduces must be in a "
                                  "param group (give it lr=0 to freeze it)")
-        if any(k not in reduced for k in self._group_of):
-            raise ValueError("ZerodOptimizer: a parameter of the param groups is not one DDP "
-                             "reduces (requires_grad=False, or ignored by DDP)")
+        # a frozen parameter (requires_grad=False when DDP was built) is in
+        # no DDP bucket: it stays in its group, out of the plan, and is never
+        # stepped (its grad stays None), as torch.optim never steps it
+        for p, needs_grad, name in self._requires:
+            if id(p) not in reduced and needs_grad:
+                raise ValueError(f"ZerodOptimizer: parameter {name} of the param groups is "
+                                 "not one DDP reduces (ignored by DDP?)")
         return out
 
     def _set_layout(self, layout, first):
@@ -455,8 +483,27 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._zb_have = [0] * len(self._layout)
         self._zb_next = 0
 
+    def _check_frozen(self):
+        """A parameter frozen or unfrozen since construction: DDP's buckets
+        and zerod's plan were made from the flags as they were, so the step
+        would silently differ from torch's. Raise, naming it."""
+        for p, needs_grad, name in self._requires:
+            if p.requires_grad == needs_grad:
+                continue
+            if p.requires_grad:
+                why = ("unfrozen (requires_grad=True) after DDP and ZerodOptimizer were built: "
+                       "it is in neither DDP's buckets nor zerod's plan, so zerod would never "
+                       "step it")
+            else:
+                why = ("frozen (requires_grad=False) after DDP and ZerodOptimizer were built: "
+                       "DDP's buckets and zerod's plan still hold it")
+            raise RuntimeError(f"ZerodOptimizer: parameter {name} was {why}. Set "
+                               "requires_grad before building them, or build both again "
+                               "(state_dict() / load_state_dict() carry the state over)")
+
     def _before_forward(self, module, inputs):
         self._wait_step()  # forward reads the parameters: the step lands first
+        self._check_frozen()
         if torch.is_grad_enabled() and self.ddp._has_rebuilt_buckets and not self._rebuilt_seen:
             self._rebuilt_seen = True
             layout = self._read_layout()
@@ -473,12 +520,6 @@ class ZerodOptimizer(torch.optim.Optimizer):
                             e.name != "ZC_ENOTSUP":
                         raise
                     self._route_by_param(layout)
-        self._used.clear()
-
-    def _mark_used(self, pid):
-        def hook(grad):
-            self._used.add(pid)
-        return hook
 
     # -- the comm hook -------------------------------------------------------
     def _begin_iteration(self):
@@ -495,11 +536,16 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._versions = None
 
     def _unused_words(self, ps):
+        """The segments with no gradient on this rank: where p.grad is None.
+        A parameter used in this backward has one; so does one used in an
+        earlier no_sync() micro-batch (DDP counts it as used and reduces
+        what accumulated) and one that zero_grad(set_to_none=False) left
+        zeros in (torch steps it: zerod steps it where any rank has one)."""
         if not self.find_unused:
             return None
         words = [0] * ((len(ps) + 63) // 64)
         for s, p in enumerate(ps):
-            if self._pid[id(p)] not in self._used:
+            if p.grad is None:
                 words[s // 64] |= 1 << (s % 64)
         return words
 
@@ -513,24 +559,58 @@ class ZerodOptimizer(torch.optim.Optimizer):
         fut = torch.futures.Future()
 
         def done(result, msg):
-            if result < 0:
-                fut.set_exception(_lib.ZerodError(f"zerod bucket {zb}", result, msg))
-            else:
-                fut.set_result(value)
+            # DDP's reducer reads the future's value in C++, where an
+            # exception set on it would be a value that is no Tensor ("Unable
+            # to cast"): the future completes, and _after_backward raises
+            # the error itself, as zerod's ZerodError
+            if result < 0 and self._failure is None:
+                self._failure = _lib.ZerodError(f"zerod bucket {zb}", result, msg)
+            fut.set_result(value)
         self.client.then(f, done)
         if zb == len(self._layout) - 1:
             self._step_iter = self._iter
-            # after DDP's finalize (queued after this): note the gradients'
-            # versions, so a later in-place edit (clip_grad_norm_) is seen
-            try:
-                torch.autograd.Variable._execution_engine.queue_callback(
-                    lambda: torch.autograd.Variable._execution_engine.queue_callback(
-                        self._note_versions))
-            except RuntimeError:  # a hook run outside backward (DDP's join)
-                pass
         return fut
 
+    def _queue_after_backward(self):
+        """_after_backward once DDP finished backward: queued from bucket 0's
+        hook, it queues itself again when backward's nodes are done, so it
+        runs after DDP's finalize (which waited for every bucket's future)."""
+        engine = torch.autograd.Variable._execution_engine
+        try:
+            engine.queue_callback(lambda: engine.queue_callback(self._after_backward))
+        except RuntimeError:  # a hook run outside backward (DDP's join)
+            pass
+
+    def _after_backward(self):
+        """Raise a bucket's zerod error out of backward (a callback's Python
+        exception keeps its type through the autograd engine); else note
+        the gradients' versions, so a later in-place edit
+        (clip_grad_norm_) is seen."""
+        self._raise_failure()
+        self._note_versions()
+
+    def _raise_failure(self):
+        if self._failure is not None:
+            e, self._failure = self._failure, None
+            self._step_iter = None  # its step future failed too
+            raise e
+
     def _on_bucket(self, bucket):
+        """The comm hook. An error here would reach the script wrapped in
+        the reducer's RuntimeError: it is kept, the bucket's future
+        completes, and _after_backward (or step()) raises it as it is."""
+        if bucket.index() == 0:
+            self._queue_after_backward()
+        if self._failure is None:
+            try:
+                return self._hook(bucket)
+            except Exception as e:
+                self._failure = e
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    def _hook(self, bucket):
         i = bucket.index()
         if i == 0:
             self._begin_iteration()
@@ -605,9 +685,10 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     "and the step did not see the change. Clip with "
                     "ZerodOptimizer(max_grad_norm=...) and scale with set_grad_scale() "
                     "(step_mode='at_end').")
+        self._check_frozen()
         for g in self.param_groups:
             for p in g["params"]:
-                if p.data_ptr() != self._param_ptr[id(p)]:
+                if id(p) in self._param_ptr and p.data_ptr() != self._param_ptr[id(p)]:
                     raise RuntimeError("ZerodOptimizer: a parameter's storage was replaced "
                                        "(p.data = ...): zerod updates the registered buffer; "
                                        "copy into the parameter instead (p.copy_())")
@@ -626,6 +707,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._raise_failure()
         self._wait_step()
         self._check()
         self._versions = None
@@ -656,8 +738,12 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self.client.params_changed()
 
     # -- state (the state part of libzeroclient) ------------------------------
+    def _planned(self):
+        """The parameters of the groups in zerod's plan (not the frozen)."""
+        return [p for g in self.param_groups for p in g["params"] if id(p) in self._where]
+
     def _segment_states(self, tensors):
-        ps = [p for g in self.param_groups for p in g["params"]]
+        ps = self._planned()
         segs = (_lib.SegmentState * len(ps))()
         for s, p in zip(segs, ps):
             b, k, _ = self._where[id(p)]
@@ -698,10 +784,15 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     tensors[(id(p), name)] = torch.zeros(p.shape, dtype=torch.float32)
         ps, segs = self._segment_states(tensors)
         self.client.get_state(segs)
-        self.state.clear()
         at = {id(p): k for k, p in enumerate(ps)}
+        # a frozen parameter keeps what load_state_dict() gave it, as in torch
+        for p in list(self.state):
+            if id(p) in at:
+                del self.state[p]
         for g in self.param_groups:
             for p in g["params"]:
+                if id(p) not in at:
+                    continue
                 s = segs[at[id(p)]]
                 low = p.dtype != torch.float32
                 st = {}
@@ -825,10 +916,14 @@ class ZerodOptimizer(torch.optim.Optimizer):
         goes on at its iteration. The world size, shard and step mode and
         DDP's bucket layout may differ from the run that wrote it. A
         missing, corrupt or mismatched checkpoint raises ZerodError
-        (ZC_ECKPT naming what is wrong) and changes nothing."""
+        (ZC_ECKPT naming what is wrong) and changes nothing. Returns the
+        iteration the job goes on at (the checkpoint's: the number of
+        iterations stepped before it), for the script's scheduler and data
+        position."""
         self.lib.require("checkpoint")
         self._wait_step()
         self.client.restore(directory)
+        return self.client.iteration()
 
     def _operator_checkpoint(self):
         """`zeroctl checkpoint JOB [DIR]`: the daemon names an iteration and
@@ -858,8 +953,6 @@ class ZerodOptimizer(torch.optim.Optimizer):
             return
         self._wait_step()
         self._pre.remove()
-        for h in self._handles:
-            h.remove()
         if self.client.own is None and not self.cuda:  # the library's mapping goes with it
             with torch.no_grad():
                 for p in self._model_params:
