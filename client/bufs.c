@@ -3,7 +3,7 @@
  * zc_alloc_buffers() makes, a state round's staging memfd, and the FDBUFS
  * (FDSTAGE) exchange (common/bufwire.h) on a
  * connection of its own to zerod's <socket>.fd. The checks of the memory
- * are zerod's (daemon/fdbufs.c): it is the one that must trust it, and its
+ * are zerod's (daemon/edge/fdbufs.c): it is the one that must trust it, and its
  * reasons come back here word for word, as are those of a connection zerod
  * serves none of (FDREFUSED: too many of this user wait there).
  */

@@ -68,7 +68,7 @@
 #include "internal.h"
 /* zeroclient.h's rounding of bf16/fp16, the daemon's own (header only):
  * zc_set_state() rounds a given master into the parameters */
-#include "../daemon/optim/lowp.h"
+#include "lowp.h"
 #include "plan.h"
 #include "wire.h"
 #include "zeroclient.h"

@@ -4,7 +4,7 @@
  * zerod), the connection to zerod's <socket>.fd that carried it and now
  * serves as the doorbell both ways, and the client's indices. The protocol
  * and why it keeps the order of the ZeroMQ messages are in common/ring.h and
- * daemon/fastpath.c.
+ * daemon/edge/fastpath.c.
  *
  * The client trusts the daemon, but not blindly its own shared memory: a
  * head or tail out of range is ZC_EPROTO, not a wild read.

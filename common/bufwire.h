@@ -4,7 +4,7 @@
  * SOCK_SEQPACKET socket the fast path's rings come through), with the
  * memfd(s) in SCM_RIGHTS; zerod answers with one reply and closes the
  * connection. The RegisterPlan that follows names the buffers by the
- * reply's serial (proto FdBuffers). See daemon/fdbufs.c.
+ * reply's serial (proto FdBuffers). See daemon/edge/fdbufs.c.
  */
 #ifndef ZEROD_BUFWIRE_H
 #define ZEROD_BUFWIRE_H

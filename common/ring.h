@@ -21,7 +21,7 @@
  * MARK(k) orders the two channels: before the first slot it pushes after
  * sending its k-th ZeroMQ message (counted from the connection's first), a
  * producer pushes MARK(k), and a consumer passes MARK(k) only once it has
- * received that message. See daemon/fastpath.c for why and how.
+ * received that message. See daemon/edge/fastpath.c for why and how.
  *
  * Nothing in this memory is trusted by the daemon: the client may write any
  * byte of it at any time. zerod keeps its own copies of its indices and of

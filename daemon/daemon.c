@@ -36,18 +36,18 @@
 #include <zmq.h>
 
 #include "common.h"
-#include "backend.h"
-#include "config.h"
+#include "exec/backend.h"
+#include "base/config.h"
 #include "daemon.h"
-#include "fastpath.h"
-#include "lockfile.h"
-#include "log.h"
-#include "loop.h"
+#include "edge/fastpath.h"
+#include "base/lockfile.h"
+#include "base/log.h"
+#include "base/loop.h"
 #include "mem/mem.h"
-#include "ops.h"
-#include "pool.h"
-#include "rdzv.h"
-#include "rdzvcurve.h"
+#include "ops/ops.h"
+#include "base/pool.h"
+#include "core/rdzv.h"
+#include "net/rdzvcurve.h"
 
 /* fds kept beyond connections and pidfds: shm opens, /proc reads, the odd
  * eventfd a new ZeroMQ pipe may want */

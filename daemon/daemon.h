@@ -16,12 +16,12 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
-#include "exec.h"
-#include "rdzv.h"
-#include "sink.h"
+#include "exec/exec.h"
+#include "core/rdzv.h"
+#include "core/sink.h"
 #include "plan.h"
-#include "shard.h"
-#include "statex.h"
+#include "plan/shard.h"
+#include "core/statex.h"
 #include "zerod.pb-c.h"
 
 #define ZEROD_MAX_WORLD 4096u

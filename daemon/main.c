@@ -1,9 +1,9 @@
 /* main.c — the command line and the config file (config.c), then daemon_run(). */
 #include <stdio.h>
 
-#include "config.h"
+#include "base/config.h"
 #include "daemon.h"
-#include "rdzvcurve.h"
+#include "net/rdzvcurve.h"
 
 int main(int argc, char **argv)
 {

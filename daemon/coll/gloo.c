@@ -60,8 +60,8 @@
 #include "coll/sealmesh.h"
 #include "coll/netstats.h"
 #include "common.h"
-#include "hostmem.h"
-#include "pool.h"
+#include "base/hostmem.h"
+#include "base/pool.h"
 
 #define GLOO_LANES          COLL_MESH_LANES /* zero.h's lanes, in the tag's low bits */
 #define GLOO_WINDOW_DEFAULT (2u << 20) /* 8 MiB: as fast as larger ones on loopback */

@@ -12,8 +12,8 @@
 
 #include "coll/coll.h"
 #include "common.h"
-#include "hostmem.h"
-#include "pool.h"
+#include "base/hostmem.h"
+#include "base/pool.h"
 
 struct coll_group {
 	uint32_t world;

@@ -71,8 +71,8 @@
 
 #include "coll/coll.h"
 #include "common.h"
-#include "cudabufs.h"
-#include "cudacheck.h"
+#include "mem/cudabufs.h"
+#include "base/cudacheck.h"
 #include "plan.h"
 
 #define NSETS            3 /* reductions, broadcasts, gathers (several nodes) */

@@ -77,8 +77,8 @@
 
 #include "coll/sealmesh.h"
 #include "common.h"
-#include "rdzvcurve.h"
-#include "rdzvwire.h"
+#include "net/rdzvcurve.h"
+#include "net/rdzvwire.h"
 #include "zeroclient.h"
 
 #define LANES      COLL_MESH_LANES

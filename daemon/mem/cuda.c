@@ -25,7 +25,7 @@
 
 #include <cuda.h>
 
-#include "cudacheck.h"
+#include "base/cudacheck.h"
 #include "mem/mem.h"
 #include "zeroclient.h"
 

@@ -16,7 +16,7 @@
 enum mem_kind {
 	MEM_SHM = 0, /* the default, so a descriptor that names no kind is shm */
 	MEM_CUDA_IPC,
-	MEM_FD, /* a memfd passed with SCM_RIGHTS (daemon/fdbufs.c) */
+	MEM_FD, /* a memfd passed with SCM_RIGHTS (daemon/edge/fdbufs.c) */
 };
 
 #define MEM_CUDA_HANDLE_BYTES 64 /* CUDA_IPC_HANDLE_SIZE */

@@ -1,7 +1,7 @@
 /*
  * shm.c — host buffers, mapped here once per plan, of two kinds:
  *  - MEM_FD: a memfd the trainer created and passed with SCM_RIGHTS
- *    (daemon/fdbufs.c). It has no name, so nothing is left anywhere when
+ *    (daemon/edge/fdbufs.c). It has no name, so nothing is left anywhere when
  *    either side dies. It must be a memfd sealed against shrinking (a
  *    shrunk file would SIGBUS the daemon), the trainer's own (st_uid), and
  *    hold the buffer from its offset.
@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "log.h"
+#include "base/log.h"
 #include "mem/mem.h"
 #include "zeroclient.h"
 

@@ -30,10 +30,10 @@
 #include <errno.h>
 
 #include "common.h"
-#include "hostmem.h"
+#include "base/hostmem.h"
 #include "optim/elem.h"
 #include "optim/optim.h"
-#include "pool.h"
+#include "base/pool.h"
 
 /* -DZEROD_SIMD_CLONES= builds only the baseline code, so a test can cover it
  * on a machine that would otherwise pick a wider clone. */

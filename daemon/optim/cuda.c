@@ -35,7 +35,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "cudacheck.h"
+#include "base/cudacheck.h"
 #include "optim/kern.h"
 #include "optim/optim.h"
 #include "plan.h"

@@ -29,7 +29,7 @@
 
 #include "optim/elem.h"
 #include "optim/gradelem.h"
-#include "optim/lowp.h"
+#include "lowp.h"
 
 enum optim_kop {
 	OPTIM_KOP_STEP,    /* the optimizer step of each element */

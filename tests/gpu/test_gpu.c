@@ -32,13 +32,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "exec/backend.h"
 #include "common.h"
-#include "exec.h"
-#include "gradpass.h"
+#include "exec/exec.h"
+#include "exec/gradpass.h"
 #include "mem/mem.h"
 #include "optim/kern.h"
-#include "pool.h"
+#include "base/pool.h"
 #include "testlib.h"
 #include "zctest.h"
 

@@ -1,7 +1,7 @@
 /*
  * zdctl.c — waiting on a zerod's control socket (<socket>.ctl: the Ctl
  * messages of proto/zerod.proto that zeroctl speaks, served by
- * daemon/ctl.c) for the state a test needs next: a job in a state or at an
+ * daemon/ops/ctl.c) for the state a test needs next: a job in a state or at an
  * iteration, a rank registered, a rendezvous served. Tests synchronise
  * through these, never by reading the daemon's log: what is logged is only
  * asserted (zd_wait_log), after the state it belongs to was waited for here.

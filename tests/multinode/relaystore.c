@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "filestore.h"
-#include "rdzvwire.h"
+#include "net/rdzvwire.h"
 #include "relaystore.h"
 
 #define MAXREL 8

@@ -35,9 +35,9 @@
 
 #include "coll/gloo_shim.h"
 #include "common.h"
-#include "exec.h"
+#include "exec/exec.h"
 #include "filestore.h"
-#include "pool.h"
+#include "base/pool.h"
 #include "refoptim.h"
 #include "relaystore.h"
 #include "testkeys.h"

@@ -45,7 +45,7 @@
 #include "cluster.h"
 #include "common.h"
 #include "harness.h"
-#include "rdzvwire.h"
+#include "net/rdzvwire.h"
 #include "testkeys.h"
 #include "testlib.h"
 #include "trainer.h"

@@ -38,11 +38,11 @@
 
 #include "coll/coll.h"
 #include "common.h"
-#include "pool.h"
+#include "base/pool.h"
 #include "relaystore.h"
 #include "testkeys.h"
 #include "testlib.h"
-#include "zero.h"
+#include "plan/zero.h"
 
 #define NODE_T   20000 /* ms a forked node may take */
 #define PATTERN  0x4b1d5eedu

@@ -6,7 +6,7 @@
 #ifndef ZEROD_TEST_TESTKEYS_H
 #define ZEROD_TEST_TESTKEYS_H
 
-#include "rdzvcurve.h"
+#include "net/rdzvcurve.h"
 
 /* A fresh pair: DIR/NAME.key (mode 0600) and its public key, Z85, in pub.
  * 0 or -errno. */

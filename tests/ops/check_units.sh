@@ -233,8 +233,8 @@ done
 # no man page is installed: none is named
 grep -q 'zeroctl(1)' "$dir/zh" && miss="$miss (names zeroctl(1), which is not installed)"
 # what members of --group may run: the same verbs in --help, the README and
-# the control socket's table (daemon/ctl.c)
-member=$(grep 'ROLE_MEMBER},' "$src/daemon/ctl.c" | sed 's/.*"\([a-z]*\)".*/\1/' | sort | tr '\n' ' ')
+# the control socket's table (daemon/ops/ctl.c)
+member=$(grep 'ROLE_MEMBER},' "$src/daemon/ops/ctl.c" | sed 's/.*"\([a-z]*\)".*/\1/' | sort | tr '\n' ' ')
 grep -q "members of this group may run zeroctl status, inspect, metrics and checkpoint" "$dir/zh" ||
     miss="$miss (--group's verbs)"
 grep -q 'may run `status`, `inspect`, `metrics` and `checkpoint`' "$src/README.md" ||

@@ -39,14 +39,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "exec/backend.h"
 #include "common.h"
 #include "cudadouble.h"
-#include "exec.h"
+#include "exec/exec.h"
 #include "filestore.h"
-#include "optim/lowp.h"
+#include "lowp.h"
 #include "mem/mem.h"
-#include "pool.h"
+#include "base/pool.h"
 #include "testlib.h"
 #include "zctest.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_curve.c — CURVE on the rendezvous (daemon/rdzvcurve.c): key files
+ * test_curve.c — CURVE on the rendezvous (daemon/net/rdzvcurve.c): key files
  * as zmq_curve_keypair's keys are written, refused with a reason when a key
  * is too short or not Z85, when the secret key file is readable by others,
  * when a peers line is bad (named by its line), when one of the two files
@@ -17,8 +17,8 @@
 #include <zmq.h>
 
 #include "common.h"
-#include "rdzvcurve.h"
-#include "rdzvwire.h"
+#include "net/rdzvcurve.h"
+#include "net/rdzvwire.h"
 #include "testlib.h"
 #include "zeroclient.h"
 

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "optim/lowp.h"
+#include "lowp.h"
 #include "testlib.h"
 
 /* 2^e exactly */

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "hostmem.h"
+#include "base/hostmem.h"
 #include "optim/optim.h"
 #include "plan.h"
 #include "testlib.h"

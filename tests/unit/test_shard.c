@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "plan.h"
-#include "shard.h"
+#include "plan/shard.h"
 #include "testlib.h"
 #include "zctest.h"
 

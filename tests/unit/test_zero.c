@@ -24,8 +24,8 @@
 #include <string.h>
 
 #include "common.h"
-#include "exec.h"
-#include "pool.h"
+#include "exec/exec.h"
+#include "base/pool.h"
 #include "testlib.h"
 #include "zctest.h"
 

@@ -25,7 +25,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "config.h"
+#include "base/config.h"
 #include "daemon.h"
 #include "wire.h"
 

@@ -20,8 +20,8 @@
 #include <zmq.h>
 
 #include "common.h"
-#include "rdzvcurve.h"
-#include "rdzvwire.h"
+#include "net/rdzvcurve.h"
+#include "net/rdzvwire.h"
 
 #define RDZV_FUZZ_MAX (1u << 20)
 

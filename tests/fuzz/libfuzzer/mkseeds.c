@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 
 #include "plan.h"
-#include "rdzvwire.h"
+#include "net/rdzvwire.h"
 #include "wire.h"
 
 static const char *top;

@@ -1,0 +1,319 @@
+/*
+ * conn.c — the ROUTER's connections, as its socket monitor reports them
+ * (ZMQ_EVENT_ACCEPTED and ZMQ_EVENT_DISCONNECTED, both carrying the fd).
+ * Owns the table of connections by fd, the list of those without a session
+ * (oldest first), and each one's budget of error replies.
+ *
+ * Why a monitor: libzmq accepts on its own I/O thread and aborts the process
+ * when accept() fails with EMFILE, and it tells no one when a peer closes
+ * between two messages. The monitor tells the loop both:
+ *   - past conn_limit, the oldest connection without a session (else the new
+ *     one) is shut down, so the fds never run out and a real trainer still
+ *     gets in while bare connections pile up;
+ *   - a connection without a session is shut down after hello_timeout_ms;
+ *   - one that never had a session is shut down once it sent more messages
+ *     than a Hello needs (MSGS_WITHOUT_SESSION_MAX), and what it still has
+ *     queued is dropped unread: with the ROUTER's small receive queue
+ *     (ZEROD_RECV_QUEUE_MSGS) that bounds what a peer that floods before
+ *     Hello makes zerod hold, and how long it holds it;
+ *   - a session whose connection closed ends (session_conn_closed).
+ * Always shutdown(), never close(): the fd stays libzmq's, and libzmq reports
+ * DISCONNECTED before it closes it, so no fd number is reused before the loop
+ * has read that the old connection is gone.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <zmq.h>
+
+#include "common.h"
+#include "daemon.h"
+#include "base/log.h"
+#include "base/loop.h"
+
+#define MONITOR_ENDPOINT "inproc://zerod-router-monitor"
+
+/* Error replies: before Hello a peer has little to be told; a session gets
+ * enough for a burst of honest mistakes (each one answered). */
+#define REPLY_BURST_BEFORE_HELLO 16
+#define REPLY_RATE_BEFORE_HELLO  4 /* a second */
+#define REPLY_BURST_SESSION      256
+#define REPLY_RATE_SESSION       64
+/* Messages a connection that never had a session may send: an honest
+ * trainer sends one Hello (a few, if it is refused). More than the ROUTER's
+ * receive queue holds, several times: messages an older connection left
+ * queued when its fd number was reused are charged to the new one, and the
+ * ROUTER's fair queueing reads a new peer's Hello within the first of them. */
+#define MSGS_WITHOUT_SESSION_MAX (4 * ZEROD_RECV_QUEUE_MSGS)
+
+struct conn {
+	int fd;
+	int64_t since; /* idle since (accepted, or its session ended) */
+	struct session *s;
+	struct conn *prev, *next; /* in the idle list while s == NULL && !shut */
+	bool shut;                /* shut down: waits for DISCONNECTED */
+	bool had_session;         /* once bound: its messages are no longer counted */
+	uint32_t unbound_msgs;    /* messages while it never had a session */
+	double tokens;            /* error replies it may still get */
+	int64_t refill_ms;
+};
+
+static void idle_add(struct daemon *d, struct conn *c)
+{
+	c->since = now_ms();
+	c->next = NULL;
+	c->prev = d->idle_tail;
+	if (d->idle_tail)
+		d->idle_tail->next = c;
+	else
+		d->idle_head = c;
+	d->idle_tail = c;
+}
+
+static void idle_del(struct daemon *d, struct conn *c)
+{
+	if (c->prev)
+		c->prev->next = c->next;
+	else if (d->idle_head == c)
+		d->idle_head = c->next;
+	else
+		return; /* not in the list */
+	if (c->next)
+		c->next->prev = c->prev;
+	else
+		d->idle_tail = c->prev;
+	c->prev = c->next = NULL;
+}
+
+static void conn_shut(struct daemon *d, struct conn *c)
+{
+	if (c->shut)
+		return;
+	if (!c->s)
+		idle_del(d, c);
+	c->shut = true;
+	d->nconns--; /* no longer counts against the limit: libzmq closes it */
+	d->stats.conns_shed++;
+	shutdown(c->fd, SHUT_RDWR);
+}
+
+static void conn_forget(struct daemon *d, struct conn *c)
+{
+	if (c->s)
+		session_conn_closed(c->s);
+	else if (!c->shut)
+		idle_del(d, c);
+	if (!c->shut)
+		d->nconns--;
+	d->conns[c->fd] = NULL;
+	free(c);
+}
+
+static void on_accepted(struct daemon *d, int fd)
+{
+	struct conn *c;
+
+	if (fd < 0)
+		return;
+	if ((size_t)fd >= d->conns_cap) {
+		size_t cap = d->conns_cap ? d->conns_cap : 64;
+		struct conn **t;
+		while (cap <= (size_t)fd)
+			cap *= 2;
+		t = realloc(d->conns, cap * sizeof(*t));
+		if (!t) {
+			shutdown(fd, SHUT_RDWR); /* cannot track it: it may not stay */
+			return;
+		}
+		memset(t + d->conns_cap, 0, (cap - d->conns_cap) * sizeof(*t));
+		d->conns = t;
+		d->conns_cap = cap;
+	}
+	if (d->conns[fd]) /* its DISCONNECTED never came: the fd was closed */
+		conn_forget(d, d->conns[fd]);
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		shutdown(fd, SHUT_RDWR);
+		return;
+	}
+	c->fd = fd;
+	c->tokens = REPLY_BURST_BEFORE_HELLO;
+	c->refill_ms = now_ms();
+	d->conns[fd] = c;
+	d->nconns++;
+	idle_add(d, c);
+	if (d->nconns <= d->conn_limit)
+		return;
+	/* Over the limit: a connection that has not said Hello goes, the
+	 * oldest first (it is the new one if no other is idle). */
+	conn_shut(d, d->idle_head);
+	if (now_ms() - d->shed_log_ms >= 1000) {
+		d->shed_log_ms = now_ms();
+		log_warning("%u connections (the limit the fds allow): closing the oldest that "
+			    "has not said Hello (%llu closed so far)",
+			    d->conn_limit, (unsigned long long)d->stats.conns_shed);
+	}
+}
+
+void conn_update(struct daemon *d)
+{
+	for (;;) {
+		zmq_msg_t ev, addr;
+		uint16_t event = 0;
+		uint32_t value = 0;
+
+		zmq_msg_init(&ev);
+		if (zmq_msg_recv(&ev, d->monitor, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&ev);
+			return;
+		}
+		if (zmq_msg_size(&ev) >= sizeof(event) + sizeof(value)) {
+			memcpy(&event, zmq_msg_data(&ev), sizeof(event));
+			memcpy(&value, (char *)zmq_msg_data(&ev) + sizeof(event), sizeof(value));
+		}
+		zmq_msg_init(&addr);
+		if (zmq_msg_more(&ev))
+			zmq_msg_recv(&addr, d->monitor, ZMQ_DONTWAIT);
+		zmq_msg_close(&addr);
+		zmq_msg_close(&ev);
+		if (event == ZMQ_EVENT_ACCEPTED)
+			on_accepted(d, (int)value);
+		else if (event == ZMQ_EVENT_DISCONNECTED && (size_t)value < d->conns_cap &&
+			 d->conns[value])
+			conn_forget(d, d->conns[value]);
+	}
+}
+
+static void on_monitor(struct loop *l, void *userdata)
+{
+	(void)l;
+	conn_update(userdata);
+}
+
+int conn_open_monitor(struct daemon *d)
+{
+	int zero = 0;
+
+	if (zmq_socket_monitor(d->router, MONITOR_ENDPOINT,
+			       ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0)
+		return -zmq_errno();
+	d->monitor = zmq_socket(d->zctx, ZMQ_PAIR);
+	if (!d->monitor)
+		return -zmq_errno();
+	zmq_setsockopt(d->monitor, ZMQ_LINGER, &zero, sizeof(zero));
+	if (zmq_connect(d->monitor, MONITOR_ENDPOINT) < 0)
+		return -zmq_errno();
+	/* also read before every batch of the ROUTER (session_on_router) */
+	return loop_add_zsock(d->loop, d->monitor, on_monitor, d);
+}
+
+void conn_close_all(struct daemon *d)
+{
+	for (size_t fd = 0; fd < d->conns_cap; fd++)
+		free(d->conns[fd]);
+	free(d->conns);
+	d->conns = NULL;
+	d->conns_cap = 0;
+	d->idle_head = d->idle_tail = NULL;
+	if (d->monitor) {
+		zmq_socket_monitor(d->router, NULL, 0);
+		zmq_close(d->monitor);
+		d->monitor = NULL;
+	}
+}
+
+struct conn *conn_of_fd(struct daemon *d, int fd)
+{
+	if (fd < 0 || !d->monitor)
+		return NULL;
+	conn_update(d);
+	if ((size_t)fd >= d->conns_cap || !d->conns[fd] || d->conns[fd]->shut)
+		return NULL;
+	return d->conns[fd];
+}
+
+/* Messages a peer sent before it closed stay queued in the ROUTER after the
+ * fd is gone, and the fd number may serve a new connection by the time they
+ * are read: a message whose route is not that of the session bound to its fd
+ * came on an older connection, and is charged to none. */
+struct conn *conn_of_msg(struct daemon *d, int fd, const void *route, size_t rlen)
+{
+	struct conn *c = conn_of_fd(d, fd);
+
+	if (c && c->s && (c->s->route_len != rlen || memcmp(c->s->route, route, rlen) != 0))
+		return NULL;
+	return c;
+}
+
+void conn_bind(struct conn *c, struct session *s)
+{
+	struct daemon *d = s->d;
+
+	if (c->s || c->shut)
+		return;
+	idle_del(d, c);
+	c->s = s;
+	c->had_session = true;
+	c->tokens = REPLY_BURST_SESSION;
+	s->conn = c;
+}
+
+void conn_unbind(struct conn *c)
+{
+	struct daemon *d = c->s->d;
+
+	c->s->conn = NULL;
+	c->s = NULL;
+	c->tokens = MIN(c->tokens, REPLY_BURST_BEFORE_HELLO);
+	if (!c->shut)
+		idle_add(d, c);
+}
+
+bool conn_drop_msg(struct daemon *d, int fd, struct conn *c)
+{
+	if (!c) /* unknown, or shut: what a shut connection left is dropped */
+		return fd >= 0 && (size_t)fd < d->conns_cap && d->conns[fd] && d->conns[fd]->shut;
+	if (c->s || c->had_session || ++c->unbound_msgs <= MSGS_WITHOUT_SESSION_MAX)
+		return false;
+	log_notice("closing a connection that sent %u messages without a Hello (an honest "
+		   "client sends one)",
+		   MSGS_WITHOUT_SESSION_MAX);
+	conn_shut(d, c);
+	return true;
+}
+
+bool conn_may_reply(struct daemon *d, struct conn *c)
+{
+	int64_t now = now_ms();
+	double burst = c && c->s ? REPLY_BURST_SESSION : REPLY_BURST_BEFORE_HELLO;
+	double rate = c && c->s ? REPLY_RATE_SESSION : REPLY_RATE_BEFORE_HELLO;
+
+	if (!c)
+		return true;
+	c->tokens = MIN(burst, c->tokens + (double)(now - c->refill_ms) * rate / 1000.0);
+	c->refill_ms = now;
+	if (c->tokens >= 1) {
+		c->tokens -= 1;
+		return true;
+	}
+	d->stats.replies_dropped++;
+	return false;
+}
+
+void conn_check_idle(struct daemon *d, int64_t now)
+{
+	if (!d->monitor)
+		return;
+	conn_update(d);
+	while (d->idle_head && now - d->idle_head->since >= d->cfg.hello_timeout_ms) {
+		log_debug("closing a connection that has no session after %d ms",
+			  d->cfg.hello_timeout_ms);
+		conn_shut(d, d->idle_head);
+	}
+}
+
+int64_t conn_next_deadline(struct daemon *d)
+{
+	return d->idle_head ? d->idle_head->since + d->cfg.hello_timeout_ms : LOOP_NEVER;
+}

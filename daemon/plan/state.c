@@ -1,0 +1,137 @@
+/*
+ * state.c — the compact optimizer state of the owned pieces (see state.h).
+ * Pieces come from merging each bucket's shard units with its segments, both
+ * sorted by offset: linear in units + segments.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "common.h"
+#include "plan/state.h"
+
+static unsigned count_arrays(unsigned arrays)
+{
+	return !!(arrays & PLAN_STATE_M) + !!(arrays & PLAN_STATE_V) + !!(arrays & PLAN_STATE_VMAX);
+}
+
+/* One pass counts (s->pieces NULL), the second fills. */
+static uint32_t walk(const struct plan *p, const struct shard_map *sm, const struct zero_topo *t,
+		     struct state *s)
+{
+	uint32_t k = 0, seg0 = 0;
+	uint64_t at = 0, mat = 0;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		const struct plan_bucket *bk = &p->buckets[b];
+		uint32_t s0 = 0;
+
+		if (b > 0)
+			seg0 += p->buckets[b - 1].nsegments;
+
+		if (s->pieces)
+			s->bucket_first[b] = k;
+		for (uint32_t u = sm->bucket_first[b]; u < sm->bucket_first[b + 1]; u++) {
+			const struct shard_unit *un = &sm->units[u];
+			uint64_t lo = un->offset, hi = un->offset + un->numel;
+
+			if (!zero_local(t, un->owner))
+				continue;
+			while (s0 < bk->nsegments &&
+			       bk->segments[s0].offset + bk->segments[s0].numel <= lo)
+				s0++;
+			for (uint32_t g = s0; g < bk->nsegments && bk->segments[g].offset < hi; g++) {
+				const struct zc_segment *sg = &bk->segments[g];
+				uint64_t a = MAX(lo, sg->offset), z = MIN(hi, sg->offset + sg->numel);
+				if (a >= z)
+					continue;
+				if (s->pieces)
+					s->pieces[k] = (struct optim_piece){
+						.group = sg->group,
+						.owner = un->owner,
+						.off = bk->base + a,
+						.n = z - a,
+						.at = at,
+						.step = 1,
+						.first_momentum = true,
+						.seg = seg0 + g,
+						.dtype = bk->dtype,
+						.mat = mat,
+					};
+				at += z - a;
+				if (bk->dtype != ZC_DTYPE_F32)
+					mat += z - a;
+				k++;
+			}
+		}
+	}
+	if (s->pieces)
+		s->bucket_first[p->nbuckets] = k;
+	s->nelems = at;
+	s->nmaster = mat;
+	return k;
+}
+
+int state_layout(const struct plan *p, const struct shard_map *sm, const struct zero_topo *t,
+		 unsigned arrays, struct state **ret)
+{
+	struct state *s = calloc(1, sizeof(*s));
+	uint32_t n;
+
+	if (!s)
+		return -ENOMEM;
+	s->arrays = arrays;
+	n = walk(p, sm, t, s);
+	s->pieces = calloc(n ? n : 1, sizeof(*s->pieces));
+	s->bucket_first = calloc(p->nbuckets + 1, sizeof(*s->bucket_first));
+	if (!s->pieces || !s->bucket_first) {
+		state_free(s);
+		return -ENOMEM;
+	}
+	s->npieces = walk(p, sm, t, s);
+	*ret = s;
+	return 0;
+}
+
+uint64_t state_bytes(const struct state *s)
+{
+	return (s->nelems * count_arrays(s->arrays) + s->nmaster) * sizeof(float);
+}
+
+int state_alloc(struct state *s)
+{
+	unsigned na = count_arrays(s->arrays);
+	uint64_t total = s->nelems * na + s->nmaster;
+	float *at;
+
+	if (total == 0)
+		return 0;
+	s->arena = calloc(total, sizeof(float));
+	if (!s->arena)
+		return -ENOMEM;
+	at = s->arena;
+	if (s->arrays & PLAN_STATE_M)
+		s->m = at, at += s->nelems;
+	if (s->arrays & PLAN_STATE_V)
+		s->v = at, at += s->nelems;
+	if (s->arrays & PLAN_STATE_VMAX)
+		s->vmax = at, at += s->nelems;
+	if (s->nmaster)
+		s->master = at;
+	return 0;
+}
+
+void state_release(struct state *s)
+{
+	free(s->arena);
+	s->arena = s->m = s->v = s->vmax = s->master = NULL;
+}
+
+void state_free(struct state *s)
+{
+	if (!s)
+		return;
+	state_release(s);
+	free(s->pieces);
+	free(s->bucket_first);
+	free(s);
+}

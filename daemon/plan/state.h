@@ -1,0 +1,53 @@
+/*
+ * state.h — the optimizer state of the ranges this node owns, and nothing
+ * else: one arena holding, for every owned element, the arrays the job's
+ * optimizer needs (plan_state_arrays: Adam m and v, vmax only with amsgrad;
+ * SGD's momentum buffer only when some group has momentum). fp32 parameters
+ * have no master copy: the owner rank's parameter buffer is the master, as in
+ * torch. bf16/fp16 parameters have one: an fp32 array after the others,
+ * only for the pieces of such buckets (optim_piece.mat), loaded from the
+ * parameters when the job starts and on zc_params_changed(). Step counts
+ * (and SGD's `buf is None`) are kept per piece.
+ *
+ * A piece is a shard unit cut at its bucket's segment boundaries: one owner,
+ * one parameter group, contiguous in the flat buffers and in the arena.
+ * Written by the compute lane only (exec.c).
+ */
+#ifndef ZEROD_STATE_H
+#define ZEROD_STATE_H
+
+#include <stdint.h>
+
+#include "optim/optim.h"
+#include "plan.h"
+#include "plan/shard.h"
+#include "plan/zero.h"
+
+struct state {
+	unsigned arrays;             /* PLAN_STATE_M | PLAN_STATE_V | PLAN_STATE_VMAX */
+	uint32_t npieces;            /* owned by this node */
+	struct optim_piece *pieces;  /* by bucket, then offset; .at packs the arena */
+	uint32_t *bucket_first;      /* [nbuckets + 1] */
+	uint64_t nelems;             /* owned elements */
+	float *arena;                /* nelems floats per array, arrays back to back */
+	float *m, *v, *vmax;         /* into the arena, or NULL */
+	uint64_t nmaster;            /* owned elements of bf16/fp16 buckets */
+	float *master;               /* nmaster floats at the arena's end, or NULL */
+};
+
+/* Lay out the pieces this node owns (no arena yet). */
+int state_layout(const struct plan *p, const struct shard_map *sm, const struct zero_topo *t,
+		 unsigned arrays, struct state **ret);
+
+/* Bytes the arena takes: what the job is charged against --max-memory. */
+uint64_t state_bytes(const struct state *s);
+
+/* Allocate the arena (zeroed; pages are touched by the first step). */
+int state_alloc(struct state *s);
+
+/* Free the arena only; the layout stays. */
+void state_release(struct state *s);
+
+void state_free(struct state *s);
+
+#endif
