@@ -793,13 +793,14 @@ static void t_close_between_iterations(void)
 #define PREHELLO_MSGS   140000
 #define PREHELLO_ROUNDS 4
 /* What a flood may add to zerod's RSS, and what a later round may add to
- * the round before: natively, and under a sanitizer or valgrind, whose
- * shadow memory and quarantine of freed blocks grow with what zerod
- * touches (175 MB a round, and 100 to 200 MB more each round, before the
- * bounds: both fail it). */
-#define PREHELLO_MAX_KB       (8 * 1024)
-#define PREHELLO_GROW_KB      2048
-#define PREHELLO_CHECKED_MULT 8
+ * the round before (175 MB a round, and 100 to 200 MB more each round,
+ * before the bounds). Checked on a native zerod only: under ASan freed
+ * blocks wait in its quarantine (up to 256 MB), so RSS grows by what a
+ * round frees (about 20 MB here) however little zerod holds, and valgrind's
+ * and TSan's shadow memory are no measure of it either; there the case
+ * checks the bounds' other effects (connections closed, replies dropped). */
+#define PREHELLO_MAX_KB  (8 * 1024)
+#define PREHELLO_GROW_KB 2048
 
 static bool zerod_checked(void)
 {
@@ -840,7 +841,7 @@ static int c_prehello_flood(void *arg, int idx)
 static void t_prehello_flood(void)
 {
 	long base, peak[PREHELLO_ROUNDS], after[PREHELLO_ROUNDS];
-	long mult = zerod_checked() ? PREHELLO_CHECKED_MULT : 1;
+	bool native = !zerod_checked();
 
 	pipes_open();
 	bg_mark(&sh->bg);
@@ -881,13 +882,16 @@ static void t_prehello_flood(void)
 			"after; %llu replies dropped",
 			round, base, peak[round], after[round],
 			st.replies_dropped - st0.replies_dropped);
-		CHECK(peak[round] - base < mult * PREHELLO_MAX_KB,
+		CHECK(!native || peak[round] - base < PREHELLO_MAX_KB,
 		      "round %d: the flood added %ld kB", round, peak[round] - base);
 		/* the first round brings the allocator's caches to their size */
-		CHECK(round < 2 || after[round] - after[1] < mult * PREHELLO_GROW_KB,
+		CHECK(!native || round < 2 || after[round] - after[1] < PREHELLO_GROW_KB,
 		      "round %d: zerod's RSS grew by %ld kB since round 1", round,
 		      after[round] - after[1]);
 	}
+	if (!native)
+		test_note("RSS bounds not checked: zerod runs under a sanitizer or valgrind, whose "
+			  "quarantine and shadow memory RSS counts (checked in the plain build)");
 	CHECK(zd_log_has(&daemon_, "messages without a Hello"), "the log does not say why");
 	pipes_close();
 	bg_check(&sh->bg, "floods before Hello");

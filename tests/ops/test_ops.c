@@ -932,6 +932,8 @@ static void t_permissions(void)
  * checkpoints zeroctl asks for (zc_checkpoint_due between iterations). */
 struct ckjob {
 	struct zd d;
+	/* stop: 0 while the ranks train; then the iteration both stop at, so
+	 * that neither leaves while the other goes on (a failure, issue 20 §3) */
 	atomic_int stop, iters;
 	uid_t uid;
 	gid_t gid;
@@ -958,10 +960,14 @@ static int c_ckpt_rank(void *arg, int rank)
 		r = zc_alloc_buffers(c, &plan);
 	if (r == 0)
 		r = zc_register_plan(c);
-	while (r >= 0 && !atomic_load(&k->stop)) {
+	while (r >= 0) {
 		zc_future *step = NULL;
 		uint64_t t = zc_iteration(c);
+		int stop_at = atomic_load(&k->stop);
 		char due[512];
+
+		if (stop_at > 0 && t >= (uint64_t)stop_at)
+			break;
 		if ((r = zc_checkpoint_due(c, due, sizeof(due))) == 1)
 			r = zc_checkpoint(c, due); /* the write's outcome goes to zerod */
 		for (uint32_t i = 0; r >= 0 && i < 2; i++) {
@@ -1100,7 +1106,9 @@ static void t_checkpoint_outcomes(void)
 	CHECK(zeroctl(&k->d, "ck3s", "status", NULL, NULL, NULL) == 0, "status");
 	CHECK(has("ck3s", "out", "written to"), "status shows it written");
 
-	atomic_store(&k->stop, 1);
+	/* rank 0 has stepped iters iterations; neither rank is more than one
+	 * past it */
+	atomic_store(&k->stop, atomic_load(&k->iters) + 3);
 	atomic_store(&stop->requested, 1);
 	for (int i = 0; i < 2; i++) {
 		CHECK(wait_child(pids[i], 30000) == 0, "rank %d of the checkpointing job", i);
