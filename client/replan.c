@@ -1,0 +1,404 @@
+/*
+ * replan.c — re-planning a registered client: the new plan's buffers (host,
+ * shared or CUDA) beside the registered ones, undoing a re-plan zerod
+ * refused, and the registration that carries the state from the old
+ * layout into the new one.
+ *
+ * Runs on the caller's thread.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "abi.h"
+#include "bufs.h"
+#include "devbufs.h"
+#include "common.h"
+#include "fastpath.h"
+#include "internal.h"
+/* zeroclient.h's rounding of bf16/fp16, the daemon's own (header only):
+ * zc_set_state() rounds a given master into the parameters */
+#include "lowp.h"
+#include "plan.h"
+#include "wire.h"
+#include "zeroclient.h"
+#include "client.h"
+
+/* ---------------------------------------------------------- re-planning --- */
+
+static uint32_t plan_nsegs(const struct plan *p)
+{
+	uint32_t n = 0;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		n += p->buckets[b].nsegments;
+	return n;
+}
+
+/* Each segment's place in plan order: its bucket and index. */
+static int seg_index(const struct plan *p, uint32_t **ret_bucket, uint32_t **ret_seg)
+{
+	uint32_t n = plan_nsegs(p), k = 0;
+	uint32_t *bk = calloc(n ? n : 1, sizeof(*bk)), *sg = calloc(n ? n : 1, sizeof(*sg));
+
+	if (!bk || !sg) {
+		free(bk);
+		free(sg);
+		return -ENOMEM;
+	}
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		for (uint32_t s = 0; s < p->buckets[b].nsegments; s++, k++)
+			bk[k] = b, sg[k] = s;
+	*ret_bucket = bk;
+	*ret_seg = sg;
+	return 0;
+}
+
+/* zc_alloc_buffers() after the plan was registered: the new plan's buffers,
+ * each segment's parameters copied from where the registered plan had them.
+ * The last step must have landed first (the daemon writes the parameters
+ * until then). */
+int replan_alloc(zc_client *c, const struct zc_plan *zp, const struct replan_share *sh)
+{
+	const char *fn = "zc_alloc_buffers";
+	struct host_buf grad = {0}, param = {0};
+	uint32_t *map = NULL, *nb = NULL, *ns = NULL, *ob = NULL, *os = NULL;
+	struct plan *p = NULL;
+	uint64_t poff = 0;
+	char err[256];
+	int fd = -1, pfd = -1, r;
+
+	if ((r = state_wait_steps(c, fn)) < 0)
+		return r;
+	r = plan_from_zc(zp, &p, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "%s: %s", fn, err);
+	pthread_mutex_lock(&c->mu);
+	if (c->old_plan) {
+		r = err_set(ZC_ESTATE, "%s: a new plan is allocated already: register it first",
+			    fn);
+		goto out;
+	}
+	map = calloc(plan_nsegs(p) ? plan_nsegs(p) : 1, sizeof(*map));
+	if (!map || seg_index(p, &nb, &ns) < 0 || seg_index(c->plan, &ob, &os) < 0) {
+		r = err_set(-ENOMEM, NULL);
+		goto out;
+	}
+	r = plan_replan_match(c->plan, p, map, err, sizeof(err));
+	if (r < 0) {
+		err_set(r, "%s: the new plan %s: %s", fn,
+			r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
+		goto out;
+	}
+	/* shared: the gradients in a memfd of our own (its parameter half is
+	 * never touched, so it takes no pages), the parameters in the job's */
+	r = bufs_memfd(plan_buffer_bytes(p), &poff, &fd);
+	if (r < 0 || (r = map_buf(fd, 0, plan_buffer_bytes(p), &grad)) < 0 ||
+	    (r = map_buf(sh ? sh->param_fd : fd, sh ? 0 : poff, plan_buffer_bytes(p), &param)) <
+		    0) {
+		err_set(r, "%s: a memfd of 2 x %" PRIu64 " bytes: %s", fn, plan_buffer_bytes(p),
+			zc_strerror(r));
+		goto out;
+	}
+	if (sh && (pfd = fcntl(sh->param_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+		r = err_set(-errno, "%s: dup of the shared parameter memfd: %s", fn,
+			    strerror(errno));
+		goto out;
+	}
+	/* each segment's parameters, by its bucket's layout (a segment keeps its
+	 * dtype: plan_replan_match); a shared buffer's by its creator only */
+	for (uint32_t k = 0; k < plan_nsegs(p) && (!sh || sh->copy); k++) {
+		const struct plan_bucket *nbk = &p->buckets[nb[k]],
+					 *obk = &c->plan->buckets[ob[map[k]]];
+		const struct zc_segment *n = &nbk->segments[ns[k]], *o = &obk->segments[os[map[k]]];
+		unsigned es = plan_dtype_size(nbk->dtype);
+		memcpy((char *)param.base + (nbk->base + n->offset) * es,
+		       (const char *)c->param.base + (obk->base + o->offset) * es, n->numel * es);
+	}
+	c->old_plan = c->plan;
+	c->old_grad = c->grad;
+	c->old_param = c->param;
+	c->plan = p;
+	c->grad = grad;
+	c->param = param;
+	c->replan_map = map;
+	c->replan_fd = fd; /* passed to zerod by zc_register_plan() */
+	c->replan_poff = poff;
+	c->replan_pfd = pfd;
+	fd = pfd = -1;
+	p = NULL;
+	map = NULL;
+	memset(&grad, 0, sizeof(grad));
+	memset(&param, 0, sizeof(param));
+out:
+	client_unlock(c);
+	if (fd >= 0)
+		close(fd);
+	if (pfd >= 0)
+		close(pfd);
+	buf_release(&grad);
+	buf_release(&param);
+	plan_free(p);
+	free(map);
+	free(nb);
+	free(ns);
+	free(ob);
+	free(os);
+	return r < 0 ? r : 0;
+}
+
+/* zc_register_buffers(ZC_BUFFERS_CUDA) after the plan was registered: the
+ * new plan's CUDA buffers (new handles and event rings), which the caller
+ * filled with every segment's parameters (the library does not copy device
+ * memory); the registered ones stay until zc_register_plan() took the new. */
+int replan_cuda(zc_client *c, const struct zc_plan *zp, const struct zc_buffers *b)
+{
+	const char *fn = "zc_register_buffers";
+	uint32_t *map = NULL;
+	struct devbufs *dev = NULL;
+	struct plan *p = NULL;
+	char err[384];
+	int r;
+
+	if ((r = state_wait_steps(c, fn)) < 0)
+		return r;
+	r = plan_from_zc(zp, &p, err, sizeof(err));
+	if (r < 0)
+		return err_set(r, "%s: %s", fn, err);
+	pthread_mutex_lock(&c->mu);
+	if (c->old_plan || c->bufs_busy) {
+		r = err_set(ZC_ESTATE, "%s: a new plan is allocated already: register it first",
+			    fn);
+		goto out;
+	}
+	map = calloc(plan_nsegs(p) ? plan_nsegs(p) : 1, sizeof(*map));
+	if (!map) {
+		r = err_set(-ENOMEM, NULL);
+		goto out;
+	}
+	r = plan_replan_match(c->plan, p, map, err, sizeof(err));
+	if (r < 0) {
+		err_set(r, "%s: the new plan %s: %s", fn,
+			r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
+		goto out;
+	}
+	r = cuda_bufs_open(c, p, b, &dev, fn);
+	if (r < 0)
+		goto out;
+	c->old_plan = c->plan;
+	c->old_dev = c->dev;
+	c->plan = p;
+	c->dev = dev;
+	c->replan_map = map;
+	p = NULL;
+	map = NULL;
+out:
+	client_unlock(c);
+	plan_free(p);
+	free(map);
+	return r < 0 ? r : 0;
+}
+
+/* A re-plan the job did not take: back to the registered plan and its
+ * buffers. Called with c->mu held. */
+static void replan_undo(zc_client *c)
+{
+	buf_release(&c->grad);
+	buf_release(&c->param);
+	plan_free(c->plan);
+	c->plan = c->old_plan;
+	c->grad = c->old_grad;
+	c->param = c->old_param;
+	c->old_plan = NULL;
+	if (c->old_dev) {
+		devbufs_free(c->dev);
+		c->dev = c->old_dev;
+		c->old_dev = NULL;
+	}
+	memset(&c->old_grad, 0, sizeof(c->old_grad));
+	memset(&c->old_param, 0, sizeof(c->old_param));
+	free(c->replan_map);
+	c->replan_map = NULL;
+	if (c->replan_fd >= 0)
+		close(c->replan_fd);
+	c->replan_fd = -1;
+	if (c->replan_pfd >= 0)
+		close(c->replan_pfd);
+	c->replan_pfd = -1;
+	c->plan_result = 1;
+}
+
+/*
+ * zc_register_plan() of a re-plan: export the state under the registered
+ * plan, pass the new buffers (their memfd, over <socket>.fd as at the first
+ * registration: zerod takes them from a registered session), register the
+ * new one (the daemon starts the job again on it), import the state into
+ * the new layout, and let the old buffers go. The export costs the state's
+ * size in this process for the while.
+ */
+int replan_register(zc_client *c)
+{
+	const char *fn = "zc_register_plan";
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
+	Zerod__V1__FdBuffers fds = ZEROD__V1__FD_BUFFERS__INIT;
+	Zerod__V1__CudaBuffers cuda;
+	void *cuda_arrays = NULL;
+	Zerod__V1__Plan pb;
+	const struct plan *old = c->old_plan, *p = c->plan;
+	char path[sizeof(c->fp_path)], err[256];
+	uint64_t serial = 0;
+	uint32_t nold = plan_nsegs(old), nnew = plan_nsegs(p);
+	struct zc_segment_state *os = calloc(nold ? nold : 1, sizeof(*os));
+	struct zc_segment_state *ns = calloc(nnew ? nnew : 1, sizeof(*ns));
+	uint32_t *ob = NULL, *osg = NULL, *nb = NULL, *nsg = NULL;
+	/* in the state's layout (plan.h): moments, then masters */
+	float *arena = calloc(4 * old->state_numel + 1, sizeof(float));
+	int r;
+
+	if (!os || !ns || !arena || seg_index(old, &ob, &osg) < 0 || seg_index(p, &nb, &nsg) < 0) {
+		r = err_set(-ENOMEM, "%s: the state's copy: out of memory", fn);
+		goto out;
+	}
+	for (uint32_t k = 0; k < nold; k++) {
+		uint64_t at =
+			old->buckets[ob[k]].sbase + old->buckets[ob[k]].segments[osg[k]].offset;
+		uint64_t n = old->state_numel;
+		os[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+		os[k].bucket = ob[k];
+		os[k].segment = osg[k];
+		os[k].exp_avg = os[k].momentum_buffer = arena + at;
+		os[k].exp_avg_sq = arena + n + at;
+		os[k].max_exp_avg_sq = arena + 2 * n + at;
+		if (old->buckets[ob[k]].dtype != ZC_DTYPE_F32)
+			os[k].master = arena + 3 * n + at; /* moves with its segment */
+	}
+	r = get_state(c, old, os, sizeof(*os), nold, fn);
+	if (r < 0)
+		goto out;
+	pthread_mutex_lock(&c->mu);
+	fd_socket(c, path, sizeof(path));
+	pthread_mutex_unlock(&c->mu);
+	if (c->dev) /* CUDA buffers: their handles go with the plan */
+		r = devbufs_to_pb(c->dev, &cuda, &cuda_arrays);
+	else if (path[0] && c->replan_pfd >= 0) /* shared: two memfds */
+		r = bufs_send(path, c->fp_token, (const int[]){c->replan_fd, c->replan_pfd}, 2,
+			      plan_buffer_bytes(p), 0, 0, c->cfg.connect_timeout_ms, &serial, err,
+			      sizeof(err));
+	else
+		r = path[0] ? bufs_send(path, c->fp_token, &c->replan_fd, 1, plan_buffer_bytes(p),
+					0, c->replan_poff, c->cfg.connect_timeout_ms, &serial, err,
+					sizeof(err))
+			    : ZC_ENOTSUP;
+	if (r < 0 && c->dev) {
+		err_set(r, "%s: the new CUDA buffers: %s", fn, zc_strerror(r));
+		pthread_mutex_lock(&c->mu);
+		replan_undo(c);
+		old = NULL;
+		client_unlock(c);
+		goto out;
+	}
+	if (r < 0) {
+		err_set(r, "%s: the new buffers: %s", fn,
+			path[0] ? err : "zerod offered no fd socket to pass them on");
+		pthread_mutex_lock(&c->mu);
+		replan_undo(c);
+		old = NULL;
+		client_unlock(c);
+		goto out;
+	}
+	r = plan_to_pb(p, &pb);
+	if (r < 0) {
+		r = err_set(r, NULL);
+		goto out;
+	}
+	fds.serial = serial;
+	fds.has_shared_params = fds.shared_params = c->replan_pfd >= 0;
+	rp.plan = &pb;
+	if (c->dev)
+		rp.cuda = &cuda;
+	else
+		rp.fds = &fds;
+	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
+	env.register_plan = &rp;
+	pthread_mutex_lock(&c->mu);
+	c->plan_result = 0;
+	r = send_env(c, &env, NULL);
+	client_unlock(c);
+	plan_pb_free(&pb);
+	if (r < 0) {
+		r = err_set(r, "%s: sending the new plan: %s", fn, zc_strerror(r));
+		goto out;
+	}
+	r = wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
+	if (r == 0) {
+		r = err_set(ZC_ETIMEDOUT, "%s: not every rank registered the new plan within %d ms",
+			    fn, c->cfg.register_timeout_ms);
+		goto out;
+	}
+	if (r < 0) {
+		pthread_mutex_lock(&c->mu);
+		err_set(r, "%s", c->answer_msg);
+		if (!c->job_error) {
+			/* refused, the job goes on with the registered plan: so
+			 * does this client */
+			replan_undo(c);
+			old = NULL;
+		}
+		client_unlock(c);
+		goto out;
+	}
+	/* the job runs on the new plan from here: the old one is gone */
+	pthread_mutex_lock(&c->mu);
+	buf_release(&c->old_grad);
+	buf_release(&c->old_param);
+	devbufs_free(c->old_dev); /* zerod closed its handles of them */
+	c->old_dev = NULL;
+	c->old_plan = NULL;
+	if (c->replan_fd >= 0)
+		close(c->replan_fd); /* zerod and our mappings keep the memory */
+	c->replan_fd = -1;
+	c->bufs_shared = c->replan_pfd >= 0;
+	if (c->replan_pfd >= 0)
+		close(c->replan_pfd);
+	c->replan_pfd = -1;
+	client_unlock(c);
+	for (uint32_t k = 0; k < nnew; k++) {
+		ns[k] = os[c->replan_map[k]];
+		ns[k].bucket = nb[k];
+		ns[k].segment = nsg[k];
+	}
+	r = set_state(c, p, ns, sizeof(*ns), nnew, false, fn);
+	plan_free((struct plan *)old);
+	old = NULL;
+	free(c->replan_map);
+	c->replan_map = NULL;
+out:
+	if (old && !c->old_plan)
+		plan_free((struct plan *)old);
+	free(os);
+	free(ns);
+	free(ob);
+	free(osg);
+	free(nb);
+	free(nsg);
+	free(arena);
+	free(cuda_arrays);
+	return r < 0 ? r : 0;
+}
