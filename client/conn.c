@@ -272,46 +272,45 @@ static int zopt(void *sock, int opt, const char *name, const void *val, size_t l
 }
 #define ZOPT(sock, opt, val) zopt((sock), (opt), #opt, &(val), sizeof(val))
 
-int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
+/* zc_connect()'s checks of the caller's config (a copy, in *cfg), and the
+ * job's settings over several nodes into *mn: 0, or the error recorded. */
+static int connect_config(const struct zc_config *ucfg, struct zc_config *cfg, struct multinode *mn)
 {
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__Hello h = ZEROD__V1__HELLO__INIT;
-	char pathbuf[512], endpoint[600];
-	struct zc_config cfg;
-	const char *path;
-	int zero = 0, hwm = ZEROD_QUEUE_MSGS, r, timeout;
-	int64_t maxmsg = ZEROD_MAX_MSG_BYTES;
-	struct multinode mn;
 	char mnerr[200];
-	zc_client *c;
+	int r;
 
-	if (!ret_client)
-		return err_set(-EINVAL, "zc_connect: ret_client is NULL");
-	r = config_from_zc(ucfg, &cfg);
+	r = config_from_zc(ucfg, cfg);
 	if (r < 0)
 		return r;
-	if (!job_id_valid(cfg.job_id))
+	if (!job_id_valid(cfg->job_id))
 		return err_set(-EINVAL,
 			       "zc_connect: job_id must be 1..%d characters of "
 			       "[A-Za-z0-9._-]",
 			       ZEROD_JOB_ID_MAX);
-	if (cfg.world_size == 0 || cfg.rank >= cfg.world_size || cfg.local_size == 0 ||
-	    cfg.local_rank >= cfg.local_size)
+	if (cfg->world_size == 0 || cfg->rank >= cfg->world_size || cfg->local_size == 0 ||
+	    cfg->local_rank >= cfg->local_size)
 		return err_set(
 			-EINVAL,
 			"zc_connect: rank %u of world_size %u, local_rank %u of local_size %u",
-			cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_size);
-	if (cfg.connect_timeout_ms < 0 || cfg.register_timeout_ms < 0)
+			cfg->rank, cfg->world_size, cfg->local_rank, cfg->local_size);
+	if (cfg->connect_timeout_ms < 0 || cfg->register_timeout_ms < 0)
 		return err_set(-EINVAL, "zc_connect: a negative timeout");
 	r = fork_watch();
 	if (r < 0)
 		return err_set(r, "zc_connect: pthread_atfork: %s", strerror(-r));
-	r = multinode_settings(&cfg, &mn, mnerr, sizeof(mnerr));
+	r = multinode_settings(cfg, mn, mnerr, sizeof(mnerr));
 	if (r < 0)
 		return err_set(r, "zc_connect: %s", mnerr);
-	c = calloc(1, sizeof(*c));
+	return 0;
+}
+
+/* A client of cfg (checked), not connected yet; NULL: out of memory. */
+static zc_client *client_new(const struct zc_config *cfg)
+{
+	zc_client *c = calloc(1, sizeof(*c));
+
 	if (!c)
-		return err_set(-ENOMEM, NULL);
+		return NULL;
 	pthread_mutex_init(&c->mu, NULL);
 	c->forks = fork_count();
 	c->pid = getpid();
@@ -321,104 +320,132 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	c->share_fd = -1;
 	for (unsigned i = 0; i < STEP_RECS; i++)
 		c->step_recs[i].iteration = UINT64_MAX;
-	c->cfg = cfg;
-	snprintf(c->job_id, sizeof(c->job_id), "%s", cfg.job_id);
+	c->cfg = *cfg;
+	snprintf(c->job_id, sizeof(c->job_id), "%s", cfg->job_id);
 	c->cfg.job_id = c->job_id;
 	c->cfg.socket = NULL;
-	timeout = cfg.connect_timeout_ms ? cfg.connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
-	c->cfg.connect_timeout_ms = timeout;
+	c->cfg.connect_timeout_ms =
+		cfg->connect_timeout_ms ? cfg->connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
+	return c;
+}
 
-	path = cfg.socket ? cfg.socket : default_socket(pathbuf, sizeof(pathbuf));
+/* c's DEALER socket connected to zerod's socket at path, with its monitor,
+ * both in c->efd: 0, or the error recorded. */
+static int socket_open(zc_client *c, const char *path)
+{
+	int zero = 0, hwm = ZEROD_QUEUE_MSGS, r, timeout = c->cfg.connect_timeout_ms;
+	int64_t maxmsg = ZEROD_MAX_MSG_BYTES;
+	char endpoint[600];
+
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", path);
 	/* ZeroMQ retries a refused connect until the timeout; a socket this
 	 * user may not use (connecting needs write permission on it) is told
 	 * at once, and so is one that is missing, where nothing listens, or
 	 * that is not zerod's (probe_socket). */
-	if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) < 0 &&
-	    (errno == EACCES || errno == EPERM)) {
-		r = err_set(-EACCES,
-			    "no permission to use the socket %.180s (its mode or group, or a "
-			    "directory above it)",
-			    path);
-		goto fail;
-	}
+	if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) < 0 && (errno == EACCES || errno == EPERM))
+		return err_set(-EACCES,
+			       "no permission to use the socket %.180s (its mode or group, or a "
+			       "directory above it)",
+			       path);
 	r = probe_socket(path, timeout);
 	if (r < 0)
-		goto fail;
+		return r;
 	if ((size_t)snprintf(c->fp_mine, sizeof(c->fp_mine), "%s.fd", path) >= sizeof(c->fp_mine))
 		c->fp_mine[0] = 0;
 	c->zctx = zmq_ctx_new();
-	if (!c->zctx) {
-		r = err_set(-ENOMEM, "zc_connect: zmq_ctx_new failed");
-		goto fail;
-	}
+	if (!c->zctx)
+		return err_set(-ENOMEM, "zc_connect: zmq_ctx_new failed");
 	c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
-	if (!c->sock) {
-		r = err_set(-zmq_errno(), "zc_connect: zmq_socket: %s", zmq_strerror(zmq_errno()));
-		goto fail;
-	}
+	if (!c->sock)
+		return err_set(-zmq_errno(), "zc_connect: zmq_socket: %s",
+			       zmq_strerror(zmq_errno()));
 	if ((r = ZOPT(c->sock, ZMQ_LINGER, zero)) < 0 ||
 	    (r = ZOPT(c->sock, ZMQ_MAXMSGSIZE, maxmsg)) < 0 ||
 	    (r = ZOPT(c->sock, ZMQ_SNDHWM, hwm)) < 0 || (r = ZOPT(c->sock, ZMQ_RCVHWM, hwm)) < 0)
-		goto fail;
+		return r;
 	r = monitor_open(c);
-	if (r < 0) {
-		err_set(r, "zc_connect: the socket's monitor: %s", zc_strerror(r));
-		goto fail;
-	}
-	if (zmq_connect(c->sock, endpoint) < 0) {
-		r = err_set(ZC_ECONNECT, "zc_connect: %.180s: %s", endpoint,
-			    zmq_strerror(zmq_errno()));
-		goto fail;
-	}
+	if (r < 0)
+		return err_set(r, "zc_connect: the socket's monitor: %s", zc_strerror(r));
+	if (zmq_connect(c->sock, endpoint) < 0)
+		return err_set(ZC_ECONNECT, "zc_connect: %.180s: %s", endpoint,
+			       zmq_strerror(zmq_errno()));
 	r = epoll_add_zsock(c->efd, c->sock);
-	if (r < 0) {
-		err_set(r, "zc_connect: epoll: %s", zc_strerror(r));
-		goto fail;
-	}
+	if (r < 0)
+		return err_set(r, "zc_connect: epoll: %s", zc_strerror(r));
+	return 0;
+}
+
+/* The Hello, and zerod's answer (HelloOk) within the connect timeout: 0, or
+ * the error recorded. */
+static int hello(zc_client *c, const struct multinode *mn, const char *path)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__Hello h = ZEROD__V1__HELLO__INIT;
+	int r, timeout = c->cfg.connect_timeout_ms;
 
 	h.protocol_version = ZC_PROTOCOL_VERSION;
 	h.job_id = c->job_id;
-	h.rank = cfg.rank;
-	h.world_size = cfg.world_size;
-	h.local_rank = cfg.local_rank;
-	h.local_size = cfg.local_size;
+	h.rank = c->cfg.rank;
+	h.world_size = c->cfg.world_size;
+	h.local_rank = c->cfg.local_rank;
+	h.local_size = c->cfg.local_size;
 	h.pid = getpid();
-	if (mn.rdzv) {
-		h.rdzv = (char *)mn.rdzv;
+	if (mn->rdzv) {
+		h.rdzv = (char *)mn->rdzv;
 		h.has_nnodes = 1;
-		h.nnodes = mn.nnodes;
-		h.has_node_rank = mn.has_node_rank;
-		h.node_rank = mn.node_rank;
+		h.nnodes = mn->nnodes;
+		h.has_node_rank = mn->has_node_rank;
+		h.node_rank = mn->node_rank;
 		h.has_job_secret = 1;
-		h.job_secret.data = (uint8_t *)mn.secret;
-		h.job_secret.len = strlen(mn.secret);
+		h.job_secret.data = (uint8_t *)mn->secret;
+		h.job_secret.len = strlen(mn->secret);
 	}
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &h;
 	r = send_env(c, &env, NULL);
-	if (r < 0) {
-		err_set(r, "zc_connect: sending Hello: %s", zc_strerror(r));
-		goto fail;
-	}
+	if (r < 0)
+		return err_set(r, "zc_connect: sending Hello: %s", zc_strerror(r));
 	r = wait_for(c, &c->hello_result, NULL, now_ms() + timeout);
-	if (r == 0) {
-		r = err_set(ZC_ECONNECT,
-			    "no zerod answered on %.180s within %d ms (something listens there: "
-			    "not zerod's socket, or a zerod that hangs?)",
-			    path, timeout);
+	if (r == 0)
+		return err_set(ZC_ECONNECT,
+			       "no zerod answered on %.180s within %d ms (something listens there: "
+			       "not zerod's socket, or a zerod that hangs?)",
+			       path, timeout);
+	if (r < 0)
+		return err_set(r, "%s", c->answer_msg);
+	return 0;
+}
+
+int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
+{
+	char pathbuf[512];
+	struct zc_config cfg;
+	const char *path;
+	struct multinode mn = {0};
+	zc_client *c;
+	int r;
+
+	if (!ret_client)
+		return err_set(-EINVAL, "zc_connect: ret_client is NULL");
+	r = connect_config(ucfg, &cfg, &mn);
+	if (r < 0)
+		return r;
+	c = client_new(&cfg);
+	if (!c)
+		return err_set(-ENOMEM, NULL);
+	path = cfg.socket ? cfg.socket : default_socket(pathbuf, sizeof(pathbuf));
+	r = socket_open(c, path);
+	if (r < 0)
 		goto fail;
-	}
-	if (r < 0) {
-		err_set(r, "%s", c->answer_msg);
+	r = hello(c, &mn, path);
+	if (r < 0)
 		goto fail;
-	}
 	/* Waits for the other ranks (zc_register_plan...) last longer than
 	 * the daemon's own clock, which fails them naming the ranks missing:
 	 * its stall timeout runs from the last progress, so twice it. */
 	if (!c->cfg.register_timeout_ms)
-		c->cfg.register_timeout_ms =
-			(int)MIN((int64_t)timeout + 2 * (int64_t)c->stall_ms, INT32_MAX);
+		c->cfg.register_timeout_ms = (int)MIN(
+			(int64_t)c->cfg.connect_timeout_ms + 2 * (int64_t)c->stall_ms, INT32_MAX);
 	*ret_client = c;
 	return 0;
 fail:

@@ -244,95 +244,120 @@ static void replan_undo(zc_client *c)
 	c->plan_result = 1;
 }
 
-/*
- * zc_register_plan() of a re-plan: export the state under the registered
- * plan, pass the new buffers (their memfd, over <socket>.fd as at the first
- * registration: zerod takes them from a registered session), register the
- * new one (the daemon starts the job again on it), import the state into
- * the new layout, and let the old buffers go. The export costs the state's
- * size in this process for the while.
- */
-int replan_register(zc_client *c)
+/* A re-plan's copy of the state: os[nold] under the registered plan (into
+ * arena, in the state's layout, plan.h: moments, then masters), ns[nnew]
+ * the same pieces under the new one; each plan's segments by bucket and
+ * index (seg_index). */
+struct replan_copy {
+	uint32_t nold, nnew;
+	struct zc_segment_state *os, *ns;
+	uint32_t *ob, *osg, *nb, *nsg;
+	float *arena;
+};
+
+static void replan_copy_free(struct replan_copy *cp)
 {
-	const char *fn = "zc_register_plan";
-	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
-	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
-	Zerod__V1__FdBuffers fds = ZEROD__V1__FD_BUFFERS__INIT;
-	Zerod__V1__CudaBuffers cuda;
-	void *cuda_arrays = NULL;
-	Zerod__V1__Plan pb;
+	free(cp->os);
+	free(cp->ns);
+	free(cp->ob);
+	free(cp->osg);
+	free(cp->nb);
+	free(cp->nsg);
+	free(cp->arena);
+}
+
+/* replan_register()'s first step: the state under the registered plan
+ * (c->old_plan) into cp: 0, or the error recorded. */
+static int replan_export(zc_client *c, struct replan_copy *cp, const char *fn)
+{
 	const struct plan *old = c->old_plan, *p = c->plan;
-	char path[sizeof(c->fp_path)], err[256];
-	uint64_t serial = 0;
 	uint32_t nold = plan_nsegs(old), nnew = plan_nsegs(p);
-	struct zc_segment_state *os = calloc(nold ? nold : 1, sizeof(*os));
-	struct zc_segment_state *ns = calloc(nnew ? nnew : 1, sizeof(*ns));
-	uint32_t *ob = NULL, *osg = NULL, *nb = NULL, *nsg = NULL;
+
+	cp->nold = nold;
+	cp->nnew = nnew;
+	cp->os = calloc(nold ? nold : 1, sizeof(*cp->os));
+	cp->ns = calloc(nnew ? nnew : 1, sizeof(*cp->ns));
 	/* in the state's layout (plan.h): moments, then masters */
-	float *arena = calloc(4 * old->state_numel + 1, sizeof(float));
+	cp->arena = calloc(4 * old->state_numel + 1, sizeof(float));
+	if (!cp->os || !cp->ns || !cp->arena || seg_index(old, &cp->ob, &cp->osg) < 0 ||
+	    seg_index(p, &cp->nb, &cp->nsg) < 0)
+		return err_set(-ENOMEM, "%s: the state's copy: out of memory", fn);
+	for (uint32_t k = 0; k < nold; k++) {
+		const struct plan_bucket *ob = &old->buckets[cp->ob[k]];
+		uint64_t at = ob->sbase + ob->segments[cp->osg[k]].offset;
+		uint64_t n = old->state_numel;
+		struct zc_segment_state *os = &cp->os[k];
+
+		*os = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
+		os->bucket = cp->ob[k];
+		os->segment = cp->osg[k];
+		os->exp_avg = os->momentum_buffer = cp->arena + at;
+		os->exp_avg_sq = cp->arena + n + at;
+		os->max_exp_avg_sq = cp->arena + 2 * n + at;
+		if (ob->dtype != ZC_DTYPE_F32)
+			os->master = cp->arena + 3 * n + at; /* moves with its segment */
+	}
+	return get_state(c, old, cp->os, sizeof(*cp->os), nold, fn);
+}
+
+/* The new buffers to zerod: CUDA buffers' handles into *cuda (arrays to
+ * free in *cuda_arrays), a memfd's over the fd socket (its serial in
+ * *serial). 0, or the error recorded and the re-plan undone (*ret_undone). */
+static int replan_pass(zc_client *c, Zerod__V1__CudaBuffers *cuda, void **cuda_arrays,
+		       uint64_t *serial, bool *ret_undone, const char *fn)
+{
+	const struct plan *p = c->plan;
+	char path[sizeof(c->fp_path)], err[256];
 	int r;
 
-	if (!os || !ns || !arena || seg_index(old, &ob, &osg) < 0 || seg_index(p, &nb, &nsg) < 0) {
-		r = err_set(-ENOMEM, "%s: the state's copy: out of memory", fn);
-		goto out;
-	}
-	for (uint32_t k = 0; k < nold; k++) {
-		uint64_t at =
-			old->buckets[ob[k]].sbase + old->buckets[ob[k]].segments[osg[k]].offset;
-		uint64_t n = old->state_numel;
-		os[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
-		os[k].bucket = ob[k];
-		os[k].segment = osg[k];
-		os[k].exp_avg = os[k].momentum_buffer = arena + at;
-		os[k].exp_avg_sq = arena + n + at;
-		os[k].max_exp_avg_sq = arena + 2 * n + at;
-		if (old->buckets[ob[k]].dtype != ZC_DTYPE_F32)
-			os[k].master = arena + 3 * n + at; /* moves with its segment */
-	}
-	r = get_state(c, old, os, sizeof(*os), nold, fn);
-	if (r < 0)
-		goto out;
 	pthread_mutex_lock(&c->mu);
 	fd_socket(c, path, sizeof(path));
 	pthread_mutex_unlock(&c->mu);
 	if (c->dev) /* CUDA buffers: their handles go with the plan */
-		r = devbufs_to_pb(c->dev, &cuda, &cuda_arrays);
+		r = devbufs_to_pb(c->dev, cuda, cuda_arrays);
 	else if (path[0] && c->replan_pfd >= 0) /* shared: two memfds */
 		r = bufs_send(path, c->fp_token, (const int[]){c->replan_fd, c->replan_pfd}, 2,
-			      plan_buffer_bytes(p), 0, 0, c->cfg.connect_timeout_ms, &serial, err,
+			      plan_buffer_bytes(p), 0, 0, c->cfg.connect_timeout_ms, serial, err,
 			      sizeof(err));
 	else
 		r = path[0] ? bufs_send(path, c->fp_token, &c->replan_fd, 1, plan_buffer_bytes(p),
-					0, c->replan_poff, c->cfg.connect_timeout_ms, &serial, err,
+					0, c->replan_poff, c->cfg.connect_timeout_ms, serial, err,
 					sizeof(err))
 			    : ZC_ENOTSUP;
-	if (r < 0 && c->dev) {
+	if (r >= 0)
+		return 0;
+	if (c->dev)
 		err_set(r, "%s: the new CUDA buffers: %s", fn, zc_strerror(r));
-		pthread_mutex_lock(&c->mu);
-		replan_undo(c);
-		old = NULL;
-		client_unlock(c);
-		goto out;
-	}
-	if (r < 0) {
+	else
 		err_set(r, "%s: the new buffers: %s", fn,
 			path[0] ? err : "zerod offered no fd socket to pass them on");
-		pthread_mutex_lock(&c->mu);
-		replan_undo(c);
-		old = NULL;
-		client_unlock(c);
-		goto out;
-	}
-	r = plan_to_pb(p, &pb);
-	if (r < 0) {
-		r = err_set(r, NULL);
-		goto out;
-	}
+	pthread_mutex_lock(&c->mu);
+	replan_undo(c);
+	*ret_undone = true;
+	client_unlock(c);
+	return r;
+}
+
+/* Register the new plan (its buffers: cuda, else the memfds of serial) and
+ * wait for every rank's: 0, or the error recorded; a refusal the job
+ * survives undoes the re-plan (*ret_undone). */
+static int replan_send(zc_client *c, Zerod__V1__CudaBuffers *cuda, uint64_t serial,
+		       bool *ret_undone, const char *fn)
+{
+	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
+	Zerod__V1__RegisterPlan rp = ZEROD__V1__REGISTER_PLAN__INIT;
+	Zerod__V1__FdBuffers fds = ZEROD__V1__FD_BUFFERS__INIT;
+	Zerod__V1__Plan pb;
+	int r;
+
+	r = plan_to_pb(c->plan, &pb);
+	if (r < 0)
+		return err_set(r, NULL);
 	fds.serial = serial;
 	fds.has_shared_params = fds.shared_params = c->replan_pfd >= 0;
 	rp.plan = &pb;
 	if (c->dev)
-		rp.cuda = &cuda;
+		rp.cuda = cuda;
 	else
 		rp.fds = &fds;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
@@ -342,16 +367,13 @@ int replan_register(zc_client *c)
 	r = send_env(c, &env, NULL);
 	client_unlock(c);
 	plan_pb_free(&pb);
-	if (r < 0) {
-		r = err_set(r, "%s: sending the new plan: %s", fn, zc_strerror(r));
-		goto out;
-	}
+	if (r < 0)
+		return err_set(r, "%s: sending the new plan: %s", fn, zc_strerror(r));
 	r = wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
-	if (r == 0) {
-		r = err_set(ZC_ETIMEDOUT, "%s: not every rank registered the new plan within %d ms",
-			    fn, c->cfg.register_timeout_ms);
-		goto out;
-	}
+	if (r == 0)
+		return err_set(ZC_ETIMEDOUT,
+			       "%s: not every rank registered the new plan within %d ms", fn,
+			       c->cfg.register_timeout_ms);
 	if (r < 0) {
 		pthread_mutex_lock(&c->mu);
 		err_set(r, "%s", c->answer_msg);
@@ -359,12 +381,18 @@ int replan_register(zc_client *c)
 			/* refused, the job goes on with the registered plan: so
 			 * does this client */
 			replan_undo(c);
-			old = NULL;
+			*ret_undone = true;
 		}
 		client_unlock(c);
-		goto out;
+		return r;
 	}
-	/* the job runs on the new plan from here: the old one is gone */
+	return 0;
+}
+
+/* The job runs on the new plan from here: let the old buffers go (the old
+ * plan is the caller's to free). */
+static void replan_commit(zc_client *c)
+{
 	pthread_mutex_lock(&c->mu);
 	buf_release(&c->old_grad);
 	buf_release(&c->old_param);
@@ -379,12 +407,43 @@ int replan_register(zc_client *c)
 		close(c->replan_pfd);
 	c->replan_pfd = -1;
 	client_unlock(c);
-	for (uint32_t k = 0; k < nnew; k++) {
-		ns[k] = os[c->replan_map[k]];
-		ns[k].bucket = nb[k];
-		ns[k].segment = nsg[k];
+}
+
+/*
+ * zc_register_plan() of a re-plan: export the state under the registered
+ * plan, pass the new buffers (their memfd, over <socket>.fd as at the first
+ * registration: zerod takes them from a registered session), register the
+ * new one (the daemon starts the job again on it), import the state into
+ * the new layout, and let the old buffers go. The export costs the state's
+ * size in this process for the while.
+ */
+int replan_register(zc_client *c)
+{
+	const char *fn = "zc_register_plan";
+	Zerod__V1__CudaBuffers cuda;
+	void *cuda_arrays = NULL;
+	const struct plan *old = c->old_plan;
+	struct replan_copy cp = {0};
+	uint64_t serial = 0;
+	bool undone = false;
+	int r;
+
+	r = replan_export(c, &cp, fn);
+	if (r >= 0)
+		r = replan_pass(c, &cuda, &cuda_arrays, &serial, &undone, fn);
+	if (r >= 0)
+		r = replan_send(c, &cuda, serial, &undone, fn);
+	if (undone)
+		old = NULL; /* the registered plan again */
+	if (r < 0)
+		goto out;
+	replan_commit(c);
+	for (uint32_t k = 0; k < cp.nnew; k++) {
+		cp.ns[k] = cp.os[c->replan_map[k]];
+		cp.ns[k].bucket = cp.nb[k];
+		cp.ns[k].segment = cp.nsg[k];
 	}
-	r = set_state(c, p, ns, sizeof(*ns), nnew, false, fn);
+	r = set_state(c, c->plan, cp.ns, sizeof(*cp.ns), cp.nnew, false, fn);
 	plan_free((struct plan *)old);
 	old = NULL;
 	free(c->replan_map);
@@ -392,13 +451,7 @@ int replan_register(zc_client *c)
 out:
 	if (old && !c->old_plan)
 		plan_free((struct plan *)old);
-	free(os);
-	free(ns);
-	free(ob);
-	free(osg);
-	free(nb);
-	free(nsg);
-	free(arena);
+	replan_copy_free(&cp);
 	free(cuda_arrays);
 	return r < 0 ? r : 0;
 }
