@@ -115,22 +115,21 @@ static int cover_cmp(const void *a, const void *b)
 	return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* One node file, read and checked whole (size, checksum, header), its
- * records into im and cv (its places appended at *ncv). */
-static int load_node(int dirfd, const char *dir, const struct manifest *m, uint32_t node,
-		     const uint32_t *inv, struct image *im, bool *seen, struct cover **cv,
-		     size_t *ncv, size_t *cvcap, const char *fn)
+/* Node file `node` (name) read whole and checked against the manifest
+ * (size, checksum, header): 0 with it in *ret_data (the caller frees it),
+ * its length and its count of records, or the error recorded. */
+static int node_file_read(int dirfd, const char *dir, const struct manifest *m, uint32_t node,
+			  const char *name, char **ret_data, size_t *ret_len, uint64_t *ret_nrecs,
+			  const char *fn)
 {
 	const struct cfile *cf = &m->files[node];
 	unsigned char h[CKPT_HASH_BYTES];
-	char name[32], *data = NULL;
+	char *data = NULL;
 	size_t len = 0;
-	uint64_t it, nrecs, at = CKPT_NODE_HEADER;
+	uint64_t it, nrecs;
 	uint32_t version, nd;
-	int r;
-
-	snprintf(name, sizeof(name), "node-%u.zck", node);
 	mode_t mode = 0;
+	int r;
 
 	r = read_file(dirfd, name, cf->bytes, &data, &len, &mode);
 	if (r < 0)
@@ -142,16 +141,16 @@ static int load_node(int dirfd, const char *dir, const struct manifest *m, uint3
 		r = err_set(ZC_ECKPT,
 			    "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)", fn,
 			    dir, name, len, cf->bytes);
-		goto out;
+		goto fail;
 	}
 	crypto_generichash(h, sizeof(h), (const unsigned char *)data, len, NULL, 0);
 	if (sodium_memcmp(h, cf->hash, sizeof(h)) != 0) {
 		r = err_set(ZC_ECKPT, "%s: %s/%s: checksum mismatch (corrupt)", fn, dir, name);
-		goto out;
+		goto fail;
 	}
 	if (len < CKPT_NODE_HEADER) {
 		r = err_set(ZC_ECKPT, "%s: %s/%s: no header", fn, dir, name);
-		goto out;
+		goto fail;
 	}
 	memcpy(&version, data + 8, 4);
 	memcpy(&nd, data + 12, 4);
@@ -161,8 +160,48 @@ static int load_node(int dirfd, const char *dir, const struct manifest *m, uint3
 	    nd != node || it != m->iteration) {
 		r = err_set(ZC_ECKPT, "%s: %s/%s: not the manifest's node file (header)", fn, dir,
 			    name);
-		goto out;
+		goto fail;
 	}
+	*ret_data = data;
+	*ret_len = len;
+	*ret_nrecs = nrecs;
+	return 0;
+fail:
+	free(data);
+	return r;
+}
+
+/* Append a record's place to cv (*ncv of *cvcap): 0 or -ENOMEM. */
+static int cover_add(struct cover **cv, size_t *ncv, size_t *cvcap, uint32_t seg, uint64_t off,
+		     uint64_t n)
+{
+	if (*ncv == *cvcap) {
+		size_t cap = *cvcap ? 2 * *cvcap : 256;
+		struct cover *x = realloc(*cv, cap * sizeof(*x));
+		if (!x)
+			return -ENOMEM;
+		*cv = x;
+		*cvcap = cap;
+	}
+	(*cv)[(*ncv)++] = (struct cover){.seg = seg, .off = off, .n = n};
+	return 0;
+}
+
+/* One node file, read and checked whole (size, checksum, header), its
+ * records into im and cv (its places appended at *ncv). */
+static int load_node(int dirfd, const char *dir, const struct manifest *m, uint32_t node,
+		     const uint32_t *inv, struct image *im, bool *seen, struct cover **cv,
+		     size_t *ncv, size_t *cvcap, const char *fn)
+{
+	char name[32], *data = NULL;
+	size_t len = 0;
+	uint64_t nrecs = 0, at = CKPT_NODE_HEADER;
+	int r;
+
+	snprintf(name, sizeof(name), "node-%u.zck", node);
+	r = node_file_read(dirfd, dir, m, node, name, &data, &len, &nrecs, fn);
+	if (r < 0)
+		return r;
 	for (uint64_t i = 0; i < nrecs; i++) {
 		uint32_t seg, present;
 		uint64_t off, n, step, nb;
@@ -212,17 +251,10 @@ static int load_node(int dirfd, const char *dir, const struct manifest *m, uint3
 			memcpy(dst + off, data + at, nb);
 			at += nb;
 		}
-		if (*ncv == *cvcap) {
-			size_t cap = *cvcap ? 2 * *cvcap : 256;
-			struct cover *x = realloc(*cv, cap * sizeof(*x));
-			if (!x) {
-				r = err_set(-ENOMEM, "%s: out of memory", fn);
-				goto out;
-			}
-			*cv = x;
-			*cvcap = cap;
+		if (cover_add(cv, ncv, cvcap, seg, off, n) < 0) {
+			r = err_set(-ENOMEM, "%s: out of memory", fn);
+			goto out;
 		}
-		(*cv)[(*ncv)++] = (struct cover){.seg = seg, .off = off, .n = n};
 	}
 	if (at != len) {
 		r = err_set(ZC_ECKPT, "%s: %s/%s: %zu bytes after its records", fn, dir, name,

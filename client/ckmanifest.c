@@ -29,14 +29,12 @@
 #include "zeroclient.h"
 #include "ckpt.h"
 
-/* Parse and check a manifest's text: 0, or ZC_ECKPT with the reason. */
-static int parse_manifest(char *text, size_t len, struct manifest *m, const char *fn)
+/* The checksum line of a manifest's text, and the text before it checked
+ * against it: 0 with the text cut there, or ZC_ECKPT with the reason. */
+static int manifest_checksum(char *text, const char *fn)
 {
-	char *line = text, *next, *sum = strstr(text, "checksum ");
+	char *sum = strstr(text, "checksum ");
 	unsigned char h[CKPT_HASH_BYTES], want[CKPT_HASH_BYTES];
-	unsigned version = 0, ng = 0, nsegs = 0, ngroups_seen = 0, nsegs_seen = 0;
-	bool file_seen = false;
-	char name[64], hx[2 * CKPT_HASH_BYTES + 1];
 
 	while (sum && sum != text && sum[-1] != '\n')
 		sum = strstr(sum + 1, "checksum ");
@@ -52,117 +50,144 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 			       "%s: the manifest's checksum does not match its contents "
 			       "(corrupt)",
 			       fn);
-	(void)len;
 	*sum = '\0';
-	for (; *line; line = next) {
-		unsigned a, b, c;
-		uint64_t id, numel, x;
-		double step;
+	return 0;
+}
 
+/* What parsing a manifest has seen so far. */
+struct mparse {
+	unsigned version, ngroups_seen, nsegs_seen;
+	bool file_seen;
+};
+
+/* A file line: name, x bytes, checksum hx. 0, or ZC_ECKPT with the reason. */
+static int manifest_file(const char *name, uint64_t x, const char *hx, struct manifest *m,
+			 struct mparse *st, const char *fn)
+{
+	char wname[32];
+
+	if (st->version == CKPT_VERSION_NODES) {
+		if (!m->files && m->nodes >= 1 && m->nodes <= CKPT_MAX_NODES)
+			m->files = calloc(m->nodes, sizeof(*m->files));
+		if (!m->files || m->nfiles >= m->nodes)
+			return err_set(ZC_ECKPT, "%s: manifest: file %s beyond its %u nodes", fn,
+				       name, m->nodes);
+		snprintf(wname, sizeof(wname), "node-%u.zck", m->nfiles);
+		if (strcmp(name, wname) != 0 || unhex(hx, m->files[m->nfiles].hash) < 0)
+			return err_set(ZC_ECKPT, "%s: manifest: file %s where %s belongs", fn, name,
+				       wname);
+		m->files[m->nfiles++].bytes = x;
+		st->file_seen = m->nfiles == m->nodes;
+	} else {
+		if (strcmp(name, CKPT_DATA) != 0 || unhex(hx, m->data_hash) < 0)
+			return err_set(ZC_ECKPT, "%s: manifest: unknown file %s", fn, name);
+		m->data_bytes = x;
+		st->file_seen = true;
+	}
+	return 0;
+}
+
+/* One line of a manifest (its newline cut): 0, -ENOMEM, or ZC_ECKPT with
+ * the reason. */
+static int manifest_line(const char *line, struct manifest *m, struct mparse *st, const char *fn)
+{
+	unsigned a, b, c, ng, nsegs;
+	uint64_t id, numel, x;
+	double step;
+	char name[64], hx[2 * CKPT_HASH_BYTES + 1];
+
+	if (sscanf(line, "zerod-checkpoint %u", &st->version) == 1) {
+		if (st->version != CKPT_VERSION && st->version != CKPT_VERSION_NODES)
+			return err_set(ZC_ECKPT,
+				       "%s: format version %u; this library reads %d and %d", fn,
+				       st->version, CKPT_VERSION, CKPT_VERSION_NODES);
+		m->version = st->version;
+	} else if (sscanf(line, "iteration %" SCNu64, &m->iteration) == 1 ||
+		   sscanf(line, "world %u", &m->world) == 1 ||
+		   sscanf(line, "nodes %u", &m->nodes) == 1 ||
+		   sscanf(line, "plan_hash %" SCNx64, &m->plan_hash) == 1 ||
+		   sscanf(line, "job %64s", m->job) == 1 ||
+		   sscanf(line, "optimizer %31s", m->optimizer) == 1 ||
+		   sscanf(line, "shard_mode %31s", m->shard) == 1 ||
+		   sscanf(line, "step_mode %31s", m->step_mode) == 1) {
+	} else if (sscanf(line, "groups %u", &ng) == 1) {
+		if (m->group_momentum || ng > PLAN_MAX_GROUPS)
+			return err_set(ZC_ECKPT, "%s: manifest: bad groups line", fn);
+		m->ngroups = ng;
+		m->group_momentum = calloc(ng ? ng : 1, 1);
+		m->group_amsgrad = calloc(ng ? ng : 1, 1);
+		if (!m->group_momentum || !m->group_amsgrad)
+			return -ENOMEM;
+	} else if (sscanf(line, "group %u momentum %u amsgrad %u", &a, &b, &c) == 3) {
+		if (!m->group_momentum || a != st->ngroups_seen || a >= m->ngroups)
+			return err_set(ZC_ECKPT, "%s: manifest: group %u out of order", fn, a);
+		m->group_momentum[a] = (uint8_t)b;
+		m->group_amsgrad[a] = (uint8_t)c;
+		st->ngroups_seen++;
+	} else if (sscanf(line, "segments %u", &nsegs) == 1) {
+		if (m->segs || nsegs > PLAN_MAX_SEGMENTS)
+			return err_set(ZC_ECKPT, "%s: manifest: bad segments line", fn);
+		m->nsegs = nsegs;
+		m->segs = calloc(nsegs ? nsegs : 1, sizeof(*m->segs));
+		if (!m->segs)
+			return -ENOMEM;
+	} else if (sscanf(line,
+			  "segment %u param_id %" SCNu64 " numel %" SCNu64
+			  " group %u present %u step %lf",
+			  &a, &id, &numel, &b, &c, &step) == 6) {
+		if (!m->segs || a != st->nsegs_seen || a >= m->nsegs || numel > PLAN_MAX_NUMEL)
+			return err_set(ZC_ECKPT, "%s: manifest: segment %u out of order", fn, a);
+		m->segs[a] = (struct cseg){
+			.param_id = id, .numel = numel, .group = b, .present = c, .step = step};
+		st->nsegs_seen++;
+	} else if (st->version == CKPT_VERSION_NODES &&
+		   sscanf(line, "segment %u param_id %" SCNu64 " numel %" SCNu64 " group %u", &a,
+			  &id, &numel, &b) == 4) {
+		/* version 2: the keys and steps are in the node files */
+		if (!m->segs || a != st->nsegs_seen || a >= m->nsegs || numel > PLAN_MAX_NUMEL)
+			return err_set(ZC_ECKPT, "%s: manifest: segment %u out of order", fn, a);
+		m->segs[a] = (struct cseg){.param_id = id, .numel = numel, .group = b};
+		st->nsegs_seen++;
+	} else if (sscanf(line, "file %63s %" SCNu64 " %64s", name, &x, hx) == 3) {
+		return manifest_file(name, x, hx, m, st, fn);
+	} else {
+		return err_set(ZC_ECKPT, "%s: manifest: a line it does not know: \"%.60s\"", fn,
+			       line);
+	}
+	return 0;
+}
+
+/* Parse and check a manifest's text: 0, or ZC_ECKPT with the reason. */
+static int parse_manifest(char *text, size_t len, struct manifest *m, const char *fn)
+{
+	struct mparse st = {0};
+	char *line = text, *next;
+	int r;
+
+	r = manifest_checksum(text, fn);
+	if (r < 0)
+		return r;
+	(void)len;
+	for (; *line; line = next) {
 		next = strchr(line, '\n');
 		if (!next)
 			return err_set(ZC_ECKPT, "%s: the manifest's last line is cut", fn);
 		*next++ = '\0';
-		if (sscanf(line, "zerod-checkpoint %u", &version) == 1) {
-			if (version != CKPT_VERSION && version != CKPT_VERSION_NODES)
-				return err_set(
-					ZC_ECKPT,
-					"%s: format version %u; this library reads %d and %d", fn,
-					version, CKPT_VERSION, CKPT_VERSION_NODES);
-			m->version = version;
-		} else if (sscanf(line, "iteration %" SCNu64, &m->iteration) == 1 ||
-			   sscanf(line, "world %u", &m->world) == 1 ||
-			   sscanf(line, "nodes %u", &m->nodes) == 1 ||
-			   sscanf(line, "plan_hash %" SCNx64, &m->plan_hash) == 1 ||
-			   sscanf(line, "job %64s", m->job) == 1 ||
-			   sscanf(line, "optimizer %31s", m->optimizer) == 1 ||
-			   sscanf(line, "shard_mode %31s", m->shard) == 1 ||
-			   sscanf(line, "step_mode %31s", m->step_mode) == 1) {
-		} else if (sscanf(line, "groups %u", &ng) == 1) {
-			if (m->group_momentum || ng > PLAN_MAX_GROUPS)
-				return err_set(ZC_ECKPT, "%s: manifest: bad groups line", fn);
-			m->ngroups = ng;
-			m->group_momentum = calloc(ng ? ng : 1, 1);
-			m->group_amsgrad = calloc(ng ? ng : 1, 1);
-			if (!m->group_momentum || !m->group_amsgrad)
-				return -ENOMEM;
-		} else if (sscanf(line, "group %u momentum %u amsgrad %u", &a, &b, &c) == 3) {
-			if (!m->group_momentum || a != ngroups_seen || a >= m->ngroups)
-				return err_set(ZC_ECKPT, "%s: manifest: group %u out of order", fn,
-					       a);
-			m->group_momentum[a] = (uint8_t)b;
-			m->group_amsgrad[a] = (uint8_t)c;
-			ngroups_seen++;
-		} else if (sscanf(line, "segments %u", &nsegs) == 1) {
-			if (m->segs || nsegs > PLAN_MAX_SEGMENTS)
-				return err_set(ZC_ECKPT, "%s: manifest: bad segments line", fn);
-			m->nsegs = nsegs;
-			m->segs = calloc(nsegs ? nsegs : 1, sizeof(*m->segs));
-			if (!m->segs)
-				return -ENOMEM;
-		} else if (sscanf(line,
-				  "segment %u param_id %" SCNu64 " numel %" SCNu64
-				  " group %u present %u step %lf",
-				  &a, &id, &numel, &b, &c, &step) == 6) {
-			if (!m->segs || a != nsegs_seen || a >= m->nsegs || numel > PLAN_MAX_NUMEL)
-				return err_set(ZC_ECKPT, "%s: manifest: segment %u out of order",
-					       fn, a);
-			m->segs[a] = (struct cseg){.param_id = id,
-						   .numel = numel,
-						   .group = b,
-						   .present = c,
-						   .step = step};
-			nsegs_seen++;
-		} else if (version == CKPT_VERSION_NODES &&
-			   sscanf(line,
-				  "segment %u param_id %" SCNu64 " numel %" SCNu64 " group %u", &a,
-				  &id, &numel, &b) == 4) {
-			/* version 2: the keys and steps are in the node files */
-			if (!m->segs || a != nsegs_seen || a >= m->nsegs || numel > PLAN_MAX_NUMEL)
-				return err_set(ZC_ECKPT, "%s: manifest: segment %u out of order",
-					       fn, a);
-			m->segs[a] = (struct cseg){.param_id = id, .numel = numel, .group = b};
-			nsegs_seen++;
-		} else if (sscanf(line, "file %63s %" SCNu64 " %64s", name, &x, hx) == 3) {
-			char wname[32];
-			if (version == CKPT_VERSION_NODES) {
-				if (!m->files && m->nodes >= 1 && m->nodes <= CKPT_MAX_NODES)
-					m->files = calloc(m->nodes, sizeof(*m->files));
-				if (!m->files || m->nfiles >= m->nodes)
-					return err_set(ZC_ECKPT,
-						       "%s: manifest: file %s beyond its %u nodes",
-						       fn, name, m->nodes);
-				snprintf(wname, sizeof(wname), "node-%u.zck", m->nfiles);
-				if (strcmp(name, wname) != 0 ||
-				    unhex(hx, m->files[m->nfiles].hash) < 0)
-					return err_set(ZC_ECKPT,
-						       "%s: manifest: file %s where %s belongs", fn,
-						       name, wname);
-				m->files[m->nfiles++].bytes = x;
-				file_seen = m->nfiles == m->nodes;
-			} else {
-				if (strcmp(name, CKPT_DATA) != 0 || unhex(hx, m->data_hash) < 0)
-					return err_set(ZC_ECKPT, "%s: manifest: unknown file %s",
-						       fn, name);
-				m->data_bytes = x;
-				file_seen = true;
-			}
-		} else {
-			return err_set(ZC_ECKPT, "%s: manifest: a line it does not know: \"%.60s\"",
-				       fn, line);
-		}
+		r = manifest_line(line, m, &st, fn);
+		if (r < 0)
+			return r;
 	}
 	if (m->iteration > (1ull << 53))
 		return err_set(ZC_ECKPT, "%s: manifest: iteration %" PRIu64 " is above 2^53", fn,
 			       m->iteration);
-	if (!version || !m->group_momentum || !m->segs || !file_seen ||
-	    ngroups_seen != m->ngroups || nsegs_seen != m->nsegs || !m->world)
+	if (!st.version || !m->group_momentum || !m->segs || !st.file_seen ||
+	    st.ngroups_seen != m->ngroups || st.nsegs_seen != m->nsegs || !m->world)
 		return err_set(ZC_ECKPT, "%s: the manifest lacks %s", fn,
-			       !version ? "its version line"
-			       : !m->group_momentum || ngroups_seen != m->ngroups ? "groups"
-			       : !m->segs || nsegs_seen != m->nsegs               ? "segments"
-			       : !file_seen ? "a file line (one per node)"
-					    : "the world");
+			       !st.version ? "its version line"
+			       : !m->group_momentum || st.ngroups_seen != m->ngroups ? "groups"
+			       : !m->segs || st.nsegs_seen != m->nsegs               ? "segments"
+			       : !st.file_seen ? "a file line (one per node)"
+					       : "the world");
 	return 0;
 }
 
