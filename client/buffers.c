@@ -52,9 +52,9 @@
 void fd_socket(zc_client *c, char *path, size_t len)
 {
 	snprintf(path, len, "%s",
-		 !c->fp_path[0]                                   ? ""
-		 : c->fp_mine[0] && access(c->fp_mine, F_OK) == 0 ? c->fp_mine
-								  : c->fp_path);
+		 !c->conn.fp_path[0]                                        ? ""
+		 : c->conn.fp_mine[0] && access(c->conn.fp_mine, F_OK) == 0 ? c->conn.fp_mine
+									    : c->conn.fp_path);
 }
 
 void buf_release(struct host_buf *b)
@@ -103,7 +103,7 @@ static int register_fds(zc_client *c, const struct zc_plan *zp, const struct zc_
 			const char *fn)
 {
 	struct host_buf grad = {0}, param = {0};
-	char path[sizeof(c->fp_path)], err[256];
+	char path[sizeof(c->conn.fp_path)], err[256];
 	int fds[2] = {b->grad_fd, b->param_fd};
 	uint64_t bytes, serial = 0, token;
 	struct plan *p = NULL;
@@ -119,7 +119,7 @@ static int register_fds(zc_client *c, const struct zc_plan *zp, const struct zc_
 		goto out;
 	}
 	c->bufs_busy = true;
-	token = c->fp_token;
+	token = c->conn.fp_token;
 	timeout = c->cfg.connect_timeout_ms;
 	pthread_mutex_unlock(&c->mu);
 
@@ -353,8 +353,8 @@ static void fastpath_setup(zc_client *c)
 {
 	const char *env = getenv("ZEROD_FASTPATH");
 	uint32_t nbuckets = c->plan->nbuckets;
-	uint64_t zsent = c->zsent;
-	char path[sizeof(c->fp_path)], err[256];
+	uint64_t zsent = c->conn.zsent;
+	char path[sizeof(c->conn.fp_path)], err[256];
 	struct fpc *fp = NULL;
 	int r;
 
@@ -362,23 +362,23 @@ static void fastpath_setup(zc_client *c)
 	if (!path[0] || (env && strcmp(env, "0") == 0))
 		return;
 	pthread_mutex_unlock(&c->mu);
-	r = fpc_attach(path, c->fp_token, zsent, nbuckets, c->cfg.connect_timeout_ms, &fp, err,
+	r = fpc_attach(path, c->conn.fp_token, zsent, nbuckets, c->cfg.connect_timeout_ms, &fp, err,
 		       sizeof(err));
 	pthread_mutex_lock(&c->mu);
 	if (r < 0)
 		return;
-	if (c->zsent != zsent || c->job_error) {
+	if (c->conn.zsent != zsent || c->job_error) {
 		/* a ZeroMQ message went out meanwhile (zc_close's Goodbye),
 		 * or the job is over: not worth a ring */
 		fpc_free(fp);
 		return;
 	}
-	if (epoll_ctl(c->efd, EPOLL_CTL_ADD, fpc_fd(fp),
+	if (epoll_ctl(c->conn.efd, EPOLL_CTL_ADD, fpc_fd(fp),
 		      &(struct epoll_event){.events = EPOLLIN, .data.fd = fpc_fd(fp)}) < 0) {
 		fpc_free(fp);
 		return;
 	}
-	c->fp = fp;
+	c->conn.fp = fp;
 }
 
 int zc_register_plan(zc_client *c)
@@ -394,7 +394,7 @@ int zc_register_plan(zc_client *c)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	pthread_mutex_lock(&c->mu);
-	if (c->old_plan) {
+	if (c->replan.old_plan) {
 		client_unlock(c);
 		return replan_register(c);
 	}

@@ -52,13 +52,13 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 	pthread_mutex_lock(&c->mu);
 	if (c->plan_result != 1 || !c->plan) {
 		r = err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
-	} else if (c->old_plan) {
+	} else if (c->replan.old_plan) {
 		r = err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet", fn);
-	} else if (c->sent_in_iter) {
+	} else if (c->it.sent_in_iter) {
 		r = err_set(ZC_ESTATE,
 			    "%s: iteration %" PRIu64 " is under way (%u buckets handed over): "
 			    "call it between iterations",
-			    fn, c->iter, c->sent_in_iter);
+			    fn, c->it.iter, c->it.sent_in_iter);
 	} else {
 		*ret = (struct ckpt_view){.plan = c->plan,
 					  .job_id = c->job_id,
@@ -67,9 +67,9 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 					  .nnodes = c->cfg.nnodes ? c->cfg.nnodes : 1,
 					  .one_node = c->cfg.local_size == c->cfg.world_size,
 					  .local_rank = c->cfg.local_rank,
-					  .iteration = c->iter,
+					  .iteration = c->it.iter,
 					  .timeout_ms = c->cfg.register_timeout_ms,
-					  .writer = &c->ckpt_writer};
+					  .writer = &c->ckpt.writer};
 	}
 	client_unlock(c);
 	return r;
@@ -111,7 +111,7 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 	Zerod__V1__CheckpointState cs = ZEROD__V1__CHECKPOINT_STATE__INIT;
 	Zerod__V1__StateStaging sg = ZEROD__V1__STATE_STAGING__INIT;
 	const struct plan *p = c->plan; /* registered: client_ckpt_view() said so */
-	char path[sizeof(c->fp_path)], err[256];
+	char path[sizeof(c->conn.fp_path)], err[256];
 	uint64_t token, serial = 0;
 	int r, timeout;
 
@@ -120,7 +120,7 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 	if (stg) {
 		pthread_mutex_lock(&c->mu);
 		fd_socket(c, path, sizeof(path));
-		token = c->fp_token;
+		token = c->conn.fp_token;
 		timeout = c->cfg.connect_timeout_ms;
 		pthread_mutex_unlock(&c->mu);
 		if (!path[0])
@@ -144,11 +144,11 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 	 * nothing writes them until the next iteration's broadcast. Over
 	 * several nodes only those of the ranges the last export named (the
 	 * same plan: the same ranges), all the first time. */
-	bool part = ret_own && c->ckpt_prev && c->ckpt_prev_hash == p->hash;
+	bool part = ret_own && c->ckpt.prev && c->ckpt.prev_hash == p->hash;
 	if (stg && !c->dev && part)
-		for (size_t i = 0; i < c->nckpt_prev; i++)
-			memcpy(stg->base + c->ckpt_prev[2 * i],
-			       params_at(c, c->ckpt_prev[2 * i]), c->ckpt_prev[2 * i + 1] * 4);
+		for (size_t i = 0; i < c->ckpt.nprev; i++)
+			memcpy(stg->base + c->ckpt.prev[2 * i], params_at(c, c->ckpt.prev[2 * i]),
+			       c->ckpt.prev[2 * i + 1] * 4);
 	else if (stg && !c->dev)
 		for (uint32_t b = 0; b < p->nbuckets; b++)
 			memcpy(stg->base + p->buckets[b].sbase, zc_param_buffer(c, b),
@@ -157,27 +157,27 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 		return r;
 	if (ret_own) {
 		pthread_mutex_lock(&c->mu);
-		if (!ranges_ok(p, c->ckpt_ranges, c->nckpt_ranges)) {
+		if (!ranges_ok(p, c->ckpt.ranges, c->ckpt.nranges)) {
 			pthread_mutex_unlock(&c->mu);
 			return own_ranges(c, stg, ret_own, fn); /* it says why */
 		}
-		bool same = part && c->nckpt_prev == c->nckpt_ranges &&
-			    memcmp(c->ckpt_prev, c->ckpt_ranges,
-				   c->nckpt_ranges * 2 * sizeof(uint64_t)) == 0;
-		if (!same && c->ckpt_ranges)
-			for (size_t i = 0; i < c->nckpt_ranges && part; i++)
-				memcpy(stg->base + c->ckpt_ranges[2 * i],
-				       params_at(c, c->ckpt_ranges[2 * i]),
-				       c->ckpt_ranges[2 * i + 1] * 4);
-		free(c->ckpt_prev);
-		c->ckpt_prev = NULL;
-		c->nckpt_prev = 0;
-		if (c->ckpt_ranges &&
-		    (c->ckpt_prev = malloc((c->nckpt_ranges * 2 + 1) * sizeof(uint64_t)))) {
-			memcpy(c->ckpt_prev, c->ckpt_ranges,
-			       c->nckpt_ranges * 2 * sizeof(uint64_t));
-			c->nckpt_prev = c->nckpt_ranges;
-			c->ckpt_prev_hash = p->hash;
+		bool same = part && c->ckpt.nprev == c->ckpt.nranges &&
+			    memcmp(c->ckpt.prev, c->ckpt.ranges,
+				   c->ckpt.nranges * 2 * sizeof(uint64_t)) == 0;
+		if (!same && c->ckpt.ranges)
+			for (size_t i = 0; i < c->ckpt.nranges && part; i++)
+				memcpy(stg->base + c->ckpt.ranges[2 * i],
+				       params_at(c, c->ckpt.ranges[2 * i]),
+				       c->ckpt.ranges[2 * i + 1] * 4);
+		free(c->ckpt.prev);
+		c->ckpt.prev = NULL;
+		c->ckpt.nprev = 0;
+		if (c->ckpt.ranges &&
+		    (c->ckpt.prev = malloc((c->ckpt.nranges * 2 + 1) * sizeof(uint64_t)))) {
+			memcpy(c->ckpt.prev, c->ckpt.ranges,
+			       c->ckpt.nranges * 2 * sizeof(uint64_t));
+			c->ckpt.nprev = c->ckpt.nranges;
+			c->ckpt.prev_hash = p->hash;
 		}
 		pthread_mutex_unlock(&c->mu);
 		return own_ranges(c, stg, ret_own, fn);
@@ -225,9 +225,9 @@ static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_ow
 	uint32_t b = 0;
 
 	pthread_mutex_lock(&c->mu);
-	n = c->nckpt_ranges;
+	n = c->ckpt.nranges;
 	*o = (struct ckpt_owned){
-		.count = n, .node = c->ckpt_node, .nnodes = c->ckpt_nnodes, .run = c->ckpt_run};
+		.count = n, .node = c->ckpt.node, .nnodes = c->ckpt.nnodes, .run = c->ckpt.run};
 	o->slot = malloc((n + 1) * sizeof(*o->slot));
 	o->n = malloc((n + 1) * sizeof(*o->n));
 	o->bucket = malloc((n + 1) * sizeof(*o->bucket));
@@ -235,12 +235,12 @@ static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_ow
 	o->step = malloc((n + 1) * sizeof(*o->step));
 	if (o->slot && o->n && o->bucket && o->present && o->step)
 		for (size_t i = 0; i < n; i++) {
-			o->slot[i] = c->ckpt_ranges[2 * i];
-			o->n[i] = c->ckpt_ranges[2 * i + 1];
+			o->slot[i] = c->ckpt.ranges[2 * i];
+			o->n[i] = c->ckpt.ranges[2 * i + 1];
 		}
-	free(c->ckpt_ranges);
-	c->ckpt_ranges = NULL;
-	c->nckpt_ranges = 0;
+	free(c->ckpt.ranges);
+	c->ckpt.ranges = NULL;
+	c->ckpt.nranges = 0;
 	pthread_mutex_unlock(&c->mu);
 	if (!o->slot || !o->n || !o->bucket || !o->present || !o->step) {
 		ckpt_owned_free(o);
@@ -270,7 +270,7 @@ int client_ckpt_writer(zc_client *c, const char *fn, struct ckpt_writer ***ret)
 {
 	int r = client_check(c, fn);
 
-	*ret = r < 0 ? NULL : &c->ckpt_writer;
+	*ret = r < 0 ? NULL : &c->ckpt.writer;
 	return r;
 }
 
@@ -281,13 +281,13 @@ int client_resume(zc_client *c, uint64_t iteration, const char *fn)
 	int r = 0;
 
 	pthread_mutex_lock(&c->mu);
-	if (c->sent_in_iter || c->steps_done < c->iter) {
-		r = err_set(ZC_ESTATE, "%s: iteration %" PRIu64 " is under way", fn, c->iter);
+	if (c->it.sent_in_iter || c->it.steps_done < c->it.iter) {
+		r = err_set(ZC_ESTATE, "%s: iteration %" PRIu64 " is under way", fn, c->it.iter);
 		goto out;
 	}
-	if (iteration == c->iter)
+	if (iteration == c->it.iter)
 		goto out;
-	rs.from = c->iter;
+	rs.from = c->it.iter;
 	rs.iteration = iteration;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_RESUME;
 	env.resume = &rs;
@@ -296,8 +296,8 @@ int client_resume(zc_client *c, uint64_t iteration, const char *fn)
 		err_set(r, "%s: sending: %s", fn, zc_strerror(r));
 		goto out;
 	}
-	c->iter = iteration;
-	c->steps_done = iteration;
+	c->it.iter = iteration;
+	c->it.steps_done = iteration;
 out:
 	client_unlock(c);
 	return r;
@@ -309,7 +309,7 @@ static void send_report_locked(zc_client *c, const struct ckpt_report *rep)
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__CheckpointDone cd = ZEROD__V1__CHECKPOINT_DONE__INIT;
 
-	if (!c->sock || c->hello_result != 1)
+	if (!c->conn.sock || c->hello_result != 1)
 		return;
 	cd.iteration = rep->iteration;
 	cd.dir = (char *)rep->dir;
@@ -325,9 +325,9 @@ void client_ckpt_report_locked(zc_client *c)
 {
 	struct ckpt_report *rep;
 
-	if (!ckpt_report_ready(c->ckpt_writer) || !(rep = malloc(sizeof(*rep))))
+	if (!ckpt_report_ready(c->ckpt.writer) || !(rep = malloc(sizeof(*rep))))
 		return;
-	if (ckpt_report_take(c->ckpt_writer, rep))
+	if (ckpt_report_take(c->ckpt.writer, rep))
 		send_report_locked(c, rep);
 	free(rep);
 }
@@ -356,22 +356,22 @@ int zc_checkpoint_due(zc_client *c, char *dir, size_t len)
 		return err_set(-EINVAL, "zc_checkpoint_due: no room for the directory");
 	pthread_mutex_lock(&c->mu);
 	client_ckpt_report_locked(c); /* a checkpoint's write that ended */
-	if (!c->sent_in_iter)
+	if (!c->it.sent_in_iter)
 		dispatch_locked(c, LOOK_ALL); /* what came before the last step */
 	r = 0;
-	if (c->ckpt_due_dir && c->ckpt_due_iter < c->iter) {
-		free(c->ckpt_due_dir); /* a boundary this rank passed without asking */
-		c->ckpt_due_dir = NULL;
+	if (c->ckpt.due_dir && c->ckpt.due_iter < c->it.iter) {
+		free(c->ckpt.due_dir); /* a boundary this rank passed without asking */
+		c->ckpt.due_dir = NULL;
 	}
-	if (c->ckpt_due_dir && !c->sent_in_iter && c->steps_done >= c->iter &&
-	    c->ckpt_due_iter == c->iter) {
-		if (strlen(c->ckpt_due_dir) >= len) {
+	if (c->ckpt.due_dir && !c->it.sent_in_iter && c->it.steps_done >= c->it.iter &&
+	    c->ckpt.due_iter == c->it.iter) {
+		if (strlen(c->ckpt.due_dir) >= len) {
 			r = err_set(-ERANGE, "zc_checkpoint_due: the directory needs %zu bytes",
-				    strlen(c->ckpt_due_dir) + 1);
+				    strlen(c->ckpt.due_dir) + 1);
 		} else {
-			strcpy(dir, c->ckpt_due_dir);
-			free(c->ckpt_due_dir);
-			c->ckpt_due_dir = NULL;
+			strcpy(dir, c->ckpt.due_dir);
+			free(c->ckpt.due_dir);
+			c->ckpt.due_dir = NULL;
 			r = 1;
 		}
 	}

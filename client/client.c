@@ -256,10 +256,10 @@ int send_env(zc_client *c, Zerod__V1__Envelope *env, uint64_t *ret_id)
 
 	env->has_request_id = 1;
 	env->request_id = ++c->last_request;
-	r = wire_send(c->sock, NULL, 0, env);
-	c->zmq_look = true; /* the send may have taken the wake-up of a message */
+	r = wire_send(c->conn.sock, NULL, 0, env);
+	c->conn.zmq_look = true; /* the send may have taken the wake-up of a message */
 	if (r >= 0)
-		c->zsent++; /* a ring slot pushed from now on goes after a MARK */
+		c->conn.zsent++; /* a ring slot pushed from now on goes after a MARK */
 	if (r >= 0 && ret_id)
 		*ret_id = env->request_id;
 	return r == -EHOSTUNREACH ? ZC_ECONNECT : r;
@@ -326,9 +326,9 @@ static void job_failed(zc_client *c, int code, const char *msg)
 		c->hello_result = c->job_error;
 	if (c->plan_result == 0)
 		c->plan_result = c->job_error;
-	if (c->state_pending && c->state_result == 0) {
-		c->state_result = c->job_error;
-		snprintf(c->state_msg, sizeof(c->state_msg), "%s", c->job_msg);
+	if (c->round.pending && c->round.result == 0) {
+		c->round.result = c->job_error;
+		snprintf(c->round.msg, sizeof(c->round.msg), "%s", c->job_msg);
 	}
 }
 
@@ -356,12 +356,12 @@ static void handle_error(zc_client *c, const Zerod__V1__Envelope *env)
 				break;
 			}
 	}
-	if (!matched && c->state_pending && c->state_result == 0 &&
-	    (!env->has_request_id || env->request_id == c->state_request)) {
+	if (!matched && c->round.pending && c->round.result == 0 &&
+	    (!env->has_request_id || env->request_id == c->round.request)) {
 		/* the answer to GetState or SetState: about this rank's request,
 		 * or another rank's that spoilt the round */
-		c->state_result = code;
-		snprintf(c->state_msg, sizeof(c->state_msg), "%s", e->message);
+		c->round.result = code;
+		snprintf(c->round.msg, sizeof(c->round.msg), "%s", e->message);
 		return;
 	}
 	if (!matched && c->plan_result == 0 && c->registered) {
@@ -388,7 +388,7 @@ static void bucket_done(zc_client *c, uint64_t iteration, uint32_t bucket)
 /* The StepDone info of iteration it, if kept. */
 void step_info_of(zc_client *c, uint64_t it, struct zc_future *f)
 {
-	const struct step_rec *r = &c->step_recs[it % STEP_RECS];
+	const struct step_rec *r = &c->it.step_recs[it % STEP_RECS];
 
 	f->found_inf = r->iteration == it && r->found_inf;
 	f->grad_norm = r->iteration == it ? r->grad_norm : NAN;
@@ -398,12 +398,12 @@ void step_info_of(zc_client *c, uint64_t it, struct zc_future *f)
  * daemon sends a StepDone that has some over ZeroMQ). */
 static void step_done(zc_client *c, uint64_t iteration, bool found_inf, double grad_norm)
 {
-	c->step_recs[iteration % STEP_RECS] = (struct step_rec){
+	c->it.step_recs[iteration % STEP_RECS] = (struct step_rec){
 		.iteration = iteration, .found_inf = found_inf, .grad_norm = grad_norm};
-	if (iteration + 1 > c->steps_done)
-		c->steps_done = iteration + 1;
+	if (iteration + 1 > c->it.steps_done)
+		c->it.steps_done = iteration + 1;
 	for (struct zc_future *f = c->futures; f; f = f->next)
-		if (f->kind == FUTURE_STEP && f->iteration < c->steps_done && f->state == 0) {
+		if (f->kind == FUTURE_STEP && f->iteration < c->it.steps_done && f->state == 0) {
 			step_info_of(c, f->iteration, f);
 			future_settle(f, 1, NULL);
 		}
@@ -415,9 +415,9 @@ static void hello_ok(zc_client *c, const Zerod__V1__HelloOk *ok)
 		c->hello_result = 1;
 	c->stall_ms = ok->has_stall_timeout_ms ? (int)MIN(ok->stall_timeout_ms, INT32_MAX / 4) : 0;
 	if (ok->fastpath_socket && ok->has_fastpath_token &&
-	    strlen(ok->fastpath_socket) < sizeof(c->fp_path)) {
-		snprintf(c->fp_path, sizeof(c->fp_path), "%s", ok->fastpath_socket);
-		c->fp_token = ok->fastpath_token;
+	    strlen(ok->fastpath_socket) < sizeof(c->conn.fp_path)) {
+		snprintf(c->conn.fp_path, sizeof(c->conn.fp_path), "%s", ok->fastpath_socket);
+		c->conn.fp_token = ok->fastpath_token;
 	}
 }
 
@@ -442,29 +442,29 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 		handle_error(c, env);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_STATE_OK:
-		if (c->state_pending && c->state_result == 0) {
+		if (c->round.pending && c->round.result == 0) {
 			const Zerod__V1__StateOk *ok = env->state_ok;
-			free(c->ckpt_ranges);
-			c->ckpt_ranges = NULL;
-			c->nckpt_ranges = 0;
-			c->ckpt_nnodes = 0; /* none told */
+			free(c->ckpt.ranges);
+			c->ckpt.ranges = NULL;
+			c->ckpt.nranges = 0;
+			c->ckpt.nnodes = 0; /* none told */
 			if (ok->has_nnodes && !(ok->n_ranges & 1) &&
-			    (c->ckpt_ranges = malloc((ok->n_ranges + 1) * sizeof(uint64_t)))) {
+			    (c->ckpt.ranges = malloc((ok->n_ranges + 1) * sizeof(uint64_t)))) {
 				if (ok->n_ranges)
-					memcpy(c->ckpt_ranges, ok->ranges,
+					memcpy(c->ckpt.ranges, ok->ranges,
 					       ok->n_ranges * sizeof(uint64_t));
-				c->nckpt_ranges = ok->n_ranges / 2;
-				c->ckpt_node = ok->node;
-				c->ckpt_nnodes = ok->nnodes;
-				c->ckpt_run = ok->has_run ? ok->run : 0;
+				c->ckpt.nranges = ok->n_ranges / 2;
+				c->ckpt.node = ok->node;
+				c->ckpt.nnodes = ok->nnodes;
+				c->ckpt.run = ok->has_run ? ok->run : 0;
 			}
-			c->state_result = 1;
+			c->round.result = 1;
 		}
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_DUE:
-		free(c->ckpt_due_dir);
-		c->ckpt_due_dir = strdup(env->checkpoint_due->dir);
-		c->ckpt_due_iter = env->checkpoint_due->iteration;
+		free(c->ckpt.due_dir);
+		c->ckpt.due_dir = strdup(env->checkpoint_due->dir);
+		c->ckpt.due_iter = env->checkpoint_due->iteration;
 		break;
 	default:
 		c->async_error = ZC_EPROTO;
@@ -493,7 +493,7 @@ static bool drain_monitor(zc_client *c)
 		uint16_t event = 0;
 
 		zmq_msg_init(&ev);
-		if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
+		if (zmq_msg_recv(&ev, c->conn.mon, ZMQ_DONTWAIT) < 0) {
 			zmq_msg_close(&ev);
 			return lost;
 		}
@@ -501,7 +501,7 @@ static bool drain_monitor(zc_client *c)
 			memcpy(&event, zmq_msg_data(&ev), sizeof(event));
 		zmq_msg_init(&addr);
 		if (zmq_msg_more(&ev))
-			zmq_msg_recv(&addr, c->mon, ZMQ_DONTWAIT);
+			zmq_msg_recv(&addr, c->conn.mon, ZMQ_DONTWAIT);
 		zmq_msg_close(&addr);
 		zmq_msg_close(&ev);
 		if (event == ZMQ_EVENT_DISCONNECTED)
@@ -518,11 +518,11 @@ int take_ring(zc_client *c, uint64_t zrecv)
 	char err[160];
 	int n = 0, r;
 
-	while (c->fp && (r = fpc_next(c->fp, zrecv, &ev, err, sizeof(err))) != 0) {
+	while (c->conn.fp && (r = fpc_next(c->conn.fp, zrecv, &ev, err, sizeof(err))) != 0) {
 		if (r < 0) {
-			epoll_ctl(c->efd, EPOLL_CTL_DEL, fpc_fd(c->fp), NULL);
-			fpc_free(c->fp);
-			c->fp = NULL;
+			epoll_ctl(c->conn.efd, EPOLL_CTL_DEL, fpc_fd(c->conn.fp), NULL);
+			fpc_free(c->conn.fp);
+			c->conn.fp = NULL;
 			job_failed(c, r, err);
 			break;
 		}
@@ -535,15 +535,15 @@ int take_ring(zc_client *c, uint64_t zrecv)
 	return n;
 }
 
-/* What epoll said was ready: the doorbell sets c->bell, a ZeroMQ fd (its
- * socket or monitor) c->zmq_look. */
+/* What epoll said was ready: the doorbell sets c->conn.bell, a ZeroMQ fd (its
+ * socket or monitor) c->conn.zmq_look. */
 static void note_ready(zc_client *c, const struct epoll_event *ev, int n)
 {
 	for (int i = 0; i < n; i++) {
-		if (c->fp && ev[i].data.fd == fpc_fd(c->fp))
-			c->bell = true;
+		if (c->conn.fp && ev[i].data.fd == fpc_fd(c->conn.fp))
+			c->conn.bell = true;
 		else
-			c->zmq_look = true;
+			c->conn.zmq_look = true;
 	}
 }
 
@@ -557,37 +557,37 @@ static void note_ready(zc_client *c, const struct epoll_event *ev, int n)
  * ready: once a read ended in EAGAIN, the next message makes them readable,
  * and they stay so until the next read. A send may eat that signal, so a
  * send sets zmq_look too. The doorbell is read only when epoll saw it
- * ringing (c->bell); one left unread makes the next epoll_wait return at
+ * ringing (c->conn.bell); one left unread makes the next epoll_wait return at
  * once, and then it is read. */
 int dispatch_locked(zc_client *c, enum look look)
 {
-	bool zmq = !c->fp || look == LOOK_ALL || c->zmq_look;
-	bool lost = zmq && c->mon && drain_monitor(c);
+	bool zmq = !c->conn.fp || look == LOOK_ALL || c->conn.zmq_look;
+	bool lost = zmq && c->conn.mon && drain_monitor(c);
 	int n = 0, e = EAGAIN;
 
-	if (c->fp && !fpc_begin(c->fp, c->bell) && !c->fp_closed) {
-		/* zerod closed the channel: its end of file would keep c->efd
+	if (c->conn.fp && !fpc_begin(c->conn.fp, c->conn.bell) && !c->conn.fp_closed) {
+		/* zerod closed the channel: its end of file would keep c->conn.efd
 		 * readable; what comes now comes by ZeroMQ */
-		epoll_ctl(c->efd, EPOLL_CTL_DEL, fpc_fd(c->fp), NULL);
-		c->fp_closed = true;
+		epoll_ctl(c->conn.efd, EPOLL_CTL_DEL, fpc_fd(c->conn.fp), NULL);
+		c->conn.fp_closed = true;
 	}
-	c->bell = false;
+	c->conn.bell = false;
 	for (;;) {
 		Zerod__V1__Envelope *env;
 		zmq_msg_t msg;
 
-		n += take_ring(c, c->zrecv);
+		n += take_ring(c, c->conn.zrecv);
 		if (!zmq)
 			break;
 		zmq_msg_init(&msg);
-		if (zmq_msg_recv(&msg, c->sock, ZMQ_DONTWAIT) < 0) {
+		if (zmq_msg_recv(&msg, c->conn.sock, ZMQ_DONTWAIT) < 0) {
 			e = zmq_errno();
 			zmq_msg_close(&msg);
-			c->zmq_look = e != EAGAIN;
+			c->conn.zmq_look = e != EAGAIN;
 			break;
 		}
 		/* what the daemon put in the ring before it sent this, first */
-		n += take_ring(c, c->zrecv++);
+		n += take_ring(c, c->conn.zrecv++);
 		if (wire_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &env) == 0) {
 			handle(c, env);
 			wire_free(env);
@@ -600,8 +600,8 @@ int dispatch_locked(zc_client *c, enum look look)
 		zmq_msg_close(&msg);
 		n++;
 	}
-	while (c->fp && fpc_sleep(c->fp, c->zrecv))
-		n += take_ring(c, c->zrecv);
+	while (c->conn.fp && fpc_sleep(c->conn.fp, c->conn.zrecv))
+		n += take_ring(c, c->conn.zrecv);
 	if (lost)
 		connection_lost(c);
 	return e == EAGAIN ? n : -e;
@@ -615,10 +615,10 @@ int zc_dispatch(zc_client *c)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	pthread_mutex_lock(&c->mu);
-	/* the caller woke on c->efd: from what? (one system call, where
+	/* the caller woke on c->conn.efd: from what? (one system call, where
 	 * reading ZeroMQ and the doorbell for nothing costs five) */
-	if (c->fp)
-		note_ready(c, ev, epoll_wait(c->efd, ev, ARRAY_SIZE(ev), 0));
+	if (c->conn.fp)
+		note_ready(c, ev, epoll_wait(c->conn.efd, ev, ARRAY_SIZE(ev), 0));
 	r = dispatch_locked(c, LOOK_SLEEP);
 	client_unlock(c);
 	return r < 0 ? err_set(r, "zc_dispatch: receiving from zerod: %s", zc_strerror(r)) : r;
@@ -628,7 +628,7 @@ int zc_fd(zc_client *c)
 {
 	int r = client_check(c, __func__);
 
-	return r < 0 ? r : c->efd;
+	return r < 0 ? r : c->conn.efd;
 }
 
 /* Wait until *flag (read under the lock) is non-zero or the deadline passes.
@@ -649,7 +649,7 @@ int wait_for(zc_client *c, const int *flag, const char *msg, int64_t deadline_ms
 		note_ready(c, ev, n);
 		/* the ring first: when it settles the flag, ZeroMQ can wait for
 		 * the next look */
-		take_ring(c, c->zrecv);
+		take_ring(c, c->conn.zrecv);
 		if (*flag == 0)
 			dispatch_locked(c, LOOK_SLEEP);
 		v = *flag;
@@ -664,6 +664,6 @@ int wait_for(zc_client *c, const int *flag, const char *msg, int64_t deadline_ms
 				return 0;
 			slice = (int)MIN((int64_t)slice, deadline_ms - now);
 		}
-		n = epoll_wait(c->efd, ev, ARRAY_SIZE(ev), slice);
+		n = epoll_wait(c->conn.efd, ev, ARRAY_SIZE(ev), slice);
 	}
 }

@@ -55,25 +55,30 @@ struct host_buf {
 	size_t bytes;
 };
 
+/* One allocation; its parts by concern, each named for the file that
+ * mostly runs it. */
 struct zc_client {
 	pthread_mutex_t mu;
 	unsigned forks; /* the process's fork count at zc_connect() */
 	pid_t pid;
-	void *zctx, *sock;
-	void *mon; /* PAIR receiving sock's monitor events */
-	int efd;   /* epoll over the ZMQ_FDs of sock and mon: what zc_fd() returns */
 	char job_id[ZEROD_JOB_ID_MAX + 1];
 	struct zc_config cfg;
 
-	/* the fast path: offered in HelloOk, attached by zc_register_plan() */
-	char fp_mine[108]; /* <the socket we reached>.fd */
-	char fp_path[108]; /* where zerod says it is */
-	uint64_t fp_token;
-	struct fpc *fp;
-	bool fp_closed;        /* zerod closed its channel: send by ZeroMQ */
-	uint64_t zsent, zrecv; /* ZeroMQ messages sent / received (Hello, HelloOk: 1) */
-	bool zmq_look;         /* ZeroMQ may hold messages its fds do not signal */
-	bool bell;             /* epoll saw the doorbell readable: read it before sleeping */
+	/* the connection to zerod (conn.c, client.c's dispatching) */
+	struct client_conn {
+		void *zctx, *sock;
+		void *mon; /* PAIR receiving sock's monitor events */
+		int efd;   /* epoll over the ZMQ_FDs of sock and mon: what zc_fd() returns */
+		/* the fast path: offered in HelloOk, attached by zc_register_plan() */
+		char fp_mine[108]; /* <the socket we reached>.fd */
+		char fp_path[108]; /* where zerod says it is */
+		uint64_t fp_token;
+		struct fpc *fp;
+		bool fp_closed;        /* zerod closed its channel: send by ZeroMQ */
+		uint64_t zsent, zrecv; /* ZeroMQ messages sent / received (Hello, HelloOk: 1) */
+		bool zmq_look;         /* ZeroMQ may hold messages its fds do not signal */
+		bool bell;             /* epoll saw the doorbell ringing: read it before sleeping */
+	} conn;
 
 	struct plan *plan;
 	struct host_buf grad, param;
@@ -89,15 +94,18 @@ struct zc_client {
 	int stall_ms;         /* HelloOk's stall_timeout_ms (0: an older zerod's) */
 	char answer_msg[256]; /* the reason of a failed Hello or RegisterPlan */
 
-	uint64_t iter;
-	uint32_t sent_in_iter; /* buckets of `iter` handed over so far */
-	uint64_t steps_done;   /* iterations whose StepDone arrived */
-	/* what the latest StepDones said (zc_step_info), by iteration % 16 */
-	struct step_rec {
-		uint64_t iteration; /* UINT64_MAX: none */
-		bool found_inf;
-		double grad_norm;
-	} step_recs[STEP_RECS];
+	/* the iteration (iter.c) */
+	struct client_iter {
+		uint64_t iter;
+		uint32_t sent_in_iter; /* buckets of `iter` handed over so far */
+		uint64_t steps_done;   /* iterations whose StepDone arrived */
+		/* what the latest StepDones said (zc_step_info), by iteration % 16 */
+		struct step_rec {
+			uint64_t iteration; /* UINT64_MAX: none */
+			bool found_inf;
+			double grad_norm;
+		} step_recs[STEP_RECS];
+	} it;
 	int job_error; /* fatal error: every later future fails with it */
 	char job_msg[256];
 	int async_error; /* the latest error no future or call carried: zc_last_error() */
@@ -106,37 +114,45 @@ struct zc_client {
 	struct zc_future *futures;
 	struct zc_future *cbq_head, *cbq_tail; /* settled futures whose callbacks are due */
 
-	/* zc_get_state / zc_set_state: one at a time (state.c's section below) */
-	bool state_pending;
-	uint64_t state_request;
-	int state_result; /* 0 waiting, 1 ok, < 0 error */
-	char state_msg[256];
+	/* zc_get_state / zc_set_state: one round at a time (state.c) */
+	struct client_round {
+		bool pending;
+		uint64_t request;
+		int result; /* 0 waiting, 1 ok, < 0 error */
+		char msg[256];
+	} round;
 
-	/* zeroctl checkpoint: the operator's request (zc_checkpoint_due) */
-	char *ckpt_due_dir; /* NULL: none */
-	struct ckpt_writer *ckpt_writer; /* zc_checkpoint's write in flight (ckpt.c) */
-	/* a checkpoint's export over several nodes: StateOk's ranges (pairs),
-	 * this node's index and the count */
-	uint64_t *ckpt_ranges;
-	size_t nckpt_ranges;
-	uint32_t ckpt_node, ckpt_nnodes;
-	uint64_t ckpt_run;
-	/* the last such export's ranges, for the plan of hash ckpt_prev_hash:
-	 * the next one copies only their parameters */
-	uint64_t *ckpt_prev;
-	size_t nckpt_prev;
-	uint64_t ckpt_prev_hash;
-	uint64_t ckpt_due_iter;
-	/* re-planning: the registered plan and its buffers, until the new
-	 * plan is registered */
-	struct plan *old_plan;
-	struct host_buf old_grad, old_param;
-	/* a CUDA re-plan: the registered buffers, c->dev the new plan's */
-	struct devbufs *old_dev;
-	uint32_t *replan_map; /* each new segment's index in the old plan's order */
-	int replan_fd;        /* the new buffers' memfd (grad at 0, param at replan_poff) */
-	uint64_t replan_poff;
-	int replan_pfd; /* a shared re-plan: the parameters' memfd (at 0); -1: in replan_fd */
+	/* checkpoints (ckview.c, ckpt.c) */
+	struct client_ckpt {
+		/* zeroctl checkpoint: the operator's request (zc_checkpoint_due) */
+		char *due_dir; /* NULL: none */
+		uint64_t due_iter;
+		struct ckpt_writer *writer; /* zc_checkpoint's write in flight (ckpt.c) */
+		/* a checkpoint's export over several nodes: StateOk's ranges
+		 * (pairs), this node's index and the count */
+		uint64_t *ranges;
+		size_t nranges;
+		uint32_t node, nnodes;
+		uint64_t run;
+		/* the last such export's ranges, for the plan of hash
+		 * prev_hash: the next one copies only their parameters */
+		uint64_t *prev;
+		size_t nprev;
+		uint64_t prev_hash;
+	} ckpt;
+
+	/* re-planning (replan.c): the registered plan and its buffers, until
+	 * the new plan is registered */
+	struct client_replan {
+		struct plan *old_plan;
+		struct host_buf old_grad, old_param;
+		/* a CUDA re-plan: the registered buffers, c->dev the new plan's */
+		struct devbufs *old_dev;
+		uint32_t *map; /* each new segment's index in the old plan's order */
+		int fd;        /* the new buffers' memfd (grad at 0, param at poff) */
+		uint64_t poff;
+		int pfd; /* a shared re-plan: the parameters' memfd (at 0); -1: in fd */
+	} replan;
 };
 
 /* A re-plan's parameters in the job's shared memfd param_fd (at 0), which
@@ -150,8 +166,8 @@ struct replan_share {
 enum look {
 	/* everything: the caller wants errors too */
 	LOOK_ALL,
-	/* the caller sleeps on c->efd next, and has asked epoll what is
-	 * ready: with a ring, read ZeroMQ only where c->zmq_look says it may
+	/* the caller sleeps on c->conn.efd next, and has asked epoll what is
+	 * ready: with a ring, read ZeroMQ only where c->conn.zmq_look says it may
 	 * hold something */
 	LOOK_SLEEP,
 };

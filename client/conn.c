@@ -248,16 +248,16 @@ static int monitor_open(zc_client *c)
 {
 	char ep[64];
 
-	c->efd = epoll_create1(EPOLL_CLOEXEC);
-	if (c->efd < 0)
+	c->conn.efd = epoll_create1(EPOLL_CLOEXEC);
+	if (c->conn.efd < 0)
 		return -errno;
 	snprintf(ep, sizeof(ep), "inproc://zeroclient-monitor-%p", (void *)c);
-	if (zmq_socket_monitor(c->sock, ep, ZMQ_EVENT_DISCONNECTED) < 0)
+	if (zmq_socket_monitor(c->conn.sock, ep, ZMQ_EVENT_DISCONNECTED) < 0)
 		return -zmq_errno();
-	c->mon = zmq_socket(c->zctx, ZMQ_PAIR);
-	if (!c->mon || zmq_connect(c->mon, ep) < 0)
+	c->conn.mon = zmq_socket(c->conn.zctx, ZMQ_PAIR);
+	if (!c->conn.mon || zmq_connect(c->conn.mon, ep) < 0)
 		return -zmq_errno();
-	return epoll_add_zsock(c->efd, c->mon);
+	return epoll_add_zsock(c->conn.efd, c->conn.mon);
 }
 
 /* ZeroMQ's errors, converted once: -errno, and the option in the reason. */
@@ -314,12 +314,12 @@ static zc_client *client_new(const struct zc_config *cfg)
 	pthread_mutex_init(&c->mu, NULL);
 	c->forks = fork_count();
 	c->pid = getpid();
-	c->efd = -1;
-	c->replan_fd = -1;
-	c->replan_pfd = -1;
+	c->conn.efd = -1;
+	c->replan.fd = -1;
+	c->replan.pfd = -1;
 	c->share_fd = -1;
 	for (unsigned i = 0; i < STEP_RECS; i++)
-		c->step_recs[i].iteration = UINT64_MAX;
+		c->it.step_recs[i].iteration = UINT64_MAX;
 	c->cfg = *cfg;
 	snprintf(c->job_id, sizeof(c->job_id), "%s", cfg->job_id);
 	c->cfg.job_id = c->job_id;
@@ -330,7 +330,7 @@ static zc_client *client_new(const struct zc_config *cfg)
 }
 
 /* c's DEALER socket connected to zerod's socket at path, with its monitor,
- * both in c->efd: 0, or the error recorded. */
+ * both in c->conn.efd: 0, or the error recorded. */
 static int socket_open(zc_client *c, const char *path)
 {
 	int zero = 0, hwm = ZEROD_QUEUE_MSGS, r, timeout = c->cfg.connect_timeout_ms;
@@ -350,26 +350,28 @@ static int socket_open(zc_client *c, const char *path)
 	r = probe_socket(path, timeout);
 	if (r < 0)
 		return r;
-	if ((size_t)snprintf(c->fp_mine, sizeof(c->fp_mine), "%s.fd", path) >= sizeof(c->fp_mine))
-		c->fp_mine[0] = 0;
-	c->zctx = zmq_ctx_new();
-	if (!c->zctx)
+	if ((size_t)snprintf(c->conn.fp_mine, sizeof(c->conn.fp_mine), "%s.fd", path) >=
+	    sizeof(c->conn.fp_mine))
+		c->conn.fp_mine[0] = 0;
+	c->conn.zctx = zmq_ctx_new();
+	if (!c->conn.zctx)
 		return err_set(-ENOMEM, "zc_connect: zmq_ctx_new failed");
-	c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
-	if (!c->sock)
+	c->conn.sock = zmq_socket(c->conn.zctx, ZMQ_DEALER);
+	if (!c->conn.sock)
 		return err_set(-zmq_errno(), "zc_connect: zmq_socket: %s",
 			       zmq_strerror(zmq_errno()));
-	if ((r = ZOPT(c->sock, ZMQ_LINGER, zero)) < 0 ||
-	    (r = ZOPT(c->sock, ZMQ_MAXMSGSIZE, maxmsg)) < 0 ||
-	    (r = ZOPT(c->sock, ZMQ_SNDHWM, hwm)) < 0 || (r = ZOPT(c->sock, ZMQ_RCVHWM, hwm)) < 0)
+	if ((r = ZOPT(c->conn.sock, ZMQ_LINGER, zero)) < 0 ||
+	    (r = ZOPT(c->conn.sock, ZMQ_MAXMSGSIZE, maxmsg)) < 0 ||
+	    (r = ZOPT(c->conn.sock, ZMQ_SNDHWM, hwm)) < 0 ||
+	    (r = ZOPT(c->conn.sock, ZMQ_RCVHWM, hwm)) < 0)
 		return r;
 	r = monitor_open(c);
 	if (r < 0)
 		return err_set(r, "zc_connect: the socket's monitor: %s", zc_strerror(r));
-	if (zmq_connect(c->sock, endpoint) < 0)
+	if (zmq_connect(c->conn.sock, endpoint) < 0)
 		return err_set(ZC_ECONNECT, "zc_connect: %.180s: %s", endpoint,
 			       zmq_strerror(zmq_errno()));
-	r = epoll_add_zsock(c->efd, c->sock);
+	r = epoll_add_zsock(c->conn.efd, c->conn.sock);
 	if (r < 0)
 		return err_set(r, "zc_connect: epoll: %s", zc_strerror(r));
 	return 0;
@@ -466,20 +468,20 @@ void zc_close(zc_client *c)
 		return;
 	/* a checkpoint still being written is finished first, and how it
 	 * ended said to zerod */
-	ckpt_writer_drain(c->ckpt_writer);
+	ckpt_writer_drain(c->ckpt.writer);
 	pthread_mutex_lock(&c->mu);
 	client_ckpt_report_locked(c);
 	pthread_mutex_unlock(&c->mu);
-	ckpt_writer_close(&c->ckpt_writer);
-	free(c->ckpt_ranges);
-	c->ckpt_ranges = NULL;
-	free(c->ckpt_prev);
-	c->ckpt_prev = NULL;
+	ckpt_writer_close(&c->ckpt.writer);
+	free(c->ckpt.ranges);
+	c->ckpt.ranges = NULL;
+	free(c->ckpt.prev);
+	c->ckpt.prev = NULL;
 	/* The goodbye needs a linger to leave before the socket goes; without
 	 * one it is not sent, and zerod ends the session when the connection
 	 * closes, as for a trainer that died. */
-	if (c->sock && c->hello_result == 1 &&
-	    zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger)) == 0) {
+	if (c->conn.sock && c->hello_result == 1 &&
+	    zmq_setsockopt(c->conn.sock, ZMQ_LINGER, &linger, sizeof(linger)) == 0) {
 		env.body_case = ZEROD__V1__ENVELOPE__BODY_GOODBYE;
 		env.goodbye = &bye;
 		(void)send_env(c, &env, NULL);
@@ -494,33 +496,33 @@ void zc_close(zc_client *c)
 	pthread_mutex_unlock(&c->mu);
 	/* the callbacks of the futures failed here (and any still due) */
 	run_callbacks(c);
-	if (c->mon) {
-		zmq_socket_monitor(c->sock, NULL, 0);
-		zmq_close(c->mon);
+	if (c->conn.mon) {
+		zmq_socket_monitor(c->conn.sock, NULL, 0);
+		zmq_close(c->conn.mon);
 	}
-	if (c->efd >= 0)
-		close(c->efd);
+	if (c->conn.efd >= 0)
+		close(c->conn.efd);
 	if (c->share_fd >= 0)
 		close(c->share_fd);
-	fpc_free(c->fp);
-	if (c->sock)
-		zmq_close(c->sock);
-	if (c->zctx)
-		zmq_ctx_term(c->zctx);
+	fpc_free(c->conn.fp);
+	if (c->conn.sock)
+		zmq_close(c->conn.sock);
+	if (c->conn.zctx)
+		zmq_ctx_term(c->conn.zctx);
 	buf_release(&c->grad);
 	buf_release(&c->param);
 	devbufs_free(c->dev);
-	devbufs_free(c->old_dev);
-	buf_release(&c->old_grad);
-	buf_release(&c->old_param);
-	plan_free(c->old_plan);
-	free(c->replan_map);
-	if (c->replan_fd >= 0)
-		close(c->replan_fd);
-	if (c->replan_pfd >= 0)
-		close(c->replan_pfd);
+	devbufs_free(c->replan.old_dev);
+	buf_release(&c->replan.old_grad);
+	buf_release(&c->replan.old_param);
+	plan_free(c->replan.old_plan);
+	free(c->replan.map);
+	if (c->replan.fd >= 0)
+		close(c->replan.fd);
+	if (c->replan.pfd >= 0)
+		close(c->replan.pfd);
 	plan_free(c->plan);
-	free(c->ckpt_due_dir);
+	free(c->ckpt.due_dir);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
 }

@@ -65,32 +65,32 @@ static struct zc_future *future_new(zc_client *c, enum future_kind kind, uint64_
  * daemon's. A StepDone in transit is read first. Called with c->mu held. */
 static int bucket_check(zc_client *c, uint32_t bucket)
 {
-	if (c->old_plan)
+	if (c->replan.old_plan)
 		return err_set(ZC_ESTATE, "a new plan is allocated but not registered yet "
 					  "(zc_register_plan)");
 	if (bucket >= c->plan->nbuckets)
 		return err_set(ZC_EBUCKET, "bucket %u does not exist: the plan has %u buckets",
 			       bucket, c->plan->nbuckets);
-	if (bucket < c->sent_in_iter)
+	if (bucket < c->it.sent_in_iter)
 		return err_set(ZC_EDUPBUCKET, "bucket %u twice in iteration %" PRIu64, bucket,
-			       c->iter);
-	if (bucket > c->sent_in_iter)
+			       c->it.iter);
+	if (bucket > c->it.sent_in_iter)
 		return err_set(ZC_EORDER,
 			       "bucket %u handed over, but bucket %u comes first (buckets go 0, "
 			       "1, 2, ... every iteration)",
-			       bucket, c->sent_in_iter);
-	if (bucket == 0 && c->steps_done < c->iter) {
-		take_ring(c, c->zrecv);
-		if (c->steps_done < c->iter)
+			       bucket, c->it.sent_in_iter);
+	if (bucket == 0 && c->it.steps_done < c->it.iter) {
+		take_ring(c, c->conn.zrecv);
+		if (c->it.steps_done < c->it.iter)
 			dispatch_locked(c, LOOK_ALL);
 		if (c->job_error)
 			return err_set(c->job_error, "%s", c->job_msg);
-		if (c->steps_done < c->iter)
+		if (c->it.steps_done < c->it.iter)
 			return err_set(ZC_EEARLY,
 				       "bucket 0 of iteration %" PRIu64 " while iteration %" PRIu64
 				       " is still in flight: wait for its step before the next "
 				       "backward",
-				       c->iter, c->iter - 1);
+				       c->it.iter, c->it.iter - 1);
 	}
 	return 0;
 }
@@ -134,7 +134,7 @@ static int bucket_ready(zc_client *c, uint32_t bucket, const uint64_t *unused, u
 	int r;
 
 	pthread_mutex_lock(&c->mu);
-	if (ckpt_report_ready(c->ckpt_writer))
+	if (ckpt_report_ready(c->ckpt.writer))
 		client_ckpt_report_locked(c); /* a checkpoint's write ended */
 	if (c->job_error) {
 		r = err_set(c->job_error, "%s", c->job_msg);
@@ -152,21 +152,21 @@ static int bucket_ready(zc_client *c, uint32_t bucket, const uint64_t *unused, u
 	for (uint32_t w = 0; w < nwords; w++)
 		masked = masked || unused[w];
 	if (ret_future) {
-		f = future_new(c, FUTURE_BUCKET, c->iter, bucket);
+		f = future_new(c, FUTURE_BUCKET, c->it.iter, bucket);
 		if (!f) {
 			r = err_set(-ENOMEM, NULL);
 			goto out;
 		}
 	}
-	if (c->fp && !c->fp_closed && !masked) {
-		r = fpc_push_ready(c->fp, c->zsent, c->iter, bucket);
+	if (c->conn.fp && !c->conn.fp_closed && !masked) {
+		r = fpc_push_ready(c->conn.fp, c->conn.zsent, c->it.iter, bucket);
 		if (r == -EAGAIN)
 			err_set(r, "the fast-path ring is full: zerod has not taken the buckets "
 				   "handed over");
 		else if (r < 0)
 			err_set(r, "the fast-path ring is corrupt");
 	} else {
-		br.iteration = c->iter;
+		br.iteration = c->it.iter;
 		br.bucket = bucket;
 		if (masked) {
 			br.n_unused = nwords;
@@ -185,10 +185,10 @@ static int bucket_ready(zc_client *c, uint32_t bucket, const uint64_t *unused, u
 		}
 		goto out;
 	}
-	c->sent_in_iter++;
+	c->it.sent_in_iter++;
 	if (bucket == c->plan->nbuckets - 1) {
-		c->iter++;
-		c->sent_in_iter = 0;
+		c->it.iter++;
+		c->it.sent_in_iter = 0;
 	}
 	if (ret_future)
 		*ret_future = f;
@@ -228,7 +228,7 @@ int zc_bucket_ready_cuda(zc_client *c, uint32_t bucket, void *stream, zc_future 
 		client_unlock(c);
 		return r;
 	}
-	t = c->iter;
+	t = c->it.iter;
 	client_unlock(c);
 	/* recorded before the bucket is sent: zerod's wait must find it */
 	r = devbufs_record_ready(c->dev, bucket, t, stream, err, sizeof(err));
@@ -258,11 +258,11 @@ int zc_step_wait_cuda(zc_future *f, void *stream)
 			    f->iteration);
 	else if (!c->dev)
 		r = err_set(ZC_ESTATE, "zc_step_wait_cuda: not CUDA buffers");
-	else if (c->iter >= f->iteration + ZC_CUDA_EVENT_RING)
+	else if (c->it.iter >= f->iteration + ZC_CUDA_EVENT_RING)
 		r = err_set(ZC_ESTATE,
 			    "zc_step_wait_cuda: iteration %" PRIu64 "'s events were reused by "
 			    "iteration %" PRIu64 " (a ring of %d)",
-			    f->iteration, c->iter, ZC_CUDA_EVENT_RING);
+			    f->iteration, c->it.iter, ZC_CUDA_EVENT_RING);
 	if (r >= 0 && (r = devbufs_wait_done(c->dev, f->iteration, stream, err, sizeof(err))) < 0)
 		err_set(r, "zc_step_wait_cuda: %s", err);
 	client_unlock(c);
@@ -319,7 +319,7 @@ int zc_set_grad_scale(zc_client *c, double inv_scale)
 				       "reduced before any step)");
 		goto out;
 	}
-	gs.iteration = c->iter;
+	gs.iteration = c->it.iter;
 	gs.inv_scale = inv_scale;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_GRAD_SCALE;
 	env.set_grad_scale = &gs;
@@ -377,23 +377,23 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 	if (!ret_future)
 		return err_set(-EINVAL, "zc_step_future: ret_future is NULL");
 	pthread_mutex_lock(&c->mu);
-	if (iteration > c->iter) {
+	if (iteration > c->it.iter) {
 		/* it could only wait for buckets nobody has handed over yet */
 		r = err_set(ZC_ESTATE,
 			    "iteration %" PRIu64 " has not begun: this rank's next bucket belongs "
 			    "to iteration %" PRIu64,
-			    iteration, c->iter);
+			    iteration, c->it.iter);
 		client_unlock(c);
 		return r;
 	}
 	/* a StepDone that came is read: with a ring, it came there (ZeroMQ is
 	 * read by the poll or the wait, where its system calls are due) */
-	if (c->fp)
-		take_ring(c, c->zrecv);
+	if (c->conn.fp)
+		take_ring(c, c->conn.zrecv);
 	else
 		dispatch_locked(c, LOOK_ALL);
 	f = future_new(c, FUTURE_STEP, iteration, 0);
-	if (f && iteration < c->steps_done) {
+	if (f && iteration < c->it.steps_done) {
 		/* a step that landed is done, though the job ended after it (the
 		 * daemon tells the others at once when a rank leaves) */
 		f->state = 1;
@@ -414,7 +414,7 @@ uint64_t zc_iteration(zc_client *c)
 	if (client_check(c, __func__) < 0)
 		return ZC_NO_ITERATION;
 	pthread_mutex_lock(&c->mu);
-	it = c->iter;
+	it = c->it.iter;
 	client_unlock(c);
 	return it;
 }
@@ -461,7 +461,7 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 	}
 	plan_group_to_pb(&g, &pg);
 	/* the next iteration this rank has not started */
-	sh.iteration = c->sent_in_iter ? c->iter + 1 : c->iter;
+	sh.iteration = c->it.sent_in_iter ? c->it.iter + 1 : c->it.iter;
 	sh.group = group;
 	sh.values = &pg;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_HYPER;
@@ -487,30 +487,30 @@ int zc_params_changed(zc_client *c)
 		r = err_set(ZC_ESTATE, "zc_params_changed: the plan is not registered");
 		goto out;
 	}
-	if (c->sent_in_iter) {
+	if (c->it.sent_in_iter) {
 		r = err_set(ZC_ESTATE,
 			    "zc_params_changed: iteration %" PRIu64 " is under way (%u buckets "
 			    "handed over): call it between iterations",
-			    c->iter, c->sent_in_iter);
+			    c->it.iter, c->it.sent_in_iter);
 		goto out;
 	}
-	if (c->steps_done < c->iter) {
-		take_ring(c, c->zrecv);
-		if (c->steps_done < c->iter)
+	if (c->it.steps_done < c->it.iter) {
+		take_ring(c, c->conn.zrecv);
+		if (c->it.steps_done < c->it.iter)
 			dispatch_locked(c, LOOK_ALL);
 		if (c->job_error) {
 			r = err_set(c->job_error, "%s", c->job_msg);
 			goto out;
 		}
-		if (c->steps_done < c->iter) {
+		if (c->it.steps_done < c->it.iter) {
 			r = err_set(ZC_ESTATE,
 				    "zc_params_changed: the step of iteration %" PRIu64
 				    " has not completed: wait for it first",
-				    c->iter - 1);
+				    c->it.iter - 1);
 			goto out;
 		}
 	}
-	pc.iteration = c->iter;
+	pc.iteration = c->it.iter;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_PARAMS_CHANGED;
 	env.params_changed = &pc;
 	r = send_env(c, &env, NULL);
@@ -557,7 +557,7 @@ int zc_future_poll(zc_future *f)
 	if (!c)
 		return future_result(f, f->state);
 	pthread_mutex_lock(&c->mu);
-	take_ring(c, c->zrecv);
+	take_ring(c, c->conn.zrecv);
 	if (f->state == 0)
 		dispatch_locked(c, LOOK_ALL);
 	/* the reason now: f's callback, run by the unlock, may free f */

@@ -90,7 +90,7 @@ int replan_alloc(zc_client *c, const struct zc_plan *zp, const struct replan_sha
 	if (r < 0)
 		return err_set(r, "%s: %s", fn, err);
 	pthread_mutex_lock(&c->mu);
-	if (c->old_plan) {
+	if (c->replan.old_plan) {
 		r = err_set(ZC_ESTATE, "%s: a new plan is allocated already: register it first",
 			    fn);
 		goto out;
@@ -131,16 +131,16 @@ int replan_alloc(zc_client *c, const struct zc_plan *zp, const struct replan_sha
 		memcpy((char *)param.base + (nbk->base + n->offset) * es,
 		       (const char *)c->param.base + (obk->base + o->offset) * es, n->numel * es);
 	}
-	c->old_plan = c->plan;
-	c->old_grad = c->grad;
-	c->old_param = c->param;
+	c->replan.old_plan = c->plan;
+	c->replan.old_grad = c->grad;
+	c->replan.old_param = c->param;
 	c->plan = p;
 	c->grad = grad;
 	c->param = param;
-	c->replan_map = map;
-	c->replan_fd = fd; /* passed to zerod by zc_register_plan() */
-	c->replan_poff = poff;
-	c->replan_pfd = pfd;
+	c->replan.map = map;
+	c->replan.fd = fd; /* passed to zerod by zc_register_plan() */
+	c->replan.poff = poff;
+	c->replan.pfd = pfd;
 	fd = pfd = -1;
 	p = NULL;
 	map = NULL;
@@ -182,7 +182,7 @@ int replan_cuda(zc_client *c, const struct zc_plan *zp, const struct zc_buffers 
 	if (r < 0)
 		return err_set(r, "%s: %s", fn, err);
 	pthread_mutex_lock(&c->mu);
-	if (c->old_plan || c->bufs_busy) {
+	if (c->replan.old_plan || c->bufs_busy) {
 		r = err_set(ZC_ESTATE, "%s: a new plan is allocated already: register it first",
 			    fn);
 		goto out;
@@ -201,11 +201,11 @@ int replan_cuda(zc_client *c, const struct zc_plan *zp, const struct zc_buffers 
 	r = cuda_bufs_open(c, p, b, &dev, fn);
 	if (r < 0)
 		goto out;
-	c->old_plan = c->plan;
-	c->old_dev = c->dev;
+	c->replan.old_plan = c->plan;
+	c->replan.old_dev = c->dev;
 	c->plan = p;
 	c->dev = dev;
-	c->replan_map = map;
+	c->replan.map = map;
 	p = NULL;
 	map = NULL;
 out:
@@ -222,25 +222,25 @@ static void replan_undo(zc_client *c)
 	buf_release(&c->grad);
 	buf_release(&c->param);
 	plan_free(c->plan);
-	c->plan = c->old_plan;
-	c->grad = c->old_grad;
-	c->param = c->old_param;
-	c->old_plan = NULL;
-	if (c->old_dev) {
+	c->plan = c->replan.old_plan;
+	c->grad = c->replan.old_grad;
+	c->param = c->replan.old_param;
+	c->replan.old_plan = NULL;
+	if (c->replan.old_dev) {
 		devbufs_free(c->dev);
-		c->dev = c->old_dev;
-		c->old_dev = NULL;
+		c->dev = c->replan.old_dev;
+		c->replan.old_dev = NULL;
 	}
-	memset(&c->old_grad, 0, sizeof(c->old_grad));
-	memset(&c->old_param, 0, sizeof(c->old_param));
-	free(c->replan_map);
-	c->replan_map = NULL;
-	if (c->replan_fd >= 0)
-		close(c->replan_fd);
-	c->replan_fd = -1;
-	if (c->replan_pfd >= 0)
-		close(c->replan_pfd);
-	c->replan_pfd = -1;
+	memset(&c->replan.old_grad, 0, sizeof(c->replan.old_grad));
+	memset(&c->replan.old_param, 0, sizeof(c->replan.old_param));
+	free(c->replan.map);
+	c->replan.map = NULL;
+	if (c->replan.fd >= 0)
+		close(c->replan.fd);
+	c->replan.fd = -1;
+	if (c->replan.pfd >= 0)
+		close(c->replan.pfd);
+	c->replan.pfd = -1;
 	c->plan_result = 1;
 }
 
@@ -267,10 +267,10 @@ static void replan_copy_free(struct replan_copy *cp)
 }
 
 /* replan_register()'s first step: the state under the registered plan
- * (c->old_plan) into cp: 0, or the error recorded. */
+ * (c->replan.old_plan) into cp: 0, or the error recorded. */
 static int replan_export(zc_client *c, struct replan_copy *cp, const char *fn)
 {
-	const struct plan *old = c->old_plan, *p = c->plan;
+	const struct plan *old = c->replan.old_plan, *p = c->plan;
 	uint32_t nold = plan_nsegs(old), nnew = plan_nsegs(p);
 
 	cp->nold = nold;
@@ -307,7 +307,7 @@ static int replan_pass(zc_client *c, Zerod__V1__CudaBuffers *cuda, void **cuda_a
 		       uint64_t *serial, bool *ret_undone, const char *fn)
 {
 	const struct plan *p = c->plan;
-	char path[sizeof(c->fp_path)], err[256];
+	char path[sizeof(c->conn.fp_path)], err[256];
 	int r;
 
 	pthread_mutex_lock(&c->mu);
@@ -315,14 +315,14 @@ static int replan_pass(zc_client *c, Zerod__V1__CudaBuffers *cuda, void **cuda_a
 	pthread_mutex_unlock(&c->mu);
 	if (c->dev) /* CUDA buffers: their handles go with the plan */
 		r = devbufs_to_pb(c->dev, cuda, cuda_arrays);
-	else if (path[0] && c->replan_pfd >= 0) /* shared: two memfds */
-		r = bufs_send(path, c->fp_token, (const int[]){c->replan_fd, c->replan_pfd}, 2,
+	else if (path[0] && c->replan.pfd >= 0) /* shared: two memfds */
+		r = bufs_send(path, c->conn.fp_token, (const int[]){c->replan.fd, c->replan.pfd}, 2,
 			      plan_buffer_bytes(p), 0, 0, c->cfg.connect_timeout_ms, serial, err,
 			      sizeof(err));
 	else
-		r = path[0] ? bufs_send(path, c->fp_token, &c->replan_fd, 1, plan_buffer_bytes(p),
-					0, c->replan_poff, c->cfg.connect_timeout_ms, serial, err,
-					sizeof(err))
+		r = path[0] ? bufs_send(path, c->conn.fp_token, &c->replan.fd, 1,
+					plan_buffer_bytes(p), 0, c->replan.poff,
+					c->cfg.connect_timeout_ms, serial, err, sizeof(err))
 			    : ZC_ENOTSUP;
 	if (r >= 0)
 		return 0;
@@ -354,7 +354,7 @@ static int replan_send(zc_client *c, Zerod__V1__CudaBuffers *cuda, uint64_t seri
 	if (r < 0)
 		return err_set(r, NULL);
 	fds.serial = serial;
-	fds.has_shared_params = fds.shared_params = c->replan_pfd >= 0;
+	fds.has_shared_params = fds.shared_params = c->replan.pfd >= 0;
 	rp.plan = &pb;
 	if (c->dev)
 		rp.cuda = cuda;
@@ -394,18 +394,18 @@ static int replan_send(zc_client *c, Zerod__V1__CudaBuffers *cuda, uint64_t seri
 static void replan_commit(zc_client *c)
 {
 	pthread_mutex_lock(&c->mu);
-	buf_release(&c->old_grad);
-	buf_release(&c->old_param);
-	devbufs_free(c->old_dev); /* zerod closed its handles of them */
-	c->old_dev = NULL;
-	c->old_plan = NULL;
-	if (c->replan_fd >= 0)
-		close(c->replan_fd); /* zerod and our mappings keep the memory */
-	c->replan_fd = -1;
-	c->bufs_shared = c->replan_pfd >= 0;
-	if (c->replan_pfd >= 0)
-		close(c->replan_pfd);
-	c->replan_pfd = -1;
+	buf_release(&c->replan.old_grad);
+	buf_release(&c->replan.old_param);
+	devbufs_free(c->replan.old_dev); /* zerod closed its handles of them */
+	c->replan.old_dev = NULL;
+	c->replan.old_plan = NULL;
+	if (c->replan.fd >= 0)
+		close(c->replan.fd); /* zerod and our mappings keep the memory */
+	c->replan.fd = -1;
+	c->bufs_shared = c->replan.pfd >= 0;
+	if (c->replan.pfd >= 0)
+		close(c->replan.pfd);
+	c->replan.pfd = -1;
 	client_unlock(c);
 }
 
@@ -422,7 +422,7 @@ int replan_register(zc_client *c)
 	const char *fn = "zc_register_plan";
 	Zerod__V1__CudaBuffers cuda;
 	void *cuda_arrays = NULL;
-	const struct plan *old = c->old_plan;
+	const struct plan *old = c->replan.old_plan;
 	struct replan_copy cp = {0};
 	uint64_t serial = 0;
 	bool undone = false;
@@ -439,17 +439,17 @@ int replan_register(zc_client *c)
 		goto out;
 	replan_commit(c);
 	for (uint32_t k = 0; k < cp.nnew; k++) {
-		cp.ns[k] = cp.os[c->replan_map[k]];
+		cp.ns[k] = cp.os[c->replan.map[k]];
 		cp.ns[k].bucket = cp.nb[k];
 		cp.ns[k].segment = cp.nsg[k];
 	}
 	r = set_state(c, c->plan, cp.ns, sizeof(*cp.ns), cp.nnew, false, fn);
 	plan_free((struct plan *)old);
 	old = NULL;
-	free(c->replan_map);
-	c->replan_map = NULL;
+	free(c->replan.map);
+	c->replan.map = NULL;
 out:
-	if (old && !c->old_plan)
+	if (old && !c->replan.old_plan)
 		plan_free((struct plan *)old);
 	replan_copy_free(&cp);
 	free(cuda_arrays);

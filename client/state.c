@@ -83,8 +83,8 @@ int state_wait_steps(zc_client *c, const char *fn)
 	int r;
 
 	pthread_mutex_lock(&c->mu);
-	r = !c->registered || c->plan_result != 1 ? -1 : c->sent_in_iter ? -2 : 0;
-	last = c->iter;
+	r = !c->registered || c->plan_result != 1 ? -1 : c->it.sent_in_iter ? -2 : 0;
+	last = c->it.iter;
 	client_unlock(c);
 	if (r == -1)
 		return err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
@@ -119,13 +119,13 @@ static uint64_t state_bytes_of(const struct plan *p)
 static int staging_new(zc_client *c, const struct plan *p, struct host_buf *ret,
 		       uint64_t *ret_serial, const char *fn)
 {
-	char path[sizeof(c->fp_path)], err[256];
+	char path[sizeof(c->conn.fp_path)], err[256];
 	uint64_t bytes = state_bytes_of(p), token;
 	int fd, r, timeout;
 
 	pthread_mutex_lock(&c->mu);
 	fd_socket(c, path, sizeof(path));
-	token = c->fp_token;
+	token = c->conn.fp_token;
 	timeout = c->cfg.connect_timeout_ms;
 	pthread_mutex_unlock(&c->mu);
 	if (!path[0])
@@ -157,7 +157,7 @@ int state_send(zc_client *c, Zerod__V1__Envelope *env, const char *fn)
 	int r;
 
 	pthread_mutex_lock(&c->mu);
-	if (c->state_pending) {
+	if (c->round.pending) {
 		client_unlock(c);
 		return err_set(ZC_ESTATE, "%s: another state call of this client is waiting", fn);
 	}
@@ -169,10 +169,10 @@ int state_send(zc_client *c, Zerod__V1__Envelope *env, const char *fn)
 	}
 	r = send_env(c, env, &id);
 	if (r >= 0) {
-		c->state_pending = true;
-		c->state_request = id;
-		c->state_result = 0;
-		c->state_msg[0] = 0;
+		c->round.pending = true;
+		c->round.request = id;
+		c->round.result = 0;
+		c->round.msg[0] = 0;
 	}
 	client_unlock(c);
 	if (r < 0)
@@ -182,10 +182,10 @@ int state_send(zc_client *c, Zerod__V1__Envelope *env, const char *fn)
 
 int state_wait(zc_client *c, const char *fn)
 {
-	int r = wait_for(c, &c->state_result, c->state_msg, now_ms() + c->cfg.register_timeout_ms);
+	int r = wait_for(c, &c->round.result, c->round.msg, now_ms() + c->cfg.register_timeout_ms);
 
 	pthread_mutex_lock(&c->mu);
-	c->state_pending = false;
+	c->round.pending = false;
 	client_unlock(c);
 	if (r == 0)
 		return err_set(ZC_ETIMEDOUT, "%s: not every rank of this node called within %d ms",
@@ -348,7 +348,7 @@ int zc_get_state(zc_client *c, struct zc_segment_state *segs, uint32_t n)
 		return r;
 	if ((r = state_wait_steps(c, __func__)) < 0)
 		return r;
-	if (c->old_plan)
+	if (c->replan.old_plan)
 		return err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet",
 			       __func__);
 	return get_state(c, c->plan, segs, stride, n, __func__);
@@ -505,7 +505,7 @@ int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n)
 		return r;
 	if ((r = state_wait_steps(c, __func__)) < 0)
 		return r;
-	if (c->old_plan)
+	if (c->replan.old_plan)
 		return err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet",
 			       __func__);
 	return set_state(c, c->plan, segs, stride, n, true, __func__);
