@@ -532,7 +532,7 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 	 * that cannot be mapped, or one shared otherwise than the other local
 	 * ranks' new ones (sharedp.c), ends it. A shared one is mapped once,
 	 * as at the start. CUDA buffers are opened by the next executor, off
-	 * the loop (exec.c, open_buffers), as at the start. */
+	 * the loop (exec/start.c, open_buffers), as at the start. */
 	struct sharedp sp = {0};
 	r = 0;
 	if (cb)
