@@ -33,8 +33,8 @@ static void lane_req_done(struct coll_req *req, int status)
 }
 
 /* Issue one collective and wait for it: this lane's ops run in order. */
-int lane_coll(struct exec *e, struct lane *ln, enum coll_kind kind,
-		     enum zc_shard_mode mode, const struct coll_range *rg, uint32_t n)
+int lane_coll(struct exec *e, struct lane *ln, enum coll_kind kind, enum zc_shard_mode mode,
+	      const struct coll_range *rg, uint32_t n)
 {
 	int r;
 
