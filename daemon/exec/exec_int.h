@@ -119,7 +119,8 @@ int lane_gather(struct exec *e, struct lane *ln, size_t n, double **ret_all);
 int gbuf_reserve(struct exec *e, size_t n);
 /* A lane's thread (exec_new starts one per lane). */
 void *lane_main(void *arg);
-/* Free an op record and what it holds (a program op's record is e->xops'). */
+/* Free an op's completion record, and the op itself with its groups unless
+ * it is a program op (those live in e->xops). */
 void xop_release(struct xop *o);
 
 /* ---- the start op (start.c) ---- */
