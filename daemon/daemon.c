@@ -440,11 +440,103 @@ static void daemon_close(struct daemon *d)
 	lockfile_release(d->cfg.socket_path, d->lockfd); /* a zerod after it takes a new one */
 }
 
+/* daemon_run's setup, in its order: the fds, the log thread, the pool,
+ * the loop, ZeroMQ, the limits, the router, the operator's side, the fast
+ * path, the rendezvous with its CURVE keys, and the loop's sources. why:
+ * what failed, for the caller's log. */
+static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char *why, size_t len)
+{
+	struct rdzv_keys *keys = NULL; /* CURVE, until the rendezvous takes them */
+	int r;
+
+	/* first: signals are blocked in every thread created after it */
+	r = open_fds(d, why, len);
+	if (r < 0)
+		goto out;
+	r = log_start();
+	if (r < 0) {
+		snprintf(why, len, "log thread: %s", strerror(-r));
+		goto out;
+	}
+	if ((r = pool_catch_faults()) < 0 || (r = pool_new(cfg->workers, &d->pool)) < 0 ||
+	    (r = completion_queue_new(&d->cq)) < 0 || (r = loop_new(&d->loop)) < 0 ||
+	    (r = loop_timer_new(d->loop, on_timer, d, &d->timer)) < 0) {
+		snprintf(why, len, "setting up: %s", zc_strerror(r));
+		goto out;
+	}
+	d->zctx = zmq_ctx_new();
+	if (!d->zctx) {
+		r = -zmq_errno();
+		snprintf(why, len, "ZeroMQ context: %s", zmq_strerror(-r));
+		goto out;
+	}
+	/* before the socket exists: a daemon that cannot serve must never be
+	 * seen serving (the router's own few fds are in FD_RESERVE) */
+	r = fd_limits(d, why, len);
+	if (r < 0)
+		goto out;
+	r = rdzv_keys_load(cfg->curve_secret_key, cfg->curve_peers, &keys, why, len);
+	if (r < 0)
+		goto out;
+	r = open_router(d, why, len);
+	if (r < 0)
+		goto out;
+	r = ops_open(d, cfg, why, len);
+	if (r < 0)
+		goto out;
+	r = fastpath_listen(d, why, len);
+	if (r < 0)
+		goto out;
+	r = rdzv_init(d);
+	if (r < 0) {
+		snprintf(why, len, "rendezvous: %s", zc_strerror(r));
+		goto out;
+	}
+	rdzv_curve_use(d, keys);
+	keys = NULL;
+	if (rdzv_curve_public(d))
+		log_notice("rendezvous: CURVE on (the rendezvous, its store and the tensors "
+			   "sealed): this zerod's public key is %s",
+			   rdzv_curve_public(d));
+	if ((r = loop_add_zsock(d->loop, d->router, on_router, d)) < 0 ||
+	    (r = loop_add_fd(d->loop, completion_queue_fd(d->cq), on_completions, d)) < 0 ||
+	    (r = loop_add_fd(d->loop, d->sigfd, on_signal, d)) < 0) {
+		snprintf(why, len, "event loop: %s", zc_strerror(r));
+		goto out;
+	}
+	loop_set_prepare(d->loop, before_sleep, d);
+	r = 0;
+out:
+	rdzv_keys_free(keys);
+	return r;
+}
+
+/* What a serving zerod says once: its limits, its config file, its
+ * socket's origin. */
+static void log_serving(const struct daemon *d, const struct daemon_config *cfg)
+{
+	char size[16];
+
+	log_notice("zerod %s: serving %s (backends: %s; mem %s; %u workers; "
+		   "%s for optimizer state; %u sessions, %u connections, RLIMIT_NOFILE %u)",
+		   ZEROD_VERSION_STRING, cfg->socket_path, d->cuda ? "cuda, host" : "host",
+		   d->mem->name, pool_threads(d->pool), fmt_bytes(size, d->cfg.max_memory),
+		   d->cfg.max_sessions, d->conn_limit, d->nofile);
+	/* a config file put where zerod does not look is never silently ignored */
+	if (cfg->src && config_src_path(cfg->src)[0])
+		log_notice("zerod: config file %s", config_src_path(cfg->src));
+	else if (cfg->src)
+		log_notice("zerod: no config file (%s does not exist): defaults and flags",
+			   config_src_file(cfg->src));
+	if (d->listen_fd >= 0)
+		log_notice("the trainers' socket %s came from systemd (socket activation)",
+			   cfg->socket_path);
+}
+
 int daemon_run(const struct daemon_config *cfg)
 {
 	struct daemon d = {.cfg = *cfg, .sigfd = -1, .lockfd = -1, .listen_fd = -1};
-	char size[16], why[512] = "";
-	struct rdzv_keys *keys = NULL; /* CURVE, until the rendezvous takes them */
+	char why[512] = "";
 	int r;
 
 	if (!d.cfg.max_memory)
@@ -463,77 +555,10 @@ int daemon_run(const struct daemon_config *cfg)
 	log_info("zerod: backends: %s", why);
 	snprintf(d.backend_why, sizeof(d.backend_why), "%s", why);
 
-	/* first: signals are blocked in every thread created after it */
-	r = open_fds(&d, why, sizeof(why));
+	r = daemon_setup(&d, cfg, why, sizeof(why));
 	if (r < 0)
 		goto out;
-	r = log_start();
-	if (r < 0) {
-		snprintf(why, sizeof(why), "log thread: %s", strerror(-r));
-		goto out;
-	}
-	if ((r = pool_catch_faults()) < 0 || (r = pool_new(cfg->workers, &d.pool)) < 0 ||
-	    (r = completion_queue_new(&d.cq)) < 0 || (r = loop_new(&d.loop)) < 0 ||
-	    (r = loop_timer_new(d.loop, on_timer, &d, &d.timer)) < 0) {
-		snprintf(why, sizeof(why), "setting up: %s", zc_strerror(r));
-		goto out;
-	}
-	d.zctx = zmq_ctx_new();
-	if (!d.zctx) {
-		r = -zmq_errno();
-		snprintf(why, sizeof(why), "ZeroMQ context: %s", zmq_strerror(-r));
-		goto out;
-	}
-	/* before the socket exists: a daemon that cannot serve must never be
-	 * seen serving (the router's own few fds are in FD_RESERVE) */
-	r = fd_limits(&d, why, sizeof(why));
-	if (r < 0)
-		goto out;
-	r = rdzv_keys_load(cfg->curve_secret_key, cfg->curve_peers, &keys, why, sizeof(why));
-	if (r < 0)
-		goto out;
-	r = open_router(&d, why, sizeof(why));
-	if (r < 0)
-		goto out;
-	r = ops_open(&d, cfg, why, sizeof(why));
-	if (r < 0)
-		goto out;
-	r = fastpath_listen(&d, why, sizeof(why));
-	if (r < 0)
-		goto out;
-	r = rdzv_init(&d);
-	if (r < 0) {
-		snprintf(why, sizeof(why), "rendezvous: %s", zc_strerror(r));
-		goto out;
-	}
-	rdzv_curve_use(&d, keys);
-	keys = NULL;
-	if (rdzv_curve_public(&d))
-		log_notice("rendezvous: CURVE on (the rendezvous, its store and the tensors "
-			   "sealed): this zerod's public key is %s",
-			   rdzv_curve_public(&d));
-	if ((r = loop_add_zsock(d.loop, d.router, on_router, &d)) < 0 ||
-	    (r = loop_add_fd(d.loop, completion_queue_fd(d.cq), on_completions, &d)) < 0 ||
-	    (r = loop_add_fd(d.loop, d.sigfd, on_signal, &d)) < 0) {
-		snprintf(why, sizeof(why), "event loop: %s", zc_strerror(r));
-		goto out;
-	}
-	loop_set_prepare(d.loop, before_sleep, &d);
-
-	log_notice("zerod %s: serving %s (backends: %s; mem %s; %u workers; "
-		   "%s for optimizer state; %u sessions, %u connections, RLIMIT_NOFILE %u)",
-		   ZEROD_VERSION_STRING, cfg->socket_path, d.cuda ? "cuda, host" : "host", d.mem->name,
-		   pool_threads(d.pool), fmt_bytes(size, d.cfg.max_memory), d.cfg.max_sessions,
-		   d.conn_limit, d.nofile);
-	/* a config file put where zerod does not look is never silently ignored */
-	if (cfg->src && config_src_path(cfg->src)[0])
-		log_notice("zerod: config file %s", config_src_path(cfg->src));
-	else if (cfg->src)
-		log_notice("zerod: no config file (%s does not exist): defaults and flags",
-			   config_src_file(cfg->src));
-	if (d.listen_fd >= 0)
-		log_notice("the trainers' socket %s came from systemd (socket activation)",
-			   cfg->socket_path);
+	log_serving(&d, cfg);
 	ops_ready(&d);
 	r = loop_run(d.loop);
 	if (r < 0)
@@ -546,7 +571,6 @@ int daemon_run(const struct daemon_config *cfg)
 out:
 	if (r < 0)
 		log_err("zerod: %s", why[0] ? why : zc_strerror(r));
-	rdzv_keys_free(keys);
 	daemon_close(&d);
 	log_stop(1000);
 	return r;

@@ -3,7 +3,7 @@
  * node. Collectives are asynchronous: submit() issues a request and its
  * done() callback reports the result, exactly once, from whatever thread the
  * backend completes on (it may be called before submit() returns). The
- * executor (exec.c) issues requests from its lane threads, each lane in
+ * executor (exec/lanes.c) issues requests from its lane threads, each lane in
  * order, the same order on every node of the job (zero.c); a backend keeps
  * lanes apart (separate streams, tags or communicators) so a reduction of a
  * later bucket never waits behind an earlier broadcast.
@@ -137,7 +137,7 @@ struct coll_req {
 	/* nccl, REDUCE: zero these byte ranges of local ranks' gradient
 	 * buffers first (segments those ranks marked unused), on their
 	 * streams after the ready events, so a trainer's late write cannot land
-	 * after the zeros. The host backends get none (exec.c zeroes host
+	 * after the zeros. The host backends get none (exec/step.c zeroes host
 	 * buffers itself). */
 	const struct coll_zero *zero;
 	uint32_t nzero;

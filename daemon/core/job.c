@@ -264,12 +264,12 @@ static bool job_drop_exited(struct job *j)
 	return n > 0;
 }
 
-int job_join(struct daemon *d, struct session *s, const struct join_req *h, char *err,
-	     size_t errlen)
+/* job_join's first step: the request alone, and this zerod's session
+ * limit. *spp: the rendezvous, NULL where the job is on this node only. */
+static int join_check(const struct daemon *d, const struct join_req *h,
+		      const struct rdzv_spec **spp, char *err, size_t errlen)
 {
-	const struct rdzv_spec *sp = h->rdzv;
-	struct job *j;
-	int r;
+	const struct rdzv_spec *sp = *spp;
 
 	if (!job_id_valid(h->job_id)) {
 		snprintf(err, errlen, "job id must be 1..%d characters of [A-Za-z0-9._-]",
@@ -287,7 +287,7 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 		return ZC_ERANK;
 	}
 	if (sp && sp->nnodes == 1 && h->local_size == h->world)
-		sp = NULL; /* a rendezvous of one node: nothing to meet */
+		*spp = sp = NULL; /* a rendezvous of one node: nothing to meet */
 	if (h->local_size != h->world && !sp) {
 		snprintf(err, errlen,
 			 "job %s spans several nodes (%u of %u ranks here) but names no rendezvous "
@@ -318,6 +318,51 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 			 d->nsessions);
 		return ZC_ELIMIT;
 	}
+	return 0;
+}
+
+/* job_join's check of rank h->rank against the job j it names, still
+ * forming. */
+static int join_existing(struct job *j, const struct join_req *h, const struct rdzv_spec *sp,
+			 char *err, size_t errlen)
+{
+	int r;
+
+	if (j->local_size != h->local_size) {
+		snprintf(err, errlen, "job %s has %u ranks on this node, rank %u says %u", j->id,
+			 j->local_size, h->rank, h->local_size);
+		return ZC_EWORLD;
+	}
+	if (j->world != h->world) {
+		snprintf(err, errlen, "job %s has world size %u, rank %u says %u", j->id, j->world,
+			 h->rank, h->world);
+		return ZC_EWORLD;
+	}
+	r = rdzv_check_spec(j, h->rank, sp, err, errlen);
+	if (r < 0)
+		return r;
+	if (j->ranks[h->rank]) {
+		snprintf(err, errlen, "job %s: rank %u is already connected (pid %d)", j->id,
+			 h->rank, (int)j->ranks[h->rank]->pid);
+		return ZC_EDUPRANK;
+	}
+	if (j->state != JOB_FORMING) {
+		snprintf(err, errlen, "job %s is already running", j->id);
+		return ZC_ESTATE;
+	}
+	return 0;
+}
+
+int job_join(struct daemon *d, struct session *s, const struct join_req *h, char *err,
+	     size_t errlen)
+{
+	const struct rdzv_spec *sp = h->rdzv;
+	struct job *j;
+	int r;
+
+	r = join_check(d, h, &sp, err, errlen);
+	if (r < 0)
+		return r;
 	j = job_find(d, h->job_id, s->uid);
 	if (j && job_ended(j) && job_drop_exited(j))
 		j = job_find(d, h->job_id, s->uid); /* it may be gone: a fresh one forms */
@@ -330,27 +375,8 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 				       : "its ranks left, its nodes are still stopping it");
 		return ZC_EJOBFAILED;
 	}
-	if (j && j->local_size != h->local_size) {
-		snprintf(err, errlen, "job %s has %u ranks on this node, rank %u says %u", j->id,
-			 j->local_size, h->rank, h->local_size);
-		return ZC_EWORLD;
-	}
-	if (j && j->world != h->world) {
-		snprintf(err, errlen, "job %s has world size %u, rank %u says %u", j->id, j->world,
-			 h->rank, h->world);
-		return ZC_EWORLD;
-	}
-	if (j && (r = rdzv_check_spec(j, h->rank, sp, err, errlen)) < 0)
+	if (j && (r = join_existing(j, h, sp, err, errlen)) < 0)
 		return r;
-	if (j && j->ranks[h->rank]) {
-		snprintf(err, errlen, "job %s: rank %u is already connected (pid %d)", j->id,
-			 h->rank, (int)j->ranks[h->rank]->pid);
-		return ZC_EDUPRANK;
-	}
-	if (j && j->state != JOB_FORMING) {
-		snprintf(err, errlen, "job %s is already running", j->id);
-		return ZC_ESTATE;
-	}
 	if (!j) {
 		if (d->njobs >= d->cfg.max_jobs) {
 			snprintf(err, errlen, "zerod already serves %u jobs (--max-jobs)",
@@ -415,24 +441,12 @@ static bool refuse_plain_nccl(struct job *j)
 	return true;
 }
 
-/* Every rank registered: pick the backend, lay out the shard and the state,
- * charge the state against --max-memory and start the executor. */
-static void job_start(struct job *j)
+/* job_start's first step: the local ranks' mapped buffers into grads and
+ * params, and the plan every local rank registered. */
+static void start_buffers(struct job *j, float **grads, float **params)
 {
 	struct daemon *d = j->d;
-	float **grads = calloc(j->world, sizeof(*grads));
-	float **params = calloc(j->world, sizeof(*params));
-	struct zero_caps caps;
-	struct state *st = NULL;
-	struct exec_config ec;
-	uint32_t node = 0, nnodes = 1;
-	int r;
 
-	j->node_of = calloc(j->world, sizeof(*j->node_of));
-	if (!grads || !params || !j->node_of) {
-		r = -ENOMEM;
-		goto out;
-	}
 	for (uint32_t k = 0; k < j->world; k++) {
 		if (!j->grad_map[k])
 			continue; /* a rank of another node */
@@ -445,28 +459,48 @@ static void job_start(struct job *j)
 		j->plan = j->plans[k];
 		j->plans[k] = NULL;
 	}
+}
+
+/* job_start's second step: the backend, this node's place among the job's,
+ * the shard, the program and the state's layout (*ret_st). 1: refused (the
+ * job failed), 0 or -errno. */
+static int start_layout(struct job *j, uint32_t *node, uint32_t *nnodes, struct state **ret_st)
+{
+	struct daemon *d = j->d;
+	struct zero_caps caps;
+	int r;
+
 	/* shm buffers: the host backend, with gloo across nodes; CUDA
 	 * buffers: the cuda backend (register_plan checked it is offered) */
 	j->be = j->cuda ? d->cuda : j->rdzv ? &backend_host_multi : &backend_host;
 	if (j->rdzv)
-		rdzv_topology(j, j->node_of, &node, &nnodes);
+		rdzv_topology(j, j->node_of, node, nnodes);
 	if (j->plan->low_precision && !j->be->low_precision) {
-		r = refuse_low_precision(j);
-		goto out;
+		refuse_low_precision(j);
+		return 1;
 	}
 	j->topo = (struct zero_topo){
-		.world = j->world, .nnodes = nnodes, .node = node, .node_of = j->node_of};
+		.world = j->world, .nnodes = *nnodes, .node = *node, .node_of = j->node_of};
 	caps = (struct zero_caps){.local_fuse = j->be->coll->local_fuse};
 	r = shard_assign(j->plan, j->world, &j->shard);
 	if (r < 0)
-		goto out;
+		return r;
 	r = zero_program(j->plan, &j->topo, &caps, &j->prog);
 	if (r < 0)
-		goto out;
+		return r;
 	j->state_arrays = plan_state_arrays(j->plan->optimizer, j->plan->groups, j->plan->ngroups);
-	r = state_layout(j->plan, j->shard, &j->topo, j->state_arrays, &st);
-	if (r < 0)
-		goto out;
+	return state_layout(j->plan, j->shard, &j->topo, j->state_arrays, ret_st);
+}
+
+/* job_start's third step: charge state st against --max-memory and
+ * --max-user-memory, a CUDA job's device memory against its devices, and
+ * refuse plain NCCL between nodes where CURVE is on. 1: refused (the job
+ * failed, nothing charged), 0: charged, or -errno. */
+static int start_admit(struct job *j, const struct state *st)
+{
+	struct daemon *d = j->d;
+	int r;
+
 	j->memory = state_bytes(st);
 	if (j->memory > d->cfg.max_memory - d->memory_used) {
 		char need[16], left[16], max[16];
@@ -478,8 +512,7 @@ static void job_start(struct job *j)
 			 fmt_bytes(left, d->cfg.max_memory - d->memory_used),
 			 fmt_bytes(max, d->cfg.max_memory));
 		j->memory = 0;
-		r = 0;
-		goto out;
+		return 1;
 	}
 	if (d->cfg.max_user_memory) {
 		uint64_t mine = 0;
@@ -496,8 +529,7 @@ static void job_start(struct job *j)
 				 fmt_bytes(need, j->memory), (unsigned)j->uid,
 				 fmt_bytes(held, mine), fmt_bytes(max, d->cfg.max_user_memory));
 			j->memory = 0;
-			r = 0;
-			goto out;
+			return 1;
 		}
 	}
 	free(j->devmem); /* a re-plan's start: charged again */
@@ -508,26 +540,33 @@ static void job_start(struct job *j)
 
 		r = devmem_of(st, j->cuda, &j->devmem, &j->ndevmem);
 		if (r < 0)
-			goto out;
+			return r;
 		if (devmem_check(d, j, why, sizeof(why)) < 0) {
 			job_fail(j, ZC_ELIMIT, true, "%s", why);
 			j->memory = 0;
-			r = 0;
-			goto out;
+			return 1;
 		}
 	}
 	if (j->cuda && refuse_plain_nccl(j)) {
 		j->memory = 0;
-		r = 0;
-		goto out;
+		return 1;
 	}
 	d->memory_used += j->memory;
-	ec = (struct exec_config){
+	return 0;
+}
+
+/* job_start's last step: the executor, given the state *st (NULL after,
+ * even on failure), and the job registering. */
+static int start_exec(struct job *j, float **grads, float **params, struct state **st,
+		      uint32_t node, uint32_t nnodes)
+{
+	struct daemon *d = j->d;
+	struct exec_config ec = {
 		.tag = j,
 		.plan = j->plan,
 		.shard = j->shard,
 		.prog = &j->prog,
-		.state = st,
+		.state = *st,
 		.world = j->world,
 		.grads = grads,
 		.params = params,
@@ -539,10 +578,12 @@ static void job_start(struct job *j)
 		.mem = j->cuda ? j->be->mem : NULL,
 		.bufs = j->cuda,
 	};
-	st = NULL; /* the executor's now */
+	int r;
+
+	*st = NULL; /* the executor's now */
 	r = exec_new(&ec, &j->exec);
 	if (r < 0)
-		goto out;
+		return r;
 	j->exec_running = true;
 	job_set_state(j, JOB_REGISTERING);
 	log_info("job %s: plan %016" PRIx64 ": %s, shard %s (%u units), step %s, %u buckets, "
@@ -556,6 +597,30 @@ static void job_start(struct job *j)
 		 : j->cuda	      ? ", tensors between nodes over NCCL (not encrypted)"
 		 : rdzv_net(j)->keys ? ", tensors between nodes sealed (CURVE)"
 				      : ", tensors between nodes over gloo (not encrypted)");
+	return 0;
+}
+
+/* Every rank registered: pick the backend, lay out the shard and the state,
+ * charge the state against --max-memory and start the executor. */
+static void job_start(struct job *j)
+{
+	float **grads = calloc(j->world, sizeof(*grads));
+	float **params = calloc(j->world, sizeof(*params));
+	struct state *st = NULL;
+	uint32_t node = 0, nnodes = 1;
+	int r;
+
+	j->node_of = calloc(j->world, sizeof(*j->node_of));
+	if (!grads || !params || !j->node_of) {
+		r = -ENOMEM;
+		goto out;
+	}
+	start_buffers(j, grads, params);
+	r = start_layout(j, &node, &nnodes, &st);
+	if (r == 0)
+		r = start_admit(j, st);
+	if (r == 0)
+		r = start_exec(j, grads, params, &st, node, nnodes);
 out:
 	state_free(st);
 	/* the executor copied the arrays */

@@ -6,7 +6,7 @@
  * scale for this iteration and the next (a rank that handed over its last
  * bucket may set the next one's before the others finish this one); the
  * executor takes them with the bucket (exec_bucket_ex) and agrees with the
- * other nodes before the step (exec.c).
+ * other nodes before the step (exec/step.c).
  */
 #include <errno.h>
 #include <inttypes.h>

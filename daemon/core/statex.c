@@ -457,14 +457,15 @@ void statex_replan_free(struct job *j)
 	j->rp = NULL;
 }
 
-void statex_replan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
-		   const struct mem_desc *pd, struct cudabufs *cb)
+/* statex_replan's checks of rank s's new plan p that refuse it to the rank
+ * alone (the job goes on): true when refused, the rank told. */
+static bool replan_refused(struct job *j, struct session *s, const struct plan *p,
+			   const struct cudabufs *cb)
 {
 	struct daemon *d = j->d;
 	uint32_t rank = s->rank;
 	struct replan *rp = j->rp;
-	char err[256], field[192];
-	uint64_t bytes = plan_buffer_bytes(p);
+	char err[256];
 	int r;
 
 	if (j->in_flight || j->sx || (rp && (rp->stopping || rp->plans[rank]))) {
@@ -475,46 +476,66 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 			   j->in_flight ? "an iteration is in flight"
 			   : j->sx      ? "a state export or import is in progress"
 					: "this rank's new plan is registered already");
-		plan_free(p);
-		cudabufs_free(cb);
-		return;
+		return true;
 	}
 	if (!cb != !j->cuda) {
 		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u: a new plan with %s buffers, the job runs on %s "
 			   "buffers: a re-plan keeps their kind",
 			   j->id, rank, cb ? "CUDA" : "host", j->cuda ? "CUDA" : "host");
-		plan_free(p);
-		cudabufs_free(cb);
-		return;
+		return true;
 	}
 	r = plan_replan_match(j->plan, p, NULL, err, sizeof(err));
 	if (r < 0) {
 		sink_error(d->sink, s, r, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u: the new plan %s: %s", j->id, rank,
 			   r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
+		return true;
+	}
+	return false;
+}
+
+/* The job's first new plan: where the ranks' new plans and buffers wait
+ * (j->rp). 0 or -ENOMEM (j->rp may be half built: statex_replan_free takes it). */
+static int replan_new(struct job *j)
+{
+	struct replan *rp = calloc(1, sizeof(*rp));
+
+	if (!rp)
+		return -ENOMEM;
+	j->rp = rp;
+	rp->plans = calloc(j->world, sizeof(*rp->plans));
+	rp->grad_map = calloc(j->world, sizeof(*rp->grad_map));
+	rp->param_map = calloc(j->world, sizeof(*rp->param_map));
+	rp->cuda = calloc(j->world, sizeof(*rp->cuda));
+	rp->sharedp = calloc(j->world, sizeof(*rp->sharedp));
+	if (!rp->plans || !rp->grad_map || !rp->param_map || !rp->cuda || !rp->sharedp)
+		return -ENOMEM;
+	return 0;
+}
+
+void statex_replan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
+		   const struct mem_desc *pd, struct cudabufs *cb)
+{
+	struct daemon *d = j->d;
+	uint32_t rank = s->rank;
+	struct replan *rp = j->rp;
+	char err[256], field[192];
+	uint64_t bytes = plan_buffer_bytes(p);
+	int r;
+
+	if (replan_refused(j, s, p, cb)) {
 		plan_free(p);
 		cudabufs_free(cb);
 		return;
 	}
-	if (!rp) {
-		rp = calloc(1, sizeof(*rp));
-		if (rp) {
-			j->rp = rp;
-			rp->plans = calloc(j->world, sizeof(*rp->plans));
-			rp->grad_map = calloc(j->world, sizeof(*rp->grad_map));
-			rp->param_map = calloc(j->world, sizeof(*rp->param_map));
-			rp->cuda = calloc(j->world, sizeof(*rp->cuda));
-			rp->sharedp = calloc(j->world, sizeof(*rp->sharedp));
-		}
-		if (!rp || !rp->plans || !rp->grad_map || !rp->param_map || !rp->cuda ||
-		    !rp->sharedp) {
-			plan_free(p);
-			cudabufs_free(cb);
-			job_fail(j, ZC_ELIMIT, true, "re-plan: out of memory");
-			return;
-		}
+	if (!rp && replan_new(j) < 0) {
+		plan_free(p);
+		cudabufs_free(cb);
+		job_fail(j, ZC_ELIMIT, true, "re-plan: out of memory");
+		return;
 	}
+	rp = j->rp;
 	for (uint32_t k = 0; k < j->world; k++) {
 		if (!rp->plans[k])
 			continue;
@@ -532,7 +553,7 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 	 * that cannot be mapped, or one shared otherwise than the other local
 	 * ranks' new ones (sharedp.c), ends it. A shared one is mapped once,
 	 * as at the start. CUDA buffers are opened by the next executor, off
-	 * the loop (exec.c, open_buffers), as at the start. */
+	 * the loop (exec/start.c, open_buffers), as at the start. */
 	struct sharedp sp = {0};
 	r = 0;
 	if (cb)

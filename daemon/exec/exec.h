@@ -64,11 +64,6 @@ int exec_hyper(struct exec *e, struct zc_param_group *groups);
  * queued later. Loop thread. */
 int exec_reload(struct exec *e);
 
-/* Bucket b of iteration t is ready on every rank: queue its ops. Buckets of
- * one iteration come in order; the next iteration starts after its
- * EXEC_STEP_DONE. */
-int exec_bucket(struct exec *e, uint64_t t, uint32_t b);
-
 /* What a bucket brings besides its gradients (semantics.c): segments local
  * ranks marked unused, and with the last bucket of an at_end iteration its
  * grad scale. The arrays are copied. */
@@ -83,7 +78,9 @@ struct exec_bucket_in {
 	bool has_scale; /* the iteration's grad scale (its last bucket only) */
 	double inv_scale;
 };
-/* exec_bucket() with in (NULL: nothing marked, no scale). A segment no rank
+/* Bucket b of iteration t is ready on every rank: queue its ops, with in
+ * (NULL: nothing marked, no scale). Buckets of one iteration come in order;
+ * the next iteration starts after its EXEC_STEP_DONE. A segment no rank
  * of the job (every node) uses is not stepped and its pieces' step counts
  * stay; a marked segment's gradient is zeroed in its rank's buffer before
  * the reduction reads it. */

@@ -1,6 +1,6 @@
 /*
  * gradpass.h — what an at_end step does to the averaged gradients of the
- * pieces this node owns before stepping them (exec.c): GradScaler's unscale
+ * pieces this node owns before stepping them (step.c): GradScaler's unscale
  * and non-finite check, the squared norms clip_grad_norm_ needs, and its
  * clip factor. Host buffers, on the worker pool; compute lane only.
  */

@@ -5,10 +5,20 @@
  *    either side dies. It must be a memfd sealed against shrinking (a
  *    shrunk file would SIGBUS the daemon), the trainer's own (st_uid), and
  *    hold the buffer from its offset.
- *  - MEM_SHM: a named POSIX shm object (mode 0600), what older clients and
- *    the raw protocol tests send. The daemon unlinks the name right after
- *    mapping. Buffers of a trainer that dies before registering are found
- *    by their name (common.h's shm_name_prefix) and removed.
+ *  - MEM_SHM: a named POSIX shm object (mode 0600). The daemon unlinks the
+ *    name right after mapping. Buffers of a trainer that dies before
+ *    registering are found by their name (common.h's shm_name_prefix) and
+ *    removed. Who still sends one: no current client. libzeroclient sends
+ *    memfds since zc_register_buffers() took them (RegisterPlan's
+ *    FdBuffers; a state round's StateStaging by fd_serial, shm_name "").
+ *    What does: a trainer linked to a libzeroclient older than that (it
+ *    speaks protocol 1 too, so its Hello is taken), and the raw protocol
+ *    tests (tests/integration/raw.c and its users, test_state's named
+ *    staging, the fuzzers). The kept gradient map of edge/session.c
+ *    (session_keep_grad, session_map_grad: a registration refused for its
+ *    parameter buffer can name the gradient object again after its name was
+ *    unlinked) serves this kind only; test_hostile's
+ *    refused_registration_retryable covers it.
  * Only quick syscalls, on the loop thread: mmap of a file maps, it faults
  * nothing in.
  */

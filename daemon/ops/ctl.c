@@ -244,6 +244,130 @@ static struct job *find_job(struct daemon *d, const struct caller *c, const void
 	return NULL;
 }
 
+/* What do_inspect allocates for its reply, freed once it went out. */
+struct inspect_bufs {
+	Zerod__V1__CtlBucket *bk, **bkp;
+	Zerod__V1__CtlUnit *un, **unp;
+	Zerod__V1__CtlRank *rk, **rkp;
+	Zerod__V1__CtlOp *op, **opp;
+};
+
+/* Plan p's buckets q asks for, and who owns which range (once the job has
+ * its shard). 0 or -ENOMEM. */
+static int inspect_buckets(const struct job *j, const struct plan *p,
+			   const Zerod__V1__InspectRequest *q, Zerod__V1__InspectReply *in,
+			   struct inspect_bufs *ib)
+{
+	uint32_t nunits = j->shard ? j->shard->nunits : 0;
+	Zerod__V1__CtlUnit *un, **unp;
+	size_t nb = 0, nu = 0;
+
+	ib->bk = calloc(p->nbuckets, sizeof(*ib->bk));
+	ib->bkp = calloc(p->nbuckets, sizeof(*ib->bkp));
+	un = ib->un = calloc(nunits + 1, sizeof(*un));
+	unp = ib->unp = calloc(nunits + 1, sizeof(*unp));
+	if (!ib->bk || !ib->bkp || !un || !unp)
+		return -ENOMEM;
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		Zerod__V1__CtlBucket *x = &ib->bk[nb];
+		if (q->bucket >= 0 && (uint32_t)q->bucket != b)
+			continue;
+		*x = (Zerod__V1__CtlBucket)ZEROD__V1__CTL_BUCKET__INIT;
+		x->index = b;
+		x->numel = p->buckets[b].numel;
+		x->segments = p->buckets[b].nsegments;
+		x->arrived = j->arrived ? j->arrived[b] : 0;
+		x->units = &unp[nu];
+		for (uint32_t u = j->shard ? j->shard->bucket_first[b] : 0;
+		     j->shard && u < j->shard->bucket_first[b + 1]; u++) {
+			const struct shard_unit *su = &j->shard->units[u];
+			if (q->rank >= 0 && (uint32_t)q->rank != su->owner)
+				continue;
+			un[nu] = (Zerod__V1__CtlUnit)ZEROD__V1__CTL_UNIT__INIT;
+			un[nu].bucket = su->bucket;
+			un[nu].owner = su->owner;
+			un[nu].offset = su->offset;
+			un[nu].numel = su->numel;
+			unp[nu] = &un[nu];
+			nu++;
+			x->n_units++;
+		}
+		ib->bkp[nb++] = x;
+	}
+	in->n_buckets = nb;
+	in->buckets = ib->bkp;
+	return 0;
+}
+
+/* The ranks q asks for. 0 or -ENOMEM. */
+static int inspect_ranks(const struct job *j, const Zerod__V1__InspectRequest *q,
+			 Zerod__V1__InspectReply *in, struct inspect_bufs *ib)
+{
+	size_t nr = 0;
+
+	ib->rk = calloc(j->world, sizeof(*ib->rk));
+	ib->rkp = calloc(j->world, sizeof(*ib->rkp));
+	if (!ib->rk || !ib->rkp)
+		return -ENOMEM;
+	for (uint32_t r = 0; r < j->world; r++) {
+		Zerod__V1__CtlRank *x = &ib->rk[nr];
+		if (q->rank >= 0 && (uint32_t)q->rank != r)
+			continue;
+		*x = (Zerod__V1__CtlRank)ZEROD__V1__CTL_RANK__INIT;
+		x->rank = r;
+		x->connected = j->ranks[r] != NULL;
+		if (j->ranks[r]) {
+			x->has_pid = true;
+			x->pid = j->ranks[r]->pid;
+		}
+		x->registered = j->plans[r] != NULL || j->plan != NULL;
+		x->next_bucket = j->next_bucket[r];
+		x->owned_elements = j->shard && r < j->shard->world ? j->shard->load[r] : 0;
+		ib->rkp[nr++] = x;
+	}
+	in->n_ranks = nr;
+	in->ranks = ib->rkp;
+	return 0;
+}
+
+/* The flight recorder's operations q asks for. 0 or -ENOMEM. */
+static int inspect_ops(const struct jobops *jo, const Zerod__V1__InspectRequest *q,
+		       Zerod__V1__InspectReply *in, struct inspect_bufs *ib)
+{
+	const struct flight *f = jo->flight;
+	size_t no = 0;
+
+	ib->op = calloc(f->count + 1, sizeof(*ib->op));
+	ib->opp = calloc(f->count + 1, sizeof(*ib->opp));
+	if (!ib->op || !ib->opp)
+		return -ENOMEM;
+	for (unsigned i = 0; i < f->count; i++) {
+		const struct flight_op *e = flight_get(f, i);
+		Zerod__V1__CtlOp *x = &ib->op[no];
+		if (q->rank >= 0 && e->rank >= 0 && e->rank != q->rank)
+			continue;
+		if (q->bucket >= 0 && e->bucket >= 0 && e->bucket != q->bucket)
+			continue;
+		*x = (Zerod__V1__CtlOp)ZEROD__V1__CTL_OP__INIT;
+		x->at_us = (uint64_t)e->at_us;
+		x->what = (char *)flight_what_name(e->what);
+		x->has_iteration = e->what != FL_SEEN && e->what != FL_STARTED;
+		x->iteration = e->iteration;
+		x->has_bucket = e->bucket >= 0;
+		x->bucket = e->bucket;
+		x->has_rank = e->rank >= 0;
+		x->rank = e->rank;
+		x->has_duration_us = e->dur_us > 0;
+		x->duration_us = e->dur_us;
+		x->detail = e->detail[0] ? (char *)e->detail : NULL;
+		ib->opp[no++] = x;
+	}
+	in->ops_kept = f->cap;
+	in->n_ops = no;
+	in->ops = ib->opp;
+	return 0;
+}
+
 static void do_inspect(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
 		       const Ctl *req)
 {
@@ -252,15 +376,11 @@ static void do_inspect(struct daemon *d, const struct caller *c, const void *rou
 	Zerod__V1__InspectReply in = ZEROD__V1__INSPECT_REPLY__INIT;
 	Zerod__V1__CtlJob job;
 	Zerod__V1__CtlCheckpoint ck;
-	Zerod__V1__CtlBucket *bk = NULL, **bkp = NULL;
-	Zerod__V1__CtlUnit *un = NULL, **unp = NULL;
-	Zerod__V1__CtlRank *rk = NULL, **rkp = NULL;
-	Zerod__V1__CtlOp *op = NULL, **opp = NULL;
+	struct inspect_bufs ib = {0};
 	char err[256], who[256];
 	const struct plan *p;
 	struct jobops *jo;
 	struct job *j;
-	size_t nb = 0, nu = 0, nr = 0, no = 0;
 
 	j = find_job(d, c, route, rlen, q);
 	if (!j)
@@ -282,115 +402,23 @@ static void do_inspect(struct daemon *d, const struct caller *c, const void *rou
 	in.has_state_bytes = true;
 	in.state_bytes = j->memory;
 	in.backend = j->be ? (char *)j->be->name : NULL;
-
-	/* buckets, and who owns which range (once the job has its shard) */
-	if (p) {
-		uint32_t nunits = j->shard ? j->shard->nunits : 0;
-		bk = calloc(p->nbuckets, sizeof(*bk));
-		bkp = calloc(p->nbuckets, sizeof(*bkp));
-		un = calloc(nunits + 1, sizeof(*un));
-		unp = calloc(nunits + 1, sizeof(*unp));
-		if (!bk || !bkp || !un || !unp)
-			goto oom;
-		for (uint32_t b = 0; b < p->nbuckets; b++) {
-			Zerod__V1__CtlBucket *x = &bk[nb];
-			if (q->bucket >= 0 && (uint32_t)q->bucket != b)
-				continue;
-			*x = (Zerod__V1__CtlBucket)ZEROD__V1__CTL_BUCKET__INIT;
-			x->index = b;
-			x->numel = p->buckets[b].numel;
-			x->segments = p->buckets[b].nsegments;
-			x->arrived = j->arrived ? j->arrived[b] : 0;
-			x->units = &unp[nu];
-			for (uint32_t u = j->shard ? j->shard->bucket_first[b] : 0;
-			     j->shard && u < j->shard->bucket_first[b + 1]; u++) {
-				const struct shard_unit *su = &j->shard->units[u];
-				if (q->rank >= 0 && (uint32_t)q->rank != su->owner)
-					continue;
-				un[nu] = (Zerod__V1__CtlUnit)ZEROD__V1__CTL_UNIT__INIT;
-				un[nu].bucket = su->bucket;
-				un[nu].owner = su->owner;
-				un[nu].offset = su->offset;
-				un[nu].numel = su->numel;
-				unp[nu] = &un[nu];
-				nu++;
-				x->n_units++;
-			}
-			bkp[nb++] = x;
-		}
+	if ((p && inspect_buckets(j, p, q, &in, &ib) < 0) || inspect_ranks(j, q, &in, &ib) < 0 ||
+	    (jo && inspect_ops(jo, q, &in, &ib) < 0)) {
+		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED, "out of memory");
+		goto out;
 	}
-	in.n_buckets = nb;
-	in.buckets = bkp;
-
-	rk = calloc(j->world, sizeof(*rk));
-	rkp = calloc(j->world, sizeof(*rkp));
-	if (!rk || !rkp)
-		goto oom;
-	for (uint32_t r = 0; r < j->world; r++) {
-		Zerod__V1__CtlRank *x = &rk[nr];
-		if (q->rank >= 0 && (uint32_t)q->rank != r)
-			continue;
-		*x = (Zerod__V1__CtlRank)ZEROD__V1__CTL_RANK__INIT;
-		x->rank = r;
-		x->connected = j->ranks[r] != NULL;
-		if (j->ranks[r]) {
-			x->has_pid = true;
-			x->pid = j->ranks[r]->pid;
-		}
-		x->registered = j->plans[r] != NULL || j->plan != NULL;
-		x->next_bucket = j->next_bucket[r];
-		x->owned_elements = j->shard && r < j->shard->world ? j->shard->load[r] : 0;
-		rkp[nr++] = x;
-	}
-	in.n_ranks = nr;
-	in.ranks = rkp;
-
-	if (jo) {
-		const struct flight *f = jo->flight;
-		op = calloc(f->count + 1, sizeof(*op));
-		opp = calloc(f->count + 1, sizeof(*opp));
-		if (!op || !opp)
-			goto oom;
-		for (unsigned i = 0; i < f->count; i++) {
-			const struct flight_op *e = flight_get(f, i);
-			Zerod__V1__CtlOp *x = &op[no];
-			if (q->rank >= 0 && e->rank >= 0 && e->rank != q->rank)
-				continue;
-			if (q->bucket >= 0 && e->bucket >= 0 && e->bucket != q->bucket)
-				continue;
-			*x = (Zerod__V1__CtlOp)ZEROD__V1__CTL_OP__INIT;
-			x->at_us = (uint64_t)e->at_us;
-			x->what = (char *)flight_what_name(e->what);
-			x->has_iteration = e->what != FL_SEEN && e->what != FL_STARTED;
-			x->iteration = e->iteration;
-			x->has_bucket = e->bucket >= 0;
-			x->bucket = e->bucket;
-			x->has_rank = e->rank >= 0;
-			x->rank = e->rank;
-			x->has_duration_us = e->dur_us > 0;
-			x->duration_us = e->dur_us;
-			x->detail = e->detail[0] ? (char *)e->detail : NULL;
-			opp[no++] = x;
-		}
-		in.ops_kept = f->cap;
-	}
-	in.n_ops = no;
-	in.ops = opp;
 	reply.body_case = ZEROD__V1__CTL__BODY_INSPECT;
 	reply.inspect = &in;
 	send_reply(d, route, rlen, &reply);
-	goto out;
-oom:
-	send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED, "out of memory");
 out:
-	free(bk);
-	free(bkp);
-	free(un);
-	free(unp);
-	free(rk);
-	free(rkp);
-	free(op);
-	free(opp);
+	free(ib.bk);
+	free(ib.bkp);
+	free(ib.un);
+	free(ib.unp);
+	free(ib.rk);
+	free(ib.rkp);
+	free(ib.op);
+	free(ib.opp);
 }
 
 static void do_metrics(struct daemon *d, const struct caller *c, const void *route, size_t rlen,

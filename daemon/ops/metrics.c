@@ -107,33 +107,36 @@ static uint64_t resident_bytes(void)
 	return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGE_SIZE);
 }
 
-void metrics_render(struct daemon *d, struct sbuf *b)
+/* What metrics_render counts over the jobs. */
+struct job_tally {
+	struct exec_stats total; /* the ended jobs' and the running executors' */
+	unsigned states[JOB_DRAINING + 1], queued, stalled, ended;
+	uint64_t mapped;
+};
+
+static void tally_jobs(struct daemon *d, struct job_tally *tl)
 {
-	struct ops *o = d->ops;
-	struct exec_stats total = o->ended;
-	struct netstats net;
-	unsigned states[JOB_DRAINING + 1] = {0}, queued = 0, stalled = 0, ended = 0;
-	uint64_t mapped = 0;
 	int64_t now = now_ms();
 
+	*tl = (struct job_tally){.total = d->ops->ended};
 	for (struct job *j = d->jobs; j; j = j->next) {
 		struct exec_stats es;
 		if (j->state == JOB_FAILED && j->quiet_end)
-			ended++; /* a clean end, its last ranks still leaving */
+			tl->ended++; /* a clean end, its last ranks still leaving */
 		else
-			states[j->state]++;
+			tl->states[j->state]++;
 		if (j->exec && j->exec_running) {
 			exec_stats(j->exec, &es);
-			total.reduced_elems += es.reduced_elems;
-			total.stepped_elems += es.stepped_elems;
-			total.bcast_elems += es.bcast_elems;
+			tl->total.reduced_elems += es.reduced_elems;
+			tl->total.stepped_elems += es.stepped_elems;
+			tl->total.bcast_elems += es.bcast_elems;
 		}
 		for (uint32_t r = 0; r < j->world; r++) {
 			const struct plan *p = j->plan ? j->plan : j->plans[r];
 			if (p && j->grad_map[r])
-				mapped += plan_buffer_bytes(p);
+				tl->mapped += plan_buffer_bytes(p);
 			if (p && j->param_map[r])
-				mapped += plan_buffer_bytes(p);
+				tl->mapped += plan_buffer_bytes(p);
 		}
 		if (j->state == JOB_ACTIVE && j->in_flight && j->arrived) {
 			struct jobops *jo = jobops_of(j);
@@ -141,13 +144,21 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 			for (uint32_t k = 0; k < j->plan->nbuckets; k++)
 				full += j->arrived[k] == j->local_size;
 			if (jo && jo->iter == j->iter && full >= jo->reduced)
-				queued += full - jo->reduced;
+				tl->queued += full - jo->reduced;
 		}
 		if (ops_job_waiting(j) && d->cfg.stall_warn_ms > 0 &&
 		    now - j->progress_ms >= d->cfg.stall_warn_ms)
-			stalled++;
+			tl->stalled++;
 	}
+}
 
+void metrics_render(struct daemon *d, struct sbuf *b)
+{
+	struct ops *o = d->ops;
+	struct job_tally tl;
+	struct netstats net;
+
+	tally_jobs(d, &tl);
 	head(b, "zerod_build_info", "gauge", "zerod's version, trainer protocol and backends");
 	sbuf_printf(b, "zerod_build_info{version=\"%s\",protocol=\"%d\",backends=\"%s\"} 1\n",
 		    ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION, d->cuda ? "cuda,host" : "host");
@@ -155,9 +166,9 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 	    o->start_wall);
 	head(b, "zerod_jobs", "gauge", "jobs by state");
 	for (unsigned s = 0; s <= JOB_DRAINING; s++)
-		sbuf_printf(b, "zerod_jobs{state=\"%s\"} %u\n", job_state_name(s), states[s]);
-	sbuf_printf(b, "zerod_jobs{state=\"ended\"} %u\n", ended);
-	one(b, "zerod_jobs_stalled", "gauge", "jobs waiting longer than stall-warn", stalled);
+		sbuf_printf(b, "zerod_jobs{state=\"%s\"} %u\n", job_state_name(s), tl.states[s]);
+	sbuf_printf(b, "zerod_jobs{state=\"ended\"} %u\n", tl.ended);
+	one(b, "zerod_jobs_stalled", "gauge", "jobs waiting longer than stall-warn", tl.stalled);
 	one(b, "zerod_sessions", "gauge", "trainers connected", d->nsessions);
 	one(b, "zerod_connections", "gauge", "connections to the trainers' socket", d->nconns);
 	one(b, "zerod_jobs_started_total", "counter", "jobs created", (double)d->stats.jobs);
@@ -166,12 +177,12 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 	one(b, "zerod_buckets_reduced_total", "counter", "buckets reduced (BucketDone)",
 	    (double)d->stats.buckets);
 	one(b, "zerod_reduced_bytes_total", "counter", "gradient bytes reduced",
-	    (double)total.reduced_elems * sizeof(float));
+	    (double)tl.total.reduced_elems * sizeof(float));
 	one(b, "zerod_broadcast_bytes_total", "counter",
 	    "parameter bytes broadcast or gathered after the step",
-	    (double)total.bcast_elems * sizeof(float));
+	    (double)tl.total.bcast_elems * sizeof(float));
 	one(b, "zerod_stepped_parameters_total", "counter", "parameters updated by the optimizer",
-	    (double)total.stepped_elems);
+	    (double)tl.total.stepped_elems);
 	netstats_read(&net);
 	one(b, "zerod_net_allreduce_bytes_total", "counter",
 	    "bytes all-reduced across nodes (bucket mode; each bucket once)",
@@ -189,7 +200,7 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 	     "a bucket ready on every local rank to its BucketDone (queue and reduction)",
 	     &o->m.handoff);
 	one(b, "zerod_buckets_queued", "gauge",
-	    "buckets handed to executors and not yet reduced (queue depth)", queued);
+	    "buckets handed to executors and not yet reduced (queue depth)", tl.queued);
 	by_code(b, "zerod_errors_total", "Error replies sent to trainers, by code", o->m.errors);
 	by_code(b, "zerod_job_failures_total", "jobs that failed, by code", o->m.failures);
 	one(b, "zerod_error_replies_total", "counter", "Error replies sent to trainers",
@@ -216,7 +227,7 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 	    (double)d->memory_used);
 	one(b, "zerod_state_limit_bytes", "gauge", "max-memory: the optimizer state allowed",
 	    (double)d->cfg.max_memory);
-	one(b, "zerod_mapped_bytes", "gauge", "trainers' buffers mapped", (double)mapped);
+	one(b, "zerod_mapped_bytes", "gauge", "trainers' buffers mapped", (double)tl.mapped);
 	one(b, "zerod_resident_memory_bytes", "gauge", "zerod's resident memory",
 	    (double)resident_bytes());
 	one(b, "zerod_tracing", "gauge", "1 while a trace timeline is written", o->trace ? 1 : 0);

@@ -53,7 +53,7 @@ void ops_exec_done(struct daemon *d, const struct exec_done *done);
  * the bucket is accepted). */
 void ops_bucket_ready(struct job *j, uint32_t rank, uint64_t t, uint32_t b);
 /* Bucket b of iteration t is complete on every local rank and queued on the
- * executor (sched.c's bucket_complete, after exec_bucket succeeded). */
+ * executor (sched.c's bucket_complete, after exec_bucket_ex succeeded). */
 void ops_bucket_queued(struct job *j, uint64_t t, uint32_t b);
 /* j is about to be freed (job.c's job_free, first line). */
 void ops_job_free(struct job *j);

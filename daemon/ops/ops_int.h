@@ -145,7 +145,6 @@ int trace_start(struct daemon *d, const char *path, struct stat *ret_st, char *w
 uint64_t trace_stop(struct daemon *d);
 void trace_flush(struct daemon *d);
 const char *trace_file(const struct daemon *d);
-uint64_t trace_events(const struct daemon *d);
 void trace_ready(struct daemon *d, struct jobops *jo, uint32_t rank, uint64_t t, uint32_t b,
 		 int64_t us);
 void trace_reduced(struct daemon *d, struct jobops *jo, uint64_t t, uint32_t b, int64_t queued_us,

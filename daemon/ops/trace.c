@@ -129,11 +129,6 @@ const char *trace_file(const struct daemon *d)
 	return d->ops->trace ? d->ops->trace->file : NULL;
 }
 
-uint64_t trace_events(const struct daemon *d)
-{
-	return d->ops->trace ? d->ops->trace->events : 0;
-}
-
 /* The job's process and its ranks' threads get names once per file. */
 static void name_job(struct trace *t, struct jobops *jo)
 {

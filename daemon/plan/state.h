@@ -11,7 +11,7 @@
  *
  * A piece is a shard unit cut at its bucket's segment boundaries: one owner,
  * one parameter group, contiguous in the flat buffers and in the arena.
- * Written by the compute lane only (exec.c).
+ * Written by the compute lane only (exec/step.c, exec/xfer.c).
  */
 #ifndef ZEROD_STATE_H
 #define ZEROD_STATE_H

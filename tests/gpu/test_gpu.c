@@ -13,7 +13,7 @@
  *  - a job of W = min(GPUs, 4) ranks, one per GPU, through the executor with
  *    NCCL and the kernels, against the host backend on the same data: bit
  *    for bit at W = 1, to rounding above (ncclAvg sums in its own order),
- *    and the hand-off latency from a bucket's exec_bucket to its BucketDone;
+ *    and the hand-off latency from a bucket's exec_bucket_ex to its BucketDone;
  *  - IPC: a child process plays the trainer, allocates device memory and
  *    exports its handle; mem_cuda_ops opens it by UUID at an offset and
  *    writes through it, and the child reads the writes back.
@@ -542,7 +542,7 @@ static void run_job(const struct plan *p, uint32_t w, bool cuda, float *const *i
 		}
 		for (uint32_t b = 0; b < p->nbuckets && !test_failed_; b++) {
 			int64_t t0 = now_us();
-			CHECK(exec_bucket(e, t, b) == 0, "exec_bucket");
+			CHECK(exec_bucket_ex(e, t, b, NULL) == 0, "exec_bucket");
 			d = next_done(cq, &pending);
 			CHECK(d && d->ev == EXEC_BUCKET_DONE && d->bucket == b,
 			      "iteration %u bucket %u: event %d status %d", t, b,

@@ -754,7 +754,7 @@ static void exec_node(uint32_t node, void *arg)
 				for (uint64_t x = 0; x < T; x++)
 					b.grads[r][x] = grad_value(r, it, x);
 		for (uint32_t bk = 0; bk < p->nbuckets; bk++)
-			CHECK(exec_bucket(e, it, bk) == 0, "%s: exec_bucket", c->tag);
+			CHECK(exec_bucket_ex(e, it, bk, NULL) == 0, "%s: exec_bucket", c->tag);
 		ref_step(c, p, &rf, it);
 		for (;;) {
 			d = next_done(cq, &pending, NODE_T);

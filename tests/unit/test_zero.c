@@ -295,7 +295,7 @@ static void node_iterate(struct node_run *nr, const struct plan *p, unsigned ite
 	for (unsigned t = 0; t < iters; t++) {
 		uint32_t want = 0;
 		for (uint32_t b = 0; b < p->nbuckets; b++)
-			REQUIRE(exec_bucket(nr->e, t, b) == 0, "%s: exec_bucket", tag);
+			REQUIRE(exec_bucket_ex(nr->e, t, b, NULL) == 0, "%s: exec_bucket", tag);
 		for (;;) {
 			d = next_done(nr->cq, &pending);
 			REQUIRE(d, "%s: iteration %u: timed out after BucketDone %u", tag, t, want);
@@ -548,7 +548,7 @@ static void t_reduce_overtakes_bcast(void)
 	R.block_bcast = true;
 	R.released = false;
 	pthread_mutex_unlock(&R.mu);
-	CHECK(exec_bucket(nr.e, 0, 0) == 0, "queue 0");
+	CHECK(exec_bucket_ex(nr.e, 0, 0, NULL) == 0, "queue 0");
 	pthread_mutex_lock(&R.mu);
 	for (int i = 0; i < 200 && !R.blocked; i++) {
 		pthread_mutex_unlock(&R.mu);
@@ -557,7 +557,7 @@ static void t_reduce_overtakes_bcast(void)
 	}
 	CHECK(R.blocked, "bucket 0's broadcast is held");
 	pthread_mutex_unlock(&R.mu);
-	CHECK(exec_bucket(nr.e, 0, 1) == 0, "queue 1");
+	CHECK(exec_bucket_ex(nr.e, 0, 1, NULL) == 0, "queue 1");
 	while (dones < 2 && (d = next_done(nr.cq, &pending))) {
 		CHECK(d->ev == EXEC_BUCKET_DONE && d->bucket == dones, "event %d bucket %u",
 		      (int)d->ev, d->bucket);
@@ -573,7 +573,7 @@ static void t_reduce_overtakes_bcast(void)
 	pthread_cond_broadcast(&R.cv);
 	pthread_mutex_unlock(&R.mu);
 	for (uint32_t b = 2; b < p->nbuckets; b++)
-		exec_bucket(nr.e, 0, b);
+		exec_bucket_ex(nr.e, 0, b, NULL);
 	while ((d = next_done(nr.cq, &pending))) {
 		bool end = d->ev == EXEC_STEP_DONE;
 		free(d);
@@ -606,7 +606,7 @@ static void t_abort_blocked(void)
 	R.block_bcast = true;
 	R.released = false;
 	pthread_mutex_unlock(&R.mu);
-	exec_bucket(nr.e, 0, 0);
+	exec_bucket_ex(nr.e, 0, 0, NULL);
 	d = next_done(nr.cq, &pending); /* BucketDone(0) */
 	free(d);
 	pthread_mutex_lock(&R.mu);
@@ -646,7 +646,7 @@ static void t_failure(void)
 	d = next_done(nr.cq, &pending);
 	free(d);
 	for (uint32_t b = 0; b < p->nbuckets; b++)
-		CHECK(exec_bucket(nr.e, 0, b) == 0, "queue %u", b);
+		CHECK(exec_bucket_ex(nr.e, 0, b, NULL) == 0, "queue %u", b);
 	while ((d = next_done(nr.cq, &pending))) {
 		if (d->ev == EXEC_FAILED) {
 			failed++;
@@ -660,7 +660,7 @@ static void t_failure(void)
 	CHECK(failed == 1 && step_done == 0 && bucket_done == 2,
 	      "one failure, no StepDone, BucketDone only before it (%u, %u, %u)", failed,
 	      step_done, bucket_done);
-	CHECK(exec_bucket(nr.e, 1, 0) == 0, "queueing after a failure is a quiet no-op");
+	CHECK(exec_bucket_ex(nr.e, 1, 0, NULL) == 0, "queueing after a failure is a quiet no-op");
 	CHECK(node_stop(&nr, 2) == 0, "stop");
 	R.fail_step_bucket = -1;
 	shard_map_free(sm);

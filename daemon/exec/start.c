@@ -1,0 +1,155 @@
+/*
+ * start.c — the start op, a job's first on the compute lane: over several
+ * nodes check that every node runs this plan, open the CUDA IPC buffers
+ * (cfg.mem), the collectives and the optimizer, allocate the state and give
+ * every rank rank 0's parameters; and the buffers' close when the executor
+ * stops. Opening may block: it runs on a lane, never the loop thread.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "mem/cudabufs.h"
+#include "exec/exec_int.h"
+
+/*
+ * Over several nodes: every node runs this plan, checked through the job's
+ * store before the collectives open. The rendezvous compared the plans of
+ * the first start; a re-plan (statex.c) is registered on each node alone,
+ * and nodes on different layouts would exchange mismatched buffers. Each
+ * node stores its plan's hash under the run's prefix and reads the others'.
+ */
+static int plans_agree(struct exec *e)
+{
+	const struct coll_net *net = e->cfg.net;
+	uint64_t mine = e->cfg.plan->hash;
+	char key[256];
+	int r;
+
+	snprintf(key, sizeof(key), "%splan/%u", net->prefix, net->node);
+	r = net->store->set(net->store->ctx, key, &mine, sizeof(mine));
+	for (uint32_t n = 0; n < net->nnodes && r >= 0; n++) {
+		void *v = NULL;
+		size_t len = 0;
+		uint64_t theirs = 0;
+
+		if (n == net->node)
+			continue;
+		snprintf(key, sizeof(key), "%splan/%u", net->prefix, n);
+		r = net->store->get(net->store->ctx, key,
+				    net->timeout_ms ? (int)net->timeout_ms : 30000, &v, &len);
+		if (r < 0) {
+			snprintf(e->open_err, sizeof(e->open_err),
+				 "node %u's plan did not come within the timeout: %s", n,
+				 zc_strerror(r));
+			break;
+		}
+		if (len == sizeof(theirs))
+			memcpy(&theirs, v, sizeof(theirs));
+		free(v);
+		if (theirs != mine) {
+			snprintf(e->open_err, sizeof(e->open_err),
+				 "node %u runs plan %016" PRIx64 ", node %u plan %016" PRIx64
+				 ": every node's ranks must register the same plan",
+				 n, theirs, net->node, mine);
+			r = ZC_EPLANMISMATCH;
+		}
+	}
+	return r;
+}
+
+/* CUDA IPC buffers (cfg.mem): open every local rank's, once per plan. */
+static int open_buffers(struct exec *e)
+{
+	uint64_t bytes = plan_buffer_bytes(e->cfg.plan);
+	float **g = (float **)e->cfg.grads, **pa = (float **)e->cfg.params;
+	char err[200];
+	int r;
+
+	for (uint32_t i = 0; i < e->nlocal; i++) {
+		uint32_t k = e->local[i];
+
+		r = e->cfg.mem->map(&e->cfg.bufs[k]->grad, bytes, &e->gmaps[k], err, sizeof(err));
+		if (r >= 0)
+			r = e->cfg.mem->map(&e->cfg.bufs[k]->param, bytes, &e->pmaps[k], err,
+					    sizeof(err));
+		if (r < 0) {
+			snprintf(e->open_err, sizeof(e->open_err), "rank %u's %s: %s", k,
+				 e->gmaps[k] ? "parameters" : "gradients", err);
+			return r;
+		}
+		g[k] = e->cfg.mem->ptr(e->gmaps[k]);
+		pa[k] = e->cfg.mem->ptr(e->pmaps[k]);
+	}
+	return 0;
+}
+
+/* Off the loop thread: blocking unmaps. Accepts an executor that opened
+ * none. */
+void close_buffers(struct exec *e)
+{
+	if (!e->cfg.mem)
+		return;
+	for (uint32_t k = 0; k < e->cfg.world; k++) {
+		e->cfg.mem->unmap(e->gmaps[k]);
+		e->cfg.mem->unmap(e->pmaps[k]);
+		e->gmaps[k] = e->pmaps[k] = NULL;
+	}
+}
+
+/* Open the backends (they may block), allocate the state, and give every
+ * rank rank 0's parameters: "rank 0's initial values win". */
+int op_start(struct exec *e, struct lane *ln)
+{
+	struct coll_config cc = {.world = e->cfg.world,
+				 .grads = e->cfg.grads,
+				 .params = e->cfg.params,
+				 .pool = e->cfg.pool,
+				 .net = e->cfg.net,
+				 .err = e->open_err,
+				 .errlen = sizeof(e->open_err),
+				 .bufs = e->cfg.mem ? e->cfg.bufs : NULL};
+	struct optim_config oc = {.world = e->cfg.world,
+				  .grads = e->cfg.grads,
+				  .params = e->cfg.params,
+				  .nlocal = e->nlocal,
+				  .local = e->local,
+				  .pool = e->cfg.pool};
+	struct coll_group *cg = NULL;
+	int r;
+
+	if (e->cfg.mem) {
+		r = open_buffers(e);
+		if (r < 0)
+			return r;
+	}
+	r = e->cfg.optim->open(&oc, &e->oc);
+	if (r < 0)
+		return r;
+	if (e->cfg.net && e->cfg.net->nnodes > 1 && e->cfg.net->store && (r = plans_agree(e)) < 0)
+		return r;
+	r = e->cfg.coll->open(&cc, &cg);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&e->mu);
+	e->cg = cg; /* exec_stop() may abort it from now on */
+	r = e->stopping ? -ECANCELED : 0;
+	pthread_mutex_unlock(&e->mu);
+	if (r < 0)
+		return r;
+	if (e->cfg.optim->state_alloc) /* on the devices: no host arena */
+		r = e->cfg.optim->state_alloc(e->oc, e->cfg.state->pieces, e->cfg.state->npieces,
+					      e->cfg.state->arrays);
+	else
+		r = state_alloc(e->cfg.state);
+	if (r < 0)
+		return r;
+	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);
+	if (r >= 0)
+		r = load_masters(e, false);
+	return r;
+}
