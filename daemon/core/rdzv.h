@@ -1,7 +1,8 @@
 /*
  * rdzv.h — a job over several nodes: the rendezvous that forms it, the
  * key-value store its gloo group opens through, and the word between its
- * daemons once it runs (rdzv.c, rdzvstore.c, rdzvwire.c).
+ * daemons once it runs (rdzv.c, rdzvform.c, rdzvstore.c; the transport
+ * below them, which knows nothing of jobs, is net/rdzvnet.h).
  *
  * The zerod of node 0 serves the rendezvous on the host:port its trainers
  * name; every other node's zerod connects to it, proves it knows the job's
