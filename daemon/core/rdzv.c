@@ -16,8 +16,8 @@
  * fails anywhere is reported to the host, which relays it to every node;
  * a quiet end (a rank left between iterations) carries the iteration it
  * ended before, and a node that is still finishing that iteration ends after
- * it. The host tells every node when it loses one's connection. A failed
- * collective waits up to RDZV_BLAME_MS for word of a lost node, so every
+ * it (that policy is the job's: job.c's job_end_remote). The host tells every node when it loses
+ * one's connection. A failed collective waits up to RDZV_BLAME_MS for word of a lost node, so every
  * survivor's error names it. Losing the connection to the host alone does
  * not stop a running job: gloo's mesh does not need the rendezvous; only
  * a new run of the job id, which needs it again, fails (at its join timeout).
@@ -79,34 +79,6 @@ const char *rdzv_joiner_name(const struct rnet_conn *c, char *buf, size_t len)
 
 /* -------------------------------------------------------- failures --- */
 
-/* Fail the job here with what another node said. A quiet end before
- * iteration `iter` waits until this node has finished the iteration before
- * it (rdzv_iteration_done); one that finds this node inside `iter` is an
- * error for its ranks. */
-static void apply_remote_end(struct rdzv_job *rj, int code, bool quiet, uint64_t iter,
-			     const char *msg)
-{
-	struct job *j = rj->j;
-
-	if (job_ended(j))
-		return;
-	/* a state round already in this node's executor is answered first:
-	 * the node that ended served it (its collectives are done) */
-	if (quiet && j->state == JOB_ACTIVE && (j->iter < iter || statex_busy(j))) {
-		rj->end_pending = true;
-		rj->end_iter = iter;
-		rj->end_code = code;
-		snprintf(rj->end_msg, sizeof(rj->end_msg), "%s", msg);
-		return;
-	}
-	rj->from_remote = true;
-	if (quiet && !(j->state == JOB_ACTIVE && j->in_flight))
-		job_fail(j, code, false, "%s", msg);
-	else
-		job_fail(j, code, true, "%s", msg);
-	rj->from_remote = false;
-}
-
 static void fail_lost(struct rdzv_job *rj, uint32_t k, const char *what)
 {
 	char name[RNET_NAME_LEN + 16];
@@ -132,8 +104,8 @@ void rdzv_job_failed(struct job *j)
 	uint64_t iter = j->iter;
 	char msg[400], name[RNET_NAME_LEN + 16];
 
-	rj->blame_pending = rj->end_pending = false;
-	if (rj->from_remote)
+	rj->blame_pending = false;
+	if (j->end_remote)
 		return; /* the host relays it; a node that was told has nothing to add */
 	if (!rj->hosting) {
 		if (rj->up && rj->up->st == CS_OPEN)
@@ -167,16 +139,6 @@ bool rdzv_exec_failed(struct job *j, const char *what)
 	return true;
 }
 
-void rdzv_iteration_done(struct job *j)
-{
-	struct rdzv_job *rj = j->rdzv;
-
-	if (rj->end_pending && !job_ended(j) && j->iter >= rj->end_iter && !statex_busy(j)) {
-		rj->end_pending = false;
-		apply_remote_end(rj, rj->end_code, true, rj->end_iter, rj->end_msg);
-	}
-}
-
 /* The host: a node's job failed there. Every other node hears it now,
  * then it applies here. */
 static void on_node_fail(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
@@ -195,7 +157,7 @@ static void on_node_fail(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 		if (o != c && RJ(o) == rj && o->kind == ZEROD__V1__RDZV_KIND__RDZV_JOIN &&
 		    o->st == CS_OPEN)
 			rnet_send_fail(o, code, msg, iter, f->quiet);
-	apply_remote_end(rj, code, f->quiet, iter, msg);
+	job_end_remote(rj->j, code, f->quiet, iter, msg);
 }
 
 /* A node: the host says the job failed (or refuses this node). */
@@ -210,8 +172,8 @@ static void on_host_fail(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 		rnet_gone(c, f->message);
 		return;
 	}
-	apply_remote_end(rj, code, f->quiet, f->has_iteration ? f->iteration : UINT64_MAX,
-			 f->message);
+	job_end_remote(rj->j, code, f->quiet, f->has_iteration ? f->iteration : UINT64_MAX,
+		       f->message);
 }
 
 static void on_node_lost(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)

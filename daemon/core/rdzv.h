@@ -77,8 +77,6 @@ void rdzv_job_failed(struct job *j);
  * (naming the node that was lost, at once or within a moment), false if
  * the caller should fail it as usual. */
 bool rdzv_exec_failed(struct job *j, const char *what);
-/* j finished an iteration (another node's quiet end may be due now). */
-void rdzv_iteration_done(struct job *j);
 void rdzv_job_free(struct job *j);
 
 /* For the control socket (ctl.c), on the loop thread. The names ("host:port")

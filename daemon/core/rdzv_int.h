@@ -82,14 +82,9 @@ struct rdzv_job {
 	struct coll_net net;
 
 	/* failures */
-	bool from_remote; /* the failure being applied came from another node */
 	bool blame_pending;
 	int64_t blame_deadline;
 	char blame_what[256];
-	bool end_pending; /* another node ended quietly before iteration end_iter */
-	uint64_t end_iter;
-	int end_code;
-	char end_msg[256];
 };
 
 /* The job a connection belongs to (NULL: none, or none any more). */

@@ -1,6 +1,9 @@
 /*
  * rdzvform.c — the host's side of a job's rendezvous (rdzv.h): the nodes
- * that join, and forming the job once all did, on the loop thread.
+ * that join, and forming the job once all did, on the loop thread. It owns
+ * what a node joined with (struct joiner, its connection's priv); the rest
+ * of the job's rendezvous state is rdzv.c's (rdzv_int.h), and the job is
+ * reached only through rdzv_int.h's accessors.
  *
  * Forming. A node joins with its world size, node count, node index (if its
  * trainers gave one), its ranks and its plan. Once every node joined, the
