@@ -478,6 +478,10 @@ static void net_gone(void *ctx, struct rnet_conn *c, const char *why)
 	c->sc = NULL;
 }
 
+/* ---------------------------------------------------- the resolver --- */
+
+/* The rendezvous's address (net/resolve.c, called back on the loop thread):
+ * serve it, or reach it. */
 static void resolved(void *arg, int err, const char *why, const struct sockaddr_storage *addr,
 		     socklen_t addrlen)
 {
