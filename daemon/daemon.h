@@ -180,6 +180,12 @@ struct job {
 	char errmsg[256];
 	bool quiet_end;  /* ended between iterations by a rank leaving: not an error
 			    (unless another rank goes on: job_went_on) */
+	/* another node's end, relayed by the rendezvous (job_end_remote) */
+	bool end_remote;  /* the end being applied came from another node */
+	bool end_pending; /* another node ended quietly before iteration end_iter */
+	uint64_t end_iter;
+	int end_code;
+	char end_msg[256];
 	uint64_t memory; /* its share of d->memory_used */
 	struct devmem_use *devmem; /* a CUDA job: its state per device (devmem.h) */
 	uint32_t ndevmem;
@@ -357,6 +363,15 @@ void job_leave(struct job *j, struct session *s, enum leave_reason why);
 /* Rank s asks a job that ended quietly for more (a bucket of the next
  * iteration...): the end was a failure after all. The caller answers s. */
 void job_went_on(struct job *j, struct session *s);
+/* Another node's end of j, as the rendezvous relays it (rdzv.c): j ends
+ * here with code and msg (j->end_remote set meanwhile). A quiet end before
+ * iteration iter waits until this node has finished the iteration before it
+ * (job_iteration_done); one that finds this node inside iter is an error for
+ * its ranks. */
+void job_end_remote(struct job *j, int code, bool quiet, uint64_t iter, const char *msg);
+/* j finished an iteration or a state round (sched.c, statex.c): another
+ * node's quiet end may be due now. */
+void job_iteration_done(struct job *j);
 void job_maybe_free(struct job *j);
 void job_set_state(struct job *j, enum job_state to);
 const char *job_state_name(enum job_state s);

@@ -12,7 +12,10 @@
  * are told and detached; or a quiet end, a rank that left between
  * iterations: the others stay until they leave too, and only one that asks
  * for more is told, which makes the end a failure, job_went_on) -> DRAINING
- * (no rank left, the executor still stopping) -> freed.
+ * (no rank left, the executor still stopping) -> freed. Another node's end,
+ * relayed by the rendezvous (rdzv.c), ends the job here the same way; a
+ * quiet one waits for this node to finish the iteration it came before
+ * (job_end_remote, job_iteration_done).
  */
 #include <assert.h>
 #include <errno.h>
@@ -242,6 +245,35 @@ void job_went_on(struct job *j, struct session *s)
 	j->quiet_end = false;
 	log_notice("job %s: failed: %s: %s, and rank %u went on", j->id, zc_strerror_name(j->err),
 		   j->errmsg, s->rank);
+}
+
+void job_end_remote(struct job *j, int code, bool quiet, uint64_t iter, const char *msg)
+{
+	if (job_ended(j))
+		return;
+	/* a state round already in this node's executor is answered first:
+	 * the node that ended served it (its collectives are done) */
+	if (quiet && j->state == JOB_ACTIVE && (j->iter < iter || statex_busy(j))) {
+		j->end_pending = true;
+		j->end_iter = iter;
+		j->end_code = code;
+		snprintf(j->end_msg, sizeof(j->end_msg), "%s", msg);
+		return;
+	}
+	j->end_remote = true;
+	if (quiet && !(j->state == JOB_ACTIVE && j->in_flight))
+		job_fail(j, code, false, "%s", msg);
+	else
+		job_fail(j, code, true, "%s", msg);
+	j->end_remote = false;
+}
+
+void job_iteration_done(struct job *j)
+{
+	if (j->end_pending && !job_ended(j) && j->iter >= j->end_iter && !statex_busy(j)) {
+		j->end_pending = false;
+		job_end_remote(j, j->end_code, true, j->end_iter, j->end_msg);
+	}
 }
 
 /* A job that ended keeps its id until its ranks have left. Ranks whose

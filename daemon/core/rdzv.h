@@ -1,7 +1,8 @@
 /*
  * rdzv.h — a job over several nodes: the rendezvous that forms it, the
  * key-value store its gloo group opens through, and the word between its
- * daemons once it runs (rdzv.c, rdzvstore.c, rdzvwire.c).
+ * daemons once it runs (rdzv.c, rdzvform.c, rdzvstore.c; the transport
+ * below them, which knows nothing of jobs, is net/rdzvnet.h).
  *
  * The zerod of node 0 serves the rendezvous on the host:port its trainers
  * name; every other node's zerod connects to it, proves it knows the job's
@@ -76,8 +77,6 @@ void rdzv_job_failed(struct job *j);
  * (naming the node that was lost, at once or within a moment), false if
  * the caller should fail it as usual. */
 bool rdzv_exec_failed(struct job *j, const char *what);
-/* j finished an iteration (another node's quiet end may be due now). */
-void rdzv_iteration_done(struct job *j);
 void rdzv_job_free(struct job *j);
 
 /* For the control socket (ctl.c), on the loop thread. The names ("host:port")

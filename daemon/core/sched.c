@@ -323,7 +323,7 @@ static void finish_iteration(struct job *j, uint64_t t, bool found_inf, double g
 		else if (j->ranks[r])
 			j->d->sink->step_done(j->ranks[r], t);
 	if (j->rdzv && !job_ended(j))
-		rdzv_iteration_done(j); /* another node may have ended after t */
+		job_iteration_done(j); /* another node may have ended after t */
 }
 
 void sched_on_done(struct daemon *d, struct exec_done *done)

@@ -402,7 +402,7 @@ void statex_done(struct job *j)
 	log_info("job %s: optimizer state %sed", j->id, x->set ? "import" : "export");
 	statex_free(j);
 	if (j->rdzv)
-		rdzv_iteration_done(j); /* another node may have ended after the round */
+		job_iteration_done(j); /* another node may have ended after the round */
 }
 
 /* ---------------------------------------------------------- re-planning --- */
