@@ -825,11 +825,18 @@ static int c_prehello_flood(void *arg, int idx)
 		EXPECT(zmq_connect(socks[i], ep) == 0, "connect: %s", zmq_strerror(zmq_errno()));
 	}
 	/* all of it queued here at once: the I/O thread sends as fast as
-	 * zerod's takes it */
-	for (int i = 0; i < PREHELLO_CONNS; i++)
+	 * zerod's takes it. Once zerod shuts a connection its pipe is gone and
+	 * the rest is refused here (EAGAIN): on a loaded machine that comes
+	 * before all is queued, so what is asked is that every connection got
+	 * more than zerod lets one send without a Hello (4096: conn.c) */
+	for (int i = 0; i < PREHELLO_CONNS; i++) {
+		long mine = 0;
 		for (int k = 0; k < PREHELLO_MSGS; k++)
-			sent += zmq_send(socks[i], "x", 1, ZMQ_DONTWAIT) == 1;
-	EXPECT(sent == (long)PREHELLO_CONNS * PREHELLO_MSGS, "%ld messages queued", sent);
+			mine += zmq_send(socks[i], "x", 1, ZMQ_DONTWAIT) == 1;
+		EXPECT(mine > 4096, "connection %d: only %ld messages queued", i, mine);
+		sent += mine;
+	}
+	test_note("%ld of %ld messages queued", sent, (long)PREHELLO_CONNS * PREHELLO_MSGS);
 	signal_pipe(ready[1]);
 	wait_pipe(go[0], 30000);
 	for (int i = 0; i < PREHELLO_CONNS; i++)
