@@ -38,11 +38,6 @@ struct fpc {
 	bool closed;                 /* the daemon closed the channel */
 };
 
-bool fpc_closed(const struct fpc *f)
-{
-	return f->closed;
-}
-
 int fpc_fd(const struct fpc *f)
 {
 	return f->fd;

@@ -33,8 +33,6 @@ void fpc_free(struct fpc *f);
 /* The doorbell: readable when the daemon rang. */
 int fpc_fd(const struct fpc *f);
 
-bool fpc_closed(const struct fpc *f);
-
 /* Hand bucket over: READY(iteration, bucket), after MARK(zsent) if a
  * ZeroMQ message went out since the last slot. -EAGAIN when the ring is
  * full (the daemon has not taken a whole ring of slots), ZC_EPROTO when its

@@ -542,99 +542,83 @@ static int show_status(const Zerod__V1__StatusReply *st)
 	return degraded ? EXIT_DEGRADED : 0;
 }
 
-static int show_inspect(const Zerod__V1__InspectReply *in)
+/* inspect's reply as JSON (zeroctl.schema.json). */
+static void json_inspect(const Zerod__V1__InspectReply *in)
 {
 	const Zerod__V1__CtlJob *j = in->job;
-	char b1[64], b2[64], b3[64], b4[64], b5[64], b6[64];
-	struct table t = {.ncols = 6};
-	int code = job_degraded(j) ? EXIT_DEGRADED : 0;
-	size_t first;
 
-	if (opt.json) {
-		json_head();
-		printf(",\"inspect\":{\"job\":");
-		json_job(j);
-		printf(",\"plan\":");
-		if (in->optimizer) {
-			printf("{\"optimizer\":");
-			json_str(in->optimizer);
-			printf(",\"shard_mode\":");
-			json_str(in->shard_mode);
-			printf(",\"step_mode\":");
-			json_str(in->step_mode);
-			printf(",\"hash\":\"%016" PRIx64 "\",\"elements\":%" PRIu64 "}",
-			       in->plan_hash, in->total_elements);
-		} else {
-			printf("null");
-		}
-		printf(",\"backend\":");
-		if (in->backend)
-			json_str(in->backend);
+	json_head();
+	printf(",\"inspect\":{\"job\":");
+	json_job(j);
+	printf(",\"plan\":");
+	if (in->optimizer) {
+		printf("{\"optimizer\":");
+		json_str(in->optimizer);
+		printf(",\"shard_mode\":");
+		json_str(in->shard_mode);
+		printf(",\"step_mode\":");
+		json_str(in->step_mode);
+		printf(",\"hash\":\"%016" PRIx64 "\",\"elements\":%" PRIu64 "}",
+		       in->plan_hash, in->total_elements);
+	} else {
+		printf("null");
+	}
+	printf(",\"backend\":");
+	if (in->backend)
+		json_str(in->backend);
+	else
+		printf("null");
+	printf(",\"state_bytes\":%" PRIu64 ",\"ranks\":[", in->state_bytes);
+	for (size_t i = 0; i < in->n_ranks; i++) {
+		const Zerod__V1__CtlRank *r = in->ranks[i];
+		printf("%s{\"rank\":%u,\"connected\":%s,\"pid\":", i ? "," : "", r->rank,
+		       r->connected ? "true" : "false");
+		if (r->has_pid)
+			printf("%d", r->pid);
 		else
 			printf("null");
-		printf(",\"state_bytes\":%" PRIu64 ",\"ranks\":[", in->state_bytes);
-		for (size_t i = 0; i < in->n_ranks; i++) {
-			const Zerod__V1__CtlRank *r = in->ranks[i];
-			printf("%s{\"rank\":%u,\"connected\":%s,\"pid\":", i ? "," : "", r->rank,
-			       r->connected ? "true" : "false");
-			if (r->has_pid)
-				printf("%d", r->pid);
-			else
-				printf("null");
-			printf(",\"registered\":%s,\"next_bucket\":%u,\"owned_elements\":%" PRIu64
-			       "}",
-			       r->registered ? "true" : "false", r->next_bucket, r->owned_elements);
-		}
-		printf("],\"buckets\":[");
-		for (size_t i = 0; i < in->n_buckets; i++) {
-			const Zerod__V1__CtlBucket *b = in->buckets[i];
-			printf("%s{\"index\":%u,\"elements\":%" PRIu64 ",\"segments\":%u,"
-			       "\"arrived\":%u,\"owners\":[",
-			       i ? "," : "", b->index, b->numel, b->segments, b->arrived);
-			for (size_t k = 0; k < b->n_units; k++)
-				printf("%s{\"rank\":%u,\"offset\":%" PRIu64 ",\"elements\":%" PRIu64 "}",
-				       k ? "," : "", b->units[k]->owner, b->units[k]->offset,
-				       b->units[k]->numel);
-			printf("]}");
-		}
-		printf("],\"ops_kept\":%u,\"ops\":[", in->ops_kept);
-		for (size_t i = 0; i < in->n_ops; i++) {
-			const Zerod__V1__CtlOp *o = in->ops[i];
-			printf("%s{\"at_seconds\":%.6f,\"what\":", i ? "," : "", o->at_us / 1e6);
-			json_str(o->what);
-			printf(",\"iteration\":");
-			o->has_iteration ? printf("%" PRIu64, o->iteration) : printf("null");
-			printf(",\"bucket\":");
-			o->has_bucket ? printf("%d", o->bucket) : printf("null");
-			printf(",\"rank\":");
-			o->has_rank ? printf("%d", o->rank) : printf("null");
-			printf(",\"duration_seconds\":");
-			o->has_duration_us ? printf("%.6f", o->duration_us / 1e6) : printf("null");
-			printf(",\"detail\":");
-			o->detail ? json_str(o->detail) : (void)printf("null");
-			printf("}");
-		}
-		printf("]}}\n");
-		return code;
+		printf(",\"registered\":%s,\"next_bucket\":%u,\"owned_elements\":%" PRIu64
+		       "}",
+		       r->registered ? "true" : "false", r->next_bucket, r->owned_elements);
 	}
-	printf("job %s (uid %u): %s, iteration %" PRIu64 ", %u/%u ranks connected on %u node%s, "
-	       "%.1f iterations/s\n",
-	       j->id, j->uid, j->state, j->iteration, j->connected, j->local_ranks, j->nodes,
-	       j->nodes == 1 ? "" : "s", j->step_rate);
-	if (j->error)
-		printf("failed: %s\n", j->error);
-	if (j->waiting)
-		printf("waiting %s for: %s\n", duration(b1, j->idle_ms / 1000.0), j->waiting_for);
-	if (in->optimizer)
-		printf("plan %016" PRIx64 ": %s, shard %s, step %s, %" PRIu64
-		       " elements, backend %s, optimizer state %s\n",
-		       in->plan_hash, in->optimizer, in->shard_mode, in->step_mode,
-		       in->total_elements, in->backend ? in->backend : "-",
-		       bytes(b2, in->state_bytes));
-	else
-		printf("plan: not registered yet\n");
-	if (j->checkpoint)
-		print_ckpt(j->id, j->checkpoint);
+	printf("],\"buckets\":[");
+	for (size_t i = 0; i < in->n_buckets; i++) {
+		const Zerod__V1__CtlBucket *b = in->buckets[i];
+		printf("%s{\"index\":%u,\"elements\":%" PRIu64 ",\"segments\":%u,"
+		       "\"arrived\":%u,\"owners\":[",
+		       i ? "," : "", b->index, b->numel, b->segments, b->arrived);
+		for (size_t k = 0; k < b->n_units; k++)
+			printf("%s{\"rank\":%u,\"offset\":%" PRIu64 ",\"elements\":%" PRIu64 "}",
+			       k ? "," : "", b->units[k]->owner, b->units[k]->offset,
+			       b->units[k]->numel);
+		printf("]}");
+	}
+	printf("],\"ops_kept\":%u,\"ops\":[", in->ops_kept);
+	for (size_t i = 0; i < in->n_ops; i++) {
+		const Zerod__V1__CtlOp *o = in->ops[i];
+		printf("%s{\"at_seconds\":%.6f,\"what\":", i ? "," : "", o->at_us / 1e6);
+		json_str(o->what);
+		printf(",\"iteration\":");
+		o->has_iteration ? printf("%" PRIu64, o->iteration) : printf("null");
+		printf(",\"bucket\":");
+		o->has_bucket ? printf("%d", o->bucket) : printf("null");
+		printf(",\"rank\":");
+		o->has_rank ? printf("%d", o->rank) : printf("null");
+		printf(",\"duration_seconds\":");
+		o->has_duration_us ? printf("%.6f", o->duration_us / 1e6) : printf("null");
+		printf(",\"detail\":");
+		o->detail ? json_str(o->detail) : (void)printf("null");
+		printf("}");
+	}
+	printf("]}}\n");
+}
+
+/* inspect's tables: the ranks, the buckets and their owners. */
+static void inspect_tables(const Zerod__V1__InspectReply *in)
+{
+	const Zerod__V1__CtlJob *j = in->job;
+	char b1[64], b2[64], b3[64], b4[64];
+	struct table t = {.ncols = 6};
 
 	printf("\n");
 	table_row(&t, "RANK", "CONNECTED", "PID", "REGISTERED", "NEXT BUCKET", "OWNS");
@@ -646,6 +630,7 @@ static int show_inspect(const Zerod__V1__InspectReply *in)
 			  fmt(b4, sizeof(b4), "%" PRIu64 " elements", r->owned_elements));
 	}
 	table_print(&t);
+
 
 	if (in->n_buckets) {
 		t.ncols = 5;
@@ -669,6 +654,15 @@ static int show_inspect(const Zerod__V1__InspectReply *in)
 		table_print(&t);
 	}
 
+}
+
+/* inspect's flight recorder: the last --ops operations. */
+static void inspect_ops(const Zerod__V1__InspectReply *in)
+{
+	char b1[64], b2[64], b3[64], b4[64], b5[64], b6[64];
+	struct table t = {.ncols = 7};
+	size_t first;
+
 	first = in->n_ops > (size_t)opt.ops ? in->n_ops - (size_t)opt.ops : 0;
 	if (first)
 		printf("\nflight recorder: the last %zu of %zu operations (it keeps the last %u; "
@@ -678,7 +672,6 @@ static int show_inspect(const Zerod__V1__InspectReply *in)
 		printf("\nflight recorder: %zu operations (it keeps the last %u)\n", in->n_ops,
 		       in->ops_kept);
 	if (in->n_ops) {
-		t.ncols = 7;
 		table_row(&t, "AT", "WHAT", "ITERATION", "BUCKET", "RANK", "TOOK", "DETAIL");
 		for (size_t i = first; i < in->n_ops; i++) {
 			const Zerod__V1__CtlOp *o = in->ops[i];
@@ -692,6 +685,39 @@ static int show_inspect(const Zerod__V1__InspectReply *in)
 		}
 		table_print(&t);
 	}
+}
+
+static int show_inspect(const Zerod__V1__InspectReply *in)
+{
+	const Zerod__V1__CtlJob *j = in->job;
+	char b1[64], b2[64];
+	int code = job_degraded(j) ? EXIT_DEGRADED : 0;
+
+	if (opt.json) {
+		json_inspect(in);
+		return code;
+	}
+	printf("job %s (uid %u): %s, iteration %" PRIu64 ", %u/%u ranks connected on %u node%s, "
+	       "%.1f iterations/s\n",
+	       j->id, j->uid, j->state, j->iteration, j->connected, j->local_ranks, j->nodes,
+	       j->nodes == 1 ? "" : "s", j->step_rate);
+	if (j->error)
+		printf("failed: %s\n", j->error);
+	if (j->waiting)
+		printf("waiting %s for: %s\n", duration(b1, j->idle_ms / 1000.0), j->waiting_for);
+	if (in->optimizer)
+		printf("plan %016" PRIx64 ": %s, shard %s, step %s, %" PRIu64
+		       " elements, backend %s, optimizer state %s\n",
+		       in->plan_hash, in->optimizer, in->shard_mode, in->step_mode,
+		       in->total_elements, in->backend ? in->backend : "-",
+		       bytes(b2, in->state_bytes));
+	else
+		printf("plan: not registered yet\n");
+	if (j->checkpoint)
+		print_ckpt(j->id, j->checkpoint);
+
+	inspect_tables(in);
+	inspect_ops(in);
 	return code;
 }
 
@@ -910,7 +936,14 @@ static int absolute(const char *file, char *out, size_t len)
 	return r;
 }
 
-int main(int argc, char **argv)
+/* The numbers a verb may be narrowed by; -1: not given. */
+struct narrow {
+	long rank, bucket, uid;
+};
+
+/* The command line's options into opt and *n. Returns -1 to go on, else
+ * the exit code (0 after --help or --version). */
+static int parse_options(int argc, char **argv, struct narrow *n)
 {
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, 's'},
@@ -925,16 +958,7 @@ int main(int argc, char **argv)
 		{"version", no_argument, NULL, 'V'},
 		{0},
 	};
-	Ctl req = ZEROD__V1__CTL__INIT, *rep = NULL;
-	Zerod__V1__StatusRequest sq = ZEROD__V1__STATUS_REQUEST__INIT;
-	Zerod__V1__InspectRequest iq = ZEROD__V1__INSPECT_REQUEST__INIT;
-	Zerod__V1__MetricsRequest mq = ZEROD__V1__METRICS_REQUEST__INIT;
-	Zerod__V1__ReloadRequest rq = ZEROD__V1__RELOAD_REQUEST__INIT;
-	Zerod__V1__TraceRequest tq = ZEROD__V1__TRACE_REQUEST__INIT;
-	Zerod__V1__CheckpointRequest cq = ZEROD__V1__CHECKPOINT_REQUEST__INIT;
-	char file[PATH_MAX];
-	long rank = -1, bucket = -1, uid = -1;
-	int c, code;
+	int c;
 	char *end;
 
 	opt.socket = getenv("ZEROD_SOCKET");
@@ -963,7 +987,7 @@ int main(int argc, char **argv)
 			long v = strtol(optarg, &end, 10);
 			if (*end || !*optarg || v < 0 || v > INT32_MAX)
 				return fail(EXIT_USAGE, "%s: not a number >= 0", optarg);
-			*(c == 'r' ? &rank : c == 'b' ? &bucket : &uid) = v;
+			*(c == 'r' ? &n->rank : c == 'b' ? &n->bucket : &n->uid) = v;
 			if (c == 'n')
 				opt.ops = (int)v;
 			break;
@@ -983,6 +1007,133 @@ int main(int argc, char **argv)
 			return EXIT_USAGE;
 		}
 	}
+	return -1;
+}
+
+/* One request and the bodies it may point at, with the absolute path a
+ * verb's FILE or DIR became. */
+struct request {
+	Ctl req;
+	Zerod__V1__StatusRequest sq;
+	Zerod__V1__InspectRequest iq;
+	Zerod__V1__MetricsRequest mq;
+	Zerod__V1__ReloadRequest rq;
+	Zerod__V1__TraceRequest tq;
+	Zerod__V1__CheckpointRequest cq;
+	char file[PATH_MAX];
+};
+
+/* The verb at argv[optind] and its arguments into *q. Returns -1 to go on,
+ * else the exit code. */
+static int build_request(int argc, char **argv, const struct narrow *n, struct request *q)
+{
+	Ctl *req = &q->req;
+
+	q->req.version = ZEROD_CTL_VERSION;
+	if (strcmp(opt.verb, "status") == 0 && optind == argc) {
+		req->body_case = ZEROD__V1__CTL__BODY_STATUS_REQUEST;
+		req->status_request = &q->sq;
+	} else if (strcmp(opt.verb, "inspect") == 0 && optind + 1 == argc) {
+		q->iq.job = argv[optind];
+		q->iq.has_rank = n->rank >= 0;
+		q->iq.rank = (int32_t)n->rank;
+		q->iq.has_bucket = n->bucket >= 0;
+		q->iq.bucket = (int32_t)n->bucket;
+		q->iq.has_uid = n->uid >= 0;
+		q->iq.uid = (uint32_t)n->uid;
+		req->body_case = ZEROD__V1__CTL__BODY_INSPECT_REQUEST;
+		req->inspect_request = &q->iq;
+	} else if (strcmp(opt.verb, "metrics") == 0 && optind == argc) {
+		req->body_case = ZEROD__V1__CTL__BODY_METRICS_REQUEST;
+		req->metrics_request = &q->mq;
+	} else if (strcmp(opt.verb, "reload") == 0 && optind == argc) {
+		req->body_case = ZEROD__V1__CTL__BODY_RELOAD_REQUEST;
+		req->reload_request = &q->rq;
+	} else if (strcmp(opt.verb, "checkpoint") == 0 && optind < argc && optind + 2 >= argc) {
+		q->cq.job = argv[optind];
+		q->cq.has_uid = n->uid >= 0;
+		q->cq.uid = (uint32_t)n->uid;
+		if (optind + 1 < argc) {
+			int r = absolute(argv[optind + 1], q->file, sizeof(q->file));
+			if (r < 0)
+				return fail(EXIT_USAGE, "%s: %s", argv[optind + 1], strerror(-r));
+			q->cq.dir = q->file;
+		}
+		req->body_case = ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST;
+		req->checkpoint_request = &q->cq;
+	} else if (strcmp(opt.verb, "trace") == 0 && optind < argc &&
+		   ((strcmp(argv[optind], "on") == 0 && optind + 2 == argc) ||
+		    (strcmp(argv[optind], "off") == 0 && optind + 1 == argc))) {
+		q->tq.on = strcmp(argv[optind], "on") == 0;
+		if (q->tq.on) {
+			int r = absolute(argv[optind + 1], q->file, sizeof(q->file));
+			if (r < 0)
+				return fail(EXIT_USAGE, "%s: %s", argv[optind + 1], strerror(-r));
+			q->tq.file = q->file;
+		}
+		req->body_case = ZEROD__V1__CTL__BODY_TRACE_REQUEST;
+		req->trace_request = &q->tq;
+	} else {
+		fprintf(stderr, "zeroctl: %s: unknown verb or wrong arguments\n", opt.verb);
+		usage(stderr);
+		return opt.json ? fail(EXIT_USAGE, "%s: unknown verb or wrong arguments", opt.verb)
+				: EXIT_USAGE;
+	}
+	if ((n->rank >= 0 || n->bucket >= 0 || n->uid >= 0) &&
+	    req->body_case != ZEROD__V1__CTL__BODY_INSPECT_REQUEST &&
+	    !(n->uid >= 0 && n->rank < 0 && n->bucket < 0 &&
+	      req->body_case == ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST))
+		return fail(EXIT_USAGE, "--rank, --bucket and --uid go with inspect (--uid with "
+					"checkpoint too)");
+	if (opt.wait && req->body_case != ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST)
+		return fail(EXIT_USAGE, "--wait goes with checkpoint");
+	return -1;
+}
+
+/* The reply to a request of kind `asked`, shown; the exit code. */
+static int show_reply(Zerod__V1__Ctl__BodyCase asked, Ctl *rep, const struct narrow *n)
+{
+	int code;
+
+	switch (asked) {
+	case ZEROD__V1__CTL__BODY_STATUS_REQUEST:
+		code = expect(rep, ZEROD__V1__CTL__BODY_STATUS);
+		return code ? code : show_status(rep->status);
+	case ZEROD__V1__CTL__BODY_INSPECT_REQUEST:
+		code = expect(rep, ZEROD__V1__CTL__BODY_INSPECT);
+		return code ? code : show_inspect(rep->inspect);
+	case ZEROD__V1__CTL__BODY_METRICS_REQUEST:
+		code = expect(rep, ZEROD__V1__CTL__BODY_METRICS);
+		return code ? code : show_metrics(rep->metrics);
+	case ZEROD__V1__CTL__BODY_RELOAD_REQUEST:
+		code = expect(rep, ZEROD__V1__CTL__BODY_RELOAD);
+		return code ? code : show_reload(rep->reload);
+	case ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST:
+		code = expect(rep, ZEROD__V1__CTL__BODY_CHECKPOINT);
+		return code ? code : show_checkpoint(rep->checkpoint, n->uid);
+	default:
+		code = expect(rep, ZEROD__V1__CTL__BODY_TRACE);
+		return code ? code : show_trace(rep->trace);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static struct request q = {
+		.req = ZEROD__V1__CTL__INIT,
+		.sq = ZEROD__V1__STATUS_REQUEST__INIT,
+		.iq = ZEROD__V1__INSPECT_REQUEST__INIT,
+		.mq = ZEROD__V1__METRICS_REQUEST__INIT,
+		.rq = ZEROD__V1__RELOAD_REQUEST__INIT,
+		.tq = ZEROD__V1__TRACE_REQUEST__INIT,
+		.cq = ZEROD__V1__CHECKPOINT_REQUEST__INIT,
+	};
+	struct narrow n = {-1, -1, -1};
+	Ctl *rep = NULL;
+	int code;
+
+	if ((code = parse_options(argc, argv, &n)) >= 0)
+		return code;
 	if (optind >= argc) {
 		usage(stderr);
 		return EXIT_USAGE;
@@ -990,100 +1141,12 @@ int main(int argc, char **argv)
 	opt.verb = argv[optind++];
 	if (strcmp(opt.verb, "keygen") == 0 && optind + 1 >= argc)
 		return zeroctl_keygen(optind < argc ? argv[optind] : "zerod", stdout, stderr);
-	req.version = ZEROD_CTL_VERSION;
-	if (strcmp(opt.verb, "status") == 0 && optind == argc) {
-		req.body_case = ZEROD__V1__CTL__BODY_STATUS_REQUEST;
-		req.status_request = &sq;
-	} else if (strcmp(opt.verb, "inspect") == 0 && optind + 1 == argc) {
-		iq.job = argv[optind];
-		iq.has_rank = rank >= 0;
-		iq.rank = (int32_t)rank;
-		iq.has_bucket = bucket >= 0;
-		iq.bucket = (int32_t)bucket;
-		iq.has_uid = uid >= 0;
-		iq.uid = (uint32_t)uid;
-		req.body_case = ZEROD__V1__CTL__BODY_INSPECT_REQUEST;
-		req.inspect_request = &iq;
-	} else if (strcmp(opt.verb, "metrics") == 0 && optind == argc) {
-		req.body_case = ZEROD__V1__CTL__BODY_METRICS_REQUEST;
-		req.metrics_request = &mq;
-	} else if (strcmp(opt.verb, "reload") == 0 && optind == argc) {
-		req.body_case = ZEROD__V1__CTL__BODY_RELOAD_REQUEST;
-		req.reload_request = &rq;
-	} else if (strcmp(opt.verb, "checkpoint") == 0 && optind < argc && optind + 2 >= argc) {
-		cq.job = argv[optind];
-		cq.has_uid = uid >= 0;
-		cq.uid = (uint32_t)uid;
-		if (optind + 1 < argc) {
-			int r = absolute(argv[optind + 1], file, sizeof(file));
-			if (r < 0)
-				return fail(EXIT_USAGE, "%s: %s", argv[optind + 1], strerror(-r));
-			cq.dir = file;
-		}
-		req.body_case = ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST;
-		req.checkpoint_request = &cq;
-	} else if (strcmp(opt.verb, "trace") == 0 && optind < argc &&
-		   ((strcmp(argv[optind], "on") == 0 && optind + 2 == argc) ||
-		    (strcmp(argv[optind], "off") == 0 && optind + 1 == argc))) {
-		tq.on = strcmp(argv[optind], "on") == 0;
-		if (tq.on) {
-			int r = absolute(argv[optind + 1], file, sizeof(file));
-			if (r < 0)
-				return fail(EXIT_USAGE, "%s: %s", argv[optind + 1], strerror(-r));
-			tq.file = file;
-		}
-		req.body_case = ZEROD__V1__CTL__BODY_TRACE_REQUEST;
-		req.trace_request = &tq;
-	} else {
-		fprintf(stderr, "zeroctl: %s: unknown verb or wrong arguments\n", opt.verb);
-		usage(stderr);
-		return opt.json ? fail(EXIT_USAGE, "%s: unknown verb or wrong arguments", opt.verb)
-				: EXIT_USAGE;
-	}
-	if ((rank >= 0 || bucket >= 0 || uid >= 0) &&
-	    req.body_case != ZEROD__V1__CTL__BODY_INSPECT_REQUEST &&
-	    !(uid >= 0 && rank < 0 && bucket < 0 &&
-	      req.body_case == ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST))
-		return fail(EXIT_USAGE, "--rank, --bucket and --uid go with inspect (--uid with "
-					"checkpoint too)");
-	if (opt.wait && req.body_case != ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST)
-		return fail(EXIT_USAGE, "--wait goes with checkpoint");
-
-	code = call(&req, &rep);
+	if ((code = build_request(argc, argv, &n, &q)) >= 0)
+		return code;
+	code = call(&q.req, &rep);
 	if (code)
 		return code;
-	switch (req.body_case) {
-	case ZEROD__V1__CTL__BODY_STATUS_REQUEST:
-		code = expect(rep, ZEROD__V1__CTL__BODY_STATUS);
-		if (!code)
-			code = show_status(rep->status);
-		break;
-	case ZEROD__V1__CTL__BODY_INSPECT_REQUEST:
-		code = expect(rep, ZEROD__V1__CTL__BODY_INSPECT);
-		if (!code)
-			code = show_inspect(rep->inspect);
-		break;
-	case ZEROD__V1__CTL__BODY_METRICS_REQUEST:
-		code = expect(rep, ZEROD__V1__CTL__BODY_METRICS);
-		if (!code)
-			code = show_metrics(rep->metrics);
-		break;
-	case ZEROD__V1__CTL__BODY_RELOAD_REQUEST:
-		code = expect(rep, ZEROD__V1__CTL__BODY_RELOAD);
-		if (!code)
-			code = show_reload(rep->reload);
-		break;
-	case ZEROD__V1__CTL__BODY_CHECKPOINT_REQUEST:
-		code = expect(rep, ZEROD__V1__CTL__BODY_CHECKPOINT);
-		if (!code)
-			code = show_checkpoint(rep->checkpoint, uid);
-		break;
-	default:
-		code = expect(rep, ZEROD__V1__CTL__BODY_TRACE);
-		if (!code)
-			code = show_trace(rep->trace);
-		break;
-	}
+	code = show_reply(q.req.body_case, rep, &n);
 	zerod__v1__ctl__free_unpacked(rep, NULL);
 	return code;
 }
