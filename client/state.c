@@ -379,7 +379,7 @@ static void narrow_masters(zc_client *c, const struct plan *p, const void *segs,
 			   uint32_t n)
 {
 	if (c->dev)
-		return; /* CUDA buffers: the daemon stored them (daemon/exec/xfer.c's state_import) */
+		return; /* CUDA buffers: the daemon stored them (exec/xfer.c's state_import) */
 	for (uint32_t i = 0; i < n; i++) {
 		const struct zc_segment_state *s = (const void *)((const char *)segs + i * stride);
 		const struct plan_bucket *bk = &p->buckets[s->bucket];
