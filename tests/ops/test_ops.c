@@ -213,25 +213,41 @@ static void write_base_config(void)
 	write_config(base_config);
 }
 
-/* A plan of two 64-element buckets, SGD. */
-static void small_plan(struct zc_plan *plan, struct zc_bucket b[2], struct zc_segment s[2],
-		       struct zc_param_group *g)
+/* A plan of two 64-element buckets, SGD, and what it points at. */
+struct small {
+	struct zc_param_group g;
+	struct zc_segment s[2];
+	struct zc_bucket b[2];
+	struct zc_plan plan;
+};
+
+/* A rank of a small job: connected, its buffers allocated, its plan (in
+ * *sm, which must outlive the client) registered. */
+static int small_join(const struct zc_config *cfg, struct small *sm, zc_client **c)
 {
-	*g = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
-	g->lr = 0.1;
+	int r;
+
+	sm->g = (struct zc_param_group)ZC_PARAM_GROUP_INIT;
+	sm->g.lr = 0.1;
 	for (int i = 0; i < 2; i++) {
-		s[i] = (struct zc_segment){.size = sizeof(s[i]), .offset = 0, .numel = 64};
-		b[i] = (struct zc_bucket){
-			.size = sizeof(b[i]), .numel = 64, .nsegments = 1, .segments = &s[i]};
+		sm->s[i] = (struct zc_segment){.size = sizeof(sm->s[i]), .offset = 0, .numel = 64};
+		sm->b[i] = (struct zc_bucket){
+			.size = sizeof(sm->b[i]), .numel = 64, .nsegments = 1, .segments = &sm->s[i]};
 	}
-	*plan = (struct zc_plan){.size = sizeof(*plan),
-				 .optimizer = ZC_OPT_SGD,
-				 .shard_mode = ZC_SHARD_BUCKET,
-				 .step_mode = ZC_STEP_INTERLEAVED,
-				 .ngroups = 1,
-				 .groups = g,
-				 .nbuckets = 2,
-				 .buckets = b};
+	sm->plan = (struct zc_plan){.size = sizeof(sm->plan),
+				    .optimizer = ZC_OPT_SGD,
+				    .shard_mode = ZC_SHARD_BUCKET,
+				    .step_mode = ZC_STEP_INTERLEAVED,
+				    .ngroups = 1,
+				    .groups = &sm->g,
+				    .nbuckets = 2,
+				    .buckets = sm->b};
+	r = zc_connect(cfg, c);
+	if (r == 0)
+		r = zc_alloc_buffers(*c, &sm->plan);
+	if (r == 0)
+		r = zc_register_plan(*c);
+	return r;
 }
 
 /* A rank of a job that wedges: both register, rank 0 hands over bucket 0,
@@ -240,21 +256,13 @@ static int wedge_pipe[2];
 static int c_wedge(void *arg, int rank)
 {
 	struct zc_config cfg = test_config(&daemon_, arg, (uint32_t)rank, 2);
-	struct zc_param_group g;
-	struct zc_segment s[2];
-	struct zc_bucket b[2];
-	struct zc_plan plan;
+	struct small sm;
 	zc_client *c = NULL;
 	char ch;
 	int r;
 
 	close(wedge_pipe[1]);
-	small_plan(&plan, b, s, &g);
-	r = zc_connect(&cfg, &c);
-	if (r == 0)
-		r = zc_alloc_buffers(c, &plan);
-	if (r == 0)
-		r = zc_register_plan(c);
+	r = small_join(&cfg, &sm, &c);
 	if (r == 0 && rank == 0)
 		r = zc_bucket_ready(c, 0, NULL);
 	EXPECT(r == 0, "rank %d: %s", rank, zc_strerror_name(r));
@@ -578,21 +586,13 @@ static void t_clean_end_torch(void)
 static int c_leave_early(void *arg, int rank)
 {
 	struct zc_config cfg = test_config(&daemon_, arg, (uint32_t)rank, 2);
-	struct zc_param_group g;
-	struct zc_segment s[2];
-	struct zc_bucket b[2];
-	struct zc_plan plan;
+	struct small sm;
 	zc_client *c = NULL;
 	char ch;
 	int r;
 
 	close(wedge_pipe[1]);
-	small_plan(&plan, b, s, &g);
-	r = zc_connect(&cfg, &c);
-	if (r == 0)
-		r = zc_alloc_buffers(c, &plan);
-	if (r == 0)
-		r = zc_register_plan(c);
+	r = small_join(&cfg, &sm, &c);
 	EXPECT(r == 0, "rank %d: %s", rank, zc_strerror_name(r));
 	if (rank == 0)
 		(void)!read(wedge_pipe[0], &ch, 1);
@@ -943,10 +943,7 @@ static int c_ckpt_rank(void *arg, int rank)
 {
 	struct ckjob *k = arg;
 	struct zc_config cfg = test_config(&k->d, "ops-ckpt", (uint32_t)rank, 2);
-	struct zc_param_group g;
-	struct zc_segment s[2];
-	struct zc_bucket b[2];
-	struct zc_plan plan;
+	struct small sm;
 	zc_client *c = NULL;
 	int r;
 
@@ -954,12 +951,7 @@ static int c_ckpt_rank(void *arg, int rank)
 		EXPECT(0, "rank %d: becoming uid %u: %s", rank, (unsigned)k->uid, strerror(errno));
 		return child_bad;
 	}
-	small_plan(&plan, b, s, &g);
-	r = zc_connect(&cfg, &c);
-	if (r == 0)
-		r = zc_alloc_buffers(c, &plan);
-	if (r == 0)
-		r = zc_register_plan(c);
+	r = small_join(&cfg, &sm, &c);
 	while (r >= 0) {
 		zc_future *step = NULL;
 		uint64_t t = zc_iteration(c);
