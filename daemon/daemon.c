@@ -46,7 +46,12 @@
 #include "mem/mem.h"
 #include "ops/ops.h"
 #include "base/pool.h"
+#include "core/job.h"
 #include "core/rdzv.h"
+#include "core/sched.h"
+#include "edge/edge.h"
+#include "exec/completion.h"
+#include "exec/exec.h"
 #include "net/rdzvcurve.h"
 
 /* fds kept beyond connections and pidfds: shm opens, /proc reads, the odd
@@ -56,7 +61,7 @@
 
 static bool executors_idle(struct daemon *d)
 {
-	for (struct job *j = d->jobs; j; j = j->next)
+	for (struct job *j = d->core.jobs; j; j = j->next)
 		if (j->exec_running)
 			return false;
 	return true;
@@ -65,43 +70,44 @@ static bool executors_idle(struct daemon *d)
 static void on_completions(struct loop *l, void *userdata)
 {
 	struct daemon *d = userdata;
-	struct exec_done *done = completion_queue_take(d->cq);
+	struct exec_done *done = completion_queue_take(d->core.cq);
 
 	while (done) {
 		struct exec_done *next = done->next;
 		/* what a job's completions log, its owner caused */
 		log_set_cause(((struct job *)done->tag)->uid);
-		ops_exec_done(d, done);
-		sched_on_done(d, done);
+		sched_on_done(&d->core, done);
 		log_clear_cause();
 		free(done);
 		done = next;
 	}
-	fastpath_flush(d);
-	session_reap(d);
-	if (d->stopping && executors_idle(d))
+	fastpath_flush(&d->edge);
+	session_reap(&d->edge);
+	if (d->edge.stopping && executors_idle(d))
 		loop_quit(l);
 }
 
 static void on_router(struct loop *l, void *userdata)
 {
-	session_on_router(l, userdata);
-	session_reap(userdata);
+	struct daemon *d = userdata;
+
+	session_on_router(l, &d->edge);
+	session_reap(&d->edge);
 }
 
 static void begin_shutdown(struct daemon *d, const char *why)
 {
-	if (d->stopping)
+	if (d->edge.stopping)
 		return;
-	d->stopping = true;
+	d->edge.stopping = true;
 	d->stop_deadline_ms = now_ms() + d->cfg.shutdown_timeout_ms;
 	log_notice("%s: shutting down", why);
-	ops_stopping(d);
-	for (struct job *j = d->jobs; j; j = j->next) {
+	ops_stopping(&d->ops);
+	for (struct job *j = d->core.jobs; j; j = j->next) {
 		if (!job_ended(j))
 			job_fail(j, ZC_ESHUTDOWN, true, "zerod is shutting down (%s)", why);
 	}
-	session_reap(d);
+	session_reap(&d->edge);
 }
 
 /* Is the socket file still the one this process bound? */
@@ -120,9 +126,9 @@ static void log_status(struct daemon *d)
 	log_notice("status %" PRIu64 ": %u jobs, %u sessions, %u connections, %s (%" PRIu64
 		   " bytes) of optimizer state, %" PRIu64 " replies dropped, %" PRIu64
 		   " connections closed, %" PRIu64 " log lines dropped",
-		   ++d->status_serial, d->njobs, d->nsessions, d->nconns,
-		   fmt_bytes(mem, d->memory_used), d->memory_used, d->stats.replies_dropped,
-		   d->stats.conns_shed, log_dropped_total());
+		   ++d->status_serial, d->core.njobs, d->edge.nsessions, d->edge.nconns,
+		   fmt_bytes(mem, d->core.memory_used), d->core.memory_used, d->core.stats.replies_dropped,
+		   d->core.stats.conns_shed, log_dropped_total());
 }
 
 static void on_signal(struct loop *l, void *userdata)
@@ -136,10 +142,10 @@ static void on_signal(struct loop *l, void *userdata)
 			continue;
 		}
 		if (si.ssi_signo == SIGHUP) {
-			ops_reload(d);
+			ops_reload(&d->ops);
 			continue;
 		}
-		if (d->stopping) {
+		if (d->edge.stopping) {
 			/* no waiting for executors in the middle of an op: the
 			 * socket goes, shared memory was unlinked when mapped */
 			log_warning("second signal: stopping now");
@@ -150,7 +156,7 @@ static void on_signal(struct loop *l, void *userdata)
 		}
 		begin_shutdown(d, si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
 	}
-	if (d->stopping && executors_idle(d))
+	if (d->edge.stopping && executors_idle(d))
 		loop_quit(l);
 }
 
@@ -169,16 +175,16 @@ static int64_t stall_deadline(const struct daemon *d, const struct job *j)
 static void before_sleep(struct loop *l, void *userdata)
 {
 	struct daemon *d = userdata;
-	int64_t next = MIN(session_next_deadline(d), conn_next_deadline(d));
+	int64_t next = MIN(session_next_deadline(&d->edge), conn_next_deadline(&d->edge));
 
-	next = MIN(next, fastpath_next_deadline(d));
-	next = MIN(next, ops_next_deadline(d));
-	next = MIN(next, rdzv_next_deadline(d));
+	next = MIN(next, fastpath_next_deadline(&d->edge));
+	next = MIN(next, ops_next_deadline(&d->ops));
+	next = MIN(next, rdzv_next_deadline(&d->core));
 
 	(void)l;
-	if (d->stopping)
+	if (d->edge.stopping)
 		next = MIN(next, d->stop_deadline_ms);
-	for (struct job *j = d->jobs; j; j = j->next)
+	for (struct job *j = d->core.jobs; j; j = j->next)
 		next = MIN(next, stall_deadline(d, j));
 	loop_timer_set(d->timer, next);
 }
@@ -188,17 +194,17 @@ static void on_timer(struct loop *l, void *userdata)
 	struct daemon *d = userdata;
 	int64_t now = now_ms();
 
-	if (d->stopping && (executors_idle(d) || now >= d->stop_deadline_ms)) {
+	if (d->edge.stopping && (executors_idle(d) || now >= d->stop_deadline_ms)) {
 		loop_quit(l);
 		return;
 	}
-	session_check_leaving(d, now);
-	sched_check_stalls(d, now);
-	fastpath_tick(d, now);
-	rdzv_tick(d, now);
-	conn_check_idle(d, now);
-	ops_tick(d, now);
-	session_reap(d);
+	session_check_leaving(&d->edge, now);
+	sched_check_stalls(&d->core, now);
+	fastpath_tick(&d->edge, now);
+	rdzv_tick(&d->core, now);
+	conn_check_idle(&d->edge, now);
+	ops_tick(&d->ops, now);
+	session_reap(&d->edge);
 }
 
 /* Take the lock beside the socket (so two daemons started at once cannot
@@ -273,8 +279,8 @@ static int open_router(struct daemon *d, char *why, size_t len)
 	r = claim_socket_path(d, why, len);
 	if (r < 0)
 		return r;
-	d->router = zmq_socket(d->zctx, ZMQ_ROUTER);
-	if (!d->router) {
+	d->edge.router = zmq_socket(d->edge.zctx, ZMQ_ROUTER);
+	if (!d->edge.router) {
 		r = -zmq_errno();
 		snprintf(why, len, "ROUTER socket: %s", zmq_strerror(-r));
 		return r;
@@ -282,12 +288,12 @@ static int open_router(struct daemon *d, char *why, size_t len)
 	/* No silently dropped completions: a send to a gone peer fails. A peer
 	 * that never completes the ZeroMQ handshake goes like one that never
 	 * says Hello. */
-	if (zmq_setsockopt(d->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
-	    zmq_setsockopt(d->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
-	    zmq_setsockopt(d->router, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
-	    zmq_setsockopt(d->router, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm)) < 0 ||
-	    zmq_setsockopt(d->router, ZMQ_HANDSHAKE_IVL, &hs, sizeof(hs)) < 0 ||
-	    zmq_setsockopt(d->router, ZMQ_LINGER, &zero, sizeof(zero)) < 0) {
+	if (zmq_setsockopt(d->edge.router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
+	    zmq_setsockopt(d->edge.router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
+	    zmq_setsockopt(d->edge.router, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
+	    zmq_setsockopt(d->edge.router, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm)) < 0 ||
+	    zmq_setsockopt(d->edge.router, ZMQ_HANDSHAKE_IVL, &hs, sizeof(hs)) < 0 ||
+	    zmq_setsockopt(d->edge.router, ZMQ_LINGER, &zero, sizeof(zero)) < 0) {
 		r = -zmq_errno();
 		snprintf(why, len, "ROUTER socket options: %s", zmq_strerror(-r));
 		return r;
@@ -295,7 +301,7 @@ static int open_router(struct daemon *d, char *why, size_t len)
 	/* socket activation: ZeroMQ takes systemd's listening socket, whose
 	 * file is systemd's (never unlinked here) */
 	if (d->listen_fd >= 0 &&
-	    zmq_setsockopt(d->router, ZMQ_USE_FD, &d->listen_fd, sizeof(d->listen_fd)) < 0) {
+	    zmq_setsockopt(d->edge.router, ZMQ_USE_FD, &d->listen_fd, sizeof(d->listen_fd)) < 0) {
 		r = -zmq_errno();
 		snprintf(why, len, "ROUTER socket: adopting systemd's socket: %s", zmq_strerror(-r));
 		return r;
@@ -304,7 +310,7 @@ static int open_router(struct daemon *d, char *why, size_t len)
 	/* the socket file is born 0660 (zmq_bind creates it on this thread):
 	 * no moment with the umask's mode, and clients that see it may use it */
 	old_mask = umask(0117);
-	r = zmq_bind(d->router, endpoint);
+	r = zmq_bind(d->edge.router, endpoint);
 	umask(old_mask);
 	if (r < 0) {
 		r = -zmq_errno();
@@ -316,7 +322,7 @@ static int open_router(struct daemon *d, char *why, size_t len)
 		d->sock_dev = st.st_dev;
 		d->sock_ino = st.st_ino;
 	}
-	r = conn_open_monitor(d);
+	r = conn_open_monitor(&d->edge);
 	if (r < 0)
 		snprintf(why, len, "ROUTER monitor: %s", zmq_strerror(-r));
 	return r;
@@ -383,7 +389,7 @@ static int fd_limits(struct daemon *d, char *why, size_t len)
 			log_notice("RLIMIT_NOFILE %u allows %u sessions (--max-sessions)",
 				   d->nofile, d->cfg.max_sessions);
 	}
-	d->conn_limit = MIN(usable - d->cfg.max_sessions, 2 * d->cfg.max_sessions + 64);
+	d->edge.conn_limit = MIN(usable - d->cfg.max_sessions, 2 * d->cfg.max_sessions + 64);
 	return 0;
 }
 
@@ -410,31 +416,31 @@ static int open_fds(struct daemon *d, char *why, size_t len)
 static void daemon_close(struct daemon *d)
 {
 	/* executors are stopped (or the deadline passed: then stop them now) */
-	for (struct job *j = d->jobs; j; j = j->next)
+	for (struct job *j = d->core.jobs; j; j = j->next)
 		if (j->exec_running)
 			exec_stop(j->exec);
-	session_free_all(d);
-	fastpath_unlisten(d);
-	job_free_all(d); /* joins executors, unmaps buffers */
-	ops_close(d);    /* completes a trace, closes the control socket */
-	rdzv_close_all(d);
-	if (d->router) {
+	session_free_all(&d->edge);
+	fastpath_unlisten(&d->edge);
+	job_free_all(&d->core); /* joins executors, unmaps buffers */
+	ops_close(&d->ops);    /* completes a trace, closes the control socket */
+	rdzv_close_all(&d->core);
+	if (d->edge.router) {
 		/* the jobs' last errors (ZC_ESHUTDOWN) may still be queued: give
 		 * them a moment to leave, then drop what a stuck peer never read */
 		int linger = 1000;
-		conn_close_all(d);
-		zmq_setsockopt(d->router, ZMQ_LINGER, &linger, sizeof(linger));
-		zmq_close(d->router);
+		conn_close_all(&d->edge);
+		zmq_setsockopt(d->edge.router, ZMQ_LINGER, &linger, sizeof(linger));
+		zmq_close(d->edge.router);
 		/* only a socket this process bound: never a winner's */
 		if (socket_is_ours(d))
 			unlink(d->cfg.socket_path);
 	}
-	if (d->zctx)
-		zmq_ctx_term(d->zctx);
-	pool_free(d->pool);
-	completion_queue_free(d->cq);
+	if (d->edge.zctx)
+		zmq_ctx_term(d->edge.zctx);
+	pool_free(d->core.pool);
+	completion_queue_free(d->core.cq);
 	loop_timer_free(d->timer);
-	loop_free(d->loop);
+	loop_free(d->core.loop);
 	if (d->sigfd >= 0)
 		close(d->sigfd);
 	lockfile_release(d->cfg.socket_path, d->lockfd); /* a zerod after it takes a new one */
@@ -458,14 +464,14 @@ static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char 
 		snprintf(why, len, "log thread: %s", strerror(-r));
 		goto out;
 	}
-	if ((r = pool_catch_faults()) < 0 || (r = pool_new(cfg->workers, &d->pool)) < 0 ||
-	    (r = completion_queue_new(&d->cq)) < 0 || (r = loop_new(&d->loop)) < 0 ||
-	    (r = loop_timer_new(d->loop, on_timer, d, &d->timer)) < 0) {
+	if ((r = pool_catch_faults()) < 0 || (r = pool_new(cfg->workers, &d->core.pool)) < 0 ||
+	    (r = completion_queue_new(&d->core.cq)) < 0 || (r = loop_new(&d->core.loop)) < 0 ||
+	    (r = loop_timer_new(d->core.loop, on_timer, d, &d->timer)) < 0) {
 		snprintf(why, len, "setting up: %s", zc_strerror(r));
 		goto out;
 	}
-	d->zctx = zmq_ctx_new();
-	if (!d->zctx) {
+	d->edge.zctx = zmq_ctx_new();
+	if (!d->edge.zctx) {
 		r = -zmq_errno();
 		snprintf(why, len, "ZeroMQ context: %s", zmq_strerror(-r));
 		goto out;
@@ -481,30 +487,32 @@ static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char 
 	r = open_router(d, why, len);
 	if (r < 0)
 		goto out;
-	r = ops_open(d, cfg, why, len);
+	d->ops.zctx = d->edge.zctx;
+	d->ops.listen_fd = d->listen_fd;
+	r = ops_open(&d->ops, cfg, why, len);
 	if (r < 0)
 		goto out;
-	r = fastpath_listen(d, why, len);
+	r = fastpath_listen(&d->edge, why, len);
 	if (r < 0)
 		goto out;
-	r = rdzv_init(d);
+	r = rdzv_init(&d->core);
 	if (r < 0) {
 		snprintf(why, len, "rendezvous: %s", zc_strerror(r));
 		goto out;
 	}
-	rdzv_curve_use(d, keys);
+	rdzv_curve_use(&d->core, keys);
 	keys = NULL;
-	if (rdzv_curve_public(d))
+	if (rdzv_curve_public(&d->core))
 		log_notice("rendezvous: CURVE on (the rendezvous, its store and the tensors "
 			   "sealed): this zerod's public key is %s",
-			   rdzv_curve_public(d));
-	if ((r = loop_add_zsock(d->loop, d->router, on_router, d)) < 0 ||
-	    (r = loop_add_fd(d->loop, completion_queue_fd(d->cq), on_completions, d)) < 0 ||
-	    (r = loop_add_fd(d->loop, d->sigfd, on_signal, d)) < 0) {
+			   rdzv_curve_public(&d->core));
+	if ((r = loop_add_zsock(d->core.loop, d->edge.router, on_router, d)) < 0 ||
+	    (r = loop_add_fd(d->core.loop, completion_queue_fd(d->core.cq), on_completions, d)) < 0 ||
+	    (r = loop_add_fd(d->core.loop, d->sigfd, on_signal, d)) < 0) {
 		snprintf(why, len, "event loop: %s", zc_strerror(r));
 		goto out;
 	}
-	loop_set_prepare(d->loop, before_sleep, d);
+	loop_set_prepare(d->core.loop, before_sleep, d);
 	r = 0;
 out:
 	rdzv_keys_free(keys);
@@ -519,9 +527,9 @@ static void log_serving(const struct daemon *d, const struct daemon_config *cfg)
 
 	log_notice("zerod %s: serving %s (backends: %s; mem %s; %u workers; "
 		   "%s for optimizer state; %u sessions, %u connections, RLIMIT_NOFILE %u)",
-		   ZEROD_VERSION_STRING, cfg->socket_path, d->cuda ? "cuda, host" : "host",
-		   d->mem->name, pool_threads(d->pool), fmt_bytes(size, d->cfg.max_memory),
-		   d->cfg.max_sessions, d->conn_limit, d->nofile);
+		   ZEROD_VERSION_STRING, cfg->socket_path, d->core.cuda ? "cuda, host" : "host",
+		   d->core.mem->name, pool_threads(d->core.pool), fmt_bytes(size, d->cfg.max_memory),
+		   d->cfg.max_sessions, d->edge.conn_limit, d->nofile);
 	/* a config file put where zerod does not look is never silently ignored */
 	if (cfg->src && config_src_path(cfg->src)[0])
 		log_notice("zerod: config file %s", config_src_path(cfg->src));
@@ -542,32 +550,45 @@ int daemon_run(const struct daemon_config *cfg)
 	if (!d.cfg.max_memory)
 		d.cfg.max_memory =
 			(uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE) / 2;
-	d.mem = &mem_shm_ops;
-	d.sink = &session_sink;
+	/* the modules, lowest first; each upper one registers downward: the
+	 * edge answers for the core (its sink), ops/ listens to it (hooks) */
+	d.core.cfg = &d.cfg;
+	d.core.mem = &mem_shm_ops;
+	d.core.sink = &session_sink;
+	d.core.hooks = &ops_hooks;
+	d.core.hooks_ctx = &d.ops;
+	d.edge.cfg = &d.cfg;
+	d.edge.core = &d.core;
+	d.ops = (struct ops_env){.cfg = &d.cfg,
+				 .core = &d.core,
+				 .listen_fd = -1,
+				 .nsessions = &d.edge.nsessions,
+				 .nconns = &d.edge.nconns,
+				 .stopping = &d.edge.stopping};
 	log_max_level = cfg->log_level;
 	raise_nofile(&d);
 	/* before any thread: it unsets LISTEN_FDS */
 	d.listen_fd = ops_listen_fd(cfg->socket_path);
 	/* may load the CUDA driver: once, before anything is served */
-	r = backend_choose(cfg->backend ? cfg->backend : "auto", &d.cuda, why, sizeof(why));
+	r = backend_choose(cfg->backend ? cfg->backend : "auto", &d.core.cuda, why, sizeof(why));
 	if (r < 0)
 		goto out;
 	log_info("zerod: backends: %s", why);
-	snprintf(d.backend_why, sizeof(d.backend_why), "%s", why);
+	snprintf(d.core.backend_why, sizeof(d.core.backend_why), "%s", why);
 
 	r = daemon_setup(&d, cfg, why, sizeof(why));
 	if (r < 0)
 		goto out;
 	log_serving(&d, cfg);
-	ops_ready(&d);
-	r = loop_run(d.loop);
+	ops_ready(&d.ops);
+	r = loop_run(d.core.loop);
 	if (r < 0)
 		snprintf(why, sizeof(why), "event loop: %s", strerror(-r));
 	/* a clean end (its ranks left after an iteration) sends no error */
 	log_notice("zerod: served %" PRIu64 " job%s (%" PRIu64 " failed): %" PRIu64
 		   " iterations, %" PRIu64 " buckets reduced, %" PRIu64 " errors sent",
-		   d.stats.jobs, d.stats.jobs == 1 ? "" : "s", d.stats.jobs_failed,
-		   d.stats.iterations, d.stats.buckets, d.stats.errors_sent);
+		   d.core.stats.jobs, d.core.stats.jobs == 1 ? "" : "s", d.core.stats.jobs_failed,
+		   d.core.stats.iterations, d.core.stats.buckets, d.core.stats.errors_sent);
 out:
 	if (r < 0)
 		log_err("zerod: %s", why[0] ? why : zc_strerror(r));

@@ -29,7 +29,6 @@
 
 #include "common.h"
 #include "base/config.h"
-#include "daemon.h"
 #include "zeroclient.h"
 
 enum key_type {

@@ -12,10 +12,41 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
-struct daemon_config;
 struct config_src;
+
+/* What zerod runs with, built by config_build(); owned by daemon.c, read
+ * by every module through a pointer, live keys rewritten by a reload. */
+struct daemon_config {
+	const char *socket_path;
+	int stall_timeout_ms; /* an iteration that makes no progress this long fails */
+	int shutdown_timeout_ms;
+	unsigned workers; /* CPU worker threads; 0: one per CPU */
+	unsigned max_jobs;
+	unsigned max_sessions; /* trainers at once; 0: as many as the fds allow, up to 1024 */
+	int join_timeout_ms;   /* a job whose ranks connect but never register */
+	int hello_timeout_ms;  /* a connection that has no session this long is closed */
+	uint64_t max_memory;   /* bytes of optimizer state over all jobs; 0: half the RAM */
+	uint64_t max_user_memory; /* of it, what one user's jobs may hold; 0: all of it */
+	uint64_t max_device_memory; /* CUDA jobs' state on any one GPU; 0: no limit */
+	int log_level;
+	const char *backend; /* --backend auto|host|cuda; NULL: auto */
+	/* operations (ops.c): the stall inspector's first report, the flight
+	 * recorder's size, the metrics textfile, who may use zeroctl */
+	int stall_warn_ms;
+	unsigned flight_records;
+	const char *metrics_textfile; /* "": none */
+	const char *checkpoint_dir;   /* zeroctl checkpoint's default (DIR/JOB); "": none */
+	int metrics_interval_ms;
+	const char *group; /* "": zerod's own group */
+	/* CURVE on the rendezvous between daemons (rdzvcurve.h); "": none */
+	const char *curve_secret_key;
+	const char *curve_peers;
+	bool curve_allow_plain_nccl; /* CUDA jobs over nodes with CURVE keys (NCCL is plain) */
+	struct config_src *src; /* the flags and file it came from: read again on reload */
+};
 
 #ifndef ZEROD_CONFIG_PATH
 #define ZEROD_CONFIG_PATH "/etc/zerod/zerod.conf"

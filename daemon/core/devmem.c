@@ -9,7 +9,8 @@
 
 #include "common.h"
 #include "mem/cudabufs.h"
-#include "daemon.h"
+#include "base/config.h"
+#include "core/core-t.h"
 #include "core/devmem.h"
 #include "plan/state.h"
 
@@ -48,11 +49,11 @@ int devmem_of(const struct state *s, struct cudabufs *const *bufs, struct devmem
 }
 
 /* What the other jobs that hold state hold on device uuid. */
-static uint64_t held_on(const struct daemon *d, const struct job *j, const uint8_t *uuid)
+static uint64_t held_on(const struct core *core, const struct job *j, const uint8_t *uuid)
 {
 	uint64_t held = 0;
 
-	for (const struct job *o = d->jobs; o; o = o->next) {
+	for (const struct job *o = core->jobs; o; o = o->next) {
 		if (o == j || !o->memory) /* o->memory: 0 once its executor freed the state */
 			continue;
 		for (uint32_t i = 0; i < o->ndevmem; i++)
@@ -62,15 +63,15 @@ static uint64_t held_on(const struct daemon *d, const struct job *j, const uint8
 	return held;
 }
 
-int devmem_check(const struct daemon *d, const struct job *j, char *why, size_t len)
+int devmem_check(const struct core *core, const struct job *j, char *why, size_t len)
 {
-	uint64_t max = d->cfg.max_device_memory;
+	uint64_t max = core->cfg->max_device_memory;
 
 	if (!max)
 		return 0;
 	for (uint32_t i = 0; i < j->ndevmem; i++) {
 		const struct devmem_use *u = &j->devmem[i];
-		uint64_t held = held_on(d, j, u->uuid);
+		uint64_t held = held_on(core, j, u->uuid);
 		char need[16], left[16], lim[16], dev[48];
 
 		if (held <= max && u->bytes <= max - held)

@@ -13,7 +13,7 @@
 #include "mem/mem.h"
 
 struct cudabufs;
-struct daemon;
+struct core;
 struct job;
 struct state;
 
@@ -24,13 +24,13 @@ struct devmem_use {
 
 /* The bytes state s places on each device: each piece on its owner rank's
  * (bufs[owner]'s UUID), as optim/cuda.c lays it out (state_bytes() is their
- * sum). *ret (malloc'd, NULL when none) and *ret_n entries; 0 or -ENOMEM. */
+ * sum). *ret (malloc'core, NULL when none) and *ret_n entries; 0 or -ENOMEM. */
 int devmem_of(const struct state *s, struct cudabufs *const *bufs, struct devmem_use **ret,
 	      uint32_t *ret_n);
 
 /* Whether j's j->devmem fits under --max-device-memory beside what the other
  * jobs hold on the same devices: 0, or ZC_ELIMIT with why naming the device,
  * what the job needs there and what is left. */
-int devmem_check(const struct daemon *d, const struct job *j, char *why, size_t len);
+int devmem_check(const struct core *core, const struct job *j, char *why, size_t len);
 
 #endif

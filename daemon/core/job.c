@@ -27,13 +27,19 @@
 
 #include "common.h"
 #include "mem/cudabufs.h"
-#include "daemon.h"
+#include "base/config.h"
+#include "core/hooks.h"
+#include "core/job.h"
+#include "core/rdzv.h"
+#include "core/sched.h"
+#include "core/statex.h"
+#include "exec/exec.h"
+#include "core/sink.h"
+#include "exec/backend.h"
 #include "core/devmem.h"
 #include "base/log.h"
-#include "ops/ops.h"
 #include "core/semantics.h"
 #include "core/sharedp.h"
-#include "core/statex.h"
 #include "mem/mem.h"
 
 /* Job ids are per uid: another user's Hello never finds (nor learns of, nor
@@ -41,9 +47,9 @@
  * left and that waits only for its executor to stop (DRAINING) no longer
  * holds its id: the next run forms beside it while it drains (one over
  * several nodes keeps it, since the rendezvous knows jobs by id). */
-static struct job *job_find(struct daemon *d, const char *id, uid_t uid)
+static struct job *job_find(struct core *core, const char *id, uid_t uid)
 {
-	for (struct job *j = d->jobs; j; j = j->next) {
+	for (struct job *j = core->jobs; j; j = j->next) {
 		if (j->state == JOB_DRAINING && j->nconnected == 0 && !j->rdzv)
 			continue;
 		if (j->uid == uid && strcmp(j->id, id) == 0)
@@ -52,13 +58,13 @@ static struct job *job_find(struct daemon *d, const char *id, uid_t uid)
 	return NULL;
 }
 
-static struct job *job_new(struct daemon *d, const char *id, uid_t uid, uint32_t world)
+static struct job *job_new(struct core *core, const char *id, uid_t uid, uint32_t world)
 {
 	struct job *j = calloc(1, sizeof(*j));
 
 	if (!j)
 		return NULL;
-	j->d = d;
+	j->core = core;
 	snprintf(j->id, sizeof(j->id), "%s", id);
 	j->uid = uid;
 	j->world = world;
@@ -82,27 +88,27 @@ static struct job *job_new(struct daemon *d, const char *id, uid_t uid, uint32_t
 		free(j);
 		return NULL;
 	}
-	j->next = d->jobs;
-	d->jobs = j;
-	d->njobs++;
-	d->stats.jobs++;
+	j->next = core->jobs;
+	core->jobs = j;
+	core->njobs++;
+	core->stats.jobs++;
 	return j;
 }
 
 static void job_free(struct job *j)
 {
-	struct daemon *d = j->d;
+	struct core *core = j->core;
 	struct exec_stats es = {0};
 	char ranks[48];
 
-	ops_job_free(j);
-	for (struct job **pp = &d->jobs; *pp; pp = &(*pp)->next)
+	CORE_HOOK(core, job_free, j);
+	for (struct job **pp = &core->jobs; *pp; pp = &(*pp)->next)
 		if (*pp == j) {
 			*pp = j->next;
 			break;
 		}
-	d->njobs--;
-	d->memory_used -= j->memory; /* 0 once EXEC_STOPPED came */
+	core->njobs--;
+	core->memory_used -= j->memory; /* 0 once EXEC_STOPPED came */
 	free(j->devmem);
 	if (j->exec) {
 		exec_stats(j->exec, &es);
@@ -112,11 +118,14 @@ static void job_free(struct job *j)
 	statex_free(j);   /* after the executor: it may have used the staging */
 	statex_kept_free(j);
 	statex_replan_free(j);
+	for (uint32_t r = 0; j->kept && r < j->world; r++)
+		core->mem->unmap(j->kept[r].map);
+	free(j->kept);
 	zero_program_clear(&j->prog);
 	free(j->node_of);
-	d->stats.reduced_elems += es.reduced_elems;
-	d->stats.stepped_elems += es.stepped_elems;
-	d->stats.jobs_failed += j->state >= JOB_FAILED && !j->quiet_end;
+	core->stats.reduced_elems += es.reduced_elems;
+	core->stats.stepped_elems += es.stepped_elems;
+	core->stats.jobs_failed += j->state >= JOB_FAILED && !j->quiet_end;
 	/* the ranks that joined here: "2 of 3 ranks" when one never came */
 	snprintf(ranks, sizeof(ranks), j->njoined == j->world ? "%u ranks" : "%u of %u ranks",
 		 j->njoined, j->world);
@@ -126,8 +135,8 @@ static void job_free(struct job *j)
 		 j->quiet_end ? "" : j->errmsg, ranks, j->iterations_done, j->buckets_done,
 		 (double)es.reduced_elems * sizeof(float) / 1e6, es.stepped_elems);
 	for (uint32_t r = 0; r < j->world; r++) {
-		d->mem->unmap(j->grad_map[r]);
-		d->mem->unmap(j->param_map[r]);
+		core->mem->unmap(j->grad_map[r]);
+		core->mem->unmap(j->param_map[r]);
 		plan_free(j->plans[r]);
 		if (j->cuda)
 			cudabufs_free(j->cuda[r]);
@@ -191,10 +200,10 @@ void job_maybe_free(struct job *j)
 		job_set_state(j, JOB_DRAINING);
 }
 
-void job_free_all(struct daemon *d)
+void job_free_all(struct core *core)
 {
-	while (d->jobs) {
-		struct job *j = d->jobs;
+	while (core->jobs) {
+		struct job *j = core->jobs;
 		for (uint32_t r = 0; r < j->world; r++)
 			j->ranks[r] = NULL;
 		j->nconnected = 0;
@@ -226,9 +235,9 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 	for (uint32_t r = 0; r < j->world && loud; r++) {
 		if (!j->ranks[r])
 			continue;
-		sink_error(j->d->sink, j->ranks[r], code, true, j->iter, -1, "job %s: %s", j->id,
+		sink_error(j->core->sink, j->ranks[r], code, true, j->iter, -1, "job %s: %s", j->id,
 			   j->errmsg);
-		j->d->sink->detach(j->ranks[r]);
+		j->core->sink->detach(j->ranks[r]);
 	}
 	if (j->rdzv)
 		rdzv_job_failed(j); /* the other nodes are told */
@@ -236,7 +245,7 @@ void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 		exec_stop(j->exec);
 }
 
-void job_went_on(struct job *j, struct session *s)
+void job_went_on(struct job *j, struct member *s)
 {
 	if (!j->quiet_end)
 		return;
@@ -282,24 +291,25 @@ void job_iteration_done(struct job *j)
  * True if any left (j may then be freed). */
 static bool job_drop_exited(struct job *j)
 {
-	struct session **gone = calloc(j->world, sizeof(*gone));
+	const struct sink_ops *sink = j->core->sink;
+	struct member **gone = calloc(j->world, sizeof(*gone));
 	uint32_t n = 0;
 
 	if (!gone)
 		return false;
 	for (uint32_t r = 0; r < j->world; r++)
-		if (j->ranks[r] && session_gone(j->ranks[r]))
+		if (j->ranks[r] && sink->gone(j->ranks[r]))
 			gone[n++] = j->ranks[r];
 	for (uint32_t k = 0; k < n; k++)
-		session_drop(gone[k], LEAVE_EXITED); /* the last one may free j */
+		sink->drop(gone[k], LEAVE_EXITED); /* the last one may free j */
 	free(gone);
 	return n > 0;
 }
 
-/* job_join's first step: the request alone, and this zerod's session
- * limit. *spp: the rendezvous, NULL where the job is on this node only. */
-static int join_check(const struct daemon *d, const struct join_req *h,
-		      const struct rdzv_spec **spp, char *err, size_t errlen)
+/* job_join's first step: the request alone. *spp: the rendezvous, NULL
+ * where the job is on this node only. */
+static int join_check(const struct join_req *h, const struct rdzv_spec **spp, char *err,
+		      size_t errlen)
 {
 	const struct rdzv_spec *sp = *spp;
 
@@ -345,11 +355,6 @@ static int join_check(const struct daemon *d, const struct join_req *h,
 			 h->job_id);
 		return ZC_ENOTSUP;
 	}
-	if (d->nsessions >= d->cfg.max_sessions) {
-		snprintf(err, errlen, "zerod already serves %u trainers (--max-sessions)",
-			 d->nsessions);
-		return ZC_ELIMIT;
-	}
 	return 0;
 }
 
@@ -385,19 +390,19 @@ static int join_existing(struct job *j, const struct join_req *h, const struct r
 	return 0;
 }
 
-int job_join(struct daemon *d, struct session *s, const struct join_req *h, char *err,
+int job_join(struct core *core, struct member *s, const struct join_req *h, char *err,
 	     size_t errlen)
 {
 	const struct rdzv_spec *sp = h->rdzv;
 	struct job *j;
 	int r;
 
-	r = join_check(d, h, &sp, err, errlen);
+	r = join_check(h, &sp, err, errlen);
 	if (r < 0)
 		return r;
-	j = job_find(d, h->job_id, s->uid);
+	j = job_find(core, h->job_id, s->uid);
 	if (j && job_ended(j) && job_drop_exited(j))
-		j = job_find(d, h->job_id, s->uid); /* it may be gone: a fresh one forms */
+		j = job_find(core, h->job_id, s->uid); /* it may be gone: a fresh one forms */
 	if (j && job_ended(j)) {
 		snprintf(err, errlen, "job %s %s earlier (%s%s%s); %s", j->id,
 			 j->quiet_end ? "ended" : "failed",
@@ -410,12 +415,12 @@ int job_join(struct daemon *d, struct session *s, const struct join_req *h, char
 	if (j && (r = join_existing(j, h, sp, err, errlen)) < 0)
 		return r;
 	if (!j) {
-		if (d->njobs >= d->cfg.max_jobs) {
+		if (core->njobs >= core->cfg->max_jobs) {
 			snprintf(err, errlen, "zerod already serves %u jobs (--max-jobs)",
-				 d->njobs);
+				 core->njobs);
 			return ZC_ELIMIT;
 		}
-		j = job_new(d, h->job_id, s->uid, h->world);
+		j = job_new(core, h->job_id, s->uid, h->world);
 		if (!j) {
 			snprintf(err, errlen, "out of memory");
 			return -ENOMEM;
@@ -463,7 +468,7 @@ static bool refuse_plain_nccl(struct job *j)
 {
 	const struct coll_net *net = j->rdzv ? rdzv_net(j) : NULL;
 
-	if (!net || net->nnodes < 2 || !net->keys || j->d->cfg.curve_allow_plain_nccl)
+	if (!net || net->nnodes < 2 || !net->keys || j->core->cfg->curve_allow_plain_nccl)
 		return false;
 	job_fail(j, ZC_ENOTSUP, true,
 		 "a CUDA job over %u nodes: NCCL's transport between nodes is not encrypted, and "
@@ -477,13 +482,13 @@ static bool refuse_plain_nccl(struct job *j)
  * params, and the plan every local rank registered. */
 static void start_buffers(struct job *j, float **grads, float **params)
 {
-	struct daemon *d = j->d;
+	struct core *core = j->core;
 
 	for (uint32_t k = 0; k < j->world; k++) {
 		if (!j->grad_map[k])
 			continue; /* a rank of another node */
-		grads[k] = d->mem->ptr(j->grad_map[k]);
-		params[k] = j->param_map[k] ? d->mem->ptr(j->param_map[k]) : NULL;
+		grads[k] = core->mem->ptr(j->grad_map[k]);
+		params[k] = j->param_map[k] ? core->mem->ptr(j->param_map[k]) : NULL;
 	}
 	sharedp_alias(j, params); /* the ranks of a shared buffer: its one mapping */
 	/* every local rank registered this plan (rank 0 may be on another node) */
@@ -498,13 +503,13 @@ static void start_buffers(struct job *j, float **grads, float **params)
  * job failed), 0 or -errno. */
 static int start_layout(struct job *j, uint32_t *node, uint32_t *nnodes, struct state **ret_st)
 {
-	struct daemon *d = j->d;
+	struct core *core = j->core;
 	struct zero_caps caps;
 	int r;
 
 	/* shm buffers: the host backend, with gloo across nodes; CUDA
 	 * buffers: the cuda backend (register_plan checked it is offered) */
-	j->be = j->cuda ? d->cuda : j->rdzv ? &backend_host_multi : &backend_host;
+	j->be = j->cuda ? core->cuda : j->rdzv ? &backend_host_multi : &backend_host;
 	if (j->rdzv)
 		rdzv_topology(j, j->node_of, node, nnodes);
 	if (j->plan->low_precision && !j->be->low_precision) {
@@ -530,36 +535,36 @@ static int start_layout(struct job *j, uint32_t *node, uint32_t *nnodes, struct 
  * failed, nothing charged), 0: charged, or -errno. */
 static int start_admit(struct job *j, const struct state *st)
 {
-	struct daemon *d = j->d;
+	struct core *core = j->core;
 	int r;
 
 	j->memory = state_bytes(st);
-	if (j->memory > d->cfg.max_memory - d->memory_used) {
+	if (j->memory > core->cfg->max_memory - core->memory_used) {
 		char need[16], left[16], max[16];
 
 		job_fail(j, ZC_ELIMIT, true,
 			 "the job needs %s of optimizer state, zerod has %s of its --max-memory %s "
 			 "left",
 			 fmt_bytes(need, j->memory),
-			 fmt_bytes(left, d->cfg.max_memory - d->memory_used),
-			 fmt_bytes(max, d->cfg.max_memory));
+			 fmt_bytes(left, core->cfg->max_memory - core->memory_used),
+			 fmt_bytes(max, core->cfg->max_memory));
 		j->memory = 0;
 		return 1;
 	}
-	if (d->cfg.max_user_memory) {
+	if (core->cfg->max_user_memory) {
 		uint64_t mine = 0;
 		char need[16], held[16], max[16];
 
-		for (struct job *o = d->jobs; o; o = o->next)
+		for (struct job *o = core->jobs; o; o = o->next)
 			if (o != j && o->uid == j->uid)
 				mine += o->memory;
-		if (j->memory > d->cfg.max_user_memory ||
-		    mine > d->cfg.max_user_memory - j->memory) {
+		if (j->memory > core->cfg->max_user_memory ||
+		    mine > core->cfg->max_user_memory - j->memory) {
 			job_fail(j, ZC_ELIMIT, true,
 				 "the job needs %s of optimizer state, the other jobs of user %u "
 				 "hold %s of their --max-user-memory %s",
 				 fmt_bytes(need, j->memory), (unsigned)j->uid,
-				 fmt_bytes(held, mine), fmt_bytes(max, d->cfg.max_user_memory));
+				 fmt_bytes(held, mine), fmt_bytes(max, core->cfg->max_user_memory));
 			j->memory = 0;
 			return 1;
 		}
@@ -573,7 +578,7 @@ static int start_admit(struct job *j, const struct state *st)
 		r = devmem_of(st, j->cuda, &j->devmem, &j->ndevmem);
 		if (r < 0)
 			return r;
-		if (devmem_check(d, j, why, sizeof(why)) < 0) {
+		if (devmem_check(core, j, why, sizeof(why)) < 0) {
 			job_fail(j, ZC_ELIMIT, true, "%s", why);
 			j->memory = 0;
 			return 1;
@@ -583,7 +588,7 @@ static int start_admit(struct job *j, const struct state *st)
 		j->memory = 0;
 		return 1;
 	}
-	d->memory_used += j->memory;
+	core->memory_used += j->memory;
 	return 0;
 }
 
@@ -592,7 +597,7 @@ static int start_admit(struct job *j, const struct state *st)
 static int start_exec(struct job *j, float **grads, float **params, struct state **st,
 		      uint32_t node, uint32_t nnodes)
 {
-	struct daemon *d = j->d;
+	struct core *core = j->core;
 	struct exec_config ec = {
 		.tag = j,
 		.plan = j->plan,
@@ -605,8 +610,8 @@ static int start_exec(struct job *j, float **grads, float **params, struct state
 		.coll = j->be->coll,
 		.net = j->rdzv ? rdzv_net(j) : NULL,
 		.optim = j->be->optim,
-		.pool = d->pool,
-		.cq = d->cq,
+		.pool = core->pool,
+		.cq = core->cq,
 		.mem = j->cuda ? j->be->mem : NULL,
 		.bufs = j->cuda,
 	};
@@ -663,14 +668,59 @@ out:
 			 "cannot start the job: %s", zc_strerror(r));
 }
 
+/* The grad buffer gd names for rank: the mapping kept for its retry when
+ * gd names it again (grad_keep), else a new one. */
+static int grad_map(struct job *j, uint32_t rank, const struct mem_desc *gd, uint64_t bytes,
+		    struct mem_map **ret, char *err, size_t errlen)
+{
+	struct kept_grad *k = j->kept ? &j->kept[rank] : NULL;
+	struct mem_map *kept = k ? k->map : NULL;
+
+	if (k)
+		k->map = NULL;
+	if (kept && gd->shm_name && strcmp(gd->shm_name, k->name) == 0 && gd->bytes == bytes &&
+	    k->bytes == bytes) {
+		*ret = kept;
+		return 0;
+	}
+	j->core->mem->unmap(kept);
+	return j->core->mem->map(gd, bytes, ret, err, errlen);
+}
+
+/* Keep m, rank's grad buffer of a RegisterPlan refused for its param
+ * buffer: a named buffer's name is gone once mapped, so the rank's retry
+ * names a buffer only this mapping still holds. m NULL: drop what is kept. */
+static void grad_keep(struct job *j, uint32_t rank, struct mem_map *m, const char *name,
+		      uint64_t bytes)
+{
+	struct kept_grad *k;
+
+	if (m && !j->kept)
+		j->kept = calloc(j->world, sizeof(*j->kept));
+	if (!j->kept) {
+		j->core->mem->unmap(m);
+		return;
+	}
+	k = &j->kept[rank];
+	j->core->mem->unmap(k->map);
+	k->map = NULL;
+	if (!m || !name || strlen(name) >= sizeof(k->name)) {
+		j->core->mem->unmap(m);
+		return;
+	}
+	strcpy(k->name, name);
+	k->bytes = bytes;
+	k->map = m;
+}
+
 /* Whether rank s's buffers may join j: CUDA buffers need a daemon that
  * offers the cuda backend, and a job's ranks all register one kind. */
-static int buffers_kind_ok(struct job *j, struct session *s, bool cuda, char *err, size_t errlen)
+static int buffers_kind_ok(struct job *j, struct member *s, bool cuda, char *err, size_t errlen)
 {
-	if (cuda && !j->d->cuda) {
+	if (cuda && !j->core->cuda) {
 		snprintf(err, errlen,
 			 "rank %u: CUDA buffers, but this zerod serves host buffers only (%s)",
-			 s->rank, j->d->backend_why);
+			 s->rank, j->core->backend_why);
 		return ZC_ENOTSUP;
 	}
 	for (uint32_t k = 0; k < j->world; k++)
@@ -684,30 +734,30 @@ static int buffers_kind_ok(struct job *j, struct session *s, bool cuda, char *er
 	return 0;
 }
 
-static void register_plan(struct job *j, struct session *s, struct plan *p,
+static void register_plan(struct job *j, struct member *s, struct plan *p,
 			  const struct mem_desc *gd, const struct mem_desc *pd, struct cudabufs *cb);
 
-void job_register_plan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
+void job_register_plan(struct job *j, struct member *s, struct plan *p, const struct mem_desc *gd,
 		       const struct mem_desc *pd)
 {
 	register_plan(j, s, p, gd, pd, NULL);
 }
 
-void job_register_cuda(struct job *j, struct session *s, struct plan *p, struct cudabufs *cb)
+void job_register_cuda(struct job *j, struct member *s, struct plan *p, struct cudabufs *cb)
 {
 	register_plan(j, s, p, NULL, NULL, cb);
 }
 
-static void register_plan(struct job *j, struct session *s, struct plan *p,
+static void register_plan(struct job *j, struct member *s, struct plan *p,
 			  const struct mem_desc *gd, const struct mem_desc *pd, struct cudabufs *cb)
 {
-	struct daemon *d = j->d;
+	struct core *core = j->core;
 	char err[384], field[192];
 	struct sharedp sp = {0};
 	int r;
 
 	if (job_ended(j)) {
-		sink_error(d->sink, s, ZC_EJOBFAILED, true, SINK_NO_ITERATION, -1,
+		sink_error(core->sink, s, ZC_EJOBFAILED, true, SINK_NO_ITERATION, -1,
 			   "job %s failed: %s", j->id, j->errmsg);
 		plan_free(p);
 		cudabufs_free(cb);
@@ -718,7 +768,7 @@ static void register_plan(struct job *j, struct session *s, struct plan *p,
 		return;
 	}
 	if (j->state != JOB_FORMING || j->plans[s->rank] || j->grad_map[s->rank]) {
-		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
+		sink_error(core->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u already registered a plan; changing the plan of a "
 			   "running job is not supported",
 			   j->id, s->rank);
@@ -746,7 +796,7 @@ static void register_plan(struct job *j, struct session *s, struct plan *p,
 	if (r >= 0)
 		r = sharedp_check(j, s->rank, pd, &sp, err, sizeof(err));
 	if (r < 0) {
-		sink_error(d->sink, s, r, false, SINK_NO_ITERATION, -1, "%s", err);
+		sink_error(core->sink, s, r, false, SINK_NO_ITERATION, -1, "%s", err);
 		plan_free(p);
 		cudabufs_free(cb);
 		return;
@@ -754,7 +804,7 @@ static void register_plan(struct job *j, struct session *s, struct plan *p,
 	if (cb) {
 		/* opened by the executor when the job starts: opening may block */
 		if (!j->cuda && !(j->cuda = calloc(j->world, sizeof(*j->cuda)))) {
-			sink_error(d->sink, s, -ENOMEM, false, SINK_NO_ITERATION, -1,
+			sink_error(core->sink, s, -ENOMEM, false, SINK_NO_ITERATION, -1,
 				   "rank %u: out of memory", s->rank);
 			plan_free(p);
 			cudabufs_free(cb);
@@ -764,18 +814,18 @@ static void register_plan(struct job *j, struct session *s, struct plan *p,
 		r = 0;
 		goto registered;
 	}
-	r = session_map_grad(s, gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
+	r = grad_map(j, s->rank, gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
 	/* a shared parameter buffer is mapped once, by its first rank */
 	if (r >= 0 && !sharedp_mapped(j, &sp)) {
-		r = d->mem->map(pd, plan_buffer_bytes(p), &j->param_map[s->rank], err, sizeof(err));
+		r = core->mem->map(pd, plan_buffer_bytes(p), &j->param_map[s->rank], err, sizeof(err));
 		if (r < 0) {
 			/* its name is gone: kept, so that a retry can name it again */
-			session_keep_grad(s, j->grad_map[s->rank], gd->shm_name, gd->bytes);
+			grad_keep(j, s->rank, j->grad_map[s->rank], gd->shm_name, gd->bytes);
 			j->grad_map[s->rank] = NULL;
 		}
 	}
 	if (r < 0) {
-		sink_error(d->sink, s, r, false, SINK_NO_ITERATION, -1, "rank %u: %s", s->rank,
+		sink_error(core->sink, s, r, false, SINK_NO_ITERATION, -1, "rank %u: %s", s->rank,
 			   err);
 		plan_free(p);
 		return;
@@ -816,7 +866,7 @@ void job_restart(struct job *j)
 	job_start(j); /* j->plans[] hold the new plan */
 }
 
-void job_leave(struct job *j, struct session *s, enum leave_reason why)
+void job_leave(struct job *j, struct member *s, enum leave_reason why)
 {
 	char who[256];
 	/* A rank that gives up on a job that waits for others (its own
@@ -827,6 +877,7 @@ void job_leave(struct job *j, struct session *s, enum leave_reason why)
 	if (j->ranks[s->rank] == s) {
 		j->ranks[s->rank] = NULL;
 		j->nconnected--;
+		grad_keep(j, s->rank, NULL, NULL, 0); /* what it kept for a retry */
 	}
 	/* Between iterations a rank that leaves ends the job quietly: the
 	 * others are not waiting on anything. Otherwise they are told now. */

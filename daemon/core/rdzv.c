@@ -33,7 +33,9 @@
 
 #include "coll/coll.h"
 #include "common.h"
-#include "daemon.h"
+#include "base/config.h"
+#include "core/job.h"
+#include "core/sched.h"
 #include "base/log.h"
 #include "base/loop.h"
 #include "core/rdzv.h"
@@ -194,10 +196,10 @@ static void on_node_lost(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
  * address (the one its connection to the host leaves from). */
 int rdzv_setup_net(struct rdzv_job *rj, const struct sockaddr *store_at, socklen_t len)
 {
-	struct daemon *d = rj->rd->d;
+	struct core *core = rj->rd->core;
 	const struct rdzv_keys *keys = rnet_keys(rj->rd->net);
 	int r = rdzv_store_new(store_at, len, rj->j->id, rj->secret, rj->secret_len, keys,
-			       d->cfg.stall_timeout_ms, &rj->store);
+			       core->cfg->stall_timeout_ms, &rj->store);
 
 	if (r < 0)
 		return r;
@@ -209,7 +211,7 @@ int rdzv_setup_net(struct rdzv_job *rj, const struct sockaddr *store_at, socklen
 		.host = rj->bind_addr,
 		.prefix = rj->prefix,
 		.store = &rj->store_ops,
-		.timeout_ms = (uint32_t)d->cfg.stall_timeout_ms,
+		.timeout_ms = (uint32_t)core->cfg->stall_timeout_ms,
 		.keys = keys,
 	};
 	return 0;
@@ -254,7 +256,7 @@ bool rdzv_rank_here(const struct rdzv_job *rj, uint32_t rank)
 
 int rdzv_join_timeout_ms(const struct rdzv_job *rj)
 {
-	return rj->j->d->cfg.join_timeout_ms;
+	return rj->j->core->cfg->join_timeout_ms;
 }
 
 bool rdzv_ended(const struct rdzv_job *rj)
@@ -285,10 +287,10 @@ void rdzv_formed(struct rdzv_job *rj)
 static struct rnet_scope *net_hello(void *ctx, const struct rnet_listener *ls, const char *id,
 				    int *ret_code, char *msg, size_t len)
 {
-	struct daemon *d = ctx;
+	struct core *core = ctx;
 	struct rdzv_job *ended = NULL;
 
-	for (struct job *j = d->jobs; j; j = j->next) {
+	for (struct job *j = core->jobs; j; j = j->next) {
 		struct rdzv_job *rj = j->rdzv;
 		if (!rj || !rj->hosting || rj->lst != ls || strcmp(j->id, id) != 0)
 			continue;
@@ -317,7 +319,7 @@ static int start_hosting(struct rdzv_job *rj, char *err, size_t errlen)
 
 	if (r < 0)
 		return r;
-	for (struct job *o = rj->rd->d->jobs; o; o = o->next)
+	for (struct job *o = rj->rd->core->jobs; o; o = o->next)
 		if (o != rj->j && o->rdzv && o->rdzv->lst == ls && !job_ended(o) &&
 		    strcmp(o->id, rj->j->id) == 0) {
 			snprintf(err, errlen,
@@ -596,7 +598,7 @@ int rdzv_job_new(struct job *j, const struct rdzv_spec *sp, char *err, size_t er
 {
 	struct rdzv_job *rj;
 
-	if (!j->d->rdzv) {
+	if (!j->core->rdzv) {
 		snprintf(err, errlen, "this zerod cannot serve jobs over several nodes");
 		return ZC_ENOTSUP;
 	}
@@ -624,7 +626,7 @@ int rdzv_job_new(struct job *j, const struct rdzv_spec *sp, char *err, size_t er
 		return ZC_EPROTO;
 	}
 	rj->j = j;
-	rj->rd = j->d->rdzv;
+	rj->rd = j->core->rdzv;
 	snprintf(rj->endpoint, sizeof(rj->endpoint), "%s", sp->endpoint);
 	rj->nnodes = sp->nnodes;
 	rj->has_node_rank = sp->has_node_rank;
@@ -742,7 +744,7 @@ void rdzv_job_free(struct job *j)
 
 static int64_t job_deadline(const struct rdzv_job *rj, bool *ret_joined)
 {
-	const struct daemon *d = rj->rd->d;
+	const struct core *core = rj->rd->core;
 	bool joined = !rj->hosting && rj->join_sent && rj->up && rj->up->st == CS_OPEN;
 
 	*ret_joined = joined;
@@ -751,13 +753,13 @@ static int64_t job_deadline(const struct rdzv_job *rj, bool *ret_joined)
 	/* a node that joined leaves the verdict to the host, which relays
 	 * it; its own clock only guards against a host that went silent */
 	if (joined)
-		return rj->ready_ms + 2 * (int64_t)d->cfg.join_timeout_ms + 5000;
-	return rj->ready_ms + d->cfg.join_timeout_ms;
+		return rj->ready_ms + 2 * (int64_t)core->cfg->join_timeout_ms + 5000;
+	return rj->ready_ms + core->cfg->join_timeout_ms;
 }
 
-int64_t rdzv_next_deadline(struct daemon *d)
+int64_t rdzv_next_deadline(struct core *core)
 {
-	struct rdzv_daemon *rd = d->rdzv;
+	struct rdzv_daemon *rd = core->rdzv;
 	int64_t next = LOOP_NEVER;
 	bool joined;
 
@@ -766,7 +768,7 @@ int64_t rdzv_next_deadline(struct daemon *d)
 	next = rnet_next_deadline(rd->net);
 	if (next == 0)
 		return 0;
-	for (struct job *j = d->jobs; j; j = j->next) {
+	for (struct job *j = core->jobs; j; j = j->next) {
 		struct rdzv_job *rj = j->rdzv;
 		if (!rj || job_ended(j))
 			continue;
@@ -779,14 +781,14 @@ int64_t rdzv_next_deadline(struct daemon *d)
 	return next;
 }
 
-void rdzv_tick(struct daemon *d, int64_t now)
+void rdzv_tick(struct core *core, int64_t now)
 {
-	struct rdzv_daemon *rd = d->rdzv;
+	struct rdzv_daemon *rd = core->rdzv;
 	bool joined;
 
 	if (!rd)
 		return;
-	for (struct job *j = d->jobs; j; j = j->next) {
+	for (struct job *j = core->jobs; j; j = j->next) {
 		struct rdzv_job *rj = j->rdzv;
 		if (!rj || job_ended(j))
 			continue;
@@ -808,7 +810,7 @@ void rdzv_tick(struct daemon *d, int64_t now)
 				job_fail(j, ZC_ETIMEDOUT, true,
 					 "node 0 did not let this node join within %d ms: the "
 					 "rendezvous at %s: %s",
-					 d->cfg.join_timeout_ms, rj->endpoint,
+					 core->cfg->join_timeout_ms, rj->endpoint,
 					 rj->last_err[0] ? rj->last_err : "no answer");
 			continue;
 		}
@@ -820,39 +822,39 @@ void rdzv_tick(struct daemon *d, int64_t now)
 
 /* ------------------------------------------------------- the daemon --- */
 
-int rdzv_init(struct daemon *d)
+int rdzv_init(struct core *core)
 {
 	struct rdzv_daemon *rd = calloc(1, sizeof(*rd));
 	int r;
 
 	if (!rd)
 		return -ENOMEM;
-	rd->d = d;
-	r = rnet_new(d->loop, &d->cfg.hello_timeout_ms, &net_ops, d, &rd->net);
+	rd->core = core;
+	r = rnet_new(core->loop, &core->cfg->hello_timeout_ms, &net_ops, core, &rd->net);
 	if (r < 0) {
 		free(rd);
 		return r;
 	}
-	d->rdzv = rd;
+	core->rdzv = rd;
 	return 0;
 }
 
-void rdzv_close_all(struct daemon *d)
+void rdzv_close_all(struct core *core)
 {
-	struct rdzv_daemon *rd = d->rdzv;
+	struct rdzv_daemon *rd = core->rdzv;
 
 	if (!rd)
 		return;
 	rnet_free(rd->net);
 	free(rd);
-	d->rdzv = NULL;
+	core->rdzv = NULL;
 }
 
 /* ------------------------------------------- for the control socket --- */
 
-size_t rdzv_serving(const struct daemon *d, const char **names, size_t max)
+size_t rdzv_serving(const struct core *core, const char **names, size_t max)
 {
-	return rnet_serving(d->rdzv ? d->rdzv->net : NULL, names, max);
+	return rnet_serving(core->rdzv ? core->rdzv->net : NULL, names, max);
 }
 
 const char *rdzv_job_endpoint(const struct job *j, bool *ret_serving)
@@ -863,14 +865,14 @@ const char *rdzv_job_endpoint(const struct job *j, bool *ret_serving)
 	return j->rdzv->endpoint;
 }
 
-void rdzv_curve_use(struct daemon *d, struct rdzv_keys *keys)
+void rdzv_curve_use(struct core *core, struct rdzv_keys *keys)
 {
-	rnet_keys_use(d->rdzv->net, keys);
+	rnet_keys_use(core->rdzv->net, keys);
 }
 
-const char *rdzv_curve_public(const struct daemon *d)
+const char *rdzv_curve_public(const struct core *core)
 {
-	const struct rdzv_keys *keys = d->rdzv ? rnet_keys(d->rdzv->net) : NULL;
+	const struct rdzv_keys *keys = core->rdzv ? rnet_keys(core->rdzv->net) : NULL;
 
 	return keys ? rdzv_keys_public(keys) : NULL;
 }

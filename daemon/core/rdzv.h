@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct daemon;
+struct core;
 struct job;
 struct coll_net;
 
@@ -38,19 +38,19 @@ struct rdzv_spec {
 };
 
 /* The daemon's side: listeners, connections, the resolver. 0 or -errno. */
-int rdzv_init(struct daemon *d);
+int rdzv_init(struct core *core);
 /* After rdzv_init(): CURVE with keys (rdzvcurve.h's rdzv_keys_load(), which
  * the daemon runs before its sockets exist), which it owns from now on;
  * NULL: plain TCP. */
 struct rdzv_keys;
-void rdzv_curve_use(struct daemon *d, struct rdzv_keys *keys);
+void rdzv_curve_use(struct core *core, struct rdzv_keys *keys);
 /* This zerod's CURVE public key (Z85), or NULL without CURVE. */
-const char *rdzv_curve_public(const struct daemon *d);
+const char *rdzv_curve_public(const struct core *core);
 /* After every job is freed. Accepts a daemon without rdzv_init(). */
-void rdzv_close_all(struct daemon *d);
+void rdzv_close_all(struct core *core);
 /* The nearest deadline (retries, handshakes, join timeouts), and what is due. */
-int64_t rdzv_next_deadline(struct daemon *d);
-void rdzv_tick(struct daemon *d, int64_t now);
+int64_t rdzv_next_deadline(struct core *core);
+void rdzv_tick(struct core *core, int64_t now);
 
 /* A new job names a rendezvous: keep its settings (j->rdzv). ZC_E... with
  * err filled if they cannot serve. */
@@ -82,7 +82,7 @@ void rdzv_job_free(struct job *j);
 /* For the control socket (ctl.c), on the loop thread. The names ("host:port")
  * of the rendezvous listeners this zerod serves now, at most max, valid
  * until the loop goes on; how many. */
-size_t rdzv_serving(const struct daemon *d, const char **names, size_t max);
+size_t rdzv_serving(const struct core *core, const char **names, size_t max);
 /* j's rendezvous endpoint as its trainers name it, NULL for a job of one
  * node; *ret_serving (set when not NULL is returned): this zerod listens on
  * it now. */

@@ -15,16 +15,16 @@
 #include "common.h"
 #include "net/rdzvnet.h"
 
-/* daemon.h's ZEROD_MAX_WORLD, for rdzvform.c (rdzv.c checks they agree) */
+/* core-t.h's ZEROD_MAX_WORLD, for rdzvform.c (rdzv.c checks they agree) */
 #define RDZV_MAX_WORLD 4096u
 
-struct daemon;
+struct core;
 struct job;
 struct plan;
 
 /* The daemon's side: the transport (net/rdzvnet.h) it owns. */
 struct rdzv_daemon {
-	struct daemon *d;
+	struct core *core;
 	struct rnet *net;
 };
 
@@ -100,7 +100,7 @@ int rdzv_setup_net(struct rdzv_job *rj, const struct sockaddr *store_at, socklen
 /* The first local plan (the ranks agreed on it). */
 const struct plan *rdzv_local_plan(const struct rdzv_job *rj);
 /* The job, as the host's side (rdzvform.c) reaches it: through these, so
- * that it needs no struct job (daemon.h). */
+ * that it needs no struct job (core-t.h). */
 uint32_t rdzv_world(const struct rdzv_job *rj);
 /* The plan rank registered here, NULL if none did. */
 const struct plan *rdzv_plan(const struct rdzv_job *rj, uint32_t rank);

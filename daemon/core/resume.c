@@ -13,22 +13,23 @@
 #include <string.h>
 
 #include "common.h"
-#include "daemon.h"
+#include "core/job.h"
+#include "core/sink.h"
 #include "core/resume.h"
 
 #define RESUME_MAX_ITERATION (1ull << 53)
 
-void resume_request(struct job *j, struct session *s, uint64_t from, uint64_t iteration)
+void resume_request(struct job *j, struct member *s, uint64_t from, uint64_t iteration)
 {
 	if (j->state != JOB_ACTIVE) {
-		sink_error(j->d->sink, s, job_ended(j) ? ZC_EJOBFAILED : ZC_ESTATE, job_ended(j),
+		sink_error(j->core->sink, s, job_ended(j) ? ZC_EJOBFAILED : ZC_ESTATE, job_ended(j),
 			   from, -1, "job %s: zc_restore(): the job is not active%s%s", j->id,
 			   job_ended(j) ? ": " : "", job_ended(j) ? j->errmsg : "");
 		return;
 	}
 	if (iteration > RESUME_MAX_ITERATION) {
 		/* counts near 2^64 would wrap in j->iter + 2 and the like */
-		sink_error(j->d->sink, s, ZC_ESTATE, false, from, -1,
+		sink_error(j->core->sink, s, ZC_ESTATE, false, from, -1,
 			   "rank %u: zc_restore() to iteration %" PRIu64 ": above 2^53", s->rank,
 			   iteration);
 		return;
@@ -36,7 +37,7 @@ void resume_request(struct job *j, struct session *s, uint64_t from, uint64_t it
 	if (j->iter == iteration && !j->in_flight)
 		return; /* another local rank moved it already */
 	if (j->iter != from || j->in_flight) {
-		sink_error(j->d->sink, s, ZC_ESTATE, false, from, -1,
+		sink_error(j->core->sink, s, ZC_ESTATE, false, from, -1,
 			   "rank %u: zc_restore() at iteration %" PRIu64 " to go on at %" PRIu64
 			   ", but the job is at iteration %" PRIu64 "%s: restore on every rank "
 			   "between iterations, before the first bucket",
@@ -47,7 +48,7 @@ void resume_request(struct job *j, struct session *s, uint64_t from, uint64_t it
 	if (j->changes || j->reload_pending) {
 		/* values for iterations by the old count would apply at the wrong
 		 * time: the ranks set them again after the restore */
-		sink_error(j->d->sink, s, ZC_ESTATE, false, from, -1,
+		sink_error(j->core->sink, s, ZC_ESTATE, false, from, -1,
 			   "rank %u: zc_restore() with hyperparameter changes or "
 			   "zc_params_changed() pending: restore first",
 			   s->rank);
@@ -83,13 +84,13 @@ int resume_checkpoint_ask(struct job *j, const char *dir, uint64_t *ret_iteratio
 			 j->id);
 		return -ENOTSUP;
 	}
-	if (!j->d->sink->checkpoint_due) {
+	if (!j->core->sink->checkpoint_due) {
 		snprintf(why, len, "no way to tell the ranks");
 		return -ENOTSUP;
 	}
 	for (uint32_t r = 0; r < j->world; r++)
 		if (j->ranks[r]) {
-			j->d->sink->checkpoint_due(j->ranks[r], dir, j->iter + 1);
+			j->core->sink->checkpoint_due(j->ranks[r], dir, j->iter + 1);
 			told++;
 		}
 	*ret_iteration = j->iter + 1;

@@ -8,12 +8,12 @@
 #include <stdint.h>
 
 struct job;
-struct session;
+struct member;
 
 /* Rank s, at iteration `from` between iterations, goes on at `iteration`:
  * the first local rank moves the job, the others find it moved. A refusal
  * is an Error to s (ZC_ESTATE: the job is elsewhere or mid-iteration). */
-void resume_request(struct job *j, struct session *s, uint64_t from, uint64_t iteration);
+void resume_request(struct job *j, struct member *s, uint64_t from, uint64_t iteration);
 
 /* zeroctl checkpoint: tell every local rank of j to checkpoint into dir at
  * the next iteration boundary. 0 with that iteration and the ranks told, or

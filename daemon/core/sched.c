@@ -17,9 +17,15 @@
 #include <string.h>
 
 #include "common.h"
-#include "daemon.h"
+#include "base/config.h"
+#include "core/hooks.h"
+#include "core/job.h"
+#include "core/rdzv.h"
+#include "core/sched.h"
+#include "core/statex.h"
+#include "exec/exec.h"
+#include "core/sink.h"
 #include "base/log.h"
-#include "ops/ops.h"
 #include "core/semantics.h"
 
 void sched_start(struct job *j)
@@ -49,20 +55,20 @@ void sched_start(struct job *j)
 	j->progress_ms = now_ms();
 	for (uint32_t r = 0; r < j->world; r++)
 		if (j->ranks[r])
-			j->d->sink->plan_ok(j->ranks[r], j->plan->hash);
+			j->core->sink->plan_ok(j->ranks[r], j->plan->hash);
 	log_info("job %s: active", j->id);
 }
 
-static bool job_usable(struct job *j, struct session *s, uint64_t iteration, int64_t bucket)
+static bool job_usable(struct job *j, struct member *s, uint64_t iteration, int64_t bucket)
 {
 	if (j->state == JOB_ACTIVE)
 		return true;
 	if (job_ended(j)) {
 		job_went_on(j, s);
-		sink_error(j->d->sink, s, ZC_EJOBFAILED, true, iteration, bucket,
+		sink_error(j->core->sink, s, ZC_EJOBFAILED, true, iteration, bucket,
 			   "job %s failed: %s: %s", j->id, zc_strerror_name(j->err), j->errmsg);
 	} else
-		sink_error(j->d->sink, s, ZC_ESTATE, false, iteration, bucket,
+		sink_error(j->core->sink, s, ZC_ESTATE, false, iteration, bucket,
 			   "job %s: the plan is not registered by every rank yet", j->id);
 	return false;
 }
@@ -73,17 +79,16 @@ static bool job_usable(struct job *j, struct session *s, uint64_t iteration, int
 static void hyper_disagrees(struct job *j, const struct hyper_change *c,
 			    const struct hyper_change *applied)
 {
-	uint64_t request = j->d->cur_request;
+	char msg[256];
 
 	if (!j->ranks[c->rank])
 		return;
-	j->d->cur_request = 0;
-	sink_error(j->d->sink, j->ranks[c->rank], ZC_EHYPER, false, c->iteration, -1,
-		   "rank %u set other hyperparameters for group %u at iteration %" PRIu64
-		   " than rank %u (lr %g vs %g): rank %u's apply",
-		   c->rank, c->group, c->iteration, applied->rank, c->values.lr, applied->values.lr,
-		   applied->rank);
-	j->d->cur_request = request;
+	snprintf(msg, sizeof(msg),
+		 "rank %u set other hyperparameters for group %u at iteration %" PRIu64
+		 " than rank %u (lr %g vs %g): rank %u's apply",
+		 c->rank, c->group, c->iteration, applied->rank, c->values.lr, applied->values.lr,
+		 applied->rank);
+	j->core->sink->error_unasked(j->ranks[c->rank], ZC_EHYPER, c->iteration, msg);
 }
 
 /* Fix iteration t's hyperparameters: apply the changes due by t. The list
@@ -146,13 +151,14 @@ static void bucket_complete(struct job *j, uint32_t b)
 		r = exec_bucket_ex(j->exec, t, b, has ? &in : NULL);
 	sem_clear(j, b);
 	if (r >= 0)
-		ops_bucket_queued(j, t, b);
+		CORE_HOOK(j->core, bucket_queued, j, t, b);
 	if (r < 0)
 		job_fail(j, ZC_EINTERNAL, true, "cannot queue iteration %" PRIu64 " bucket %u: %s",
 			 t, b, zc_strerror(r));
 }
 
-void sched_bucket_ready(struct job *j, struct session *s, uint64_t iteration, uint32_t bucket)
+void sched_bucket_ready(struct job *j, struct member *s, uint64_t iteration, uint32_t bucket,
+			const uint64_t *unused, size_t nwords)
 {
 	uint64_t it = iteration;
 	int64_t bk = bucket;
@@ -162,46 +168,48 @@ void sched_bucket_ready(struct job *j, struct session *s, uint64_t iteration, ui
 		return;
 	nb = j->plan->nbuckets;
 	if (bucket >= nb) {
-		sink_error(j->d->sink, s, ZC_EBUCKET, false, it, bk,
+		sink_error(j->core->sink, s, ZC_EBUCKET, false, it, bk,
 			   "bucket %u does not exist: the plan has %u buckets", bucket, nb);
 		return;
 	}
 	if (iteration > j->iter) {
-		sink_error(j->d->sink, s, ZC_EEARLY, false, it, bk,
+		sink_error(j->core->sink, s, ZC_EEARLY, false, it, bk,
 			   "bucket %u of iteration %" PRIu64 " arrived while iteration %" PRIu64
 			   " is still in flight: wait for its step before the next backward",
 			   bucket, iteration, j->iter);
 		return;
 	}
 	if (iteration < j->iter) {
-		sink_error(j->d->sink, s, ZC_EDUPBUCKET, false, it, bk,
+		sink_error(j->core->sink, s, ZC_EDUPBUCKET, false, it, bk,
 			   "iteration %" PRIu64 " is already complete (now %" PRIu64 ")", iteration,
 			   j->iter);
 		return;
 	}
 	next = j->next_bucket[s->rank];
 	if (bucket < next) {
-		sink_error(j->d->sink, s, ZC_EDUPBUCKET, false, it, bk,
+		sink_error(j->core->sink, s, ZC_EDUPBUCKET, false, it, bk,
 			   "rank %u sent bucket %u twice in iteration %" PRIu64, s->rank, bucket,
 			   iteration);
 		return;
 	}
 	if (bucket > next) {
-		sink_error(j->d->sink, s, ZC_EORDER, false, it, bk,
+		sink_error(j->core->sink, s, ZC_EORDER, false, it, bk,
 			   "rank %u sent bucket %u but bucket %u comes first (buckets go "
 			   "0, 1, 2, ... every iteration)",
 			   s->rank, bucket, next);
 		return;
 	}
+	if (nwords && sem_mark(j, s, iteration, bucket, unused, nwords) < 0)
+		return;
 	j->next_bucket[s->rank] = next + 1;
-	ops_bucket_ready(j, s->rank, iteration, bucket);
+	CORE_HOOK(j->core, bucket_ready, j, s->rank, iteration, bucket);
 	j->in_flight = true;
 	j->progress_ms = now_ms();
 	if (++j->arrived[bucket] == j->local_size)
 		bucket_complete(j, bucket);
 }
 
-void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint32_t group,
+void sched_set_hyper(struct job *j, struct member *s, uint64_t iteration, uint32_t group,
 		     const struct zc_param_group *hp)
 {
 	struct zc_param_group g = *hp;
@@ -211,21 +219,21 @@ void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint3
 	if (!job_usable(j, s, iteration, -1))
 		return;
 	if (group >= j->plan->ngroups) {
-		sink_error(j->d->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1,
+		sink_error(j->core->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1,
 			   "group %u does not exist: the plan has %u groups", group,
 			   j->plan->ngroups);
 		return;
 	}
 	if (plan_group_check(j->plan->optimizer, &g, err, sizeof(err)) < 0 ||
 	    plan_clip_check(j->plan, &g, err, sizeof(err)) < 0) {
-		sink_error(j->d->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1, "group %u: %s",
+		sink_error(j->core->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1, "group %u: %s",
 			   group, err);
 		return;
 	}
 	/* The state was sized for the plan's groups: an array the job never
 	 * had cannot appear mid-run (torch cannot turn amsgrad on either). */
 	if (plan_state_arrays(j->plan->optimizer, &g, 1) & ~j->state_arrays) {
-		sink_error(j->d->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1,
+		sink_error(j->core->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1,
 			   "group %u: %s needs optimizer state this job does not keep: "
 			   "declare it in the plan's groups",
 			   group, j->plan->optimizer == ZC_OPT_SGD ? "momentum" : "amsgrad");
@@ -235,14 +243,14 @@ void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint3
 	 * most two ahead of the job's; anything further is refused so pending
 	 * changes stay few (at most 3 per group). */
 	if (iteration > j->iter + 2) {
-		sink_error(j->d->sink, s, ZC_EHYPER, false, iteration, -1,
+		sink_error(j->core->sink, s, ZC_EHYPER, false, iteration, -1,
 			   "rank %u: hyperparameters for iteration %" PRIu64
 			   " are too far ahead of iteration %" PRIu64,
 			   s->rank, iteration, j->iter);
 		return;
 	}
 	if (j->snap_iter != UINT64_MAX && iteration <= j->snap_iter) {
-		sink_error(j->d->sink, s, ZC_EHYPER, false, iteration, -1,
+		sink_error(j->core->sink, s, ZC_EHYPER, false, iteration, -1,
 			   "rank %u: hyperparameters for iteration %" PRIu64
 			   " arrived after it started",
 			   s->rank, iteration);
@@ -266,7 +274,7 @@ void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint3
 	}
 	c = calloc(1, sizeof(*c));
 	if (!c) {
-		sink_error(j->d->sink, s, ZC_ELIMIT, false, SINK_NO_ITERATION, -1, "out of memory");
+		sink_error(j->core->sink, s, ZC_ELIMIT, false, SINK_NO_ITERATION, -1, "out of memory");
 		return;
 	}
 	*c = (struct hyper_change){
@@ -274,14 +282,14 @@ void sched_set_hyper(struct job *j, struct session *s, uint64_t iteration, uint3
 	*pp = c;
 }
 
-void sched_params_changed(struct job *j, struct session *s, uint64_t iteration)
+void sched_params_changed(struct job *j, struct member *s, uint64_t iteration)
 {
 	if (!job_usable(j, s, iteration, -1))
 		return;
 	/* the client sends it between iterations, naming the next one; the
 	 * daemon reloads when that one starts, so it must not have yet */
 	if (iteration != j->iter || j->arrived[0] == j->local_size) {
-		sink_error(j->d->sink, s, ZC_ESTATE, false, iteration, -1,
+		sink_error(j->core->sink, s, ZC_ESTATE, false, iteration, -1,
 			   "rank %u: zc_params_changed() before iteration %" PRIu64
 			   ", but the job is at iteration %" PRIu64
 			   "%s: call it between iterations",
@@ -301,12 +309,12 @@ static void send_bucket_done(struct job *j, uint64_t t, uint32_t b)
 {
 	for (uint32_t r = 0; r < j->world && !job_ended(j); r++)
 		if (j->ranks[r])
-			j->d->sink->bucket_done(j->ranks[r], t, b);
+			j->core->sink->bucket_done(j->ranks[r], t, b);
 }
 
 static void finish_iteration(struct job *j, uint64_t t, bool found_inf, double grad_norm)
 {
-	bool info = (found_inf || !isnan(grad_norm)) && j->d->sink->step_done_info;
+	bool info = (found_inf || !isnan(grad_norm)) && j->core->sink->step_done_info;
 
 	/* Every rank sent every bucket (early buckets are refused), so the
 	 * counters can start over. */
@@ -315,25 +323,26 @@ static void finish_iteration(struct job *j, uint64_t t, bool found_inf, double g
 	j->iter = t + 1;
 	j->in_flight = false;
 	j->iterations_done++;
-	j->d->stats.iterations++;
+	j->core->stats.iterations++;
 	j->progress_ms = now_ms();
 	for (uint32_t r = 0; r < j->world && !job_ended(j); r++)
 		if (j->ranks[r] && info)
-			j->d->sink->step_done_info(j->ranks[r], t, found_inf, grad_norm);
+			j->core->sink->step_done_info(j->ranks[r], t, found_inf, grad_norm);
 		else if (j->ranks[r])
-			j->d->sink->step_done(j->ranks[r], t);
+			j->core->sink->step_done(j->ranks[r], t);
 	if (j->rdzv && !job_ended(j))
 		job_iteration_done(j); /* another node may have ended after t */
 }
 
-void sched_on_done(struct daemon *d, struct exec_done *done)
+void sched_on_done(struct core *core, struct exec_done *done)
 {
 	struct job *j = done->tag;
 
+	CORE_HOOK(core, exec_done, done); /* before anything acts on it */
 	if (done->ev == EXEC_STOPPED) {
 		/* the executor freed the state: its memory is free for other
 		 * jobs now, not when the last rank of this one leaves */
-		d->memory_used -= j->memory;
+		core->memory_used -= j->memory;
 		j->memory = 0;
 		j->exec_running = false;
 		if (statex_replan_stopped(j))
@@ -350,7 +359,7 @@ void sched_on_done(struct daemon *d, struct exec_done *done)
 		break;
 	case EXEC_BUCKET_DONE:
 		j->buckets_done++;
-		j->d->stats.buckets++;
+		j->core->stats.buckets++;
 		send_bucket_done(j, done->iteration, done->bucket);
 		break;
 	case EXEC_STEP_DONE:
@@ -432,16 +441,16 @@ int sched_describe_wait(const struct job *j, char *buf, size_t len)
 	return shown;
 }
 
-void sched_check_stalls(struct daemon *d, int64_t now)
+void sched_check_stalls(struct core *core, int64_t now)
 {
-	for (struct job *j = d->jobs; j; j = j->next) {
+	for (struct job *j = core->jobs; j; j = j->next) {
 		char who[384];
 		/* Ranks wait in an iteration or in zc_register_plan: the stall
 		 * timeout. Nobody waits yet (ranks connected, none registered),
 		 * but the job holds a slot: the longer join timeout. */
 		int limit = j->state == JOB_FORMING && j->nregistered == 0
-				    ? d->cfg.join_timeout_ms
-				    : d->cfg.stall_timeout_ms;
+				    ? core->cfg->join_timeout_ms
+				    : core->cfg->stall_timeout_ms;
 		/* every local rank registered: a job over several nodes waits for
 		 * the others, and the rendezvous has its own clock */
 		bool waiting = (j->state == JOB_ACTIVE && j->in_flight) ||

@@ -16,7 +16,8 @@
 #include <string.h>
 
 #include "common.h"
-#include "daemon.h"
+#include "core/job.h"
+#include "core/sink.h"
 #include "core/semantics.h"
 
 struct zvec {
@@ -83,19 +84,19 @@ fail:
 
 /* The mask may go with bucket b: nwords exactly the bucket's, no bit past
  * its segments. 0, or ZC_ESEGMASK to s. */
-static int mask_check(struct job *j, struct session *s, uint64_t it, uint32_t b,
+static int mask_check(struct job *j, struct member *s, uint64_t it, uint32_t b,
 		      const uint64_t *unused, size_t nwords)
 {
 	uint32_t nseg = j->plan->buckets[b].nsegments, want = (nseg + 63) / 64;
 
 	if (nwords != want) {
-		sink_error(j->d->sink, s, ZC_ESEGMASK, false, it, b,
+		sink_error(j->core->sink, s, ZC_ESEGMASK, false, it, b,
 			   "bucket %u has %u segments: its mask takes %u words, got %zu", b, nseg,
 			   want, nwords);
 		return ZC_ESEGMASK;
 	}
 	if (nseg % 64 && unused[want - 1] >> (nseg % 64)) {
-		sink_error(j->d->sink, s, ZC_ESEGMASK, false, it, b,
+		sink_error(j->core->sink, s, ZC_ESEGMASK, false, it, b,
 			   "bucket %u has %u segments, but its mask sets bits at or past %u "
 			   "(word %u: 0x%016" PRIx64 ")",
 			   b, nseg, nseg, want - 1, unused[want - 1]);
@@ -104,21 +105,17 @@ static int mask_check(struct job *j, struct session *s, uint64_t it, uint32_t b,
 	return 0;
 }
 
-void sem_bucket_ready(struct job *j, struct session *s, uint64_t iteration, uint32_t bucket,
-		      const uint64_t *unused, size_t nwords)
+int sem_mark(struct job *j, struct member *s, uint64_t iteration, uint32_t bucket,
+	     const uint64_t *unused, size_t nwords)
 {
 	struct sem_job *sm;
 	struct zvec *z;
 	uint32_t nseg;
 
-	/* what sched would refuse, it refuses (and names) itself */
-	if (j->state != JOB_ACTIVE || bucket >= j->plan->nbuckets || iteration != j->iter ||
-	    bucket != j->next_bucket[s->rank]) {
-		sched_bucket_ready(j, s, iteration, bucket);
-		return;
-	}
-	if (mask_check(j, s, iteration, bucket, unused, nwords) < 0)
-		return;
+	int r;
+
+	if ((r = mask_check(j, s, iteration, bucket, unused, nwords)) < 0)
+		return r;
 	sm = sem_of(j);
 	nseg = j->plan->buckets[bucket].nsegments;
 	z = sm ? &sm->zero[bucket] : NULL;
@@ -133,36 +130,36 @@ void sem_bucket_ready(struct job *j, struct session *s, uint64_t iteration, uint
 		}
 	}
 	if (!z) {
-		sink_error(j->d->sink, s, ZC_ELIMIT, false, iteration, bucket, "out of memory");
-		return;
+		sink_error(j->core->sink, s, ZC_ELIMIT, false, iteration, bucket, "out of memory");
+		return ZC_ELIMIT;
 	}
 	for (uint32_t g = 0; g < nseg; g++)
 		if (unused[g / 64] >> (g % 64) & 1) {
 			sm->marks[sm->seg_first[bucket] + g]++;
 			z->v[z->n++] = (struct exec_zero){.rank = s->rank, .seg = g};
 		}
-	sched_bucket_ready(j, s, iteration, bucket);
+	return 0;
 }
 
-void sem_set_grad_scale(struct job *j, struct session *s, uint64_t iteration, double inv_scale)
+void sem_set_grad_scale(struct job *j, struct member *s, uint64_t iteration, double inv_scale)
 {
 	uint32_t nb, next;
 	struct sem_job *sm;
 	size_t at;
 
 	if (j->state != JOB_ACTIVE) {
-		sink_error(j->d->sink, s, ZC_ESTATE, false, iteration, -1,
+		sink_error(j->core->sink, s, ZC_ESTATE, false, iteration, -1,
 			   "job %s: the grad scale needs an active job", j->id);
 		return;
 	}
 	if (j->plan->step_mode != ZC_STEP_AT_END) {
-		sink_error(j->d->sink, s, ZC_ESTATE, false, iteration, -1,
+		sink_error(j->core->sink, s, ZC_ESTATE, false, iteration, -1,
 			   "a grad scale needs step_mode at_end: every bucket must be reduced "
 			   "before any step");
 		return;
 	}
 	if (!isfinite(inv_scale) || inv_scale <= 0) {
-		sink_error(j->d->sink, s, ZC_EHYPER, false, iteration, -1,
+		sink_error(j->core->sink, s, ZC_EHYPER, false, iteration, -1,
 			   "inv_scale must be finite and > 0 (got %g)", inv_scale);
 		return;
 	}
@@ -171,7 +168,7 @@ void sem_set_grad_scale(struct job *j, struct session *s, uint64_t iteration, do
 	nb = j->plan->nbuckets;
 	next = j->next_bucket[s->rank];
 	if (!((iteration == j->iter && next < nb) || (iteration == j->iter + 1 && next == nb))) {
-		sink_error(j->d->sink, s, ZC_ESTATE, false, iteration, -1,
+		sink_error(j->core->sink, s, ZC_ESTATE, false, iteration, -1,
 			   "rank %u: a grad scale for iteration %" PRIu64
 			   " while the job is at iteration %" PRIu64 " (bucket %u of %u)",
 			   s->rank, iteration, j->iter, next, nb);
@@ -179,7 +176,7 @@ void sem_set_grad_scale(struct job *j, struct session *s, uint64_t iteration, do
 	}
 	sm = sem_of(j);
 	if (!sm) {
-		sink_error(j->d->sink, s, ZC_ELIMIT, false, iteration, -1, "out of memory");
+		sink_error(j->core->sink, s, ZC_ELIMIT, false, iteration, -1, "out of memory");
 		return;
 	}
 	at = (iteration % 2) * sm->world + s->rank;

@@ -12,16 +12,17 @@
 #include "exec/exec.h"
 
 struct job;
-struct session;
+struct member;
 struct sem_job;
 
-/* A BucketReady with a segment mask: checked (ZC_ESEGMASK to s, the bucket
- * not taken), recorded, then handed to sched_bucket_ready(). */
-void sem_bucket_ready(struct job *j, struct session *s, uint64_t iteration, uint32_t bucket,
-		      const uint64_t *unused, size_t nwords);
+/* sched_bucket_ready(), once the bucket is in order: its segment mask
+ * (nwords words) checked and recorded. 0, or a code already sent to s
+ * (ZC_ESEGMASK, ZC_ELIMIT): the bucket is not taken. Never calls back. */
+int sem_mark(struct job *j, struct member *s, uint64_t iteration, uint32_t bucket,
+	     const uint64_t *unused, size_t nwords);
 
 /* SetGradScale of s for iteration (its current one). */
-void sem_set_grad_scale(struct job *j, struct session *s, uint64_t iteration, double inv_scale);
+void sem_set_grad_scale(struct job *j, struct member *s, uint64_t iteration, double inv_scale);
 
 /* Bucket b of iteration t is in from every local rank: what it brings for
  * exec_bucket_ex(), in *in (pointing into j's record until sem_clear()).

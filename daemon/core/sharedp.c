@@ -24,7 +24,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "daemon.h"
+#include "core/job.h"
 #include "core/sharedp.h"
 #include "zeroclient.h"
 

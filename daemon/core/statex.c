@@ -33,12 +33,15 @@
 #include "common.h"
 #include "coll/coll.h"
 #include "mem/cudabufs.h"
-#include "daemon.h"
-#include "edge/fdbufs.h"
+#include "base/config.h"
+#include "core/job.h"
+#include "core/rdzv.h"
+#include "core/sched.h"
+#include "core/statex.h"
+#include "exec/exec.h"
+#include "core/sink.h"
 #include "base/log.h"
 #include "mem/mem.h"
-#include "core/statex.h"
-#include "core/rdzv.h"
 #include "core/sharedp.h"
 
 struct statex {
@@ -69,7 +72,7 @@ void statex_free(struct job *j)
 		return;
 	for (uint32_t r = 0; r < j->world; r++)
 		if (x->stg)
-			j->d->mem->unmap(x->stg[r]);
+			j->core->mem->unmap(x->stg[r]);
 	free(x->arrived);
 	free(x->stg);
 	free(x->base);
@@ -95,7 +98,7 @@ void statex_kept_free(struct job *j)
 {
 	if (!j->sxk)
 		return;
-	j->d->mem->unmap(j->sxk->map);
+	j->core->mem->unmap(j->sxk->map);
 	free(j->sxk);
 	j->sxk = NULL;
 }
@@ -117,24 +120,24 @@ static float *kept_map(struct job *j, const struct mem_desc *md, uint64_t want, 
 	}
 	if (k && k->dev == st.st_dev && k->ino == st.st_ino && k->owner == md->owner &&
 	    k->bytes == want)
-		return j->d->mem->ptr(k->map);
-	if ((r = j->d->mem->map(md, want, &m, err, errlen)) < 0) {
+		return j->core->mem->ptr(k->map);
+	if ((r = j->core->mem->map(md, want, &m, err, errlen)) < 0) {
 		*ret_code = r;
 		return NULL;
 	}
 	if (!k && !(k = calloc(1, sizeof(*k)))) {
-		j->d->mem->unmap(m);
+		j->core->mem->unmap(m);
 		snprintf(err, errlen, "out of memory");
 		*ret_code = ZC_ELIMIT;
 		return NULL;
 	}
 	/* no round uses the old one: one round at a time, this one is not
 	 * queued yet, and no other rank of it has the kept one (kept_used) */
-	j->d->mem->unmap(k->map);
+	j->core->mem->unmap(k->map);
 	*k = (struct statex_kept){
 		.map = m, .dev = st.st_dev, .ino = st.st_ino, .owner = md->owner, .bytes = want};
 	j->sxk = k;
-	return j->d->mem->ptr(m);
+	return j->core->mem->ptr(m);
 }
 
 static int round_new(struct job *j, bool set)
@@ -262,31 +265,31 @@ static void round_complete(struct job *j)
 	}
 	for (uint32_t k = 0; k < j->world; k++)
 		if (x->arrived[k] && j->ranks[k])
-			sink_error(j->d->sink, j->ranks[k], x->err, false, SINK_NO_ITERATION, -1,
+			sink_error(j->core->sink, j->ranks[k], x->err, false, SINK_NO_ITERATION, -1,
 				   "job %s: %s", j->id, x->errmsg);
 	log_info("job %s: state %s refused: %s", j->id, x->set ? "import" : "export", x->errmsg);
 	statex_free(j);
 }
 
 /* stg NULL: a checkpoint's export without staging for this rank. */
-static void request(struct job *j, struct session *s, uint32_t rank, bool set, bool ckpt,
+static void request(struct job *j, struct member *s, uint32_t rank, bool set, bool ckpt,
 		    const Zerod__V1__StateStaging *stg, Zerod__V1__SegmentState *const *list,
 		    size_t n)
 {
-	const struct daemon *d = j->d;
+	const struct core *core = j->core;
 	const char *what = set ? "import" : "export";
 	struct statex *x;
 	char err[256];
 	int r;
 
 	if (job_ended(j)) {
-		sink_error(d->sink, s, ZC_EJOBFAILED, true, SINK_NO_ITERATION, -1,
+		sink_error(core->sink, s, ZC_EJOBFAILED, true, SINK_NO_ITERATION, -1,
 			   "job %s failed: %s: %s", j->id, zc_strerror_name(j->err), j->errmsg);
 		return;
 	}
 	if (j->state != JOB_ACTIVE || j->in_flight || (j->sx && j->sx->queued) ||
 	    (j->sx && j->sx->arrived[rank]) || j->rp) {
-		sink_error(d->sink, s, ZC_ESTATE, false, SINK_NO_ITERATION, -1,
+		sink_error(core->sink, s, ZC_ESTATE, false, SINK_NO_ITERATION, -1,
 			   "job %s: the optimizer state can be %sed only between iterations, once "
 			   "per call of every rank (%s)",
 			   j->id, what,
@@ -298,7 +301,7 @@ static void request(struct job *j, struct session *s, uint32_t rank, bool set, b
 	}
 	if (!j->sx && (r = round_new(j, set)) < 0) {
 		statex_free(j);
-		sink_error(d->sink, s, ZC_ELIMIT, false, SINK_NO_ITERATION, -1, "out of memory");
+		sink_error(core->sink, s, ZC_ELIMIT, false, SINK_NO_ITERATION, -1, "out of memory");
 		return;
 	}
 	x = j->sx;
@@ -318,7 +321,7 @@ static void request(struct job *j, struct session *s, uint32_t rank, bool set, b
 		struct mem_desc md = {
 			.shm_name = stg->shm_name, .bytes = stg->bytes, .owner = s->uid};
 
-		r = stg->has_fd_serial ? fdbufs_staging(s, stg->fd_serial, &md, err, sizeof(err))
+		r = stg->has_fd_serial ? core->sink->fd_staging(s, stg->fd_serial, &md, err, sizeof(err))
 				       : 0;
 		/* one kept staging per job: a second rank's (no client sends
 		 * one) is mapped for this round only */
@@ -326,29 +329,29 @@ static void request(struct job *j, struct session *s, uint32_t rank, bool set, b
 			x->base[rank] = kept_map(j, &md, want, &r, err, sizeof(err));
 			x->kept_used = x->base[rank] != NULL;
 		} else if (r >= 0) {
-			r = d->mem->map(&md, want, &x->stg[rank], err, sizeof(err));
+			r = core->mem->map(&md, want, &x->stg[rank], err, sizeof(err));
 			if (r >= 0)
-				x->base[rank] = d->mem->ptr(x->stg[rank]);
+				x->base[rank] = core->mem->ptr(x->stg[rank]);
 		}
 		if (r < 0 || !x->base[rank])
 			spoil(x, r < 0 ? r : ZC_EBUFFER, "rank %u: state staging: %s", rank, err);
 	}
 	if (stg && stg->has_fd_serial)
-		fdbufs_free(s); /* mapped, or refused: the mapping keeps the memory */
+		core->sink->fd_release(s); /* mapped, or refused: the mapping keeps the memory */
 	if (set && !x->err)
 		take_list(j, x, rank, list, n);
 	if (x->narrived == j->local_size)
 		round_complete(j);
 }
 
-void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
+void statex_request(struct job *j, struct member *s, uint32_t rank, bool set,
 		    const Zerod__V1__StateStaging *stg, Zerod__V1__SegmentState *const *list,
 		    size_t n)
 {
 	request(j, s, rank, set, false, stg, list, n);
 }
 
-void statex_ckpt_request(struct job *j, struct session *s, uint32_t rank,
+void statex_ckpt_request(struct job *j, struct member *s, uint32_t rank,
 			 const Zerod__V1__StateStaging *stg)
 {
 	request(j, s, rank, false, true, stg, NULL, 0);
@@ -393,10 +396,10 @@ void statex_done(struct job *j)
 		if (!x->arrived[k] || !j->ranks[k])
 			continue;
 		if (nodes && x->base[k] && rr < 0)
-			sink_error(j->d->sink, j->ranks[k], ZC_ELIMIT, false, SINK_NO_ITERATION, -1,
+			sink_error(j->core->sink, j->ranks[k], ZC_ELIMIT, false, SINK_NO_ITERATION, -1,
 				   "job %s: the checkpoint's ranges: out of memory", j->id);
 		else
-			j->d->sink->state_ok(j->ranks[k], nodes && x->base[k] ? &rg : NULL);
+			j->core->sink->state_ok(j->ranks[k], nodes && x->base[k] ? &rg : NULL);
 	}
 	free(ranges);
 	log_info("job %s: optimizer state %sed", j->id, x->set ? "import" : "export");
@@ -442,9 +445,9 @@ void statex_replan_free(struct job *j)
 		if (rp->plans)
 			plan_free(rp->plans[r]);
 		if (rp->grad_map)
-			j->d->mem->unmap(rp->grad_map[r]);
+			j->core->mem->unmap(rp->grad_map[r]);
 		if (rp->param_map)
-			j->d->mem->unmap(rp->param_map[r]);
+			j->core->mem->unmap(rp->param_map[r]);
 		if (rp->cuda)
 			cudabufs_free(rp->cuda[r]);
 	}
@@ -459,17 +462,17 @@ void statex_replan_free(struct job *j)
 
 /* statex_replan's checks of rank s's new plan p that refuse it to the rank
  * alone (the job goes on): true when refused, the rank told. */
-static bool replan_refused(struct job *j, struct session *s, const struct plan *p,
+static bool replan_refused(struct job *j, struct member *s, const struct plan *p,
 			   const struct cudabufs *cb)
 {
-	struct daemon *d = j->d;
+	struct core *core = j->core;
 	uint32_t rank = s->rank;
 	struct replan *rp = j->rp;
 	char err[256];
 	int r;
 
 	if (j->in_flight || j->sx || (rp && (rp->stopping || rp->plans[rank]))) {
-		sink_error(d->sink, s, ZC_ESTATE, false, SINK_NO_ITERATION, -1,
+		sink_error(core->sink, s, ZC_ESTATE, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u: a new plan is taken only between iterations, once "
 			   "per rank (%s)",
 			   j->id, rank,
@@ -479,7 +482,7 @@ static bool replan_refused(struct job *j, struct session *s, const struct plan *
 		return true;
 	}
 	if (!cb != !j->cuda) {
-		sink_error(d->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
+		sink_error(core->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u: a new plan with %s buffers, the job runs on %s "
 			   "buffers: a re-plan keeps their kind",
 			   j->id, rank, cb ? "CUDA" : "host", j->cuda ? "CUDA" : "host");
@@ -487,7 +490,7 @@ static bool replan_refused(struct job *j, struct session *s, const struct plan *
 	}
 	r = plan_replan_match(j->plan, p, NULL, err, sizeof(err));
 	if (r < 0) {
-		sink_error(d->sink, s, r, false, SINK_NO_ITERATION, -1,
+		sink_error(core->sink, s, r, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u: the new plan %s: %s", j->id, rank,
 			   r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
 		return true;
@@ -514,10 +517,10 @@ static int replan_new(struct job *j)
 	return 0;
 }
 
-void statex_replan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
+void statex_replan(struct job *j, struct member *s, struct plan *p, const struct mem_desc *gd,
 		   const struct mem_desc *pd, struct cudabufs *cb)
 {
-	struct daemon *d = j->d;
+	struct core *core = j->core;
 	uint32_t rank = s->rank;
 	struct replan *rp = j->rp;
 	char err[256], field[192];
@@ -561,9 +564,9 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 	else
 		r = sharedp_check_in(j, rp->sharedp, rank, pd, &sp, err, sizeof(err));
 	if (r >= 0 && !cb)
-		r = d->mem->map(gd, bytes, &rp->grad_map[rank], err, sizeof(err));
+		r = core->mem->map(gd, bytes, &rp->grad_map[rank], err, sizeof(err));
 	if (r >= 0 && !cb && !sharedp_mapped_in(j, rp->sharedp, rp->param_map, &sp))
-		r = d->mem->map(pd, bytes, &rp->param_map[rank], err, sizeof(err));
+		r = core->mem->map(pd, bytes, &rp->param_map[rank], err, sizeof(err));
 	if (r < 0) {
 		plan_free(p);
 		job_fail(j, r, true, "rank %u: the new plan's buffers: %s", rank, err);
@@ -583,23 +586,23 @@ void statex_replan(struct job *j, struct session *s, struct plan *p, const struc
 
 bool statex_replan_stopped(struct job *j)
 {
-	struct daemon *d = j->d;
+	struct core *core = j->core;
 	struct replan *rp = j->rp;
 	struct exec_stats es;
 
 	if (!rp || !rp->stopping || job_ended(j) || j->nconnected == 0)
 		return false;
 	exec_stats(j->exec, &es);
-	d->stats.reduced_elems += es.reduced_elems;
-	d->stats.stepped_elems += es.stepped_elems;
+	core->stats.reduced_elems += es.reduced_elems;
+	core->stats.stepped_elems += es.stepped_elems;
 	exec_free(j->exec);
 	j->exec = NULL;
 	sharedp_take(j, rp->sharedp); /* shared as the new buffers are */
 	for (uint32_t r = 0; r < j->world; r++) {
 		if (!rp->plans[r])
 			continue;
-		d->mem->unmap(j->grad_map[r]);
-		d->mem->unmap(j->param_map[r]);
+		core->mem->unmap(j->grad_map[r]);
+		core->mem->unmap(j->param_map[r]);
 		j->grad_map[r] = rp->grad_map[r];
 		j->param_map[r] = rp->param_map[r];
 		rp->grad_map[r] = rp->param_map[r] = NULL;

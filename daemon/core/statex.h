@@ -13,11 +13,11 @@
 
 struct job;
 struct plan;
-struct session;
+struct member;
 
 /* Rank `rank` (on this node, session s) asks to export (set false) or import
  * its state through staging stg; list: the segments it gives (import). */
-void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
+void statex_request(struct job *j, struct member *s, uint32_t rank, bool set,
 		    const Zerod__V1__StateStaging *stg, Zerod__V1__SegmentState *const *list,
 		    size_t n);
 
@@ -25,7 +25,7 @@ void statex_request(struct job *j, struct session *s, uint32_t rank, bool set,
  * the ranks passing a staging (stg non-NULL) get the state, the step word at
  * each piece's first element only; a staging passed as a memfd is kept
  * mapped for the job's next such round (statex_kept_free). One node only. */
-void statex_ckpt_request(struct job *j, struct session *s, uint32_t rank,
+void statex_ckpt_request(struct job *j, struct member *s, uint32_t rank,
 			 const Zerod__V1__StateStaging *stg);
 /* Unmap the kept checkpoint staging: the job ends, after its executor. */
 void statex_kept_free(struct job *j);
@@ -35,7 +35,7 @@ void statex_kept_free(struct job *j);
  * statex_replan_stopped() starts the job on the new plan. */
 struct mem_desc;
 struct cudabufs;
-void statex_replan(struct job *j, struct session *s, struct plan *p, const struct mem_desc *gd,
+void statex_replan(struct job *j, struct member *s, struct plan *p, const struct mem_desc *gd,
 		   const struct mem_desc *pd, struct cudabufs *cb);
 /* EXEC_STOPPED of a job that re-plans: true if it was that (the job is
  * starting again), false if the job just stopped. */

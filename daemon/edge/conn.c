@@ -28,7 +28,12 @@
 #include <zmq.h>
 
 #include "common.h"
-#include "daemon.h"
+#include "base/config.h"
+#include "core/hooks.h"
+#include "core/job.h"
+#include "core/rdzv.h"
+#include "core/sched.h"
+#include "edge/edge.h"
 #include "base/log.h"
 #include "base/loop.h"
 
@@ -59,79 +64,79 @@ struct conn {
 	int64_t refill_ms;
 };
 
-static void idle_add(struct daemon *d, struct conn *c)
+static void idle_add(struct edge *e, struct conn *c)
 {
 	c->since = now_ms();
 	c->next = NULL;
-	c->prev = d->idle_tail;
-	if (d->idle_tail)
-		d->idle_tail->next = c;
+	c->prev = e->idle_tail;
+	if (e->idle_tail)
+		e->idle_tail->next = c;
 	else
-		d->idle_head = c;
-	d->idle_tail = c;
+		e->idle_head = c;
+	e->idle_tail = c;
 }
 
-static void idle_del(struct daemon *d, struct conn *c)
+static void idle_del(struct edge *e, struct conn *c)
 {
 	if (c->prev)
 		c->prev->next = c->next;
-	else if (d->idle_head == c)
-		d->idle_head = c->next;
+	else if (e->idle_head == c)
+		e->idle_head = c->next;
 	else
 		return; /* not in the list */
 	if (c->next)
 		c->next->prev = c->prev;
 	else
-		d->idle_tail = c->prev;
+		e->idle_tail = c->prev;
 	c->prev = c->next = NULL;
 }
 
-static void conn_shut(struct daemon *d, struct conn *c)
+static void conn_shut(struct edge *e, struct conn *c)
 {
 	if (c->shut)
 		return;
 	if (!c->s)
-		idle_del(d, c);
+		idle_del(e, c);
 	c->shut = true;
-	d->nconns--; /* no longer counts against the limit: libzmq closes it */
-	d->stats.conns_shed++;
+	e->nconns--; /* no longer counts against the limit: libzmq closes it */
+	e->core->stats.conns_shed++;
 	shutdown(c->fd, SHUT_RDWR);
 }
 
-static void conn_forget(struct daemon *d, struct conn *c)
+static void conn_forget(struct edge *e, struct conn *c)
 {
 	if (c->s)
 		session_conn_closed(c->s);
 	else if (!c->shut)
-		idle_del(d, c);
+		idle_del(e, c);
 	if (!c->shut)
-		d->nconns--;
-	d->conns[c->fd] = NULL;
+		e->nconns--;
+	e->conns[c->fd] = NULL;
 	free(c);
 }
 
-static void on_accepted(struct daemon *d, int fd)
+static void on_accepted(struct edge *e, int fd)
 {
 	struct conn *c;
 
 	if (fd < 0)
 		return;
-	if ((size_t)fd >= d->conns_cap) {
-		size_t cap = d->conns_cap ? d->conns_cap : 64;
+	if ((size_t)fd >= e->conns_cap) {
+		size_t cap = e->conns_cap ? e->conns_cap : 64;
 		struct conn **t;
 		while (cap <= (size_t)fd)
 			cap *= 2;
-		t = realloc(d->conns, cap * sizeof(*t));
+		t = realloc(e->conns, cap * sizeof(*t));
 		if (!t) {
 			shutdown(fd, SHUT_RDWR); /* cannot track it: it may not stay */
 			return;
 		}
-		memset(t + d->conns_cap, 0, (cap - d->conns_cap) * sizeof(*t));
-		d->conns = t;
-		d->conns_cap = cap;
+		memset(t + e->conns_cap, 0, (cap - e->conns_cap) * sizeof(*t));
+		e->conns = t;
+		e->conns_cap = cap;
 	}
-	if (d->conns[fd]) /* its DISCONNECTED never came: the fd was closed */
-		conn_forget(d, d->conns[fd]);
+	if (e->conns[fd]) /* its DISCONNECTED never came: the fd was closed */
+		conn_forget(e, e->conns[fd]);
 	c = calloc(1, sizeof(*c));
 	if (!c) {
 		shutdown(fd, SHUT_RDWR);
@@ -140,23 +145,23 @@ static void on_accepted(struct daemon *d, int fd)
 	c->fd = fd;
 	c->tokens = REPLY_BURST_BEFORE_HELLO;
 	c->refill_ms = now_ms();
-	d->conns[fd] = c;
-	d->nconns++;
-	idle_add(d, c);
-	if (d->nconns <= d->conn_limit)
+	e->conns[fd] = c;
+	e->nconns++;
+	idle_add(e, c);
+	if (e->nconns <= e->conn_limit)
 		return;
 	/* Over the limit: a connection that has not said Hello goes, the
 	 * oldest first (it is the new one if no other is idle). */
-	conn_shut(d, d->idle_head);
-	if (now_ms() - d->shed_log_ms >= 1000) {
-		d->shed_log_ms = now_ms();
+	conn_shut(e, e->idle_head);
+	if (now_ms() - e->shed_log_ms >= 1000) {
+		e->shed_log_ms = now_ms();
 		log_warning("%u connections (the limit the fds allow): closing the oldest that "
 			    "has not said Hello (%llu closed so far)",
-			    d->conn_limit, (unsigned long long)d->stats.conns_shed);
+			    e->conn_limit, (unsigned long long)e->core->stats.conns_shed);
 	}
 }
 
-void conn_update(struct daemon *d)
+void conn_update(struct edge *e)
 {
 	for (;;) {
 		zmq_msg_t ev, addr;
@@ -164,7 +169,7 @@ void conn_update(struct daemon *d)
 		uint32_t value = 0;
 
 		zmq_msg_init(&ev);
-		if (zmq_msg_recv(&ev, d->monitor, ZMQ_DONTWAIT) < 0) {
+		if (zmq_msg_recv(&ev, e->monitor, ZMQ_DONTWAIT) < 0) {
 			zmq_msg_close(&ev);
 			return;
 		}
@@ -174,14 +179,14 @@ void conn_update(struct daemon *d)
 		}
 		zmq_msg_init(&addr);
 		if (zmq_msg_more(&ev))
-			zmq_msg_recv(&addr, d->monitor, ZMQ_DONTWAIT);
+			zmq_msg_recv(&addr, e->monitor, ZMQ_DONTWAIT);
 		zmq_msg_close(&addr);
 		zmq_msg_close(&ev);
 		if (event == ZMQ_EVENT_ACCEPTED)
-			on_accepted(d, (int)value);
-		else if (event == ZMQ_EVENT_DISCONNECTED && (size_t)value < d->conns_cap &&
-			 d->conns[value])
-			conn_forget(d, d->conns[value]);
+			on_accepted(e, (int)value);
+		else if (event == ZMQ_EVENT_DISCONNECTED && (size_t)value < e->conns_cap &&
+			 e->conns[value])
+			conn_forget(e, e->conns[value]);
 	}
 }
 
@@ -191,55 +196,55 @@ static void on_monitor(struct loop *l, void *userdata)
 	conn_update(userdata);
 }
 
-int conn_open_monitor(struct daemon *d)
+int conn_open_monitor(struct edge *e)
 {
 	int zero = 0;
 
-	if (zmq_socket_monitor(d->router, MONITOR_ENDPOINT,
+	if (zmq_socket_monitor(e->router, MONITOR_ENDPOINT,
 			       ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0)
 		return -zmq_errno();
-	d->monitor = zmq_socket(d->zctx, ZMQ_PAIR);
-	if (!d->monitor)
+	e->monitor = zmq_socket(e->zctx, ZMQ_PAIR);
+	if (!e->monitor)
 		return -zmq_errno();
-	zmq_setsockopt(d->monitor, ZMQ_LINGER, &zero, sizeof(zero));
-	if (zmq_connect(d->monitor, MONITOR_ENDPOINT) < 0)
+	zmq_setsockopt(e->monitor, ZMQ_LINGER, &zero, sizeof(zero));
+	if (zmq_connect(e->monitor, MONITOR_ENDPOINT) < 0)
 		return -zmq_errno();
 	/* also read before every batch of the ROUTER (session_on_router) */
-	return loop_add_zsock(d->loop, d->monitor, on_monitor, d);
+	return loop_add_zsock(e->core->loop, e->monitor, on_monitor, e);
 }
 
-void conn_close_all(struct daemon *d)
+void conn_close_all(struct edge *e)
 {
-	for (size_t fd = 0; fd < d->conns_cap; fd++)
-		free(d->conns[fd]);
-	free(d->conns);
-	d->conns = NULL;
-	d->conns_cap = 0;
-	d->idle_head = d->idle_tail = NULL;
-	if (d->monitor) {
-		zmq_socket_monitor(d->router, NULL, 0);
-		zmq_close(d->monitor);
-		d->monitor = NULL;
+	for (size_t fd = 0; fd < e->conns_cap; fd++)
+		free(e->conns[fd]);
+	free(e->conns);
+	e->conns = NULL;
+	e->conns_cap = 0;
+	e->idle_head = e->idle_tail = NULL;
+	if (e->monitor) {
+		zmq_socket_monitor(e->router, NULL, 0);
+		zmq_close(e->monitor);
+		e->monitor = NULL;
 	}
 }
 
-struct conn *conn_of_fd(struct daemon *d, int fd)
+struct conn *conn_of_fd(struct edge *e, int fd)
 {
-	if (fd < 0 || !d->monitor)
+	if (fd < 0 || !e->monitor)
 		return NULL;
-	conn_update(d);
-	if ((size_t)fd >= d->conns_cap || !d->conns[fd] || d->conns[fd]->shut)
+	conn_update(e);
+	if ((size_t)fd >= e->conns_cap || !e->conns[fd] || e->conns[fd]->shut)
 		return NULL;
-	return d->conns[fd];
+	return e->conns[fd];
 }
 
 /* Messages a peer sent before it closed stay queued in the ROUTER after the
  * fd is gone, and the fd number may serve a new connection by the time they
  * are read: a message whose route is not that of the session bound to its fd
  * came on an older connection, and is charged to none. */
-struct conn *conn_of_msg(struct daemon *d, int fd, const void *route, size_t rlen)
+struct conn *conn_of_msg(struct edge *e, int fd, const void *route, size_t rlen)
 {
-	struct conn *c = conn_of_fd(d, fd);
+	struct conn *c = conn_of_fd(e, fd);
 
 	if (c && c->s && (c->s->route_len != rlen || memcmp(c->s->route, route, rlen) != 0))
 		return NULL;
@@ -248,11 +253,11 @@ struct conn *conn_of_msg(struct daemon *d, int fd, const void *route, size_t rle
 
 void conn_bind(struct conn *c, struct session *s)
 {
-	struct daemon *d = s->d;
+	struct edge *e = s->e;
 
 	if (c->s || c->shut)
 		return;
-	idle_del(d, c);
+	idle_del(e, c);
 	c->s = s;
 	c->had_session = true;
 	c->tokens = REPLY_BURST_SESSION;
@@ -261,29 +266,29 @@ void conn_bind(struct conn *c, struct session *s)
 
 void conn_unbind(struct conn *c)
 {
-	struct daemon *d = c->s->d;
+	struct edge *e = c->s->e;
 
 	c->s->conn = NULL;
 	c->s = NULL;
 	c->tokens = MIN(c->tokens, REPLY_BURST_BEFORE_HELLO);
 	if (!c->shut)
-		idle_add(d, c);
+		idle_add(e, c);
 }
 
-bool conn_drop_msg(struct daemon *d, int fd, struct conn *c)
+bool conn_drop_msg(struct edge *e, int fd, struct conn *c)
 {
 	if (!c) /* unknown, or shut: what a shut connection left is dropped */
-		return fd >= 0 && (size_t)fd < d->conns_cap && d->conns[fd] && d->conns[fd]->shut;
+		return fd >= 0 && (size_t)fd < e->conns_cap && e->conns[fd] && e->conns[fd]->shut;
 	if (c->s || c->had_session || ++c->unbound_msgs <= MSGS_WITHOUT_SESSION_MAX)
 		return false;
 	log_notice("closing a connection that sent %u messages without a Hello (an honest "
 		   "client sends one)",
 		   MSGS_WITHOUT_SESSION_MAX);
-	conn_shut(d, c);
+	conn_shut(e, c);
 	return true;
 }
 
-bool conn_may_reply(struct daemon *d, struct conn *c)
+bool conn_may_reply(struct edge *e, struct conn *c)
 {
 	int64_t now = now_ms();
 	double burst = c && c->s ? REPLY_BURST_SESSION : REPLY_BURST_BEFORE_HELLO;
@@ -297,23 +302,23 @@ bool conn_may_reply(struct daemon *d, struct conn *c)
 		c->tokens -= 1;
 		return true;
 	}
-	d->stats.replies_dropped++;
+	e->core->stats.replies_dropped++;
 	return false;
 }
 
-void conn_check_idle(struct daemon *d, int64_t now)
+void conn_check_idle(struct edge *e, int64_t now)
 {
-	if (!d->monitor)
+	if (!e->monitor)
 		return;
-	conn_update(d);
-	while (d->idle_head && now - d->idle_head->since >= d->cfg.hello_timeout_ms) {
+	conn_update(e);
+	while (e->idle_head && now - e->idle_head->since >= e->cfg->hello_timeout_ms) {
 		log_debug("closing a connection that has no session after %d ms",
-			  d->cfg.hello_timeout_ms);
-		conn_shut(d, d->idle_head);
+			  e->cfg->hello_timeout_ms);
+		conn_shut(e, e->idle_head);
 	}
 }
 
-int64_t conn_next_deadline(struct daemon *d)
+int64_t conn_next_deadline(struct edge *e)
 {
-	return d->idle_head ? d->idle_head->since + d->cfg.hello_timeout_ms : LOOP_NEVER;
+	return e->idle_head ? e->idle_head->since + e->cfg->hello_timeout_ms : LOOP_NEVER;
 }

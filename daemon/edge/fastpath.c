@@ -76,7 +76,12 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "daemon.h"
+#include "base/config.h"
+#include "core/hooks.h"
+#include "core/job.h"
+#include "core/rdzv.h"
+#include "core/sched.h"
+#include "edge/edge.h"
 #include "edge/fastpath.h"
 #include "edge/fdbufs.h"
 #include "base/log.h"
@@ -96,7 +101,7 @@
 #define DOORBELLS_PER_WAKE 64
 
 struct fastpath_listener {
-	struct daemon *d;
+	struct edge *e;
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	int fd;      /* listening */
 	int kick_fd; /* eventfd: some ring has slots left over */
@@ -169,14 +174,14 @@ static void conn_close(struct fp_conn *c)
 		}
 	if (c->fp)
 		c->fp->conn = NULL;
-	loop_remove_fd(l->d->loop, c->fd);
+	loop_remove_fd(l->e->core->loop, c->fd);
 	close(c->fd);
 	free(c);
 }
 
 static void owed_unlink(struct fastpath *fp)
 {
-	struct fastpath_listener *l = fp->s->d->fpl;
+	struct fastpath_listener *l = fp->s->e->fpl;
 
 	for (struct fastpath **pp = &l->owed; fp->owed && *pp; pp = &(*pp)->owed_next)
 		if (*pp == fp) {
@@ -212,13 +217,13 @@ static int fp_break(struct fastpath *fp, const char *fmt, ...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	fp_detach(fp);
-	job_fail(s->job, ZC_EPROTO, true, "rank %u broke its fast-path ring: %s", s->rank, msg);
+	job_fail(s->m.job, ZC_EPROTO, true, "rank %u broke its fast-path ring: %s", s->m.rank, msg);
 	return DRAIN_BROKEN;
 }
 
 static void fp_kick(struct fastpath *fp)
 {
-	struct fastpath_listener *l = fp->s->d->fpl;
+	struct fastpath_listener *l = fp->s->e->fpl;
 	uint64_t one = 1;
 
 	fp->kicked = true;
@@ -284,7 +289,7 @@ static enum drain_result fp_take(struct fastpath *fp, uint64_t zrecv, uint32_t *
 		fp->up_tail = idx + 1;
 		(*budget)--;
 		if (kind == RING_READY)
-			sched_bucket_ready(s->job, s, sl.iteration, sl.bucket);
+			sched_bucket_ready(s->m.job, &s->m, sl.iteration, sl.bucket, NULL, 0);
 	}
 	atomic_store_explicit(&fp->mem->up.tail, fp->up_tail, memory_order_release);
 	return res;
@@ -322,7 +327,7 @@ static void fp_drain(struct fastpath *fp)
 
 static void on_doorbell(struct fastpath *fp)
 {
-	struct daemon *d = fp->s->d;
+	struct edge *e = fp->s->e;
 	char buf[DOORBELLS_PER_WAKE][8];
 	struct iovec iov[DOORBELLS_PER_WAKE];
 	struct mmsghdr mm[DOORBELLS_PER_WAKE];
@@ -347,7 +352,7 @@ static void on_doorbell(struct fastpath *fp)
 		if (mm[i].msg_len != 1 || (mm[i].msg_hdr.msg_flags & MSG_TRUNC)) {
 			fp_break(fp, "a %u-byte message on its doorbell, which carries 1-byte ones",
 				 mm[i].msg_len);
-			session_reap(d);
+			session_reap(e);
 			return;
 		}
 	}
@@ -356,7 +361,7 @@ static void on_doorbell(struct fastpath *fp)
 		return;
 	}
 	fp_drain(fp);
-	session_reap(d);
+	session_reap(e);
 }
 
 static void on_kick(struct loop *loop, void *userdata)
@@ -367,12 +372,12 @@ static void on_kick(struct loop *loop, void *userdata)
 	(void)loop;
 	(void)!read(l->kick_fd, &n, sizeof(n));
 	l->kick_pending = false;
-	for (struct session *s = l->d->sessions; s; s = s->next)
+	for (struct session *s = l->e->sessions; s; s = s->next)
 		if (s->fp && s->fp->kicked) {
 			s->fp->kicked = false;
 			fp_drain(s->fp);
 		}
-	session_reap(l->d);
+	session_reap(l->e);
 }
 
 /* ---------------------------------------------------------- down ring --- */
@@ -405,7 +410,7 @@ static int fp_push(struct fastpath *fp, enum ring_kind kind, uint64_t it, uint32
 	fp->down_head++;
 	atomic_store_explicit(&fp->mem->down.head, fp->down_head, memory_order_release);
 	if (!fp->owed) {
-		struct fastpath_listener *l = fp->s->d->fpl;
+		struct fastpath_listener *l = fp->s->e->fpl;
 		fp->owed = true;
 		fp->owed_next = l->owed;
 		l->owed = fp;
@@ -415,9 +420,9 @@ static int fp_push(struct fastpath *fp, enum ring_kind kind, uint64_t it, uint32
 
 /* The doorbells owed since the last flush, one per client at most: a
  * BucketDone and the StepDone right behind it wake the client once. */
-void fastpath_flush(struct daemon *d)
+void fastpath_flush(struct edge *e)
 {
-	struct fastpath_listener *l = d->fpl;
+	struct fastpath_listener *l = e->fpl;
 
 	if (!l)
 		return;
@@ -447,7 +452,7 @@ static bool fp_send(struct session *s, enum ring_kind kind, uint64_t it, uint32_
 		 * it never gets would hang it */
 		log_warning("job %s rank %u: its fast-path ring is full (%" PRIu32
 			    " slots): it does not read",
-			    s->job->id, s->rank, fp->down_n);
+			    s->m.job->id, s->m.rank, fp->down_n);
 		s->send_failed = -EAGAIN;
 	}
 	return true;
@@ -484,7 +489,7 @@ void fastpath_step_done(struct session *s, uint64_t iteration)
 
 void fastpath_offer(struct session *s, Zerod__V1__HelloOk *ok)
 {
-	struct fastpath_listener *l = s->d->fpl;
+	struct fastpath_listener *l = s->e->fpl;
 	struct fastpath *fp;
 
 	if (!l || s->fp)
@@ -537,7 +542,7 @@ void fastpath_take_last(struct session *s)
 
 void fastpath_retire(struct session *s, int code, const char *why)
 {
-	struct fastpath_listener *l = s->d->fpl;
+	struct fastpath_listener *l = s->e->fpl;
 	struct retired *r;
 
 	if (!s->fp || !l)
@@ -559,9 +564,9 @@ void fastpath_free(struct session *s)
 
 /* ----------------------------------------------------------- attach --- */
 
-static struct session *find_token(struct daemon *d, uint64_t token)
+static struct session *find_token(struct edge *e, uint64_t token)
 {
-	for (struct session *s = d->sessions; s; s = s->next)
+	for (struct session *s = e->sessions; s; s = s->next)
 		if (s->fp && s->fp->token == token)
 			return s;
 	return NULL;
@@ -606,16 +611,16 @@ static int attach(struct fp_conn *c, const struct ring_attach *a, ssize_t n, int
 		snprintf(err, errlen, "ATTACH carries %d fds, want 1 (the ring's memfd)", nfds);
 		return ZC_EPROTO;
 	}
-	s = find_token(c->l->d, a->token);
+	s = find_token(c->l->e, a->token);
 	if (!s)
 		return no_token(c->l, a->token, err, errlen);
 	fp = s->fp;
 	/* the process that said Hello, and no other */
-	if (c->cred.pid != s->pid || c->cred.uid != s->uid) {
+	if (c->cred.pid != s->m.pid || c->cred.uid != s->m.uid) {
 		snprintf(err, errlen,
 			 "the connection is pid %d uid %u, the session pid %d uid %u: not the "
 			 "trainer that said Hello",
-			 (int)c->cred.pid, (unsigned)c->cred.uid, (int)s->pid, (unsigned)s->uid);
+			 (int)c->cred.pid, (unsigned)c->cred.uid, (int)s->m.pid, (unsigned)s->m.uid);
 		return -EPERM;
 	}
 	if (!c->l->rings) {
@@ -626,7 +631,7 @@ static int attach(struct fp_conn *c, const struct ring_attach *a, ssize_t n, int
 		snprintf(err, errlen, "the session has a ring already");
 		return ZC_ESTATE;
 	}
-	if (s->job->state != JOB_FORMING || s->job->plans[s->rank]) {
+	if (s->m.job->state != JOB_FORMING || s->m.job->plans[s->m.rank]) {
 		snprintf(err, errlen, "attach the ring before registering the plan");
 		return ZC_ESTATE;
 	}
@@ -699,14 +704,14 @@ static void buffers(struct fp_conn *c, const struct fdbufs_offer *o, ssize_t n, 
 	if (n != (ssize_t)sizeof(*o) || (flags & (MSG_TRUNC | MSG_CTRUNC))) {
 		rep.status = ZC_EPROTO;
 		snprintf(rep.message, sizeof(rep.message), "not an FDBUFS record (%zd bytes)", n);
-	} else if (!(s = find_token(c->l->d, o->token))) {
+	} else if (!(s = find_token(c->l->e, o->token))) {
 		rep.status = no_token(c->l, o->token, rep.message, sizeof(rep.message));
-	} else if (c->cred.pid != s->pid || c->cred.uid != s->uid) {
+	} else if (c->cred.pid != s->m.pid || c->cred.uid != s->m.uid) {
 		rep.status = -EPERM;
 		snprintf(rep.message, sizeof(rep.message),
 			 "the connection is pid %d uid %u, the session pid %d uid %u: not the "
 			 "trainer that said Hello",
-			 (int)c->cred.pid, (unsigned)c->cred.uid, (int)s->pid, (unsigned)s->uid);
+			 (int)c->cred.pid, (unsigned)c->cred.uid, (int)s->m.pid, (unsigned)s->m.uid);
 	} else {
 		rep.status = fdbufs_offer(s, o, fds, nfds, &rep.serial, rep.message,
 					  sizeof(rep.message));
@@ -786,7 +791,7 @@ static void on_pending(struct fp_conn *c)
 		return;
 	}
 	log_info("job %s rank %u: fast path attached (%" PRIu32 " + %" PRIu32 " slots)",
-		 c->fp->s->job->id, c->fp->s->rank, c->fp->up_n, c->fp->down_n);
+		 c->fp->s->m.job->id, c->fp->s->m.rank, c->fp->up_n, c->fp->down_n);
 }
 
 static void on_conn(struct loop *loop, void *userdata)
@@ -937,7 +942,7 @@ static void on_accept(struct loop *loop, void *userdata)
 		c->fd = fd;
 		c->cred = cred;
 		c->accepted_ms = now_ms();
-		if (loop_add_fd(l->d->loop, fd, on_conn, c) < 0) {
+		if (loop_add_fd(l->e->core->loop, fd, on_conn, c) < 0) {
 			close(fd);
 			free(c);
 			continue;
@@ -948,9 +953,9 @@ static void on_accept(struct loop *loop, void *userdata)
 	}
 }
 
-void fastpath_tick(struct daemon *d, int64_t now)
+void fastpath_tick(struct edge *e, int64_t now)
 {
-	struct fastpath_listener *l = d->fpl;
+	struct fastpath_listener *l = e->fpl;
 
 	if (!l)
 		return;
@@ -971,12 +976,12 @@ void fastpath_tick(struct daemon *d, int64_t now)
 	}
 }
 
-int64_t fastpath_next_deadline(struct daemon *d)
+int64_t fastpath_next_deadline(struct edge *e)
 {
 	int64_t next = LOOP_NEVER;
 
-	if (d->fpl)
-		for (struct fp_conn *c = d->fpl->pending; c; c = c->next)
+	if (e->fpl)
+		for (struct fp_conn *c = e->fpl->pending; c; c = c->next)
 			next = MIN(next, c->accepted_ms + PENDING_TIMEOUT_MS);
 	return next;
 }
@@ -988,12 +993,12 @@ static void listener_free(struct fastpath_listener *l)
 	while (l->pending)
 		conn_close(l->pending);
 	if (l->fd >= 0) {
-		loop_remove_fd(l->d->loop, l->fd);
+		loop_remove_fd(l->e->core->loop, l->fd);
 		close(l->fd);
 		unlink(l->path);
 	}
 	if (l->kick_fd >= 0) {
-		loop_remove_fd(l->d->loop, l->kick_fd);
+		loop_remove_fd(l->e->core->loop, l->kick_fd);
 		close(l->kick_fd);
 	}
 	free(l);
@@ -1037,13 +1042,13 @@ static int listener_open(struct fastpath_listener *l, const char *sock)
 	l->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (l->kick_fd < 0)
 		return -errno;
-	r = loop_add_fd(l->d->loop, l->fd, on_accept, l);
+	r = loop_add_fd(l->e->core->loop, l->fd, on_accept, l);
 	if (r < 0)
 		return r;
-	return loop_add_fd(l->d->loop, l->kick_fd, on_kick, l);
+	return loop_add_fd(l->e->core->loop, l->kick_fd, on_kick, l);
 }
 
-int fastpath_listen(struct daemon *d, char *why, size_t whylen)
+int fastpath_listen(struct edge *e, char *why, size_t whylen)
 {
 	const char *env = getenv("ZEROD_FASTPATH");
 	struct fastpath_listener *l;
@@ -1052,25 +1057,25 @@ int fastpath_listen(struct daemon *d, char *why, size_t whylen)
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
-	l->d = d;
+	l->e = e;
 	l->fd = l->kick_fd = -1;
 	l->rings = !(env && strcmp(env, "0") == 0);
 	if (!l->rings)
 		log_info("fast path off (ZEROD_FASTPATH=0): ZeroMQ carries everything");
-	r = listener_open(l, d->cfg.socket_path);
+	r = listener_open(l, e->cfg->socket_path);
 	if (r < 0) {
 		snprintf(why, whylen, "cannot serve %s.fd, where trainers pass their buffers: %s",
-			 d->cfg.socket_path, strerror(-r));
+			 e->cfg->socket_path, strerror(-r));
 		listener_free(l);
 		return r;
 	}
-	d->fpl = l;
+	e->fpl = l;
 	return 0;
 }
 
-void fastpath_unlisten(struct daemon *d)
+void fastpath_unlisten(struct edge *e)
 {
-	if (d->fpl)
-		listener_free(d->fpl);
-	d->fpl = NULL;
+	if (e->fpl)
+		listener_free(e->fpl);
+	e->fpl = NULL;
 }

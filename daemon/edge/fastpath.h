@@ -10,19 +10,19 @@
 
 #include "zerod.pb-c.h"
 
-struct daemon;
+struct edge;
 struct session;
 
 /* daemon.c: open <socket>.fd, where clients pass their buffers (fdbufs.c)
  * and attach their rings (refused if ZEROD_FASTPATH=0). Required: trainers
  * cannot register buffers without it; 0, or a code with the reason in why. */
-int fastpath_listen(struct daemon *d, char *why, size_t whylen);
+int fastpath_listen(struct edge *e, char *why, size_t whylen);
 /* Close it and remove the file; after every session is freed. */
-void fastpath_unlisten(struct daemon *d);
+void fastpath_unlisten(struct edge *e);
 /* The timer: connections that never attach are closed. */
-void fastpath_tick(struct daemon *d, int64_t now_ms);
+void fastpath_tick(struct edge *e, int64_t now_ms);
 /* When fastpath_tick() has work next (LOOP_NEVER: none). */
-int64_t fastpath_next_deadline(struct daemon *d);
+int64_t fastpath_next_deadline(struct edge *e);
 
 /* session.c: offer the fast path in s's HelloOk (fills ok's fast-path
  * fields, which point into the daemon's memory). */
@@ -46,6 +46,6 @@ void fastpath_bucket_done(struct session *s, uint64_t iteration, uint32_t bucket
 void fastpath_step_done(struct session *s, uint64_t iteration);
 /* daemon.c, after a batch of completions: ring the doorbells of the clients
  * that may sleep. Until then what the batch pushed waits unseen. */
-void fastpath_flush(struct daemon *d);
+void fastpath_flush(struct edge *e);
 
 #endif

@@ -26,7 +26,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "base/config.h"
+#include "core/hooks.h"
+#include "core/job.h"
+#include "core/rdzv.h"
+#include "core/sched.h"
+#include "edge/edge.h"
 #include "edge/fdbufs.h"
 #include "zeroclient.h"
 
@@ -61,7 +66,7 @@ static void desc_of(const struct session *s, const struct fdbufs *b, int which,
 				 .fd = b->fd[which],
 				 .offset = b->offset[which],
 				 .bytes = b->bytes,
-				 .owner = s->uid};
+				 .owner = s->m.uid};
 }
 
 /* Ranges of one file must not overlap: the daemon would average into the
@@ -81,7 +86,7 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 		 uint64_t *ret_serial, char *err, size_t errlen)
 {
 	static const char *const what[2] = {"gradients", "parameters"};
-	struct job *j = s->job;
+	struct job *j = s->m.job;
 	struct fdbufs b = {.staging = o->magic == FDSTAGE_MAGIC};
 	bool registered = j && j->state == JOB_ACTIVE; /* every rank of it registered */
 	char why[200];
@@ -111,7 +116,7 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 	}
 	/* a plan's buffers: before it is registered, or a re-plan's */
 	if (!b.staging && !registered &&
-	    (!j || j->state != JOB_FORMING || j->plans[s->rank] || j->grad_map[s->rank])) {
+	    (!j || j->state != JOB_FORMING || j->plans[s->m.rank] || j->grad_map[s->m.rank])) {
 		snprintf(err, errlen,
 			 "buffers come before the plan is registered, or for a re-plan of a "
 			 "running job");
@@ -126,11 +131,11 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 	/* the plan's mapping, tried now: the same checks, the same words */
 	for (int i = 0; i < (b.staging ? 1 : 2); i++) {
 		struct mem_map *m = NULL;
-		struct mem_desc d;
+		struct mem_desc e;
 
-		desc_of(s, &b, i, &d);
-		r = s->d->mem->map(&d, b.bytes, &m, why, sizeof(why));
-		s->d->mem->unmap(m);
+		desc_of(s, &b, i, &e);
+		r = s->e->core->mem->map(&e, b.bytes, &m, why, sizeof(why));
+		s->e->core->mem->unmap(m);
 		if (r < 0) {
 			snprintf(err, errlen, "%s: %s", b.staging ? "the state staging" : what[i],
 				 why);

@@ -27,11 +27,18 @@
 
 #include "common.h"
 #include "mem/cudabufs.h"
-#include "daemon.h"
+#include "base/config.h"
+#include "core/hooks.h"
+#include "core/job.h"
+#include "core/rdzv.h"
+#include "core/resume.h"
+#include "core/sched.h"
+#include "core/semantics.h"
+#include "core/statex.h"
+#include "edge/edge.h"
 #include "edge/fastpath.h"
 #include "edge/fdbufs.h"
 #include "base/log.h"
-#include "ops/ops.h"
 #include "core/resume.h"
 #include "core/semantics.h"
 #include "base/loop.h"
@@ -56,9 +63,9 @@
 /* Trainers without a pidfd (old kernels, valgrind) are looked at so often. */
 #define PID_POLL_MS 100
 
-static struct session *session_find(struct daemon *d, const void *route, size_t len)
+static struct session *session_find(struct edge *e, const void *route, size_t len)
 {
-	for (struct session *s = d->sessions; s; s = s->next)
+	for (struct session *s = e->sessions; s; s = s->next)
 		if (s->route_len == len && memcmp(s->route, route, len) == 0)
 			return s;
 	return NULL;
@@ -69,31 +76,31 @@ int session_send(struct session *s, const Zerod__V1__Envelope *env)
 	int r;
 
 	fastpath_sent(s);
-	r = wire_send(s->d->router, s->route, s->route_len, env);
+	r = wire_send(s->e->router, s->route, s->route_len, env);
 
 	/* Gone (EHOSTUNREACH) or not reading (EAGAIN: its queue is full): a
 	 * completion it never gets would hang it, so the session ends. Not
 	 * here, though: callers walk the job's ranks. session_reap() does it. */
 	if (r < 0 && !s->send_failed) {
-		log_warning("job %s rank %u: cannot send %s: %s", s->job ? s->job->id : "-",
-			    s->rank, wire_body_name(env->body_case), zc_strerror(r));
+		log_warning("job %s rank %u: cannot send %s: %s", s->m.job ? s->m.job->id : "-",
+			    s->m.rank, wire_body_name(env->body_case), zc_strerror(r));
 		s->send_failed = r;
 	}
 	return r;
 }
 
-void session_reap(struct daemon *d)
+void session_reap(struct edge *e)
 {
-	struct session *s = d->sessions;
+	struct session *s = e->sessions;
 
 	while (s) {
 		if (s->send_failed || s->detached) {
-			log_set_cause(s->uid);
+			log_set_cause(s->m.uid);
 			session_drop(s, s->exited        ? LEAVE_EXITED
 					: s->send_failed ? LEAVE_UNREACHABLE
 							 : LEAVE_GOODBYE);
 			log_clear_cause();
-			s = d->sessions; /* the list changed */
+			s = e->sessions; /* the list changed */
 			continue;
 		}
 		s = s->next;
@@ -101,13 +108,13 @@ void session_reap(struct daemon *d)
 }
 
 /* An error to a peer without a session, within its connection's budget. */
-static void reply_error(struct daemon *d, const void *route, size_t len, int code, const char *msg)
+static void reply_error(struct edge *e, const void *route, size_t len, int code, const char *msg)
 {
-	if (!conn_may_reply(d, d->cur_conn))
+	if (!conn_may_reply(e, e->cur_conn))
 		return;
-	d->stats.errors_sent++;
-	ops_error_sent(d, code);
-	(void)wire_send_error(d->router, route, len, d->cur_request, code, true, WIRE_NO_ITERATION,
+	e->core->stats.errors_sent++;
+	CORE_HOOK(e->core, error_sent, code);
+	(void)wire_send_error(e->router, route, len, e->cur_request, code, true, WIRE_NO_ITERATION,
 			      -1, msg);
 }
 
@@ -115,7 +122,7 @@ static void log_dropped(struct session *s)
 {
 	if (s->log_dropped)
 		log_info("job %s rank %u: %u more errors sent to it were not logged",
-			 s->job ? s->job->id : "-", s->rank, s->log_dropped);
+			 s->m.job ? s->m.job->id : "-", s->m.rank, s->log_dropped);
 	s->log_dropped = 0;
 }
 
@@ -146,20 +153,20 @@ void session_send_error(struct session *s, int code, bool fatal, uint64_t iterat
 	int r;
 
 	/* a fatal error always goes: a rank that never gets it would hang */
-	if (!fatal && s->conn && !conn_may_reply(s->d, s->conn))
+	if (!fatal && s->conn && !conn_may_reply(s->e, s->conn))
 		return;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	s->d->stats.errors_sent++;
-	ops_error_sent(s->d, code);
+	s->e->core->stats.errors_sent++;
+	CORE_HOOK(s->e->core, error_sent, code);
 	if (log_allowed(s))
-		log_info("job %s rank %u: %s: %s", s->job ? s->job->id : "-", s->rank,
+		log_info("job %s rank %u: %s: %s", s->m.job ? s->m.job->id : "-", s->m.rank,
 			 zc_strerror_name(code), msg);
 	/* only the sender of the message being handled gets its request id */
 	fastpath_sent(s);
-	r = wire_send_error(s->d->router, s->route, s->route_len,
-			    s == s->d->cur_session ? s->d->cur_request : 0, code, fatal,
+	r = wire_send_error(s->e->router, s->route, s->route_len,
+			    s == s->e->cur_session ? s->e->cur_request : 0, code, fatal,
 			    iteration == SESSION_NO_ITERATION ? WIRE_NO_ITERATION : iteration,
 			    bucket, msg);
 	if (r < 0 && !s->send_failed)
@@ -171,10 +178,10 @@ void session_send_error(struct session *s, int code, bool fatal, uint64_t iterat
  * a flooding peer beside it must not keep the loop in this handler. */
 static void mark_exited(struct session *s)
 {
-	struct daemon *d = s->d;
+	struct edge *e = s->e;
 
 	if (s->pidfd >= 0) {
-		loop_remove_fd(d->loop, s->pidfd);
+		loop_remove_fd(e->core->loop, s->pidfd);
 		close(s->pidfd);
 		s->pidfd = -1;
 	}
@@ -234,42 +241,42 @@ bool session_gone(struct session *s)
 		return true;
 	if (s->pidfd >= 0)
 		return poll(&p, 1, 0) == 1;
-	return s->pid > 0 && !pid_alive(s->pid);
+	return s->m.pid > 0 && !pid_alive(s->m.pid);
 }
 
-void session_check_leaving(struct daemon *d, int64_t now)
+void session_check_leaving(struct edge *e, int64_t now)
 {
-	struct session *s = d->sessions;
+	struct session *s = e->sessions;
 
 	while (s) {
 		struct session *next = s->next;
 		/* only trainers without a pidfd are looked at */
-		if (s->pidfd < 0 && !s->exited && s->pid > 0 && !pid_alive(s->pid))
+		if (s->pidfd < 0 && !s->exited && s->m.pid > 0 && !pid_alive(s->m.pid))
 			mark_exited(s);
 		if (s->leave_at && s->leave_at <= now) {
-			log_set_cause(s->uid);
+			log_set_cause(s->m.uid);
 			if (s->exited)
 				log_notice("job %s rank %u: trainer pid %d exited",
-					   s->job ? s->job->id : "-", s->rank, (int)s->pid);
+					   s->m.job ? s->m.job->id : "-", s->m.rank, (int)s->m.pid);
 			else
 				log_notice("job %s rank %u: trainer pid %d closed its connection",
-					   s->job ? s->job->id : "-", s->rank, (int)s->pid);
+					   s->m.job ? s->m.job->id : "-", s->m.rank, (int)s->m.pid);
 			session_drop(s, s->leave_why);
 			log_clear_cause();
-			next = d->sessions; /* the list changed */
+			next = e->sessions; /* the list changed */
 		}
 		s = next;
 	}
 }
 
-int64_t session_next_deadline(struct daemon *d)
+int64_t session_next_deadline(struct edge *e)
 {
 	int64_t next = LOOP_NEVER;
 
-	for (struct session *s = d->sessions; s; s = s->next) {
+	for (struct session *s = e->sessions; s; s = s->next) {
 		if (s->leave_at)
 			next = MIN(next, s->leave_at);
-		else if (s->pidfd < 0 && s->pid > 0)
+		else if (s->pidfd < 0 && s->m.pid > 0)
 			next = MIN(next, now_ms() + PID_POLL_MS);
 	}
 	return next;
@@ -277,86 +284,56 @@ int64_t session_next_deadline(struct daemon *d)
 
 void session_drop(struct session *s, enum leave_reason why)
 {
-	struct daemon *d = s->d;
+	struct edge *e = s->e;
 
-	for (struct session **pp = &d->sessions; *pp; pp = &(*pp)->next)
+	for (struct session **pp = &e->sessions; *pp; pp = &(*pp)->next)
 		if (*pp == s) {
 			*pp = s->next;
-			d->nsessions--;
+			e->nsessions--;
 			break;
 		}
 	if (s->pidfd >= 0) {
-		loop_remove_fd(d->loop, s->pidfd);
+		loop_remove_fd(e->core->loop, s->pidfd);
 		close(s->pidfd);
 	}
 	log_dropped(s);
 	/* A trainer that dies before its buffers were mapped leaves their
 	 * names; so does one whose job ended before it registered (its own
 	 * mappings stay valid without the names, and the job cannot use them). */
-	if (s->job && (why == LEAVE_EXITED || s->detached) && s->job->ranks[s->rank] == s &&
-	    !s->job->grad_map[s->rank])
-		d->mem->reclaim(s->job->id, s->rank, s->own_pid, s->uid);
+	if (s->m.job && (why == LEAVE_EXITED || s->detached) && s->m.job->ranks[s->m.rank] == &s->m &&
+	    !s->m.job->grad_map[s->m.rank])
+		e->core->mem->reclaim(s->m.job->id, s->m.rank, s->own_pid, s->m.uid);
 	if (why == LEAVE_EXITED)
 		fastpath_take_last(s);
-	d->mem->unmap(s->kept_grad);
 	fdbufs_free(s);
 	if (s->conn)
 		conn_unbind(s->conn);
-	if (d->cur_session == s)
-		d->cur_session = NULL;
-	if (s->job && job_ended(s->job)) {
+	if (e->cur_session == s)
+		e->cur_session = NULL;
+	if (s->m.job && job_ended(s->m.job)) {
 		/* as fdbufs_offer() answers while the session lasts */
 		char reason[400];
 
-		(void)snprintf(reason, sizeof(reason), "job %s failed: %s", s->job->id,
-			       s->job->errmsg);
-		fastpath_retire(s, s->job->err ? s->job->err : ZC_EJOBFAILED, reason);
+		(void)snprintf(reason, sizeof(reason), "job %s failed: %s", s->m.job->id,
+			       s->m.job->errmsg);
+		fastpath_retire(s, s->m.job->err ? s->m.job->err : ZC_EJOBFAILED, reason);
 	}
-	if (s->job)
-		job_leave(s->job, s, why);
+	if (s->m.job)
+		job_leave(s->m.job, &s->m, why);
 	fastpath_free(s);
 	free(s);
 }
 
-int session_map_grad(struct session *s, const struct mem_desc *gd, uint64_t bytes,
-		     struct mem_map **ret, char *err, size_t errlen)
+void session_free_all(struct edge *e)
 {
-	struct mem_map *kept = s->kept_grad;
-
-	s->kept_grad = NULL;
-	if (kept && gd->shm_name && strcmp(gd->shm_name, s->kept_grad_name) == 0 &&
-	    gd->bytes == bytes && s->kept_grad_bytes == bytes) {
-		*ret = kept;
-		return 0;
-	}
-	s->d->mem->unmap(kept);
-	return s->d->mem->map(gd, bytes, ret, err, errlen);
-}
-
-void session_keep_grad(struct session *s, struct mem_map *m, const char *name, uint64_t bytes)
-{
-	s->d->mem->unmap(s->kept_grad);
-	s->kept_grad = NULL;
-	if (!m || !name || strlen(name) >= sizeof(s->kept_grad_name)) {
-		s->d->mem->unmap(m);
-		return;
-	}
-	strcpy(s->kept_grad_name, name);
-	s->kept_grad_bytes = bytes;
-	s->kept_grad = m;
-}
-
-void session_free_all(struct daemon *d)
-{
-	while (d->sessions) {
-		struct session *s = d->sessions;
-		d->sessions = s->next;
+	while (e->sessions) {
+		struct session *s = e->sessions;
+		e->sessions = s->next;
 		if (s->pidfd >= 0)
 			close(s->pidfd);
 		fastpath_free(s);
 		fdbufs_free(s);
-		d->mem->unmap(s->kept_grad);
-		free(s);
+			free(s);
 	}
 }
 
@@ -391,7 +368,7 @@ static bool pid_is_claimed(pid_t pid, pid_t claimed)
 
 /* ------------------------------------------------------- handlers --- */
 
-static void on_hello(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void on_hello(struct edge *e, const void *route, size_t rlen, struct session *s,
 		     const Zerod__V1__Envelope *env)
 {
 	const Zerod__V1__Hello *h = env->hello;
@@ -408,41 +385,47 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 	if (h->protocol_version != ZC_PROTOCOL_VERSION) {
 		snprintf(err, sizeof(err), "client speaks protocol %u, zerod %s speaks %u",
 			 h->protocol_version, ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION);
-		reply_error(d, route, rlen, ZC_EVERSION, err);
+		reply_error(e, route, rlen, ZC_EVERSION, err);
 		return;
 	}
-	if (d->stopping) {
-		reply_error(d, route, rlen, ZC_ESHUTDOWN, "zerod is shutting down");
+	if (e->stopping) {
+		reply_error(e, route, rlen, ZC_ESHUTDOWN, "zerod is shutting down");
 		return;
 	}
 	/* Who is calling: the kernel's word (SO_PEERCRED). Its pid must be the
 	 * one the Hello names, seen from the trainer's own pid namespace;
 	 * otherwise the connection is gone and its fd already serves someone
 	 * else, or the Hello lies. */
-	if (d->cur_peer.pid <= 0 || !pid_is_claimed(d->cur_peer.pid, h->pid)) {
+	if (e->cur_peer.pid <= 0 || !pid_is_claimed(e->cur_peer.pid, h->pid)) {
 		snprintf(err, sizeof(err),
 			 "cannot confirm who is calling: Hello says pid %d, the connection %s%d",
-			 (int)h->pid, d->cur_peer.pid > 0 ? "belongs to pid " : "is gone, pid ",
-			 (int)d->cur_peer.pid);
-		reply_error(d, route, rlen, ZC_EPROTO, err);
+			 (int)h->pid, e->cur_peer.pid > 0 ? "belongs to pid " : "is gone, pid ",
+			 (int)e->cur_peer.pid);
+		reply_error(e, route, rlen, ZC_EPROTO, err);
+		return;
+	}
+	if (e->nsessions >= e->cfg->max_sessions) {
+		snprintf(err, sizeof(err), "zerod already serves %u trainers (--max-sessions)",
+			 e->nsessions);
+		reply_error(e, route, rlen, ZC_ELIMIT, err);
 		return;
 	}
 	s = calloc(1, sizeof(*s));
 	if (!s) {
-		reply_error(d, route, rlen, -ENOMEM, "out of memory");
+		reply_error(e, route, rlen, -ENOMEM, "out of memory");
 		return;
 	}
 	memcpy(s->route, route, rlen);
 	s->route_len = rlen;
-	s->d = d;
-	s->serial = ++d->session_serial;
+	s->e = e;
+	s->serial = ++e->session_serial;
 	s->pidfd = -1;
-	s->rank = h->rank;
+	s->m.rank = h->rank;
 	/* the pid in our namespace, the one a pidfd can watch */
-	s->pid = d->cur_peer.pid;
+	s->m.pid = e->cur_peer.pid;
 	s->own_pid = h->pid;
-	s->uid = d->cur_peer.uid;
-	/* a job over several nodes: job.c and rdzv.c check what it says */
+	s->m.uid = e->cur_peer.uid;
+	/* a job over several nodes: the core (job.c, rdzv.c) checks what it says */
 	if (h->rdzv && h->rdzv[0])
 		rs = (struct rdzv_spec){.endpoint = h->rdzv,
 					.nnodes = h->has_nnodes ? h->nnodes : 0,
@@ -450,7 +433,7 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 					.node_rank = h->node_rank,
 					.secret = h->job_secret.data,
 					.secret_len = h->has_job_secret ? h->job_secret.len : 0};
-	r = job_join(d, s,
+	r = job_join(e->core, &s->m,
 		     &(struct join_req){.job_id = h->job_id,
 					.rank = h->rank,
 					.world = h->world_size,
@@ -459,39 +442,39 @@ static void on_hello(struct daemon *d, const void *route, size_t rlen, struct se
 					.rdzv = rs.endpoint ? &rs : NULL},
 		     err, sizeof(err));
 	if (r < 0) {
-		reply_error(d, route, rlen, r, err);
+		reply_error(e, route, rlen, r, err);
 		free(s);
 		return;
 	}
 	/* A dead trainer is noticed at once through its pidfd; without one
 	 * (old kernel) the timer looks every tick. */
-	s->pidfd = s->pid > 0 ? (int)syscall(SYS_pidfd_open, s->pid, 0) : -1;
+	s->pidfd = s->m.pid > 0 ? (int)syscall(SYS_pidfd_open, s->m.pid, 0) : -1;
 	if (s->pidfd >= 0) {
-		if (loop_add_fd(d->loop, s->pidfd, on_pidfd, s) < 0) {
+		if (loop_add_fd(e->core->loop, s->pidfd, on_pidfd, s) < 0) {
 			close(s->pidfd);
 			s->pidfd = -1;
 		}
 	} else {
 		log_warning("job %s rank %u: no pidfd for pid %d (%s); checking it every tick",
-			    s->job->id, s->rank, (int)s->pid, strerror(errno));
+			    s->m.job->id, s->m.rank, (int)s->m.pid, strerror(errno));
 	}
-	s->next = d->sessions;
-	d->sessions = s;
-	d->nsessions++;
-	if (d->cur_conn)
-		conn_bind(d->cur_conn, s);
+	s->next = e->sessions;
+	e->sessions = s;
+	e->nsessions++;
+	if (e->cur_conn)
+		conn_bind(e->cur_conn, s);
 
 	ok.protocol_version = ZC_PROTOCOL_VERSION;
 	ok.daemon_version = (char *)ZEROD_VERSION_STRING;
 	ok.has_stall_timeout_ms = 1;
-	ok.stall_timeout_ms = (uint32_t)d->cfg.stall_timeout_ms;
+	ok.stall_timeout_ms = (uint32_t)e->cfg->stall_timeout_ms;
 	fastpath_offer(s, &ok);
 	out.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO_OK;
 	out.hello_ok = &ok;
 	session_send(s, &out);
 }
 
-static void on_register_plan(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void on_register_plan(struct edge *e, const void *route, size_t rlen, struct session *s,
 			     const Zerod__V1__Envelope *env)
 {
 	const Zerod__V1__RegisterPlan *m = env->register_plan;
@@ -500,31 +483,31 @@ static void on_register_plan(struct daemon *d, const void *route, size_t rlen, s
 	char err[256];
 	int r;
 
-	(void)d, (void)route, (void)rlen;
+	(void)e, (void)route, (void)rlen;
 	r = plan_from_pb(m->plan, &p, err, sizeof(err));
 	if (r < 0) {
 		session_send_error(s, r, false, SESSION_NO_ITERATION, -1,
-				   "rank %u: invalid plan: %s", s->rank, err);
+				   "rank %u: invalid plan: %s", s->m.rank, err);
 		return;
 	}
 	if (!!m->shm + !!m->fds + !!m->cuda != 1) {
 		plan_free(p);
 		session_send_error(s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1,
 				   "rank %u: RegisterPlan must name its buffers once: shm or fds, or cuda",
-				   s->rank);
+				   s->m.rank);
 		return;
 	}
 	if (m->cuda) {
 		struct cudabufs *cb;
 
-		r = cudabufs_from_pb(m->cuda, p, s->uid, &cb, err, sizeof(err));
+		r = cudabufs_from_pb(m->cuda, p, s->m.uid, &cb, err, sizeof(err));
 		if (r < 0) {
 			plan_free(p);
 			session_send_error(s, r, false, SESSION_NO_ITERATION, -1,
-					   "rank %u: CUDA buffers: %s", s->rank, err);
+					   "rank %u: CUDA buffers: %s", s->m.rank, err);
 			return;
 		}
-		job_register_cuda(s->job, s, p, cb);
+		job_register_cuda(s->m.job, &s->m, p, cb);
 		return;
 	}
 	if (m->fds) {
@@ -533,100 +516,97 @@ static void on_register_plan(struct daemon *d, const void *route, size_t rlen, s
 		if (r < 0) {
 			plan_free(p);
 			session_send_error(s, r, false, SESSION_NO_ITERATION, -1, "rank %u: %s",
-					   s->rank, err);
+					   s->m.rank, err);
 			return;
 		}
 	} else {
 		gd = (struct mem_desc){.shm_name = m->shm->grad_name,
 				       .bytes = m->shm->grad_bytes,
-				       .owner = s->uid};
+				       .owner = s->m.uid};
 		pd = (struct mem_desc){.shm_name = m->shm->param_name,
 				       .bytes = m->shm->param_bytes,
-				       .owner = s->uid};
+				       .owner = s->m.uid};
 	}
-	job_register_plan(s->job, s, p, &gd, &pd);
+	job_register_plan(s->m.job, &s->m, p, &gd, &pd);
 	/* mapped, or refused: done with them either way (to try again, a
 	 * client passes buffers anew) */
 	fdbufs_free(s);
 }
 
-static void on_bucket_ready(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void on_bucket_ready(struct edge *e, const void *route, size_t rlen, struct session *s,
 			    const Zerod__V1__Envelope *env)
 {
 	const Zerod__V1__BucketReady *m = env->bucket_ready;
 
-	(void)d, (void)route, (void)rlen;
-	if (m->n_unused)
-		sem_bucket_ready(s->job, s, m->iteration, m->bucket, m->unused, m->n_unused);
-	else
-		sched_bucket_ready(s->job, s, m->iteration, m->bucket);
+	(void)e, (void)route, (void)rlen;
+	sched_bucket_ready(s->m.job, &s->m, m->iteration, m->bucket, m->unused, m->n_unused);
 }
 
-static void on_set_grad_scale(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void on_set_grad_scale(struct edge *e, const void *route, size_t rlen, struct session *s,
 			      const Zerod__V1__Envelope *env)
 {
-	(void)d, (void)route, (void)rlen;
-	sem_set_grad_scale(s->job, s, env->set_grad_scale->iteration,
+	(void)e, (void)route, (void)rlen;
+	sem_set_grad_scale(s->m.job, &s->m, env->set_grad_scale->iteration,
 			   env->set_grad_scale->inv_scale);
 }
 
-static void on_set_hyper(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void on_set_hyper(struct edge *e, const void *route, size_t rlen, struct session *s,
 			 const Zerod__V1__Envelope *env)
 {
 	const Zerod__V1__SetHyper *m = env->set_hyper;
 	struct zc_param_group g;
 
-	(void)d, (void)route, (void)rlen;
+	(void)e, (void)route, (void)rlen;
 	plan_group_from_pb(m->values, &g);
-	sched_set_hyper(s->job, s, m->iteration, m->group, &g);
+	sched_set_hyper(s->m.job, &s->m, m->iteration, m->group, &g);
 }
 
-static void on_params_changed(struct daemon *d, const void *route, size_t rlen,
+static void on_params_changed(struct edge *e, const void *route, size_t rlen,
 			      struct session *s, const Zerod__V1__Envelope *env)
 {
-	(void)d, (void)route, (void)rlen;
-	sched_params_changed(s->job, s, env->params_changed->iteration);
+	(void)e, (void)route, (void)rlen;
+	sched_params_changed(s->m.job, &s->m, env->params_changed->iteration);
 }
 
-static void on_resume(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void on_resume(struct edge *e, const void *route, size_t rlen, struct session *s,
 		      const Zerod__V1__Envelope *env)
 {
-	(void)d, (void)route, (void)rlen;
-	resume_request(s->job, s, env->resume->from, env->resume->iteration);
+	(void)e, (void)route, (void)rlen;
+	resume_request(s->m.job, &s->m, env->resume->from, env->resume->iteration);
 }
 
-static void on_get_state(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void on_get_state(struct edge *e, const void *route, size_t rlen, struct session *s,
 			 const Zerod__V1__Envelope *env)
 {
-	(void)d, (void)route, (void)rlen;
-	statex_request(s->job, s, s->rank, false, env->get_state->staging, NULL, 0);
+	(void)e, (void)route, (void)rlen;
+	statex_request(s->m.job, &s->m, s->m.rank, false, env->get_state->staging, NULL, 0);
 }
 
-static void on_set_state(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void on_set_state(struct edge *e, const void *route, size_t rlen, struct session *s,
 			 const Zerod__V1__Envelope *env)
 {
 	const Zerod__V1__SetState *m = env->set_state;
 
-	(void)d, (void)route, (void)rlen;
-	statex_request(s->job, s, s->rank, true, m->staging, m->segments, m->n_segments);
+	(void)e, (void)route, (void)rlen;
+	statex_request(s->m.job, &s->m, s->m.rank, true, m->staging, m->segments, m->n_segments);
 }
 
-static void on_checkpoint_state(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void on_checkpoint_state(struct edge *e, const void *route, size_t rlen, struct session *s,
 				const Zerod__V1__Envelope *env)
 {
-	(void)d, (void)route, (void)rlen;
-	statex_ckpt_request(s->job, s, s->rank, env->checkpoint_state->staging);
+	(void)e, (void)route, (void)rlen;
+	statex_ckpt_request(s->m.job, &s->m, s->m.rank, env->checkpoint_state->staging);
 }
 
 /* How a checkpoint the rank wrote ended (docs/CHECKPOINT.md, "Outcomes"):
  * for the operator only; the paths must be one line each (they go into the
  * log and zeroctl's tables), the reason is cleaned where it is shown. */
-static void on_checkpoint_done(struct daemon *d, const void *route, size_t rlen,
+static void on_checkpoint_done(struct edge *e, const void *route, size_t rlen,
 			       struct session *s, const Zerod__V1__Envelope *env)
 {
 	const Zerod__V1__CheckpointDone *m = env->checkpoint_done;
 
-	(void)d, (void)route, (void)rlen;
+	(void)route, (void)rlen;
 	if (strlen(m->dir) > 4096 || strpbrk(m->dir, "\n\r") ||
 	    (m->path && (strlen(m->path) > 4200 || strpbrk(m->path, "\n\r")))) {
 		session_send_error(s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1,
@@ -634,14 +614,14 @@ static void on_checkpoint_done(struct daemon *d, const void *route, size_t rlen,
 				   "at most 4096 bytes each");
 		return;
 	}
-	ops_checkpoint_done(s->job, s->rank, m->ok, m->iteration, m->dir, m->ok ? m->path : NULL,
-			    m->ok ? NULL : m->error);
+	CORE_HOOK(e->core, checkpoint_done, s->m.job, s->m.rank, m->ok, m->iteration, m->dir,
+		  m->ok ? m->path : NULL, m->ok ? NULL : m->error);
 }
 
-static void on_goodbye(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void on_goodbye(struct edge *e, const void *route, size_t rlen, struct session *s,
 		       const Zerod__V1__Envelope *env)
 {
-	(void)d, (void)route, (void)rlen, (void)env;
+	(void)e, (void)route, (void)rlen, (void)env;
 	session_drop(s, LEAVE_GOODBYE);
 }
 
@@ -649,7 +629,7 @@ enum { NEEDS_SESSION = 1 << 0 };
 
 static const struct handler {
 	Zerod__V1__Envelope__BodyCase body;
-	void (*fn)(struct daemon *d, const void *route, size_t rlen, struct session *s,
+	void (*fn)(struct edge *e, const void *route, size_t rlen, struct session *s,
 		   const Zerod__V1__Envelope *env);
 	unsigned flags;
 } handlers[] = {
@@ -672,25 +652,25 @@ static size_t max_message(const struct session *s)
 {
 	if (!s)
 		return HELLO_MAX_BYTES;
-	if (s->job && s->job->state == JOB_FORMING && !s->job->plans[s->rank])
+	if (s->m.job && s->m.job->state == JOB_FORMING && !s->m.job->plans[s->m.rank])
 		return ZEROD_MAX_MSG_BYTES; /* its RegisterPlan is still to come */
-	if (s->job && s->job->state == JOB_ACTIVE && !s->job->in_flight)
+	if (s->m.job && s->m.job->state == JOB_ACTIVE && !s->m.job->in_flight)
 		return ZEROD_MAX_MSG_BYTES; /* between iterations: a SetState, a new plan */
 	return REGISTERED_MAX_BYTES;
 }
 
-static void refuse(struct daemon *d, const void *route, size_t rlen, struct session *s,
+static void refuse(struct edge *e, const void *route, size_t rlen, struct session *s,
 		   const char *msg)
 {
 	if (s)
 		session_send_error(s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1, "%s", msg);
 	else
-		reply_error(d, route, rlen, ZC_EPROTO, msg);
+		reply_error(e, route, rlen, ZC_EPROTO, msg);
 }
 
-static void dispatch(struct daemon *d, const void *route, size_t rlen, const void *buf, size_t len)
+static void dispatch(struct edge *e, const void *route, size_t rlen, const void *buf, size_t len)
 {
-	struct session *s = session_find(d, route, rlen);
+	struct session *s = session_find(e, route, rlen);
 	Zerod__V1__Envelope *env;
 	const struct handler *h = NULL;
 	const char *field;
@@ -704,7 +684,7 @@ static void dispatch(struct daemon *d, const void *route, size_t rlen, const voi
 	if (len > max_message(s)) {
 		snprintf(msg, sizeof(msg), "a %zu-byte message %s: at most %zu bytes", len,
 			 s ? "after the plan was registered" : "before Hello", max_message(s));
-		refuse(d, route, rlen, s, msg);
+		refuse(e, route, rlen, s, msg);
 		return;
 	}
 	if (!s) {
@@ -719,7 +699,7 @@ static void dispatch(struct daemon *d, const void *route, size_t rlen, const voi
 			snprintf(msg, sizeof(msg),
 				 h ? "%s before Hello" : "%s is not a message a client sends",
 				 wire_body_name(body));
-			reply_error(d, route, rlen, ZC_EPROTO, msg);
+			reply_error(e, route, rlen, ZC_EPROTO, msg);
 			return;
 		}
 		h = NULL;
@@ -727,12 +707,12 @@ static void dispatch(struct daemon *d, const void *route, size_t rlen, const voi
 	if (wire_decode(buf, len, &env) < 0) {
 		snprintf(msg, sizeof(msg), "cannot decode a %zu-byte message as zerod.v1.Envelope",
 			 len);
-		refuse(d, route, rlen, s, msg);
+		refuse(e, route, rlen, s, msg);
 		return;
 	}
 	/* errors about this message echo its request id to its sender */
-	d->cur_request = env->has_request_id ? env->request_id : 0;
-	d->cur_session = s;
+	e->cur_request = env->has_request_id ? env->request_id : 0;
+	e->cur_session = s;
 	for (size_t i = 0; i < ARRAY_SIZE(handlers); i++)
 		if (handlers[i].body == env->body_case)
 			h = &handlers[i];
@@ -740,19 +720,19 @@ static void dispatch(struct daemon *d, const void *route, size_t rlen, const voi
 		/* protobuf-c cut the string there: "job\0x" would read "job" */
 		snprintf(msg, sizeof(msg), "%s: field %s holds a NUL byte",
 			 wire_body_name(env->body_case), field);
-		refuse(d, route, rlen, s, msg);
+		refuse(e, route, rlen, s, msg);
 	} else if (!h) {
 		snprintf(msg, sizeof(msg), "%s is not a message a client sends",
 			 wire_body_name(env->body_case));
-		refuse(d, route, rlen, s, msg);
+		refuse(e, route, rlen, s, msg);
 	} else if ((h->flags & NEEDS_SESSION) && !s) {
 		snprintf(msg, sizeof(msg), "%s before Hello", wire_body_name(env->body_case));
-		reply_error(d, route, rlen, ZC_EPROTO, msg);
+		reply_error(e, route, rlen, ZC_EPROTO, msg);
 	} else {
-		h->fn(d, route, rlen, s, env);
+		h->fn(e, route, rlen, s, env);
 	}
-	d->cur_request = 0;
-	d->cur_session = NULL;
+	e->cur_request = 0;
+	e->cur_session = NULL;
 	wire_free(env);
 }
 
@@ -771,13 +751,13 @@ static struct ucred peer_cred(zmq_msg_t *msg)
 
 int session_on_router(struct loop *l, void *userdata)
 {
-	struct daemon *d = userdata;
+	struct edge *e = userdata;
 	size_t decoded = 0;
 	int handled = 0;
 
 	(void)l;
 	/* every connection a message below came on is known now */
-	conn_update(d);
+	conn_update(e);
 	/* A bounded batch, in messages and in bytes, so one busy client cannot
 	 * starve completions, signals and other jobs: the loop comes back for
 	 * the rest after they had their turn. */
@@ -788,43 +768,43 @@ int session_on_router(struct loop *l, void *userdata)
 		bool drop;
 
 		zmq_msg_init(&route);
-		if (zmq_msg_recv(&route, d->router, ZMQ_DONTWAIT) < 0) {
+		if (zmq_msg_recv(&route, e->router, ZMQ_DONTWAIT) < 0) {
 			zmq_msg_close(&route);
 			break;
 		}
 		zmq_msg_init(&body);
-		if (!zmq_msg_more(&route) || zmq_msg_recv(&body, d->router, ZMQ_DONTWAIT) < 0) {
+		if (!zmq_msg_more(&route) || zmq_msg_recv(&body, e->router, ZMQ_DONTWAIT) < 0) {
 			zmq_msg_close(&body);
 			zmq_msg_close(&route);
 			continue;
 		}
 		fd = zmq_msg_get(&body, ZMQ_SRCFD);
-		d->cur_peer = peer_cred(&body);
-		d->cur_conn = conn_of_msg(d, fd, zmq_msg_data(&route), zmq_msg_size(&route));
-		log_set_cause(d->cur_peer.uid);
-		drop = conn_drop_msg(d, fd, d->cur_conn);
-		zmq_getsockopt(d->router, ZMQ_RCVMORE, &more, &more_len);
+		e->cur_peer = peer_cred(&body);
+		e->cur_conn = conn_of_msg(e, fd, zmq_msg_data(&route), zmq_msg_size(&route));
+		log_set_cause(e->cur_peer.uid);
+		drop = conn_drop_msg(e, fd, e->cur_conn);
+		zmq_getsockopt(e->router, ZMQ_RCVMORE, &more, &more_len);
 		if (more) {
 			/* a multi-frame message: drop the rest, answer once */
 			while (more) {
 				zmq_msg_t extra;
 				zmq_msg_init(&extra);
-				zmq_msg_recv(&extra, d->router, ZMQ_DONTWAIT);
+				zmq_msg_recv(&extra, e->router, ZMQ_DONTWAIT);
 				more = zmq_msg_more(&extra);
 				zmq_msg_close(&extra);
 			}
 			if (!drop)
-				reply_error(d, zmq_msg_data(&route), zmq_msg_size(&route),
+				reply_error(e, zmq_msg_data(&route), zmq_msg_size(&route),
 					    ZC_EPROTO,
 					    "multi-frame message: send one Envelope per message");
 		} else if (!drop && zmq_msg_size(&route) <= ZEROD_ROUTE_MAX) {
 			decoded += zmq_msg_size(&body);
-			dispatch(d, zmq_msg_data(&route), zmq_msg_size(&route), zmq_msg_data(&body),
+			dispatch(e, zmq_msg_data(&route), zmq_msg_size(&route), zmq_msg_data(&body),
 				 zmq_msg_size(&body));
 		}
 		log_clear_cause();
-		d->cur_peer = (struct ucred){.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
-		d->cur_conn = NULL;
+		e->cur_peer = (struct ucred){.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
+		e->cur_conn = NULL;
 		zmq_msg_close(&body);
 		zmq_msg_close(&route);
 	}
@@ -833,7 +813,7 @@ int session_on_router(struct loop *l, void *userdata)
 
 /* ------------------------------------------------------------ the sink --- */
 
-static void sink_plan_ok(struct session *s, uint64_t plan_hash)
+static void sink_plan_ok(struct member *m, uint64_t plan_hash)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__PlanOk ok = ZEROD__V1__PLAN_OK__INIT;
@@ -841,10 +821,10 @@ static void sink_plan_ok(struct session *s, uint64_t plan_hash)
 	ok.plan_hash = plan_hash;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_PLAN_OK;
 	env.plan_ok = &ok;
-	session_send(s, &env);
+	session_send(session_of(m), &env);
 }
 
-static void sink_state_ok(struct session *s, const struct sink_ranges *rg)
+static void sink_state_ok(struct member *m, const struct sink_ranges *rg)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__StateOk ok = ZEROD__V1__STATE_OK__INIT;
@@ -861,10 +841,10 @@ static void sink_state_ok(struct session *s, const struct sink_ranges *rg)
 
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_STATE_OK;
 	env.state_ok = &ok;
-	session_send(s, &env);
+	session_send(session_of(m), &env);
 }
 
-static void sink_checkpoint_due(struct session *s, const char *dir, uint64_t iteration)
+static void sink_checkpoint_due(struct member *m, const char *dir, uint64_t iteration)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__CheckpointDue cd = ZEROD__V1__CHECKPOINT_DUE__INIT;
@@ -873,18 +853,18 @@ static void sink_checkpoint_due(struct session *s, const char *dir, uint64_t ite
 	cd.iteration = iteration;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_DUE;
 	env.checkpoint_due = &cd;
-	session_send(s, &env);
+	session_send(session_of(m), &env);
 }
 
-static void sink_err(struct session *s, int code, bool fatal, uint64_t iteration, int64_t bucket,
+static void sink_err(struct member *m, int code, bool fatal, uint64_t iteration, int64_t bucket,
 		     const char *msg)
 {
-	session_send_error(s, code, fatal, iteration, bucket, "%s", msg);
+	session_send_error(session_of(m), code, fatal, iteration, bucket, "%s", msg);
 }
 
 /* A StepDone with what the step did: the ring's slot has no room for it,
  * so it goes over ZeroMQ, in order with the ring's slots (ring.h's MARK). */
-static void sink_step_info(struct session *s, uint64_t t, bool found_inf, double grad_norm)
+static void sink_step_info(struct member *m, uint64_t t, bool found_inf, double grad_norm)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__StepDone sd = ZEROD__V1__STEP_DONE__INIT;
@@ -896,17 +876,70 @@ static void sink_step_info(struct session *s, uint64_t t, bool found_inf, double
 	sd.grad_norm = grad_norm;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_STEP_DONE;
 	env.step_done = &sd;
-	session_send(s, &env);
+	session_send(session_of(m), &env);
+}
+
+/* Not the answer to the message being handled: no request id, so that it
+ * fails no future of that request. */
+static void sink_err_unasked(struct member *m, int code, uint64_t iteration, const char *msg)
+{
+	struct edge *e = session_of(m)->e;
+	uint64_t request = e->cur_request;
+
+	e->cur_request = 0;
+	session_send_error(session_of(m), code, false, iteration, -1, "%s", msg);
+	e->cur_request = request;
 }
 
 /* Completions go through the rank's fast-path ring where it has one. */
+static void sink_bucket_done(struct member *m, uint64_t t, uint32_t b)
+{
+	fastpath_bucket_done(session_of(m), t, b);
+}
+
+static void sink_step_done(struct member *m, uint64_t t)
+{
+	fastpath_step_done(session_of(m), t);
+}
+
+static void sink_detach(struct member *m)
+{
+	session_detach(session_of(m));
+}
+
+static bool sink_gone(struct member *m)
+{
+	return session_gone(session_of(m));
+}
+
+static void sink_drop(struct member *m, enum leave_reason why)
+{
+	session_drop(session_of(m), why);
+}
+
+static int sink_fd_staging(struct member *m, uint64_t serial, struct mem_desc *ret, char *err,
+			   size_t errlen)
+{
+	return fdbufs_staging(session_of(m), serial, ret, err, errlen);
+}
+
+static void sink_fd_release(struct member *m)
+{
+	fdbufs_free(session_of(m));
+}
+
 const struct sink_ops session_sink = {
 	.plan_ok = sink_plan_ok,
-	.bucket_done = fastpath_bucket_done,
-	.step_done = fastpath_step_done,
+	.bucket_done = sink_bucket_done,
+	.step_done = sink_step_done,
 	.step_done_info = sink_step_info,
 	.error = sink_err,
+	.error_unasked = sink_err_unasked,
 	.state_ok = sink_state_ok,
 	.checkpoint_due = sink_checkpoint_due,
-	.detach = session_detach,
+	.detach = sink_detach,
+	.gone = sink_gone,
+	.drop = sink_drop,
+	.fd_staging = sink_fd_staging,
+	.fd_release = sink_fd_release,
 };

@@ -1,11 +1,11 @@
 /*
  * backend.c — the backends a job can be served by, each a set of ops tables
- * (daemon.h). A job picks its backend when it starts, from the kind of
+ * (backend.h's struct backend). A job picks its backend when it starts, from the kind of
  * buffers its ranks registered: shm buffers mean host; over several nodes,
  * host with gloo between them.
  */
 #include "coll/coll.h"
-#include "daemon.h"
+#include "exec/backend.h"
 #include "optim/optim.h"
 
 const struct backend backend_host = {

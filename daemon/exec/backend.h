@@ -1,7 +1,7 @@
 /*
  * backend.h — which backends the daemon offers, decided once at start from
- * --backend auto|host|cuda (the backends themselves: daemon.h's struct
- * backend, backend.c, backend_cuda.c).
+ * --backend auto|host|cuda, and what a backend is (struct backend; the
+ * backends themselves: backend.c, backend_cuda.c).
  *
  * Every build has these functions: with the CUDA toolkit they come from
  * backend_cuda.c, without it from backend_nocuda.c, which says so.
@@ -9,9 +9,31 @@
 #ifndef ZEROD_BACKEND_H
 #define ZEROD_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
-struct backend;
+struct coll_ops;
+struct optim_ops;
+struct mem_ops;
+
+/* What serves a job's data plane; chosen per job. */
+struct backend {
+	const char *name;
+	const struct coll_ops *coll;
+	const struct optim_ops *optim;
+	/* the buffers jobs of this backend register: NULL for host jobs,
+	 * whose buffers are the core's mem (memfds), mapped at registration; else mapped by
+	 * the executor's start (they may block) */
+	const struct mem_ops *mem;
+	/* serves bf16/fp16 buckets (fp32 masters, zeroclient.h's rounding);
+	 * a plan with such buckets on another backend is refused (ZC_ENOTSUP) */
+	bool low_precision;
+};
+
+extern const struct backend backend_host;
+/* A host job over several nodes: gloo across them (coll NULL in a build
+ * without gloo: such jobs are refused). */
+extern const struct backend backend_host_multi;
 
 /* NCCL collectives, CUDA kernels (backend_cuda.c; builds with CUDA only). */
 extern const struct backend backend_cuda;

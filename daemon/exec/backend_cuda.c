@@ -12,7 +12,6 @@
 #include "exec/backend.h"
 #include "coll/coll.h"
 #include "base/cudacheck.h"
-#include "daemon.h"
 #include "mem/mem.h"
 #include "optim/optim.h"
 

@@ -14,8 +14,8 @@
  *    What does: a trainer linked to a libzeroclient older than that (it
  *    speaks protocol 1 too, so its Hello is taken), and the raw protocol
  *    tests (tests/integration/raw.c and its users, test_state's named
- *    staging, the fuzzers). The kept gradient map of edge/session.c
- *    (session_keep_grad, session_map_grad: a registration refused for its
+ *    staging, the fuzzers). The kept gradient map of core/job.c
+ *    (grad_keep, grad_map, by job and rank: a registration refused for its
  *    parameter buffer can name the gradient object again after its name was
  *    unlinked) serves this kind only; test_hostile's
  *    refused_registration_retryable covers it.

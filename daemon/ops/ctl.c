@@ -41,6 +41,7 @@
 #include "ops/ops_int.h"
 #include "base/pool.h"
 #include "core/rdzv.h"
+#include "exec/backend.h"
 #include "core/resume.h"
 #include "zeroclient.h"
 
@@ -55,7 +56,11 @@ struct caller {
 
 typedef Zerod__V1__Ctl Ctl;
 
-static void send_reply(struct daemon *d, const void *route, size_t rlen, Ctl *reply)
+/* a route ZeroMQ gives a peer is 5 bytes; one longer is no zeroctl (as the
+ * trainers' ROUTER, edge-t.h's ZEROD_ROUTE_MAX) */
+#define CTL_ROUTE_MAX 256
+
+static void send_reply(struct ops_env *env, const void *route, size_t rlen, Ctl *reply)
 {
 	size_t n;
 	void *buf;
@@ -67,15 +72,15 @@ static void send_reply(struct daemon *d, const void *route, size_t rlen, Ctl *re
 		return; /* zeroctl times out and says so */
 	zerod__v1__ctl__pack(reply, buf);
 	/* a caller gone before its answer: nothing to do (ROUTER_MANDATORY) */
-	if (zmq_send(d->ops->ctl, route, rlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
-		zmq_send(d->ops->ctl, buf, n, ZMQ_DONTWAIT);
+	if (zmq_send(env->ops->ctl, route, rlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+		zmq_send(env->ops->ctl, buf, n, ZMQ_DONTWAIT);
 	free(buf);
 }
 
-static void send_error(struct daemon *d, const void *route, size_t rlen,
+static void send_error(struct ops_env *env, const void *route, size_t rlen,
 		       Zerod__V1__CtlError__Kind kind, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
-static void send_error(struct daemon *d, const void *route, size_t rlen,
+static void send_error(struct ops_env *env, const void *route, size_t rlen,
 		       Zerod__V1__CtlError__Kind kind, const char *fmt, ...)
 {
 	Ctl reply = ZEROD__V1__CTL__INIT;
@@ -90,7 +95,7 @@ static void send_error(struct daemon *d, const void *route, size_t rlen,
 	e.message = msg;
 	reply.body_case = ZEROD__V1__CTL__BODY_ERROR;
 	reply.error = &e;
-	send_reply(d, route, rlen, &reply);
+	send_reply(env, route, rlen, &reply);
 }
 
 /* May caller c see job j? */
@@ -140,8 +145,8 @@ static void fill_job(struct job *j, Zerod__V1__CtlJob *out, char *err, char *who
 	out->age_ms = jo ? (uint64_t)(ops_now_us() - jo->seen_us) / 1000 : 0;
 	out->idle_ms = now > j->progress_ms ? (uint64_t)(now - j->progress_ms) : 0;
 	out->waiting = ops_job_waiting(j);
-	out->stalled = out->waiting && j->d->cfg.stall_warn_ms > 0 &&
-		       now - j->progress_ms >= j->d->cfg.stall_warn_ms;
+	out->stalled = out->waiting && ops_env_of(j)->cfg->stall_warn_ms > 0 &&
+		       now - j->progress_ms >= ops_env_of(j)->cfg->stall_warn_ms;
 	if (job_ended(j) && !j->quiet_end) {
 		snprintf(err, 256, "%s: %.200s", zc_strerror_name(j->err), j->errmsg);
 		out->error = err;
@@ -156,10 +161,10 @@ static void fill_job(struct job *j, Zerod__V1__CtlJob *out, char *err, char *who
 	out->checkpoint = fill_ckpt(jo, ck, now);
 }
 
-static void do_status(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
+static void do_status(struct ops_env *env, const struct caller *c, const void *route, size_t rlen,
 		      const Ctl *req)
 {
-	struct ops *o = d->ops;
+	struct ops *o = env->ops;
 	Ctl reply = ZEROD__V1__CTL__INIT;
 	Zerod__V1__StatusReply st = ZEROD__V1__STATUS_REPLY__INIT;
 	Zerod__V1__CtlJob *jobs = NULL, **jp = NULL;
@@ -170,18 +175,18 @@ static void do_status(struct daemon *d, const struct caller *c, const void *rout
 	int64_t now = now_ms();
 
 	(void)req;
-	if (d->njobs) {
-		jobs = calloc(d->njobs, sizeof(*jobs));
-		jp = calloc(d->njobs, sizeof(*jp));
-		text = calloc(d->njobs, sizeof(*text));
-		cks = calloc(d->njobs, sizeof(*cks));
+	if (env->core->njobs) {
+		jobs = calloc(env->core->njobs, sizeof(*jobs));
+		jp = calloc(env->core->njobs, sizeof(*jp));
+		text = calloc(env->core->njobs, sizeof(*text));
+		cks = calloc(env->core->njobs, sizeof(*cks));
 		if (!jobs || !jp || !text || !cks) {
-			send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
+			send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
 				   "out of memory");
 			goto out;
 		}
 	}
-	for (struct job *j = d->jobs; j && n < d->njobs; j = j->next) {
+	for (struct job *j = env->core->jobs; j && n < env->core->njobs; j = j->next) {
 		if (!visible(c, j))
 			continue;
 		fill_job(j, &jobs[n], text[n][0], text[n][1], &cks[n], now);
@@ -194,22 +199,22 @@ static void do_status(struct daemon *d, const struct caller *c, const void *rout
 	st.n_devices = 1;
 	st.devices = devices;
 	st.uptime_seconds = (double)(now - o->start_ms) / 1000.0;
-	st.sessions = d->nsessions;
-	st.connections = d->nconns;
-	st.state_bytes = d->memory_used;
-	st.max_state_bytes = d->cfg.max_memory;
-	st.workers = pool_threads(d->pool);
-	st.socket = (char *)d->cfg.socket_path;
+	st.sessions = (*env->nsessions);
+	st.connections = (*env->nconns);
+	st.state_bytes = env->core->memory_used;
+	st.max_state_bytes = env->cfg->max_memory;
+	st.workers = pool_threads(env->core->pool);
+	st.socket = (char *)env->cfg->socket_path;
 	st.tracing = o->trace != NULL;
-	st.trace_file = (char *)trace_file(d);
-	st.config = (char *)config_src_path(d->cfg.src);
+	st.trace_file = (char *)trace_file(env);
+	st.config = (char *)config_src_path(env->cfg->src);
 	st.n_jobs = n;
 	st.jobs = jp;
-	st.n_rendezvous = rdzv_serving(d, serving, sizeof(serving) / sizeof(serving[0]));
+	st.n_rendezvous = rdzv_serving(env->core, serving, sizeof(serving) / sizeof(serving[0]));
 	st.rendezvous = (char **)serving;
 	reply.body_case = ZEROD__V1__CTL__BODY_STATUS;
 	reply.status = &st;
-	send_reply(d, route, rlen, &reply);
+	send_reply(env, route, rlen, &reply);
 out:
 	free(jobs);
 	free(jp);
@@ -218,13 +223,13 @@ out:
 }
 
 /* The one job req names that c may see; else an error went out and NULL. */
-static struct job *find_job(struct daemon *d, const struct caller *c, const void *route,
+static struct job *find_job(struct ops_env *env, const struct caller *c, const void *route,
 			    size_t rlen, const Zerod__V1__InspectRequest *q)
 {
 	struct job *found = NULL;
 	unsigned matches = 0;
 
-	for (struct job *j = d->jobs; j; j = j->next) {
+	for (struct job *j = env->core->jobs; j; j = j->next) {
 		if (strcmp(j->id, q->job) != 0 || !visible(c, j))
 			continue;
 		if (q->has_uid && j->uid != q->uid)
@@ -235,11 +240,11 @@ static struct job *find_job(struct daemon *d, const struct caller *c, const void
 	if (matches == 1)
 		return found;
 	if (matches == 0)
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__NOT_FOUND,
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__NOT_FOUND,
 			   "no job %s%s", q->job,
 			   c->role == ROLE_ADMIN ? "" : " of yours (you see only your own jobs)");
 	else
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
 			   "%u users have a job %s: name one with --uid", matches, q->job);
 	return NULL;
 }
@@ -368,7 +373,7 @@ static int inspect_ops(const struct jobops *jo, const Zerod__V1__InspectRequest 
 	return 0;
 }
 
-static void do_inspect(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
+static void do_inspect(struct ops_env *env, const struct caller *c, const void *route, size_t rlen,
 		       const Ctl *req)
 {
 	const Zerod__V1__InspectRequest *q = req->inspect_request;
@@ -382,7 +387,7 @@ static void do_inspect(struct daemon *d, const struct caller *c, const void *rou
 	struct jobops *jo;
 	struct job *j;
 
-	j = find_job(d, c, route, rlen, q);
+	j = find_job(env, c, route, rlen, q);
 	if (!j)
 		return;
 	jo = jobops_of(j);
@@ -404,12 +409,12 @@ static void do_inspect(struct daemon *d, const struct caller *c, const void *rou
 	in.backend = j->be ? (char *)j->be->name : NULL;
 	if ((p && inspect_buckets(j, p, q, &in, &ib) < 0) || inspect_ranks(j, q, &in, &ib) < 0 ||
 	    (jo && inspect_ops(jo, q, &in, &ib) < 0)) {
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED, "out of memory");
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED, "out of memory");
 		goto out;
 	}
 	reply.body_case = ZEROD__V1__CTL__BODY_INSPECT;
 	reply.inspect = &in;
-	send_reply(d, route, rlen, &reply);
+	send_reply(env, route, rlen, &reply);
 out:
 	free(ib.bk);
 	free(ib.bkp);
@@ -421,7 +426,7 @@ out:
 	free(ib.opp);
 }
 
-static void do_metrics(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
+static void do_metrics(struct ops_env *env, const struct caller *c, const void *route, size_t rlen,
 		       const Ctl *req)
 {
 	Ctl reply = ZEROD__V1__CTL__INIT;
@@ -429,16 +434,16 @@ static void do_metrics(struct daemon *d, const struct caller *c, const void *rou
 	struct sbuf b = {0};
 
 	(void)c, (void)req;
-	metrics_render(d, &b);
+	metrics_render(env, &b);
 	if (b.failed || !b.s) {
 		sbuf_free(&b);
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED, "out of memory");
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED, "out of memory");
 		return;
 	}
 	m.text = b.s;
 	reply.body_case = ZEROD__V1__CTL__BODY_METRICS;
 	reply.metrics = &m;
-	send_reply(d, route, rlen, &reply);
+	send_reply(env, route, rlen, &reply);
 	sbuf_free(&b);
 }
 
@@ -453,7 +458,7 @@ static size_t split_lines(char *s, char **out, size_t max)
 	return n;
 }
 
-static void do_reload(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
+static void do_reload(struct ops_env *env, const struct caller *c, const void *route, size_t rlen,
 		      const Ctl *req)
 {
 	Ctl reply = ZEROD__V1__CTL__INIT;
@@ -464,22 +469,22 @@ static void do_reload(struct daemon *d, const struct caller *c, const void *rout
 	(void)req;
 	log_notice("reload asked by uid %u (pid %d, zeroctl)", (unsigned)c->cred.uid,
 		   (int)c->cred.pid);
-	ops_reload_report(d, &rep);
+	ops_reload_report(env, &rep);
 	rr.ok = rep.ok;
 	rr.error = rep.ok ? NULL : rep.error;
 	rr.n_applied = split_lines(rep.applied.s, applied, ARRAY_SIZE(applied));
 	rr.applied = applied;
 	rr.n_needs_restart = split_lines(rep.restart.s, restart, ARRAY_SIZE(restart));
 	rr.needs_restart = restart;
-	rr.config = (char *)config_src_path(d->cfg.src);
+	rr.config = (char *)config_src_path(env->cfg->src);
 	reply.body_case = ZEROD__V1__CTL__BODY_RELOAD;
 	reply.reload = &rr;
-	send_reply(d, route, rlen, &reply);
+	send_reply(env, route, rlen, &reply);
 	sbuf_free(&rep.applied);
 	sbuf_free(&rep.restart);
 }
 
-static void do_trace(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
+static void do_trace(struct ops_env *env, const struct caller *c, const void *route, size_t rlen,
 		     const Ctl *req)
 {
 	const Zerod__V1__TraceRequest *q = req->trace_request;
@@ -491,13 +496,13 @@ static void do_trace(struct daemon *d, const struct caller *c, const void *route
 
 	if (q->on) {
 		if (!q->file || !q->file[0]) {
-			send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
+			send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
 				   "trace on needs a file");
 			return;
 		}
-		r = trace_start(d, q->file, &st, why, sizeof(why));
+		r = trace_start(env, q->file, &st, why, sizeof(why));
 		if (r < 0) {
-			send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
+			send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
 				   "cannot start the trace: %s", why);
 			return;
 		}
@@ -510,20 +515,20 @@ static void do_trace(struct daemon *d, const struct caller *c, const void *route
 		tr.dev = (uint64_t)st.st_dev;
 		tr.ino = (uint64_t)st.st_ino;
 	} else {
-		if (!d->ops->trace) {
-			send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
+		if (!env->ops->trace) {
+			send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
 				   "no trace is running");
 			return;
 		}
-		snprintf(file, sizeof(file), "%s", trace_file(d));
-		tr.events = trace_stop(d);
+		snprintf(file, sizeof(file), "%s", trace_file(env));
+		tr.events = trace_stop(env);
 		log_notice("trace: stopped, %" PRIu64 " events in %s", tr.events, file);
 		tr.on = false;
 		tr.file = file;
 	}
 	reply.body_case = ZEROD__V1__CTL__BODY_TRACE;
 	reply.trace = &tr;
-	send_reply(d, route, rlen, &reply);
+	send_reply(env, route, rlen, &reply);
 }
 
 /* Who a job's trainers are: the job's uid, and the gid and groups of one
@@ -634,7 +639,7 @@ static int owner_can_write(const struct owner *ow, const char *dir, char *why, s
 	return 0;
 }
 
-static void do_checkpoint(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
+static void do_checkpoint(struct ops_env *env, const struct caller *c, const void *route, size_t rlen,
 			  const Ctl *req)
 {
 	const Zerod__V1__CheckpointRequest *q = req->checkpoint_request;
@@ -648,16 +653,16 @@ static void do_checkpoint(struct daemon *d, const struct caller *c, const void *
 	iq.job = q->job;
 	iq.has_uid = q->has_uid;
 	iq.uid = q->uid;
-	if (!(j = find_job(d, c, route, rlen, &iq)))
+	if (!(j = find_job(env, c, route, rlen, &iq)))
 		return;
 	if (q->dir && q->dir[0])
 		snprintf(dir, sizeof(dir), "%s", q->dir);
-	else if (d->cfg.checkpoint_dir[0])
-		snprintf(dir, sizeof(dir), "%s/%s", d->cfg.checkpoint_dir, j->id);
+	else if (env->cfg->checkpoint_dir[0])
+		snprintf(dir, sizeof(dir), "%s/%s", env->cfg->checkpoint_dir, j->id);
 	else
 		dir[0] = '\0';
 	if (!dir[0]) {
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
 			   "no directory named and no checkpoint-dir configured");
 		return;
 	}
@@ -667,7 +672,7 @@ static void do_checkpoint(struct daemon *d, const struct caller *c, const void *
 	if (!(q->dir && q->dir[0])) {
 		struct owner ow = job_owner(j);
 		if (owner_can_write(&ow, dir, why, sizeof(why)) < 0) {
-			send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
+			send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED,
 				   "job %s: the default checkpoint directory %s cannot be written "
 				   "by the job's trainers: %s; name a DIR they can write, or make "
 				   "checkpoint-dir one they can (docs/CHECKPOINT.md)",
@@ -677,7 +682,7 @@ static void do_checkpoint(struct daemon *d, const struct caller *c, const void *
 	}
 	r = resume_checkpoint_ask(j, dir, &cr.iteration, &cr.ranks, why, sizeof(why));
 	if (r < 0) {
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED, "%s", why);
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__FAILED, "%s", why);
 		return;
 	}
 	log_notice("job %s: checkpoint into %s at iteration %" PRIu64 " asked by uid %u", j->id,
@@ -687,13 +692,13 @@ static void do_checkpoint(struct daemon *d, const struct caller *c, const void *
 	cr.dir = dir;
 	reply.body_case = ZEROD__V1__CTL__BODY_CHECKPOINT;
 	reply.checkpoint = &cr;
-	send_reply(d, route, rlen, &reply);
+	send_reply(env, route, rlen, &reply);
 }
 
 static const struct verb {
 	Zerod__V1__Ctl__BodyCase body;
 	const char *name;
-	void (*fn)(struct daemon *d, const struct caller *c, const void *route, size_t rlen,
+	void (*fn)(struct ops_env *env, const struct caller *c, const void *route, size_t rlen,
 		   const Ctl *req);
 	enum role needs;
 } verbs[] = {
@@ -731,21 +736,21 @@ static struct caller identify(struct ops *o, zmq_msg_t *msg)
 	return c;
 }
 
-static void handle(struct daemon *d, const void *route, size_t rlen, zmq_msg_t *body)
+static void handle(struct ops_env *env, const void *route, size_t rlen, zmq_msg_t *body)
 {
-	struct caller c = identify(d->ops, body);
+	struct caller c = identify(env->ops, body);
 	const struct verb *v = NULL;
 	Ctl *req;
 
 	if (zmq_msg_size(body) > ZEROD_CTL_REQUEST_BYTES) {
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
 			   "a %zu-byte request: at most %d bytes", zmq_msg_size(body),
 			   ZEROD_CTL_REQUEST_BYTES);
 		return;
 	}
 	req = zerod__v1__ctl__unpack(NULL, zmq_msg_size(body), zmq_msg_data(body));
 	if (!req) {
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__VERSION,
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__VERSION,
 			   "cannot decode the request as zerod.v1.Ctl version %d (zerod %s)",
 			   ZEROD_CTL_VERSION, ZEROD_VERSION_STRING);
 		return;
@@ -754,24 +759,24 @@ static void handle(struct daemon *d, const void *route, size_t rlen, zmq_msg_t *
 		if (verbs[i].body == req->body_case)
 			v = &verbs[i];
 	if (req->version != ZEROD_CTL_VERSION)
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__VERSION,
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__VERSION,
 			   "zeroctl speaks control protocol %u, zerod %s speaks %d",
 			   req->version, ZEROD_VERSION_STRING, ZEROD_CTL_VERSION);
 	else if (!v)
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
 			   "not a request zerod knows (body %d)", (int)req->body_case);
 	else if (c.role < v->needs)
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__DENIED,
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__DENIED,
 			   "uid %u may not run %s: %s", (unsigned)c.cred.uid, v->name,
 			   v->needs == ROLE_ADMIN
 				   ? "it needs root or zerod's own user"
 				   : "it needs root, zerod's own user or a member of zerod's group");
 	else if (req->body_case == ZEROD__V1__CTL__BODY_INSPECT_REQUEST &&
 		 (!req->inspect_request->job || !job_id_valid(req->inspect_request->job)))
-		send_error(d, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
+		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
 			   "job ids are 1..%d characters of [A-Za-z0-9._-]", ZEROD_JOB_ID_MAX);
 	else
-		v->fn(d, &c, route, rlen, req);
+		v->fn(env, &c, route, rlen, req);
 	zerod__v1__ctl__free_unpacked(req, NULL);
 }
 
@@ -794,38 +799,38 @@ static bool ctl_readable(void *zsock)
  */
 static void on_ctl(struct loop *l, void *userdata)
 {
-	struct daemon *d = userdata;
+	struct ops_env *env = userdata;
 
 	(void)l;
-	d->ops->ctl_pending = false;
+	env->ops->ctl_pending = false;
 	for (int n = 0;; n++) {
 		zmq_msg_t route, body;
 
 		if (n == CTL_BATCH) {
-			d->ops->ctl_pending = ctl_readable(d->ops->ctl);
+			env->ops->ctl_pending = ctl_readable(env->ops->ctl);
 			return;
 		}
 		zmq_msg_init(&route);
-		if (zmq_msg_recv(&route, d->ops->ctl, ZMQ_DONTWAIT) < 0) {
+		if (zmq_msg_recv(&route, env->ops->ctl, ZMQ_DONTWAIT) < 0) {
 			zmq_msg_close(&route);
 			/* re-arm ZMQ_FD; a reply sent may have taken its edge */
-			if (!ctl_readable(d->ops->ctl))
+			if (!ctl_readable(env->ops->ctl))
 				return;
 			continue;
 		}
 		zmq_msg_init(&body);
-		if (zmq_msg_more(&route) && zmq_msg_recv(&body, d->ops->ctl, ZMQ_DONTWAIT) >= 0) {
+		if (zmq_msg_more(&route) && zmq_msg_recv(&body, env->ops->ctl, ZMQ_DONTWAIT) >= 0) {
 			/* one frame per request: the rest of a multi-frame one goes */
 			bool more = zmq_msg_more(&body);
 			while (more) {
 				zmq_msg_t extra;
 				zmq_msg_init(&extra);
-				more = zmq_msg_recv(&extra, d->ops->ctl, ZMQ_DONTWAIT) >= 0 &&
+				more = zmq_msg_recv(&extra, env->ops->ctl, ZMQ_DONTWAIT) >= 0 &&
 				       zmq_msg_more(&extra);
 				zmq_msg_close(&extra);
 			}
-			if (zmq_msg_size(&route) <= ZEROD_ROUTE_MAX)
-				handle(d, zmq_msg_data(&route), zmq_msg_size(&route), &body);
+			if (zmq_msg_size(&route) <= CTL_ROUTE_MAX)
+				handle(env, zmq_msg_data(&route), zmq_msg_size(&route), &body);
 		}
 		zmq_msg_close(&body);
 		zmq_msg_close(&route);
@@ -849,9 +854,9 @@ static int claim(const char *path, char *why, size_t len)
 	return 0;
 }
 
-int ctl_open(struct daemon *d, char *why, size_t len)
+int ctl_open(struct ops_env *env, char *why, size_t len)
 {
-	struct ops *o = d->ops;
+	struct ops *o = env->ops;
 	char endpoint[sizeof(o->ctl_path) + 8];
 	int one = 1, zero = 0, hwm = 1000, hs = 5000;
 	int64_t maxmsg = ZEROD_CTL_REQUEST_BYTES * 2;
@@ -861,9 +866,9 @@ int ctl_open(struct daemon *d, char *why, size_t len)
 	int r;
 
 	if (snprintf(o->ctl_path, sizeof(o->ctl_path), "%s" ZEROD_CTL_SUFFIX,
-		     d->cfg.socket_path) >= (int)sizeof(((struct sockaddr_un *)0)->sun_path)) {
+		     env->cfg->socket_path) >= (int)sizeof(((struct sockaddr_un *)0)->sun_path)) {
 		snprintf(why, len, "control socket %s" ZEROD_CTL_SUFFIX " is too long",
-			 d->cfg.socket_path);
+			 env->cfg->socket_path);
 		return -ENAMETOOLONG;
 	}
 	r = claim(o->ctl_path, why, len);
@@ -872,7 +877,7 @@ int ctl_open(struct daemon *d, char *why, size_t len)
 			snprintf(why, len, "control socket %s: %s", o->ctl_path, strerror(-r));
 		return r;
 	}
-	o->ctl = zmq_socket(d->zctx, ZMQ_ROUTER);
+	o->ctl = zmq_socket(env->zctx, ZMQ_ROUTER);
 	if (!o->ctl ||
 	    zmq_setsockopt(o->ctl, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
 	    zmq_setsockopt(o->ctl, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
@@ -908,31 +913,31 @@ int ctl_open(struct daemon *d, char *why, size_t len)
 		snprintf(why, len, "control socket: ZMQ_FD: %s", zmq_strerror(-r));
 		return r;
 	}
-	r = loop_add_fd(d->loop, o->ctl_fd, on_ctl, d);
+	r = loop_add_fd(env->core->loop, o->ctl_fd, on_ctl, env);
 	if (r < 0)
 		snprintf(why, len, "control socket: event loop: %s", strerror(-r));
 	return r;
 }
 
-void ctl_tick(struct daemon *d)
+void ctl_tick(struct ops_env *env)
 {
-	if (d->ops->ctl && d->ops->ctl_pending)
-		on_ctl(d->loop, d);
+	if (env->ops->ctl && env->ops->ctl_pending)
+		on_ctl(env->core->loop, env);
 }
 
-int64_t ctl_next_deadline(struct daemon *d)
+int64_t ctl_next_deadline(struct ops_env *env)
 {
-	return d->ops->ctl_pending ? 0 : INT64_MAX;
+	return env->ops->ctl_pending ? 0 : INT64_MAX;
 }
 
-void ctl_close(struct daemon *d)
+void ctl_close(struct ops_env *env)
 {
-	struct ops *o = d->ops;
+	struct ops *o = env->ops;
 	struct stat st;
 
 	if (!o->ctl)
 		return;
-	loop_remove_fd(d->loop, o->ctl_fd);
+	loop_remove_fd(env->core->loop, o->ctl_fd);
 	zmq_close(o->ctl);
 	o->ctl = NULL;
 	/* only the file this process bound */

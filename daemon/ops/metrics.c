@@ -114,12 +114,12 @@ struct job_tally {
 	uint64_t mapped;
 };
 
-static void tally_jobs(struct daemon *d, struct job_tally *tl)
+static void tally_jobs(struct ops_env *env, struct job_tally *tl)
 {
 	int64_t now = now_ms();
 
-	*tl = (struct job_tally){.total = d->ops->ended};
-	for (struct job *j = d->jobs; j; j = j->next) {
+	*tl = (struct job_tally){.total = env->ops->ended};
+	for (struct job *j = env->core->jobs; j; j = j->next) {
 		struct exec_stats es;
 		if (j->state == JOB_FAILED && j->quiet_end)
 			tl->ended++; /* a clean end, its last ranks still leaving */
@@ -146,22 +146,22 @@ static void tally_jobs(struct daemon *d, struct job_tally *tl)
 			if (jo && jo->iter == j->iter && full >= jo->reduced)
 				tl->queued += full - jo->reduced;
 		}
-		if (ops_job_waiting(j) && d->cfg.stall_warn_ms > 0 &&
-		    now - j->progress_ms >= d->cfg.stall_warn_ms)
+		if (ops_job_waiting(j) && env->cfg->stall_warn_ms > 0 &&
+		    now - j->progress_ms >= env->cfg->stall_warn_ms)
 			tl->stalled++;
 	}
 }
 
-void metrics_render(struct daemon *d, struct sbuf *b)
+void metrics_render(struct ops_env *env, struct sbuf *b)
 {
-	struct ops *o = d->ops;
+	struct ops *o = env->ops;
 	struct job_tally tl;
 	struct netstats net;
 
-	tally_jobs(d, &tl);
+	tally_jobs(env, &tl);
 	head(b, "zerod_build_info", "gauge", "zerod's version, trainer protocol and backends");
 	sbuf_printf(b, "zerod_build_info{version=\"%s\",protocol=\"%d\",backends=\"%s\"} 1\n",
-		    ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION, d->cuda ? "cuda,host" : "host");
+		    ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION, env->core->cuda ? "cuda,host" : "host");
 	one(b, "zerod_start_time_seconds", "gauge", "when zerod started, unix time",
 	    o->start_wall);
 	head(b, "zerod_jobs", "gauge", "jobs by state");
@@ -169,13 +169,13 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 		sbuf_printf(b, "zerod_jobs{state=\"%s\"} %u\n", job_state_name(s), tl.states[s]);
 	sbuf_printf(b, "zerod_jobs{state=\"ended\"} %u\n", tl.ended);
 	one(b, "zerod_jobs_stalled", "gauge", "jobs waiting longer than stall-warn", tl.stalled);
-	one(b, "zerod_sessions", "gauge", "trainers connected", d->nsessions);
-	one(b, "zerod_connections", "gauge", "connections to the trainers' socket", d->nconns);
-	one(b, "zerod_jobs_started_total", "counter", "jobs created", (double)d->stats.jobs);
+	one(b, "zerod_sessions", "gauge", "trainers connected", (*env->nsessions));
+	one(b, "zerod_connections", "gauge", "connections to the trainers' socket", (*env->nconns));
+	one(b, "zerod_jobs_started_total", "counter", "jobs created", (double)env->core->stats.jobs);
 	one(b, "zerod_iterations_total", "counter", "iterations completed (StepDone), all jobs",
-	    (double)d->stats.iterations);
+	    (double)env->core->stats.iterations);
 	one(b, "zerod_buckets_reduced_total", "counter", "buckets reduced (BucketDone)",
-	    (double)d->stats.buckets);
+	    (double)env->core->stats.buckets);
 	one(b, "zerod_reduced_bytes_total", "counter", "gradient bytes reduced",
 	    (double)tl.total.reduced_elems * sizeof(float));
 	one(b, "zerod_broadcast_bytes_total", "counter",
@@ -204,11 +204,11 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 	by_code(b, "zerod_errors_total", "Error replies sent to trainers, by code", o->m.errors);
 	by_code(b, "zerod_job_failures_total", "jobs that failed, by code", o->m.failures);
 	one(b, "zerod_error_replies_total", "counter", "Error replies sent to trainers",
-	    (double)d->stats.errors_sent);
+	    (double)env->core->stats.errors_sent);
 	one(b, "zerod_error_replies_dropped_total", "counter",
-	    "Error replies over a connection's budget, not sent", (double)d->stats.replies_dropped);
+	    "Error replies over a connection's budget, not sent", (double)env->core->stats.replies_dropped);
 	one(b, "zerod_connections_closed_total", "counter",
-	    "connections closed over the limit or idle", (double)d->stats.conns_shed);
+	    "connections closed over the limit or idle", (double)env->core->stats.conns_shed);
 	one(b, "zerod_log_lines_dropped_total", "counter", "log lines dropped (stderr not read)",
 	    (double)log_dropped_total());
 	one(b, "zerod_file_write_failures_total", "counter",
@@ -224,9 +224,9 @@ void metrics_render(struct daemon *d, struct sbuf *b)
 		       "zerod_reloads_total{result=\"refused\"} %" PRIu64 "\n",
 		    o->m.reloads_ok, o->m.reloads_failed);
 	one(b, "zerod_state_bytes", "gauge", "optimizer state held (moments, masters)",
-	    (double)d->memory_used);
+	    (double)env->core->memory_used);
 	one(b, "zerod_state_limit_bytes", "gauge", "max-memory: the optimizer state allowed",
-	    (double)d->cfg.max_memory);
+	    (double)env->cfg->max_memory);
 	one(b, "zerod_mapped_bytes", "gauge", "trainers' buffers mapped", (double)tl.mapped);
 	one(b, "zerod_resident_memory_bytes", "gauge", "zerod's resident memory",
 	    (double)resident_bytes());

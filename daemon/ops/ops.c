@@ -1,16 +1,16 @@
 /*
  * ops.c — the operator's side of zerod, glued to the core (see ops.h): the
  * per-job records (flight recorder, iteration timing, stall reports, the
- * last checkpoint asked or reported), the hooks that fill them, the stall
- * inspector, the config reload, and the
- * timer that pings the watchdog, updates STATUS= and writes the metrics
- * textfile (under its lock file, so that two zerods never write one). Owns
- * struct ops, every struct jobops and the textfile's lock.
+ * last checkpoint asked or reported), the hooks that fill them (ops_hooks,
+ * core/hooks.h), the stall inspector, the config reload, and the timer that
+ * pings the watchdog, updates STATUS= and writes the metrics textfile (under
+ * its lock file, so that two zerods never write one). Owns struct ops, every
+ * struct jobops and the textfile's lock.
  *
  * A job's record is made the first time the ops side sees the job and goes
- * with it: ops_job_free() when job.c frees it, else the next sweep finds the
- * job gone from d->jobs (a record remembers its job, and the job its record,
- * so a new job at a freed job's address is never taken for it).
+ * with it: the job_free hook when job.c frees it, else the next sweep finds
+ * the job gone from core->jobs (a record remembers its job, and the job its
+ * record, so a new job at a freed job's address is never taken for it).
  *
  * The stall inspector: a job that owes progress (an iteration in flight, or
  * ranks registering) and has waited stall-warn is reported, naming the
@@ -75,7 +75,7 @@ static void record_failure(struct ops *o, struct jobops *jo)
 
 struct jobops *jobops_of(struct job *j)
 {
-	struct ops *o = j->d->ops;
+	struct ops *o = ops_env_of(j)->ops;
 	struct jobops *jo;
 
 	if (!o)
@@ -99,14 +99,14 @@ struct jobops *jobops_of(struct job *j)
 	return jo;
 }
 
-void jobops_sweep(struct daemon *d)
+void jobops_sweep(struct ops_env *env)
 {
-	struct ops *o = d->ops;
+	struct ops *o = env->ops;
 
 	for (struct jobops **pp = &o->jobs; *pp;) {
 		struct jobops *jo = *pp;
 		bool live = false;
-		for (struct job *j = d->jobs; j && !live; j = j->next)
+		for (struct job *j = env->core->jobs; j && !live; j = j->next)
 			live = j == jo->job && j->ops == jo;
 		if (live) {
 			pp = &jo->next;
@@ -117,9 +117,9 @@ void jobops_sweep(struct daemon *d)
 	}
 }
 
-void ops_job_free(struct job *j)
+static void ops_job_free(void *ctx, struct job *j)
 {
-	struct ops *o = j->d->ops;
+	struct ops *o = ((struct ops_env *)ctx)->ops;
 	struct jobops *jo = j->ops;
 
 	if (!o || !jo)
@@ -202,10 +202,11 @@ void ops_describe_wait(const struct job *j, char *buf, size_t len)
 
 /* ------------------------------------------------------------ hooks --- */
 
-void ops_exec_done(struct daemon *d, const struct exec_done *done)
+static void ops_exec_done(void *ctx, const struct exec_done *done)
 {
+	struct ops_env *env = ctx;
 	struct job *j = done->tag;
-	struct ops *o = d->ops;
+	struct ops *o = env->ops;
 	struct jobops *jo;
 	int64_t now;
 
@@ -235,7 +236,7 @@ void ops_exec_done(struct daemon *d, const struct exec_done *done)
 		if (queued)
 			hist_observe(&o->m.handoff, (double)(now - queued) / 1e6);
 		if (o->trace)
-			trace_reduced(d, jo, done->iteration, done->bucket, queued, now);
+			trace_reduced(env, jo, done->iteration, done->bucket, queued, now);
 		jo->iter_last_reduced_us = now;
 		break;
 	}
@@ -249,8 +250,8 @@ void ops_exec_done(struct daemon *d, const struct exec_done *done)
 			struct exec_span sp[64];
 			size_t n;
 			while (j->exec && (n = exec_take_spans(j->exec, sp, ARRAY_SIZE(sp))) > 0)
-				trace_ops(d, jo, sp, n);
-			trace_step(d, jo, done->iteration, jo->iter_last_reduced_us, now);
+				trace_ops(env, jo, sp, n);
+			trace_step(env, jo, done->iteration, jo->iter_last_reduced_us, now);
 		}
 		jo->step_ms[jo->nsteps++ % ARRAY_SIZE(jo->step_ms)] = now / 1000;
 		jo->iter_mark_us = now;
@@ -302,28 +303,28 @@ static bool jobops_buckets(struct jobops *jo)
 	return true;
 }
 
-void ops_bucket_ready(struct job *j, uint32_t rank, uint64_t t, uint32_t b)
+static void ops_bucket_ready(void *ctx, struct job *j, uint32_t rank, uint64_t t, uint32_t b)
 {
-	struct daemon *d = j->d;
+	struct ops_env *env = ctx;
 	struct jobops *jo;
 	int64_t now;
 
-	if (!d->ops || !(jo = jobops_of(j)))
+	if (!env->ops || !(jo = jobops_of(j)))
 		return;
 	now = ops_now_us();
 	if (!jo->first_ready_us)
 		jo->first_ready_us = now;
 	flight_add(jo->flight, now - jo->seen_us, FL_READY, t, (int32_t)b, (int32_t)rank, 0);
-	if (d->ops->trace && jobops_buckets(jo))
-		trace_ready(d, jo, rank, t, b, now);
+	if (env->ops->trace && jobops_buckets(jo))
+		trace_ready(env, jo, rank, t, b, now);
 }
 
-void ops_bucket_queued(struct job *j, uint64_t t, uint32_t b)
+static void ops_bucket_queued(void *ctx, struct job *j, uint64_t t, uint32_t b)
 {
 	struct jobops *jo;
 	int64_t now;
 
-	if (!j->d->ops || !(jo = jobops_of(j)) || !jobops_buckets(jo))
+	if (!((struct ops_env *)ctx)->ops || !(jo = jobops_of(j)) || !jobops_buckets(jo))
 		return;
 	now = ops_now_us();
 	if (b < jo->nb)
@@ -332,10 +333,11 @@ void ops_bucket_queued(struct job *j, uint64_t t, uint32_t b)
 		   jo->first_ready_us ? (uint64_t)(now - jo->first_ready_us) : 0);
 }
 
-void ops_error_sent(struct daemon *d, int code)
+static void ops_error_sent(void *ctx, int code)
 {
-	if (d->ops)
-		metrics_count(d->ops->m.errors, code);
+	struct ops_env *env = ctx;
+	if (env->ops)
+		metrics_count(env->ops->m.errors, code);
 }
 
 /* ------------------------------------------------------ checkpoints --- */
@@ -367,16 +369,17 @@ static void ckpt_seen_set(struct jobops *jo, enum ckpt_seen_state state, uint64_
 
 void ops_checkpoint_asked(struct job *j, uint64_t iteration, const char *dir)
 {
-	struct jobops *jo = j->d->ops ? jobops_of(j) : NULL;
+	struct jobops *jo = ops_env_of(j)->ops ? jobops_of(j) : NULL;
 
 	if (jo)
 		ckpt_seen_set(jo, CKPT_SEEN_ASKED, iteration, 0, dir, NULL, NULL);
 }
 
-void ops_checkpoint_done(struct job *j, uint32_t rank, bool ok, uint64_t iteration,
-			 const char *dir, const char *path, const char *error)
+static void ops_checkpoint_done(void *ctx, struct job *j, uint32_t rank, bool ok,
+				uint64_t iteration, const char *dir, const char *path,
+				const char *error)
 {
-	struct ops *o = j->d->ops;
+	struct ops *o = ((struct ops_env *)ctx)->ops;
 	struct jobops *jo;
 	char why[400];
 	size_t n = 0;
@@ -405,16 +408,16 @@ void ops_checkpoint_done(struct job *j, uint32_t rank, bool ok, uint64_t iterati
 
 /* ------------------------------------------------- stall inspector --- */
 
-static int stall_limit(const struct daemon *d, const struct job *j)
+static int stall_limit(const struct ops_env *env, const struct job *j)
 {
-	return j->state == JOB_FORMING && j->nregistered == 0 ? d->cfg.join_timeout_ms
-							       : d->cfg.stall_timeout_ms;
+	return j->state == JOB_FORMING && j->nregistered == 0 ? env->cfg->join_timeout_ms
+							       : env->cfg->stall_timeout_ms;
 }
 
-static void stall_check(struct daemon *d, struct jobops *jo, int64_t now)
+static void stall_check(struct ops_env *env, struct jobops *jo, int64_t now)
 {
 	struct job *j = jo->job;
-	int warn = d->cfg.stall_warn_ms, limit = stall_limit(d, j);
+	int warn = env->cfg->stall_warn_ms, limit = stall_limit(env, j);
 	int64_t waited = now - j->progress_ms, next;
 	struct flight_op *op;
 	char who[400];
@@ -454,13 +457,13 @@ static void stall_check(struct daemon *d, struct jobops *jo, int64_t now)
 
 /* -------------------------------------------------------- the timer --- */
 
-static void update_status(struct daemon *d, int64_t now)
+static void update_status(struct ops_env *env, int64_t now)
 {
 	unsigned active = 0, ranks = 0;
 	double rate = 0;
 	char text[256];
 
-	for (struct job *j = d->jobs; j; j = j->next) {
+	for (struct job *j = env->core->jobs; j; j = j->next) {
 		struct jobops *jo = jobops_of(j);
 		active += j->state == JOB_ACTIVE;
 		ranks += j->nconnected;
@@ -468,8 +471,8 @@ static void update_status(struct daemon *d, int64_t now)
 			rate += jobops_rate(jo, now);
 	}
 	snprintf(text, sizeof(text), "%u jobs (%u active), %u ranks, %.1f iterations/s%s",
-		 d->njobs, active, ranks, rate, d->stopping ? ", stopping" : "");
-	notify_status(&d->ops->notify, text);
+		 env->core->njobs, active, ranks, rate, (*env->stopping) ? ", stopping" : "");
+	notify_status(&env->ops->notify, text);
 }
 
 /* May this zerod write the textfile at path? Only while it holds
@@ -498,69 +501,69 @@ static bool textfile_claimed(struct ops *o, const char *path)
 	return r == 0;
 }
 
-static void write_textfile(struct daemon *d)
+static void write_textfile(struct ops_env *env)
 {
 	struct sbuf b = {0};
 	size_t len;
 	char *s;
 
-	metrics_render(d, &b);
+	metrics_render(env, &b);
 	if (b.failed) {
 		sbuf_free(&b);
 		return;
 	}
 	s = sbuf_take(&b, &len);
-	spool_replace(d->ops->spool, d->cfg.metrics_textfile, s, len);
+	spool_replace(env->ops->spool, env->cfg->metrics_textfile, s, len);
 }
 
-void ops_tick(struct daemon *d, int64_t now)
+void ops_tick(struct ops_env *env, int64_t now)
 {
-	struct ops *o = d->ops;
+	struct ops *o = env->ops;
 
 	if (!o)
 		return;
-	ctl_tick(d);
-	jobops_sweep(d);
-	for (struct job *j = d->jobs; j; j = j->next) {
+	ctl_tick(env);
+	jobops_sweep(env);
+	for (struct job *j = env->core->jobs; j; j = j->next) {
 		struct jobops *jo = jobops_of(j);
 		if (!jo)
 			continue;
 		record_failure(o, jo);
-		stall_check(d, jo, now);
+		stall_check(env, jo, now);
 	}
 	if (o->notify.enabled && now >= o->notify.next_ping_ms)
-		update_status(d, now);
+		update_status(env, now);
 	notify_tick(&o->notify, now);
-	if (!d->cfg.metrics_textfile[0] && o->textfile_held[0])
+	if (!env->cfg->metrics_textfile[0] && o->textfile_held[0])
 		textfile_claimed(o, ""); /* its lock goes */
-	if (d->cfg.metrics_textfile[0] && now >= o->textfile_next_ms) {
-		if (textfile_claimed(o, d->cfg.metrics_textfile))
-			write_textfile(d);
-		o->textfile_next_ms = now + d->cfg.metrics_interval_ms;
+	if (env->cfg->metrics_textfile[0] && now >= o->textfile_next_ms) {
+		if (textfile_claimed(o, env->cfg->metrics_textfile))
+			write_textfile(env);
+		o->textfile_next_ms = now + env->cfg->metrics_interval_ms;
 	}
-	trace_flush(d);
+	trace_flush(env);
 }
 
-int64_t ops_next_deadline(struct daemon *d)
+int64_t ops_next_deadline(struct ops_env *env)
 {
-	struct ops *o = d->ops;
+	struct ops *o = env->ops;
 	int64_t next;
 
 	if (!o)
 		return INT64_MAX;
-	next = MIN(notify_next(&o->notify), ctl_next_deadline(d));
-	/* (d->jobs, not o->jobs: a record may outlive its job until a sweep) */
-	for (struct job *j = d->jobs; j; j = j->next) {
+	next = MIN(notify_next(&o->notify), ctl_next_deadline(env));
+	/* (core->jobs, not o->jobs: a record may outlive its job until a sweep) */
+	for (struct job *j = env->core->jobs; j; j = j->next) {
 		struct jobops *jo = j->ops;
 		/* a job that moved since its last report (or was never looked
 		 * at): its first one is due at progress + warn */
 		bool fresh = !jo || jo->stall_progress != j->progress_ms;
-		if (fresh && ops_job_waiting(j) && d->cfg.stall_warn_ms > 0)
-			next = MIN(next, j->progress_ms + d->cfg.stall_warn_ms);
+		if (fresh && ops_job_waiting(j) && env->cfg->stall_warn_ms > 0)
+			next = MIN(next, j->progress_ms + env->cfg->stall_warn_ms);
 		else if (!fresh)
 			next = MIN(next, jo->stall_next_ms);
 	}
-	if (d->cfg.metrics_textfile[0])
+	if (env->cfg->metrics_textfile[0])
 		next = MIN(next, o->textfile_next_ms);
 	if (o->trace)
 		next = MIN(next, now_ms() + 1000); /* the trace reaches its file within 1 s */
@@ -593,15 +596,15 @@ static uint64_t half_the_ram(void)
 	return (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE) / 2;
 }
 
-void ops_reload_report(struct daemon *d, struct reload_report *rep)
+void ops_reload_report(struct ops_env *env, struct reload_report *rep)
 {
-	struct ops *o = d->ops;
+	struct ops *o = env->ops;
 	struct daemon_config next;
 	struct diff_ctx dc = {.rep = rep};
 	int r;
 
 	notify_reloading(&o->notify);
-	r = config_build(d->cfg.src, &next, rep->error, sizeof(rep->error));
+	r = config_build(env->cfg->src, &next, rep->error, sizeof(rep->error));
 	if (r < 0) {
 		log_err("reload: %s; keeping the running config", rep->error);
 		o->m.reloads_failed++;
@@ -611,25 +614,25 @@ void ops_reload_report(struct daemon *d, struct reload_report *rep)
 	}
 	rep->ok = true;
 	if (config_diff(&o->configured, &next, on_diff, &dc) == 0)
-		log_notice("reload: %s: nothing changed", config_src_path(d->cfg.src));
+		log_notice("reload: %s: nothing changed", config_src_path(env->cfg->src));
 	config_apply_live(&o->configured, &next);
-	config_apply_live(&d->cfg, &next);
-	if (!d->cfg.max_memory)
-		d->cfg.max_memory = half_the_ram();
-	log_max_level = d->cfg.log_level;
+	config_apply_live(env->cfg, &next);
+	if (!env->cfg->max_memory)
+		env->cfg->max_memory = half_the_ram();
+	log_max_level = env->cfg->log_level;
 	o->textfile_next_ms = now_ms(); /* a new path or interval takes effect now */
 	o->m.reloads_ok++;
 	notify_ready(&o->notify);
 }
 
-void ops_reload(struct daemon *d)
+void ops_reload(struct ops_env *env)
 {
 	struct reload_report rep = {0};
 
-	if (!d->ops)
+	if (!env->ops)
 		return;
 	log_notice("reload: SIGHUP");
-	ops_reload_report(d, &rep);
+	ops_reload_report(env, &rep);
 	sbuf_free(&rep.applied);
 	sbuf_free(&rep.restart);
 }
@@ -660,7 +663,7 @@ static int find_group(const char *name, gid_t *ret, char *why, size_t len)
 	return 0;
 }
 
-int ops_open(struct daemon *d, const struct daemon_config *configured, char *why, size_t len)
+int ops_open(struct ops_env *env, const struct daemon_config *configured, char *why, size_t len)
 {
 	struct ops *o = calloc(1, sizeof(*o));
 	struct timespec ts;
@@ -670,18 +673,18 @@ int ops_open(struct daemon *d, const struct daemon_config *configured, char *why
 		snprintf(why, len, "out of memory");
 		return -ENOMEM;
 	}
-	d->ops = o;
-	o->d = d;
+	env->ops = o;
+	o->env = env;
 	o->configured = *configured;
 	o->start_ms = now_ms();
 	clock_gettime(CLOCK_REALTIME, &ts);
 	o->start_wall = (double)ts.tv_sec + ts.tv_nsec / 1e9;
-	o->activated = d->listen_fd >= 0;
+	o->activated = env->listen_fd >= 0;
 	o->textfile_next_ms = o->start_ms;
 	o->textfile_lock = -1;
 	metrics_init(&o->m);
 	notify_init(&o->notify);
-	r = find_group(d->cfg.group, &o->group, why, len);
+	r = find_group(env->cfg->group, &o->group, why, len);
 	if (r < 0)
 		return r;
 	r = spool_new(&o->spool);
@@ -689,45 +692,54 @@ int ops_open(struct daemon *d, const struct daemon_config *configured, char *why
 		snprintf(why, len, "file writer thread: %s", strerror(-r));
 		return r;
 	}
-	return ctl_open(d, why, len);
+	return ctl_open(env, why, len);
 }
 
-void ops_ready(struct daemon *d)
+void ops_ready(struct ops_env *env)
 {
-	if (d->ops)
-		notify_ready(&d->ops->notify);
+	if (env->ops)
+		notify_ready(&env->ops->notify);
 }
 
-void ops_stopping(struct daemon *d)
+void ops_stopping(struct ops_env *env)
 {
-	if (!d->ops)
+	if (!env->ops)
 		return;
-	notify_stopping(&d->ops->notify);
-	update_status(d, now_ms());
+	notify_stopping(&env->ops->notify);
+	update_status(env, now_ms());
 }
 
-void ops_close(struct daemon *d)
+void ops_close(struct ops_env *env)
 {
-	struct ops *o = d->ops;
+	struct ops *o = env->ops;
 
 	if (!o)
 		return;
 	if (o->trace) {
-		uint64_t n = trace_stop(d);
+		uint64_t n = trace_stop(env);
 		log_notice("trace: stopped at exit, %" PRIu64 " events written", n);
 	}
-	ctl_close(d);
+	ctl_close(env);
 	spool_free(o->spool, 1000);
 	lockfile_release(o->textfile_held, o->textfile_lock); /* after its last write */
 	while (o->jobs) {
 		struct jobops *jo = o->jobs;
 		o->jobs = jo->next;
 		/* its job may be gone already: only a live one is told */
-		for (struct job *j = d->jobs; j; j = j->next)
+		for (struct job *j = env->core->jobs; j; j = j->next)
 			if (j->ops == jo)
 				j->ops = NULL;
 		jobops_free(jo);
 	}
 	free(o);
-	d->ops = NULL;
+	env->ops = NULL;
 }
+
+const struct core_hooks ops_hooks = {
+	.exec_done = ops_exec_done,
+	.bucket_ready = ops_bucket_ready,
+	.bucket_queued = ops_bucket_queued,
+	.job_free = ops_job_free,
+	.error_sent = ops_error_sent,
+	.checkpoint_done = ops_checkpoint_done,
+};

@@ -16,56 +16,53 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct daemon;
+struct core;
+struct core_hooks;
 struct daemon_config;
 struct job;
-struct exec_done;
+struct ops;
+
+/* What the operator's side is given of the rest of zerod (daemon.c fills
+ * it before ops_open and keeps it for the daemon's life): it reads jobs and
+ * counters through core, and the edge's counts through the pointers; core's
+ * hooks_ctx is this struct. */
+struct ops_env {
+	struct daemon_config *cfg; /* the running config: a reload rewrites its live keys */
+	struct core *core;
+	void *zctx;    /* the ZeroMQ context the control socket is made in */
+	int listen_fd; /* the trainers' socket from systemd (socket activation), or -1 */
+	const unsigned *nsessions, *nconns; /* the edge's trainers and connections */
+	const bool *stopping;               /* shutdown began */
+	struct ops *ops;                    /* ops_open()'s; NULL before */
+};
 
 /* After the ROUTER is bound: the control socket, the spool, metrics, the
  * watchdog. configured: the config as built (reloads compare with it). 0,
  * or a negative errno with why written into why. */
-int ops_open(struct daemon *d, const struct daemon_config *configured, char *why, size_t len);
+int ops_open(struct ops_env *env, const struct daemon_config *configured, char *why, size_t len);
 /* zerod serves: READY=1. */
-void ops_ready(struct daemon *d);
+void ops_ready(struct ops_env *env);
 /* Shutdown began: STOPPING=1. */
-void ops_stopping(struct daemon *d);
+void ops_stopping(struct ops_env *env);
 /* Stop the trace (its file is completed), write what is queued, close the
  * control socket. NULL-safe on a daemon that never ran ops_open(). */
-void ops_close(struct daemon *d);
+void ops_close(struct ops_env *env);
 /* SIGHUP, or zeroctl reload: read the config file again; see ctl.c. */
-void ops_reload(struct daemon *d);
+void ops_reload(struct ops_env *env);
 
 /* The timer (on_timer): watchdog, STATUS=, stall reports, the textfile, the
  * trace's flush; and before every sleep, when it wants to run next. */
-void ops_tick(struct daemon *d, int64_t now_ms);
-int64_t ops_next_deadline(struct daemon *d);
+void ops_tick(struct ops_env *env, int64_t now_ms);
+int64_t ops_next_deadline(struct ops_env *env);
 
 /* Socket activation: the listening socket systemd passed for path, or
  * -ENOENT. Before any thread starts. */
 int ops_listen_fd(const char *path);
 
-/* ---- hooks: the core calls these ---- */
+/* The hooks (core/hooks.h) the core and the edge call, with hooks_ctx the
+ * ops_env: trace, flight recorder, metrics, the job's last checkpoint. */
+extern const struct core_hooks ops_hooks;
 
-/* Every completion of an executor, before sched_on_done() acts on it
- * (daemon.c's on_completions). */
-void ops_exec_done(struct daemon *d, const struct exec_done *done);
-/* Rank `rank` handed over bucket b of iteration t (sched_bucket_ready, once
- * the bucket is accepted). */
-void ops_bucket_ready(struct job *j, uint32_t rank, uint64_t t, uint32_t b);
-/* Bucket b of iteration t is complete on every local rank and queued on the
- * executor (sched.c's bucket_complete, after exec_bucket_ex succeeded). */
-void ops_bucket_queued(struct job *j, uint64_t t, uint32_t b);
-/* j is about to be freed (job.c's job_free, first line). */
-void ops_job_free(struct job *j);
-/* An Error with code went to a trainer (session.c: session_send_error and
- * reply_error). */
-void ops_error_sent(struct daemon *d, int code);
-/* A trainer of j (rank) said how a checkpoint of iteration ended
- * (CheckpointDone, session.c; dir one line): logged, counted, kept as the
- * job's last. path: ok, the generation written (may be NULL); error: !ok,
- * why (any bytes: cleaned here). */
-void ops_checkpoint_done(struct job *j, uint32_t rank, bool ok, uint64_t iteration,
-			 const char *dir, const char *path, const char *error);
 /* zeroctl asked j for a checkpoint of iteration into dir (ctl.c): the job's
  * last checkpoint is that one, asked, until its outcome comes. */
 void ops_checkpoint_asked(struct job *j, uint64_t iteration, const char *dir);

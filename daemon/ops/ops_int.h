@@ -10,7 +10,10 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
-#include "daemon.h"
+#include "base/config.h"
+#include "core/core-t.h"
+#include "core/hooks.h"
+#include "core/job.h"
 #include "exec/exec.h"
 #include "ops/notify.h"
 #include "ops/ops.h"
@@ -82,7 +85,7 @@ struct metrics {
 void metrics_init(struct metrics *m);
 void metrics_count(struct code_count *t, int code);
 /* The Prometheus text exposition of d into out. */
-void metrics_render(struct daemon *d, struct sbuf *out);
+void metrics_render(struct ops_env *env, struct sbuf *out);
 
 /* ---- per job ---- */
 
@@ -124,9 +127,15 @@ struct jobops {
 };
 
 /* The job's record (made at first sight), or NULL out of memory. */
+/* The operator's side of j's daemon (core.hooks_ctx). */
+static inline struct ops_env *ops_env_of(const struct job *j)
+{
+	return j->core->hooks_ctx;
+}
+
 struct jobops *jobops_of(struct job *j);
 /* Drop records of jobs that are gone. */
-void jobops_sweep(struct daemon *d);
+void jobops_sweep(struct ops_env *env);
 /* Recent iterations per second. */
 double jobops_rate(const struct jobops *jo, int64_t now_ms);
 /* Who a job waits for: "rank 1 (bucket 2 of 4), rank 3 (not connected)". */
@@ -140,33 +149,33 @@ int64_t ops_now_us(void);
 
 struct trace;
 /* Open path (created or truncated, mode 0640) and start; -errno with why. */
-int trace_start(struct daemon *d, const char *path, struct stat *ret_st, char *why, size_t len);
+int trace_start(struct ops_env *env, const char *path, struct stat *ret_st, char *why, size_t len);
 /* Complete the file and stop: how many events it holds. */
-uint64_t trace_stop(struct daemon *d);
-void trace_flush(struct daemon *d);
-const char *trace_file(const struct daemon *d);
-void trace_ready(struct daemon *d, struct jobops *jo, uint32_t rank, uint64_t t, uint32_t b,
+uint64_t trace_stop(struct ops_env *env);
+void trace_flush(struct ops_env *env);
+const char *trace_file(const struct ops_env *env);
+void trace_ready(struct ops_env *env, struct jobops *jo, uint32_t rank, uint64_t t, uint32_t b,
 		 int64_t us);
-void trace_reduced(struct daemon *d, struct jobops *jo, uint64_t t, uint32_t b, int64_t queued_us,
+void trace_reduced(struct ops_env *env, struct jobops *jo, uint64_t t, uint32_t b, int64_t queued_us,
 		   int64_t us);
-void trace_step(struct daemon *d, struct jobops *jo, uint64_t t, int64_t since_us, int64_t us);
+void trace_step(struct ops_env *env, struct jobops *jo, uint64_t t, int64_t since_us, int64_t us);
 /* The executor's ops of an iteration (exec_take_spans): per bucket, the
  * fused pass, or its reduce, step and broadcast, on every local rank. */
 struct exec_span;
-void trace_ops(struct daemon *d, struct jobops *jo, const struct exec_span *sp, size_t n);
+void trace_ops(struct ops_env *env, struct jobops *jo, const struct exec_span *sp, size_t n);
 
 /* ---- the control socket (ctl.c) ---- */
 
-int ctl_open(struct daemon *d, char *why, size_t len);
-void ctl_close(struct daemon *d);
+int ctl_open(struct ops_env *env, char *why, size_t len);
+void ctl_close(struct ops_env *env);
 /* Requests left over from a batch cut short: served from the timer. */
-void ctl_tick(struct daemon *d);
-int64_t ctl_next_deadline(struct daemon *d);
+void ctl_tick(struct ops_env *env);
+int64_t ctl_next_deadline(struct ops_env *env);
 
 /* ---- the whole ---- */
 
 struct ops {
-	struct daemon *d;
+	struct ops_env *env;
 	struct daemon_config configured; /* as built from flags and file, before start-up
 					  * filled in computed values: what reloads compare */
 	int64_t start_ms;
@@ -199,6 +208,6 @@ struct reload_report {
 	char error[512];
 	struct sbuf applied, restart; /* lines joined by '\n' */
 };
-void ops_reload_report(struct daemon *d, struct reload_report *rep);
+void ops_reload_report(struct ops_env *env, struct reload_report *rep);
 
 #endif

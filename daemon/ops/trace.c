@@ -43,31 +43,31 @@ static void event_begin(struct trace *t)
 	t->events++;
 }
 
-void trace_flush(struct daemon *d)
+void trace_flush(struct ops_env *env)
 {
-	struct trace *t = d->ops->trace;
+	struct trace *t = env->ops->trace;
 	size_t len;
 	char *s;
 
 	if (!t || !t->buf.len)
 		return;
 	s = sbuf_take(&t->buf, &len);
-	spool_append(d->ops->spool, t->fd, s, len);
+	spool_append(env->ops->spool, t->fd, s, len);
 }
 
-static void maybe_flush(struct daemon *d)
+static void maybe_flush(struct ops_env *env)
 {
-	if (d->ops->trace->buf.len >= FLUSH_BYTES)
-		trace_flush(d);
+	if (env->ops->trace->buf.len >= FLUSH_BYTES)
+		trace_flush(env);
 }
 
-int trace_start(struct daemon *d, const char *path, struct stat *ret_st, char *why, size_t len)
+int trace_start(struct ops_env *env, const char *path, struct stat *ret_st, char *why, size_t len)
 {
 	struct trace *t;
 	int fd, r;
 
-	if (d->ops->trace) {
-		snprintf(why, len, "a trace is already being written to %s", d->ops->trace->file);
+	if (env->ops->trace) {
+		snprintf(why, len, "a trace is already being written to %s", env->ops->trace->file);
 		return -EBUSY;
 	}
 	if (path[0] != '/') {
@@ -96,37 +96,37 @@ int trace_start(struct daemon *d, const char *path, struct stat *ret_st, char *w
 	sbuf_printf(&t->buf, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"generator\":\"zerod %s\"},"
 			     "\"traceEvents\":[",
 		    ZEROD_VERSION_STRING);
-	d->ops->trace = t;
+	env->ops->trace = t;
 	/* every job is named again in this file */
-	for (struct jobops *jo = d->ops->jobs; jo; jo = jo->next)
+	for (struct jobops *jo = env->ops->jobs; jo; jo = jo->next)
 		jo->trace_named = false;
 	return 0;
 }
 
-uint64_t trace_stop(struct daemon *d)
+uint64_t trace_stop(struct ops_env *env)
 {
-	struct trace *t = d->ops->trace;
+	struct trace *t = env->ops->trace;
 	uint64_t n;
 
 	if (!t)
 		return 0;
 	sbuf_printf(&t->buf, "\n]}\n");
-	trace_flush(d);
-	spool_close(d->ops->spool, t->fd);
+	trace_flush(env);
+	spool_close(env->ops->spool, t->fd);
 	n = t->events;
 	sbuf_free(&t->buf);
 	free(t);
-	d->ops->trace = NULL;
-	for (struct jobops *jo = d->ops->jobs; jo; jo = jo->next) {
+	env->ops->trace = NULL;
+	for (struct jobops *jo = env->ops->jobs; jo; jo = jo->next) {
 		free(jo->ready_us);
 		jo->ready_us = NULL;
 	}
 	return n;
 }
 
-const char *trace_file(const struct daemon *d)
+const char *trace_file(const struct ops_env *env)
 {
-	return d->ops->trace ? d->ops->trace->file : NULL;
+	return env->ops->trace ? env->ops->trace->file : NULL;
 }
 
 /* The job's process and its ranks' threads get names once per file. */
@@ -186,10 +186,10 @@ static bool local_rank(const struct job *j, uint32_t r)
 	return !j->node_of || j->node_of[r] == j->topo.node;
 }
 
-void trace_ready(struct daemon *d, struct jobops *jo, uint32_t rank, uint64_t t, uint32_t b,
+void trace_ready(struct ops_env *env, struct jobops *jo, uint32_t rank, uint64_t t, uint32_t b,
 		 int64_t us)
 {
-	struct trace *tr = d->ops->trace;
+	struct trace *tr = env->ops->trace;
 	struct job *j = jo->job;
 
 	name_job(tr, jo);
@@ -198,13 +198,13 @@ void trace_ready(struct daemon *d, struct jobops *jo, uint32_t rank, uint64_t t,
 		jo->ready_us = calloc((size_t)j->world * jo->nb, sizeof(*jo->ready_us));
 	if (jo->ready_us && b < jo->nb && rank < jo->world)
 		jo->ready_us[(size_t)rank * jo->nb + b] = us;
-	maybe_flush(d);
+	maybe_flush(env);
 }
 
-void trace_reduced(struct daemon *d, struct jobops *jo, uint64_t t, uint32_t b, int64_t queued_us,
+void trace_reduced(struct ops_env *env, struct jobops *jo, uint64_t t, uint32_t b, int64_t queued_us,
 		   int64_t us)
 {
-	struct trace *tr = d->ops->trace;
+	struct trace *tr = env->ops->trace;
 	struct job *j = jo->job;
 
 	name_job(tr, jo);
@@ -221,12 +221,12 @@ void trace_reduced(struct daemon *d, struct jobops *jo, uint64_t t, uint32_t b, 
 		else
 			instant(tr, jo, "reduced", r, us, t, b);
 	}
-	maybe_flush(d);
+	maybe_flush(env);
 }
 
-void trace_step(struct daemon *d, struct jobops *jo, uint64_t t, int64_t since_us, int64_t us)
+void trace_step(struct ops_env *env, struct jobops *jo, uint64_t t, int64_t since_us, int64_t us)
 {
-	struct trace *tr = d->ops->trace;
+	struct trace *tr = env->ops->trace;
 	struct job *j = jo->job;
 
 	name_job(tr, jo);
@@ -237,12 +237,12 @@ void trace_step(struct daemon *d, struct jobops *jo, uint64_t t, int64_t since_u
 			span(tr, jo, "update", r, since_us, us, t, -1);
 		instant(tr, jo, "done", r, us, t, -1);
 	}
-	maybe_flush(d);
+	maybe_flush(env);
 }
 
-void trace_ops(struct daemon *d, struct jobops *jo, const struct exec_span *sp, size_t n)
+void trace_ops(struct ops_env *env, struct jobops *jo, const struct exec_span *sp, size_t n)
 {
-	struct trace *tr = d->ops->trace;
+	struct trace *tr = env->ops->trace;
 	struct job *j = jo->job;
 
 	name_job(tr, jo);
@@ -254,5 +254,5 @@ void trace_ops(struct daemon *d, struct jobops *jo, const struct exec_span *sp, 
 				span(tr, jo, zop_name(sp[k].kind), r, sp[k].start_us, sp[k].end_us,
 				     sp[k].iteration, b);
 	}
-	maybe_flush(d);
+	maybe_flush(env);
 }
