@@ -5,23 +5,25 @@
   tools/check-layers.py [SOURCE_ROOT]
 
 A folder of daemon/ includes only itself and the folders below it, in the
-order of LAYERS; folders on one level (coll and optim, net and mem, edge and
-ops) never include each other; common/, client/include/ and the generated
-protobuf header are below everything; client/ never includes daemon/, and
-common/ only itself. An include that breaks a rule fails the check, named by
-file and line, unless tools/layers-known.txt lists it (the debts issue 22
-pays off, each with its reason); an entry there that no longer breaks a
-rule fails the check too, so the list only shrinks. Exit 0 when clean, 1
-with the offending lines, 2 on a usage error.
+order of LAYERS (tools/zlayers.py); folders on one level (coll and optim,
+net and mem, edge and ops) never include each other; common/,
+client/include/ and the generated protobuf header are below everything;
+client/ never includes daemon/, and common/ only itself. An include that
+breaks a rule fails the check, named by file and line, unless
+tools/layers-known.txt lists it (the debts issue 22 pays off, each with its
+reason); an entry there that no longer breaks a rule fails the check too,
+so the list only shrinks. Exit 0 when clean, 1 with the offending lines, 2
+on a usage error. tools/check-calls.py checks the same rules on the calls
+between the built objects.
 """
 import os
 import re
 import sys
 
-# daemon/'s folders, lowest first; one tuple is one level
-LAYERS = [("base",), ("net", "mem"), ("coll", "optim"), ("plan",), ("exec",), ("core",),
-          ("edge", "ops"), ("",)]  # "": daemon/ itself (main.c, daemon.c): the wiring
-LEVEL = {f: i for i, level in enumerate(LAYERS) for f in level}
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zlayers import relation  # noqa: E402  LAYERS, lowest first (tools/zlayers.py)
+
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -62,13 +64,12 @@ def broken(root, src, tgt):
         return None if ta == "client" else "client/ never includes daemon/"
     if sa != "daemon" or ta != "daemon":
         return None
-    if sf == tf:
+    rel = relation(sf, tf)
+    if rel in ("inside", "below"):
         return None
-    if sf not in LEVEL or tf not in LEVEL:
+    if rel == "unknown":
         return "daemon/%s or daemon/%s is no folder of LAYERS" % (sf, tf)
-    if LEVEL[tf] < LEVEL[sf]:
-        return None
-    if LEVEL[tf] == LEVEL[sf]:
+    if rel == "level":
         return "%s and %s are on one level and never include each other" % (sf or ".", tf or ".")
     return "%s is above %s" % ("daemon/" + tf if tf else "daemon/ itself", "daemon/" + sf)
 
