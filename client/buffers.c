@@ -226,7 +226,8 @@ int zc_register_buffers(zc_client *c, const struct zc_plan *zp, const struct zc_
 		return err_set(-EBADF, "zc_register_buffers: grad_fd %d, param_fd %d: not fds",
 			       b.grad_fd, b.param_fd);
 	if (b.flags & ~ZC_BUFFERS_SHARED_PARAMS)
-		return err_set(-EINVAL, "zc_register_buffers: flags 0x%x (ZC_BUFFERS_SHARED_PARAMS)",
+		return err_set(-EINVAL,
+			       "zc_register_buffers: flags 0x%x (ZC_BUFFERS_SHARED_PARAMS)",
 			       b.flags);
 	return register_fds(c, zp, &b, __func__);
 }
@@ -424,13 +425,13 @@ int zc_register_plan(zc_client *c)
 		rp.fds = &fds;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_REGISTER_PLAN;
 	env.register_plan = &rp;
-	r = send_env(c, &env, NULL);
+	r = client_send_env(c, &env, NULL);
 	plan_pb_free(&pb);
 	free(cuda_arrays);
 	client_unlock(c);
 	if (r < 0)
 		return err_set(r, "zc_register_plan: sending the plan: %s", zc_strerror(r));
-	r = wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
+	r = client_wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
 	if (r == 0)
 		return err_set(ZC_ETIMEDOUT, "not every rank registered within %d ms",
 			       c->cfg.register_timeout_ms);

@@ -283,7 +283,7 @@ int manifest_commit(int dirfd, struct mtext *t)
 	int r;
 
 	crypto_generichash(h, sizeof(h), (const unsigned char *)t->buf, t->len, NULL, 0);
-	hex(h, hx);
+	ckpt_hex(h, hx);
 	if ((r = mput(t, "checksum %s\n", hx)) < 0)
 		return r;
 	if ((r = afile_open(&f, dirfd, CKPT_MANIFEST)) < 0)
@@ -300,7 +300,7 @@ int write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes, const unsign
 {
 	char hx[2 * CKPT_HASH_BYTES + 1];
 
-	hex(data_hash, hx);
+	ckpt_hex(data_hash, hx);
 	mput(t, "file %s %" PRIu64 " %s\n", CKPT_DATA, data_bytes, hx);
 	return manifest_commit(dirfd, t);
 }

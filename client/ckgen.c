@@ -37,8 +37,8 @@
  * blocking on a FIFO or device (opened O_NONBLOCK, then anything but a
  * regular file refused: -CKPT_ENOTREG with its mode in *ret_mode), its size
  * checked before a byte is read (-EFBIG). */
-int read_file(int dirfd, const char *name, size_t max, char **ret, size_t *ret_len,
-	      mode_t *ret_mode)
+int ckpt_read_file(int dirfd, const char *name, size_t max, char **ret, size_t *ret_len,
+		   mode_t *ret_mode)
 {
 	struct stat st;
 	char *buf;
@@ -83,7 +83,7 @@ int read_file(int dirfd, const char *name, size_t max, char **ret, size_t *ret_l
 	return 0;
 }
 
-/* What read_file()'s r says of the file, for a person. */
+/* What ckpt_read_file()'s r says of the file, for a person. */
 const char *read_why(int r, mode_t mode)
 {
 	if (r == -ELOOP)

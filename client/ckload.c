@@ -53,7 +53,7 @@ static int load_v1(int dirfd, const char *dir, const struct manifest *m, const u
 	}
 	mode_t mode = 0;
 
-	r = read_file(dirfd, CKPT_DATA, want, &data, &len, &mode);
+	r = ckpt_read_file(dirfd, CKPT_DATA, want, &data, &len, &mode);
 	if (r < 0) {
 		r = err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_DATA, read_why(r, mode),
 			    r == -EFBIG ? " (longer than the manifest says)" : "");
@@ -131,7 +131,7 @@ static int node_file_read(int dirfd, const char *dir, const struct manifest *m, 
 	mode_t mode = 0;
 	int r;
 
-	r = read_file(dirfd, name, cf->bytes, &data, &len, &mode);
+	r = ckpt_read_file(dirfd, name, cf->bytes, &data, &len, &mode);
 	if (r < 0)
 		return err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, name, read_why(r, mode),
 			       r == -EFBIG    ? " (longer than the manifest says)"
@@ -351,7 +351,7 @@ int zc_restore(zc_client *c, const char *dir)
 		r = err_set(-ENOMEM, "%s: out of memory", fn);
 		goto out;
 	}
-	if ((r = match(v.plan, &m, map, fn)) < 0)
+	if ((r = ckpt_match(v.plan, &m, map, fn)) < 0)
 		goto out;
 	if ((r = image_alloc(v.plan, &im, true, NULL)) < 0) {
 		r = err_set(r, "%s: %s", fn, strerror(-r));

@@ -194,7 +194,7 @@ static int parse_manifest(char *text, size_t len, struct manifest *m, const char
 /* Map each of the plan's segments (plan order) to the checkpoint's: by
  * param_id when every segment of both has one, else by position. Checks
  * that the parameters are the same: 0 or ZC_ECKPT naming the difference. */
-int match(const struct plan *p, const struct manifest *m, uint32_t *map, const char *fn)
+int ckpt_match(const struct plan *p, const struct manifest *m, uint32_t *map, const char *fn)
 {
 	uint32_t n = plan_nsegs(p);
 	bool ids = true;
@@ -256,7 +256,7 @@ int read_manifest(int dirfd, const char *dir, struct manifest *m, const char *fn
 	char *text = NULL;
 	size_t len = 0;
 	mode_t mode = 0;
-	int r = read_file(dirfd, CKPT_MANIFEST, CKPT_MAX_MANIFEST, &text, &len, &mode);
+	int r = ckpt_read_file(dirfd, CKPT_MANIFEST, CKPT_MAX_MANIFEST, &text, &len, &mode);
 
 	if (r < 0)
 		return err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_MANIFEST,

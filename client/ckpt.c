@@ -75,7 +75,7 @@ unsigned ntensors(uint32_t present)
 	return n;
 }
 
-void hex(const unsigned char *h, char *out)
+void ckpt_hex(const unsigned char *h, char *out)
 {
 	for (int i = 0; i < CKPT_HASH_BYTES; i++)
 		sprintf(out + 2 * i, "%02x", h[i]);
@@ -128,7 +128,8 @@ int zc_checkpoint_wait(zc_client *c, int timeout_ms)
 		return r;
 	if (!(w = *slot))
 		return 0;
-	r = w->reading ? reader_wait(w, timeout_ms, __func__) : writer_join(w, timeout_ms, __func__);
+	r = w->reading ? reader_wait(w, timeout_ms, __func__)
+		       : writer_join(w, timeout_ms, __func__);
 	client_ckpt_report(c);
 	return r;
 }

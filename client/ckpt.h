@@ -143,7 +143,7 @@ struct ckpt_writer {
 };
 
 /* A checkpoint file that is not a regular file: -ENOTREG, its type in
- * read_file()'s *ret_mode. */
+ * ckpt_read_file()'s *ret_mode. */
 #define CKPT_ENOTREG EBADFD
 
 /* ------------------------------------------------------ ckpt.c --- */
@@ -154,7 +154,7 @@ extern const uint32_t tensor_bits[4];
 float **seg_slot(struct zc_segment_state *s, unsigned k);
 unsigned ntensors(uint32_t present);
 /* A checksum as hex (2 * CKPT_HASH_BYTES + 1 bytes in out), and back: 0 or -1. */
-void hex(const unsigned char *h, char *out);
+void ckpt_hex(const unsigned char *h, char *out);
 int unhex(const char *s, unsigned char *out);
 void manifest_free(struct manifest *m);
 /* The plan's segments in plan order (bucket, then segment): how many, and
@@ -194,8 +194,8 @@ int write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes, const unsign
 
 /* name in dirfd read whole, as a hostile writer would make it, and why a
  * read failed (r, the mode of a file that is not a regular one). */
-int read_file(int dirfd, const char *name, size_t max, char **ret, size_t *ret_len,
-	      mode_t *ret_mode);
+int ckpt_read_file(int dirfd, const char *name, size_t max, char **ret, size_t *ret_len,
+		   mode_t *ret_mode);
 const char *read_why(int r, mode_t mode);
 /* dir's current generation opened (its path in where), a new one begun
  * (.tmp-ITERATION-RUN), and published as the next ckpt-SEQ. */
@@ -207,7 +207,7 @@ int gen_publish(int dirfd, const char *tmp, uint64_t iteration, char *ret_name);
 /* ------------------------------------------------ ckmanifest.c --- */
 
 /* Which of the manifest's segments is each of plan p's (map[plan's k]). */
-int match(const struct plan *p, const struct manifest *m, uint32_t *map, const char *fn);
+int ckpt_match(const struct plan *p, const struct manifest *m, uint32_t *map, const char *fn);
 int read_manifest(int dirfd, const char *dir, struct manifest *m, const char *fn);
 /* The iteration of dir's current checkpoint (its manifest read and
  * checked): 0 with it, or < 0 (none, or not readable: the reason set). */

@@ -291,7 +291,7 @@ int client_resume(zc_client *c, uint64_t iteration, const char *fn)
 	rs.iteration = iteration;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_RESUME;
 	env.resume = &rs;
-	r = send_env(c, &env, NULL);
+	r = client_send_env(c, &env, NULL);
 	if (r < 0) {
 		err_set(r, "%s: sending: %s", fn, zc_strerror(r));
 		goto out;
@@ -318,7 +318,7 @@ static void send_report_locked(zc_client *c, const struct ckpt_report *rep)
 	cd.error = rep->ok ? NULL : (char *)rep->error;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_CHECKPOINT_DONE;
 	env.checkpoint_done = &cd;
-	(void)send_env(c, &env, NULL);
+	(void)client_send_env(c, &env, NULL);
 }
 
 void client_ckpt_report_locked(zc_client *c)

@@ -206,7 +206,7 @@ static int write_node(struct ckpt_writer *w, int dirfd)
 	if ((r = afile_commit(&f, hash)) < 0)
 		return r;
 	w->doing = "writing the node sum";
-	hex(hash, hx);
+	ckpt_hex(hash, hx);
 	snprintf(line, sizeof(line),
 		 "node %u iteration %" PRIu64 " file %s %" PRIu64 " %s run %016" PRIx64 "\n",
 		 w->node, w->iteration, name, bytes, hx, w->run);
@@ -238,7 +238,7 @@ static int gather_sums(struct ckpt_writer *w, int dirfd)
 			/* a sum of this iteration from another run of the job (a
 			 * directory used again) is not this checkpoint's: its
 			 * node has not replaced it yet */
-			bool ok = read_file(dirfd, sum, 4096, &text, &len, NULL) == 0 &&
+			bool ok = ckpt_read_file(dirfd, sum, 4096, &text, &len, NULL) == 0 &&
 				  sscanf(text,
 					 "node %u iteration %" SCNu64 " file %63s %" SCNu64
 					 " %64s run %" SCNx64,
@@ -383,9 +383,10 @@ int writer_join(struct ckpt_writer *w, int timeout_ms, const char *fn)
 	 * wants the lock no more once finished) */
 	pthread_join(w->th, NULL);
 	w->writing = w->finished = false;
-	r = w->result < 0 ? err_set(ZC_ECKPT, "%s: checkpoint of iteration %" PRIu64 " in %s: %s: %s",
-				    fn, w->iteration, w->dir, w->doing, strerror(-w->result))
-			  : 0;
+	r = w->result < 0
+		    ? err_set(ZC_ECKPT, "%s: checkpoint of iteration %" PRIu64 " in %s: %s: %s", fn,
+			      w->iteration, w->dir, w->doing, strerror(-w->result))
+		    : 0;
 	free(w->dir);
 	w->dir = NULL;
 	pthread_mutex_unlock(&w->mu);
@@ -411,7 +412,8 @@ int reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn)
 			break;
 		if (now_ms() >= end) {
 			r = err_set(ZC_ECKPT,
-				    "%s: %s does not hold iteration %" PRIu64 " after %d ms: rank 0 "
+				    "%s: %s does not hold iteration %" PRIu64
+				    " after %d ms: rank 0 "
 				    "writes it (its zc_checkpoint_wait() says why it failed), and "
 				    "dir must be one directory for every node",
 				    fn, w->dir, w->iteration,

@@ -250,7 +250,7 @@ void client_unlock(zc_client *c)
 
 /* Send a request under a fresh request id (returned in *ret_id if wanted):
  * the daemon echoes it on an Error that refuses this request. */
-int send_env(zc_client *c, Zerod__V1__Envelope *env, uint64_t *ret_id)
+int client_send_env(zc_client *c, Zerod__V1__Envelope *env, uint64_t *ret_id)
 {
 	int r;
 
@@ -636,7 +636,7 @@ int zc_fd(zc_client *c)
  * negative value's reason, msg (read under the lock: the callbacks run after
  * it may free the future that holds it), goes to this thread's
  * zc_error_message() when msg is not NULL. */
-int wait_for(zc_client *c, const int *flag, const char *msg, int64_t deadline_ms)
+int client_wait_for(zc_client *c, const int *flag, const char *msg, int64_t deadline_ms)
 {
 	struct epoll_event ev[4];
 	int n = 0;

@@ -190,7 +190,7 @@ void run_callbacks(zc_client *c);
 /* How every public call lets go of the client. */
 void client_unlock(zc_client *c);
 /* Send a request under a fresh request id (c->mu held). */
-int send_env(zc_client *c, Zerod__V1__Envelope *env, uint64_t *ret_id);
+int client_send_env(zc_client *c, Zerod__V1__Envelope *env, uint64_t *ret_id);
 /* A future on c's list, off it, settled (c->mu held). */
 void future_link(zc_client *c, struct zc_future *f);
 void future_unlink(struct zc_future *f);
@@ -201,7 +201,7 @@ void step_info_of(zc_client *c, uint64_t it, struct zc_future *f);
 int take_ring(zc_client *c, uint64_t zrecv);
 int dispatch_locked(zc_client *c, enum look look);
 /* Wait until *flag is non-zero or the deadline passes (c->mu not held). */
-int wait_for(zc_client *c, const int *flag, const char *msg, int64_t deadline_ms);
+int client_wait_for(zc_client *c, const int *flag, const char *msg, int64_t deadline_ms);
 
 /* --------------------------------------------------- buffers.c --- */
 
@@ -235,8 +235,8 @@ uint32_t tensor_bit(enum zc_optimizer opt, unsigned k);
 unsigned last_region(const struct plan *p, uint32_t bucket);
 uint32_t meta_present(const struct plan *p, uint32_t b, uint32_t w, double *ret_step);
 /* zc_get_state() and zc_set_state() on plan p. */
-int get_state(zc_client *c, const struct plan *p, struct zc_segment_state *segs, size_t stride,
-	      uint32_t n, const char *fn);
+int client_get_state(zc_client *c, const struct plan *p, struct zc_segment_state *segs,
+		     size_t stride, uint32_t n, const char *fn);
 int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state *segs,
 	      size_t stride, uint32_t n, bool check_values, const char *fn);
 

@@ -404,10 +404,10 @@ static int hello(zc_client *c, const struct multinode *mn, const char *path)
 	}
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &h;
-	r = send_env(c, &env, NULL);
+	r = client_send_env(c, &env, NULL);
 	if (r < 0)
 		return err_set(r, "zc_connect: sending Hello: %s", zc_strerror(r));
-	r = wait_for(c, &c->hello_result, NULL, now_ms() + timeout);
+	r = client_wait_for(c, &c->hello_result, NULL, now_ms() + timeout);
 	if (r == 0)
 		return err_set(ZC_ECONNECT,
 			       "no zerod answered on %.180s within %d ms (something listens there: "
@@ -484,7 +484,7 @@ void zc_close(zc_client *c)
 	    zmq_setsockopt(c->conn.sock, ZMQ_LINGER, &linger, sizeof(linger)) == 0) {
 		env.body_case = ZEROD__V1__ENVELOPE__BODY_GOODBYE;
 		env.goodbye = &bye;
-		(void)send_env(c, &env, NULL);
+		(void)client_send_env(c, &env, NULL);
 	}
 	pthread_mutex_lock(&c->mu);
 	while (c->futures) {

@@ -174,7 +174,7 @@ static int bucket_ready(zc_client *c, uint32_t bucket, const uint64_t *unused, u
 		}
 		env.body_case = ZEROD__V1__ENVELOPE__BODY_BUCKET_READY;
 		env.bucket_ready = &br;
-		r = send_env(c, &env, f ? &f->request : NULL);
+		r = client_send_env(c, &env, f ? &f->request : NULL);
 		if (r < 0)
 			err_set(r, "zc_bucket_ready: sending: %s", zc_strerror(r));
 	}
@@ -323,7 +323,7 @@ int zc_set_grad_scale(zc_client *c, double inv_scale)
 	gs.inv_scale = inv_scale;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_GRAD_SCALE;
 	env.set_grad_scale = &gs;
-	r = send_env(c, &env, NULL);
+	r = client_send_env(c, &env, NULL);
 	if (r < 0)
 		err_set(r, "zc_set_grad_scale: sending: %s", zc_strerror(r));
 out:
@@ -466,7 +466,7 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 	sh.values = &pg;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_SET_HYPER;
 	env.set_hyper = &sh;
-	r = send_env(c, &env, NULL);
+	r = client_send_env(c, &env, NULL);
 	if (r < 0)
 		err_set(r, "zc_set_hyper: sending: %s", zc_strerror(r));
 out:
@@ -513,7 +513,7 @@ int zc_params_changed(zc_client *c)
 	pc.iteration = c->it.iter;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_PARAMS_CHANGED;
 	env.params_changed = &pc;
-	r = send_env(c, &env, NULL);
+	r = client_send_env(c, &env, NULL);
 	if (r < 0)
 		err_set(r, "zc_params_changed: sending: %s", zc_strerror(r));
 out:
@@ -581,7 +581,7 @@ int zc_future_wait(zc_future *f, int timeout_ms)
 	pthread_mutex_lock(&c->mu);
 	f->waiters++;
 	pthread_mutex_unlock(&c->mu);
-	r = wait_for(c, &f->state, f->msg, timeout_ms < 0 ? -1 : now_ms() + timeout_ms);
+	r = client_wait_for(c, &f->state, f->msg, timeout_ms < 0 ? -1 : now_ms() + timeout_ms);
 	pthread_mutex_lock(&c->mu);
 	f->waiters--;
 	free_it = f->free_after && !f->waiters && f->cb_state != CB_RUNNING;

@@ -297,7 +297,7 @@ static int replan_export(zc_client *c, struct replan_copy *cp, const char *fn)
 		if (ob->dtype != ZC_DTYPE_F32)
 			os->master = cp->arena + 3 * n + at; /* moves with its segment */
 	}
-	return get_state(c, old, cp->os, sizeof(*cp->os), nold, fn);
+	return client_get_state(c, old, cp->os, sizeof(*cp->os), nold, fn);
 }
 
 /* The new buffers to zerod: CUDA buffers' handles into *cuda (arrays to
@@ -364,12 +364,12 @@ static int replan_send(zc_client *c, Zerod__V1__CudaBuffers *cuda, uint64_t seri
 	env.register_plan = &rp;
 	pthread_mutex_lock(&c->mu);
 	c->plan_result = 0;
-	r = send_env(c, &env, NULL);
+	r = client_send_env(c, &env, NULL);
 	client_unlock(c);
 	plan_pb_free(&pb);
 	if (r < 0)
 		return err_set(r, "%s: sending the new plan: %s", fn, zc_strerror(r));
-	r = wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
+	r = client_wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
 	if (r == 0)
 		return err_set(ZC_ETIMEDOUT,
 			       "%s: not every rank registered the new plan within %d ms", fn,

@@ -167,7 +167,7 @@ int state_send(zc_client *c, Zerod__V1__Envelope *env, const char *fn)
 		client_unlock(c);
 		return r;
 	}
-	r = send_env(c, env, &id);
+	r = client_send_env(c, env, &id);
 	if (r >= 0) {
 		c->round.pending = true;
 		c->round.request = id;
@@ -182,7 +182,8 @@ int state_send(zc_client *c, Zerod__V1__Envelope *env, const char *fn)
 
 int state_wait(zc_client *c, const char *fn)
 {
-	int r = wait_for(c, &c->round.result, c->round.msg, now_ms() + c->cfg.register_timeout_ms);
+	int r = client_wait_for(c, &c->round.result, c->round.msg,
+				now_ms() + c->cfg.register_timeout_ms);
 
 	pthread_mutex_lock(&c->mu);
 	c->round.pending = false;
@@ -299,8 +300,8 @@ uint32_t meta_present(const struct plan *p, uint32_t b, uint32_t w, double *ret_
 /* Export into the plan p's staging, then read segs out of it. Called for the
  * registered plan, which stays until zc_close() or a re-plan (neither runs
  * beside a state call: zc_close() must not race, a re-plan is this thread's). */
-int get_state(zc_client *c, const struct plan *p, struct zc_segment_state *segs, size_t stride,
-	      uint32_t n, const char *fn)
+int client_get_state(zc_client *c, const struct plan *p, struct zc_segment_state *segs,
+		     size_t stride, uint32_t n, const char *fn)
 {
 	struct host_buf stg = {0};
 	uint64_t total = p->state_numel, serial = 0;
@@ -351,7 +352,7 @@ int zc_get_state(zc_client *c, struct zc_segment_state *segs, uint32_t n)
 	if (c->replan.old_plan)
 		return err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet",
 			       __func__);
-	return get_state(c, c->plan, segs, stride, n, __func__);
+	return client_get_state(c, c->plan, segs, stride, n, __func__);
 }
 
 /* Every value finite, the second moments not negative. */
@@ -379,7 +380,7 @@ static void narrow_masters(zc_client *c, const struct plan *p, const void *segs,
 			   uint32_t n)
 {
 	if (c->dev)
-		return; /* CUDA buffers: the daemon stored them (exec/xfer.c's state_import) */
+		return; /* CUDA buffers: the daemon stored them (exec/xfer.c's xfer_import) */
 	for (uint32_t i = 0; i < n; i++) {
 		const struct zc_segment_state *s = (const void *)((const char *)segs + i * stride);
 		const struct plan_bucket *bk = &p->buckets[s->bucket];

@@ -127,8 +127,8 @@ static void log_status(struct daemon *d)
 		   " bytes) of optimizer state, %" PRIu64 " replies dropped, %" PRIu64
 		   " connections closed, %" PRIu64 " log lines dropped",
 		   ++d->status_serial, d->core.njobs, d->edge.nsessions, d->edge.nconns,
-		   fmt_bytes(mem, d->core.memory_used), d->core.memory_used, d->core.stats.replies_dropped,
-		   d->core.stats.conns_shed, log_dropped_total());
+		   fmt_bytes(mem, d->core.memory_used), d->core.memory_used,
+		   d->core.stats.replies_dropped, d->core.stats.conns_shed, log_dropped_total());
 }
 
 static void on_signal(struct loop *l, void *userdata)
@@ -224,8 +224,8 @@ static int claim_socket_path(struct daemon *d, char *why, size_t len)
 	}
 	r = lockfile_take(path, &d->lockfd, why, len);
 	if (r == -EWOULDBLOCK) {
-		snprintf(why, len, "socket %s: another zerod is serving it (it holds its lock file)",
-			 path);
+		snprintf(why, len,
+			 "socket %s: another zerod is serving it (it holds its lock file)", path);
 		return -EADDRINUSE;
 	}
 	if (r < 0)
@@ -303,7 +303,8 @@ static int open_router(struct daemon *d, char *why, size_t len)
 	if (d->listen_fd >= 0 &&
 	    zmq_setsockopt(d->edge.router, ZMQ_USE_FD, &d->listen_fd, sizeof(d->listen_fd)) < 0) {
 		r = -zmq_errno();
-		snprintf(why, len, "ROUTER socket: adopting systemd's socket: %s", zmq_strerror(-r));
+		snprintf(why, len, "ROUTER socket: adopting systemd's socket: %s",
+			 zmq_strerror(-r));
 		return r;
 	}
 	snprintf(endpoint, sizeof(endpoint), "ipc://%s", d->cfg.socket_path);
@@ -507,7 +508,8 @@ static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char 
 			   "sealed): this zerod's public key is %s",
 			   rdzv_curve_public(&d->core));
 	if ((r = loop_add_zsock(d->core.loop, d->edge.router, on_router, d)) < 0 ||
-	    (r = loop_add_fd(d->core.loop, completion_queue_fd(d->core.cq), on_completions, d)) < 0 ||
+	    (r = loop_add_fd(d->core.loop, completion_queue_fd(d->core.cq), on_completions, d)) <
+		    0 ||
 	    (r = loop_add_fd(d->core.loop, d->sigfd, on_signal, d)) < 0) {
 		snprintf(why, len, "event loop: %s", zc_strerror(r));
 		goto out;
@@ -528,8 +530,9 @@ static void log_serving(const struct daemon *d, const struct daemon_config *cfg)
 	log_notice("zerod %s: serving %s (backends: %s; mem %s; %u workers; "
 		   "%s for optimizer state; %u sessions, %u connections, RLIMIT_NOFILE %u)",
 		   ZEROD_VERSION_STRING, cfg->socket_path, d->core.cuda ? "cuda, host" : "host",
-		   d->core.mem->name, pool_threads(d->core.pool), fmt_bytes(size, d->cfg.max_memory),
-		   d->cfg.max_sessions, d->edge.conn_limit, d->nofile);
+		   d->core.mem->name, pool_threads(d->core.pool),
+		   fmt_bytes(size, d->cfg.max_memory), d->cfg.max_sessions, d->edge.conn_limit,
+		   d->nofile);
 	/* a config file put where zerod does not look is never silently ignored */
 	if (cfg->src && config_src_path(cfg->src)[0])
 		log_notice("zerod: config file %s", config_src_path(cfg->src));

@@ -29,6 +29,9 @@
  * may call zc_bucket_ready() meanwhile.
  * zc_close() must not race with any other call on the same client.
  *
+ * This header is over 1,200 lines: it is the API's reference, every call's
+ * contract written beside its declaration.
+ *
  * fork(): a client belongs to the process that connected it. In a child
  * forked after zc_connect() (a DataLoader worker, say) every call on that
  * client or its futures fails with ZC_EFORKED and touches nothing of the

@@ -242,8 +242,8 @@ static int set_key(struct config_src *src, struct daemon_config *c, const struct
 		return 0;
 	case K_SIZE:
 		if (parse_size(v, (uint64_t *)field) < 0) {
-			snprintf(err, len, "'%s' is not a size (bytes, or a number with K, M, G or T)",
-				 v);
+			snprintf(err, len,
+				 "'%s' is not a size (bytes, or a number with K, M, G or T)", v);
 			return -EINVAL;
 		}
 		return 0;
@@ -254,8 +254,8 @@ static int set_key(struct config_src *src, struct daemon_config *c, const struct
 				*(int *)field = i;
 				return 0;
 			}
-		snprintf(err, len, "'%s' is not a level (err, warning, notice, info, debug or 3..7)",
-			 v);
+		snprintf(err, len,
+			 "'%s' is not a level (err, warning, notice, info, debug or 3..7)", v);
 		return -EINVAL;
 	case K_BOOL:
 		for (int i = 0; i < 8; i++) {
@@ -340,8 +340,8 @@ static int on_ini(void *user, const char *section, const char *name, const char 
 	}
 	k = find_key(name);
 	if (!k) {
-		snprintf(fc->err, sizeof(fc->err), "key %.64s: no such key (zerod --help lists them)",
-			 name);
+		snprintf(fc->err, sizeof(fc->err),
+			 "key %.64s: no such key (zerod --help lists them)", name);
 		return 0;
 	}
 	if (set_key(fc->src, fc->cfg, k, value, why, sizeof(why)) < 0) {
@@ -613,7 +613,8 @@ int config_parse_args(int argc, char **argv, struct config_src **ret)
 			r = add_flag(src, (unsigned)(find_key("log-level") - keys), "warning");
 			break;
 		case OPT_VERSION:
-			printf("zerod %s (protocol %d)\n", ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION);
+			printf("zerod %s (protocol %d)\n", ZEROD_VERSION_STRING,
+			       ZC_PROTOCOL_VERSION);
 			r = 1;
 			break;
 		case OPT_HELP:
@@ -639,7 +640,8 @@ int config_parse_args(int argc, char **argv, struct config_src **ret)
 		}
 	}
 	if (r == 0 && optind != argc) {
-		fprintf(stderr, "zerod: unexpected argument '%s'; see zerod --help\n", argv[optind]);
+		fprintf(stderr, "zerod: unexpected argument '%s'; see zerod --help\n",
+			argv[optind]);
 		r = -CONFIG_EXIT_USAGE;
 	}
 	if (r == 0 && !src->path && !(src->path = default_path()))

@@ -95,21 +95,21 @@ struct job {
 	struct job *next;
 	struct core *core;
 	char id[ZEROD_JOB_ID_MAX + 1];
-	uid_t uid; /* whose job: jobs are named per uid, another uid's Hello never finds it */
-	uint32_t world;      /* ranks in the job, on every node */
+	uid_t uid;      /* whose job: jobs are named per uid, another uid's Hello never finds it */
+	uint32_t world; /* ranks in the job, on every node */
 	uint32_t local_size; /* ranks of it on this node */
 	enum job_state state;
 	int err;
 	char errmsg[256];
-	bool quiet_end;  /* ended between iterations by a rank leaving: not an error
-			    (unless another rank goes on: job_went_on) */
+	bool quiet_end; /* ended between iterations by a rank leaving: not an error
+			   (unless another rank goes on: job_went_on) */
 	/* another node's end, relayed by the rendezvous (job_end_remote) */
 	bool end_remote;  /* the end being applied came from another node */
 	bool end_pending; /* another node ended quietly before iteration end_iter */
 	uint64_t end_iter;
 	int end_code;
 	char end_msg[256];
-	uint64_t memory; /* its share of core->memory_used */
+	uint64_t memory;           /* its share of core->memory_used */
 	struct devmem_use *devmem; /* a CUDA job: its state per device (devmem.h) */
 	uint32_t ndevmem;
 
@@ -122,17 +122,17 @@ struct job {
 	 * registered as CUDA buffers (cudabufs.h), opened by the executor */
 	struct cudabufs **cuda;
 	uint32_t nconnected, nregistered; /* of local_size */
-	bool *joined;     /* [world]: which ranks ever joined here */
-	uint32_t njoined; /* how many */
+	bool *joined;                     /* [world]: which ranks ever joined here */
+	uint32_t njoined;                 /* how many */
 
 	struct plan *plan; /* the job's plan, once every rank agreed */
 	struct shard_map *shard;
 	const struct backend *be;
-	uint32_t *node_of;         /* [world]: each rank's node (all 0 on one node) */
-	struct rdzv_job *rdzv;     /* a job over several nodes (rdzv.h); NULL: one node */
+	uint32_t *node_of;     /* [world]: each rank's node (all 0 on one node) */
+	struct rdzv_job *rdzv; /* a job over several nodes (rdzv.h); NULL: one node */
 	struct zero_topo topo;
 	struct zero_program prog;
-	unsigned state_arrays;     /* PLAN_STATE_M | ... the state was allocated with */
+	unsigned state_arrays; /* PLAN_STATE_M | ... the state was allocated with */
 	struct exec *exec;
 	bool exec_running; /* until its EXEC_STOPPED completion */
 
@@ -144,14 +144,14 @@ struct job {
 	struct zc_param_group *groups; /* current hyperparameters */
 	struct hyper_change *changes;  /* pending, by iteration */
 	int64_t progress_ms;           /* last time the iteration moved */
-	struct sem_job *sem;           /* segment masks, grad scales (semantics.c); NULL: none yet */
-	bool in_flight;                /* some bucket of iteration `iter` arrived */
-	bool reload_pending;           /* zc_params_changed() for iteration reload_iter */
+	struct sem_job *sem; /* segment masks, grad scales (semantics.c); NULL: none yet */
+	bool in_flight;      /* some bucket of iteration `iter` arrived */
+	bool reload_pending; /* zc_params_changed() for iteration reload_iter */
 	uint64_t reload_iter;
 
 	/* state export/import and re-planning (statex.c) */
-	struct statex *sx;      /* the round in progress, or NULL */
-	struct replan *rp;      /* a new plan is being registered (statex.c), or NULL */
+	struct statex *sx;       /* the round in progress, or NULL */
+	struct replan *rp;       /* a new plan is being registered (statex.c), or NULL */
 	struct statex_kept *sxk; /* a checkpoint's staging kept mapped (statex.c), or NULL */
 
 	uint64_t iterations_done, buckets_done;
@@ -183,15 +183,15 @@ struct core {
 	struct loop *loop;
 	struct pool *pool;
 	struct completion_queue *cq;
-	const struct mem_ops *mem;  /* host buffers: memfds */
-	const struct backend *cuda; /* NULL: this daemon serves host buffers only */
-	char backend_why[256];      /* what backend_choose() found, for refusals */
-	const struct sink_ops *sink; /* how the core answers ranks (the edge's session_sink) */
+	const struct mem_ops *mem;      /* host buffers: memfds */
+	const struct backend *cuda;     /* NULL: this daemon serves host buffers only */
+	char backend_why[256];          /* what backend_choose() found, for refusals */
+	const struct sink_ops *sink;    /* how the core answers ranks (the edge's session_sink) */
 	const struct core_hooks *hooks; /* the operator's side (ops/); NULL: nobody looks */
 	void *hooks_ctx;                /* what the hooks are given back */
 	struct job *jobs;
 	unsigned njobs;
-	uint64_t memory_used; /* optimizer state the jobs hold (of cfg->max_memory) */
+	uint64_t memory_used;     /* optimizer state the jobs hold (of cfg->max_memory) */
 	struct rdzv_daemon *rdzv; /* rendezvous of jobs over several nodes (rdzv.c) */
 	struct core_stats stats;
 };

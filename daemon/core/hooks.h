@@ -40,11 +40,11 @@ struct core_hooks {
 				const char *error);
 };
 
-#define CORE_HOOK(c, name, ...)                                                                   \
-	do {                                                                                      \
-		const struct core *c_ = (c);                                                      \
-		if (c_->hooks && c_->hooks->name)                                                 \
-			c_->hooks->name(c_->hooks_ctx, __VA_ARGS__);                              \
+#define CORE_HOOK(c, name, ...)                                                                    \
+	do {                                                                                       \
+		const struct core *c_ = (c);                                                       \
+		if (c_->hooks && c_->hooks->name)                                                  \
+			c_->hooks->name(c_->hooks_ctx, __VA_ARGS__);                               \
 	} while (0)
 
 #endif

@@ -725,17 +725,19 @@ static int buffers_kind_ok(struct job *j, struct member *s, bool cuda, char *err
 	}
 	for (uint32_t k = 0; k < j->world; k++)
 		if (k != s->rank && j->plans[k] && (j->cuda && j->cuda[k]) != cuda) {
-			snprintf(err, errlen,
-				 "rank %u: %s buffers, rank %u registered %s buffers: a job's ranks "
-				 "use one kind",
-				 s->rank, cuda ? "CUDA" : "host", k, cuda ? "host" : "CUDA");
+			snprintf(
+				err, errlen,
+				"rank %u: %s buffers, rank %u registered %s buffers: a job's ranks "
+				"use one kind",
+				s->rank, cuda ? "CUDA" : "host", k, cuda ? "host" : "CUDA");
 			return ZC_ENOTSUP;
 		}
 	return 0;
 }
 
 static void register_plan(struct job *j, struct member *s, struct plan *p,
-			  const struct mem_desc *gd, const struct mem_desc *pd, struct cudabufs *cb);
+			  const struct mem_desc *gd, const struct mem_desc *pd,
+			  struct cudabufs *cb);
 
 void job_register_plan(struct job *j, struct member *s, struct plan *p, const struct mem_desc *gd,
 		       const struct mem_desc *pd)
@@ -817,7 +819,8 @@ static void register_plan(struct job *j, struct member *s, struct plan *p,
 	r = grad_map(j, s->rank, gd, plan_buffer_bytes(p), &j->grad_map[s->rank], err, sizeof(err));
 	/* a shared parameter buffer is mapped once, by its first rank */
 	if (r >= 0 && !sharedp_mapped(j, &sp)) {
-		r = core->mem->map(pd, plan_buffer_bytes(p), &j->param_map[s->rank], err, sizeof(err));
+		r = core->mem->map(pd, plan_buffer_bytes(p), &j->param_map[s->rank], err,
+				   sizeof(err));
 		if (r < 0) {
 			/* its name is gone: kept, so that a retry can name it again */
 			grad_keep(j, s->rank, j->grad_map[s->rank], gd->shm_name, gd->bytes);

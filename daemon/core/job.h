@@ -15,8 +15,7 @@ struct mem_desc;
 
 /* Rank s (its pid and uid filled) joins the job h names, made if new:
  * s->job and s->rank set. 0, or a code with why in err (s joins nothing). */
-int job_join(struct core *c, struct member *s, const struct join_req *h, char *err,
-	     size_t errlen);
+int job_join(struct core *c, struct member *s, const struct join_req *h, char *err, size_t errlen);
 /* Rank s registers plan p (taken over) with buffers gd and pd. */
 void job_register_plan(struct job *j, struct member *s, struct plan *p, const struct mem_desc *gd,
 		       const struct mem_desc *pd);

@@ -226,8 +226,8 @@ void sched_set_hyper(struct job *j, struct member *s, uint64_t iteration, uint32
 	}
 	if (plan_group_check(j->plan->optimizer, &g, err, sizeof(err)) < 0 ||
 	    plan_clip_check(j->plan, &g, err, sizeof(err)) < 0) {
-		sink_error(j->core->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1, "group %u: %s",
-			   group, err);
+		sink_error(j->core->sink, s, ZC_EHYPER, false, SINK_NO_ITERATION, -1,
+			   "group %u: %s", group, err);
 		return;
 	}
 	/* The state was sized for the plan's groups: an array the job never
@@ -274,7 +274,8 @@ void sched_set_hyper(struct job *j, struct member *s, uint64_t iteration, uint32
 	}
 	c = calloc(1, sizeof(*c));
 	if (!c) {
-		sink_error(j->core->sink, s, ZC_ELIMIT, false, SINK_NO_ITERATION, -1, "out of memory");
+		sink_error(j->core->sink, s, ZC_ELIMIT, false, SINK_NO_ITERATION, -1,
+			   "out of memory");
 		return;
 	}
 	*c = (struct hyper_change){

@@ -69,20 +69,23 @@ int sharedp_check_in(const struct job *j, const struct sharedp *recs, uint32_t r
 		if (k == rank || !o->set)
 			continue;
 		if (o->shared != sp.shared) {
-			snprintf(err, errlen,
-				 "rank %u registered %s parameter buffer and rank %u %s: the local "
-				 "ranks of a job share one (ZC_BUFFERS_SHARED_PARAMS on every rank) "
-				 "or none",
-				 rank, sp.shared ? "a shared" : "its own", k,
-				 o->shared ? "a shared one" : "its own");
+			snprintf(
+				err, errlen,
+				"rank %u registered %s parameter buffer and rank %u %s: the local "
+				"ranks of a job share one (ZC_BUFFERS_SHARED_PARAMS on every rank) "
+				"or none",
+				rank, sp.shared ? "a shared" : "its own", k,
+				o->shared ? "a shared one" : "its own");
 			return ZC_ESHAREDPARAMS;
 		}
 		if (sp.shared && (o->dev != sp.dev || o->ino != sp.ino || o->offset != sp.offset)) {
 			snprintf(err, errlen,
-				 "rank %u's shared parameter buffer is not rank %u's: %s (offsets %" PRIu64
-				 " and %" PRIu64 "); every local rank registers the same one",
+				 "rank %u's shared parameter buffer is not rank %u's: %s (offsets "
+				 "%" PRIu64 " and %" PRIu64
+				 "); every local rank registers the same one",
 				 rank, k,
-				 o->dev != sp.dev || o->ino != sp.ino ? "another memfd" : "another offset",
+				 o->dev != sp.dev || o->ino != sp.ino ? "another memfd"
+								      : "another offset",
 				 sp.offset, o->offset);
 			return ZC_ESHAREDPARAMS;
 		}

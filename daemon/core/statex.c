@@ -321,8 +321,9 @@ static void request(struct job *j, struct member *s, uint32_t rank, bool set, bo
 		struct mem_desc md = {
 			.shm_name = stg->shm_name, .bytes = stg->bytes, .owner = s->uid};
 
-		r = stg->has_fd_serial ? core->sink->fd_staging(s, stg->fd_serial, &md, err, sizeof(err))
-				       : 0;
+		r = stg->has_fd_serial
+			    ? core->sink->fd_staging(s, stg->fd_serial, &md, err, sizeof(err))
+			    : 0;
 		/* one kept staging per job: a second rank's (no client sends
 		 * one) is mapped for this round only */
 		if (r >= 0 && ckpt && stg->has_fd_serial && !x->kept_used) {
@@ -396,8 +397,8 @@ void statex_done(struct job *j)
 		if (!x->arrived[k] || !j->ranks[k])
 			continue;
 		if (nodes && x->base[k] && rr < 0)
-			sink_error(j->core->sink, j->ranks[k], ZC_ELIMIT, false, SINK_NO_ITERATION, -1,
-				   "job %s: the checkpoint's ranges: out of memory", j->id);
+			sink_error(j->core->sink, j->ranks[k], ZC_ELIMIT, false, SINK_NO_ITERATION,
+				   -1, "job %s: the checkpoint's ranges: out of memory", j->id);
 		else
 			j->core->sink->state_ok(j->ranks[k], nodes && x->base[k] ? &rg : NULL);
 	}

@@ -31,12 +31,12 @@ struct session {
 	struct edge *e;
 	struct member m; /* what the core knows of it: its job, rank, pid, uid */
 	uint64_t serial; /* never reused, unlike the address */
-	pid_t own_pid; /* m.pid as the process knows itself (its pid namespace) */
+	pid_t own_pid;   /* m.pid as the process knows itself (its pid namespace) */
 	int pidfd;
-	int send_failed; /* a send to it failed: dropped by session_reap() */
+	int send_failed;     /* a send to it failed: dropped by session_reap() */
 	struct fastpath *fp; /* its shared ring, if offered (fastpath.c) */
 	struct fdbufs *bufs; /* memfds it passed for its plan (fdbufs.c) */
-	bool detached;   /* its job ended: dropped by session_reap(), connection kept */
+	bool detached;       /* its job ended: dropped by session_reap(), connection kept */
 	/* Its process exited or its connection closed: dropped at leave_at, so
 	 * that a Goodbye still queued behind other peers' messages is read first,
 	 * without draining anything on its behalf. */

@@ -393,7 +393,8 @@ static int fp_push(struct fastpath *fp, enum ring_kind kind, uint64_t it, uint32
 
 	if (used > fp->down_n) {
 		fp_break(fp,
-			 "its tail %" PRIu32 " is not within the %" PRIu32 " slots before our head %" PRIu32,
+			 "its tail %" PRIu32 " is not within the %" PRIu32
+			 " slots before our head %" PRIu32,
 			 tail, fp->down_n, fp->down_head);
 		return -EPROTO;
 	}
@@ -620,7 +621,8 @@ static int attach(struct fp_conn *c, const struct ring_attach *a, ssize_t n, int
 		snprintf(err, errlen,
 			 "the connection is pid %d uid %u, the session pid %d uid %u: not the "
 			 "trainer that said Hello",
-			 (int)c->cred.pid, (unsigned)c->cred.uid, (int)s->m.pid, (unsigned)s->m.uid);
+			 (int)c->cred.pid, (unsigned)c->cred.uid, (int)s->m.pid,
+			 (unsigned)s->m.uid);
 		return -EPERM;
 	}
 	if (!c->l->rings) {
@@ -636,7 +638,8 @@ static int attach(struct fp_conn *c, const struct ring_attach *a, ssize_t n, int
 		return ZC_ESTATE;
 	}
 	if (!ring_slots_valid(a->up_slots) || !ring_slots_valid(a->down_slots)) {
-		snprintf(err, errlen, "ring sizes %" PRIu32 "/%" PRIu32 ": need powers of two in %u..%u",
+		snprintf(err, errlen,
+			 "ring sizes %" PRIu32 "/%" PRIu32 ": need powers of two in %u..%u",
 			 a->up_slots, a->down_slots, RING_MIN_SLOTS, RING_MAX_SLOTS);
 		return ZC_EPROTO;
 	}
@@ -651,7 +654,8 @@ static int attach(struct fp_conn *c, const struct ring_attach *a, ssize_t n, int
 	}
 	bytes = ring_bytes(a->up_slots, a->down_slots);
 	if (fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != bytes) {
-		snprintf(err, errlen, "the ring's memory is not a regular file of %zu bytes", bytes);
+		snprintf(err, errlen, "the ring's memory is not a regular file of %zu bytes",
+			 bytes);
 		return ZC_EPROTO;
 	}
 	mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
@@ -711,7 +715,8 @@ static void buffers(struct fp_conn *c, const struct fdbufs_offer *o, ssize_t n, 
 		snprintf(rep.message, sizeof(rep.message),
 			 "the connection is pid %d uid %u, the session pid %d uid %u: not the "
 			 "trainer that said Hello",
-			 (int)c->cred.pid, (unsigned)c->cred.uid, (int)s->m.pid, (unsigned)s->m.uid);
+			 (int)c->cred.pid, (unsigned)c->cred.uid, (int)s->m.pid,
+			 (unsigned)s->m.uid);
 	} else {
 		rep.status = fdbufs_offer(s, o, fds, nfds, &rep.serial, rep.message,
 					  sizeof(rep.message));
@@ -734,8 +739,10 @@ static void on_pending(struct fp_conn *c)
 	struct ring_attach_reply rep = {.magic = RING_ATTACH_MAGIC};
 	char cbuf[CMSG_SPACE(4 * sizeof(int))];
 	struct iovec iov = {.iov_base = &rec, .iov_len = sizeof(rec)};
-	struct msghdr mh = {
-		.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cbuf,
+			    .msg_controllen = sizeof(cbuf)};
 	int fds[4], nfds = 0, r;
 	ssize_t n;
 

@@ -300,8 +300,8 @@ void session_drop(struct session *s, enum leave_reason why)
 	/* A trainer that dies before its buffers were mapped leaves their
 	 * names; so does one whose job ended before it registered (its own
 	 * mappings stay valid without the names, and the job cannot use them). */
-	if (s->m.job && (why == LEAVE_EXITED || s->detached) && s->m.job->ranks[s->m.rank] == &s->m &&
-	    !s->m.job->grad_map[s->m.rank])
+	if (s->m.job && (why == LEAVE_EXITED || s->detached) &&
+	    s->m.job->ranks[s->m.rank] == &s->m && !s->m.job->grad_map[s->m.rank])
 		e->core->mem->reclaim(s->m.job->id, s->m.rank, s->own_pid, s->m.uid);
 	if (why == LEAVE_EXITED)
 		fastpath_take_last(s);
@@ -368,6 +368,38 @@ static bool pid_is_claimed(pid_t pid, pid_t claimed)
 
 /* ------------------------------------------------------- handlers --- */
 
+/* Whether a Hello (the sender has no session yet) may join at all: 0, or a
+ * code with why in err. */
+static int hello_check(struct edge *e, const Zerod__V1__Hello *h, char *err, size_t len)
+{
+	if (h->protocol_version != ZC_PROTOCOL_VERSION) {
+		snprintf(err, len, "client speaks protocol %u, zerod %s speaks %u",
+			 h->protocol_version, ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION);
+		return ZC_EVERSION;
+	}
+	if (e->stopping) {
+		snprintf(err, len, "zerod is shutting down");
+		return ZC_ESHUTDOWN;
+	}
+	/* Who is calling: the kernel's word (SO_PEERCRED). Its pid must be the
+	 * one the Hello names, seen from the trainer's own pid namespace;
+	 * otherwise the connection is gone and its fd already serves someone
+	 * else, or the Hello lies. */
+	if (e->cur_peer.pid <= 0 || !pid_is_claimed(e->cur_peer.pid, h->pid)) {
+		snprintf(err, len,
+			 "cannot confirm who is calling: Hello says pid %d, the connection %s%d",
+			 (int)h->pid, e->cur_peer.pid > 0 ? "belongs to pid " : "is gone, pid ",
+			 (int)e->cur_peer.pid);
+		return ZC_EPROTO;
+	}
+	if (e->nsessions >= e->cfg->max_sessions) {
+		snprintf(err, len, "zerod already serves %u trainers (--max-sessions)",
+			 e->nsessions);
+		return ZC_ELIMIT;
+	}
+	return 0;
+}
+
 static void on_hello(struct edge *e, const void *route, size_t rlen, struct session *s,
 		     const Zerod__V1__Envelope *env)
 {
@@ -382,32 +414,8 @@ static void on_hello(struct edge *e, const void *route, size_t rlen, struct sess
 		session_send_error(s, ZC_ESTATE, false, -1, -1, "second Hello on one connection");
 		return;
 	}
-	if (h->protocol_version != ZC_PROTOCOL_VERSION) {
-		snprintf(err, sizeof(err), "client speaks protocol %u, zerod %s speaks %u",
-			 h->protocol_version, ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION);
-		reply_error(e, route, rlen, ZC_EVERSION, err);
-		return;
-	}
-	if (e->stopping) {
-		reply_error(e, route, rlen, ZC_ESHUTDOWN, "zerod is shutting down");
-		return;
-	}
-	/* Who is calling: the kernel's word (SO_PEERCRED). Its pid must be the
-	 * one the Hello names, seen from the trainer's own pid namespace;
-	 * otherwise the connection is gone and its fd already serves someone
-	 * else, or the Hello lies. */
-	if (e->cur_peer.pid <= 0 || !pid_is_claimed(e->cur_peer.pid, h->pid)) {
-		snprintf(err, sizeof(err),
-			 "cannot confirm who is calling: Hello says pid %d, the connection %s%d",
-			 (int)h->pid, e->cur_peer.pid > 0 ? "belongs to pid " : "is gone, pid ",
-			 (int)e->cur_peer.pid);
-		reply_error(e, route, rlen, ZC_EPROTO, err);
-		return;
-	}
-	if (e->nsessions >= e->cfg->max_sessions) {
-		snprintf(err, sizeof(err), "zerod already serves %u trainers (--max-sessions)",
-			 e->nsessions);
-		reply_error(e, route, rlen, ZC_ELIMIT, err);
+	if ((r = hello_check(e, h, err, sizeof(err))) < 0) {
+		reply_error(e, route, rlen, r, err);
 		return;
 	}
 	s = calloc(1, sizeof(*s));
@@ -492,9 +500,10 @@ static void on_register_plan(struct edge *e, const void *route, size_t rlen, str
 	}
 	if (!!m->shm + !!m->fds + !!m->cuda != 1) {
 		plan_free(p);
-		session_send_error(s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1,
-				   "rank %u: RegisterPlan must name its buffers once: shm or fds, or cuda",
-				   s->m.rank);
+		session_send_error(
+			s, ZC_EPROTO, false, SESSION_NO_ITERATION, -1,
+			"rank %u: RegisterPlan must name its buffers once: shm or fds, or cuda",
+			s->m.rank);
 		return;
 	}
 	if (m->cuda) {

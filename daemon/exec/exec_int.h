@@ -142,7 +142,7 @@ int load_masters(struct exec *e, bool edits_only);
 /* ---- state export/import (xfer.c) ---- */
 
 /* A lane, between iterations: exec_state()'s request. */
-int state_export(struct exec *e, struct lane *ln, const struct exec_state_req *rq);
-int state_import(struct exec *e, struct lane *ln, const struct exec_state_req *rq);
+int xfer_export(struct exec *e, struct lane *ln, const struct exec_state_req *rq);
+int xfer_import(struct exec *e, struct lane *ln, const struct exec_state_req *rq);
 
 #endif

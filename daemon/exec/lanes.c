@@ -127,7 +127,7 @@ static int xop_run(struct exec *e, struct lane *ln, struct xop *o)
 	case XOP_RELOAD:
 		return load_masters(e, true);
 	case XOP_STATE:
-		return o->st.set ? state_import(e, ln, &o->st) : state_export(e, ln, &o->st);
+		return o->st.set ? xfer_import(e, ln, &o->st) : xfer_export(e, ln, &o->st);
 	}
 	return -EINVAL;
 }

@@ -330,7 +330,7 @@ static int export_gather(struct exec *e, struct lane *ln, const struct exec_stat
 	return r;
 }
 
-int state_export(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
+int xfer_export(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
 {
 	/* a checkpoint's export stays on its node: each node's stager gets
 	 * this node's pieces only, and its trainer writes them */
@@ -413,7 +413,7 @@ static bool masters_given(const struct plan *p, const struct exec_state_req *rq)
  * keeps the state (cuda) can fail a copy, and the job then fails. A
  * bf16/fp16 piece given without its master takes it from its owner's
  * parameters, widened. */
-int state_import(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
+int xfer_import(struct exec *e, struct lane *ln, const struct exec_state_req *rq)
 {
 	const struct plan *p = e->cfg.plan;
 	struct state *s = e->cfg.state;

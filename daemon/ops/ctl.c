@@ -639,8 +639,8 @@ static int owner_can_write(const struct owner *ow, const char *dir, char *why, s
 	return 0;
 }
 
-static void do_checkpoint(struct ops_env *env, const struct caller *c, const void *route, size_t rlen,
-			  const Ctl *req)
+static void do_checkpoint(struct ops_env *env, const struct caller *c, const void *route,
+			  size_t rlen, const Ctl *req)
 {
 	const Zerod__V1__CheckpointRequest *q = req->checkpoint_request;
 	Zerod__V1__InspectRequest iq = ZEROD__V1__INSPECT_REQUEST__INIT;
@@ -766,11 +766,12 @@ static void handle(struct ops_env *env, const void *route, size_t rlen, zmq_msg_
 		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,
 			   "not a request zerod knows (body %d)", (int)req->body_case);
 	else if (c.role < v->needs)
-		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__DENIED,
-			   "uid %u may not run %s: %s", (unsigned)c.cred.uid, v->name,
-			   v->needs == ROLE_ADMIN
-				   ? "it needs root or zerod's own user"
-				   : "it needs root, zerod's own user or a member of zerod's group");
+		send_error(
+			env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__DENIED,
+			"uid %u may not run %s: %s", (unsigned)c.cred.uid, v->name,
+			v->needs == ROLE_ADMIN
+				? "it needs root or zerod's own user"
+				: "it needs root, zerod's own user or a member of zerod's group");
 	else if (req->body_case == ZEROD__V1__CTL__BODY_INSPECT_REQUEST &&
 		 (!req->inspect_request->job || !job_id_valid(req->inspect_request->job)))
 		send_error(env, route, rlen, ZEROD__V1__CTL_ERROR__KIND__BAD_REQUEST,

@@ -161,7 +161,8 @@ void metrics_render(struct ops_env *env, struct sbuf *b)
 	tally_jobs(env, &tl);
 	head(b, "zerod_build_info", "gauge", "zerod's version, trainer protocol and backends");
 	sbuf_printf(b, "zerod_build_info{version=\"%s\",protocol=\"%d\",backends=\"%s\"} 1\n",
-		    ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION, env->core->cuda ? "cuda,host" : "host");
+		    ZEROD_VERSION_STRING, ZC_PROTOCOL_VERSION,
+		    env->core->cuda ? "cuda,host" : "host");
 	one(b, "zerod_start_time_seconds", "gauge", "when zerod started, unix time",
 	    o->start_wall);
 	head(b, "zerod_jobs", "gauge", "jobs by state");
@@ -171,7 +172,8 @@ void metrics_render(struct ops_env *env, struct sbuf *b)
 	one(b, "zerod_jobs_stalled", "gauge", "jobs waiting longer than stall-warn", tl.stalled);
 	one(b, "zerod_sessions", "gauge", "trainers connected", (*env->nsessions));
 	one(b, "zerod_connections", "gauge", "connections to the trainers' socket", (*env->nconns));
-	one(b, "zerod_jobs_started_total", "counter", "jobs created", (double)env->core->stats.jobs);
+	one(b, "zerod_jobs_started_total", "counter", "jobs created",
+	    (double)env->core->stats.jobs);
 	one(b, "zerod_iterations_total", "counter", "iterations completed (StepDone), all jobs",
 	    (double)env->core->stats.iterations);
 	one(b, "zerod_buckets_reduced_total", "counter", "buckets reduced (BucketDone)",
@@ -206,7 +208,8 @@ void metrics_render(struct ops_env *env, struct sbuf *b)
 	one(b, "zerod_error_replies_total", "counter", "Error replies sent to trainers",
 	    (double)env->core->stats.errors_sent);
 	one(b, "zerod_error_replies_dropped_total", "counter",
-	    "Error replies over a connection's budget, not sent", (double)env->core->stats.replies_dropped);
+	    "Error replies over a connection's budget, not sent",
+	    (double)env->core->stats.replies_dropped);
 	one(b, "zerod_connections_closed_total", "counter",
 	    "connections closed over the limit or idle", (double)env->core->stats.conns_shed);
 	one(b, "zerod_log_lines_dropped_total", "counter", "log lines dropped (stderr not read)",

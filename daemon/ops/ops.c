@@ -189,8 +189,9 @@ void ops_describe_wait(const struct job *j, char *buf, size_t len)
 					       shown ? ", " : "", r, j->next_bucket[r], nb,
 					       j->ranks[r] ? "" : " (not connected)");
 		else
-			at += (size_t)snprintf(buf + at, len - at, "%srank %u%s", shown ? ", " : "",
-					       r, j->ranks[r] ? " (not registered)" : " (not connected)");
+			at += (size_t)snprintf(
+				buf + at, len - at, "%srank %u%s", shown ? ", " : "", r,
+				j->ranks[r] ? " (not registered)" : " (not connected)");
 		shown++;
 	}
 	if (more)

@@ -156,8 +156,8 @@ void trace_flush(struct ops_env *env);
 const char *trace_file(const struct ops_env *env);
 void trace_ready(struct ops_env *env, struct jobops *jo, uint32_t rank, uint64_t t, uint32_t b,
 		 int64_t us);
-void trace_reduced(struct ops_env *env, struct jobops *jo, uint64_t t, uint32_t b, int64_t queued_us,
-		   int64_t us);
+void trace_reduced(struct ops_env *env, struct jobops *jo, uint64_t t, uint32_t b,
+		   int64_t queued_us, int64_t us);
 void trace_step(struct ops_env *env, struct jobops *jo, uint64_t t, int64_t since_us, int64_t us);
 /* The executor's ops of an iteration (exec_take_spans): per bucket, the
  * fused pass, or its reduce, step and broadcast, on every local rank. */

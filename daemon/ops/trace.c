@@ -93,8 +93,9 @@ int trace_start(struct ops_env *env, const char *path, struct stat *ret_st, char
 	t->t0_us = ops_now_us();
 	t->first = true;
 	strcpy(t->file, path);
-	sbuf_printf(&t->buf, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"generator\":\"zerod %s\"},"
-			     "\"traceEvents\":[",
+	sbuf_printf(&t->buf,
+		    "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"generator\":\"zerod %s\"},"
+		    "\"traceEvents\":[",
 		    ZEROD_VERSION_STRING);
 	env->ops->trace = t;
 	/* every job is named again in this file */
@@ -201,8 +202,8 @@ void trace_ready(struct ops_env *env, struct jobops *jo, uint32_t rank, uint64_t
 	maybe_flush(env);
 }
 
-void trace_reduced(struct ops_env *env, struct jobops *jo, uint64_t t, uint32_t b, int64_t queued_us,
-		   int64_t us)
+void trace_reduced(struct ops_env *env, struct jobops *jo, uint64_t t, uint32_t b,
+		   int64_t queued_us, int64_t us)
 {
 	struct trace *tr = env->ops->trace;
 	struct job *j = jo->job;
