@@ -440,6 +440,7 @@ int job_join(struct core *core, struct member *s, const struct join_req *h, char
 	}
 	j->progress_ms = now_ms();
 	s->job = j;
+	s->rank = h->rank; /* job.h: the caller's member learns its rank here */
 	log_info("job %s: rank %u joined (pid %d, %u/%u)", j->id, h->rank, (int)s->pid,
 		 j->nconnected, j->local_size);
 	if (j->rdzv && j->nconnected == j->local_size)
