@@ -49,7 +49,7 @@
  * is mounted for us (a container may see zerod's directory elsewhere), else
  * where zerod says. The token and the peer check keep a wrong socket
  * harmless. "" if zerod offered none. Called with c->mu held. */
-void fd_socket(zc_client *c, char *path, size_t len)
+void client_fd_socket(zc_client *c, char *path, size_t len)
 {
 	snprintf(path, len, "%s",
 		 !c->conn.fp_path[0]                                        ? ""
@@ -57,14 +57,14 @@ void fd_socket(zc_client *c, char *path, size_t len)
 									    : c->conn.fp_path);
 }
 
-void buf_release(struct host_buf *b)
+void client_buf_release(struct host_buf *b)
 {
 	if (b->base)
 		munmap(b->base, b->bytes);
 	b->base = NULL;
 }
 
-int map_buf(int fd, uint64_t offset, uint64_t bytes, struct host_buf *ret)
+int client_map_buf(int fd, uint64_t offset, uint64_t bytes, struct host_buf *ret)
 {
 	void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
 
@@ -84,12 +84,12 @@ static int buffers_claim(zc_client *c, const struct zc_plan *zp, struct plan **r
 	int r;
 
 	if (c->plan || c->bufs_busy)
-		return err_set(ZC_ESTATE, "%s: this client has its buffers already", fn);
+		return client_err_set(ZC_ESTATE, "%s: this client has its buffers already", fn);
 	if (c->job_error)
-		return err_set(c->job_error, "%s", c->job_msg);
+		return client_err_set(c->job_error, "%s", c->job_msg);
 	r = plan_from_zc(zp, ret, err, sizeof(err));
 	if (r < 0)
-		return err_set(r, "%s", err);
+		return client_err_set(r, "%s", err);
 	return 0;
 }
 
@@ -113,9 +113,10 @@ static int register_fds(zc_client *c, const struct zc_plan *zp, const struct zc_
 	r = buffers_claim(c, zp, &p, fn);
 	if (r < 0)
 		goto out;
-	fd_socket(c, path, sizeof(path));
+	client_fd_socket(c, path, sizeof(path));
 	if (!path[0]) {
-		r = err_set(ZC_ENOTSUP, "%s: zerod offered no fd socket to pass buffers on", fn);
+		r = client_err_set(ZC_ENOTSUP, "%s: zerod offered no fd socket to pass buffers on",
+				   fn);
 		goto out;
 	}
 	c->bufs_busy = true;
@@ -127,16 +128,16 @@ static int register_fds(zc_client *c, const struct zc_plan *zp, const struct zc_
 	r = bufs_send(path, token, fds, fds[0] == fds[1] ? 1 : 2, bytes, b->grad_offset,
 		      b->param_offset, timeout, &serial, err, sizeof(err));
 	if (r < 0)
-		err_set(r, "%s: %s", fn, err);
-	else if ((r = map_buf(fds[0], b->grad_offset, bytes, &grad)) < 0 ||
-		 (r = map_buf(fds[1], b->param_offset, bytes, &param)) < 0)
-		err_set(r, "%s: mapping the buffers: %s", fn, zc_strerror(r));
+		client_err_set(r, "%s: %s", fn, err);
+	else if ((r = client_map_buf(fds[0], b->grad_offset, bytes, &grad)) < 0 ||
+		 (r = client_map_buf(fds[1], b->param_offset, bytes, &param)) < 0)
+		client_err_set(r, "%s: mapping the buffers: %s", fn, zc_strerror(r));
 
 	pthread_mutex_lock(&c->mu);
 	c->bufs_busy = false;
 	if (r < 0) {
-		buf_release(&grad);
-		buf_release(&param);
+		client_buf_release(&grad);
+		client_buf_release(&param);
 		goto out;
 	}
 	c->grad = grad;
@@ -154,8 +155,8 @@ out:
 /* p's CUDA buffers b opened (runtime loaded, event rings made) into *ret,
  * with c->mu held on entry and on return but released meanwhile (c is
  * marked busy with buffers). 0, or the code with the reason recorded. */
-int cuda_bufs_open(zc_client *c, const struct plan *p, const struct zc_buffers *b,
-		   struct devbufs **ret, const char *fn)
+int client_cuda_bufs_open(zc_client *c, const struct plan *p, const struct zc_buffers *b,
+			  struct devbufs **ret, const char *fn)
 {
 	char err[384];
 	int r;
@@ -165,7 +166,7 @@ int cuda_bufs_open(zc_client *c, const struct plan *p, const struct zc_buffers *
 	r = devbufs_open(b->grad_dev, b->param_dev, plan_buffer_bytes(p), p->nbuckets, ret, err,
 			 sizeof(err));
 	if (r < 0)
-		err_set(r, "%s: CUDA buffers: %s", fn, err);
+		client_err_set(r, "%s: CUDA buffers: %s", fn, err);
 	pthread_mutex_lock(&c->mu);
 	c->bufs_busy = false;
 	return r;
@@ -180,8 +181,8 @@ static int register_cuda(zc_client *c, const struct zc_plan *zp, const struct zc
 	int r;
 
 	if (!b->grad_dev || !b->param_dev)
-		return err_set(-EINVAL, "%s: CUDA buffers: %s is NULL", fn,
-			       b->grad_dev ? "param_dev" : "grad_dev");
+		return client_err_set(-EINVAL, "%s: CUDA buffers: %s is NULL", fn,
+				      b->grad_dev ? "param_dev" : "grad_dev");
 	pthread_mutex_lock(&c->mu);
 	if (c->plan && c->registered && c->dev) {
 		pthread_mutex_unlock(&c->mu);
@@ -190,7 +191,7 @@ static int register_cuda(zc_client *c, const struct zc_plan *zp, const struct zc
 	r = buffers_claim(c, zp, &p, fn);
 	if (r < 0)
 		goto out;
-	r = cuda_bufs_open(c, p, b, &dev, fn);
+	r = client_cuda_bufs_open(c, p, b, &dev, fn);
 	if (r < 0)
 		goto out;
 	c->dev = dev;
@@ -210,25 +211,27 @@ int zc_register_buffers(zc_client *c, const struct zc_plan *zp, const struct zc_
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	if (!zp)
-		return err_set(-EINVAL, "zc_register_buffers: the plan is NULL");
-	if ((r = buffers_from_zc(ub, &b)) < 0)
+		return client_err_set(-EINVAL, "zc_register_buffers: the plan is NULL");
+	if ((r = structs_buffers_from_zc(ub, &b)) < 0)
 		return r;
 	if (b.kind == ZC_BUFFERS_CUDA && b.flags)
-		return err_set(ZC_ENOTSUP, "zc_register_buffers: flags 0x%x with CUDA buffers: "
-					   "ZC_BUFFERS_SHARED_PARAMS is for host buffers",
-			       b.flags);
+		return client_err_set(ZC_ENOTSUP,
+				      "zc_register_buffers: flags 0x%x with CUDA buffers: "
+				      "ZC_BUFFERS_SHARED_PARAMS is for host buffers",
+				      b.flags);
 	if (b.kind == ZC_BUFFERS_CUDA)
 		return register_cuda(c, zp, &b);
 	if (b.kind != ZC_BUFFERS_HOST)
-		return err_set(-EINVAL, "zc_register_buffers: kind %u (ZC_BUFFERS_HOST, _CUDA)",
-			       b.kind);
+		return client_err_set(
+			-EINVAL, "zc_register_buffers: kind %u (ZC_BUFFERS_HOST, _CUDA)", b.kind);
 	if (b.grad_fd < 0 || b.param_fd < 0)
-		return err_set(-EBADF, "zc_register_buffers: grad_fd %d, param_fd %d: not fds",
-			       b.grad_fd, b.param_fd);
+		return client_err_set(-EBADF,
+				      "zc_register_buffers: grad_fd %d, param_fd %d: not fds",
+				      b.grad_fd, b.param_fd);
 	if (b.flags & ~ZC_BUFFERS_SHARED_PARAMS)
-		return err_set(-EINVAL,
-			       "zc_register_buffers: flags 0x%x (ZC_BUFFERS_SHARED_PARAMS)",
-			       b.flags);
+		return client_err_set(-EINVAL,
+				      "zc_register_buffers: flags 0x%x (ZC_BUFFERS_SHARED_PARAMS)",
+				      b.flags);
 	return register_fds(c, zp, &b, __func__);
 }
 
@@ -239,11 +242,11 @@ int zc_plan_buffer_bytes(const struct zc_plan *zp, uint64_t *ret_bytes)
 	int r;
 
 	if (!zp || !ret_bytes)
-		return err_set(-EINVAL, "zc_plan_buffer_bytes: %s is NULL",
-			       zp ? "ret_bytes" : "the plan");
+		return client_err_set(-EINVAL, "zc_plan_buffer_bytes: %s is NULL",
+				      zp ? "ret_bytes" : "the plan");
 	r = plan_from_zc(zp, &p, err, sizeof(err));
 	if (r < 0)
-		return err_set(r, "%s", err);
+		return client_err_set(r, "%s", err);
 	*ret_bytes = plan_buffer_bytes(p);
 	plan_free(p);
 	return 0;
@@ -260,27 +263,27 @@ int zc_alloc_buffers(zc_client *c, const struct zc_plan *zp)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	if (!zp)
-		return err_set(-EINVAL, "zc_alloc_buffers: the plan is NULL");
+		return client_err_set(-EINVAL, "zc_alloc_buffers: the plan is NULL");
 	pthread_mutex_lock(&c->mu);
 	bool replan = c->plan && c->registered;
 	bool dev = c->dev != NULL;
 	pthread_mutex_unlock(&c->mu);
 	if (replan && dev)
-		return err_set(ZC_ESTATE,
-			       "zc_alloc_buffers: a client of CUDA buffers re-plans "
-			       "with new CUDA buffers: zc_register_buffers(ZC_BUFFERS_CUDA)");
+		return client_err_set(
+			ZC_ESTATE, "zc_alloc_buffers: a client of CUDA buffers re-plans "
+				   "with new CUDA buffers: zc_register_buffers(ZC_BUFFERS_CUDA)");
 	if (replan)
 		return replan_alloc(c, zp, NULL);
 	/* the size first; register_fds() reads the plan again under the lock */
 	r = plan_from_zc(zp, &p, err, sizeof(err));
 	if (r < 0)
-		return err_set(r, "%s", err);
+		return client_err_set(r, "%s", err);
 	bytes = plan_buffer_bytes(p);
 	plan_free(p);
 	r = bufs_memfd(bytes, &b.param_offset, &fd);
 	if (r < 0)
-		return err_set(r, "zc_alloc_buffers: a memfd of 2 x %" PRIu64 " bytes: %s", bytes,
-			       zc_strerror(r));
+		return client_err_set(r, "zc_alloc_buffers: a memfd of 2 x %" PRIu64 " bytes: %s",
+				      bytes, zc_strerror(r));
 	b.grad_fd = b.param_fd = fd;
 	r = register_fds(c, zp, &b, __func__);
 	close(fd); /* the mappings, ours and zerod's, keep the memory */
@@ -295,12 +298,12 @@ static void *bucket_ptr(zc_client *c, bool grad, uint32_t bucket, const char *fn
 	if (client_check(c, fn) < 0)
 		return NULL;
 	if (!c->plan) {
-		err_set(ZC_ESTATE, "%s: no buffers yet (zc_alloc_buffers)", fn);
+		client_err_set(ZC_ESTATE, "%s: no buffers yet (zc_alloc_buffers)", fn);
 		return NULL;
 	}
 	if (bucket >= c->plan->nbuckets) {
-		err_set(ZC_EBUCKET, "%s: bucket %u does not exist: the plan has %u buckets", fn,
-			bucket, c->plan->nbuckets);
+		client_err_set(ZC_EBUCKET, "%s: bucket %u does not exist: the plan has %u buckets",
+			       fn, bucket, c->plan->nbuckets);
 		return NULL;
 	}
 	if (c->dev)
@@ -315,9 +318,9 @@ static float *bucket_f32(zc_client *c, bool grad, uint32_t bucket, const char *f
 	void *p = bucket_ptr(c, grad, bucket, fn);
 
 	if (p && c->plan->buckets[bucket].dtype != ZC_DTYPE_F32) {
-		err_set(ZC_ESTATE, "%s: bucket %u holds %s elements: use %s", fn, bucket,
-			plan_dtype_name(c->plan->buckets[bucket].dtype),
-			grad ? "zc_grad_ptr()" : "zc_param_ptr()");
+		client_err_set(ZC_ESTATE, "%s: bucket %u holds %s elements: use %s", fn, bucket,
+			       plan_dtype_name(c->plan->buckets[bucket].dtype),
+			       grad ? "zc_grad_ptr()" : "zc_param_ptr()");
 		return NULL;
 	}
 	return p;
@@ -359,7 +362,7 @@ static void fastpath_setup(zc_client *c)
 	struct fpc *fp = NULL;
 	int r;
 
-	fd_socket(c, path, sizeof(path));
+	client_fd_socket(c, path, sizeof(path));
 	if (!path[0] || (env && strcmp(env, "0") == 0))
 		return;
 	pthread_mutex_unlock(&c->mu);
@@ -401,17 +404,17 @@ int zc_register_plan(zc_client *c)
 	}
 	if (!c->plan || c->registered) {
 		client_unlock(c);
-		return err_set(ZC_ESTATE, "zc_register_plan: %s",
-			       c->registered
-				       ? "the plan is registered already"
-				       : "no buffers yet (zc_alloc_buffers, zc_register_buffers)");
+		return client_err_set(
+			ZC_ESTATE, "zc_register_plan: %s",
+			c->registered ? "the plan is registered already"
+				      : "no buffers yet (zc_alloc_buffers, zc_register_buffers)");
 	}
 	r = plan_to_pb(c->plan, &pb);
 	if (r >= 0 && c->dev && (r = devbufs_to_pb(c->dev, &cuda, &cuda_arrays)) < 0)
 		plan_pb_free(&pb);
 	if (r < 0) {
 		client_unlock(c);
-		return err_set(r, NULL);
+		return client_err_set(r, NULL);
 	}
 	c->registered = true;
 	c->plan_result = 0;
@@ -430,14 +433,14 @@ int zc_register_plan(zc_client *c)
 	free(cuda_arrays);
 	client_unlock(c);
 	if (r < 0)
-		return err_set(r, "zc_register_plan: sending the plan: %s", zc_strerror(r));
+		return client_err_set(r, "zc_register_plan: sending the plan: %s", zc_strerror(r));
 	r = client_wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
 	if (r == 0)
-		return err_set(ZC_ETIMEDOUT, "not every rank registered within %d ms",
-			       c->cfg.register_timeout_ms);
+		return client_err_set(ZC_ETIMEDOUT, "not every rank registered within %d ms",
+				      c->cfg.register_timeout_ms);
 	if (r < 0) {
 		pthread_mutex_lock(&c->mu);
-		err_set(r, "%s", c->answer_msg);
+		client_err_set(r, "%s", c->answer_msg);
 		client_unlock(c);
 		return r;
 	}

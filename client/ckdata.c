@@ -50,7 +50,7 @@ static int write_all(int fd, const void *buf, size_t len)
 }
 
 /* mkdir -p dir: 0 or -errno. */
-int mkdirs(const char *dir)
+int ckpt_mkdirs(const char *dir)
 {
 	char path[PATH_MAX];
 	size_t n = strlen(dir);
@@ -128,7 +128,7 @@ void image_free(struct image *im)
 }
 
 /* The floats image_alloc() puts in its arena for plan p. */
-uint64_t arena_floats(const struct plan *p)
+uint64_t ckpt_arena_floats(const struct plan *p)
 {
 	return 5 * p->total_numel + 1;
 }
@@ -136,16 +136,16 @@ uint64_t arena_floats(const struct plan *p)
 /* Room for every segment's parameters and 4 state tensors, and the
  * zc_segment_state list naming them, for plan p; without tensors only the
  * list, its pointers NULL (an export that copies nothing out). arena: the
- * room to use (arena_floats(p) floats, then the caller's), NULL: new. */
+ * room to use (ckpt_arena_floats(p) floats, then the caller's), NULL: new. */
 int image_alloc(const struct plan *p, struct image *im, bool tensors, float *arena)
 {
 	uint64_t at = 0;
 
-	im->nsegs = plan_nsegs(p);
+	im->nsegs = ckpt_plan_nsegs(p);
 	im->ss = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->ss));
 	im->params = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->params));
 	im->numel = calloc(im->nsegs ? im->nsegs : 1, sizeof(*im->numel));
-	im->arena = arena ? arena : malloc((tensors ? arena_floats(p) : 1) * sizeof(float));
+	im->arena = arena ? arena : malloc((tensors ? ckpt_arena_floats(p) : 1) * sizeof(float));
 	if (!im->ss || !im->params || !im->numel || !im->arena) {
 		if (arena)
 			im->arena = NULL; /* the caller's */
@@ -154,7 +154,7 @@ int image_alloc(const struct plan *p, struct image *im, bool tensors, float *are
 	}
 	for (uint32_t k = 0; k < im->nsegs; k++) {
 		uint32_t b, s;
-		const struct zc_segment *seg = plan_seg(p, k, &b, &s);
+		const struct zc_segment *seg = ckpt_plan_seg(p, k, &b, &s);
 		im->ss[k] = (struct zc_segment_state)ZC_SEGMENT_STATE_INIT;
 		im->ss[k].bucket = b;
 		im->ss[k].segment = s;
@@ -171,8 +171,8 @@ int image_alloc(const struct plan *p, struct image *im, bool tensors, float *are
 	return 0;
 }
 
-int write_data(int dirfd, const struct image *im, uint64_t iteration, uint64_t *ret_bytes,
-	       unsigned char *ret_hash)
+int ckpt_write_data(int dirfd, const struct image *im, uint64_t iteration, uint64_t *ret_bytes,
+		    unsigned char *ret_hash)
 {
 	struct afile f;
 	unsigned char head[CKPT_HEADER] = {0};
@@ -208,7 +208,7 @@ int write_data(int dirfd, const struct image *im, uint64_t iteration, uint64_t *
 
 /* Append a line: 0, or -EOVERFLOW (the text stops growing, len stays
  * within cap). */
-int mput(struct mtext *t, const char *fmt, ...)
+int ckpt_mput(struct mtext *t, const char *fmt, ...)
 {
 	va_list ap;
 	int n;
@@ -235,7 +235,7 @@ int manifest_head_v(struct mtext *t, const struct ckpt_view *v, const struct ima
 		    uint32_t nodes)
 {
 	const struct plan *p = v->plan;
-	uint32_t nsegs = im ? im->nsegs : plan_nsegs(p);
+	uint32_t nsegs = im ? im->nsegs : ckpt_plan_nsegs(p);
 
 	t->cap = 4096 + (size_t)p->ngroups * 64 + (size_t)nsegs * 160 + (size_t)nodes * 160;
 	t->len = 0;
@@ -243,30 +243,33 @@ int manifest_head_v(struct mtext *t, const struct ckpt_view *v, const struct ima
 	if (!t->buf)
 		return -ENOMEM;
 	t->cap -= 256 + (size_t)nodes * 160; /* a segment's line is under 160 bytes */
-	mput(t, "zerod-checkpoint %d\n", im ? CKPT_VERSION : CKPT_VERSION_NODES);
-	mput(t, "iteration %" PRIu64 "\n", v->iteration);
-	mput(t, "job %s\n", v->job_id);
-	mput(t, "world %u\nnodes %u\n", v->world, im ? v->nnodes : nodes);
-	mput(t, "optimizer %s\nshard_mode %s\nstep_mode %s\n", plan_optimizer_name(p->optimizer),
-	     plan_shard_name(p->shard_mode), plan_step_name(p->step_mode));
-	mput(t, "plan_hash %016" PRIx64 "\n", p->hash);
-	mput(t, "groups %u\n", p->ngroups);
+	ckpt_mput(t, "zerod-checkpoint %d\n", im ? CKPT_VERSION : CKPT_VERSION_NODES);
+	ckpt_mput(t, "iteration %" PRIu64 "\n", v->iteration);
+	ckpt_mput(t, "job %s\n", v->job_id);
+	ckpt_mput(t, "world %u\nnodes %u\n", v->world, im ? v->nnodes : nodes);
+	ckpt_mput(t, "optimizer %s\nshard_mode %s\nstep_mode %s\n",
+		  plan_optimizer_name(p->optimizer), plan_shard_name(p->shard_mode),
+		  plan_step_name(p->step_mode));
+	ckpt_mput(t, "plan_hash %016" PRIx64 "\n", p->hash);
+	ckpt_mput(t, "groups %u\n", p->ngroups);
 	for (uint32_t g = 0; g < p->ngroups; g++)
-		mput(t, "group %u momentum %d amsgrad %d\n", g, p->groups[g].momentum != 0,
-		     p->groups[g].amsgrad ? 1 : 0);
-	mput(t, "segments %u\n", nsegs);
+		ckpt_mput(t, "group %u momentum %d amsgrad %d\n", g, p->groups[g].momentum != 0,
+			  p->groups[g].amsgrad ? 1 : 0);
+	ckpt_mput(t, "segments %u\n", nsegs);
 	for (uint32_t k = 0; k < nsegs; k++) {
 		uint32_t b, s;
-		const struct zc_segment *seg = plan_seg(p, k, &b, &s);
+		const struct zc_segment *seg = ckpt_plan_seg(p, k, &b, &s);
 		if (!im) {
-			mput(t, "segment %u param_id %" PRIu64 " numel %" PRIu64 " group %u\n", k,
-			     seg->param_id, seg->numel, seg->group);
+			ckpt_mput(t, "segment %u param_id %" PRIu64 " numel %" PRIu64 " group %u\n",
+				  k, seg->param_id, seg->numel, seg->group);
 			continue;
 		}
-		mput(t,
-		     "segment %u param_id %" PRIu64 " numel %" PRIu64 " group %u present %u step "
-		     "%.0f\n",
-		     k, seg->param_id, seg->numel, seg->group, im->ss[k].present, im->ss[k].step);
+		ckpt_mput(t,
+			  "segment %u param_id %" PRIu64 " numel %" PRIu64
+			  " group %u present %u step "
+			  "%.0f\n",
+			  k, seg->param_id, seg->numel, seg->group, im->ss[k].present,
+			  im->ss[k].step);
 	}
 	if (t->len >= t->cap)
 		return -EOVERFLOW;
@@ -284,7 +287,7 @@ int manifest_commit(int dirfd, struct mtext *t)
 
 	crypto_generichash(h, sizeof(h), (const unsigned char *)t->buf, t->len, NULL, 0);
 	ckpt_hex(h, hx);
-	if ((r = mput(t, "checksum %s\n", hx)) < 0)
+	if ((r = ckpt_mput(t, "checksum %s\n", hx)) < 0)
 		return r;
 	if ((r = afile_open(&f, dirfd, CKPT_MANIFEST)) < 0)
 		return r;
@@ -296,11 +299,12 @@ int manifest_commit(int dirfd, struct mtext *t)
 }
 
 /* The file and checksum lines after t's head, and the manifest written. */
-int write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes, const unsigned char *data_hash)
+int ckpt_write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes,
+			const unsigned char *data_hash)
 {
 	char hx[2 * CKPT_HASH_BYTES + 1];
 
 	ckpt_hex(data_hash, hx);
-	mput(t, "file %s %" PRIu64 " %s\n", CKPT_DATA, data_bytes, hx);
+	ckpt_mput(t, "file %s %" PRIu64 " %s\n", CKPT_DATA, data_bytes, hx);
 	return manifest_commit(dirfd, t);
 }

@@ -84,7 +84,7 @@ int ckpt_read_file(int dirfd, const char *name, size_t max, char **ret, size_t *
 }
 
 /* What ckpt_read_file()'s r says of the file, for a person. */
-const char *read_why(int r, mode_t mode)
+const char *ckpt_read_why(int r, mode_t mode)
 {
 	if (r == -ELOOP)
 		return "a symbolic link: refused (checkpoint files are never followed)";
@@ -157,10 +157,10 @@ int gen_open_current(int dirfd, const char *dir, int *ret_fd, char *where, size_
 	int r = gen_newest(dirfd, &seq, name), fd;
 
 	if (r < 0)
-		return err_set(ZC_ECKPT, "%s: %s: %s", fn, dir, strerror(-r));
+		return client_err_set(ZC_ECKPT, "%s: %s: %s", fn, dir, strerror(-r));
 	if (!seq) {
 		if ((fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0)
-			return err_set(-errno, "%s: %s: %s", fn, dir, strerror(errno));
+			return client_err_set(-errno, "%s: %s: %s", fn, dir, strerror(errno));
 		snprintf(where, len, "%s", dir);
 		*ret_fd = fd;
 		return 0;
@@ -168,10 +168,11 @@ int gen_open_current(int dirfd, const char *dir, int *ret_fd, char *where, size_
 	snprintf(where, len, "%s/%s", dir, name);
 	fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
-		return err_set(ZC_ECKPT, "%s: %s: %s", fn, where,
-			       errno == ELOOP || errno == ENOTDIR
-				       ? "not a directory (a symbolic link or a file): refused"
-				       : strerror(errno));
+		return client_err_set(
+			ZC_ECKPT, "%s: %s: %s", fn, where,
+			errno == ELOOP || errno == ENOTDIR
+				? "not a directory (a symbolic link or a file): refused"
+				: strerror(errno));
 	*ret_fd = fd;
 	return 0;
 }

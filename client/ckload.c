@@ -43,38 +43,40 @@ static int load_v1(int dirfd, const char *dir, const struct manifest *m, const u
 	int r;
 
 	for (uint32_t k = 0; k < m->nsegs; k++)
-		want += (1 + ntensors(m->segs[k].present)) * m->segs[k].numel * sizeof(float);
+		want += (1 + ckpt_ntensors(m->segs[k].present)) * m->segs[k].numel * sizeof(float);
 	if (want != m->data_bytes) {
-		r = err_set(ZC_ECKPT,
-			    "%s: the manifest names %" PRIu64 " bytes of %s, its segments "
-			    "%" PRIu64,
-			    fn, m->data_bytes, CKPT_DATA, want);
+		r = client_err_set(ZC_ECKPT,
+				   "%s: the manifest names %" PRIu64 " bytes of %s, its segments "
+				   "%" PRIu64,
+				   fn, m->data_bytes, CKPT_DATA, want);
 		goto out;
 	}
 	mode_t mode = 0;
 
 	r = ckpt_read_file(dirfd, CKPT_DATA, want, &data, &len, &mode);
 	if (r < 0) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_DATA, read_why(r, mode),
-			    r == -EFBIG ? " (longer than the manifest says)" : "");
+		r = client_err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, CKPT_DATA,
+				   ckpt_read_why(r, mode),
+				   r == -EFBIG ? " (longer than the manifest says)" : "");
 		goto out;
 	}
 	if (len != want) {
-		r = err_set(ZC_ECKPT,
-			    "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)", fn,
-			    dir, CKPT_DATA, len, want);
+		r = client_err_set(
+			ZC_ECKPT, "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)",
+			fn, dir, CKPT_DATA, len, want);
 		goto out;
 	}
 	crypto_generichash(h, sizeof(h), (const unsigned char *)data, len, NULL, 0);
 	if (sodium_memcmp(h, m->data_hash, sizeof(h)) != 0) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: checksum mismatch (corrupt)", fn, dir, CKPT_DATA);
+		r = client_err_set(ZC_ECKPT, "%s: %s/%s: checksum mismatch (corrupt)", fn, dir,
+				   CKPT_DATA);
 		goto out;
 	}
 	memcpy(&version, data + 8, 4);
 	memcpy(&it, data + 16, 8);
 	if (memcmp(data, CKPT_MAGIC, 8) != 0 || version != CKPT_VERSION || it != m->iteration) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: not the manifest's data (header)", fn, dir,
-			    CKPT_DATA);
+		r = client_err_set(ZC_ECKPT, "%s: %s/%s: not the manifest's data (header)", fn, dir,
+				   CKPT_DATA);
 		goto out;
 	}
 	/* checkpoint segment i's data → the plan's segment k with map[k] == i */
@@ -133,23 +135,25 @@ static int node_file_read(int dirfd, const char *dir, const struct manifest *m, 
 
 	r = ckpt_read_file(dirfd, name, cf->bytes, &data, &len, &mode);
 	if (r < 0)
-		return err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, name, read_why(r, mode),
-			       r == -EFBIG    ? " (longer than the manifest says)"
-			       : r == -ENOENT ? " (the manifest lists it: missing)"
-					      : "");
+		return client_err_set(ZC_ECKPT, "%s: %s/%s: %s%s", fn, dir, name,
+				      ckpt_read_why(r, mode),
+				      r == -EFBIG    ? " (longer than the manifest says)"
+				      : r == -ENOENT ? " (the manifest lists it: missing)"
+						     : "");
 	if (len != cf->bytes) {
-		r = err_set(ZC_ECKPT,
-			    "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)", fn,
-			    dir, name, len, cf->bytes);
+		r = client_err_set(
+			ZC_ECKPT, "%s: %s/%s: %zu bytes, the manifest says %" PRIu64 " (truncated)",
+			fn, dir, name, len, cf->bytes);
 		goto fail;
 	}
 	crypto_generichash(h, sizeof(h), (const unsigned char *)data, len, NULL, 0);
 	if (sodium_memcmp(h, cf->hash, sizeof(h)) != 0) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: checksum mismatch (corrupt)", fn, dir, name);
+		r = client_err_set(ZC_ECKPT, "%s: %s/%s: checksum mismatch (corrupt)", fn, dir,
+				   name);
 		goto fail;
 	}
 	if (len < CKPT_NODE_HEADER) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: no header", fn, dir, name);
+		r = client_err_set(ZC_ECKPT, "%s: %s/%s: no header", fn, dir, name);
 		goto fail;
 	}
 	memcpy(&version, data + 8, 4);
@@ -158,8 +162,8 @@ static int node_file_read(int dirfd, const char *dir, const struct manifest *m, 
 	memcpy(&nrecs, data + 24, 8);
 	if (memcmp(data, CKPT_NODE_MAGIC, 8) != 0 || version != CKPT_VERSION_NODES ||
 	    nd != node || it != m->iteration) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: not the manifest's node file (header)", fn, dir,
-			    name);
+		r = client_err_set(ZC_ECKPT, "%s: %s/%s: not the manifest's node file (header)", fn,
+				   dir, name);
 		goto fail;
 	}
 	*ret_data = data;
@@ -209,8 +213,8 @@ static int load_node(int dirfd, const char *dir, const struct manifest *m, uint3
 		float *dst;
 
 		if (len - at < CKPT_RECORD) {
-			r = err_set(ZC_ECKPT, "%s: %s/%s: record %" PRIu64 " is cut", fn, dir, name,
-				    i);
+			r = client_err_set(ZC_ECKPT, "%s: %s/%s: record %" PRIu64 " is cut", fn,
+					   dir, name, i);
 			goto out;
 		}
 		memcpy(&seg, data + at, 4);
@@ -221,21 +225,23 @@ static int load_node(int dirfd, const char *dir, const struct manifest *m, uint3
 		at += CKPT_RECORD;
 		if (seg >= m->nsegs || n == 0 || off > m->segs[seg].numel ||
 		    n > m->segs[seg].numel - off ||
-		    (present & ~(uint32_t)(ZC_STATE_STEP | ZC_STATE_MOMENTUM_BUFFER |
-					   ZC_STATE_EXP_AVG | ZC_STATE_EXP_AVG_SQ |
-					   ZC_STATE_MAX_EXP_AVG_SQ)) ||
-		    (len - at) / sizeof(float) / (1 + ntensors(present)) < n) {
-			r = err_set(ZC_ECKPT, "%s: %s/%s: record %" PRIu64 " is out of bounds", fn,
-				    dir, name, i);
+		    (present &
+		     ~(uint32_t)(ZC_STATE_STEP | ZC_STATE_MOMENTUM_BUFFER | ZC_STATE_EXP_AVG |
+				 ZC_STATE_EXP_AVG_SQ | ZC_STATE_MAX_EXP_AVG_SQ)) ||
+		    (len - at) / sizeof(float) / (1 + ckpt_ntensors(present)) < n) {
+			r = client_err_set(ZC_ECKPT,
+					   "%s: %s/%s: record %" PRIu64 " is out of bounds", fn,
+					   dir, name, i);
 			goto out;
 		}
 		k = inv[seg];
 		if (seen[seg] &&
 		    (im->ss[k].present != present || im->ss[k].step != (double)step)) {
-			r = err_set(ZC_ECKPT,
-				    "%s: %s/%s: segment %u's keys or step differ between its "
-				    "records",
-				    fn, dir, name, seg);
+			r = client_err_set(
+				ZC_ECKPT,
+				"%s: %s/%s: segment %u's keys or step differ between its "
+				"records",
+				fn, dir, name, seg);
 			goto out;
 		}
 		seen[seg] = true;
@@ -252,13 +258,13 @@ static int load_node(int dirfd, const char *dir, const struct manifest *m, uint3
 			at += nb;
 		}
 		if (cover_add(cv, ncv, cvcap, seg, off, n) < 0) {
-			r = err_set(-ENOMEM, "%s: out of memory", fn);
+			r = client_err_set(-ENOMEM, "%s: out of memory", fn);
 			goto out;
 		}
 	}
 	if (at != len) {
-		r = err_set(ZC_ECKPT, "%s: %s/%s: %zu bytes after its records", fn, dir, name,
-			    len - (size_t)at);
+		r = client_err_set(ZC_ECKPT, "%s: %s/%s: %zu bytes after its records", fn, dir,
+				   name, len - (size_t)at);
 		goto out;
 	}
 	r = 0;
@@ -279,7 +285,7 @@ static int load_nodes(int dirfd, const char *dir, const struct manifest *m, cons
 	int r = 0;
 
 	if (!inv || !seen) {
-		r = err_set(-ENOMEM, "%s: out of memory", fn);
+		r = client_err_set(-ENOMEM, "%s: out of memory", fn);
 		goto out;
 	}
 	for (uint32_t k = 0; k < m->nsegs; k++)
@@ -297,13 +303,14 @@ static int load_nodes(int dirfd, const char *dir, const struct manifest *m, cons
 			next += cv[c].n;
 		}
 		if (next != m->segs[i].numel || (c < ncv && cv[c].seg == i)) {
-			r = err_set(ZC_ECKPT,
-				    "%s: %s: segment %u (param_id %" PRIu64 ") is %s by the node "
-				    "files (%" PRIu64 " of %" PRIu64 " elements in order)",
-				    fn, dir, i, m->segs[i].param_id,
-				    c < ncv && cv[c].seg == i ? "given twice in part"
-							      : "not given whole",
-				    next, m->segs[i].numel);
+			r = client_err_set(ZC_ECKPT,
+					   "%s: %s: segment %u (param_id %" PRIu64
+					   ") is %s by the node "
+					   "files (%" PRIu64 " of %" PRIu64 " elements in order)",
+					   fn, dir, i, m->segs[i].param_id,
+					   c < ncv && cv[c].seg == i ? "given twice in part"
+								     : "not given whole",
+					   next, m->segs[i].numel);
 			goto out;
 		}
 	}
@@ -327,34 +334,34 @@ int zc_restore(zc_client *c, const char *dir)
 	if ((r = client_ckpt_view(c, fn, &v)) < 0)
 		return r;
 	if (!dir || !*dir)
-		return err_set(-EINVAL, "%s: no directory", fn);
+		return client_err_set(-EINVAL, "%s: no directory", fn);
 	/* a checkpoint in flight is on disk first (rank 0 waits for its
 	 * writer, the others for the manifest naming it); its result is the
 	 * zc_checkpoint_wait()'s nobody called: what dir holds is checked below */
 	if (*v.writer)
 		(void)zc_checkpoint_wait(c, -1);
 	if (v.plan->low_precision)
-		return err_set(ZC_ENOTSUP,
-			       "%s: plans with bf16/fp16 buckets have no checkpoints yet", fn);
+		return client_err_set(
+			ZC_ENOTSUP, "%s: plans with bf16/fp16 buckets have no checkpoints yet", fn);
 	if (sodium_init() < 0)
-		return err_set(-ENOMEM, "%s: libsodium does not start", fn);
+		return client_err_set(-ENOMEM, "%s: libsodium does not start", fn);
 	if ((dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
-		r = err_set(ZC_ECKPT, "%s: %s: %s", fn, dir, strerror(errno));
+		r = client_err_set(ZC_ECKPT, "%s: %s: %s", fn, dir, strerror(errno));
 		goto out;
 	}
 	if ((r = gen_open_current(dirfd, dir, &gfd, where, sizeof(where), fn)) < 0)
 		goto out;
-	if ((r = read_manifest(gfd, where, &m, fn)) < 0)
+	if ((r = ckpt_read_manifest(gfd, where, &m, fn)) < 0)
 		goto out;
 	map = calloc(m.nsegs ? m.nsegs : 1, sizeof(*map));
 	if (!map) {
-		r = err_set(-ENOMEM, "%s: out of memory", fn);
+		r = client_err_set(-ENOMEM, "%s: out of memory", fn);
 		goto out;
 	}
 	if ((r = ckpt_match(v.plan, &m, map, fn)) < 0)
 		goto out;
 	if ((r = image_alloc(v.plan, &im, true, NULL)) < 0) {
-		r = err_set(r, "%s: %s", fn, strerror(-r));
+		r = client_err_set(r, "%s: %s", fn, strerror(-r));
 		goto out;
 	}
 	r = m.version == CKPT_VERSION_NODES ? load_nodes(gfd, where, &m, map, &im, fn)
@@ -382,7 +389,7 @@ int zc_restore(zc_client *c, const char *dir)
 		r = client_resume(c, m.iteration, fn);
 	for (uint32_t k = 0; r >= 0 && k < im.nsegs; k++) {
 		uint32_t b, s;
-		const struct zc_segment *seg = plan_seg(v.plan, k, &b, &s);
+		const struct zc_segment *seg = ckpt_plan_seg(v.plan, k, &b, &s);
 		memcpy(zc_param_buffer(c, b) + seg->offset, im.params[k],
 		       seg->numel * sizeof(float));
 	}

@@ -66,7 +66,7 @@ float **seg_slot(struct zc_segment_state *s, unsigned k)
 	return slots[k];
 }
 
-unsigned ntensors(uint32_t present)
+unsigned ckpt_ntensors(uint32_t present)
 {
 	unsigned n = 0;
 
@@ -81,7 +81,7 @@ void ckpt_hex(const unsigned char *h, char *out)
 		sprintf(out + 2 * i, "%02x", h[i]);
 }
 
-int unhex(const char *s, unsigned char *out)
+int ckpt_unhex(const char *s, unsigned char *out)
 {
 	for (int i = 0; i < CKPT_HASH_BYTES; i++) {
 		unsigned v;
@@ -93,7 +93,7 @@ int unhex(const char *s, unsigned char *out)
 }
 
 /* The plan's segments in plan order (bucket, then segment). */
-uint32_t plan_nsegs(const struct plan *p)
+uint32_t ckpt_plan_nsegs(const struct plan *p)
 {
 	uint32_t n = 0;
 
@@ -102,8 +102,8 @@ uint32_t plan_nsegs(const struct plan *p)
 	return n;
 }
 
-const struct zc_segment *plan_seg(const struct plan *p, uint32_t k, uint32_t *ret_b,
-				  uint32_t *ret_s)
+const struct zc_segment *ckpt_plan_seg(const struct plan *p, uint32_t k, uint32_t *ret_b,
+				       uint32_t *ret_s)
 {
 	*ret_b = *ret_s = 0;
 	for (uint32_t b = 0; b < p->nbuckets; b++) {
@@ -128,7 +128,7 @@ int zc_checkpoint_wait(zc_client *c, int timeout_ms)
 		return r;
 	if (!(w = *slot))
 		return 0;
-	r = w->reading ? reader_wait(w, timeout_ms, __func__)
+	r = w->reading ? ckpt_reader_wait(w, timeout_ms, __func__)
 		       : writer_join(w, timeout_ms, __func__);
 	client_ckpt_report(c);
 	return r;
@@ -145,11 +145,11 @@ static int export_staged(zc_client *c, const struct ckpt_view *v, struct ckpt_wr
 	struct image im = {0};
 	int r;
 
-	if (v->rank == 0 && (r = stage_get(&w->stage, p)) < 0)
-		return err_set(r, "%s: the checkpoint's staging (%" PRIu64 " bytes): %s", fn,
-			       (uint64_t)5 * p->state_numel * sizeof(float), strerror(-r));
+	if (v->rank == 0 && (r = ckpt_stage_get(&w->stage, p)) < 0)
+		return client_err_set(r, "%s: the checkpoint's staging (%" PRIu64 " bytes): %s", fn,
+				      (uint64_t)5 * p->state_numel * sizeof(float), strerror(-r));
 	if ((r = image_alloc(p, &im, false, NULL)) < 0)
-		return err_set(r, "%s: %s", fn, strerror(-r));
+		return client_err_set(r, "%s: %s", fn, strerror(-r));
 	free(im.arena);
 	im.arena = NULL;
 	r = client_ckpt_export(c, v->rank == 0 ? &w->stage : NULL, im.ss, im.nsegs, NULL, fn);
@@ -174,15 +174,15 @@ static int export_copied(zc_client *c, const struct ckpt_view *v, struct ckpt_wr
 	struct image im = {0};
 	int r;
 
-	if (v->rank == 0 && w->arena_floats != arena_floats(v->plan)) {
+	if (v->rank == 0 && w->arena_floats != ckpt_arena_floats(v->plan)) {
 		free(w->arena);
 		w->arena_floats = 0;
-		if (!(w->arena = malloc(arena_floats(v->plan) * sizeof(float))))
-			return err_set(-ENOMEM, "%s: out of memory", fn);
-		w->arena_floats = arena_floats(v->plan);
+		if (!(w->arena = malloc(ckpt_arena_floats(v->plan) * sizeof(float))))
+			return client_err_set(-ENOMEM, "%s: out of memory", fn);
+		w->arena_floats = ckpt_arena_floats(v->plan);
 	}
 	if ((r = image_alloc(v->plan, &im, v->rank == 0, v->rank == 0 ? w->arena : NULL)) < 0)
-		return err_set(r, "%s: %s", fn, strerror(-r));
+		return client_err_set(r, "%s: %s", fn, strerror(-r));
 	r = zc_get_state(c, im.ss, im.nsegs);
 	if (r < 0) {
 		if (v->rank == 0)
@@ -192,7 +192,7 @@ static int export_copied(zc_client *c, const struct ckpt_view *v, struct ckpt_wr
 	}
 	for (uint32_t k = 0; k < im.nsegs && v->rank == 0; k++) {
 		uint32_t b, s;
-		const struct zc_segment *seg = plan_seg(v->plan, k, &b, &s);
+		const struct zc_segment *seg = ckpt_plan_seg(v->plan, k, &b, &s);
 		memcpy(im.params[k], zc_param_buffer(c, b) + seg->offset,
 		       seg->numel * sizeof(float));
 	}
@@ -211,7 +211,7 @@ static int node_records(const struct plan *p, const struct ckpt_owned *o, struct
 	uint32_t first = 0, b = 0;
 
 	if (!rc)
-		return err_set(-ENOMEM, "%s: out of memory", fn);
+		return client_err_set(-ENOMEM, "%s: out of memory", fn);
 	for (size_t i = 0; i < o->count; i++) {
 		const struct plan_bucket *bk;
 		uint64_t off;
@@ -226,7 +226,8 @@ static int node_records(const struct plan *p, const struct ckpt_owned *o, struct
 		if (off < bk->segments[sg].offset ||
 		    off + o->n[i] > bk->segments[sg].offset + bk->segments[sg].numel) {
 			free(rc);
-			return err_set(ZC_EPROTO, "%s: zerod named a range across segments", fn);
+			return client_err_set(ZC_EPROTO, "%s: zerod named a range across segments",
+					      fn);
 		}
 		rc[i] = (struct crec){.seg = first + sg,
 				      .present = o->present[i],
@@ -252,9 +253,9 @@ static int checkpoint_nodes(zc_client *c, const struct ckpt_view *v, struct ckpt
 	struct crec *recs = NULL;
 	int r;
 
-	if (stager && (r = stage_get(&w->stage, p)) < 0)
-		return err_set(r, "%s: the checkpoint's staging (%" PRIu64 " bytes): %s", fn,
-			       (uint64_t)5 * p->state_numel * sizeof(float), strerror(-r));
+	if (stager && (r = ckpt_stage_get(&w->stage, p)) < 0)
+		return client_err_set(r, "%s: the checkpoint's staging (%" PRIu64 " bytes): %s", fn,
+				      (uint64_t)5 * p->state_numel * sizeof(float), strerror(-r));
 	r = client_ckpt_export(c, stager ? &w->stage : NULL, NULL, 0, stager ? &own : NULL, fn);
 	if (r < 0)
 		return r;
@@ -262,11 +263,11 @@ static int checkpoint_nodes(zc_client *c, const struct ckpt_view *v, struct ckpt
 		goto fail;
 	if (v->rank == 0 &&
 	    (r = manifest_head_v(&mt, v, NULL, stager ? own.nnodes : v->nnodes)) < 0) {
-		r = err_set(ZC_ECKPT, "%s: the manifest: %s", fn, strerror(-r));
+		r = client_err_set(ZC_ECKPT, "%s: the manifest: %s", fn, strerror(-r));
 		goto fail;
 	}
 	if (!(w->dir = strdup(v->dir))) {
-		r = err_set(-ENOMEM, "%s: out of memory", fn);
+		r = client_err_set(-ENOMEM, "%s: out of memory", fn);
 		goto fail;
 	}
 	w->iteration = v->iteration;
@@ -297,7 +298,7 @@ static int checkpoint_nodes(zc_client *c, const struct ckpt_view *v, struct ckpt
 		w->mt = (struct mtext){0};
 		free(w->dir);
 		w->dir = NULL;
-		r = err_set(ZC_ECKPT, "%s: no writer thread: %s", fn, strerror(r));
+		r = client_err_set(ZC_ECKPT, "%s: no writer thread: %s", fn, strerror(r));
 		goto fail;
 	}
 	return 0;
@@ -321,11 +322,11 @@ static int checkpoint_start(zc_client *c, const char *dir, struct ckpt_view *ret
 		return r;
 	*ret_v = v;
 	if (!dir || !*dir)
-		return err_set(-EINVAL, "%s: no directory", fn);
+		return client_err_set(-EINVAL, "%s: no directory", fn);
 	if (sodium_init() < 0)
-		return err_set(-ENOMEM, "%s: libsodium does not start", fn);
+		return client_err_set(-ENOMEM, "%s: libsodium does not start", fn);
 	if (!(w = writer_get(v.writer)))
-		return err_set(-ENOMEM, "%s: out of memory", fn);
+		return client_err_set(-ENOMEM, "%s: out of memory", fn);
 	/* One write at a time: the last one's ends first (its result, if
 	 * nobody waited for it, goes; its outcome goes to zerod). On the other
 	 * ranks the export round below cannot start before rank 0 is in it,
@@ -348,7 +349,7 @@ static int checkpoint_start(zc_client *c, const char *dir, struct ckpt_view *ret
 	if (r < 0)
 		return r;
 	if (!(w->dir = strdup(dir))) {
-		r = err_set(-ENOMEM, "%s: out of memory", fn);
+		r = client_err_set(-ENOMEM, "%s: out of memory", fn);
 		goto fail;
 	}
 	w->iteration = v.iteration;
@@ -359,7 +360,7 @@ static int checkpoint_start(zc_client *c, const char *dir, struct ckpt_view *ret
 		return 0;
 	}
 	if ((r = manifest_head(&mt, &v, &im)) < 0) {
-		r = err_set(ZC_ECKPT, "%s: the manifest: %s", fn, strerror(-r));
+		r = client_err_set(ZC_ECKPT, "%s: the manifest: %s", fn, strerror(-r));
 		goto fail;
 	}
 	/* the staging copy is the writer's now */
@@ -375,7 +376,7 @@ static int checkpoint_start(zc_client *c, const char *dir, struct ckpt_view *ret
 		mt = w->mt;
 		w->im = (struct image){0};
 		w->mt = (struct mtext){0};
-		r = err_set(ZC_ECKPT, "%s: no writer thread: %s", fn, strerror(r));
+		r = client_err_set(ZC_ECKPT, "%s: no writer thread: %s", fn, strerror(r));
 		goto fail;
 	}
 	return 0;

@@ -152,20 +152,20 @@ struct ckpt_writer {
  * segment state's slot of tensor k, and how many of them present has. */
 extern const uint32_t tensor_bits[4];
 float **seg_slot(struct zc_segment_state *s, unsigned k);
-unsigned ntensors(uint32_t present);
+unsigned ckpt_ntensors(uint32_t present);
 /* A checksum as hex (2 * CKPT_HASH_BYTES + 1 bytes in out), and back: 0 or -1. */
 void ckpt_hex(const unsigned char *h, char *out);
-int unhex(const char *s, unsigned char *out);
+int ckpt_unhex(const char *s, unsigned char *out);
 void manifest_free(struct manifest *m);
 /* The plan's segments in plan order (bucket, then segment): how many, and
  * the k-th with its bucket and index. */
-uint32_t plan_nsegs(const struct plan *p);
-const struct zc_segment *plan_seg(const struct plan *p, uint32_t k, uint32_t *ret_b,
-				  uint32_t *ret_s);
+uint32_t ckpt_plan_nsegs(const struct plan *p);
+const struct zc_segment *ckpt_plan_seg(const struct plan *p, uint32_t k, uint32_t *ret_b,
+				       uint32_t *ret_s);
 
 /* ---------------------------------------------------- ckdata.c --- */
 
-int mkdirs(const char *dir);
+int ckpt_mkdirs(const char *dir);
 /* A file written under a temporary name in dirfd, made durable and renamed
  * to its name by afile_commit() (its checksum in *ret_hash), or removed. */
 int afile_open(struct afile *f, int dirfd, const char *name);
@@ -173,13 +173,13 @@ int afile_write(struct afile *f, const void *buf, size_t len);
 int afile_commit(struct afile *f, unsigned char *ret_hash);
 void afile_abort(struct afile *f);
 /* The image of plan p's parameters and state (its tensors too when
- * tensors), in arena if given (arena_floats(p) floats). */
-uint64_t arena_floats(const struct plan *p);
+ * tensors), in arena if given (ckpt_arena_floats(p) floats). */
+uint64_t ckpt_arena_floats(const struct plan *p);
 int image_alloc(const struct plan *p, struct image *im, bool tensors, float *arena);
 void image_free(struct image *im);
 /* Version 1's data file of im, durable in dirfd. */
-int write_data(int dirfd, const struct image *im, uint64_t iteration, uint64_t *ret_bytes,
-	       unsigned char *ret_hash);
+int ckpt_write_data(int dirfd, const struct image *im, uint64_t iteration, uint64_t *ret_bytes,
+		    unsigned char *ret_hash);
 /* The manifest's head (version 1; _v with nodes: version 2's), then its
  * last lines and the file itself. */
 int manifest_head(struct mtext *t, const struct ckpt_view *v, const struct image *im);
@@ -187,8 +187,9 @@ int manifest_head_v(struct mtext *t, const struct ckpt_view *v, const struct ima
 		    uint32_t nodes);
 int manifest_commit(int dirfd, struct mtext *t);
 /* Append a line to t: 0, or -EOVERFLOW (the text stops growing). */
-int mput(struct mtext *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes, const unsigned char *data_hash);
+int ckpt_mput(struct mtext *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int ckpt_write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes,
+			const unsigned char *data_hash);
 
 /* ----------------------------------------------------- ckgen.c --- */
 
@@ -196,7 +197,7 @@ int write_manifest(int dirfd, struct mtext *t, uint64_t data_bytes, const unsign
  * read failed (r, the mode of a file that is not a regular one). */
 int ckpt_read_file(int dirfd, const char *name, size_t max, char **ret, size_t *ret_len,
 		   mode_t *ret_mode);
-const char *read_why(int r, mode_t mode);
+const char *ckpt_read_why(int r, mode_t mode);
 /* dir's current generation opened (its path in where), a new one begun
  * (.tmp-ITERATION-RUN), and published as the next ckpt-SEQ. */
 int gen_open_current(int dirfd, const char *dir, int *ret_fd, char *where, size_t len,
@@ -208,14 +209,14 @@ int gen_publish(int dirfd, const char *tmp, uint64_t iteration, char *ret_name);
 
 /* Which of the manifest's segments is each of plan p's (map[plan's k]). */
 int ckpt_match(const struct plan *p, const struct manifest *m, uint32_t *map, const char *fn);
-int read_manifest(int dirfd, const char *dir, struct manifest *m, const char *fn);
+int ckpt_read_manifest(int dirfd, const char *dir, struct manifest *m, const char *fn);
 /* The iteration of dir's current checkpoint (its manifest read and
  * checked): 0 with it, or < 0 (none, or not readable: the reason set). */
-int current_iteration(const char *dir, uint64_t *ret, const char *fn);
+int ckpt_current_iteration(const char *dir, uint64_t *ret, const char *fn);
 
 /* -------------------------------------------------- ckwriter.c --- */
 
-int stage_get(struct ckpt_stage *st, const struct plan *p);
+int ckpt_stage_get(struct ckpt_stage *st, const struct plan *p);
 /* The writer thread: one node's checkpoint, or version 2's over nodes. */
 void *writer_main(void *arg);
 void *writer_nodes_main(void *arg);
@@ -223,6 +224,6 @@ void *writer_nodes_main(void *arg);
  * 0's thread) or for rank 0's (the others, the manifest read back). */
 struct ckpt_writer *writer_get(struct ckpt_writer **slot);
 int writer_join(struct ckpt_writer *w, int timeout_ms, const char *fn);
-int reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn);
+int ckpt_reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn);
 
 #endif

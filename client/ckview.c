@@ -51,14 +51,16 @@ int client_ckpt_view(zc_client *c, const char *fn, struct ckpt_view *ret)
 		return r;
 	pthread_mutex_lock(&c->mu);
 	if (c->plan_result != 1 || !c->plan) {
-		r = err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
+		r = client_err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
 	} else if (c->replan.old_plan) {
-		r = err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet", fn);
+		r = client_err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet",
+				   fn);
 	} else if (c->it.sent_in_iter) {
-		r = err_set(ZC_ESTATE,
-			    "%s: iteration %" PRIu64 " is under way (%u buckets handed over): "
-			    "call it between iterations",
-			    fn, c->it.iter, c->it.sent_in_iter);
+		r = client_err_set(ZC_ESTATE,
+				   "%s: iteration %" PRIu64
+				   " is under way (%u buckets handed over): "
+				   "call it between iterations",
+				   fn, c->it.iter, c->it.sent_in_iter);
 	} else {
 		*ret = (struct ckpt_view){.plan = c->plan,
 					  .job_id = c->job_id,
@@ -119,17 +121,18 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 		return r;
 	if (stg) {
 		pthread_mutex_lock(&c->mu);
-		fd_socket(c, path, sizeof(path));
+		client_fd_socket(c, path, sizeof(path));
 		token = c->conn.fp_token;
 		timeout = c->cfg.connect_timeout_ms;
 		pthread_mutex_unlock(&c->mu);
 		if (!path[0])
-			return err_set(ZC_ENOTSUP,
-				       "%s: zerod offered no fd socket to pass the staging on", fn);
+			return client_err_set(
+				ZC_ENOTSUP, "%s: zerod offered no fd socket to pass the staging on",
+				fn);
 		r = bufs_send_staging(path, token, stg->fd, stg->bytes, timeout, &serial, err,
 				      sizeof(err));
 		if (r < 0)
-			return err_set(r, "%s: %s", fn, err);
+			return client_err_set(r, "%s: %s", fn, err);
 		sg.shm_name = (char *)"";
 		sg.bytes = stg->bytes;
 		sg.has_fd_serial = true;
@@ -190,14 +193,14 @@ int client_ckpt_export(zc_client *c, const struct ckpt_stage *stg, struct zc_seg
 		if ((r = seg_where(p, s, &at, &numel, fn, i)) < 0)
 			return r;
 		memcpy(&w, stg->base + STG_META * p->state_numel + at, sizeof(w));
-		s->present = meta_present(p, s->bucket, w, &s->step);
-		for (unsigned k = 2; k <= last_region(p, s->bucket); k++) {
+		s->present = client_meta_present(p, s->bucket, w, &s->step);
+		for (unsigned k = 2; k <= client_last_region(p, s->bucket); k++) {
 			float **slot = k == 2   ? (p->optimizer == ZC_OPT_SGD ? &s->momentum_buffer
 									      : &s->exp_avg)
 				       : k == 3 ? &s->exp_avg_sq
 				       : k == 4 ? &s->max_exp_avg_sq
 						: &s->master;
-			*slot = (s->present & tensor_bit(p->optimizer, k))
+			*slot = (s->present & client_tensor_bit(p->optimizer, k))
 					? stg->base + k * p->state_numel + at
 					: NULL;
 		}
@@ -244,11 +247,11 @@ static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_ow
 	pthread_mutex_unlock(&c->mu);
 	if (!o->slot || !o->n || !o->bucket || !o->present || !o->step) {
 		ckpt_owned_free(o);
-		return err_set(-ENOMEM, "%s: out of memory", fn);
+		return client_err_set(-ENOMEM, "%s: out of memory", fn);
 	}
 	if (o->nnodes < 2 || o->node >= o->nnodes || o->nnodes > 4096) {
 		ckpt_owned_free(o);
-		return err_set(ZC_EPROTO, "%s: zerod named no ranges of this node", fn);
+		return client_err_set(ZC_EPROTO, "%s: zerod named no ranges of this node", fn);
 	}
 	for (size_t i = 0; i < n; i++) {
 		uint32_t w;
@@ -257,11 +260,12 @@ static int own_ranges(zc_client *c, const struct ckpt_stage *stg, struct ckpt_ow
 		if (b == p->nbuckets || o->slot[i] < p->buckets[b].sbase || o->n[i] == 0 ||
 		    o->n[i] > p->buckets[b].sbase + p->buckets[b].numel - o->slot[i]) {
 			ckpt_owned_free(o);
-			return err_set(ZC_EPROTO, "%s: zerod named a range out of the plan", fn);
+			return client_err_set(ZC_EPROTO, "%s: zerod named a range out of the plan",
+					      fn);
 		}
 		memcpy(&w, stg->base + STG_META * p->state_numel + o->slot[i], sizeof(w));
 		o->bucket[i] = b;
-		o->present[i] = meta_present(p, b, w, &o->step[i]);
+		o->present[i] = client_meta_present(p, b, w, &o->step[i]);
 	}
 	return 0;
 }
@@ -282,7 +286,8 @@ int client_resume(zc_client *c, uint64_t iteration, const char *fn)
 
 	pthread_mutex_lock(&c->mu);
 	if (c->it.sent_in_iter || c->it.steps_done < c->it.iter) {
-		r = err_set(ZC_ESTATE, "%s: iteration %" PRIu64 " is under way", fn, c->it.iter);
+		r = client_err_set(ZC_ESTATE, "%s: iteration %" PRIu64 " is under way", fn,
+				   c->it.iter);
 		goto out;
 	}
 	if (iteration == c->it.iter)
@@ -293,7 +298,7 @@ int client_resume(zc_client *c, uint64_t iteration, const char *fn)
 	env.resume = &rs;
 	r = client_send_env(c, &env, NULL);
 	if (r < 0) {
-		err_set(r, "%s: sending: %s", fn, zc_strerror(r));
+		client_err_set(r, "%s: sending: %s", fn, zc_strerror(r));
 		goto out;
 	}
 	c->it.iter = iteration;
@@ -353,11 +358,11 @@ int zc_checkpoint_due(zc_client *c, char *dir, size_t len)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	if (!dir || len == 0)
-		return err_set(-EINVAL, "zc_checkpoint_due: no room for the directory");
+		return client_err_set(-EINVAL, "zc_checkpoint_due: no room for the directory");
 	pthread_mutex_lock(&c->mu);
 	client_ckpt_report_locked(c); /* a checkpoint's write that ended */
 	if (!c->it.sent_in_iter)
-		dispatch_locked(c, LOOK_ALL); /* what came before the last step */
+		client_dispatch_locked(c, LOOK_ALL); /* what came before the last step */
 	r = 0;
 	if (c->ckpt.due_dir && c->ckpt.due_iter < c->it.iter) {
 		free(c->ckpt.due_dir); /* a boundary this rank passed without asking */
@@ -366,8 +371,9 @@ int zc_checkpoint_due(zc_client *c, char *dir, size_t len)
 	if (c->ckpt.due_dir && !c->it.sent_in_iter && c->it.steps_done >= c->it.iter &&
 	    c->ckpt.due_iter == c->it.iter) {
 		if (strlen(c->ckpt.due_dir) >= len) {
-			r = err_set(-ERANGE, "zc_checkpoint_due: the directory needs %zu bytes",
-				    strlen(c->ckpt.due_dir) + 1);
+			r = client_err_set(-ERANGE,
+					   "zc_checkpoint_due: the directory needs %zu bytes",
+					   strlen(c->ckpt.due_dir) + 1);
 		} else {
 			strcpy(dir, c->ckpt.due_dir);
 			free(c->ckpt.due_dir);
@@ -390,7 +396,7 @@ void client_keep_share_fd(zc_client *c, int fd)
 
 bool client_registered_host(zc_client *c)
 {
-	if (!c || forked(c->forks))
+	if (!c || client_forked(c->forks))
 		return false; /* the caller's next call says why */
 	pthread_mutex_lock(&c->mu);
 	bool r = c->plan && c->registered && !c->dev;

@@ -44,7 +44,7 @@ static void stage_free(struct ckpt_stage *st)
 
 /* The stage for plan p (the state round's staging size), made afresh if
  * the plan's size changed: 0 or -errno. */
-int stage_get(struct ckpt_stage *st, const struct plan *p)
+int ckpt_stage_get(struct ckpt_stage *st, const struct plan *p)
 {
 	uint64_t bytes = (uint64_t)5 * p->state_numel * sizeof(float);
 	void *base;
@@ -111,7 +111,7 @@ void *writer_main(void *arg)
 	int r, dirfd = -1, gfd = -1;
 
 	w->doing = "making it";
-	if ((r = mkdirs(w->dir)) < 0)
+	if ((r = ckpt_mkdirs(w->dir)) < 0)
 		goto out;
 	w->doing = "opening it";
 	if ((dirfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
@@ -122,10 +122,10 @@ void *writer_main(void *arg)
 	if ((r = gen_begin(dirfd, w->iteration, 0, true, tmp, &gfd)) < 0)
 		goto out;
 	w->doing = "writing " CKPT_DATA;
-	if ((r = write_data(gfd, &w->im, w->iteration, &bytes, hash)) < 0)
+	if ((r = ckpt_write_data(gfd, &w->im, w->iteration, &bytes, hash)) < 0)
 		goto out;
 	w->doing = "writing " CKPT_MANIFEST;
-	if ((r = write_manifest(gfd, &w->mt, bytes, hash)) < 0)
+	if ((r = ckpt_write_manifest(gfd, &w->mt, bytes, hash)) < 0)
 		goto out;
 	w->doing = "making it the current generation";
 	r = gen_publish(dirfd, tmp, w->iteration, w->gen);
@@ -252,7 +252,7 @@ static int gather_sums(struct ckpt_writer *w, int dirfd)
 				return -ETIMEDOUT;
 			usleep(2000);
 		}
-		if (mput(&w->mt, "file %s %" PRIu64 " %s\n", want, bytes, hx) < 0)
+		if (ckpt_mput(&w->mt, "file %s %" PRIu64 " %s\n", want, bytes, hx) < 0)
 			return -EOVERFLOW;
 	}
 	return 0;
@@ -266,7 +266,7 @@ static int manifest_names(struct ckpt_writer *w)
 
 	for (;;) {
 		uint64_t it = 0;
-		if (current_iteration(w->dir, &it, "") == 0 && it >= w->iteration)
+		if (ckpt_current_iteration(w->dir, &it, "") == 0 && it >= w->iteration)
 			return 0;
 		if (now_ms() >= end)
 			return -ETIMEDOUT;
@@ -284,7 +284,7 @@ void *writer_nodes_main(void *arg)
 	int r, dirfd = -1, gfd = -1;
 
 	w->doing = "making it";
-	if ((r = mkdirs(w->dir)) < 0)
+	if ((r = ckpt_mkdirs(w->dir)) < 0)
 		goto out;
 	w->doing = "opening it";
 	if ((dirfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
@@ -368,10 +368,11 @@ int writer_join(struct ckpt_writer *w, int timeout_ms, const char *fn)
 		r = timeout_ms < 0 ? pthread_cond_wait(&w->cv, &w->mu)
 				   : pthread_cond_timedwait(&w->cv, &w->mu, &ts);
 	if (w->writing && !w->finished) {
-		r = err_set(ZC_ETIMEDOUT,
-			    "%s: the checkpoint of iteration %" PRIu64 " in %s is still being "
-			    "written after %d ms",
-			    fn, w->iteration, w->dir, timeout_ms);
+		r = client_err_set(ZC_ETIMEDOUT,
+				   "%s: the checkpoint of iteration %" PRIu64
+				   " in %s is still being "
+				   "written after %d ms",
+				   fn, w->iteration, w->dir, timeout_ms);
 		pthread_mutex_unlock(&w->mu);
 		return r;
 	}
@@ -383,10 +384,10 @@ int writer_join(struct ckpt_writer *w, int timeout_ms, const char *fn)
 	 * wants the lock no more once finished) */
 	pthread_join(w->th, NULL);
 	w->writing = w->finished = false;
-	r = w->result < 0
-		    ? err_set(ZC_ECKPT, "%s: checkpoint of iteration %" PRIu64 " in %s: %s: %s", fn,
-			      w->iteration, w->dir, w->doing, strerror(-w->result))
-		    : 0;
+	r = w->result < 0 ? client_err_set(ZC_ECKPT,
+					   "%s: checkpoint of iteration %" PRIu64 " in %s: %s: %s",
+					   fn, w->iteration, w->dir, w->doing, strerror(-w->result))
+			  : 0;
 	free(w->dir);
 	w->dir = NULL;
 	pthread_mutex_unlock(&w->mu);
@@ -395,7 +396,7 @@ int writer_join(struct ckpt_writer *w, int timeout_ms, const char *fn)
 
 /* The other ranks: wait up to timeout_ms (< 0: the client's register
  * timeout) for dir's manifest to name the iteration rank 0 writes. */
-int reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn)
+int ckpt_reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn)
 {
 	int64_t end = now_ms() + (timeout_ms < 0 ? w->timeout_ms : timeout_ms);
 	int r = 0;
@@ -408,16 +409,16 @@ int reader_wait(struct ckpt_writer *w, int timeout_ms, const char *fn)
 	}
 	for (;;) {
 		uint64_t it = 0;
-		if (current_iteration(w->dir, &it, fn) == 0 && it >= w->iteration)
+		if (ckpt_current_iteration(w->dir, &it, fn) == 0 && it >= w->iteration)
 			break;
 		if (now_ms() >= end) {
-			r = err_set(ZC_ECKPT,
-				    "%s: %s does not hold iteration %" PRIu64
-				    " after %d ms: rank 0 "
-				    "writes it (its zc_checkpoint_wait() says why it failed), and "
-				    "dir must be one directory for every node",
-				    fn, w->dir, w->iteration,
-				    timeout_ms < 0 ? w->timeout_ms : timeout_ms);
+			r = client_err_set(
+				ZC_ECKPT,
+				"%s: %s does not hold iteration %" PRIu64 " after %d ms: rank 0 "
+				"writes it (its zc_checkpoint_wait() says why it failed), and "
+				"dir must be one directory for every node",
+				fn, w->dir, w->iteration,
+				timeout_ms < 0 ? w->timeout_ms : timeout_ms);
 			break;
 		}
 		usleep(2000);

@@ -86,7 +86,7 @@
 
 static _Thread_local char err_msg[256];
 
-int err_set(int code, const char *fmt, ...)
+int client_err_set(int code, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -133,7 +133,7 @@ unsigned fork_count(void)
 	return atomic_load_explicit(&forks, memory_order_relaxed);
 }
 
-bool forked(unsigned made_under)
+bool client_forked(unsigned made_under)
 {
 	return atomic_load_explicit(&forks, memory_order_relaxed) != made_under;
 }
@@ -142,21 +142,22 @@ bool forked(unsigned made_under)
 int client_check(zc_client *c, const char *fn)
 {
 	if (!c)
-		return err_set(-EINVAL, "%s: the client is NULL", fn);
-	if (forked(c->forks))
-		return err_set(ZC_EFORKED,
-			       "%s: this client belongs to process %d; a child after fork() cannot "
-			       "use it (connect a client of its own)",
-			       fn, (int)c->pid);
+		return client_err_set(-EINVAL, "%s: the client is NULL", fn);
+	if (client_forked(c->forks))
+		return client_err_set(
+			ZC_EFORKED,
+			"%s: this client belongs to process %d; a child after fork() cannot "
+			"use it (connect a client of its own)",
+			fn, (int)c->pid);
 	return 0;
 }
 
 int future_check(zc_future *f, const char *fn)
 {
 	if (!f)
-		return err_set(-EINVAL, "%s: the future is NULL", fn);
-	if (forked(f->forks))
-		return err_set(
+		return client_err_set(-EINVAL, "%s: the future is NULL", fn);
+	if (client_forked(f->forks))
+		return client_err_set(
 			ZC_EFORKED,
 			"%s: this future belongs to the parent process; a child after fork() "
 			"cannot use it",
@@ -198,7 +199,7 @@ void cb_dequeue(zc_client *c, struct zc_future *f)
 /* Run the callbacks due, each once, without the lock: a callback may call
  * into the client, and may free its future (then it is freed here, after
  * the callback returned). */
-void run_callbacks(zc_client *c)
+void client_run_callbacks(zc_client *c)
 {
 	for (;;) {
 		struct zc_future *f;
@@ -243,7 +244,7 @@ void client_unlock(zc_client *c)
 
 	pthread_mutex_unlock(&c->mu);
 	if (due)
-		run_callbacks(c);
+		client_run_callbacks(c);
 }
 
 /* ---------------------------------------------------------- helpers --- */
@@ -386,7 +387,7 @@ static void bucket_done(zc_client *c, uint64_t iteration, uint32_t bucket)
 }
 
 /* The StepDone info of iteration it, if kept. */
-void step_info_of(zc_client *c, uint64_t it, struct zc_future *f)
+void client_step_info_of(zc_client *c, uint64_t it, struct zc_future *f)
 {
 	const struct step_rec *r = &c->it.step_recs[it % STEP_RECS];
 
@@ -404,7 +405,7 @@ static void step_done(zc_client *c, uint64_t iteration, bool found_inf, double g
 		c->it.steps_done = iteration + 1;
 	for (struct zc_future *f = c->futures; f; f = f->next)
 		if (f->kind == FUTURE_STEP && f->iteration < c->it.steps_done && f->state == 0) {
-			step_info_of(c, f->iteration, f);
+			client_step_info_of(c, f->iteration, f);
 			future_settle(f, 1, NULL);
 		}
 }
@@ -512,7 +513,7 @@ static bool drain_monitor(zc_client *c)
 /* Act on the ring's completions that may be taken once zrecv ZeroMQ
  * messages were handled. A ring that makes no sense fails the job, and the
  * client goes on with ZeroMQ alone. */
-int take_ring(zc_client *c, uint64_t zrecv)
+int client_take_ring(zc_client *c, uint64_t zrecv)
 {
 	struct fpc_event ev;
 	char err[160];
@@ -559,7 +560,7 @@ static void note_ready(zc_client *c, const struct epoll_event *ev, int n)
  * send sets zmq_look too. The doorbell is read only when epoll saw it
  * ringing (c->conn.bell); one left unread makes the next epoll_wait return at
  * once, and then it is read. */
-int dispatch_locked(zc_client *c, enum look look)
+int client_dispatch_locked(zc_client *c, enum look look)
 {
 	bool zmq = !c->conn.fp || look == LOOK_ALL || c->conn.zmq_look;
 	bool lost = zmq && c->conn.mon && drain_monitor(c);
@@ -576,7 +577,7 @@ int dispatch_locked(zc_client *c, enum look look)
 		Zerod__V1__Envelope *env;
 		zmq_msg_t msg;
 
-		n += take_ring(c, c->conn.zrecv);
+		n += client_take_ring(c, c->conn.zrecv);
 		if (!zmq)
 			break;
 		zmq_msg_init(&msg);
@@ -587,7 +588,7 @@ int dispatch_locked(zc_client *c, enum look look)
 			break;
 		}
 		/* what the daemon put in the ring before it sent this, first */
-		n += take_ring(c, c->conn.zrecv++);
+		n += client_take_ring(c, c->conn.zrecv++);
 		if (wire_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &env) == 0) {
 			handle(c, env);
 			wire_free(env);
@@ -601,7 +602,7 @@ int dispatch_locked(zc_client *c, enum look look)
 		n++;
 	}
 	while (c->conn.fp && fpc_sleep(c->conn.fp, c->conn.zrecv))
-		n += take_ring(c, c->conn.zrecv);
+		n += client_take_ring(c, c->conn.zrecv);
 	if (lost)
 		connection_lost(c);
 	return e == EAGAIN ? n : -e;
@@ -619,9 +620,10 @@ int zc_dispatch(zc_client *c)
 	 * reading ZeroMQ and the doorbell for nothing costs five) */
 	if (c->conn.fp)
 		note_ready(c, ev, epoll_wait(c->conn.efd, ev, ARRAY_SIZE(ev), 0));
-	r = dispatch_locked(c, LOOK_SLEEP);
+	r = client_dispatch_locked(c, LOOK_SLEEP);
 	client_unlock(c);
-	return r < 0 ? err_set(r, "zc_dispatch: receiving from zerod: %s", zc_strerror(r)) : r;
+	return r < 0 ? client_err_set(r, "zc_dispatch: receiving from zerod: %s", zc_strerror(r))
+		     : r;
 }
 
 int zc_fd(zc_client *c)
@@ -649,12 +651,12 @@ int client_wait_for(zc_client *c, const int *flag, const char *msg, int64_t dead
 		note_ready(c, ev, n);
 		/* the ring first: when it settles the flag, ZeroMQ can wait for
 		 * the next look */
-		take_ring(c, c->conn.zrecv);
+		client_take_ring(c, c->conn.zrecv);
 		if (*flag == 0)
-			dispatch_locked(c, LOOK_SLEEP);
+			client_dispatch_locked(c, LOOK_SLEEP);
 		v = *flag;
 		if (v < 0 && msg)
-			err_set(v, "%s", msg[0] ? msg : zc_strerror(v));
+			client_err_set(v, "%s", msg[0] ? msg : zc_strerror(v));
 		client_unlock(c);
 		if (v != 0)
 			return v;

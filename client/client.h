@@ -178,7 +178,7 @@ enum look {
  * or future made under made_under is a child's copy. */
 int fork_watch(void);
 unsigned fork_count(void);
-bool forked(unsigned made_under);
+bool client_forked(unsigned made_under);
 /* Every entry point that takes a client, or a future, starts here: 0, or
  * the error recorded for fn. */
 int client_check(zc_client *c, const char *fn);
@@ -186,7 +186,7 @@ int future_check(zc_future *f, const char *fn);
 /* The callbacks' queue (c->mu held), and running what is due (not held). */
 void cb_enqueue(zc_client *c, struct zc_future *f);
 void cb_dequeue(zc_client *c, struct zc_future *f);
-void run_callbacks(zc_client *c);
+void client_run_callbacks(zc_client *c);
 /* How every public call lets go of the client. */
 void client_unlock(zc_client *c);
 /* Send a request under a fresh request id (c->mu held). */
@@ -196,25 +196,25 @@ void future_link(zc_client *c, struct zc_future *f);
 void future_unlink(struct zc_future *f);
 void future_settle(struct zc_future *f, int state, const char *msg);
 /* The StepDone info of iteration it into f, if kept. */
-void step_info_of(zc_client *c, uint64_t it, struct zc_future *f);
+void client_step_info_of(zc_client *c, uint64_t it, struct zc_future *f);
 /* Take the ring's completions, drain both channels (c->mu held). */
-int take_ring(zc_client *c, uint64_t zrecv);
-int dispatch_locked(zc_client *c, enum look look);
+int client_take_ring(zc_client *c, uint64_t zrecv);
+int client_dispatch_locked(zc_client *c, enum look look);
 /* Wait until *flag is non-zero or the deadline passes (c->mu not held). */
 int client_wait_for(zc_client *c, const int *flag, const char *msg, int64_t deadline_ms);
 
 /* --------------------------------------------------- buffers.c --- */
 
 /* Unmap b (NULL-safe: a b never mapped). */
-void buf_release(struct host_buf *b);
+void client_buf_release(struct host_buf *b);
 /* zerod's fd socket for us, "" if none (c->mu held). */
-void fd_socket(zc_client *c, char *path, size_t len);
+void client_fd_socket(zc_client *c, char *path, size_t len);
 /* Map bytes of memfd fd at offset into *ret: 0, or -errno. */
-int map_buf(int fd, uint64_t offset, uint64_t bytes, struct host_buf *ret);
+int client_map_buf(int fd, uint64_t offset, uint64_t bytes, struct host_buf *ret);
 struct devbufs;
 /* Open the caller's CUDA buffers b for plan p into *ret. */
-int cuda_bufs_open(zc_client *c, const struct plan *p, const struct zc_buffers *b,
-		   struct devbufs **ret, const char *fn);
+int client_cuda_bufs_open(zc_client *c, const struct plan *p, const struct zc_buffers *b,
+			  struct devbufs **ret, const char *fn);
 
 /* ----------------------------------------------------- state.c --- */
 
@@ -231,14 +231,14 @@ int seg_where(const struct plan *p, const struct zc_segment_state *s, uint64_t *
 	      uint64_t *ret_numel, const char *fn, uint32_t i);
 /* The state's tensors: a tensor's bit, a bucket's last region, which are
  * present. */
-uint32_t tensor_bit(enum zc_optimizer opt, unsigned k);
-unsigned last_region(const struct plan *p, uint32_t bucket);
-uint32_t meta_present(const struct plan *p, uint32_t b, uint32_t w, double *ret_step);
+uint32_t client_tensor_bit(enum zc_optimizer opt, unsigned k);
+unsigned client_last_region(const struct plan *p, uint32_t bucket);
+uint32_t client_meta_present(const struct plan *p, uint32_t b, uint32_t w, double *ret_step);
 /* zc_get_state() and zc_set_state() on plan p. */
 int client_get_state(zc_client *c, const struct plan *p, struct zc_segment_state *segs,
 		     size_t stride, uint32_t n, const char *fn);
-int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state *segs,
-	      size_t stride, uint32_t n, bool check_values, const char *fn);
+int client_set_state(zc_client *c, const struct plan *p, const struct zc_segment_state *segs,
+		     size_t stride, uint32_t n, bool check_values, const char *fn);
 
 /* ---------------------------------------------------- replan.c --- */
 

@@ -82,14 +82,15 @@ static int probe_socket(const char *path, int timeout_ms)
 	int fd, r = 0;
 
 	if (stat(path, &st) < 0)
-		return err_set(ZC_ECONNECT, "no zerod socket at %.180s (%s): " HOW_TO_START, path,
-			       strerror(errno));
+		return client_err_set(ZC_ECONNECT, "no zerod socket at %.180s (%s): " HOW_TO_START,
+				      path, strerror(errno));
 	if (S_ISDIR(st.st_mode))
-		return err_set(ZC_ECONNECT,
-			       "%.180s is a directory, not zerod's socket: " HOW_TO_START, path);
+		return client_err_set(ZC_ECONNECT,
+				      "%.180s is a directory, not zerod's socket: " HOW_TO_START,
+				      path);
 	if (!S_ISSOCK(st.st_mode))
-		return err_set(ZC_ECONNECT, "%.180s is not a socket, so not zerod's: " HOW_TO_START,
-			       path);
+		return client_err_set(
+			ZC_ECONNECT, "%.180s is not a socket, so not zerod's: " HOW_TO_START, path);
 	if (strlen(path) >= sizeof(sa.sun_path))
 		return 0; /* ZeroMQ says what it makes of it */
 	memcpy(sa.sun_path, path, strlen(path) + 1);
@@ -107,10 +108,10 @@ static int probe_socket(const char *path, int timeout_ms)
 		poll(NULL, 0, 20);
 	}
 	if (r == ECONNREFUSED)
-		return err_set(ZC_ECONNECT,
-			       "nothing listens on %.180s (a socket left by a zerod that "
-			       "exited?): " HOW_TO_START,
-			       path);
+		return client_err_set(ZC_ECONNECT,
+				      "nothing listens on %.180s (a socket left by a zerod that "
+				      "exited?): " HOW_TO_START,
+				      path);
 	if (r)
 		return 0; /* EACCES, EAGAIN...: ZeroMQ's connect and the Hello say */
 	if (send(fd, sig, sizeof(sig), MSG_NOSIGNAL) != (ssize_t)sizeof(sig))
@@ -122,10 +123,11 @@ static int probe_socket(const char *path, int timeout_ms)
 
 		if (left <= 0 || poll(&pfd, 1, (int)left) == 0) {
 			close(fd);
-			return err_set(ZC_ECONNECT,
-				       "%.180s accepted a connection but sent no ZeroMQ greeting "
-				       "within %d ms: not zerod's socket? " HOW_TO_START,
-				       path, timeout_ms);
+			return client_err_set(
+				ZC_ECONNECT,
+				"%.180s accepted a connection but sent no ZeroMQ greeting "
+				"within %d ms: not zerod's socket? " HOW_TO_START,
+				path, timeout_ms);
 		}
 		n = recv(fd, got + have, sizeof(got) - have, MSG_DONTWAIT);
 		if (n < 0 && (errno == EINTR || errno == EAGAIN))
@@ -140,9 +142,9 @@ static int probe_socket(const char *path, int timeout_ms)
 	}
 not_zerod:
 	close(fd);
-	return err_set(ZC_ECONNECT,
-		       "%.180s is a socket that does not speak ZeroMQ, not zerod's: " HOW_TO_START,
-		       path);
+	return client_err_set(
+		ZC_ECONNECT,
+		"%.180s is a socket that does not speak ZeroMQ, not zerod's: " HOW_TO_START, path);
 }
 
 /* A job over several nodes: the settings the Hello carries. */
@@ -268,7 +270,7 @@ static int zopt(void *sock, int opt, const char *name, const void *val, size_t l
 	if (zmq_setsockopt(sock, opt, val, len) == 0)
 		return 0;
 	e = zmq_errno();
-	return err_set(-e, "zc_connect: zmq_setsockopt(%s): %s", name, zmq_strerror(e));
+	return client_err_set(-e, "zc_connect: zmq_setsockopt(%s): %s", name, zmq_strerror(e));
 }
 #define ZOPT(sock, opt, val) zopt((sock), (opt), #opt, &(val), sizeof(val))
 
@@ -279,28 +281,28 @@ static int connect_config(const struct zc_config *ucfg, struct zc_config *cfg, s
 	char mnerr[200];
 	int r;
 
-	r = config_from_zc(ucfg, cfg);
+	r = structs_config_from_zc(ucfg, cfg);
 	if (r < 0)
 		return r;
 	if (!job_id_valid(cfg->job_id))
-		return err_set(-EINVAL,
-			       "zc_connect: job_id must be 1..%d characters of "
-			       "[A-Za-z0-9._-]",
-			       ZEROD_JOB_ID_MAX);
+		return client_err_set(-EINVAL,
+				      "zc_connect: job_id must be 1..%d characters of "
+				      "[A-Za-z0-9._-]",
+				      ZEROD_JOB_ID_MAX);
 	if (cfg->world_size == 0 || cfg->rank >= cfg->world_size || cfg->local_size == 0 ||
 	    cfg->local_rank >= cfg->local_size)
-		return err_set(
+		return client_err_set(
 			-EINVAL,
 			"zc_connect: rank %u of world_size %u, local_rank %u of local_size %u",
 			cfg->rank, cfg->world_size, cfg->local_rank, cfg->local_size);
 	if (cfg->connect_timeout_ms < 0 || cfg->register_timeout_ms < 0)
-		return err_set(-EINVAL, "zc_connect: a negative timeout");
+		return client_err_set(-EINVAL, "zc_connect: a negative timeout");
 	r = fork_watch();
 	if (r < 0)
-		return err_set(r, "zc_connect: pthread_atfork: %s", strerror(-r));
+		return client_err_set(r, "zc_connect: pthread_atfork: %s", strerror(-r));
 	r = multinode_settings(cfg, mn, mnerr, sizeof(mnerr));
 	if (r < 0)
-		return err_set(r, "zc_connect: %s", mnerr);
+		return client_err_set(r, "zc_connect: %s", mnerr);
 	return 0;
 }
 
@@ -343,10 +345,11 @@ static int socket_open(zc_client *c, const char *path)
 	 * at once, and so is one that is missing, where nothing listens, or
 	 * that is not zerod's (probe_socket). */
 	if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) < 0 && (errno == EACCES || errno == EPERM))
-		return err_set(-EACCES,
-			       "no permission to use the socket %.180s (its mode or group, or a "
-			       "directory above it)",
-			       path);
+		return client_err_set(
+			-EACCES,
+			"no permission to use the socket %.180s (its mode or group, or a "
+			"directory above it)",
+			path);
 	r = probe_socket(path, timeout);
 	if (r < 0)
 		return r;
@@ -355,11 +358,11 @@ static int socket_open(zc_client *c, const char *path)
 		c->conn.fp_mine[0] = 0;
 	c->conn.zctx = zmq_ctx_new();
 	if (!c->conn.zctx)
-		return err_set(-ENOMEM, "zc_connect: zmq_ctx_new failed");
+		return client_err_set(-ENOMEM, "zc_connect: zmq_ctx_new failed");
 	c->conn.sock = zmq_socket(c->conn.zctx, ZMQ_DEALER);
 	if (!c->conn.sock)
-		return err_set(-zmq_errno(), "zc_connect: zmq_socket: %s",
-			       zmq_strerror(zmq_errno()));
+		return client_err_set(-zmq_errno(), "zc_connect: zmq_socket: %s",
+				      zmq_strerror(zmq_errno()));
 	if ((r = ZOPT(c->conn.sock, ZMQ_LINGER, zero)) < 0 ||
 	    (r = ZOPT(c->conn.sock, ZMQ_MAXMSGSIZE, maxmsg)) < 0 ||
 	    (r = ZOPT(c->conn.sock, ZMQ_SNDHWM, hwm)) < 0 ||
@@ -367,13 +370,13 @@ static int socket_open(zc_client *c, const char *path)
 		return r;
 	r = monitor_open(c);
 	if (r < 0)
-		return err_set(r, "zc_connect: the socket's monitor: %s", zc_strerror(r));
+		return client_err_set(r, "zc_connect: the socket's monitor: %s", zc_strerror(r));
 	if (zmq_connect(c->conn.sock, endpoint) < 0)
-		return err_set(ZC_ECONNECT, "zc_connect: %.180s: %s", endpoint,
-			       zmq_strerror(zmq_errno()));
+		return client_err_set(ZC_ECONNECT, "zc_connect: %.180s: %s", endpoint,
+				      zmq_strerror(zmq_errno()));
 	r = epoll_add_zsock(c->conn.efd, c->conn.sock);
 	if (r < 0)
-		return err_set(r, "zc_connect: epoll: %s", zc_strerror(r));
+		return client_err_set(r, "zc_connect: epoll: %s", zc_strerror(r));
 	return 0;
 }
 
@@ -406,15 +409,16 @@ static int hello(zc_client *c, const struct multinode *mn, const char *path)
 	env.hello = &h;
 	r = client_send_env(c, &env, NULL);
 	if (r < 0)
-		return err_set(r, "zc_connect: sending Hello: %s", zc_strerror(r));
+		return client_err_set(r, "zc_connect: sending Hello: %s", zc_strerror(r));
 	r = client_wait_for(c, &c->hello_result, NULL, now_ms() + timeout);
 	if (r == 0)
-		return err_set(ZC_ECONNECT,
-			       "no zerod answered on %.180s within %d ms (something listens there: "
-			       "not zerod's socket, or a zerod that hangs?)",
-			       path, timeout);
+		return client_err_set(
+			ZC_ECONNECT,
+			"no zerod answered on %.180s within %d ms (something listens there: "
+			"not zerod's socket, or a zerod that hangs?)",
+			path, timeout);
 	if (r < 0)
-		return err_set(r, "%s", c->answer_msg);
+		return client_err_set(r, "%s", c->answer_msg);
 	return 0;
 }
 
@@ -428,13 +432,13 @@ int zc_connect(const struct zc_config *ucfg, zc_client **ret_client)
 	int r;
 
 	if (!ret_client)
-		return err_set(-EINVAL, "zc_connect: ret_client is NULL");
+		return client_err_set(-EINVAL, "zc_connect: ret_client is NULL");
 	r = connect_config(ucfg, &cfg, &mn);
 	if (r < 0)
 		return r;
 	c = client_new(&cfg);
 	if (!c)
-		return err_set(-ENOMEM, NULL);
+		return client_err_set(-ENOMEM, NULL);
 	path = cfg.socket ? cfg.socket : default_socket(pathbuf, sizeof(pathbuf));
 	r = socket_open(c, path);
 	if (r < 0)
@@ -464,7 +468,7 @@ void zc_close(zc_client *c)
 
 	/* a child's copy: the session, its sockets and its lock are the
 	 * parent's (the lock may even be held by a thread the child lacks) */
-	if (!c || forked(c->forks))
+	if (!c || client_forked(c->forks))
 		return;
 	/* a checkpoint still being written is finished first, and how it
 	 * ended said to zerod */
@@ -495,7 +499,7 @@ void zc_close(zc_client *c)
 	}
 	pthread_mutex_unlock(&c->mu);
 	/* the callbacks of the futures failed here (and any still due) */
-	run_callbacks(c);
+	client_run_callbacks(c);
 	if (c->conn.mon) {
 		zmq_socket_monitor(c->conn.sock, NULL, 0);
 		zmq_close(c->conn.mon);
@@ -509,12 +513,12 @@ void zc_close(zc_client *c)
 		zmq_close(c->conn.sock);
 	if (c->conn.zctx)
 		zmq_ctx_term(c->conn.zctx);
-	buf_release(&c->grad);
-	buf_release(&c->param);
+	client_buf_release(&c->grad);
+	client_buf_release(&c->param);
 	devbufs_free(c->dev);
 	devbufs_free(c->replan.old_dev);
-	buf_release(&c->replan.old_grad);
-	buf_release(&c->replan.old_param);
+	client_buf_release(&c->replan.old_grad);
+	client_buf_release(&c->replan.old_param);
 	plan_free(c->replan.old_plan);
 	free(c->replan.map);
 	if (c->replan.fd >= 0)

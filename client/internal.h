@@ -11,14 +11,14 @@
 
 /* Record the reason for code in this thread's zc_error_message() (NULL fmt:
  * zc_strerror(code)) and return code. */
-int err_set(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int client_err_set(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Read a caller's zc_config of any size (zeroclient.h, "ABI") into *out:
  * 0, or -EINVAL / -E2BIG with the reason recorded. */
-int config_from_zc(const struct zc_config *src, struct zc_config *out);
+int structs_config_from_zc(const struct zc_config *src, struct zc_config *out);
 
 /* Read a caller's zc_buffers the same way (for zc_register_buffers). */
-int buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out);
+int structs_buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out);
 
 /* Checkpoints (ckpt.c) see a registered client through this: valid until
  * the next call on c that changes its plan. */

@@ -66,31 +66,34 @@ static struct zc_future *future_new(zc_client *c, enum future_kind kind, uint64_
 static int bucket_check(zc_client *c, uint32_t bucket)
 {
 	if (c->replan.old_plan)
-		return err_set(ZC_ESTATE, "a new plan is allocated but not registered yet "
-					  "(zc_register_plan)");
+		return client_err_set(ZC_ESTATE, "a new plan is allocated but not registered yet "
+						 "(zc_register_plan)");
 	if (bucket >= c->plan->nbuckets)
-		return err_set(ZC_EBUCKET, "bucket %u does not exist: the plan has %u buckets",
-			       bucket, c->plan->nbuckets);
+		return client_err_set(ZC_EBUCKET,
+				      "bucket %u does not exist: the plan has %u buckets", bucket,
+				      c->plan->nbuckets);
 	if (bucket < c->it.sent_in_iter)
-		return err_set(ZC_EDUPBUCKET, "bucket %u twice in iteration %" PRIu64, bucket,
-			       c->it.iter);
+		return client_err_set(ZC_EDUPBUCKET, "bucket %u twice in iteration %" PRIu64,
+				      bucket, c->it.iter);
 	if (bucket > c->it.sent_in_iter)
-		return err_set(ZC_EORDER,
-			       "bucket %u handed over, but bucket %u comes first (buckets go 0, "
-			       "1, 2, ... every iteration)",
-			       bucket, c->it.sent_in_iter);
+		return client_err_set(
+			ZC_EORDER,
+			"bucket %u handed over, but bucket %u comes first (buckets go 0, "
+			"1, 2, ... every iteration)",
+			bucket, c->it.sent_in_iter);
 	if (bucket == 0 && c->it.steps_done < c->it.iter) {
-		take_ring(c, c->conn.zrecv);
+		client_take_ring(c, c->conn.zrecv);
 		if (c->it.steps_done < c->it.iter)
-			dispatch_locked(c, LOOK_ALL);
+			client_dispatch_locked(c, LOOK_ALL);
 		if (c->job_error)
-			return err_set(c->job_error, "%s", c->job_msg);
+			return client_err_set(c->job_error, "%s", c->job_msg);
 		if (c->it.steps_done < c->it.iter)
-			return err_set(ZC_EEARLY,
-				       "bucket 0 of iteration %" PRIu64 " while iteration %" PRIu64
-				       " is still in flight: wait for its step before the next "
-				       "backward",
-				       c->it.iter, c->it.iter - 1);
+			return client_err_set(
+				ZC_EEARLY,
+				"bucket 0 of iteration %" PRIu64 " while iteration %" PRIu64
+				" is still in flight: wait for its step before the next "
+				"backward",
+				c->it.iter, c->it.iter - 1);
 	}
 	return 0;
 }
@@ -106,18 +109,20 @@ static int mask_check(zc_client *c, uint32_t bucket, const uint64_t *unused, uin
 	nseg = c->plan->buckets[bucket].nsegments;
 	want = (nseg + 63) / 64;
 	if (!unused)
-		return err_set(ZC_ESEGMASK, "zc_bucket_ready_ex: unused is NULL with nwords %u",
-			       nwords);
+		return client_err_set(ZC_ESEGMASK,
+				      "zc_bucket_ready_ex: unused is NULL with nwords %u", nwords);
 	if (nwords != want)
-		return err_set(ZC_ESEGMASK,
-			       "zc_bucket_ready_ex: bucket %u has %u segments: the mask takes %u "
-			       "words, got %u",
-			       bucket, nseg, want, nwords);
+		return client_err_set(
+			ZC_ESEGMASK,
+			"zc_bucket_ready_ex: bucket %u has %u segments: the mask takes %u "
+			"words, got %u",
+			bucket, nseg, want, nwords);
 	if (nseg % 64 && unused[want - 1] >> (nseg % 64))
-		return err_set(ZC_ESEGMASK,
-			       "zc_bucket_ready_ex: bucket %u has %u segments, but bits at or past "
-			       "%u are set (word %u: 0x%016" PRIx64 ")",
-			       bucket, nseg, nseg, want - 1, unused[want - 1]);
+		return client_err_set(
+			ZC_ESEGMASK,
+			"zc_bucket_ready_ex: bucket %u has %u segments, but bits at or past "
+			"%u are set (word %u: 0x%016" PRIx64 ")",
+			bucket, nseg, nseg, want - 1, unused[want - 1]);
 	return 0;
 }
 
@@ -137,11 +142,11 @@ static int bucket_ready(zc_client *c, uint32_t bucket, const uint64_t *unused, u
 	if (ckpt_report_ready(c->ckpt.writer))
 		client_ckpt_report_locked(c); /* a checkpoint's write ended */
 	if (c->job_error) {
-		r = err_set(c->job_error, "%s", c->job_msg);
+		r = client_err_set(c->job_error, "%s", c->job_msg);
 		goto out;
 	}
 	if (c->plan_result != 1) {
-		r = err_set(ZC_ESTATE, "zc_bucket_ready: the plan is not registered");
+		r = client_err_set(ZC_ESTATE, "zc_bucket_ready: the plan is not registered");
 		goto out;
 	}
 	r = bucket_check(c, bucket);
@@ -154,17 +159,18 @@ static int bucket_ready(zc_client *c, uint32_t bucket, const uint64_t *unused, u
 	if (ret_future) {
 		f = future_new(c, FUTURE_BUCKET, c->it.iter, bucket);
 		if (!f) {
-			r = err_set(-ENOMEM, NULL);
+			r = client_err_set(-ENOMEM, NULL);
 			goto out;
 		}
 	}
 	if (c->conn.fp && !c->conn.fp_closed && !masked) {
 		r = fpc_push_ready(c->conn.fp, c->conn.zsent, c->it.iter, bucket);
 		if (r == -EAGAIN)
-			err_set(r, "the fast-path ring is full: zerod has not taken the buckets "
+			client_err_set(
+				r, "the fast-path ring is full: zerod has not taken the buckets "
 				   "handed over");
 		else if (r < 0)
-			err_set(r, "the fast-path ring is corrupt");
+			client_err_set(r, "the fast-path ring is corrupt");
 	} else {
 		br.iteration = c->it.iter;
 		br.bucket = bucket;
@@ -176,7 +182,7 @@ static int bucket_ready(zc_client *c, uint32_t bucket, const uint64_t *unused, u
 		env.bucket_ready = &br;
 		r = client_send_env(c, &env, f ? &f->request : NULL);
 		if (r < 0)
-			err_set(r, "zc_bucket_ready: sending: %s", zc_strerror(r));
+			client_err_set(r, "zc_bucket_ready: sending: %s", zc_strerror(r));
 	}
 	if (r < 0) {
 		if (f) {
@@ -216,15 +222,16 @@ int zc_bucket_ready_cuda(zc_client *c, uint32_t bucket, void *stream, zc_future 
 		return r;
 	pthread_mutex_lock(&c->mu);
 	if (!c->dev || !c->registered) {
-		r = err_set(ZC_ESTATE, "zc_bucket_ready_cuda: %s",
-			    !c->dev ? "not CUDA buffers (zc_register_buffers, ZC_BUFFERS_CUDA)"
-				    : "the plan is not registered (zc_register_plan)");
+		r = client_err_set(
+			ZC_ESTATE, "zc_bucket_ready_cuda: %s",
+			!c->dev ? "not CUDA buffers (zc_register_buffers, ZC_BUFFERS_CUDA)"
+				: "the plan is not registered (zc_register_plan)");
 		client_unlock(c);
 		return r;
 	}
 	if (bucket >= c->plan->nbuckets) {
-		r = err_set(ZC_EBUCKET, "bucket %u does not exist: the plan has %u buckets", bucket,
-			    c->plan->nbuckets);
+		r = client_err_set(ZC_EBUCKET, "bucket %u does not exist: the plan has %u buckets",
+				   bucket, c->plan->nbuckets);
 		client_unlock(c);
 		return r;
 	}
@@ -233,7 +240,7 @@ int zc_bucket_ready_cuda(zc_client *c, uint32_t bucket, void *stream, zc_future 
 	/* recorded before the bucket is sent: zerod's wait must find it */
 	r = devbufs_record_ready(c->dev, bucket, t, stream, err, sizeof(err));
 	if (r < 0)
-		return err_set(r, "zc_bucket_ready_cuda: bucket %u: %s", bucket, err);
+		return client_err_set(r, "zc_bucket_ready_cuda: bucket %u: %s", bucket, err);
 	return bucket_ready(c, bucket, NULL, 0, ret_future);
 }
 
@@ -247,24 +254,26 @@ int zc_step_wait_cuda(zc_future *f, void *stream)
 		return r;
 	c = f->c;
 	if (!c)
-		return err_set(ZC_ESTATE, "zc_step_wait_cuda: the client is closed");
+		return client_err_set(ZC_ESTATE, "zc_step_wait_cuda: the client is closed");
 	pthread_mutex_lock(&c->mu);
 	if (f->kind != FUTURE_STEP)
-		r = err_set(ZC_ESTATE, "zc_step_wait_cuda: not a step future");
+		r = client_err_set(ZC_ESTATE, "zc_step_wait_cuda: not a step future");
 	else if (f->state < 0)
-		r = err_set(f->state, "%s", f->msg);
+		r = client_err_set(f->state, "%s", f->msg);
 	else if (f->state == 0)
-		r = err_set(ZC_ESTATE, "zc_step_wait_cuda: iteration %" PRIu64 " has not completed",
-			    f->iteration);
+		r = client_err_set(ZC_ESTATE,
+				   "zc_step_wait_cuda: iteration %" PRIu64 " has not completed",
+				   f->iteration);
 	else if (!c->dev)
-		r = err_set(ZC_ESTATE, "zc_step_wait_cuda: not CUDA buffers");
+		r = client_err_set(ZC_ESTATE, "zc_step_wait_cuda: not CUDA buffers");
 	else if (c->it.iter >= f->iteration + ZC_CUDA_EVENT_RING)
-		r = err_set(ZC_ESTATE,
-			    "zc_step_wait_cuda: iteration %" PRIu64 "'s events were reused by "
-			    "iteration %" PRIu64 " (a ring of %d)",
-			    f->iteration, c->it.iter, ZC_CUDA_EVENT_RING);
+		r = client_err_set(ZC_ESTATE,
+				   "zc_step_wait_cuda: iteration %" PRIu64
+				   "'s events were reused by "
+				   "iteration %" PRIu64 " (a ring of %d)",
+				   f->iteration, c->it.iter, ZC_CUDA_EVENT_RING);
 	if (r >= 0 && (r = devbufs_wait_done(c->dev, f->iteration, stream, err, sizeof(err))) < 0)
-		err_set(r, "zc_step_wait_cuda: %s", err);
+		client_err_set(r, "zc_step_wait_cuda: %s", err);
 	client_unlock(c);
 	return r;
 }
@@ -280,20 +289,20 @@ int zc_bucket_ready_ex(zc_client *c, const struct zc_ready *rd, zc_future **ret_
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	if (!rd)
-		return err_set(-EINVAL, "zc_bucket_ready_ex: r is NULL");
+		return client_err_set(-EINVAL, "zc_bucket_ready_ex: r is NULL");
 	size = abi_size(rd);
 	r = abi_check(rd, size, sizeof(in));
 	if (r < 0) {
 		abi_reason(r, size, "ready", "ready", why, sizeof(why));
-		return err_set(r, "zc_bucket_ready_ex: %s", why);
+		return client_err_set(r, "zc_bucket_ready_ex: %s", why);
 	}
 	ABI_TAKE(&in, rd, size, bucket);
 	ABI_TAKE(&in, rd, size, nwords);
 	ABI_TAKE(&in, rd, size, reserved);
 	ABI_TAKE(&in, rd, size, unused);
 	if (in.reserved)
-		return err_set(-EINVAL, "zc_bucket_ready_ex: reserved is %u, must be 0",
-			       in.reserved);
+		return client_err_set(-EINVAL, "zc_bucket_ready_ex: reserved is %u, must be 0",
+				      in.reserved);
 	return bucket_ready(c, in.bucket, in.unused, in.nwords, ret_future);
 }
 
@@ -306,17 +315,18 @@ int zc_set_grad_scale(zc_client *c, double inv_scale)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	if (!isfinite(inv_scale) || inv_scale <= 0)
-		return err_set(-EINVAL,
-			       "zc_set_grad_scale: inv_scale must be finite and > 0 (got %g)",
-			       inv_scale);
+		return client_err_set(
+			-EINVAL, "zc_set_grad_scale: inv_scale must be finite and > 0 (got %g)",
+			inv_scale);
 	pthread_mutex_lock(&c->mu);
 	if (c->plan_result != 1) {
-		r = err_set(ZC_ESTATE, "zc_set_grad_scale: the plan is not registered");
+		r = client_err_set(ZC_ESTATE, "zc_set_grad_scale: the plan is not registered");
 		goto out;
 	}
 	if (c->plan->step_mode != ZC_STEP_AT_END) {
-		r = err_set(ZC_ESTATE, "zc_set_grad_scale: needs step_mode at_end (every bucket "
-				       "reduced before any step)");
+		r = client_err_set(ZC_ESTATE,
+				   "zc_set_grad_scale: needs step_mode at_end (every bucket "
+				   "reduced before any step)");
 		goto out;
 	}
 	gs.iteration = c->it.iter;
@@ -325,7 +335,7 @@ int zc_set_grad_scale(zc_client *c, double inv_scale)
 	env.set_grad_scale = &gs;
 	r = client_send_env(c, &env, NULL);
 	if (r < 0)
-		err_set(r, "zc_set_grad_scale: sending: %s", zc_strerror(r));
+		client_err_set(r, "zc_set_grad_scale: sending: %s", zc_strerror(r));
 out:
 	client_unlock(c);
 	return r;
@@ -340,19 +350,20 @@ int zc_step_info(zc_future *f, struct zc_step_info *out)
 	if ((r = future_check(f, __func__)) < 0)
 		return r;
 	if (!out)
-		return err_set(-EINVAL, "zc_step_info: out is NULL");
+		return client_err_set(-EINVAL, "zc_step_info: out is NULL");
 	size = abi_size(out);
 	if (size < offsetof(struct zc_step_info, iteration) || size > ZC_STRUCT_MAX_SIZE)
-		return err_set(-EINVAL, "zc_step_info: out->size %u out of range", size);
+		return client_err_set(-EINVAL, "zc_step_info: out->size %u out of range", size);
 	if (f->c)
 		pthread_mutex_lock(&f->c->mu);
 	if (f->kind != FUTURE_STEP)
-		r = err_set(ZC_ESTATE, "zc_step_info: not a step future");
+		r = client_err_set(ZC_ESTATE, "zc_step_info: not a step future");
 	else if (f->state < 0)
-		r = err_set(f->state, "%s", f->msg);
+		r = client_err_set(f->state, "%s", f->msg);
 	else if (f->state == 0)
-		r = err_set(ZC_ESTATE, "zc_step_info: iteration %" PRIu64 " has not completed",
-			    f->iteration);
+		r = client_err_set(ZC_ESTATE,
+				   "zc_step_info: iteration %" PRIu64 " has not completed",
+				   f->iteration);
 	info.found_inf = f->found_inf;
 	info.iteration = f->iteration;
 	info.grad_norm = f->grad_norm;
@@ -375,34 +386,35 @@ int zc_step_future(zc_client *c, uint64_t iteration, zc_future **ret_future)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	if (!ret_future)
-		return err_set(-EINVAL, "zc_step_future: ret_future is NULL");
+		return client_err_set(-EINVAL, "zc_step_future: ret_future is NULL");
 	pthread_mutex_lock(&c->mu);
 	if (iteration > c->it.iter) {
 		/* it could only wait for buckets nobody has handed over yet */
-		r = err_set(ZC_ESTATE,
-			    "iteration %" PRIu64 " has not begun: this rank's next bucket belongs "
-			    "to iteration %" PRIu64,
-			    iteration, c->it.iter);
+		r = client_err_set(ZC_ESTATE,
+				   "iteration %" PRIu64
+				   " has not begun: this rank's next bucket belongs "
+				   "to iteration %" PRIu64,
+				   iteration, c->it.iter);
 		client_unlock(c);
 		return r;
 	}
 	/* a StepDone that came is read: with a ring, it came there (ZeroMQ is
 	 * read by the poll or the wait, where its system calls are due) */
 	if (c->conn.fp)
-		take_ring(c, c->conn.zrecv);
+		client_take_ring(c, c->conn.zrecv);
 	else
-		dispatch_locked(c, LOOK_ALL);
+		client_dispatch_locked(c, LOOK_ALL);
 	f = future_new(c, FUTURE_STEP, iteration, 0);
 	if (f && iteration < c->it.steps_done) {
 		/* a step that landed is done, though the job ended after it (the
 		 * daemon tells the others at once when a rank leaves) */
 		f->state = 1;
 		f->msg[0] = 0;
-		step_info_of(c, iteration, f);
+		client_step_info_of(c, iteration, f);
 	}
 	client_unlock(c);
 	if (!f)
-		return err_set(-ENOMEM, NULL);
+		return client_err_set(-ENOMEM, NULL);
 	*ret_future = f;
 	return 0;
 }
@@ -431,32 +443,34 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 	if ((r = client_check(c, __func__)) < 0)
 		return r;
 	if (!hp)
-		return err_set(-EINVAL, "zc_set_hyper: hp is NULL");
+		return client_err_set(-EINVAL, "zc_set_hyper: hp is NULL");
 	r = plan_group_from_zc(hp, "hp", &g, err, sizeof(err));
 	if (r < 0)
-		return err_set(r, "zc_set_hyper: %s", err);
+		return client_err_set(r, "zc_set_hyper: %s", err);
 	pthread_mutex_lock(&c->mu);
 	if (c->plan_result != 1) {
-		r = err_set(ZC_ESTATE, "zc_set_hyper: the plan is not registered");
+		r = client_err_set(ZC_ESTATE, "zc_set_hyper: the plan is not registered");
 		goto out;
 	}
 	if (group >= c->plan->ngroups) {
-		r = err_set(ZC_EHYPER, "zc_set_hyper: group %u does not exist: the plan has %u",
-			    group, c->plan->ngroups);
+		r = client_err_set(ZC_EHYPER,
+				   "zc_set_hyper: group %u does not exist: the plan has %u", group,
+				   c->plan->ngroups);
 		goto out;
 	}
 	if (plan_group_check(c->plan->optimizer, &g, err, sizeof(err)) < 0 ||
 	    plan_clip_check(c->plan, &g, err, sizeof(err)) < 0) {
-		r = err_set(ZC_EHYPER, "zc_set_hyper: group %u: %s", group, err);
+		r = client_err_set(ZC_EHYPER, "zc_set_hyper: group %u: %s", group, err);
 		goto out;
 	}
 	/* the daemon sized the optimizer state from the plan's groups */
 	if (plan_state_arrays(c->plan->optimizer, &g, 1) &
 	    ~plan_state_arrays(c->plan->optimizer, c->plan->groups, c->plan->ngroups)) {
-		r = err_set(ZC_EHYPER,
-			    "zc_set_hyper: group %u: %s needs optimizer state this job does not "
-			    "keep: declare it in the plan's groups",
-			    group, c->plan->optimizer == ZC_OPT_SGD ? "momentum" : "amsgrad");
+		r = client_err_set(
+			ZC_EHYPER,
+			"zc_set_hyper: group %u: %s needs optimizer state this job does not "
+			"keep: declare it in the plan's groups",
+			group, c->plan->optimizer == ZC_OPT_SGD ? "momentum" : "amsgrad");
 		goto out;
 	}
 	plan_group_to_pb(&g, &pg);
@@ -468,7 +482,7 @@ int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 	env.set_hyper = &sh;
 	r = client_send_env(c, &env, NULL);
 	if (r < 0)
-		err_set(r, "zc_set_hyper: sending: %s", zc_strerror(r));
+		client_err_set(r, "zc_set_hyper: sending: %s", zc_strerror(r));
 out:
 	client_unlock(c);
 	return r;
@@ -484,29 +498,30 @@ int zc_params_changed(zc_client *c)
 		return r;
 	pthread_mutex_lock(&c->mu);
 	if (c->plan_result != 1) {
-		r = err_set(ZC_ESTATE, "zc_params_changed: the plan is not registered");
+		r = client_err_set(ZC_ESTATE, "zc_params_changed: the plan is not registered");
 		goto out;
 	}
 	if (c->it.sent_in_iter) {
-		r = err_set(ZC_ESTATE,
-			    "zc_params_changed: iteration %" PRIu64 " is under way (%u buckets "
-			    "handed over): call it between iterations",
-			    c->it.iter, c->it.sent_in_iter);
+		r = client_err_set(ZC_ESTATE,
+				   "zc_params_changed: iteration %" PRIu64
+				   " is under way (%u buckets "
+				   "handed over): call it between iterations",
+				   c->it.iter, c->it.sent_in_iter);
 		goto out;
 	}
 	if (c->it.steps_done < c->it.iter) {
-		take_ring(c, c->conn.zrecv);
+		client_take_ring(c, c->conn.zrecv);
 		if (c->it.steps_done < c->it.iter)
-			dispatch_locked(c, LOOK_ALL);
+			client_dispatch_locked(c, LOOK_ALL);
 		if (c->job_error) {
-			r = err_set(c->job_error, "%s", c->job_msg);
+			r = client_err_set(c->job_error, "%s", c->job_msg);
 			goto out;
 		}
 		if (c->it.steps_done < c->it.iter) {
-			r = err_set(ZC_ESTATE,
-				    "zc_params_changed: the step of iteration %" PRIu64
-				    " has not completed: wait for it first",
-				    c->it.iter - 1);
+			r = client_err_set(ZC_ESTATE,
+					   "zc_params_changed: the step of iteration %" PRIu64
+					   " has not completed: wait for it first",
+					   c->it.iter - 1);
 			goto out;
 		}
 	}
@@ -515,7 +530,7 @@ int zc_params_changed(zc_client *c)
 	env.params_changed = &pc;
 	r = client_send_env(c, &env, NULL);
 	if (r < 0)
-		err_set(r, "zc_params_changed: sending: %s", zc_strerror(r));
+		client_err_set(r, "zc_params_changed: sending: %s", zc_strerror(r));
 out:
 	client_unlock(c);
 	return r;
@@ -529,9 +544,9 @@ int zc_last_error(zc_client *c)
 		return r;
 	pthread_mutex_lock(&c->mu);
 	if (c->job_error) {
-		r = err_set(c->job_error, "%s", c->job_msg);
+		r = client_err_set(c->job_error, "%s", c->job_msg);
 	} else if (c->async_error) {
-		r = err_set(c->async_error, "%s", c->async_msg);
+		r = client_err_set(c->async_error, "%s", c->async_msg);
 		c->async_error = 0; /* told: the next one is newer */
 	}
 	client_unlock(c);
@@ -543,7 +558,7 @@ int zc_last_error(zc_client *c)
 /* A future's result as a call returns it: a failure's reason for the thread. */
 static int future_result(zc_future *f, int st)
 {
-	return st < 0 ? err_set(st, "%s", f->msg[0] ? f->msg : zc_strerror(st)) : st;
+	return st < 0 ? client_err_set(st, "%s", f->msg[0] ? f->msg : zc_strerror(st)) : st;
 }
 
 int zc_future_poll(zc_future *f)
@@ -557,9 +572,9 @@ int zc_future_poll(zc_future *f)
 	if (!c)
 		return future_result(f, f->state);
 	pthread_mutex_lock(&c->mu);
-	take_ring(c, c->conn.zrecv);
+	client_take_ring(c, c->conn.zrecv);
 	if (f->state == 0)
-		dispatch_locked(c, LOOK_ALL);
+		client_dispatch_locked(c, LOOK_ALL);
 	/* the reason now: f's callback, run by the unlock, may free f */
 	st = future_result(f, f->state);
 	client_unlock(c);
@@ -599,14 +614,15 @@ int zc_future_then(zc_future *f, zc_future_cb *fn, void *arg)
 	if ((r = future_check(f, __func__)) < 0)
 		return r;
 	if (!fn)
-		return err_set(-EINVAL, "zc_future_then: fn is NULL");
+		return client_err_set(-EINVAL, "zc_future_then: fn is NULL");
 	c = f->c;
 	if (c)
 		pthread_mutex_lock(&c->mu);
 	if (f->cb_state != CB_NONE) {
 		if (c)
 			client_unlock(c);
-		return err_set(ZC_ESTATE, "zc_future_then: the future has a callback already");
+		return client_err_set(ZC_ESTATE,
+				      "zc_future_then: the future has a callback already");
 	}
 	f->cb = fn;
 	f->cb_arg = arg;
@@ -637,7 +653,7 @@ void zc_future_free(zc_future *f)
 	bool running;
 
 	/* a child's copy of a parent's future: nothing of it is the child's */
-	if (!f || forked(f->forks))
+	if (!f || client_forked(f->forks))
 		return;
 	/* the client whose lock guards it: its own, or (once closed) the one
 	 * running its callback in zc_close() */

@@ -42,7 +42,7 @@
 
 /* ---------------------------------------------------------- re-planning --- */
 
-static uint32_t plan_nsegs(const struct plan *p)
+static uint32_t ckpt_plan_nsegs(const struct plan *p)
 {
 	uint32_t n = 0;
 
@@ -54,7 +54,7 @@ static uint32_t plan_nsegs(const struct plan *p)
 /* Each segment's place in plan order: its bucket and index. */
 static int seg_index(const struct plan *p, uint32_t **ret_bucket, uint32_t **ret_seg)
 {
-	uint32_t n = plan_nsegs(p), k = 0;
+	uint32_t n = ckpt_plan_nsegs(p), k = 0;
 	uint32_t *bk = calloc(n ? n : 1, sizeof(*bk)), *sg = calloc(n ? n : 1, sizeof(*sg));
 
 	if (!bk || !sg) {
@@ -88,42 +88,43 @@ int replan_alloc(zc_client *c, const struct zc_plan *zp, const struct replan_sha
 		return r;
 	r = plan_from_zc(zp, &p, err, sizeof(err));
 	if (r < 0)
-		return err_set(r, "%s: %s", fn, err);
+		return client_err_set(r, "%s: %s", fn, err);
 	pthread_mutex_lock(&c->mu);
 	if (c->replan.old_plan) {
-		r = err_set(ZC_ESTATE, "%s: a new plan is allocated already: register it first",
-			    fn);
+		r = client_err_set(ZC_ESTATE,
+				   "%s: a new plan is allocated already: register it first", fn);
 		goto out;
 	}
-	map = calloc(plan_nsegs(p) ? plan_nsegs(p) : 1, sizeof(*map));
+	map = calloc(ckpt_plan_nsegs(p) ? ckpt_plan_nsegs(p) : 1, sizeof(*map));
 	if (!map || seg_index(p, &nb, &ns) < 0 || seg_index(c->plan, &ob, &os) < 0) {
-		r = err_set(-ENOMEM, NULL);
+		r = client_err_set(-ENOMEM, NULL);
 		goto out;
 	}
 	r = plan_replan_match(c->plan, p, map, err, sizeof(err));
 	if (r < 0) {
-		err_set(r, "%s: the new plan %s: %s", fn,
-			r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
+		client_err_set(r, "%s: the new plan %s: %s", fn,
+			       r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked",
+			       err);
 		goto out;
 	}
 	/* shared: the gradients in a memfd of our own (its parameter half is
 	 * never touched, so it takes no pages), the parameters in the job's */
 	r = bufs_memfd(plan_buffer_bytes(p), &poff, &fd);
-	if (r < 0 || (r = map_buf(fd, 0, plan_buffer_bytes(p), &grad)) < 0 ||
-	    (r = map_buf(sh ? sh->param_fd : fd, sh ? 0 : poff, plan_buffer_bytes(p), &param)) <
-		    0) {
-		err_set(r, "%s: a memfd of 2 x %" PRIu64 " bytes: %s", fn, plan_buffer_bytes(p),
-			zc_strerror(r));
+	if (r < 0 || (r = client_map_buf(fd, 0, plan_buffer_bytes(p), &grad)) < 0 ||
+	    (r = client_map_buf(sh ? sh->param_fd : fd, sh ? 0 : poff, plan_buffer_bytes(p),
+				&param)) < 0) {
+		client_err_set(r, "%s: a memfd of 2 x %" PRIu64 " bytes: %s", fn,
+			       plan_buffer_bytes(p), zc_strerror(r));
 		goto out;
 	}
 	if (sh && (pfd = fcntl(sh->param_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
-		r = err_set(-errno, "%s: dup of the shared parameter memfd: %s", fn,
-			    strerror(errno));
+		r = client_err_set(-errno, "%s: dup of the shared parameter memfd: %s", fn,
+				   strerror(errno));
 		goto out;
 	}
 	/* each segment's parameters, by its bucket's layout (a segment keeps its
 	 * dtype: plan_replan_match); a shared buffer's by its creator only */
-	for (uint32_t k = 0; k < plan_nsegs(p) && (!sh || sh->copy); k++) {
+	for (uint32_t k = 0; k < ckpt_plan_nsegs(p) && (!sh || sh->copy); k++) {
 		const struct plan_bucket *nbk = &p->buckets[nb[k]],
 					 *obk = &c->plan->buckets[ob[map[k]]];
 		const struct zc_segment *n = &nbk->segments[ns[k]], *o = &obk->segments[os[map[k]]];
@@ -152,8 +153,8 @@ out:
 		close(fd);
 	if (pfd >= 0)
 		close(pfd);
-	buf_release(&grad);
-	buf_release(&param);
+	client_buf_release(&grad);
+	client_buf_release(&param);
 	plan_free(p);
 	free(map);
 	free(nb);
@@ -180,25 +181,26 @@ int replan_cuda(zc_client *c, const struct zc_plan *zp, const struct zc_buffers 
 		return r;
 	r = plan_from_zc(zp, &p, err, sizeof(err));
 	if (r < 0)
-		return err_set(r, "%s: %s", fn, err);
+		return client_err_set(r, "%s: %s", fn, err);
 	pthread_mutex_lock(&c->mu);
 	if (c->replan.old_plan || c->bufs_busy) {
-		r = err_set(ZC_ESTATE, "%s: a new plan is allocated already: register it first",
-			    fn);
+		r = client_err_set(ZC_ESTATE,
+				   "%s: a new plan is allocated already: register it first", fn);
 		goto out;
 	}
-	map = calloc(plan_nsegs(p) ? plan_nsegs(p) : 1, sizeof(*map));
+	map = calloc(ckpt_plan_nsegs(p) ? ckpt_plan_nsegs(p) : 1, sizeof(*map));
 	if (!map) {
-		r = err_set(-ENOMEM, NULL);
+		r = client_err_set(-ENOMEM, NULL);
 		goto out;
 	}
 	r = plan_replan_match(c->plan, p, map, err, sizeof(err));
 	if (r < 0) {
-		err_set(r, "%s: the new plan %s: %s", fn,
-			r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked", err);
+		client_err_set(r, "%s: the new plan %s: %s", fn,
+			       r == ZC_EREPLAN ? "changes the parameters" : "cannot be checked",
+			       err);
 		goto out;
 	}
-	r = cuda_bufs_open(c, p, b, &dev, fn);
+	r = client_cuda_bufs_open(c, p, b, &dev, fn);
 	if (r < 0)
 		goto out;
 	c->replan.old_plan = c->plan;
@@ -219,8 +221,8 @@ out:
  * buffers. Called with c->mu held. */
 static void replan_undo(zc_client *c)
 {
-	buf_release(&c->grad);
-	buf_release(&c->param);
+	client_buf_release(&c->grad);
+	client_buf_release(&c->param);
 	plan_free(c->plan);
 	c->plan = c->replan.old_plan;
 	c->grad = c->replan.old_grad;
@@ -271,7 +273,7 @@ static void replan_copy_free(struct replan_copy *cp)
 static int replan_export(zc_client *c, struct replan_copy *cp, const char *fn)
 {
 	const struct plan *old = c->replan.old_plan, *p = c->plan;
-	uint32_t nold = plan_nsegs(old), nnew = plan_nsegs(p);
+	uint32_t nold = ckpt_plan_nsegs(old), nnew = ckpt_plan_nsegs(p);
 
 	cp->nold = nold;
 	cp->nnew = nnew;
@@ -281,7 +283,7 @@ static int replan_export(zc_client *c, struct replan_copy *cp, const char *fn)
 	cp->arena = calloc(4 * old->state_numel + 1, sizeof(float));
 	if (!cp->os || !cp->ns || !cp->arena || seg_index(old, &cp->ob, &cp->osg) < 0 ||
 	    seg_index(p, &cp->nb, &cp->nsg) < 0)
-		return err_set(-ENOMEM, "%s: the state's copy: out of memory", fn);
+		return client_err_set(-ENOMEM, "%s: the state's copy: out of memory", fn);
 	for (uint32_t k = 0; k < nold; k++) {
 		const struct plan_bucket *ob = &old->buckets[cp->ob[k]];
 		uint64_t at = ob->sbase + ob->segments[cp->osg[k]].offset;
@@ -311,7 +313,7 @@ static int replan_pass(zc_client *c, Zerod__V1__CudaBuffers *cuda, void **cuda_a
 	int r;
 
 	pthread_mutex_lock(&c->mu);
-	fd_socket(c, path, sizeof(path));
+	client_fd_socket(c, path, sizeof(path));
 	pthread_mutex_unlock(&c->mu);
 	if (c->dev) /* CUDA buffers: their handles go with the plan */
 		r = devbufs_to_pb(c->dev, cuda, cuda_arrays);
@@ -327,10 +329,10 @@ static int replan_pass(zc_client *c, Zerod__V1__CudaBuffers *cuda, void **cuda_a
 	if (r >= 0)
 		return 0;
 	if (c->dev)
-		err_set(r, "%s: the new CUDA buffers: %s", fn, zc_strerror(r));
+		client_err_set(r, "%s: the new CUDA buffers: %s", fn, zc_strerror(r));
 	else
-		err_set(r, "%s: the new buffers: %s", fn,
-			path[0] ? err : "zerod offered no fd socket to pass them on");
+		client_err_set(r, "%s: the new buffers: %s", fn,
+			       path[0] ? err : "zerod offered no fd socket to pass them on");
 	pthread_mutex_lock(&c->mu);
 	replan_undo(c);
 	*ret_undone = true;
@@ -352,7 +354,7 @@ static int replan_send(zc_client *c, Zerod__V1__CudaBuffers *cuda, uint64_t seri
 
 	r = plan_to_pb(c->plan, &pb);
 	if (r < 0)
-		return err_set(r, NULL);
+		return client_err_set(r, NULL);
 	fds.serial = serial;
 	fds.has_shared_params = fds.shared_params = c->replan.pfd >= 0;
 	rp.plan = &pb;
@@ -368,15 +370,15 @@ static int replan_send(zc_client *c, Zerod__V1__CudaBuffers *cuda, uint64_t seri
 	client_unlock(c);
 	plan_pb_free(&pb);
 	if (r < 0)
-		return err_set(r, "%s: sending the new plan: %s", fn, zc_strerror(r));
+		return client_err_set(r, "%s: sending the new plan: %s", fn, zc_strerror(r));
 	r = client_wait_for(c, &c->plan_result, NULL, now_ms() + c->cfg.register_timeout_ms);
 	if (r == 0)
-		return err_set(ZC_ETIMEDOUT,
-			       "%s: not every rank registered the new plan within %d ms", fn,
-			       c->cfg.register_timeout_ms);
+		return client_err_set(ZC_ETIMEDOUT,
+				      "%s: not every rank registered the new plan within %d ms", fn,
+				      c->cfg.register_timeout_ms);
 	if (r < 0) {
 		pthread_mutex_lock(&c->mu);
-		err_set(r, "%s", c->answer_msg);
+		client_err_set(r, "%s", c->answer_msg);
 		if (!c->job_error) {
 			/* refused, the job goes on with the registered plan: so
 			 * does this client */
@@ -394,8 +396,8 @@ static int replan_send(zc_client *c, Zerod__V1__CudaBuffers *cuda, uint64_t seri
 static void replan_commit(zc_client *c)
 {
 	pthread_mutex_lock(&c->mu);
-	buf_release(&c->replan.old_grad);
-	buf_release(&c->replan.old_param);
+	client_buf_release(&c->replan.old_grad);
+	client_buf_release(&c->replan.old_param);
 	devbufs_free(c->replan.old_dev); /* zerod closed its handles of them */
 	c->replan.old_dev = NULL;
 	c->replan.old_plan = NULL;
@@ -443,7 +445,7 @@ int replan_register(zc_client *c)
 		cp.ns[k].bucket = cp.nb[k];
 		cp.ns[k].segment = cp.nsg[k];
 	}
-	r = set_state(c, c->plan, cp.ns, sizeof(*cp.ns), cp.nnew, false, fn);
+	r = client_set_state(c, c->plan, cp.ns, sizeof(*cp.ns), cp.nnew, false, fn);
 	plan_free((struct plan *)old);
 	old = NULL;
 	free(c->replan.map);

@@ -60,29 +60,30 @@ static int open_peer(const struct zc_shared_params *from, uint64_t bytes, int *r
 	int fd, seals, r;
 
 	if (from->pid <= 0 || from->fd < 0)
-		return err_set(-EINVAL, "%s: from names pid %d, fd %d: not a handle", fn,
-			       (int)from->pid, (int)from->fd);
+		return client_err_set(-EINVAL, "%s: from names pid %d, fd %d: not a handle", fn,
+				      (int)from->pid, (int)from->fd);
 	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)from->pid, (int)from->fd);
 	fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0) {
 		r = -errno;
-		return err_set(r, "%s: %s: %s (%s)", fn, path, strerror(-r),
-			       r == -ENOENT ? "the creating rank exited or closed its client"
-			       : r == -EACCES || r == -EPERM
-				       ? "another user's process, or one not dumpable"
-				       : "the creating rank's parameter buffer cannot be opened");
+		return client_err_set(
+			r, "%s: %s: %s (%s)", fn, path, strerror(-r),
+			r == -ENOENT ? "the creating rank exited or closed its client"
+			: r == -EACCES || r == -EPERM
+				? "another user's process, or one not dumpable"
+				: "the creating rank's parameter buffer cannot be opened");
 	}
 	seals = fcntl(fd, F_GET_SEALS);
 	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-		r = err_set(-EINVAL, "%s: %s is not %s", fn, path,
-			    seals < 0 ? "a memfd" : "sealed against shrinking");
+		r = client_err_set(-EINVAL, "%s: %s is not %s", fn, path,
+				   seals < 0 ? "a memfd" : "sealed against shrinking");
 		goto fail;
 	}
 	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < bytes) {
-		r = err_set(-EINVAL,
-			    "%s: %s holds %lld bytes, the plan's parameters %" PRIu64
-			    " (another plan's buffer?)",
-			    fn, path, (long long)st.st_size, bytes);
+		r = client_err_set(-EINVAL,
+				   "%s: %s holds %lld bytes, the plan's parameters %" PRIu64
+				   " (another plan's buffer?)",
+				   fn, path, (long long)st.st_size, bytes);
 		goto fail;
 	}
 	*ret_fd = fd;
@@ -102,17 +103,18 @@ int zc_alloc_buffers_shared(zc_client *c, const struct zc_plan *plan,
 	bool replan;
 
 	if (!c || !plan || !ret)
-		return err_set(-EINVAL, "%s: c, plan and ret are required", fn);
+		return client_err_set(-EINVAL, "%s: c, plan and ret are required", fn);
 	if (from && from->size != sizeof(*from))
-		return err_set(-EINVAL, "%s: from->size is %u, not %zu", fn, from->size,
-			       sizeof(*from));
+		return client_err_set(-EINVAL, "%s: from->size is %u, not %zu", fn, from->size,
+				      sizeof(*from));
 	if ((r = zc_plan_buffer_bytes(plan, &bytes)) < 0)
 		return r;
 	replan = client_registered_host(c);
 	if (from)
 		r = open_peer(from, bytes, &pfd, fn);
 	else if ((r = sealed_memfd("zerod-shared-params", bytes, &pfd)) < 0)
-		err_set(r, "%s: a memfd of %" PRIu64 " bytes: %s", fn, bytes, zc_strerror(r));
+		client_err_set(r, "%s: a memfd of %" PRIu64 " bytes: %s", fn, bytes,
+			       zc_strerror(r));
 	if (r < 0)
 		goto out;
 	if (replan) {
@@ -123,7 +125,8 @@ int zc_alloc_buffers_shared(zc_client *c, const struct zc_plan *plan,
 		goto done;
 	}
 	if ((r = sealed_memfd("zerod-grads", bytes, &gfd)) < 0) {
-		err_set(r, "%s: a memfd of %" PRIu64 " bytes: %s", fn, bytes, zc_strerror(r));
+		client_err_set(r, "%s: a memfd of %" PRIu64 " bytes: %s", fn, bytes,
+			       zc_strerror(r));
 		goto out;
 	}
 	b.grad_fd = gfd;

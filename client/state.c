@@ -55,20 +55,21 @@ static int segs_check(const void *segs, uint32_t n, const char *fn, size_t *ret_
 		return 0;
 	}
 	if (!segs)
-		return err_set(-EINVAL, "%s: segs is NULL", fn);
+		return client_err_set(-EINVAL, "%s: segs is NULL", fn);
 	size = abi_size(segs);
 	for (uint32_t i = 0; i < n; i++) {
 		const char *s = (const char *)segs + (size_t)i * size;
 		if (size < sizeof(struct zc_segment_state) || abi_size(s) != size)
-			return err_set(-EINVAL,
-				       "%s: segs[%u].size is %u: not initialised "
-				       "(zc_segment_state_init), or not the size of segs[0]",
-				       fn, i, abi_size(s));
+			return client_err_set(-EINVAL,
+					      "%s: segs[%u].size is %u: not initialised "
+					      "(zc_segment_state_init), or not the size of segs[0]",
+					      fn, i, abi_size(s));
 		if ((r = abi_check(s, size, sizeof(struct zc_segment_state))) < 0)
-			return err_set(r,
-				       "%s: segs[%u]: a struct of %u bytes this library does not "
-				       "know",
-				       fn, i, size);
+			return client_err_set(
+				r,
+				"%s: segs[%u]: a struct of %u bytes this library does not "
+				"know",
+				fn, i, size);
 	}
 	*ret_stride = size;
 	return 0;
@@ -87,22 +88,22 @@ int state_wait_steps(zc_client *c, const char *fn)
 	last = c->it.iter;
 	client_unlock(c);
 	if (r == -1)
-		return err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
+		return client_err_set(ZC_ESTATE, "%s: the plan is not registered", fn);
 	if (r == -2)
-		return err_set(ZC_ESTATE,
-			       "%s: iteration %" PRIu64 " is half handed over: call it "
-			       "between iterations",
-			       fn, last);
+		return client_err_set(ZC_ESTATE,
+				      "%s: iteration %" PRIu64 " is half handed over: call it "
+				      "between iterations",
+				      fn, last);
 	if (last == 0)
 		return 0;
 	r = zc_step_future(c, last - 1, &f);
 	if (r >= 0) {
 		r = zc_future_wait(f, c->cfg.register_timeout_ms);
 		if (r == 0)
-			r = err_set(ZC_ETIMEDOUT,
-				    "%s: the step of iteration %" PRIu64
-				    " did not complete within %d ms",
-				    fn, last - 1, c->cfg.register_timeout_ms);
+			r = client_err_set(ZC_ETIMEDOUT,
+					   "%s: the step of iteration %" PRIu64
+					   " did not complete within %d ms",
+					   fn, last - 1, c->cfg.register_timeout_ms);
 	}
 	zc_future_free(f);
 	return r < 0 ? r : 0;
@@ -124,27 +125,27 @@ static int staging_new(zc_client *c, const struct plan *p, struct host_buf *ret,
 	int fd, r, timeout;
 
 	pthread_mutex_lock(&c->mu);
-	fd_socket(c, path, sizeof(path));
+	client_fd_socket(c, path, sizeof(path));
 	token = c->conn.fp_token;
 	timeout = c->cfg.connect_timeout_ms;
 	pthread_mutex_unlock(&c->mu);
 	if (!path[0])
-		return err_set(ZC_ENOTSUP, "%s: zerod offered no fd socket to pass the staging on",
-			       fn);
+		return client_err_set(ZC_ENOTSUP,
+				      "%s: zerod offered no fd socket to pass the staging on", fn);
 	r = bufs_staging(bytes, &fd);
 	if (r < 0)
-		return err_set(r, "%s: a staging memfd of %" PRIu64 " bytes: %s", fn, bytes,
-			       zc_strerror(r));
-	r = map_buf(fd, 0, bytes, ret);
+		return client_err_set(r, "%s: a staging memfd of %" PRIu64 " bytes: %s", fn, bytes,
+				      zc_strerror(r));
+	r = client_map_buf(fd, 0, bytes, ret);
 	if (r < 0) {
 		close(fd);
-		return err_set(r, "%s: mapping the staging: %s", fn, zc_strerror(r));
+		return client_err_set(r, "%s: mapping the staging: %s", fn, zc_strerror(r));
 	}
 	r = bufs_send_staging(path, token, fd, bytes, timeout, ret_serial, err, sizeof(err));
 	close(fd); /* the mappings, ours and zerod's, keep the memory */
 	if (r < 0) {
-		buf_release(ret);
-		return err_set(r, "%s: %s", fn, err);
+		client_buf_release(ret);
+		return client_err_set(r, "%s: %s", fn, err);
 	}
 	return 0;
 }
@@ -159,11 +160,12 @@ int state_send(zc_client *c, Zerod__V1__Envelope *env, const char *fn)
 	pthread_mutex_lock(&c->mu);
 	if (c->round.pending) {
 		client_unlock(c);
-		return err_set(ZC_ESTATE, "%s: another state call of this client is waiting", fn);
+		return client_err_set(ZC_ESTATE, "%s: another state call of this client is waiting",
+				      fn);
 	}
 	if (c->job_error) {
 		r = c->job_error;
-		err_set(r, "%s", c->job_msg);
+		client_err_set(r, "%s", c->job_msg);
 		client_unlock(c);
 		return r;
 	}
@@ -176,7 +178,7 @@ int state_send(zc_client *c, Zerod__V1__Envelope *env, const char *fn)
 	}
 	client_unlock(c);
 	if (r < 0)
-		return err_set(r, "%s: sending the request: %s", fn, zc_strerror(r));
+		return client_err_set(r, "%s: sending the request: %s", fn, zc_strerror(r));
 	return 0;
 }
 
@@ -189,8 +191,9 @@ int state_wait(zc_client *c, const char *fn)
 	c->round.pending = false;
 	client_unlock(c);
 	if (r == 0)
-		return err_set(ZC_ETIMEDOUT, "%s: not every rank of this node called within %d ms",
-			       fn, c->cfg.register_timeout_ms);
+		return client_err_set(ZC_ETIMEDOUT,
+				      "%s: not every rank of this node called within %d ms", fn,
+				      c->cfg.register_timeout_ms);
 	return r < 0 ? r : 0;
 }
 
@@ -226,11 +229,13 @@ int seg_where(const struct plan *p, const struct zc_segment_state *s, uint64_t *
 	      uint64_t *ret_numel, const char *fn, uint32_t i)
 {
 	if (s->bucket >= p->nbuckets)
-		return err_set(ZC_EBUCKET, "%s: segs[%u].bucket: %u, the plan has %u buckets", fn,
-			       i, s->bucket, p->nbuckets);
+		return client_err_set(ZC_EBUCKET,
+				      "%s: segs[%u].bucket: %u, the plan has %u buckets", fn, i,
+				      s->bucket, p->nbuckets);
 	if (s->segment >= p->buckets[s->bucket].nsegments)
-		return err_set(ZC_EBUCKET, "%s: segs[%u].segment: %u, bucket %u has %u segments",
-			       fn, i, s->segment, s->bucket, p->buckets[s->bucket].nsegments);
+		return client_err_set(ZC_EBUCKET,
+				      "%s: segs[%u].segment: %u, bucket %u has %u segments", fn, i,
+				      s->segment, s->bucket, p->buckets[s->bucket].nsegments);
 	/* the state's layout (plan.h): each element an fp32 slot */
 	*ret_at = p->buckets[s->bucket].sbase + p->buckets[s->bucket].segments[s->segment].offset;
 	*ret_numel = p->buckets[s->bucket].segments[s->segment].numel;
@@ -245,7 +250,7 @@ static float *seg_tensor(const struct zc_segment_state *s, enum zc_optimizer opt
 	return k == 3 ? s->exp_avg_sq : k == 4 ? s->max_exp_avg_sq : s->master;
 }
 
-uint32_t tensor_bit(enum zc_optimizer opt, unsigned k)
+uint32_t client_tensor_bit(enum zc_optimizer opt, unsigned k)
 {
 	if (k == 2)
 		return opt == ZC_OPT_SGD ? ZC_STATE_MOMENTUM_BUFFER : ZC_STATE_EXP_AVG;
@@ -254,7 +259,7 @@ uint32_t tensor_bit(enum zc_optimizer opt, unsigned k)
 
 /* The staging regions a plan's segment state may use: 2..4, and 5 (the
  * master) in a bf16/fp16 bucket. */
-unsigned last_region(const struct plan *p, uint32_t bucket)
+unsigned client_last_region(const struct plan *p, uint32_t bucket)
 {
 	return p->buckets[bucket].dtype == ZC_DTYPE_F32 ? 4 : STG_MASTER;
 }
@@ -278,7 +283,7 @@ static const char *tensor_name(uint32_t bit)
 
 /* The keys present in a segment of bucket b whose step word (staging
  * region 1, docs/STATE.md) is w, and its step. */
-uint32_t meta_present(const struct plan *p, uint32_t b, uint32_t w, double *ret_step)
+uint32_t client_meta_present(const struct plan *p, uint32_t b, uint32_t w, double *ret_step)
 {
 	uint32_t present = 0;
 
@@ -325,16 +330,16 @@ int client_get_state(zc_client *c, const struct plan *p, struct zc_segment_state
 
 		(void)seg_where(p, s, &at, &numel, fn, i);
 		memcpy(&w, stg.base + STG_META * total + at, sizeof(w));
-		present = meta_present(p, s->bucket, w, &step);
-		for (unsigned k = 2; k <= last_region(p, s->bucket); k++) {
+		present = client_meta_present(p, s->bucket, w, &step);
+		for (unsigned k = 2; k <= client_last_region(p, s->bucket); k++) {
 			float *dst = seg_tensor(s, p->optimizer, k);
-			if (dst && (present & tensor_bit(p->optimizer, k)))
+			if (dst && (present & client_tensor_bit(p->optimizer, k)))
 				memcpy(dst, stg.base + k * total + at, numel * sizeof(float));
 		}
 		s->present = present;
 		s->step = step;
 	}
-	buf_release(&stg);
+	client_buf_release(&stg);
 	return r;
 }
 
@@ -350,8 +355,8 @@ int zc_get_state(zc_client *c, struct zc_segment_state *segs, uint32_t n)
 	if ((r = state_wait_steps(c, __func__)) < 0)
 		return r;
 	if (c->replan.old_plan)
-		return err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet",
-			       __func__);
+		return client_err_set(
+			ZC_ESTATE, "%s: a new plan is allocated but not registered yet", __func__);
 	return client_get_state(c, c->plan, segs, stride, n, __func__);
 }
 
@@ -362,12 +367,12 @@ static int tensor_check(const float *t, uint64_t numel, uint32_t bit, const char
 	for (uint64_t x = 0; x < numel; x++)
 		if (!isfinite(t[x]) ||
 		    (t[x] < 0 && (bit == ZC_STATE_EXP_AVG_SQ || bit == ZC_STATE_MAX_EXP_AVG_SQ)))
-			return err_set(ZC_ESTATEINVAL,
-				       "%s: segs[%u]: buckets[%u].segments[%u].%s[%" PRIu64
-				       "]: %g (%s)",
-				       fn, i, s->bucket, s->segment, tensor_name(bit), x, t[x],
-				       isfinite(t[x]) ? "a second moment is never negative"
-						      : "not finite");
+			return client_err_set(
+				ZC_ESTATEINVAL,
+				"%s: segs[%u]: buckets[%u].segments[%u].%s[%" PRIu64 "]: %g (%s)",
+				fn, i, s->bucket, s->segment, tensor_name(bit), x, t[x],
+				isfinite(t[x]) ? "a second moment is never negative"
+					       : "not finite");
 	return 0;
 }
 
@@ -400,8 +405,8 @@ static void narrow_masters(zc_client *c, const struct plan *p, const void *segs,
 /* check_values: the caller's tensors (not the daemon's own, moved by a
  * re-plan: they go back as they came, whatever they hold, and the
  * parameters, copied already, are left as they are). */
-int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state *segs,
-	      size_t stride, uint32_t n, bool check_values, const char *fn)
+int client_set_state(zc_client *c, const struct plan *p, const struct zc_segment_state *segs,
+		     size_t stride, uint32_t n, bool check_values, const char *fn)
 {
 	Zerod__V1__SetState ss = ZEROD__V1__SET_STATE__INIT;
 	Zerod__V1__SegmentState *items = NULL, **ptrs = NULL;
@@ -420,7 +425,7 @@ int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state 
 	items = calloc(n ? n : 1, sizeof(*items));
 	ptrs = calloc(n ? n : 1, sizeof(*ptrs));
 	if (!first || !seen || !items || !ptrs) {
-		r = err_set(-ENOMEM, NULL);
+		r = client_err_set(-ENOMEM, NULL);
 		goto out;
 	}
 	/* everything is checked before anything is sent */
@@ -430,28 +435,28 @@ int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state 
 
 		if ((r = seg_where(p, s, &at, &numel, fn, i)) < 0) {
 			snprintf(err, sizeof(err), "%s", zc_error_message());
-			r = err_set(ZC_ESTATEINVAL, "%s", err);
+			r = client_err_set(ZC_ESTATEINVAL, "%s", err);
 			goto out;
 		}
 		if (plan_state_check(p, s->bucket, s->segment, s->present, s->step, err,
 				     sizeof(err)) < 0) {
-			r = err_set(ZC_ESTATEINVAL, "%s: segs[%u]: %s", fn, i, err);
+			r = client_err_set(ZC_ESTATEINVAL, "%s: segs[%u]: %s", fn, i, err);
 			goto out;
 		}
 		flat = first[s->bucket] + s->segment;
 		if (seen[flat]++) {
-			r = err_set(ZC_ESTATEINVAL,
-				    "%s: segs[%u]: buckets[%u].segments[%u] given twice", fn, i,
-				    s->bucket, s->segment);
+			r = client_err_set(ZC_ESTATEINVAL,
+					   "%s: segs[%u]: buckets[%u].segments[%u] given twice", fn,
+					   i, s->bucket, s->segment);
 			goto out;
 		}
-		for (unsigned k = 2; k <= last_region(p, s->bucket); k++) {
-			uint32_t bit = tensor_bit(p->optimizer, k);
+		for (unsigned k = 2; k <= client_last_region(p, s->bucket); k++) {
+			uint32_t bit = client_tensor_bit(p->optimizer, k);
 			const float *t = seg_tensor(s, p->optimizer, k);
 			if (!(s->present & bit))
 				continue;
 			if (!t) {
-				r = err_set(
+				r = client_err_set(
 					ZC_ESTATEINVAL,
 					"%s: segs[%u]: buckets[%u].segments[%u].%s: present but "
 					"NULL",
@@ -476,8 +481,8 @@ int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state 
 		uint64_t at, numel;
 
 		(void)seg_where(p, s, &at, &numel, fn, i);
-		for (unsigned k = 2; k <= last_region(p, s->bucket); k++)
-			if (s->present & tensor_bit(p->optimizer, k))
+		for (unsigned k = 2; k <= client_last_region(p, s->bucket); k++)
+			if (s->present & client_tensor_bit(p->optimizer, k))
 				memcpy(stg.base + k * total + at, seg_tensor(s, p->optimizer, k),
 				       numel * sizeof(float));
 	}
@@ -487,7 +492,7 @@ int set_state(zc_client *c, const struct plan *p, const struct zc_segment_state 
 	if (r >= 0 && check_values)
 		narrow_masters(c, p, segs, stride, n);
 out:
-	buf_release(&stg);
+	client_buf_release(&stg);
 	free(first);
 	free(seen);
 	free(items);
@@ -507,7 +512,7 @@ int zc_set_state(zc_client *c, const struct zc_segment_state *segs, uint32_t n)
 	if ((r = state_wait_steps(c, __func__)) < 0)
 		return r;
 	if (c->replan.old_plan)
-		return err_set(ZC_ESTATE, "%s: a new plan is allocated but not registered yet",
-			       __func__);
-	return set_state(c, c->plan, segs, stride, n, true, __func__);
+		return client_err_set(
+			ZC_ESTATE, "%s: a new plan is allocated but not registered yet", __func__);
+	return client_set_state(c, c->plan, segs, stride, n, true, __func__);
 }

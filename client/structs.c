@@ -121,10 +121,10 @@ static int init(void *s, size_t size, const void *defaults, size_t ours, const c
 	int r = abi_init(s, size, defaults, ours);
 
 	if (r < 0)
-		return err_set(r, "zc_%s_init: %s", type,
-			       !s             ? "the struct is NULL"
-			       : r == -EINVAL ? "size below 4 bytes"
-					      : "size above ZC_STRUCT_MAX_SIZE");
+		return client_err_set(r, "zc_%s_init: %s", type,
+				      !s             ? "the struct is NULL"
+				      : r == -EINVAL ? "size below 4 bytes"
+						     : "size above ZC_STRUCT_MAX_SIZE");
 	return 0;
 }
 
@@ -177,7 +177,7 @@ int zc_buffers_init(struct zc_buffers *b, size_t size)
 	return init(b, size, &d, sizeof(d), "buffers");
 }
 
-int buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out)
+int structs_buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out)
 {
 	struct zc_buffers b = ZC_BUFFERS_INIT;
 	uint32_t size;
@@ -185,12 +185,12 @@ int buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out)
 	int r;
 
 	if (!src)
-		return err_set(-EINVAL, "zc_register_buffers: the buffers are NULL");
+		return client_err_set(-EINVAL, "zc_register_buffers: the buffers are NULL");
 	size = abi_size(src);
 	r = abi_check(src, size, sizeof(b));
 	if (r < 0) {
 		abi_reason(r, size, "buffers", "buffers", why, sizeof(why));
-		return err_set(r, "zc_register_buffers: %s", why);
+		return client_err_set(r, "zc_register_buffers: %s", why);
 	}
 	ABI_TAKE(&b, src, size, grad_fd);
 	ABI_TAKE(&b, src, size, grad_offset);
@@ -205,13 +205,13 @@ int buffers_from_zc(const struct zc_buffers *src, struct zc_buffers *out)
 	ABI_TAKE(&b, src, size, reserved3);
 	if (b.reserved || b.reserved2 || b.reserved3) {
 		abi_reason(-E2BIG, size, "buffers", "buffers", why, sizeof(why));
-		return err_set(-E2BIG, "zc_register_buffers: %s", why);
+		return client_err_set(-E2BIG, "zc_register_buffers: %s", why);
 	}
 	*out = b;
 	return 0;
 }
 
-int config_from_zc(const struct zc_config *src, struct zc_config *out)
+int structs_config_from_zc(const struct zc_config *src, struct zc_config *out)
 {
 	struct zc_config c = ZC_CONFIG_INIT;
 	uint32_t size;
@@ -219,12 +219,12 @@ int config_from_zc(const struct zc_config *src, struct zc_config *out)
 	int r;
 
 	if (!src)
-		return err_set(-EINVAL, "zc_connect: the config is NULL");
+		return client_err_set(-EINVAL, "zc_connect: the config is NULL");
 	size = abi_size(src);
 	r = abi_check(src, size, sizeof(c));
 	if (r < 0) {
 		abi_reason(r, size, "config", "config", why, sizeof(why));
-		return err_set(r, "zc_connect: %s", why);
+		return client_err_set(r, "zc_connect: %s", why);
 	}
 	ABI_TAKE(&c, src, size, rank);
 	ABI_TAKE(&c, src, size, world_size);
@@ -243,7 +243,7 @@ int config_from_zc(const struct zc_config *src, struct zc_config *out)
 	ABI_TAKE(&c, src, size, reserved2);
 	if (c.reserved || c.reserved2) {
 		abi_reason(-E2BIG, size, "config", "config", why, sizeof(why));
-		return err_set(-E2BIG, "zc_connect: %s", why);
+		return client_err_set(-E2BIG, "zc_connect: %s", why);
 	}
 	*out = c;
 	return 0;
