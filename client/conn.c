@@ -515,8 +515,16 @@ void zc_close(zc_client *c)
 		zmq_ctx_term(c->conn.zctx);
 	client_buf_release(&c->grad);
 	client_buf_release(&c->param);
-	devbufs_free(c->dev);
-	devbufs_free(c->replan.old_dev);
+	/* zerod may still use the exported events while it tears the job
+	 * down after the goodbye, which nothing answers (the re-plan path
+	 * frees them once zerod answered that it closed them) */
+	if (c->hello_result == 1) {
+		devbufs_keep_events(c->dev);
+		devbufs_keep_events(c->replan.old_dev);
+	} else {
+		devbufs_free(c->dev);
+		devbufs_free(c->replan.old_dev);
+	}
 	client_buf_release(&c->replan.old_grad);
 	client_buf_release(&c->replan.old_param);
 	plan_free(c->replan.old_plan);

@@ -282,6 +282,35 @@ void devbufs_free(struct devbufs *d)
 	free(d);
 }
 
+/* The events zc_close() could not destroy: a list of their arrays, so they
+ * stay reachable (leak checkers see them kept, not lost). */
+struct kept {
+	void **ready, **done;
+	struct kept *next;
+};
+static struct kept *kept_events;
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void devbufs_keep_events(struct devbufs *d)
+{
+	struct kept *k;
+
+	if (!d)
+		return;
+	k = calloc(1, sizeof(*k));
+	if (!k)
+		return; /* d is leaked whole: still never destroyed under zerod */
+	k->ready = d->ready;
+	k->done = d->done;
+	pthread_mutex_lock(&kept_mu);
+	k->next = kept_events;
+	kept_events = k;
+	pthread_mutex_unlock(&kept_mu);
+	free(d->ready_h);
+	free(d->done_h);
+	free(d);
+}
+
 void *devbufs_grad(const struct devbufs *d)
 {
 	return d->grad;
@@ -318,21 +347,57 @@ int devbufs_to_pb(const struct devbufs *d, Zerod__V1__CudaBuffers *pb, void **re
 	return 0;
 }
 
+/* Run with the buffers' device current, then the caller's again: an event
+ * is of the device it was made on, a record or a wait on it must be issued
+ * there, and stream 0 (the legacy default stream) is the current device's. */
+static int on_device(const struct devbufs *d, cuerr (*fn)(const struct devbufs *, void *, void *),
+		     void *stream, void *arg, const char *what, char *err, size_t errlen)
+{
+	int cur = 0;
+	cuerr e, e2;
+
+	if ((e = rt.get_device(&cur)) != CU_SUCCESS ||
+	    (cur != d->dev && (e = rt.set_device(d->dev)) != CU_SUCCESS))
+		return cu_fail(e, "cudaSetDevice", err, errlen);
+	e = fn(d, stream, arg);
+	e2 = cur != d->dev ? rt.set_device(cur) : CU_SUCCESS;
+	if (e != CU_SUCCESS)
+		return cu_fail(e, what, err, errlen);
+	return e2 == CU_SUCCESS ? 0 : cu_fail(e2, "cudaSetDevice (back)", err, errlen);
+}
+
+static cuerr record(const struct devbufs *d, void *stream, void *arg)
+{
+	(void)d;
+	return rt.ev_record(arg, stream);
+}
+
+struct waits {
+	uint64_t t;
+};
+
+static cuerr wait_all(const struct devbufs *d, void *stream, void *arg)
+{
+	const struct waits *w = arg;
+
+	for (uint32_t b = 0; b < d->nbuckets; b++) {
+		cuerr e = rt.wait_event(stream, d->done[(size_t)b * d->ring + w->t % d->ring], 0);
+		if (e != CU_SUCCESS)
+			return e;
+	}
+	return CU_SUCCESS;
+}
+
 int devbufs_record_ready(struct devbufs *d, uint32_t bucket, uint64_t t, void *stream, char *err,
 			 size_t errlen)
 {
-	cuerr e = rt.ev_record(d->ready[(size_t)bucket * d->ring + t % d->ring], stream);
-
-	return e == CU_SUCCESS ? 0 : cu_fail(e, "cudaEventRecord(ready event)", err, errlen);
+	return on_device(d, record, stream, d->ready[(size_t)bucket * d->ring + t % d->ring],
+			 "cudaEventRecord(ready event)", err, errlen);
 }
 
 int devbufs_wait_done(struct devbufs *d, uint64_t t, void *stream, char *err, size_t errlen)
 {
-	for (uint32_t b = 0; b < d->nbuckets; b++) {
-		cuerr e = rt.wait_event(stream, d->done[(size_t)b * d->ring + t % d->ring], 0);
+	struct waits w = {t};
 
-		if (e != CU_SUCCESS)
-			return cu_fail(e, "cudaStreamWaitEvent(done event)", err, errlen);
-	}
-	return 0;
+	return on_device(d, wait_all, stream, &w, "cudaStreamWaitEvent(done event)", err, errlen);
 }

@@ -22,8 +22,16 @@ struct devbufs;
 int devbufs_open(void *grad, void *param, uint64_t bytes, uint32_t nbuckets, struct devbufs **ret,
 		 char *err, size_t errlen);
 
-/* Destroy the events. Accepts NULL. */
+/* Destroy the events. Accepts NULL. Only once zerod has released them
+ * (it closed its imports: a re-plan it took or refused), or never sent. */
 void devbufs_free(struct devbufs *d);
+
+/* Free d but keep its events for the rest of the process: zerod may still
+ * wait on or record them (a job being torn down after a Goodbye, which
+ * nothing answers), and using an imported event after its exporter
+ * destroyed it is undefined. The driver frees them when the process exits.
+ * Accepts NULL. */
+void devbufs_keep_events(struct devbufs *d);
 
 void *devbufs_grad(const struct devbufs *d);
 void *devbufs_param(const struct devbufs *d);

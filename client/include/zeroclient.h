@@ -392,6 +392,10 @@ int zc_connect(const struct zc_config *cfg, zc_client **ret_client);
  *            still freed with zc_future_free(). Accepts NULL. In a child after
  *            fork() it releases nothing (see the top of this file).
  * Threads:   no other call on c may run or follow.
+ *            CUDA buffers' events (zc_register_buffers()) are not destroyed:
+ *            zerod may still wait on or record them while it tears the job
+ *            down after the goodbye, which nothing answers; they stay until
+ *            the process exits (2 x ZC_CUDA_EVENT_RING per bucket).
  * Blocking:  until a checkpoint in flight is written, then at most ~200 ms
  *            for the goodbye to leave.
  */

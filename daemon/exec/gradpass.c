@@ -35,6 +35,9 @@ struct pass {
 };
 
 _Static_assert(OPTIM_NORM_CHUNK == HOST_CHUNK, "the norm's chunks are the pass's");
+_Static_assert(OPTIM_NORM_CHUNK % OPTIM_NORM_LANES == 0 &&
+		       (OPTIM_NORM_LANES & (OPTIM_NORM_LANES - 1)) == 0,
+	       "whole rows of lanes, a tree of halves");
 
 /* The piece of chunk i and the chunk's place in it. *ret_g points at the
  * chunk's first element, of the piece's dtype (cast: see lowp_get). */

@@ -5,8 +5,13 @@
  * differ between processes); map() finds the device by UUID, opens the
  * handle there with cudaIpcMemLazyEnablePeerAccess (peer access between the
  * daemon's devices is enabled only if something ever reaches across), checks
- * that offset + bytes lies inside the allocation, and hands out base +
- * offset.
+ * that offset + bytes lies inside what was mapped, and hands out base +
+ * offset. The offset is from the pointer the exporter made the handle of
+ * (its cuMemGetAddressRange base), and the opened pointer is that pointer's
+ * image here; but cudaMalloc carves small allocations out of larger blocks,
+ * and IPC maps the whole block, so here the range around the opened
+ * pointer may begin before it and end after the allocation: the buffer is
+ * checked against that range, never required to start at its base.
  *
  * Threads: cudaIpcOpenMemHandle can take long (the first call on a device
  * creates the daemon's context there), so map and unmap block
@@ -146,9 +151,11 @@ static int cuda_map(const struct mem_desc *desc, uint64_t bytes, struct mem_map 
 		cuda_unmap(m);
 		return ZC_EMAP;
 	}
-	/* the handle is of the base: the buffer must lie inside it */
-	if ((uintptr_t)base != (uintptr_t)m->base || desc->cuda.offset > size ||
-	    bytes > size - desc->cuda.offset) {
+	/* the buffer must lie inside what is mapped here: [base, base + size)
+	 * holds the opened pointer, maybe not at its start (a block) */
+	uintptr_t at = (uintptr_t)m->base - (uintptr_t)base;
+	if ((uintptr_t)m->base < (uintptr_t)base || at > size ||
+	    desc->cuda.offset > size - at || bytes > size - at - desc->cuda.offset) {
 		snprintf(err, errlen,
 			 "%s: %llu bytes at offset %llu do not fit the %zu-byte allocation",
 			 uuid_str(desc->cuda.uuid, ubuf), (unsigned long long)bytes,

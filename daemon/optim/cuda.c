@@ -17,6 +17,13 @@
  * copies, on its lanes). The at_end passes (unscale, norms, clipping) run
  * here as kernels in gradelem.h's order, so their norms are the CPU's bits.
  *
+ * Device memory is allocated by state_alloc and freed by close, never in
+ * between: a cudaMalloc or cudaFree while the job runs would wait for the
+ * whole device, NCCL kernels waiting on peers and streams waiting on
+ * trainers' events included. So each owner's scratch (the edit flags, the
+ * norm's chunk sums and counts) is sized there for the most any call can
+ * need: a flag per piece it owns, a sum and a count per chunk of them.
+ *
  * A bf16/fp16 run() first checks every such piece's parameters against its
  * narrowed master; if one was edited (without zc_params_changed()) nothing
  * is stepped and run() returns ZC_EPARAMEDIT naming the first (the CPU
@@ -46,8 +53,10 @@ struct rstate {
 	float *arr[3]; /* m, v, vmax: nelems each, NULL where not kept */
 	float *master; /* nmaster floats */
 	uint64_t nelems, nmaster;
-	void *scratch; /* flags and the norm's chunk sums, grown on demand */
-	size_t scratch_bytes;
+	void *scratch; /* flags or the norm's chunk sums and counts: npieces
+			* words, nchunks CHUNK_BYTES, whichever is more */
+	uint32_t npieces; /* the pieces it owns */
+	uint64_t nchunks; /* their norm chunks */
 };
 
 /* Where a piece's state is in its owner's allocation. */
@@ -56,6 +65,8 @@ struct dpiece {
 	uint64_t n;
 	uint32_t owner;
 	uint64_t dat, dmat;
+	uint32_t oidx;   /* its index among its owner's pieces: its edit flag */
+	uint64_t chunk0; /* its first chunk among its owner's: its norm sums */
 };
 
 struct optim_ctx {
@@ -174,6 +185,23 @@ static int copy_sync(struct optim_ctx *c, uint32_t r, void *dst, const void *src
 
 /* ----------------------------------------------------------- the state --- */
 
+static uint64_t nchunks(const struct optim_piece *pc)
+{
+	return (pc->n + OPTIM_NORM_CHUNK - 1) / OPTIM_NORM_CHUNK;
+}
+
+/* A chunk's sum (double) and non-finite count (uint32) in its owner's
+ * scratch: the owner's nchunks sums, then as many counts. */
+#define CHUNK_BYTES (sizeof(double) + sizeof(uint32_t))
+
+/* The most any call needs of rank rs's scratch. */
+static size_t scratch_bytes(const struct rstate *rs)
+{
+	size_t flags = rs->npieces * sizeof(uint32_t), sums = rs->nchunks * CHUNK_BYTES;
+
+	return flags > sums ? flags : sums; /* > 0: the owner has a piece */
+}
+
 static int cuda_state_alloc(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
 			    unsigned arrays)
 {
@@ -196,7 +224,11 @@ static int cuda_state_alloc(struct optim_ctx *c, const struct optim_piece *pcs, 
 					   .n = pc->n,
 					   .owner = pc->owner,
 					   .dat = rs->nelems,
-					   .dmat = rs->nmaster};
+					   .dmat = rs->nmaster,
+					   .oidx = rs->npieces,
+					   .chunk0 = rs->nchunks};
+		rs->npieces++;
+		rs->nchunks += nchunks(pc);
 		rs->nelems += pc->n;
 		if (pc->dtype != ZC_DTYPE_F32)
 			rs->nmaster += pc->n;
@@ -206,13 +238,16 @@ static int cuda_state_alloc(struct optim_ctx *c, const struct optim_piece *pcs, 
 		struct rstate *rs = &c->rs[r];
 		uint64_t total = rs->nelems * narr + rs->nmaster;
 		float *at;
+		int e;
 
-		if (total == 0)
+		if (rs->npieces == 0)
 			continue;
 		CUDA_TRY(cudaSetDevice(c->dev[r]));
+		CUDA_TRY(cudaMalloc(&rs->scratch, scratch_bytes(rs)));
+		if (total == 0)
+			continue; /* only empty pieces: flags, no state */
 		CUDA_TRY(cudaMalloc((void **)&rs->base, total * sizeof(float)));
-		int e = copy_sync(c, r, rs->base, NULL, total * sizeof(float),
-				  cudaMemcpyHostToDevice);
+		e = copy_sync(c, r, rs->base, NULL, total * sizeof(float), cudaMemcpyHostToDevice);
 		if (e < 0)
 			return e;
 		at = rs->base;
@@ -242,15 +277,23 @@ static const struct dpiece *find_piece(const struct optim_ctx *c, uint64_t at)
 	return lo < c->ndp && c->dp[lo].at == at ? &c->dp[lo] : NULL;
 }
 
+/* Where the state keeps piece pc, or NULL if it is none of the layout's
+ * (pieces are fixed for the job: same offset, same piece). */
+static const struct dpiece *known_piece(const struct optim_ctx *c, const struct optim_piece *pc)
+{
+	const struct dpiece *d = find_piece(c, pc->at);
+
+	return d && d->n == pc->n && d->owner == pc->owner ? d : NULL;
+}
+
 /* Piece pc's array `which` (enum optim_array) on its owner's device, or
  * NULL where the state has none. */
 static float *piece_array(const struct optim_ctx *c, const struct optim_piece *pc, unsigned which)
 {
-	const struct dpiece *d = find_piece(c, pc->at);
+	const struct dpiece *d = known_piece(c, pc);
 	const struct rstate *rs;
 
-	/* pieces are fixed for the job: same offset, same piece */
-	if (!d || d->n != pc->n || d->owner != pc->owner)
+	if (!d)
 		return NULL;
 	rs = &c->rs[d->owner];
 	if (which == OPTIM_ARRAY_MASTER)
@@ -271,26 +314,6 @@ static int cuda_state_io(struct optim_ctx *c, const struct optim_piece *pc, unsi
 	if (write)
 		return copy_sync(c, pc->owner, d, buf, bytes, cudaMemcpyHostToDevice);
 	return copy_sync(c, pc->owner, buf, d, bytes, cudaMemcpyDeviceToHost);
-}
-
-/* At least bytes of rank r's scratch, on its device. */
-static int scratch(struct optim_ctx *c, uint32_t r, size_t bytes, void **ret)
-{
-	struct rstate *rs = &c->rs[r];
-
-	if (rs->scratch_bytes < bytes) {
-		size_t want = bytes < 4096 ? 4096 : bytes;
-
-		CUDA_TRY(cudaSetDevice(c->dev[r]));
-		CUDA_TRY(cudaStreamSynchronize(c->stream[r]));
-		CUDA_TRY(cudaFree(rs->scratch));
-		rs->scratch = NULL;
-		rs->scratch_bytes = 0;
-		CUDA_TRY(cudaMalloc(&rs->scratch, want));
-		rs->scratch_bytes = want;
-	}
-	*ret = rs->scratch;
-	return 0;
 }
 
 /* Wait for every stream c->used marks: r, or else the first error. */
@@ -353,51 +376,54 @@ static int cuda_masters(struct optim_ctx *c, const struct optim_piece *pcs, uint
 
 /* ------------------------------------------------------------- the step --- */
 
-/* The first n words of owner o's scratch. */
-static int fetch_words(struct optim_ctx *c, uint32_t o, uint32_t *dst, size_t n)
-{
-	return copy_sync(c, o, dst, c->rs[o].scratch, n * sizeof(*dst), cudaMemcpyDeviceToHost);
-}
-
 /* bf16/fp16: the first piece (index into pcs) whose parameters are no
- * longer its narrowed master into *ret_first, or n if none. */
+ * longer its narrowed master into *ret_first, or n if none. Each piece's
+ * flag is its owner's scratch word at the piece's index among the owner's. */
 static int check_edits(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
 		       uint32_t *ret_first)
 {
-	uint32_t *flags = malloc((n ? n : 1) * sizeof(*flags));
+	uint32_t *flags, most = 1;
 	int r = 0;
 
+	for (uint32_t o = 0; o < c->world; o++)
+		most = c->rs[o].npieces > most ? c->rs[o].npieces : most;
+	flags = malloc(most * sizeof(*flags));
 	if (!flags)
 		return -ENOMEM;
 	memset(c->used, 0, c->world * sizeof(*c->used));
-	/* one flag per piece, in its owner's scratch at the piece's index */
 	for (uint32_t k = 0; k < n && r == 0; k++) {
 		struct optim_kern a = {.op = OPTIM_KOP_CHECK};
+		const struct dpiece *d = known_piece(c, &pcs[k]);
 		uint32_t o = pcs[k].owner;
-		void *sc;
 
 		if (pcs[k].dtype == ZC_DTYPE_F32)
 			continue;
+		if (!d) {
+			r = -EINVAL;
+			break;
+		}
 		if (!c->used[o]) {
-			r = scratch(c, o, n * sizeof(uint32_t), &sc);
-			if (r < 0)
-				break;
+			c->used[o] = true;
 			CUDA_GOTO(cudaSetDevice(c->dev[o]), r, out);
-			CUDA_GOTO(cudaMemsetAsync(sc, 0, n * sizeof(uint32_t), c->stream[o]), r,
-				  out);
+			CUDA_GOTO(cudaMemsetAsync(c->rs[o].scratch, 0,
+						  c->rs[o].npieces * sizeof(uint32_t), c->stream[o]),
+				  r, out);
 		}
 		a.master = piece_array(c, &pcs[k], OPTIM_ARRAY_MASTER);
-		a.count = (uint32_t *)c->rs[o].scratch + k;
+		a.count = (uint32_t *)c->rs[o].scratch + d->oidx;
 		r = a.master ? launch(c, &pcs[k], &a) : -EINVAL;
 	}
 out:
 	r = wait_used(c, r);
 	*ret_first = n;
 	for (uint32_t o = 0; o < c->world && r == 0; o++) {
-		if (!c->used[o] || (r = fetch_words(c, o, flags, n)) < 0)
+		if (!c->used[o] ||
+		    (r = copy_sync(c, o, flags, c->rs[o].scratch,
+				   c->rs[o].npieces * sizeof(*flags), cudaMemcpyDeviceToHost)) < 0)
 			continue;
 		for (uint32_t k = 0; k < *ret_first; k++)
-			if (pcs[k].owner == o && pcs[k].dtype != ZC_DTYPE_F32 && flags[k])
+			if (pcs[k].owner == o && pcs[k].dtype != ZC_DTYPE_F32 &&
+			    flags[known_piece(c, &pcs[k])->oidx])
 				*ret_first = k;
 	}
 	free(flags);
@@ -459,80 +485,66 @@ static int cuda_run(struct optim_ctx *c, const struct optim_call *call)
 
 /* ------------------------------------------------- the at_end passes --- */
 
-static uint64_t nchunks(const struct optim_piece *pc)
+/* Where the norm's chunk sums and counts of piece d go in its owner's
+ * scratch: the owner's nchunks sums, then as many counts. */
+static double *chunk_sum(const struct optim_ctx *c, const struct dpiece *d)
 {
-	return (pc->n + OPTIM_NORM_CHUNK - 1) / OPTIM_NORM_CHUNK;
+	return (double *)c->rs[d->owner].scratch + d->chunk0;
 }
 
-/* A chunk's sum (double) and non-finite count (uint32) in its owner's
- * scratch: the owner's `per` sums, then as many counts. */
-#define CHUNK_BYTES (sizeof(double) + sizeof(uint32_t))
-
-/* Owner o's chunk sums and counts into host (per * CHUNK_BYTES). */
-static int measure_fetch(struct optim_ctx *c, uint32_t o, uint64_t per, double *host)
+static uint32_t *chunk_count(const struct optim_ctx *c, const struct dpiece *d)
 {
-	return copy_sync(c, o, host, c->rs[o].scratch, per * CHUNK_BYTES, cudaMemcpyDeviceToHost);
+	const struct rstate *rs = &c->rs[d->owner];
+
+	return (uint32_t *)((double *)rs->scratch + rs->nchunks) + d->chunk0;
 }
 
 static int cuda_measure(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n, bool scale,
 			float inv_scale, double *sumsq, double *ret_nonfinite)
 {
-	uint64_t *pos = calloc(n ? n : 1, sizeof(*pos)), *per = calloc(c->world, sizeof(*per));
 	double **host = calloc(c->world, sizeof(*host)), bad = 0;
 	int r = 0;
 
-	if (!pos || !per || !host) {
-		r = -ENOMEM;
-		goto out;
-	}
-	for (uint32_t k = 0; k < n; k++) {
-		if (!local_rank(c, pcs[k].owner)) {
-			r = -EINVAL;
-			goto out;
-		}
-		pos[k] = per[pcs[k].owner];
-		per[pcs[k].owner] += nchunks(&pcs[k]);
-	}
+	if (!host)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < n && r == 0; k++)
+		if (!known_piece(c, &pcs[k]))
+			r = -EINVAL; /* a rank of another node, or not the layout */
 	memset(c->used, 0, c->world * sizeof(*c->used));
-	for (uint32_t o = 0; o < c->world && r == 0; o++) {
-		void *sc;
-		if (per[o])
-			r = scratch(c, o, per[o] * CHUNK_BYTES, &sc);
-	}
 	for (uint32_t k = 0; k < n && r == 0; k++) {
-		uint32_t o = pcs[k].owner;
+		const struct dpiece *d = known_piece(c, &pcs[k]);
 		struct optim_kern a = {.op = OPTIM_KOP_MEASURE, .coef = inv_scale, .scale = scale};
 
-		a.sumsq = (double *)c->rs[o].scratch + pos[k];
-		a.count = (uint32_t *)((double *)c->rs[o].scratch + per[o]) + pos[k];
+		a.sumsq = chunk_sum(c, d);
+		a.count = chunk_count(c, d);
 		r = launch(c, &pcs[k], &a);
 	}
 	r = wait_used(c, r);
 	for (uint32_t o = 0; o < c->world && r == 0; o++) {
-		if (!per[o])
+		if (!c->used[o])
 			continue;
-		host[o] = malloc(per[o] * CHUNK_BYTES);
-		r = host[o] ? measure_fetch(c, o, per[o], host[o]) : -ENOMEM;
+		host[o] = malloc(c->rs[o].nchunks * CHUNK_BYTES);
+		r = host[o] ? copy_sync(c, o, host[o], c->rs[o].scratch,
+					c->rs[o].nchunks * CHUNK_BYTES, cudaMemcpyDeviceToHost)
+			    : -ENOMEM;
 	}
 	/* gradpass_measure's order: pieces in order, each piece's chunks in
 	 * order, whichever device holds them */
 	for (uint32_t k = 0; k < n && r == 0; k++) {
-		const double *h = host[pcs[k].owner];
-		const uint32_t *cnt = (const uint32_t *)(h + per[pcs[k].owner]);
+		const struct dpiece *d = known_piece(c, &pcs[k]);
+		const double *h = host[d->owner];
+		const uint32_t *cnt = (const uint32_t *)(h + c->rs[d->owner].nchunks);
 
 		for (uint64_t i = 0; i < nchunks(&pcs[k]); i++) {
-			sumsq[pcs[k].group] += h[pos[k] + i];
-			bad += cnt[pos[k] + i];
+			sumsq[pcs[k].group] += h[d->chunk0 + i];
+			bad += cnt[d->chunk0 + i];
 		}
 	}
 	if (r == 0)
 		*ret_nonfinite = bad;
-out:
-	for (uint32_t o = 0; host && o < c->world; o++)
+	for (uint32_t o = 0; o < c->world; o++)
 		free(host[o]);
 	free(host);
-	free(pos);
-	free(per);
 	return r;
 }
 

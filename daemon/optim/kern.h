@@ -11,9 +11,12 @@
  * test.
  *
  * An item is one element, except for OPTIM_KOP_MEASURE, whose items are the
- * piece's chunks of OPTIM_NORM_CHUNK elements (gradelem.h: the norm's
- * summation order is one thread per chunk, in element order, so the GPU adds
- * in the CPU's order and the norms agree bit for bit).
+ * piece's chunks of OPTIM_NORM_CHUNK elements (gradelem.h's summation
+ * order: per chunk OPTIM_NORM_LANES lanes, each adding its strided elements
+ * in order, then a fixed tree over the lanes). On the host (the double) a
+ * chunk is optim_grad_measure, both loops in turn; on the GPU kern.cu runs
+ * a block per chunk, a thread per lane, and the tree between barriers, so
+ * the GPU adds in the CPU's order and the norms agree bit for bit.
  *
  * bf16/fp16 pieces (zeroclient.h's rules): the averaged gradient is read
  * widened from the owner's gradient buffer, the step runs on the fp32 master
@@ -67,6 +70,14 @@ struct optim_kern {
 static ZD_INLINE ZD_HD uint64_t optim_kern_items(const struct optim_kern *a)
 {
 	return a->op == OPTIM_KOP_MEASURE ? (a->n + OPTIM_NORM_CHUNK - 1) / OPTIM_NORM_CHUNK : a->n;
+}
+
+/* MEASURE: the elements of chunk i (OPTIM_NORM_CHUNK but for the last). */
+static ZD_INLINE ZD_HD uint64_t optim_kern_chunk_n(const struct optim_kern *a, uint64_t i)
+{
+	uint64_t x0 = i * OPTIM_NORM_CHUNK;
+
+	return a->n - x0 < OPTIM_NORM_CHUNK ? a->n - x0 : OPTIM_NORM_CHUNK;
 }
 
 /* The parameter the optimizer steps: the fp32 parameter, or the master. */
@@ -148,10 +159,12 @@ static ZD_INLINE ZD_HD void optim_kern_item(const struct optim_kern *a, uint64_t
 		optim_kern_master(a, i);
 		return;
 	case OPTIM_KOP_MEASURE: {
+#ifndef __CUDA_ARCH__
+		/* the GPU's is kern.cu's block per chunk, never this */
 		uint64_t x0 = i * OPTIM_NORM_CHUNK;
-		uint64_t n = a->n - x0 < OPTIM_NORM_CHUNK ? a->n - x0 : OPTIM_NORM_CHUNK;
-		a->sumsq[i] =
-			optim_grad_measure(a->g, x0, n, a->dtype, a->scale, a->coef, &a->count[i]);
+		a->sumsq[i] = optim_grad_measure(a->g, x0, optim_kern_chunk_n(a, i), a->dtype,
+						 a->scale, a->coef, &a->count[i]);
+#endif
 		return;
 	}
 	case OPTIM_KOP_SCALE:

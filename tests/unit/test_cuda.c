@@ -7,6 +7,7 @@
  *  - the optimizer: every optimizer and flag combination through
  *    optim_cuda_ops.run (kern.h's element body, as the double runs it) bit
  *    for bit against the CPU kernels, over several steps on two devices;
+ *    no device memory allocated or freed between state_alloc and close;
  *  - whole jobs of 2-4 ranks through the real executor (exec.c) with
  *    coll_nccl_ops + optim_cuda_ops, both shard and step modes, against the
  *    same job on the host backend, bit for bit, with streams jittered and
@@ -316,6 +317,81 @@ static void t_kernels(void)
 	      s.live_allocs);
 	test_note("%u optimizer cases, %u kernel launches, bit for bit", cases, s.kernels);
 	check_clean("kernels");
+}
+
+/* Device memory is allocated by state_alloc and freed by close only: a
+ * cudaMalloc or cudaFree while a job runs waits for the whole device. The
+ * edit check, the masters, a step, the norm over pieces of several chunks
+ * and clipping, twice over, leave the count of live allocations as
+ * state_alloc left it. */
+static void t_no_alloc_while_running(void)
+{
+	enum { NE = 34000 }; /* bf16 elements per rank's buffer */
+	static const struct optim_piece lp[] = {
+		{.owner = 0, .off = 0, .n = 20000, .at = 0, .dtype = ZC_DTYPE_BF16, .step = 1},
+		{.owner = 0, .off = 20000, .n = 5000, .at = 20000, .dtype = ZC_DTYPE_BF16, .step = 1},
+		{.owner = 1, .off = 25000, .n = 9000, .at = 25000, .dtype = ZC_DTYPE_BF16, .step = 1},
+	};
+	struct zc_param_group g = ZC_PARAM_GROUP_INIT;
+	float *dg[2], *dp[2], coef[1] = {0.5f};
+	uint32_t local[2] = {0, 1}, edited = 99;
+	struct optim_ctx *ctx = NULL;
+	struct cudadouble_stats s;
+	unsigned live;
+	double sumsq[1], bad;
+
+	reset(2, 0, 0);
+	g.lr = 0.25;
+	for (int d = 0; d < 2; d++) {
+		dg[d] = dev_alloc(d, NE / 2);
+		dp[d] = dev_alloc(d, NE / 2);
+		REQUIRE(dg[d] && dp[d], "buffers");
+		for (size_t i = 0; i < NE; i++) {
+			((uint16_t *)dg[d])[i] = 0x3f80; /* 1.0 */
+			((uint16_t *)dp[d])[i] = 0x4000; /* 2.0 */
+		}
+	}
+	struct optim_config cfg = {
+		.world = 2, .grads = dg, .params = dp, .nlocal = 2, .local = local, .pool = pool()};
+	REQUIRE(optim_cuda_ops.open(&cfg, &ctx) == 0, "open");
+	REQUIRE(optim_cuda_ops.state_alloc(ctx, lp, ARRAY_SIZE(lp), 0) == 0, "state_alloc");
+	REQUIRE(optim_cuda_ops.masters(ctx, lp, ARRAY_SIZE(lp), OPTIM_MASTER_LOAD) == 0, "load");
+	cudadouble_stats(&s);
+	live = s.live_allocs;
+	for (int round = 0; round < 2; round++) {
+		struct optim_call call = {.kind = ZC_OPT_SGD,
+					  .groups = &g,
+					  .pieces = lp,
+					  .npieces = ARRAY_SIZE(lp),
+					  .grad = OPTIM_GRAD_OWNER,
+					  .master = (float *)1, /* not NULL: the state's */
+					  .edited = &edited};
+		int r;
+
+		for (int d = 0; d < 2; d++) /* the last round unscaled and clipped them */
+			for (size_t i = 0; i < NE; i++)
+				((uint16_t *)dg[d])[i] = 0x3f80;
+		r = optim_cuda_ops.run(ctx, &call);
+		CHECK(r == 0, "round %d: run (with the edit check) %d", round, r);
+		sumsq[0] = 0;
+		r = optim_cuda_ops.measure(ctx, lp, ARRAY_SIZE(lp), true, 0.5f, sumsq, &bad);
+		/* 34000 gradients of 1.0 unscaled by 0.5: 34000 / 4 */
+		CHECK(r == 0 && sumsq[0] == 8500.0 && bad == 0, "round %d: measure %d: %g, %g bad",
+		      round, r, sumsq[0], bad);
+		r = optim_cuda_ops.clip(ctx, lp, ARRAY_SIZE(lp), coef);
+		CHECK(r == 0, "round %d: clip %d", round, r);
+		cudadouble_stats(&s);
+		CHECK(s.live_allocs == live, "round %d: %u device allocations live, %u after "
+		      "state_alloc: the job allocated while running", round, s.live_allocs, live);
+	}
+	optim_cuda_ops.close(ctx);
+	for (int d = 0; d < 2; d++) {
+		cudaFree(dg[d]);
+		cudaFree(dp[d]);
+	}
+	cudadouble_stats(&s);
+	CHECK(s.live_allocs == 0, "%u device allocations left after close", s.live_allocs);
+	check_clean("no alloc while running");
 }
 
 /* What run() refuses: the fused pass, a piece of a rank on another node. */
@@ -1607,6 +1683,7 @@ static const struct test_case cases[] = {
 	{"probe_and_backend_choice", t_probe},
 	{"kernels_match_cpu_bit_for_bit", t_kernels},
 	{"kernels_refuse", t_kernels_refuse},
+	{"no_device_alloc_while_running", t_no_alloc_while_running},
 	{"jobs_through_executor_match_host", t_jobs_match_host},
 	{"lowp_jobs_match_host", t_lowp_jobs_match_host},
 	{"clip_found_inf_masks_match_host", t_clip_found_inf_match_host},

@@ -2,7 +2,9 @@
  * test_optim.c — the CPU optimizer backend (daemon/optim/cpu.c) against
  * reference loops written here straight from the formulas in optim.h, bit for
  * bit, over several steps, random data and lengths that leave vector tails;
- * plus a few numbers derived by hand or known from torch.
+ * plus a few numbers derived by hand or known from torch; and the norm's
+ * summation order (gradelem.h: lanes, then a tree), through gradpass.c,
+ * against the contract written out here.
  *
  * The reference rounds every product through a volatile, so it can never be
  * contracted into an FMA whatever the flags: a kernel that contracts (or
@@ -16,6 +18,8 @@
 
 #include "common.h"
 #include "base/hostmem.h"
+#include "base/pool.h"
+#include "exec/gradpass.h"
 #include "optim/optim.h"
 #include "plan.h"
 #include "testlib.h"
@@ -712,7 +716,62 @@ static void test_host_sum_order(void)
 	}
 }
 
+/* gradelem.h's order for one chunk, from its words: lane l adds elements
+ * l, l + 256, ... in order into a double from 0; then lane l += lane l + h
+ * for h = 128, 64, ..., 1. Every sum goes through a volatile. */
+static double contract_chunk(const float *g, size_t n)
+{
+	volatile double lane[256];
+
+	for (size_t l = 0; l < 256; l++) {
+		lane[l] = 0;
+		for (size_t k = l; k < n; k += 256)
+			lane[l] = lane[l] + (double)g[k] * (double)g[k];
+	}
+	for (size_t h = 128; h > 0; h /= 2)
+		for (size_t l = 0; l < h; l++)
+			lane[l] = lane[l] + lane[l + h];
+	return lane[0];
+}
+
+/* The squared norm of a piece of 3 chunks and a partial fourth, its values
+ * of mixed magnitudes so that the order of the additions shows in the bits:
+ * gradpass_measure (the CPU path, and the double's kernels through the same
+ * header) gives the contract's bits, and a chunk summed in element order
+ * (the old order) would not. */
+static void test_norm_order(void)
+{
+	enum { N = 3 * 8192 + 1000 };
+	static float g[N];
+	float *const grads[1] = {g};
+	struct optim_piece pc = {.group = 0, .owner = 0, .off = 0, .n = N, .dtype = ZC_DTYPE_F32};
+	double got[1] = {0}, want = 0, serial = 0, bad = -1;
+	struct pool *pool;
+
+	rng_state = 0x0dd5;
+	for (size_t i = 0; i < N; i++)
+		g[i] = (float)rng_range(-1, 1) * (i % 5 == 0 ? 4096.0f : i % 3 ? 1.0f : 1e-3f);
+	for (size_t x = 0; x < N; x += 8192) {
+		size_t n = N - x < 8192 ? N - x : 8192;
+		volatile double s = 0;
+
+		want += contract_chunk(g + x, n);
+		for (size_t k = 0; k < n; k++)
+			s = s + (double)g[x + k] * (double)g[x + k];
+		serial += s;
+	}
+	REQUIRE(pool_new(2, &pool) == 0, "pool");
+	CHECK(gradpass_measure(pool, grads, &pc, 1, false, 1.0f, got, &bad) == 0 && bad == 0,
+	      "measure");
+	CHECK(memcmp(&got[0], &want, sizeof(want)) == 0, "norm %a, the contract's %a", got[0],
+	      want);
+	/* the data tells the orders apart, or the check above proves nothing */
+	CHECK(memcmp(&serial, &want, sizeof(want)) != 0, "element order gives the same %a", want);
+	pool_free(pool);
+}
+
 static const struct test_case cases[] = {
+	{"norm_order", test_norm_order},
 	{"ops", test_ops},
 	{"host_sum_order", test_host_sum_order},
 	{"sgd_plain", test_sgd_plain},

@@ -343,7 +343,13 @@ class ZerodOptimizer(torch.optim.Optimizer):
         return torch.empty(n, dtype=torch.uint8, device=self.device)
 
     def _stream(self):
-        return torch.cuda.current_stream(self.device).cuda_stream
+        # the current stream of the parameters' device, which is the
+        # buffers' (whatever device is current now); its handle is 0 for
+        # that device's default stream, which libzeroclient resolves with
+        # the buffers' device made current around the record and the wait
+        dev = self.device if self.device.index is not None else \
+            torch.device("cuda", torch.cuda.current_device())
+        return torch.cuda.current_stream(dev).cuda_stream
 
     def _device_sync(self):
         torch.cuda.synchronize(self.device)
