@@ -974,6 +974,7 @@ static void *node_open(void *arg)
 }
 
 static const uint32_t node_of4[4] = {0, 0, 1, 1};
+static size_t gather_bytes_; /* coll_config.gather_bytes of the next nodes_open */
 
 /* World 4: node A holds ranks 0 and 1, node B ranks 2 and 3, rank r on
  * device r; both open concurrently (each waits for the other's ranks). With
@@ -996,7 +997,8 @@ static int nodes_open_via(struct node nodes[2], const ncclUniqueId *id,
 						    .grads = nodes[k].grads,
 						    .params = nodes[k].params,
 						    .nccl_id = id ? id->internal : NULL,
-						    .open_timeout_ms = 5000};
+						    .open_timeout_ms = 5000,
+						    .gather_bytes = gather_bytes_};
 	for (int k = 0; k < 2 && !id; k++) {
 		net[k] = (struct coll_net){.nnodes = 2,
 					   .node = (uint32_t)k,
@@ -1215,21 +1217,40 @@ static void t_two_nodes_store(void)
  * executor's masks and norm partials): through set 2's all-gather, growing
  * its staging, every node the same result; a second gather while one is in
  * flight is -EBUSY; a gather the peer never joins ends on abort. */
+struct submitter {
+	struct coll_group *g;
+	struct coll_req *req;
+	int r;
+};
+
+static void *submit_main(void *arg)
+{
+	struct submitter *s = arg;
+
+	s->r = coll_nccl_ops.submit(s->g, s->req);
+	return NULL;
+}
+
 static void t_two_nodes_gather(void)
 {
 	char dir[] = "/tmp/zerod-test-cuda.XXXXXX";
-	static const size_t sizes[3] = {5, 100, 700}; /* doubles: 40 B, then past 256 B twice */
+	/* doubles: 40 B, the staging's 800 B, then 5600 B in 7 pieces */
+	static const size_t sizes[3] = {5, 100, 700};
 	struct coll_store store;
 	struct coll_net net[2];
 	struct node nodes[2];
 	struct waiter w[2];
+	struct cudadouble_stats s0, s1;
 	double *in[2], *out[2];
 
 	REQUIRE(mkdtemp(dir), "mkdtemp");
 	store = filestore_new(dir);
 	reset(4, 3, 100);
+	gather_bytes_ = 100 * sizeof(double);
 	REQUIRE(nodes_open_via(nodes, NULL, &store, net) == 0, "open through the store: %d %d",
 		nodes[0].r, nodes[1].r);
+	gather_bytes_ = 0;
+	cudadouble_stats(&s0);
 	for (int k = 0; k < 2; k++) {
 		in[k] = malloc(700 * sizeof(double));
 		out[k] = malloc(2 * 700 * sizeof(double));
@@ -1237,6 +1258,8 @@ static void t_two_nodes_gather(void)
 	}
 	for (unsigned t = 0; t < 3; t++) {
 		size_t n = sizes[t];
+		struct submitter sub[2];
+		pthread_t th[2];
 		for (int k = 0; k < 2; k++) {
 			for (size_t i = 0; i < n; i++)
 				in[k][i] = 1000.0 * (k + 1) + (double)i + 0.25 * t;
@@ -1248,6 +1271,12 @@ static void t_two_nodes_gather(void)
 						     .gout = out[k],
 						     .gbytes = n * sizeof(double),
 						     .done = waiter_done};
+			/* a gather in pieces waits for each in submit: a thread each */
+			sub[k] = (struct submitter){.g = nodes[k].g, .req = &w[k].req};
+			if (t == 2) {
+				pthread_create(&th[k], NULL, submit_main, &sub[k]);
+				continue;
+			}
 			CHECK(coll_nccl_ops.submit(nodes[k].g, &w[k].req) == 0, "gather %u: submit",
 			      t);
 			if (t == 0 && k == 0) {
@@ -1257,6 +1286,10 @@ static void t_two_nodes_gather(void)
 				CHECK(r == -EBUSY, "a second gather in flight: %d (want -EBUSY)",
 				      r);
 			}
+		}
+		for (int k = 0; k < 2 && t == 2; k++) {
+			pthread_join(th[k], NULL);
+			CHECK(sub[k].r == 0, "gather %u: node %d: submit %d", t, k, sub[k].r);
 		}
 		for (int k = 0; k < 2; k++) {
 			CHECK(waiter_wait(&w[k], 5000) == 0 && w[k].calls == 1,
@@ -1275,6 +1308,11 @@ static void t_two_nodes_gather(void)
 			}
 		}
 	}
+	/* the staging was sized at open: the gathers allocated nothing (a
+	 * cudaMalloc or cudaFree during a step would wait for the device) */
+	cudadouble_stats(&s1);
+	CHECK(s1.live_allocs == s0.live_allocs, "gathers allocated: %u live allocations, then %u",
+	      s0.live_allocs, s1.live_allocs);
 	/* node 1 never joins: node 0's gather ends on abort, no hang */
 	waiter_init(&w[0]);
 	w[0].req = (struct coll_req){.kind = COLL_GATHER,
