@@ -13,7 +13,11 @@
  *    every non-blocking NCCL call answering ncclInProgress first;
  *  - two nodes sharing one NCCL unique id: every collective kind, done()
  *    from a stream's thread, never the submitter's; the gather in node
- *    order (growing staging, -EBUSY while one is in flight, abort);
+ *    order (staging sized at open: no allocation during gathers, a larger
+ *    one in pieces; -EBUSY while one is in flight, abort);
+ *  - a trainer whose ready event never completes: the REDUCE fails with
+ *    -ETIMEDOUT naming the event (or -ECANCELED on abort) and close returns
+ *    at once instead of waiting on the event;
  *  - two processes on one id (the double's cliques in shared memory): an
  *    all-reduce and a gather moving bytes between them, and a peer process
  *    that leaves after the open failing the other's all-reduce with
@@ -29,6 +33,8 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
@@ -45,6 +51,7 @@
 #include "exec/exec.h"
 #include "filestore.h"
 #include "lowp.h"
+#include "mem/cudabufs.h"
 #include "mem/mem.h"
 #include "base/pool.h"
 #include "testlib.h"
@@ -1581,6 +1588,108 @@ static void t_abort(void)
 	check_clean("abort");
 }
 
+/* ------------------------------------------------- a dead trainer --- */
+
+static atomic_bool trainer_release;
+
+/* On the trainer's stream: a trainer hung (or dead) before its ready event. */
+static void trainer_hang(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&trainer_release))
+		usleep(1000);
+}
+
+/* A REDUCE behind a trainer's ready event that never completes: it must
+ * fail (-ETIMEDOUT after ready_timeout_ms, naming the event; -ECANCELED at
+ * once on abort), and close must return at once, not wait on the event. */
+static void t_dead_trainer(void)
+{
+	cudaEvent_t ev[2];
+	cudaStream_t ts;
+	struct cudabufs cb = {.ring = 1, .nbuckets = 1};
+	struct cudabufs *bufs[1] = {&cb};
+	uint8_t handles[2 * CUDABUFS_EVENT_BYTES] = {0};
+	float *grads[1], *params[1];
+	struct coll_range whole = {.owner = 0, .off = 0, .n = NN};
+	struct waiter w;
+	int64_t t0;
+	int r;
+
+	reset(1, 2, 0);
+	atomic_store(&trainer_release, false);
+	grads[0] = dev_alloc(0, NN);
+	params[0] = dev_alloc(0, NN);
+	REQUIRE(grads[0] && params[0], "buffers");
+	REQUIRE(cudaStreamCreateWithFlags(&ts, cudaStreamNonBlocking) == cudaSuccess, "stream");
+	for (int i = 0; i < 2; i++) {
+		cudaIpcEventHandle_t h;
+		REQUIRE(cudaEventCreateWithFlags(&ev[i], cudaEventInterprocess |
+								 cudaEventDisableTiming) ==
+				cudaSuccess &&
+			cudaIpcGetEventHandle(&h, ev[i]) == cudaSuccess,
+			"event %d", i);
+		memcpy(handles + i * CUDABUFS_EVENT_BYTES, &h, sizeof(h));
+	}
+	cb.events = handles;
+	/* the trainer's ready event, recorded behind a host function that hangs */
+	REQUIRE(cudaLaunchHostFunc(ts, trainer_hang, NULL) == cudaSuccess &&
+			cudaEventRecord(ev[0], ts) == cudaSuccess,
+		"record");
+	for (int pass = 0; pass < 2; pass++) {
+		struct coll_config cfg = {.world = 1,
+					  .grads = grads,
+					  .params = params,
+					  .bufs = bufs,
+					  .ready_timeout_ms = pass == 0 ? 60000 : 300};
+		struct coll_group *g = NULL;
+
+		r = coll_nccl_ops.open(&cfg, &g);
+		REQUIRE(r == 0, "open: %d", r);
+		waiter_init(&w);
+		w.req = (struct coll_req){.kind = COLL_REDUCE,
+					  .mode = ZC_SHARD_BUCKET,
+					  .ranges = &whole,
+					  .nranges = 1,
+					  .ev = COLL_EV_WAIT_READY,
+					  .done = waiter_done};
+		t0 = now_ms();
+		/* submit polls the event on the host: from a thread, as a lane */
+		struct submitter sub = {.g = g, .req = &w.req};
+		pthread_t th;
+		pthread_create(&th, NULL, submit_main, &sub);
+		if (pass == 0) {
+			/* the job's stall timeout passes: the core aborts the group */
+			CHECK(waiter_wait(&w, 200) == 1, "done before the trainer's event: %d",
+			      w.status);
+			coll_nccl_ops.abort(g);
+			r = waiter_wait(&w, 2000);
+			CHECK(r == -ECANCELED, "abort while waiting for the event: %d", r);
+		} else {
+			r = waiter_wait(&w, 5000);
+			CHECK(r == -ETIMEDOUT && now_ms() - t0 < 3000,
+			      "past ready_timeout_ms: %d after %" PRId64 " ms (want -ETIMEDOUT)", r,
+			      now_ms() - t0);
+			CHECK(strstr(coll_nccl_ops.last_error(g, 0),
+				     "rank 0's ready event of bucket 0, iteration 0"),
+			      "last_error: \"%s\"", coll_nccl_ops.last_error(g, 0));
+		}
+		pthread_join(th, NULL);
+		CHECK(sub.r == 0, "submit: %d", sub.r);
+		t0 = now_ms();
+		coll_nccl_ops.close(g);
+		CHECK(now_ms() - t0 < 2000, "close took %" PRId64 " ms with the trainer hung",
+		      now_ms() - t0);
+	}
+	atomic_store(&trainer_release, true);
+	cudaStreamDestroy(ts);
+	cudaEventDestroy(ev[0]);
+	cudaEventDestroy(ev[1]);
+	cudaFree(grads[0]);
+	cudaFree(params[0]);
+	check_clean("dead trainer");
+}
+
 /* ------------------------------------------------------------- IPC --- */
 
 static void t_ipc(void)
@@ -1656,6 +1765,7 @@ static const struct test_case cases[] = {
 	{"open_refuses", t_open_refuses},
 	{"async_error_ends_stuck_collective", t_async_error},
 	{"abort_ends_stuck_collective", t_abort},
+	{"dead_trainer_fails_request_close_returns", t_dead_trainer},
 	{"ipc_buffers", t_ipc},
 };
 
