@@ -82,6 +82,10 @@
  * finalize wait for the other ranks), never the watchdog, whose abort must
  * be able to end a settle held there (the settle sees stop and returns).
  *
+ * It is over 1,200 lines: the communicators, the watchdog, the launch order,
+ * the events and the gather staging all live in one struct coll_group, and
+ * splitting them would put that struct in a header for their sake alone.
+ *
  * Locks: a set's mutex is held while its communicators are called (NCCL
  * communicators are not thread-safe), the group's mutex guards the requests.
  * Order: set 0, set 1, set 2, then the device mutexes (ascending), or the
