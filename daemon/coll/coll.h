@@ -87,6 +87,12 @@ struct coll_config {
 	 * rings (cudabufs.h), [world], NULL for ranks on other nodes; open
 	 * opens the events (once per plan), close closes them. NULL: none. */
 	struct cudabufs *const *bufs;
+	/* nccl: how long a request waits for a trainer's ready event before it
+	 * fails with -ETIMEDOUT (the job's stall timeout); <= 0: 60 s */
+	int ready_timeout_ms;
+	/* nccl: the largest gather's gbytes (the step's; larger ones go in
+	 * pieces), so its staging is sized at open; 0: 256 */
+	size_t gather_bytes;
 };
 
 /* One owner's share of a bucket: flat elements [off, off + n) of the

@@ -29,8 +29,12 @@
  *     (a copy: no arithmetic), then local rank 0's stream copies the result
  *     back to the pinned buffer and a host function picks each node's part
  *     (that of its lowest rank) in node order into gout. One gather at a
- *     time per group (the executor waits for each; another is -EBUSY); the
- *     staging grows and is freed at close. One node: gin copied to gout.
+ *     time per group (the executor waits for each; another is -EBUSY). The
+ *     staging is sized at open (coll_config.gather_bytes, the step's
+ *     largest) and never grows: nothing is allocated or freed while the job
+ *     runs (cudaFree waits for the whole device, NCCL kernels waiting on
+ *     peers included); a larger gather (a state export) goes through it in
+ *     pieces, one after the other. One node: gin copied to gout.
  * ncclAvg is NCCL's own average (2.10+; for floats a pre-multiplied sum), so
  * results match the host backend's sum-then-divide only to rounding. bf16 and
  * fp16 buckets are reduced in their own type (ncclBfloat16, ncclFloat16).
@@ -50,18 +54,46 @@
  *
  * Events (CUDA IPC buffers, coll_config.bufs): open opens each local
  * rank's interprocess event rings once (cudaIpcOpenEventHandle, on the
- * rank's device). A REDUCE first makes each local stream wait on its
- * trainer's ready events of the request's buckets (cudaStreamWaitEvent: no
- * host waits), and a BCAST records their done events on its streams after
+ * rank's device). A REDUCE first polls its trainers' ready events of the
+ * request's buckets from the host (cudaEventQuery) until they are complete,
+ * then makes each local stream wait on them (cudaStreamWaitEvent, by then
+ * a formality), and a BCAST records their done events on its streams after
  * the collectives, before the host functions; iteration t uses ring slot
- * t % ring (docs/DATAPLANE.md says why a ring).
+ * t % ring (docs/DATAPLANE.md says why a ring). Why poll: ncclCommAbort
+ * cannot cancel a stream's wait on an event, so a wait queued behind a dead
+ * trainer's event would hold the stream, and close, for ever. The poll ends
+ * on abort, and fails the request with -ETIMEDOUT after
+ * coll_config.ready_timeout_ms (the job's stall timeout), last_error naming
+ * the rank, bucket and iteration. Close drains each stream with a deadline
+ * (an event recorded and polled) and abandons, with a log line, one that
+ * does not drain, leaking the group rather than hanging.
+ *
+ * Launch order (NCCL: communicators of one device must not be called from
+ * two threads at once, and every device must see collectives of different
+ * communicators in one order, or their kernels may wait on each other):
+ * one mutex per CUDA device for the whole process (dev_mu, shared by every
+ * set and every job on that device) is held from ncclGroupStart to the end
+ * of the settle that follows ncclGroupEnd, for the reductions, broadcasts
+ * and gathers alike. A group call spans every local device, so it takes
+ * their mutexes in ascending order and holds all of them: the collectives
+ * of all lanes and jobs reach every local GPU in one order, the order in
+ * which they got the locks. Nothing else runs under them: no host wait for
+ * a trainer's event (polled before), no open or close (init, split and
+ * finalize wait for the other ranks), never the watchdog, whose abort must
+ * be able to end a settle held there (the settle sees stop and returns).
+ *
+ * It is over 1,200 lines: the communicators, the watchdog, the launch order,
+ * the events and the gather staging all live in one struct coll_group, and
+ * splitting them would put that struct in a header for their sake alone.
  *
  * Locks: a set's mutex is held while its communicators are called (NCCL
  * communicators are not thread-safe), the group's mutex guards the requests.
- * Order: set 0, set 1, group; the executor's mutex is taken by done(), never
- * under either of ours.
+ * Order: set 0, set 1, set 2, then the device mutexes (ascending), or the
+ * group's; the device mutexes and the group's are never held together. The
+ * executor's mutex is taken by done(), never under any of ours.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -73,6 +105,7 @@
 #include "common.h"
 #include "mem/cudabufs.h"
 #include "base/cudacheck.h"
+#include "base/log.h"
 #include "plan.h"
 
 #define NSETS            3 /* reductions, broadcasts, gathers (several nodes) */
@@ -81,6 +114,9 @@
 #define ISSUE_NS         20000L   /* between polls of a call answered ncclInProgress */
 #define OPEN_TIMEOUT_MS  60000
 #define CLOSE_TIMEOUT_MS 10000
+#define READY_TIMEOUT_MS 60000
+#define GATHER_MIN       256 /* bytes per rank of gather staging at least */
+#define DEV_LOCKS        64  /* device mutexes; device d takes dev_mu[d % DEV_LOCKS] */
 
 _Static_assert(COLL_UNIQUE_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "coll.h's id size is NCCL's");
 
@@ -99,13 +135,6 @@ struct cset {
 	cudaStream_t *stream; /* [nlocal] */
 };
 
-/* Staging a gather outgrew: it may still be read by work on the streams. */
-struct parked {
-	void *p;
-	int dev; /* -1: pinned host memory */
-	struct parked *next;
-};
-
 struct coll_group {
 	uint32_t world, nlocal;
 	uint32_t *local;         /* [nlocal]: the ranks on this node, ascending */
@@ -117,15 +146,18 @@ struct coll_group {
 	uint32_t ring, nev;
 	bool comms_live; /* communicators exist and were not aborted (watchdog, close) */
 	unsigned nsets;  /* 2, or 3 over several nodes (set 2 gathers) */
+	int ready_ms;    /* how long a request waits for a trainer's ready event */
+	/* dev_mu indices of the local devices, ascending, each once */
+	unsigned *lk, nlk;
 
 	/* gathers (set 2, under its mutex): nodes and their first ranks */
 	uint32_t nnodes;
 	uint32_t *node_first;  /* [nnodes]: the lowest rank of each node */
-	void **gdev;           /* [nlocal]: world * gcap bytes on each local device */
-	char *ghost;           /* pinned: (1 + world) * gcap bytes, gin then the result */
-	size_t gcap;           /* bytes per rank the staging holds */
-	struct parked *parked; /* outgrown staging, freed at close */
-	bool gbusy;            /* a gather is in flight (under mu) */
+	void **gdev;  /* [nlocal]: world * gcap bytes on each local device */
+	char *ghost;  /* pinned: (1 + world) * gcap bytes, gin then the result */
+	char *gpiece; /* nnodes * gcap: a piece of a larger gather, every node's */
+	size_t gcap;  /* bytes per rank the staging holds (open sizes it) */
+	bool gbusy;   /* a gather is in flight (under mu) */
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -136,7 +168,30 @@ struct coll_group {
 	bool quit;             /* close: the watchdog leaves */
 	bool watchdog_started;
 	pthread_t watchdog;
+	char why[256]; /* the fault in words (last_error), under mu */
 };
+
+static pthread_mutex_t dev_mu[DEV_LOCKS];
+static pthread_once_t dev_mu_once = PTHREAD_ONCE_INIT;
+
+static void dev_mu_init(void)
+{
+	for (unsigned i = 0; i < DEV_LOCKS; i++)
+		pthread_mutex_init(&dev_mu[i], NULL);
+}
+
+/* The local devices' mutexes, in ascending order (see the opening comment). */
+static void devs_lock(const struct coll_group *g)
+{
+	for (unsigned i = 0; i < g->nlk; i++)
+		pthread_mutex_lock(&dev_mu[g->lk[i]]);
+}
+
+static void devs_unlock(const struct coll_group *g)
+{
+	for (unsigned i = g->nlk; i-- > 0;)
+		pthread_mutex_unlock(&dev_mu[g->lk[i]]);
+}
 
 static void sleep_ns(long ns)
 {
@@ -194,12 +249,15 @@ static void drop_pending(struct coll_group *g, struct nreq *q, unsigned n)
 	pthread_mutex_unlock(&g->mu);
 }
 
-/* Record the first fault and wake the watchdog to act on it. */
-static void fault(struct coll_group *g, int err)
+/* Record the first fault (why: in words, or NULL) and wake the watchdog to
+ * act on it. */
+static void fault(struct coll_group *g, int err, const char *why)
 {
 	pthread_mutex_lock(&g->mu);
-	if (!g->error && err != -ECANCELED)
+	if (!g->error && err != -ECANCELED) {
 		g->error = err;
+		snprintf(g->why, sizeof(g->why), "%s", why ? why : zc_strerror(err));
+	}
 	atomic_store(&g->stop, true);
 	pthread_cond_broadcast(&g->cv);
 	pthread_mutex_unlock(&g->mu);
@@ -354,8 +412,10 @@ static void *watchdog_main(void *arg)
 		int r = comms_poll(g);
 		pthread_mutex_lock(&g->mu);
 		if (r < 0) {
-			if (!g->error)
+			if (!g->error) {
 				g->error = r;
+				snprintf(g->why, sizeof(g->why), "%s", zc_strerror(r));
+			}
 			atomic_store(&g->stop, true);
 		}
 	}
@@ -365,20 +425,9 @@ static void *watchdog_main(void *arg)
 
 /* --------------------------------------------------------- open/close --- */
 
-/* Free the gather staging, outgrown buffers too (streams are drained). */
+/* Free the gather staging (streams are drained). */
 static void gather_free(struct coll_group *g)
 {
-	while (g->parked) {
-		struct parked *k = g->parked;
-		g->parked = k->next;
-		if (k->dev < 0) {
-			(void)cudaFreeHost(k->p);
-		} else {
-			(void)cudaSetDevice(k->dev);
-			(void)cudaFree(k->p);
-		}
-		free(k);
-	}
 	for (uint32_t k = 0; g->gdev && k < g->nlocal; k++)
 		if (g->gdev[k]) {
 			(void)cudaSetDevice(g->dev[k]);
@@ -387,10 +436,34 @@ static void gather_free(struct coll_group *g)
 	if (g->ghost)
 		(void)cudaFreeHost(g->ghost);
 	free(g->gdev);
+	free(g->gpiece);
+}
+
+/* Wait until the work on stream st (device dev) is done, or the deadline:
+ * true if it drained. An event recorded and polled, not
+ * cudaStreamSynchronize: a stream held by a wait on a dead trainer's event
+ * never drains, and this must return. */
+static bool stream_drain(int dev, cudaStream_t st, int64_t deadline)
+{
+	cudaEvent_t ev;
+	cudaError_t e;
+
+	if (cudaSetDevice(dev) != cudaSuccess ||
+	    cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
+		return false;
+	e = cudaEventRecord(ev, st);
+	if (e == cudaSuccess)
+		while ((e = cudaEventQuery(ev)) == cudaErrorNotReady && now_ms() <= deadline)
+			sleep_ns(100 * ISSUE_NS);
+	(void)cudaEventDestroy(ev); /* CUDA frees it once the record is done */
+	return e == cudaSuccess;
 }
 
 static void nccl_close(struct coll_group *g)
 {
+	unsigned stuck = 0;
+	int64_t deadline;
+
 	if (!g)
 		return;
 	if (g->watchdog_started) {
@@ -404,15 +477,29 @@ static void nccl_close(struct coll_group *g)
 		comms_destroy(g);
 	else
 		comms_abort(g); /* a half-built open: whatever exists */
-	for (unsigned s = 0; s < NSETS; s++) {
+	deadline = now_ms() + CLOSE_TIMEOUT_MS;
+	for (unsigned s = 0; s < NSETS; s++)
 		for (uint32_t k = 0; g->set[s].stream && k < g->nlocal; k++) {
 			if (!g->set[s].stream[k])
 				continue;
 			/* the host functions of aborted requests run first */
-			(void)cudaSetDevice(g->dev[k]);
-			(void)cudaStreamSynchronize(g->set[s].stream[k]);
+			if (!stream_drain(g->dev[k], g->set[s].stream[k], deadline)) {
+				stuck++;
+				continue;
+			}
 			(void)cudaStreamDestroy(g->set[s].stream[k]);
+			g->set[s].stream[k] = NULL;
 		}
+	if (stuck) {
+		/* their host functions may still run and take g->mu, and a
+		 * cudaFree would wait for them: everything stays */
+		log_warning("nccl: %u stream%s did not drain in %d ms (a trainer's event "
+			    "that never completes?): abandoned, the group's memory leaked",
+			    stuck, stuck == 1 ? "" : "s", CLOSE_TIMEOUT_MS);
+		(void)cudaGetLastError();
+		return;
+	}
+	for (unsigned s = 0; s < NSETS; s++) {
 		free(g->set[s].comm);
 		free(g->set[s].stream);
 		pthread_mutex_destroy(&g->set[s].mu);
@@ -436,6 +523,7 @@ static void nccl_close(struct coll_group *g)
 	pthread_cond_destroy(&g->cv);
 	pthread_mutex_destroy(&g->mu);
 	free(g->node_first);
+	free(g->lk);
 	free(g->local);
 	free(g->dev);
 	free(g->grads);
@@ -625,6 +713,46 @@ static int open_events(struct coll_group *g, const struct coll_config *cfg)
 	return 0;
 }
 
+/* At open: the gather staging for `bytes` per rank (a multiple of 8), on
+ * every local device and pinned, and the host buffer for a piece of a
+ * larger gather. Never resized: a job allocates nothing while it runs. */
+static int gather_alloc(struct coll_group *g, size_t bytes)
+{
+	size_t cap = MAX(bytes, (size_t)GATHER_MIN);
+	void *h = NULL;
+
+	cap = (cap + 7) & ~(size_t)7;
+	g->gdev = calloc(g->nlocal, sizeof(*g->gdev));
+	g->gpiece = malloc(g->nnodes * cap);
+	if (!g->gdev || !g->gpiece)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < g->nlocal; i++) {
+		CUDA_TRY(cudaSetDevice(g->dev[i]));
+		CUDA_TRY(cudaMalloc(&g->gdev[i], cap * g->world));
+	}
+	CUDA_TRY(cudaMallocHost(&h, cap * (1 + (size_t)g->world)));
+	g->ghost = h;
+	g->gcap = cap;
+	return 0;
+}
+
+/* The dev_mu indices of the local devices: ascending, each once. */
+static int group_locks(struct coll_group *g)
+{
+	bool seen[DEV_LOCKS] = {false};
+
+	pthread_once(&dev_mu_once, dev_mu_init);
+	g->lk = calloc(g->nlocal, sizeof(*g->lk));
+	if (!g->lk)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < g->nlocal; k++)
+		seen[(unsigned)g->dev[k] % DEV_LOCKS] = true;
+	for (unsigned i = 0; i < DEV_LOCKS; i++)
+		if (seen[i])
+			g->lk[g->nlk++] = i;
+	return 0;
+}
+
 /* The job's nodes and the lowest rank of each (whose gathered part is its
  * node's); a job over several nodes gets its gather set. */
 static int group_nodes(struct coll_group *g, const struct coll_config *cfg)
@@ -666,6 +794,7 @@ static int nccl_open(const struct coll_config *cfg, struct coll_group **ret)
 		pthread_mutex_init(&g->set[s].mu, NULL);
 	atomic_init(&g->stop, false);
 	g->world = cfg->world;
+	g->ready_ms = cfg->ready_timeout_ms > 0 ? cfg->ready_timeout_ms : READY_TIMEOUT_MS;
 	g->local = calloc(cfg->world, sizeof(*g->local));
 	g->dev = calloc(cfg->world, sizeof(*g->dev));
 	g->grads = calloc(cfg->world, sizeof(*g->grads));
@@ -675,8 +804,13 @@ static int nccl_open(const struct coll_config *cfg, struct coll_group **ret)
 	r = group_layout(g, cfg);
 	if (r < 0)
 		goto fail;
+	r = group_locks(g);
+	if (r < 0)
+		goto fail;
 	r = group_nodes(g, cfg);
 	if (r < 0)
+		goto fail;
+	if (g->nsets == 3 && (r = gather_alloc(g, cfg->gather_bytes)) < 0)
 		goto fail;
 	if (cfg->bufs && g->nlocal) {
 		r = open_events(g, cfg);
@@ -741,9 +875,11 @@ static ncclDataType_t nccl_type(enum zc_dtype t)
  * range's dtype; bf16/fp16 ranges are reduced by NCCL in their own type
  * (ncclAvg), so over several ranks their rounding is NCCL's, not the host
  * backend's rounded-once fp32 sum (docs/DATAPLANE.md). */
-static ncclResult_t issue_rank(const struct coll_group *g, const struct coll_req *req,
-			       uint32_t rank, ncclComm_t comm, cudaStream_t st)
+static ncclResult_t issue_rank(const struct coll_group *g, const void *arg, uint32_t k,
+			       ncclComm_t comm, cudaStream_t st)
 {
+	const struct coll_req *req = arg;
+	uint32_t rank = g->local[k];
 	const struct coll_range *rg = req->ranges;
 	char *grads = (char *)g->grads[rank], *params = (char *)g->params[rank];
 	ncclResult_t e = ncclSuccess;
@@ -841,32 +977,88 @@ static int zero_marked(struct coll_group *g, struct cset *set, const struct coll
 	return 0;
 }
 
+/* Under the set's mutex, before anything is queued behind them: poll the
+ * trainers' ready events of req from the host until every one is
+ * complete. -ECANCELED on abort; -ETIMEDOUT after g->ready_ms, with why
+ * naming the first event still pending (a dead or hung trainer). */
+static int ready_wait(struct coll_group *g, const struct coll_req *req, char *why, size_t len)
+{
+	int64_t deadline = now_ms() + g->ready_ms;
+
+	if (!g->ready || !(req->ev & COLL_EV_WAIT_READY))
+		return 0;
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		CUDA_TRY(cudaSetDevice(g->dev[k]));
+		for (uint32_t b = req->ev_lo; b <= req->ev_hi; b++) {
+			cudaEvent_t ev = ring_event(g, g->ready, k, b, req->ev_iter);
+			cudaError_t e;
+
+			while ((e = cudaEventQuery(ev)) == cudaErrorNotReady) {
+				if (atomic_load(&g->stop))
+					return -ECANCELED;
+				if (now_ms() > deadline) {
+					snprintf(why, len,
+						 "rank %u's ready event of bucket %u, iteration "
+						 "%" PRIu64 ", not complete after %d ms: its "
+						 "trainer is dead or hung",
+						 g->local[k], b, req->ev_iter, g->ready_ms);
+					return -ETIMEDOUT;
+				}
+				sleep_ns(ISSUE_NS);
+			}
+			if (e != cudaSuccess)
+				return cuda_fail(e, "cudaEventQuery", __FILE__, __LINE__);
+		}
+	}
+	return 0;
+}
+
+/* One local rank's part of a group call (index k into local). */
+typedef ncclResult_t (*rank_call)(const struct coll_group *g, const void *arg, uint32_t k,
+				  ncclComm_t comm, cudaStream_t st);
+
+/* Under the set's mutex: one group call over the local ranks and its
+ * settle, under the local devices' mutexes (the launch order). */
+static int group_launch(struct coll_group *g, struct cset *set, rank_call call, const void *arg)
+{
+	int r = 0, re = 0;
+
+	devs_lock(g);
+	NCCL_GOTO(ncclGroupStart(), r, unlock);
+	for (uint32_t k = 0; k < g->nlocal; k++) {
+		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, end);
+		NCCL_GOTO(call(g, arg, k, set->comm[k], set->stream[k]), r, end);
+	}
+end:
+	NCCL_GOTO(ncclGroupEnd(), re, unlock);
+	/* a non-blocking call may not be on the streams yet: a host function
+	 * queued now could run before the collective */
+	if (r == 0)
+		r = comms_settle(g, set->comm, g->nlocal, 0);
+unlock:
+	devs_unlock(g);
+	return r < 0 ? r : re;
+}
+
 /* Under the set's mutex: the group call, then its host functions. */
-static int issue(struct coll_group *g, struct cset *set, struct nreq *q)
+static int issue(struct coll_group *g, struct cset *set, struct nreq *q, char *why, size_t len)
 {
 	unsigned launched = 0;
-	int r = 0;
+	int r;
 
+	r = ready_wait(g, q->req, why, len);
+	if (r < 0)
+		goto out;
 	r = ring_events(g, set, q->req, COLL_EV_WAIT_READY);
 	if (r < 0)
 		goto out;
 	r = zero_marked(g, set, q->req);
 	if (r < 0)
 		goto out;
-	NCCL_TRY(ncclGroupStart());
-	for (uint32_t k = 0; k < g->nlocal; k++) {
-		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, end);
-		NCCL_GOTO(issue_rank(g, q->req, g->local[k], set->comm[k], set->stream[k]), r, end);
-	}
-end:
-	NCCL_TRY(ncclGroupEnd());
+	r = group_launch(g, set, issue_rank, q->req);
 	if (r < 0)
 		goto out;
-	/* a non-blocking call may not be on the streams yet: a host function
-	 * queued now could run before the collective */
-	r = comms_settle(g, set->comm, g->nlocal, 0);
-	if (r == 0)
-		r = ring_events(g, set, q->req, COLL_EV_RECORD_DONE);
+	r = ring_events(g, set, q->req, COLL_EV_RECORD_DONE);
 	for (uint32_t k = 0; k < g->nlocal && r == 0; k++) {
 		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, out);
 		CUDA_GOTO(cudaLaunchHostFunc(set->stream[k], host_done, q), r, out);
@@ -879,48 +1071,6 @@ out:
 }
 
 /* ------------------------------------------------------------ gather --- */
-
-/* Under set 2's mutex, no gather in flight: staging for gbytes per rank. */
-static int gather_staging(struct coll_group *g, size_t gbytes)
-{
-	size_t cap = g->gcap ? g->gcap : 256;
-	struct parked *k;
-	void *h = NULL;
-	int r = 0;
-
-	if (gbytes <= g->gcap)
-		return 0;
-	while (cap < gbytes)
-		cap *= 2;
-	if (!g->gdev && !(g->gdev = calloc(g->nlocal, sizeof(*g->gdev))))
-		return -ENOMEM;
-	/* the old buffers may still be read by work on the streams that a
-	 * fault cut short: parked, freed at close (a cudaFree would wait) */
-	for (uint32_t i = 0; i <= g->nlocal; i++) {
-		void *old = i < g->nlocal ? g->gdev[i] : g->ghost;
-		if (!old)
-			continue;
-		if (!(k = malloc(sizeof(*k))))
-			return -ENOMEM;
-		*k = (struct parked){
-			.p = old, .dev = i < g->nlocal ? g->dev[i] : -1, .next = g->parked};
-		g->parked = k;
-		if (i < g->nlocal)
-			g->gdev[i] = NULL;
-		else
-			g->ghost = NULL;
-	}
-	g->gcap = 0;
-	for (uint32_t i = 0; i < g->nlocal; i++) {
-		CUDA_TRY(cudaSetDevice(g->dev[i]));
-		CUDA_TRY(cudaMalloc(&g->gdev[i], cap * g->world));
-	}
-	CUDA_GOTO(cudaMallocHost(&h, cap * (1 + (size_t)g->world)), r, out);
-	g->ghost = h;
-	g->gcap = cap;
-out:
-	return r;
-}
 
 /* A host function on local rank 0's stream, after the copy back: each
  * node's part into gout, unless the watchdog completed the request. */
@@ -940,17 +1090,27 @@ static void gather_out(void *arg)
 	host_done(q);
 }
 
-/* Under set 2's mutex: in, all-gather, out, then the host functions. */
+/* A local rank's all-gather in place of its device staging (arg: gbytes). */
+static ncclResult_t gather_rank(const struct coll_group *g, const void *arg, uint32_t k,
+				ncclComm_t comm, cudaStream_t st)
+{
+	size_t gb = *(const size_t *)arg;
+	char *buf = g->gdev[k];
+
+	/* bytes as floats (gbytes is a multiple of 8): copied, not summed */
+	return ncclAllGather(buf + g->local[k] * gb, buf, gb / sizeof(float), ncclFloat32, comm,
+			     st);
+}
+
+/* Under set 2's mutex, gbytes <= gcap: in, all-gather, out, then the host
+ * functions. */
 static int issue_gather(struct coll_group *g, struct cset *set, struct nreq *q)
 {
 	const struct coll_req *req = q->req;
 	size_t gb = req->gbytes;
 	unsigned launched = 0;
-	int r;
+	int r = 0;
 
-	r = gather_staging(g, gb);
-	if (r < 0)
-		goto out;
 	memcpy(g->ghost, req->gin, gb); /* the last gather is done with it */
 	for (uint32_t k = 0; k < g->nlocal; k++) {
 		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, out);
@@ -958,20 +1118,7 @@ static int issue_gather(struct coll_group *g, struct cset *set, struct nreq *q)
 					  cudaMemcpyHostToDevice, set->stream[k]),
 			  r, out);
 	}
-	NCCL_TRY(ncclGroupStart());
-	for (uint32_t k = 0; k < g->nlocal; k++) {
-		char *buf = g->gdev[k];
-		CUDA_GOTO(cudaSetDevice(g->dev[k]), r, end);
-		/* bytes as floats (gbytes is a multiple of 8): copied, not summed */
-		NCCL_GOTO(ncclAllGather(buf + g->local[k] * gb, buf, gb / sizeof(float),
-					ncclFloat32, set->comm[k], set->stream[k]),
-			  r, end);
-	}
-end:
-	NCCL_TRY(ncclGroupEnd());
-	if (r < 0)
-		goto out;
-	r = comms_settle(g, set->comm, g->nlocal, 0);
+	r = group_launch(g, set, gather_rank, &gb);
 	if (r < 0)
 		goto out;
 	CUDA_GOTO(cudaSetDevice(g->dev[0]), r, out);
@@ -1001,17 +1148,15 @@ static int gather_here(struct coll_group *g, struct coll_req *req)
 	return 0;
 }
 
-static int nccl_submit(struct coll_group *g, struct coll_req *req)
+/* Issue one request (a gather of at most gcap bytes per rank). */
+static int submit_one(struct coll_group *g, struct coll_req *req)
 {
 	bool gather = req->kind == COLL_GATHER;
 	struct cset *set = &g->set[gather ? SET_GATHER : req->kind == COLL_REDUCE ? 0 : 1];
+	char why[sizeof(g->why)] = "";
 	struct nreq *q;
 	int r;
 
-	if (gather && (req->gbytes % 8 || !req->gin || !req->gout))
-		return -EINVAL;
-	if (gather && g->nsets < 3)
-		return gather_here(g, req);
 	q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
@@ -1030,18 +1175,101 @@ static int nccl_submit(struct coll_group *g, struct coll_req *req)
 	g->inflight = q;
 	pthread_cond_broadcast(&g->cv); /* the watchdog polls while it is in flight */
 	pthread_mutex_unlock(&g->mu);
-	r = gather ? issue_gather(g, set, q) : issue(g, set, q);
+	r = gather ? issue_gather(g, set, q) : issue(g, set, q, why, sizeof(why));
 	pthread_mutex_unlock(&set->mu);
 	/* issued or not, it is in flight: the watchdog completes it */
 	if (r < 0)
-		fault(g, r);
+		fault(g, r, why[0] ? why : NULL);
 	return 0;
+}
+
+/* A piece of a gather larger than the staging, and its completion. */
+struct piece {
+	struct coll_req req;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool done;
+	int status;
+};
+
+static void piece_done(struct coll_req *req, int status)
+{
+	struct piece *p = (struct piece *)((char *)req - offsetof(struct piece, req));
+
+	pthread_mutex_lock(&p->mu);
+	p->done = true;
+	p->status = status;
+	pthread_cond_signal(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+}
+
+/* A gather larger than the staging (a state export): in pieces of gcap
+ * bytes, one after the other, each node's part of each piece into its
+ * place in gout. Waits for each piece here (the caller waits for the whole
+ * anyway), then calls done() itself. */
+static int gather_pieces(struct coll_group *g, struct coll_req *req)
+{
+	struct piece p = {.done = false};
+	bool issued = false;
+	int r = 0;
+
+	pthread_mutex_init(&p.mu, NULL);
+	pthread_cond_init(&p.cv, NULL);
+	for (size_t off = 0; off < req->gbytes && r == 0; off += g->gcap) {
+		size_t len = MIN(g->gcap, req->gbytes - off);
+
+		p.req = (struct coll_req){.kind = COLL_GATHER,
+					  .mode = req->mode,
+					  .lane = req->lane,
+					  .gin = (const char *)req->gin + off,
+					  .gout = g->gpiece,
+					  .gbytes = len,
+					  .done = piece_done};
+		p.done = false;
+		r = submit_one(g, &p.req);
+		if (r < 0)
+			break;
+		issued = true;
+		pthread_mutex_lock(&p.mu);
+		while (!p.done)
+			pthread_cond_wait(&p.cv, &p.mu);
+		r = p.status;
+		pthread_mutex_unlock(&p.mu);
+		for (uint32_t n = 0; n < g->nnodes && r == 0; n++)
+			memcpy((char *)req->gout + n * req->gbytes + off, g->gpiece + n * len, len);
+	}
+	pthread_cond_destroy(&p.cv);
+	pthread_mutex_destroy(&p.mu);
+	if (!issued)
+		return r; /* not issued: no done() */
+	req->done(req, r);
+	return 0;
+}
+
+static int nccl_submit(struct coll_group *g, struct coll_req *req)
+{
+	bool gather = req->kind == COLL_GATHER;
+
+	if (gather && (req->gbytes % 8 || !req->gin || !req->gout))
+		return -EINVAL;
+	if (gather && g->nsets < 3)
+		return gather_here(g, req);
+	if (gather && req->gbytes > g->gcap)
+		return gather_pieces(g, req);
+	return submit_one(g, req);
 }
 
 static void nccl_abort(struct coll_group *g)
 {
 	/* the watchdog aborts the communicators and calls the done()s */
-	fault(g, -ECANCELED);
+	fault(g, -ECANCELED, NULL);
+}
+
+/* The group's fault in words: every request after it fails because of it. */
+static const char *nccl_last_error(struct coll_group *g, unsigned lane)
+{
+	(void)lane;
+	return g->why;
 }
 
 const struct coll_ops coll_nccl_ops = {
@@ -1051,4 +1279,5 @@ const struct coll_ops coll_nccl_ops = {
 	.submit = nccl_submit,
 	.abort = nccl_abort,
 	.close = nccl_close,
+	.last_error = nccl_last_error,
 };

@@ -615,6 +615,7 @@ static int start_exec(struct job *j, float **grads, float **params, struct state
 		.cq = core->cq,
 		.mem = j->cuda ? j->be->mem : NULL,
 		.bufs = j->cuda,
+		.stall_timeout_ms = core->cfg->stall_timeout_ms,
 	};
 	int r;
 

@@ -48,6 +48,7 @@ struct exec_config {
 	 * to must outlive the executor. NULL: grads and params are mapped. */
 	const struct mem_ops *mem;
 	struct cudabufs *const *bufs; /* [world] */
+	int stall_timeout_ms;         /* how long a collective waits for a trainer (nccl) */
 };
 
 /* Start the lane threads and queue the start: open the backends, allocate

@@ -112,7 +112,12 @@ int op_start(struct exec *e, struct lane *ln)
 				 .net = e->cfg.net,
 				 .err = e->open_err,
 				 .errlen = sizeof(e->open_err),
-				 .bufs = e->cfg.mem ? e->cfg.bufs : NULL};
+				 .bufs = e->cfg.mem ? e->cfg.bufs : NULL,
+				 .ready_timeout_ms = e->cfg.stall_timeout_ms,
+				 /* the step's gather (step.c): its largest */
+				 .gather_bytes = (3 + (size_t)e->cfg.plan->ngroups +
+						  e->seg_first[e->cfg.plan->nbuckets]) *
+						 sizeof(double)};
 	struct optim_config oc = {.world = e->cfg.world,
 				  .grads = e->cfg.grads,
 				  .params = e->cfg.params,

@@ -14,7 +14,11 @@
  *    every non-blocking NCCL call answering ncclInProgress first;
  *  - two nodes sharing one NCCL unique id: every collective kind, done()
  *    from a stream's thread, never the submitter's; the gather in node
- *    order (growing staging, -EBUSY while one is in flight, abort);
+ *    order (staging sized at open: no allocation during gathers, a larger
+ *    one in pieces; -EBUSY while one is in flight, abort);
+ *  - a trainer whose ready event never completes: the REDUCE fails with
+ *    -ETIMEDOUT naming the event (or -ECANCELED on abort) and close returns
+ *    at once instead of waiting on the event;
  *  - two processes on one id (the double's cliques in shared memory): an
  *    all-reduce and a gather moving bytes between them, and a peer process
  *    that leaves after the open failing the other's all-reduce with
@@ -30,6 +34,8 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
@@ -46,6 +52,7 @@
 #include "exec/exec.h"
 #include "filestore.h"
 #include "lowp.h"
+#include "mem/cudabufs.h"
 #include "mem/mem.h"
 #include "base/pool.h"
 #include "testlib.h"
@@ -1050,6 +1057,7 @@ static void *node_open(void *arg)
 }
 
 static const uint32_t node_of4[4] = {0, 0, 1, 1};
+static size_t gather_bytes_; /* coll_config.gather_bytes of the next nodes_open */
 
 /* World 4: node A holds ranks 0 and 1, node B ranks 2 and 3, rank r on
  * device r; both open concurrently (each waits for the other's ranks). With
@@ -1072,7 +1080,8 @@ static int nodes_open_via(struct node nodes[2], const ncclUniqueId *id,
 						    .grads = nodes[k].grads,
 						    .params = nodes[k].params,
 						    .nccl_id = id ? id->internal : NULL,
-						    .open_timeout_ms = 5000};
+						    .open_timeout_ms = 5000,
+						    .gather_bytes = gather_bytes_};
 	for (int k = 0; k < 2 && !id; k++) {
 		net[k] = (struct coll_net){.nnodes = 2,
 					   .node = (uint32_t)k,
@@ -1291,21 +1300,40 @@ static void t_two_nodes_store(void)
  * executor's masks and norm partials): through set 2's all-gather, growing
  * its staging, every node the same result; a second gather while one is in
  * flight is -EBUSY; a gather the peer never joins ends on abort. */
+struct submitter {
+	struct coll_group *g;
+	struct coll_req *req;
+	int r;
+};
+
+static void *submit_main(void *arg)
+{
+	struct submitter *s = arg;
+
+	s->r = coll_nccl_ops.submit(s->g, s->req);
+	return NULL;
+}
+
 static void t_two_nodes_gather(void)
 {
 	char dir[] = "/tmp/zerod-test-cuda.XXXXXX";
-	static const size_t sizes[3] = {5, 100, 700}; /* doubles: 40 B, then past 256 B twice */
+	/* doubles: 40 B, the staging's 800 B, then 5600 B in 7 pieces */
+	static const size_t sizes[3] = {5, 100, 700};
 	struct coll_store store;
 	struct coll_net net[2];
 	struct node nodes[2];
 	struct waiter w[2];
+	struct cudadouble_stats s0, s1;
 	double *in[2], *out[2];
 
 	REQUIRE(mkdtemp(dir), "mkdtemp");
 	store = filestore_new(dir);
 	reset(4, 3, 100);
+	gather_bytes_ = 100 * sizeof(double);
 	REQUIRE(nodes_open_via(nodes, NULL, &store, net) == 0, "open through the store: %d %d",
 		nodes[0].r, nodes[1].r);
+	gather_bytes_ = 0;
+	cudadouble_stats(&s0);
 	for (int k = 0; k < 2; k++) {
 		in[k] = malloc(700 * sizeof(double));
 		out[k] = malloc(2 * 700 * sizeof(double));
@@ -1313,6 +1341,8 @@ static void t_two_nodes_gather(void)
 	}
 	for (unsigned t = 0; t < 3; t++) {
 		size_t n = sizes[t];
+		struct submitter sub[2];
+		pthread_t th[2];
 		for (int k = 0; k < 2; k++) {
 			for (size_t i = 0; i < n; i++)
 				in[k][i] = 1000.0 * (k + 1) + (double)i + 0.25 * t;
@@ -1324,6 +1354,12 @@ static void t_two_nodes_gather(void)
 						     .gout = out[k],
 						     .gbytes = n * sizeof(double),
 						     .done = waiter_done};
+			/* a gather in pieces waits for each in submit: a thread each */
+			sub[k] = (struct submitter){.g = nodes[k].g, .req = &w[k].req};
+			if (t == 2) {
+				pthread_create(&th[k], NULL, submit_main, &sub[k]);
+				continue;
+			}
 			CHECK(coll_nccl_ops.submit(nodes[k].g, &w[k].req) == 0, "gather %u: submit",
 			      t);
 			if (t == 0 && k == 0) {
@@ -1333,6 +1369,10 @@ static void t_two_nodes_gather(void)
 				CHECK(r == -EBUSY, "a second gather in flight: %d (want -EBUSY)",
 				      r);
 			}
+		}
+		for (int k = 0; k < 2 && t == 2; k++) {
+			pthread_join(th[k], NULL);
+			CHECK(sub[k].r == 0, "gather %u: node %d: submit %d", t, k, sub[k].r);
 		}
 		for (int k = 0; k < 2; k++) {
 			CHECK(waiter_wait(&w[k], 5000) == 0 && w[k].calls == 1,
@@ -1351,6 +1391,11 @@ static void t_two_nodes_gather(void)
 			}
 		}
 	}
+	/* the staging was sized at open: the gathers allocated nothing (a
+	 * cudaMalloc or cudaFree during a step would wait for the device) */
+	cudadouble_stats(&s1);
+	CHECK(s1.live_allocs == s0.live_allocs, "gathers allocated: %u live allocations, then %u",
+	      s0.live_allocs, s1.live_allocs);
 	/* node 1 never joins: node 0's gather ends on abort, no hang */
 	waiter_init(&w[0]);
 	w[0].req = (struct coll_req){.kind = COLL_GATHER,
@@ -1619,6 +1664,108 @@ static void t_abort(void)
 	check_clean("abort");
 }
 
+/* ------------------------------------------------- a dead trainer --- */
+
+static atomic_bool trainer_release;
+
+/* On the trainer's stream: a trainer hung (or dead) before its ready event. */
+static void trainer_hang(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&trainer_release))
+		usleep(1000);
+}
+
+/* A REDUCE behind a trainer's ready event that never completes: it must
+ * fail (-ETIMEDOUT after ready_timeout_ms, naming the event; -ECANCELED at
+ * once on abort), and close must return at once, not wait on the event. */
+static void t_dead_trainer(void)
+{
+	cudaEvent_t ev[2];
+	cudaStream_t ts;
+	struct cudabufs cb = {.ring = 1, .nbuckets = 1};
+	struct cudabufs *bufs[1] = {&cb};
+	uint8_t handles[2 * CUDABUFS_EVENT_BYTES] = {0};
+	float *grads[1], *params[1];
+	struct coll_range whole = {.owner = 0, .off = 0, .n = NN};
+	struct waiter w;
+	int64_t t0;
+	int r;
+
+	reset(1, 2, 0);
+	atomic_store(&trainer_release, false);
+	grads[0] = dev_alloc(0, NN);
+	params[0] = dev_alloc(0, NN);
+	REQUIRE(grads[0] && params[0], "buffers");
+	REQUIRE(cudaStreamCreateWithFlags(&ts, cudaStreamNonBlocking) == cudaSuccess, "stream");
+	for (int i = 0; i < 2; i++) {
+		cudaIpcEventHandle_t h;
+		REQUIRE(cudaEventCreateWithFlags(&ev[i], cudaEventInterprocess |
+								 cudaEventDisableTiming) ==
+				cudaSuccess &&
+			cudaIpcGetEventHandle(&h, ev[i]) == cudaSuccess,
+			"event %d", i);
+		memcpy(handles + i * CUDABUFS_EVENT_BYTES, &h, sizeof(h));
+	}
+	cb.events = handles;
+	/* the trainer's ready event, recorded behind a host function that hangs */
+	REQUIRE(cudaLaunchHostFunc(ts, trainer_hang, NULL) == cudaSuccess &&
+			cudaEventRecord(ev[0], ts) == cudaSuccess,
+		"record");
+	for (int pass = 0; pass < 2; pass++) {
+		struct coll_config cfg = {.world = 1,
+					  .grads = grads,
+					  .params = params,
+					  .bufs = bufs,
+					  .ready_timeout_ms = pass == 0 ? 60000 : 300};
+		struct coll_group *g = NULL;
+
+		r = coll_nccl_ops.open(&cfg, &g);
+		REQUIRE(r == 0, "open: %d", r);
+		waiter_init(&w);
+		w.req = (struct coll_req){.kind = COLL_REDUCE,
+					  .mode = ZC_SHARD_BUCKET,
+					  .ranges = &whole,
+					  .nranges = 1,
+					  .ev = COLL_EV_WAIT_READY,
+					  .done = waiter_done};
+		t0 = now_ms();
+		/* submit polls the event on the host: from a thread, as a lane */
+		struct submitter sub = {.g = g, .req = &w.req};
+		pthread_t th;
+		pthread_create(&th, NULL, submit_main, &sub);
+		if (pass == 0) {
+			/* the job's stall timeout passes: the core aborts the group */
+			CHECK(waiter_wait(&w, 200) == 1, "done before the trainer's event: %d",
+			      w.status);
+			coll_nccl_ops.abort(g);
+			r = waiter_wait(&w, 2000);
+			CHECK(r == -ECANCELED, "abort while waiting for the event: %d", r);
+		} else {
+			r = waiter_wait(&w, 5000);
+			CHECK(r == -ETIMEDOUT && now_ms() - t0 < 3000,
+			      "past ready_timeout_ms: %d after %" PRId64 " ms (want -ETIMEDOUT)", r,
+			      now_ms() - t0);
+			CHECK(strstr(coll_nccl_ops.last_error(g, 0),
+				     "rank 0's ready event of bucket 0, iteration 0"),
+			      "last_error: \"%s\"", coll_nccl_ops.last_error(g, 0));
+		}
+		pthread_join(th, NULL);
+		CHECK(sub.r == 0, "submit: %d", sub.r);
+		t0 = now_ms();
+		coll_nccl_ops.close(g);
+		CHECK(now_ms() - t0 < 2000, "close took %" PRId64 " ms with the trainer hung",
+		      now_ms() - t0);
+	}
+	atomic_store(&trainer_release, true);
+	cudaStreamDestroy(ts);
+	cudaEventDestroy(ev[0]);
+	cudaEventDestroy(ev[1]);
+	cudaFree(grads[0]);
+	cudaFree(params[0]);
+	check_clean("dead trainer");
+}
+
 /* ------------------------------------------------------------- IPC --- */
 
 static void t_ipc(void)
@@ -1695,6 +1842,7 @@ static const struct test_case cases[] = {
 	{"open_refuses", t_open_refuses},
 	{"async_error_ends_stuck_collective", t_async_error},
 	{"abort_ends_stuck_collective", t_abort},
+	{"dead_trainer_fails_request_close_returns", t_dead_trainer},
 	{"ipc_buffers", t_ipc},
 };
 
