@@ -27,7 +27,9 @@
  *    kind is wrong.
  * The double also counts misuse (a CUDA call from a host function, memory of
  * another device, a host function queued ahead of its collective, ranks that
- * disagree): every case ends with none.
+ * disagree, two threads issuing NCCL on one device) and device memory
+ * allocated or freed while streams have work queued: every case ends with
+ * none.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -100,6 +102,11 @@ static void check_clean(const char *tag)
 	CHECK(s.live_streams == 0 && s.live_comms == 0 && s.ipc_open == 0 && s.waiting == 0,
 	      "%s: left %u streams, %u communicators, %u IPC handles, %u waiting", tag,
 	      s.live_streams, s.live_comms, s.ipc_open, s.waiting);
+	/* cudaFree waits for the whole device (NCCL kernels waiting on peers,
+	 * streams waiting on trainers): none while work is queued (issue 21) */
+	CHECK(s.mallocs_busy == 0 && s.frees_busy == 0,
+	      "%s: %u allocations and %u frees while streams had work queued, first: %s", tag,
+	      s.mallocs_busy, s.frees_busy, s.first_busy);
 }
 
 static float *dev_alloc(int dev, size_t n)
