@@ -53,9 +53,45 @@
  *    semantics: a later record does not move it), or for the exporter to
  *    exit. ZEROD_CUDADOUBLE_DEVICES=n configures a process that never calls
  *    cudadouble_reset() (n devices, a driver, no jitter).
- *  - not modelled: graphs, peer-access limits; opening an IPC handle in the
- *    process that made it (CUDA refuses it; the double allows it so one test
- *    process can play trainer and daemon).
+ *  - what CUDA and NCCL refuse or do differently, as they do (issue 21 §2;
+ *    tests/gpu/test_double.c shows each):
+ *     - CUDA used in a child forked after its parent initialised CUDA fails
+ *       with cudaErrorInitializationError (every call, NCCL's too);
+ *     - small allocations are carved from 2 MiB blocks, never at a block's
+ *       start: an IPC handle shares the whole block, and in the importer
+ *       cuMemGetAddressRange of the opened pointer reports the block (in
+ *       the exporter, the allocation, as cudaMalloc gave it);
+ *     - a process opening its own IPC handle fails (201,
+ *       cudaErrorDeviceUninitialized: "invalid device context");
+ *       a handle opened twice gives the same pointer, counted, and each
+ *       close matches an open;
+ *     - cudaFree waits for all work queued on the allocation's device;
+ *     - pageable cudaMemcpy host to device returns before the bytes land:
+ *       they land later on the device's legacy default stream, which the
+ *       non-blocking streams do not wait for (cudaDeviceSynchronize,
+ *       cudaStreamSynchronize(0), a device-to-host cudaMemcpy or an event
+ *       recorded on stream 0 order after it); cudaMemset is asynchronous on
+ *       that stream too;
+ *     - host functions of all streams of one device run one at a time, in
+ *       the order they become ready (CUDA's one callback thread);
+ *     - a wait on an imported event ends only when the event completes,
+ *       never because its exporter exited;
+ *     - cudaEventRecord on a stream of another device than the event's
+ *       fails with cudaErrorInvalidResourceHandle (stream 0: the current
+ *       device's);
+ *     - cudaStreamDestroy returns at once (briefly waiting for the queued
+ *       work, so tests stay deterministic), its work finishing later;
+ *     - NCCL: two threads issuing to communicators on one device at once (a
+ *       group call, or a non-blocking one's settle: from its first
+ *       collective until its work is on the streams) is a violation, and
+ *       the collective kernels of one device run one at a time in launch
+ *       order, each until every rank of its communicator has launched it:
+ *       launch orders that differ between devices hang, as on a GPU (the
+ *       double says so on stderr after 3 s).
+ *    and it counts, for the product's tests, allocations and frees made
+ *    while any stream has work queued (struct cudadouble_stats).
+ *  - not modelled: graphs, peer-access limits, blocking streams' implicit
+ *    order behind the legacy stream (every stream is non-blocking here).
  *
  * One mutex guards the double's state; data moves under it (tests are small).
  */
@@ -78,16 +114,47 @@
 #include "cudadouble.h"
 #include "optim/kern.h"
 
-#define ALIGN 256
+#define ALIGN    256
+#define BLOCK    ((size_t)2 << 20) /* the driver's sub-allocation block */
+#define HEAD     512               /* where a block's first small allocation starts */
+#define MAXDEV   64
+#define SLOW_S   10 /* after this many seconds a wait says so on stderr */
+#define TURN_S   3  /* ... a collective behind another of its device (below the
+		     * tests' stall timeouts, so their logs show it) */
+
+/* A block of device memory: a memfd small allocations are carved from (or
+ * one large allocation's own). */
+struct block {
+	char *base;
+	size_t size, used;
+	int fd; /* -1: revoked (cudadouble_ipc_revoke) */
+	uint64_t ino;
+	int dev;
+	unsigned users; /* allocations living in it */
+	bool small;
+	struct block *next;
+};
 
 struct alloc {
-	char *base;
-	size_t size, mapped;
+	char *base;    /* what cudaMalloc or cudaIpcOpenMemHandle gave */
+	size_t size;   /* what was asked for (imported: the exporter's) */
+	char *lo, *hi; /* device memory here: the allocation; imported, the whole block */
 	int dev;
-	int fd;        /* the memfd behind it (-1: imported) */
+	struct block *blk; /* own: the block it is carved from */
+	char *map;         /* imported: the block's mapping */
+	size_t maplen;
 	bool imported; /* opened from another process's handle */
 	unsigned ipc_opens;
+	int32_t src_pid; /* imported: which handle (exporter, block, offset) */
+	uint64_t src_ino, src_off;
 	struct alloc *next;
+};
+
+/* Pinned host memory (cudaMallocHost): copies from it are not staged. */
+struct pinned {
+	void *p;
+	size_t size;
+	struct pinned *next;
 };
 
 enum dcoll { C_ALLREDUCE, C_REDUCESCATTER, C_REDUCE, C_BCAST, C_ALLGATHER };
@@ -102,6 +169,12 @@ struct dop {
 	bool avg;
 	ncclDataType_t type; /* ncclFloat32, ncclBfloat16, ncclFloat16 */
 	uint64_t seq; /* the communicator's operation number, set when queued */
+	struct turn *turn; /* its place in its device's launch order */
+};
+
+/* A collective kernel's place in its device's launch order (turns[dev]). */
+struct turn {
+	struct turn *prev, *next;
 };
 
 /* A collective issued in a group, not yet queued on its stream. */
@@ -124,6 +197,8 @@ struct CUevent_st {
 	int fd;
 	unsigned flags;
 	bool imported;
+	int dev;            /* the device it was made on (imported: the exporter's) */
+	_Atomic int refs;   /* the handle and each task that names it */
 };
 
 struct task {
@@ -132,10 +207,12 @@ struct task {
 	void *arg;
 	struct optim_kern kern;
 	struct dop op;
-	struct evshared *ev; /* T_EVREC, T_EVWAIT */
+	struct CUevent_st *ev; /* T_EVREC, T_EVWAIT: holds a reference */
 	uint64_t evseq;
 	void *dst; /* T_COPY, T_SET */
 	const void *src;
+	void *staged; /* T_COPY of a pageable cudaMemcpy: the staging copy, freed after */
+	unsigned delay_us;
 	int value;
 	size_t bytes;
 	struct task *next;
@@ -148,8 +225,10 @@ struct CUstream_st {
 	pthread_cond_t cv;
 	struct task *head, *tail;
 	uint64_t queued, done;
-	bool quit;
+	bool quit, exited;
+	bool legacy; /* the device's legacy default stream (stream 0) */
 	unsigned seed;
+	struct CUstream_st *next_all; /* streams, under mu; freed by cudadouble_reset */
 };
 
 /* One operation of a clique, while its parts arrive. */
@@ -200,6 +279,18 @@ static struct alloc *allocs;
 static struct ncclComm *comms;
 static struct clique *cliques;
 static uint64_t ids;
+static struct block *blocks;
+static struct pinned *pinneds;
+static struct CUstream_st *streams;      /* every stream made, live or destroyed */
+static struct CUstream_st *legacy[MAXDEV]; /* made on first use */
+static struct turn turns[MAXDEV];        /* collective kernels queued per device */
+static unsigned hf_next[MAXDEV], hf_serving[MAXDEV]; /* host functions' tickets */
+static struct {
+	bool held;
+	pthread_t who;
+} issuer[MAXDEV]; /* the thread issuing NCCL work to a device now */
+static atomic_bool cuda_inited; /* a CUDA call made in this process */
+static atomic_bool forked;      /* ... and this is a child forked after it */
 
 static _Thread_local int cur_dev;
 static _Thread_local bool in_host_fn;
@@ -214,17 +305,18 @@ static _Thread_local struct pend *group_head, *group_tail;
 static void violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void violation(const char *fmt, ...)
 {
+	char what[256];
 	va_list ap;
 
-	if (st.violations++ == 0) {
-		va_start(ap, fmt);
-		vsnprintf(st.first_violation, sizeof(st.first_violation), fmt, ap);
-		va_end(ap);
-		/* a process configured by the environment (a test zerod) has
-		 * nobody reading the stats: its log says it */
-		if (env_configured)
-			fprintf(stderr, "cudadouble: violation: %s\n", st.first_violation);
-	}
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	if (st.violations++ == 0)
+		memcpy(st.first_violation, what, sizeof(what));
+	/* a process configured by the environment (a test zerod, a trainer)
+	 * has nobody reading the stats: its log says it (the first 20) */
+	if (env_configured && st.violations <= 20)
+		fprintf(stderr, "cudadouble: violation (process %d): %s\n", (int)getpid(), what);
 }
 
 static cudaError_t fail(cudaError_t e)
@@ -233,9 +325,27 @@ static cudaError_t fail(cudaError_t e)
 	return e;
 }
 
+/* A child forked after its parent initialised CUDA: CUDA does not support
+ * it, and every call fails (said once on stderr, as the child's stats are
+ * nobody's). */
+static cudaError_t after_fork(const char *fn)
+{
+	static atomic_bool said;
+
+	if (!atomic_exchange(&said, true))
+		fprintf(stderr,
+			"cudadouble: %s in process %d, forked after its parent initialised "
+			"CUDA: cudaErrorInitializationError\n",
+			fn, (int)getpid());
+	return cudaErrorInitializationError;
+}
+
 /* Every CUDA entry point: none from a host function. */
 #define CUDA_ENTER()                                                                               \
 	do {                                                                                       \
+		if (atomic_load(&forked))                                                          \
+			return fail(after_fork(__func__));                                         \
+		atomic_store(&cuda_inited, true);                                                  \
 		if (in_host_fn) {                                                                  \
 			pthread_mutex_lock(&mu);                                                   \
 			violation("%s called from a host function", __func__);                     \
@@ -246,6 +356,10 @@ static cudaError_t fail(cudaError_t e)
 
 #define NCCL_ENTER()                                                                               \
 	do {                                                                                       \
+		if (atomic_load(&forked)) {                                                        \
+			(void)after_fork(__func__);                                                \
+			return ncclUnhandledCudaError;                                             \
+		}                                                                                  \
 		if (in_host_fn) {                                                                  \
 			pthread_mutex_lock(&mu);                                                   \
 			violation("%s called from a host function", __func__);                     \
@@ -260,8 +374,7 @@ static struct alloc *find_alloc(const void *p, size_t bytes)
 	const char *c = p;
 
 	for (struct alloc *a = allocs; a; a = a->next)
-		if (c >= a->base && c < a->base + a->size &&
-		    bytes <= (size_t)(a->base + a->size - c))
+		if (c >= a->lo && c < a->hi && bytes <= (size_t)(a->hi - c))
 			return a;
 	return NULL;
 }
@@ -303,12 +416,68 @@ static void *memfd_map(size_t n, int *ret_fd)
 	return p;
 }
 
+/* Under mu: a block of device dev with n bytes free (a fresh one if none). */
+static struct block *block_for(int dev, size_t n)
+{
+	bool small = n <= BLOCK - HEAD;
+	struct block *b;
+	struct stat sb;
+
+	for (b = blocks; small && b; b = b->next)
+		if (b->small && b->dev == dev && b->fd >= 0 && b->used + n <= b->size)
+			return b;
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return NULL;
+	b->size = small ? BLOCK : (n + BLOCK - 1) / BLOCK * BLOCK;
+	b->base = memfd_map(b->size, &b->fd);
+	if (!b->base) {
+		free(b);
+		return NULL;
+	}
+	if (fstat(b->fd, &sb) == 0)
+		b->ino = sb.st_ino;
+	b->dev = dev;
+	b->small = small;
+	b->used = small ? HEAD : 0; /* a small allocation never starts its block */
+	b->next = blocks;
+	blocks = b;
+	return b;
+}
+
+/* Under mu: one allocation fewer in b. */
+static void block_put(struct block *b)
+{
+	struct block **pp;
+
+	if (--b->users > 0)
+		return;
+	for (pp = &blocks; *pp != b; pp = &(*pp)->next)
+		;
+	*pp = b->next;
+	munmap(b->base, b->size);
+	if (b->fd >= 0)
+		close(b->fd);
+	free(b);
+}
+
+/* Under mu. */
 static void alloc_free(struct alloc *a)
 {
-	munmap(a->base, a->mapped);
-	if (a->fd >= 0)
-		close(a->fd);
+	if (a->imported)
+		munmap(a->map, a->maplen);
+	else
+		block_put(a->blk);
 	free(a);
+}
+
+static void on_fork_child(void)
+{
+	/* the parent's other threads (its streams) do not exist here */
+	pthread_mutex_init(&mu, NULL);
+	pthread_cond_init(&cv, NULL);
+	if (atomic_load(&cuda_inited))
+		atomic_store(&forked, true);
 }
 
 /* ZEROD_CUDADOUBLE_DEVICES: a process that never calls cudadouble_reset()
@@ -317,8 +486,11 @@ __attribute__((constructor)) static void env_config(void)
 {
 	const char *n = getenv("ZEROD_CUDADOUBLE_DEVICES");
 
+	pthread_atfork(NULL, NULL, on_fork_child);
+	for (int d = 0; d < MAXDEV; d++)
+		turns[d].prev = turns[d].next = &turns[d];
 	if (n && atoi(n) > 0) {
-		cfg.ndevices = atoi(n);
+		cfg.ndevices = atoi(n) < MAXDEV ? atoi(n) : MAXDEV;
 		cfg.driver_version = 13000;
 		env_configured = true;
 	}
@@ -328,6 +500,8 @@ __attribute__((constructor)) static void env_config(void)
 
 /* --------------------------------------------------------- the config --- */
 
+static void stream_stop(struct CUstream_st *s);
+
 void cudadouble_reset(const struct cudadouble_config *c)
 {
 	pthread_mutex_lock(&mu);
@@ -336,10 +510,46 @@ void cudadouble_reset(const struct cudadouble_config *c)
 			st.live_streams, st.live_comms);
 		abort();
 	}
+	for (int d = 0; d < MAXDEV; d++)
+		if (legacy[d]) {
+			pthread_mutex_unlock(&mu);
+			stream_stop(legacy[d]);
+			pthread_mutex_lock(&mu);
+			legacy[d] = NULL;
+		}
+	/* destroyed streams whose work is done (a stream stuck for ever is a
+	 * failed test: abort says so) */
+	for (int i = 0; streams; i++) {
+		struct CUstream_st *x = streams;
+		pthread_mutex_lock(&x->mu);
+		bool gone = x->exited;
+		pthread_mutex_unlock(&x->mu);
+		if (!gone) {
+			if (i > 5000) {
+				fprintf(stderr, "cudadouble_reset: a destroyed stream's work never "
+						"ended\n");
+				abort();
+			}
+			pthread_mutex_unlock(&mu);
+			usleep(1000);
+			pthread_mutex_lock(&mu);
+			continue;
+		}
+		streams = x->next_all;
+		pthread_cond_destroy(&x->cv);
+		pthread_mutex_destroy(&x->mu);
+		free(x);
+	}
 	while (allocs) {
 		struct alloc *a = allocs;
 		allocs = a->next;
 		alloc_free(a);
+	}
+	while (pinneds) {
+		struct pinned *x = pinneds;
+		pinneds = x->next;
+		free(x->p);
+		free(x);
 	}
 	while (comms) {
 		struct ncclComm *x = comms;
@@ -366,8 +576,15 @@ void cudadouble_reset(const struct cudadouble_config *c)
 		free(q->member);
 		free(q);
 	}
+	for (int d = 0; d < MAXDEV; d++) {
+		hf_next[d] = hf_serving[d] = 0;
+		issuer[d].held = false;
+		turns[d].prev = turns[d].next = &turns[d]; /* what aborted parts left */
+	}
 	memset(&st, 0, sizeof(st));
 	cfg = *c;
+	if (cfg.ndevices > MAXDEV)
+		cfg.ndevices = MAXDEV;
 	env_configured = false;
 	pthread_mutex_unlock(&mu);
 }
@@ -391,9 +608,9 @@ void cudadouble_ipc_revoke(void *p)
 
 	pthread_mutex_lock(&mu);
 	a = find_alloc(p, 1);
-	if (a && a->fd >= 0) {
-		close(a->fd);
-		a->fd = -1;
+	if (a && !a->imported && a->blk->fd >= 0) {
+		close(a->blk->fd);
+		a->blk->fd = -1;
 	}
 	pthread_mutex_unlock(&mu);
 }
@@ -499,6 +716,10 @@ const char *cudaGetErrorName(cudaError_t e)
 		return "cudaErrorInvalidDevicePointer";
 	case cudaErrorNotPermitted:
 		return "cudaErrorNotPermitted";
+	case cudaErrorInitializationError:
+		return "cudaErrorInitializationError";
+	case cudaErrorDeviceUninitialized:
+		return "cudaErrorDeviceUninitialized";
 	default:
 		return "cudaErrorUnknown (test double)";
 	}
@@ -515,6 +736,10 @@ const char *cudaGetErrorString(cudaError_t e)
 		return "no CUDA-capable device is detected";
 	case cudaErrorInvalidResourceHandle:
 		return "invalid resource handle";
+	case cudaErrorInitializationError:
+		return "initialization error";
+	case cudaErrorDeviceUninitialized:
+		return "invalid device context";
 	default:
 		return "error (test double)";
 	}
@@ -522,24 +747,70 @@ const char *cudaGetErrorString(cudaError_t e)
 
 /* ---------------------------------------------------------- memory --- */
 
+static cudaStream_t legacy_stream(int dev);
+static void stream_drain(cudaStream_t s);
+static void device_drain(int dev, const char *why);
+static void stream_push(cudaStream_t s, struct task *t);
+static cudaError_t push_copy(cudaStream_t s, void *dst, void *staged, size_t n, unsigned delay);
+
+/* Under mu: whether any stream has work queued (the counters of struct
+ * cudadouble_stats: an allocation or free then is one during a step). */
+static bool any_stream_busy(void)
+{
+	bool busy = false;
+
+	for (struct CUstream_st *s = streams; s && !busy; s = s->next_all) {
+		pthread_mutex_lock(&s->mu);
+		busy = s->done < s->queued;
+		pthread_mutex_unlock(&s->mu);
+	}
+	return busy;
+}
+
+/* Under mu: count an allocation or free made while work is queued. */
+static void count_busy(const char *fn, size_t bytes, bool alloc)
+{
+	if (!any_stream_busy())
+		return;
+	if (alloc)
+		st.mallocs_busy++;
+	else
+		st.frees_busy++;
+	if (!st.first_busy[0])
+		snprintf(st.first_busy, sizeof(st.first_busy),
+			 "%s(%zu bytes) on device %d while streams had work queued", fn, bytes,
+			 cur_dev);
+}
+
 cudaError_t cudaMalloc(void **p, size_t size)
 {
 	size_t n = (size ? size + ALIGN - 1 : ALIGN) / ALIGN * ALIGN;
 	struct alloc *a;
+	struct block *b;
 
 	CUDA_ENTER();
 	if (cfg.ndevices <= 0)
 		return fail(cudaErrorInsufficientDriver);
 	a = calloc(1, sizeof(*a));
-	if (!a || !(a->base = memfd_map(n, &a->fd))) {
+	if (!a)
+		return fail(cudaErrorMemoryAllocation);
+	pthread_mutex_lock(&mu);
+	count_busy("cudaMalloc", size, true);
+	b = block_for(cur_dev, n);
+	if (!b) {
+		pthread_mutex_unlock(&mu);
 		free(a);
 		return fail(cudaErrorMemoryAllocation);
 	}
-	a->mapped = n;
+	a->base = b->base + b->used;
+	b->used += n;
+	b->users++;
+	a->blk = b;
 	memset(a->base, 0xff, n); /* NaNs: a read of what was never written shows */
 	a->size = size;
+	a->lo = a->base;
+	a->hi = a->base + size;
 	a->dev = cur_dev;
-	pthread_mutex_lock(&mu);
 	a->next = allocs;
 	allocs = a;
 	st.live_allocs++;
@@ -550,75 +821,174 @@ cudaError_t cudaMalloc(void **p, size_t size)
 
 cudaError_t cudaFree(void *p)
 {
-	struct alloc **pp;
+	struct alloc **pp, *a;
+	int dev;
 
 	CUDA_ENTER();
 	if (!p)
 		return cudaSuccess;
 	pthread_mutex_lock(&mu);
-	for (pp = &allocs; *pp && (*pp)->base != p; pp = &(*pp)->next)
+	for (pp = &allocs; *pp && ((*pp)->base != p || (*pp)->imported); pp = &(*pp)->next)
 		;
 	if (!*pp) {
 		violation("cudaFree(%p): not an allocation", p);
 		pthread_mutex_unlock(&mu);
 		return fail(cudaErrorInvalidValue);
 	}
-	struct alloc *a = *pp;
-	*pp = a->next;
-	st.live_allocs--;
+	dev = (*pp)->dev;
+	count_busy("cudaFree", (*pp)->size, false);
 	pthread_mutex_unlock(&mu);
-	alloc_free(a);
+	/* CUDA: cudaFree synchronises the device */
+	device_drain(dev, "cudaFree");
+	pthread_mutex_lock(&mu);
+	for (pp = &allocs; *pp && ((*pp)->base != p || (*pp)->imported); pp = &(*pp)->next)
+		;
+	a = *pp;
+	if (a) {
+		*pp = a->next;
+		st.live_allocs--;
+		alloc_free(a);
+	}
+	pthread_mutex_unlock(&mu);
 	return cudaSuccess;
 }
 
-/* Pinned host memory: host memory to the double (its copies need none),
- * counted with the device allocations so that a leak shows. */
+/* Pinned host memory: host memory to the double, remembered so that its
+ * copies are not staged, counted with the device allocations so that a
+ * leak shows. */
 cudaError_t cudaMallocHost(void **p, size_t size)
 {
+	struct pinned *x;
+
 	CUDA_ENTER();
 	if (cfg.ndevices <= 0)
 		return fail(cudaErrorInsufficientDriver);
-	*p = malloc(size ? size : 1);
-	if (!*p)
+	x = calloc(1, sizeof(*x));
+	if (!x || !(x->p = malloc(size ? size : 1))) {
+		free(x);
 		return fail(cudaErrorMemoryAllocation);
+	}
+	x->size = size;
 	pthread_mutex_lock(&mu);
+	count_busy("cudaMallocHost", size, true);
+	x->next = pinneds;
+	pinneds = x;
 	st.live_allocs++;
 	pthread_mutex_unlock(&mu);
+	*p = x->p;
 	return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void *p)
 {
+	struct pinned **pp, *x;
+
 	CUDA_ENTER();
 	if (!p)
 		return cudaSuccess;
-	free(p);
 	pthread_mutex_lock(&mu);
+	for (pp = &pinneds; *pp && (*pp)->p != p; pp = &(*pp)->next)
+		;
+	x = *pp;
+	if (!x) {
+		violation("cudaFreeHost(%p): not from cudaMallocHost", p);
+		pthread_mutex_unlock(&mu);
+		return fail(cudaErrorInvalidValue);
+	}
+	*pp = x->next;
+	count_busy("cudaFreeHost", x->size, false);
 	st.live_allocs--;
 	pthread_mutex_unlock(&mu);
+	free(x->p);
+	free(x);
 	return cudaSuccess;
+}
+
+/* Under mu: [p, p + n) is pinned host memory. */
+static bool is_pinned(const void *p, size_t n)
+{
+	const char *c = p;
+
+	for (struct pinned *x = pinneds; x; x = x->next)
+		if (c >= (char *)x->p && c + n <= (char *)x->p + x->size)
+			return true;
+	return false;
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
-	bool ok = true;
+	bool ok = true, staged;
+	struct alloc *a;
+	int dev = cur_dev;
+	void *copy;
 
 	CUDA_ENTER();
 	pthread_mutex_lock(&mu);
 	if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
-		ok = find_alloc(dst, n) != NULL;
+		ok = (a = find_alloc(dst, n)) != NULL && ((dev = a->dev), true);
 	if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice)
-		ok = ok && find_alloc(src, n) != NULL;
+		ok = ok && (a = find_alloc(src, n)) != NULL && ((dev = a->dev), true);
 	if (!ok)
 		violation("cudaMemcpy of %zu bytes: a device side is not device memory", n);
+	staged = kind == cudaMemcpyHostToDevice && !is_pinned(src, n);
 	pthread_mutex_unlock(&mu);
 	if (!ok)
 		return fail(cudaErrorInvalidValue);
+	if (staged) {
+		/* CUDA returns once the pageable bytes are staged; the DMA to the
+		 * device lands later, on the legacy stream */
+		copy = malloc(n ? n : 1);
+		if (!copy)
+			return fail(cudaErrorMemoryAllocation);
+		memcpy(copy, src, n);
+		return push_copy(legacy_stream(dev), dst, copy, n,
+				 cfg.pageable_land_us ? cfg.pageable_land_us : 3000);
+	}
+	/* the legacy stream's earlier work first (the pageable copies) */
+	stream_drain(legacy_stream(dev));
 	memmove(dst, src, n);
 	return cudaSuccess;
 }
 
-static void stream_push(cudaStream_t s, struct task *t);
+/* cudaMemset is asynchronous: on the legacy stream of dst's device. */
+cudaError_t cudaMemset(void *dst, int value, size_t n)
+{
+	struct alloc *a;
+	struct task *t;
+	int dev;
+
+	CUDA_ENTER();
+	pthread_mutex_lock(&mu);
+	a = find_alloc(dst, n);
+	dev = a ? a->dev : 0;
+	if (!a)
+		violation("cudaMemset of %zu bytes: not device memory", n);
+	pthread_mutex_unlock(&mu);
+	if (!a)
+		return fail(cudaErrorInvalidValue);
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return fail(cudaErrorMemoryAllocation);
+	*t = (struct task){.kind = T_SET, .dst = dst, .value = value, .bytes = n};
+	stream_push(legacy_stream(dev), t);
+	return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+	CUDA_ENTER();
+	device_drain(cur_dev, NULL);
+	return cudaSuccess;
+}
+
+/* Stream 0 (and CUDA's legacy and per-thread handles): the current
+ * device's legacy stream. */
+static cudaStream_t resolve(cudaStream_t s)
+{
+	if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread)
+		return legacy_stream(cur_dev);
+	return s;
+}
 
 /* Under mu: a stream task's device sides are device memory of the stream's
  * device (host sides are anything, as pageable memory is to CUDA). */
@@ -649,11 +1019,22 @@ static cudaError_t push_task(cudaStream_t s, struct task tmpl)
 	return cudaSuccess;
 }
 
+static cudaError_t push_copy(cudaStream_t s, void *dst, void *staged, size_t n, unsigned delay)
+{
+	return push_task(s, (struct task){.kind = T_COPY,
+					  .dst = dst,
+					  .src = staged,
+					  .staged = staged,
+					  .bytes = n,
+					  .delay_us = delay});
+}
+
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s)
 {
 	bool ok;
 
 	CUDA_ENTER();
+	s = resolve(s);
 	pthread_mutex_lock(&mu);
 	ok = async_ok(s, dst, NULL, n, cudaMemcpyHostToDevice, "cudaMemsetAsync");
 	pthread_mutex_unlock(&mu);
@@ -668,6 +1049,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 	bool ok;
 
 	CUDA_ENTER();
+	s = resolve(s);
 	pthread_mutex_lock(&mu);
 	ok = async_ok(s, dst, src, n, kind, "cudaMemcpyAsync");
 	pthread_mutex_unlock(&mu);
@@ -699,50 +1081,61 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
 
 struct ipc_payload {
 	char magic[8];
-	void *base;
 	int dev;
-	int32_t pid, fd; /* the exporter and its memfd */
-	uint64_t size;
-	uint64_t ino; /* the memfd's inode: a reused fd number is not it */
+	int32_t pid, fd; /* the exporter and its block's memfd */
+	uint64_t ino;    /* the memfd's inode: a reused fd number is not it */
+	uint64_t off;    /* the allocation's offset in its block */
+	uint64_t size, blksize;
 };
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 {
 	struct ipc_payload pl = {.magic = "zdipc"};
-	struct stat sb;
 	struct alloc *a;
 
 	CUDA_ENTER();
 	pthread_mutex_lock(&mu);
 	a = find_alloc(p, 1);
-	if (a) {
-		pl.base = a->base;
+	if (a && !a->imported) {
 		pl.dev = a->dev;
 		pl.pid = getpid();
-		pl.fd = a->fd;
+		pl.fd = a->blk->fd;
+		pl.ino = a->blk->ino;
+		pl.off = (uint64_t)(a->base - a->blk->base);
 		pl.size = a->size;
-		if (fstat(a->fd, &sb) == 0)
-			pl.ino = sb.st_ino;
+		pl.blksize = a->blk->size;
 	}
 	pthread_mutex_unlock(&mu);
-	if (!a)
+	if (!a || a->imported)
 		return fail(cudaErrorInvalidValue);
 	memset(h, 0, sizeof(*h));
 	memcpy(h->reserved, &pl, sizeof(pl));
 	return cudaSuccess;
 }
 
-/* Another process's allocation: its memfd, through /proc. */
+/* Another process's allocation: its whole block, through /proc. */
 static cudaError_t ipc_import(void **p, const struct ipc_payload *pl)
 {
-	size_t n = (pl->size + ALIGN - 1) / ALIGN * ALIGN;
 	struct stat sb;
 	struct alloc *a;
 	char path[64];
 	int fd;
 
-	if (pl->dev < 0 || pl->dev >= cfg.ndevices || pl->fd < 0 || pl->size == 0)
+	if (pl->dev < 0 || pl->dev >= cfg.ndevices || pl->fd < 0 || pl->size == 0 ||
+	    pl->blksize == 0 || pl->off + pl->size > pl->blksize)
 		return fail(cudaErrorInvalidResourceHandle);
+	pthread_mutex_lock(&mu);
+	for (a = allocs; a; a = a->next)
+		if (a->imported && a->src_pid == pl->pid && a->src_ino == pl->ino &&
+		    a->src_off == pl->off) {
+			/* opened here already: CUDA counts it and gives the same pointer */
+			a->ipc_opens++;
+			st.ipc_open++;
+			*p = a->base;
+			pthread_mutex_unlock(&mu);
+			return cudaSuccess;
+		}
+	pthread_mutex_unlock(&mu);
 	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pl->pid, (int)pl->fd);
 	fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0)
@@ -756,18 +1149,23 @@ static cudaError_t ipc_import(void **p, const struct ipc_payload *pl)
 		close(fd);
 		return fail(cudaErrorMemoryAllocation);
 	}
-	a->base = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	a->map = mmap(NULL, pl->blksize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
-	if (a->base == MAP_FAILED) {
+	if (a->map == MAP_FAILED) {
 		free(a);
 		return fail(cudaErrorInvalidResourceHandle);
 	}
-	a->mapped = n;
+	a->maplen = pl->blksize;
+	a->base = a->map + pl->off;
 	a->size = pl->size;
+	a->lo = a->map; /* the whole block is mapped, neighbours included */
+	a->hi = a->map + pl->blksize;
 	a->dev = pl->dev;
-	a->fd = -1;
 	a->imported = true;
 	a->ipc_opens = 1;
+	a->src_pid = pl->pid;
+	a->src_ino = pl->ino;
+	a->src_off = pl->off;
 	pthread_mutex_lock(&mu);
 	a->next = allocs;
 	allocs = a;
@@ -780,57 +1178,49 @@ static cudaError_t ipc_import(void **p, const struct ipc_payload *pl)
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int flags)
 {
 	struct ipc_payload pl;
-	struct alloc *a = NULL;
 
 	CUDA_ENTER();
 	memcpy(&pl, h.reserved, sizeof(pl));
 	if (flags != cudaIpcMemLazyEnablePeerAccess)
 		return fail(cudaErrorInvalidValue); /* CUDA requires exactly this flag */
-	if (memcmp(pl.magic, "zdipc", 6) == 0 && pl.pid != getpid())
-		return ipc_import(p, &pl);
-	pthread_mutex_lock(&mu);
-	if (memcmp(pl.magic, "zdipc", 6) == 0)
-		for (a = allocs; a && a->base != pl.base; a = a->next)
-			;
-	if (a) {
-		a->ipc_opens++;
-		st.ipc_open++;
-	}
-	pthread_mutex_unlock(&mu);
-	if (!a)
+	if (memcmp(pl.magic, "zdipc", 6) != 0)
 		return fail(cudaErrorInvalidResourceHandle);
-	*p = a->base;
-	return cudaSuccess;
+	if (pl.pid == getpid()) {
+		/* CUDA refuses a process its own handles */
+		pthread_mutex_lock(&mu);
+		violation("cudaIpcOpenMemHandle of a handle this process exported "
+			  "(CUDA: cudaErrorDeviceUninitialized, invalid device context)");
+		pthread_mutex_unlock(&mu);
+		return fail(cudaErrorDeviceUninitialized);
+	}
+	return ipc_import(p, &pl);
 }
 
 cudaError_t cudaIpcCloseMemHandle(void *p)
 {
-	struct alloc *a;
+	struct alloc *a, **pp;
 
 	CUDA_ENTER();
 	pthread_mutex_lock(&mu);
-	for (a = allocs; a && !(a->base == p && a->ipc_opens); a = a->next)
+	for (pp = &allocs; *pp && !((*pp)->imported && (*pp)->base == p); pp = &(*pp)->next)
 		;
-	if (a) {
-		a->ipc_opens--;
-		st.ipc_open--;
-	} else {
+	a = *pp;
+	if (!a) {
 		violation("cudaIpcCloseMemHandle(%p): not an opened handle", p);
-	}
-	if (a && a->imported) {
-		struct alloc **pp;
-
-		for (pp = &allocs; *pp != a; pp = &(*pp)->next)
-			;
-		*pp = a->next;
 		pthread_mutex_unlock(&mu);
+		return fail(cudaErrorInvalidValue);
+	}
+	st.ipc_open--;
+	if (--a->ipc_opens == 0) {
+		*pp = a->next;
 		alloc_free(a);
-		return cudaSuccess;
 	}
 	pthread_mutex_unlock(&mu);
-	return a ? cudaSuccess : fail(cudaErrorInvalidValue);
+	return cudaSuccess;
 }
 
+/* cuMemGetAddressRange: of an allocation made here, the allocation; of an
+ * opened handle, the whole block the importer mapped. */
 static CUresult dbl_mem_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 {
 	struct alloc *a;
@@ -838,8 +1228,8 @@ static CUresult dbl_mem_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 	pthread_mutex_lock(&mu);
 	a = find_alloc((void *)(uintptr_t)p, 1);
 	if (a) {
-		*base = (CUdeviceptr)(uintptr_t)a->base;
-		*size = a->size;
+		*base = (CUdeviceptr)(uintptr_t)(a->imported ? a->map : a->base);
+		*size = a->imported ? a->maplen : a->size;
 	}
 	pthread_mutex_unlock(&mu);
 	return a ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
@@ -873,28 +1263,70 @@ static void ev_complete(struct evshared *ev, uint64_t seq)
 		;
 }
 
-/* Until the event's count reaches seq, or its exporter is gone (a trainer
- * that died leaves no stream stuck). */
+static void ev_put(struct CUevent_st *e)
+{
+	if (atomic_fetch_sub(&e->refs, 1) != 1)
+		return;
+	munmap(e->sh, sizeof(*e->sh));
+	if (e->fd >= 0)
+		close(e->fd);
+	free(e);
+}
+
+/* Until the event's count reaches seq. Its exporter's exit does not end it
+ * (CUDA's does not either): a stream behind a dead trainer's event waits
+ * for ever, and after SLOW_S seconds says so once. */
 static void ev_wait(struct evshared *ev, uint64_t seq)
 {
+	struct timespec t0, t;
+	bool said = false;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (unsigned i = 0; atomic_load(&ev->completed) < seq; i++) {
-		if (i % 256 == 255 && ev->owner_pid > 0 && kill(ev->owner_pid, 0) < 0 &&
-		    errno == ESRCH)
-			return;
+		if (!said && i % 4096 == 4095) {
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if (t.tv_sec - t0.tv_sec >= SLOW_S) {
+				said = true;
+				fprintf(stderr,
+					"cudadouble: process %d: a stream has waited %d s for an "
+					"event of process %d%s; it waits on\n",
+					(int)getpid(), SLOW_S, (int)ev->owner_pid,
+					ev->owner_pid > 0 && kill(ev->owner_pid, 0) < 0 &&
+							errno == ESRCH
+						? ", which exited"
+						: "");
+			}
+		}
 		usleep(50);
 	}
 }
 
-static void run_task(struct task *t)
+/* A host function: one at a time per device, in the order they become
+ * ready (CUDA runs a device's host functions on one thread). */
+static void run_host_fn(struct CUstream_st *s, struct task *t)
+{
+	unsigned ticket;
+
+	pthread_mutex_lock(&mu);
+	ticket = hf_next[s->dev]++;
+	while (hf_serving[s->dev] != ticket)
+		pthread_cond_wait(&cv, &mu);
+	pthread_mutex_unlock(&mu);
+	in_host_fn = true;
+	t->fn(t->arg);
+	in_host_fn = false;
+	pthread_mutex_lock(&mu);
+	hf_serving[s->dev]++;
+	st.host_funcs++;
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+}
+
+static void run_task(struct CUstream_st *s, struct task *t)
 {
 	switch (t->kind) {
 	case T_HOST:
-		in_host_fn = true;
-		t->fn(t->arg);
-		in_host_fn = false;
-		pthread_mutex_lock(&mu);
-		st.host_funcs++;
-		pthread_mutex_unlock(&mu);
+		run_host_fn(s, t);
 		return;
 	case T_KERN:
 		for (uint64_t i = 0, n = optim_kern_items(&t->kern); i < n; i++)
@@ -907,13 +1339,18 @@ static void run_task(struct task *t)
 		coll_part(&t->op);
 		return;
 	case T_EVREC:
-		ev_complete(t->ev, t->evseq);
+		ev_complete(t->ev->sh, t->evseq);
+		ev_put(t->ev);
 		return;
 	case T_EVWAIT:
-		ev_wait(t->ev, t->evseq);
+		ev_wait(t->ev->sh, t->evseq);
+		ev_put(t->ev);
 		return;
 	case T_COPY:
+		if (t->delay_us)
+			usleep(t->delay_us);
 		memmove(t->dst, t->src, t->bytes);
+		free(t->staged);
 		return;
 	case T_SET:
 		memset(t->dst, t->value, t->bytes);
@@ -940,12 +1377,14 @@ static void *stream_main(void *arg)
 		pthread_mutex_unlock(&s->mu);
 		if (cfg.jitter_us)
 			usleep((useconds_t)(rand_r(&s->seed) % cfg.jitter_us));
-		run_task(t);
+		run_task(s, t);
 		free(t);
 		pthread_mutex_lock(&s->mu);
 		s->done++;
 		pthread_cond_broadcast(&s->cv);
 	}
+	s->exited = true;
+	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
 }
@@ -964,26 +1403,113 @@ static void stream_push(cudaStream_t s, struct task *t)
 	pthread_mutex_unlock(&s->mu);
 }
 
+/* A stream of device dev, its thread started, on the list (not counted). */
+static struct CUstream_st *stream_new(int dev, bool is_legacy)
+{
+	static atomic_uint nstreams;
+	struct CUstream_st *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return NULL;
+	s->dev = dev;
+	s->legacy = is_legacy;
+	s->seed = cfg.seed + atomic_fetch_add(&nstreams, 1);
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	if (pthread_create(&s->thr, NULL, stream_main, s) != 0) {
+		pthread_cond_destroy(&s->cv);
+		pthread_mutex_destroy(&s->mu);
+		free(s);
+		return NULL;
+	}
+	pthread_detach(s->thr);
+	pthread_mutex_lock(&mu);
+	s->next_all = streams;
+	streams = s;
+	pthread_mutex_unlock(&mu);
+	return s;
+}
+
+/* The device's legacy default stream (stream 0), made on first use. */
+static cudaStream_t legacy_stream(int dev)
+{
+	struct CUstream_st *s;
+
+	if (dev < 0 || dev >= MAXDEV)
+		dev = 0;
+	pthread_mutex_lock(&mu);
+	s = legacy[dev];
+	pthread_mutex_unlock(&mu);
+	if (s)
+		return s;
+	s = stream_new(dev, true);
+	if (!s)
+		abort(); /* the double cannot go on without it */
+	pthread_mutex_lock(&mu);
+	if (legacy[dev]) { /* another thread made it first: this one stays idle */
+		pthread_mutex_unlock(&mu);
+		return legacy[dev];
+	}
+	legacy[dev] = s;
+	pthread_mutex_unlock(&mu);
+	return s;
+}
+
+/* Until what s has queued now is done. */
+static void stream_drain(cudaStream_t s)
+{
+	pthread_mutex_lock(&s->mu);
+	uint64_t target = s->queued;
+	while (s->done < target)
+		pthread_cond_wait(&s->cv, &s->mu);
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* Until the work queued now on every stream of dev is done (streams are
+ * never freed before cudadouble_reset, so the list is safe to walk). A wait
+ * longer than SLOW_S seconds says so once (`why`: the call that waits). */
+static void device_drain(int dev, const char *why)
+{
+	struct CUstream_st *s;
+
+	pthread_mutex_lock(&mu);
+	s = streams;
+	pthread_mutex_unlock(&mu);
+	for (; s; s = s->next_all) {
+		struct timespec ts;
+		bool said = false;
+
+		if (s->dev != dev)
+			continue;
+		pthread_mutex_lock(&s->mu);
+		uint64_t target = s->queued;
+		while (s->done < target) {
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += SLOW_S;
+			if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT && !said &&
+			    why) {
+				said = true;
+				fprintf(stderr,
+					"cudadouble: process %d: %s has waited %d s for the work "
+					"queued on device %d (CUDA's synchronises the device)\n",
+					(int)getpid(), why, SLOW_S, dev);
+			}
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ret, unsigned int flags)
 {
-	static atomic_uint streams;
 	struct CUstream_st *s;
 
 	CUDA_ENTER();
 	(void)flags;
 	if (cfg.ndevices <= 0)
 		return fail(cudaErrorInsufficientDriver);
-	s = calloc(1, sizeof(*s));
+	s = stream_new(cur_dev, false);
 	if (!s)
 		return fail(cudaErrorMemoryAllocation);
-	s->dev = cur_dev;
-	s->seed = cfg.seed + atomic_fetch_add(&streams, 1);
-	pthread_mutex_init(&s->mu, NULL);
-	pthread_cond_init(&s->cv, NULL);
-	if (pthread_create(&s->thr, NULL, stream_main, s) != 0) {
-		free(s);
-		return fail(cudaErrorMemoryAllocation);
-	}
 	pthread_mutex_lock(&mu);
 	st.live_streams++;
 	pthread_mutex_unlock(&mu);
@@ -994,26 +1520,44 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ret, unsigned int flags)
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
 	CUDA_ENTER();
+	stream_drain(resolve(s));
+	return cudaSuccess;
+}
+
+/* Asks s's thread to stop once its work is done. */
+static void stream_stop(struct CUstream_st *s)
+{
 	pthread_mutex_lock(&s->mu);
-	uint64_t target = s->queued;
-	while (s->done < target)
+	s->quit = true;
+	pthread_cond_broadcast(&s->cv);
+	while (!s->exited)
 		pthread_cond_wait(&s->cv, &s->mu);
 	pthread_mutex_unlock(&s->mu);
-	return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
+	struct timespec ts;
+
 	CUDA_ENTER();
-	/* CUDA lets queued work finish first; so does the double */
+	if (!s || s->legacy)
+		return fail(cudaErrorInvalidResourceHandle);
+	/* CUDA returns at once and releases the stream when its work is done;
+	 * the double waits for that a moment (tests count streams after a
+	 * close), never for ever: a stream stuck behind an event that never
+	 * completes stays stuck, as on a GPU */
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += 200 * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
 	pthread_mutex_lock(&s->mu);
 	s->quit = true;
 	pthread_cond_broadcast(&s->cv);
+	while (!s->exited && pthread_cond_timedwait(&s->cv, &s->mu, &ts) != ETIMEDOUT)
+		;
 	pthread_mutex_unlock(&s->mu);
-	pthread_join(s->thr, NULL);
-	pthread_cond_destroy(&s->cv);
-	pthread_mutex_destroy(&s->mu);
-	free(s);
 	pthread_mutex_lock(&mu);
 	st.live_streams--;
 	pthread_mutex_unlock(&mu);
@@ -1025,6 +1569,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
 	struct task *t;
 
 	CUDA_ENTER();
+	s = resolve(s);
 	pthread_mutex_lock(&mu);
 	if (s->dev != cur_dev)
 		violation("host function on a stream of device %d, device %d current", s->dev,
@@ -1245,6 +1790,56 @@ static void coll_check(const struct dop *op, int nranks)
 		on_dev(op->recv, wide, dev, "ncclAllGather recv");
 		break;
 	}
+}
+
+/* ------------------------------------------------- the launch order --- */
+
+/* Under mu: until op's kernel may run: every collective kernel launched
+ * before it on its device has ended (NCCL's kernels of one device run one
+ * at a time, in launch order, each until every rank of its communicator
+ * has launched it). An aborted or broken communicator's kernel leaves at
+ * once. After SLOW_S seconds, says so once: a launch order that differs
+ * between devices hangs here. */
+static bool q_broken(const struct clique *q);
+
+static void turn_wait(struct dop *op)
+{
+	int d = op->comm->dev;
+	struct timespec t0, t, ts;
+	bool said = false;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (turns[d].next != op->turn && !op->comm->aborted && !q_broken(op->comm->cq)) {
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 50 * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&cv, &mu, &ts);
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if (!said && t.tv_sec - t0.tv_sec >= TURN_S) {
+			said = true;
+			fprintf(stderr,
+				"cudadouble: process %d: collective #%llu of rank %d on device %d "
+				"has waited %d s behind a collective launched before it on that "
+				"device (launch orders differ between devices?)\n",
+				(int)getpid(), (unsigned long long)op->seq, op->comm->rank, d,
+				TURN_S);
+		}
+	}
+}
+
+/* Under mu: op's kernel has ended. */
+static void turn_end(struct dop *op)
+{
+	if (!op->turn)
+		return;
+	op->turn->prev->next = op->turn->next;
+	op->turn->next->prev = op->turn->prev;
+	free(op->turn);
+	op->turn = NULL;
+	pthread_cond_broadcast(&cv);
 }
 
 /* ------------------------------------------- cliques across processes --- */
@@ -1482,6 +2077,7 @@ static void sh_coll_part(struct dop *op)
 	float *recv[SH_MAXR] = {0};
 
 	pthread_mutex_lock(&mu);
+	turn_wait(op);
 	aborted = c->aborted;
 	coll_check(op, q->nranks);
 	st.waiting++;
@@ -1546,6 +2142,7 @@ out:
 			  (unsigned long long)op->seq, c->rank, op->kind, op->count, op->root,
 			  (int)seen.kind, (unsigned long long)seen.count, (int)seen.root);
 	st.waiting--;
+	turn_end(op);
 	pthread_mutex_unlock(&mu);
 }
 
@@ -1561,8 +2158,10 @@ static void coll_part(struct dop *op)
 		return;
 	}
 	pthread_mutex_lock(&mu);
+	turn_wait(op);
 	if (c->aborted || q->broken) {
 		/* NCCL's kernels leave at once after an abort */
+		turn_end(op);
 		pthread_mutex_unlock(&mu);
 		return;
 	}
@@ -1576,6 +2175,7 @@ static void coll_part(struct dop *op)
 		}
 		if (!sl || !sl->send || !sl->recv) {
 			violation("out of memory for a collective");
+			turn_end(op);
 			pthread_mutex_unlock(&mu);
 			return;
 		}
@@ -1616,21 +2216,32 @@ static void coll_part(struct dop *op)
 		free(sl->recv);
 		free(sl);
 	}
+	turn_end(op);
 	pthread_mutex_unlock(&mu);
 }
 
-/* Under mu: put a collective on its stream. */
+/* Under mu: put a collective on its stream, and in its device's launch
+ * order. */
 static void coll_queue(struct pend *p)
 {
 	struct task *t = calloc(1, sizeof(*t));
+	struct turn *tn = calloc(1, sizeof(*tn)), *head;
 
-	if (!t) {
+	if (!t || !tn) {
 		violation("out of memory queueing a collective");
+		free(t);
+		free(tn);
 		free(p);
 		return;
 	}
+	head = &turns[p->op.comm->dev];
+	tn->prev = head->prev;
+	tn->next = head;
+	head->prev->next = tn;
+	head->prev = tn;
 	t->kind = T_COLL;
 	t->op = p->op;
+	t->op.turn = tn;
 	t->op.seq = p->op.comm->next_seq++;
 	st.collectives++;
 	stream_push(p->stream, t);
@@ -1649,6 +2260,33 @@ static void comm_flush(struct ncclComm *c)
 }
 
 /* ------------------------------------------------------------- NCCL --- */
+
+/* Under mu: the calling thread issues NCCL work to a communicator of device
+ * d. NCCL forbids two threads doing so on one device at once: from a
+ * group's first collective until its end, and for a non-blocking
+ * communicator until what it answered ncclInProgress to is on the streams
+ * (its settle). */
+static void issue_begin(int d)
+{
+	if (issuer[d].held && !pthread_equal(issuer[d].who, pthread_self()))
+		violation("two threads issue NCCL work to communicators of device %d at once "
+			  "(NCCL forbids it: serialise each group call and its settle per "
+			  "device)",
+			  d);
+	issuer[d].held = true;
+	issuer[d].who = pthread_self();
+}
+
+/* Under mu: device d's issue ends once none of its communicators has work
+ * still to settle. */
+static void issue_end(int d)
+{
+	for (struct ncclComm *c = comms; c; c = c->next_all)
+		if (c->dev == d && c->deferred && !c->aborted && !c->destroyed)
+			return;
+	issuer[d].held = false;
+}
+
 
 static bool comm_usable(const struct ncclComm *c, const char *what)
 {
@@ -1861,6 +2499,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async)
 		} else {
 			comm_flush(comm);
 			comm->async = ncclSuccess;
+			issue_end(comm->dev);
 		}
 	}
 	/* a peer aborted: NCCL reports it as a remote error */
@@ -1888,6 +2527,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 			free(p);
 		}
 		st.live_comms--;
+		issue_end(comm->dev);
 		pthread_cond_broadcast(&cv);
 	}
 	pthread_mutex_unlock(&mu);
@@ -1923,6 +2563,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 				  comm->rank);
 		comm->destroyed = true;
 		st.live_comms--;
+		issue_end(comm->dev);
 	}
 	pthread_mutex_unlock(&mu);
 	return ncclSuccess;
@@ -1981,6 +2622,9 @@ ncclResult_t ncclGroupEnd(void)
 		}
 	}
 	group_tail = NULL;
+	for (int d = 0; d < MAXDEV; d++)
+		if (issuer[d].held && pthread_equal(issuer[d].who, pthread_self()))
+			issue_end(d);
 	if (group_async && r == ncclSuccess)
 		r = ncclInProgress;
 	group_async = false;
@@ -2001,6 +2645,10 @@ static ncclResult_t group_add(struct dop op, cudaStream_t stream, ncclDataType_t
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return ncclSystemError;
+	pthread_mutex_lock(&mu);
+	if (op.comm->dev >= 0 && op.comm->dev < MAXDEV)
+		issue_begin(op.comm->dev);
+	pthread_mutex_unlock(&mu);
 	op.avg = red == ncclAvg;
 	op.type = type;
 	p->op = op;
@@ -2079,6 +2727,7 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
 struct evipc_payload {
 	char magic[8];
 	int32_t pid, fd;
+	int32_t dev;
 };
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ret, unsigned int flags)
@@ -2097,6 +2746,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ret, unsigned int flags)
 	}
 	e->sh->owner_pid = getpid();
 	e->flags = flags;
+	e->dev = cur_dev;
+	atomic_store(&e->refs, 1);
 	*ret = e;
 	return cudaSuccess;
 }
@@ -2106,10 +2757,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 	CUDA_ENTER();
 	if (!e)
 		return fail(cudaErrorInvalidResourceHandle);
-	munmap(e->sh, sizeof(*e->sh));
-	if (e->fd >= 0)
-		close(e->fd);
-	free(e);
+	ev_put(e); /* the tasks that name it keep it until they have run */
 	return cudaSuccess;
 }
 
@@ -2121,17 +2769,23 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 	CUDA_ENTER();
 	if (!e)
 		return fail(cudaErrorInvalidResourceHandle);
-	seq = atomic_fetch_add(&e->sh->recorded, 1) + 1;
-	if (!s) {
-		/* the legacy default stream: the double runs nothing there */
-		ev_complete(e->sh, seq);
-		return cudaSuccess;
+	s = resolve(s);
+	if (s->dev != e->dev) {
+		/* CUDA: the event and the stream must be of one device */
+		pthread_mutex_lock(&mu);
+		violation("cudaEventRecord of an event of device %d on a stream of device %d "
+			  "(CUDA: cudaErrorInvalidResourceHandle)",
+			  e->dev, s->dev);
+		pthread_mutex_unlock(&mu);
+		return fail(cudaErrorInvalidResourceHandle);
 	}
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return fail(cudaErrorMemoryAllocation);
+	seq = atomic_fetch_add(&e->sh->recorded, 1) + 1;
+	atomic_fetch_add(&e->refs, 1);
 	t->kind = T_EVREC;
-	t->ev = e->sh;
+	t->ev = e;
 	t->evseq = seq;
 	stream_push(s, t);
 	return cudaSuccess;
@@ -2145,16 +2799,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
 	(void)flags;
 	if (!e)
 		return fail(cudaErrorInvalidResourceHandle);
-	if (!s) {
-		/* the legacy default stream: the double waits here */
-		ev_wait(e->sh, atomic_load(&e->sh->recorded));
-		return cudaSuccess;
-	}
+	/* (any device's stream may wait for any device's event) */
+	s = resolve(s);
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return fail(cudaErrorMemoryAllocation);
+	atomic_fetch_add(&e->refs, 1);
 	t->kind = T_EVWAIT;
-	t->ev = e->sh;
+	t->ev = e;
 	t->evseq = atomic_load(&e->sh->recorded); /* the latest record, as CUDA */
 	stream_push(s, t);
 	return cudaSuccess;
@@ -2187,6 +2839,7 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e)
 		return fail(cudaErrorInvalidResourceHandle);
 	pl.pid = getpid();
 	pl.fd = e->fd;
+	pl.dev = e->dev;
 	memset(h, 0, sizeof(*h));
 	memcpy(h->reserved, &pl, sizeof(pl));
 	return cudaSuccess;
@@ -2221,6 +2874,8 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *ret, cudaIpcEventHandle_t h)
 	e->fd = -1;
 	e->imported = true;
 	e->flags = cudaEventInterprocess | cudaEventDisableTiming;
+	e->dev = pl.dev;
+	atomic_store(&e->refs, 1);
 	*ret = e;
 	return cudaSuccess;
 }

@@ -25,6 +25,8 @@ struct cudadouble_config {
 	bool shm_cliques;          /* NCCL cliques meet across processes in /dev/shm
 				    * (ZEROD_CUDADOUBLE_SHM=1 in a process that never
 				    * calls cudadouble_reset()) */
+	unsigned pageable_land_us; /* a pageable cudaMemcpy to the device lands this
+				    * long after it returns (0: 3 ms) */
 };
 
 struct cudadouble_stats {
@@ -38,6 +40,12 @@ struct cudadouble_stats {
 	unsigned live_streams;
 	unsigned live_comms; /* neither destroyed nor aborted */
 	unsigned ipc_open;   /* IPC handles opened, not closed */
+	/* cudaMalloc/cudaMallocHost and cudaFree/cudaFreeHost calls made while
+	 * any stream had work queued (a step running: CUDA's frees wait for the
+	 * whole device, and none belongs in a step); first_busy names the
+	 * first */
+	unsigned mallocs_busy, frees_busy;
+	char first_busy[160];
 };
 
 /* Start over with cfg: every stream and communicator of the last run must

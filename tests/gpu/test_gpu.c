@@ -17,6 +17,10 @@
  *  - IPC: a child process plays the trainer, allocates device memory and
  *    exports its handle; mem_cuda_ops opens it by UUID at an offset and
  *    writes through it, and the child reads the writes back.
+ * This process never initialises CUDA: the probe runs in a child that
+ * exits, as every case does (CUDA fails in a child forked after its parent
+ * initialised it), and each pageable copy to the device and each cudaMemset
+ * is followed by a device synchronisation before anything depends on it.
  * The trainers' CUDA buffers and event rings through a real zerod:
  * test_gpujob.c. Not yet: the parity run against PyTorch's
  * ZeroRedundancyOptimizer (the Python package registers host buffers).
@@ -88,6 +92,16 @@ static size_t first_diff(const float *a, const float *b, size_t n)
 	return i;
 }
 
+/* A pageable cudaMemcpy to the device returns once the bytes are staged;
+ * the DMA may land after it, unordered with the backend's non-blocking
+ * streams: wait for the device before they read it. */
+static cudaError_t h2d(void *dst, const void *src, size_t bytes)
+{
+	cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+
+	return e == cudaSuccess ? cudaDeviceSynchronize() : e;
+}
+
 /* ------------------------------------------------------------ kernels --- */
 
 #define KN 100003
@@ -115,7 +129,7 @@ static void kernels_case(enum zc_optimizer kind, const struct zc_param_group g[2
 	REQUIRE(hp && hg && got && dp && dg, "%s: memory", tag);
 	for (size_t i = 0; i < KN; i++)
 		hp[i] = rng_float(-2, 2);
-	CU(cudaMemcpy(dp, hp, KN * sizeof(float), cudaMemcpyHostToDevice));
+	CU(h2d(dp, hp, KN * sizeof(float)));
 	struct optim_config cfg = {
 		.world = 1, .grads = &dg, .params = &dp, .nlocal = 1, .local = &local};
 	REQUIRE(optim_cuda_ops.open(&cfg, &ctx) == 0, "%s: open", tag);
@@ -124,7 +138,7 @@ static void kernels_case(enum zc_optimizer kind, const struct zc_param_group g[2
 	for (uint64_t t = 1; t <= 3 && !test_failed_; t++) {
 		for (size_t i = 0; i < KN; i++)
 			hg[i] = rng_float(-3, 3);
-		CU(cudaMemcpy(dg, hg, KN * sizeof(float), cudaMemcpyHostToDevice));
+		CU(h2d(dg, hg, KN * sizeof(float)));
 		for (int k = 0; k < 3; k++) {
 			pc[k].step = t;
 			pc[k].first_momentum = t == 1;
@@ -259,7 +273,7 @@ static void lowp_case(enum zc_dtype dt, enum zc_optimizer kind, const char *tag)
 		hp[i] = lowp_narrow(rng_float(-2, 2), dt);
 		master[i] = lowp_get(hp, i, dt);
 	}
-	CU(cudaMemcpy(dp, hp, hb * sizeof(float), cudaMemcpyHostToDevice));
+	CU(h2d(dp, hp, hb * sizeof(float)));
 	struct optim_config cfg = {
 		.world = 1, .grads = &dg, .params = &dp, .nlocal = 1, .local = &local};
 	REQUIRE(optim_cuda_ops.open(&cfg, &ctx) == 0, "%s: open", tag);
@@ -270,7 +284,7 @@ static void lowp_case(enum zc_dtype dt, enum zc_optimizer kind, const char *tag)
 	for (uint64_t t = 1; t <= 3 && !test_failed_; t++) {
 		for (size_t i = 0; i < KN; i++)
 			hg[i] = lowp_narrow(rng_float(-3, 3), dt);
-		CU(cudaMemcpy(dg, hg, hb * sizeof(float), cudaMemcpyHostToDevice));
+		CU(h2d(dg, hg, hb * sizeof(float)));
 		for (int k = 0; k < 3; k++) {
 			pc[k].step = t;
 			pc[k].first_momentum = t == 1;
@@ -315,7 +329,7 @@ static void lowp_case(enum zc_dtype dt, enum zc_optimizer kind, const char *tag)
 		void *hgp = hg;
 
 		hg[12345] = lowp_narrow(INFINITY, dt);
-		CU(cudaMemcpy(dg, hg, hb * sizeof(float), cudaMemcpyHostToDevice));
+		CU(h2d(dg, hg, hb * sizeof(float)));
 		CHECK(gradpass_measure(pool_, (float *const *)&hgp, pc, 3, true, 0.5f, hs, &hbad) ==
 				      0 &&
 			      optim_cuda_ops.measure(ctx, pc, 3, true, 0.5f, ds, &dbad) == 0,
@@ -324,7 +338,7 @@ static void lowp_case(enum zc_dtype dt, enum zc_optimizer kind, const char *tag)
 		      "%s: norms %a %a, %g non-finite on the CPU; %a %a, %g on the GPU", tag, hs[0],
 		      hs[1], hbad, ds[0], ds[1], dbad);
 		hg[12345] = 0;
-		CU(cudaMemcpy(dg, hg, hb * sizeof(float), cudaMemcpyHostToDevice));
+		CU(h2d(dg, hg, hb * sizeof(float)));
 		CHECK(gradpass_clip(pool_, (float *const *)&hgp, pc, 3, coef) == 0 &&
 			      optim_cuda_ops.clip(ctx, pc, 3, coef) == 0,
 		      "%s: clip", tag);
@@ -377,6 +391,7 @@ static void t_bandwidth(void)
 		REQUIRE((a[k] = dev_alloc(0, n)), "memory");
 		CU(cudaMemset(a[k], 0, n * sizeof(float)));
 	}
+	CU(cudaDeviceSynchronize()); /* cudaMemset is asynchronous */
 	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 	CU(cudaEventCreate(&e0));
 	CU(cudaEventCreate(&e1));
@@ -504,7 +519,7 @@ static void run_job(const struct plan *p, uint32_t w, bool cuda, float *const *i
 		params[r] = cuda ? dev_alloc((int)r, n) : malloc(bytes);
 		REQUIRE(grads[r] && params[r], "buffers");
 		if (cuda)
-			CU(cudaMemcpy(params[r], init[r], bytes, cudaMemcpyHostToDevice));
+			CU(h2d(params[r], init[r], bytes));
 		else
 			memcpy(params[r], init[r], bytes);
 	}
@@ -536,7 +551,7 @@ static void run_job(const struct plan *p, uint32_t w, bool cuda, float *const *i
 			for (size_t i = 0; i < n; i++)
 				hg[i] = rng_float(-1, 1);
 			if (cuda)
-				CU(cudaMemcpy(grads[r], hg, bytes, cudaMemcpyHostToDevice));
+				CU(h2d(grads[r], hg, bytes));
 			else
 				memcpy(grads[r], hg, bytes);
 		}
@@ -647,9 +662,10 @@ static int ipc_child(void)
 
 	/* 2 MiB: IPC shares a cudaMalloc's whole underlying block, and a small
 	 * allocation may be carved out of a larger one (zeroclient.h) */
+	/* cudaMemset is asynchronous: done before the daemon writes */
 	if (cudaSetDevice(0) != cudaSuccess || cudaMalloc((void **)&base, 2 << 20) ||
-	    cudaMemset(base, 0, 2 * IPC_N * 4) || cudaIpcGetMemHandle(&h, base) ||
-	    cudaGetDeviceProperties(&prop, 0))
+	    cudaMemset(base, 0, 2 * IPC_N * 4) || cudaDeviceSynchronize() ||
+	    cudaIpcGetMemHandle(&h, base) || cudaGetDeviceProperties(&prop, 0))
 		return 2;
 	memcpy(msg.handle, &h, sizeof(h));
 	memcpy(msg.uuid, prop.uuid.bytes, sizeof(msg.uuid));
@@ -691,9 +707,8 @@ static void t_ipc(void)
 	if (r == 0) {
 		for (int i = 0; i < IPC_N; i++)
 			src[i] = (float)i;
-		CHECK(cudaMemcpy(mem_cuda_ops.ptr(m), src, sizeof(src), cudaMemcpyHostToDevice) ==
-			      cudaSuccess,
-		      "write through the handle");
+		CHECK(h2d(mem_cuda_ops.ptr(m), src, sizeof(src)) == cudaSuccess,
+		      "write through the handle (landed before the child reads)");
 		mem_cuda_ops.unmap(m);
 	}
 	CHECK(write(to[1], "x", 1) == 1, "release the child");
@@ -712,13 +727,48 @@ static const struct test_case cases[] = {
 	{"ipc_buffer_from_another_process", t_ipc},
 };
 
+/* cuda_probe() in a child that exits: it initialises CUDA, and CUDA does
+ * not work in a child forked after that, as every case is (test_main). The
+ * device count, why in why. */
+static int probe_in_child(char *why, size_t len)
+{
+	int fds[2], n = -1, st = 0;
+	pid_t pid;
+
+	snprintf(why, len, "the probe's child failed");
+	if (pipe(fds) != 0)
+		return -1;
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0) {
+		char w[256] = "";
+		n = cuda_probe(w, sizeof(w));
+		if (write(fds[1], &n, sizeof(n)) != sizeof(n) || write(fds[1], w, sizeof(w)) != sizeof(w))
+			_exit(1);
+		_exit(0);
+	}
+	close(fds[1]);
+	if (pid > 0) {
+		char w[256];
+		if (read(fds[0], &n, sizeof(n)) == sizeof(n) && read(fds[0], w, sizeof(w)) == sizeof(w)) {
+			w[sizeof(w) - 1] = 0;
+			snprintf(why, len, "%s", w);
+		} else {
+			n = -1;
+		}
+		waitpid(pid, &st, 0);
+	}
+	close(fds[0]);
+	return n;
+}
+
 int main(int argc, char **argv)
 {
 	char why[256];
 
 	if (argc > 1 && strcmp(argv[1], "--ipc-child") == 0)
 		return ipc_child();
-	ndev_ = cuda_probe(why, sizeof(why));
+	ndev_ = probe_in_child(why, sizeof(why));
 	if (ndev_ <= 0) {
 		/* TAP for people and tools/test.sh's count; meson reads the 77 */
 		printf("1..1\nok 1 - gpu # SKIP no usable GPU: %s\n", why);

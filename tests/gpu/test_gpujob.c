@@ -10,11 +10,20 @@
  * the CUDA Adam kernels, and zc_step_wait_cuda() on the done events; the
  * parameters are read back and compared with tests/refoptim.c's Adam
  * (world 1: the average is the gradient). Exits 77 without a GPU.
+ *
+ * --killed: a trainer (a child; this process never initialises CUDA, which
+ * a forked child could not use then) SIGKILLed mid-iteration, after it
+ * handed a bucket over whose ready event is held back on its stream behind
+ * a 60 s host function, so the event never completes: zerod must tear the
+ * job down within its stall timeout (a wait on that event never ends by
+ * itself: zerod has to abandon it) and then stop cleanly.
  */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
@@ -57,7 +66,122 @@ static void CUDART_CB hold_stream(void *arg)
 	usleep(20000);
 }
 
-int main(void)
+#define KILL_STALL_MS 5000
+
+static void CUDART_CB hold_long(void *arg)
+{
+	(void)arg;
+	sleep(60);
+}
+
+/* The trainer of --killed: iteration 0 whole, then bucket 0 of iteration 1
+ * behind hold_long; says so on fd and waits to be killed. */
+static int killed_trainer(const struct zd *d, int fd)
+{
+	struct train_spec s = {.job = "gpujob-killed",
+			       .world = 1,
+			       .optimizer = ZC_OPT_SGD,
+			       .shard_mode = ZC_SHARD_BUCKET,
+			       .step_mode = ZC_STEP_INTERLEAVED};
+	struct zc_buffers bufs = ZC_BUFFERS_INIT;
+	struct zc_config cfg = test_config(d, s.job, 0, 1);
+	struct train_plan tp;
+	zc_client *c = NULL;
+	cudaStream_t st;
+	uint64_t bytes;
+	char *dev;
+
+	train_make_plan(&s, &tp);
+	if (zc_plan_buffer_bytes(&tp.plan, &bytes) < 0 || cudaSetDevice(0) != cudaSuccess ||
+	    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess ||
+	    cudaMalloc((void **)&dev, (2 * bytes + IPC_ROUND - 1) / IPC_ROUND * IPC_ROUND) !=
+		    cudaSuccess ||
+	    cudaMemset(dev, 0, 2 * bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+		return 2;
+	bufs.kind = ZC_BUFFERS_CUDA;
+	bufs.grad_dev = dev;
+	bufs.param_dev = dev + bytes;
+	if (zc_connect(&cfg, &c) < 0 || zc_register_buffers(c, &tp.plan, &bufs) < 0 ||
+	    zc_register_plan(c) < 0)
+		return 3;
+	for (int it = 0; it < 2; it++) {
+		zc_future *step = NULL;
+
+		for (uint32_t b = 0; b < tp.plan.nbuckets; b++) {
+			if (it == 1) {
+				/* the ready event comes after a minute: never */
+				if (cudaLaunchHostFunc(st, hold_long, NULL) != cudaSuccess ||
+				    zc_bucket_ready_cuda(c, b, st, NULL) < 0)
+					return 4;
+				(void)!write(fd, "k", 1);
+				pause();
+			}
+			if (zc_bucket_ready_cuda(c, b, st, NULL) < 0)
+				return 5;
+		}
+		if (zc_step_future(c, (uint64_t)it, &step) < 0 || zc_future_wait(step, 60000) != 1 ||
+		    zc_step_wait_cuda(step, st) < 0)
+			return 6;
+		zc_future_free(step);
+	}
+	return 7;
+}
+
+static int killed_main(void)
+{
+	char stall[16];
+	const char *const extra[] = {"--backend", "cuda", "--stall-timeout", stall, NULL};
+	int fds[2], status = 1, st = 0;
+	int64_t t0;
+	struct zd d;
+	pid_t pid;
+	char k;
+
+	printf("1..1\n");
+	snprintf(stall, sizeof(stall), "%d", KILL_STALL_MS);
+	if (zd_start(&d, extra) != 0) {
+		printf("not ok 1 - gpujob-killed # zerod --backend cuda did not start\n");
+		return 1;
+	}
+	if (pipe(fds) != 0)
+		goto out;
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0)
+		_exit(killed_trainer(&d, fds[1]));
+	close(fds[1]);
+	if (pid < 0 || read(fds[0], &k, 1) != 1) {
+		waitpid(pid, &st, 0);
+		printf("not ok 1 - gpujob-killed # the trainer failed before the kill (%#x)\n", st);
+		goto out;
+	}
+	usleep(100000);
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	t0 = test_ms();
+	if (zd_wait_job(&d, "gpujob-killed", ZD_JOB_GONE, KILL_STALL_MS + 10000) != 0) {
+		printf("not ok 1 - gpujob-killed # the job was not torn down %d ms after its "
+		       "trainer was killed (stall timeout %d ms)\n",
+		       KILL_STALL_MS + 10000, KILL_STALL_MS);
+		goto out;
+	}
+	printf("# torn down %lld ms after the kill (stall timeout %d ms)\n",
+	       (long long)(test_ms() - t0), KILL_STALL_MS);
+	status = 0;
+out:
+	if (zd_stop(&d, 10000) != 0) {
+		printf("# zerod did not stop cleanly\n");
+		status = 1;
+	}
+	if (status)
+		zd_dump_log(&d);
+	else
+		printf("ok 1 - gpujob-killed # a trainer SIGKILLed mid-iteration, its ready event "
+		       "never completing: the job torn down, zerod stopped cleanly\n");
+	return status;
+}
+
+int main(int argc, char **argv)
 {
 	const char *const extra[] = {"--backend", "cuda", NULL};
 	struct train_spec s = {.job = "gpujob",
@@ -77,6 +201,19 @@ int main(void)
 	int ndev = 0, status = 1;
 	bool started = false;
 
+	if (argc > 1 && strcmp(argv[1], "--killed") == 0) {
+		/* no CUDA here: the probe in a child that exits */
+		pid_t pid = fork();
+		int ps = 0;
+
+		if (pid == 0)
+			_exit(cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0 ? 0 : 77);
+		if (pid < 0 || waitpid(pid, &ps, 0) != pid || !WIFEXITED(ps) || WEXITSTATUS(ps)) {
+			printf("1..1\nok 1 - gpujob-killed # SKIP no usable GPU\n");
+			return 77;
+		}
+		return killed_main();
+	}
 	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
 		printf("1..1\nok 1 - gpujob # SKIP no usable GPU\n");
 		return 77;
@@ -120,6 +257,9 @@ int main(void)
 	}
 	memcpy(ref_p, host_p, bytes);
 	CU(cudaMemcpy(bufs.param_dev, host_p, bytes, cudaMemcpyHostToDevice));
+	/* a pageable copy lands after it returns, unordered with zerod's
+	 * non-blocking streams */
+	CU(cudaDeviceSynchronize());
 	ZC(zc_register_plan(c));
 	for (int it = 0; it < ITERS; it++) {
 		zc_future *step = NULL;

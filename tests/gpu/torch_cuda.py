@@ -315,7 +315,9 @@ def main():
                          stdout=log, stderr=log)
     failed = 0
     try:
-        for _ in range(400):
+        # a cold driver (no persistence daemon) makes zerod's first
+        # context slow: up to 60 s
+        for _ in range(2400):
             if os.path.exists(sock) or d.poll() is not None:
                 break
             time.sleep(0.025)

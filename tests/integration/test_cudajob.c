@@ -47,7 +47,12 @@
  *    each owner's device, exported across the nodes and imported again
  *    (and zc_close() keeps the events zerod may still use);
  *    and a daemon killed mid-run: the other node's rank fails with
- *    ZC_ERANKDEAD naming node 1, no hang.
+ *    ZC_ERANKDEAD naming node 1, no hang;
+ *  - a trainer SIGKILLed mid-iteration whose ready events never complete
+ *    (the double's waits outlive their exporter, as CUDA's): the job is torn
+ *    down within the stall timeout, a job after it trains, zerod stops;
+ *  - zerod-double's log holds nothing the double caught (a violation: two
+ *    threads issuing NCCL on one device, an event recorded across devices).
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -83,6 +88,8 @@ static struct zd daemon_;
 
 static cudaStream_t stream_;
 static bool free_after_register_; /* the bad-handle case: revoke the handle */
+static int late_iter_ = -1;       /* from this iteration on the gradients land 30 s late */
+static int iters_done_;           /* this rank's iterations stepped */
 static int device_;               /* -1: the rank's own (rank % NDEV) */
 
 static int cuda_buffers(zc_client *c, const struct zc_plan *plan, uint32_t rank)
@@ -115,6 +122,7 @@ static int cuda_buffers(zc_client *c, const struct zc_plan *plan, uint32_t rank)
 struct late_grads {
 	float *dst, *src;
 	uint64_t n;
+	unsigned us; /* how late they land behind the ready call */
 };
 
 /* On the rank's stream: the gradients land only now. */
@@ -122,7 +130,7 @@ static void write_late(void *arg)
 {
 	struct late_grads *l = arg;
 
-	usleep(2000);
+	usleep(l->us);
 	memcpy(l->dst, l->src, l->n * sizeof(float));
 	free(l->src);
 	free(l);
@@ -140,6 +148,7 @@ static int cuda_ready(zc_client *c, uint32_t b, uint64_t numel, zc_future **ret)
 		g[i] = NAN;
 	l->dst = g;
 	l->n = numel;
+	l->us = late_iter_ >= 0 && iters_done_ >= late_iter_ ? 30u * 1000 * 1000 : 2000;
 	if (cudaLaunchHostFunc(stream_, write_late, l) != cudaSuccess)
 		return -EIO;
 	return zc_bucket_ready_cuda(c, b, stream_, ret);
@@ -151,6 +160,7 @@ static int cuda_stepped(zc_client *c, zc_future *step, int it)
 
 	(void)c;
 	(void)it;
+	iters_done_++;
 	r = zc_step_wait_cuda(step, stream_);
 	if (r < 0)
 		return r;
@@ -541,6 +551,9 @@ static void cluster_stop(struct cuda_cluster *cl, int killed)
 			printf("# ---- daemon %d ----\n", k);
 			zd_dump_log(&cl->zd[k]);
 		}
+		if (k != killed)
+			CHECK(!zd_log_has(&cl->zd[k], "cudadouble:"),
+			      "daemon %d: the double caught misuse", k);
 		int st = zd_stop(&cl->zd[k], 10000);
 		if (k == killed)
 			CHECK(st == 128 + SIGKILL, "daemon %d: exit %d, not SIGKILL", k, st);
@@ -1112,6 +1125,70 @@ static void t_unknown_uuid_refused(void)
 	refused_beside("cuda-uuid", unknown_uuid_rank, "no such device visible to zerod");
 }
 
+/* Rank 1 is SIGKILLed mid-iteration while the ready events of the buckets
+ * it handed over are still held back on its stream (its gradients land
+ * only 30 s later): they never complete, and a wait on them never ends
+ * (CUDA's does not end because the exporter died). zerod must fail the
+ * job within the stall timeout, abandon what waits on those events, and
+ * stop cleanly; a job after it trains. */
+static int killed_rank(void *arg, int idx)
+{
+	if (idx == 1)
+		late_iter_ = 2; /* the iteration it is killed in */
+	device_ = -1;
+	return train_rank(arg, (uint32_t)idx);
+}
+
+static void t_trainer_killed_mid_iteration(void)
+{
+	const char *const extra[] = {"--backend", "cuda", "--stall-timeout", "4000", NULL};
+	struct train_spec s =
+		spec("cuda-killed", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 46);
+	struct train_spec after =
+		spec("cuda-after-kill", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 47);
+	struct zd kd;
+	pid_t pids[2];
+	int64_t t0;
+	int st;
+
+	REQUIRE(zd_start(&kd, extra) == 0, "cannot start a zerod --stall-timeout 4000");
+	s.socket = after.socket = kd.sock;
+	s.kill_rank1 = 2; /* rank 1 */
+	s.kill_iter = 2;
+	s.results = shared_results(2);
+	REQUIRE(s.results, "no shared memory for the results");
+	for (int r = 0; r < 2; r++)
+		pids[r] = spawn(killed_rank, &s, r);
+	st = wait_child(pids[1], test_timeout(30000));
+	CHECK(st == 128 + SIGKILL, "rank 1 exited with %d, not SIGKILL", st);
+	t0 = test_ms();
+	st = wait_child(pids[0], test_timeout(4000 + 10000));
+	CHECK(st == 1, "rank 0 exited with %d, not 1 (its job failed)", st);
+	printf("# rank 0: %s: %s (%lld ms after the kill)\n", zc_strerror_name(s.results[0].code),
+	       s.results[0].msg, (long long)(test_ms() - t0));
+	CHECK(zd_wait_job(&kd, s.job, ZD_JOB_GONE, test_timeout(4000 + 10000)) == 0,
+	      "the job was not torn down within the stall timeout (+10 s)");
+	device_ = -1;
+	start_ranks(&after, pids);
+	check_ranks(&after, pids);
+	CHECK(zd_alive(&kd), "zerod died");
+	st = zd_stop(&kd, test_timeout(10000));
+	CHECK(st == 0, "zerod did not stop cleanly after the killed trainer's job (%d)", st);
+	CHECK(!zd_log_has(&kd, "cudadouble: violation"), "the double counted a violation in zerod");
+	if (test_failed_)
+		zd_dump_log(&kd);
+}
+
+/* zerod-double prints what the double caught on its stderr (its log):
+ * every case on the shared daemon must leave none. */
+static void t_no_violations_in_zerod(void)
+{
+	REQUIRE(zd_alive(&daemon_), "zerod is not running");
+	CHECK(!zd_log_has(&daemon_, "cudadouble:"), "the double caught misuse in zerod");
+	if (test_failed_)
+		zd_dump_log(&daemon_);
+}
+
 /* --max-device-memory: a job whose state would pass it on one GPU is
  * refused with ZC_ELIMIT naming that GPU, and a smaller job beside it
  * trains. With 2 ranks in bucket mode the GPU holding the most state needs
@@ -1256,6 +1333,7 @@ static const struct test_case cases[] = {
 	{"bad_handle_refused", t_bad_handle_refused, 90000},
 	{"unknown_uuid_refused", t_unknown_uuid_refused, 90000},
 	{"device_memory_limit", t_device_memory_limit, 90000},
+	{"trainer_killed_mid_iteration", t_trainer_killed_mid_iteration, 90000},
 	{"two_nodes_masks_clip_scale", t_two_nodes_masks_clip_scale, 120000},
 	{"two_nodes_group_clip_found_inf", t_two_nodes_group_clip_found_inf, 120000},
 	{"two_nodes_state_round_trip", t_two_nodes_state_round_trip, 120000},
@@ -1263,6 +1341,7 @@ static const struct test_case cases[] = {
 	{"two_nodes_replan", t_two_nodes_replan, 120000},
 	{"two_nodes_daemon_killed", t_two_nodes_daemon_killed, 120000},
 	{"two_nodes_curve_refuses_nccl", t_two_nodes_curve_refuses_nccl, 120000},
+	{"no_double_violations_in_zerod", t_no_violations_in_zerod},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };
 

@@ -26,11 +26,15 @@
  *  - faults: an async NCCL error, and abort, each ending a collective that
  *    waits for a peer that never comes, with the right code, from the
  *    watchdog, and leaving no communicator or stream behind;
- *  - CUDA IPC buffers: opened by device UUID at an offset, and refused when
- *    the device, the size or the kind is wrong.
+ *  - CUDA IPC buffers of another process (CUDA refuses a process its own):
+ *    a small allocation (inside a larger block) and a large one, opened by
+ *    device UUID at an offset, and refused when the device, the size or the
+ *    kind is wrong.
  * The double also counts misuse (a CUDA call from a host function, memory of
  * another device, a host function queued ahead of its collective, ranks that
- * disagree): every case ends with none.
+ * disagree, two threads issuing NCCL on one device) and device memory
+ * allocated or freed while streams have work queued: every case ends with
+ * none.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -106,6 +110,11 @@ static void check_clean(const char *tag)
 	CHECK(s.live_streams == 0 && s.live_comms == 0 && s.ipc_open == 0 && s.waiting == 0,
 	      "%s: left %u streams, %u communicators, %u IPC handles, %u waiting", tag,
 	      s.live_streams, s.live_comms, s.ipc_open, s.waiting);
+	/* cudaFree waits for the whole device (NCCL kernels waiting on peers,
+	 * streams waiting on trainers): none while work is queued (issue 21) */
+	CHECK(s.mallocs_busy == 0 && s.frees_busy == 0,
+	      "%s: %u allocations and %u frees while streams had work queued, first: %s", tag,
+	      s.mallocs_busy, s.frees_busy, s.first_busy);
 }
 
 static float *dev_alloc(int dev, size_t n)
@@ -1526,17 +1535,19 @@ out:
  * shared memory, so the bytes really cross between the processes (as two
  * zerod-double daemons do); then a peer process that leaves after the open
  * fails the other's all-reduce with -ECONNRESET (NCCL's remote error), no
- * hang. */
+ * hang. Both nodes are children of this process, which never initialises
+ * CUDA itself (CUDA fails in a child forked after that). */
 static void t_two_processes(void)
 {
 	for (int leave = 0; leave < 2; leave++) {
 		ncclUniqueId id;
 		char why[256] = "", cwhy[256] = "";
-		int st = 0, r;
-		pid_t pid;
+		int st = 0, st0 = 0, r, fds[2];
+		pid_t pid, pid0;
 
 		reset(4, 0, 0);
 		REQUIRE(ncclGetUniqueId(&id) == ncclSuccess, "id");
+		REQUIRE(pipe(fds) == 0, "pipe");
 		fflush(stdout);
 		pid = fork();
 		REQUIRE(pid >= 0, "fork");
@@ -1547,7 +1558,23 @@ static void t_two_processes(void)
 			fflush(stdout);
 			_exit(r ? 1 : 0);
 		}
-		r = shm_node(0, &id, false, why, sizeof(why));
+		pid0 = fork();
+		REQUIRE(pid0 >= 0, "fork");
+		if (pid0 == 0) {
+			r = shm_node(0, &id, false, why, sizeof(why));
+			if (write(fds[1], &r, sizeof(r)) != sizeof(r) ||
+			    write(fds[1], why, sizeof(why)) != sizeof(why))
+				_exit(2);
+			_exit(0);
+		}
+		close(fds[1]);
+		r = 1;
+		if (read(fds[0], &r, sizeof(r)) != sizeof(r) ||
+		    read(fds[0], why, sizeof(why)) != sizeof(why))
+			snprintf(why, sizeof(why), "node 0 (a child) said nothing");
+		why[sizeof(why) - 1] = 0;
+		close(fds[0]);
+		waitpid(pid0, &st0, 0);
 		waitpid(pid, &st, 0);
 		if (!leave) {
 			CHECK(r == 0, "%s", why);
@@ -1768,27 +1795,85 @@ static void t_dead_trainer(void)
 
 /* ------------------------------------------------------------- IPC --- */
 
+/* The exporter of t_ipc: a child (CUDA refuses a process its own IPC
+ * handles). It allocates `small` (carved from a block, at an offset in it)
+ * and `big` (a block of its own) on device 2, fills each with its index
+ * (float i at i), sends both handles, frees `small` on the first byte it
+ * reads and exits on the second. */
+static void ipc_exporter(int tx, int rx, size_t small_n, size_t big_n)
+{
+	cudaIpcMemHandle_t h[2];
+	float *p[2];
+	char c;
+
+	reset(3, 0, 0);
+	p[0] = dev_alloc(2, small_n);
+	p[1] = dev_alloc(2, big_n);
+	if (!p[0] || !p[1] || cudaIpcGetMemHandle(&h[0], p[0]) != cudaSuccess ||
+	    cudaIpcGetMemHandle(&h[1], p[1]) != cudaSuccess)
+		_exit(1);
+	for (size_t i = 0; i < small_n; i++)
+		p[0][i] = (float)i;
+	for (size_t i = 0; i < big_n; i++)
+		p[1][i] = (float)i;
+	if (write(tx, h, sizeof(h)) != sizeof(h) || read(rx, &c, 1) != 1)
+		_exit(1);
+	cudaFree(p[0]);
+	if (write(tx, &c, 1) != 1 || read(rx, &c, 1) != 1)
+		_exit(1);
+	_exit(0);
+}
+
+/* Maps the exporter's allocation (handle h) at off: 0 and the pointer, or
+ * the map's code with err. */
+static int ipc_map(const cudaIpcMemHandle_t *h, uint64_t off, uint64_t bytes,
+		   struct mem_map **ret, char *err, size_t len)
+{
+	struct mem_desc d = {.kind = MEM_CUDA_IPC, .bytes = bytes, .owner = 0};
+
+	memcpy(d.cuda.handle, h, sizeof(*h));
+	d.cuda.offset = off;
+	cudadouble_uuid(2, d.cuda.uuid);
+	return mem_cuda_ops.map(&d, bytes, ret, err, len);
+}
+
 static void t_ipc(void)
 {
+	const size_t small_n = 2048, big_n = (3u << 20) / sizeof(float); /* 8 KiB, 3 MiB */
 	const uint64_t bytes = 1000 * sizeof(float);
 	struct mem_desc d = {.kind = MEM_CUDA_IPC, .bytes = bytes, .owner = 0};
 	struct mem_map *m = NULL;
-	cudaIpcMemHandle_t h;
+	cudaIpcMemHandle_t h[2];
 	struct cudadouble_stats s;
-	float *base;
-	char err[256];
-	int r;
+	int up[2], down[2], st = 0, r;
+	char err[256], c = 'x';
+	float *f;
+	pid_t pid;
 
+	REQUIRE(pipe(up) == 0 && pipe(down) == 0, "pipes");
+	fflush(stdout);
+	pid = fork();
+	REQUIRE(pid >= 0, "fork");
+	if (pid == 0)
+		ipc_exporter(up[1], down[0], small_n, big_n);
+	REQUIRE(read(up[0], h, sizeof(h)) == sizeof(h), "the exporter's handles");
 	reset(3, 0, 0);
-	base = dev_alloc(2, 2048);
-	REQUIRE(base && cudaIpcGetMemHandle(&h, base) == cudaSuccess, "handle");
-	memcpy(d.cuda.handle, &h, sizeof(h));
-	d.cuda.offset = 4096;
-	cudadouble_uuid(2, d.cuda.uuid);
-	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
+
+	/* a small allocation: the handle shares its whole block, the buffer
+	 * is at an offset into the allocation */
+	r = ipc_map(&h[0], 4096, bytes, &m, err, sizeof(err));
+	CHECK(r == 0, "map of a small allocation (inside a larger block): %d %s", r, err);
+	if (r == 0) {
+		f = mem_cuda_ops.ptr(m);
+		CHECK(f[0] == 1024.0f && f[999] == 2023.0f,
+		      "base + offset reads the exporter's floats 1024.. (%g, %g)", f[0], f[999]);
+		mem_cuda_ops.unmap(m);
+	}
+	/* a large one: its own block */
+	r = ipc_map(&h[1], 4096, bytes, &m, err, sizeof(err));
 	REQUIRE(r == 0, "map: %d %s", r, err);
-	CHECK(mem_cuda_ops.ptr(m) == (char *)base + 4096, "base + offset: %p vs %p",
-	      mem_cuda_ops.ptr(m), (void *)base);
+	f = mem_cuda_ops.ptr(m);
+	CHECK(f[0] == 1024.0f && f[999] == 2023.0f, "base + offset: %g, %g", f[0], f[999]);
 	cudadouble_stats(&s);
 	CHECK(s.ipc_open == 1, "%u handles open", s.ipc_open);
 	mem_cuda_ops.unmap(m);
@@ -1797,15 +1882,14 @@ static void t_ipc(void)
 	CHECK(mem_cuda_ops.blocking && !mem_shm_ops.blocking, "cuda maps off the loop thread");
 
 	/* refusals: each names what is wrong */
-	d.cuda.offset = 2048 * sizeof(float) - bytes + sizeof(float);
-	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
-	CHECK(r == ZC_ESIZE && strstr(err, "do not fit"), "past the allocation: %d %s", r, err);
-	d.cuda.offset = 6;
-	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
+	r = ipc_map(&h[1], (4u << 20) - bytes + sizeof(float), bytes, &m, err, sizeof(err));
+	CHECK(r == ZC_ESIZE && strstr(err, "do not fit"), "past the block: %d %s", r, err);
+	r = ipc_map(&h[1], 6, bytes, &m, err, sizeof(err));
 	CHECK(r == ZC_EMAP && strstr(err, "aligned"), "odd offset: %d %s", r, err);
-	d.cuda.offset = 0;
+	memcpy(d.cuda.handle, &h[1], sizeof(h[1]));
 	r = mem_cuda_ops.map(&d, bytes + 4, &m, err, sizeof(err));
 	CHECK(r == ZC_ESIZE, "the plan's size differs: %d %s", r, err);
+	cudadouble_uuid(2, d.cuda.uuid);
 	d.cuda.uuid[0] ^= 1;
 	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
 	CHECK(r == ZC_EMAP && strstr(err, "GPU-") && strstr(err, "no such device"),
@@ -1819,10 +1903,14 @@ static void t_ipc(void)
 	r = mem_shm_ops.map(&d, bytes, &m, err, sizeof(err));
 	CHECK(r == ZC_EMAP && strstr(err, "not a shared memory buffer"), "shm: cuda kind: %d %s", r,
 	      err);
-	cudaFree(base);
-	r = mem_cuda_ops.map(&d, bytes, &m, err, sizeof(err));
+	/* the exporter frees the small allocation: its block (alone in it) goes */
+	REQUIRE(write(down[1], &c, 1) == 1 && read(up[0], &c, 1) == 1, "the exporter's free");
+	r = ipc_map(&h[0], 0, bytes, &m, err, sizeof(err));
 	CHECK(r == ZC_EMAP && strstr(err, "cannot open the CUDA IPC handle"),
 	      "a freed allocation: %d %s", r, err);
+	REQUIRE(write(down[1], &c, 1) == 1, "the exporter's exit");
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the exporter failed (%#x)", st);
 	check_clean("ipc");
 }
 
