@@ -165,6 +165,12 @@ struct coll_ops {
 	/* The daemon sums this node's buffers itself, so a job whose ranks
 	 * are all here needs no collective for its reductions (zero.h). */
 	bool local_fuse;
+	/* The group's collectives must be launched in one order on every node
+	 * (NCCL: communicators that share a device run their kernels in launch
+	 * order, so two nodes launching two lanes' collectives in different
+	 * orders deadlock). The executor then launches a collective only once
+	 * every earlier op of the job has launched its own (lanes.c). */
+	bool ordered_launch;
 	/* Create the job's group once every local buffer is mapped. May block
 	 * (never on the loop thread). cfg's arrays are copied. -EOPNOTSUPP if
 	 * this backend cannot serve the job's topology. */

@@ -1275,6 +1275,7 @@ static const char *nccl_last_error(struct coll_group *g, unsigned lane)
 const struct coll_ops coll_nccl_ops = {
 	.name = "nccl",
 	.local_fuse = false,
+	.ordered_launch = true,
 	.open = nccl_open,
 	.submit = nccl_submit,
 	.abort = nccl_abort,

@@ -44,6 +44,10 @@ struct lane {
 	pthread_cond_t cv; /* this lane has work, a dependency or its collective is done */
 	struct xop *head, *tail;
 	uint64_t done_seq; /* ops of this lane up to this number are finished */
+	/* the op it runs, until that op has launched its last collective or
+	 * finished (0: none); lanes.c's launch order (coll_ops.ordered_launch) */
+	uint64_t cur_seq;
+	bool pass_on_submit; /* the op's one collective: its turn passes once launched */
 	/* the collective in flight on this lane */
 	struct coll_req req;
 	bool req_done;

@@ -20,6 +20,70 @@
 
 /* ------------------------------------------------------ collectives --- */
 
+/*
+ * The launch order (coll_ops.ordered_launch): every node queues the job's
+ * ops in one order (their seq), so a lane may launch a collective only once
+ * no op before its own can still launch one: the ops of the other lanes with
+ * a lower seq have launched their last collective (a reduce's or a
+ * broadcast's one, at submit) or finished. The oldest op that has not always
+ * may, so this never deadlocks; every node launches the same collectives in
+ * the same order.
+ */
+
+/* Under e->mu: the lowest seq of ln's ops that may still launch a collective. */
+static uint64_t lane_unpassed(const struct lane *ln)
+{
+	if (ln->cur_seq)
+		return ln->cur_seq;
+	return ln->head ? ln->head->seq : UINT64_MAX;
+}
+
+/* Under e->mu: wait for ln's turn to launch. -ECANCELED once stopping. */
+static int turn_wait(struct exec *e, struct lane *ln)
+{
+	for (;;) {
+		bool mine = true;
+
+		if (e->stopping)
+			return -ECANCELED;
+		for (unsigned l = 0; l < LANE_COUNT; l++)
+			if (l != ln->idx && lane_unpassed(&e->lanes[l]) < ln->cur_seq)
+				mine = false;
+		if (mine)
+			return 0;
+		pthread_cond_wait(&ln->cv, &e->mu);
+	}
+}
+
+/* Under e->mu: ln's op launches no more collectives. */
+static void turn_pass(struct exec *e, struct lane *ln)
+{
+	ln->cur_seq = 0;
+	for (unsigned l = 0; l < LANE_COUNT; l++)
+		if (l != ln->idx)
+			pthread_cond_signal(&e->lanes[l].cv);
+}
+
+/* Submit ln->req in its turn. */
+static int lane_submit(struct exec *e, struct lane *ln)
+{
+	int r = 0;
+
+	if (e->cfg.coll->ordered_launch) {
+		pthread_mutex_lock(&e->mu);
+		r = turn_wait(e, ln);
+		pthread_mutex_unlock(&e->mu);
+	}
+	if (r >= 0)
+		r = e->cfg.coll->submit(e->cg, &ln->req);
+	if (r >= 0 && ln->pass_on_submit && e->cfg.coll->ordered_launch) {
+		pthread_mutex_lock(&e->mu);
+		turn_pass(e, ln);
+		pthread_mutex_unlock(&e->mu);
+	}
+	return r;
+}
+
 static void lane_req_done(struct coll_req *req, int status)
 {
 	struct lane *ln = (struct lane *)((char *)req - offsetof(struct lane, req));
@@ -53,7 +117,7 @@ int lane_coll(struct exec *e, struct lane *ln, enum coll_kind kind, enum zc_shar
 				    .nzero = ln->nzero,
 				    .done = lane_req_done};
 	ln->req_done = false;
-	r = e->cfg.coll->submit(e->cg, &ln->req);
+	r = lane_submit(e, ln);
 	if (r < 0)
 		return r;
 	pthread_mutex_lock(&e->mu);
@@ -98,7 +162,7 @@ int lane_gather(struct exec *e, struct lane *ln, size_t n, double **ret_all)
 				    .gbytes = n * sizeof(double),
 				    .done = lane_req_done};
 	ln->req_done = false;
-	r = e->cfg.coll->submit(e->cg, &ln->req);
+	r = lane_submit(e, ln);
 	if (r < 0)
 		return r;
 	pthread_mutex_lock(&e->mu);
@@ -256,6 +320,7 @@ void *lane_main(void *arg)
 		ln->head = o->next;
 		if (!ln->head)
 			ln->tail = NULL;
+		ln->cur_seq = o->seq;
 		skip = e->failed;
 		pthread_mutex_unlock(&e->mu);
 		int64_t t0 = 0;
@@ -269,11 +334,10 @@ void *lane_main(void *arg)
 		if (traced)
 			span_add(e, o, t0, mono_us());
 		ln->done_seq = o->seq;
+		ln->pass_on_submit = false;
 		xop_finish(e, o, r);
-		/* another lane's next op may have waited for this one */
-		for (unsigned l = 0; l < LANE_COUNT; l++)
-			if (l != ln->idx && e->lanes[l].head)
-				pthread_cond_signal(&e->lanes[l].cv);
+		/* another lane's next op, or its launch, may have waited for this one */
+		turn_pass(e, ln);
 	}
 	while (ln->head) {
 		struct xop *o = ln->head;

@@ -381,6 +381,7 @@ int op_prog(struct exec *e, struct lane *ln, const struct zop *z, uint64_t t)
 		/* the trainers' streams said the gradients are written */
 		ln->ev = COLL_EV_WAIT_READY;
 		ln->ev_lo = z->lo, ln->ev_hi = z->hi, ln->ev_iter = t;
+		ln->pass_on_submit = true; /* its one collective */
 		if (r >= 0)
 			r = lane_coll(e, ln, COLL_REDUCE, mode, e->ranges + u0, u1 - u0);
 		ln->ev = 0;
@@ -392,6 +393,7 @@ int op_prog(struct exec *e, struct lane *ln, const struct zop *z, uint64_t t)
 		/* the last op of these buckets: the parameters are in */
 		ln->ev = COLL_EV_RECORD_DONE;
 		ln->ev_lo = z->lo, ln->ev_hi = z->hi, ln->ev_iter = t;
+		ln->pass_on_submit = true; /* its one collective */
 		r = lane_coll(e, ln, COLL_BCAST, mode, e->ranges + u0, u1 - u0);
 		ln->ev = 0;
 		if (r >= 0)

@@ -12,7 +12,8 @@
  * for both shard modes, both step modes, world sizes 1-5 over 1-3 nodes,
  * and both kinds of backend (one that fuses in-node work, one whose
  * collectives span every rank). Then the lanes themselves: a later bucket's
- * reduction overtakes a blocked broadcast, abort ends a blocked collective,
+ * reduction overtakes a blocked broadcast, a backend that needs one launch
+ * order gets the ops' order, abort ends a blocked collective,
  * and a failed op is reported once and stops the iteration.
  */
 #include <errno.h>
@@ -58,6 +59,7 @@ static struct {
 	bool blocked;        /* a BCAST is waiting */
 	int fail_step_bucket; /* >= 0: steps touching this bucket's offset fail with -EIO */
 	uint64_t fail_off;
+	int step_delay_ms; /* the next step waits this long first (once) */
 } R = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .fail_step_bucket = -1};
 
 struct coll_group {
@@ -152,6 +154,13 @@ static int rec_run(struct optim_ctx *c, const struct optim_call *call)
 
 	(void)c;
 	pthread_mutex_lock(&R.mu);
+	if (R.step_delay_ms) {
+		int ms = R.step_delay_ms;
+		R.step_delay_ms = 0;
+		pthread_mutex_unlock(&R.mu);
+		poll(NULL, 0, ms);
+		pthread_mutex_lock(&R.mu);
+	}
 	for (uint32_t k = 0; k < call->npieces && R.n < MAX_RECS; k++) {
 		if (R.fail_step_bucket >= 0 && call->pieces[k].off >= R.fail_off)
 			r = -EIO;
@@ -585,6 +594,88 @@ static void t_reduce_overtakes_bcast(void)
 	plan_free(p);
 }
 
+/* One iteration of a two-node slice job whose buckets 0 and 1 are in at
+ * once while bucket 0's step is slow; the collectives in the order the
+ * backend saw them, as (kind, first offset), into kinds/offs (n of them). */
+static unsigned launch_order_run(bool ordered, enum coll_kind *kinds, uint64_t *offs,
+				 unsigned max)
+{
+	struct plan *p = make_plan(ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	struct shard_map *sm = NULL;
+	uint32_t node_of[2] = {0, 1};
+	struct zero_topo t = {.world = 2, .nnodes = 2, .node = 0, .node_of = node_of};
+	struct exec_done *pending = NULL, *d;
+	struct node_run nr;
+	unsigned n = 0;
+
+	if (!p || shard_assign(p, 2, &sm) != 0) {
+		CHECK(false, "plan");
+		return 0;
+	}
+	rec_coll.ordered_launch = ordered;
+	R.node = 0;
+	if (node_start(&nr, p, sm, &t, true, pool_) != 0) {
+		CHECK(false, "start");
+		return 0;
+	}
+	d = next_done(nr.cq, &pending);
+	CHECK(d && d->ev == EXEC_STARTED, "started");
+	free(d);
+	pthread_mutex_lock(&R.mu);
+	R.n = 0;
+	R.step_delay_ms = 150;
+	pthread_mutex_unlock(&R.mu);
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		CHECK(exec_bucket_ex(nr.e, 0, b, NULL) == 0, "queue %u", b);
+	while ((d = next_done(nr.cq, &pending))) {
+		bool end = d->ev == EXEC_STEP_DONE;
+		free(d);
+		if (end)
+			break;
+	}
+	CHECK(node_stop(&nr, 2) == 0, "stop");
+	pthread_mutex_lock(&R.mu);
+	for (unsigned i = 0; i < R.n && n < max; i++)
+		if (R.recs[i].coll) {
+			kinds[n] = R.recs[i].kind;
+			offs[n++] = R.recs[i].lo_off;
+		}
+	pthread_mutex_unlock(&R.mu);
+	rec_coll.ordered_launch = false;
+	shard_map_free(sm);
+	plan_free(p);
+	return n;
+}
+
+/* A backend whose collectives must launch in one order on every node
+ * (coll_ops.ordered_launch, NCCL's): they go in the ops' order, reduce 0,
+ * broadcast 0, reduce 1, ..., even where bucket 1's reduction could go
+ * first (its gradients are in while bucket 0 is stepped), which without
+ * the rule it does: a node where bucket 1 came later would launch the other
+ * order, and on a device that runs one kernel at a time both hang. */
+static void t_ordered_launch(void)
+{
+	enum coll_kind kinds[64];
+	uint64_t offs[64];
+	unsigned n;
+	REQUIRE(setup() == 0, "worker pool");
+
+	n = launch_order_run(false, kinds, offs, 64);
+	CHECK(n >= 4 && kinds[0] == COLL_REDUCE && kinds[1] == COLL_REDUCE,
+	      "unordered: bucket 1's reduction overtakes bucket 0's broadcast (%u collectives, "
+	      "second %s)",
+	      n, n > 1 && kinds[1] == COLL_BCAST ? "bcast" : "reduce");
+	n = launch_order_run(true, kinds, offs, 64);
+	CHECK(n == 10, "ordered: 10 collectives, got %u", n);
+	for (unsigned i = 0; i + 1 < n; i += 2) {
+		CHECK(kinds[i] == COLL_REDUCE && kinds[i + 1] == COLL_BCAST && offs[i] == offs[i + 1],
+		      "ordered: collective %u and %u are bucket %u's reduce and broadcast", i,
+		      i + 1, i / 2);
+		CHECK(i == 0 || offs[i] > offs[i - 1], "ordered: bucket %u after bucket %u", i / 2,
+		      i / 2 - 1);
+	}
+}
+
 /* A collective that never finishes ends with abort: exec_stop() must not hang. */
 static void t_abort_blocked(void)
 {
@@ -671,6 +762,7 @@ static const struct test_case cases[] = {
 	{"program_shape", t_program_shape},
 	{"matrix_modes_worlds_nodes", t_matrix},
 	{"reduce_overtakes_blocked_bcast", t_reduce_overtakes_bcast},
+	{"ordered_launch", t_ordered_launch},
 	{"abort_ends_blocked_collective", t_abort_blocked},
 	{"failed_op_reported_once", t_failure},
 };
