@@ -55,13 +55,17 @@ static int turn_wait(struct exec *e, struct lane *ln)
 	}
 }
 
-/* Under e->mu: ln's op launches no more collectives. */
+/* Under e->mu: ln's op launches no more collectives (or finished): wake
+ * the lanes that may wait for it, for a dependency (their next op) or for
+ * their turn (their op's launch), and no other. */
 static void turn_pass(struct exec *e, struct lane *ln)
 {
 	ln->cur_seq = 0;
-	for (unsigned l = 0; l < LANE_COUNT; l++)
-		if (l != ln->idx)
+	for (unsigned l = 0; l < LANE_COUNT; l++) {
+		const struct lane *o = &e->lanes[l];
+		if (l != ln->idx && (o->head || (e->cfg.coll->ordered_launch && o->cur_seq)))
 			pthread_cond_signal(&e->lanes[l].cv);
+	}
 }
 
 /* Submit ln->req in its turn. */
