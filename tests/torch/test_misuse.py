@@ -4,7 +4,8 @@ differs: clip_grad_norm_ / an edit of p.grad after backward (zerod consumed
 the gradients), an lr change after backward began (zerod already stepped),
 p.data replaced, add_param_group after construction; and what it does
 support behaves as torch: opt.step() without a backward changes nothing,
-gradients accumulate without zero_grad()."""
+gradients accumulate without zero_grad(); and backward writes the gradients
+into zerod's buffers without a copy (direct-gradients-*)."""
 import torch
 import torch.distributed as dist
 
@@ -145,6 +146,43 @@ def own_buffers_outlive_close(rank):
     return {"own_buffers": len(mm), "params_in_them": len(inside)}
 
 
+def direct_grads(cfg, rank):
+    """Backward writes the gradients straight into zerod's gradient buffers:
+    DDP (built without gradient_as_bucket_view) gets it turned on, and from
+    the iteration after DDP's bucket rebuild on no .grad is copied into
+    zerod's buffers (ZerodOptimizer._point, which copies, is not called),
+    each .grad after backward is its place there, and the parameters stay
+    torch's. set_to_none=True too: DDP's reducer then copies autograd's new
+    gradient into its bucket view, which is zerod's buffer."""
+    from oracle import max_diff
+    ddp, opt, ddp_r, opt_r = make(cfg, rank)
+    assert ddp.gradient_as_bucket_view and opt._direct, (ddp.gradient_as_bucket_view,
+                                                         opt._direct)
+    copies, placed = [], []
+    point = opt._point
+    opt._point = lambda p: (copies.append(p.shape), point(p))[1]
+    hook = opt._hook
+
+    def checked(bucket):  # after backward wrote this bucket's gradients
+        placed.extend(p.grad is not None and p.grad.data_ptr() == opt._grad_ptr[id(p)]
+                      for p in bucket.parameters())
+        return hook(bucket)
+    opt._hook = checked
+    for it in range(6):
+        if it == 2:  # DDP rebuilt its buckets at iteration 1's forward
+            copies.clear()
+            placed.clear()
+        one_iter(ddp, opt, None, rank, it, cfg)
+        one_iter(ddp_r, opt_r, None, rank, it, cfg)
+        worst, bad = max_diff(ddp, ddp_r)
+        assert not bad, (it, bad, worst)
+    assert not copies, f"{len(copies)} gradients copied into zerod's buffers"
+    assert placed and all(placed), placed
+    opt.close()
+    dist.barrier()
+    return {"copied_after_rebuild": len(copies), "in_place": len(placed)}
+
+
 def library_buffers(cfg, rank, world):
     import os
     os.environ["ZEROD_TORCH_BUFFERS"] = "library"
@@ -170,6 +208,11 @@ CASES = {
     "library-buffers-from-the-start-adam-w2": dict(world=2, opt="adam", iters=10,
                                                    what="library",
                                                    hyper={"lr": 0.01, "amsgrad": True}),
+    # the gradients are zerod's buffers: no copy once DDP rebuilt its buckets
+    "direct-gradients-zero_grad": dict(world=2, opt="adam", what="direct", set_to_none=False,
+                                       hyper={"lr": 0.01}),
+    "direct-gradients-set_to_none": dict(world=2, opt="adamw", what="direct",
+                                         set_to_none=True, hyper={"lr": 0.01}),
     "manual-lr-each-iteration": dict(world=2, opt="adamw", iters=10, manual_lr=True,
                                      hyper={"lr": 0.01, "weight_decay": 0.01}),
 }
@@ -183,6 +226,8 @@ def rank_main(name, cfg, rank, world):
         return step_without_backward(rank)
     if what == "own":
         return own_buffers_outlive_close(rank)
+    if what == "direct":
+        return direct_grads(cfg, rank)
     if what == "library":
         return library_buffers(cfg, rank, world)
     if what:

@@ -14,6 +14,22 @@ How an iteration goes:
   Its value is the bucket's own gradient, so p.grad after backward holds this
   rank's local gradient (what zerod consumed) and accumulating without
   zero_grad() adds up as with DDP.
+- Direct gradients (CPU, step_mode="interleaved", every rank on one
+  node: where zerod only reads the gradient buffers): each .grad is a
+  view of its place in zerod's gradient buffer, so backward accumulates
+  into zerod's memory and the hook hands the bucket over without a copy.
+  DDP must keep .grad as its bucket views (gradient_as_bucket_view=True):
+  the optimizer turns it on when DDP was built without it and has run no
+  iteration (DDP's reducer built again, as its __setstate__ does). The
+  hook re-points (Tensor.set_) each .grad it finds elsewhere (the first
+  iteration's, DDP's views after its rebuild) after copying it in: DDP's
+  reducer holds the same tensor as its bucket view, so from then on it
+  writes there too (set_to_none=True: its one copy of autograd's new
+  gradient lands in zerod's buffer), and the future's value, zerod's
+  buffer, is what those views alias, so DDP copies nothing back.
+  zero_grad() waits for the step first. Re-plans and close() give the
+  re-pointed tensors memory of their own (a copy) before the buffers go.
+  ZEROD_TORCH_GRADS=copy, at_end, CUDA and several nodes: the copy below.
 - zerod steps the parameters while backward goes on (interleaved) or after
   the last bucket (at_end). The parameters are views into the registered
   parameter buffers, so the updates land in place. opt.step() waits for the
@@ -177,6 +193,43 @@ def _zerod_comm_hook(state, bucket):
     return state._on_bucket(bucket)
 
 
+def _grads_as_bucket_views(ddp):
+    """Whether DDP keeps each .grad as a view of its bucket
+    (gradient_as_bucket_view=True), turning it on if DDP was built without:
+    then the gradients can be zerod's memory (direct gradients, above).
+    Without it DDP's reducer copies each .grad into a bucket of its own and
+    back. Turned on only before DDP's first iteration, by building its
+    reducer again as DDP's own __setstate__ does (torch 1.13's private
+    methods; where they differ it stays off, with the two copies)."""
+    import inspect
+    if ddp.gradient_as_bucket_view:
+        return True
+    need = ("_build_params_for_reducer", "_build_debug_param_to_name_mapping",
+            "_ddp_init_helper")
+    if getattr(ddp, "num_iterations", 1) != 0 or getattr(ddp, "_has_rebuilt_buckets", True) \
+            or not all(hasattr(ddp, n) for n in need):
+        return False
+    try:
+        args = list(inspect.signature(ddp._ddp_init_helper).parameters)
+    except (TypeError, ValueError):
+        return False
+    if args != ["parameters", "expect_sparse_gradient", "param_to_name_mapping",
+                "static_graph"]:
+        return False
+    ddp.gradient_as_bucket_view = True
+    try:
+        parameters, sparse = ddp._build_params_for_reducer()
+        names = ddp._build_debug_param_to_name_mapping(parameters)
+        ddp._ddp_init_helper(parameters, sparse, names, ddp.static_graph)
+        if ddp.static_graph:
+            ddp.reducer._set_static_graph()
+            ddp.logger._set_static_graph()
+    except Exception:
+        ddp.gradient_as_bucket_view = False
+        raise
+    return True
+
+
 class ZerodOptimizer(torch.optim.Optimizer):
     """torch.optim.SGD / Adam / AdamW run by zerod, through DDP's comm hook.
 
@@ -279,6 +332,17 @@ class ZerodOptimizer(torch.optim.Optimizer):
                                        if hasattr(dist, "get_global_rank") else 0, group=pg)
             job_id = box[0]
         self.job_id = job_id
+        # zerod only reads the gradient buffers (interleaved steps, one
+        # node: the fused pass) where .grad may be them (direct gradients)
+        here = (_socket.gethostname(), os.path.realpath(
+            socket or os.environ.get("ZEROD_SOCKET") or "default"))
+        nodes = [None] * self.world
+        dist.all_gather_object(nodes, here, group=pg)
+        self.bucket_views = _grads_as_bucket_views(ddp_model)
+        self._direct_ok = step_mode == "interleaved" and not self.cuda and \
+            len(set(nodes)) == 1 and os.environ.get("ZEROD_TORCH_GRADS") != "copy"
+        self._direct = False  # the registered layout's gradients are direct
+        self._pointed = {}  # id -> each tensor made a view of zerod's gradients
         lr_env, ls_env = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
         self.client = Client(self.rank, self.world, job_id, socket=socket,
                              local_rank=int(lr_env) if lr_env and ls_env else None,
@@ -392,6 +456,9 @@ class ZerodOptimizer(torch.optim.Optimizer):
                     [[(self._group_of[id(p)], p.numel(), self._pid[id(p)]) for p in ps]
                      for _, ps, _ in layout], self.max_grad_norm, [_DTYPES[d] for d in dts])
         self.low_precision = any(d != torch.float32 for d in dts)
+        if not first:  # the old buffers may go: no .grad may stay in them
+            self._wait_step()
+            self._release_grads()
         if self.cuda:  # a re-plan's too: new device buffers, the parameters copied below
             if not first:
                 self._wait_step()
@@ -451,6 +518,11 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._pbufs, self._gbufs = pbufs, gbufs
         self._route = None  # DDP bucket i = zerod bucket i
         self._param_ptr = {id(p): p.data_ptr() for _, ps, _ in layout for p in ps}
+        self._direct = self._direct_ok and all(t for _, _, t in layout)
+        # where each parameter's .grad is when it is direct
+        self._grad_ptr = {id(p): gbufs[b].data_ptr() + off * p.element_size()
+                          for p, (b, _, off) in ((p, where[id(p)]) for _, ps, _ in layout
+                                                 for p in ps)}
         if first:
             self._sent = [dict(h) for h in self._plan_groups]
 
@@ -485,6 +557,8 @@ class ZerodOptimizer(torch.optim.Optimizer):
     def _route_by_param(self, ddp_layout):
         """Map a DDP layout onto the registered plan parameter by parameter."""
         self._route = [list(ps) for _, ps, _ in ddp_layout]
+        self._release_grads()
+        self._direct = False
         self._zb_need = [len(ps) for _, ps, _ in self._layout]
         self._zb_have = [0] * len(self._layout)
         self._zb_next = 0
@@ -526,6 +600,41 @@ class ZerodOptimizer(torch.optim.Optimizer):
                             e.name != "ZC_ENOTSUP":
                         raise
                     self._route_by_param(layout)
+        if self._direct and torch.is_grad_enabled():
+            self._point_grads()
+
+    # -- direct gradients ----------------------------------------------------
+    def _point_grads(self):
+        """Make every .grad that is not yet a view of its place in zerod's
+        gradient buffers one: its values copied there, then the tensor itself
+        re-pointed (set_: DDP's reducer holds the same tensor as its bucket
+        view, gradient_as_bucket_view=True, so it writes there too). The next
+        backward accumulates into zerod's memory; its hook copies nothing."""
+        with torch.no_grad():
+            for _, ps, _ in self._layout:
+                for p in ps:
+                    if p.grad is not None and p.grad.data_ptr() != self._grad_ptr[id(p)]:
+                        self._point(p)
+
+    def _point(self, p):
+        """p.grad's values into its place in zerod's gradient buffer, and
+        p.grad re-pointed there when its layout is p's."""
+        g = p.grad
+        b, _, off = self._where[id(p)]
+        self._gbufs[b][off:off + p.numel()].copy_(g.reshape(-1))
+        if g.dtype == p.dtype and g.shape == p.shape and g.is_contiguous() and \
+                p.is_contiguous() and not g.is_sparse:
+            g.set_(self._gbufs[b].storage(), off, p.shape, p.stride())
+            self._pointed[id(g)] = g
+
+    def _release_grads(self):
+        """Every tensor _point_grads() re-pointed gets memory of its own again
+        (a copy of its values): before the buffers it views go (a re-plan,
+        close()), so that neither .grad nor DDP's bucket views outlive them."""
+        with torch.no_grad():
+            for g in self._pointed.values():
+                g.set_(g.clone())
+        self._pointed = {}
 
     # -- the comm hook -------------------------------------------------------
     def _begin_iteration(self):
@@ -625,6 +734,23 @@ class ZerodOptimizer(torch.optim.Optimizer):
             if tuple(id(p) for p in bucket.parameters()) != ids:
                 raise RuntimeError("ZerodOptimizer: DDP's bucket %d is not the one registered "
                                    "with zerod (DDP rebuilt its buckets without a forward?)" % i)
+            if self._direct:
+                # backward wrote the direct gradients in place; any other
+                # (the first iteration's, DDP's bucket views before they
+                # were re-pointed) is copied and re-pointed, a locally
+                # unused one zeroed (DDP's bucket holds 0 for it)
+                gb = self._gbufs[i]
+                with torch.no_grad():
+                    for p in ps:
+                        g = p.grad
+                        if g is None:
+                            _, _, off = self._where[id(p)]
+                            gb[off:off + p.numel()].zero_()
+                        elif g.data_ptr() != self._grad_ptr[id(p)]:
+                            self._point(p)
+                # the future's value is zerod's buffer: DDP's copy back into
+                # its bucket views is skipped where they are it (is_alias_of)
+                return self._hand_over(i, gb)
             if tiled:
                 self._gbufs[i].copy_(bucket.buffer())
             else:
@@ -663,6 +789,13 @@ class ZerodOptimizer(torch.optim.Optimizer):
             raise NotImplementedError("ZerodOptimizer: the plan is registered with zerod; "
                                       "give every param group to the constructor")
         super().add_param_group(param_group)
+
+    def zero_grad(self, *args, **kwargs):
+        """torch's, after the step under way: with direct gradients .grad is
+        zerod's buffer, which zerod reads until the step is done."""
+        if getattr(self, "_direct", False):
+            self._wait_step()
+        return super().zero_grad(*args, **kwargs)
 
     def _wait_step(self):
         it = self._step_iter
@@ -958,6 +1091,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
         if getattr(self, "client", None) is None:
             return
         self._wait_step()
+        self._release_grads()
         self._pre.remove()
         if self.client.own is None and not self.cuda:  # the library's mapping goes with it
             with torch.no_grad():
