@@ -304,8 +304,10 @@ static void t_free_waits_for_device(void)
 
 static void t_pageable_copy_lands_later(void)
 {
+	/* a second: what the test reads before it cannot be late by that much,
+	 * even on a loaded machine (100 ms was, once) */
 	struct cudadouble_config c = {.ndevices = 1, .driver_version = 13000,
-				      .pageable_land_us = 100000};
+				      .pageable_land_us = 1000000};
 	float host[64], seen[64], *d = NULL, *pin = NULL;
 	cudaStream_t s;
 	cudaEvent_t ev;
@@ -346,7 +348,7 @@ static void t_pageable_copy_lands_later(void)
 	CHECK(seen[0] == 200, "a pinned copy landed at once: %g", seen[0]);
 
 	/* cudaMemset is asynchronous (on stream 0): unseen until synchronised */
-	cudaLaunchHostFunc(0, sleep_fn, (void *)(uintptr_t)100000);
+	cudaLaunchHostFunc(0, sleep_fn, (void *)(uintptr_t)1000000);
 	cudaMemset(d, 0, sizeof(host));
 	cudaMemcpyAsync(seen, d, sizeof(seen), cudaMemcpyDeviceToHost, s);
 	cudaStreamSynchronize(s);
