@@ -28,6 +28,12 @@
  *           ranges its ranks own into their owners' gradient buffers.
  *           slice mode (reduce-scatter): block j is the ranges node j's
  *           ranks own, so step 3 writes straight into the owners' buffers.
+ *           bucket mode on two nodes: blocks by owner as in slice mode (a
+ *           reduce to the owner), no step 4: only the owner uses the
+ *           average, and its node gets as many bytes as with equal parts
+ *           and the allgatherv while the other gets none, so REDUCE + BCAST
+ *           move one all-reduce's bytes, not 1.5 of them (more nodes keep
+ *           the all-reduce: an owner would receive N-1 partials).
  *   BCAST   bucket mode: one gloo broadcast per range from its owner's node,
  *           received into the first local rank's parameters and copied into
  *           the other local ranks'. slice mode: allgatherv of each node's
@@ -361,7 +367,11 @@ static int reduce_window(struct coll_group *g, struct lane_ctx *ln, bool slice, 
 	uint64_t t0;
 	int r;
 
-	direct = layout(g, P, tmp, m, N, slice, cnt, bnd) && g->nlocal == 1;
+	/* blocks by owner node: slice mode, and bucket mode's reduce to the
+	 * owner on two nodes (top of the file) */
+	bool by_owner = slice || nn == 2;
+
+	direct = layout(g, P, tmp, m, N, by_owner, cnt, bnd) && g->nlocal == 1;
 	uint64_t M = cnt[me];
 	for (uint32_t j = 0; j < nn; j++)
 		rcnt[j] = (size_t)M;
@@ -393,7 +403,7 @@ static int reduce_window(struct coll_group *g, struct lane_ctx *ln, bool slice, 
 	if (r < 0 || atomic_load(&g->aborted))
 		goto out;
 	/* 3. fold them in node order */
-	if (!slice) {
+	if (!by_owner) {
 		r = jobs_add(&js, (struct job){.dst = S + bnd[me],
 					       .src = rb,
 					       .nsrc = nn,
@@ -413,7 +423,9 @@ static int reduce_window(struct coll_group *g, struct lane_ctx *ln, bool slice, 
 	}
 	if (r >= 0)
 		r = jobs_run(g, &js);
-	if (r < 0 || slice)
+	if (r >= 0 && by_owner && !slice && g->net)
+		netstats_allreduce(N * sizeof(float), mono_ns() - t0);
+	if (r < 0 || by_owner)
 		goto out;
 	/* 4. bucket mode: everyone gets the whole average; owners keep theirs */
 	r = net_allgatherv(g, ln, S, cnt);
