@@ -36,7 +36,8 @@
  *           the all-reduce: an owner would receive N-1 partials).
  *   BCAST   bucket mode: one gloo broadcast per range from its owner's node,
  *           received into the first local rank's parameters and copied into
- *           the other local ranks'. slice mode: allgatherv of each node's
+ *           the other local ranks' (two nodes with ranges of both: all of
+ *           them posted at once, bcast_together). slice mode: allgatherv of each node's
  *           owned ranges, then copies into every local rank but the owner.
  *
  * alltoallv + allgatherv move what a ring all-reduce moves (2(N-1)/N of the
@@ -266,6 +267,22 @@ static int gm_broadcast(struct coll_mesh *m, uint32_t tag, uint32_t root, float 
 	return gloo_shim_broadcast((struct gloo_shim *)m, tag, (int)root, buf, n, err, errlen);
 }
 
+static int gm_broadcasts(struct coll_mesh *m, const struct coll_mesh_bcast *b, size_t n, char *err,
+			 size_t errlen)
+{
+	struct gloo_shim_bcast *v = malloc((n ? n : 1) * sizeof(*v));
+	int r;
+
+	if (!v)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		v[i] = (struct gloo_shim_bcast){
+			.tag = b[i].tag, .root = (int)b[i].root, .buf = b[i].buf, .n = b[i].n};
+	r = gloo_shim_broadcasts((struct gloo_shim *)m, v, n, err, errlen);
+	free(v);
+	return r;
+}
+
 static void gm_abort(struct coll_mesh *m)
 {
 	gloo_shim_abort((struct gloo_shim *)m);
@@ -282,6 +299,7 @@ static const struct coll_mesh_ops gloo_mesh_ops = {
 	.alltoallv = gm_alltoallv,
 	.allgatherv = gm_allgatherv,
 	.broadcast = gm_broadcast,
+	.broadcasts = gm_broadcasts,
 	.abort = gm_abort,
 	.close = gm_close,
 };
@@ -493,11 +511,48 @@ out:
 	return r;
 }
 
+/* Two nodes and ranges of both: every range's broadcast at once
+ * (coll_mesh_ops.broadcasts), both directions busy, tags as one after the
+ * other would take them. 1 if it ran them, 0 if they go one at a time. */
+static int bcast_together(struct coll_group *g, struct lane_ctx *ln, const struct coll_req *req)
+{
+	struct coll_mesh_bcast *b;
+	uint32_t n = 0, roots = 0;
+	int r;
+
+	if (!g->net || g->nnodes != 2 || !g->mo->broadcasts)
+		return 0;
+	for (uint32_t i = 0; i < req->nranges; i++)
+		if (req->ranges[i].n)
+			roots |= 1u << g->node_of[req->ranges[i].owner];
+	if (roots != 3)
+		return 0;
+	b = malloc(req->nranges * sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < req->nranges; i++) {
+		const struct coll_range *rg = &req->ranges[i];
+		uint32_t root = g->node_of[rg->owner];
+		if (rg->n)
+			b[n++] = (struct coll_mesh_bcast){
+				.tag = lane_tag(g, ln),
+				.root = root,
+				.buf = (root == g->node ? g->params[rg->owner]
+							: g->params[g->local[0]]) +
+				       rg->off,
+				.n = rg->n};
+	}
+	r = g->mo->broadcasts(g->net, b, n, ln->err, sizeof(ln->err));
+	free(b);
+	return r < 0 ? r : 1;
+}
+
 /* bucket mode: one broadcast per range, from its owner's node. */
 static int bcast_ranges(struct coll_group *g, struct lane_ctx *ln, const struct coll_req *req)
 {
 	struct jobs js = {0};
-	int r = 0;
+	int r = bcast_together(g, ln, req);
+	bool sent = r > 0;
 
 	for (uint32_t i = 0; i < req->nranges && r >= 0; i++) {
 		const struct coll_range *rg = &req->ranges[i];
@@ -506,7 +561,8 @@ static int bcast_ranges(struct coll_group *g, struct lane_ctx *ln, const struct 
 			(root == g->node ? g->params[rg->owner] : g->params[g->local[0]]) + rg->off;
 		if (rg->n == 0)
 			continue;
-		r = net_broadcast(g, ln, root, buf, rg->n);
+		if (!sent)
+			r = net_broadcast(g, ln, root, buf, rg->n);
 		if (r < 0 || atomic_load(&g->aborted))
 			break;
 		for (uint32_t k = 0; k < g->nlocal && r >= 0; k++) {
