@@ -28,9 +28,16 @@
  *           ranges its ranks own into their owners' gradient buffers.
  *           slice mode (reduce-scatter): block j is the ranges node j's
  *           ranks own, so step 3 writes straight into the owners' buffers.
+ *           bucket mode on two nodes: blocks by owner as in slice mode (a
+ *           reduce to the owner), no step 4: only the owner uses the
+ *           average, and its node gets as many bytes as with equal parts
+ *           and the allgatherv while the other gets none, so REDUCE + BCAST
+ *           move one all-reduce's bytes, not 1.5 of them (more nodes keep
+ *           the all-reduce: an owner would receive N-1 partials).
  *   BCAST   bucket mode: one gloo broadcast per range from its owner's node,
  *           received into the first local rank's parameters and copied into
- *           the other local ranks'. slice mode: allgatherv of each node's
+ *           the other local ranks' (two nodes with ranges of both: all of
+ *           them posted at once, bcast_together). slice mode: allgatherv of each node's
  *           owned ranges, then copies into every local rank but the owner.
  *
  * alltoallv + allgatherv move what a ring all-reduce moves (2(N-1)/N of the
@@ -260,6 +267,22 @@ static int gm_broadcast(struct coll_mesh *m, uint32_t tag, uint32_t root, float 
 	return gloo_shim_broadcast((struct gloo_shim *)m, tag, (int)root, buf, n, err, errlen);
 }
 
+static int gm_broadcasts(struct coll_mesh *m, const struct coll_mesh_bcast *b, size_t n, char *err,
+			 size_t errlen)
+{
+	struct gloo_shim_bcast *v = malloc((n ? n : 1) * sizeof(*v));
+	int r;
+
+	if (!v)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		v[i] = (struct gloo_shim_bcast){
+			.tag = b[i].tag, .root = (int)b[i].root, .buf = b[i].buf, .n = b[i].n};
+	r = gloo_shim_broadcasts((struct gloo_shim *)m, v, n, err, errlen);
+	free(v);
+	return r;
+}
+
 static void gm_abort(struct coll_mesh *m)
 {
 	gloo_shim_abort((struct gloo_shim *)m);
@@ -276,6 +299,7 @@ static const struct coll_mesh_ops gloo_mesh_ops = {
 	.alltoallv = gm_alltoallv,
 	.allgatherv = gm_allgatherv,
 	.broadcast = gm_broadcast,
+	.broadcasts = gm_broadcasts,
 	.abort = gm_abort,
 	.close = gm_close,
 };
@@ -361,7 +385,11 @@ static int reduce_window(struct coll_group *g, struct lane_ctx *ln, bool slice, 
 	uint64_t t0;
 	int r;
 
-	direct = layout(g, P, tmp, m, N, slice, cnt, bnd) && g->nlocal == 1;
+	/* blocks by owner node: slice mode, and bucket mode's reduce to the
+	 * owner on two nodes (top of the file) */
+	bool by_owner = slice || nn == 2;
+
+	direct = layout(g, P, tmp, m, N, by_owner, cnt, bnd) && g->nlocal == 1;
 	uint64_t M = cnt[me];
 	for (uint32_t j = 0; j < nn; j++)
 		rcnt[j] = (size_t)M;
@@ -393,7 +421,7 @@ static int reduce_window(struct coll_group *g, struct lane_ctx *ln, bool slice, 
 	if (r < 0 || atomic_load(&g->aborted))
 		goto out;
 	/* 3. fold them in node order */
-	if (!slice) {
+	if (!by_owner) {
 		r = jobs_add(&js, (struct job){.dst = S + bnd[me],
 					       .src = rb,
 					       .nsrc = nn,
@@ -413,7 +441,9 @@ static int reduce_window(struct coll_group *g, struct lane_ctx *ln, bool slice, 
 	}
 	if (r >= 0)
 		r = jobs_run(g, &js);
-	if (r < 0 || slice)
+	if (r >= 0 && by_owner && !slice && g->net)
+		netstats_allreduce(N * sizeof(float), mono_ns() - t0);
+	if (r < 0 || by_owner)
 		goto out;
 	/* 4. bucket mode: everyone gets the whole average; owners keep theirs */
 	r = net_allgatherv(g, ln, S, cnt);
@@ -481,11 +511,48 @@ out:
 	return r;
 }
 
+/* Two nodes and ranges of both: every range's broadcast at once
+ * (coll_mesh_ops.broadcasts), both directions busy, tags as one after the
+ * other would take them. 1 if it ran them, 0 if they go one at a time. */
+static int bcast_together(struct coll_group *g, struct lane_ctx *ln, const struct coll_req *req)
+{
+	struct coll_mesh_bcast *b;
+	uint32_t n = 0, roots = 0;
+	int r;
+
+	if (!g->net || g->nnodes != 2 || !g->mo->broadcasts)
+		return 0;
+	for (uint32_t i = 0; i < req->nranges; i++)
+		if (req->ranges[i].n)
+			roots |= 1u << g->node_of[req->ranges[i].owner];
+	if (roots != 3)
+		return 0;
+	b = malloc(req->nranges * sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < req->nranges; i++) {
+		const struct coll_range *rg = &req->ranges[i];
+		uint32_t root = g->node_of[rg->owner];
+		if (rg->n)
+			b[n++] = (struct coll_mesh_bcast){
+				.tag = lane_tag(g, ln),
+				.root = root,
+				.buf = (root == g->node ? g->params[rg->owner]
+							: g->params[g->local[0]]) +
+				       rg->off,
+				.n = rg->n};
+	}
+	r = g->mo->broadcasts(g->net, b, n, ln->err, sizeof(ln->err));
+	free(b);
+	return r < 0 ? r : 1;
+}
+
 /* bucket mode: one broadcast per range, from its owner's node. */
 static int bcast_ranges(struct coll_group *g, struct lane_ctx *ln, const struct coll_req *req)
 {
 	struct jobs js = {0};
-	int r = 0;
+	int r = bcast_together(g, ln, req);
+	bool sent = r > 0;
 
 	for (uint32_t i = 0; i < req->nranges && r >= 0; i++) {
 		const struct coll_range *rg = &req->ranges[i];
@@ -494,7 +561,8 @@ static int bcast_ranges(struct coll_group *g, struct lane_ctx *ln, const struct 
 			(root == g->node ? g->params[rg->owner] : g->params[g->local[0]]) + rg->off;
 		if (rg->n == 0)
 			continue;
-		r = net_broadcast(g, ln, root, buf, rg->n);
+		if (!sent)
+			r = net_broadcast(g, ln, root, buf, rg->n);
 		if (r < 0 || atomic_load(&g->aborted))
 			break;
 		for (uint32_t k = 0; k < g->nlocal && r >= 0; k++) {

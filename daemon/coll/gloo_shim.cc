@@ -164,6 +164,13 @@ class Inflight
 				s_->inflight.erase(it);
 		}
 	}
+	Inflight(gloo_shim *s, const std::vector<UBuf *> &bufs) : s_(s), bufs_(bufs)
+	{
+		std::lock_guard<std::mutex> lock(s_->mu);
+		if (s_->aborted)
+			throw ShimError(-ECANCELED, "aborted");
+		s_->inflight.insert(s_->inflight.end(), bufs_.begin(), bufs_.end());
+	}
 	Inflight(const Inflight &) = delete;
 	Inflight &operator=(const Inflight &) = delete;
 
@@ -329,6 +336,40 @@ extern "C" int gloo_shim_broadcast(struct gloo_shim *s, uint32_t tag, int root, 
 		o.setTimeout(s->timeout);
 		Inflight f(s, {obp});
 		gloo::broadcast(o);
+	});
+}
+
+extern "C" int gloo_shim_broadcasts(struct gloo_shim *s, const struct gloo_shim_bcast *b, size_t n,
+				    char *err, size_t errlen)
+{
+	return guarded(s, err, errlen, [&] {
+		const int me = s->ctx->rank, peer = 1 - me;
+		std::vector<std::unique_ptr<UBuf>> ub;
+		std::vector<UBuf *> raw;
+
+		if (s->ctx->size != 2)
+			throw ShimError(-EINVAL, "broadcasts: two nodes only");
+		for (size_t i = 0; i < n; i++) {
+			if (b[i].root < 0 || b[i].root > 1)
+				throw ShimError(-EINVAL, "broadcasts: no such root");
+			ub.push_back(s->ctx->createUnboundBuffer(b[i].buf, b[i].n * sizeof(float)));
+			raw.push_back(ub.back().get());
+		}
+		Inflight f(s, raw);
+		/* each on its own slot (its tag), as gloo::broadcast's */
+		for (size_t i = 0; i < n; i++) {
+			uint64_t slot = gloo::Slot::build(gloo::kBroadcastSlotPrefix, b[i].tag);
+			if (b[i].root == me)
+				ub[i]->send(peer, slot);
+			else
+				ub[i]->recv(peer, slot);
+		}
+		for (size_t i = 0; i < n; i++) {
+			bool ok = b[i].root == me ? ub[i]->waitSend(s->timeout)
+						  : ub[i]->waitRecv(s->timeout);
+			if (!ok)
+				throw ShimError(-ECANCELED, "broadcasts: aborted");
+		}
 	});
 }
 

@@ -56,6 +56,21 @@ int gloo_shim_allgatherv(struct gloo_shim *s, uint32_t tag, float *out, const si
 int gloo_shim_broadcast(struct gloo_shim *s, uint32_t tag, int root, float *buf, size_t n,
 			char *err, size_t errlen);
 
+/* One broadcast of gloo_shim_broadcasts(). */
+struct gloo_shim_bcast {
+	uint32_t tag;
+	int root;
+	float *buf;
+	size_t n;
+};
+
+/* Two nodes (-EINVAL otherwise): the n broadcasts at once, b[i] as
+ * gloo_shim_broadcast(s, b[i].tag, b[i].root, b[i].buf, b[i].n) would,
+ * posted together so that both directions carry data; every node passes
+ * the same list. */
+int gloo_shim_broadcasts(struct gloo_shim *s, const struct gloo_shim_bcast *b, size_t n, char *err,
+			 size_t errlen);
+
 /* gloo's own all-reduce (sum, gloo's order) in place: the yardstick the
  * benchmark holds coll/gloo.c against. */
 int gloo_shim_allreduce_sum(struct gloo_shim *s, uint32_t tag, float *buf, size_t n, char *err,

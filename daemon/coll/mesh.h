@@ -34,6 +34,15 @@ struct coll_mesh_config {
 
 struct coll_mesh;
 
+/* One broadcast of a batch (coll_mesh_ops.broadcasts): buf[0..n) of node
+ * root into buf on every other node. */
+struct coll_mesh_bcast {
+	uint32_t tag;
+	uint32_t root;
+	float *buf;
+	size_t n;
+};
+
 struct coll_mesh_ops {
 	const char *name;
 	/* Connect to every other node; blocks until all have joined or the
@@ -55,6 +64,12 @@ struct coll_mesh_ops {
 	/* buf[0..n) of node root into buf on every other node. */
 	int (*broadcast)(struct coll_mesh *m, uint32_t tag, uint32_t root, float *buf, size_t n,
 			 char *err, size_t errlen);
+	/* Optional (NULL: one broadcast after the other): the n broadcasts of
+	 * b at once, each as broadcast() would (b[i].tag its own), so that
+	 * ranges of different roots cross the mesh together, both directions
+	 * of a link busy. Every node passes the same list. */
+	int (*broadcasts)(struct coll_mesh *m, const struct coll_mesh_bcast *b, size_t n, char *err,
+			  size_t errlen);
 	/* Any thread: every call in flight, and every later one, fails soon
 	 * with -ECANCELED. Never waits for them. Idempotent. */
 	void (*abort)(struct coll_mesh *m);

@@ -210,6 +210,13 @@ static void t_w5_adamw_bucket_interleaved(void)
 	run_ok("w5n2", &lay, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, -1);
 }
 
+/* every bucket's BCAST at once, from both nodes (coll/gloo.c bcast_together) */
+static void t_w3_adamw_bucket_at_end_2nodes(void)
+{
+	static const struct layout lay = {3, 2, {0, 1, 0}, false};
+	run_ok("w3n2b", &lay, ZC_OPT_ADAMW, ZC_SHARD_BUCKET, ZC_STEP_AT_END, -1);
+}
+
 static void t_w4_sgd_slice_at_end_lr_change(void)
 {
 	static const struct layout lay = {4, 2, {0, 0, 1, 1}, true};
@@ -1002,6 +1009,7 @@ static const struct test_case cases[] = {
 	{"w3_2nodes_adamw_slice_at_end", t_w3_adamw_slice_at_end, 60000},
 	{"w4_2nodes_strided_sgd_slice_interleaved", t_w4_sgd_slice_interleaved_strided, 60000},
 	{"w5_2nodes_adamw_bucket_interleaved", t_w5_adamw_bucket_interleaved, 60000},
+	{"w3_2nodes_adamw_bucket_at_end", t_w3_adamw_bucket_at_end_2nodes, 60000},
 	{"w4_2nodes_sgd_slice_at_end_lr_change", t_w4_sgd_slice_at_end_lr_change, 60000},
 	{"w3_3nodes_adamw_bucket_at_end", t_w3_adamw_bucket_at_end, 60000},
 	{"w5_3nodes_sgd_bucket_at_end", t_w5_sgd_bucket_at_end, 60000},
