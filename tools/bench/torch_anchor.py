@@ -34,6 +34,21 @@ so what the Python package costs (the hook, the copy into zerod's buffer,
 ctypes, the pump thread) is in it. --libzeroclient and --pythonpath say where
 the library and the zerod package are (zerod-bench passes the build's).
 
+--plain also runs what a user has without ZeRO: DDP + plain torch.optim of
+the same class, each on its own copy of the model, in the same interleaved
+rounds: the default optimizer (torch_plain_iter_ms), foreach=True
+(torch_plain_foreach_iter_ms), DDP(gradient_as_bucket_view=True) with the
+default optimizer (torch_plain_gabv_iter_ms) and with foreach=True
+(torch_plain_gabv_foreach_iter_ms), each minus the same no_sync median; and
+torch_plain_best_ms / torch_plain_best the fastest of them and its name.
+
+--allreduce-only is the gloo anchor of zerod-bench --daemons, independent of
+zerod: --world processes over torch.distributed's gloo backend on loopback,
+each iteration dist.all_reduce (SUM) of every bucket (--bucket-numel
+elements, the last one shorter) in turn, timed from the first bucket's start
+to the last one's end on every rank (the slowest rank's); prints
+torch_gloo_allreduce_ms, the median over --iters after --warmup.
+
 Debian's python3-torch (1.13, CPU only): run with /usr/bin/python3.
 """
 import argparse
@@ -81,6 +96,7 @@ def worker(rank, a, port):
     cls, kw = optimizer_kwargs(a)
     opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=cls, **kw)
     kinds = [(ddp, opt, False), (ddp, opt, True)]
+    names = ["no_sync", "zero"]
     if a.zerod:
         sys.path.insert(0, a.pythonpath)
         from zerod.torch import ZerodOptimizer
@@ -89,6 +105,15 @@ def worker(rank, a, port):
         ddp_z = DDP(model_z, bucket_cap_mb=a.bucket_cap_mb)
         opt_z = ZerodOptimizer(ddp_z, cls, **kw)
         kinds.append((ddp_z, opt_z, True))
+        names.append("zerod")
+    if a.plain:
+        for gabv in (False, True):
+            torch.manual_seed(0)
+            model_p, _ = make_model(a)
+            ddp_p = DDP(model_p, bucket_cap_mb=a.bucket_cap_mb, gradient_as_bucket_view=gabv)
+            for fe in (False, True):
+                kinds.append((ddp_p, cls(ddp_p.parameters(), **kw, **({"foreach": True} if fe else {})), True))
+                names.append("plain" + ("_gabv" if gabv else "") + ("_foreach" if fe else ""))
     torch.manual_seed(1 + rank)  # different data per rank
     x = torch.randn(*shape)
 
@@ -116,7 +141,7 @@ def worker(rank, a, port):
         # data and optimizer), else the times compare different work
         diff = max((p - q).abs().max().item()
                    for p, q in zip(model.parameters(), model_z.parameters()))
-        zsynced = statistics.median(times[2, a.warmup:].tolist()) * 1e3
+        zsynced = statistics.median(times[names.index("zerod"), a.warmup:].tolist()) * 1e3
         extra = {"torch_zerod_synced_ms": round(zsynced, 3), "torch_zerod_max_diff": diff}
         opt_z.close()
     if rank == 0:
@@ -126,6 +151,16 @@ def worker(rank, a, port):
             extra["torch_zerod_iter_ms"] = round(extra["torch_zerod_synced_ms"] - compute, 3)
             extra["vs_torch_zerod"] = round((synced - compute) / extra["torch_zerod_iter_ms"], 3) \
                 if extra["torch_zerod_iter_ms"] > 0 else None
+        plain = {}
+        for k, name in enumerate(names):
+            if name.startswith("plain"):
+                m = statistics.median(times[k, a.warmup:].tolist()) * 1e3
+                plain[name] = round(m - compute, 3)
+                extra[f"torch_{name}_iter_ms"] = plain[name]
+        if plain:
+            best = min(plain, key=plain.get)
+            extra["torch_plain_best"] = best
+            extra["torch_plain_best_ms"] = plain[best]
         print(json.dumps({
             **extra,
             "torch_iter_ms": round(synced - compute, 3),
@@ -138,6 +173,35 @@ def worker(rank, a, port):
             "width": shape[1],
             "bucket_cap_mb": a.bucket_cap_mb,
             "optimizer": cls.__name__,
+        }), flush=True)
+    dist.destroy_process_group()
+
+
+def allreduce_worker(rank, a, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.world))
+    dist.init_process_group("gloo", rank=rank, world_size=a.world)
+    numel = a.bucket_numel or -(-a.params // a.layers)
+    buf = torch.full((a.params,), 1e-3 * (rank + 1), dtype=torch.float32)
+    buckets = [buf[o:o + numel] for o in range(0, a.params, numel)]
+    n = a.warmup + a.iters
+    times = torch.zeros(n, dtype=torch.float64)
+    for i in range(n):
+        buf.fill_(1e-3 * (rank + 1))
+        dist.barrier()
+        t0 = time.perf_counter()
+        for b in buckets:
+            dist.all_reduce(b)
+        times[i] = time.perf_counter() - t0
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        print(json.dumps({
+            "torch_gloo_allreduce_ms": round(statistics.median(times[a.warmup:].tolist()) * 1e3, 3),
+            "torch_gloo_allreduce_min_ms": round(min(times[a.warmup:].tolist()) * 1e3, 3),
+            "buckets": len(buckets),
+            "world": a.world,
+            "torch_version": torch.__version__,
         }), flush=True)
     dist.destroy_process_group()
 
@@ -166,7 +230,15 @@ def main():
     p.add_argument("--pythonpath", help="the directory holding the zerod package",
                    default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                         "client", "python"))
+    p.add_argument("--plain", action="store_true",
+                   help="also DDP + plain torch.optim (default, foreach, gradient_as_bucket_view)")
+    p.add_argument("--allreduce-only", action="store_true",
+                   help="only torch's gloo all_reduce of the buckets (zerod-bench --daemons)")
+    p.add_argument("--bucket-numel", type=int, default=0)
     a = p.parse_args()
+    if a.allreduce_only:
+        mp.spawn(allreduce_worker, args=(a, free_port()), nprocs=a.world, join=True)
+        return 0
     if not a.zerod:
         mp.spawn(worker, args=(a, free_port()), nprocs=a.world, join=True)
         return 0
