@@ -20,7 +20,8 @@
  *                  p50 and p99 in µs;
  *   ddp_cuda       DDP + ZerodOptimizer against DDP +
  *                  ZeroRedundancyOptimizer(overlap_with_ddp=True) on CUDA at
- *                  world 1 (torch with CUDA and NCCL: not written yet).
+ *                  world 1: torch_anchor.py --cuda through --python (a torch
+ *                  with CUDA; Debian's is not), each minus no_sync.
  *
  * Built with the CUDA runtime only where meson found the toolkit
  * (ZEROD_BENCH_CUDA); else every row says zerod-bench was built without it.
@@ -263,7 +264,59 @@ out:
 	return r;
 }
 
-static void gpu_measure(const struct bench_cfg *cfg, struct gpu_row *rows)
+#ifndef LIBZEROCLIENT_BUILD
+#define LIBZEROCLIENT_BUILD "libzeroclient.so.1"
+#endif
+#ifndef ZEROD_PYTHON_DIR
+#define ZEROD_PYTHON_DIR "client/python"
+#endif
+
+/* The number after "key": in a one-line JSON object, or NAN. */
+static double jnumber(const char *s, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = strstr(s, pat);
+	return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+static void ddp_cuda(const struct bench_cfg *cfg, const char *python, const char *anchor,
+		     struct gpu_row *row)
+{
+	char cmd[4096], line[4096], last[4096] = "";
+	const char *nr;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd),
+		 "'%s' '%s' --cuda --params %llu --layers %u --world 1 --optim adam --lr %g "
+		 "--iters %d --warmup %d --zerod '%s' --libzeroclient '%s' --pythonpath '%s'",
+		 python, anchor, (unsigned long long)cfg->params, cfg->nbuckets, cfg->hp.lr,
+		 cfg->iters, cfg->warmup, cfg->zerod, LIBZEROCLIENT_BUILD, ZEROD_PYTHON_DIR);
+	fflush(stdout);
+	f = popen(cmd, "r");
+	while (f && fgets(line, sizeof(line), f))
+		if (line[0] == '{')
+			snprintf(last, sizeof(last), "%s", line);
+	if (!f || pclose(f) != 0 || !last[0]) {
+		not_run(row, "not run: %s failed", "torch_anchor.py --cuda");
+		return;
+	}
+	if ((nr = strstr(last, "\"not_run\": \""))) {
+		snprintf(row->why, sizeof(row->why), "%.*s", (int)strcspn(nr + 12, "\""), nr + 12);
+		row->ran = false;
+		return;
+	}
+	double z = jnumber(last, "torch_cuda_zerod_ms");
+	double t = jnumber(last, "torch_cuda_zero_overlap_ms");
+	put(row, "zerod_optimizer_ms", z);
+	put(row, "zero_overlap_ms", t);
+	put(row, "zero_overlap_vs_zerod", t / z);
+}
+
+static void gpu_measure(const struct bench_cfg *cfg, const char *python, const char *anchor,
+			struct gpu_row *rows)
 {
 	int ndev = 0;
 	cudaError_t e = cudaGetDeviceCount(&ndev);
@@ -298,16 +351,18 @@ static void gpu_measure(const struct bench_cfg *cfg, struct gpu_row *rows)
 		put(&rows[2], "handoff_cuda_p50_us", p50);
 		put(&rows[2], "handoff_cuda_p99_us", p99);
 	}
-	not_run(&rows[3], "not run: %s",
-		"DDP + ZerodOptimizer vs ZeroRedundancyOptimizer(overlap_with_ddp=True) on CUDA "
-		"is not written yet");
+	ddp_cuda(cfg, python, anchor, &rows[3]);
 }
 
 #else
 
-static void gpu_measure(const struct bench_cfg *cfg, struct gpu_row *rows)
+static void gpu_measure(const struct bench_cfg *cfg, const char *python, const char *anchor,
+			struct gpu_row *rows)
 {
 	(void)cfg;
+	(void)python;
+	(void)anchor;
+	(void)put;
 	for (int i = 0; i < 4; i++)
 		not_run(&rows[i], "not run: %s",
 			"zerod-bench was built without the CUDA toolkit (meson -Dcuda)");
@@ -322,9 +377,7 @@ int gpu_rows(const struct bench_cfg *cfg, bool json, const char *python, const c
 				  {.name = "handoff_cuda"},
 				  {.name = "ddp_cuda"}};
 
-	(void)python;
-	(void)anchor;
-	gpu_measure(cfg, rows);
+	gpu_measure(cfg, python, anchor, rows);
 	if (json)
 		printf("{\n  \"schema\": \"zerod-bench-gpu/1\",\n  \"params\": %llu,\n",
 		       (unsigned long long)cfg->params);

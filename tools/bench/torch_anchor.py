@@ -49,6 +49,15 @@ elements, the last one shorter) in turn, timed from the first bucket's start
 to the last one's end on every rank (the slowest rank's); prints
 torch_gloo_allreduce_ms, the median over --iters after --warmup.
 
+--cuda (zerod-bench --gpu, with --zerod and a torch built with CUDA) is the
+GPU row of issue 25 §4: world 1 over NCCL, the model on cuda:0, DDP +
+ZeroRedundancyOptimizer(overlap_with_ddp=True) through torch's
+hook_with_zero_step(allreduce_hook) against DDP + ZerodOptimizer on a
+`zerod --backend cuda`, interleaved with no_sync iterations, each timed to
+torch.cuda.synchronize(): torch_cuda_zero_overlap_ms and torch_cuda_zerod_ms
+(each minus the no_sync median). Without CUDA it prints
+{"not_run": "..."} and exits 0.
+
 Debian's python3-torch (1.13, CPU only): run with /usr/bin/python3.
 """
 import argparse
@@ -206,6 +215,72 @@ def allreduce_worker(rank, a, port):
     dist.destroy_process_group()
 
 
+def cuda_worker(a, port):
+    if not torch.cuda.is_available():
+        print(json.dumps({"not_run": "not run: torch for %s sees no CUDA device" % sys.executable}),
+              flush=True)
+        return
+    from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    sys.path.insert(0, a.pythonpath)
+    from zerod.torch import ZerodOptimizer
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    cls, kw = optimizer_kwargs(a)
+    torch.manual_seed(0)
+    model, shape = make_model(a)
+    model = model.to(dev)
+    ddp = DDP(model, device_ids=[0], bucket_cap_mb=a.bucket_cap_mb)
+    zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=cls, overlap_with_ddp=True,
+                                   **kw)
+    ddp.register_comm_hook(None, ddp_zero_hook.hook_with_zero_step(allreduce_hook, ddp, zero))
+    torch.manual_seed(0)
+    model_z, _ = make_model(a)
+    model_z = model_z.to(dev)
+    ddp_z = DDP(model_z, device_ids=[0], bucket_cap_mb=a.bucket_cap_mb)
+    opt_z = ZerodOptimizer(ddp_z, cls, **kw)
+    x = torch.randn(*shape, device=dev)
+
+    def nosync():
+        with ddp.no_sync():
+            ddp(x).square().mean().backward()
+        zero.zero_grad(set_to_none=True)
+
+    def zero_it():
+        ddp(x).square().mean().backward()  # torch's step runs in the hook
+        zero.zero_grad(set_to_none=True)
+
+    def zerod_it():
+        opt_z.zero_grad()
+        ddp_z(x).square().mean().backward()
+        opt_z.step()
+
+    kinds = [nosync, zero_it, zerod_it]
+    warm = max(a.warmup, 4)  # torch's overlap mode steps only after DDP's rebuild
+    times = [[] for _ in kinds]
+    for i in range(warm + a.iters):
+        for k, fn in enumerate(kinds):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            if i >= warm:
+                times[k].append(time.perf_counter() - t0)
+    opt_z.close()
+    m = [statistics.median(t) * 1e3 for t in times]
+    print(json.dumps({
+        "torch_cuda_compute_ms": round(m[0], 3),
+        "torch_cuda_zero_overlap_ms": round(m[1] - m[0], 3),
+        "torch_cuda_zerod_ms": round(m[2] - m[0], 3),
+        "torch_version": torch.__version__,
+        "device": torch.cuda.get_device_name(0),
+    }), flush=True)
+    dist.destroy_process_group()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -235,7 +310,13 @@ def main():
     p.add_argument("--allreduce-only", action="store_true",
                    help="only torch's gloo all_reduce of the buckets (zerod-bench --daemons)")
     p.add_argument("--bucket-numel", type=int, default=0)
+    p.add_argument("--cuda", action="store_true",
+                   help="world 1 on cuda:0: ZeRO(overlap_with_ddp=True) vs ZerodOptimizer")
     a = p.parse_args()
+    if a.cuda and not torch.cuda.is_available():
+        print(json.dumps({"not_run": "not run: torch for %s sees no CUDA device"
+                          % sys.executable}), flush=True)
+        return 0
     if a.allreduce_only:
         mp.spawn(allreduce_worker, args=(a, free_port()), nprocs=a.world, join=True)
         return 0
@@ -245,7 +326,8 @@ def main():
     run = tempfile.mkdtemp(prefix="zerod-anchor-")
     log = open(os.path.join(run, "zerod.log"), "w")
     sock = os.path.join(run, "zerod.sock")
-    zerod = subprocess.Popen([a.zerod, "--socket", sock], stdout=log, stderr=log)
+    backend = ["--backend", "cuda"] if a.cuda else []
+    zerod = subprocess.Popen([a.zerod, "--socket", sock] + backend, stdout=log, stderr=log)
     try:
         for _ in range(400):
             if os.path.exists(sock) or zerod.poll() is not None:
@@ -256,7 +338,10 @@ def main():
         os.environ["ZEROD_SOCKET"] = sock
         if a.libzeroclient:
             os.environ["ZEROD_LIBZEROCLIENT"] = a.libzeroclient
-        mp.spawn(worker, args=(a, free_port()), nprocs=a.world, join=True)
+        if a.cuda:
+            cuda_worker(a, free_port())
+        else:
+            mp.spawn(worker, args=(a, free_port()), nprocs=a.world, join=True)
     finally:
         zerod.send_signal(signal.SIGTERM)
         try:

@@ -10,20 +10,30 @@
  * ZeroRedundancyOptimizer over gloo), and with --torch-zerod also the real
  * zerod.torch.ZerodOptimizer end to end in the anchor's run (DDP with the
  * same model and buckets, its comm hook into a zerod the anchor starts), so
- * what the Python package adds is measured too. It prints a table, or with
- * --json one JSON object; docs/PERFORMANCE.md says what every value means.
+ * what the Python package adds is measured too, and with --torch-plain DDP +
+ * plain torch.optim (default, foreach, gradient_as_bucket_view) beside them.
+ * The job runs two kinds per iteration (jobs.c): the hand-over alone, and
+ * the fill overlapped with the hand-over, whose median minus the fill's is
+ * the figure accounted as torch's (zerod_comparable_ms). The caches are
+ * emptied before every timed region unless --warm. It prints a table, or
+ * with --json one JSON object; docs/PERFORMANCE.md says what every value
+ * means. --gpu prints only the GPU rows (gpu.c), each either measured or
+ * "not run" with the reason.
  *
  * --daemons N (N >= 2, only where gloo is built) instead starts N daemons on
  * loopback, spreads the ranks over them (node k: ranks [k*R/N, (k+1)*R/N)),
  * runs the same job across them through a rendezvous on a free loopback
- * port, and then gloo's own all-reduce of the same buckets between N forked
- * processes (gloo_raw.c). What it reports, per iteration (median):
+ * port, and then the anchor, independent of zerod: torch.distributed's
+ * all_reduce over gloo of the same buckets between N processes
+ * (torch_anchor.py --allreduce-only; gloo_iter_ms), and beside it gloo
+ * through zerod's own shim (gloo_raw.c; gloo_shim_iter_ms). What it reports,
+ * per iteration (median):
  *   bytes        = params x 4, the gradient bytes of all buckets;
  *   algbw_zerod  = bytes / zerod's iteration time, the slowest rank's
  *                  first zc_bucket_ready() to its step done: this includes
  *                  the local reduce, the optimizer step and the write-back,
  *                  so it understates the network part;
- *   algbw_gloo   = bytes / the time of gloo::allreduce of every bucket;
+ *   algbw_gloo   = bytes / the time of torch's gloo all_reduce of every bucket;
  *   busbw        = algbw x 2(n-1)/n, n = nodes (nccl-tests' all-reduce);
  *   vs_gloo      = busbw_zerod / busbw_gloo;
  *   algbw_net    = the daemons' own cross-node all-reduce: the bytes over
@@ -171,13 +181,14 @@ static void usage(FILE *f)
 		   "  --torch-zerod      --vs-torch, and ZerodOptimizer end to end beside it\n"
 		   "  --torch-plain      --vs-torch, and DDP + plain torch.optim (default, foreach,\n"
 		   "                     gradient_as_bucket_view) beside it\n"
-		   "  --warm             do not empty the caches before each timed region\n"
-		   "  --no-overlap       without the overlapped kind (fill + hand-over) of the job\n"
-		   "  --gpu              only the GPU rows (NCCL busbw, Adam kernel, CUDA handoff,\n"
-		   "                     DDP on CUDA); without a device they say why they did not run\n"
 		   "  --python PATH      interpreter for it (default /usr/bin/python3)\n"
 		   "  --torch-script P   the anchor script (default the source tree's)\n"
 		   "  --json             print one JSON object instead of a table\n"
+		   "  --warm             do not empty the caches before each timed region\n"
+		   "  --no-overlap       without the overlapped kind (fill + hand-over) of the job\n"
+		   "  --gpu              only the GPU rows (NCCL busbw, Adam kernel, CUDA handoff,\n"
+		   "                     DDP on CUDA; --python a torch with CUDA); without a\n"
+		   "                     device each says why it did not run\n"
 		   "  --checkpoint-every N  zc_checkpoint() after every N timed iterations, timed\n"
 		   "                     apart from them: how long training stalls (default 0);\n"
 		   "                     the stall (such an iteration over one without) against\n"
