@@ -113,8 +113,14 @@ bad = [k for k in keys if not isinstance(j.get(k), (int, float))]
 if bad:
     print(f"# missing or not numbers: {' '.join(bad)}")
     sys.exit(1)
+# ZerodOptimizer and ZeRO train the same model on the same data: their
+# parameters agree (Adam moves each by ~lr = 1e-3 per step, so a model that
+# did not step, or the wrong one compared, is off by that much)
+if j["torch_zerod_max_diff"] > 1e-5:
+    print(f"# ZerodOptimizer's parameters differ from ZeRO's by {j['torch_zerod_max_diff']}")
+    sys.exit(1)
 PY
-        echo "ok 4 - zerod-bench --torch-zerod: ZerodOptimizer's keys are numbers"
+        echo "ok 4 - zerod-bench --torch-zerod: ZerodOptimizer's keys are numbers, its parameters ZeRO's"
     else
         echo "not ok 4 - zerod-bench --torch-zerod: JSON output"
         sed 's/^/# /' "$out"

@@ -335,8 +335,11 @@ busbw), the Adam kernel's GB/s through a world-1 `zerod --backend cuda` job
 against device-to-device copy bandwidth (targets when run: busbw ≥ 95% of
 direct NCCL, Adam ≥ 80% of copy bandwidth), the handoff with CUDA IPC events,
 and DDP + ZerodOptimizer against DDP + ZeroRedundancyOptimizer
-(overlap_with_ddp=True) on CUDA at world 1. Without a device they say why
-they did not run, never a number.
+(overlap_with_ddp=True) on CUDA at world 1 (`--python` naming a torch with
+CUDA; Debian's is not). Without a device they say why they did not run,
+never a number. Not written yet: the busbw through zerod (`zerod_busbw`
+stays null: it needs one trainer process per device on a multi-GPU
+machine); the direct NCCL figure needs 2 devices.
 
 | row | result |
 |---|---|

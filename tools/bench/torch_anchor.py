@@ -138,10 +138,11 @@ def worker(rank, a, port):
     n = a.warmup + a.iters
     times = torch.zeros(len(kinds), n, dtype=torch.float64)
     for i in range(n):
-        for k, (model, optim, sync) in enumerate(kinds):
+        # (not `model`: that name is ZeRO's model, compared with zerod's below)
+        for k, (m, optim, sync) in enumerate(kinds):
             dist.barrier()
             t0 = time.perf_counter()
-            iteration(model, optim, sync)
+            iteration(m, optim, sync)
             times[k, i] = time.perf_counter() - t0
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     extra = {}
