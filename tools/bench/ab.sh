@@ -28,7 +28,8 @@ done
 python3 - "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-keys = ["zerod_iter_ms", "zerod_iter_min_ms", "handoff_p50_us", "handoff_p99_us", "rss_vs_state"]
+keys = ["zerod_comparable_ms", "zerod_iter_ms", "zerod_iter_min_ms", "zerod_fill_ms",
+        "handoff_p50_us", "handoff_p99_us", "rss_vs_state"]
 print("%-18s %-28s %-28s %s" % ("", "A median [min..max]", "B median [min..max]", "B/A"))
 for k in keys:
     v = {s: [r["bench"][k] for r in rows if r["side"] == s and r["bench"].get(k) is not None]

@@ -32,6 +32,8 @@ struct bench_cfg {
 	const char *checkpoint_dir; /* where (--checkpoint-dir; default a temporary one) */
 	bool checkpoint_sync;       /* the stall timed includes zc_checkpoint_wait() */
 	bool curve; /* --daemons: the job again on daemons with CURVE keys (sealed mesh) */
+	bool overlap; /* also the overlapped kind: fill + hand-over, bucket by bucket (jobs.c) */
+	bool cold;    /* evict the caches before every timed region (bench_evict) */
 };
 
 /* Monotonic time in nanoseconds. */
@@ -47,12 +49,18 @@ unsigned bench_state_floats(const struct bench_cfg *cfg);
 int floor_memcpy_gbps(size_t bytes, double *ret_gbps);
 /* STREAM triad a = b + s*c over arrays of `bytes` on `threads` threads,
  * counted as STREAM does (3 arrays; the write-allocate read of a is not
- * counted), best of a few. */
-int floor_triad_gbps(size_t bytes, unsigned threads, double *ret_gbps);
+ * counted), best of a few; nt: with non-temporal stores (no write-allocate
+ * then); cold: the caches emptied before each pass. */
+int floor_triad_gbps(size_t bytes, unsigned threads, bool nt, bool cold, double *ret_gbps);
 /* Median round trip of a 64-byte message over an AF_UNIX socketpair to a
  * forked echo process, in microseconds; this process pinned to cpu_a while it
  * measures, the echo to cpu_b (< 0: not pinned). */
 int floor_unix_rtt_us(int iters, int cpu_a, int cpu_b, double *ret_us);
+/* Stream over a buffer of 4x the last-level cache (at least 64 MiB), read
+ * and written, so that no cache holds what was touched before. */
+void bench_evict(void);
+/* The last-level cache's size in bytes (sysfs; 32 MiB if it does not say). */
+size_t bench_llc_bytes(void);
 /* The first two CPUs this process may run on (-1 where there are fewer);
  * returns how many it found. */
 int floor_two_cpus(int *ret_a, int *ret_b);
@@ -61,7 +69,10 @@ int floor_two_cpus(int *ret_a, int *ret_b);
 int floor_fused_ms(const struct bench_cfg *cfg, double *ret_ms, double *ret_min_ms);
 /* Bytes one iteration must move through memory at the least (see floors.c). */
 double floor_bytes_moved(const struct bench_cfg *cfg);
-/* The same when the ranks share one parameter buffer: it is written once. */
+/* The same counting the write-allocate read of every buffer only written. */
+double floor_bytes_moved_wa(const struct bench_cfg *cfg);
+/* The same when the ranks share one parameter buffer: it is written once
+ * (and read, so both countings agree). */
 double floor_bytes_shared(const struct bench_cfg *cfg);
 
 /* ---- jobs.c: a real zerod and real trainer processes ---- */
@@ -86,6 +97,12 @@ int daemon_stop(struct bench_daemon *d);
 struct job_result {
 	double iter_ms;          /* median over iterations of the slowest rank's time */
 	double iter_min_ms;      /* fastest iteration */
+	double fill_ms;          /* median of the gradient fill alone, the slowest rank's */
+	/* cfg->overlap: the median of the overlapped kind (each bucket filled
+	 * and handed over at once, first fill to step done), and it minus
+	 * fill_ms: the figure accounted as torch's (synced - no_sync); NAN
+	 * without it */
+	double overlap_ms, comparable_ms;
 	uint64_t rss_anon_bytes; /* zerod's RssAnon with the job active */
 	int checkpoints;         /* zc_checkpoint() calls timed (--checkpoint-every) */
 	double ckpt_ms;          /* their median, the slowest rank's: zc_checkpoint() this long */
@@ -125,5 +142,11 @@ int job_handoff(const struct bench_daemon *d, const struct bench_cfg *cfg, doubl
 /* gloo's own all-reduce between `nodes` forked processes on loopback, each
  * iteration every bucket of cfg in turn: the median iteration in ms. */
 int gloo_raw_allreduce(uint32_t nodes, const struct bench_cfg *cfg, double *ret_ms);
+
+/* ---- gpu.c ---- */
+
+/* The GPU rows (zerod-bench --gpu): each measured where it can be, else
+ * printed as not run with the reason. 0, or -errno. */
+int gpu_rows(const struct bench_cfg *cfg, bool json, const char *python, const char *anchor);
 
 #endif

@@ -12,7 +12,7 @@ out=$(mktemp)
 err=$(mktemp)
 trap 'rm -f "$out" "$err"' EXIT
 
-echo "1..4"
+echo "1..5"
 if "$bench" --params 200K --buckets 2 --ranks 2 --optim adam --iters 6 --warmup 1 \
     --handoff-iters 200 --memcpy-size 16M --checkpoint-every 3 --shared-params \
     --json >"$out" 2>"$err"; then
@@ -29,7 +29,10 @@ handoff_p99_us unix_rtt_us memcpy_gbps triad_gbps daemon_rss_anon_bytes state_by
 vs_torch vs_fused handoff_vs_unix rss_vs_state params buckets ranks optim shard step
 torch_zerod_iter_ms vs_torch_zerod torch_zerod_vs_c checkpoint_stall_ms ckpt_stall_ms
 ckpt_stall_max_ms ckpt_copy_ms ckpt_bytes ckpt_stall_vs_copy zerod_shared_iter_ms
-floor_shared_iter_ms vs_floor_shared vs_torch_shared shared_vs_own""".split()
+floor_shared_iter_ms vs_floor_shared vs_torch_shared shared_vs_own zerod_fill_ms
+zerod_overlap_ms zerod_comparable_ms zerod_shared_comparable_ms floor_nt_iter_ms
+floor_wa_iter_ms floor_wa_bytes triad_nt_gbps handoff_vs_unix_same_cpu llc_bytes
+loadavg_end""".split()
 try:
     j = json.load(open(sys.argv[1]))
 except ValueError as e:
@@ -61,8 +64,12 @@ if "$bench" --daemons 2 --curve --params 200K --buckets 2 --iters 5 --warmup 1 -
     if python3 - "$out" <<'PY'; then
 import json, sys
 keys = """daemons ranks params buckets bytes zerod_iter_ms gloo_iter_ms algbw_zerod algbw_gloo
-busbw_zerod busbw_gloo vs_gloo algbw_net busbw_net vs_gloo_net
+busbw_zerod busbw_gloo vs_gloo algbw_net busbw_net vs_gloo_net gloo_shim_iter_ms
 curve_iter_ms curve_algbw_net curve_vs_plain curve_vs_plain_net""".split()
+# gloo_iter_ms is torch's gloo all_reduce: a number where torch is, else null
+import subprocess
+if subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode == 0:
+    keys.append("gloo_iter_ms")
 try:
     j = json.load(open(sys.argv[1]))
 except ValueError as e:
@@ -90,11 +97,13 @@ fi
 if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     echo "ok 4 # SKIP --torch-zerod: no torch for /usr/bin/python3"
 elif "$bench" --params 200K --buckets 2 --ranks 2 --optim adam --iters 3 --warmup 2 \
-    --handoff-iters 100 --memcpy-size 16M --torch-zerod --json >"$out" 2>"$err"; then
+    --handoff-iters 100 --memcpy-size 16M --torch-zerod --torch-plain --json >"$out" 2>"$err"; then
     if python3 - "$out" <<'PY'; then
 import json, sys
 keys = """torch_iter_ms torch_zerod_iter_ms torch_zerod_synced_ms torch_zerod_max_diff
-vs_torch vs_torch_zerod torch_zerod_vs_c zerod_iter_ms""".split()
+vs_torch vs_torch_zerod torch_zerod_vs_c zerod_iter_ms torch_plain_iter_ms
+torch_plain_foreach_iter_ms torch_plain_gabv_iter_ms torch_plain_gabv_foreach_iter_ms
+torch_plain_best_ms torch_zerod_vs_c_comparable""".split()
 try:
     j = json.load(open(sys.argv[1]))
 except ValueError as e:
@@ -104,8 +113,14 @@ bad = [k for k in keys if not isinstance(j.get(k), (int, float))]
 if bad:
     print(f"# missing or not numbers: {' '.join(bad)}")
     sys.exit(1)
+# ZerodOptimizer and ZeRO train the same model on the same data: their
+# parameters agree (Adam moves each by ~lr = 1e-3 per step, so a model that
+# did not step, or the wrong one compared, is off by that much)
+if j["torch_zerod_max_diff"] > 1e-5:
+    print(f"# ZerodOptimizer's parameters differ from ZeRO's by {j['torch_zerod_max_diff']}")
+    sys.exit(1)
 PY
-        echo "ok 4 - zerod-bench --torch-zerod: ZerodOptimizer's keys are numbers"
+        echo "ok 4 - zerod-bench --torch-zerod: ZerodOptimizer's keys are numbers, its parameters ZeRO's"
     else
         echo "not ok 4 - zerod-bench --torch-zerod: JSON output"
         sed 's/^/# /' "$out"
@@ -113,4 +128,14 @@ PY
 else
     echo "not ok 4 - zerod-bench --torch-zerod failed"
     sed 's/^/# /' "$err"
+fi
+
+# --gpu: every row either ran, with numbers, or says "not run" and why with
+# no number at all (here, without a device, none runs).
+if "$bench" --gpu --params 1M --iters 3 --warmup 1 --handoff-iters 50 --json >"$out" 2>"$err" &&
+    python3 "$(dirname "$0")/check_gpu_json.py" "$out"; then
+    echo "ok 5 - zerod-bench --gpu: each row ran or says why not, with no number"
+else
+    echo "not ok 5 - zerod-bench --gpu"
+    sed 's/^/# /' "$out" "$err"
 fi

@@ -3,28 +3,39 @@
  * as the daemon so that ratios hold on a noisy machine: memcpy and STREAM
  * triad bandwidth, an AF_UNIX ping-pong, and the plain-C fused reference pass.
  *
- * The fused pass is what the daemon's host data plane should approach: per
+ * The fused pass is a reference, not a bound (a pass that writes fewer
+ * bytes, or with other stores, can beat it): per
  * chunk that stays in L2, sum the R ranks' gradients in rank order into a
  * scratch, divide by R, step the optimizer with torch's arithmetic
  * (daemon/optim/optim.h) on rank 0's parameters, which are the master, and
  * copy the result into every other rank's parameter buffer. Threads split the
  * elements into contiguous ranges, as the daemon's worker pool does.
  *
- * The bytes-moved floor of one iteration is every input read once and every
- * output written once: R gradient buffers and the master parameters read,
- * the optimizer state read and written, R parameter buffers written,
- *     bytes = 4 N (2R + 1 + 2S)       (N elements, S state floats per element)
- * and when the ranks share one parameter buffer (--shared-params), which is
- * read and written once,
- *     bytes = 4 N (R + 2 + 2S)
- * at the memory bandwidth triad shows. STREAM counts triad as 3 arrays, but
- * the machine also reads `a` before writing it (write-allocate), so the
- * bandwidth it really moved is 4/3 of the STREAM figure; the floor uses that,
- * so that no pass can beat it by streaming stores:
- *     floor_iter_ms = bytes / (triad_gbps * 4/3).
+ * The bytes-moved floor of one iteration counts every byte the same way as
+ * the bandwidth it is divided by, in one of two consistent ways, and is the
+ * lower of them (a pass may use either kind of store):
+ *   - no write-allocate: every input read once, every output written once,
+ *     R gradient buffers and the master parameters read, the optimizer
+ *     state read and written, R parameter buffers written,
+ *         bytes_nt = 4 N (2R + 1 + 2S)   (N elements, S state floats each)
+ *     over STREAM triad with non-temporal stores (no write-allocate either),
+ *     counted as 3 arrays: floor_nt = bytes_nt / triad_nt_gbps;
+ *   - write-allocate for every written buffer: a buffer that is only
+ *     written (the R-1 other ranks' parameters) is also read first, the
+ *     others were read anyway,
+ *         bytes_wa = 4 N (3R + 2S)
+ *     over plain-store triad counted with its write-allocate, 4 arrays:
+ *     floor_wa = bytes_wa / (triad_gbps * 4/3).
+ * When the ranks share one parameter buffer (--shared-params) it is read
+ * and written once and nothing is only written: both count
+ *     bytes = 4 N (R + 2 + 2S).
+ * Every pass here starts with the caches emptied (bench_evict) when the
+ * configuration says cold, and triad's arrays are at least twice the
+ * last-level cache, so no figure is a cache's.
  */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -32,6 +43,9 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "bench.h"
 
@@ -165,6 +179,56 @@ static float *alloc_floats(size_t n, float value)
 	return p;
 }
 
+/* ---- the caches ---- */
+
+size_t bench_llc_bytes(void)
+{
+	size_t best = 0;
+
+	for (int i = 0; i < 8; i++) {
+		char path[96], unit = 0;
+		unsigned long v = 0;
+		int level = 0;
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+		f = fopen(path, "re");
+		if (!f)
+			break;
+		if (fscanf(f, "%d", &level) != 1)
+			level = 0;
+		fclose(f);
+		snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+		f = fopen(path, "re");
+		if (f && fscanf(f, "%lu%c", &v, &unit) >= 1) {
+			size_t b = v * (unit == 'K' ? 1024ul : unit == 'M' ? 1048576ul : 1ul);
+			if (level >= 2 && b > best)
+				best = b;
+		}
+		if (f)
+			fclose(f);
+	}
+	return best ? best : 32ul << 20;
+}
+
+void bench_evict(void)
+{
+	static char *buf;
+	static size_t n;
+
+	if (!buf) {
+		n = 4 * bench_llc_bytes();
+		n = n < (64ul << 20) ? 64ul << 20 : n;
+		buf = malloc(n);
+		if (!buf)
+			return;
+		memset(buf, 0, n);
+	}
+	/* a read and a write of every line: volatile, so it is not elided */
+	for (size_t i = 0; i < n; i += 64)
+		((volatile char *)buf)[i]++;
+}
+
 /* ---- bandwidth ---- */
 
 int floor_memcpy_gbps(size_t bytes, double *ret_gbps)
@@ -197,6 +261,8 @@ int floor_memcpy_gbps(size_t bytes, double *ret_gbps)
 struct triad {
 	float *a, *b, *c;
 	size_t n;
+	bool nt;   /* non-temporal stores: no write-allocate */
+	bool cold; /* the caches emptied before each pass */
 };
 
 static CLONES void triad_range(float *restrict a, const float *restrict b, const float *restrict c,
@@ -206,18 +272,41 @@ static CLONES void triad_range(float *restrict a, const float *restrict b, const
 		a[i] = b[i] + 3.0f * c[i];
 }
 
+/* The same with streaming stores (a, b, c 16-byte aligned, n a multiple of
+ * 4 but for the tail): the line of a is written without being read. */
+static void triad_range_nt(float *restrict a, const float *restrict b, const float *restrict c,
+			   size_t n)
+{
+#if defined(__x86_64__)
+	const __m128 three = _mm_set1_ps(3.0f);
+	size_t i = 0;
+
+	for (; i + 4 <= n; i += 4)
+		_mm_stream_ps(a + i, _mm_add_ps(_mm_load_ps(b + i),
+						_mm_mul_ps(three, _mm_load_ps(c + i))));
+	for (; i < n; i++)
+		a[i] = b[i] + 3.0f * c[i];
+	_mm_sfence();
+#else
+	triad_range(a, b, c, n);
+#endif
+}
+
 static void triad_run(void *ctx, unsigned id, unsigned nt)
 {
 	struct triad *t = ctx;
 	size_t lo, hi;
 
 	split(t->n, id, nt, &lo, &hi);
-	triad_range(t->a + lo, t->b + lo, t->c + lo, hi - lo);
+	if (t->nt)
+		triad_range_nt(t->a + lo, t->b + lo, t->c + lo, hi - lo);
+	else
+		triad_range(t->a + lo, t->b + lo, t->c + lo, hi - lo);
 }
 
-int floor_triad_gbps(size_t bytes, unsigned threads, double *ret_gbps)
+int floor_triad_gbps(size_t bytes, unsigned threads, bool nt, bool cold, double *ret_gbps)
 {
-	struct triad t = {.n = bytes / sizeof(float)};
+	struct triad t = {.n = bytes / sizeof(float), .nt = nt, .cold = cold};
 	struct team *team = NULL;
 	double best = 0;
 	int r;
@@ -231,6 +320,8 @@ int floor_triad_gbps(size_t bytes, unsigned threads, double *ret_gbps)
 	/* At least a second: triad sets the floor, and a neighbour's burst on
 	 * one of the 2 cores must not set it for the whole run. */
 	for (int64_t end = bench_ns() + 1000000000, k = 0; k < 8 || bench_ns() < end; k++) {
+		if (t.cold)
+			bench_evict();
 		int64_t t0 = bench_ns();
 		team_run(team, triad_run, &t);
 		double gbps = 3.0 * (double)(t.n * sizeof(float)) / (double)(bench_ns() - t0);
@@ -481,6 +572,8 @@ int floor_fused_ms(const struct bench_cfg *cfg, double *ret_ms, double *ret_min_
 	for (int i = 0; i < passes; i++) {
 		f.step = (uint64_t)i + 1;
 		fused_consts(&f);
+		if (cfg->cold)
+			bench_evict();
 		int64_t t0 = bench_ns();
 		team_run(team, fused_run, &f);
 		t[i] = (double)(bench_ns() - t0) / 1e6;
@@ -505,6 +598,12 @@ out:
 double floor_bytes_moved(const struct bench_cfg *cfg)
 {
 	return 4.0 * (double)cfg->params * (2.0 * cfg->ranks + 1.0 + 2.0 * bench_state_floats(cfg));
+}
+
+double floor_bytes_moved_wa(const struct bench_cfg *cfg)
+{
+	/* the R-1 parameter buffers that are only written are read first */
+	return 4.0 * (double)cfg->params * (3.0 * cfg->ranks + 2.0 * bench_state_floats(cfg));
 }
 
 double floor_bytes_shared(const struct bench_cfg *cfg)

@@ -1,6 +1,8 @@
 /*
- * gloo_raw.c — the yardstick of `zerod-bench --daemons N`: gloo's own
- * all-reduce (through the daemon's shim, daemon/coll/gloo_shim.h) between N
+ * gloo_raw.c — beside the anchor of `zerod-bench --daemons N` (torch's gloo
+ * all_reduce, independent of zerod), not the anchor itself, since it goes
+ * through code under test: gloo's all-reduce through the daemon's shim
+ * (daemon/coll/gloo_shim.h; gloo_shim_iter_ms) between N
  * forked processes on loopback, over the same bytes as the zerod job: every
  * iteration all-reduces each bucket in turn, and is timed from the first
  * bucket's start to the last one's end. The processes meet through a file

@@ -6,7 +6,16 @@
  * Every rank fills its gradients outside the timed region, then all ranks
  * meet at a barrier, and each times from its first zc_bucket_ready() to its
  * step future done: the daemon's handoff, reduction, optimizer step and
- * write-back, net of the trainers' own work. The ranks share one anonymous
+ * write-back, net of the trainers' own work. With run->overlap every
+ * iteration also runs a second kind, accounted as torch's DDP figure is
+ * (synced − no_sync): the fill of each bucket followed at once by its
+ * zc_bucket_ready(), so the daemon's work overlaps the fill of the next
+ * bucket on the same cores, timed from the first fill to the step done; the
+ * fill alone is timed in the first kind, and the comparable figure is
+ * median(overlapped) − median(fill alone). With cfg->cold, rank 0 of the job
+ * evicts the caches (bench_evict) before each fill and each timed region, so
+ * no measurement starts with the working set in the last-level cache. The
+ * ranks share one anonymous
  * MAP_SHARED region (inherited through fork) for the barrier, their samples
  * and their errors. The barrier sleeps on a futex, so a waiting rank leaves
  * both cores to the daemon, and it can be aborted, so a failed rank ends the
@@ -17,6 +26,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -178,8 +188,11 @@ struct shared {
 	double copy_ns[MAX_CKPTS]; /* [checkpoint]: the staging copy's floor before it */
 	int err[128]; /* [process]: 2 x --ranks with --shared-params */
 	char msg[128][200];
-	double t[]; /* [rank][sample] */
+	double t[]; /* [series][process][sample]: SER_* series */
 };
+
+/* The series of samples each process records per iteration. */
+enum { SER_HANDOVER, SER_FILL, SER_OVERLAP, SER_N };
 
 struct run {
 	const struct bench_daemon *d;
@@ -195,6 +208,8 @@ struct run {
 	const char *job2;
 	int param_fd;
 	uint32_t nproc; /* R, or 2R with job2 */
+	bool overlap;   /* also the overlapped kind (fill + hand-over, SER_OVERLAP) */
+	bool cold;      /* evict the caches before each fill and timed region */
 	pid_t zerod;
 	struct shared *sh;
 };
@@ -250,18 +265,24 @@ static void fill(float *p, uint64_t n, float v)
 		p[i] = v;
 }
 
-/* One iteration: every bucket handed over, then the step future waited for.
- * Returns the time from the first zc_bucket_ready() to the step done in ns,
- * or a negative code with the reason in why. */
-static int64_t iteration(zc_client *c, uint32_t nbuckets, char *why, size_t whylen)
+/* One iteration: every bucket handed over, then the step future waited for;
+ * with fill_v >= 0 each bucket's gradients are filled with fill_v just
+ * before it is handed over (the overlapped kind), inside the timed region.
+ * Returns the time from the first fill or zc_bucket_ready() to the step done
+ * in ns, or a negative code with the reason in why. */
+static int64_t iteration(zc_client *c, const struct zc_plan *plan, float fill_v, char *why,
+			 size_t whylen)
 {
 	uint64_t it = zc_iteration(c);
 	zc_future *step = NULL;
 	int64_t t0 = bench_ns(), t;
 	int r = 0;
 
-	for (uint32_t b = 0; b < nbuckets && r >= 0; b++)
+	for (uint32_t b = 0; b < plan->nbuckets && r >= 0; b++) {
+		if (fill_v >= 0)
+			fill(zc_grad_buffer(c, b), plan->buckets[b].numel, fill_v);
 		r = zc_bucket_ready(c, b, NULL);
+	}
 	if (r >= 0)
 		r = zc_step_future(c, it, &step);
 	if (r >= 0)
@@ -282,9 +303,11 @@ static uint64_t ckpt_bytes(const struct bench_cfg *cfg)
 }
 
 /* Process proc (rank proc % R of job proc / R): with two jobs, the first
- * job's ranks run each iteration while the second's wait at the barrier,
- * then the other way round, so both see the same machine, iteration by
- * iteration; every rank fills its gradients while neither job is timed. */
+ * job's ranks run each kind of each iteration while the second's wait at the
+ * barrier, then the other way round, so both see the same machine,
+ * iteration by iteration. The plain kind: fill (timed: SER_FILL), barrier,
+ * hand-over (SER_HANDOVER); the overlapped kind: fill and hand-over bucket
+ * by bucket (SER_OVERLAP). */
 static int rank_run(struct run *run, uint32_t proc, zc_client *c, char *why, size_t whylen)
 {
 	const struct zc_plan *plan = &run->plan;
@@ -300,29 +323,59 @@ static int rank_run(struct run *run, uint32_t proc, zc_client *c, char *why, siz
 	if (r < 0)
 		return r;
 	for (int i = 0; i < run->warmup + run->iters; i++) {
-		for (uint32_t b = 0; b < plan->nbuckets; b++)
-			fill(zc_grad_buffer(c, b), plan->buckets[b].numel,
-			     1e-3f * (float)(rank + 1) * (float)(1 + (i & 3)));
-		r = xbar_wait(&run->sh->bar);
-		if (r == 0 && turns && job == 1)
-			r = xbar_wait(&run->sh->bar); /* the first job's turn */
+		float v = 1e-3f * (float)(rank + 1) * (float)(1 + (i & 3));
+		int64_t ns, fill_ns = 0, over_ns = 0;
+
+		/* Each kind is a turn of each job in order (one job: one turn):
+		 * the job whose turn it is runs it, the other's ranks sleep
+		 * through as many barriers. */
+		for (int kind = 0; kind < (run->overlap ? 2 : 1) && r == 0; kind++)
+			for (uint32_t j = 0; j < (turns ? 2u : 1u) && r == 0; j++) {
+				int nbar = kind == 0 ? 5 : 3;
+				if (j != job) {
+					while (nbar-- > 0 && r == 0)
+						r = xbar_wait(&run->sh->bar);
+					continue;
+				}
+				r = xbar_wait(&run->sh->bar);
+				if (r == 0 && rank == 0 && run->cold)
+					bench_evict();
+				if (r == 0)
+					r = xbar_wait(&run->sh->bar);
+				if (r < 0)
+					break;
+				if (kind == 0) {
+					int64_t t0 = bench_ns();
+					for (uint32_t b = 0; b < plan->nbuckets; b++)
+						fill(zc_grad_buffer(c, b), plan->buckets[b].numel,
+						     v);
+					fill_ns = bench_ns() - t0;
+					r = xbar_wait(&run->sh->bar);
+					if (r == 0 && rank == 0 && run->cold)
+						bench_evict();
+					if (r == 0)
+						r = xbar_wait(&run->sh->bar);
+					if (r < 0)
+						break;
+				}
+				ns = iteration(c, plan, kind == 0 ? -1.0f : v, why, whylen);
+				if (ns < 0) {
+					r = (int)ns;
+					goto out;
+				}
+				if (kind == 1)
+					over_ns = ns;
+				else if (i >= run->warmup)
+					t[i - run->warmup] = (double)ns;
+				r = xbar_wait(&run->sh->bar);
+			}
 		if (r < 0)
 			goto out;
-		int64_t ns = iteration(c, plan->nbuckets, why, whylen);
-		if (ns < 0) {
-			r = (int)ns;
-			goto out;
+		if (i >= run->warmup) {
+			size_t series = (size_t)run->nproc * (size_t)run->iters;
+			t[SER_FILL * series + (size_t)(i - run->warmup)] = (double)fill_ns;
+			t[SER_OVERLAP * series + (size_t)(i - run->warmup)] = (double)over_ns;
 		}
-		/* the first job's turn ends; then the second's: the gradients
-		 * of the next iteration are filled once neither is timed */
-		if (turns && job == 0)
-			r = xbar_wait(&run->sh->bar);
-		if (r == 0 && turns)
-			r = xbar_wait(&run->sh->bar);
-		if (r < 0)
-			goto out;
-		if (i >= run->warmup)
-			t[i - run->warmup] = (double)ns;
 		if (job == 1)
 			continue; /* checkpoints: the first job's */
 		int every = run->cfg->checkpoint_every,
@@ -450,7 +503,7 @@ out:
 static int run_ranks(struct run *run, int timeout_s)
 {
 	uint32_t n = run->nproc;
-	size_t size = sizeof(struct shared) + (size_t)n * (size_t)run->iters * sizeof(double);
+	size_t size = sizeof(struct shared) + SER_N * (size_t)n * (size_t)run->iters * sizeof(double);
 	pid_t pids[128] = {0};
 	int r = 0;
 	int64_t deadline = bench_ns() + (int64_t)timeout_s * 1000000000ll;
@@ -495,7 +548,8 @@ static int run_ranks(struct run *run, int timeout_s)
 
 static void end_run(struct run *run)
 {
-	size_t size = sizeof(struct shared) + (size_t)run->nproc * (size_t)run->iters * sizeof(double);
+	size_t size = sizeof(struct shared) +
+		      SER_N * (size_t)run->nproc * (size_t)run->iters * sizeof(double);
 
 	if (run->sh && run->sh != MAP_FAILED)
 		munmap(run->sh, size);
@@ -572,21 +626,39 @@ out:
 	free(extra);
 }
 
-/* The median and fastest of the iterations of job `job` (0, or 1 for the
- * shared one), each its slowest rank's, into ret. */
-static void iter_times(const struct run *run, uint32_t job, double *it, struct job_result *ret)
+/* The iterations of job `job` (0, or 1 for the shared one) in series ser,
+ * each its slowest rank's, into it[]. */
+static void series_slowest(const struct run *run, uint32_t job, int ser, double *it)
 {
 	const struct bench_cfg *cfg = run->cfg;
+	const double *t = run->sh->t + (size_t)ser * run->nproc * (size_t)cfg->iters;
 
 	for (int i = 0; i < cfg->iters; i++) {
 		it[i] = 0;
 		for (uint32_t k = job * cfg->ranks; k < (job + 1) * cfg->ranks; k++) {
-			double v = run->sh->t[(size_t)k * (size_t)cfg->iters + (size_t)i];
+			double v = t[(size_t)k * (size_t)cfg->iters + (size_t)i];
 			it[i] = v > it[i] ? v : it[i];
 		}
 	}
-	ret->iter_min_ms = bench_quantile(it, (size_t)cfg->iters, 0) / 1e6;
-	ret->iter_ms = bench_quantile(it, (size_t)cfg->iters, 0.5) / 1e6;
+}
+
+/* The median and fastest of the iterations of job `job`, and with the
+ * overlapped kind its median, the fill's, and their difference. */
+static void iter_times(const struct run *run, uint32_t job, double *it, struct job_result *ret)
+{
+	size_t n = (size_t)run->cfg->iters;
+
+	series_slowest(run, job, SER_HANDOVER, it);
+	ret->iter_min_ms = bench_quantile(it, n, 0) / 1e6;
+	ret->iter_ms = bench_quantile(it, n, 0.5) / 1e6;
+	series_slowest(run, job, SER_FILL, it);
+	ret->fill_ms = bench_quantile(it, n, 0.5) / 1e6;
+	ret->overlap_ms = ret->comparable_ms = NAN;
+	if (!run->overlap)
+		return;
+	series_slowest(run, job, SER_OVERLAP, it);
+	ret->overlap_ms = bench_quantile(it, n, 0.5) / 1e6;
+	ret->comparable_ms = ret->overlap_ms - ret->fill_ms;
 }
 
 int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
@@ -603,6 +675,8 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 			  .iters = cfg->iters,
 			  .param_fd = -1,
 			  .nproc = ret_shared ? 2 * cfg->ranks : cfg->ranks,
+			  .overlap = cfg->overlap,
+			  .cold = cfg->cold,
 			  .zerod = d->pid};
 	uint64_t left = cfg->params;
 	int r = -ENOMEM;

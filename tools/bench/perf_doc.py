@@ -1,355 +1,423 @@
 #!/usr/bin/python3
-"""perf_doc.py: write docs/PERFORMANCE.md and the plot's table from the
-zerod-bench JSON files that tools/bench/perf-doc.sh left in docs/perf/.
+"""perf_doc.py: write docs/PERFORMANCE.md, the plot's table and a summary
+from the zerod-bench JSON files that tools/bench/perf-doc.sh left in
+docs/perf/NAME/round-K.json (one per configuration and round).
 
     perf_doc.py DOCS/PERF DOCS/PERFORMANCE.md
+
+Every figure is published as median [min–max] over the rounds; a ratio is
+taken per round (both sides measured in the same run) and then summarised
+the same way, never divided from two medians.
 """
-import datetime
 import glob
 import json
 import os
-import subprocess
+import statistics
 import sys
 
 
-def load(d, name):
-    with open(os.path.join(d, name + ".json")) as f:
-        return json.load(f)
+def load_rounds(d):
+    """{config: [round JSON, ...]} sorted by round."""
+    out = {}
+    for p in sorted(glob.glob(os.path.join(d, "*", "round-*.json"))):
+        with open(p) as f:
+            j = json.load(f)
+        out.setdefault(os.path.basename(os.path.dirname(p)), []).append(j)
+    for v in out.values():
+        v.sort(key=lambda j: j.get("round", 0))
+    return out
 
 
-def num(v, fmt="{:.1f}"):
-    return "–" if v is None else fmt.format(v)
+def values(runs, key):
+    return [j[key] for j in runs if isinstance(j.get(key), (int, float))
+            and not isinstance(j.get(key), bool)]
 
 
-def load_cell(j):
-    """The run's load average; over 1 on 2 cores a neighbour was busy."""
-    v = j["loadavg"]
-    return "–" if v is None else f"{v:.2f}" + (" busy" if v > 1.0 else "")
+def spread(runs, key):
+    v = values(runs, key)
+    if not v:
+        return None
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
 
 
-def machine():
-    model = "?"
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    mem = open("/proc/meminfo").readline().split()[1]
-    return f"{model}, {os.cpu_count()} CPUs, {int(mem) / 2**20:.0f} GiB"
+def cell(runs, key, fmt="{:.1f}", unit=""):
+    s = spread(runs, key)
+    if s is None:
+        return "–"
+    f = lambda x: fmt.format(x)
+    if s["n"] == 1:
+        return f"{f(s['median'])}{unit} (1 round)"
+    return f"{f(s['median'])}{unit} [{f(s['min'])}–{f(s['max'])}]"
 
 
-def commit(top):
-    try:
-        return subprocess.run(["git", "-C", top, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
-def measured(h, sizes, modes, nodes, top):
-    """Where the runs were measured: "the headline ... at commit X on D"."""
-    groups = [("the headline, the sweep and the modes", [h] + sizes + modes),
-              ("the several-nodes runs", nodes)]
+def loads(runs):
+    """Each round's 1-minute load average at its start (→ at its end)."""
     out = []
-    for what, js in groups:
-        at = sorted({(j.get("commit") or commit(top), j.get("date") or "?") for j in js})
-        if at:
-            out.append(what + " at " + ", ".join(f"commit `{c}` on {d}" for c, d in at))
-    return "; ".join(out)
+    for j in runs:
+        a = j.get("loadavg_start_1_5_15", [j.get("loadavg")])[0]
+        b = j.get("loadavg_end_1_5_15", [j.get("loadavg_end")])[0]
+        out.append(f"{a:.1f}→{b:.1f}" if a is not None and b is not None else "?")
+    return ", ".join(out)
 
 
-def shared_rows(h):
-    """The headline's rows for --shared-params (none in a run without it)."""
-    if h.get("zerod_shared_iter_ms") is None:
-        return ""
-    return (
-        f"| zerod iteration, the ranks sharing one parameter buffer (`zerod_shared_iter_ms`; "
-        f"fastest `zerod_shared_iter_min_ms`) | {h['zerod_shared_iter_ms']:.1f} ms "
-        f"({h['zerod_shared_iter_min_ms']:.1f}) | {num(h['vs_torch_shared'], '{:.2f}')}× faster "
-        f"than torch (`vs_torch_shared`); {h['shared_vs_own']:.2f}× the time of own buffers "
-        f"(`shared_vs_own`) | ≥ 8× |\n"
-        f"| its bytes-moved floor (`floor_shared_iter_ms`) | {h['floor_shared_iter_ms']:.1f} ms | "
-        f"zerod {h['vs_floor_shared']:.2f}× (`vs_floor_shared`) | |\n")
+def busy(runs):
+    return sum(1 for j in runs if (j.get("loadavg_start_1_5_15") or [0])[0] > 1.0)
+
+
+def machines(all_runs):
+    m = sorted({(j.get("machine") or {}).get("cpu", "?") + f", {(j.get('machine') or {}).get('cpus', '?')} CPUs, "
+                f"{(j.get('machine') or {}).get('mem_gib', '?')} GiB" for runs in all_runs.values()
+                for j in runs})
+    return "; ".join(m)
+
+
+def commits(all_runs):
+    c = sorted({j.get("commit", "?") + (" (uncommitted changes)" if j.get("dirty") else "")
+                for runs in all_runs.values() for j in runs})
+    days = sorted({j.get("date", "?") for runs in all_runs.values() for j in runs})
+    return ", ".join(f"`{x}`" for x in c), ", ".join(days)
+
+
+def ratio_runs(runs, num, den):
+    """Per-round ratios num/den as pseudo-runs (key 'r')."""
+    out = []
+    for j in runs:
+        a, b = j.get(num), j.get(den)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+            out.append({"r": a / b})
+    return out
 
 
 def main():
     d, doc = sys.argv[1], sys.argv[2]
-    top = os.path.dirname(os.path.dirname(os.path.abspath(doc)))
-    h = load(d, "headline")
-    sizes = sorted((load(d, os.path.basename(p)[:-5]) for p in glob.glob(d + "/size-*.json")),
-                   key=lambda j: j["params"])
-    modes = [load(d, f"mode-{a}-{b}") for a in ("bucket", "slice")
-             for b in ("interleaved", "at_end")]
+    R = load_rounds(d)
+    if "headline" not in R:
+        sys.exit("perf_doc.py: no headline runs in " + d)
+    h = R["headline"]
+    nr = len(h)
+    sizes = sorted((k for k in R if k.startswith("size-")), key=lambda k: R[k][0]["params"])
+    modes = [f"mode-{a}-{b}" for a in ("bucket", "slice") for b in ("interleaved", "at_end")
+             if f"mode-{a}-{b}" in R]
+    nodes = [f"daemons-2-{b}" for b in ("interleaved", "at_end") if f"daemons-2-{b}" in R]
+
+    summary = {name: {k: spread(runs, k) for k in sorted({k for j in runs for k in j})
+                      if spread(runs, k) is not None}
+               for name, runs in R.items()}
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump({"rounds": {k: len(v) for k, v in R.items()}, "summary": summary}, f,
+                  indent=1)
+        f.write("\n")
+
+    def med(runs, k):
+        s = spread(runs, k)
+        return "NaN" if s is None else f"{s['median']:.3f}"
+
+    def mm(runs, k):
+        s = spread(runs, k)
+        return "NaN NaN" if s is None else f"{s['min']:.3f} {s['max']:.3f}"
 
     with open(os.path.join(d, "sweep.dat"), "w") as f:
-        f.write("# params_M zerod_ms torch_ms fused_ms floor_ms\n")
-        for j in sizes:
-            t = j["torch_iter_ms"]
-            f.write(f"{j['params'] / 1e6:g} {j['zerod_iter_ms']} "
-                    f"{'NaN' if t is None else t} {j['fused_ref_ms']} {j['floor_iter_ms']}\n")
+        f.write("# params_M  zerod_cmp med min max  zero med min max  ddp_zerod med min max"
+                "  fused_ref med  floor med\n")
+        for k in sizes:
+            r = R[k]
+            f.write(f"{r[0]['params'] / 1e6:g} "
+                    f"{med(r, 'zerod_comparable_ms')} {mm(r, 'zerod_comparable_ms')} "
+                    f"{med(r, 'torch_iter_ms')} {mm(r, 'torch_iter_ms')} "
+                    f"{med(r, 'torch_zerod_iter_ms')} {mm(r, 'torch_zerod_iter_ms')} "
+                    f"{med(r, 'fused_ref_ms')} {med(r, 'floor_iter_ms')}\n")
+
+    best = sorted({j.get("torch_plain_best") or "?" for j in h})
+    plain_names = {
+        "torch_plain_iter_ms": "DDP + `torch.optim.Adam()` (default)",
+        "torch_plain_foreach_iter_ms": "DDP + `Adam(foreach=True)`",
+        "torch_plain_gabv_iter_ms": "DDP(`gradient_as_bucket_view=True`) + `Adam()`",
+        "torch_plain_gabv_foreach_iter_ms":
+            "DDP(`gradient_as_bucket_view=True`) + `Adam(foreach=True)`",
+    }
+    plain_rows = "\n".join(
+        f"| {name} (`{k}`) | {cell(h, k)} ms | "
+        f"{cell(ratio_runs(h, k, 'torch_zerod_iter_ms'), 'r', '{:.2f}', '×')} |"
+        for k, name in plain_names.items())
+    hp = h[0]["params"] / 1e6
+
+    def c(k, fmt="{:.1f}", unit=""):
+        return cell(h, k, fmt, unit)
+
+    def rr(num, den, fmt="{:.2f}"):
+        return cell(ratio_runs(h, num, den), "r", fmt, "×")
 
     sweep_rows = "\n".join(
-        f"| {j['params'] / 1e6:g}M | {j['buckets']} | {num(j['zerod_iter_ms'])} | "
-        f"{num(j['torch_iter_ms'])} | {num(j['fused_ref_ms'])} | {num(j['floor_iter_ms'])} | "
-        f"{num(j['vs_torch'], '{:.2f}×')} | {num(j['vs_fused'], '{:.2f}×')} | "
-        f"{load_cell(j)} |" for j in sizes)
+        f"| {R[k][0]['params'] / 1e6:g}M | {R[k][0]['buckets']} | "
+        f"{cell(R[k], 'torch_zerod_iter_ms')} | {cell(R[k], 'zerod_comparable_ms')} | "
+        f"{cell(R[k], 'zerod_iter_ms')} | {cell(R[k], 'torch_iter_ms')} | "
+        f"{cell(R[k], 'fused_ref_ms')} | {cell(R[k], 'floor_iter_ms')} | "
+        f"{cell(ratio_runs(R[k], 'torch_iter_ms', 'torch_zerod_iter_ms'), 'r', '{:.2f}', '×')} | "
+        f"{loads(R[k])} |" for k in sizes)
     mode_rows = "\n".join(
-        f"| {j['shard']} | {j['step']} | {num(j['zerod_iter_ms'])} | "
-        f"{num(j['fused_ref_ms'])} | {num(j['vs_fused'], '{:.2f}×')} | "
-        f"{j['daemon_rss_anon_bytes'] / 1e6:.0f} MB | {num(j['rss_vs_state'], '{:.2f}×')} | "
-        f"{load_cell(j)} |" for j in modes)
-    nodes = [load(d, f"daemons-2-{b}") for b in ("interleaved", "at_end")
-             if os.path.exists(os.path.join(d, f"daemons-2-{b}.json"))]
+        f"| {R[k][0]['shard']} | {R[k][0]['step']} | {cell(R[k], 'zerod_comparable_ms')} | "
+        f"{cell(R[k], 'zerod_iter_ms')} | {cell(R[k], 'fused_ref_ms')} | "
+        f"{cell(R[k], 'vs_fused', '{:.2f}', '×')} | "
+        f"{cell(R[k], 'rss_vs_state', '{:.2f}', '×')} | {loads(R[k])} |" for k in modes)
     node_rows = "\n".join(
-        f"| {j['step']} | {num(j['zerod_iter_ms'])} | {num(j['gloo_iter_ms'])} | "
-        f"{num(j['busbw_zerod'], '{:.3f}')} | {num(j['busbw_net'], '{:.3f}')} | "
-        f"{num(j['busbw_gloo'], '{:.3f}')} | {num(j['vs_gloo'], '{:.2f}')} | "
-        f"{num(j['vs_gloo_net'], '{:.2f}')} | {load_cell(j)} |" for j in nodes)
-    sealed = [j for j in nodes if j.get("curve_iter_ms") is not None]
-    sealed_rows = "\n".join(
-        f"| {j['step']} | {num(j['zerod_iter_ms'])} | {num(j['curve_iter_ms'])} | "
-        f"{num(j['curve_vs_plain'], '{:.2f}')} | {num(j['curve_vs_plain_net'], '{:.2f}')} | "
-        f"{load_cell(j)} |" for j in sealed)
-    sealed_text = f"""
-### With CURVE keys: the sealed mesh against gloo
+        f"| {R[k][0]['step']} | {cell(R[k], 'zerod_iter_ms')} | {cell(R[k], 'gloo_iter_ms')} | "
+        f"{cell(R[k], 'gloo_shim_iter_ms')} | "
+        f"{cell(ratio_runs(R[k], 'zerod_iter_ms', 'gloo_iter_ms'), 'r', '{:.2f}', '×')} | "
+        f"{cell(R[k], 'busbw_zerod', '{:.3f}')} | {cell(R[k], 'busbw_net', '{:.3f}')} | "
+        f"{cell(R[k], 'busbw_gloo', '{:.3f}')} | {cell(R[k], 'curve_iter_ms')} | "
+        f"{loads(R[k])} |" for k in nodes)
+    gpu_rows = ""
+    if "gpu" in R:
+        g = R["gpu"]
+        for row in ("nccl_busbw", "adam_gbps", "handoff_cuda", "ddp_cuda"):
+            rs = [j.get(row) or {} for j in g]
+            if any(x.get("ran") for x in rs):
+                keys = [k for k in rs[0] if k not in ("ran", "why")]
+                val = "; ".join(f"`{k}` {cell(rs, k, '{:.3f}')}" for k in keys)
+            else:
+                val = sorted({x.get("why", "not run") for x in rs})[0]
+            gpu_rows += f"| {row} | {val} |\n"
+    all_loads = [(j.get("loadavg_start_1_5_15") or [0])[0] for runs in R.values() for j in runs]
+    nbusy = sum(1 for x in all_loads if x > 1.0)
+    cm, days = commits(R)
+    mach = machines(R)
 
-The same runs (`--curve`) run the job a second time on daemons started with
-CURVE keys (a key pair made in a temporary directory, as `zeroctl keygen`
-makes it), whose tensors cross the sealed mesh (`daemon/coll/sealmesh.c`)
-instead of gloo. "sealed / plain" is the plain run's time over the sealed
-run's (a speed: 1 would be as fast); "all-reduce" compares the daemons' own
-cross-node all-reduce bandwidths (`curve_algbw_net` / `algbw_net`).
-
-| step | plain ms | sealed ms | sealed / plain whole iteration | sealed / plain all-reduce | load |
-|---|---|---|---|---|---|
-{sealed_rows}
-
-The price is the sealing: every byte a node sends is sealed once and every
-byte it receives opened once, on the lane's thread, with AES-256-GCM where
-both CPUs have AES-NI, else `crypto_secretstream_xchacha20poly1305`. Here
-both "nodes" seal on the same 2 cores; on separate machines they would not
-share them, and a real network is slower than loopback, so the sealing's
-share of the time would be smaller.
-""" if sealed else ""
-    mb = 1e6
     text = f"""# zerod performance
 
 Every number here comes from `tools/bench/zerod-bench` (what it measures is
-described at the end), run by one command that rewrites this file:
+described at the end), run by one command that rewrites this file and its plot:
 
 ```sh
-tools/bench/perf-doc.sh     # installs python3-torch and gnuplot, builds, runs, writes this page
+tools/bench/perf-doc.sh           # installs python3-torch and gnuplot, builds, runs, writes this page
+QUICK=1 tools/bench/perf-doc.sh   # the same pipeline in minutes (2 rounds, small jobs) into /tmp
 ```
 
-The raw JSON of every run is in [`docs/perf/`](perf/), one file per run; the
-plot's table is `docs/perf/sweep.dat`. Each JSON records the commit and the
-day it was measured at: {measured(h, sizes, modes, nodes, top)}, on {machine()}: the data plane of issue 5
-(one fused pass per chunk, no master copy of fp32 parameters, the compact
-state, the fast-path handoff; `docs/DATAPLANE.md`).
+**Rounds, not runs.** Every configuration below ran {nr} times, in
+alternating rounds (round 1 of every configuration, then round 2 of every
+one, ...); inside one run the systems are measured back to back (the floors,
+zerod's C trainers, then torch's anchor, whose kinds alternate iteration by
+iteration). Every figure is the median over the rounds with the fastest and
+slowest round in brackets, `median [min–max]`; every ratio is taken inside
+each round (both sides measured in the same run) and then summarised the
+same way. The JSON of every run is in [`docs/perf/`](perf/)`NAME/round-K.json`
+(with the commit, the machine, the round, and the load average at its start
+and end), their spreads in [`perf/summary.json`](perf/summary.json), the
+plot's table in `docs/perf/sweep.dat`.
 
-The machine is shared and has 2 cores: a neighbour's build halves every
-bandwidth. `perf-doc.sh` waits for a quiet machine before each run and each
-JSON records the load average it began at (`loadavg`, the tables' "load";
-"busy" marks runs that began above 1, whose numbers a neighbour bent: rerun
-them when the machine is quiet); compare the ratios
-inside one run, which zerod-bench measures back to back, rather than absolute
-times across runs.
+Measured at commit {cm} on {days}, on {mach}.
 
-## The headline job: 25M parameters, 2 ranks, 4 buckets of 25 MB, Adam
+**Load.** The machine is shared (2 cores; other work builds and tests on
+it): a neighbour's build halves every bandwidth. Each table gives the
+1-minute load average of each round at its start → end; {nbusy} of the
+{len(all_loads)} runs began above 1.0, where a neighbour bent the absolute
+times. The ratios inside a round hold better than absolute times across rounds.
+
+## The headline: the PyTorch path, {hp:g}M parameters, 2 ranks, 4 buckets, Adam
+
+What a PyTorch user gets: the same model (a stack of bias-free `Linear`
+layers, one per bucket), DDP with 25 MB buckets over gloo on 2 processes,
+the same Adam, each system's synced iteration minus the same `no_sync()`
+iteration (forward and backward, no communication, no step), the slowest
+rank's, all kinds interleaved iteration by iteration in one anchor run
+(`tools/bench/torch_anchor.py`, Debian's torch 1.13 on the CPU):
 
 ```sh
-build/tools/bench/zerod-bench --params 25M --buckets 4 --ranks 2 --optim adam --vs-torch --shared-params --json
+build/tools/bench/zerod-bench --params {h[0]['params']} --buckets 4 --ranks 2 --optim adam --torch-zerod --torch-plain --shared-params --json
 ```
 
-| measure | value | ratio | issue 5's target |
+| system | ms per iteration | its time over DDP + ZerodOptimizer's |
+|---|---|---|
+| **DDP + `ZerodOptimizer`** (`torch_zerod_iter_ms`) | **{c('torch_zerod_iter_ms')} ms** | 1 |
+{plain_rows}
+| DDP + `ZeroRedundancyOptimizer(Adam)` (`torch_iter_ms`) | {c('torch_iter_ms')} ms | {rr('torch_iter_ms', 'torch_zerod_iter_ms')} |
+
+The best of the plain optimizers (`torch_plain_best_ms`): {c('torch_plain_best_ms')} ms,
+{', '.join(f'`{b}`' for b in best)} (the fastest in each round:
+{', '.join(j.get('torch_plain_best') or '?' for j in h)}); it takes
+{rr('torch_plain_best_ms', 'torch_zerod_iter_ms')} DDP + ZerodOptimizer's time, and DDP + ZeRO
+{rr('torch_iter_ms', 'torch_zerod_iter_ms')} (above 1: ZerodOptimizer is faster).
+`ZerodOptimizer`'s parameters differ from ZeRO's by at most
+{c('torch_zerod_max_diff', '{:.2g}')} after the run (they train the same model on the same data).
+
+### zerod's C trainers, counted the same way
+
+The C trainers (`jobs.c`, the public libzeroclient API only) in the same run.
+**The comparable figure** (`zerod_comparable_ms`) is accounted as torch's:
+each rank fills a bucket's gradients and hands it over at once, so the
+daemon's work overlaps the fill on the same cores, timed from the first
+fill to the step done (`zerod_overlap_ms`), minus the fill alone
+(`zerod_fill_ms`, the same fill with no hand-over). The hand-over figure
+(`zerod_iter_ms`, published as the headline before) fills first, meets at a
+barrier and times only hand-over → step done, with both cores to the daemon.
+
+| measure | ms per iteration | ratio |
+|---|---|---|
+| **C trainers, comparable** (`zerod_comparable_ms`) | **{c('zerod_comparable_ms')} ms** | DDP + ZeRO takes {rr('torch_iter_ms', 'zerod_comparable_ms')} this (`vs_torch_comparable`); DDP + ZerodOptimizer {rr('torch_zerod_iter_ms', 'zerod_comparable_ms')} (`torch_zerod_vs_c_comparable`; issue 25's target ≤ 1.2×) |
+| fill overlapped with the hand-over (`zerod_overlap_ms`) | {c('zerod_overlap_ms')} ms | |
+| fill alone (`zerod_fill_ms`) | {c('zerod_fill_ms')} ms | |
+| C trainers, hand-over only (`zerod_iter_ms`; fastest iteration `zerod_iter_min_ms`) | {c('zerod_iter_ms')} ms ({c('zerod_iter_min_ms')}) | comparable / hand-over {rr('zerod_comparable_ms', 'zerod_iter_ms')}; DDP + ZeRO takes {rr('torch_iter_ms', 'zerod_iter_ms')} this (`vs_torch`; issue 5's target ≥ 8×) |
+| shared parameters, comparable (`zerod_shared_comparable_ms`) | {c('zerod_shared_comparable_ms')} ms | DDP + ZeRO takes {rr('torch_iter_ms', 'zerod_shared_comparable_ms')} this |
+| shared parameters, hand-over only (`zerod_shared_iter_ms`) | {c('zerod_shared_iter_ms')} ms | {rr('zerod_shared_iter_ms', 'zerod_iter_ms')} the time of own buffers |
+
+### Anchors, fixed before measuring
+
+| anchor | value | zerod against it | target |
 |---|---|---|---|
-| zerod iteration (`zerod_iter_ms`; fastest `zerod_iter_min_ms`) | {h['zerod_iter_ms']:.1f} ms ({h['zerod_iter_min_ms']:.1f}) | | |
-| torch DDP + ZeroRedundancyOptimizer(Adam), gloo (`torch_iter_ms`) | {num(h['torch_iter_ms'])} ms | zerod {num(h['vs_torch'], '{:.2f}')}× faster (`vs_torch`) | ≥ 8× |
-| plain-C fused pass (`fused_ref_ms`; fastest pass `fused_ref_min_ms`) | {h['fused_ref_ms']:.1f} ms ({h['fused_ref_min_ms']:.1f}) | zerod {h['vs_fused']:.2f}× slower (`vs_fused`) | ≤ 1.15× |
-| bytes-moved floor (`floor_iter_ms`) | {h['floor_iter_ms']:.1f} ms | zerod {h['vs_floor']:.2f}× (`vs_floor`) | |
-{shared_rows(h)}| tiny-bucket handoff p50 / p99 (`handoff_p50_us`, `handoff_p99_us`) | {h['handoff_p50_us']:.0f} / {h['handoff_p99_us']:.0f} µs | p50 = {h['handoff_vs_unix']:.2f}× the AF_UNIX round trip (`handoff_vs_unix`) | ≤ 3× |
-| AF_UNIX 64 B round trip, across / on one CPU (`unix_rtt_us`, `unix_rtt_same_cpu_us`) | {h['unix_rtt_us']:.1f} / {h['unix_rtt_same_cpu_us']:.1f} µs | | |
-| daemon RssAnon with the job active (`daemon_rss_anon_bytes`) | {h['daemon_rss_anon_bytes'] / mb:.0f} MB | {h['rss_vs_state']:.2f}× the optimizer state (`rss_vs_state`) | ≤ 1.05× |
-| optimizer state the daemon must hold (`state_bytes`) | {h['state_bytes'] / mb:.0f} MB | | |
-| memcpy, 1 thread (`memcpy_gbps`) | {h['memcpy_gbps']:.1f} GB/s | | |
-| STREAM triad, {h['threads']} threads (`triad_gbps`) | {h['triad_gbps']:.1f} GB/s | | |
+| tiny-bucket handoff p50 / p99 (`handoff_p50_us`, `handoff_p99_us`) | {c('handoff_p50_us', '{:.0f}')} / {c('handoff_p99_us', '{:.0f}')} µs | | |
+| AF_UNIX 64 B round trip on one CPU (`unix_rtt_same_cpu_us`) | {c('unix_rtt_same_cpu_us')} µs | handoff p50 {rr('handoff_p50_us', 'unix_rtt_same_cpu_us')} (`handoff_vs_unix_same_cpu`) | ≤ 3× (set against this one) |
+| AF_UNIX 64 B round trip across two CPUs (`unix_rtt_us`) | {c('unix_rtt_us')} µs | handoff p50 {rr('handoff_p50_us', 'unix_rtt_us')} (`handoff_vs_unix`) | |
+| bytes-moved floor, no write-allocate: {h[0]['floor_bytes'] / 1e6:.0f} MB over non-temporal triad (`floor_nt_iter_ms`) | {c('floor_nt_iter_ms')} ms | hand-over {rr('zerod_iter_ms', 'floor_nt_iter_ms')} | |
+| bytes-moved floor, write-allocate for every written buffer: {h[0]['floor_wa_bytes'] / 1e6:.0f} MB over 4/3 × triad (`floor_wa_iter_ms`) | {c('floor_wa_iter_ms')} ms | hand-over {rr('zerod_iter_ms', 'floor_wa_iter_ms')} | |
+| the floor: the lower of the two (`floor_iter_ms`) | {c('floor_iter_ms')} ms | hand-over {rr('zerod_iter_ms', 'floor_iter_ms')}, comparable {rr('zerod_comparable_ms', 'floor_iter_ms')} | ≥ 1 (a floor) |
+| fused C pass, a reference, not a bound (`fused_ref_ms`) | {c('fused_ref_ms')} ms | hand-over {rr('zerod_iter_ms', 'fused_ref_ms')} (`vs_fused`) | ≤ 1.15× (issue 5) |
+| daemon RssAnon with the job active (`daemon_rss_anon_bytes`) over the state it must hold (`state_bytes`) | {cell([{'mb': j['daemon_rss_anon_bytes'] / 1e6} for j in h], 'mb', '{:.0f}')} MB / {h[0]['state_bytes'] / 1e6:.0f} MB | {c('rss_vs_state', '{:.3f}', '×')} | ≤ 1.05× |
+| memcpy, 1 thread / STREAM triad / triad with non-temporal stores, {h[0]['threads']} threads | {c('memcpy_gbps')} / {c('triad_gbps')} / {c('triad_nt_gbps')} GB/s | | |
 
-torch's synced iteration took {num(h['torch_synced_ms'])} ms and the same
-iteration under `no_sync()` {num(h['torch_compute_ms'])} ms; their difference is
-`torch_iter_ms`. The whole JSON is [`perf/headline.json`](perf/headline.json).
+Load of each round: {loads(h)}.
+
+The caches are emptied before every timed region (`cold`; rank 0 streams
+over 4× the last-level cache, {h[0].get('llc_bytes', 0) / 2**20:.0f} MiB
+here, between the fill and the barrier), triad's arrays are each at least
+twice the last-level cache, and the fused pass and both triads start each
+pass with the caches emptied, so no figure here is a cache's. The fused
+pass (`fused_ref_ms`) is what a straightforward plain-C pass over the same
+bytes takes; it is a reference, not a bound: a pass that moves fewer bytes
+or uses other stores can beat it. The floor counts every byte the way its
+bandwidth is counted (see the end).
 
 ## Iteration time against model size
 
 2 ranks, Adam, buckets of 25 MB (`--bucket-size 25M`, as DDP's
-`bucket_cap_mb=25`), each point one run of
-`zerod-bench --params N --bucket-size 25M --ranks 2 --optim adam --vs-torch --json`.
+`bucket_cap_mb=25`), each configuration {len(R[sizes[0]]) if sizes else 0} rounds of
+`zerod-bench --params N --bucket-size 25M --ranks 2 --optim adam --torch-zerod --json`.
+The plot shows the medians with the rounds' min–max as error bars.
 
 ![iteration time against model size](perf-iter-vs-size.png)
 
-| params | buckets | zerod ms | torch ms | fused ms | floor ms | zerod vs torch | zerod vs fused | load |
-|---|---|---|---|---|---|---|---|---|
+| params | buckets | DDP + ZerodOptimizer ms | C comparable ms | C hand-over ms | DDP + ZeRO ms | fused reference ms | floor ms | ZeRO / ZerodOptimizer | load (each round) |
+|---|---|---|---|---|---|---|---|---|---|
 {sweep_rows}
 
 ## Shard and step modes
 
-25M parameters, 4 buckets, 2 ranks, Adam, no torch:
-`zerod-bench --params 25M --buckets 4 --ranks 2 --optim adam --shard S --step T --json`.
+{hp:g}M parameters, 4 buckets, 2 ranks, Adam, no torch:
+`zerod-bench --params {h[0]['params']} --buckets 4 --ranks 2 --optim adam --shard S --step T --json`.
 
-| shard | step | zerod ms | fused ms | zerod vs fused | RssAnon | vs state | load |
+| shard | step | comparable ms | hand-over ms | fused reference ms | hand-over / fused | RssAnon / state | load (each round) |
 |---|---|---|---|---|---|---|---|
 {mode_rows}
 
-## Several nodes: two daemons on loopback against raw gloo
+## Several nodes: two daemons on loopback against gloo
 
-25M parameters, 4 buckets, 2 ranks (one per daemon), Adam, shard bucket:
-`zerod-bench --daemons 2 --params 25M --buckets 4 --ranks 2 --optim adam --step T --json`.
-Busbw in GB/s (nccl-tests' formula, algbw × 2(n−1)/n). "whole iteration"
-counts the local reduce, the optimizer step and the write-back as all-reduce
-time; "all-reduce" is the daemons' own cross-node all-reduce
-(`zerod_net_allreduce_*` in their metrics: exchange, fold and gather), the
-slowest daemon's; "gloo" is gloo's own all-reduce of the same buckets
-between two processes, alone on the machine, in the same run.
+{hp:g}M parameters, 4 buckets, 2 ranks (one per daemon), Adam, shard bucket:
+`zerod-bench --daemons 2 --params {h[0]['params']} --buckets 4 --ranks 2 --optim adam --step T --curve --json`.
+The anchor is independent of zerod: torch.distributed's `all_reduce` over
+its gloo backend between two processes, the same four buckets one after the
+other (`gloo_iter_ms`, `torch_anchor.py --allreduce-only`); gloo through
+zerod's own shim (`gloo_shim_iter_ms`, `gloo_raw.c`) is beside it, not the
+anchor. "zerod / gloo" is the whole iteration over the all-reduce alone, per
+round. Busbw in GB/s (algbw × 2(n−1)/n); "busbw all-reduce" is the daemons'
+own cross-node all-reduce from their metrics; "sealed" the same job on
+daemons with CURVE keys (the sealed mesh).
 
-| step | zerod ms | gloo ms | busbw whole iteration | busbw all-reduce | busbw gloo | whole / gloo | all-reduce / gloo | load |
-|---|---|---|---|---|---|---|---|---|
+| step | zerod ms | gloo (torch) ms | gloo via zerod's shim ms | zerod / gloo | busbw whole iteration | busbw all-reduce | busbw gloo | sealed ms | load (each round) |
+|---|---|---|---|---|---|---|---|---|---|
 {node_rows}
 
-Both "nodes" share this machine's 2 cores. In `interleaved` mode each
-bucket's optimizer step and write-back overlap the next bucket's all-reduce,
-so the all-reduce shares the CPUs with them (and with the other "node"); in
-`at_end` mode it runs alone, as gloo's does, and that row is the fair
-comparison of the all-reduce itself. On separate machines the two daemons
-would not compete for the same cores.
-{sealed_text}
+Both "nodes" share this machine's 2 cores; on separate machines the two
+daemons would not compete for them.
+
+## GPU rows
+
+`zerod-bench --gpu` (`tools/bench/gpu.c`): NCCL all-reduce busbw across the
+visible devices against the same through zerod (as nccl-tests computes
+busbw), the Adam kernel's GB/s through a world-1 `zerod --backend cuda` job
+against device-to-device copy bandwidth (targets when run: busbw ≥ 95% of
+direct NCCL, Adam ≥ 80% of copy bandwidth), the handoff with CUDA IPC events,
+and DDP + ZerodOptimizer against DDP + ZeroRedundancyOptimizer
+(overlap_with_ddp=True) on CUDA at world 1 (`--python` naming a torch with
+CUDA; Debian's is not). Without a device they say why they did not run,
+never a number. Not written yet: the busbw through zerod (`zerod_busbw`
+stays null: it needs one trainer process per device on a multi-GPU
+machine); the direct NCCL figure needs 2 devices.
+
+| row | result |
+|---|---|
+{gpu_rows}
 ## What zerod-bench measures
 
 One run, in this order: the floors, then a real `zerod` (`--zerod PATH`,
 `$ZEROD_BIN`, else the build's) on a socket in a fresh temporary directory
 with `--ranks` real trainer processes that use only the public libzeroclient
-API, then with `--vs-torch` the torch anchor. `--json` prints one object;
-without it, a table with the same values.
+API, then with `--vs-torch` (or `--torch-zerod`, `--torch-plain`) the torch
+anchor. `--json` prints one object; without it, a table with the same values.
 
-- **`zerod_iter_ms`**: the job the flags describe: `--params` fp32 elements
-  (K/M/G are decimal) in `--buckets` equal buckets or buckets of
-  `--bucket-size` bytes, one parameter group, `--optim sgd|adam|adamw`
-  (torch's defaults, lr 1e-3; SGD with momentum 0.9, AdamW with weight decay
-  0.01), `--shard`, `--step`. Each iteration, every rank writes its gradients
-  (outside the timed region), the ranks meet at a barrier, and each times from
-  its first `zc_bucket_ready()` to its step future done (all buckets handed
-  over back to back, `zc_step_future` + `zc_future_wait`). An iteration's time
-  is its slowest rank's; the value is the median over `--iters` iterations
-  after `--warmup` (default 20 after 3). So it is the daemon's work alone,
-  net of the trainers' gradient fill: handoff, reduction, optimizer step and
-  write-back into every rank's parameters.
-- **`torch_iter_ms`**: `tools/bench/torch_anchor.py` through
-  `/usr/bin/python3` (Debian's `python3-torch` 1.13, CPU): `--ranks` processes
-  over gloo on loopback, `DistributedDataParallel(bucket_cap_mb=25)` over a
-  stack of bias-free `Linear` layers, one per zerod bucket, with the same
-  parameter count, batch 1, and `ZeroRedundancyOptimizer` wrapping the same
-  optimizer and hyperparameters. ZeRO runs as a plain step after backward
-  (`overlap_with_ddp=False`): the overlapped mode's DDP hooks
-  (`hook_with_zero_step[_interleaved]`) refuse every backend but NCCL/HCCL.
-  Backward compute is subtracted: each iteration is also run under
-  `no_sync()` (forward and backward, no communication, no step), interleaved
-  with the synced ones, and `torch_iter_ms` = median(synced) −
-  median(`no_sync`), each time the slowest rank's. What is left is DDP's
-  all-reduce that backward did not hide plus the ZeRO step and its
-  broadcasts. Debian's torch uses the reference BLAS, so compute is large, but
-  it is subtracted.
-- **`torch_zerod_iter_ms`** (`--torch-zerod`): the real
-  `zerod.torch.ZerodOptimizer` in the same anchor run, on a zerod of its own:
-  a second copy of the model (the same values, input, buckets, optimizer) under
-  DDP with its comm hook, its synced iterations (zero_grad, forward,
-  backward handing the buckets over, `opt.step()` waiting for zerod's step)
-  interleaved with the other two kinds, minus the same `no_sync` median. So it
-  holds what the Python package adds (the hook and its one copy per bucket,
-  ctypes, the pump thread) besides zerod's own work.
-  `torch_zerod_max_diff` is the largest difference between its parameters and
-  ZeRO's after the run (they train the same model on the same data).
-- **`fused_ref_ms`**: a plain-C pass over the same bytes, threaded over
-  `--threads` (default: every CPU) as the daemon's worker pool would be: per
-  chunk of 8192 elements (which stays in L2), sum the ranks' gradients in rank
-  order into a scratch, divide by R, step the optimizer with torch's
-  arithmetic (`daemon/optim/optim.h`) on rank 0's parameters as the master,
-  and copy the result into every other rank's parameter buffer. Built `-O3`
-  with the same SIMD clones as the daemon's kernels; plain stores. Median of
-  `--iters` passes after `--warmup` (and the fastest, `fused_ref_min_ms`:
-  with 2 threads on 2 shared cores, one busy neighbour can double a pass, so
-  when `loadavg` is high compare the fastest with `zerod_iter_min_ms`).
-- **`floor_iter_ms`**: the bytes an iteration must move at the least, every
-  input read once and every output written once — R gradient buffers and the
-  master parameters read, S floats of optimizer state per element read and
-  written, R parameter buffers written: `floor_bytes` = 4 N (2R + 1 + 2S) —
-  divided by the memory bandwidth triad shows. STREAM counts triad as 3
-  arrays, but the machine also reads the destination before writing it
-  (write-allocate), so the bandwidth it moved is 4/3 of `triad_gbps`:
-  `floor_iter_ms` = `floor_bytes` / (4/3 × `triad_gbps`). Triad runs over as
-  many bytes as one iteration moves, so both see the same level of the
-  memory hierarchy (this CPU reports a 260 MiB L3, of which a VM gets some:
-  small jobs run partly from cache).
-- **`zerod_shared_iter_ms`** (`--shared-params`): a second job of the same
-  plan on the same daemon, beside the first, whose ranks all register one
-  parameter memfd the bench made before forking them
-  (`ZC_BUFFERS_SHARED_PARAMS`; `docs/DATAPLANE.md`, "Shared parameters"), each
-  its own gradient memfd. The two jobs take turns, one iteration each (the
-  other job's ranks sleep at the barrier meanwhile), so a neighbour's burst
-  bends both alike and `shared_vs_own` compares them on the same machine.
-  The pass then writes every parameter once: `floor_shared_bytes` =
-  4 N (R + 2 + 2S), `floor_shared_iter_ms` at the same bandwidth as
-  `floor_iter_ms`. With it the daemon holds both jobs' state, and
-  `state_bytes` counts both.
-- **`memcpy_gbps`**: bytes copied per second by one thread's `memcpy` of
-  `--memcpy-size` (256M), best of at least 6 copies and 0.3 s.
-  **`triad_gbps`**: STREAM triad `a = b + 3c` on `--threads` threads, counted
-  as STREAM does (3 arrays), best of at least 8 passes and 1 s.
-- **`handoff_p50_us`, `handoff_p99_us`**: a second job on the same daemon with
-  one bucket of 16 elements; each rank times `zc_bucket_ready()` → its step
-  future done over `--handoff-iters` (2000) iterations, the ranks meeting at a
-  barrier before each; p50 and p99 of all ranks' samples together. It goes
-  through the client's only path today, ZeroMQ.
-- **`unix_rtt_us`**: the median round trip of a 64-byte message over an
-  AF_UNIX socketpair to a forked echo process, 10000 times, the two pinned to
-  two different CPUs. On this VM the same ping-pong on one CPU
-  (`unix_rtt_same_cpu_us`) was {h['unix_rtt_us'] / h['unix_rtt_same_cpu_us']:.0f}× cheaper in the headline run, because waking an idle vCPU
-  costs tens of µs, and unpinned it lands on either at random. The handoff
-  crosses CPUs (trainers and the daemon's threads run on both), so
-  `handoff_vs_unix` divides by the cross-CPU figure; against the one-CPU
-  figure the headline's handoff p50 is
-  {h['handoff_p50_us'] / h['unix_rtt_same_cpu_us']:.0f}×. (Issue 5's "12.5×" was
-  against a ~13 µs round trip, which on this VM is neither.)
-- **`daemon_rss_anon_bytes`**: `RssAnon` of `/proc/<zerod>/status` (private
-  memory; the mapped shared buffers are `RssShmem` and not counted) read while
-  every rank of the main job is still connected, after its iterations.
-  **`state_bytes`**: the optimizer state the daemon must hold for N elements:
-  Adam/AdamW 2 floats (3 with amsgrad), SGD 1 with momentum ≠ 0, else 0.
-- **`--daemons N`** (`schema` `zerod-bench-daemons/1`): the same job over N
-  daemons on loopback, ranks spread over them, then gloo's own all-reduce of
-  the same buckets between N processes. `zerod_iter_ms`: the slowest rank's
-  first `zc_bucket_ready` to its step done (median); `gloo_iter_ms`: every
-  bucket through `gloo::allreduce` (median); `algbw_*` = gradient bytes /
-  time, `busbw_*` = algbw × 2(n−1)/n; `algbw_net`: the daemons' own
-  cross-node all-reduces, bytes over the time their gloo backend spent in
-  them (metrics `zerod_net_allreduce_bytes_total` /
-  `zerod_net_allreduce_seconds_total`, read with `zeroctl metrics` after the
-  run), the slowest daemon's; `vs_gloo` = busbw_zerod / busbw_gloo,
-  `vs_gloo_net` = busbw_net / busbw_gloo. With `--curve` also
-  `curve_iter_ms` (the same job on daemons with CURVE keys: the sealed
-  mesh), `curve_algbw_net` (their own all-reduce), `curve_vs_plain` =
-  `zerod_iter_ms` / `curve_iter_ms` and `curve_vs_plain_net` =
-  `curve_algbw_net` / `algbw_net`.
-- Ratios: `vs_torch` = torch / zerod (how many times faster zerod is),
-  `vs_torch_zerod` = torch / `torch_zerod_iter_ms`, `torch_zerod_vs_c` =
-  `torch_zerod_iter_ms` / `zerod_iter_ms` (the Python package's cost, as a
-  factor of the C trainers' iteration),
-  `vs_fused` = zerod / fused, `vs_floor` = zerod / floor,
-  `vs_torch_shared` = torch / `zerod_shared_iter_ms`, `vs_floor_shared` =
-  `zerod_shared_iter_ms` / `floor_shared_iter_ms`, `shared_vs_own` =
-  `zerod_shared_iter_ms` / `zerod_iter_ms`,
-  `handoff_vs_unix` = handoff p50 / `unix_rtt_us`,
-  `rss_vs_state` = RssAnon / state; `null` where a side is missing.
+- **The job** (`--params` fp32 elements, K/M/G decimal, in `--buckets` equal
+  buckets or buckets of `--bucket-size` bytes; `--optim sgd|adam|adamw` with
+  torch's defaults, lr 1e-3; `--shard`, `--step`). Each iteration runs two
+  kinds, one after the other on the same daemon. *Hand-over*: every rank
+  fills its gradients (timed: `zerod_fill_ms`), the ranks meet at a barrier,
+  and each times its first `zc_bucket_ready()` to its step future done
+  (`zerod_iter_ms`). *Overlapped* (`--no-overlap` leaves it out): the ranks
+  meet, then each fills bucket b and hands it over at once, bucket after
+  bucket, timed from the first fill to the step done (`zerod_overlap_ms`).
+  An iteration's time is its slowest rank's; each value is the median over
+  `--iters` iterations after `--warmup` (default 20 after 3), and
+  `zerod_comparable_ms` = median(overlapped) − median(fill alone), as
+  torch's figure is median(synced) − median(`no_sync`).
+- **Cold caches** (default; `--warm` turns it off): before each fill and
+  each timed region, rank 0 of the job reads and writes every line of a
+  buffer 4× the last-level cache (at least 64 MiB; `llc_bytes` from sysfs),
+  untimed, while the others wait at a barrier.
+- **torch** (`tools/bench/torch_anchor.py` through `/usr/bin/python3`,
+  Debian's `python3-torch` 1.13, CPU): `--ranks` processes over gloo on
+  loopback, `DistributedDataParallel(bucket_cap_mb=25)` over bias-free
+  `Linear` layers, one per zerod bucket, batch 1. Kinds, interleaved
+  iteration by iteration: `no_sync()` (forward and backward only), DDP +
+  `ZeroRedundancyOptimizer` (`overlap_with_ddp=False`: its overlapped hooks
+  refuse every backend but NCCL/HCCL), with `--torch-zerod` DDP + the real
+  `zerod.torch.ZerodOptimizer` on a zerod of its own, with `--torch-plain`
+  DDP + plain `torch.optim` (default; `foreach=True`; DDP with
+  `gradient_as_bucket_view=True` and either), each on its own copy of the
+  model with the same initial values. Each figure is median(its synced) −
+  median(`no_sync`), the slowest rank's.
+- **Floors** (`floors.c`). `floor_nt_iter_ms`: every input read once and
+  every output written once, `floor_bytes` = 4 N (2R + 1 + 2S) (R gradient
+  buffers and the master parameters read, S state floats per element read
+  and written, R parameter buffers written), over STREAM triad with
+  non-temporal stores (`triad_nt_gbps`, 3 arrays; no write-allocate there
+  either). `floor_wa_iter_ms`: write-allocate counted for every buffer that is
+  only written (the R−1 other parameter buffers are read first),
+  `floor_wa_bytes` = 4 N (3R + 2S), over plain triad counted with its
+  write-allocate, 4/3 × `triad_gbps`. `floor_iter_ms` is the lower; with
+  shared parameters nothing is only written and both count
+  `floor_shared_bytes` = 4 N (R + 2 + 2S). Triads are the best pass of at
+  least 8 and 1 s; memcpy the best of 6 and 0.3 s.
+- **`fused_ref_ms`**: a plain-C pass over the same bytes on `--threads`
+  threads: per chunk of 8192 elements, sum the ranks' gradients into a
+  scratch, divide by R, step the optimizer with torch's arithmetic on rank
+  0's parameters, copy them into every other rank's; `-O3`, the daemon's SIMD
+  clones, plain stores. A reference, not a bound.
+- **Handoff**: a second job with one bucket of 16 elements, `zc_bucket_ready()`
+  → step future done over `--handoff-iters` (2000), p50 and p99 of all ranks'
+  samples; against the AF_UNIX 64-byte round trip to a forked echo process,
+  10000 times, pinned across two CPUs (`unix_rtt_us`) and on one
+  (`unix_rtt_same_cpu_us`): both published, both ratios.
+- **Memory**: `RssAnon` of `/proc/<zerod>/status` while every rank of the
+  main job is connected; `state_bytes`: Adam/AdamW 2 floats per element (3
+  with amsgrad), SGD 1 with momentum, else 0 (both jobs' with `--shared-params`).
+- **`--daemons N`**: the job over N daemons on loopback, ranks spread over
+  them; then torch's gloo `all_reduce` of the same buckets between N
+  processes (`gloo_iter_ms`) and gloo through zerod's shim
+  (`gloo_shim_iter_ms`); `busbw_*` = bytes / time × 2(n−1)/n; `algbw_net`:
+  the daemons' own all-reduce from their metrics; with `--curve` the job on
+  daemons with CURVE keys (`curve_iter_ms`).
+- **`--gpu`**: the GPU rows above, schema `zerod-bench-gpu/1`, each
+  `{{"ran": false, "why": ...}}` where it could not run.
 
-The `bench` suite (`meson test -C build --suite bench`, part of
-`tools/test.sh`) runs a few-second zerod-bench and checks only that it printed
-every key; it asserts nothing about speed.
+The `bench` suite (`meson test -C build --suite bench`) runs a few-second
+zerod-bench and checks that it printed every key and that the GPU rows print
+no number where they did not run; it asserts nothing about speed.
 """
     with open(doc, "w") as f:
         f.write(text)

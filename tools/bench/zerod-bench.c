@@ -10,20 +10,30 @@
  * ZeroRedundancyOptimizer over gloo), and with --torch-zerod also the real
  * zerod.torch.ZerodOptimizer end to end in the anchor's run (DDP with the
  * same model and buckets, its comm hook into a zerod the anchor starts), so
- * what the Python package adds is measured too. It prints a table, or with
- * --json one JSON object; docs/PERFORMANCE.md says what every value means.
+ * what the Python package adds is measured too, and with --torch-plain DDP +
+ * plain torch.optim (default, foreach, gradient_as_bucket_view) beside them.
+ * The job runs two kinds per iteration (jobs.c): the hand-over alone, and
+ * the fill overlapped with the hand-over, whose median minus the fill's is
+ * the figure accounted as torch's (zerod_comparable_ms). The caches are
+ * emptied before every timed region unless --warm. It prints a table, or
+ * with --json one JSON object; docs/PERFORMANCE.md says what every value
+ * means. --gpu prints only the GPU rows (gpu.c), each either measured or
+ * "not run" with the reason.
  *
  * --daemons N (N >= 2, only where gloo is built) instead starts N daemons on
  * loopback, spreads the ranks over them (node k: ranks [k*R/N, (k+1)*R/N)),
  * runs the same job across them through a rendezvous on a free loopback
- * port, and then gloo's own all-reduce of the same buckets between N forked
- * processes (gloo_raw.c). What it reports, per iteration (median):
+ * port, and then the anchor, independent of zerod: torch.distributed's
+ * all_reduce over gloo of the same buckets between N processes
+ * (torch_anchor.py --allreduce-only; gloo_iter_ms), and beside it gloo
+ * through zerod's own shim (gloo_raw.c; gloo_shim_iter_ms). What it reports,
+ * per iteration (median):
  *   bytes        = params x 4, the gradient bytes of all buckets;
  *   algbw_zerod  = bytes / zerod's iteration time, the slowest rank's
  *                  first zc_bucket_ready() to its step done: this includes
  *                  the local reduce, the optimizer step and the write-back,
  *                  so it understates the network part;
- *   algbw_gloo   = bytes / the time of gloo::allreduce of every bucket;
+ *   algbw_gloo   = bytes / the time of torch's gloo all_reduce of every bucket;
  *   busbw        = algbw x 2(n-1)/n, n = nodes (nccl-tests' all-reduce);
  *   vs_gloo      = busbw_zerod / busbw_gloo;
  *   algbw_net    = the daemons' own cross-node all-reduce: the bytes over
@@ -108,7 +118,8 @@ static const char *const optim_name[] = {
 struct opts {
 	struct bench_cfg cfg;
 	uint64_t bucket_bytes;
-	bool json, vs_torch, torch_zerod;
+	bool json, vs_torch, torch_zerod, torch_plain;
+	bool gpu; /* --gpu: the GPU rows instead (gpu.c) */
 	bool shared_params; /* --shared-params: the job again, sharing one parameter buffer */
 	const char *python, *anchor;
 };
@@ -168,9 +179,16 @@ static void usage(FILE *f)
 		   "  --zerod PATH       the daemon (default $ZEROD_BIN, else the build's)\n"
 		   "  --vs-torch         also run the torch anchor (needs python3-torch)\n"
 		   "  --torch-zerod      --vs-torch, and ZerodOptimizer end to end beside it\n"
+		   "  --torch-plain      --vs-torch, and DDP + plain torch.optim (default, foreach,\n"
+		   "                     gradient_as_bucket_view) beside it\n"
 		   "  --python PATH      interpreter for it (default /usr/bin/python3)\n"
 		   "  --torch-script P   the anchor script (default the source tree's)\n"
 		   "  --json             print one JSON object instead of a table\n"
+		   "  --warm             do not empty the caches before each timed region\n"
+		   "  --no-overlap       without the overlapped kind (fill + hand-over) of the job\n"
+		   "  --gpu              only the GPU rows (NCCL busbw, Adam kernel, CUDA handoff,\n"
+		   "                     DDP on CUDA; --python a torch with CUDA); without a\n"
+		   "                     device each says why it did not run\n"
 		   "  --checkpoint-every N  zc_checkpoint() after every N timed iterations, timed\n"
 		   "                     apart from them: how long training stalls (default 0);\n"
 		   "                     the stall (such an iteration over one without) against\n"
@@ -210,6 +228,10 @@ enum {
 	OPT_CKPT_SYNC,
 	OPT_SHARED,
 	OPT_CURVE,
+	OPT_TORCH_PLAIN,
+	OPT_WARM,
+	OPT_NO_OVERLAP,
+	OPT_GPU,
 };
 
 static const struct option longopts[] = {
@@ -238,6 +260,10 @@ static const struct option longopts[] = {
 	{"checkpoint-sync", no_argument, NULL, OPT_CKPT_SYNC},
 	{"shared-params", no_argument, NULL, OPT_SHARED},
 	{"curve", no_argument, NULL, OPT_CURVE},
+	{"torch-plain", no_argument, NULL, OPT_TORCH_PLAIN},
+	{"warm", no_argument, NULL, OPT_WARM},
+	{"no-overlap", no_argument, NULL, OPT_NO_OVERLAP},
+	{"gpu", no_argument, NULL, OPT_GPU},
 	{0},
 };
 
@@ -260,6 +286,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		.warmup = 3,
 		.handoff_iters = 2000,
 		.memcpy_bytes = 256u << 20,
+		.overlap = true,
+		.cold = true,
 	};
 	o->bucket_bytes = 25000000;
 	o->python = "/usr/bin/python3";
@@ -308,6 +336,18 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_CURVE:
 			cfg->curve = true;
+			break;
+		case OPT_TORCH_PLAIN:
+			o->vs_torch = o->torch_plain = true;
+			break;
+		case OPT_WARM:
+			cfg->cold = false;
+			break;
+		case OPT_NO_OVERLAP:
+			cfg->overlap = false;
+			break;
+		case OPT_GPU:
+			o->gpu = true;
 			break;
 		case OPT_OPTIM:
 			if (!strcmp(optarg, "sgd"))
@@ -422,6 +462,9 @@ struct torch_result {
 	double iter_ms, synced_ms, compute_ms, params;
 	/* --torch-zerod: DDP + ZerodOptimizer in the same run */
 	double zerod_iter_ms, zerod_synced_ms, zerod_max_diff;
+	/* --torch-plain: DDP + plain torch.optim, each minus the same no_sync */
+	double plain_ms, plain_foreach_ms, plain_gabv_ms, plain_gabv_foreach_ms, plain_best_ms;
+	char plain_best[32];
 };
 
 /* The number after "key": in a one-line JSON object, or NAN. */
@@ -432,6 +475,8 @@ static double json_number(const char *s, const char *key)
 
 	snprintf(pat, sizeof(pat), "\"%s\":", key);
 	p = strstr(s, pat);
+	if (p && strncmp(p + strlen(pat), " null", 5) == 0)
+		return NAN;
 	return p ? strtod(p + strlen(pat), NULL) : NAN;
 }
 
@@ -445,6 +490,8 @@ static int run_torch(const struct opts *o, struct torch_result *ret)
 	if (o->torch_zerod)
 		snprintf(extra, sizeof(extra), " --zerod '%s' --libzeroclient '%s' --pythonpath '%s'",
 			 cfg->zerod, LIBZEROCLIENT_BUILD, ZEROD_PYTHON_DIR);
+	if (o->torch_plain)
+		strcat(extra, " --plain");
 	snprintf(cmd, sizeof(cmd),
 		 "'%s' '%s' --params %llu --layers %u --world %u --optim %s --lr %g "
 		 "--momentum %g --weight-decay %g --iters %d --warmup %d%s",
@@ -467,6 +514,18 @@ static int run_torch(const struct opts *o, struct torch_result *ret)
 	ret->synced_ms = json_number(last, "torch_synced_ms");
 	ret->compute_ms = json_number(last, "torch_compute_ms");
 	ret->params = json_number(last, "torch_params");
+	if (o->torch_plain) {
+		const char *b = strstr(last, "\"torch_plain_best\": \"");
+		ret->plain_ms = json_number(last, "torch_plain_iter_ms");
+		ret->plain_foreach_ms = json_number(last, "torch_plain_foreach_iter_ms");
+		ret->plain_gabv_ms = json_number(last, "torch_plain_gabv_iter_ms");
+		ret->plain_gabv_foreach_ms = json_number(last, "torch_plain_gabv_foreach_iter_ms");
+		ret->plain_best_ms = json_number(last, "torch_plain_best_ms");
+		if (b)
+			sscanf(b + strlen("\"torch_plain_best\": \""), "%31[a-z_]", ret->plain_best);
+		if (isnan(ret->plain_best_ms))
+			return -EIO;
+	}
 	if (o->torch_zerod) {
 		ret->zerod_iter_ms = json_number(last, "torch_zerod_iter_ms");
 		ret->zerod_synced_ms = json_number(last, "torch_zerod_synced_ms");
@@ -482,6 +541,11 @@ static int run_torch(const struct opts *o, struct torch_result *ret)
 struct results {
 	double memcpy_gbps, triad_gbps, unix_rtt_us, unix_rtt_same_cpu_us, fused_ms, fused_min_ms,
 		floor_ms, floor_bytes;
+	/* the floor's two consistent countings (floors.c): no write-allocate
+	 * over non-temporal triad, write-allocate over plain triad; floor_ms is
+	 * the lower */
+	double triad_nt_gbps, floor_nt_ms, floor_wa_ms, floor_wa_bytes;
+	double loadavg_end; /* the 1-minute load average when the run ended */
 	struct job_result job;
 	/* --shared-params: the same job with one parameter buffer, and its floor */
 	struct job_result shared;
@@ -520,9 +584,26 @@ static void print_json(const struct opts *o, const struct results *x)
 	printf("  \"step\": \"%s\",\n  \"iters\": %d,\n  \"warmup\": %d,\n",
 	       c->step == ZC_STEP_AT_END ? "at_end" : "interleaved", c->iters, c->warmup);
 	printf("  \"handoff_iters\": %d,\n  \"threads\": %u,\n", c->handoff_iters, c->threads);
+	printf("  \"cold\": %s,\n  \"overlap\": %s,\n", c->cold ? "true" : "false",
+	       c->overlap ? "true" : "false");
+	jnum("llc_bytes", (double)bench_llc_bytes(), "%.0f", false);
 	jnum("loadavg", x->loadavg, "%.2f", false);
+	jnum("loadavg_end", x->loadavg_end, "%.2f", false);
 	jnum("zerod_iter_ms", x->job.iter_ms, "%.3f", false);
 	jnum("zerod_iter_min_ms", x->job.iter_min_ms, "%.3f", false);
+	jnum("zerod_fill_ms", x->job.fill_ms, "%.3f", false);
+	jnum("zerod_overlap_ms", x->job.overlap_ms, "%.3f", false);
+	jnum("zerod_comparable_ms", x->job.comparable_ms, "%.3f", false);
+	jnum("comparable_vs_iter", ratio(x->job.comparable_ms, x->job.iter_ms), "%.3f", false);
+	jnum("torch_plain_iter_ms", x->torch.plain_ms, "%.3f", false);
+	jnum("torch_plain_foreach_iter_ms", x->torch.plain_foreach_ms, "%.3f", false);
+	jnum("torch_plain_gabv_iter_ms", x->torch.plain_gabv_ms, "%.3f", false);
+	jnum("torch_plain_gabv_foreach_iter_ms", x->torch.plain_gabv_foreach_ms, "%.3f", false);
+	jnum("torch_plain_best_ms", x->torch.plain_best_ms, "%.3f", false);
+	if (x->torch.plain_best[0])
+		printf("  \"torch_plain_best\": \"%s\",\n", x->torch.plain_best);
+	else
+		printf("  \"torch_plain_best\": null,\n");
 	jnum("torch_iter_ms", x->torch.iter_ms, "%.3f", false);
 	jnum("torch_synced_ms", x->torch.synced_ms, "%.3f", false);
 	jnum("torch_compute_ms", x->torch.compute_ms, "%.3f", false);
@@ -534,8 +615,14 @@ static void print_json(const struct opts *o, const struct results *x)
 	jnum("fused_ref_min_ms", x->fused_min_ms, "%.3f", false);
 	jnum("floor_iter_ms", x->floor_ms, "%.3f", false);
 	jnum("floor_bytes", x->floor_bytes, "%.0f", false);
+	jnum("floor_nt_iter_ms", x->floor_nt_ms, "%.3f", false);
+	jnum("floor_wa_iter_ms", x->floor_wa_ms, "%.3f", false);
+	jnum("floor_wa_bytes", x->floor_wa_bytes, "%.0f", false);
 	jnum("zerod_shared_iter_ms", x->shared.iter_ms, "%.3f", false);
 	jnum("zerod_shared_iter_min_ms", x->shared.iter_min_ms, "%.3f", false);
+	jnum("zerod_shared_fill_ms", x->shared.fill_ms, "%.3f", false);
+	jnum("zerod_shared_overlap_ms", x->shared.overlap_ms, "%.3f", false);
+	jnum("zerod_shared_comparable_ms", x->shared.comparable_ms, "%.3f", false);
 	jnum("floor_shared_iter_ms", x->floor_shared_ms, "%.3f", false);
 	jnum("floor_shared_bytes", x->floor_shared_bytes, "%.0f", false);
 	jnum("handoff_p50_us", x->handoff_p50_us, "%.1f", false);
@@ -544,6 +631,7 @@ static void print_json(const struct opts *o, const struct results *x)
 	jnum("unix_rtt_same_cpu_us", x->unix_rtt_same_cpu_us, "%.2f", false);
 	jnum("memcpy_gbps", x->memcpy_gbps, "%.2f", false);
 	jnum("triad_gbps", x->triad_gbps, "%.2f", false);
+	jnum("triad_nt_gbps", x->triad_nt_gbps, "%.2f", false);
 	if (x->job.checkpoints) {
 		jnum("checkpoint_stall_ms", x->job.ckpt_ms, "%.3f", false);
 		jnum("checkpoint_stall_max_ms", x->job.ckpt_max_ms, "%.3f", false);
@@ -560,12 +648,23 @@ static void print_json(const struct opts *o, const struct results *x)
 	jnum("vs_torch", ratio(x->torch.iter_ms, x->job.iter_ms), "%.3f", false);
 	jnum("vs_torch_zerod", ratio(x->torch.iter_ms, x->torch.zerod_iter_ms), "%.3f", false);
 	jnum("torch_zerod_vs_c", ratio(x->torch.zerod_iter_ms, x->job.iter_ms), "%.3f", false);
+	jnum("torch_zerod_vs_c_comparable",
+	     ratio(x->torch.zerod_iter_ms, x->job.comparable_ms), "%.3f", false);
+	jnum("vs_torch_comparable", ratio(x->torch.iter_ms, x->job.comparable_ms), "%.3f", false);
+	jnum("plain_best_vs_torch_zerod", ratio(x->torch.plain_best_ms, x->torch.zerod_iter_ms),
+	     "%.3f", false);
+	jnum("vs_torch_shared_comparable", ratio(x->torch.iter_ms, x->shared.comparable_ms), "%.3f",
+	     false);
 	jnum("vs_fused", ratio(x->job.iter_ms, x->fused_ms), "%.3f", false);
 	jnum("vs_floor", ratio(x->job.iter_ms, x->floor_ms), "%.3f", false);
 	jnum("vs_torch_shared", ratio(x->torch.iter_ms, x->shared.iter_ms), "%.3f", false);
 	jnum("vs_floor_shared", ratio(x->shared.iter_ms, x->floor_shared_ms), "%.3f", false);
 	jnum("shared_vs_own", ratio(x->shared.iter_ms, x->job.iter_ms), "%.3f", false);
 	jnum("handoff_vs_unix", ratio(x->handoff_p50_us, x->unix_rtt_us), "%.3f", false);
+	jnum("handoff_vs_unix_same_cpu", ratio(x->handoff_p50_us, x->unix_rtt_same_cpu_us), "%.3f",
+	     false);
+	jnum("vs_floor_nt", ratio(x->job.iter_ms, x->floor_nt_ms), "%.3f", false);
+	jnum("vs_floor_wa", ratio(x->job.iter_ms, x->floor_wa_ms), "%.3f", false);
 	jnum("rss_vs_state", ratio((double)x->job.rss_anon_bytes, (double)x->state_bytes), "%.3f",
 	     true);
 	printf("}\n");
@@ -585,6 +684,16 @@ static void print_table(const struct opts *o, const struct results *x)
 	printf("iteration, net of the trainers' gradient fill (median)\n");
 	printf("  zerod                   %9.2f ms  (fastest %.2f ms)\n", x->job.iter_ms,
 	       x->job.iter_min_ms);
+	if (isfinite(x->job.comparable_ms))
+		printf("  zerod, as torch counts  %9.2f ms  fill overlapped with the hand-over %.2f ms "
+		       "- fill alone %.2f ms\n",
+		       x->job.comparable_ms, x->job.overlap_ms, x->job.fill_ms);
+	if (isfinite(x->torch.plain_best_ms))
+		printf("  torch DDP + plain optim %9.2f ms  best: %s (default %.2f, foreach %.2f, "
+		       "gabv %.2f, gabv+foreach %.2f)\n",
+		       x->torch.plain_best_ms, x->torch.plain_best, x->torch.plain_ms,
+		       x->torch.plain_foreach_ms, x->torch.plain_gabv_ms,
+		       x->torch.plain_gabv_foreach_ms);
 	if (isfinite(x->torch.iter_ms))
 		printf("  torch DDP + ZeRO (gloo) %9.2f ms  %.2fx zerod's time "
 		       "(%.2f synced - %.2f compute)\n",
@@ -605,8 +714,12 @@ static void print_table(const struct opts *o, const struct results *x)
 		printf("  DDP + ZerodOptimizer            -     (--torch-zerod)\n");
 	printf("  fused C reference       %9.2f ms  zerod takes %.2fx this (fastest %.2f ms)\n",
 	       x->fused_ms, ratio(x->job.iter_ms, x->fused_ms), x->fused_min_ms);
-	printf("  bytes-moved floor       %9.2f ms  %.0f MB at 4/3 of triad; zerod %.2fx\n",
-	       x->floor_ms, x->floor_bytes / 1e6, ratio(x->job.iter_ms, x->floor_ms));
+	printf("  bytes-moved floor       %9.2f ms  zerod %.2fx; the lower of\n", x->floor_ms,
+	       ratio(x->job.iter_ms, x->floor_ms));
+	printf("    no write-allocate     %9.2f ms  %.0f MB at non-temporal triad %.2f GB/s\n",
+	       x->floor_nt_ms, x->floor_bytes / 1e6, x->triad_nt_gbps);
+	printf("    write-allocate        %9.2f ms  %.0f MB at 4/3 of triad %.2f GB/s\n",
+	       x->floor_wa_ms, x->floor_wa_bytes / 1e6, x->triad_gbps);
 	if (isfinite(x->shared.iter_ms))
 		printf("  zerod, shared params    %9.2f ms  (fastest %.2f ms) %.2fx the usual\n"
 		       "  its bytes-moved floor   %9.2f ms  %.0f MB; zerod %.2fx\n",
@@ -628,8 +741,10 @@ static void print_table(const struct opts *o, const struct results *x)
 		       ratio(x->job.ckpt_stall_ms, x->job.ckpt_copy_ms));
 	}
 	printf("handoff, zc_bucket_ready -> step done, 1 bucket of 16 elements\n");
-	printf("  p50 / p99               %9.1f / %.1f us  p50 = %.2fx the AF_UNIX round trip\n",
-	       x->handoff_p50_us, x->handoff_p99_us, ratio(x->handoff_p50_us, x->unix_rtt_us));
+	printf("  p50 / p99               %9.1f / %.1f us  p50 = %.2fx the AF_UNIX round trip "
+	       "across two CPUs, %.2fx on one\n",
+	       x->handoff_p50_us, x->handoff_p99_us, ratio(x->handoff_p50_us, x->unix_rtt_us),
+	       ratio(x->handoff_p50_us, x->unix_rtt_same_cpu_us));
 	printf("  AF_UNIX 64 B round trip %9.2f us  across two CPUs (%.2f us on one)\n",
 	       x->unix_rtt_us, x->unix_rtt_same_cpu_us);
 	printf("daemon memory with the job active\n");
@@ -712,8 +827,40 @@ static double daemons_net_algbw(const struct bench_daemon *d, uint32_t n)
 	return worst;
 }
 
+/* The gloo anchor independent of zerod: torch.distributed's all_reduce over
+ * its gloo backend between N processes, the same buckets
+ * (torch_anchor.py --allreduce-only): the median iteration in ms. */
+static int run_torch_gloo(const struct opts *o, double *ret_ms)
+{
+	const struct bench_cfg *cfg = &o->cfg;
+	char cmd[2048], line[4096], last[4096] = "";
+	FILE *f;
+	int st;
+
+	snprintf(cmd, sizeof(cmd),
+		 "'%s' '%s' --allreduce-only --params %llu --layers %u --bucket-numel %llu "
+		 "--world %u --iters %d --warmup %d",
+		 o->python, o->anchor, (unsigned long long)cfg->params, cfg->nbuckets,
+		 (unsigned long long)cfg->bucket_numel, cfg->daemons, cfg->iters, cfg->warmup);
+	fflush(stdout);
+	f = popen(cmd, "r");
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f))
+		if (line[0] == '{')
+			snprintf(last, sizeof(last), "%s", line);
+	st = pclose(f);
+	if (st != 0 || !last[0])
+		return -EIO;
+	*ret_ms = json_number(last, "torch_gloo_allreduce_ms");
+	return isnan(*ret_ms) ? -EIO : 0;
+}
+
+/* gloo_ms: torch's gloo all_reduce (the anchor; NAN where torch is not),
+ * shim_ms: gloo through zerod's own shim (gloo_raw.c). */
 static void print_daemons(const struct opts *o, const struct job_result *job, double gloo_ms,
-			  double algn, double load, const struct job_result *sealed, double algs)
+			  double shim_ms, double algn, double load, const struct job_result *sealed,
+			  double algs)
 {
 	const struct bench_cfg *c = &o->cfg;
 	double n = c->daemons, f = 2.0 * (n - 1) / n, bytes = 4.0 * (double)c->params;
@@ -733,7 +880,12 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 		jnum("bytes", bytes, "%.0f", false);
 		jnum("zerod_iter_ms", job->iter_ms, "%.3f", false);
 		jnum("zerod_iter_min_ms", job->iter_min_ms, "%.3f", false);
+		jnum("loadavg_end", loadavg(), "%.2f", false);
 		jnum("gloo_iter_ms", gloo_ms, "%.3f", false);
+		jnum("gloo_shim_iter_ms", shim_ms, "%.3f", false);
+		printf("  \"gloo_anchor\": \"%s\",\n",
+		       isfinite(gloo_ms) ? "torch.distributed all_reduce, backend gloo"
+					 : "not run: no torch for the interpreter (--python)");
 		jnum("algbw_zerod", algz, "%.3f", false);
 		jnum("algbw_gloo", algg, "%.3f", false);
 		jnum("busbw_zerod", algz * f, "%.3f", false);
@@ -773,8 +925,9 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 	       bytes / 1e6);
 	printf("  zerod (whole iteration)  %9.2f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n",
 	       job->iter_ms, algz, algz * f);
-	printf("  raw gloo::allreduce      %9.2f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n", gloo_ms,
+	printf("  torch gloo all_reduce    %9.2f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n", gloo_ms,
 	       algg, algg * f);
+	printf("  gloo via zerod's shim    %9.2f ms\n", shim_ms);
 	printf("  zerod's own all-reduce                 algbw %7.3f GB/s  busbw %7.3f GB/s\n",
 	       algn, algn * f);
 	printf("  zerod / gloo  whole iteration %9.3f   all-reduce %9.3f\n", ratio(algz, algg),
@@ -938,7 +1091,7 @@ static int run_daemons(struct opts *o)
 #ifdef ZEROD_BENCH_GLOO
 	struct bench_cfg *cfg = &o->cfg;
 	struct job_result job = {0}, sealed = {0};
-	double gloo_ms = NAN, algn = NAN, algs = NAN, load = loadavg();
+	double gloo_ms = NAN, shim_ms = NAN, algn = NAN, algs = NAN, load = loadavg();
 	const char *step = "starting zerod";
 	struct curve_files cf;
 	int r;
@@ -954,17 +1107,27 @@ static int run_daemons(struct opts *o)
 	if (r == 0) {
 		progress("raw gloo all-reduce");
 		step = "raw gloo";
-		r = gloo_raw_allreduce(cfg->daemons, cfg, &gloo_ms);
+		r = gloo_raw_allreduce(cfg->daemons, cfg, &shim_ms);
+	}
+	if (r == 0) {
+		progress("torch gloo all_reduce (the anchor)");
+		if (run_torch_gloo(o, &gloo_ms) < 0) {
+			fprintf(stderr, "zerod-bench: torch's gloo all_reduce did not run "
+					"(no torch for %s?): gloo_iter_ms is null\n",
+				o->python);
+			gloo_ms = NAN;
+		}
 	}
 	if (r < 0) {
 		fprintf(stderr, "zerod-bench: %s: %s\n", step, zc_strerror(r));
 		return 1;
 	}
-	print_daemons(o, &job, gloo_ms, algn, load, cfg->curve ? &sealed : NULL, algs);
+	print_daemons(o, &job, gloo_ms, shim_ms, algn, load, cfg->curve ? &sealed : NULL, algs);
 	return 0;
 #else
 	(void)o;
 	(void)print_daemons;
+	(void)run_torch_gloo;
 	(void)daemons_job;
 	(void)curve_files_make;
 	(void)curve_files_remove;
@@ -977,7 +1140,8 @@ static int run_daemons(struct opts *o)
 static int run(int argc, char **argv)
 {
 	struct opts o = {0};
-	struct results x = {.torch = {NAN, NAN, NAN, NAN, NAN, NAN, NAN}};
+	struct results x = {.torch = {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
+				      ""}};
 	struct bench_daemon d = {0};
 	struct bench_cfg *cfg = &o.cfg;
 	const char *step = "", *ckpt_tmp = NULL;
@@ -988,6 +1152,8 @@ static int run(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (o.gpu)
+		return gpu_rows(cfg, o.json, o.python, o.anchor) < 0 ? 1 : 0;
 	if (cfg->daemons)
 		return run_daemons(&o);
 	x.state_bytes = 4ull * cfg->params * bench_state_floats(cfg);
@@ -996,11 +1162,16 @@ static int run(int argc, char **argv)
 	step = "memcpy";
 	r = floor_memcpy_gbps(cfg->memcpy_bytes, &x.memcpy_gbps);
 	if (r == 0) {
-		/* Triad over as many bytes as an iteration moves, so that both see
-		 * the same level of the memory hierarchy (small jobs fit in L3). */
+		/* Triad over as many bytes as an iteration moves, and each array
+		 * at least twice the last-level cache, so that no pass runs from
+		 * it; with plain and with non-temporal stores (floors.c). */
 		size_t tb = (size_t)(floor_bytes_moved(cfg) / 3) & ~(size_t)63;
+		size_t least = 2 * bench_llc_bytes();
+		tb = tb > least ? tb : least;
 		step = "triad";
-		r = floor_triad_gbps(tb > (1u << 20) ? tb : 1u << 20, cfg->threads, &x.triad_gbps);
+		r = floor_triad_gbps(tb, cfg->threads, false, cfg->cold, &x.triad_gbps);
+		if (r == 0)
+			r = floor_triad_gbps(tb, cfg->threads, true, cfg->cold, &x.triad_nt_gbps);
 	}
 	if (r == 0) {
 		/* Across two CPUs, as the handoff goes from trainer to daemon; on
@@ -1019,12 +1190,20 @@ static int run(int argc, char **argv)
 	if (r < 0)
 		goto fail;
 	x.floor_bytes = floor_bytes_moved(cfg);
-	x.floor_ms = x.floor_bytes / (x.triad_gbps * 4.0 / 3.0) / 1e6;
+	x.floor_wa_bytes = floor_bytes_moved_wa(cfg);
+	x.floor_nt_ms = x.floor_bytes / x.triad_nt_gbps / 1e6;
+	x.floor_wa_ms = x.floor_wa_bytes / (x.triad_gbps * 4.0 / 3.0) / 1e6;
+	x.floor_ms = x.floor_nt_ms < x.floor_wa_ms ? x.floor_nt_ms : x.floor_wa_ms;
 	x.shared.iter_ms = x.shared.iter_min_ms = x.floor_shared_ms = x.floor_shared_bytes = NAN;
+	x.shared.fill_ms = x.shared.overlap_ms = x.shared.comparable_ms = NAN;
 	if (o.shared_params) {
 		x.state_bytes *= 2; /* the two jobs' (job_iterations) */
 		x.floor_shared_bytes = floor_bytes_shared(cfg);
-		x.floor_shared_ms = x.floor_shared_bytes / (x.triad_gbps * 4.0 / 3.0) / 1e6;
+		/* nothing only written: both countings give these bytes; the
+		 * lower of the two bandwidths' times */
+		x.floor_shared_ms = x.floor_shared_bytes / x.triad_nt_gbps / 1e6;
+		if (x.floor_shared_bytes / (x.triad_gbps * 4.0 / 3.0) / 1e6 < x.floor_shared_ms)
+			x.floor_shared_ms = x.floor_shared_bytes / (x.triad_gbps * 4.0 / 3.0) / 1e6;
 	}
 
 	step = "starting zerod";
@@ -1066,6 +1245,7 @@ static int run(int argc, char **argv)
 		if (r < 0)
 			goto fail;
 	}
+	x.loadavg_end = loadavg();
 	if (o.json)
 		print_json(&o, &x);
 	else
