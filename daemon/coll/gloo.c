@@ -209,7 +209,8 @@ static int net_alltoallv(struct coll_group *g, struct lane_ctx *ln, const float 
 			 const size_t *scnt, float *out, const size_t *rcnt)
 {
 	if (!g->net) {
-		memcpy(out, in, scnt[0] * sizeof(float));
+		if (scnt[0])
+			memcpy(out, in, scnt[0] * sizeof(float));
 		return 0;
 	}
 	return g->mo->alltoallv(g->net, lane_tag(g, ln), in, scnt, out, rcnt, ln->err,

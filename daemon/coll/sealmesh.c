@@ -833,7 +833,8 @@ static int sm_alltoallv(struct coll_mesh *m, uint32_t tag, const float *in, cons
 
 	for (uint32_t j = 0; j < m->nnodes; j++) {
 		if (j == m->node) {
-			memmove(out + ro, in + so, scnt[j] * sizeof(float));
+			if (scnt[j]) /* a node that receives nothing may pass no out */
+				memmove(out + ro, in + so, scnt[j] * sizeof(float));
 		} else if (scnt[j] || rcnt[j]) {
 			x[nx++] = (struct xfer){.c = conn_of(m, j, lane),
 						.peer = j,
