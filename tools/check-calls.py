@@ -34,7 +34,7 @@ import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from zlayers import LEVEL, relation  # noqa: E402  LAYERS, lowest first (tools/zlayers.py)
+from zlayers import LEVEL, read_known, relation  # noqa: E402  LAYERS, lowest first (tools/zlayers.py)
 
 # nm's kinds: a global an object defines (weak ones rank below strong)
 STRONG = set("TDBRGSCiu")
@@ -248,14 +248,7 @@ def main(argv):
             print("daemon/%s: %s" % (src, show(sym)))
         return 0
 
-    known = {}
-    known_path = os.path.join(root, "tools", "calls-known.txt")
-    if os.path.exists(known_path):
-        for n, line in enumerate(open(known_path), 1):
-            line = line.split("#", 1)[0].strip()
-            if line:
-                f, _, sym = line.partition(":")
-                known[(f.strip(), sym.strip())] = n
+    known = read_known(os.path.join(root, "tools", "calls-known.txt"))
     bad = []
     seen_known = set()
     for (src, sym), (tgt, w) in sorted(breaks.items()):

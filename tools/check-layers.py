@@ -22,7 +22,7 @@ import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from zlayers import relation  # noqa: E402  LAYERS, lowest first (tools/zlayers.py)
+from zlayers import read_known, relation  # noqa: E402  LAYERS, lowest first (tools/zlayers.py)
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
@@ -79,14 +79,7 @@ def main(argv):
     if not os.path.isdir(os.path.join(root, "daemon")):
         print("check-layers: %s has no daemon/" % root, file=sys.stderr)
         return 2
-    known = {}
-    known_path = os.path.join(root, "tools", "layers-known.txt")
-    if os.path.exists(known_path):
-        for n, line in enumerate(open(known_path), 1):
-            line = line.split("#", 1)[0].strip()
-            if line:
-                f, _, inc = line.partition(":")
-                known[(f.strip(), inc.strip())] = n
+    known = read_known(os.path.join(root, "tools", "layers-known.txt"))
     seen_known = set()
     bad = []
     files = 0

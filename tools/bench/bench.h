@@ -86,6 +86,10 @@ struct bench_daemon {
 
 /* Remove the files in directory path (not below), then the directory. */
 void bench_rmdir(const char *path);
+/* Run shell command cmd (a script printing one JSON object a line) and keep
+ * its last line that opens with '{' in last (len bytes). 0, -errno if it
+ * could not start, or -EIO if it failed or printed no such line. */
+int bench_last_json(const char *cmd, char *last, size_t len);
 
 /* Start cfg->zerod on a socket in a fresh temporary directory. 0 or -errno. */
 int daemon_start(struct bench_daemon *d, const char *bin);

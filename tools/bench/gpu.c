@@ -285,21 +285,15 @@ static double jnumber(const char *s, const char *key)
 static void ddp_cuda(const struct bench_cfg *cfg, const char *python, const char *anchor,
 		     struct gpu_row *row)
 {
-	char cmd[4096], line[4096], last[4096] = "";
+	char cmd[4096], last[4096] = "";
 	const char *nr;
-	FILE *f;
 
 	snprintf(cmd, sizeof(cmd),
 		 "'%s' '%s' --cuda --params %llu --layers %u --world 1 --optim adam --lr %g "
 		 "--iters %d --warmup %d --zerod '%s' --libzeroclient '%s' --pythonpath '%s'",
 		 python, anchor, (unsigned long long)cfg->params, cfg->nbuckets, cfg->hp.lr,
 		 cfg->iters, cfg->warmup, cfg->zerod, LIBZEROCLIENT_BUILD, ZEROD_PYTHON_DIR);
-	fflush(stdout);
-	f = popen(cmd, "r");
-	while (f && fgets(line, sizeof(line), f))
-		if (line[0] == '{')
-			snprintf(last, sizeof(last), "%s", line);
-	if (!f || pclose(f) != 0 || !last[0]) {
+	if (bench_last_json(cmd, last, sizeof(last)) < 0) {
 		not_run(row, "not run: %s failed", "torch_anchor.py --cuda");
 		return;
 	}

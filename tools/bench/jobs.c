@@ -46,6 +46,24 @@
 
 #define STEP_TIMEOUT_MS 60000
 
+int bench_last_json(const char *cmd, char *last, size_t len)
+{
+	char line[4096];
+	FILE *f;
+	int st;
+
+	last[0] = 0;
+	fflush(stdout);
+	f = popen(cmd, "r");
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f))
+		if (line[0] == '{')
+			snprintf(last, len, "%s", line);
+	st = pclose(f);
+	return st != 0 || !last[0] ? -EIO : 0;
+}
+
 /* ---- the daemon ---- */
 
 void bench_rmdir(const char *path)

@@ -483,9 +483,8 @@ static double json_number(const char *s, const char *key)
 static int run_torch(const struct opts *o, struct torch_result *ret)
 {
 	const struct bench_cfg *cfg = &o->cfg;
-	char cmd[4096], extra[2048] = "", line[4096], last[4096] = "";
-	FILE *f;
-	int st;
+	char cmd[4096], extra[2048] = "", last[4096] = "";
+	int r;
 
 	if (o->torch_zerod)
 		snprintf(extra, sizeof(extra), " --zerod '%s' --libzeroclient '%s' --pythonpath '%s'",
@@ -498,17 +497,9 @@ static int run_torch(const struct opts *o, struct torch_result *ret)
 		 o->python, o->anchor, (unsigned long long)cfg->params, cfg->nbuckets, cfg->ranks,
 		 optim_name[cfg->optim], cfg->hp.lr, cfg->hp.momentum, cfg->hp.weight_decay,
 		 cfg->iters, cfg->warmup, extra);
-	fflush(stdout);
-	f = popen(cmd, "r");
-	if (!f)
-		return -errno;
-	while (fgets(line, sizeof(line), f))
-		if (line[0] == '{')
-			snprintf(last, sizeof(last), "%s", line);
-	st = pclose(f);
-	if (st != 0 || !last[0]) {
+	if ((r = bench_last_json(cmd, last, sizeof(last))) < 0) {
 		fprintf(stderr, "zerod-bench: the torch anchor failed (%s)\n", cmd);
-		return -EIO;
+		return r;
 	}
 	ret->iter_ms = json_number(last, "torch_iter_ms");
 	ret->synced_ms = json_number(last, "torch_synced_ms");
@@ -833,25 +824,16 @@ static double daemons_net_algbw(const struct bench_daemon *d, uint32_t n)
 static int run_torch_gloo(const struct opts *o, double *ret_ms)
 {
 	const struct bench_cfg *cfg = &o->cfg;
-	char cmd[2048], line[4096], last[4096] = "";
-	FILE *f;
-	int st;
+	char cmd[2048], last[4096] = "";
+	int r;
 
 	snprintf(cmd, sizeof(cmd),
 		 "'%s' '%s' --allreduce-only --params %llu --layers %u --bucket-numel %llu "
 		 "--world %u --iters %d --warmup %d",
 		 o->python, o->anchor, (unsigned long long)cfg->params, cfg->nbuckets,
 		 (unsigned long long)cfg->bucket_numel, cfg->daemons, cfg->iters, cfg->warmup);
-	fflush(stdout);
-	f = popen(cmd, "r");
-	if (!f)
-		return -errno;
-	while (fgets(line, sizeof(line), f))
-		if (line[0] == '{')
-			snprintf(last, sizeof(last), "%s", line);
-	st = pclose(f);
-	if (st != 0 || !last[0])
-		return -EIO;
+	if ((r = bench_last_json(cmd, last, sizeof(last))) < 0)
+		return r;
 	*ret_ms = json_number(last, "torch_gloo_allreduce_ms");
 	return isnan(*ret_ms) ? -EIO : 0;
 }
