@@ -152,5 +152,8 @@ int gloo_raw_allreduce(uint32_t nodes, const struct bench_cfg *cfg, double *ret_
 /* The GPU rows (zerod-bench --gpu): each measured where it can be, else
  * printed as not run with the reason. 0, or -errno. */
 int gpu_rows(const struct bench_cfg *cfg, bool json, const char *python, const char *anchor);
+/* zerod-bench --gpu-trainer SOCK RANK WORLD NUMEL ITERS: one rank of the
+ * busbw job through zerod (gpu.c); its exit status. */
+int gpu_trainer_main(const struct bench_cfg *cfg, char **args);
 
 #endif

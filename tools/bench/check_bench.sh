@@ -65,11 +65,13 @@ if "$bench" --daemons 2 --curve --params 200K --buckets 2 --iters 5 --warmup 1 -
 import json, sys
 keys = """daemons ranks params buckets bytes zerod_iter_ms gloo_iter_ms algbw_zerod algbw_gloo
 busbw_zerod busbw_gloo vs_gloo algbw_net busbw_net vs_gloo_net gloo_shim_iter_ms
-curve_iter_ms curve_algbw_net curve_vs_plain curve_vs_plain_net""".split()
-# gloo_iter_ms is torch's gloo all_reduce: a number where torch is, else null
+curve_iter_ms curve_algbw_net curve_vs_plain curve_vs_plain_net step_bucket_ref_ms
+step_all_ref_ms vs_gloo_plus_step_target""".split()
+# gloo_iter_ms is torch's gloo all_reduce: a number where torch is, else null,
+# and so are the ratios to it
 import subprocess
 if subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode == 0:
-    keys.append("gloo_iter_ms")
+    keys += ["gloo_iter_ms", "gloo_plus_step_ms", "vs_gloo_plus_step"]
 try:
     j = json.load(open(sys.argv[1]))
 except ValueError as e:
@@ -78,6 +80,15 @@ except ValueError as e:
 bad = [k for k in keys if not isinstance(j.get(k), (int, float))]
 if bad:
     print(f"# missing or not numbers: {' '.join(bad)}")
+    sys.exit(1)
+# the step references: one bucket's step is a part of every bucket's, and the
+# anchor is gloo's all-reduce plus the step the mode cannot hide
+if not 0 < j["step_bucket_ref_ms"] < j["step_all_ref_ms"]:
+    print(f"# step references out of order: {j['step_bucket_ref_ms']} {j['step_all_ref_ms']}")
+    sys.exit(1)
+if "gloo_plus_step_ms" in keys and abs(j["gloo_plus_step_ms"] - j["gloo_iter_ms"] -
+                                       j["step_bucket_ref_ms"]) > 0.01:
+    print(f"# gloo_plus_step_ms is not gloo_iter_ms + one bucket's step (interleaved)")
     sys.exit(1)
 PY
         echo "ok 3 - zerod-bench --daemons 2 --curve: one JSON object with every key"
@@ -97,13 +108,15 @@ fi
 if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     echo "ok 4 # SKIP --torch-zerod: no torch for /usr/bin/python3"
 elif "$bench" --params 200K --buckets 2 --ranks 2 --optim adam --iters 3 --warmup 2 \
-    --handoff-iters 100 --memcpy-size 16M --torch-zerod --torch-plain --json >"$out" 2>"$err"; then
+    --handoff-iters 100 --memcpy-size 16M --torch-zerod --torch-plain --shared-params \
+    --json >"$out" 2>"$err"; then
     if python3 - "$out" <<'PY'; then
 import json, sys
 keys = """torch_iter_ms torch_zerod_iter_ms torch_zerod_synced_ms torch_zerod_max_diff
 vs_torch vs_torch_zerod torch_zerod_vs_c zerod_iter_ms torch_plain_iter_ms
 torch_plain_foreach_iter_ms torch_plain_gabv_iter_ms torch_plain_gabv_foreach_iter_ms
-torch_plain_best_ms torch_zerod_vs_c_comparable""".split()
+torch_plain_best_ms torch_zerod_vs_c_comparable torch_zerod_shared_iter_ms
+torch_zerod_shared_max_diff torch_zerod_shared_vs_c_comparable""".split()
 try:
     j = json.load(open(sys.argv[1]))
 except ValueError as e:
@@ -116,9 +129,10 @@ if bad:
 # ZerodOptimizer and ZeRO train the same model on the same data: their
 # parameters agree (Adam moves each by ~lr = 1e-3 per step, so a model that
 # did not step, or the wrong one compared, is off by that much)
-if j["torch_zerod_max_diff"] > 1e-5:
-    print(f"# ZerodOptimizer's parameters differ from ZeRO's by {j['torch_zerod_max_diff']}")
-    sys.exit(1)
+for k in ("torch_zerod_max_diff", "torch_zerod_shared_max_diff"):
+    if j[k] > 1e-5:
+        print(f"# ZerodOptimizer's parameters differ from ZeRO's by {j[k]} ({k})")
+        sys.exit(1)
 PY
         echo "ok 4 - zerod-bench --torch-zerod: ZerodOptimizer's keys are numbers, its parameters ZeRO's"
     else

@@ -6,8 +6,16 @@
  *   nccl_busbw     NCCL all-reduce of --params floats across every visible
  *                  device from one process (ncclCommInitAll), timed with
  *                  CUDA events, busbw = algbw x 2(n-1)/n as nccl-tests
- *                  computes it; beside it the same bytes through zerod
- *                  (not written yet: it needs one trainer per device);
+ *                  computes it; beside it the same bytes through zerod:
+ *                  a `zerod --backend cuda` job of one trainer process per
+ *                  device (this binary again, --gpu-trainer, exec'd so that
+ *                  no child inherits this process's CUDA), one bucket of
+ *                  --params floats, shard slice (reduce-scatter, step,
+ *                  all-gather: an all-reduce's bytes), SGD without momentum
+ *                  (the least step), the slowest rank's median iteration
+ *                  (ready event to the stream synced after the done event),
+ *                  busbw counted the same way (zerod_busbw, zerod_vs_nccl:
+ *                  target >= 0.95);
  *   adam_gbps      a world-1 job on `zerod --backend cuda` with CUDA buffers
  *                  (IPC handles, zc_bucket_ready_cuda, zc_step_wait_cuda):
  *                  the bytes Adam must move, 4 N x 7 (gradient read,
@@ -31,6 +39,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench.h"
 
@@ -43,8 +53,8 @@ struct gpu_row {
 	const char *name;
 	bool ran;
 	char why[200];     /* when !ran */
-	double v[4];       /* the row's numbers when ran */
-	const char *k[4];  /* their keys */
+	double v[6];       /* the row's numbers when ran */
+	const char *k[6];  /* their keys */
 	unsigned n;
 };
 
@@ -56,7 +66,7 @@ static void not_run(struct gpu_row *r, const char *fmt, const char *arg)
 
 static void put(struct gpu_row *r, const char *key, double v)
 {
-	if (r->n < 4) {
+	if (r->n < 6) {
 		r->k[r->n] = key;
 		r->v[r->n++] = v;
 	}
@@ -173,18 +183,29 @@ static void nccl_direct(const struct bench_cfg *cfg, int ndev, struct gpu_row *r
 	free(t);
 }
 
-/* A world-1 job of `numel` elements in one bucket (Adam) on a zerod
- * --backend cuda, this process its trainer: the median and p99 of the
+/* One trainer of a job on the zerod --backend cuda at sock: rank of world
+ * (its device the rank's), `numel` elements in one bucket, optimizer `opt`
+ * with cfg's hyperparameters, shard mode `shard`: the median and p99 of its
  * iterations, ready event to the stream synced after the done event. */
-static int cuda_job(const struct bench_cfg *cfg, uint64_t numel, int iters, double *ret_p50_us,
-		    double *ret_p99_us, const char **why)
+struct cuda_trainer {
+	const char *sock, *job;
+	uint32_t rank, world;
+	uint64_t numel;
+	int iters;
+	enum zc_optimizer opt;
+	enum zc_shard_mode shard;
+};
+
+static int cuda_trainer(const struct bench_cfg *cfg, const struct cuda_trainer *ct,
+			double *ret_p50_us, double *ret_p99_us, const char **why)
 {
-	const char *const extra[] = {"--backend", "cuda", NULL};
+	uint64_t numel = ct->numel;
+	int iters = ct->iters;
 	struct zc_segment seg = {.size = sizeof(seg), .offset = 0, .numel = numel, .group = 0};
 	struct zc_bucket bk = {.size = sizeof(bk), .numel = numel, .nsegments = 1, .segments = &seg};
 	struct zc_plan plan = {.size = sizeof(plan),
-			       .optimizer = ZC_OPT_ADAM,
-			       .shard_mode = ZC_SHARD_BUCKET,
+			       .optimizer = ct->opt,
+			       .shard_mode = ct->shard,
 			       .step_mode = ZC_STEP_INTERLEAVED,
 			       .ngroups = 1,
 			       .groups = &cfg->hp,
@@ -192,7 +213,6 @@ static int cuda_job(const struct bench_cfg *cfg, uint64_t numel, int iters, doub
 			       .buckets = &bk};
 	struct zc_config zc = ZC_CONFIG_INIT;
 	struct zc_buffers bufs = ZC_BUFFERS_INIT;
-	struct bench_daemon d;
 	zc_client *c = NULL;
 	cudaStream_t st = NULL;
 	char *dev = NULL;
@@ -200,16 +220,17 @@ static int cuda_job(const struct bench_cfg *cfg, uint64_t numel, int iters, doub
 	int warm = iters / 10 + 3, r;
 	double *t = calloc((size_t)iters, sizeof(double));
 
-	*why = "zerod --backend cuda did not start";
-	r = t ? daemon_start_args(&d, cfg->zerod, extra) : -ENOMEM;
-	if (r < 0)
-		goto out;
-	zc.socket = d.sock;
-	zc.job_id = "bench-gpu";
-	zc.rank = zc.local_rank = 0;
-	zc.world_size = zc.local_size = 1;
+	*why = "memory";
+	if (!t)
+		return -ENOMEM;
+	zc.socket = ct->sock;
+	zc.job_id = ct->job;
+	zc.rank = zc.local_rank = ct->rank;
+	zc.world_size = zc.local_size = ct->world;
 	*why = "CUDA buffers";
 	r = zc_plan_buffer_bytes(&plan, &bytes);
+	if (r >= 0 && cudaSetDevice((int)ct->rank) != cudaSuccess)
+		r = -ENODEV;
 	if (r < 0 || cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess ||
 	    cudaMalloc((void **)&dev, (2 * bytes + IPC_ROUND - 1) / IPC_ROUND * IPC_ROUND) !=
 		    cudaSuccess ||
@@ -258,10 +279,117 @@ stop:
 	cudaFree(dev);
 	if (st)
 		cudaStreamDestroy(st);
-	daemon_stop(&d);
-out:
 	free(t);
 	return r;
+}
+
+/* A world-1 job of `numel` elements in one bucket (Adam) on a zerod
+ * --backend cuda of its own, this process its trainer. */
+static int cuda_job(const struct bench_cfg *cfg, uint64_t numel, int iters, double *ret_p50_us,
+		    double *ret_p99_us, const char **why)
+{
+	const char *const extra[] = {"--backend", "cuda", NULL};
+	struct bench_daemon d;
+	int r;
+
+	*why = "zerod --backend cuda did not start";
+	if ((r = daemon_start_args(&d, cfg->zerod, extra)) < 0)
+		return r;
+	struct cuda_trainer ct = {.sock = d.sock,
+				  .job = "bench-gpu",
+				  .rank = 0,
+				  .world = 1,
+				  .numel = numel,
+				  .iters = iters,
+				  .opt = ZC_OPT_ADAM,
+				  .shard = ZC_SHARD_BUCKET};
+	r = cuda_trainer(cfg, &ct, ret_p50_us, ret_p99_us, why);
+	daemon_stop(&d);
+	return r;
+}
+
+/* zerod-bench --gpu-trainer SOCK RANK WORLD NUMEL ITERS: one rank of the
+ * busbw job (zerod_busbw), in a process of its own; prints its median
+ * iteration in microseconds. */
+int gpu_trainer_main(const struct bench_cfg *cfg, char **args)
+{
+	struct cuda_trainer ct = {.sock = args[0],
+				  .job = "bench-busbw",
+				  .rank = (uint32_t)strtoul(args[1], NULL, 10),
+				  .world = (uint32_t)strtoul(args[2], NULL, 10),
+				  .numel = strtoull(args[3], NULL, 10),
+				  .iters = atoi(args[4]),
+				  .opt = ZC_OPT_SGD,
+				  .shard = ZC_SHARD_SLICE};
+	struct bench_cfg sgd = *cfg;
+	const char *why = NULL;
+	double p50, p99;
+
+	sgd.hp.momentum = 0;
+	if (cuda_trainer(&sgd, &ct, &p50, &p99, &why) < 0) {
+		fprintf(stderr, "zerod-bench --gpu-trainer %u: %s failed\n", ct.rank, why);
+		return 1;
+	}
+	printf("%.3f\n", p50);
+	return 0;
+}
+
+/* The busbw job: a zerod --backend cuda and one --gpu-trainer process per
+ * device; the slowest rank's median iteration in ms, or NAN with *why. */
+static double zerod_busbw_ms(const struct bench_cfg *cfg, int ndev, const char **why)
+{
+	const char *const extra[] = {"--backend", "cuda", NULL};
+	struct bench_daemon d;
+	FILE *out[16] = {0};
+	pid_t pid[16];
+	double worst = 0;
+	int ok = 1;
+
+	*why = "zerod --backend cuda did not start";
+	if (daemon_start_args(&d, cfg->zerod, extra) < 0)
+		return NAN;
+	*why = "a trainer process";
+	for (int k = 0; k < ndev; k++) {
+		char rank[16], world[16], numel[32], iters[16];
+		int fd[2];
+
+		snprintf(rank, sizeof(rank), "%d", k);
+		snprintf(world, sizeof(world), "%d", ndev);
+		snprintf(numel, sizeof(numel), "%llu", (unsigned long long)cfg->params);
+		snprintf(iters, sizeof(iters), "%d", cfg->iters);
+		if (pipe(fd) < 0 || (pid[k] = fork()) < 0) {
+			ok = 0;
+			ndev = k;
+			break;
+		}
+		if (pid[k] == 0) {
+			dup2(fd[1], 1);
+			close(fd[0]);
+			close(fd[1]);
+			execl("/proc/self/exe", "zerod-bench", "--gpu-trainer", d.sock, rank, world,
+			      numel, iters, (char *)NULL);
+			_exit(127);
+		}
+		close(fd[1]);
+		out[k] = fdopen(fd[0], "r");
+	}
+	for (int k = 0; k < ndev; k++) {
+		double us = NAN;
+		int status = 0;
+
+		if (!out[k] || fscanf(out[k], "%lf", &us) != 1)
+			ok = 0;
+		if (out[k])
+			fclose(out[k]);
+		if (waitpid(pid[k], &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
+			ok = 0;
+		worst = us > worst ? us : worst;
+	}
+	daemon_stop(&d);
+	if (!ok)
+		return NAN;
+	*why = NULL;
+	return worst / 1e3;
 }
 
 #ifndef LIBZEROCLIENT_BUILD
@@ -325,8 +453,18 @@ static void gpu_measure(const struct bench_cfg *cfg, const char *python, const c
 	}
 	cudaSetDevice(0);
 	nccl_direct(cfg, ndev, &rows[0]);
-	if (rows[0].ran)
-		put(&rows[0], "zerod_busbw", NAN); /* below: not written yet */
+	if (rows[0].ran) {
+		double ms = zerod_busbw_ms(cfg, ndev, &why);
+		double bus = 4.0 * (double)cfg->params / (ms * 1e6) * 2.0 * (ndev - 1) / ndev;
+
+		if (why)
+			fprintf(stderr, "zerod-bench: the busbw job through zerod: %s failed\n",
+				why);
+		put(&rows[0], "zerod_ms", ms);
+		put(&rows[0], "zerod_busbw", bus);
+		put(&rows[0], "zerod_vs_nccl", bus / rows[0].v[2]);
+		why = NULL;
+	}
 	copy = d2d_gbps((size_t)cfg->params * sizeof(float), &why);
 	if (why)
 		not_run(&rows[1], "not run: device-to-device copy: %s failed", why);
@@ -349,6 +487,14 @@ static void gpu_measure(const struct bench_cfg *cfg, const char *python, const c
 }
 
 #else
+
+int gpu_trainer_main(const struct bench_cfg *cfg, char **args)
+{
+	(void)cfg;
+	(void)args;
+	fprintf(stderr, "zerod-bench: built without the CUDA toolkit\n");
+	return 2;
+}
 
 static void gpu_measure(const struct bench_cfg *cfg, const char *python, const char *anchor,
 			struct gpu_row *rows)

@@ -163,9 +163,32 @@ def main():
         f"| {R[k][0]['step']} | {cell(R[k], 'zerod_iter_ms')} | {cell(R[k], 'gloo_iter_ms')} | "
         f"{cell(R[k], 'gloo_shim_iter_ms')} | "
         f"{cell(ratio_runs(R[k], 'zerod_iter_ms', 'gloo_iter_ms'), 'r', '{:.2f}', '×')} | "
+        f"{cell(R[k], 'step_bucket_ref_ms')} / {cell(R[k], 'step_all_ref_ms')} | "
+        f"{cell(R[k], 'vs_gloo_plus_step', '{:.2f}', '×')} (≤ {R[k][0].get('vs_gloo_plus_step_target', '?')}) | "
         f"{cell(R[k], 'busbw_zerod', '{:.3f}')} | {cell(R[k], 'busbw_net', '{:.3f}')} | "
         f"{cell(R[k], 'busbw_gloo', '{:.3f}')} | {cell(R[k], 'curve_iter_ms')} | "
         f"{loads(R[k])} |" for k in nodes)
+
+    def target(runs, key, limit, what):
+        """A row of the targets table: the median over the rounds of a
+        per-round ratio against its limit (met: the median is within it)."""
+        s = spread(runs, key)
+        if s is None:
+            return f"| {what} | – | ≤ {limit}× | not measured |"
+        return (f"| {what} | {cell(runs, key, '{:.2f}', '×')} | ≤ {limit}× | "
+                f"{'met' if s['median'] <= limit else 'not met'} "
+                f"(the median; {sum(1 for v in values(runs, key) if v <= limit)} of {s['n']} rounds) |")
+
+    target_rows = "\n".join([
+        target(h, "torch_zerod_vs_c_comparable", 1.2,
+               "§2 DDP + ZerodOptimizer over the C trainers' comparable figure, own buffers"),
+        target(h, "torch_zerod_shared_vs_c_comparable", 1.2,
+               "§2 the same with shared parameters (`shared_params=True` against the C "
+               "trainers' shared job)"),
+    ] + [target(R[k], "vs_gloo_plus_step", R[k][0].get("vs_gloo_plus_step_target"),
+                f"§3 two daemons, {R[k][0]['step']}: zerod's iteration over gloo's all-reduce "
+                f"+ {'every bucket' if R[k][0]['step'] == 'at_end' else 'one bucket'}'s step")
+         for k in nodes])
     gpu_rows = ""
     if "gpu" in R:
         g = R["gpu"]
@@ -206,6 +229,13 @@ plot's table in `docs/perf/sweep.dat`.
 
 Measured at commit {cm} on {days}, on {mach}.
 
+**Issue 25's targets in this run** (each ratio taken inside its round, both
+sides measured in that run; the rows below give where each comes from):
+
+| target | median [min–max] over the rounds | limit | |
+|---|---|---|---|
+{target_rows}
+
 **Load.** The machine is shared (2 cores; other work builds and tests on
 it): a neighbour's build halves every bandwidth. Each table gives the
 1-minute load average of each round at its start → end; {nbusy} of the
@@ -228,6 +258,7 @@ build/tools/bench/zerod-bench --params {h[0]['params']} --buckets 4 --ranks 2 --
 | system | ms per iteration | its time over DDP + ZerodOptimizer's |
 |---|---|---|
 | **DDP + `ZerodOptimizer`** (`torch_zerod_iter_ms`) | **{c('torch_zerod_iter_ms')} ms** | 1 |
+| DDP + `ZerodOptimizer(shared_params=True)` (`torch_zerod_shared_iter_ms`) | {c('torch_zerod_shared_iter_ms')} ms | {rr('torch_zerod_shared_iter_ms', 'torch_zerod_iter_ms')} |
 {plain_rows}
 | DDP + `ZeroRedundancyOptimizer(Adam)` (`torch_iter_ms`) | {c('torch_iter_ms')} ms | {rr('torch_iter_ms', 'torch_zerod_iter_ms')} |
 
@@ -237,7 +268,8 @@ The best of the plain optimizers (`torch_plain_best_ms`): {c('torch_plain_best_m
 {rr('torch_plain_best_ms', 'torch_zerod_iter_ms')} DDP + ZerodOptimizer's time, and DDP + ZeRO
 {rr('torch_iter_ms', 'torch_zerod_iter_ms')} (above 1: ZerodOptimizer is faster).
 `ZerodOptimizer`'s parameters differ from ZeRO's by at most
-{c('torch_zerod_max_diff', '{:.2g}')} after the run (they train the same model on the same data).
+{c('torch_zerod_max_diff', '{:.2g}')} after the run (they train the same model on the same data),
+with shared parameters by {c('torch_zerod_shared_max_diff', '{:.2g}')}.
 
 ### zerod's C trainers, counted the same way
 
@@ -256,7 +288,7 @@ barrier and times only hand-over → step done, with both cores to the daemon.
 | fill overlapped with the hand-over (`zerod_overlap_ms`) | {c('zerod_overlap_ms')} ms | |
 | fill alone (`zerod_fill_ms`) | {c('zerod_fill_ms')} ms | |
 | C trainers, hand-over only (`zerod_iter_ms`; fastest iteration `zerod_iter_min_ms`) | {c('zerod_iter_ms')} ms ({c('zerod_iter_min_ms')}) | comparable / hand-over {rr('zerod_comparable_ms', 'zerod_iter_ms')}; DDP + ZeRO takes {rr('torch_iter_ms', 'zerod_iter_ms')} this (`vs_torch`; issue 5's target ≥ 8×) |
-| shared parameters, comparable (`zerod_shared_comparable_ms`) | {c('zerod_shared_comparable_ms')} ms | DDP + ZeRO takes {rr('torch_iter_ms', 'zerod_shared_comparable_ms')} this |
+| shared parameters, comparable (`zerod_shared_comparable_ms`) | {c('zerod_shared_comparable_ms')} ms | DDP + ZeRO takes {rr('torch_iter_ms', 'zerod_shared_comparable_ms')} this; DDP + `ZerodOptimizer(shared_params=True)` {rr('torch_zerod_shared_iter_ms', 'zerod_shared_comparable_ms')} (`torch_zerod_shared_vs_c_comparable`; target ≤ 1.2×) |
 | shared parameters, hand-over only (`zerod_shared_iter_ms`) | {c('zerod_shared_iter_ms')} ms | {rr('zerod_shared_iter_ms', 'zerod_iter_ms')} the time of own buffers |
 
 ### Anchors, fixed before measuring
@@ -316,12 +348,18 @@ its gloo backend between two processes, the same four buckets one after the
 other (`gloo_iter_ms`, `torch_anchor.py --allreduce-only`); gloo through
 zerod's own shim (`gloo_shim_iter_ms`, `gloo_raw.c`) is beside it, not the
 anchor. "zerod / gloo" is the whole iteration over the all-reduce alone, per
-round. Busbw in GB/s (algbw × 2(n−1)/n); "busbw all-reduce" is the daemons'
+round. The step alone (`step_bucket_ref_ms` / `step_all_ref_ms`) is measured
+in the same run without zerod: the fused reference of one rank over one
+bucket and over every bucket, with warm caches (its fastest). "zerod /
+(gloo + step)" is the target's ratio: the iteration over gloo's all-reduce
+plus the step the mode cannot hide behind the wire, one bucket's
+interleaved (the last bucket's step follows every all-reduce), every
+bucket's at_end. Busbw in GB/s (algbw × 2(n−1)/n); "busbw all-reduce" is the daemons'
 own cross-node all-reduce from their metrics; "sealed" the same job on
 daemons with CURVE keys (the sealed mesh).
 
-| step | zerod ms | gloo (torch) ms | gloo via zerod's shim ms | zerod / gloo | busbw whole iteration | busbw all-reduce | busbw gloo | sealed ms | load (each round) |
-|---|---|---|---|---|---|---|---|---|---|
+| step | zerod ms | gloo (torch) ms | gloo via zerod's shim ms | zerod / gloo | step alone ms, one bucket / all | zerod / (gloo + step) | busbw whole iteration | busbw all-reduce | busbw gloo | sealed ms | load (each round) |
+|---|---|---|---|---|---|---|---|---|---|---|---|
 {node_rows}
 
 Both "nodes" share this machine's 2 cores; on separate machines the two
@@ -337,9 +375,11 @@ direct NCCL, Adam ≥ 80% of copy bandwidth), the handoff with CUDA IPC events,
 and DDP + ZerodOptimizer against DDP + ZeroRedundancyOptimizer
 (overlap_with_ddp=True) on CUDA at world 1 (`--python` naming a torch with
 CUDA; Debian's is not). Without a device they say why they did not run,
-never a number. Not written yet: the busbw through zerod (`zerod_busbw`
-stays null: it needs one trainer process per device on a multi-GPU
-machine); the direct NCCL figure needs 2 devices.
+never a number. Both busbw figures need 2 devices or more (one rank's busbw
+is 0 by nccl-tests' formula): through zerod it is a `zerod --backend cuda`
+job of one trainer process per device, one bucket, shard slice
+(reduce-scatter, step, all-gather), SGD without momentum, the slowest
+rank's iteration (`zerod_busbw`, `zerod_vs_nccl`).
 
 | row | result |
 |---|---|
@@ -411,7 +451,15 @@ anchor. `--json` prints one object; without it, a table with the same values.
   processes (`gloo_iter_ms`) and gloo through zerod's shim
   (`gloo_shim_iter_ms`); `busbw_*` = bytes / time × 2(n−1)/n; `algbw_net`:
   the daemons' own all-reduce from their metrics; with `--curve` the job on
-  daemons with CURVE keys (`curve_iter_ms`).
+  daemons with CURVE keys (`curve_iter_ms`); the step alone, without zerod,
+  the fused reference of one rank over one bucket and over all of them
+  (`step_bucket_ref_ms`, `step_all_ref_ms`, warm caches), and
+  `vs_gloo_plus_step`, the iteration over `gloo_iter_ms` plus the step the
+  mode cannot hide.
+- **`--torch-zerod --shared-params`**: the anchor runs a third copy of the
+  model under DDP + `ZerodOptimizer(shared_params=True)` in the same
+  interleaved rounds (`torch_zerod_shared_iter_ms`), against the C trainers'
+  shared job (`torch_zerod_shared_vs_c_comparable`).
 - **`--gpu`**: the GPU rows above, schema `zerod-bench-gpu/1`, each
   `{{"ran": false, "why": ...}}` where it could not run.
 

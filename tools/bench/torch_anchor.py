@@ -33,6 +33,9 @@ zerod's step) are interleaved with the other two kinds, and
 so what the Python package costs (the hook, the copy into zerod's buffer,
 ctypes, the pump thread) is in it. --libzeroclient and --pythonpath say where
 the library and the zerod package are (zerod-bench passes the build's).
+--zerod-shared (zerod-bench --torch-zerod --shared-params) runs a third copy
+the same way with ZerodOptimizer(shared_params=True), the ranks sharing one
+parameter buffer: torch_zerod_shared_iter_ms, torch_zerod_shared_max_diff.
 
 --plain also runs what a user has without ZeRO: DDP + plain torch.optim of
 the same class, each on its own copy of the model, in the same interleaved
@@ -115,6 +118,13 @@ def worker(rank, a, port):
         opt_z = ZerodOptimizer(ddp_z, cls, **kw)
         kinds.append((ddp_z, opt_z, True))
         names.append("zerod")
+        if a.zerod_shared:
+            torch.manual_seed(0)
+            model_s, _ = make_model(a)
+            ddp_s = DDP(model_s, bucket_cap_mb=a.bucket_cap_mb)
+            opt_s = ZerodOptimizer(ddp_s, cls, shared_params=True, **kw)
+            kinds.append((ddp_s, opt_s, True))
+            names.append("zerod_shared")
     if a.plain:
         for gabv in (False, True):
             torch.manual_seed(0)
@@ -154,11 +164,21 @@ def worker(rank, a, port):
         zsynced = statistics.median(times[names.index("zerod"), a.warmup:].tolist()) * 1e3
         extra = {"torch_zerod_synced_ms": round(zsynced, 3), "torch_zerod_max_diff": diff}
         opt_z.close()
+        if a.zerod_shared:
+            extra["torch_zerod_shared_max_diff"] = max(
+                (p - q).abs().max().item()
+                for p, q in zip(model.parameters(), model_s.parameters()))
+            extra["torch_zerod_shared_synced_ms"] = round(statistics.median(
+                times[names.index("zerod_shared"), a.warmup:].tolist()) * 1e3, 3)
+            opt_s.close()
     if rank == 0:
         compute = statistics.median(times[0, a.warmup:].tolist()) * 1e3
         synced = statistics.median(times[1, a.warmup:].tolist()) * 1e3
         if a.zerod:
             extra["torch_zerod_iter_ms"] = round(extra["torch_zerod_synced_ms"] - compute, 3)
+            if a.zerod_shared:
+                extra["torch_zerod_shared_iter_ms"] = round(
+                    extra["torch_zerod_shared_synced_ms"] - compute, 3)
             extra["vs_torch_zerod"] = round((synced - compute) / extra["torch_zerod_iter_ms"], 3) \
                 if extra["torch_zerod_iter_ms"] > 0 else None
         plain = {}
@@ -303,6 +323,8 @@ def main():
     p.add_argument("--bucket-cap-mb", type=float, default=25)
     p.add_argument("--zerod", help="also run ZerodOptimizer on this zerod binary")
     p.add_argument("--libzeroclient", help="libzeroclient.so.1 for it")
+    p.add_argument("--zerod-shared", action="store_true",
+                   help="with --zerod: also ZerodOptimizer(shared_params=True)")
     p.add_argument("--pythonpath", help="the directory holding the zerod package",
                    default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                         "client", "python"))

@@ -42,7 +42,17 @@
  *                  each daemon's metrics (zeroctl metrics) after the run;
  *                  the slowest daemon's. It runs while the trainers hand
  *                  over buckets and the optimizer steps, as in training;
- *   vs_gloo_net  = busbw_net / busbw_gloo: the all-reduce against gloo's.
+ *   vs_gloo_net  = busbw_net / busbw_gloo: the all-reduce against gloo's;
+ *   step_bucket_ref_ms, step_all_ref_ms = the optimizer step of one bucket
+ *                  and of every bucket, measured in this process in the same
+ *                  run, without zerod: the fused reference (floors.c) of one
+ *                  rank, its sum a copy, over bucket_numel and over params
+ *                  elements, on every CPU, with warm caches (its fastest, so
+ *                  the anchors below are the strictest);
+ *   vs_gloo_plus_step = zerod's iteration over gloo_iter_ms + the step that
+ *                  cannot hide behind the wire: one bucket's interleaved
+ *                  (the last bucket's step comes after every all-reduce),
+ *                  every bucket's at_end (issue 25 §3: targets 1.15, 1.1).
  * The floors, the handoff and the torch anchor are not run in this mode.
  */
 #include <dirent.h>
@@ -462,6 +472,8 @@ struct torch_result {
 	double iter_ms, synced_ms, compute_ms, params;
 	/* --torch-zerod: DDP + ZerodOptimizer in the same run */
 	double zerod_iter_ms, zerod_synced_ms, zerod_max_diff;
+	/* --torch-zerod --shared-params: ZerodOptimizer(shared_params=True) too */
+	double zerod_shared_iter_ms, zerod_shared_max_diff;
 	/* --torch-plain: DDP + plain torch.optim, each minus the same no_sync */
 	double plain_ms, plain_foreach_ms, plain_gabv_ms, plain_gabv_foreach_ms, plain_best_ms;
 	char plain_best[32];
@@ -489,6 +501,8 @@ static int run_torch(const struct opts *o, struct torch_result *ret)
 	if (o->torch_zerod)
 		snprintf(extra, sizeof(extra), " --zerod '%s' --libzeroclient '%s' --pythonpath '%s'",
 			 cfg->zerod, LIBZEROCLIENT_BUILD, ZEROD_PYTHON_DIR);
+	if (o->torch_zerod && o->shared_params)
+		strcat(extra, " --zerod-shared");
 	if (o->torch_plain)
 		strcat(extra, " --plain");
 	snprintf(cmd, sizeof(cmd),
@@ -522,6 +536,12 @@ static int run_torch(const struct opts *o, struct torch_result *ret)
 		ret->zerod_synced_ms = json_number(last, "torch_zerod_synced_ms");
 		ret->zerod_max_diff = json_number(last, "torch_zerod_max_diff");
 		if (isnan(ret->zerod_iter_ms))
+			return -EIO;
+	}
+	if (o->torch_zerod && o->shared_params) {
+		ret->zerod_shared_iter_ms = json_number(last, "torch_zerod_shared_iter_ms");
+		ret->zerod_shared_max_diff = json_number(last, "torch_zerod_shared_max_diff");
+		if (isnan(ret->zerod_shared_iter_ms))
 			return -EIO;
 	}
 	return isnan(ret->iter_ms) ? -EIO : 0;
@@ -602,6 +622,10 @@ static void print_json(const struct opts *o, const struct results *x)
 	jnum("torch_zerod_iter_ms", x->torch.zerod_iter_ms, "%.3f", false);
 	jnum("torch_zerod_synced_ms", x->torch.zerod_synced_ms, "%.3f", false);
 	jnum("torch_zerod_max_diff", x->torch.zerod_max_diff, "%.3g", false);
+	jnum("torch_zerod_shared_iter_ms", x->torch.zerod_shared_iter_ms, "%.3f", false);
+	jnum("torch_zerod_shared_max_diff", x->torch.zerod_shared_max_diff, "%.3g", false);
+	jnum("torch_zerod_shared_vs_c_comparable",
+	     ratio(x->torch.zerod_shared_iter_ms, x->shared.comparable_ms), "%.3f", false);
 	jnum("fused_ref_ms", x->fused_ms, "%.3f", false);
 	jnum("fused_ref_min_ms", x->fused_min_ms, "%.3f", false);
 	jnum("floor_iter_ms", x->floor_ms, "%.3f", false);
@@ -838,15 +862,35 @@ static int run_torch_gloo(const struct opts *o, double *ret_ms)
 	return isnan(*ret_ms) ? -EIO : 0;
 }
 
+/* The step without zerod, in this run: the fused reference of one rank
+ * (its sum a copy) with warm caches, over one bucket (ms[0]) and over every
+ * bucket (ms[1]). */
+static int step_refs(const struct bench_cfg *cfg, double ms[2])
+{
+	struct bench_cfg one = *cfg;
+	double fastest;
+	int r;
+
+	one.ranks = 1;
+	one.cold = false;
+	one.params = cfg->bucket_numel;
+	if ((r = floor_fused_ms(&one, &ms[0], &fastest)) < 0)
+		return r;
+	one.params = cfg->params;
+	return floor_fused_ms(&one, &ms[1], &fastest);
+}
+
 /* gloo_ms: torch's gloo all_reduce (the anchor; NAN where torch is not),
- * shim_ms: gloo through zerod's own shim (gloo_raw.c). */
+ * shim_ms: gloo through zerod's own shim (gloo_raw.c), step_ms: step_refs(). */
 static void print_daemons(const struct opts *o, const struct job_result *job, double gloo_ms,
-			  double shim_ms, double algn, double load, const struct job_result *sealed,
-			  double algs)
+			  double shim_ms, const double step_ms[2], double algn, double load,
+			  const struct job_result *sealed, double algs)
 {
 	const struct bench_cfg *c = &o->cfg;
 	double n = c->daemons, f = 2.0 * (n - 1) / n, bytes = 4.0 * (double)c->params;
 	double algz = bytes / (job->iter_ms * 1e6), algg = bytes / (gloo_ms * 1e6);
+	bool at_end = c->step == ZC_STEP_AT_END;
+	double anchor = gloo_ms + step_ms[at_end ? 1 : 0], target = at_end ? 1.1 : 1.15;
 
 	if (o->json) {
 		printf("{\n  \"schema\": \"zerod-bench-daemons/1\",\n");
@@ -865,6 +909,11 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 		jnum("loadavg_end", loadavg(), "%.2f", false);
 		jnum("gloo_iter_ms", gloo_ms, "%.3f", false);
 		jnum("gloo_shim_iter_ms", shim_ms, "%.3f", false);
+		jnum("step_bucket_ref_ms", step_ms[0], "%.3f", false);
+		jnum("step_all_ref_ms", step_ms[1], "%.3f", false);
+		jnum("gloo_plus_step_ms", anchor, "%.3f", false);
+		jnum("vs_gloo_plus_step", ratio(job->iter_ms, anchor), "%.3f", false);
+		jnum("vs_gloo_plus_step_target", target, "%.2f", false);
 		printf("  \"gloo_anchor\": \"%s\",\n",
 		       isfinite(gloo_ms) ? "torch.distributed all_reduce, backend gloo"
 					 : "not run: no torch for the interpreter (--python)");
@@ -910,6 +959,11 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 	printf("  torch gloo all_reduce    %9.2f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n", gloo_ms,
 	       algg, algg * f);
 	printf("  gloo via zerod's shim    %9.2f ms\n", shim_ms);
+	printf("  step alone (reference)   %9.2f ms one bucket, %.2f ms all of them\n", step_ms[0],
+	       step_ms[1]);
+	printf("  zerod / (gloo + %s) %9.3f  (target %.2f)\n",
+	       at_end ? "every bucket's step" : "one bucket's step", ratio(job->iter_ms, anchor),
+	       target);
 	printf("  zerod's own all-reduce                 algbw %7.3f GB/s  busbw %7.3f GB/s\n",
 	       algn, algn * f);
 	printf("  zerod / gloo  whole iteration %9.3f   all-reduce %9.3f\n", ratio(algz, algg),
@@ -1074,6 +1128,7 @@ static int run_daemons(struct opts *o)
 	struct bench_cfg *cfg = &o->cfg;
 	struct job_result job = {0}, sealed = {0};
 	double gloo_ms = NAN, shim_ms = NAN, algn = NAN, algs = NAN, load = loadavg();
+	double step_ms[2] = {NAN, NAN};
 	const char *step = "starting zerod";
 	struct curve_files cf;
 	int r;
@@ -1092,6 +1147,11 @@ static int run_daemons(struct opts *o)
 		r = gloo_raw_allreduce(cfg->daemons, cfg, &shim_ms);
 	}
 	if (r == 0) {
+		progress("the step alone: the fused reference, one bucket and all of them");
+		step = "step reference";
+		r = step_refs(cfg, step_ms);
+	}
+	if (r == 0) {
 		progress("torch gloo all_reduce (the anchor)");
 		if (run_torch_gloo(o, &gloo_ms) < 0) {
 			fprintf(stderr, "zerod-bench: torch's gloo all_reduce did not run "
@@ -1104,12 +1164,14 @@ static int run_daemons(struct opts *o)
 		fprintf(stderr, "zerod-bench: %s: %s\n", step, zc_strerror(r));
 		return 1;
 	}
-	print_daemons(o, &job, gloo_ms, shim_ms, algn, load, cfg->curve ? &sealed : NULL, algs);
+	print_daemons(o, &job, gloo_ms, shim_ms, step_ms, algn, load, cfg->curve ? &sealed : NULL,
+		      algs);
 	return 0;
 #else
 	(void)o;
 	(void)print_daemons;
 	(void)run_torch_gloo;
+	(void)step_refs;
 	(void)daemons_job;
 	(void)curve_files_make;
 	(void)curve_files_remove;
@@ -1123,12 +1185,17 @@ static int run(int argc, char **argv)
 {
 	struct opts o = {0};
 	struct results x = {.torch = {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
-				      ""}};
+				      NAN, NAN, ""}};
 	struct bench_daemon d = {0};
 	struct bench_cfg *cfg = &o.cfg;
 	const char *step = "", *ckpt_tmp = NULL;
 	int r;
 
+	if (argc == 7 && strcmp(argv[1], "--gpu-trainer") == 0) {
+		/* one rank of --gpu's busbw job, exec'd by gpu.c: the defaults */
+		char *none[] = {argv[0], NULL};
+		return parse_args(1, none, &o) < 0 ? 2 : gpu_trainer_main(cfg, argv + 2);
+	}
 	r = parse_args(argc, argv, &o);
 	if (r < 0) {
 		usage(stderr);
