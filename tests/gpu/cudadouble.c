@@ -51,8 +51,9 @@
  *    record queues the next count on its stream, a wait queues a task that
  *    waits for the count recorded when the wait was issued (CUDA's
  *    semantics: a later record does not move it), or for the exporter to
- *    exit. ZEROD_CUDADOUBLE_DEVICES=n configures a process that never calls
- *    cudadouble_reset() (n devices, a driver, no jitter).
+ *    exit. A record notes the host time it ran at, which
+ *    cudaEventElapsedTime subtracts (zerod-bench's GPU rows). ZEROD_CUDADOUBLE_DEVICES=n configures
+ * a process that never calls cudadouble_reset() (n devices, a driver, no jitter).
  *  - what CUDA and NCCL refuse or do differently, as they do (issue 21 §2;
  *    tests/gpu/test_double.c shows each):
  *     - CUDA used in a child forked after its parent initialised CUDA fails
@@ -199,6 +200,7 @@ struct CUevent_st {
 	bool imported;
 	int dev;            /* the device it was made on (imported: the exporter's) */
 	_Atomic int refs;   /* the handle and each task that names it */
+	_Atomic int64_t done_ns; /* CLOCK_MONOTONIC when its latest record ran (timing) */
 };
 
 struct task {
@@ -1338,10 +1340,15 @@ static void run_task(struct CUstream_st *s, struct task *t)
 	case T_COLL:
 		coll_part(&t->op);
 		return;
-	case T_EVREC:
+	case T_EVREC: {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		atomic_store(&t->ev->done_ns, (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec);
 		ev_complete(t->ev->sh, t->evseq);
 		ev_put(t->ev);
 		return;
+	}
 	case T_EVWAIT:
 		ev_wait(t->ev->sh, t->evseq);
 		ev_put(t->ev);
@@ -1497,6 +1504,14 @@ static void device_drain(int dev, const char *why)
 		}
 		pthread_mutex_unlock(&s->mu);
 	}
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ret, unsigned int flags);
+
+/* (zerod-bench's GPU rows) */
+cudaError_t cudaStreamCreate(cudaStream_t *ret)
+{
+	return cudaStreamCreateWithFlags(ret, cudaStreamDefault);
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ret, unsigned int flags)
@@ -2449,6 +2464,41 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
 	return r;
 }
 
+/* One communicator per device of devlist (NULL: 0..n-1) in this process,
+ * from one id, as NCCL's single-process initialisation (zerod-bench's
+ * direct busbw row): joined as non-blocking ones (one thread makes them
+ * all, as NCCL does inside a group), then blocking, as NCCL's are. */
+ncclResult_t ncclCommInitAll(ncclComm_t *out, int n, const int *devlist)
+{
+	ncclConfig_t conf = NCCL_CONFIG_INITIALIZER;
+	ncclResult_t r = ncclSuccess;
+	ncclUniqueId id;
+
+	NCCL_ENTER();
+	if (!out || n < 1)
+		return ncclInvalidArgument;
+	if ((r = ncclGetUniqueId(&id)) != ncclSuccess)
+		return r;
+	conf.blocking = 0;
+	pthread_mutex_lock(&mu);
+	for (int k = 0; k < n && r == ncclSuccess; k++) {
+		int dev = devlist ? devlist[k] : k;
+
+		r = dev >= 0 && dev < cfg.ndevices
+			    ? clique_join(id.internal, n, k, dev, 0, &conf, &out[k])
+			    : ncclInvalidArgument;
+		r = r == ncclInProgress ? ncclSuccess : r; /* (non-blocking: joined) */
+	}
+	for (int k = 0; k < n && r == ncclSuccess; k++) {
+		while (!init_done(out[k]))
+			pthread_cond_wait(&cv, &mu);
+		out[k]->blocking = true;
+		out[k]->async = ncclSuccess;
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
 			   ncclConfig_t *conf)
 {
@@ -2749,6 +2799,31 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ret, unsigned int flags)
 	e->dev = cur_dev;
 	atomic_store(&e->refs, 1);
 	*ret = e;
+	return cudaSuccess;
+}
+
+/* (zerod-bench's GPU rows; zerod itself only makes events with flags) */
+cudaError_t cudaEventCreate(cudaEvent_t *ret)
+{
+	return cudaEventCreateWithFlags(ret, cudaEventDefault);
+}
+
+/* The host time between the two records' runs on their streams. As CUDA:
+ * both must have completed (else cudaErrorNotReady) and time (an event made
+ * with cudaEventDisableTiming: cudaErrorInvalidResourceHandle). */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+	CUDA_ENTER();
+	if (!ms)
+		return fail(cudaErrorInvalidValue);
+	if (!a || !b || (a->flags & cudaEventDisableTiming) || (b->flags & cudaEventDisableTiming))
+		return fail(cudaErrorInvalidResourceHandle);
+	if (atomic_load(&a->sh->recorded) == 0 || atomic_load(&b->sh->recorded) == 0)
+		return fail(cudaErrorInvalidResourceHandle); /* never recorded */
+	if (atomic_load(&a->sh->completed) < atomic_load(&a->sh->recorded) ||
+	    atomic_load(&b->sh->completed) < atomic_load(&b->sh->recorded))
+		return fail(cudaErrorNotReady);
+	*ms = (float)((double)(atomic_load(&b->done_ns) - atomic_load(&a->done_ns)) / 1e6);
 	return cudaSuccess;
 }
 

@@ -490,6 +490,53 @@ static void t_event_record_other_device(void)
 	cudaEventDestroy(ev);
 }
 
+/* cudaEventElapsedTime (zerod-bench's GPU rows) as CUDA answers it: only
+ * between two timing events whose records have run; a stream held behind a
+ * host function keeps the second one pending. */
+static atomic_int hold;
+
+static void CUDART_CB hold_fn(void *arg)
+{
+	(void)arg;
+	while (atomic_load(&hold))
+		usleep(1000);
+}
+
+static void t_event_elapsed_time(void)
+{
+	cudaStream_t s;
+	cudaEvent_t a, b, nt;
+	cudaError_t e;
+	float ms = -1;
+
+	reset(1);
+	REQUIRE(cudaStreamCreate(&s) == cudaSuccess && cudaEventCreate(&a) == cudaSuccess &&
+			cudaEventCreate(&b) == cudaSuccess &&
+			cudaEventCreateWithFlags(&nt, cudaEventDisableTiming) == cudaSuccess,
+		"a stream and three events");
+	e = cudaEventElapsedTime(&ms, a, b);
+	CHECK(e == cudaErrorInvalidResourceHandle, "never recorded: %d", e);
+	atomic_store(&hold, 1);
+	cudaEventRecord(a, s);
+	cudaLaunchHostFunc(s, hold_fn, NULL);
+	cudaEventRecord(b, s);
+	cudaEventRecord(nt, s);
+	usleep(20000);
+	e = cudaEventElapsedTime(&ms, a, b);
+	CHECK(e == cudaErrorNotReady, "the second record not yet run: %d", e);
+	atomic_store(&hold, 0);
+	cudaStreamSynchronize(s);
+	e = cudaEventElapsedTime(&ms, a, b);
+	CHECK(e == cudaSuccess && ms >= 15, "both run, 20 ms apart: %d, %.3f ms", e, ms);
+	e = cudaEventElapsedTime(&ms, a, nt);
+	CHECK(e == cudaErrorInvalidResourceHandle, "an event without timing: %d", e);
+	CHECK(violations() == 0, "%u violations", violations());
+	cudaEventDestroy(a);
+	cudaEventDestroy(b);
+	cudaEventDestroy(nt);
+	cudaStreamDestroy(s);
+}
+
 /* --------------------------------------------------------------- NCCL --- */
 
 /* Two communicators, A and B, of two ranks each on devices 0 and 1, and a
@@ -664,6 +711,7 @@ static const struct test_case cases[] = {
 	{"host_functions_one_at_a_time", t_host_functions_one_at_a_time},
 	{"imported_event_outlives_exporter", t_imported_event_outlives_exporter},
 	{"event_record_other_device_refused", t_event_record_other_device},
+	{"event_elapsed_time_as_cuda", t_event_elapsed_time},
 	{"nccl_two_threads_one_device", t_nccl_two_threads_one_device},
 	{"nccl_launch_order_hangs", t_nccl_launch_order},
 };

@@ -3,7 +3,11 @@
 test 5): every row either ran, with its numbers, or did not, with a reason
 that starts "not run" and no number at all. Exits 1 saying what broke it.
 
-    check_gpu_json.py FILE
+    check_gpu_json.py FILE [--ran ROW[:KEY,KEY...] ...]
+
+--ran (the bench-gpu-double test, zerod-bench's GPU code on the CUDA test
+double): each ROW named must have run, and each KEY given be a number in it
+(not null: a measurement that failed inside a row that ran).
 """
 import json
 import sys
@@ -30,9 +34,25 @@ def check(j):
     return None
 
 
+def check_ran(j, wants):
+    for want in wants:
+        name, _, keys = want.partition(":")
+        row = j.get(name) or {}
+        if not row.get("ran"):
+            return f"{name}: did not run ({row.get('why', 'no row')})"
+        for k in filter(None, keys.split(",")):
+            v = row.get(k)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v <= 0:
+                return f"{name}: {k} is {v!r}, not a positive number"
+    return None
+
+
 if __name__ == "__main__":
+    args = sys.argv[1:]
+    wants = [args[i + 1] for i, a in enumerate(args) if a == "--ran" and i + 1 < len(args)]
     try:
-        err = check(json.load(open(sys.argv[1])))
+        j = json.load(open(args[0]))
+        err = check(j) or check_ran(j, wants)
     except ValueError as e:
         err = f"not one JSON object: {e}"
     if err:
