@@ -108,6 +108,10 @@ struct job_result {
 	 * without it */
 	double overlap_ms, comparable_ms;
 	uint64_t rss_anon_bytes; /* zerod's RssAnon with the job active */
+	/* zerod's CPU time (utime + stime) per timed iteration of the hand-over
+	 * and of the overlapped kind, in ms (node 0's daemon; clock ticks summed
+	 * over the run, so read it over many iterations) */
+	double zerod_cpu_ms, zerod_overlap_cpu_ms;
 	int checkpoints;         /* zc_checkpoint() calls timed (--checkpoint-every) */
 	double ckpt_ms;          /* their median, the slowest rank's: zc_checkpoint() this long */
 	double ckpt_max_ms;

@@ -32,7 +32,7 @@ ckpt_stall_max_ms ckpt_copy_ms ckpt_bytes ckpt_stall_vs_copy zerod_shared_iter_m
 floor_shared_iter_ms vs_floor_shared vs_torch_shared shared_vs_own zerod_fill_ms
 zerod_overlap_ms zerod_comparable_ms zerod_shared_comparable_ms floor_nt_iter_ms
 floor_wa_iter_ms floor_wa_bytes triad_nt_gbps handoff_vs_unix_same_cpu llc_bytes
-loadavg_end""".split()
+loadavg_end zerod_cpu_ms zerod_overlap_cpu_ms""".split()
 try:
     j = json.load(open(sys.argv[1]))
 except ValueError as e:

@@ -203,6 +203,9 @@ struct shared {
 	struct xbar bar;
 	double ck[64][MAX_CKPTS]; /* [rank][checkpoint]: zc_checkpoint() in ns */
 	uint64_t rss_anon;
+	/* [kind]: zerod's CPU (utime + stime, clock ticks) over the first job's
+	 * timed iterations of each kind, read by its rank 0 around them */
+	uint64_t zticks[2];
 	double copy_ns[MAX_CKPTS]; /* [checkpoint]: the staging copy's floor before it */
 	int err[128]; /* [process]: 2 x --ranks with --shared-params */
 	char msg[128][200];
@@ -247,6 +250,28 @@ static uint64_t rss_anon_bytes(pid_t pid)
 			break;
 	fclose(f);
 	return kb * 1024;
+}
+
+/* utime + stime of pid in clock ticks (/proc/PID/stat), 0 if unreadable. */
+static uint64_t cpu_ticks(pid_t pid)
+{
+	char path[64], buf[1024];
+	unsigned long long ut = 0, st = 0;
+	const char *p;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	if (!(f = fopen(path, "re")))
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	p = strrchr(buf, ')'); /* the name may hold spaces; fields 14, 15 follow */
+	if (!p ||
+	    sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+		return 0;
+	return ut + st;
 }
 
 /* The staging copy's floor: one memcpy of what a checkpoint stages between
@@ -376,6 +401,8 @@ static int rank_run(struct run *run, uint32_t proc, zc_client *c, char *why, siz
 					if (r < 0)
 						break;
 				}
+				bool tick = rank == 0 && job == 0 && i >= run->warmup;
+				uint64_t k0 = tick ? cpu_ticks(run->zerod) : 0;
 				ns = iteration(c, plan, kind == 0 ? -1.0f : v, why, whylen);
 				if (ns < 0) {
 					r = (int)ns;
@@ -385,7 +412,9 @@ static int rank_run(struct run *run, uint32_t proc, zc_client *c, char *why, siz
 					over_ns = ns;
 				else if (i >= run->warmup)
 					t[i - run->warmup] = (double)ns;
-				r = xbar_wait(&run->sh->bar);
+				r = xbar_wait(&run->sh->bar); /* every rank's step is done */
+				if (tick)
+					run->sh->zticks[kind] += cpu_ticks(run->zerod) - k0;
 			}
 		if (r < 0)
 			goto out;
@@ -741,6 +770,12 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 		ret_shared->rss_anon_bytes = run.sh->rss_anon;
 	}
 	ret->rss_anon_bytes = run.sh->rss_anon;
+	ret->zerod_cpu_ms =
+		(double)run.sh->zticks[0] / (double)sysconf(_SC_CLK_TCK) / cfg->iters * 1e3;
+	ret->zerod_overlap_cpu_ms = cfg->overlap ? (double)run.sh->zticks[1] /
+							   (double)sysconf(_SC_CLK_TCK) /
+							   cfg->iters * 1e3
+						 : NAN;
 	ret->checkpoints = cfg->checkpoint_every ? cfg->iters / cfg->checkpoint_every : 0;
 	if (ret->checkpoints > MAX_CKPTS)
 		ret->checkpoints = MAX_CKPTS;

@@ -34,6 +34,7 @@ if [ -n "$quick" ]; then
     sizes=${SIZES:-"1M 5M"}
     head_params=${HEAD_PARAMS:-5M}
     short=(--iters 6 --warmup 2 --handoff-iters 300 --memcpy-size 64M)
+    phases_short=(--iters 6 --warmup 2)
 else
     out=${OUT:-$top/docs/perf}
     doc=${DOC:-$top/docs/PERFORMANCE.md}
@@ -42,6 +43,7 @@ else
     sizes=${SIZES:-"1M 2.5M 5M 10M 25M 50M"}
     head_params=${HEAD_PARAMS:-25M}
     short=()
+    phases_short=()
 fi
 quiet_load=${QUIET_LOAD:-0.7}
 quiet_wait=${QUIET_WAIT_S:-20}
@@ -87,7 +89,44 @@ run() {
         rm -f "$f.tmp"
         return
     fi
-    /usr/bin/python3 - "$f.tmp" "$commit" "$dirty" "$t0" "$load0" "$round" "$name" "$*" <<'PY'
+    stamp "$f" "$t0" "$load0" "$round" "$name" "$*"
+}
+
+# phases ROUND: tools/bench/torch_phases.py (where DDP + ZerodOptimizer's
+# iteration goes, and zerod's CPU per iteration) into $out/phases/.
+phases() {
+    local round=$1 name=phases
+    # shellcheck disable=SC2053
+    if [ -n "${ONLY:-}" ] && [[ $name != $ONLY ]]; then
+        return
+    fi
+    mkdir -p "$out/$name"
+    wait_quiet
+    local f=$out/$name/round-$round.json load0 t0
+    echo "perf-doc: round $round/$rounds: torch_phases.py > $f" >&2
+    load0=$(cut -d' ' -f1-3 /proc/loadavg)
+    t0=$(date -u +%FT%TZ)
+    if ! /usr/bin/python3 "$top/tools/bench/torch_phases.py" --zerod "$build/daemon/zerod" \
+        --libzeroclient "$build/client/libzeroclient.so.1" --params "$(params_n "$head_params")" \
+        "${phases_short[@]}" | tail -n 1 >"$f.tmp"; then
+        echo "perf-doc: phases round $round failed; its JSON is not kept" >&2
+        rm -f "$f.tmp"
+        return
+    fi
+    stamp "$f" "$t0" "$load0" "$round" "$name" "torch_phases.py"
+}
+
+# 25M -> 25000000 (zerod-bench's decimal K/M/G, for the Python scripts)
+params_n() {
+    /usr/bin/python3 -c 'import sys; s = sys.argv[1]; m = {"K": 1e3, "M": 1e6, "G": 1e9}
+print(int(float(s[:-1]) * m[s[-1]]) if s[-1] in m else int(s))' "$1"
+}
+
+# stamp FILE START LOAD ROUND NAME ARGS: FILE.tmp with the commit, the machine,
+# the round and the load around it, moved to FILE.
+stamp() {
+    local f=$1 t0=$2 load0=$3 round=$4 name=$5 args=$6
+    /usr/bin/python3 - "$f.tmp" "$commit" "$dirty" "$t0" "$load0" "$round" "$name" "$args" <<'PY'
 import json, os, sys
 p, commit, dirty, t0, load0, rnd, name, args = sys.argv[1:]
 j = json.load(open(p))
@@ -119,6 +158,7 @@ fi
 for ((r = 1; r <= rounds; r++)); do
     run headline "$r" --params "$head_params" --buckets 4 --ranks 2 --optim adam \
         --torch-zerod --torch-plain --shared-params "${short[@]}"
+    phases "$r"
     for s in $sizes; do
         run "size-$s" "$r" --params "$s" --bucket-size 25M --ranks 2 --optim adam \
             --torch-zerod "${short[@]}"

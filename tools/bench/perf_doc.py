@@ -189,6 +189,36 @@ def main():
                 f"§3 two daemons, {R[k][0]['step']}: zerod's iteration over gloo's all-reduce "
                 f"+ {'every bucket' if R[k][0]['step'] == 'at_end' else 'one bucket'}'s step")
          for k in nodes])
+    phase_rows, phase_text = "", ""
+    if "phases" in R:
+        ph = R["phases"]
+        for kind, what in (("no_sync", "DDP under `no_sync()` (no communication, no step)"),
+                           ("plain_adam", "DDP + `torch.optim.Adam()`"),
+                           ("zerod", "DDP + `ZerodOptimizer`"),
+                           ("zerod_shared", "DDP + `ZerodOptimizer(shared_params=True)`")):
+            rs = [j.get(kind) or {} for j in ph]
+            phase_rows += (f"| {what} | " + " | ".join(cell(rs, k, "{:.1f}") for k in
+                           ("zero_grad", "forward", "backward", "step", "total",
+                            "zerod_cpu_ms")) + " |\n")
+        phase_text = f"""
+### Where DDP + ZerodOptimizer's iteration goes
+
+`tools/bench/torch_phases.py --params {ph[0].get('params', 0)}` ({len(ph)} rounds, one run
+each; the same model and DDP as above, the kinds alternating iteration by
+iteration): rank 0's phases, median ms, and the CPU time zerod spent per
+iteration of each kind (utime + stime of the daemon from `/proc`, over the
+run's iterations). ZerodOptimizer's step is done by the time backward
+returns (interleaved: each bucket is reduced, stepped and written back while
+backward goes on); what it adds to backward is zerod's work running on the
+same 2 cores as the two ranks' autograd threads: at best zerod's CPU time
+over 2 cores, the rest the last bucket's step after backward ends and the
+cores' contention.
+
+| kind | zero_grad | forward | backward | step | total | zerod CPU ms |
+|---|---|---|---|---|---|---|
+{phase_rows}
+Load of each round: {loads(ph)}.
+"""
     gpu_rows = ""
     if "gpu" in R:
         g = R["gpu"]
@@ -271,6 +301,7 @@ The best of the plain optimizers (`torch_plain_best_ms`): {c('torch_plain_best_m
 {c('torch_zerod_max_diff', '{:.2g}')} after the run (they train the same model on the same data),
 with shared parameters by {c('torch_zerod_shared_max_diff', '{:.2g}')}.
 
+{phase_text}
 ### zerod's C trainers, counted the same way
 
 The C trainers (`jobs.c`, the public libzeroclient API only) in the same run.
@@ -287,6 +318,7 @@ barrier and times only hand-over → step done, with both cores to the daemon.
 | **C trainers, comparable** (`zerod_comparable_ms`) | **{c('zerod_comparable_ms')} ms** | DDP + ZeRO takes {rr('torch_iter_ms', 'zerod_comparable_ms')} this (`vs_torch_comparable`); DDP + ZerodOptimizer {rr('torch_zerod_iter_ms', 'zerod_comparable_ms')} (`torch_zerod_vs_c_comparable`; issue 25's target ≤ 1.2×) |
 | fill overlapped with the hand-over (`zerod_overlap_ms`) | {c('zerod_overlap_ms')} ms | |
 | fill alone (`zerod_fill_ms`) | {c('zerod_fill_ms')} ms | |
+| zerod's CPU time per iteration, overlapped / hand-over (`zerod_overlap_cpu_ms`, `zerod_cpu_ms`) | {c('zerod_overlap_cpu_ms')} / {c('zerod_cpu_ms')} ms | over the machine's 2 cores: {cell([{'h': j['zerod_overlap_cpu_ms'] / 2} for j in h if isinstance(j.get('zerod_overlap_cpu_ms'), (int, float))], 'h')} ms |
 | C trainers, hand-over only (`zerod_iter_ms`; fastest iteration `zerod_iter_min_ms`) | {c('zerod_iter_ms')} ms ({c('zerod_iter_min_ms')}) | comparable / hand-over {rr('zerod_comparable_ms', 'zerod_iter_ms')}; DDP + ZeRO takes {rr('torch_iter_ms', 'zerod_iter_ms')} this (`vs_torch`; issue 5's target ≥ 8×) |
 | shared parameters, comparable (`zerod_shared_comparable_ms`) | {c('zerod_shared_comparable_ms')} ms | DDP + ZeRO takes {rr('torch_iter_ms', 'zerod_shared_comparable_ms')} this; DDP + `ZerodOptimizer(shared_params=True)` {rr('torch_zerod_shared_iter_ms', 'zerod_shared_comparable_ms')} (`torch_zerod_shared_vs_c_comparable`; target ≤ 1.2×) |
 | shared parameters, hand-over only (`zerod_shared_iter_ms`) | {c('zerod_shared_iter_ms')} ms | {rr('zerod_shared_iter_ms', 'zerod_iter_ms')} the time of own buffers |

@@ -605,6 +605,8 @@ static void print_json(const struct opts *o, const struct results *x)
 	jnum("zerod_fill_ms", x->job.fill_ms, "%.3f", false);
 	jnum("zerod_overlap_ms", x->job.overlap_ms, "%.3f", false);
 	jnum("zerod_comparable_ms", x->job.comparable_ms, "%.3f", false);
+	jnum("zerod_cpu_ms", x->job.zerod_cpu_ms, "%.3f", false);
+	jnum("zerod_overlap_cpu_ms", x->job.zerod_overlap_cpu_ms, "%.3f", false);
 	jnum("comparable_vs_iter", ratio(x->job.comparable_ms, x->job.iter_ms), "%.3f", false);
 	jnum("torch_plain_iter_ms", x->torch.plain_ms, "%.3f", false);
 	jnum("torch_plain_foreach_iter_ms", x->torch.plain_foreach_ms, "%.3f", false);
