@@ -227,6 +227,24 @@ def double_cuda(cfg, rank, world):
     opt_r = cls(ref.parameters(), **cfg["hyper"])
     first = [k for k, _, _ in opt_z._layout]
     worst = 0.0
+    # the copies per gradient (issue 25 §2): DDP's reducer keeps each .grad
+    # as its bucket's view (gradient_as_bucket_view, turned on), so the one
+    # copy is the hook's, the bucket into zerod's device buffer; zerod
+    # reduces that buffer in place (NCCL), so .grad is not made zerod's
+    # memory on CUDA: a read of .grad before step() would race the reduction
+    assert ddp_z.gradient_as_bucket_view and not opt_z._direct, \
+        (ddp_z.gradient_as_bucket_view, opt_z._direct)
+    views, hooks = [], [0]
+    hook = opt_z._hook
+
+    def counted(bucket):
+        buf = bucket.buffer()
+        lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+        views.extend(p.grad is not None and lo <= p.grad.data_ptr() < hi
+                     for p in bucket.parameters())
+        hooks[0] += 1
+        return hook(bucket)
+    opt_z._hook = counted
     for it in range(10):
         for ddp, opt in ((ddp_z, opt_z), (ddp_r, opt_r)):
             x, y = data(rank, it)
@@ -238,6 +256,8 @@ def double_cuda(cfg, rank, world):
         assert not bad, f"iteration {it}: {bad} differ (max |diff| {d:.3g})"
     # re-planned: a second pair of device buffers, DDP's buckets its plan
     # (not mapped onto the first), the parameters views into the new ones
+    assert views and all(views), f"{views.count(False)} gradients DDP copied into its buckets"
+    assert hooks[0] >= 10, hooks
     assert [k for k, _, _ in opt_z._layout] != first, "DDP kept its first buckets"
     assert opt_z._route is None, "the rebuilt buckets were mapped onto the first plan"
     assert len(allocs) == 4, allocs

@@ -29,7 +29,11 @@ How an iteration goes:
   buffer, is what those views alias, so DDP copies nothing back.
   zero_grad() waits for the step first. Re-plans and close() give the
   re-pointed tensors memory of their own (a copy) before the buffers go.
-  ZEROD_TORCH_GRADS=copy, at_end, CUDA and several nodes: the copy below.
+  ZEROD_TORCH_GRADS=copy, at_end, CUDA and several nodes: the copy below
+  (one per gradient: DDP's .grad stays its bucket view). On CUDA zerod
+  averages the gradient buffers in place (NCCL), so a .grad there would
+  change under a read between backward and step(); the one device-to-device
+  copy keeps .grad this rank's own.
 - zerod steps the parameters while backward goes on (interleaved) or after
   the last bucket (at_end). The parameters are views into the registered
   parameter buffers, so the updates land in place. opt.step() waits for the
