@@ -266,11 +266,14 @@ sides measured in that run; the rows below give where each comes from):
 |---|---|---|---|
 {target_rows}
 
-**Load.** The machine is shared (2 cores; other work builds and tests on
-it): a neighbour's build halves every bandwidth. Each table gives the
-1-minute load average of each round at its start → end; {nbusy} of the
-{len(all_loads)} runs began above 1.0, where a neighbour bent the absolute
-times. The ratios inside a round hold better than absolute times across rounds.
+**Load.** Each table gives the 1-minute load average of each round at its
+start → end; {nbusy} of the {len(all_loads)} runs began above 1.0. That
+average is the last minute's, and the runs follow one another: it counts
+the run just before (which keeps both cores busy) as much as any
+neighbour, and perf-doc.sh waits only `QUIET_WAIT_S` seconds for it to fall
+under `QUIET_LOAD`. The machine is shared (2 cores), and a neighbour's
+build halves every bandwidth; the ratios inside a round hold better than
+absolute times across rounds.
 
 ## The headline: the PyTorch path, {hp:g}M parameters, 2 ranks, 4 buckets, Adam
 
