@@ -141,8 +141,22 @@ bool rdzv_exec_failed(struct job *j, const char *what)
 	return true;
 }
 
+/* Whether c speaks for a node of rj: one of the formed job's nodes, or,
+ * before it formed, a connection that sent its Join. */
+static bool is_member(const struct rdzv_job *rj, const struct rnet_conn *c)
+{
+	if (!rj->formed)
+		return JR(c) != NULL;
+	for (uint32_t k = 0; k < rj->nnodes; k++)
+		if (rj->node_conn[k] == c)
+			return true;
+	return false;
+}
+
 /* The host: a node's job failed there. Every other node hears it now,
- * then it applies here. */
+ * then it applies here. Only a node of the job may say so (for its own
+ * ranks: a Fail names no other): a connection that proved the secret but
+ * never joined is closed, and the job goes on. */
 static void on_node_fail(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 {
 	struct rdzv_job *rj = RJ(c);
@@ -153,6 +167,13 @@ static void on_node_fail(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 
 	if (job_ended(rj->j))
 		return;
+	if (!is_member(rj, c)) {
+		log_warning("job %s: rendezvous: a Fail from %s, which is not a node of the job, "
+			    "refused; the job goes on",
+			    rj->j->id, c->peer);
+		rnet_gone(c, "a Fail from a connection that is not a node of the job");
+		return;
+	}
 	snprintf(msg, sizeof(msg), "on %s: %s", rdzv_joiner_name(c, name, sizeof(name)),
 		 f->message);
 	for (struct rnet_conn *o = rnet_conns(rj->rd->net); o; o = o->next)

@@ -745,9 +745,9 @@ static const char *zeroctl_status(const struct zd *d, bool json, char *buf, size
 	return buf;
 }
 
-/* Send a store connection's Hello with client nonce cn; the Challenge's
- * server nonce into sn. 0 or -1. */
-static int rdzv_hello(int fd, const char *job, const uint8_t *cn, uint8_t *sn)
+/* Send a Hello of kind (RDZV_STORE, RDZV_JOIN) with client nonce cn; the
+ * Challenge's server nonce into sn. 0 or -1. */
+static int rdzv_hello_kind(int fd, const char *job, unsigned kind, const uint8_t *cn, uint8_t *sn)
 {
 	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT, *got = NULL;
 	Zerod__V1__RdzvHello h = ZEROD__V1__RDZV_HELLO__INIT;
@@ -756,7 +756,7 @@ static int rdzv_hello(int fd, const char *job, const uint8_t *cn, uint8_t *sn)
 
 	h.protocol_version = ZC_PROTOCOL_VERSION;
 	h.job_id = (char *)job;
-	h.kind = ZEROD__V1__RDZV_KIND__RDZV_STORE;
+	h.kind = kind;
 	h.nonce = (ProtobufCBinaryData){.len = RDZV_NONCE_BYTES, .data = (uint8_t *)cn};
 	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO;
 	env.hello = &h;
@@ -771,6 +771,11 @@ static int rdzv_hello(int fd, const char *job, const uint8_t *cn, uint8_t *sn)
 		memcpy(sn, got->challenge->nonce.data, RDZV_NONCE_BYTES);
 	rdzv_msg_free(got);
 	return r;
+}
+
+static int rdzv_hello(int fd, const char *job, const uint8_t *cn, uint8_t *sn)
+{
+	return rdzv_hello_kind(fd, job, ZEROD__V1__RDZV_KIND__RDZV_STORE, cn, sn);
 }
 
 /* Send Auth with proof; what came back (Welcome, Fail) or NOT_SET. */
@@ -847,6 +852,64 @@ static void t_replayed_auth_refused(void)
 		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
 		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
 		      s.results[r].msg);
+	cluster_stop(&cl, -1);
+}
+
+/* A connection that proves the secret but never joins says the job failed
+ * (issue 24 item 2): once before the job forms and once while it trains.
+ * Only a node of the job may fail it: the host closes that connection,
+ * logs it, and the job trains to the end on both nodes. */
+static void forged_fail(int port, const char *job, const char *secret)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
+	Zerod__V1__RdzvFail f = ZEROD__V1__RDZV_FAIL__INIT;
+	uint8_t cn[RDZV_NONCE_BYTES], sn[RDZV_NONCE_BYTES], proof[RDZV_PROOF_BYTES];
+	int fd = poke(port, NULL, 0, true);
+
+	rdzv_random(cn, sizeof(cn));
+	REQUIRE(fd >= 0 && rdzv_hello_kind(fd, job, ZEROD__V1__RDZV_KIND__RDZV_JOIN, cn, sn) == 0,
+		"no challenge");
+	rdzv_proof(proof, secret, strlen(secret), false, job, ZEROD__V1__RDZV_KIND__RDZV_JOIN, cn,
+		   sn);
+	REQUIRE(rdzv_auth(fd, proof) == ZEROD__V1__RDZV_ENVELOPE__BODY_WELCOME,
+		"the secret's proof was not welcomed");
+	f.code = 1001;
+	f.message = "FORGED by a connection that never joined";
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL;
+	env.fail = &f;
+	CHECK(rdzv_send_blocking(fd, &env, now_ms() + test_timeout(5000)) == 0, "send the Fail");
+	usleep(100000);
+	close(fd);
+}
+
+static void t_nonmember_fail_refused(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+	struct cluster cl;
+	struct train_spec s;
+	pid_t pids[2];
+	int st[2];
+
+	REQUIRE(nodes_start_args(&cl, 2, 6000, HELLO_MS) == 0, "cannot start 2 daemons");
+	s = spec_for(&cl, "nmfail", 2, node_of, true);
+	s.iters = 40;
+	s.sleep_us = 25000; /* a second of training to fail it in */
+	start_ranks(&s, pids, 0, 1);
+	REQUIRE(zd_wait_serving(&cl.zd[0], "nmfail", 10000) == 0, "no rendezvous served");
+	forged_fail(cl.port, "nmfail", s.secret); /* before the job formed */
+	start_ranks(&s, pids, 1, 2);
+	CHECK(zd_wait_log(&cl.zd[0], "job nmfail: formed over 2 nodes", 15000), "never formed");
+	usleep(200000);
+	forged_fail(cl.port, "nmfail", s.secret); /* while it trains */
+	wait_ranks(pids, 0, 2, st, 60000);
+	for (uint32_t r = 0; r < 2; r++)
+		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
+		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
+		      s.results[r].msg);
+	CHECK(zd_wait_log(&cl.zd[0], "which is not a node of the job, refused", 3000),
+	      "the refusal is not logged");
+	CHECK(!zd_wait_log(&cl.zd[1], "FORGED", 100) && !zd_wait_log(&cl.zd[0], "FORGED", 100),
+	      "the forged text reached a log");
 	cluster_stop(&cl, -1);
 }
 
@@ -1026,6 +1089,7 @@ static const struct test_case cases[] = {
 	{"wrong_secret_and_garbage_refused_and_logged", t_wrong_secret_and_garbage_refused, 60000},
 	{"join_twice_and_claimed_ranks_refused", t_join_twice_and_claimed_ranks_refused, 90000},
 	{"replayed_auth_refused", t_replayed_auth_refused, 60000},
+	{"nonmember_fail_refused", t_nonmember_fail_refused, 90000},
 	{"listening_surface_and_garbage", t_listening_surface_and_garbage, 90000},
 };
 
