@@ -9,7 +9,9 @@
  * (output waits in a buffer for EPOLLOUT). It authenticates first: the
  * joiner's nonce, the host's nonce, the joiner's HMAC over both, the host's
  * HMAC back. Until then a peer may send one small frame at a time, has
- * hello_timeout_ms, and at most RDZV_MAX_UNAUTH such peers are kept; a
+ * hello_timeout_ms, and at most RDZV_MAX_UNAUTH such peers are kept, at
+ * most RDZV_MAX_UNAUTH_ADDR of them from one address (so that a few silent
+ * strangers cannot keep the nodes of a job out); a
  * wrong proof, a frame that is not a message, a message out of turn are
  * refused, logged with the peer's address (at most RDZV_LOG_PER_SEC lines a
  * second) and closed. None of it touches a job.
@@ -46,6 +48,7 @@
 #include "wire.h"
 
 #define RDZV_MAX_UNAUTH  64   /* connections that have not proven a secret */
+#define RDZV_MAX_UNAUTH_ADDR 16   /* ... of them from one address */
 #define RDZV_CLOSE_MS    1000 /* flushing a last message before closing */
 #define RDZV_READ_CHUNK  (1u << 20)
 #define RDZV_OUT_MAX     (64u << 20)
@@ -395,6 +398,19 @@ static void on_auth(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 		  c->kind == ZEROD__V1__RDZV_KIND__RDZV_JOIN ? "join" : "store");
 }
 
+/* How many connections still to prove a secret come from the address of
+ * peer ("ADDR:PORT", or "[ADDR]:PORT"). */
+static unsigned unauth_from(const struct rnet *rn, const char *peer)
+{
+	size_t n = strrchr(peer, ':') ? (size_t)(strrchr(peer, ':') - peer) : strlen(peer);
+	unsigned k = 0;
+
+	for (const struct rnet_conn *c = rn->conns; c; c = c->next)
+		if (c->unauth && !c->dead && strncmp(c->peer, peer, n) == 0 && c->peer[n] == ':')
+			k++;
+	return k;
+}
+
 static void on_accept(struct loop *l, void *userdata)
 {
 	struct rnet_listener *ls = userdata;
@@ -412,6 +428,14 @@ static void on_accept(struct loop *l, void *userdata)
 		if (fd < 0)
 			return;
 		addr_name(&sa, true, peer, sizeof(peer));
+		if (unauth_from(rn, peer) >= RDZV_MAX_UNAUTH_ADDR) {
+			rnet_peer_log(rn,
+				      "rendezvous %s: refused %s: %u connections from its address "
+				      "are still to prove a secret",
+				      ls->name, peer, RDZV_MAX_UNAUTH_ADDR);
+			close(fd);
+			continue;
+		}
 		if (rn->nunauth >= RDZV_MAX_UNAUTH) {
 			rnet_peer_log(
 				rn,
