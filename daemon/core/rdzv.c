@@ -191,7 +191,9 @@ static void on_host_fail(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 	int code = wire_error_from_pb(f->code);
 
 	if (code == ZC_ESTATE && !rj->formed) {
-		/* not serving the job yet: ask again later */
+		/* not serving the job yet, or another secret (a refusal says
+		 * nothing more before the secret is proven): ask again later */
+		snprintf(rj->refusal, sizeof(rj->refusal), "%s", f->message);
 		rnet_gone(c, f->message);
 		return;
 	}
@@ -829,9 +831,10 @@ void rdzv_tick(struct core *core, int64_t now)
 					 rj->endpoint, (int)(now - rj->ready_ms));
 			else
 				job_fail(j, ZC_ETIMEDOUT, true,
-					 "node 0 did not let this node join within %d ms: the "
-					 "rendezvous at %s: %s",
-					 core->cfg->join_timeout_ms, rj->endpoint,
+					 "node 0 did not let this node join within %d ms: %s%s"
+					 "the rendezvous at %s: %s",
+					 core->cfg->join_timeout_ms, rj->refusal,
+					 rj->refusal[0] ? "; last try: " : "", rj->endpoint,
 					 rj->last_err[0] ? rj->last_err : "no answer");
 			continue;
 		}

@@ -65,6 +65,7 @@ struct rdzv_job {
 	int retry_ms;
 	bool join_sent;
 	char last_err[160];
+	char refusal[256]; /* the rendezvous' last refusal: named at the join timeout */
 
 	/* formed */
 	bool formed;

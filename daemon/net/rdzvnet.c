@@ -349,10 +349,15 @@ static void on_hello(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 		rnet_refuse(c, ZC_EVERSION, "not a zerod rendezvous Hello this zerod speaks");
 		return;
 	}
+	/* a job id this zerod does not serve (not yet, not any more) gets its
+	 * Challenge like any other, and after the Auth the one refusal a wrong
+	 * secret gets: before the secret is proven, nothing says which jobs are
+	 * served here. The reason is the operator's, in the log. */
 	sc = c->rn->ops->hello(c->rn->ctx, c->lst, h->job_id, &code, msg, sizeof(msg));
 	if (!sc) {
-		rnet_refuse(c, code, msg);
-		return;
+		rnet_peer_log(c->rn, "rendezvous %s: %s: %s (refused after its Auth)", c->lst->name,
+			      c->peer, msg);
+		c->no_scope = true;
 	}
 	c->sc = sc;
 	c->kind = h->kind;
@@ -373,16 +378,20 @@ static void on_auth(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 	uint8_t want[RDZV_PROOF_BYTES];
 	char msg[200];
 
-	rdzv_proof(want, sc->secret, sc->secret_len, false, sc->id, c->kind, c->cn, c->sn);
-	if (!rdzv_proof_ok(want, &m->auth->proof)) {
-		rnet_peer_log(c->rn, "rendezvous %s: refused %s: wrong secret for job %s",
-			      c->lst->name, c->peer, sc->id);
+	if (sc)
+		rdzv_proof(want, sc->secret, sc->secret_len, false, sc->id, c->kind, c->cn, c->sn);
+	if (c->no_scope || !rdzv_proof_ok(want, &m->auth->proof)) {
+		if (!c->no_scope)
+			rnet_peer_log(c->rn, "rendezvous %s: refused %s: wrong secret for job %s",
+				      c->lst->name, c->peer, sc->id);
+		/* the same bytes for every refusal before the secret is proven
+		 * (ZC_ESTATE: a node asks again until its join timeout) */
 		snprintf(msg, sizeof(msg),
-			 "the rendezvous at %s refused this node: wrong secret "
-			 "for job %s",
-			 c->lst->name, sc->id);
+			 "the rendezvous at %s refused this node: the secrets differ, or it "
+			 "serves no job of that id (yet, or any more)",
+			 c->lst->name);
 		c->sc = NULL; /* it never belonged to the job */
-		rnet_refuse(c, ZC_ECONNECT, msg);
+		rnet_refuse(c, ZC_ESTATE, msg);
 		return;
 	}
 	rdzv_proof(want, sc->secret, sc->secret_len, true, sc->id, c->kind, c->cn, c->sn);

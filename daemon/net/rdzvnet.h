@@ -66,6 +66,7 @@ struct rnet_conn {
 	enum rnet_conn_state st;
 	unsigned kind; /* ZEROD__V1__RDZV_KIND__RDZV_JOIN or _STORE */
 	bool unauth;   /* counts against RDZV_MAX_UNAUTH */
+	bool no_scope; /* its Hello named no job served here: refused after its Auth */
 	bool dead;     /* freed at the next chance, never inside a call that walks conns */
 	bool want_out;
 	int64_t deadline; /* handshake, or CS_CLOSING's flush */

@@ -629,15 +629,19 @@ static void t_wrong_secret_and_garbage_refused(void)
 	bad_socks[1] = cl.socks[2];
 	bad.sockets = bad_socks;
 	impostor = spawn(rank_main, &bad, 1);
-	CHECK(wait_child(impostor, 20000) != 0, "the impostor trained");
-	CHECK(bad.results[1].code == ZC_ECONNECT && has(bad.results[1].msg, "wrong secret"),
-	      "impostor: %s: %s", zc_strerror_name(bad.results[1].code), bad.results[1].msg);
+	CHECK(zd_wait_log(&cl.zd[0], "wrong secret for job secret", 5000),
+	      "no wrong secret logged");
 	/* one that connects and says nothing goes after --hello-timeout */
 	CHECK(zd_wait_log(&cl.zd[0], "no handshake within", 5000),
 	      "the silent connection not closed");
 	/* the real node 1 joins the undisturbed job */
 	start_ranks(&s, pids, 1, 2);
 	wait_ranks(pids, 0, 2, st, 30000);
+	/* the impostor is refused as every peer is before its secret is
+	 * proven (issue 24 item 4): it asked again until its join timeout */
+	CHECK(wait_child(impostor, 20000) != 0, "the impostor trained");
+	CHECK(bad.results[1].code == ZC_ETIMEDOUT && has(bad.results[1].msg, "secrets differ"),
+	      "impostor: %s: %s", zc_strerror_name(bad.results[1].code), bad.results[1].msg);
 	for (uint32_t r = 0; r < 2; r++)
 		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
 		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
@@ -848,6 +852,91 @@ static void t_replayed_auth_refused(void)
 
 	start_ranks(&s, pids, 1, 2);
 	wait_ranks(pids, 0, 2, st, 30000);
+	for (uint32_t r = 0; r < 2; r++)
+		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
+		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
+		      s.results[r].msg);
+	cluster_stop(&cl, -1);
+}
+
+/* What a peer that does not know the job's secret gets for job id `job`
+ * (proving `secret`): whether the Hello got a Challenge, and the Fail after
+ * its Auth (code and message into *code, msg). */
+static bool refusal(int port, const char *job, const char *secret, int *code, char *msg, size_t len)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT, *got = NULL;
+	Zerod__V1__RdzvAuth a = ZEROD__V1__RDZV_AUTH__INIT;
+	uint8_t cn[RDZV_NONCE_BYTES], sn[RDZV_NONCE_BYTES], proof[RDZV_PROOF_BYTES];
+	int64_t deadline = now_ms() + test_timeout(5000);
+	int fd = poke(port, NULL, 0, true);
+	bool ok = false;
+
+	rdzv_random(cn, sizeof(cn));
+	if (fd < 0 || rdzv_hello_kind(fd, job, ZEROD__V1__RDZV_KIND__RDZV_JOIN, cn, sn) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return false;
+	}
+	rdzv_proof(proof, secret, strlen(secret), false, job, ZEROD__V1__RDZV_KIND__RDZV_JOIN, cn,
+		   sn);
+	a.proof = (ProtobufCBinaryData){.len = RDZV_PROOF_BYTES, .data = proof};
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_AUTH;
+	env.auth = &a;
+	if (rdzv_send_blocking(fd, &env, deadline) == 0 &&
+	    rdzv_recv_blocking(fd, 4096, deadline, &got) == 0 &&
+	    got->body_case == ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL) {
+		*code = got->fail->code;
+		snprintf(msg, len, "%s|%d|%d", got->fail->message, got->fail->quiet,
+			 got->fail->has_iteration);
+		ok = true;
+	}
+	rdzv_msg_free(got);
+	close(fd);
+	return ok;
+}
+
+/* The job-id oracle (issue 24 item 4): before its secret is proven, a peer
+ * learns nothing of which jobs this zerod serves. A job id never served, a
+ * served one with a wrong secret and one that ended there each get a
+ * Challenge, then the same refusal, byte for byte; node 0's log says which
+ * was which; the served job trains on. */
+static void t_refusals_say_nothing(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+	struct cluster cl;
+	struct train_spec s, e;
+	pid_t pids[2], ep;
+	int st[2], code[3] = {0};
+	char msg[3][400];
+
+	REQUIRE(nodes_start_args(&cl, 2, 20000, HELLO_MS) == 0, "cannot start 2 daemons");
+	/* a job that ends on node 0 before it forms: its rank killed */
+	e = spec_for(&cl, "gone", 2, node_of, true);
+	ep = spawn(rank_main, &e, 0);
+	REQUIRE(zd_wait_serving(&cl.zd[0], "gone", 10000) == 0, "job gone: no rendezvous");
+	s = spec_for(&cl, "served", 2, node_of, true);
+	s.iters = 30;
+	s.sleep_us = 20000;
+	start_ranks(&s, pids, 0, 1);
+	REQUIRE(zd_wait_serving(&cl.zd[0], "served", 10000) == 0, "job served: no rendezvous");
+	kill(ep, SIGKILL);
+	wait_child(ep, 5000);
+	CHECK(zd_wait_log(&cl.zd[0], "job gone: ", 5000), "job gone did not end");
+	usleep(200000);
+	CHECK(refusal(cl.port, "neverserved", "a guess", &code[0], msg[0], sizeof(msg[0])),
+	      "a job never served: no Challenge, or no Fail after the Auth");
+	CHECK(refusal(cl.port, "served", "a guess", &code[1], msg[1], sizeof(msg[1])),
+	      "a served job, wrong secret: no Challenge, or no Fail after the Auth");
+	CHECK(refusal(cl.port, "gone", "a guess", &code[2], msg[2], sizeof(msg[2])),
+	      "an ended job: no Challenge, or no Fail after the Auth");
+	for (int k = 1; k < 3; k++)
+		CHECK(code[k] == code[0] && strcmp(msg[k], msg[0]) == 0,
+		      "refusal %d differs: %d '%s' against %d '%s'", k, code[k], msg[k], code[0],
+		      msg[0]);
+	CHECK(zd_log_has(&cl.zd[0], "does not serve job neverserved"), "the unknown id not logged");
+	CHECK(zd_log_has(&cl.zd[0], "wrong secret for job served"), "the wrong secret not logged");
+	start_ranks(&s, pids, 1, 2);
+	wait_ranks(pids, 0, 2, st, 60000);
 	for (uint32_t r = 0; r < 2; r++)
 		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
 		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
@@ -1177,6 +1266,7 @@ static const struct test_case cases[] = {
 	{"join_twice_and_claimed_ranks_refused", t_join_twice_and_claimed_ranks_refused, 90000},
 	{"replayed_auth_refused", t_replayed_auth_refused, 60000},
 	{"nonmember_fail_refused", t_nonmember_fail_refused, 90000},
+	{"refusals_say_nothing", t_refusals_say_nothing, 90000},
 	{"halfopen_flood_one_address", t_halfopen_flood_one_address, 90000},
 	{"listening_surface_and_garbage", t_listening_surface_and_garbage, 90000},
 };
