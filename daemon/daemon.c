@@ -488,12 +488,15 @@ static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char 
 	r = open_router(d, why, len);
 	if (r < 0)
 		goto out;
+	/* the fast path's socket before the control socket: once zeroctl can
+	 * reach this zerod, every socket a trainer uses is there (a test that
+	 * waited for the control socket once found no sock.fd yet to chown) */
+	r = fastpath_listen(&d->edge, why, len);
+	if (r < 0)
+		goto out;
 	d->ops.zctx = d->edge.zctx;
 	d->ops.listen_fd = d->listen_fd;
 	r = ops_open(&d->ops, cfg, why, len);
-	if (r < 0)
-		goto out;
-	r = fastpath_listen(&d->edge, why, len);
 	if (r < 0)
 		goto out;
 	r = rdzv_init(&d->core);
