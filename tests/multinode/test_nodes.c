@@ -103,6 +103,16 @@ static void start_ranks(struct train_spec *s, pid_t *pids, uint32_t lo, uint32_t
 		pids[r] = spawn(rank_main, s, (int)r);
 }
 
+/* Ranks 0..n-1 of s exited 0 after all their iterations (st: their exit
+ * statuses, from wait_ranks). */
+static void ranks_trained(const struct train_spec *s, const int *st, uint32_t n)
+{
+	for (uint32_t r = 0; r < n; r++)
+		CHECK(st[r] == 0 && s->results[r].iterations == s->iters,
+		      "rank %u: exit %d after %d iterations: %s", r, st[r],
+		      s->results[r].iterations, s->results[r].msg);
+}
+
 /* Wait for ranks lo..hi-1: their exit statuses into st (may be NULL). */
 static void wait_ranks(const pid_t *pids, uint32_t lo, uint32_t hi, int *st, int timeout_ms)
 {
@@ -642,10 +652,7 @@ static void t_wrong_secret_and_garbage_refused(void)
 	CHECK(wait_child(impostor, 20000) != 0, "the impostor trained");
 	CHECK(bad.results[1].code == ZC_ETIMEDOUT && has(bad.results[1].msg, "secrets differ"),
 	      "impostor: %s: %s", zc_strerror_name(bad.results[1].code), bad.results[1].msg);
-	for (uint32_t r = 0; r < 2; r++)
-		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
-		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
-		      s.results[r].msg);
+	ranks_trained(&s, st, 2);
 	/* the connection between the nodes outlived --hello-timeout: the first
 	 * node to end told the other over it, or, where both ended at once (each
 	 * before the other's word came), neither lost it */
@@ -720,10 +727,7 @@ static void t_join_twice_and_claimed_ranks_refused(void)
 	      twice.results[1].msg);
 
 	wait_ranks(pids, 0, 2, st, 60000);
-	for (uint32_t r = 0; r < 2; r++)
-		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
-		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
-		      s.results[r].msg);
+	ranks_trained(&s, st, 2);
 	cluster_stop(&cl, -1);
 }
 
@@ -852,10 +856,7 @@ static void t_replayed_auth_refused(void)
 
 	start_ranks(&s, pids, 1, 2);
 	wait_ranks(pids, 0, 2, st, 30000);
-	for (uint32_t r = 0; r < 2; r++)
-		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
-		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
-		      s.results[r].msg);
+	ranks_trained(&s, st, 2);
 	cluster_stop(&cl, -1);
 }
 
@@ -937,10 +938,7 @@ static void t_refusals_say_nothing(void)
 	CHECK(zd_log_has(&cl.zd[0], "wrong secret for job served"), "the wrong secret not logged");
 	start_ranks(&s, pids, 1, 2);
 	wait_ranks(pids, 0, 2, st, 60000);
-	for (uint32_t r = 0; r < 2; r++)
-		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
-		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
-		      s.results[r].msg);
+	ranks_trained(&s, st, 2);
 	cluster_stop(&cl, -1);
 }
 
@@ -991,10 +989,7 @@ static void t_nonmember_fail_refused(void)
 	usleep(200000);
 	forged_fail(cl.port, "nmfail", s.secret); /* while it trains */
 	wait_ranks(pids, 0, 2, st, 60000);
-	for (uint32_t r = 0; r < 2; r++)
-		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
-		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
-		      s.results[r].msg);
+	ranks_trained(&s, st, 2);
 	CHECK(zd_wait_log(&cl.zd[0], "which is not a node of the job, refused", 3000),
 	      "the refusal is not logged");
 	CHECK(!zd_wait_log(&cl.zd[1], "FORGED", 100) && !zd_wait_log(&cl.zd[0], "FORGED", 100),
@@ -1080,10 +1075,7 @@ static void t_halfopen_flood_one_address(void)
 	wait_ranks(pids, 0, 2, st, 60000);
 	kill(flood, SIGKILL);
 	wait_child(flood, 5000);
-	for (uint32_t r = 0; r < 2; r++)
-		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
-		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
-		      s.results[r].msg);
+	ranks_trained(&s, st, 2);
 	CHECK(zd_log_has(&cl.zd[0], "connections from its address are still to prove a secret"),
 	      "the refusals of the flood are not logged");
 	cluster_stop(&cl, -1);
@@ -1172,10 +1164,7 @@ static void t_listening_surface_and_garbage(void)
 	CHECK(poke(cl.port, junk, 16, false) == 0, "cannot connect");
 	silent = poke(cl.port, NULL, 0, true);
 	wait_ranks(pids, 0, 2, st, 60000);
-	for (uint32_t r = 0; r < 2; r++)
-		CHECK(st[r] == 0 && s.results[r].iterations == s.iters,
-		      "rank %u: exit %d after %d iterations: %s", r, st[r], s.results[r].iterations,
-		      s.results[r].msg);
+	ranks_trained(&s, st, 2);
 	if (silent >= 0)
 		close(silent);
 	for (uint32_t k = 0; k < 2; k++)
