@@ -429,8 +429,16 @@ static void handle(zc_client *c, const Zerod__V1__Envelope *env)
 		hello_ok(c, env->hello_ok);
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_PLAN_OK:
-		if (c->plan_result == 0)
-			c->plan_result = 1;
+		if (c->plan_result != 0)
+			break;
+		c->plan_result = 1;
+		if (env->plan_ok->has_recovered_iteration) {
+			/* a recovered job: its count goes on where the state is */
+			c->recovered = true;
+			c->recovered_iter = env->plan_ok->recovered_iteration;
+			c->it.iter = c->it.steps_done = c->recovered_iter;
+			c->it.sent_in_iter = 0;
+		}
 		break;
 	case ZEROD__V1__ENVELOPE__BODY_BUCKET_DONE:
 		bucket_done(c, env->bucket_done->iteration, env->bucket_done->bucket);

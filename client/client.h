@@ -90,6 +90,8 @@ struct zc_client {
 	bool bufs_busy;       /* zc_register_buffers() is talking to zerod */
 	bool registered;
 	int plan_result; /* 0 waiting, 1 ok, < 0 error */
+	bool recovered;  /* PlanOk said the job was recovered, at recovered_iter */
+	uint64_t recovered_iter;
 	int hello_result;
 	int stall_ms;         /* HelloOk's stall_timeout_ms (0: an older zerod's) */
 	char answer_msg[256]; /* the reason of a failed Hello or RegisterPlan */

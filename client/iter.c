@@ -431,6 +431,26 @@ uint64_t zc_iteration(zc_client *c)
 	return it;
 }
 
+int zc_recovered(zc_client *c, uint64_t *iteration)
+{
+	int r = client_check(c, __func__);
+
+	if (iteration)
+		*iteration = 0;
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&c->mu);
+	if (c->plan_result != 1)
+		r = client_err_set(ZC_ESTATE, "zc_recovered: the plan is not registered");
+	else if (c->recovered) {
+		r = 1;
+		if (iteration)
+			*iteration = c->recovered_iter;
+	}
+	client_unlock(c);
+	return r;
+}
+
 int zc_set_hyper(zc_client *c, uint32_t group, const struct zc_param_group *hp)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;

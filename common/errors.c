@@ -59,6 +59,11 @@ const char *zc_strerror(int code)
 	return "unknown error";
 }
 
+int zc_error_recoverable(int code)
+{
+	return code == ZC_ERANKLOST;
+}
+
 const char *zc_strerror_name(int code)
 {
 	switch (code) {

@@ -107,8 +107,9 @@ unsigned zc_version(void);
 	X(EREPLAN, -1027, "re-plan changes the parameters")                                        \
 	X(ESTATEINVAL, -1028, "invalid optimizer state")                                           \
 	X(EPARAMEDIT, -1029, "low-precision parameters edited without zc_params_changed()")        \
-	X(ECKPT, -1030, "checkpoint refused: missing, corrupt, partial or incompatible")          \
-	X(ESHAREDPARAMS, -1032, "parameter buffer not the one the job's local ranks share")
+	X(ECKPT, -1030, "checkpoint refused: missing, corrupt, partial or incompatible")           \
+	X(ESHAREDPARAMS, -1032, "parameter buffer not the one the job's local ranks share")        \
+	X(ERANKLOST, -1033, "a trainer of the job died; the job waits for its ranks to rejoin")
 
 enum zc_error {
 #define ZC__ERROR_ENUM(name, value, text) ZC_##name = (value),
@@ -126,6 +127,18 @@ const char *zc_strerror(int code);
  * Ownership: a static string; do not free it.
  * Threads: any thread.  Blocking: no. */
 const char *zc_strerror_name(int code);
+
+/*
+ * 1 if code says the job lives on without this connection: ZC_ERANKLOST, a
+ * trainer of the job died and zerod keeps the job's optimizer state and
+ * parameters for --rejoin-timeout. The rank closes its client and it (or
+ * its restarted worker group: torchrun --max-restarts) connects again with
+ * the same job id; zc_register_plan() then goes on from the job's last
+ * iteration boundary (zc_recovered()). 0 for any other code: a fatal one
+ * sends the job to its disk checkpoint (zc_restore()).
+ * Threads: any thread.  Blocking: no.
+ */
+int zc_error_recoverable(int code);
 
 /*
  * The reason for the latest error a zc_ call made on this thread returned
@@ -705,6 +718,20 @@ void *zc_param_ptr(zc_client *c, uint32_t bucket);
  * Blocking:  up to register_timeout_ms.
  */
 int zc_register_plan(zc_client *c);
+
+/*
+ * After zc_register_plan() returned 0: 1 if the job was recovered (its ranks
+ * rejoined a job that lost a trainer, zc_error_recoverable()), with the
+ * iteration it goes on at in *iteration (iteration may be NULL): every
+ * rank's parameter buffers hold the job's parameters after the step of
+ * iteration - 1, the optimizer state is the state after it, and
+ * zc_iteration() says iteration. Move the data loader and LR schedule
+ * there. 0 (and *iteration 0) for a job that started fresh; ZC_ESTATE
+ * before the plan is registered.
+ * Ownership: nothing changes hands.
+ * Threads:   any thread.  Blocking: no.
+ */
+int zc_recovered(zc_client *c, uint64_t *iteration);
 
 /*
  * Re-planning (DDP rebuilding its buckets): between iterations (every step

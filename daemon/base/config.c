@@ -58,6 +58,10 @@ static const struct key {
 	{"stall-warn", K_MS, offsetof(struct daemon_config, stall_warn_ms), 0, true, "MS",
 	 "the stall inspector: log what a job waits for once it waited this long, again at "
 	 "2x, 4x, ... until stall-timeout fails it (0: never)"},
+	{"rejoin-timeout", K_MS, offsetof(struct daemon_config, rejoin_timeout_ms), 0, true, "MS",
+	 "a trainer of a running job dies: keep the job's optimizer state and parameters this "
+	 "long for its restarted ranks to rejoin, and go on from the last iteration boundary "
+	 "(0: the job fails at once, ZC_ERANKDEAD)"},
 	{"join-timeout", K_MS, offsetof(struct daemon_config, join_timeout_ms), 1, true, "MS",
 	 "fail a job whose ranks connect but do not register"},
 	{"hello-timeout", K_MS, offsetof(struct daemon_config, hello_timeout_ms), 1, false, "MS",
@@ -151,6 +155,7 @@ static void defaults(struct daemon_config *c)
 		.max_jobs = 64,
 		.max_sessions = 0,
 		.join_timeout_ms = 300000,
+		.rejoin_timeout_ms = 60000,
 		.hello_timeout_ms = 10000,
 		.log_level = 6,
 		.flight_records = 256,

@@ -38,6 +38,7 @@ struct pool;
 struct rdzv_daemon;
 struct rdzv_job;
 struct rdzv_spec;
+struct reform;
 struct replan;
 struct sem_job;
 struct shard_map;
@@ -74,11 +75,14 @@ struct kept_grad {
 
 /* A job's life; job.c's job_set_state() is the only way between states and
  * checks each step against its table:
- *   FORMING -> REGISTERING -> ACTIVE, and from any of them -> FAILED -> DRAINING */
+ *   FORMING -> REGISTERING -> ACTIVE, and from any of them -> FAILED -> DRAINING;
+ *   ACTIVE -> REFORMING -> REGISTERING: a trainer died, its ranks rejoin (reform.c).
+ * Every state from FAILED on is an end (job_ended). */
 enum job_state {
 	JOB_FORMING,     /* ranks connect and register the plan; nodes join (rdzv.h) */
 	JOB_REGISTERING, /* every rank agreed: the executor installs the plan */
 	JOB_ACTIVE,      /* iterations */
+	JOB_REFORMING,   /* a trainer died: the state is kept while the ranks rejoin */
 	JOB_FAILED,      /* ended: err/errmsg say why (quiet_end: not an error) */
 	JOB_DRAINING,    /* ended, no rank left: waits for its executor, then is freed */
 };
@@ -153,6 +157,7 @@ struct job {
 	struct statex *sx;       /* the round in progress, or NULL */
 	struct replan *rp;       /* a new plan is being registered (statex.c), or NULL */
 	struct statex_kept *sxk; /* a checkpoint's staging kept mapped (statex.c), or NULL */
+	struct reform *rf;       /* re-forming after a trainer died (reform.c), or NULL */
 
 	uint64_t iterations_done, buckets_done;
 	/* a grad buffer mapped for a RegisterPlan that was refused for its param

@@ -31,6 +31,7 @@
 #include "core/hooks.h"
 #include "core/job.h"
 #include "core/rdzv.h"
+#include "core/reform.h"
 #include "core/sched.h"
 #include "core/statex.h"
 #include "exec/exec.h"
@@ -118,6 +119,7 @@ static void job_free(struct job *j)
 	statex_free(j);   /* after the executor: it may have used the staging */
 	statex_kept_free(j);
 	statex_replan_free(j);
+	reform_free(j);
 	for (uint32_t r = 0; j->kept && r < j->world; r++)
 		core->mem->unmap(j->kept[r].map);
 	free(j->kept);
@@ -165,9 +167,9 @@ static void job_free(struct job *j)
 const char *job_state_name(enum job_state s)
 {
 	static const char *const names[] = {
-		[JOB_FORMING] = "forming",   [JOB_REGISTERING] = "registering",
-		[JOB_ACTIVE] = "active",     [JOB_FAILED] = "failed",
-		[JOB_DRAINING] = "draining",
+		[JOB_FORMING] = "forming", [JOB_REGISTERING] = "registering",
+		[JOB_ACTIVE] = "active",   [JOB_REFORMING] = "re-forming",
+		[JOB_FAILED] = "failed",   [JOB_DRAINING] = "draining",
 	};
 	return s <= JOB_DRAINING ? names[s] : "?";
 }
@@ -178,7 +180,9 @@ void job_set_state(struct job *j, enum job_state to)
 	static const unsigned allowed[] = {
 		[JOB_FORMING] = 1u << JOB_REGISTERING | 1u << JOB_FAILED,
 		[JOB_REGISTERING] = 1u << JOB_ACTIVE | 1u << JOB_FAILED,
-		[JOB_ACTIVE] = 1u << JOB_FAILED | 1u << JOB_REGISTERING, /* a re-plan */
+		[JOB_ACTIVE] = 1u << JOB_FAILED | 1u << JOB_REGISTERING /* a re-plan */
+			       | 1u << JOB_REFORMING,
+		[JOB_REFORMING] = 1u << JOB_REGISTERING | 1u << JOB_FAILED,
 		[JOB_FAILED] = 1u << JOB_DRAINING,
 		[JOB_DRAINING] = 0,
 	};
@@ -190,7 +194,8 @@ void job_set_state(struct job *j, enum job_state to)
 
 void job_maybe_free(struct job *j)
 {
-	if (j->nconnected > 0)
+	/* a job re-forming keeps its state with no rank connected */
+	if (j->nconnected > 0 || j->state == JOB_REFORMING)
 		return;
 	if (!j->exec_running) {
 		job_free(j);
@@ -198,6 +203,13 @@ void job_maybe_free(struct job *j)
 	}
 	if (j->state == JOB_FAILED)
 		job_set_state(j, JOB_DRAINING);
+}
+
+bool job_awaits_plan(const struct job *j, uint32_t rank)
+{
+	if (j->state == JOB_REFORMING)
+		return !reform_registered(j, rank);
+	return j->state == JOB_FORMING && !j->plans[rank] && !j->grad_map[rank];
 }
 
 void job_free_all(struct core *core)
@@ -383,7 +395,7 @@ static int join_existing(struct job *j, const struct join_req *h, const struct r
 			 h->rank, (int)j->ranks[h->rank]->pid);
 		return ZC_EDUPRANK;
 	}
-	if (j->state != JOB_FORMING) {
+	if (j->state != JOB_FORMING && j->state != JOB_REFORMING) {
 		snprintf(err, errlen, "job %s is already running", j->id);
 		return ZC_ESTATE;
 	}
@@ -596,7 +608,7 @@ static int start_admit(struct job *j, const struct state *st)
 /* job_start's last step: the executor, given the state *st (NULL after,
  * even on failure), and the job registering. */
 static int start_exec(struct job *j, float **grads, float **params, struct state **st,
-		      uint32_t node, uint32_t nnodes)
+		      const void *recover_params, uint32_t node, uint32_t nnodes)
 {
 	struct core *core = j->core;
 	struct exec_config ec = {
@@ -616,6 +628,7 @@ static int start_exec(struct job *j, float **grads, float **params, struct state
 		.mem = j->cuda ? j->be->mem : NULL,
 		.bufs = j->cuda,
 		.stall_timeout_ms = core->cfg->stall_timeout_ms,
+		.recover_params = recover_params,
 	};
 	int r;
 
@@ -646,6 +659,7 @@ static void job_start(struct job *j)
 	float **grads = calloc(j->world, sizeof(*grads));
 	float **params = calloc(j->world, sizeof(*params));
 	struct state *st = NULL;
+	const void *recover_params = NULL;
 	uint32_t node = 0, nnodes = 1;
 	int r;
 
@@ -656,10 +670,12 @@ static void job_start(struct job *j)
 	}
 	start_buffers(j, grads, params);
 	r = start_layout(j, &node, &nnodes, &st);
+	if (r == 0 && j->rf) /* a re-formed job: its state as it was kept */
+		r = reform_take(j, &st, &recover_params);
 	if (r == 0)
 		r = start_admit(j, st);
 	if (r == 0)
-		r = start_exec(j, grads, params, &st, node, nnodes);
+		r = start_exec(j, grads, params, &st, recover_params, node, nnodes);
 out:
 	state_free(st);
 	/* the executor copied the arrays */
@@ -771,6 +787,10 @@ static void register_plan(struct job *j, struct member *s, struct plan *p,
 		statex_replan(j, s, p, gd, pd, cb); /* between iterations: a new layout */
 		return;
 	}
+	if (j->state == JOB_REFORMING) {
+		reform_register(j, s, p, gd, pd, cb); /* a restarted rank rejoins */
+		return;
+	}
 	if (j->state != JOB_FORMING || j->plans[s->rank] || j->grad_map[s->rank]) {
 		sink_error(core->sink, s, ZC_ENOTSUP, false, SINK_NO_ITERATION, -1,
 			   "job %s: rank %u already registered a plan; changing the plan of a "
@@ -878,14 +898,22 @@ void job_leave(struct job *j, struct member *s, enum leave_reason why)
 	 * register timeout): the job's end reason names them too. */
 	bool waited = !job_ended(j) && j->state == JOB_FORMING && j->plans[s->rank] &&
 		      sched_describe_wait(j, who, sizeof(who)) > 0;
+	bool occupant = j->ranks[s->rank] == s;
 
-	if (j->ranks[s->rank] == s) {
+	if (occupant) {
 		j->ranks[s->rank] = NULL;
 		j->nconnected--;
 		grad_keep(j, s->rank, NULL, NULL, 0); /* what it kept for a retry */
 	}
+	if (j->state == JOB_REFORMING) {
+		reform_leave(j, s, occupant);
+		job_maybe_free(j);
+		return;
+	}
 	/* Between iterations a rank that leaves ends the job quietly: the
-	 * others are not waiting on anything. Otherwise they are told now. */
+	 * others are not waiting on anything. Otherwise they are told now. A
+	 * trainer that dies, a job of this node's host buffers, re-forms
+	 * instead (reform.c) while --rejoin-timeout lets it. */
 	if (!job_ended(j)) {
 		/* nobody waits on anything: no bucket in flight, no state round */
 		bool idle = j->state == JOB_ACTIVE && !j->in_flight && !statex_busy(j);
@@ -896,6 +924,10 @@ void job_leave(struct job *j, struct member *s, enum leave_reason why)
 				  : j->state != JOB_ACTIVE ? "exited before the job started"
 				  : idle                   ? "exited between iterations"
 							   : "died during an iteration";
+		if (why != LEAVE_GOODBYE && j->state == JOB_ACTIVE && reform_begin(j, s, how)) {
+			job_maybe_free(j);
+			return;
+		}
 		job_fail(j, ZC_ERANKDEAD, !idle, "rank %u (pid %d) %s%s%s", s->rank, (int)s->pid,
 			 how, waited ? "; the job waited for " : "", waited ? who : "");
 	}

@@ -43,6 +43,9 @@ void job_end_remote(struct job *j, int code, bool quiet, uint64_t iter, const ch
  * node's quiet end may be due now. */
 void job_iteration_done(struct job *j);
 void job_maybe_free(struct job *j);
+/* Whether rank's RegisterPlan (and its buffers, its ring) is still to come:
+ * a job forming, or re-forming after a trainer died (reform.c). */
+bool job_awaits_plan(const struct job *j, uint32_t rank);
 void job_set_state(struct job *j, enum job_state to);
 const char *job_state_name(enum job_state s);
 static inline bool job_ended(const struct job *j)

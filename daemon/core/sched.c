@@ -21,6 +21,7 @@
 #include "core/hooks.h"
 #include "core/job.h"
 #include "core/rdzv.h"
+#include "core/reform.h"
 #include "core/sched.h"
 #include "core/statex.h"
 #include "exec/exec.h"
@@ -31,6 +32,7 @@
 void sched_start(struct job *j)
 {
 	struct zc_param_group *snap = NULL;
+	uint64_t recovered;
 
 	j->arrived = calloc(j->plan->nbuckets, sizeof(*j->arrived));
 	if (j->groups) {
@@ -51,11 +53,12 @@ void sched_start(struct job *j)
 		job_fail(j, ZC_ELIMIT, true, "out of memory");
 		return;
 	}
+	recovered = reform_started(j); /* a re-formed job goes on where it was */
 	job_set_state(j, JOB_ACTIVE);
 	j->progress_ms = now_ms();
 	for (uint32_t r = 0; r < j->world; r++)
 		if (j->ranks[r])
-			j->core->sink->plan_ok(j->ranks[r], j->plan->hash);
+			j->core->sink->plan_ok(j->ranks[r], j->plan->hash, recovered);
 	log_info("job %s: active", j->id);
 }
 
@@ -308,7 +311,7 @@ void sched_params_changed(struct job *j, struct member *s, uint64_t iteration)
  * rank that broke its ring fails the job, and the others hear that instead. */
 static void send_bucket_done(struct job *j, uint64_t t, uint32_t b)
 {
-	for (uint32_t r = 0; r < j->world && !job_ended(j); r++)
+	for (uint32_t r = 0; r < j->world && j->state == JOB_ACTIVE; r++)
 		if (j->ranks[r])
 			j->core->sink->bucket_done(j->ranks[r], t, b);
 }
@@ -326,6 +329,10 @@ static void finish_iteration(struct job *j, uint64_t t, bool found_inf, double g
 	j->iterations_done++;
 	j->core->stats.iterations++;
 	j->progress_ms = now_ms();
+	if (j->state == JOB_REFORMING) {
+		reform_step_done(j); /* the boundary it goes back to: nobody to tell */
+		return;
+	}
 	for (uint32_t r = 0; r < j->world && !job_ended(j); r++)
 		if (j->ranks[r] && info)
 			j->core->sink->step_done_info(j->ranks[r], t, found_inf, grad_norm);
@@ -348,6 +355,8 @@ void sched_on_done(struct core *core, struct exec_done *done)
 		j->exec_running = false;
 		if (statex_replan_stopped(j))
 			return; /* a re-plan: the job starts again */
+		if (reform_stopped(j))
+			return; /* re-forming: the state is kept */
 		job_maybe_free(j);
 		return;
 	}
@@ -369,6 +378,13 @@ void sched_on_done(struct core *core, struct exec_done *done)
 	case EXEC_FAILED: {
 		char what[256];
 
+		if (reform_failure_expected(j)) {
+			/* the old executor of a re-forming job, stopped inside
+			 * an iteration: its collectives were aborted */
+			log_info("job %s: the stopped executor: %s of buckets %u..%u: %s", j->id,
+				 done->op, done->lo, done->hi, zc_strerror(done->status));
+			break;
+		}
 		if (done->status == -EFAULT) {
 			job_fail(j, ZC_EMAP, true,
 				 "%s of buckets %u..%u touched a shared buffer that a trainer "
@@ -444,6 +460,7 @@ int sched_describe_wait(const struct job *j, char *buf, size_t len)
 
 void sched_check_stalls(struct core *core, int64_t now)
 {
+	reform_check(core, now); /* re-forming jobs wait for --rejoin-timeout */
 	for (struct job *j = core->jobs; j; j = j->next) {
 		char who[384];
 		/* Ranks wait in an iteration or in zc_register_plan: the stall

@@ -37,8 +37,10 @@ struct sink_ranges {
 };
 
 struct sink_ops {
-	/* Every rank of the job registered the same plan. */
-	void (*plan_ok)(struct member *s, uint64_t plan_hash);
+	/* Every rank of the job registered the same plan; recovered: the
+	 * iteration a re-formed job goes on at (reform.c), or
+	 * SINK_NO_ITERATION for a fresh start or a re-plan. */
+	void (*plan_ok)(struct member *s, uint64_t plan_hash, uint64_t recovered);
 	/* Bucket b of iteration t is reduced: its hook future completes. */
 	void (*bucket_done)(struct member *s, uint64_t t, uint32_t b);
 	/* Every update of iteration t has landed: the step future completes. */

@@ -633,7 +633,7 @@ static int attach(struct fp_conn *c, const struct ring_attach *a, ssize_t n, int
 		snprintf(err, errlen, "the session has a ring already");
 		return ZC_ESTATE;
 	}
-	if (s->m.job->state != JOB_FORMING || s->m.job->plans[s->m.rank]) {
+	if (!job_awaits_plan(s->m.job, s->m.rank)) {
 		snprintf(err, errlen, "attach the ring before registering the plan");
 		return ZC_ESTATE;
 	}

@@ -115,8 +115,7 @@ int fdbufs_offer(struct session *s, const struct fdbufs_offer *o, int *fds, int 
 		return nfds != 1 ? ZC_EPROTO : ZC_ESTATE;
 	}
 	/* a plan's buffers: before it is registered, or a re-plan's */
-	if (!b.staging && !registered &&
-	    (!j || j->state != JOB_FORMING || j->plans[s->m.rank] || j->grad_map[s->m.rank])) {
+	if (!b.staging && !registered && (!j || !job_awaits_plan(j, s->m.rank))) {
 		snprintf(err, errlen,
 			 "buffers come before the plan is registered, or for a re-plan of a "
 			 "running job");

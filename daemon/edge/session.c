@@ -310,12 +310,12 @@ void session_drop(struct session *s, enum leave_reason why)
 		conn_unbind(s->conn);
 	if (e->cur_session == s)
 		e->cur_session = NULL;
-	if (s->m.job && job_ended(s->m.job)) {
+	if (s->m.job && (job_ended(s->m.job) || s->m.job->state == JOB_REFORMING)) {
 		/* as fdbufs_offer() answers while the session lasts */
 		char reason[400];
 
-		(void)snprintf(reason, sizeof(reason), "job %s failed: %s", s->m.job->id,
-			       s->m.job->errmsg);
+		(void)snprintf(reason, sizeof(reason), "job %s %s: %s", s->m.job->id,
+			       job_ended(s->m.job) ? "failed" : "re-forms", s->m.job->errmsg);
 		fastpath_retire(s, s->m.job->err ? s->m.job->err : ZC_EJOBFAILED, reason);
 	}
 	if (s->m.job)
@@ -661,7 +661,7 @@ static size_t max_message(const struct session *s)
 {
 	if (!s)
 		return HELLO_MAX_BYTES;
-	if (s->m.job && s->m.job->state == JOB_FORMING && !s->m.job->plans[s->m.rank])
+	if (s->m.job && job_awaits_plan(s->m.job, s->m.rank))
 		return ZEROD_MAX_MSG_BYTES; /* its RegisterPlan is still to come */
 	if (s->m.job && s->m.job->state == JOB_ACTIVE && !s->m.job->in_flight)
 		return ZEROD_MAX_MSG_BYTES; /* between iterations: a SetState, a new plan */
@@ -822,12 +822,14 @@ int session_on_router(struct loop *l, void *userdata)
 
 /* ------------------------------------------------------------ the sink --- */
 
-static void sink_plan_ok(struct member *m, uint64_t plan_hash)
+static void sink_plan_ok(struct member *m, uint64_t plan_hash, uint64_t recovered)
 {
 	Zerod__V1__Envelope env = ZEROD__V1__ENVELOPE__INIT;
 	Zerod__V1__PlanOk ok = ZEROD__V1__PLAN_OK__INIT;
 
 	ok.plan_hash = plan_hash;
+	ok.has_recovered_iteration = recovered != SINK_NO_ITERATION;
+	ok.recovered_iteration = ok.has_recovered_iteration ? recovered : 0;
 	env.body_case = ZEROD__V1__ENVELOPE__BODY_PLAN_OK;
 	env.plan_ok = &ok;
 	session_send(session_of(m), &env);

@@ -199,11 +199,13 @@ drop:
 	return 0;
 }
 
-void exec_stop(struct exec *e)
+static void stop(struct exec *e, bool keep)
 {
 	struct coll_group *cg;
 
 	pthread_mutex_lock(&e->mu);
+	if (keep && !e->stopping)
+		e->keep_state = true;
 	if (e->stopping) {
 		pthread_mutex_unlock(&e->mu);
 		return;
@@ -217,6 +219,28 @@ void exec_stop(struct exec *e)
 	if (cg)
 		e->cfg.coll->abort(cg);
 	pthread_mutex_unlock(&e->mu);
+}
+
+void exec_stop(struct exec *e)
+{
+	stop(e, false);
+}
+
+void exec_stop_keep(struct exec *e)
+{
+	stop(e, true);
+}
+
+struct state *exec_take_state(struct exec *e)
+{
+	struct state *s = e->cfg.state;
+
+	e->cfg.state = NULL;
+	if (s && !s->arena && s->nelems + s->nmaster > 0) {
+		state_free(s); /* never allocated: nothing kept */
+		return NULL;
+	}
+	return s;
 }
 
 /* --------------------------------------------------------------- life --- */

@@ -49,6 +49,14 @@ struct exec_config {
 	const struct mem_ops *mem;
 	struct cudabufs *const *bufs; /* [world] */
 	int stall_timeout_ms;         /* how long a collective waits for a trainer (nccl) */
+	/* A recovery (a job re-formed after a trainer died, job.c): state's
+	 * arena is allocated already and holds the job's optimizer state, kept
+	 * by exec_stop_keep() of the executor before; the start neither
+	 * allocates nor zeroes it, and gives every rank these parameters
+	 * (plan_buffer_bytes(plan) bytes, valid until EXEC_STARTED) instead of
+	 * rank 0's, the fp32 masters as they were. Host buffers only. NULL: a
+	 * fresh start. */
+	const void *recover_params;
 };
 
 /* Start the lane threads and queue the start: open the backends, allocate
@@ -145,6 +153,16 @@ int exec_owned_ranges(const struct exec *e, uint64_t **ret, size_t *ret_n);
 /* Drop what is queued, abort the collectives in flight, free the state;
  * EXEC_STOPPED says the threads are gone. Idempotent. */
 void exec_stop(struct exec *e);
+
+/* exec_stop() that keeps the state (its arena and every piece's step
+ * count) for the next executor of the job, exec_take_state(): only
+ * between iterations (after the last EXEC_STEP_DONE, or with no step
+ * queued since), so that what is kept is one iteration's boundary. Host
+ * state only (a device's dies with its executor). */
+void exec_stop_keep(struct exec *e);
+/* After EXEC_STOPPED of exec_stop_keep(): the state, now the caller's
+ * (state_free), or NULL if the executor never allocated it. */
+struct state *exec_take_state(struct exec *e);
 
 /* Join and free: after EXEC_STOPPED only. Accepts NULL. */
 void exec_free(struct exec *e);

@@ -84,6 +84,7 @@ struct exec {
 	struct exec_done *step_done; /* the current iteration's */
 	struct exec_done *fail_done, *stop_done;
 	bool stopping, failed, silent;
+	bool keep_state;    /* exec_stop_keep(): the state outlives the executor */
 	char open_err[256]; /* why the collectives could not open, from the backend */
 	char step_err[256]; /* why a step failed (an edit without zc_params_changed()) */
 	char coll_err[256]; /* why the first collective failed, the backend's words */

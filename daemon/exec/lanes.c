@@ -364,7 +364,8 @@ void *lane_main(void *arg)
 		e->cfg.optim->close(oc);
 		close_buffers(e);
 		pthread_mutex_lock(&e->mu);
-		state_release(e->cfg.state);
+		if (!e->keep_state)
+			state_release(e->cfg.state);
 		post(e, &e->stop_done);
 	}
 	pthread_mutex_unlock(&e->mu);

@@ -146,6 +146,14 @@ int op_start(struct exec *e, struct lane *ln)
 	pthread_mutex_unlock(&e->mu);
 	if (r < 0)
 		return r;
+	if (e->cfg.recover_params) {
+		/* a recovery: the kept state as it is, and the job's parameters
+		 * from before into rank 0's buffer, which the broadcast below
+		 * gives the others (the masters are the kept ones) */
+		memcpy(e->cfg.params[0], e->cfg.recover_params, plan_buffer_bytes(e->cfg.plan));
+		return lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges,
+				 e->cfg.plan->nbuckets);
+	}
 	if (e->cfg.optim->state_alloc) /* on the devices: no host arena */
 		r = e->cfg.optim->state_alloc(e->oc, e->cfg.state->pieces, e->cfg.state->npieces,
 					      e->cfg.state->arrays);

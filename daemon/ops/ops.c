@@ -155,7 +155,8 @@ double jobops_rate(const struct jobops *jo, int64_t now)
 
 bool ops_job_waiting(const struct job *j)
 {
-	return (j->state == JOB_ACTIVE && j->in_flight) || j->state == JOB_FORMING;
+	return (j->state == JOB_ACTIVE && j->in_flight) || j->state == JOB_FORMING ||
+	       j->state == JOB_REFORMING;
 }
 
 const char *ops_job_state_name(const struct job *j)

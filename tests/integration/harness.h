@@ -81,6 +81,7 @@ enum {
 	ZD_JOB_ACTIVE = 1u << 3,
 	ZD_JOB_FAILED = 1u << 4, /* ended: its ranks were told */
 	ZD_JOB_DRAINING = 1u << 5,
+	ZD_JOB_REFORMING = 1u << 6, /* a trainer died: waits for the ranks to rejoin */
 };
 #define ZD_JOB_ENDED (ZD_JOB_FAILED | ZD_JOB_DRAINING)
 /* A job as `zeroctl status` shows it. */

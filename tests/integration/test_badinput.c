@@ -1078,7 +1078,10 @@ static const struct test_case cases[] = {
 int main(int argc, char **argv)
 {
 	char stall[16], join[16];
-	const char *const extra[] = {"--stall-timeout", stall, "--join-timeout", join, NULL};
+	/* a dead trainer fails its job here (--rejoin-timeout 0): the recovery
+	 * suite (tests/reliability/test_recovery.c) has the default */
+	const char *const extra[] = {
+		"--stall-timeout", stall, "--join-timeout", join, "--rejoin-timeout", "0", NULL};
 
 	stall_ms = test_timeout(1500);
 	join_ms = test_timeout(1000);

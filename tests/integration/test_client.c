@@ -775,7 +775,8 @@ static int memory_checks(void *arg, int idx)
 
 static void t_memory_limit(void)
 {
-	static const char *const extra[] = {"--max-memory", "8K", NULL};
+	/* a killed rank's job frees its state at once (no --rejoin-timeout) */
+	static const char *const extra[] = {"--max-memory", "8K", "--rejoin-timeout", "0", NULL};
 
 	REQUIRE(zd_start(&small, extra) == 0, "zerod --max-memory 8K");
 	REQUIRE(zd_wait_ctl(&small, 10000) == 0, "zerod does not answer");
@@ -1002,5 +1003,9 @@ static const struct test_case cases[] = {
 
 int main(int argc, char **argv)
 {
-	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+	/* a dead trainer fails its job here: the recovery suite
+	 * (tests/reliability/test_recovery.c) has the default */
+	static const char *const extra[] = {"--rejoin-timeout", "0", NULL};
+
+	return zd_test_main(&daemon_, extra, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

@@ -1625,8 +1625,17 @@ static const struct test_case cases[] = {
 int main(int argc, char **argv)
 {
 	char stall[16], join[16], hello[16];
-	const char *const extra[] = {"--stall-timeout", stall, "--join-timeout", join,
-				     "--hello-timeout", hello, "--max-jobs", "5", NULL};
+	const char *const extra[] = {"--stall-timeout",
+				     stall,
+				     "--join-timeout",
+				     join,
+				     "--hello-timeout",
+				     hello,
+				     "--max-jobs",
+				     "5",
+				     "--rejoin-timeout",
+				     "0",
+				     NULL}; /* a dead trainer fails its job */
 	const struct zd_opts o = {.nofile = NOFILE, .stderr_fd = -1};
 	int r;
 

@@ -120,7 +120,7 @@ static unsigned state_bit(const char *name)
 	} states[] = {
 		{"forming", ZD_JOB_FORMING},   {"registering", ZD_JOB_REGISTERING},
 		{"active", ZD_JOB_ACTIVE},     {"failed", ZD_JOB_FAILED},
-		{"draining", ZD_JOB_DRAINING},
+		{"draining", ZD_JOB_DRAINING}, {"re-forming", ZD_JOB_REFORMING},
 	};
 
 	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
@@ -287,8 +287,8 @@ static int wait_for(const struct zd *d, const struct want *w, const char *what, 
 
 int zd_wait_job(const struct zd *d, const char *job, unsigned states, int timeout_ms)
 {
-	static const char *const names[] = {"gone",   "forming", "registering",
-					    "active", "failed",  "draining"};
+	static const char *const names[] = {"gone",   "forming",  "registering", "active",
+					    "failed", "draining", "re-forming"};
 	const struct want w = {.job = job, .states = states, .rank = -1, .bucket = -1};
 	char what[160];
 	int at = snprintf(what, sizeof(what), "job %s", job);

@@ -1366,6 +1366,10 @@ int main(int argc, char **argv)
 	extra[n++] = textfile;
 	extra[n++] = "--metrics-interval";
 	extra[n++] = "200";
+	/* the ends of jobs whose rank dies, as an operator sees them: the job
+	 * fails at once (re-forming is the recovery suite's) */
+	extra[n++] = "--rejoin-timeout";
+	extra[n++] = "0";
 	if (!sh->no_user) {
 		extra[n++] = "--group";
 		extra[n++] = TEST_USER;

@@ -1115,7 +1115,8 @@ static void t_killed_while_writing(void)
 {
 	struct train_spec *by = test_shared(sizeof(*by));
 	struct killck *k = test_shared(sizeof(*k));
-	const char *const own_args[] = {"--workers", "2", NULL};
+	/* a killed writer fails its job (the next round restores from disk) */
+	const char *const own_args[] = {"--workers", "2", "--rejoin-timeout", "0", NULL};
 	unsigned seed = (unsigned)now_us(), cut = 0, at[5] = {0};
 	pid_t bpids[2];
 	long span = 0;
@@ -1763,9 +1764,13 @@ static const struct test_case node_cases[] = {
 
 int main(int argc, char **argv)
 {
+	static const char *const extra[] = {"--rejoin-timeout", "0", NULL};
+
 	/* TEST_CKPT_NODES=1: the cases over two zerods (they need gloo) */
 	if (getenv("TEST_CKPT_NODES"))
-		return zd_test_main(&daemon_, NULL, node_cases,
+		return zd_test_main(&daemon_, extra, node_cases,
 				    sizeof(node_cases) / sizeof(node_cases[0]), argc, argv);
-	return zd_test_main(&daemon_, NULL, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+	/* recovery from disk: a dead trainer fails its job (--rejoin-timeout
+	 * 0), the in-memory recovery is tests/reliability/test_recovery.c's */
+	return zd_test_main(&daemon_, extra, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

@@ -188,9 +188,11 @@ static struct trank *trank_of(struct member *m)
 
 /* ------------------------------------------------------ recording sink --- */
 
-static void s_plan_ok(struct member *m, uint64_t hash)
+static void s_plan_ok(struct member *m, uint64_t hash, uint64_t recovered)
 {
-	rec_add(R_PLAN_OK, m->rank)->hash = hash;
+	struct rec *r = rec_add(R_PLAN_OK, m->rank);
+	r->hash = hash;
+	r->iteration = recovered;
 }
 
 static void s_bucket_done(struct member *m, uint64_t t, uint32_t b)

@@ -114,6 +114,8 @@ _SIGNATURES = {
     "zc_grad_buffer": (_vp, [_vp, c_u32]),
     "zc_param_buffer": (_vp, [_vp, c_u32]),
     "zc_register_plan": (_int, [_vp]),
+    "zc_recovered": (_int, [_vp, ctypes.POINTER(c_u64)]),
+    "zc_error_recoverable": (_int, [_int]),
     "zc_bucket_ready": (_int, [_vp, c_u32, ctypes.POINTER(_vp)]),
     "zc_step_future": (_int, [_vp, c_u64, ctypes.POINTER(_vp)]),
     "zc_iteration": (c_u64, [_vp]),
@@ -173,6 +175,15 @@ class ZerodError(RuntimeError):
         self.call, self.code, self.reason = call, code, reason
         self.name = Lib.get().strerror_name(code)
         super().__init__(f"{call}: {self.name} ({code}): {reason}")
+
+    @property
+    def recoverable(self):
+        """True if the job lives on without this process (ZC_ERANKLOST: a
+        trainer died, zerod keeps the job for --rejoin-timeout): restart the
+        worker group (torchrun --max-restarts) and the job goes on from
+        zerod's memory, no checkpoint read (ZerodOptimizer.resumed_iteration)."""
+        lib = Lib.get()
+        return lib.has("zc_error_recoverable") and lib.fn("zc_error_recoverable")(self.code) == 1
 
 
 class Lib:

@@ -335,6 +335,16 @@ class Client:
     def iteration(self):
         return self.lib.fn("zc_iteration")(self.h)
 
+    def recovered(self):
+        """After register_plan(): the iteration a recovered job goes on at
+        (its ranks rejoined after a trainer died), or None for a fresh start
+        (or a library without recovery)."""
+        if not self.lib.has("zc_recovered"):
+            return None
+        it = ctypes.c_uint64()
+        r = self.lib.check("zc_recovered", self.h, ctypes.byref(it))
+        return it.value if r == 1 else None
+
     def step_future(self, iteration):
         f = ctypes.c_void_p()
         self.lib.check("zc_step_future", self.h, iteration, ctypes.byref(f))

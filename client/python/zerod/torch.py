@@ -193,6 +193,17 @@ def bucket_views(mem, offsets, numels, dtypes):
     return out
 
 
+def _elastic_job_id():
+    """Under torchrun, a job id its restarts keep (TORCHELASTIC_RUN_ID, one
+    per torchrun run, --rdzv_id): a restarted worker group rejoins the job
+    zerod kept after a worker died. None elsewhere."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run:
+        return None
+    name = "torch-elastic-" + "".join(c if c.isalnum() or c in "._-" else "-" for c in run)
+    return name[:64]
+
+
 def _zerod_comm_hook(state, bucket):
     return state._on_bucket(bucket)
 
@@ -329,7 +340,7 @@ class ZerodOptimizer(torch.optim.Optimizer):
 
         pg = ddp_model.process_group
         self.rank, self.world = dist.get_rank(pg), dist.get_world_size(pg)
-        job_id = job_id or os.environ.get("ZEROD_JOB_ID")
+        job_id = job_id or os.environ.get("ZEROD_JOB_ID") or _elastic_job_id()
         if not job_id:
             box = [f"torch-{secrets.token_hex(6)}" if self.rank == 0 else None]
             dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0)
@@ -361,6 +372,9 @@ class ZerodOptimizer(torch.optim.Optimizer):
         self._failure = None  # a bucket's zerod error, raised at the end of backward
         self._rebuilt_seen = False
         self._layout = None
+        # the iteration a recovered job goes on at (a worker died, this
+        # process is its group's restart): None for a fresh start
+        self.resumed_iteration = None
         try:
             self._set_layout(self._read_layout(), first=True)
         except BaseException:
@@ -529,6 +543,14 @@ class ZerodOptimizer(torch.optim.Optimizer):
                                                  for p in ps)}
         if first:
             self._sent = [dict(h) for h in self._plan_groups]
+            # a recovered job: the parameters above are zerod's, the state
+            # is, and the script's param groups are sent again at the first
+            # iteration (the values zerod held came from before the death)
+            rec = self.client.recovered()
+            if rec is not None:
+                self.resumed_iteration = rec
+                self._steps_done = rec
+                self._sent = [None] * len(self._plan_groups)
 
     def _share_buffers(self, plan):
         """A plan's buffers (the first, or a re-plan's) with the parameters

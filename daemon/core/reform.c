@@ -1,0 +1,518 @@
+/*
+ * reform.c — recovery from zerod's memory (docs/RELIABILITY.md,
+ * "Recovery"): a trainer of an active job dies (kill -9, the OOM killer, a
+ * Ctrl-C: any leave but Goodbye), and the job does not end. It re-forms:
+ *
+ *  - The iteration boundary. The daemon holds the optimizer state, and on
+ *    host buffers the parameters too (the buffers stay mapped here after
+ *    their trainers are gone), so nothing is lost that an iteration
+ *    boundary needs. If every bucket of the iteration in flight had come
+ *    from every rank, its step is queued with all its inputs: the job waits
+ *    for it, and the boundary is the next iteration (a rank may have seen
+ *    that StepDone). Otherwise no step of it ran in step mode at_end (only
+ *    reductions, which write gradients): the old executor stops at once and
+ *    the boundary is the iteration in flight. In step mode interleaved,
+ *    some buckets stepped and others not cannot be taken back exactly (the
+ *    step overwrote the moments in place): that job fails, saying so.
+ *  - The old executor stops keeping its state (exec_stop_keep). The ranks
+ *    still connected are told ZC_ERANKLOST (zc_error_recoverable()) and
+ *    detached: the worker group restarts (torchrun --max-restarts), and
+ *    every rank rejoins with the same job id and registers the plan the job
+ *    ran, with new buffers.
+ *  - Once all have, the job starts again on the new buffers
+ *    (job_restart): the kept state as it was, and every rank's parameter
+ *    buffer given the parameters from the old ones (exec.h's
+ *    recover_params). PlanOk carries the iteration the job goes on at
+ *    (zc_recovered()); the ranks' count moves there.
+ *  - Ranks that do not all rejoin within --rejoin-timeout fail the job with
+ *    ZC_ERANKDEAD, naming the dead rank and the missing ones; everything it
+ *    held is freed then.
+ *
+ * Not (yet) here: a job over several nodes, or of CUDA buffers (their
+ * trainers' device memory dies with them), fails as before.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "base/config.h"
+#include "base/log.h"
+#include "core/job.h"
+#include "core/reform.h"
+#include "core/sharedp.h"
+#include "core/sink.h"
+#include "exec/exec.h"
+#include "mem/cudabufs.h"
+#include "mem/mem.h"
+#include "plan/state.h"
+
+struct reform {
+	int64_t since_ms;
+	uint32_t dead_rank;
+	int dead_pid;
+	uint64_t died_in;                       /* the iteration in flight (or next) when it died */
+	bool stop_after_step;                   /* every bucket had come: its step first */
+	bool stopping;                          /* exec_stop_keep() asked */
+	bool stopped;                           /* the old executor is gone, the state is here */
+	struct state *state;                    /* kept */
+	uint32_t n;                             /* local ranks registered again */
+	struct plan **plans;                    /* [world]: the rejoined ranks' */
+	struct mem_map **grad_map, **param_map; /* [world]: their buffers */
+	struct sharedp *sharedp;                /* [world]: their sharing */
+	struct mem_map **old_param;             /* [world]: the old parameters, until the start */
+	struct plan *old_plan;                  /* the plan the kept state is laid out by */
+	void *params;                           /* the parameters in the new plan's layout, when the
+						   rejoined ranks brought another layout */
+};
+
+void reform_free(struct job *j)
+{
+	struct reform *rf = j->rf;
+	const struct mem_ops *mem = j->core->mem;
+
+	if (!rf)
+		return;
+	for (uint32_t r = 0; r < j->world; r++) {
+		if (rf->plans)
+			plan_free(rf->plans[r]);
+		if (rf->grad_map)
+			mem->unmap(rf->grad_map[r]);
+		if (rf->param_map)
+			mem->unmap(rf->param_map[r]);
+		if (rf->old_param)
+			mem->unmap(rf->old_param[r]);
+	}
+	state_free(rf->state);
+	plan_free(rf->old_plan);
+	free(rf->params);
+	free(rf->plans);
+	free(rf->grad_map);
+	free(rf->param_map);
+	free(rf->sharedp);
+	free(rf->old_param);
+	free(rf);
+	j->rf = NULL;
+}
+
+static struct reform *reform_new(uint32_t world)
+{
+	struct reform *rf = calloc(1, sizeof(*rf));
+
+	if (!rf)
+		return NULL;
+	rf->plans = calloc(world, sizeof(*rf->plans));
+	rf->grad_map = calloc(world, sizeof(*rf->grad_map));
+	rf->param_map = calloc(world, sizeof(*rf->param_map));
+	rf->sharedp = calloc(world, sizeof(*rf->sharedp));
+	rf->old_param = calloc(world, sizeof(*rf->old_param));
+	if (!rf->plans || !rf->grad_map || !rf->param_map || !rf->sharedp || !rf->old_param) {
+		free(rf->plans);
+		free(rf->grad_map);
+		free(rf->param_map);
+		free(rf->sharedp);
+		free(rf->old_param);
+		free(rf);
+		return NULL;
+	}
+	return rf;
+}
+
+/* Whether j can re-form at all: host buffers on this node only, between
+ * or inside an iteration, nothing else under way. */
+static bool reformable(const struct job *j)
+{
+	return j->core->cfg->rejoin_timeout_ms > 0 && !j->rdzv && !j->cuda && j->exec &&
+	       j->exec_running && !j->sx && !j->rp && !j->reload_pending && j->arrived;
+}
+
+bool reform_begin(struct job *j, struct member *s, const char *how)
+{
+	const struct sink_ops *sink = j->core->sink;
+	uint32_t nb, full = 0;
+	struct reform *rf;
+
+	if (!reformable(j))
+		return false;
+	nb = j->plan->nbuckets;
+	for (uint32_t b = 0; b < nb; b++)
+		full += j->arrived[b] == j->local_size;
+	if (j->in_flight && full > 0 && full < nb && j->plan->step_mode == ZC_STEP_INTERLEAVED) {
+		job_fail(j, ZC_ERANKDEAD, true,
+			 "rank %u (pid %d) %s in iteration %" PRIu64 " after %u of its %u buckets "
+			 "were stepped (step mode interleaved, which steps in place): the job "
+			 "cannot go back to an iteration boundary; restore its checkpoint",
+			 s->rank, (int)s->pid, how, j->iter, full, nb);
+		return true;
+	}
+	rf = reform_new(j->world);
+	if (!rf)
+		return false;
+	j->rf = rf;
+	rf->since_ms = now_ms();
+	rf->dead_rank = s->rank;
+	rf->dead_pid = (int)s->pid;
+	rf->died_in = j->iter;
+	job_set_state(j, JOB_REFORMING);
+	/* while it re-forms, what the job's sessions are told as they go
+	 * (the edge retires their fast paths with it) */
+	j->err = ZC_ERANKLOST;
+	snprintf(j->errmsg, sizeof(j->errmsg),
+		 "rank %u (pid %d) %s in iteration %" PRIu64 "; the job waits %d ms "
+		 "(--rejoin-timeout) for its ranks to rejoin",
+		 s->rank, (int)s->pid, how, j->iter, j->core->cfg->rejoin_timeout_ms);
+	log_notice("job %s: re-forming: %s", j->id, j->errmsg);
+	for (uint32_t r = 0; r < j->world; r++) {
+		if (!j->ranks[r])
+			continue;
+		sink_error(sink, j->ranks[r], ZC_ERANKLOST, true, j->iter, -1, "job %s: %s", j->id,
+			   j->errmsg);
+		sink->detach(j->ranks[r]);
+	}
+	if (j->in_flight && full == nb) {
+		rf->stop_after_step = true; /* reform_step_done */
+		return true;
+	}
+	rf->stopping = true;
+	exec_stop_keep(j->exec); /* EXEC_STOPPED: reform_stopped */
+	return true;
+}
+
+void reform_step_done(struct job *j)
+{
+	struct reform *rf = j->rf;
+
+	if (!rf || rf->stopping || job_ended(j))
+		return;
+	rf->stopping = true;
+	exec_stop_keep(j->exec);
+}
+
+bool reform_failure_expected(const struct job *j)
+{
+	return j->state == JOB_REFORMING && j->rf && j->rf->stopping;
+}
+
+/* Every local rank registered again and the old executor is gone: the
+ * new buffers replace the old ones, whose parameters stay mapped for the
+ * start, and the job starts again. */
+static void restart(struct job *j)
+{
+	struct core *core = j->core;
+	struct reform *rf = j->rf;
+
+	core->memory_used -= j->memory; /* charged again as it starts */
+	j->memory = 0;
+	sharedp_take(j, rf->sharedp);
+	for (uint32_t r = 0; r < j->world; r++) {
+		if (!rf->plans[r])
+			continue;
+		core->mem->unmap(j->grad_map[r]);
+		j->grad_map[r] = rf->grad_map[r];
+		rf->old_param[r] = j->param_map[r];
+		j->param_map[r] = rf->param_map[r];
+		rf->grad_map[r] = rf->param_map[r] = NULL;
+		plan_free(j->plans[r]);
+		j->plans[r] = rf->plans[r];
+		rf->plans[r] = NULL;
+	}
+	j->in_flight = false;
+	memset(j->next_bucket, 0, j->world * sizeof(*j->next_bucket));
+	j->snap_iter = UINT64_MAX;
+	log_info("job %s: every rank rejoined: starting again at iteration %" PRIu64, j->id,
+		 j->iter);
+	rf->old_plan = j->plan; /* the kept state's layout (job_restart frees j->plan) */
+	j->plan = NULL;
+	job_restart(j);
+}
+
+bool reform_stopped(struct job *j)
+{
+	struct core *core = j->core;
+	struct reform *rf = j->rf;
+	struct exec_stats es;
+
+	if (!rf || j->state != JOB_REFORMING || !rf->stopping)
+		return false;
+	exec_stats(j->exec, &es);
+	core->stats.reduced_elems += es.reduced_elems;
+	core->stats.stepped_elems += es.stepped_elems;
+	rf->state = exec_take_state(j->exec);
+	exec_free(j->exec);
+	j->exec = NULL;
+	rf->stopped = true;
+	if (!rf->state) {
+		job_fail(j, ZC_EINTERNAL, true, "re-forming: the old executor kept no state");
+		job_maybe_free(j);
+		return true;
+	}
+	/* the kept state stays charged while the job waits */
+	j->memory = state_bytes(rf->state);
+	core->memory_used += j->memory;
+	log_info("job %s: state kept at iteration %" PRIu64 " (rank %u died in iteration %" PRIu64
+		 "); %u of %u ranks registered again",
+		 j->id, j->iter, rf->dead_rank, rf->died_in, rf->n, j->local_size);
+	if (rf->n == j->local_size)
+		restart(j);
+	return true;
+}
+
+void reform_leave(struct job *j, struct member *s, bool occupant)
+{
+	struct reform *rf = j->rf;
+	uint32_t r = s->rank;
+
+	/* a rank that rejoined and registered, then left again: it may come
+	 * once more; the old ranks that were told leave with nothing here */
+	if (!rf || !occupant || !rf->plans[r])
+		return;
+	plan_free(rf->plans[r]);
+	rf->plans[r] = NULL;
+	j->core->mem->unmap(rf->grad_map[r]);
+	j->core->mem->unmap(rf->param_map[r]);
+	rf->grad_map[r] = rf->param_map[r] = NULL;
+	rf->sharedp[r] = (struct sharedp){0};
+	rf->n--;
+	log_info("job %s: rank %u left again while the job re-forms (%u/%u registered)", j->id, r,
+		 rf->n, j->local_size);
+}
+
+bool reform_registered(const struct job *j, uint32_t rank)
+{
+	return j->rf && j->rf->plans[rank];
+}
+
+void reform_register(struct job *j, struct member *s, struct plan *p, const struct mem_desc *gd,
+		     const struct mem_desc *pd, struct cudabufs *cb)
+{
+	struct core *core = j->core;
+	struct reform *rf = j->rf;
+	uint32_t rank = s->rank;
+	uint64_t bytes = plan_buffer_bytes(p);
+	char err[256], field[192];
+	struct sharedp sp = {0};
+	int r;
+
+	if (cb || rf->plans[rank]) {
+		sink_error(core->sink, s, cb ? ZC_ENOTSUP : ZC_ESTATE, false, SINK_NO_ITERATION, -1,
+			   "job %s re-forms: rank %u %s", j->id, rank,
+			   cb ? "registers CUDA buffers, the job ran on host buffers"
+			      : "registered already");
+		plan_free(p);
+		cudabufs_free(cb);
+		return;
+	}
+	/* the plan the job ran, or (DDP's first buckets, before it rebuilt
+	 * them) another layout of its parameters: the state is laid out again
+	 * (reform_take); every rejoined rank brings the same one */
+	r = 0;
+	for (uint32_t k = 0; k < j->world && r == 0; k++)
+		if (rf->plans[k] && plan_diff(rf->plans[k], p, field, sizeof(field))) {
+			r = ZC_EPLANMISMATCH;
+			snprintf(err, sizeof(err), "rank %u's plan differs from rank %u's at %s",
+				 rank, k, field);
+		}
+	if (r == 0 && plan_diff(j->plan, p, field, sizeof(field)) &&
+	    (r = plan_replan_match(j->plan, p, NULL, err, sizeof(err))) == 0 &&
+	    (p->low_precision || j->plan->low_precision)) {
+		r = ZC_ENOTSUP;
+		snprintf(err, sizeof(err), "another layout of bf16/fp16 buckets (%s)", field);
+	}
+	if (r < 0) {
+		sink_error(core->sink, s, r, false, SINK_NO_ITERATION, -1,
+			   "job %s re-forms with the parameters it ran (plan %016" PRIx64 "): %s",
+			   j->id, j->plan->hash, err);
+		plan_free(p);
+		return;
+	}
+	r = sharedp_check_in(j, rf->sharedp, rank, pd, &sp, err, sizeof(err));
+	if (r >= 0)
+		r = core->mem->map(gd, bytes, &rf->grad_map[rank], err, sizeof(err));
+	if (r >= 0 && !sharedp_mapped_in(j, rf->sharedp, rf->param_map, &sp))
+		r = core->mem->map(pd, bytes, &rf->param_map[rank], err, sizeof(err));
+	if (r < 0) {
+		core->mem->unmap(rf->grad_map[rank]);
+		rf->grad_map[rank] = NULL;
+		sink_error(core->sink, s, r, false, SINK_NO_ITERATION, -1, "rank %u: %s", rank,
+			   err);
+		plan_free(p);
+		return;
+	}
+	rf->plans[rank] = p;
+	rf->sharedp[rank] = sp;
+	rf->n++;
+	j->progress_ms = now_ms();
+	log_info("job %s: rank %u rejoined (pid %d, %u/%u)", j->id, rank, (int)s->pid, rf->n,
+		 j->local_size);
+	if (rf->n == j->local_size && rf->stopped)
+		restart(j);
+}
+
+/* Segment i (flat, plan order) of p: its first element in the buffers. */
+static uint64_t seg_base(const struct plan *p, uint32_t i, uint64_t *numel)
+{
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		if (i < p->buckets[b].nsegments) {
+			*numel = p->buckets[b].segments[i].numel;
+			return p->buckets[b].base + p->buckets[b].segments[i].offset;
+		}
+		i -= p->buckets[b].nsegments;
+	}
+	*numel = 0;
+	return 0;
+}
+
+/* The kept state k (laid out by plan `old`) into the fresh layout st of
+ * plan p (its arena allocated here), and old's parameter buffer `from`
+ * into *ret (p's layout, malloc'd): element by element through the
+ * segments they belong to (plan_replan_match's map). fp32 plans. 0 or
+ * -ENOMEM. */
+static int relayout(const struct plan *old, const struct state *k, const void *from,
+		    const struct plan *p, struct state *st, void **ret)
+{
+	uint32_t nsegs = 0, *map;
+	float *to;
+	int r;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		nsegs += p->buckets[b].nsegments;
+	map = calloc(nsegs ? nsegs : 1, sizeof(*map));
+	to = calloc(1, p->total_bytes);
+	if (!map || !to || plan_replan_match(old, p, map, NULL, 0) < 0 ||
+	    (r = state_alloc(st)) < 0) {
+		free(map);
+		free(to);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < nsegs; i++) {
+		uint64_t n, n_old, nb = seg_base(p, i, &n), ob = seg_base(old, map[i], &n_old);
+		memcpy(to + nb, (const float *)from + ob, n * sizeof(float));
+	}
+	for (uint32_t i = 0; i < st->npieces; i++) {
+		struct optim_piece *pc = &st->pieces[i];
+		uint64_t n, nb = seg_base(p, pc->seg, &n), ob = seg_base(old, map[pc->seg], &n);
+		uint64_t at = ob + (pc->off - nb); /* its first element, by old's offsets */
+		uint32_t lo = 0, hi = k->npieces;
+
+		while (hi - lo > 1) { /* the old piece holding `at`: pieces go by offset */
+			uint32_t mid = lo + (hi - lo) / 2;
+			if (k->pieces[mid].off <= at)
+				lo = mid;
+			else
+				hi = mid;
+		}
+		pc->step = k->pieces[lo].step; /* one segment's pieces step together */
+		pc->first_momentum = k->pieces[lo].first_momentum;
+		for (uint64_t x = 0; x < pc->n;) {
+			const struct optim_piece *op = &k->pieces[lo];
+			uint64_t e = at + x, in = e - op->off, len = MIN(op->n - in, pc->n - x);
+
+			if (e < op->off || in >= op->n) { /* not the next piece: a hole */
+				free(map);
+				free(to);
+				return -EINVAL;
+			}
+			if (st->m)
+				memcpy(st->m + pc->at + x, k->m + op->at + in, len * sizeof(float));
+			if (st->v)
+				memcpy(st->v + pc->at + x, k->v + op->at + in, len * sizeof(float));
+			if (st->vmax)
+				memcpy(st->vmax + pc->at + x, k->vmax + op->at + in,
+				       len * sizeof(float));
+			x += len;
+			lo++;
+		}
+	}
+	free(map);
+	*ret = to;
+	return 0;
+}
+
+int reform_take(struct job *j, struct state **st, const void **ret_params)
+{
+	struct reform *rf = j->rf;
+	const struct state *k = rf->state;
+	const void *from = NULL;
+	char field[192];
+
+	*ret_params = NULL;
+	for (uint32_t r = 0; r < j->world && !from; r++)
+		if (rf->old_param[r])
+			from = j->core->mem->ptr(rf->old_param[r]);
+	if (!k || !from || !rf->old_plan) {
+		job_fail(j, ZC_EINTERNAL, true, "re-forming: no state or parameters kept");
+		return 1;
+	}
+	if (plan_diff(rf->old_plan, j->plan, field, sizeof(field))) {
+		/* the rejoined ranks' layout: state and parameters laid out
+		 * again, the step counts and moments as they were */
+		int r = relayout(rf->old_plan, k, from, j->plan, *st, &rf->params);
+
+		if (r < 0) {
+			job_fail(j, ZC_EINTERNAL, true,
+				 "re-forming: the state cannot be laid out for the new plan (%s)",
+				 strerror(-r));
+			return 1;
+		}
+		log_info("job %s: the kept state laid out for the rejoined ranks' plan (%s "
+			 "differs)",
+			 j->id, field);
+		*ret_params = rf->params;
+		return 0;
+	}
+	if (k->nelems != (*st)->nelems || k->npieces != (*st)->npieces ||
+	    k->arrays != (*st)->arrays || k->nmaster != (*st)->nmaster) {
+		job_fail(j, ZC_EINTERNAL, true, "re-forming: the kept state's layout differs");
+		return 1;
+	}
+	state_free(*st);
+	*st = rf->state;
+	rf->state = NULL;
+	*ret_params = from;
+	return 0;
+}
+
+uint64_t reform_started(struct job *j)
+{
+	struct reform *rf = j->rf;
+
+	if (!rf)
+		return UINT64_MAX;
+	log_notice("job %s: recovered at iteration %" PRIu64 ", %" PRId64
+		   " ms after rank %u (pid %d) died in iteration %" PRIu64,
+		   j->id, j->iter, now_ms() - rf->since_ms, rf->dead_rank, rf->dead_pid,
+		   rf->died_in);
+	j->err = 0;
+	j->errmsg[0] = 0;
+	reform_free(j);
+	return j->iter;
+}
+
+void reform_check(struct core *core, int64_t now)
+{
+	struct job *next;
+
+	for (struct job *j = core->jobs; j; j = next) {
+		struct reform *rf = j->rf;
+		char missing[256];
+		size_t at = 0;
+		int timeout = core->cfg->rejoin_timeout_ms;
+
+		next = j->next;
+		if (j->state != JOB_REFORMING || !rf || now - rf->since_ms < timeout)
+			continue;
+		missing[0] = 0;
+		for (uint32_t r = 0; r < j->world && at + 16 < sizeof(missing); r++)
+			if (!rf->plans[r])
+				at += (size_t)snprintf(missing + at, sizeof(missing) - at, "%s%u",
+						       at ? ", " : "", r);
+		job_fail(j, ZC_ERANKDEAD, true,
+			 "rank %u (pid %d) died in iteration %" PRIu64
+			 " and the job's ranks did not "
+			 "rejoin within %d ms (--rejoin-timeout): rank %s missing",
+			 rf->dead_rank, rf->dead_pid, rf->died_in, timeout, missing);
+		job_maybe_free(j);
+	}
+}

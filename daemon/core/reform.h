@@ -1,0 +1,60 @@
+/*
+ * reform.h — a job that lost a trainer goes on from zerod's memory
+ * (reform.c): it re-forms, keeping its optimizer state and parameters,
+ * while its restarted ranks rejoin. Loop thread only.
+ */
+#ifndef ZEROD_REFORM_H
+#define ZEROD_REFORM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct core;
+struct job;
+struct member;
+struct mem_desc;
+struct cudabufs;
+struct plan;
+struct state;
+
+/* job_leave(): rank s of active job j left otherwise than by Goodbye, as
+ * `how` says. True if reform.c took it: j re-forms (its other ranks are
+ * told ZC_ERANKLOST and detached), or it cannot go back to an iteration
+ * boundary and failed with that reason. False: j does not re-form (no
+ * --rejoin-timeout, a job over several nodes or of CUDA buffers, a state
+ * round or re-plan under way); the caller fails it as before. */
+bool reform_begin(struct job *j, struct member *s, const char *how);
+/* job_leave() of rank s while j re-forms (s left j->ranks already): a
+ * rejoined rank's registration is dropped, so that it can rejoin again. */
+void reform_leave(struct job *j, struct member *s, bool occupant);
+/* Whether rank of re-forming job j registered again. */
+bool reform_registered(const struct job *j, uint32_t rank);
+/* RegisterPlan of a rejoined rank s: plan p (taken over) with buffers gd
+ * and pd; cb (taken over) is refused. Once every local rank did and the
+ * old executor is gone, the job starts again (job_restart). */
+void reform_register(struct job *j, struct member *s, struct plan *p, const struct mem_desc *gd,
+		     const struct mem_desc *pd, struct cudabufs *cb);
+/* sched.c: the step of the iteration the trainer died in is done (the job
+ * waited for it: every bucket had come). */
+void reform_step_done(struct job *j);
+/* EXEC_STOPPED: true if it was the re-forming job's old executor (its
+ * state is kept now), false otherwise. */
+bool reform_stopped(struct job *j);
+/* EXEC_FAILED while j re-forms: true if it is the old executor's answer
+ * to being stopped (nothing to act on). */
+bool reform_failure_expected(const struct job *j);
+/* job_start() of a re-formed job: the kept state replaces *st (freed), and
+ * the parameters the start gives every rank in *ret_params. 0, or 1: the
+ * layouts differ (the job failed). */
+int reform_take(struct job *j, struct state **st, const void **ret_params);
+/* sched_start() of a re-formed job: the iteration it goes on at, the
+ * re-forming done (its old buffers unmapped). UINT64_MAX: j did not
+ * re-form. */
+uint64_t reform_started(struct job *j);
+/* sched_check_stalls(): re-forming jobs whose ranks did not all rejoin
+ * within --rejoin-timeout fail, naming them. */
+void reform_check(struct core *core, int64_t now);
+/* job_free(): what the re-forming holds. Accepts a job without it. */
+void reform_free(struct job *j);
+
+#endif

@@ -1,0 +1,429 @@
+/*
+ * test_recovery.c — a trainer dies and the job goes on from zerod's memory
+ * (issue 23 §1, §4), against a real zerod and real trainer processes.
+ *
+ *  - killed_*: a job trains; one rank SIGKILLs itself at a phase of an
+ *    iteration (before its first bucket, between its buckets, after its
+ *    last bucket while the step runs, between iterations). The survivors'
+ *    calls fail with ZC_ERANKLOST (zc_error_recoverable) and they exit, as
+ *    torchrun's agent ends a worker group; the test then starts every rank
+ *    again (the group's restart), which rejoins the same job id, is told by
+ *    zc_recovered() the iteration it goes on at (the same on every rank, no
+ *    older than the last StepDone any rank saw), and trains to the end.
+ *    Every rank's final parameters and state equal bit for bit the
+ *    reference of an uninterrupted run (statefix.h: gradients are a function
+ *    of rank, iteration and element only). Every shard and step mode,
+ *    SGD and Adam, 2 and 3 ranks. In step mode interleaved a death between
+ *    buckets, after some were stepped, cannot go back to a boundary: that
+ *    job fails with ZC_ERANKDEAD saying so (reform.c), and the test asserts
+ *    it.
+ *  - never_back: the restarted group lacks a rank: the ones that rejoined
+ *    fail after --rejoin-timeout with ZC_ERANKDEAD naming the missing rank,
+ *    and zerod holds no job, memory or fd of it afterwards.
+ *  - beside: a job beside the re-forming one trains on to its reference.
+ *
+ * No disk is read: the job id is all the restarted ranks bring.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "statefix.h"
+#include "testlib.h"
+
+#define ITERS     8
+#define KILL_ITER 4
+#define NRANKS    3
+#define REJOIN_MS 20000
+
+static struct zd daemon_;
+
+static const struct layout layout3 = {3, {{0, 1, -1}, {2, -1}, {3, 4, 5, -1}}};
+
+enum phase {
+	BEFORE_FIRST,  /* at the start of KILL_ITER, before its bucket 0 */
+	BETWEEN,       /* after half its buckets of KILL_ITER */
+	DURING_STEP,   /* after its last bucket of KILL_ITER, the step running */
+	BETWEEN_ITERS, /* after the step of KILL_ITER - 1, before KILL_ITER */
+	NPHASES,
+};
+static const char *const phase_name[] = {"before_first_bucket", "between_buckets", "during_step",
+					 "between_iterations"};
+
+#define EXIT_LOST  42 /* a survivor told ZC_ERANKLOST */
+#define EXIT_FATAL 43 /* a survivor told a fatal error (expected where stated) */
+
+struct script {
+	char job[64];
+	const char *sock;
+	uint32_t world;
+	enum zc_optimizer opt;
+	enum zc_shard_mode shard;
+	enum zc_step_mode step;
+	uint64_t seed;
+	bool armed;     /* the victim dies at kill_iter, at phase */
+	bool restarted; /* the group's restart: every rank must be recovered */
+	int kill_iter;
+	uint32_t victim;
+	enum phase phase;
+	struct snap *want;              /* the uninterrupted reference at ITERS */
+	atomic_int seen[NRANKS];        /* armed: iterations whose StepDone each rank saw */
+	atomic_llong recovered[NRANKS]; /* restarted: zc_recovered()'s iteration, -1: none */
+	atomic_int fatal_code[NRANKS];
+	char fatal_msg[NRANKS][256];
+	int register_timeout_ms;
+};
+
+static void die(void)
+{
+	fflush(stdout);
+	raise(SIGKILL);
+}
+
+static int one_iteration(zc_client *c, const struct script *sc, const struct tplan *tp,
+			 uint32_t rank)
+{
+	uint64_t t = zc_iteration(c);
+	bool victim = sc->armed && rank == sc->victim && t == (uint64_t)sc->kill_iter;
+	uint32_t nb = tp->plan.nbuckets;
+	zc_future *step = NULL;
+	int r;
+
+	if (victim && sc->phase == BEFORE_FIRST)
+		die();
+	if (sf_fill_grads(c, tp, sc->seed, rank, (int)t) < 0)
+		return -EINVAL;
+	for (uint32_t b = 0; b < nb; b++) {
+		if (victim && sc->phase == BETWEEN && b == nb / 2 + 1) {
+			/* the others' buckets of the first half are in: stepped in
+			 * step mode interleaved */
+			usleep(100 * 1000);
+			die();
+		}
+		if ((r = zc_bucket_ready(c, b, NULL)) < 0)
+			return r;
+	}
+	if (victim && sc->phase == DURING_STEP)
+		die();
+	r = zc_step_future(c, t, &step);
+	if (r >= 0)
+		r = zc_future_wait(step, test_timeout(30000));
+	if (r == 0)
+		r = ZC_ETIMEDOUT;
+	zc_future_free(step);
+	return r < 0 ? r : 0;
+}
+
+static int rank_main(void *arg, int idx)
+{
+	struct script *sc = arg;
+	uint32_t rank = (uint32_t)idx;
+	struct tplan *tp = calloc(1, sizeof(*tp));
+	struct snap *got = calloc(1, sizeof(*got));
+	struct zc_config cfg;
+	zc_client *c = NULL;
+	const char *what = "connect";
+	uint64_t at = 0;
+	int r;
+
+	make_plan(tp, &layout3, sc->opt, sc->shard, sc->step, false);
+	cfg = test_config(&daemon_, sc->job, rank, sc->world);
+	if (sc->sock)
+		cfg.socket = sc->sock;
+	cfg.register_timeout_ms = sc->register_timeout_ms;
+	r = zc_connect(&cfg, &c);
+	if (r >= 0) {
+		what = "alloc_buffers";
+		r = zc_alloc_buffers(c, &tp->plan);
+	}
+	if (r >= 0) /* the trainer's own initial values: a recovery overwrites them */
+		r = sf_begin(c, tp, sc->opt, NULL, sc->seed + 1000 * (uint64_t)sc->restarted,
+			     &what);
+	if (r >= 0) {
+		what = "zc_recovered";
+		r = zc_recovered(c, &at);
+		if (r >= 0 && sc->restarted)
+			atomic_store(&sc->recovered[rank], r == 1 ? (long long)at : -1);
+		EXPECT(r == sc->restarted, "rank %u: zc_recovered() %d, want %d", rank, r,
+		       sc->restarted);
+		EXPECT(r != 1 || zc_iteration(c) == at,
+		       "rank %u: zc_iteration() %llu after a recovery at %llu", rank,
+		       (unsigned long long)zc_iteration(c), (unsigned long long)at);
+	}
+	while (r >= 0 && zc_iteration(c) < ITERS) {
+		uint64_t t = zc_iteration(c);
+
+		if (sc->armed && rank == sc->victim && sc->phase == BETWEEN_ITERS &&
+		    t == (uint64_t)sc->kill_iter)
+			die();
+		what = "iteration";
+		r = one_iteration(c, sc, tp, rank);
+		if (r >= 0 && sc->armed)
+			atomic_store(&sc->seen[rank], (int)t + 1);
+	}
+	if (r < 0 && sc->armed && zc_error_recoverable(r)) {
+		printf("# rank %u: %s: %s: %s\n", rank, what, zc_strerror_name(r),
+		       zc_error_message());
+		zc_close(c);
+		return EXIT_LOST;
+	}
+	if (r < 0) {
+		atomic_store(&sc->fatal_code[rank], r);
+		snprintf(sc->fatal_msg[rank], sizeof(sc->fatal_msg[rank]), "%s",
+			 zc_error_message());
+		printf("# rank %u: %s: %s: %s\n", rank, what, zc_strerror_name(r),
+		       zc_error_message());
+		zc_close(c);
+		return EXIT_FATAL;
+	}
+	what = "get_state";
+	r = export_snap(c, tp, sc->opt, got);
+	EXPECT(r >= 0, "rank %u: export: %s", rank, zc_strerror_name(r));
+	if (r >= 0 && sc->want)
+		EXPECT(snap_compare(sc->job, got, sc->want, sc->opt) == 0,
+		       "rank %u: differs from the uninterrupted run", rank);
+	zc_close(c);
+	free(tp);
+	free(got);
+	return child_bad;
+}
+
+/* Start the world's ranks of sc's round; wait for all; their exits in st. */
+static void run_round(struct script *sc, int *st)
+{
+	pid_t pids[NRANKS];
+
+	for (uint32_t r = 0; r < sc->world; r++)
+		pids[r] = spawn(rank_main, sc, (int)r);
+	for (uint32_t r = 0; r < sc->world; r++)
+		st[r] = wait_child(pids[r], test_timeout(60000));
+}
+
+static struct script *script_new(const char *job, uint32_t world, enum zc_optimizer opt,
+				 enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	struct script *sc = test_shared(sizeof(*sc));
+
+	snprintf(sc->job, sizeof(sc->job), "%s", job);
+	sc->world = world;
+	sc->opt = opt;
+	sc->shard = shard;
+	sc->step = step;
+	sc->seed = 23;
+	sc->kill_iter = KILL_ITER;
+	sc->armed = true;
+	sc->register_timeout_ms = test_timeout(30000);
+	sc->want = test_shared(sizeof(*sc->want));
+	snap_init(sc->want, sc->seed);
+	ref_train(sc->want, opt, sc->seed, world, 0, ITERS);
+	return sc;
+}
+
+/* One death at phase, victim rank, and the group's restart. */
+static void kill_and_recover(uint32_t world, enum zc_optimizer opt, enum zc_shard_mode shard,
+			     enum zc_step_mode step, enum phase ph, uint32_t victim)
+{
+	char job[64];
+	struct script *sc;
+	int st[NRANKS];
+	int maxseen = 0;
+	bool partial = step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
+
+	snprintf(job, sizeof(job), "rec-%c%c%c-%u-%d-%u", opt == ZC_OPT_SGD ? 's' : 'a',
+		 shard == ZC_SHARD_BUCKET ? 'b' : 's', step == ZC_STEP_AT_END ? 'e' : 'i', world,
+		 (int)ph, victim);
+	sc = script_new(job, world, opt, shard, step);
+	sc->victim = victim;
+	sc->phase = ph;
+	run_round(sc, st);
+	for (uint32_t r = 0; r < world; r++) {
+		if (r == victim) {
+			CHECK(st[r] == 128 + SIGKILL, "%s: the victim rank %u ended %d", job, r,
+			      st[r]);
+			continue;
+		}
+		if (partial) {
+			CHECK(st[r] == EXIT_FATAL && sc->fatal_code[r] == ZC_ERANKDEAD &&
+				      strstr(sc->fatal_msg[r], "cannot go back"),
+			      "%s: rank %u ended %d (%s: %s); want ZC_ERANKDEAD, a partly stepped "
+			      "interleaved iteration",
+			      job, r, st[r], zc_strerror_name(sc->fatal_code[r]), sc->fatal_msg[r]);
+			continue;
+		}
+		CHECK(st[r] == EXIT_LOST, "%s: survivor rank %u ended %d, want ZC_ERANKLOST", job,
+		      r, st[r]);
+		if (atomic_load(&sc->seen[r]) > maxseen)
+			maxseen = atomic_load(&sc->seen[r]);
+	}
+	if (partial) {
+		CHECK(zd_wait_job(&daemon_, job, ZD_JOB_GONE, 10000) == 0, "%s: not gone", job);
+		return;
+	}
+	CHECK(zd_wait_job(&daemon_, job, ZD_JOB_REFORMING, 10000) == 0, "%s: not re-forming", job);
+	sc->armed = false;
+	sc->restarted = true;
+	run_round(sc, st);
+	for (uint32_t r = 0; r < world; r++) {
+		long long at = atomic_load(&sc->recovered[r]);
+		CHECK(st[r] == 0, "%s: restarted rank %u ended %d", job, r, st[r]);
+		CHECK(at == atomic_load(&sc->recovered[0]),
+		      "%s: rank %u recovered at %lld, rank 0 "
+		      "at %lld",
+		      job, r, at, (long long)atomic_load(&sc->recovered[0]));
+		CHECK(at >= maxseen && at >= KILL_ITER && at <= KILL_ITER + 1,
+		      "%s: rank %u recovered at iteration %lld; some rank saw %d steps", job, r, at,
+		      maxseen);
+	}
+	test_note("%s: %s, recovered at iteration %lld", job, phase_name[ph],
+		  (long long)atomic_load(&sc->recovered[0]));
+}
+
+static void every_phase(uint32_t world, enum zc_optimizer opt, enum zc_shard_mode shard,
+			enum zc_step_mode step)
+{
+	for (int ph = 0; ph < NPHASES; ph++)
+		kill_and_recover(world, opt, shard, step, (enum phase)ph,
+				 (uint32_t)ph % world); /* rank 0 too */
+}
+
+static void t_adam_bucket_atend_w2(void)
+{
+	every_phase(2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+}
+static void t_adam_slice_atend_w3(void)
+{
+	every_phase(3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+}
+static void t_adam_bucket_interleaved_w3(void)
+{
+	every_phase(3, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+}
+static void t_sgd_slice_interleaved_w2(void)
+{
+	every_phase(2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+}
+static void t_sgd_bucket_atend_w3(void)
+{
+	every_phase(3, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+}
+
+/* Twice in one run: the recovered job loses a trainer again. */
+static void t_killed_twice(void)
+{
+	struct script *sc = script_new("rec-twice", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	int st[NRANKS];
+
+	sc->victim = 1;
+	sc->phase = BETWEEN;
+	run_round(sc, st);
+	CHECK(st[0] == EXIT_LOST && st[1] == 128 + SIGKILL, "first run: %d %d", st[0], st[1]);
+	CHECK(zd_wait_job(&daemon_, sc->job, ZD_JOB_REFORMING, 10000) == 0, "not re-forming");
+	/* the restart is recovered, and dies again: rank 0, two iterations on */
+	sc->restarted = true;
+	sc->victim = 0;
+	sc->phase = BEFORE_FIRST;
+	sc->kill_iter = KILL_ITER + 2;
+	run_round(sc, st);
+	CHECK(st[0] == 128 + SIGKILL && st[1] == EXIT_LOST, "second run: %d %d", st[0], st[1]);
+	CHECK(atomic_load(&sc->recovered[1]) == KILL_ITER, "the first recovery at %lld",
+	      (long long)atomic_load(&sc->recovered[1]));
+	CHECK(zd_wait_job(&daemon_, sc->job, ZD_JOB_REFORMING, 10000) == 0, "not re-forming");
+	sc->armed = false;
+	run_round(sc, st);
+	CHECK(st[0] == 0 && st[1] == 0, "third run: %d %d", st[0], st[1]);
+	CHECK(atomic_load(&sc->recovered[0]) == KILL_ITER + 2, "the second recovery at %lld",
+	      (long long)atomic_load(&sc->recovered[0]));
+}
+
+/* A rank that never comes back: the job fails after --rejoin-timeout,
+ * naming it, and nothing of it stays. */
+static void t_never_back(void)
+{
+	struct zd own;
+	const char *const args[] = {"--rejoin-timeout", "1500", NULL};
+	struct script *sc = script_new("rec-never", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct zd_status lv;
+	int st[NRANKS], fds0, fds1;
+	pid_t pids[NRANKS];
+	int r = zd_start(&own, args);
+
+	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
+	sc->sock = own.sock;
+	fds0 = zd_fd_count(&own);
+	sc->victim = 2;
+	sc->phase = BETWEEN;
+	run_round(sc, st);
+	CHECK(st[2] == 128 + SIGKILL && st[0] == EXIT_LOST && st[1] == EXIT_LOST,
+	      "round 0: %d %d %d", st[0], st[1], st[2]);
+	sc->armed = false;
+	sc->restarted = true;
+	for (uint32_t k = 0; k < 2; k++) /* rank 2 stays dead */
+		pids[k] = spawn(rank_main, sc, (int)k);
+	for (uint32_t k = 0; k < 2; k++) {
+		st[k] = wait_child(pids[k], test_timeout(30000));
+		CHECK(st[k] == EXIT_FATAL && sc->fatal_code[k] == ZC_ERANKDEAD &&
+			      strstr(sc->fatal_msg[k], "rank 2 missing") &&
+			      strstr(sc->fatal_msg[k], "--rejoin-timeout"),
+		      "rank %u ended %d (%s: %s), want ZC_ERANKDEAD naming rank 2", k, st[k],
+		      zc_strerror_name(sc->fatal_code[k]), sc->fatal_msg[k]);
+	}
+	CHECK(zd_wait_job(&own, sc->job, ZD_JOB_GONE, 10000) == 0, "the job stays");
+	r = zd_ctl_levels(&own, &lv);
+	CHECK(r == 0 && lv.jobs == 0 && lv.memory == 0 && lv.sessions == 0,
+	      "after: %d jobs, %llu bytes of state, %u sessions", lv.jobs, lv.memory, lv.sessions);
+	fds1 = zd_fd_count(&own);
+	CHECK(fds1 == fds0, "zerod had %d fds before the job, %d after", fds0, fds1);
+	CHECK(zd_stop(&own, 5000) == 0, "zerod did not stop cleanly");
+}
+
+/* A job beside the re-forming one trains on to its reference. */
+static void t_beside(void)
+{
+	struct script *a =
+		script_new("rec-beside-a", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct script *b =
+		script_new("rec-beside-b", 2, ZC_OPT_SGD, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	int st[NRANKS], stb[NRANKS];
+	pid_t pb[2];
+
+	a->victim = 0;
+	a->phase = DURING_STEP;
+	b->armed = false; /* nobody dies */
+	for (uint32_t k = 0; k < 2; k++)
+		pb[k] = spawn(rank_main, b, (int)k);
+	run_round(a, st);
+	CHECK(st[0] == 128 + SIGKILL && st[1] == EXIT_LOST, "a: %d %d", st[0], st[1]);
+	for (uint32_t k = 0; k < 2; k++) {
+		stb[k] = wait_child(pb[k], test_timeout(60000));
+		CHECK(stb[k] == 0, "the job beside: rank %u ended %d", k, stb[k]);
+	}
+	a->armed = false;
+	a->restarted = true;
+	run_round(a, st);
+	CHECK(st[0] == 0 && st[1] == 0, "a restarted: %d %d", st[0], st[1]);
+}
+
+static const struct test_case cases[] = {
+	{"killed_adam_bucket_at_end_w2", t_adam_bucket_atend_w2, 120000},
+	{"killed_adam_slice_at_end_w3", t_adam_slice_atend_w3, 120000},
+	{"killed_adam_bucket_interleaved_w3", t_adam_bucket_interleaved_w3, 120000},
+	{"killed_sgd_slice_interleaved_w2", t_sgd_slice_interleaved_w2, 120000},
+	{"killed_sgd_bucket_at_end_w3", t_sgd_bucket_atend_w3, 120000},
+	{"killed_twice", t_killed_twice, 120000},
+	{"never_back_fails_named_and_frees", t_never_back, 120000},
+	{"job_beside_trains_on", t_beside, 120000},
+};
+
+int main(int argc, char **argv)
+{
+	char rejoin[16];
+	const char *const extra[] = {"--rejoin-timeout", rejoin, NULL};
+
+	snprintf(rejoin, sizeof(rejoin), "%d", test_timeout(REJOIN_MS));
+	return zd_test_main(&daemon_, extra, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+}
