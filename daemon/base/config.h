@@ -28,6 +28,7 @@ struct daemon_config {
 	unsigned max_sessions; /* trainers at once; 0: as many as the fds allow, up to 1024 */
 	int join_timeout_ms;   /* a job whose ranks connect but never register */
 	int rejoin_timeout_ms; /* a re-forming job waits this long for its ranks; 0: no recovery */
+	bool recovery_journal; /* interleaved jobs keep the undo journal (state.h) */
 	int hello_timeout_ms;  /* a connection that has no session this long is closed */
 	uint64_t max_memory;   /* bytes of optimizer state over all jobs; 0: half the RAM */
 	uint64_t max_user_memory; /* of it, what one user's jobs may hold; 0: all of it */

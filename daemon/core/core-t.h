@@ -158,6 +158,7 @@ struct job {
 	struct replan *rp;       /* a new plan is being registered (statex.c), or NULL */
 	struct statex_kept *sxk; /* a checkpoint's staging kept mapped (statex.c), or NULL */
 	struct reform *rf;       /* re-forming after a trainer died (reform.c), or NULL */
+	bool journal;            /* its executor keeps the undo journal (exec.h) */
 
 	uint64_t iterations_done, buckets_done;
 	/* a grad buffer mapped for a RegisterPlan that was refused for its param

@@ -415,6 +415,11 @@ int job_join(struct core *core, struct member *s, const struct join_req *h, char
 	j = job_find(core, h->job_id, s->uid);
 	if (j && job_ended(j) && job_drop_exited(j))
 		j = job_find(core, h->job_id, s->uid); /* it may be gone: a fresh one forms */
+	/* a restarted rank may come before its predecessor's exit was seen:
+	 * the predecessor leaves now (the job re-forms, reform.c) */
+	if (j && !job_ended(j) && j->ranks[h->rank] && core->sink->gone(j->ranks[h->rank]) &&
+	    job_drop_exited(j))
+		j = job_find(core, h->job_id, s->uid);
 	if (j && job_ended(j)) {
 		snprintf(err, errlen, "job %s %s earlier (%s%s%s); %s", j->id,
 			 j->quiet_end ? "ended" : "failed",
@@ -629,10 +634,15 @@ static int start_exec(struct job *j, float **grads, float **params, struct state
 		.bufs = j->cuda,
 		.stall_timeout_ms = core->cfg->stall_timeout_ms,
 		.recover_params = recover_params,
+		.journal = j->journal,
 	};
 	int r;
 
 	*st = NULL; /* the executor's now */
+	/* the undo journal lets a recovery take back a partly stepped
+	 * interleaved iteration (reform.c): host buffers on this node */
+	j->journal = ec.journal = core->cfg->recovery_journal && core->cfg->rejoin_timeout_ms > 0 &&
+				  !j->cuda && !j->rdzv && j->plan->step_mode == ZC_STEP_INTERLEAVED;
 	r = exec_new(&ec, &j->exec);
 	if (r < 0)
 		return r;

@@ -56,6 +56,7 @@ struct reform {
 	uint64_t died_in;                       /* the iteration in flight (or next) when it died */
 	bool stop_after_step;                   /* every bucket had come: its step first */
 	bool stopping;                          /* exec_stop_keep() asked */
+	bool undo; /* an interleaved iteration cut between buckets: its stepped buckets go back */
 	bool stopped;                           /* the old executor is gone, the state is here */
 	struct state *state;                    /* kept */
 	uint32_t n;                             /* local ranks registered again */
@@ -133,23 +134,28 @@ bool reform_begin(struct job *j, struct member *s, const char *how)
 	const struct sink_ops *sink = j->core->sink;
 	uint32_t nb, full = 0;
 	struct reform *rf;
+	bool partial;
 
 	if (!reformable(j))
 		return false;
 	nb = j->plan->nbuckets;
 	for (uint32_t b = 0; b < nb; b++)
 		full += j->arrived[b] == j->local_size;
-	if (j->in_flight && full > 0 && full < nb && j->plan->step_mode == ZC_STEP_INTERLEAVED) {
+	partial =
+		j->in_flight && full > 0 && full < nb && j->plan->step_mode == ZC_STEP_INTERLEAVED;
+	if (partial && !j->journal) {
 		job_fail(j, ZC_ERANKDEAD, true,
 			 "rank %u (pid %d) %s in iteration %" PRIu64 " after %u of its %u buckets "
 			 "were stepped (step mode interleaved, which steps in place): the job "
-			 "cannot go back to an iteration boundary; restore its checkpoint",
+			 "cannot go back to an iteration boundary without --recovery-journal; "
+			 "restore its checkpoint",
 			 s->rank, (int)s->pid, how, j->iter, full, nb);
 		return true;
 	}
 	rf = reform_new(j->world);
 	if (!rf)
 		return false;
+	rf->undo = partial;
 	j->rf = rf;
 	rf->since_ms = now_ms();
 	rf->dead_rank = s->rank;
@@ -444,6 +450,14 @@ int reform_take(struct job *j, struct state **st, const void **ret_params)
 	if (!k || !from || !rf->old_plan) {
 		job_fail(j, ZC_EINTERNAL, true, "re-forming: no state or parameters kept");
 		return 1;
+	}
+	if (rf->undo) {
+		/* the buckets stepped in the iteration cut short go back to its
+		 * start: state and parameters from the journal */
+		uint32_t n = state_undo_restore(rf->state, rf->died_in, (void *)from);
+
+		log_info("job %s: %u buckets stepped in iteration %" PRIu64 " taken back", j->id, n,
+			 rf->died_in);
 	}
 	if (plan_diff(rf->old_plan, j->plan, field, sizeof(field))) {
 		/* the rejoined ranks' layout: state and parameters laid out

@@ -57,6 +57,11 @@ struct exec_config {
 	 * rank 0's, the fp32 masters as they were. Host buffers only. NULL: a
 	 * fresh start. */
 	const void *recover_params;
+	/* Keep the undo journal (state.h): each bucket's values from before
+	 * its step in the iteration under way, so that a recovery can take an
+	 * interleaved iteration cut between buckets back to its start. Host
+	 * state only. */
+	bool journal;
 };
 
 /* Start the lane threads and queue the start: open the backends, allocate

@@ -151,6 +151,9 @@ int op_start(struct exec *e, struct lane *ln)
 		 * from before into rank 0's buffer, which the broadcast below
 		 * gives the others (the masters are the kept ones) */
 		memcpy(e->cfg.params[0], e->cfg.recover_params, plan_buffer_bytes(e->cfg.plan));
+		if (e->cfg.journal &&
+		    (r = state_undo_alloc(e->cfg.state, e->cfg.plan->nbuckets)) < 0)
+			return r;
 		return lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges,
 				 e->cfg.plan->nbuckets);
 	}
@@ -159,6 +162,8 @@ int op_start(struct exec *e, struct lane *ln)
 					      e->cfg.state->arrays);
 	else
 		r = state_alloc(e->cfg.state);
+	if (r >= 0 && e->cfg.journal && !e->cfg.optim->state_alloc)
+		r = state_undo_alloc(e->cfg.state, e->cfg.plan->nbuckets);
 	if (r < 0)
 		return r;
 	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);

@@ -98,7 +98,7 @@ int load_masters(struct exec *e, bool edits_only)
 	return pool_parallel_for(e->cfg.pool, e->cfg.state->npieces, load_piece, &t);
 }
 
-static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad grad)
+static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad grad, uint64_t t)
 {
 	struct state *s = e->cfg.state;
 	uint32_t k0 = s->bucket_first[lo], k1 = s->bucket_first[hi + 1], nkeep = 0;
@@ -122,6 +122,8 @@ static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad gra
 		return 0;
 	call.master = s->master;
 	call.edited = &edited;
+	for (uint32_t b = lo; b <= hi && s->undo_iter; b++) /* recovery's journal (state.h) */
+		state_undo_save(s, b, t, (void *const *)e->cfg.params);
 	if (nkeep < k1 - k0) {
 		/* a copy of the pieces that step (backends key their state by
 		 * .at, not by position) */
@@ -309,7 +311,7 @@ static int step_prepare(struct exec *e, struct lane *ln, uint32_t lo, uint32_t h
 
 /* STEP of buckets lo..hi: agree, then skip the iteration (found_inf), clip,
  * and step what was used. */
-static int op_step_all(struct exec *e, struct lane *ln, uint32_t lo, uint32_t hi)
+static int op_step_all(struct exec *e, struct lane *ln, uint32_t lo, uint32_t hi, uint64_t t)
 {
 	const struct plan *p = e->cfg.plan;
 	struct state *s = e->cfg.state;
@@ -350,7 +352,7 @@ static int op_step_all(struct exec *e, struct lane *ln, uint32_t lo, uint32_t hi
 				return r;
 		}
 	}
-	return op_step(e, lo, hi, OPTIM_GRAD_OWNER);
+	return op_step(e, lo, hi, OPTIM_GRAD_OWNER, t);
 }
 
 int op_prog(struct exec *e, struct lane *ln, const struct zop *z, uint64_t t)
@@ -366,13 +368,13 @@ int op_prog(struct exec *e, struct lane *ln, const struct zop *z, uint64_t t)
 		if (r >= 0) {
 			memcpy(e->gused + e->seg_first[z->lo], e->used + e->seg_first[z->lo],
 			       (e->seg_first[z->hi + 1] - e->seg_first[z->lo]) * sizeof(*e->gused));
-			r = op_step(e, z->lo, z->hi, OPTIM_GRAD_SUM_LOCAL);
+			r = op_step(e, z->lo, z->hi, OPTIM_GRAD_SUM_LOCAL, t);
 		}
 		if (r >= 0)
 			e->reduced += bucket_elems(e, z->lo, z->hi);
 		return r;
 	case ZOP_STEP:
-		return op_step_all(e, ln, z->lo, z->hi);
+		return op_step_all(e, ln, z->lo, z->hi, t);
 	case ZOP_REDUCE:
 		if (e->cfg.optim->step)
 			r = zero_marked(e, z->lo, z->hi);

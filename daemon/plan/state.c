@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 #include "plan/state.h"
@@ -124,6 +125,119 @@ void state_release(struct state *s)
 {
 	free(s->arena);
 	s->arena = s->m = s->v = s->vmax = s->master = NULL;
+	free(s->undo);
+	free(s->undo_pc);
+	free(s->undo_iter);
+	free(s->undo_params);
+	s->undo = NULL;
+	s->undo_pc = NULL;
+	s->undo_iter = NULL;
+	s->undo_params = NULL;
+}
+
+int state_undo_alloc(struct state *s, uint32_t nbuckets)
+{
+	uint64_t total = s->nelems * count_arrays(s->arrays) + s->nmaster;
+
+	if (s->undo_iter)
+		return 0;
+	s->nbuckets = nbuckets;
+	s->undo = calloc(total ? total : 1, sizeof(float));
+	s->undo_pc = calloc(s->npieces ? s->npieces : 1, sizeof(*s->undo_pc));
+	s->undo_iter = malloc(nbuckets * sizeof(*s->undo_iter));
+	s->undo_params = calloc(s->nelems ? s->nelems : 1, sizeof(*s->undo_params));
+	if (!s->undo || !s->undo_pc || !s->undo_iter || !s->undo_params)
+		return -ENOMEM;
+	for (uint32_t b = 0; b < nbuckets; b++)
+		s->undo_iter[b] = UINT64_MAX;
+	return 0;
+}
+
+/* The arena's arrays, by index (m, v, vmax) into their undo copies. */
+static void undo_arrays(struct state *s, float **from, float **to, unsigned *n)
+{
+	unsigned k = 0;
+	float *arr[3] = {s->m, s->v, s->vmax};
+
+	for (unsigned i = 0; i < 3; i++)
+		if (arr[i]) {
+			from[k] = arr[i];
+			to[k] = s->undo + (arr[i] - s->arena);
+			k++;
+		}
+	*n = k;
+}
+
+static size_t param_size(enum zc_dtype dt)
+{
+	return dt == ZC_DTYPE_F32 ? 4 : 2;
+}
+
+void state_undo_save(struct state *s, uint32_t b, uint64_t t, void *const *params)
+{
+	float *from[3], *to[3];
+	unsigned na;
+
+	if (!s->undo_iter)
+		return;
+	undo_arrays(s, from, to, &na);
+	for (uint32_t k = s->bucket_first[b]; k < s->bucket_first[b + 1]; k++) {
+		const struct optim_piece *pc = &s->pieces[k];
+		size_t es = param_size(pc->dtype);
+
+		for (unsigned i = 0; i < na; i++)
+			memcpy(to[i] + pc->at, from[i] + pc->at, pc->n * sizeof(float));
+		if (s->master && pc->dtype != ZC_DTYPE_F32)
+			memcpy(s->undo + (s->master - s->arena) + pc->mat, s->master + pc->mat,
+			       pc->n * sizeof(float));
+		s->undo_pc[k] = (struct state_undo){pc->step, pc->first_momentum};
+		if (es == 4)
+			memcpy(s->undo_params + pc->at,
+			       (const char *)params[pc->owner] + pc->off * es, pc->n * es);
+		else
+			for (uint64_t x = 0; x < pc->n; x++)
+				s->undo_params[pc->at + x] =
+					((const uint16_t *)params[pc->owner])[pc->off + x];
+	}
+	s->undo_iter[b] = t;
+}
+
+uint32_t state_undo_restore(struct state *s, uint64_t t, void *params)
+{
+	float *from[3], *to[3];
+	uint32_t nb = 0;
+	unsigned na;
+
+	if (!s->undo_iter)
+		return 0;
+	undo_arrays(s, from, to, &na);
+	for (uint32_t b = 0; b < s->nbuckets; b++) {
+		if (s->undo_iter[b] != t)
+			continue;
+		for (uint32_t k = s->bucket_first[b]; k < s->bucket_first[b + 1]; k++) {
+			struct optim_piece *pc = &s->pieces[k];
+			size_t es = param_size(pc->dtype);
+
+			for (unsigned i = 0; i < na; i++)
+				memcpy(from[i] + pc->at, to[i] + pc->at, pc->n * sizeof(float));
+			if (s->master && pc->dtype != ZC_DTYPE_F32)
+				memcpy(s->master + pc->mat,
+				       s->undo + (s->master - s->arena) + pc->mat,
+				       pc->n * sizeof(float));
+			pc->step = s->undo_pc[k].step;
+			pc->first_momentum = s->undo_pc[k].first_momentum;
+			if (es == 4)
+				memcpy((char *)params + pc->off * es, s->undo_params + pc->at,
+				       pc->n * es);
+			else
+				for (uint64_t x = 0; x < pc->n; x++)
+					((uint16_t *)params)[pc->off + x] =
+						(uint16_t)s->undo_params[pc->at + x];
+		}
+		s->undo_iter[b] = UINT64_MAX;
+		nb++;
+	}
+	return nb;
 }
 
 void state_free(struct state *s)

@@ -16,6 +16,7 @@
 #ifndef ZEROD_STATE_H
 #define ZEROD_STATE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "optim/optim.h"
@@ -33,6 +34,21 @@ struct state {
 	float *m, *v, *vmax;         /* into the arena, or NULL */
 	uint64_t nmaster;            /* owned elements of bf16/fp16 buckets */
 	float *master;               /* nmaster floats at the arena's end, or NULL */
+	/* The undo journal (exec_config.journal), or NULL: before a bucket's
+	 * pieces step, their values (the arena's slots, the step counts and
+	 * the owners' parameters) are copied here, so that an iteration cut
+	 * between its buckets can be taken back to its start exactly
+	 * (core/reform.c). */
+	float *undo;                /* as the arena */
+	struct state_undo *undo_pc; /* [npieces] */
+	uint64_t *undo_iter;        /* [nbuckets]: whose step it holds; UINT64_MAX: none */
+	uint32_t *undo_params;      /* [nelems]: each owned parameter in a 4-byte slot, by .at */
+	uint32_t nbuckets;
+};
+
+struct state_undo {
+	uint64_t step;
+	bool first_momentum;
 };
 
 /* Lay out the pieces this node owns (no arena yet). */
@@ -47,6 +63,17 @@ int state_alloc(struct state *s);
 
 /* Free the arena only; the layout stays. */
 void state_release(struct state *s);
+
+/* The undo journal for a plan of nbuckets: 0 or -ENOMEM. */
+int state_undo_alloc(struct state *s, uint32_t nbuckets);
+/* The compute lane, before pieces k0..k1 (of bucket b) step in iteration
+ * t: their values into the journal. params: every rank's buffer (the
+ * owners' are read). */
+void state_undo_save(struct state *s, uint32_t b, uint64_t t, void *const *params);
+/* Back to the start of iteration t: every bucket whose journal holds t
+ * gets its values back, its parameters into the one buffer params (a
+ * whole flat buffer of the plan). How many buckets. */
+uint32_t state_undo_restore(struct state *s, uint64_t t, void *params);
 
 void state_free(struct state *s);
 

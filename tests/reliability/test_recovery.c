@@ -14,9 +14,10 @@
  *    reference of an uninterrupted run (statefix.h: gradients are a function
  *    of rank, iteration and element only). Every shard and step mode,
  *    SGD and Adam, 2 and 3 ranks. In step mode interleaved a death between
- *    buckets, after some were stepped, cannot go back to a boundary: that
- *    job fails with ZC_ERANKDEAD saying so (reform.c), and the test asserts
- *    it.
+ *    buckets, after some were stepped, goes back to the iteration's start
+ *    through the undo journal (--recovery-journal, this suite's zerod);
+ *    without it that job fails with ZC_ERANKDEAD saying so (reform.c), and
+ *    interleaved_cut_without_journal_fails_named asserts it.
  *  - never_back: the restarted group lacks a rank: the ones that rejoined
  *    fail after --rejoin-timeout with ZC_ERANKDEAD naming the missing rank,
  *    and zerod holds no job, memory or fd of it afterwards.
@@ -225,14 +226,17 @@ static struct script *script_new(const char *job, uint32_t world, enum zc_optimi
 }
 
 /* One death at phase, victim rank, and the group's restart. */
-static void kill_and_recover(uint32_t world, enum zc_optimizer opt, enum zc_shard_mode shard,
-			     enum zc_step_mode step, enum phase ph, uint32_t victim)
+/* d: a zerod with --recovery-journal (journal), else without: there a
+ * death between the buckets of an interleaved iteration fails the job. */
+static void kill_and_recover_on(struct zd *d, bool journal, uint32_t world, enum zc_optimizer opt,
+				enum zc_shard_mode shard, enum zc_step_mode step, enum phase ph,
+				uint32_t victim)
 {
 	char job[64];
 	struct script *sc;
 	int st[NRANKS];
 	int maxseen = 0;
-	bool partial = step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
+	bool partial = !journal && step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
 
 	snprintf(job, sizeof(job), "rec-%c%c%c-%u-%d-%u", opt == ZC_OPT_SGD ? 's' : 'a',
 		 shard == ZC_SHARD_BUCKET ? 'b' : 's', step == ZC_STEP_AT_END ? 'e' : 'i', world,
@@ -240,6 +244,8 @@ static void kill_and_recover(uint32_t world, enum zc_optimizer opt, enum zc_shar
 	sc = script_new(job, world, opt, shard, step);
 	sc->victim = victim;
 	sc->phase = ph;
+	if (d != &daemon_)
+		sc->sock = d->sock;
 	run_round(sc, st);
 	for (uint32_t r = 0; r < world; r++) {
 		if (r == victim) {
@@ -249,7 +255,8 @@ static void kill_and_recover(uint32_t world, enum zc_optimizer opt, enum zc_shar
 		}
 		if (partial) {
 			CHECK(st[r] == EXIT_FATAL && sc->fatal_code[r] == ZC_ERANKDEAD &&
-				      strstr(sc->fatal_msg[r], "cannot go back"),
+				      strstr(sc->fatal_msg[r], "cannot go back") &&
+				      strstr(sc->fatal_msg[r], "--recovery-journal"),
 			      "%s: rank %u ended %d (%s: %s); want ZC_ERANKDEAD, a partly stepped "
 			      "interleaved iteration",
 			      job, r, st[r], zc_strerror_name(sc->fatal_code[r]), sc->fatal_msg[r]);
@@ -261,10 +268,10 @@ static void kill_and_recover(uint32_t world, enum zc_optimizer opt, enum zc_shar
 			maxseen = atomic_load(&sc->seen[r]);
 	}
 	if (partial) {
-		CHECK(zd_wait_job(&daemon_, job, ZD_JOB_GONE, 10000) == 0, "%s: not gone", job);
+		CHECK(zd_wait_job(d, job, ZD_JOB_GONE, 10000) == 0, "%s: not gone", job);
 		return;
 	}
-	CHECK(zd_wait_job(&daemon_, job, ZD_JOB_REFORMING, 10000) == 0, "%s: not re-forming", job);
+	CHECK(zd_wait_job(d, job, ZD_JOB_REFORMING, 10000) == 0, "%s: not re-forming", job);
 	sc->armed = false;
 	sc->restarted = true;
 	run_round(sc, st);
@@ -281,6 +288,12 @@ static void kill_and_recover(uint32_t world, enum zc_optimizer opt, enum zc_shar
 	}
 	test_note("%s: %s, recovered at iteration %lld", job, phase_name[ph],
 		  (long long)atomic_load(&sc->recovered[0]));
+}
+
+static void kill_and_recover(uint32_t world, enum zc_optimizer opt, enum zc_shard_mode shard,
+			     enum zc_step_mode step, enum phase ph, uint32_t victim)
+{
+	kill_and_recover_on(&daemon_, true, world, opt, shard, step, ph, victim);
 }
 
 static void every_phase(uint32_t world, enum zc_optimizer opt, enum zc_shard_mode shard,
@@ -310,6 +323,25 @@ static void t_sgd_slice_interleaved_w2(void)
 static void t_sgd_bucket_atend_w3(void)
 {
 	every_phase(3, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+}
+
+/* Without --recovery-journal, a death between the buckets of an
+ * interleaved iteration fails its job, saying what would have recovered
+ * it; the other phases recover as with it. */
+static void t_no_journal(void)
+{
+	struct zd own;
+	char rejoin[16];
+	const char *const args[] = {"--rejoin-timeout", rejoin, NULL};
+	int r;
+
+	snprintf(rejoin, sizeof(rejoin), "%d", test_timeout(REJOIN_MS));
+	r = zd_start(&own, args);
+	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
+	for (int ph = 0; ph < NPHASES; ph++)
+		kill_and_recover_on(&own, false, 2, ZC_OPT_ADAM, ZC_SHARD_SLICE,
+				    ZC_STEP_INTERLEAVED, (enum phase)ph, 1);
+	CHECK(zd_stop(&own, 5000) == 0, "zerod did not stop cleanly");
 }
 
 /* Twice in one run: the recovered job loses a trainer again. */
@@ -414,6 +446,7 @@ static const struct test_case cases[] = {
 	{"killed_adam_bucket_interleaved_w3", t_adam_bucket_interleaved_w3, 120000},
 	{"killed_sgd_slice_interleaved_w2", t_sgd_slice_interleaved_w2, 120000},
 	{"killed_sgd_bucket_at_end_w3", t_sgd_bucket_atend_w3, 120000},
+	{"interleaved_cut_without_journal_fails_named", t_no_journal, 120000},
 	{"killed_twice", t_killed_twice, 120000},
 	{"never_back_fails_named_and_frees", t_never_back, 120000},
 	{"job_beside_trains_on", t_beside, 120000},
@@ -422,7 +455,7 @@ static const struct test_case cases[] = {
 int main(int argc, char **argv)
 {
 	char rejoin[16];
-	const char *const extra[] = {"--rejoin-timeout", rejoin, NULL};
+	const char *const extra[] = {"--rejoin-timeout", rejoin, "--recovery-journal", NULL};
 
 	snprintf(rejoin, sizeof(rejoin), "%d", test_timeout(REJOIN_MS));
 	return zd_test_main(&daemon_, extra, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);

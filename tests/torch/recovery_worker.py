@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """A torchrun worker (tests/torch/test_torchrun.py): DDP + ZerodOptimizer
 written the way a user writes it, with no recovery code but the one line
-that moves the loop to opt.resumed_iteration. argv: OUT KILLS, where KILLS
-is "restart:rank:iteration,..." (this worker SIGKILLs itself at that
-iteration of that restart round; "-": never). Rank 0 writes the final
-parameters and the iterations each round resumed at to OUT."""
+that moves the loop to opt.resumed_iteration. argv: OUT KILLS [OPTIONS],
+where KILLS is "restart:rank:iteration,..." (this worker SIGKILLs itself at
+that iteration of that restart round; "-": never) and OPTIONS is
+"shared,at_end", a part of it or "-" (ZerodOptimizer's shared_params=True,
+step_mode="at_end"). Rank 0 writes the final parameters and moments, and
+the iteration each round resumed at, to OUT."""
 import json
 import os
 import signal
@@ -26,6 +28,7 @@ def data(rank, it):
 
 def main():
     out, kills = sys.argv[1], sys.argv[2]
+    opts = sys.argv[3].split(",") if len(sys.argv) > 3 else []
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -37,7 +40,8 @@ def main():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     ddp = DDP(model)
-    opt = ZerodOptimizer(ddp, torch.optim.Adam, lr=0.01)
+    opt = ZerodOptimizer(ddp, torch.optim.Adam, lr=0.01, shared_params="shared" in opts,
+                         step_mode="at_end" if "at_end" in opts else "interleaved")
     start = opt.resumed_iteration or 0  # the only line recovery needs
     for it in range(start, ITERS):
         if die_at == it:

@@ -15,7 +15,9 @@
  * hook order error as a named code to its sender alone; a rank dying in
  * each state (forming, half registered, registering, between iterations,
  * mid-iteration) with what the others are told and the job freed with its
- * memory; a re-plan; a quiet end; a stall; a rejoin of an ended job.
+ * memory; the same death re-forming the job (--rejoin-timeout) and its
+ * restarted ranks going on; a re-plan; a quiet end; a stall; a rejoin of an
+ * ended job.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1201,6 +1203,66 @@ static void t_dies_mid_iteration(void)
 	core_teardown();
 }
 
+/* The same death with --rejoin-timeout: the job re-forms (reform.c). Rank
+ * 0 hears a fatal ZC_ERANKLOST and is detached; the old executor stops
+ * keeping the state, which stays charged with no rank connected; the
+ * restarted ranks join the same id with fresh buffers (99s) and register;
+ * PlanOk says iteration 1 (nothing of it was stepped); every rank's buffer
+ * holds the parameters after iteration 0, and iteration 1 steps with the
+ * momentum kept: equal to the uninterrupted reference. */
+static void t_reforms_mid_iteration(void)
+{
+	struct plan *p = make_plan(false, 0.5);
+	struct ref rf;
+	const struct rec *e;
+	struct job *j;
+	unsigned mark;
+	char err[256];
+
+	REQUIRE(core_setup() == 0, "core setup");
+	REQUIRE(p, "plan");
+	cfg_.rejoin_timeout_ms = 60000;
+	j = start_job(false, 0.5, &rf);
+	REQUIRE(j, "job");
+	iterate(j, p, 0, false, &rf);
+	write_grads(p, 1);
+	bucket_ready(0, 1, 0); /* rank 1 never hands bucket 0 over */
+	mark = L.n;
+	core_.sink->drop(&T[1].m, LEAVE_EXITED);
+	e = find_from(mark, R_ERROR, 0);
+	CHECK(j->state == JOB_REFORMING && e && e->code == ZC_ERANKLOST && e->fatal &&
+		      zc_error_recoverable(e->code) && strstr(e->msg, "rank 1") &&
+		      strstr(e->msg, "--rejoin-timeout"),
+	      "re-forming, rank 0 told ZC_ERANKLOST: %s \"%s\"", job_state_name(j->state),
+	      e ? e->msg : "");
+	CHECK(count_from(mark, R_DETACH, 0) == 1, "rank 0 detached");
+	CHECK(pump_until(c_exec_stopped, j), "the old executor stops");
+	reap();
+	CHECK(core_.njobs == 1 && j->state == JOB_REFORMING && j->nconnected == 0 &&
+		      core_.memory_used > 0,
+	      "the job stays with its state and no rank (%u jobs, %s, %llu bytes)", core_.njobs,
+	      job_state_name(j->state), (unsigned long long)core_.memory_used);
+	mark = L.n;
+	for (uint32_t k = 0; k < W; k++) {
+		CHECK(make_buffers(k, p, NULL) == 0, "rank %u: fresh memfds", k);
+		CHECK(join(k, err, sizeof(err)) == 0 && T[k].m.job == j, "rank %u rejoins: %s", k,
+		      err);
+	}
+	for (uint32_t k = 0; k < W; k++)
+		register_plan(k, false, 0.5);
+	REQUIRE(pump_until(c_active, j), "active again (%s)", job_state_name(j->state));
+	for (uint32_t k = 0; k < W; k++) {
+		e = find_from(mark, R_PLAN_OK, k);
+		CHECK(e && e->iteration == 1, "rank %u: PlanOk recovered at %lld", k,
+		      e ? (long long)e->iteration : -2);
+	}
+	check_params(p, &rf, "after the recovery");
+	iterate(j, p, 1, false, &rf);
+	end_all(LEAVE_GOODBYE);
+	plan_free(p);
+	core_teardown();
+}
+
 /* A re-plan between iterations: the same parameters in two buckets instead
  * of three, on new buffers. Refused mid-iteration (ZC_ESTATE) and when it
  * changes the parameters (ZC_EREPLAN); then REGISTERING again, PlanOk with
@@ -1401,6 +1463,7 @@ static const struct test_case cases[] = {
 	{"rank_dies_registering", t_dies_registering},
 	{"rank_dies_between_iterations_quiet", t_dies_between_iterations},
 	{"rank_dies_mid_iteration", t_dies_mid_iteration},
+	{"rank_dies_mid_iteration_job_reforms", t_reforms_mid_iteration},
 	{"replan", t_replan},
 	{"quiet_end", t_quiet_end},
 	{"stall", t_stall},

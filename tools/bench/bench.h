@@ -145,6 +145,13 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 int job_handoff(const struct bench_daemon *d, const struct bench_cfg *cfg, double *ret_p50_us,
 		double *ret_p99_us);
 
+/* ---- recovery.c ---- */
+
+/* zerod-bench --recovery: a trainer of cfg's job SIGKILLed and its group
+ * restarted, through zerod's memory and through the disk, `rounds`
+ * alternating rounds; a table, or with json one object. 0, or -errno. */
+int bench_recovery(const struct bench_cfg *cfg, int rounds, bool json);
+
 /* ---- gloo_raw.c (only where gloo is built) ---- */
 
 /* gloo's own all-reduce between `nodes` forked processes on loopback, each

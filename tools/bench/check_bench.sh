@@ -12,7 +12,7 @@ out=$(mktemp)
 err=$(mktemp)
 trap 'rm -f "$out" "$err"' EXIT
 
-echo "1..5"
+echo "1..6"
 if "$bench" --params 200K --buckets 2 --ranks 2 --optim adam --iters 6 --warmup 1 \
     --handoff-iters 200 --memcpy-size 16M --checkpoint-every 3 --shared-params \
     --json >"$out" 2>"$err"; then
@@ -152,4 +152,36 @@ if "$bench" --gpu --params 1M --iters 3 --warmup 1 --handoff-iters 50 --json >"$
 else
     echo "not ok 5 - zerod-bench --gpu"
     sed 's/^/# /' "$out" "$err"
+fi
+
+# --recovery: one round of a trainer's death, through zerod's memory and
+# through the disk; its keys, no lost iteration from memory, no checkpoint
+# read, and the disk path's lost iterations since its checkpoint.
+if "$bench" --recovery=1 --params 200K --buckets 4 --ranks 2 --optim adam --json \
+    >"$out" 2>"$err"; then
+    if python3 - "$out" <<'PY'; then
+import json, sys
+j = json.load(open(sys.argv[1]))
+keys = """memory_recover_ms memory_start_ms disk_recover_ms disk_over_memory memory_back_ms
+disk_back_ms""".split()
+bad = [k for k in keys if not (isinstance(j.get(k), list) and len(j[k]) == 1 and
+                               all(isinstance(v, (int, float)) and v > 0 for v in j[k]))]
+if bad:
+    print(f"# missing or not positive: {' '.join(bad)}")
+    sys.exit(1)
+if j["memory_lost_iterations"] != 0 or j["memory_checkpoint_bytes_read"] != 0:
+    print(f"# the memory path lost {j['memory_lost_iterations']} iterations")
+    sys.exit(1)
+if j["disk_lost_iterations"] != 2 or j["disk_checkpoint_bytes"] <= 0:
+    print(f"# the disk path lost {j['disk_lost_iterations']} (want 2)")
+    sys.exit(1)
+PY
+        echo "ok 6 - zerod-bench --recovery: one JSON object, nothing lost from memory"
+    else
+        echo "not ok 6 - zerod-bench --recovery: JSON output"
+        sed 's/^/# /' "$out"
+    fi
+else
+    echo "not ok 6 - zerod-bench --recovery failed"
+    sed 's/^/# /' "$err"
 fi

@@ -3,7 +3,7 @@
 # needs (python3-torch, gnuplot), build, run zerod-bench in alternating
 # rounds (every configuration once per round, round after round: the
 # headline, a sweep over model sizes, the four shard/step modes, two daemons
-# on loopback, the GPU rows), keep every run's JSON in docs/perf/NAME/, and
+# on loopback, the GPU rows, a trainer's death), keep every run's JSON in docs/perf/NAME/, and
 # write the document (each figure as median [min–max] over the rounds) and
 # its plot from them.
 #
@@ -174,6 +174,7 @@ for ((r = 1; r <= rounds; r++)); do
             --optim adam --step "$step" --curve "${short[@]:0:4}"
     done
     run gpu "$r" --gpu --params "$head_params"
+    run recovery "$r" --recovery=1 --params "$head_params" --buckets 4 --ranks 2 --optim adam
 done
 
 /usr/bin/python3 "$top/tools/bench/perf_doc.py" "$out" "$doc"

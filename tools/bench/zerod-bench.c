@@ -130,6 +130,7 @@ struct opts {
 	uint64_t bucket_bytes;
 	bool json, vs_torch, torch_zerod, torch_plain;
 	bool gpu; /* --gpu: the GPU rows instead (gpu.c) */
+	int recovery; /* --recovery [ROUNDS]: a trainer's death, memory vs disk (recovery.c) */
 	bool shared_params; /* --shared-params: the job again, sharing one parameter buffer */
 	const char *python, *anchor;
 };
@@ -170,46 +171,50 @@ static int parse_int(const char *s, long lo, long hi, long *ret)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: zerod-bench [options]\n"
-		   "  --params N         fp32 parameters (K/M/G, decimal; default 25M)\n"
-		   "  --buckets N        split them into N equal buckets, or\n"
-		   "  --bucket-size B    buckets of B bytes (default 25M, as DDP's bucket_cap)\n"
-		   "  --ranks R          trainer processes (default 2, or N with --daemons N)\n"
-		   "  --daemons N        N >= 2 daemons on loopback, vs raw gloo (needs gloo)\n"
-		   "  --curve            --daemons: the job also on daemons with CURVE keys (its\n"
-		   "                     tensors over the sealed mesh), against the plain run\n"
-		   "  --optim O          sgd|adam|adamw (default adam)\n"
-		   "  --shard S          bucket|slice (default bucket)\n"
-		   "  --step S           interleaved|at_end (default interleaved)\n"
-		   "  --iters N          timed iterations (default 20)\n"
-		   "  --warmup N         untimed iterations first (default 3)\n"
-		   "  --handoff-iters N  tiny-bucket iterations for the handoff (default 2000)\n"
-		   "  --threads N        threads of the fused reference and triad (default: CPUs)\n"
-		   "  --memcpy-size B    bytes memcpy copies (default 256M)\n"
-		   "  --zerod PATH       the daemon (default $ZEROD_BIN, else the build's)\n"
-		   "  --vs-torch         also run the torch anchor (needs python3-torch)\n"
-		   "  --torch-zerod      --vs-torch, and ZerodOptimizer end to end beside it\n"
-		   "  --torch-plain      --vs-torch, and DDP + plain torch.optim (default, foreach,\n"
-		   "                     gradient_as_bucket_view) beside it\n"
-		   "  --python PATH      interpreter for it (default /usr/bin/python3)\n"
-		   "  --torch-script P   the anchor script (default the source tree's)\n"
-		   "  --json             print one JSON object instead of a table\n"
-		   "  --warm             do not empty the caches before each timed region\n"
-		   "  --no-overlap       without the overlapped kind (fill + hand-over) of the job\n"
-		   "  --gpu              only the GPU rows (NCCL busbw, Adam kernel, CUDA handoff,\n"
-		   "                     DDP on CUDA; --python a torch with CUDA); without a\n"
-		   "                     device each says why it did not run\n"
-		   "  --checkpoint-every N  zc_checkpoint() after every N timed iterations, timed\n"
-		   "                     apart from them: how long training stalls (default 0);\n"
-		   "                     the stall (such an iteration over one without) against\n"
-		   "                     a memcpy of the bytes a checkpoint stages\n"
-		   "  --checkpoint-dir D where (default a temporary directory, removed after)\n"
-		   "  --checkpoint-sync  time zc_checkpoint() + zc_checkpoint_wait() (every rank):\n"
-		   "                     the stall of a write on the training path, to compare\n"
-		   "  --shared-params    a second job beside it whose ranks share one parameter\n"
-		   "                     buffer (ZC_BUFFERS_SHARED_PARAMS), the two taking turns\n"
-		   "                     an iteration each: zerod_shared_iter_ms and its ratios;\n"
-		   "                     state_bytes then counts both jobs' state\n");
+	fprintf(f,
+		"usage: zerod-bench [options]\n"
+		"  --params N         fp32 parameters (K/M/G, decimal; default 25M)\n"
+		"  --buckets N        split them into N equal buckets, or\n"
+		"  --bucket-size B    buckets of B bytes (default 25M, as DDP's bucket_cap)\n"
+		"  --ranks R          trainer processes (default 2, or N with --daemons N)\n"
+		"  --daemons N        N >= 2 daemons on loopback, vs raw gloo (needs gloo)\n"
+		"  --curve            --daemons: the job also on daemons with CURVE keys (its\n"
+		"                     tensors over the sealed mesh), against the plain run\n"
+		"  --optim O          sgd|adam|adamw (default adam)\n"
+		"  --shard S          bucket|slice (default bucket)\n"
+		"  --step S           interleaved|at_end (default interleaved)\n"
+		"  --iters N          timed iterations (default 20)\n"
+		"  --warmup N         untimed iterations first (default 3)\n"
+		"  --handoff-iters N  tiny-bucket iterations for the handoff (default 2000)\n"
+		"  --threads N        threads of the fused reference and triad (default: CPUs)\n"
+		"  --memcpy-size B    bytes memcpy copies (default 256M)\n"
+		"  --zerod PATH       the daemon (default $ZEROD_BIN, else the build's)\n"
+		"  --vs-torch         also run the torch anchor (needs python3-torch)\n"
+		"  --torch-zerod      --vs-torch, and ZerodOptimizer end to end beside it\n"
+		"  --torch-plain      --vs-torch, and DDP + plain torch.optim (default, foreach,\n"
+		"                     gradient_as_bucket_view) beside it\n"
+		"  --python PATH      interpreter for it (default /usr/bin/python3)\n"
+		"  --torch-script P   the anchor script (default the source tree's)\n"
+		"  --json             print one JSON object instead of a table\n"
+		"  --warm             do not empty the caches before each timed region\n"
+		"  --no-overlap       without the overlapped kind (fill + hand-over) of the job\n"
+		"  --recovery[=R]     only the cost of a trainer's death (R alternating rounds,\n"
+		"                     default 3): through zerod's memory vs zc_checkpoint +\n"
+		"                     zc_restore from disk\n"
+		"  --gpu              only the GPU rows (NCCL busbw, Adam kernel, CUDA handoff,\n"
+		"                     DDP on CUDA; --python a torch with CUDA); without a\n"
+		"                     device each says why it did not run\n"
+		"  --checkpoint-every N  zc_checkpoint() after every N timed iterations, timed\n"
+		"                     apart from them: how long training stalls (default 0);\n"
+		"                     the stall (such an iteration over one without) against\n"
+		"                     a memcpy of the bytes a checkpoint stages\n"
+		"  --checkpoint-dir D where (default a temporary directory, removed after)\n"
+		"  --checkpoint-sync  time zc_checkpoint() + zc_checkpoint_wait() (every rank):\n"
+		"                     the stall of a write on the training path, to compare\n"
+		"  --shared-params    a second job beside it whose ranks share one parameter\n"
+		"                     buffer (ZC_BUFFERS_SHARED_PARAMS), the two taking turns\n"
+		"                     an iteration each: zerod_shared_iter_ms and its ratios;\n"
+		"                     state_bytes then counts both jobs' state\n");
 }
 
 enum {
@@ -242,6 +247,7 @@ enum {
 	OPT_WARM,
 	OPT_NO_OVERLAP,
 	OPT_GPU,
+	OPT_RECOVERY,
 };
 
 static const struct option longopts[] = {
@@ -274,6 +280,7 @@ static const struct option longopts[] = {
 	{"warm", no_argument, NULL, OPT_WARM},
 	{"no-overlap", no_argument, NULL, OPT_NO_OVERLAP},
 	{"gpu", no_argument, NULL, OPT_GPU},
+	{"recovery", optional_argument, NULL, OPT_RECOVERY},
 	{0},
 };
 
@@ -358,6 +365,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_GPU:
 			o->gpu = true;
+			break;
+		case OPT_RECOVERY:
+			o->recovery = optarg ? atoi(optarg) : 3;
+			if (o->recovery < 1)
+				return -EINVAL;
 			break;
 		case OPT_OPTIM:
 			if (!strcmp(optarg, "sgd"))
@@ -1205,6 +1217,8 @@ static int run(int argc, char **argv)
 	}
 	if (o.gpu)
 		return gpu_rows(cfg, o.json, o.python, o.anchor) < 0 ? 1 : 0;
+	if (o.recovery)
+		return bench_recovery(cfg, o.recovery, o.json) < 0 ? 1 : 0;
 	if (cfg->daemons)
 		return run_daemons(&o);
 	x.state_bytes = 4ull * cfg->params * bench_state_floats(cfg);
