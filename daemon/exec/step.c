@@ -98,6 +98,64 @@ int load_masters(struct exec *e, bool edits_only)
 	return pool_parallel_for(e->cfg.pool, e->cfg.state->npieces, load_piece, &t);
 }
 
+/* The undo journal (state.h), before buckets lo..hi step in iteration t:
+ * their pieces in chunks over the pool, which reads the trainers'
+ * buffers guarded (-EFAULT if one shrank), as every read of them is. */
+#define UNDO_CHUNK (64u * 1024)
+struct undo_task {
+	struct state *s;
+	void *const *params;
+	uint32_t k0;
+	const size_t *first; /* [pieces + 1]: each piece's first chunk */
+	uint32_t npieces;
+};
+
+static void undo_chunk(void *arg, size_t c)
+{
+	const struct undo_task *t = arg;
+	uint32_t lo = 0, hi = t->npieces;
+
+	while (hi - lo > 1) { /* the piece holding chunk c */
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (t->first[mid] <= c)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	const struct optim_piece *pc = &t->s->pieces[t->k0 + lo];
+	uint64_t x = (uint64_t)(c - t->first[lo]) * UNDO_CHUNK;
+	uint64_t n = pc->n - x < UNDO_CHUNK ? pc->n - x : UNDO_CHUNK;
+
+	state_undo_save(t->s, t->k0 + lo, x, n, t->params);
+}
+
+static int undo_save(struct exec *e, uint32_t lo, uint32_t hi, uint64_t t)
+{
+	struct state *s = e->cfg.state;
+	uint32_t k0 = s->bucket_first[lo], k1 = s->bucket_first[hi + 1];
+	size_t *first = malloc((k1 - k0 + 1) * sizeof(*first));
+	struct undo_task ut = {.s = s,
+			       .params = (void *const *)e->cfg.params,
+			       .k0 = k0,
+			       .first = first,
+			       .npieces = k1 - k0};
+	int r;
+
+	if (!first)
+		return -ENOMEM;
+	first[0] = 0;
+	for (uint32_t k = k0; k < k1; k++) /* a piece of 0 elements still saves its step */
+		first[k - k0 + 1] = first[k - k0] + (s->pieces[k].n + UNDO_CHUNK - 1) / UNDO_CHUNK +
+				    (s->pieces[k].n == 0);
+	r = pool_parallel_for(e->cfg.pool, first[k1 - k0], undo_chunk, &ut);
+	free(first);
+	if (r < 0)
+		return r;
+	for (uint32_t b = lo; b <= hi; b++)
+		s->undo_iter[b] = t;
+	return 0;
+}
+
 static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad grad, uint64_t t)
 {
 	struct state *s = e->cfg.state;
@@ -122,8 +180,10 @@ static int op_step(struct exec *e, uint32_t lo, uint32_t hi, enum optim_grad gra
 		return 0;
 	call.master = s->master;
 	call.edited = &edited;
-	for (uint32_t b = lo; b <= hi && s->undo_iter; b++) /* recovery's journal (state.h) */
-		state_undo_save(s, b, t, (void *const *)e->cfg.params);
+	if (s->undo_iter && (r = undo_save(e, lo, hi, t)) < 0) {
+		free(keep);
+		return r;
+	}
 	if (nkeep < k1 - k0) {
 		/* a copy of the pieces that step (backends key their state by
 		 * .at, not by position) */

@@ -173,33 +173,28 @@ static size_t param_size(enum zc_dtype dt)
 	return dt == ZC_DTYPE_F32 ? 4 : 2;
 }
 
-void state_undo_save(struct state *s, uint32_t b, uint64_t t, void *const *params)
+void state_undo_save(struct state *s, uint32_t k, uint64_t x, uint64_t n, void *const *params)
 {
+	const struct optim_piece *pc = &s->pieces[k];
+	size_t es = param_size(pc->dtype);
 	float *from[3], *to[3];
 	unsigned na;
 
-	if (!s->undo_iter)
-		return;
 	undo_arrays(s, from, to, &na);
-	for (uint32_t k = s->bucket_first[b]; k < s->bucket_first[b + 1]; k++) {
-		const struct optim_piece *pc = &s->pieces[k];
-		size_t es = param_size(pc->dtype);
-
-		for (unsigned i = 0; i < na; i++)
-			memcpy(to[i] + pc->at, from[i] + pc->at, pc->n * sizeof(float));
-		if (s->master && pc->dtype != ZC_DTYPE_F32)
-			memcpy(s->undo + (s->master - s->arena) + pc->mat, s->master + pc->mat,
-			       pc->n * sizeof(float));
+	for (unsigned i = 0; i < na; i++)
+		memcpy(to[i] + pc->at + x, from[i] + pc->at + x, n * sizeof(float));
+	if (s->master && pc->dtype != ZC_DTYPE_F32)
+		memcpy(s->undo + (s->master - s->arena) + pc->mat + x, s->master + pc->mat + x,
+		       n * sizeof(float));
+	if (x == 0)
 		s->undo_pc[k] = (struct state_undo){pc->step, pc->first_momentum};
-		if (es == 4)
-			memcpy(s->undo_params + pc->at,
-			       (const char *)params[pc->owner] + pc->off * es, pc->n * es);
-		else
-			for (uint64_t x = 0; x < pc->n; x++)
-				s->undo_params[pc->at + x] =
-					((const uint16_t *)params[pc->owner])[pc->off + x];
-	}
-	s->undo_iter[b] = t;
+	if (es == 4)
+		memcpy(s->undo_params + pc->at + x,
+		       (const char *)params[pc->owner] + (pc->off + x) * es, n * es);
+	else
+		for (uint64_t e = x; e < x + n; e++)
+			s->undo_params[pc->at + e] =
+				((const uint16_t *)params[pc->owner])[pc->off + e];
 }
 
 uint32_t state_undo_restore(struct state *s, uint64_t t, void *params)

@@ -66,10 +66,10 @@ void state_release(struct state *s);
 
 /* The undo journal for a plan of nbuckets: 0 or -ENOMEM. */
 int state_undo_alloc(struct state *s, uint32_t nbuckets);
-/* The compute lane, before pieces k0..k1 (of bucket b) step in iteration
- * t: their values into the journal. params: every rank's buffer (the
- * owners' are read). */
-void state_undo_save(struct state *s, uint32_t b, uint64_t t, void *const *params);
+/* Before piece k steps: elements [x, x + n) of it into the journal.
+ * params: every rank's buffer (the owner's is read). Any thread; the
+ * caller marks the buckets saved (undo_iter) once all their pieces are. */
+void state_undo_save(struct state *s, uint32_t k, uint64_t x, uint64_t n, void *const *params);
 /* Back to the start of iteration t: every bucket whose journal holds t
  * gets its values back, its parameters into the one buffer params (a
  * whole flat buffer of the plan). How many buckets. */

@@ -43,6 +43,8 @@
 #define CKPT_EVERY 5  /* the disk path's checkpoints: after iterations 5, 10 */
 #define MAX_RANKS  8
 #define ROUNDS_MAX 9
+#define TIMED_LO   1 /* iterations timed before the death: [TIMED_LO, TIMED_HI), */
+#define TIMED_HI   5 /* before the disk path's first checkpoint */
 
 struct rshared {
 	atomic_int done[MAX_RANKS];       /* iterations each rank completed (StepDone) */
@@ -51,6 +53,7 @@ struct rshared {
 	atomic_llong connected_ns[MAX_RANKS];
 	atomic_llong resumed[MAX_RANKS]; /* the iteration the restarted rank went on at */
 	atomic_int ckpt_durable;         /* the last checkpoint's iteration, durable */
+	atomic_llong iter_ns[MAX_RANKS][TIMED_HI]; /* first group: each timed iteration */
 	char why[MAX_RANKS][160];
 };
 
@@ -107,6 +110,7 @@ static int rank_loop(struct rrun *rr, uint32_t rank, zc_client *c, int until)
 	while (r >= 0 && (int)zc_iteration(c) < until) {
 		uint64_t t = zc_iteration(c);
 		zc_future *step = NULL;
+		int64_t t0 = bench_ns();
 
 		for (uint32_t b = 0; b < p->nbuckets && r >= 0; b++) {
 			if (rank == rr->victim && (int)t == rr->die_at && b == p->nbuckets / 2)
@@ -124,6 +128,8 @@ static int rank_loop(struct rrun *rr, uint32_t rank, zc_client *c, int until)
 		zc_future_free(step);
 		if (r < 0)
 			break;
+		if (!rr->restarted && t >= TIMED_LO && t < TIMED_HI)
+			atomic_store(&rr->sh->iter_ns[rank][t], (long long)(bench_ns() - t0));
 		atomic_store(&rr->sh->done[rank], (int)t + 1);
 		if (rr->restarted && atomic_load(&rr->sh->first_ns[rank]) == 0)
 			atomic_store(&rr->sh->first_ns[rank], (long long)bench_ns());
@@ -209,8 +215,27 @@ struct round_result {
 	double back_ms;    /* SIGKILL to the StepDone of the iteration the death cut short */
 	double start_ms;   /* of it: fork to every rank connected and registered */
 	int lost;          /* iterations lost */
+	double iter_ms;    /* the median timed iteration before the death, the slowest rank's */
 	uint64_t read_bytes;
 };
+
+static int cmp_d(const void *a, const void *b);
+
+static double timed_iter_ms(const struct bench_cfg *cfg, struct rshared *sh)
+{
+	double v[TIMED_HI];
+	int n = 0;
+
+	for (int t = TIMED_LO; t < TIMED_HI; t++) {
+		long long worst = 0;
+		for (uint32_t k = 0; k < cfg->ranks; k++)
+			if (atomic_load(&sh->iter_ns[k][t]) > worst)
+				worst = atomic_load(&sh->iter_ns[k][t]);
+		v[n++] = (double)worst / 1e6;
+	}
+	qsort(v, (size_t)n, sizeof(*v), cmp_d);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 static uint64_t dir_bytes(const char *dir)
 {
@@ -312,6 +337,7 @@ static int one_round(const struct bench_cfg *cfg, bool disk, int round, struct r
 		.back_ms = (double)(atomic_load(&sh->back_ns[0]) - t0) / 1e6,
 		.start_ms = (double)(t_conn - t0) / 1e6,
 		.lost = last - (int)atomic_load(&sh->resumed[0]),
+		.iter_ms = timed_iter_ms(cfg, sh),
 		.read_bytes = disk ? dir_bytes(dir) : 0,
 	};
 	(void)daemon_stop(&d);
@@ -341,6 +367,7 @@ int bench_recovery(const struct bench_cfg *cfg, int rounds, bool json)
 	struct round_result mem[ROUNDS_MAX], disk[ROUNDS_MAX];
 	double m[ROUNDS_MAX], dk[ROUNDS_MAX], ratio[ROUNDS_MAX], mx[ROUNDS_MAX], ms[ROUNDS_MAX];
 	double mb[ROUNDS_MAX], db[ROUNDS_MAX], s[3][3], beyond[3], sb[2][3];
+	double jr[ROUNDS_MAX], sj[3];
 
 	if (rounds < 1 || rounds > ROUNDS_MAX || cfg->ranks < 2 || cfg->ranks > MAX_RANKS) {
 		fprintf(stderr, "zerod-bench --recovery: 1..%d rounds, 2..%d ranks\n", ROUNDS_MAX,
@@ -363,7 +390,9 @@ int bench_recovery(const struct bench_cfg *cfg, int rounds, bool json)
 		mb[k] = mem[k].back_ms;
 		db[k] = disk[k].back_ms;
 		mx[k] = mem[k].recover_ms - mem[k].start_ms;
+		jr[k] = mem[k].iter_ms / disk[k].iter_ms;
 	}
+	stats(jr, rounds, &sj[0], &sj[1], &sj[2]);
 	stats(m, rounds, &s[0][0], &s[0][1], &s[0][2]);
 	stats(dk, rounds, &s[1][0], &s[1][1], &s[1][2]);
 	stats(ratio, rounds, &s[2][0], &s[2][1], &s[2][2]);
@@ -389,7 +418,14 @@ int bench_recovery(const struct bench_cfg *cfg, int rounds, bool json)
 		printf("],\n  \"disk_back_ms\": [");
 		for (int k = 0; k < rounds; k++)
 			printf("%s%.1f", k ? ", " : "", db[k]);
-		printf("],\n  \"disk_over_memory\": [");
+		printf("],\n  \"journal_iter_ms\": [");
+		for (int k = 0; k < rounds; k++)
+			printf("%s%.2f", k ? ", " : "", mem[k].iter_ms);
+		printf("],\n  \"plain_iter_ms\": [");
+		for (int k = 0; k < rounds; k++)
+			printf("%s%.2f", k ? ", " : "", disk[k].iter_ms);
+		printf("],\n  \"journal_over_plain_median\": %.3f,\n", sj[0]);
+		printf("  \"disk_over_memory\": [");
 		for (int k = 0; k < rounds; k++)
 			printf("%s%.2f", k ? ", " : "", ratio[k]);
 		printf("],\n  \"memory_lost_iterations\": %d,\n  \"disk_lost_iterations\": %d,\n",
@@ -424,6 +460,9 @@ int bench_recovery(const struct bench_cfg *cfg, int rounds, bool json)
 	printf("  back at the iteration the death cut short: memory %.1f ms [%.1f-%.1f], disk "
 	       "%.1f ms [%.1f-%.1f]\n",
 	       sb[0][0], sb[0][1], sb[0][2], sb[1][0], sb[1][1], sb[1][2]);
+	printf("  an iteration with the undo journal (the memory path, before the death) over "
+	       "one without (the disk path's, before its first checkpoint): %.3fx [%.3f-%.3f]\n",
+	       sj[0], sj[1], sj[2]);
 	printf("  replicas (--replicas 1) and a killed zerod: not measured, not built yet\n");
 	return 0;
 }
