@@ -124,6 +124,8 @@ def recovery_section(runs, h):
         f"| iterations lost | {', '.join(map(str, lost_m))} | {', '.join(map(str, lost_d))} |",
         f"| checkpoint bytes read | 0 | "
         f"{cell(runs, 'disk_checkpoint_bytes', '{:.0f}')} (the checkpoint's size) |",
+        f"| an iteration with the undo journal over one without (before the death) | "
+        f"{cell(runs, 'journal_over_plain_median', '{:.2f}', '×')} | (without) |",
         f"| load (each round) | {loads(runs)} | |",
     ])
     met = []
@@ -137,8 +139,12 @@ def recovery_section(runs, h):
                    f"{sum(1 for v in values(runs, 'disk_over_memory_median') if v >= 10)} of "
                    f"{ratio['n']} rounds")
     return (head + "| | from zerod's memory | from the disk |\n|---|---|---|\n" + rows +
-            "\n\n" + "; ".join(met) + ". `--replicas` (a node's zerod lost) is not built "
-            "yet, so its cost and its recovery are not measured.\n")
+            "\n\n" + "; ".join(met) + ". The journal's row is the cost of "
+            "`--recovery-journal` in this bench, where an iteration is the hand-over and the "
+            "step alone (no forward or backward): the journal copies the state and parameters "
+            "a bucket's step overwrites, about as many bytes again as the step moves. "
+            "`--replicas` (a node's zerod lost) is not built yet, so its cost and its "
+            "recovery are not measured.\n")
 
 
 def main():
