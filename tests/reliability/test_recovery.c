@@ -45,6 +45,9 @@
 static struct zd daemon_;
 
 static const struct layout layout3 = {3, {{0, 1, -1}, {2, -1}, {3, 4, 5, -1}}};
+/* another layout of the same parameters (DDP's buckets before it rebuilds
+ * them are another order): a restarted group may bring it */
+static const struct layout layout4 = {4, {{5, 3, -1}, {4, 2, -1}, {1, -1}, {0, -1}}};
 
 enum phase {
 	BEFORE_FIRST,  /* at the start of KILL_ITER, before its bucket 0 */
@@ -70,6 +73,8 @@ struct script {
 	bool armed;     /* the victim dies at kill_iter, at phase */
 	bool restarted; /* the group's restart: every rank must be recovered */
 	int kill_iter;
+	const struct layout *restart_layout; /* the restarted group's; NULL: layout3 */
+	bool ids; /* segments named by param_id (else matched by position) */
 	uint32_t victim;
 	enum phase phase;
 	struct snap *want;              /* the uninterrupted reference at ITERS */
@@ -132,7 +137,8 @@ static int rank_main(void *arg, int idx)
 	uint64_t at = 0;
 	int r;
 
-	make_plan(tp, &layout3, sc->opt, sc->shard, sc->step, false);
+	make_plan(tp, sc->restarted && sc->restart_layout ? sc->restart_layout : &layout3, sc->opt,
+		  sc->shard, sc->step, sc->ids);
 	cfg = test_config(&daemon_, sc->job, rank, sc->world);
 	if (sc->sock)
 		cfg.socket = sc->sock;
@@ -344,6 +350,33 @@ static void t_no_journal(void)
 	CHECK(zd_stop(&own, 5000) == 0, "zerod did not stop cleanly");
 }
 
+/* The restarted group brings another bucket layout (and shard mode) of the
+ * same parameters: zerod lays the kept state and the parameters out again
+ * for it, and the job ends at the reference bit for bit. */
+static void t_other_layout(void)
+{
+	struct script *sc =
+		script_new("rec-layout", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	int st[NRANKS];
+
+	sc->ids = true; /* another order of the parameters: matched by id */
+	sc->victim = 2;
+	sc->phase = BETWEEN;
+	run_round(sc, st);
+	CHECK(st[2] == 128 + SIGKILL && st[0] == EXIT_LOST && st[1] == EXIT_LOST,
+	      "first run: %d %d %d", st[0], st[1], st[2]);
+	CHECK(zd_wait_job(&daemon_, sc->job, ZD_JOB_REFORMING, 10000) == 0, "not re-forming");
+	sc->armed = false;
+	sc->restarted = true;
+	sc->restart_layout = &layout4;
+	sc->shard = ZC_SHARD_BUCKET;
+	run_round(sc, st);
+	CHECK(st[0] == 0 && st[1] == 0 && st[2] == 0, "restarted with layout 4: %d %d %d", st[0],
+	      st[1], st[2]);
+	CHECK(atomic_load(&sc->recovered[0]) == KILL_ITER, "recovered at %lld",
+	      (long long)atomic_load(&sc->recovered[0]));
+}
+
 /* Twice in one run: the recovered job loses a trainer again. */
 static void t_killed_twice(void)
 {
@@ -448,6 +481,7 @@ static const struct test_case cases[] = {
 	{"killed_sgd_bucket_at_end_w3", t_sgd_bucket_atend_w3, 120000},
 	{"interleaved_cut_without_journal_fails_named", t_no_journal, 120000},
 	{"killed_twice", t_killed_twice, 120000},
+	{"restart_with_another_layout_and_shard_mode", t_other_layout, 120000},
 	{"never_back_fails_named_and_frees", t_never_back, 120000},
 	{"job_beside_trains_on", t_beside, 120000},
 };

@@ -139,7 +139,12 @@ def recovery_section(runs, h):
                    f"{sum(1 for v in values(runs, 'disk_over_memory_median') if v >= 10)} of "
                    f"{ratio['n']} rounds")
     return (head + "| | from zerod's memory | from the disk |\n|---|---|---|\n" + rows +
-            "\n\n" + "; ".join(met) + ". The journal's row is the cost of "
+            "\n\n" + "; ".join(met) + ". The disk path here is at its fastest: its "
+            "checkpoint was written a few seconds before on the same machine, so the restore "
+            "reads it from the page cache; a restore from storage (another node, a reboot) "
+            "reads the checkpoint's bytes from the device. Both paths also make and register "
+            "new buffers (2 × 4 bytes per parameter a rank) before their first iteration. "
+            "The journal's row is the cost of "
             "`--recovery-journal` in this bench, where an iteration is the hand-over and the "
             "step alone (no forward or backward): the journal copies the state and parameters "
             "a bucket's step overwrites, about as many bytes again as the step moves. "
