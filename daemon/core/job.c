@@ -613,7 +613,7 @@ static int start_admit(struct job *j, const struct state *st)
 /* job_start's last step: the executor, given the state *st (NULL after,
  * even on failure), and the job registering. */
 static int start_exec(struct job *j, float **grads, float **params, struct state **st,
-		      const void *recover_params, uint32_t node, uint32_t nnodes)
+		      const struct exec_recover *recover, uint32_t node, uint32_t nnodes)
 {
 	struct core *core = j->core;
 	struct exec_config ec = {
@@ -633,7 +633,7 @@ static int start_exec(struct job *j, float **grads, float **params, struct state
 		.mem = j->cuda ? j->be->mem : NULL,
 		.bufs = j->cuda,
 		.stall_timeout_ms = core->cfg->stall_timeout_ms,
-		.recover_params = recover_params,
+		.recover = recover,
 		.journal = j->journal,
 	};
 	int r;
@@ -669,7 +669,7 @@ static void job_start(struct job *j)
 	float **grads = calloc(j->world, sizeof(*grads));
 	float **params = calloc(j->world, sizeof(*params));
 	struct state *st = NULL;
-	const void *recover_params = NULL;
+	const struct exec_recover *recover = NULL;
 	uint32_t node = 0, nnodes = 1;
 	int r;
 
@@ -681,11 +681,11 @@ static void job_start(struct job *j)
 	start_buffers(j, grads, params);
 	r = start_layout(j, &node, &nnodes, &st);
 	if (r == 0 && j->rf) /* a re-formed job: its state as it was kept */
-		r = reform_take(j, &st, &recover_params);
+		r = reform_take(j, &st, &recover);
 	if (r == 0)
 		r = start_admit(j, st);
 	if (r == 0)
-		r = start_exec(j, grads, params, &st, recover_params, node, nnodes);
+		r = start_exec(j, grads, params, &st, recover, node, nnodes);
 out:
 	state_free(st);
 	/* the executor copied the arrays */

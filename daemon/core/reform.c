@@ -12,18 +12,21 @@
  *    that StepDone). Otherwise no step of it ran in step mode at_end (only
  *    reductions, which write gradients): the old executor stops at once and
  *    the boundary is the iteration in flight. In step mode interleaved,
- *    some buckets stepped and others not cannot be taken back exactly (the
- *    step overwrote the moments in place): that job fails, saying so.
+ *    some buckets stepped and others not: with --recovery-journal the
+ *    stepped ones are taken back (state.h's undo journal) and the boundary
+ *    is the iteration in flight; without it (the step overwrote the
+ *    moments in place) that job fails, saying so.
  *  - The old executor stops keeping its state (exec_stop_keep). The ranks
  *    still connected are told ZC_ERANKLOST (zc_error_recoverable()) and
  *    detached: the worker group restarts (torchrun --max-restarts), and
  *    every rank rejoins with the same job id and registers the plan the job
- *    ran, with new buffers.
+ *    ran, or another layout of its parameters, with new buffers.
  *  - Once all have, the job starts again on the new buffers
- *    (job_restart): the kept state as it was, and every rank's parameter
- *    buffer given the parameters from the old ones (exec.h's
- *    recover_params). PlanOk carries the iteration the job goes on at
- *    (zc_recovered()); the ranks' count moves there.
+ *    (job_restart): its next executor, off the loop thread, takes back
+ *    what the journal holds, lays the kept state out for the new plan if
+ *    it is another, and gives every rank the parameters from the old
+ *    buffers (exec.h's exec_recover). PlanOk carries the iteration the job
+ *    goes on at (zc_recovered()); the ranks' count moves there.
  *  - Ranks that do not all rejoin within --rejoin-timeout fail the job with
  *    ZC_ERANKDEAD, naming the dead rank and the missing ones; everything it
  *    held is freed then.
@@ -57,7 +60,6 @@ struct reform {
 	bool stop_after_step;                   /* every bucket had come: its step first */
 	bool stopping;                          /* exec_stop_keep() asked */
 	bool undo; /* an interleaved iteration cut between buckets: its stepped buckets go back */
-	bool stopped;                           /* the old executor is gone, the state is here */
 	struct state *state;                    /* kept */
 	uint32_t n;                             /* local ranks registered again */
 	struct plan **plans;                    /* [world]: the rejoined ranks' */
@@ -65,8 +67,7 @@ struct reform {
 	struct sharedp *sharedp;                /* [world]: their sharing */
 	struct mem_map **old_param;             /* [world]: the old parameters, until the start */
 	struct plan *old_plan;                  /* the plan the kept state is laid out by */
-	void *params;                           /* the parameters in the new plan's layout, when the
-						   rejoined ranks brought another layout */
+	struct exec_recover rec;                /* what the next executor starts from */
 };
 
 void reform_free(struct job *j)
@@ -88,7 +89,6 @@ void reform_free(struct job *j)
 	}
 	state_free(rf->state);
 	plan_free(rf->old_plan);
-	free(rf->params);
 	free(rf->plans);
 	free(rf->grad_map);
 	free(rf->param_map);
@@ -98,27 +98,24 @@ void reform_free(struct job *j)
 	j->rf = NULL;
 }
 
-static struct reform *reform_new(uint32_t world)
+/* j->rf, its arrays for j's world: 0 or -ENOMEM (nothing left behind). */
+static int reform_new(struct job *j)
 {
 	struct reform *rf = calloc(1, sizeof(*rf));
 
 	if (!rf)
-		return NULL;
-	rf->plans = calloc(world, sizeof(*rf->plans));
-	rf->grad_map = calloc(world, sizeof(*rf->grad_map));
-	rf->param_map = calloc(world, sizeof(*rf->param_map));
-	rf->sharedp = calloc(world, sizeof(*rf->sharedp));
-	rf->old_param = calloc(world, sizeof(*rf->old_param));
+		return -ENOMEM;
+	j->rf = rf;
+	rf->plans = calloc(j->world, sizeof(*rf->plans));
+	rf->grad_map = calloc(j->world, sizeof(*rf->grad_map));
+	rf->param_map = calloc(j->world, sizeof(*rf->param_map));
+	rf->sharedp = calloc(j->world, sizeof(*rf->sharedp));
+	rf->old_param = calloc(j->world, sizeof(*rf->old_param));
 	if (!rf->plans || !rf->grad_map || !rf->param_map || !rf->sharedp || !rf->old_param) {
-		free(rf->plans);
-		free(rf->grad_map);
-		free(rf->param_map);
-		free(rf->sharedp);
-		free(rf->old_param);
-		free(rf);
-		return NULL;
+		reform_free(j);
+		return -ENOMEM;
 	}
-	return rf;
+	return 0;
 }
 
 /* Whether j can re-form at all: host buffers on this node only, between
@@ -152,11 +149,10 @@ bool reform_begin(struct job *j, struct member *s, const char *how)
 			 s->rank, (int)s->pid, how, j->iter, full, nb);
 		return true;
 	}
-	rf = reform_new(j->world);
-	if (!rf)
+	if (reform_new(j) < 0)
 		return false;
+	rf = j->rf;
 	rf->undo = partial;
-	j->rf = rf;
 	rf->since_ms = now_ms();
 	rf->dead_rank = s->rank;
 	rf->dead_pid = (int)s->pid;
@@ -248,7 +244,6 @@ bool reform_stopped(struct job *j)
 	rf->state = exec_take_state(j->exec);
 	exec_free(j->exec);
 	j->exec = NULL;
-	rf->stopped = true;
 	if (!rf->state) {
 		job_fail(j, ZC_EINTERNAL, true, "re-forming: the old executor kept no state");
 		job_maybe_free(j);
@@ -352,98 +347,19 @@ void reform_register(struct job *j, struct member *s, struct plan *p, const stru
 	j->progress_ms = now_ms();
 	log_info("job %s: rank %u rejoined (pid %d, %u/%u)", j->id, rank, (int)s->pid, rf->n,
 		 j->local_size);
-	if (rf->n == j->local_size && rf->stopped)
+	if (rf->n == j->local_size && !j->exec) /* the old executor is gone */
 		restart(j);
 }
 
-/* Segment i (flat, plan order) of p: its first element in the buffers. */
-static uint64_t seg_base(const struct plan *p, uint32_t i, uint64_t *numel)
-{
-	for (uint32_t b = 0; b < p->nbuckets; b++) {
-		if (i < p->buckets[b].nsegments) {
-			*numel = p->buckets[b].segments[i].numel;
-			return p->buckets[b].base + p->buckets[b].segments[i].offset;
-		}
-		i -= p->buckets[b].nsegments;
-	}
-	*numel = 0;
-	return 0;
-}
-
-/* The kept state k (laid out by plan `old`) into the fresh layout st of
- * plan p (its arena allocated here), and old's parameter buffer `from`
- * into *ret (p's layout, malloc'd): element by element through the
- * segments they belong to (plan_replan_match's map). fp32 plans. 0 or
- * -ENOMEM. */
-static int relayout(const struct plan *old, const struct state *k, const void *from,
-		    const struct plan *p, struct state *st, void **ret)
-{
-	uint32_t nsegs = 0, *map;
-	float *to;
-	int r;
-
-	for (uint32_t b = 0; b < p->nbuckets; b++)
-		nsegs += p->buckets[b].nsegments;
-	map = calloc(nsegs ? nsegs : 1, sizeof(*map));
-	to = calloc(1, p->total_bytes);
-	if (!map || !to || plan_replan_match(old, p, map, NULL, 0) < 0 ||
-	    (r = state_alloc(st)) < 0) {
-		free(map);
-		free(to);
-		return -ENOMEM;
-	}
-	for (uint32_t i = 0; i < nsegs; i++) {
-		uint64_t n, n_old, nb = seg_base(p, i, &n), ob = seg_base(old, map[i], &n_old);
-		memcpy(to + nb, (const float *)from + ob, n * sizeof(float));
-	}
-	for (uint32_t i = 0; i < st->npieces; i++) {
-		struct optim_piece *pc = &st->pieces[i];
-		uint64_t n, nb = seg_base(p, pc->seg, &n), ob = seg_base(old, map[pc->seg], &n);
-		uint64_t at = ob + (pc->off - nb); /* its first element, by old's offsets */
-		uint32_t lo = 0, hi = k->npieces;
-
-		while (hi - lo > 1) { /* the old piece holding `at`: pieces go by offset */
-			uint32_t mid = lo + (hi - lo) / 2;
-			if (k->pieces[mid].off <= at)
-				lo = mid;
-			else
-				hi = mid;
-		}
-		pc->step = k->pieces[lo].step; /* one segment's pieces step together */
-		pc->first_momentum = k->pieces[lo].first_momentum;
-		for (uint64_t x = 0; x < pc->n;) {
-			const struct optim_piece *op = &k->pieces[lo];
-			uint64_t e = at + x, in = e - op->off, len = MIN(op->n - in, pc->n - x);
-
-			if (e < op->off || in >= op->n) { /* not the next piece: a hole */
-				free(map);
-				free(to);
-				return -EINVAL;
-			}
-			if (st->m)
-				memcpy(st->m + pc->at + x, k->m + op->at + in, len * sizeof(float));
-			if (st->v)
-				memcpy(st->v + pc->at + x, k->v + op->at + in, len * sizeof(float));
-			if (st->vmax)
-				memcpy(st->vmax + pc->at + x, k->vmax + op->at + in,
-				       len * sizeof(float));
-			x += len;
-			lo++;
-		}
-	}
-	free(map);
-	*ret = to;
-	return 0;
-}
-
-int reform_take(struct job *j, struct state **st, const void **ret_params)
+int reform_take(struct job *j, struct state **st, const struct exec_recover **ret)
 {
 	struct reform *rf = j->rf;
-	const struct state *k = rf->state;
-	const void *from = NULL;
+	struct state *k = rf->state;
+	void *from = NULL;
 	char field[192];
+	bool same;
 
-	*ret_params = NULL;
+	*ret = NULL;
 	for (uint32_t r = 0; r < j->world && !from; r++)
 		if (rf->old_param[r])
 			from = j->core->mem->ptr(rf->old_param[r]);
@@ -451,40 +367,28 @@ int reform_take(struct job *j, struct state **st, const void **ret_params)
 		job_fail(j, ZC_EINTERNAL, true, "re-forming: no state or parameters kept");
 		return 1;
 	}
-	if (rf->undo) {
-		/* the buckets stepped in the iteration cut short go back to its
-		 * start: state and parameters from the journal */
-		uint32_t n = state_undo_restore(rf->state, rf->died_in, (void *)from);
-
-		log_info("job %s: %u buckets stepped in iteration %" PRIu64 " taken back", j->id, n,
-			 rf->died_in);
-	}
-	if (plan_diff(rf->old_plan, j->plan, field, sizeof(field))) {
-		/* the rejoined ranks' layout: state and parameters laid out
-		 * again, the step counts and moments as they were */
-		int r = relayout(rf->old_plan, k, from, j->plan, *st, &rf->params);
-
-		if (r < 0) {
-			job_fail(j, ZC_EINTERNAL, true,
-				 "re-forming: the state cannot be laid out for the new plan (%s)",
-				 strerror(-r));
-			return 1;
-		}
-		log_info("job %s: the kept state laid out for the rejoined ranks' plan (%s "
-			 "differs)",
-			 j->id, field);
-		*ret_params = rf->params;
-		return 0;
-	}
-	if (k->nelems != (*st)->nelems || k->npieces != (*st)->npieces ||
-	    k->arrays != (*st)->arrays || k->nmaster != (*st)->nmaster) {
+	/* the executor takes back what the journal holds and, for the
+	 * rejoined ranks' other layout, lays the state out again (exec.h) */
+	same = !plan_diff(rf->old_plan, j->plan, field, sizeof(field));
+	rf->rec = (struct exec_recover){.kept = same ? NULL : k,
+					.plan = rf->old_plan,
+					.params = from,
+					.undo_iter = rf->undo ? rf->died_in : UINT64_MAX};
+	if (same && (k->nelems != (*st)->nelems || k->npieces != (*st)->npieces ||
+		     k->arrays != (*st)->arrays || k->nmaster != (*st)->nmaster)) {
 		job_fail(j, ZC_EINTERNAL, true, "re-forming: the kept state's layout differs");
 		return 1;
 	}
-	state_free(*st);
-	*st = rf->state;
-	rf->state = NULL;
-	*ret_params = from;
+	if (same) {
+		state_free(*st);
+		*st = k; /* the executor's now */
+		rf->state = NULL;
+	} else
+		log_info(
+			"job %s: the kept state is laid out again for the rejoined ranks' plan (%s "
+			"differs)",
+			j->id, field);
+	*ret = &rf->rec;
 	return 0;
 }
 

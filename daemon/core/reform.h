@@ -14,6 +14,7 @@ struct job;
 struct member;
 struct mem_desc;
 struct cudabufs;
+struct exec_recover;
 struct plan;
 struct state;
 
@@ -43,10 +44,11 @@ bool reform_stopped(struct job *j);
 /* EXEC_FAILED while j re-forms: true if it is the old executor's answer
  * to being stopped (nothing to act on). */
 bool reform_failure_expected(const struct job *j);
-/* job_start() of a re-formed job: the kept state replaces *st (freed), and
- * the parameters the start gives every rank in *ret_params. 0, or 1: the
- * layouts differ (the job failed). */
-int reform_take(struct job *j, struct state **st, const void **ret_params);
+/* job_start() of a re-formed job, *st the new plan's layout: the kept
+ * state replaces it (freed) where the plan is the one the job ran, and
+ * *ret says what the executor starts from (exec.h's exec_recover, valid
+ * until EXEC_STARTED). 0, or 1: nothing to start from (the job failed). */
+int reform_take(struct job *j, struct state **st, const struct exec_recover **ret);
 /* sched_start() of a re-formed job: the iteration it goes on at, the
  * re-forming done (its old buffers unmapped). UINT64_MAX: j did not
  * re-form. */

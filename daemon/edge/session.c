@@ -95,8 +95,13 @@ void session_reap(struct edge *e)
 
 	while (s) {
 		if (s->send_failed || s->detached) {
+			/* a send that failed because the process is gone (its
+			 * pidfd not seen yet) is its exit: what its ring still
+			 * holds is taken (session_drop) */
+			bool gone = s->exited || (s->send_failed && session_gone(s));
+
 			log_set_cause(s->m.uid);
-			session_drop(s, s->exited        ? LEAVE_EXITED
+			session_drop(s, gone             ? LEAVE_EXITED
 					: s->send_failed ? LEAVE_UNREACHABLE
 							 : LEAVE_GOODBYE);
 			log_clear_cause();

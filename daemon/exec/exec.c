@@ -362,6 +362,10 @@ int exec_new(const struct exec_config *cfg, struct exec **ret)
 	}
 	e->cfg = *cfg;
 	e->cfg.grads = e->cfg.params = NULL;
+	if (cfg->recover) {
+		e->recover = *cfg->recover;
+		e->cfg.recover = &e->recover;
+	}
 	pthread_mutex_init(&e->mu, NULL);
 	for (unsigned l = 0; l < LANE_COUNT; l++)
 		pthread_cond_init(&e->lanes[l].cv, NULL);

@@ -26,6 +26,20 @@ struct exec;
 struct cudabufs;
 struct mem_ops;
 
+/* A recovery (a job re-formed after a trainer died, core/reform.c): what
+ * its previous executor left. The start takes back the buckets the
+ * journal holds for undo_iter (state.h), then gives every rank the
+ * parameters (rank 0's buffer, then the broadcast) instead of rank 0's
+ * own, the state as it was: exec_config.state itself when the plan is the
+ * same (its arena allocated, kept by exec_stop_keep), else laid out from
+ * `kept` (state_relayout) into exec_config.state. Off the loop thread. */
+struct exec_recover {
+	struct state *kept;      /* another layout's state (the journal writes it), or NULL */
+	const struct plan *plan; /* the plan the kept state is laid out by */
+	void *params;            /* the parameters, a flat buffer of plan */
+	uint64_t undo_iter;      /* take back its stepped buckets; UINT64_MAX: none */
+};
+
 struct exec_config {
 	void *tag; /* given back in every completion */
 	const struct plan *plan;
@@ -49,14 +63,9 @@ struct exec_config {
 	const struct mem_ops *mem;
 	struct cudabufs *const *bufs; /* [world] */
 	int stall_timeout_ms;         /* how long a collective waits for a trainer (nccl) */
-	/* A recovery (a job re-formed after a trainer died, job.c): state's
-	 * arena is allocated already and holds the job's optimizer state, kept
-	 * by exec_stop_keep() of the executor before; the start neither
-	 * allocates nor zeroes it, and gives every rank these parameters
-	 * (plan_buffer_bytes(plan) bytes, valid until EXEC_STARTED) instead of
-	 * rank 0's, the fp32 masters as they were. Host buffers only. NULL: a
-	 * fresh start. */
-	const void *recover_params;
+	/* A recovery (host buffers only): copied; what it points to stays the
+	 * caller's, valid until EXEC_STARTED. NULL: a fresh start. */
+	const struct exec_recover *recover;
 	/* Keep the undo journal (state.h): each bucket's values from before
 	 * its step in the iteration under way, so that a recovery can take an
 	 * interleaved iteration cut between buckets back to its start. Host

@@ -64,6 +64,7 @@ struct lane {
 
 struct exec {
 	struct exec_config cfg; /* own copies of grads and params */
+	struct exec_recover recover; /* cfg.recover's copy (cfg.recover points here) */
 	uint32_t *local;        /* the local ranks, ascending */
 	uint32_t nlocal;
 	struct coll_range *ranges;      /* [nunits]: the shard units, flat */

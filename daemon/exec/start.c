@@ -101,6 +101,31 @@ void close_buffers(struct exec *e)
 	}
 }
 
+/* A recovery's state and parameters (exec.h's exec_recover): the buckets
+ * the journal holds taken back, then the kept state as it is or laid out
+ * for this plan, and the parameters into rank 0's buffer, which the
+ * broadcast gives the others (the masters are the kept ones). */
+static int start_recovered(struct exec *e)
+{
+	const struct exec_recover *rc = &e->recover;
+	struct state *k = rc->kept ? rc->kept : e->cfg.state;
+	int r;
+
+	if (rc->undo_iter != UINT64_MAX)
+		(void)state_undo_restore(k, rc->undo_iter, rc->params);
+	if (!rc->kept) {
+		memcpy(e->cfg.params[0], rc->params, plan_buffer_bytes(e->cfg.plan));
+		return 0;
+	}
+	r = state_relayout(rc->plan, rc->kept, rc->params, e->cfg.plan, e->cfg.state,
+			   e->cfg.params[0]);
+	if (r < 0)
+		snprintf(e->open_err, sizeof(e->open_err),
+			 "the kept state cannot be laid out for the rejoined ranks' plan: %s",
+			 strerror(-r));
+	return r;
+}
+
 /* Open the backends (they may block), allocate the state, and give every
  * rank rank 0's parameters: "rank 0's initial values win". */
 int op_start(struct exec *e, struct lane *ln)
@@ -146,28 +171,19 @@ int op_start(struct exec *e, struct lane *ln)
 	pthread_mutex_unlock(&e->mu);
 	if (r < 0)
 		return r;
-	if (e->cfg.recover_params) {
-		/* a recovery: the kept state as it is, and the job's parameters
-		 * from before into rank 0's buffer, which the broadcast below
-		 * gives the others (the masters are the kept ones) */
-		memcpy(e->cfg.params[0], e->cfg.recover_params, plan_buffer_bytes(e->cfg.plan));
-		if (e->cfg.journal &&
-		    (r = state_undo_alloc(e->cfg.state, e->cfg.plan->nbuckets)) < 0)
-			return r;
-		return lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges,
-				 e->cfg.plan->nbuckets);
-	}
-	if (e->cfg.optim->state_alloc) /* on the devices: no host arena */
+	if (e->cfg.recover) /* the state and parameters from before (host) */
+		r = start_recovered(e);
+	else if (e->cfg.optim->state_alloc) /* on the devices: no host arena */
 		r = e->cfg.optim->state_alloc(e->oc, e->cfg.state->pieces, e->cfg.state->npieces,
 					      e->cfg.state->arrays);
 	else
 		r = state_alloc(e->cfg.state);
-	if (r >= 0 && e->cfg.journal && !e->cfg.optim->state_alloc)
+	if (r >= 0 && e->cfg.journal) /* host state only (job.c) */
 		r = state_undo_alloc(e->cfg.state, e->cfg.plan->nbuckets);
 	if (r < 0)
 		return r;
 	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);
-	if (r >= 0)
+	if (r >= 0 && !e->cfg.recover) /* a recovery keeps its masters */
 		r = load_masters(e, false);
 	return r;
 }

@@ -244,3 +244,78 @@ void state_free(struct state *s)
 	free(s->bucket_first);
 	free(s);
 }
+
+/* Segment i (flat, plan order) of p: its first element in the buffers. */
+static uint64_t seg_base(const struct plan *p, uint32_t i, uint64_t *numel)
+{
+	for (uint32_t b = 0; b < p->nbuckets; b++) {
+		if (i < p->buckets[b].nsegments) {
+			*numel = p->buckets[b].segments[i].numel;
+			return p->buckets[b].base + p->buckets[b].segments[i].offset;
+		}
+		i -= p->buckets[b].nsegments;
+	}
+	*numel = 0;
+	return 0;
+}
+
+int state_relayout(const struct plan *old, const struct state *k, const void *from,
+		   const struct plan *p, struct state *st, void *to)
+{
+	uint32_t nsegs = 0, *map;
+	int r;
+
+	for (uint32_t b = 0; b < p->nbuckets; b++)
+		nsegs += p->buckets[b].nsegments;
+	map = calloc(nsegs ? nsegs : 1, sizeof(*map));
+	if (!map)
+		return -ENOMEM;
+	if (plan_replan_match(old, p, map, NULL, 0) < 0 || old->low_precision || p->low_precision) {
+		free(map);
+		return -EINVAL;
+	}
+	if ((r = state_alloc(st)) < 0) {
+		free(map);
+		return r;
+	}
+	for (uint32_t i = 0; i < nsegs; i++) {
+		uint64_t n, n_old, nb = seg_base(p, i, &n), ob = seg_base(old, map[i], &n_old);
+		memcpy((float *)to + nb, (const float *)from + ob, n * sizeof(float));
+	}
+	for (uint32_t i = 0; i < st->npieces; i++) {
+		struct optim_piece *pc = &st->pieces[i];
+		uint64_t n, nb = seg_base(p, pc->seg, &n), ob = seg_base(old, map[pc->seg], &n);
+		uint64_t at = ob + (pc->off - nb); /* its first element, by old's offsets */
+		uint32_t lo = 0, hi = k->npieces;
+
+		while (hi - lo > 1) { /* the old piece holding `at`: pieces go by offset */
+			uint32_t mid = lo + (hi - lo) / 2;
+			if (k->pieces[mid].off <= at)
+				lo = mid;
+			else
+				hi = mid;
+		}
+		pc->step = k->pieces[lo].step; /* one segment's pieces step together */
+		pc->first_momentum = k->pieces[lo].first_momentum;
+		for (uint64_t x = 0; x < pc->n;) {
+			const struct optim_piece *op = &k->pieces[lo];
+			uint64_t e = at + x, in = e - op->off, len = MIN(op->n - in, pc->n - x);
+
+			if (e < op->off || in >= op->n) { /* not the next piece: a hole */
+				free(map);
+				return -EINVAL;
+			}
+			if (st->m)
+				memcpy(st->m + pc->at + x, k->m + op->at + in, len * sizeof(float));
+			if (st->v)
+				memcpy(st->v + pc->at + x, k->v + op->at + in, len * sizeof(float));
+			if (st->vmax)
+				memcpy(st->vmax + pc->at + x, k->vmax + op->at + in,
+				       len * sizeof(float));
+			x += len;
+			lo++;
+		}
+	}
+	free(map);
+	return 0;
+}

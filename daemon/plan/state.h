@@ -64,6 +64,15 @@ int state_alloc(struct state *s);
 /* Free the arena only; the layout stays. */
 void state_release(struct state *s);
 
+/* The state k, laid out by plan `old`, into the fresh layout st of plan p
+ * (another layout of the same parameters: plan_replan_match; its arena
+ * allocated here), and old's parameters `from` (a flat buffer of old) into
+ * `to` (one of p): element by element through the segments they belong
+ * to, the step counts as they were. fp32 plans only. 0, -EINVAL (not the
+ * same parameters, or bf16/fp16) or -ENOMEM. */
+int state_relayout(const struct plan *old, const struct state *k, const void *from,
+		   const struct plan *p, struct state *st, void *to);
+
 /* The undo journal for a plan of nbuckets: 0 or -ENOMEM. */
 int state_undo_alloc(struct state *s, uint32_t nbuckets);
 /* Before piece k steps: elements [x, x + n) of it into the journal.

@@ -362,6 +362,15 @@ static void stats(const double *v, int n, double *med, double *lo, double *hi)
 	*med = n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
+/* One JSON key of n per-round values. */
+static void json_list(const char *key, const double *v, int n)
+{
+	printf("  \"%s\": [", key);
+	for (int k = 0; k < n; k++)
+		printf("%s%.2f", k ? ", " : "", v[k]);
+	printf("],\n");
+}
+
 int bench_recovery(const struct bench_cfg *cfg, int rounds, bool json)
 {
 	struct round_result mem[ROUNDS_MAX], disk[ROUNDS_MAX];
@@ -403,32 +412,21 @@ int bench_recovery(const struct bench_cfg *cfg, int rounds, bool json)
 		printf("{\n  \"schema\": \"zerod-bench-recovery/1\",\n  \"params\": %" PRIu64
 		       ",\n  \"ranks\": %u,\n  \"optimizer\": %d,\n  \"rounds\": %d,\n",
 		       cfg->params, cfg->ranks, (int)cfg->optim, rounds);
-		printf("  \"memory_recover_ms\": [");
-		for (int k = 0; k < rounds; k++)
-			printf("%s%.1f", k ? ", " : "", m[k]);
-		printf("],\n  \"memory_start_ms\": [");
-		for (int k = 0; k < rounds; k++)
-			printf("%s%.1f", k ? ", " : "", ms[k]);
-		printf("],\n  \"disk_recover_ms\": [");
-		for (int k = 0; k < rounds; k++)
-			printf("%s%.1f", k ? ", " : "", dk[k]);
-		printf("],\n  \"memory_back_ms\": [");
-		for (int k = 0; k < rounds; k++)
-			printf("%s%.1f", k ? ", " : "", mb[k]);
-		printf("],\n  \"disk_back_ms\": [");
-		for (int k = 0; k < rounds; k++)
-			printf("%s%.1f", k ? ", " : "", db[k]);
-		printf("],\n  \"journal_iter_ms\": [");
-		for (int k = 0; k < rounds; k++)
-			printf("%s%.2f", k ? ", " : "", mem[k].iter_ms);
-		printf("],\n  \"plain_iter_ms\": [");
-		for (int k = 0; k < rounds; k++)
-			printf("%s%.2f", k ? ", " : "", disk[k].iter_ms);
-		printf("],\n  \"journal_over_plain_median\": %.3f,\n", sj[0]);
-		printf("  \"disk_over_memory\": [");
-		for (int k = 0; k < rounds; k++)
-			printf("%s%.2f", k ? ", " : "", ratio[k]);
-		printf("],\n  \"memory_lost_iterations\": %d,\n  \"disk_lost_iterations\": %d,\n",
+		double ji[ROUNDS_MAX], pi[ROUNDS_MAX];
+		for (int k = 0; k < rounds; k++) {
+			ji[k] = mem[k].iter_ms;
+			pi[k] = disk[k].iter_ms;
+		}
+		json_list("memory_recover_ms", m, rounds);
+		json_list("memory_start_ms", ms, rounds);
+		json_list("disk_recover_ms", dk, rounds);
+		json_list("memory_back_ms", mb, rounds);
+		json_list("disk_back_ms", db, rounds);
+		json_list("journal_iter_ms", ji, rounds);
+		json_list("plain_iter_ms", pi, rounds);
+		printf("  \"journal_over_plain_median\": %.3f,\n", sj[0]);
+		json_list("disk_over_memory", ratio, rounds);
+		printf("  \"memory_lost_iterations\": %d,\n  \"disk_lost_iterations\": %d,\n",
 		       mem[0].lost, disk[0].lost);
 		printf("  \"memory_checkpoint_bytes_read\": 0,\n  \"disk_checkpoint_bytes\": "
 		       "%" PRIu64 ",\n",
