@@ -52,7 +52,7 @@
 #include "edge/edge.h"
 #include "exec/completion.h"
 #include "exec/exec.h"
-#include "net/rdzvcurve.h"
+#include "net/tls.h"
 
 /* fds kept beyond connections and pidfds: shm opens, /proc reads, the odd
  * eventfd a new ZeroMQ pipe may want */
@@ -449,11 +449,11 @@ static void daemon_close(struct daemon *d)
 
 /* daemon_run's setup, in its order: the fds, the log thread, the pool,
  * the loop, ZeroMQ, the limits, the router, the operator's side, the fast
- * path, the rendezvous with its CURVE keys, and the loop's sources. why:
+ * path, the rendezvous with its TLS identity, and the loop's sources. why:
  * what failed, for the caller's log. */
 static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char *why, size_t len)
 {
-	struct rdzv_keys *keys = NULL; /* CURVE, until the rendezvous takes them */
+	struct tls_ident *id = NULL; /* TLS, until the rendezvous takes it */
 	int r;
 
 	/* first: signals are blocked in every thread created after it */
@@ -482,7 +482,7 @@ static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char 
 	r = fd_limits(d, why, len);
 	if (r < 0)
 		goto out;
-	r = rdzv_keys_load(cfg->curve_secret_key, cfg->curve_peers, &keys, why, len);
+	r = tls_ident_load(cfg->tls_key, cfg->tls_cert, cfg->tls_peers, cfg->tls_ca, &id, why, len);
 	if (r < 0)
 		goto out;
 	r = open_router(d, why, len);
@@ -504,12 +504,20 @@ static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char 
 		snprintf(why, len, "rendezvous: %s", zc_strerror(r));
 		goto out;
 	}
-	rdzv_curve_use(&d->core, keys);
-	keys = NULL;
-	if (rdzv_curve_public(&d->core))
-		log_notice("rendezvous: CURVE on (the rendezvous, its store and the tensors "
-			   "sealed): this zerod's public key is %s",
-			   rdzv_curve_public(&d->core));
+	if (id) {
+		r = rdzv_tls_use(&d->core, id, why, len);
+		if (r < 0) {
+			goto out;
+		}
+		id = NULL;
+	}
+	if (rdzv_tls_fingerprint(&d->core))
+		log_notice("between daemons: TLS 1.3 with certificates (the rendezvous, its store "
+			   "and the host tensors): this zerod's certificate is SHA-256 %s",
+			   rdzv_tls_fingerprint(&d->core));
+	else
+		log_info("between daemons: TLS 1.3 under each job's secret (no --tls-key); host "
+			 "tensors on gloo's plain TCP");
 	if ((r = loop_add_zsock(d->core.loop, d->edge.router, on_router, d)) < 0 ||
 	    (r = loop_add_fd(d->core.loop, completion_queue_fd(d->core.cq), on_completions, d)) <
 		    0 ||
@@ -520,7 +528,7 @@ static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char 
 	loop_set_prepare(d->core.loop, before_sleep, d);
 	r = 0;
 out:
-	rdzv_keys_free(keys);
+	tls_ident_free(id);
 	return r;
 }
 

@@ -3,13 +3,13 @@
 
 #include "base/config.h"
 #include "daemon.h"
-#include "net/rdzvcurve.h"
+#include "net/tls.h"
 
 int main(int argc, char **argv)
 {
 	struct daemon_config cfg;
 	struct config_src *src;
-	struct rdzv_keys *keys = NULL;
+	struct tls_ident *id = NULL;
 	char err[512];
 	int r;
 
@@ -24,8 +24,9 @@ int main(int argc, char **argv)
 	}
 	/* key files it refuses are a config it refuses (exit 78: systemd does
 	 * not restart it); daemon_run() reads them again, before serving */
-	r = rdzv_keys_load(cfg.curve_secret_key, cfg.curve_peers, &keys, err, sizeof(err));
-	rdzv_keys_free(keys);
+	r = tls_ident_load(cfg.tls_key, cfg.tls_cert, cfg.tls_peers, cfg.tls_ca, &id, err,
+			   sizeof(err));
+	tls_ident_free(id);
 	if (r < 0) {
 		fprintf(stderr, "<3>zerod: refusing to start: %s\n", err);
 		config_src_free(src);

@@ -5,7 +5,7 @@ set -euo pipefail
 
 ZEROD_PACKAGES=(
     gcc pkg-config meson ninja-build cmake
-    libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libsodium-dev
+    libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libsodium-dev libssl-dev openssl
     g++ libgloo-dev
     python3
     # operating zerod: sd_notify and socket activation, the config file

@@ -110,20 +110,29 @@ static const struct key {
 	 "members of this group may run zeroctl status, inspect, metrics and checkpoint, on "
 	 "their own jobs only; root and zerod's own user may run every verb, reload and trace "
 	 "too (\"\": zerod's own group)"},
-	{"curve-secret-key", K_PATH, offsetof(struct daemon_config, curve_secret_key), 0, false,
-	 "FILE",
-	 "this zerod's CURVE secret key (one Z85 key, as `zeroctl keygen` writes it; mode 0600): "
-	 "with --curve-peers, every rendezvous connection between daemons is encrypted and both "
-	 "ends authenticated, and a peer without CURVE or with a key not listed is refused "
-	 "(\"\": plain TCP, the job secret only)"},
-	{"curve-peers", K_PATH, offsetof(struct daemon_config, curve_peers), 0, false, "FILE",
-	 "the CURVE public keys of the zerods this one trusts, one Z85 key a line (a line that "
-	 "begins with '#' is a comment); its own key is always trusted"},
-	{"curve-allow-plain-nccl", K_BOOL, offsetof(struct daemon_config, curve_allow_plain_nccl),
-	 0, true, "B",
-	 "with CURVE keys, still run CUDA jobs over several nodes, whose tensors NCCL moves "
+	{"tls-key", K_PATH, offsetof(struct daemon_config, tls_key), 0, false, "FILE",
+	 "this zerod's TLS private key (PEM, as `zeroctl keygen PREFIX` writes PREFIX.key; mode "
+	 "0600): with --tls-cert and --tls-peers or --tls-ca, every connection between daemons "
+	 "is TLS 1.3 with both ends' certificates checked, and a job's host tensors cross the "
+	 "mesh over TLS (\"\": TLS under each job's secret as a PSK, host tensors on gloo's "
+	 "plain TCP)"},
+	{"tls-cert", K_PATH, offsetof(struct daemon_config, tls_cert), 0, false, "FILE",
+	 "this zerod's certificate (PEM; `zeroctl keygen` makes a self-signed one)"},
+	{"tls-peers", K_PATH, offsetof(struct daemon_config, tls_peers), 0, false, "FILE",
+	 "the SHA-256 fingerprints of the certificates of the zerods this one trusts, one a "
+	 "line (as `zeroctl keygen` and `zeroctl fingerprint CERT` print them; '#' begins a "
+	 "comment); its own certificate is always trusted"},
+	{"tls-ca", K_PATH, offsetof(struct daemon_config, tls_ca), 0, false, "FILE",
+	 "CA certificates (PEM): a peer whose certificate chains to one is trusted too"},
+	{"tls-ktls", K_BOOL, offsetof(struct daemon_config, tls_ktls), 0, true, "B",
+	 "ask for kernel TLS on the mesh's connections, so that the kernel encrypts where it "
+	 "can (the job's start line says whether it does); a reload applies it to meshes that "
+	 "open later"},
+	{"tls-allow-plain-nccl", K_BOOL, offsetof(struct daemon_config, tls_allow_plain_nccl), 0,
+	 true, "B",
+	 "with TLS keys, still run CUDA jobs over several nodes, whose tensors NCCL moves "
 	 "between the nodes unencrypted (no: such a job is refused with ZC_ENOTSUP; host jobs "
-	 "cross the sealed mesh either way); a reload applies it to jobs that start later"},
+	 "cross the mesh over TLS either way); a reload applies it to jobs that start later"},
 };
 
 #define NKEYS ARRAY_SIZE(keys)
@@ -167,8 +176,11 @@ static void defaults(struct daemon_config *c)
 		.checkpoint_dir = "",
 		.metrics_interval_ms = 15000,
 		.group = "",
-		.curve_secret_key = "",
-		.curve_peers = "",
+		.tls_key = "",
+		.tls_cert = "",
+		.tls_peers = "",
+		.tls_ca = "",
+		.tls_ktls = true,
 		.backend = "auto",
 	};
 }
@@ -318,6 +330,23 @@ static bool key_equal(const struct daemon_config *a, const struct daemon_config 
 	return strcmp(x, y) == 0;
 }
 
+/* Keys of earlier versions: naming one is an error that says what replaced
+ * it, never a silent start without it. */
+static const char *const retired[] = {"curve-secret-key", "curve-peers", "curve-allow-plain-nccl"};
+static const char retired_why[] =
+	"CURVE keys are no longer used between daemons: make a TLS identity with `zeroctl "
+	"keygen PREFIX`, set tls-key = PREFIX.key and tls-cert = PREFIX.crt, and list the "
+	"other nodes' fingerprints in tls-peers (curve-allow-plain-nccl is now "
+	"tls-allow-plain-nccl)";
+
+static bool is_retired(const char *name)
+{
+	for (size_t i = 0; i < ARRAY_SIZE(retired); i++)
+		if (strcmp(name, retired[i]) == 0)
+			return true;
+	return false;
+}
+
 static const struct key *find_key(const char *name)
 {
 	for (size_t i = 0; i < NKEYS; i++)
@@ -331,7 +360,7 @@ static const struct key *find_key(const char *name)
 struct file_ctx {
 	struct config_src *src;
 	struct daemon_config *cfg;
-	char err[256]; /* the first key that failed: "key K: why" */
+	char err[400]; /* the first key that failed: "key K: why" */
 };
 
 static int on_ini(void *user, const char *section, const char *name, const char *value)
@@ -348,6 +377,10 @@ static int on_ini(void *user, const char *section, const char *name, const char 
 		return 0;
 	}
 	k = find_key(name);
+	if (!k && is_retired(name)) {
+		snprintf(fc->err, sizeof(fc->err), "key %s: %s", name, retired_why);
+		return 0;
+	}
 	if (!k) {
 		snprintf(fc->err, sizeof(fc->err),
 			 "key %.64s: no such key (zerod --help lists them)", name);
@@ -503,7 +536,7 @@ static char *default_path(void)
 	return strdup(path);
 }
 
-enum { OPT_CONFIG = 'c', OPT_HELP = 'h', OPT_VERSION = 1000, OPT_KEY = 1100 };
+enum { OPT_CONFIG = 'c', OPT_HELP = 'h', OPT_VERSION = 1000, OPT_RETIRED = 1050, OPT_KEY = 1100 };
 
 void config_usage(FILE *f)
 {
@@ -560,7 +593,7 @@ void config_usage(FILE *f)
 		"\n"
 		"Operate it with zeroctl (zeroctl --help says more): zeroctl status |\n"
 		"inspect JOB | metrics | reload | trace on FILE | trace off |\n"
-		"checkpoint JOB [DIR] | keygen FILE.\n",
+		"checkpoint JOB [DIR] | keygen PREFIX | fingerprint CERT.\n",
 		CONFIG_EXIT_USAGE, CONFIG_EXIT_CONFIG);
 }
 
@@ -581,7 +614,7 @@ static int add_flag(struct config_src *src, unsigned key, const char *value)
 
 int config_parse_args(int argc, char **argv, struct config_src **ret)
 {
-	struct option opts[NKEYS + 8];
+	struct option opts[NKEYS + ARRAY_SIZE(retired) + 8];
 	struct config_src *src = calloc(1, sizeof(*src));
 	size_t n = 0;
 	int c, r = 0;
@@ -593,6 +626,9 @@ int config_parse_args(int argc, char **argv, struct config_src **ret)
 					    keys[i].type == K_BOOL ? optional_argument
 								   : required_argument,
 					    NULL, OPT_KEY + (int)i};
+	for (size_t i = 0; i < ARRAY_SIZE(retired); i++)
+		opts[n++] =
+			(struct option){retired[i], optional_argument, NULL, OPT_RETIRED + (int)i};
 	opts[n++] = (struct option){"config", required_argument, NULL, OPT_CONFIG};
 	opts[n++] = (struct option){"verbose", no_argument, NULL, 'v'};
 	opts[n++] = (struct option){"quiet", no_argument, NULL, 'q'};
@@ -631,6 +667,12 @@ int config_parse_args(int argc, char **argv, struct config_src **ret)
 			r = 1;
 			break;
 		default:
+			if (c >= OPT_RETIRED && c < OPT_RETIRED + (int)ARRAY_SIZE(retired)) {
+				fprintf(stderr, "zerod: --%s: %s\n", retired[c - OPT_RETIRED],
+					retired_why);
+				r = -CONFIG_EXIT_USAGE;
+				break;
+			}
 			if (c < OPT_KEY || c >= OPT_KEY + (int)NKEYS) {
 				fprintf(stderr, "zerod: see zerod --help\n");
 				r = -CONFIG_EXIT_USAGE;

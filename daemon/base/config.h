@@ -43,10 +43,13 @@ struct daemon_config {
 	const char *checkpoint_dir;   /* zeroctl checkpoint's default (DIR/JOB); "": none */
 	int metrics_interval_ms;
 	const char *group; /* "": zerod's own group */
-	/* CURVE on the rendezvous between daemons (rdzvcurve.h); "": none */
-	const char *curve_secret_key;
-	const char *curve_peers;
-	bool curve_allow_plain_nccl; /* CUDA jobs over nodes with CURVE keys (NCCL is plain) */
+	/* TLS identity between daemons (net/tls.h); "": none (the jobs' PSKs) */
+	const char *tls_key;
+	const char *tls_cert;
+	const char *tls_peers;
+	const char *tls_ca;
+	bool tls_ktls;             /* kernel TLS on the mesh where the kernel has it */
+	bool tls_allow_plain_nccl; /* CUDA jobs over nodes with TLS keys (NCCL is plain) */
 	struct config_src *src; /* the flags and file it came from: read again on reload */
 };
 

@@ -14,7 +14,7 @@
  * coll/host.c: every rank on this node; reductions and copies through the
  * mapped buffers on the worker pool. coll/gloo.c: a job over several nodes,
  * summed inside each node the same way and across nodes over a mesh
- * (coll/mesh.h): gloo (TCP), or with CURVE keys coll/sealmesh.c (sealed).
+ * (coll/mesh.h): gloo (TCP), or with TLS keys coll/sealmesh.c (TLS 1.3).
  * coll/nccl.c: GPUs, through NCCL (builds with the CUDA toolkit only).
  */
 #ifndef ZEROD_COLL_H
@@ -28,7 +28,7 @@
 
 struct pool;
 struct cudabufs;
-struct rdzv_keys;
+struct tls_ident;
 
 /*
  * A key-value store every node of a job reaches, through which the nodes
@@ -60,9 +60,10 @@ struct coll_net {
 	const struct coll_store *store;
 	uint32_t timeout_ms; /* connecting, and each network operation; 0: 30 s */
 	uint64_t window;     /* elements per network round (scratch size); 0: default */
-	/* the daemon's CURVE keys (rdzvcurve.h): the tensors cross the sealed
-	 * mesh (coll/sealmesh.c), not gloo's plain TCP. NULL: gloo. */
-	const struct rdzv_keys *keys;
+	/* the daemon's TLS identity (net/tls.h): the tensors cross the mesh
+	 * over TLS (coll/sealmesh.c), not gloo's plain TCP. NULL: gloo. */
+	const struct tls_ident *tls;
+	bool ktls; /* the mesh asks for kernel TLS (SSL_OP_ENABLE_KTLS) */
 };
 
 /* Bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES), so that the

@@ -2,8 +2,8 @@
  * gloo.c — collectives for a job spread over several nodes (coll.h): inside
  * a node through the mapped buffers, as coll/host.c does; across nodes over
  * one full mesh among the nodes (coll/mesh.h): gloo's TCP transport
- * (coll/gloo_shim.h), or, when this daemon has CURVE keys, the sealed mesh
- * (coll/sealmesh.c) that encrypts and authenticates every byte. Everything
+ * (coll/gloo_shim.h), or, when this daemon has TLS keys, the mesh over
+ * TLS 1.3 (coll/sealmesh.c) that encrypts and authenticates every byte. Everything
  * below the network calls (the sums, the ranges, the lanes, the metrics) is
  * the same for both.
  *
@@ -100,7 +100,7 @@ struct coll_group {
 	uint32_t nlocal;
 	const float **lgrads; /* [nlocal]: their gradient buffers, rank order */
 	struct pool *pool;
-	const struct coll_mesh_ops *mo; /* gloo's or the sealed mesh */
+	const struct coll_mesh_ops *mo; /* gloo's or the mesh over TLS */
 	struct coll_mesh *net;          /* NULL with one node */
 	uint64_t window;
 	struct lane_ctx lanes[GLOO_LANES];
@@ -706,7 +706,7 @@ static int gl_open(const struct coll_config *cfg, struct coll_group **ret)
 			g->local[g->nlocal++] = k;
 		}
 	}
-	g->mo = net->keys ? &coll_sealmesh_ops : &gloo_mesh_ops;
+	g->mo = net->tls ? &coll_sealmesh_ops : &gloo_mesh_ops;
 	if (net->nnodes > 1) {
 		struct coll_mesh_config mc = {
 			.node = net->node,
@@ -716,7 +716,8 @@ static int gl_open(const struct coll_config *cfg, struct coll_group **ret)
 			.prefix = net->prefix,
 			.store = net->store,
 			.timeout_ms = (int)(net->timeout_ms ? net->timeout_ms : GLOO_TIMEOUT_MS),
-			.keys = net->keys,
+			.tls = net->tls,
+			.ktls = net->ktls,
 		};
 		char scratch[GLOO_ERR_LEN];
 		r = g->mo->open(&mc, &g->net, cfg->err ? cfg->err : scratch,

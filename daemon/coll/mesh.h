@@ -2,8 +2,8 @@
  * mesh.h — the network under coll/gloo.c: one full mesh among the nodes of a
  * job and the three data movements gloo.c builds its collectives from. Two
  * implementations, chosen per job by gloo.c: gloo's TCP transport in plain
- * text (coll/gloo_shim.h), and coll/sealmesh.c, every byte sealed with the
- * daemons' CURVE keys (rdzvcurve.h), when this daemon has keys.
+ * text (coll/gloo_shim.h), and coll/sealmesh.c, every connection TLS 1.3
+ * with both daemons' certificates (net/tls.h), when this daemon has keys.
  *
  * Threads: the calls may run concurrently from several threads on one mesh
  * as long as every call in flight has its own tag, whose low two bits are
@@ -20,7 +20,7 @@
 
 #define COLL_MESH_LANES 4u /* zero.h's lanes, in a tag's two low bits */
 
-struct rdzv_keys;
+struct tls_ident;
 
 struct coll_mesh_config {
 	uint32_t node, nnodes; /* this node, and the number of nodes (>= 2) */
@@ -29,7 +29,8 @@ struct coll_mesh_config {
 	const char *prefix;    /* store key prefix, fresh for each mesh */
 	const struct coll_store *store;
 	int timeout_ms;               /* connecting, and each call (> 0) */
-	const struct rdzv_keys *keys; /* sealmesh: this daemon's CURVE keys */
+	const struct tls_ident *tls;  /* sealmesh: this daemon's TLS identity (net/tls.h) */
+	bool ktls;                    /* sealmesh: ask for kernel TLS */
 };
 
 struct coll_mesh;

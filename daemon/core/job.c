@@ -480,18 +480,18 @@ static int refuse_low_precision(struct job *j)
 	return 0;
 }
 
-/* NCCL moves a CUDA job's tensors between nodes in plain text: with CURVE
+/* NCCL moves a CUDA job's tensors between nodes in plain text: with TLS
  * keys configured such a job is refused unless the operator allowed it. */
 static bool refuse_plain_nccl(struct job *j)
 {
 	const struct coll_net *net = j->rdzv ? rdzv_net(j) : NULL;
 
-	if (!net || net->nnodes < 2 || !net->keys || j->core->cfg->curve_allow_plain_nccl)
+	if (!net || net->nnodes < 2 || !net->tls || j->core->cfg->tls_allow_plain_nccl)
 		return false;
 	job_fail(j, ZC_ENOTSUP, true,
 		 "a CUDA job over %u nodes: NCCL's transport between nodes is not encrypted, and "
-		 "this zerod has CURVE keys; run it on host buffers (the sealed mesh), or allow "
-		 "it with --curve-allow-plain-nccl (zerod.conf: curve-allow-plain-nccl = yes)",
+		 "this zerod has TLS keys; run it on host buffers (the mesh over TLS), or allow "
+		 "it with --tls-allow-plain-nccl (zerod.conf: tls-allow-plain-nccl = yes)",
 		 net->nnodes);
 	return true;
 }
@@ -549,7 +549,7 @@ static int start_layout(struct job *j, uint32_t *node, uint32_t *nnodes, struct 
 
 /* job_start's third step: charge state st against --max-memory and
  * --max-user-memory, a CUDA job's device memory against its devices, and
- * refuse plain NCCL between nodes where CURVE is on. 1: refused (the job
+ * refuse plain NCCL between nodes where TLS keys are. 1: refused (the job
  * failed, nothing charged), 0: charged, or -errno. */
 static int start_admit(struct job *j, const struct state *st)
 {
@@ -655,10 +655,13 @@ static int start_exec(struct job *j, float **grads, float **params, struct state
 		 plan_shard_name(j->plan->shard_mode), j->shard->nunits,
 		 plan_step_name(j->plan->step_mode), j->plan->nbuckets, j->plan->total_numel,
 		 j->be->name, node, nnodes, j->prog.nops, j->memory,
-		 nnodes < 2	      ? ""
-		 : j->cuda	      ? ", tensors between nodes over NCCL (not encrypted)"
-		 : rdzv_net(j)->keys ? ", tensors between nodes sealed (CURVE)"
-				      : ", tensors between nodes over gloo (not encrypted)");
+		 nnodes < 2 ? ""
+		 : j->cuda  ? ", tensors between nodes over NCCL (not encrypted)"
+		 : rdzv_net(j)->tls
+			 ? (rdzv_net(j)->ktls
+				    ? ", tensors between nodes over TLS 1.3 (kernel TLS asked for)"
+				    : ", tensors between nodes over TLS 1.3")
+			 : ", tensors between nodes over gloo (not encrypted)");
 	return 0;
 }
 

@@ -29,8 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sodium.h>
-
 #include "coll/coll.h"
 #include "common.h"
 #include "base/config.h"
@@ -41,9 +39,9 @@
 #include "core/rdzv.h"
 #include "core/rdzv_int.h"
 #include "core/rdzvstore.h"
-#include "net/rdzvcurve.h"
 #include "net/rdzvnet.h"
 #include "net/rdzvwire.h"
+#include "net/tls.h"
 #include "wire.h"
 
 #define RDZV_RETRY_MIN_MS 50
@@ -220,8 +218,8 @@ static void on_node_lost(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 int rdzv_setup_net(struct rdzv_job *rj, const struct sockaddr *store_at, socklen_t len)
 {
 	struct core *core = rj->rd->core;
-	const struct rdzv_keys *keys = rnet_keys(rj->rd->net);
-	int r = rdzv_store_new(store_at, len, rj->j->id, rj->secret, rj->secret_len, keys,
+	const struct tls_ident *tls = rnet_tls(rj->rd->net);
+	int r = rdzv_store_new(store_at, len, rj->j->id, rj->secret, rj->secret_len, tls,
 			       core->cfg->stall_timeout_ms, &rj->store);
 
 	if (r < 0)
@@ -235,7 +233,8 @@ int rdzv_setup_net(struct rdzv_job *rj, const struct sockaddr *store_at, socklen
 		.prefix = rj->prefix,
 		.store = &rj->store_ops,
 		.timeout_ms = (uint32_t)core->cfg->stall_timeout_ms,
-		.keys = keys,
+		.tls = tls,
+		.ktls = core->cfg->tls_ktls,
 	};
 	return 0;
 }
@@ -305,8 +304,25 @@ void rdzv_formed(struct rdzv_job *rj)
 
 /* ------------------------------------------------- the host's side --- */
 
-/* A Hello on ls names job id: the job this zerod hosts there, or the one
- * that ended there (refused, naming its error). */
+/* A PSK handshake on ls: the job this zerod hosts there whose PSK has
+ * that identity. */
+static const struct rnet_scope *net_psk(void *ctx, const struct rnet_listener *ls,
+					const uint8_t id[32])
+{
+	struct core *core = ctx;
+
+	for (struct job *j = core->jobs; j; j = j->next) {
+		struct rdzv_job *rj = j->rdzv;
+		if (rj && rj->hosting && rj->lst == ls && !job_ended(j) &&
+		    tls_equal(rj->sc.psk_id, id, sizeof(rj->sc.psk_id)))
+			return &rj->sc;
+	}
+	return NULL;
+}
+
+/* A Hello on ls names job id: the job this zerod hosts there, or NULL and
+ * why (for the log: the peer hears the one refusal of every unproven
+ * peer). */
 static struct rnet_scope *net_hello(void *ctx, const struct rnet_listener *ls, const char *id,
 				    int *ret_code, char *msg, size_t len)
 {
@@ -322,7 +338,7 @@ static struct rnet_scope *net_hello(void *ctx, const struct rnet_listener *ls, c
 		ended = rj;
 	}
 	if (!ended) {
-		snprintf(msg, len, "the zerod at %s does not serve job %s (yet)",
+		snprintf(msg, len, "the zerod at %s does not serve job %s (yet, or any more)",
 			 rnet_listener_name(ls), id);
 		*ret_code = ZC_ESTATE;
 		return NULL;
@@ -467,6 +483,12 @@ static void net_gone(void *ctx, struct rnet_conn *c, const char *why)
 		if (job_ended(rj->j))
 			return;
 		if (!rj->formed) {
+			/* a TLS handshake that failed, or a connection broken before
+			 * the Welcome, is the host's refusal (under a PSK the only
+			 * one it gives; of a certificate, TLS 1.3 tells the client
+			 * after its handshake): named at the join timeout */
+			if (c->st == CS_TLS || c->st == CS_HELLO)
+				snprintf(rj->refusal, sizeof(rj->refusal), "%s", why);
 			schedule_retry(rj, why);
 			return;
 		}
@@ -607,6 +629,7 @@ static void net_freed(void *ctx, struct rnet_conn *c)
 }
 
 static const struct rnet_ops net_ops = {
+	.psk = net_psk,
 	.hello = net_hello,
 	.message = net_message,
 	.open = net_open,
@@ -662,6 +685,7 @@ int rdzv_job_new(struct job *j, const struct rdzv_spec *sp, char *err, size_t er
 				     .endpoint = rj->endpoint,
 				     .prefix = rj->prefix,
 				     .owner = rj};
+	rnet_scope_keys(&rj->sc);
 	j->rdzv = rj;
 	return 0;
 }
@@ -683,7 +707,7 @@ int rdzv_check_spec(const struct job *j, uint32_t rank, const struct rdzv_spec *
 	else if (rj->has_node_rank != sp->has_node_rank || rj->node_rank != sp->node_rank)
 		field = "node rank (ZEROD_NODE_RANK)";
 	else if (rj->secret_len != sp->secret_len ||
-		 sodium_memcmp(rj->secret, sp->secret, sp->secret_len) != 0)
+		 !tls_equal(rj->secret, sp->secret, sp->secret_len))
 		field = "secret (ZEROD_JOB_SECRET)";
 	if (!field)
 		return 0;
@@ -758,7 +782,8 @@ void rdzv_job_free(struct job *j)
 	free(rj->names);
 	free(rj->lost);
 	free(rj->node_conn);
-	sodium_memzero(rj->secret, sizeof(rj->secret));
+	tls_wipe(rj->secret, sizeof(rj->secret));
+	tls_wipe(rj->sc.psk_key, sizeof(rj->sc.psk_key));
 	free(rj);
 	j->rdzv = NULL;
 }
@@ -889,14 +914,14 @@ const char *rdzv_job_endpoint(const struct job *j, bool *ret_serving)
 	return j->rdzv->endpoint;
 }
 
-void rdzv_curve_use(struct core *core, struct rdzv_keys *keys)
+int rdzv_tls_use(struct core *core, struct tls_ident *id, char *why, size_t len)
 {
-	rnet_keys_use(core->rdzv->net, keys);
+	return rnet_tls_use(core->rdzv->net, id, why, len);
 }
 
-const char *rdzv_curve_public(const struct core *core)
+const char *rdzv_tls_fingerprint(const struct core *core)
 {
-	const struct rdzv_keys *keys = core->rdzv ? rnet_keys(core->rdzv->net) : NULL;
+	const struct tls_ident *id = core->rdzv ? rnet_tls(core->rdzv->net) : NULL;
 
-	return keys ? rdzv_keys_public(keys) : NULL;
+	return id ? tls_ident_fingerprint(id) : NULL;
 }

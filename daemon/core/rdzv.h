@@ -39,13 +39,14 @@ struct rdzv_spec {
 
 /* The daemon's side: listeners, connections, the resolver. 0 or -errno. */
 int rdzv_init(struct core *core);
-/* After rdzv_init(): CURVE with keys (rdzvcurve.h's rdzv_keys_load(), which
- * the daemon runs before its sockets exist), which it owns from now on;
- * NULL: plain TCP. */
-struct rdzv_keys;
-void rdzv_curve_use(struct core *core, struct rdzv_keys *keys);
-/* This zerod's CURVE public key (Z85), or NULL without CURVE. */
-const char *rdzv_curve_public(const struct core *core);
+/* After rdzv_init(): certificates from the TLS identity id (net/tls.h's
+ * tls_ident_load(), which the daemon runs before its sockets exist),
+ * which it owns from now on; without, the jobs' PSKs. 0 or -ENOMEM with
+ * why. */
+struct tls_ident;
+int rdzv_tls_use(struct core *core, struct tls_ident *id, char *why, size_t len);
+/* This zerod's certificate's fingerprint, or NULL without a TLS identity. */
+const char *rdzv_tls_fingerprint(const struct core *core);
 /* After every job is freed. Accepts a daemon without rdzv_init(). */
 void rdzv_close_all(struct core *core);
 /* The nearest deadline (retries, handshakes, join timeouts), and what is due. */

@@ -22,8 +22,8 @@
 
 #include "base/log.h"
 #include "core/rdzv_int.h"
+#include "net/tls.h"
 #include "plan.h"
-#include "net/rdzvcurve.h"
 #include "wire.h"
 
 void rdzv_joiner_free(struct joiner *jr)
@@ -247,7 +247,7 @@ static void form(struct rdzv_job *rj)
 	code = check_members(rj, mb, here, msg, sizeof(msg));
 	if (code)
 		goto out;
-	rdzv_random(rnd, sizeof(rnd));
+	tls_random(rnd, sizeof(rnd));
 	snprintf(rj->prefix, sizeof(rj->prefix), "%s/%02x%02x%02x%02x%02x%02x%02x%02x/", rj->sc.id,
 		 rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
 	rj->node = mb[0].node;

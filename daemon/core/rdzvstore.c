@@ -6,9 +6,8 @@
  * and the client asks again after a short, growing pause until the key is
  * there or its time is up. gloo sets and reads one key per node when its
  * group opens, so a few round trips on a quiet connection are all it costs,
- * and the host never holds a waiter. With CURVE keys, the connection is
- * secured first, as a node's is (rdzvcurve.h), and every frame after that
- * is sealed.
+ * and the host never holds a waiter. The connection is TLS, as a node's
+ * is (net/tls.h): the daemon's certificates, or the job's PSK.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,102 +21,32 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "net/rdzvcurve.h"
 #include "core/rdzvstore.h"
 #include "net/rdzvwire.h"
+#include "net/tls.h"
 
 struct rdzv_store {
 	pthread_mutex_t mu;
-	int fd; /* -1: not connected */
+	int fd;   /* -1: not connected */
+	SSL *ssl; /* its TLS */
 	struct sockaddr_storage addr;
 	socklen_t addrlen;
 	char job[ZEROD_JOB_ID_MAX + 1];
 	uint8_t secret[RDZV_SECRET_MAX];
 	size_t secret_len;
-	const struct rdzv_keys *keys; /* NULL: plain TCP */
-	struct rdzv_sec *sec;         /* this connection's channel */
+	uint8_t psk_id[TLS_PSK_ID_BYTES], psk_key[TLS_PSK_BYTES];
+	SSL_CTX *ctx; /* certificates (the daemon's identity), or the job's PSK */
+	bool psk;
 	int timeout_ms;
 };
 
 static void drop(struct rdzv_store *s)
 {
+	tls_free(s->ssl);
+	s->ssl = NULL;
 	if (s->fd >= 0)
 		close(s->fd);
 	s->fd = -1;
-	rdzv_sec_free(s->sec);
-	s->sec = NULL;
-}
-
-/* One message out, sealed once the channel is ready. */
-static int xsend(struct rdzv_store *s, const Zerod__V1__RdzvEnvelope *env, int64_t deadline)
-{
-	uint8_t *buf;
-	size_t len;
-	int r;
-
-	if (!s->sec || !rdzv_sec_ready(s->sec))
-		return rdzv_send_blocking(s->fd, env, deadline);
-	r = rdzv_sec_encode(s->sec, env, &buf, &len);
-	if (r < 0)
-		return r;
-	r = rdzv_send_frame_blocking(s->fd, buf, len, deadline);
-	free(buf);
-	return r;
-}
-
-/* One message in (at most max bytes), opened once the channel is ready:
- * -EBADMSG if it fails to. */
-static int xrecv(struct rdzv_store *s, size_t max, int64_t deadline, Zerod__V1__RdzvEnvelope **ret)
-{
-	Zerod__V1__RdzvEnvelope *in = NULL;
-	int r;
-
-	if (!s->sec || !rdzv_sec_ready(s->sec))
-		return rdzv_recv_blocking(s->fd, max, deadline, ret);
-	r = rdzv_recv_blocking(s->fd, max + RDZV_CURVE_OVERHEAD, deadline, &in);
-	if (r < 0)
-		return r;
-	if (in->body_case != ZEROD__V1__RDZV_ENVELOPE__BODY_SEALED) {
-		r = in->body_case == ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL ? -EACCES : -EPROTO;
-		rdzv_msg_free(in);
-		return r;
-	}
-	r = rdzv_sec_open(s->sec, &in->sealed, ret);
-	rdzv_msg_free(in);
-	return r;
-}
-
-/* CURVE: Curve, the host's Curve, CurveAuth; sealed from then on. */
-static int secure(struct rdzv_store *s, int64_t deadline)
-{
-	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT, *in = NULL;
-	Zerod__V1__RdzvCurve cv;
-	Zerod__V1__RdzvCurveAuth auth;
-	char why[160];
-	int r = rdzv_sec_new(s->keys, false, &s->sec);
-
-	if (r < 0)
-		return r;
-	rdzv_sec_hello(s->sec, &cv);
-	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE;
-	env.curve = &cv;
-	r = rdzv_send_blocking(s->fd, &env, deadline);
-	if (r >= 0)
-		r = rdzv_recv_blocking(s->fd, RDZV_UNAUTH_FRAME, deadline, &in);
-	if (r < 0)
-		return r;
-	if (in->body_case != ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE)
-		r = in->body_case == ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL ? -EACCES : -EPROTO;
-	else if (rdzv_sec_on_reply(s->sec, in->curve, &auth, why, sizeof(why)) != 0)
-		r = -EACCES; /* a host this node does not trust, or one that did not prove it */
-	rdzv_msg_free(in);
-	if (r < 0)
-		return r;
-	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE_AUTH;
-	env.curve_auth = &auth;
-	r = rdzv_send_blocking(s->fd, &env, deadline);
-	rdzv_sec_start(s->sec);
-	return r;
 }
 
 static int connect_by(struct rdzv_store *s, int64_t deadline)
@@ -164,47 +93,34 @@ static int fail_code(const Zerod__V1__RdzvEnvelope *m)
 	return m->body_case == ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL ? -EACCES : -EPROTO;
 }
 
+/* TLS, then Hello -> Welcome, each proof bound to this connection. */
 static int handshake(struct rdzv_store *s, int64_t deadline)
 {
 	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT, *in = NULL;
 	Zerod__V1__RdzvHello h = ZEROD__V1__RDZV_HELLO__INIT;
-	Zerod__V1__RdzvAuth a = ZEROD__V1__RDZV_AUTH__INIT;
-	uint8_t cn[RDZV_NONCE_BYTES], sn[RDZV_NONCE_BYTES], proof[RDZV_PROOF_BYTES];
+	uint8_t proof[RDZV_PROOF_BYTES];
+	char why[200];
 	int r;
 
-	rdzv_random(cn, sizeof(cn));
+	s->ssl = tls_new(s->ctx, s->fd, false);
+	if (!s->ssl || (s->psk && tls_psk_client(s->ssl, s->psk_id, s->psk_key) < 0))
+		return -ENOMEM;
+	r = tls_handshake_wait(s->ssl, deadline, why, sizeof(why));
+	if (r < 0)
+		return r == -ETIMEDOUT ? r : -EACCES;
 	h.protocol_version = RDZV_PROTOCOL;
 	h.job_id = s->job;
 	h.kind = ZEROD__V1__RDZV_KIND__RDZV_STORE;
-	h.nonce = (ProtobufCBinaryData){sizeof(cn), cn};
+	rdzv_proof(proof, s->secret, s->secret_len, false, s->job, h.kind, s->ssl);
+	h.proof = (ProtobufCBinaryData){sizeof(proof), proof};
 	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO;
 	env.hello = &h;
-	r = s->keys ? secure(s, deadline) : 0;
+	r = rdzv_send_tls(s->ssl, &env, deadline);
 	if (r >= 0)
-		r = xsend(s, &env, deadline);
-	if (r >= 0)
-		r = xrecv(s, RDZV_UNAUTH_FRAME, deadline, &in);
+		r = rdzv_recv_tls(s->ssl, RDZV_UNAUTH_FRAME, deadline, &in);
 	if (r < 0)
 		return r;
-	if (in->body_case != ZEROD__V1__RDZV_ENVELOPE__BODY_CHALLENGE ||
-	    in->challenge->nonce.len != sizeof(sn)) {
-		r = fail_code(in);
-		rdzv_msg_free(in);
-		return r;
-	}
-	memcpy(sn, in->challenge->nonce.data, sizeof(sn));
-	rdzv_msg_free(in);
-	in = NULL;
-	rdzv_proof(proof, s->secret, s->secret_len, false, s->job, h.kind, cn, sn);
-	a.proof = (ProtobufCBinaryData){sizeof(proof), proof};
-	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_AUTH;
-	env.auth = &a;
-	r = xsend(s, &env, deadline);
-	if (r >= 0)
-		r = xrecv(s, RDZV_UNAUTH_FRAME, deadline, &in);
-	if (r < 0)
-		return r;
-	rdzv_proof(proof, s->secret, s->secret_len, true, s->job, h.kind, cn, sn);
+	rdzv_proof(proof, s->secret, s->secret_len, true, s->job, h.kind, s->ssl);
 	if (in->body_case != ZEROD__V1__RDZV_ENVELOPE__BODY_WELCOME)
 		r = fail_code(in);
 	else if (!rdzv_proof_ok(proof, &in->welcome->proof))
@@ -229,16 +145,16 @@ static int ensure(struct rdzv_store *s, int64_t deadline)
 }
 
 /* Under s->mu: one request, its StoreReply. */
-static int request(struct rdzv_store *s, const Zerod__V1__RdzvEnvelope *env, int64_t deadline,
-		   Zerod__V1__RdzvEnvelope **ret)
+static int request_once(struct rdzv_store *s, const Zerod__V1__RdzvEnvelope *env, int64_t deadline,
+			Zerod__V1__RdzvEnvelope **ret)
 {
 	Zerod__V1__RdzvEnvelope *in = NULL;
 	int r = ensure(s, deadline);
 
 	if (r >= 0)
-		r = xsend(s, env, deadline);
+		r = rdzv_send_tls(s->ssl, env, deadline);
 	if (r >= 0)
-		r = xrecv(s, RDZV_VALUE_MAX + 1024, deadline, &in);
+		r = rdzv_recv_tls(s->ssl, RDZV_VALUE_MAX + 1024, deadline, &in);
 	if (r >= 0 && in->body_case != ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_REPLY) {
 		r = fail_code(in);
 		rdzv_msg_free(in);
@@ -249,6 +165,19 @@ static int request(struct rdzv_store *s, const Zerod__V1__RdzvEnvelope *env, int
 	}
 	*ret = in;
 	return 0;
+}
+
+/* Under s->mu: one request, its StoreReply. A connection that broke on
+ * the way (a record that failed to open, a cut) is made again once: a set
+ * or a get may be sent twice. */
+static int request(struct rdzv_store *s, const Zerod__V1__RdzvEnvelope *env, int64_t deadline,
+		   Zerod__V1__RdzvEnvelope **ret)
+{
+	int r = request_once(s, env, deadline, ret);
+
+	if (r == -EBADMSG || r == -EPIPE || r == -ECONNRESET)
+		r = request_once(s, env, deadline, ret);
+	return r;
 }
 
 static int st_set(void *ctx, const char *key, const void *value, size_t len)
@@ -314,10 +243,11 @@ static int st_get(void *ctx, const char *key, int timeout_ms, void **ret_value, 
 }
 
 int rdzv_store_new(const struct sockaddr *addr, socklen_t addrlen, const char *job,
-		   const void *secret, size_t secret_len, const struct rdzv_keys *keys,
+		   const void *secret, size_t secret_len, const struct tls_ident *tls,
 		   int timeout_ms, struct rdzv_store **ret)
 {
 	struct rdzv_store *s;
+	char why[200];
 
 	if (addrlen > sizeof(s->addr) || secret_len > RDZV_SECRET_MAX ||
 	    strlen(job) > ZEROD_JOB_ID_MAX)
@@ -325,6 +255,13 @@ int rdzv_store_new(const struct sockaddr *addr, socklen_t addrlen, const char *j
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
+	s->ctx = tls_ctx_new(tls, false, false, why, sizeof(why));
+	if (!s->ctx) {
+		free(s);
+		return -ENOMEM;
+	}
+	s->psk = !tls;
+	tls_psk_derive(job, secret, secret_len, s->psk_id, s->psk_key);
 	pthread_mutex_init(&s->mu, NULL);
 	s->fd = -1;
 	memcpy(&s->addr, addr, addrlen);
@@ -332,7 +269,6 @@ int rdzv_store_new(const struct sockaddr *addr, socklen_t addrlen, const char *j
 	strcpy(s->job, job);
 	memcpy(s->secret, secret, secret_len);
 	s->secret_len = secret_len;
-	s->keys = keys;
 	s->timeout_ms = timeout_ms > 0 ? timeout_ms : 30000;
 	*ret = s;
 	return 0;
@@ -348,7 +284,9 @@ void rdzv_store_free(struct rdzv_store *s)
 	if (!s)
 		return;
 	drop(s);
+	SSL_CTX_free(s->ctx);
 	pthread_mutex_destroy(&s->mu);
-	explicit_bzero(s->secret, sizeof(s->secret));
+	tls_wipe(s->secret, sizeof(s->secret));
+	tls_wipe(s->psk_key, sizeof(s->psk_key));
 	free(s);
 }

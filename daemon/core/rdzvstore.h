@@ -13,14 +13,14 @@
 
 struct rdzv_store;
 
-struct rdzv_keys;
+struct tls_ident;
 
 /* A store client of job `job` at addr, proving `secret`; it connects on
- * first use, over CURVE when keys is not NULL (they must outlive the
- * client). Every wait is bounded by timeout_ms. Copies its other
- * arguments. */
+ * first use, over TLS: with the daemon's certificates when tls is not NULL
+ * (it must outlive the client), else under the job's PSK. Every wait is bounded by timeout_ms.
+ * Copies its other arguments. */
 int rdzv_store_new(const struct sockaddr *addr, socklen_t addrlen, const char *job,
-		   const void *secret, size_t secret_len, const struct rdzv_keys *keys,
+		   const void *secret, size_t secret_len, const struct tls_ident *tls,
 		   int timeout_ms, struct rdzv_store **ret);
 /* The coll_store calling it (valid while s lives). */
 struct coll_store rdzv_store_ops(struct rdzv_store *s);

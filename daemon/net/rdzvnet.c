@@ -5,24 +5,27 @@
  * the job it belongs to is its owner's (core/rdzv.c), told through the
  * owner's table of callbacks.
  *
- * A connection. Plain TCP, frames of rdzvwire.h, non-blocking both ways
- * (output waits in a buffer for EPOLLOUT). It authenticates first: the
- * joiner's nonce, the host's nonce, the joiner's HMAC over both, the host's
- * HMAC back. Until then a peer may send one small frame at a time, has
- * hello_timeout_ms, and at most RDZV_MAX_UNAUTH such peers are kept, at
- * most RDZV_MAX_UNAUTH_ADDR of them from one address (so that a few silent
- * strangers cannot keep the nodes of a job out); a
- * wrong proof, a frame that is not a message, a message out of turn are
- * refused, logged with the peer's address (at most RDZV_LOG_PER_SEC lines a
- * second) and closed. None of it touches a job.
+ * A connection. TCP, and TLS 1.3 over it from its first byte (net/tls.h):
+ * mutual certificates where this zerod has a TLS identity (--tls-key,
+ * --tls-cert, --tls-peers/--tls-ca), else the external PSK of the job's
+ * secret, whose identity names no job. Inside it, frames of rdzvwire.h,
+ * non-blocking both ways (output waits in a buffer until the socket takes
+ * it). Nothing is read as a message before the handshake ends. Then the
+ * node's Hello binds the connection to its job (the job id, its kind, an
+ * HMAC under the job's secret over them and this connection's exporter)
+ * and the host's Welcome proves the same the other way. Until its Hello
+ * is proven a peer may send one small frame, has hello_timeout_ms for the
+ * handshake and the Hello together, and at most RDZV_MAX_UNAUTH such peers
+ * are kept, at most RDZV_MAX_UNAUTH_ADDR of them from one address (so that
+ * a few silent strangers cannot keep the nodes of a job out); handshakes
+ * run side by side on the loop. A failed handshake, a wrong proof, a frame
+ * that is not a message, a message out of turn are refused, logged with
+ * the peer's address (at most RDZV_LOG_PER_SEC lines a second) and closed.
+ * Every refusal a peer can see before its Hello is proven is the same: a
+ * TLS handshake failure, or one Fail text. None of it touches a job.
  *
- * CURVE. With keys (zerod --curve-secret-key, --curve-peers), every
- * connection first runs rdzvcurve.h's handshake (Curve both ways, then the
- * joiner's CurveAuth: both long-term keys proven, each trusted by the other
- * side), and from then on every frame both ways is sealed (on_frame());
- * the handshake above runs inside. A host with keys refuses a plain Hello,
- * one without refuses a Curve, each with a Fail that says which side lacks
- * CURVE; a frame that fails to open closes the connection, named.
+ * The end of a connection: close_notify on the way out; a stream that ends
+ * without one was cut (or truncated on the way), and is named so.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -36,15 +39,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <sodium.h>
-
 #include "common.h"
 #include "zeroclient.h"
 #include "base/log.h"
 #include "base/loop.h"
-#include "net/rdzvcurve.h"
 #include "net/rdzvnet.h"
 #include "net/rnet_int.h"
+#include "net/tls.h"
 #include "wire.h"
 
 #define RDZV_MAX_UNAUTH  64   /* connections that have not proven a secret */
@@ -120,44 +121,51 @@ void rnet_local_name(int fd, char *buf, size_t len)
 
 static size_t max_frame(const struct rnet_conn *c)
 {
-	size_t extra = c->sec ? RDZV_CURVE_OVERHEAD : 0;
-
-	return (c->st == CS_OPEN ? ZEROD_MAX_MSG_BYTES : RDZV_UNAUTH_FRAME) + extra;
+	return c->st == CS_OPEN ? ZEROD_MAX_MSG_BYTES : RDZV_UNAUTH_FRAME;
 }
 
-/* Write what is queued; want EPOLLOUT while some is left. Never frees c. */
+static void want_out(struct rnet_conn *c, bool on)
+{
+	if (!c->dead && c->want_out != on) {
+		c->want_out = on;
+		loop_want_out(c->rn->loop, c->fd, on);
+	}
+}
+
+/* Write what is queued, once the TLS handshake is done; want EPOLLOUT
+ * while some is left. Never frees c. */
 static void flush(struct rnet_conn *c)
 {
-	struct loop *l = c->rn->loop;
+	char why[200];
+	bool blocked = false;
 
+	if (c->st < CS_HELLO)
+		return; /* the handshake writes its own */
 	while (c->out_off < c->out_len && !c->dead) {
-		ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
-				 MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (w < 0 && errno == EINTR)
+		size_t n;
+		enum tls_io io = tls_write(c->ssl, c->out + c->out_off, c->out_len - c->out_off, &n,
+					   why, sizeof(why));
+		if (io == TLS_IO_OK) {
+			c->out_off += n;
 			continue;
-		if (w < 0 && errno == EAGAIN)
-			break;
-		if (w < 0) {
-			c->dead = true;
+		}
+		if (io == TLS_IO_WRITE || io == TLS_IO_READ) {
+			blocked = io == TLS_IO_WRITE;
 			break;
 		}
-		c->out_off += (size_t)w;
+		snprintf(c->err, sizeof(c->err), "%.150s", why);
+		c->dead = true;
 	}
 	if (c->out_off == c->out_len) {
 		c->out_off = c->out_len = 0;
 		if (c->st == CS_CLOSING)
-			c->dead = true;
+			c->dead = true; /* its close_notify leaves as it is freed */
 	}
-	if (!c->dead && c->want_out != (c->out_len > 0)) {
-		c->want_out = c->out_len > 0;
-		loop_want_out(l, c->fd, c->want_out);
-	}
+	want_out(c, blocked || c->out_len > 0);
 }
 
-/* Queue one message, sealed once the connection's CURVE channel is ready
- * (plain: the handshake's own messages, a refusal before it), and write
- * what can be. Never frees c: a connection that cannot take it is marked
- * dead. */
+/* Queue one message and write what can be (once the handshake is done).
+ * Never frees c: a connection that cannot take it is marked dead. */
 void rnet_send(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *env)
 {
 	uint8_t *buf;
@@ -166,10 +174,7 @@ void rnet_send(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *env)
 
 	if (c->dead || c->st == CS_CLOSING)
 		return;
-	if (c->sec && rdzv_sec_ready(c->sec))
-		r = rdzv_sec_encode(c->sec, env, &buf, &len);
-	else
-		r = rdzv_frame_encode(env, &buf, &len);
+	r = rdzv_frame_encode(env, &buf, &len);
 	if (r < 0) {
 		c->dead = true;
 		return;
@@ -192,8 +197,7 @@ void rnet_send(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *env)
 		}
 	}
 	free(buf);
-	if (c->st != CS_CONNECTING)
-		flush(c);
+	flush(c);
 }
 
 void rnet_send_fail(struct rnet_conn *c, int code, const char *msg, uint64_t iteration, bool quiet)
@@ -255,146 +259,73 @@ static void conn_free(struct rnet_conn *c)
 	if (c->sc || c->priv)
 		rn->ops->freed(rn->ctx, c);
 	loop_remove_fd(rn->loop, c->fd);
+	tls_free(c->ssl);
 	close(c->fd);
-	rdzv_sec_free(c->sec);
 	free(c->in);
 	free(c->out);
 	free(c);
 }
 
-/* The host: a client's Curve (rdzvcurve.h). A host without keys refuses
- * it, as one with keys refuses a key it does not trust. */
-static void on_curve(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
+/* The one refusal every peer gets before its Hello is proven, whatever
+ * the reason (ZC_ESTATE: a node asks again until its join timeout); the
+ * reason is the operator's, in the log. */
+static void refuse_unproven(struct rnet_conn *c)
 {
-	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
-	Zerod__V1__RdzvCurve reply;
-	char why[160], msg[400];
-	int code;
+	char msg[200];
 
-	if (!c->sec) {
-		rnet_peer_log(
-			c->rn,
-			"rendezvous %s: refused %s: it speaks CURVE, and this zerod has no CURVE "
-			"keys (--curve-secret-key)",
-			c->lst->name, c->peer);
-		snprintf(msg, sizeof(msg),
-			 "the rendezvous at %s refused this node: it has no CURVE keys configured, "
-			 "and this node has",
-			 c->lst->name);
-		rnet_refuse(c, ZC_ECONNECT, msg);
-		return;
-	}
-	code = rdzv_sec_on_hello(c->sec, m->curve, &reply, why, sizeof(why));
-	if (code) {
-		rnet_peer_log(c->rn, "rendezvous %s: refused %s: %s", c->lst->name, c->peer, why);
-		snprintf(msg, sizeof(msg), "the rendezvous at %s refused this node: %s",
-			 c->lst->name, why);
-		rnet_refuse(c, code, msg);
-		return;
-	}
-	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE;
-	env.curve = &reply;
-	rnet_send(c, &env);
-}
-
-/* The host: the client's proof; frames are sealed both ways from here. */
-static void on_curve_auth(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
-{
-	char why[160], msg[400];
-	int code = rdzv_sec_on_auth(c->sec, m->curve_auth, why, sizeof(why));
-
-	if (code) {
-		rnet_peer_log(c->rn, "rendezvous %s: refused %s: %s", c->lst->name, c->peer, why);
-		snprintf(msg, sizeof(msg), "the rendezvous at %s refused this node: %s",
-			 c->lst->name, why);
-		rnet_refuse(c, code, msg);
-		return;
-	}
-	c->st = CS_HELLO;
-	log_debug("rendezvous %s: %s proved CURVE key %s", c->lst->name, c->peer,
-		  rdzv_sec_peer(c->sec));
-}
-
-/* The host requires CURVE: a plain Hello is refused, saying why. */
-static void on_plain_hello(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
-{
-	char msg[256];
-
-	(void)m;
-	rnet_peer_log(c->rn,
-		      "rendezvous %s: refused %s: a plain Hello, and this zerod requires CURVE",
-		      c->lst->name, c->peer);
 	snprintf(msg, sizeof(msg),
-		 "the rendezvous at %s refused this node: it requires CURVE, and this node's "
-		 "zerod has no CURVE keys (--curve-secret-key, --curve-peers)",
+		 "the rendezvous at %s refused this node: the secrets differ, or it serves no "
+		 "job of that id (yet, or any more)",
 		 c->lst->name);
-	rnet_refuse(c, ZC_ECONNECT, msg);
+	c->sc = NULL; /* it never belonged to a job */
+	rnet_refuse(c, ZC_ESTATE, msg);
 }
 
+/* The host: a node's Hello, inside TLS. It names its job and proves the
+ * job's secret on this connection; under a PSK it must be the job whose
+ * PSK the handshake matched. */
 static void on_hello(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 {
 	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
-	Zerod__V1__RdzvChallenge ch = ZEROD__V1__RDZV_CHALLENGE__INIT;
+	Zerod__V1__RdzvWelcome w = ZEROD__V1__RDZV_WELCOME__INIT;
 	const Zerod__V1__RdzvHello *h = m->hello;
+	uint8_t want[RDZV_PROOF_BYTES];
 	struct rnet_scope *sc;
 	char msg[256];
 	int code = 0;
 
 	if (h->protocol_version != RDZV_PROTOCOL || !job_id_valid(h->job_id) ||
 	    (h->kind != ZEROD__V1__RDZV_KIND__RDZV_JOIN &&
-	     h->kind != ZEROD__V1__RDZV_KIND__RDZV_STORE) ||
-	    h->nonce.len != RDZV_NONCE_BYTES) {
+	     h->kind != ZEROD__V1__RDZV_KIND__RDZV_STORE)) {
 		rnet_peer_log(c->rn, "rendezvous %s: refused %s: a Hello of another protocol",
 			      c->lst->name, c->peer);
 		rnet_refuse(c, ZC_EVERSION, "not a zerod rendezvous Hello this zerod speaks");
 		return;
 	}
-	/* a job id this zerod does not serve (not yet, not any more) gets its
-	 * Challenge like any other, and after the Auth the one refusal a wrong
-	 * secret gets: before the secret is proven, nothing says which jobs are
-	 * served here. The reason is the operator's, in the log. */
 	sc = c->rn->ops->hello(c->rn->ctx, c->lst, h->job_id, &code, msg, sizeof(msg));
 	if (!sc) {
-		rnet_peer_log(c->rn, "rendezvous %s: %s: %s (refused after its Auth)", c->lst->name,
-			      c->peer, msg);
-		c->no_scope = true;
+		rnet_peer_log(c->rn, "rendezvous %s: refused %s: %s", c->lst->name, c->peer, msg);
+		refuse_unproven(c);
+		return;
+	}
+	if (!c->rn->ident && !tls_equal(c->psk_id, sc->psk_id, TLS_PSK_ID_BYTES)) {
+		rnet_peer_log(c->rn,
+			      "rendezvous %s: refused %s: its Hello names job %s, and its PSK is "
+			      "another job's",
+			      c->lst->name, c->peer, sc->id);
+		refuse_unproven(c);
+		return;
+	}
+	rdzv_proof(want, sc->secret, sc->secret_len, false, sc->id, h->kind, c->ssl);
+	if (!rdzv_proof_ok(want, &h->proof)) {
+		rnet_peer_log(c->rn, "rendezvous %s: refused %s: wrong secret for job %s",
+			      c->lst->name, c->peer, sc->id);
+		refuse_unproven(c);
+		return;
 	}
 	c->sc = sc;
 	c->kind = h->kind;
-	memcpy(c->cn, h->nonce.data, RDZV_NONCE_BYTES);
-	rdzv_random(c->sn, sizeof(c->sn));
-	ch.nonce = (ProtobufCBinaryData){sizeof(c->sn), c->sn};
-	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CHALLENGE;
-	env.challenge = &ch;
-	c->st = CS_AUTH;
-	rnet_send(c, &env);
-}
-
-static void on_auth(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
-{
-	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
-	Zerod__V1__RdzvWelcome w = ZEROD__V1__RDZV_WELCOME__INIT;
-	struct rnet_scope *sc = c->sc;
-	uint8_t want[RDZV_PROOF_BYTES];
-	char msg[200];
-
-	if (sc)
-		rdzv_proof(want, sc->secret, sc->secret_len, false, sc->id, c->kind, c->cn, c->sn);
-	if (c->no_scope || !rdzv_proof_ok(want, &m->auth->proof)) {
-		if (!c->no_scope)
-			rnet_peer_log(c->rn, "rendezvous %s: refused %s: wrong secret for job %s",
-				      c->lst->name, c->peer, sc->id);
-		/* the same bytes for every refusal before the secret is proven
-		 * (ZC_ESTATE: a node asks again until its join timeout) */
-		snprintf(msg, sizeof(msg),
-			 "the rendezvous at %s refused this node: the secrets differ, or it "
-			 "serves no job of that id (yet, or any more)",
-			 c->lst->name);
-		c->sc = NULL; /* it never belonged to the job */
-		rnet_refuse(c, ZC_ESTATE, msg);
-		return;
-	}
-	rdzv_proof(want, sc->secret, sc->secret_len, true, sc->id, c->kind, c->cn, c->sn);
+	rdzv_proof(want, sc->secret, sc->secret_len, true, sc->id, c->kind, c->ssl);
 	w.proof = (ProtobufCBinaryData){sizeof(want), want};
 	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_WELCOME;
 	env.welcome = &w;
@@ -418,6 +349,22 @@ static unsigned unauth_from(const struct rnet *rn, const char *peer)
 		if (c->unauth && !c->dead && strncmp(c->peer, peer, n) == 0 && c->peer[n] == ':')
 			k++;
 	return k;
+}
+
+/* The host, inside a PSK handshake: the key of the job whose PSK identity
+ * the peer offers, if this zerod serves one on the peer's listener. */
+static bool find_psk(void *arg, const uint8_t id[TLS_PSK_ID_BYTES], uint8_t key[TLS_PSK_BYTES])
+{
+	struct rnet_conn *c = arg;
+	const struct rnet_scope *sc = c->rn->ops->psk(c->rn->ctx, c->lst, id);
+
+	if (!sc) {
+		c->psk_unknown = true;
+		return false;
+	}
+	memcpy(c->psk_id, id, TLS_PSK_ID_BYTES);
+	memcpy(key, sc->psk_key, TLS_PSK_BYTES);
+	return true;
 }
 
 static void on_accept(struct loop *l, void *userdata)
@@ -461,13 +408,11 @@ static void on_accept(struct loop *l, void *userdata)
 			continue;
 		}
 		c->lst = ls;
-		c->st = CS_HELLO;
-		if (rn->keys) {
-			if (rdzv_sec_new(rn->keys, true, &c->sec) < 0) {
-				conn_free(c);
-				continue;
-			}
-			c->st = CS_CURVE;
+		c->st = CS_TLS;
+		c->ssl = tls_new(rn->ident ? rn->srv : rn->psk_srv, fd, true);
+		if (!c->ssl || (!rn->ident && tls_psk_server(c->ssl, find_psk, c) < 0)) {
+			conn_free(c);
+			continue;
 		}
 		c->unauth = true;
 		rn->nunauth++;
@@ -594,33 +539,13 @@ size_t rnet_serving(const struct rnet *rn, const char **names, size_t max)
 
 /* -------------------------------------------------- a node's side --- */
 
-static void on_challenge(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
-{
-	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
-	Zerod__V1__RdzvAuth a = ZEROD__V1__RDZV_AUTH__INIT;
-	struct rnet_scope *sc = c->sc;
-	uint8_t proof[RDZV_PROOF_BYTES];
-
-	if (m->challenge->nonce.len != RDZV_NONCE_BYTES) {
-		rnet_gone(c, "a malformed challenge");
-		return;
-	}
-	memcpy(c->sn, m->challenge->nonce.data, RDZV_NONCE_BYTES);
-	rdzv_proof(proof, sc->secret, sc->secret_len, false, sc->id, c->kind, c->cn, c->sn);
-	a.proof = (ProtobufCBinaryData){sizeof(proof), proof};
-	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_AUTH;
-	env.auth = &a;
-	c->st = CS_AUTH;
-	rnet_send(c, &env);
-}
-
 static void on_welcome(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 {
 	struct rnet_scope *sc = c->sc;
 	uint8_t want[RDZV_PROOF_BYTES];
 	char msg[400];
 
-	rdzv_proof(want, sc->secret, sc->secret_len, true, sc->id, c->kind, c->cn, c->sn);
+	rdzv_proof(want, sc->secret, sc->secret_len, true, sc->id, c->kind, c->ssl);
 	if (!rdzv_proof_ok(want, &m->welcome->proof)) {
 		snprintf(msg, sizeof(msg),
 			 "the zerod serving the rendezvous at %s does not know job %s's secret",
@@ -634,51 +559,28 @@ static void on_welcome(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 	c->rn->ops->open(c->rn->ctx, c);
 }
 
-/* A node's Hello (sealed once its CURVE channel is ready). */
+/* A node's Hello, once its TLS handshake is done: its job, and the proof
+ * that it knows the job's secret, bound to this connection. */
 static void send_hello(struct rnet_conn *c)
 {
 	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
 	Zerod__V1__RdzvHello h = ZEROD__V1__RDZV_HELLO__INIT;
+	uint8_t proof[RDZV_PROOF_BYTES];
 
-	rdzv_random(c->cn, sizeof(c->cn));
+	rdzv_proof(proof, c->sc->secret, c->sc->secret_len, false, c->sc->id, c->kind, c->ssl);
 	h.protocol_version = RDZV_PROTOCOL;
 	h.job_id = (char *)c->sc->id;
-	h.kind = ZEROD__V1__RDZV_KIND__RDZV_JOIN;
-	h.nonce = (ProtobufCBinaryData){sizeof(c->cn), c->cn};
+	h.kind = c->kind;
+	h.proof = (ProtobufCBinaryData){sizeof(proof), proof};
 	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO;
 	env.hello = &h;
 	rnet_send(c, &env);
-}
-
-/* A node: the host's Curve. Its key must be one this node trusts, and
- * proven; then this node's proof, and the Hello, sealed. */
-static void on_curve_reply(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
-{
-	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
-	Zerod__V1__RdzvCurveAuth auth;
-	char why[160], msg[480];
-
-	if (rdzv_sec_on_reply(c->sec, m->curve, &auth, why, sizeof(why)) != 0) {
-		snprintf(msg, sizeof(msg), "the zerod serving the rendezvous at %s: %s",
-			 c->sc->endpoint, why);
-		c->rn->ops->refused(c->rn->ctx, c, ZC_ECONNECT, msg);
-		rnet_gone(c, why);
-		return;
-	}
-	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE_AUTH;
-	env.curve_auth = &auth;
-	rnet_send(c, &env);
-	rdzv_sec_start(c->sec);
-	c->st = CS_HELLO;
-	send_hello(c);
 }
 
 int rnet_connect(struct rnet *rn, struct rnet_scope *sc, const struct sockaddr_storage *addr,
 		 socklen_t addrlen, const char *peer, struct rnet_conn **ret, char *why,
 		 size_t whylen)
 {
-	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
-	Zerod__V1__RdzvCurve cv;
 	int one = 1, fd = socket(addr->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	struct rnet_conn *c;
 
@@ -706,19 +608,15 @@ int rnet_connect(struct rnet *rn, struct rnet_scope *sc, const struct sockaddr_s
 	c->deadline = now_ms() + *rn->hello_timeout_ms;
 	snprintf(c->peer, sizeof(c->peer), "%.63s", peer);
 	*ret = c; /* a dead one too: its owner hears of it as it goes */
-	/* queued: it leaves once connected */
-	if (rn->keys) {
-		if (rdzv_sec_new(rn->keys, false, &c->sec) < 0) {
-			c->dead = true;
-			snprintf(why, whylen, "out of memory");
-			return -ENOMEM;
-		}
-		rdzv_sec_hello(c->sec, &cv);
-		env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE;
-		env.curve = &cv;
-		rnet_send(c, &env);
-	} else {
-		send_hello(c);
+	c->ssl = tls_new(rn->ident ? rn->cli : rn->psk_cli, fd, false);
+	if (c->ssl && !rn->ident && tls_psk_client(c->ssl, sc->psk_id, sc->psk_key) < 0) {
+		tls_free(c->ssl);
+		c->ssl = NULL;
+	}
+	if (!c->ssl) {
+		c->dead = true;
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
 	}
 	c->want_out = true;
 	loop_want_out(rn->loop, fd, true);
@@ -738,12 +636,7 @@ static const struct handler {
 	/* NULL: the owner's (ops->message) */
 	void (*fn)(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m);
 } handlers[] = {
-	{ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE, ROLE_HOST, CS_CURVE, 0, on_curve},
-	{ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE, ROLE_HOST, CS_HELLO, 0, on_curve},
-	{ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE_AUTH, ROLE_HOST, CS_CURVE, 0, on_curve_auth},
-	{ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO, ROLE_HOST, CS_CURVE, 0, on_plain_hello},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO, ROLE_HOST, CS_HELLO, 0, on_hello},
-	{ZEROD__V1__RDZV_ENVELOPE__BODY_AUTH, ROLE_HOST, CS_AUTH, 0, on_auth},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_JOIN, ROLE_HOST, CS_OPEN, ZEROD__V1__RDZV_KIND__RDZV_JOIN,
 	 NULL},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL, ROLE_HOST, CS_OPEN, ZEROD__V1__RDZV_KIND__RDZV_JOIN,
@@ -752,9 +645,8 @@ static const struct handler {
 	 ZEROD__V1__RDZV_KIND__RDZV_STORE, rnet_kv_set},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_GET, ROLE_HOST, CS_OPEN,
 	 ZEROD__V1__RDZV_KIND__RDZV_STORE, rnet_kv_get},
-	{ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE, ROLE_NODE, CS_CURVE, 0, on_curve_reply},
-	{ZEROD__V1__RDZV_ENVELOPE__BODY_CHALLENGE, ROLE_NODE, CS_HELLO, 0, on_challenge},
-	{ZEROD__V1__RDZV_ENVELOPE__BODY_WELCOME, ROLE_NODE, CS_AUTH, 0, on_welcome},
+	{ZEROD__V1__RDZV_ENVELOPE__BODY_WELCOME, ROLE_NODE, CS_HELLO, 0, on_welcome},
+	/* from the host, inside TLS: its refusal of the Hello, or the job's end */
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL, ROLE_NODE, ANY_STATE, 0, NULL},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_FORMED, ROLE_NODE, CS_OPEN, 0, NULL},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_NODE_LOST, ROLE_NODE, CS_OPEN, 0, NULL},
@@ -801,64 +693,20 @@ static void dispatch(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 	protocol_error(c, what);
 }
 
-/* A sealed frame did not open: changed, replayed, reordered or cut on the
- * way. The host refuses the peer (a joined node hears why, sealed: the
- * way out still works); a node drops its connection as lost. */
-static void curve_broken(struct rnet_conn *c)
+/* A record that failed to open (changed, replayed, reordered on the way),
+ * or a TLS error after the handshake: nothing more from c is trusted. */
+static void broken(struct rnet_conn *c, const char *why)
 {
-	static const char what[] = "a sealed frame that fails to open (changed, replayed, "
-				   "reordered or cut on the way)";
-	char msg[256];
+	char msg[400];
 
 	if (!c->server) {
-		log_notice("rendezvous %s: %s", c->peer, what);
-		snprintf(msg, sizeof(msg), "the rendezvous sent %s", what);
+		log_notice("rendezvous %s: %s", c->peer, why);
+		snprintf(msg, sizeof(msg), "the connection to the rendezvous broke: %s", why);
 		rnet_gone(c, msg);
 		return;
 	}
-	rnet_peer_log(c->rn, "rendezvous %s: refused %s (CURVE key %s): %s", c->lst->name, c->peer,
-		      rdzv_sec_peer(c->sec), what);
-	snprintf(msg, sizeof(msg), "the rendezvous at %s refused this node: it received %s",
-		 c->lst->name, what);
-	if (c->st == CS_OPEN)
-		rnet_refuse(c, ZC_ECONNECT, msg);
-	else
-		c->dead = true;
-}
-
-/* One frame in: on a CURVE connection, once its handshake is done, every
- * frame must be sealed and open; before it (or without CURVE) none may be. */
-static void on_frame(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
-{
-	bool sealed = m->body_case == ZEROD__V1__RDZV_ENVELOPE__BODY_SEALED;
-	bool secure = c->sec && rdzv_sec_ready(c->sec);
-	Zerod__V1__RdzvEnvelope *inner = NULL;
-	int r;
-
-	if (!sealed && !secure) {
-		dispatch(c, m);
-		return;
-	}
-	if (!secure) {
-		protocol_error(c, c->sec ? "a sealed frame before its CURVE handshake ended"
-					 : "a sealed frame, and this connection has no CURVE");
-		return;
-	}
-	if (!sealed) {
-		protocol_error(c, "a plain frame on a CURVE connection");
-		return;
-	}
-	r = rdzv_sec_open(c->sec, &m->sealed, &inner);
-	if (r == -EBADMSG) {
-		curve_broken(c);
-		return;
-	}
-	if (r < 0) {
-		protocol_error(c, "a sealed frame that holds no rendezvous message");
-		return;
-	}
-	dispatch(c, inner);
-	rdzv_msg_free(inner);
+	rnet_peer_log(c->rn, "rendezvous %s: closed %s: %s", c->lst->name, c->peer, why);
+	c->dead = true;
 }
 
 /* ------------------------------------------------ connection events --- */
@@ -885,65 +733,140 @@ static void connected(struct rnet_conn *c)
 		rnet_gone(c, strerror(err));
 		return;
 	}
-	c->st = c->sec ? CS_CURVE : CS_HELLO;
-	flush(c); /* the Hello, or the Curve before it */
+	c->st = CS_TLS;
 }
 
-/* Read what is there (at most RDZV_READ_CHUNK a turn; epoll calls again for
- * more) and handle every whole frame. */
+/* A handshake that failed. The host logs why and closes (the peer saw a
+ * TLS alert, the same for every reason); a node whose own check refused
+ * the host's certificate gives up (ops->refused), else it asks again
+ * later: the host may not serve the job yet. */
+static void handshake_failed(struct rnet_conn *c, enum tls_io io, const char *why)
+{
+	char msg[480];
+
+	if (c->server) {
+		if (io == TLS_IO_ERROR)
+			rnet_peer_log(
+				c->rn, "rendezvous %s: refused %s: %s", c->lst->name, c->peer,
+				c->psk_unknown ? "its PSK matches no job served here (another "
+						 "secret, or a job not served yet or any more)"
+				: !c->rn->ident && strstr(why, "signature algorithm")
+					? "it offered no PSK (it has TLS keys, --tls-key, and "
+					  "this zerod has none; or it is not a zerod)"
+					: why);
+		c->dead = true;
+		return;
+	}
+	if (strstr(why, "not among the peers")) {
+		snprintf(msg, sizeof(msg), "the zerod serving the rendezvous at %s: %s",
+			 c->sc->endpoint, why);
+		c->rn->ops->refused(c->rn->ctx, c, ZC_ECONNECT, msg);
+		rnet_gone(c, why);
+		return;
+	}
+	snprintf(msg, sizeof(msg), "the TLS handshake with the rendezvous failed (%s)%s", why,
+		 c->rn->ident ? ""
+			      : ": the secrets differ, or it serves no job of that id (yet, or "
+				"any more)");
+	rnet_gone(c, msg);
+}
+
+/* One step of the TLS handshake; once it is done, a node sends its Hello
+ * and a host waits for it. */
+static void handshake(struct rnet_conn *c)
+{
+	char why[300];
+	enum tls_io io = tls_handshake(c->ssl, why, sizeof(why));
+
+	if (io == TLS_IO_READ || io == TLS_IO_WRITE) {
+		want_out(c, io == TLS_IO_WRITE);
+		return;
+	}
+	if (io != TLS_IO_OK) {
+		handshake_failed(c, io, why);
+		return;
+	}
+	c->st = CS_HELLO;
+	want_out(c, false);
+	if (!c->server)
+		send_hello(c);
+}
+
+/* Read what is there (at most RDZV_READ_CHUNK from the socket a turn;
+ * epoll calls again for more, and what TLS holds already is read too) and
+ * handle every whole frame. */
 static void read_in(struct rnet_conn *c)
 {
-	size_t want = 4, have;
-	ssize_t n;
+	size_t budget = RDZV_READ_CHUNK;
+	char why[300];
 
-	if (c->in_len >= 4)
-		want = 4 + (size_t)rdzv_frame_len(c->in);
-	if (c->in_len >= 4 && want - 4 > max_frame(c)) {
-		protocol_error(c, "a frame larger than allowed");
-		return;
-	}
-	have = MAX(want, c->in_len + 4096);
-	have = MIN(have, c->in_len + RDZV_READ_CHUNK);
-	if (have > c->in_cap) {
-		uint8_t *b = realloc(c->in, have);
-		if (!b) {
-			rnet_gone(c, "out of memory");
-			return;
-		}
-		c->in = b;
-		c->in_cap = have;
-	}
-	n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
-	if (n == 0) {
-		rnet_gone(c, "closed the connection");
-		return;
-	}
-	if (n < 0) {
-		if (errno != EAGAIN && errno != EINTR)
-			rnet_gone(c, strerror(errno));
-		return;
-	}
-	c->in_len += (size_t)n;
-	while (!c->dead && c->in_len >= 4) {
-		size_t len = rdzv_frame_len(c->in);
-		Zerod__V1__RdzvEnvelope *m;
-		if (len > max_frame(c)) {
+	while (!c->dead && c->st != CS_CLOSING && (budget > 0 || SSL_pending(c->ssl) > 0)) {
+		size_t want = 4, have, n;
+		enum tls_io io;
+
+		if (c->in_len >= 4)
+			want = 4 + (size_t)rdzv_frame_len(c->in);
+		if (c->in_len >= 4 && want - 4 > max_frame(c)) {
 			protocol_error(c, "a frame larger than allowed (not a zerod rendezvous?)");
 			return;
 		}
-		if (c->in_len < 4 + len)
+		have = MAX(want, c->in_len + 4096);
+		if (have > c->in_cap) {
+			uint8_t *b = realloc(c->in, have);
+			if (!b) {
+				rnet_gone(c, "out of memory");
+				return;
+			}
+			c->in = b;
+			c->in_cap = have;
+		}
+		io = tls_read(c->ssl, c->in + c->in_len, c->in_cap - c->in_len, &n, why,
+			      sizeof(why));
+		if (io == TLS_IO_READ)
 			return;
-		m = rdzv_msg_decode(c->in + 4, len);
-		if (!m) {
-			protocol_error(c, "bytes that are not a rendezvous message");
+		if (io == TLS_IO_WRITE) {
+			want_out(c, true);
 			return;
 		}
-		on_frame(c, m);
-		rdzv_msg_free(m);
-		memmove(c->in, c->in + 4 + len, c->in_len - 4 - len);
-		c->in_len -= 4 + len;
-		if (c->st == CS_CLOSING)
-			return; /* nothing more is read from it */
+		if (io == TLS_IO_EOF) {
+			rnet_gone(c, "closed the connection");
+			return;
+		}
+		if (io == TLS_IO_CUT) {
+			if (c->server && c->st == CS_OPEN)
+				rnet_peer_log(c->rn, "rendezvous %s: %s: %s", c->lst->name, c->peer,
+					      why);
+			rnet_gone(c, why);
+			return;
+		}
+		if (io != TLS_IO_OK) {
+			broken(c, why);
+			return;
+		}
+		c->in_len += n;
+		budget = n >= budget ? 0 : budget - n;
+		while (!c->dead && c->in_len >= 4) {
+			size_t len = rdzv_frame_len(c->in);
+			Zerod__V1__RdzvEnvelope *m;
+			if (len > max_frame(c)) {
+				protocol_error(
+					c, "a frame larger than allowed (not a zerod rendezvous?)");
+				return;
+			}
+			if (c->in_len < 4 + len)
+				break;
+			m = rdzv_msg_decode(c->in + 4, len);
+			if (!m) {
+				protocol_error(c, "bytes that are not a rendezvous message");
+				return;
+			}
+			dispatch(c, m);
+			rdzv_msg_free(m);
+			memmove(c->in, c->in + 4 + len, c->in_len - 4 - len);
+			c->in_len -= 4 + len;
+			if (c->st == CS_CLOSING)
+				return; /* nothing more is read from it */
+		}
 	}
 }
 
@@ -969,14 +892,16 @@ static void on_conn(struct loop *l, void *userdata)
 	(void)l;
 	if (!c->dead && c->st == CS_CONNECTING)
 		connected(c);
+	if (!c->dead && c->st == CS_TLS)
+		handshake(c);
 	if (!c->dead)
 		flush(c);
 	if (!c->dead && c->st == CS_CLOSING)
 		drain(c);
-	else if (!c->dead && c->st != CS_CONNECTING)
+	else if (!c->dead && c->st >= CS_HELLO)
 		read_in(c);
 	if (c->dead) {
-		rnet_gone(c, "closed");
+		rnet_gone(c, c->err[0] ? c->err : "closed");
 		conn_free(c);
 	}
 }
@@ -1013,7 +938,7 @@ void rnet_tick(struct rnet *rn, int64_t now)
 	for (struct rnet_conn *c = rn->conns, *next; c; c = next) {
 		next = c->next;
 		if (c->dead) {
-			rnet_gone(c, "closed");
+			rnet_gone(c, c->err[0] ? c->err : "closed");
 			conn_free(c);
 			next = rn->conns; /* rnet_gone() may have marked others */
 		}
@@ -1025,20 +950,22 @@ void rnet_tick(struct rnet *rn, int64_t now)
 int rnet_new(struct loop *l, const int *hello_timeout_ms, const struct rnet_ops *ops, void *ctx,
 	     struct rnet **ret)
 {
-	struct rnet *rn;
+	struct rnet *rn = calloc(1, sizeof(*rn));
+	char why[200];
 	int r;
 
-	if (sodium_init() < 0)
-		return -EIO;
-	rn = calloc(1, sizeof(*rn));
 	if (!rn)
 		return -ENOMEM;
 	rn->loop = l;
 	rn->hello_timeout_ms = hello_timeout_ms;
 	rn->ops = ops;
 	rn->ctx = ctx;
-	r = rnet_resolver_init(rn);
+	rn->psk_srv = tls_ctx_new(NULL, true, false, why, sizeof(why));
+	rn->psk_cli = tls_ctx_new(NULL, false, false, why, sizeof(why));
+	r = rn->psk_srv && rn->psk_cli ? rnet_resolver_init(rn) : -ENOMEM;
 	if (r < 0) {
+		SSL_CTX_free(rn->psk_srv);
+		SSL_CTX_free(rn->psk_cli);
 		free(rn);
 		return r;
 	}
@@ -1057,18 +984,37 @@ void rnet_free(struct rnet *rn)
 		rnet_listener_put(rn->listeners);
 	}
 	rnet_resolver_fini(rn);
-	rdzv_keys_free(rn->keys);
+	SSL_CTX_free(rn->psk_srv);
+	SSL_CTX_free(rn->psk_cli);
+	SSL_CTX_free(rn->srv);
+	SSL_CTX_free(rn->cli);
+	tls_ident_free(rn->ident);
 	free(rn);
 }
 
-void rnet_keys_use(struct rnet *rn, struct rdzv_keys *keys)
+int rnet_tls_use(struct rnet *rn, struct tls_ident *id, char *why, size_t len)
 {
-	rn->keys = keys;
+	SSL_CTX *srv = tls_ctx_new(id, true, false, why, len);
+	SSL_CTX *cli = srv ? tls_ctx_new(id, false, false, why, len) : NULL;
+
+	if (!cli) {
+		SSL_CTX_free(srv);
+		return -ENOMEM;
+	}
+	rn->ident = id;
+	rn->srv = srv;
+	rn->cli = cli;
+	return 0;
 }
 
-const struct rdzv_keys *rnet_keys(const struct rnet *rn)
+const struct tls_ident *rnet_tls(const struct rnet *rn)
 {
-	return rn->keys;
+	return rn->ident;
+}
+
+void rnet_scope_keys(struct rnet_scope *sc)
+{
+	tls_psk_derive(sc->id, sc->secret, sc->secret_len, sc->psk_id, sc->psk_key);
 }
 
 void rnet_conn_free(struct rnet_conn *c)

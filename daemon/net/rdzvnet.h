@@ -24,8 +24,8 @@
 #define RNET_NAME_LEN 64
 
 struct loop;
-struct rdzv_keys;
-struct rdzv_sec;
+struct tls_ident;
+struct ssl_st;
 struct rnet;
 struct rnet_listener;
 struct rnet_kv;
@@ -33,9 +33,10 @@ struct rnet_kv;
 /* What connections belong to: the owner (a job over several nodes) embeds
  * it and fills it; the transport reads it, and keeps its store. */
 struct rnet_scope {
-	const char *id;        /* what the handshake's proofs bind (the job id) */
+	const char *id;        /* what the Hello's proofs bind (the job id) */
 	const uint8_t *secret; /* the secret both sides prove they know */
 	size_t secret_len;
+	uint8_t psk_id[32], psk_key[32]; /* rnet_scope_keys(): the job's TLS PSK */
 	const char *endpoint; /* a node: the host's address, as the owner names it */
 	bool store_open;      /* the store serves keys (once the job formed) */
 	const char *prefix;   /* the keys it serves start with this */
@@ -47,10 +48,9 @@ struct rnet_scope {
 
 enum rnet_conn_state {
 	CS_CONNECTING, /* a node's connect() is in progress */
-	CS_CURVE,      /* CURVE: securing the connection (rdzvcurve.h) before the Hello */
-	CS_HELLO,      /* host: waits for Hello; node: for Challenge */
-	CS_AUTH,       /* host: waits for Auth; node: for Welcome */
-	CS_OPEN,       /* authenticated */
+	CS_TLS,        /* the TLS handshake (net/tls.h) */
+	CS_HELLO,      /* host: waits for Hello; node: for Welcome */
+	CS_OPEN,       /* bound to its job */
 	CS_CLOSING,    /* sends what is queued, then closes */
 };
 
@@ -66,13 +66,14 @@ struct rnet_conn {
 	enum rnet_conn_state st;
 	unsigned kind; /* ZEROD__V1__RDZV_KIND__RDZV_JOIN or _STORE */
 	bool unauth;   /* counts against RDZV_MAX_UNAUTH */
-	bool no_scope; /* its Hello named no job served here: refused after its Auth */
+	bool psk_unknown; /* host: its PSK matched no job served here */
 	bool dead;     /* freed at the next chance, never inside a call that walks conns */
+	char err[160]; /* why it died, where a write knew (ops->gone hears it) */
 	bool want_out;
 	int64_t deadline; /* handshake, or CS_CLOSING's flush */
 	char peer[RNET_NAME_LEN];
-	struct rdzv_sec *sec; /* CURVE: the channel (NULL: plain TCP) */
-	uint8_t cn[RDZV_NONCE_BYTES], sn[RDZV_NONCE_BYTES];
+	struct ssl_st *ssl; /* its TLS (net/tls.h) */
+	uint8_t psk_id[32]; /* host, PSK: the identity its handshake matched */
 	uint8_t *in;
 	size_t in_len, in_cap;
 	uint8_t *out;
@@ -83,8 +84,13 @@ struct rnet_conn {
 /* How the transport reports up; every member is called on the loop thread,
  * with the ctx given to rnet_new(). */
 struct rnet_ops {
+	/* A PSK handshake on ls offers identity id: the scope whose
+	 * rnet_scope_keys() gave that identity, or NULL. */
+	const struct rnet_scope *(*psk)(void *ctx, const struct rnet_listener *ls,
+					const uint8_t id[32]);
 	/* A Hello on ls names scope id: the scope whose secret the peer must
-	 * prove, or NULL with a code and msg to refuse it with. */
+	 * prove, or NULL with a reason in msg (for the log: the peer gets
+	 * the one refusal every unproven peer gets). */
 	struct rnet_scope *(*hello)(void *ctx, const struct rnet_listener *ls, const char *id,
 				    int *ret_code, char *msg, size_t len);
 	/* A message that is the owner's (Join, Fail, Formed, NodeLost), on c
@@ -108,9 +114,12 @@ int rnet_new(struct loop *l, const int *hello_timeout_ms, const struct rnet_ops 
 	     struct rnet **ret);
 /* Closes every connection, listener and resolver. Accepts NULL. */
 void rnet_free(struct rnet *rn);
-/* CURVE with keys from now on (owned by the transport); NULL: plain TCP. */
-void rnet_keys_use(struct rnet *rn, struct rdzv_keys *keys);
-const struct rdzv_keys *rnet_keys(const struct rnet *rn);
+/* Certificates from now on (id owned by the transport): ZC_... / -ENOMEM
+ * with why. Without, every connection is under its job's PSK. */
+int rnet_tls_use(struct rnet *rn, struct tls_ident *id, char *why, size_t len);
+const struct tls_ident *rnet_tls(const struct rnet *rn);
+/* Fill sc's PSK from its id and secret (once they are set). */
+void rnet_scope_keys(struct rnet_scope *sc);
 /* Every connection, newest first (read only). */
 struct rnet_conn *rnet_conns(const struct rnet *rn);
 /* The nearest connection deadline, and what is due. */
@@ -134,7 +143,7 @@ size_t rnet_serving(const struct rnet *rn, const char **names, size_t max);
 int rnet_connect(struct rnet *rn, struct rnet_scope *sc, const struct sockaddr_storage *addr,
 		 socklen_t addrlen, const char *peer, struct rnet_conn **ret, char *why,
 		 size_t whylen);
-/* Queue one message (sealed on a CURVE connection) and write what can be.
+/* Queue one message and write what can be (once the TLS handshake is done).
  * Never frees c: one that cannot take it is marked dead. */
 void rnet_send(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *env);
 void rnet_send_fail(struct rnet_conn *c, int code, const char *msg, uint64_t iteration, bool quiet);

@@ -1,7 +1,7 @@
 /*
  * rdzvwire.c — framing, proofs and blocking frame I/O of the rendezvous
- * between daemons (see rdzvwire.h). The HMAC and the random nonces come from
- * libsodium; the comparison of proofs is constant-time.
+ * between daemons (see rdzvwire.h). The HMAC and the exporter are
+ * OpenSSL's (net/tls.h); the comparison of proofs is constant-time.
  */
 #include <errno.h>
 #include <poll.h>
@@ -10,10 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <sodium.h>
-
 #include "common.h"
 #include "net/rdzvwire.h"
+#include "net/tls.h"
 #include "wire.h"
 
 int rdzv_frame_encode(const Zerod__V1__RdzvEnvelope *env, uint8_t **ret_buf, size_t *ret_len)
@@ -62,101 +61,28 @@ const char *rdzv_msg_name(Zerod__V1__RdzvEnvelope__BodyCase c)
 }
 
 void rdzv_proof(uint8_t out[RDZV_PROOF_BYTES], const void *secret, size_t secret_len, bool server,
-		const char *job, unsigned kind, const uint8_t client_nonce[RDZV_NONCE_BYTES],
-		const uint8_t server_nonce[RDZV_NONCE_BYTES])
+		const char *job, unsigned kind, SSL *ssl)
 {
-	static const char client_label[] = "zerod rendezvous 1: client";
-	static const char server_label[] = "zerod rendezvous 1: server";
-	crypto_auth_hmacsha256_state st;
-	uint8_t k = (uint8_t)kind;
+	static const char client_label[] = "zerod rendezvous 2: client";
+	static const char server_label[] = "zerod rendezvous 2: server";
+	uint8_t bind[TLS_BIND_BYTES], k = (uint8_t)kind;
+	const void *p[4] = {server ? server_label : client_label, job, &k, bind};
+	size_t l[4] = {sizeof(client_label), strlen(job) + 1, 1, sizeof(bind)};
 
-	crypto_auth_hmacsha256_init(&st, secret, secret_len);
-	if (server)
-		crypto_auth_hmacsha256_update(&st, (const uint8_t *)server_label,
-					      sizeof(server_label));
-	else
-		crypto_auth_hmacsha256_update(&st, (const uint8_t *)client_label,
-					      sizeof(client_label));
-	crypto_auth_hmacsha256_update(&st, (const uint8_t *)job, strlen(job) + 1);
-	crypto_auth_hmacsha256_update(&st, &k, 1);
-	if (server) {
-		crypto_auth_hmacsha256_update(&st, server_nonce, RDZV_NONCE_BYTES);
-		crypto_auth_hmacsha256_update(&st, client_nonce, RDZV_NONCE_BYTES);
-	} else {
-		crypto_auth_hmacsha256_update(&st, client_nonce, RDZV_NONCE_BYTES);
-		crypto_auth_hmacsha256_update(&st, server_nonce, RDZV_NONCE_BYTES);
+	if (tls_bind(ssl, "EXPORTER-zerod-rendezvous", NULL, 0, bind) < 0) {
+		tls_random(out, RDZV_PROOF_BYTES); /* proves nothing */
+		return;
 	}
-	crypto_auth_hmacsha256_final(&st, out);
-	sodium_memzero(&st, sizeof(st));
+	tls_mac(out, secret, secret_len, p, l, 4);
+	tls_wipe(bind, sizeof(bind));
 }
 
 bool rdzv_proof_ok(const uint8_t want[RDZV_PROOF_BYTES], const ProtobufCBinaryData *got)
 {
-	return got->len == RDZV_PROOF_BYTES &&
-	       sodium_memcmp(want, got->data, RDZV_PROOF_BYTES) == 0;
+	return got->len == RDZV_PROOF_BYTES && tls_equal(want, got->data, RDZV_PROOF_BYTES);
 }
 
-void rdzv_random(void *buf, size_t len)
-{
-	randombytes_buf(buf, len);
-}
-
-int rdzv_wait_fd(int fd, short events, int64_t deadline)
-{
-	for (;;) {
-		struct pollfd p = {.fd = fd, .events = events};
-		int64_t left = deadline - now_ms();
-		int r;
-
-		if (left <= 0)
-			return -ETIMEDOUT;
-		r = poll(&p, 1, (int)MIN(left, (int64_t)1000));
-		if (r < 0 && errno != EINTR)
-			return -errno;
-		if (r > 0)
-			return 0;
-	}
-}
-
-static int send_all(int fd, const uint8_t *p, size_t n, int64_t deadline)
-{
-	while (n) {
-		ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
-			int r = rdzv_wait_fd(fd, POLLOUT, deadline);
-			if (r < 0)
-				return r;
-			continue;
-		}
-		if (w < 0)
-			return errno == EPIPE ? -ECONNRESET : -errno;
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
-int rdzv_recv_all(int fd, uint8_t *p, size_t n, int64_t deadline)
-{
-	while (n) {
-		ssize_t got = recv(fd, p, n, MSG_DONTWAIT);
-		if (got < 0 && (errno == EAGAIN || errno == EINTR)) {
-			int r = rdzv_wait_fd(fd, POLLIN, deadline);
-			if (r < 0)
-				return r;
-			continue;
-		}
-		if (got == 0)
-			return -ECONNRESET;
-		if (got < 0)
-			return -errno;
-		p += got;
-		n -= (size_t)got;
-	}
-	return 0;
-}
-
-int rdzv_send_blocking(int fd, const Zerod__V1__RdzvEnvelope *env, int64_t deadline)
+int rdzv_send_tls(SSL *ssl, const Zerod__V1__RdzvEnvelope *env, int64_t deadline)
 {
 	uint8_t *buf;
 	size_t len;
@@ -164,21 +90,17 @@ int rdzv_send_blocking(int fd, const Zerod__V1__RdzvEnvelope *env, int64_t deadl
 
 	if (r < 0)
 		return r;
-	r = send_all(fd, buf, len, deadline);
+	r = tls_write_all(ssl, buf, len, deadline);
 	free(buf);
 	return r;
 }
 
-int rdzv_send_frame_blocking(int fd, const uint8_t *buf, size_t len, int64_t deadline)
-{
-	return send_all(fd, buf, len, deadline);
-}
-
-int rdzv_recv_blocking(int fd, size_t max, int64_t deadline, Zerod__V1__RdzvEnvelope **ret)
+int rdzv_recv_tls(SSL *ssl, size_t max, int64_t deadline, Zerod__V1__RdzvEnvelope **ret)
 {
 	uint8_t hdr[4], *buf;
 	uint32_t n;
-	int r = rdzv_recv_all(fd, hdr, sizeof(hdr), deadline);
+	char why[8];
+	int r = tls_read_all(ssl, hdr, sizeof(hdr), deadline, why, sizeof(why));
 
 	if (r < 0)
 		return r;
@@ -188,7 +110,7 @@ int rdzv_recv_blocking(int fd, size_t max, int64_t deadline, Zerod__V1__RdzvEnve
 	buf = malloc(n ? n : 1);
 	if (!buf)
 		return -ENOMEM;
-	r = rdzv_recv_all(fd, buf, n, deadline);
+	r = tls_read_all(ssl, buf, n, deadline, why, sizeof(why));
 	if (r >= 0) {
 		*ret = rdzv_msg_decode(buf, n);
 		r = *ret ? 0 : -EPROTO;

@@ -8,6 +8,8 @@
 
 #include <pthread.h>
 
+#include <openssl/ssl.h>
+
 #include "net/rdzvnet.h"
 
 struct rnet_listener {
@@ -34,7 +36,9 @@ struct rnet {
 	struct rnet_resolve *resolving;
 	int64_t log_window;
 	unsigned log_count, log_dropped;
-	struct rdzv_keys *keys; /* CURVE (NULL: plain TCP) */
+	struct tls_ident *ident;    /* TLS identity (NULL: the jobs' PSKs) */
+	SSL_CTX *srv, *cli;         /* with ident */
+	SSL_CTX *psk_srv, *psk_cli; /* without */
 };
 
 /* resolve.c: the eventfd and list of rn's resolvers (rnet_new(), rnet_free()). */

@@ -69,7 +69,6 @@
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
-#include <zmq.h>
 
 #include "cudadouble.h"
 #include "cudareplan.h"
@@ -961,55 +960,71 @@ static void t_two_nodes_daemon_killed(void)
 	cluster_stop(&cl, 1);
 }
 
-/* ------------------------------------------------- CURVE and NCCL --- */
+/* --------------------------------------------------- TLS and NCCL --- */
 
-/* One CURVE key pair both daemons hold (a zerod trusts its own key), made
- * by libzmq as `zeroctl keygen` makes one: DIR/node.key and an empty
- * DIR/peers. */
-static bool curve_files(char dir[64], char key[96], char peers[96])
+/* One TLS identity both daemons hold (a zerod trusts its own certificate):
+ * an Ed25519 key and its self-signed certificate (CN "zerod cudajob test",
+ * valid 2000..9999), as `zeroctl keygen` makes them, written here so that
+ * this test needs neither zeroctl nor OpenSSL: DIR/node.key (0600),
+ * DIR/node.crt and a DIR/peers without another fingerprint. A test key,
+ * never a secret. */
+static const char test_key_pem[] =
+	"-----BEGIN PRIVATE KEY-----\n"
+	"MC4CAQAwBQYDK2VwBCIEINeE+QqAmAdnWXp3+e+1UNekBE9niCywrkTvUFMtTXmt\n"
+	"-----END PRIVATE KEY-----\n";
+static const char test_cert_pem[] =
+	"-----BEGIN CERTIFICATE-----\n"
+	"MIHqMIGdoAMCAQICAQEwBQYDK2VwMB0xGzAZBgNVBAMMEnplcm9kIGN1ZGFqb2Ig\n"
+	"dGVzdDAiGA8yMDAwMDEwMTAwMDAwMFoYDzk5OTkxMjMxMjM1OTU5WjAdMRswGQYD\n"
+	"VQQDDBJ6ZXJvZCBjdWRham9iIHRlc3QwKjAFBgMrZXADIQAB9FzRZL34IOHzMI/r\n"
+	"zjsZXp2qODKuhZqb2RlITNEH6TAFBgMrZXADQQDd1BI4cRLTpaGgGMbUIpdtyvkX\n"
+	"SY0JNnTZI2HGpGO81W665pVFPPww4RK4wcaXZisqKsnvZsGWFfYeol7Ra98O\n"
+	"-----END CERTIFICATE-----\n";
+
+static bool write_text(const char *path, mode_t mode, const char *text)
 {
-	char pub[41], sec[41];
-	FILE *f;
-	int fd;
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+	bool ok = fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text);
 
-	snprintf(dir, 64, "/tmp/zerod-cudacurve-XXXXXX");
-	if (!mkdtemp(dir) || zmq_curve_keypair(pub, sec) != 0)
-		return false;
-	snprintf(key, 96, "%s/node.key", dir);
-	snprintf(peers, 96, "%s/peers", dir);
-	fd = open(key, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0 || dprintf(fd, "%s\n", sec) != 41)
-		return false;
-	close(fd);
-	f = fopen(peers, "w");
-	if (!f)
-		return false;
-	fprintf(f, "# only this key pair\n");
-	fclose(f);
-	return true;
+	if (fd >= 0)
+		close(fd);
+	return ok;
 }
 
-/* With CURVE keys a CUDA job over the two daemons is refused before it
+#define TLS_ARGS(key, cert, peers) "--tls-key", key, "--tls-cert", cert, "--tls-peers", peers
+
+static bool tls_files(char dir[64], char key[96], char cert[96], char peers[96])
+{
+	snprintf(dir, 64, "/tmp/zerod-cudatls-XXXXXX");
+	if (!mkdtemp(dir))
+		return false;
+	snprintf(key, 96, "%s/node.key", dir);
+	snprintf(cert, 96, "%s/node.crt", dir);
+	snprintf(peers, 96, "%s/peers", dir);
+	return write_text(key, 0600, test_key_pem) && write_text(cert, 0644, test_cert_pem) &&
+	       write_text(peers, 0644, "# only this zerod's own certificate\n");
+}
+
+/* With TLS keys a CUDA job over the two daemons is refused before it
  * moves a byte: NCCL's transport between nodes is plain. Every rank gets
- * ZC_ENOTSUP saying so and naming the option that allows it; a one-node
- * CUDA job on the same daemon trains to the reference after it (NCCL
- * stays inside the node). Daemons started with --curve-allow-plain-nccl
- * run the same two-node job to the reference. */
-static void t_two_nodes_curve_refuses_nccl(void)
+ * ZC_ENOTSUP saying so ("this zerod has TLS keys") and naming the option
+ * that allows it; a one-node CUDA job on the same daemon trains to the
+ * reference after it (NCCL stays inside the node). Daemons started with
+ * --tls-allow-plain-nccl run the same two-node job to the reference. */
+static void t_two_nodes_tls_refuses_nccl(void)
 {
 	NEEDS_GLOO();
-	char dir[64], key[96], peers[96], cmd[96];
+	char dir[64], key[96], cert[96], peers[96], cmd[96];
 	struct cuda_cluster cl;
 	pid_t pids[2];
 
-	REQUIRE(curve_files(dir, key, peers), "no CURVE key files");
-	const char *const curve[] = {"--curve-secret-key", key, "--curve-peers", peers, NULL};
-	const char *const allow[] = {"--curve-secret-key", key, "--curve-peers", peers,
-				     "--curve-allow-plain-nccl", NULL};
+	REQUIRE(tls_files(dir, key, cert, peers), "no TLS key files");
+	const char *const tls[] = {TLS_ARGS(key, cert, peers), NULL};
+	const char *const allow[] = {TLS_ARGS(key, cert, peers), "--tls-allow-plain-nccl", NULL};
 
-	cluster_start_with(&cl, curve);
+	cluster_start_with(&cl, tls);
 	struct train_spec bad =
-		spec("cuda-nodes-curve", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 45);
+		spec("cuda-nodes-tls", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 45);
 	on_nodes(&bad, &cl, node_of2);
 	bad.results = shared_results(2);
 	REQUIRE(bad.results, "no shared memory for the results");
@@ -1020,14 +1035,15 @@ static void t_two_nodes_curve_refuses_nccl(void)
 		const struct train_result *res = &bad.results[r];
 		CHECK(st == 1 && res->code == ZC_ENOTSUP && strstr(res->msg, "NCCL") &&
 			      strstr(res->msg, "not encrypted") &&
-			      strstr(res->msg, "--curve-allow-plain-nccl"),
+			      strstr(res->msg, "this zerod has TLS keys") &&
+			      strstr(res->msg, "--tls-allow-plain-nccl"),
 		      "rank %d: exit %d, %s: %s (want ZC_ENOTSUP: NCCL is not encrypted)", r, st,
 		      zc_strerror_name(res->code), res->msg);
 		if (r == 0)
 			printf("# rank 0: %s: %s\n", zc_strerror_name(res->code), res->msg);
 	}
 	struct train_spec local =
-		spec("cuda-curve-local", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 46);
+		spec("cuda-tls-local", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 46);
 	local.socket = cl.zd[0].sock;
 	start_ranks(&local, pids);
 	check_ranks(&local, pids);
@@ -1036,7 +1052,7 @@ static void t_two_nodes_curve_refuses_nccl(void)
 
 	cluster_start_with(&cl, allow);
 	struct train_spec ok =
-		spec("cuda-nodes-curve-ok", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 47);
+		spec("cuda-nodes-tls-ok", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 47);
 	on_nodes(&ok, &cl, node_of2);
 	start_ranks(&ok, pids);
 	check_ranks(&ok, pids);
@@ -1340,7 +1356,7 @@ static const struct test_case cases[] = {
 	{"two_nodes_lowp_masters", t_two_nodes_lowp_masters, 120000},
 	{"two_nodes_replan", t_two_nodes_replan, 120000},
 	{"two_nodes_daemon_killed", t_two_nodes_daemon_killed, 120000},
-	{"two_nodes_curve_refuses_nccl", t_two_nodes_curve_refuses_nccl, 120000},
+	{"two_nodes_tls_refuses_nccl", t_two_nodes_tls_refuses_nccl, 120000},
 	{"no_double_violations_in_zerod", t_no_violations_in_zerod},
 	{"daemon_stops_cleanly", t_daemon_stops_cleanly},
 };

@@ -35,11 +35,13 @@ int cluster_start(struct cluster *cl, uint32_t n, const struct cluster_opts *o)
 			args[a++] = "--hello-timeout";
 			args[a++] = hello;
 		}
-		if (o->curve_key && o->curve_key[k]) {
-			args[a++] = "--curve-secret-key";
-			args[a++] = o->curve_key[k];
-			args[a++] = "--curve-peers";
-			args[a++] = o->curve_peers[k];
+		if (o->tls_key && o->tls_key[k]) {
+			args[a++] = "--tls-key";
+			args[a++] = o->tls_key[k];
+			args[a++] = "--tls-cert";
+			args[a++] = o->tls_cert[k];
+			args[a++] = "--tls-peers";
+			args[a++] = o->tls_peers[k];
 		}
 		args[a] = NULL;
 		r = zd_start(&cl->zd[k], args);

@@ -1,7 +1,7 @@
 /*
  * cluster.h — N real zerods on loopback for the multinode tests
  * (test_nodes.c, test_curve.c, test_sharednodes.c): each on its own socket,
- * with short clocks or zerod's own, optionally with CURVE keys, and a
+ * with short clocks or zerod's own, optionally with TLS identities, and a
  * rendezvous address on a port picked free for the case, so parallel runs
  * never collide.
  */
@@ -27,12 +27,14 @@ struct cluster {
 /* How to start the daemons: --stall-timeout, --join-timeout and
  * --hello-timeout in ms (before test_timeout() scales them; 0: zerod's
  * default); daemon k with
- * CURVE when curve_key[k] is a secret key file (and curve_peers[k] its peers
- * file), plain when curve_key or curve_key[k] is NULL. */
+ * a TLS identity when tls_key[k] is a key file (tls_cert[k] its certificate,
+ * tls_peers[k] its peers file), the jobs' PSKs when tls_key or tls_key[k] is
+ * NULL. */
 struct cluster_opts {
 	int stall_ms, join_ms, hello_ms;
-	const char *const *curve_key;
-	const char *const *curve_peers;
+	const char *const *tls_key;
+	const char *const *tls_cert;
+	const char *const *tls_peers;
 };
 
 /* Start n (<= CLUSTER_MAXN) daemons, each with "--workers 2". 0 or -errno;

@@ -30,8 +30,9 @@ struct relay {
 
 /* What one direction of one connection has seen: the frame parser. */
 struct dir {
-	uint8_t hdr[4];
+	uint8_t hdr[5];
 	int have, frames;
+	bool counts; /* this record is a data record: it counts as a frame */
 	uint32_t left;
 	uint8_t *save; /* RELAY_REPLAY: the frame being repeated */
 	size_t saved;
@@ -58,16 +59,17 @@ static bool forward(struct relay *r, struct dir *d, uint8_t *buf, ssize_t got, i
 		bool end = false;
 		if (d->left == 0) {
 			d->hdr[d->have++] = buf[k];
-			if (d->have == 4) {
-				d->left = rdzv_frame_len(d->hdr);
+			if (d->have == 5) {
+				d->left = (uint32_t)d->hdr[3] << 8 | d->hdr[4];
 				d->have = 0;
-				d->frames++;
+				d->counts = d->hdr[0] == 23 && d->left >= RELAY_DATA_RECORD;
+				d->frames += d->counts;
 				d->saved = 0;
 			}
 		} else {
 			end = --d->left == 0;
 		}
-		if (d->frames != r->frame)
+		if (!d->counts || d->frames != r->frame)
 			continue;
 		if (r->mode == RELAY_REPLAY) {
 			if (!d->save)
@@ -78,10 +80,10 @@ static bool forward(struct relay *r, struct dir *d, uint8_t *buf, ssize_t got, i
 				if (!write_all(to, buf + from, (size_t)(k + 1 - from)))
 					return false;
 				from = k + 1;
-				/* the whole frame again, header first */
-				uint8_t h[4];
-				memcpy(h, d->hdr, 4);
-				if (!write_all(to, h, 4) || !write_all(to, d->save, d->saved))
+				/* the whole record again, header first */
+				uint8_t h[5];
+				memcpy(h, d->hdr, 5);
+				if (!write_all(to, h, 5) || !write_all(to, d->save, d->saved))
 					return false;
 				d->frames++; /* once */
 			}

@@ -5,13 +5,17 @@
  * reading process ("127.0.0.1:PORT", the sealed mesh's, or a sockaddr_in of
  * 127.0.0.1 inside gloo's bytes), which forwards to the real port, appends
  * every byte both ways to DIR/relay.PID.PORT.rec, and can change or repeat
- * one frame (a 4-byte big-endian length, then the body) that the
- * connecting side sends on the first connection it relays.
+ * one frame that the connecting side sends on the first connection it
+ * relays: a TLS record of application data of at least RELAY_DATA_RECORD
+ * bytes (the mesh's data; the handshake's records are smaller), counted
+ * from 1.
  */
 #ifndef ZEROD_TEST_RELAYSTORE_H
 #define ZEROD_TEST_RELAYSTORE_H
 
 #include "coll/coll.h"
+
+#define RELAY_DATA_RECORD 1024
 
 enum relay_mode {
 	RELAY_PLAIN,  /* forward and record only */

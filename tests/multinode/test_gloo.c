@@ -141,15 +141,15 @@ static void mesh_free(struct mesh *m)
 	rmdir(m->dir);
 }
 
-/* The sealed_* cases: a CURVE key every node holds and trusts, so the
- * groups cross the sealed mesh (coll/sealmesh.c) instead of gloo's. */
-static struct rdzv_keys *test_keys;
+/* The sealed_* cases: a TLS identity every node holds and trusts, so the
+ * groups cross the mesh over TLS (coll/sealmesh.c) instead of gloo's. */
+static struct tls_ident *test_keys;
 
 static void use_sealed_mesh(void)
 {
-	char dir[] = "/tmp/zerod-glookeys-XXXXXX", pub[RDZV_CURVE_Z85_LEN + 1], cmd[64];
+	char dir[] = "/tmp/zerod-glookeys-XXXXXX", fp[TLS_FP_HEX + 1], cmd[64];
 
-	if (!mkdtemp(dir) || testkeys_make(dir, "a", pub) < 0)
+	if (!mkdtemp(dir) || testkeys_make(dir, "a", fp) < 0)
 		abort();
 	test_keys = testkeys_load(dir, "a", NULL, 0);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -172,7 +172,7 @@ static struct coll_net node_net(uint32_t node, const struct topo *t, const struc
 		.store = store,
 		.timeout_ms = timeout_ms,
 		.window = window,
-		.keys = test_keys,
+		.tls = test_keys,
 	};
 }
 
@@ -1310,7 +1310,7 @@ static const struct test_case cases[] = {
 	{"abort_ends_transfer_to_stopped_peer", t_abort_stopped_peer},
 	{"silent_peer_times_out", t_timeout_silent_peer},
 	{"killed_peer_fails_within_timeout", t_killed_peer},
-	/* the same over the sealed mesh (CURVE keys) */
+	/* the same over the mesh over TLS (a TLS identity) */
 	{"sealed_never_joins_fails_open", t_sealed_never_joins},
 	{"sealed_reduce_bcast_bit_for_bit", t_sealed_coll},
 	{"sealed_executor_sgd_bit_for_bit", t_sealed_exec_sgd},

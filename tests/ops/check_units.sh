@@ -40,7 +40,7 @@ stop_zerod() {
     st=$?
     zpid=
 }
-echo "1..14"
+echo "1..15"
 
 # the units as they are installed, pointing at this build's binaries
 sed -e "s#@ZEROD@#$build/daemon/zerod#" -e "s#@ZEROCTL@#$build/tools/zeroctl#" \
@@ -223,10 +223,10 @@ st=$?
 miss=""
 for k in --config --socket --stall-timeout --stall-warn --join-timeout --hello-timeout \
     --shutdown-timeout --workers --max-jobs --max-sessions --max-memory --log-level \
-    --flight-records --metrics-textfile --metrics-interval --group --curve-secret-key --curve-peers \
-    --curve-allow-plain-nccl \
+    --flight-records --metrics-textfile --metrics-interval --group --tls-key --tls-cert \
+    --tls-peers --tls-ca --tls-ktls --tls-allow-plain-nccl \
     SIGHUP "Exit status" 78 live restart "zeroctl status" "inspect JOB" "| metrics" \
-    "| reload" "trace on FILE" "trace off" "checkpoint JOB" "keygen FILE" \
+    "| reload" "trace on FILE" "trace off" "checkpoint JOB" "keygen PREFIX" "fingerprint CERT" \
     CONFIGURATION_DIRECTORY; do
     grep -q -- "$k" "$dir/zh" || miss="$miss '$k'"
 done
@@ -247,12 +247,30 @@ else
 "$build/tools/zeroctl" --help >"$dir/ch" 2>&1
 st=$?
 miss=""
-for k in status inspect metrics reload "trace on FILE" "trace off" keygen "-o, --output" schema_version \
+for k in status inspect metrics reload "trace on FILE" "trace off" keygen "fingerprint CERT" "-o, --output" schema_version \
     " 0 " " 1 " " 64 " " 69 " " 76 " " 77 "; do
     grep -q -- "$k" "$dir/ch" || miss="$miss '$k'"
 done
 if [ $st -eq 0 ] && [ -z "$miss" ]; then ok "zeroctl --help: every verb and exit status"; else
     notok "zeroctl --help: exit $st, lacks:$miss"; fi
+
+# zeroctl keygen: an Ed25519 key (0600) and its certificate, which OpenSSL
+# reads; the printed fingerprint is the certificate's SHA-256, as
+# `zeroctl fingerprint` and `openssl x509` say; a second keygen with the same
+# prefix fails and leaves both files as they were
+kg="$dir/kg"
+fp=$("$build/tools/zeroctl" keygen "$kg" 2>"$dir/kg.err"); st=$?
+ossl=$(openssl x509 -in "$kg.crt" -noout -fingerprint -sha256 2>/dev/null | sed 's/.*=//; s/://g' | tr 'A-F' 'a-f')
+sum=$(sha256sum "$kg.crt" 2>/dev/null)
+"$build/tools/zeroctl" keygen "$kg" >/dev/null 2>"$dir/kg2.err"; st2=$?
+if [ $st -eq 0 ] && [ ${#fp} -eq 64 ] && [ "$fp" = "$ossl" ] &&
+    [ "$("$build/tools/zeroctl" fingerprint "$kg.crt")" = "$fp" ] &&
+    [ "$(stat -c %a "$kg.key")" = 600 ] && openssl pkey -in "$kg.key" -noout 2>/dev/null &&
+    [ $st2 -eq 1 ] && grep -q "File exists" "$dir/kg2.err" && [ "$(sha256sum "$kg.crt")" = "$sum" ]; then
+    ok "zeroctl keygen: key 0600 and certificate OpenSSL reads, its fingerprint; never over a file"
+else
+    notok "zeroctl keygen: exit $st/$st2, fingerprint '$fp' vs openssl '$ossl'"; show "$dir/kg.err"
+fi
 
 # a bad config file: zerod refuses to start and names the file, line and key
 printf '# zerod\n[zerod]\nmax-jobs = 4\nstall-timeout = soon\n' >"$dir/bad.conf"

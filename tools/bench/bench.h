@@ -13,6 +13,9 @@
 
 #include "zeroclient.h"
 
+/* --tls[=R]: at most this many rounds */
+#define TLS_ROUNDS_MAX 9
+
 struct bench_cfg {
 	uint64_t params;   /* fp32 elements over all buckets */
 	uint32_t nbuckets; /* buckets of bucket_numel (the last one may be shorter) */
@@ -31,7 +34,7 @@ struct bench_cfg {
 	int checkpoint_every;       /* zc_checkpoint() after every N timed iterations; 0: never */
 	const char *checkpoint_dir; /* where (--checkpoint-dir; default a temporary one) */
 	bool checkpoint_sync;       /* the stall timed includes zc_checkpoint_wait() */
-	bool curve; /* --daemons: the job again on daemons with CURVE keys (sealed mesh) */
+	int tls;      /* --daemons --tls[=R]: R rounds alternating plain and TLS; 0: none */
 	bool overlap; /* also the overlapped kind: fill + hand-over, bucket by bucket (jobs.c) */
 	bool cold;    /* evict the caches before every timed region (bench_evict) */
 };

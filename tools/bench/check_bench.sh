@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The bench suite: a few seconds of zerod-bench (small job, few iterations,
-# a small memcpy, two checkpoints, the job again with shared parameters) must run and print one JSON object with every key the
-# issue asks for; then the same for `--daemons 2` (two daemons on loopback
-# against raw gloo), skipped where zerod was built without gloo. It asserts
-# nothing about speed.
+# a small memcpy, two checkpoints, the job again with shared parameters)
+# must run and print one JSON object with every key the issue asks for; then
+# the same for `--daemons 2 --tls` (two daemons on loopback, plain and over
+# TLS 1.3, against raw gloo), skipped where zerod was built without gloo. It
+# asserts nothing about speed.
 #
 #   check_bench.sh PATH/TO/zerod-bench        (ZEROD_BIN names the daemon)
 set -uo pipefail
@@ -57,16 +58,23 @@ else
     sed 's/^/# /' "$out"
 fi
 
-# --daemons 2 --curve: a second of two daemons, again with CURVE keys (the
-# sealed mesh), and raw gloo, and its keys.
-if "$bench" --daemons 2 --curve --params 200K --buckets 2 --iters 5 --warmup 1 --json \
+# --daemons 2 --tls: a second of two daemons, again with one TLS identity
+# (the tensors over TLS 1.3), openssl speed beside them, and raw gloo, and
+# their keys.
+if "$bench" --daemons 2 --tls --params 200K --buckets 2 --iters 5 --warmup 1 --json \
     >"$out" 2>"$err"; then
     if python3 - "$out" <<'PY'; then
 import json, sys
 keys = """daemons ranks params buckets bytes zerod_iter_ms gloo_iter_ms algbw_zerod algbw_gloo
 busbw_zerod busbw_gloo vs_gloo algbw_net busbw_net vs_gloo_net gloo_shim_iter_ms
-curve_iter_ms curve_algbw_net curve_vs_plain curve_vs_plain_net step_bucket_ref_ms
-step_all_ref_ms vs_gloo_plus_step_target""".split()
+tls_iter_ms tls_algbw_net tls_busbw_net tls_vs_plain tls_vs_plain_net
+tls_vs_plain_net_target tls_bytes_vs_openssl_target step_bucket_ref_ms step_all_ref_ms
+vs_gloo_plus_step_target""".split()
+# present, a number or null: the kTLS variant runs only where the kernel has
+# its tls module; openssl speed's figure is null without openssl
+maybe = """tls_ktls_iter_ms tls_ktls_algbw_net tls_ktls_vs_plain tls_ktls_vs_plain_net
+openssl_aes256gcm_MBps tls_bytes_vs_openssl""".split()
+import shutil
 # gloo_iter_ms is torch's gloo all_reduce: a number where torch is, else null,
 # and so are the ratios to it
 import subprocess
@@ -78,8 +86,31 @@ except ValueError as e:
     print(f"# not one JSON object: {e}")
     sys.exit(1)
 bad = [k for k in keys if not isinstance(j.get(k), (int, float))]
+bad += [k for k in maybe if k not in j or not isinstance(j[k], (int, float, type(None)))]
 if bad:
     print(f"# missing or not numbers: {' '.join(bad)}")
+    sys.exit(1)
+for k, kind in (("tls_rounds", int), ("tls_identity", str), ("ktls_kernel", bool),
+                ("ktls_note", str), ("openssl_speed", str), ("plain_iter_ms_rounds", list),
+                ("tls_iter_ms_rounds", list), ("plain_algbw_net_rounds", list),
+                ("tls_algbw_net_rounds", list)):
+    if not isinstance(j.get(k), kind):
+        print(f"# {k} missing or not {kind.__name__}: {j.get(k)!r}")
+        sys.exit(1)
+if "ktls_active" not in j or j["ktls_active"] not in (True, False, None):
+    print(f"# ktls_active missing or not true/false/null: {j.get('ktls_active')!r}")
+    sys.exit(1)
+# the kTLS variant ran exactly where the kernel can take the keys, and where
+# it cannot, kTLS was not active
+if (j["tls_ktls_iter_ms"] is not None) != j["ktls_kernel"] or \
+        (not j["ktls_kernel"] and j["ktls_active"] is not False):
+    print(f"# kTLS: kernel {j['ktls_kernel']}, variant {j['tls_ktls_iter_ms']}, "
+          f"active {j['ktls_active']}")
+    sys.exit(1)
+# openssl speed's figure is there exactly where openssl is
+if (j["openssl_aes256gcm_MBps"] is not None) != (shutil.which("openssl") is not None) or \
+        (j["openssl_aes256gcm_MBps"] is None) != (j["tls_bytes_vs_openssl"] is None):
+    print(f"# openssl speed: {j['openssl_aes256gcm_MBps']} ({j['openssl_speed']})")
     sys.exit(1)
 # the step references: one bucket's step is a part of every bucket's, and the
 # anchor is gloo's all-reduce plus the step the mode cannot hide
@@ -91,7 +122,7 @@ if "gloo_plus_step_ms" in keys and abs(j["gloo_plus_step_ms"] - j["gloo_iter_ms"
     print(f"# gloo_plus_step_ms is not gloo_iter_ms + one bucket's step (interleaved)")
     sys.exit(1)
 PY
-        echo "ok 3 - zerod-bench --daemons 2 --curve: one JSON object with every key"
+        echo "ok 3 - zerod-bench --daemons 2 --tls: one JSON object with every key"
     else
         echo "not ok 3 - zerod-bench --daemons 2: JSON output"
         sed 's/^/# /' "$out"

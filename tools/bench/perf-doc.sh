@@ -3,7 +3,8 @@
 # needs (python3-torch, gnuplot), build, run zerod-bench in alternating
 # rounds (every configuration once per round, round after round: the
 # headline, a sweep over model sizes, the four shard/step modes, two daemons
-# on loopback, the GPU rows, a trainer's death), keep every run's JSON in docs/perf/NAME/, and
+# on loopback, plain and over TLS 1.3 with openssl speed beside them, the GPU
+# rows, a trainer's death), keep every run's JSON in docs/perf/NAME/, and
 # write the document (each figure as median [min–max] over the rounds) and
 # its plot from them.
 #
@@ -171,7 +172,7 @@ for ((r = 1; r <= rounds; r++)); do
     done
     for step in interleaved at_end; do
         run "daemons-2-$step" "$r" --daemons 2 --params "$head_params" --buckets 4 --ranks 2 \
-            --optim adam --step "$step" --curve "${short[@]:0:4}"
+            --optim adam --step "$step" --tls "${short[@]:0:4}"
     done
     run gpu "$r" --gpu --params "$head_params"
     run recovery "$r" --recovery=1 --params "$head_params" --buckets 4 --ranks 2 --optim adam

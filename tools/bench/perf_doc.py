@@ -152,6 +152,80 @@ def recovery_section(runs, h):
             "recovery are not measured.\n")
 
 
+# Issue 24's targets for the encrypted job: (key, limit where the JSON has
+# none, what it is); each a ratio of the same run that must be at least it.
+TLS_TARGETS = (
+    ("tls_vs_plain_net", 0.7, "the cross-node all-reduce busbw over plain gloo's"),
+    ("tls_bytes_vs_openssl", 0.5,
+     "the bytes each daemon encrypts per second over `openssl speed`'s AES-256-GCM on "
+     "one core (within 2×)"),
+)
+
+
+def tls_section(R, nodes):
+    """Issue 24: the job over TLS 1.3 between the daemons against the same
+    job plain, and the encrypted bytes per second against `openssl speed`
+    on one core, from `zerod-bench --daemons 2 --tls` (each round's ratios
+    taken inside its run)."""
+    head = ("### TLS 1.3 between daemons\n\n"
+            "The same runs (`--tls`): after the plain job, the same job on daemons that "
+            "hold one TLS identity (`zeroctl keygen`, its fingerprint in `--tls-peers`; a "
+            "zerod trusts its own certificate), so the tensors between them cross TLS 1.3 "
+            "(`--tls-ktls=no`: OpenSSL encrypts); with several rounds inside a run they "
+            "alternate with the plain job. \"All-reduce busbw\" is the daemons' own, from "
+            "their metrics (`tls_busbw_net`: what each daemon encrypts and sends per second "
+            "of its all-reduce), against `openssl speed -elapsed -evp aes-256-gcm` over "
+            "16 KiB blocks on one core in the same run (`openssl_aes256gcm_MBps`; TLS 1.3's "
+            "first suite is AES-256-GCM). Targets (issue 24): the encrypted all-reduce "
+            "busbw ≥ 0.7× plain gloo's, and the encrypted bytes per second within 2× of "
+            "openssl's one-core figure (≥ 0.5×). Each round's ratio with ✓ (met) or ✗.\n\n")
+    runs_all = [j for k in nodes for j in R[k] if "tls_iter_ms" in j]
+    if not runs_all:
+        return head + "Not measured in this run.\n"
+
+    def per_round(runs, key, limit):
+        out = []
+        for j in runs:
+            v = j.get(key)
+            out.append("–" if not isinstance(v, (int, float)) else
+                       f"{v:.2f} {'✓' if v >= limit else '✗'}")
+        return ", ".join(out)
+
+    def ktls(runs):
+        act = sorted({str(j.get("ktls_active")).lower().replace("none", "unknown")
+                      for j in runs})
+        kern = {bool(j.get("ktls_kernel")) for j in runs}
+        if kern == {False}:
+            return "not active: the kernel has no tls module (`--tls-ktls=yes` not run)"
+        return (f"`--tls-ktls=yes`: {cell(runs, 'tls_ktls_iter_ms')} ms, all-reduce "
+                f"{cell(runs, 'tls_ktls_vs_plain_net', '{:.2f}', '×')} plain's; active: "
+                f"{', '.join(act)}")
+
+    rows = []
+    for k in nodes:
+        r = [j for j in R[k] if "tls_iter_ms" in j]
+        if not r:
+            continue
+        lim = {key: r[0].get(key + "_target", d) for key, d, _ in TLS_TARGETS}
+        rows.append(
+            f"| {r[0]['step']} | {cell(r, 'zerod_iter_ms')} / {cell(r, 'tls_iter_ms')} | "
+            f"{cell(r, 'busbw_net', '{:.3f}')} / {cell(r, 'tls_busbw_net', '{:.3f}')} | "
+            f"{cell(r, 'tls_vs_plain_net', '{:.2f}', '×')} "
+            f"(≥ {lim['tls_vs_plain_net']}: {per_round(r, 'tls_vs_plain_net', lim['tls_vs_plain_net'])}) | "
+            f"{cell(r, 'openssl_aes256gcm_MBps', '{:.0f}')} | "
+            f"{cell(r, 'tls_bytes_vs_openssl', '{:.2f}', '×')} "
+            f"(≥ {lim['tls_bytes_vs_openssl']}: {per_round(r, 'tls_bytes_vs_openssl', lim['tls_bytes_vs_openssl'])}) | "
+            f"{ktls(r)} | {loads(r)} |")
+    ident = sorted({j.get("tls_identity", "?") for j in runs_all})
+    return (head +
+            "| step | ms per iteration, plain / TLS | all-reduce busbw GB/s, plain / TLS | "
+            "TLS / plain all-reduce (each round) | openssl AES-256-GCM MB/s, one core | "
+            "encrypted bytes/s / openssl's (each round) | kernel TLS | load (each round) |\n"
+            "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) +
+            f"\n\nThe identity: {'; '.join(ident)}. On loopback both daemons encrypt and "
+            "decrypt on this machine's cores, which the trainers and the step share.\n")
+
+
 def main():
     d, doc = sys.argv[1], sys.argv[2]
     R = load_rounds(d)
@@ -230,8 +304,18 @@ def main():
         f"{cell(R[k], 'step_bucket_ref_ms')} / {cell(R[k], 'step_all_ref_ms')} | "
         f"{cell(R[k], 'vs_gloo_plus_step', '{:.2f}', '×')} (≤ {R[k][0].get('vs_gloo_plus_step_target', '?')}) | "
         f"{cell(R[k], 'busbw_zerod', '{:.3f}')} | {cell(R[k], 'busbw_net', '{:.3f}')} | "
-        f"{cell(R[k], 'busbw_gloo', '{:.3f}')} | {cell(R[k], 'curve_iter_ms')} | "
+        f"{cell(R[k], 'busbw_gloo', '{:.3f}')} | {cell(R[k], 'tls_iter_ms')} | "
         f"{loads(R[k])} |" for k in nodes)
+    tls_text = tls_section(R, nodes)
+
+    def target_ge(runs, key, limit, what):
+        """The same for a ratio that must be at least limit."""
+        s = spread(runs, key)
+        if s is None:
+            return f"| {what} | – | ≥ {limit}× | not measured |"
+        return (f"| {what} | {cell(runs, key, '{:.2f}', '×')} | ≥ {limit}× | "
+                f"{'met' if s['median'] >= limit else 'not met'} "
+                f"(the median; {sum(1 for v in values(runs, key) if v >= limit)} of {s['n']} rounds) |")
 
     def target(runs, key, limit, what):
         """A row of the targets table: the median over the rounds of a
@@ -252,7 +336,11 @@ def main():
     ] + [target(R[k], "vs_gloo_plus_step", R[k][0].get("vs_gloo_plus_step_target"),
                 f"§3 two daemons, {R[k][0]['step']}: zerod's iteration over gloo's all-reduce "
                 f"+ {'every bucket' if R[k][0]['step'] == 'at_end' else 'one bucket'}'s step")
-         for k in nodes])
+         for k in nodes] + [
+        target_ge(R[k], key, R[k][0].get(key + "_target", dflt),
+                  f"issue 24, TLS 1.3 between two daemons, {R[k][0]['step']}: {what}")
+        for k in nodes for key, dflt, what in TLS_TARGETS
+        if any(key in j for j in R[k])])
     rec_text = recovery_section(R.get("recovery"), h)
     phase_rows, phase_text = "", ""
     if "phases" in R:
@@ -324,7 +412,7 @@ plot's table in `docs/perf/sweep.dat`.
 
 Measured at commit {cm} on {days}, on {mach}.
 
-**Issue 25's targets in this run** (each ratio taken inside its round, both
+**The targets in this run** (issues 24 and 25; each ratio taken inside its round, both
 sides measured in that run; the rows below give where each comes from):
 
 | target | median [min–max] over the rounds | limit | |
@@ -442,7 +530,7 @@ The plot shows the medians with the rounds' min–max as error bars.
 ## Several nodes: two daemons on loopback against gloo
 
 {hp:g}M parameters, 4 buckets, 2 ranks (one per daemon), Adam, shard bucket:
-`zerod-bench --daemons 2 --params {h[0]['params']} --buckets 4 --ranks 2 --optim adam --step T --curve --json`.
+`zerod-bench --daemons 2 --params {h[0]['params']} --buckets 4 --ranks 2 --optim adam --step T --tls --json`.
 The anchor is independent of zerod: torch.distributed's `all_reduce` over
 its gloo backend between two processes, the same four buckets one after the
 other (`gloo_iter_ms`, `torch_anchor.py --allreduce-only`); gloo through
@@ -455,16 +543,17 @@ bucket and over every bucket, with warm caches (its fastest). "zerod /
 plus the step the mode cannot hide behind the wire, one bucket's
 interleaved (the last bucket's step follows every all-reduce), every
 bucket's at_end. Busbw in GB/s (algbw × 2(n−1)/n); "busbw all-reduce" is the daemons'
-own cross-node all-reduce from their metrics; "sealed" the same job on
-daemons with CURVE keys (the sealed mesh).
+own cross-node all-reduce from their metrics; "TLS ms" the same job on
+daemons with one TLS identity (TLS 1.3 between daemons, below).
 
-| step | zerod ms | gloo (torch) ms | gloo via zerod's shim ms | zerod / gloo | step alone ms, one bucket / all | zerod / (gloo + step) | busbw whole iteration | busbw all-reduce | busbw gloo | sealed ms | load (each round) |
+| step | zerod ms | gloo (torch) ms | gloo via zerod's shim ms | zerod / gloo | step alone ms, one bucket / all | zerod / (gloo + step) | busbw whole iteration | busbw all-reduce | busbw gloo | TLS ms | load (each round) |
 |---|---|---|---|---|---|---|---|---|---|---|---|
 {node_rows}
 
 Both "nodes" share this machine's 2 cores; on separate machines the two
 daemons would not compete for them.
 
+{tls_text}
 {rec_text}
 ## GPU rows
 
@@ -551,8 +640,12 @@ anchor. `--json` prints one object; without it, a table with the same values.
   them; then torch's gloo `all_reduce` of the same buckets between N
   processes (`gloo_iter_ms`) and gloo through zerod's shim
   (`gloo_shim_iter_ms`); `busbw_*` = bytes / time × 2(n−1)/n; `algbw_net`:
-  the daemons' own all-reduce from their metrics; with `--curve` the job on
-  daemons with CURVE keys (`curve_iter_ms`); the step alone, without zerod,
+  the daemons' own all-reduce from their metrics; with `--tls` the job again
+  on daemons with one TLS identity, TLS 1.3 between them, in alternating
+  rounds with the plain one (`tls_iter_ms`, `tls_algbw_net`; `tls_ktls_*`
+  with `--tls-ktls=yes` where the kernel has kTLS, `ktls_active`), and
+  `openssl speed`'s AES-256-GCM on one core (`openssl_aes256gcm_MBps`,
+  `tls_bytes_vs_openssl`); the step alone, without zerod,
   the fused reference of one rank over one bucket and over all of them
   (`step_bucket_ref_ms`, `step_all_ref_ms`, warm caches), and
   `vs_gloo_plus_step`, the iteration over `gloo_iter_ms` plus the step the

@@ -53,6 +53,24 @@
  *                  cannot hide behind the wire: one bucket's interleaved
  *                  (the last bucket's step comes after every all-reduce),
  *                  every bucket's at_end (issue 25 §3: targets 1.15, 1.1).
+ * With --tls[=R] the same job again, in R alternating rounds (plain first in
+ * even rounds, last in odd ones), on daemons that hold one TLS identity (a
+ * zerod trusts its own certificate: `zeroctl keygen DIR/node`, its
+ * fingerprint in DIR/node.peers; --tls-key, --tls-cert, --tls-peers), so
+ * the tensors between them cross TLS 1.3 (issue 24):
+ *   tls_*        = that job with --tls-ktls=no (OpenSSL encrypts), and
+ *   tls_ktls_*   = with --tls-ktls=yes (the default), run only where the
+ *                  kernel has its tls module (a TCP_ULP "tls" probe on a
+ *                  loopback connection); ktls_active says whether the
+ *                  daemons said they handed the keys to the kernel (null:
+ *                  they did not say), and is false where the kernel cannot;
+ *   tls_vs_plain_net = tls_algbw_net / algbw_net (target >= 0.7);
+ *   openssl_aes256gcm_MBps = `openssl speed -elapsed -evp aes-256-gcm`'s
+ *                  16 KiB figure on one core, in this run (TLS 1.3's
+ *                  first suite is TLS_AES_256_GCM_SHA384);
+ *   tls_bytes_vs_openssl = tls_busbw_net (the bytes each daemon sends,
+ *                  encrypted, per second of its all-reduce) over it
+ *                  (target >= 0.5: within 2x).
  * The floors, the handoff and the torch anchor are not run in this mode.
  */
 #include <dirent.h>
@@ -66,8 +84,13 @@
 #include <time.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
-#include <zmq.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include "bench.h"
 
@@ -178,8 +201,10 @@ static void usage(FILE *f)
 		"  --bucket-size B    buckets of B bytes (default 25M, as DDP's bucket_cap)\n"
 		"  --ranks R          trainer processes (default 2, or N with --daemons N)\n"
 		"  --daemons N        N >= 2 daemons on loopback, vs raw gloo (needs gloo)\n"
-		"  --curve            --daemons: the job also on daemons with CURVE keys (its\n"
-		"                     tensors over the sealed mesh), against the plain run\n"
+		"  --tls[=R]          --daemons: the job also on daemons with a TLS identity\n"
+		"                     (tensors over TLS 1.3; also --tls-ktls=yes where the\n"
+		"                     kernel has kTLS), R alternating rounds (default 1),\n"
+		"                     and openssl speed's AES-256-GCM on one core beside it\n"
 		"  --optim O          sgd|adam|adamw (default adam)\n"
 		"  --shard S          bucket|slice (default bucket)\n"
 		"  --step S           interleaved|at_end (default interleaved)\n"
@@ -242,7 +267,7 @@ enum {
 	OPT_CKPT_DIR,
 	OPT_CKPT_SYNC,
 	OPT_SHARED,
-	OPT_CURVE,
+	OPT_TLS,
 	OPT_TORCH_PLAIN,
 	OPT_WARM,
 	OPT_NO_OVERLAP,
@@ -275,7 +300,7 @@ static const struct option longopts[] = {
 	{"checkpoint-dir", required_argument, NULL, OPT_CKPT_DIR},
 	{"checkpoint-sync", no_argument, NULL, OPT_CKPT_SYNC},
 	{"shared-params", no_argument, NULL, OPT_SHARED},
-	{"curve", no_argument, NULL, OPT_CURVE},
+	{"tls", optional_argument, NULL, OPT_TLS},
 	{"torch-plain", no_argument, NULL, OPT_TORCH_PLAIN},
 	{"warm", no_argument, NULL, OPT_WARM},
 	{"no-overlap", no_argument, NULL, OPT_NO_OVERLAP},
@@ -351,8 +376,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case OPT_SHARED:
 			o->shared_params = true;
 			break;
-		case OPT_CURVE:
-			cfg->curve = true;
+		case OPT_TLS:
+			r = optarg ? parse_int(optarg, 1, TLS_ROUNDS_MAX, &n) : 0;
+			cfg->tls = optarg ? (int)n : 1;
 			break;
 		case OPT_TORCH_PLAIN:
 			o->vs_torch = o->torch_plain = true;
@@ -451,8 +477,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		return r;
 	if (cfg->daemons && !ranks_set && cfg->daemons > cfg->ranks)
 		cfg->ranks = cfg->daemons;
-	if (cfg->curve && !cfg->daemons) {
-		fprintf(stderr, "zerod-bench: --curve needs --daemons N\n");
+	if (cfg->tls && !cfg->daemons) {
+		fprintf(stderr, "zerod-bench: --tls needs --daemons N\n");
 		return -EINVAL;
 	}
 	if (cfg->daemons > cfg->ranks) {
@@ -894,11 +920,114 @@ static int step_refs(const struct bench_cfg *cfg, double ms[2])
 	return floor_fused_ms(&one, &ms[1], &fastest);
 }
 
+/* --tls: the rounds of the job plain and with TLS, and what they ran on. */
+struct tls_report {
+	int rounds;
+	/* per round: the iteration (ms) and the daemons' own all-reduce (GB/s)
+	 * of the plain job, with TLS (--tls-ktls=no), with --tls-ktls=yes */
+	double plain_ms[TLS_ROUNDS_MAX], plain_net[TLS_ROUNDS_MAX];
+	double tls_ms[TLS_ROUNDS_MAX], tls_net[TLS_ROUNDS_MAX];
+	double ktls_ms[TLS_ROUNDS_MAX], ktls_net[TLS_ROUNDS_MAX];
+	double tls_iter_ms, tls_algn, ktls_iter_ms, ktls_algn; /* their medians */
+	bool ktls_kernel; /* the kernel takes TCP_ULP "tls": the kTLS variant runs */
+	int ktls_active;  /* the daemons said the kernel had the keys: 1, 0, -1 unknown */
+	char ktls_note[256];
+	char ident[160];    /* how the identity was made */
+	double openssl_Bps; /* openssl speed's AES-256-GCM, 16 KiB blocks, one core */
+	char openssl_note[200];
+};
+
+/* A JSON list of n numbers (null for NAN). */
+static void jlist(const char *key, const double *v, int n)
+{
+	printf("  \"%s\": [", key);
+	for (int i = 0; i < n; i++) {
+		if (isfinite(v[i]))
+			printf("%s%.3f", i ? ", " : "", v[i]);
+		else
+			printf("%snull", i ? ", " : "");
+	}
+	printf("],\n");
+}
+
+/* A JSON string (quotes and backslashes escaped; ours hold no control
+ * characters). */
+static void jstr(const char *key, const char *s)
+{
+	printf("  \"%s\": \"", key);
+	for (; *s; s++)
+		printf(*s == '"' || *s == '\\' ? "\\%c" : "%c", *s);
+	printf("\",\n");
+}
+
+/* The TLS keys of --daemons --tls (f: busbw over algbw). */
+static void print_tls_json(const struct tls_report *t, const struct job_result *job, double algn,
+			   double f)
+{
+	double tls_bus = t->tls_algn * f;
+
+	printf("  \"tls_rounds\": %d,\n", t->rounds);
+	jstr("tls_identity", t->ident);
+	jnum("tls_iter_ms", t->tls_iter_ms, "%.3f", false);
+	jnum("tls_algbw_net", t->tls_algn, "%.3f", false);
+	jnum("tls_busbw_net", tls_bus, "%.3f", false);
+	jnum("tls_vs_plain", ratio(job->iter_ms, t->tls_iter_ms), "%.3f", false);
+	jnum("tls_vs_plain_net", ratio(t->tls_algn, algn), "%.3f", false);
+	jnum("tls_vs_plain_net_target", 0.7, "%.2f", false);
+	jnum("tls_ktls_iter_ms", t->ktls_iter_ms, "%.3f", false);
+	jnum("tls_ktls_algbw_net", t->ktls_algn, "%.3f", false);
+	jnum("tls_ktls_vs_plain", ratio(job->iter_ms, t->ktls_iter_ms), "%.3f", false);
+	jnum("tls_ktls_vs_plain_net", ratio(t->ktls_algn, algn), "%.3f", false);
+	printf("  \"ktls_kernel\": %s,\n", t->ktls_kernel ? "true" : "false");
+	printf("  \"ktls_active\": %s,\n", t->ktls_active < 0 ? "null"
+					   : t->ktls_active   ? "true"
+							      : "false");
+	jstr("ktls_note", t->ktls_note);
+	jnum("openssl_aes256gcm_MBps", t->openssl_Bps / 1e6, "%.1f", false);
+	jstr("openssl_speed", t->openssl_note);
+	jnum("tls_bytes_vs_openssl", ratio(tls_bus * 1e9, t->openssl_Bps), "%.3f", false);
+	jnum("tls_bytes_vs_openssl_target", 0.5, "%.2f", false);
+	jlist("plain_iter_ms_rounds", t->plain_ms, t->rounds);
+	jlist("plain_algbw_net_rounds", t->plain_net, t->rounds);
+	jlist("tls_iter_ms_rounds", t->tls_ms, t->rounds);
+	jlist("tls_algbw_net_rounds", t->tls_net, t->rounds);
+	if (t->ktls_kernel) {
+		jlist("tls_ktls_iter_ms_rounds", t->ktls_ms, t->rounds);
+		jlist("tls_ktls_algbw_net_rounds", t->ktls_net, t->rounds);
+	}
+}
+
+/* The same as a table. */
+static void print_tls_table(const struct tls_report *t, const struct job_result *job, double algn,
+			    double f, double bytes)
+{
+	double algc = bytes / (t->tls_iter_ms * 1e6);
+
+	printf("with TLS 1.3 between the daemons (%s; %d round%s, medians)\n", t->ident, t->rounds,
+	       t->rounds == 1 ? "" : "s");
+	printf("  zerod (whole iteration)  %9.2f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n",
+	       t->tls_iter_ms, algc, algc * f);
+	printf("  zerod's own all-reduce                 algbw %7.3f GB/s  busbw %7.3f GB/s\n",
+	       t->tls_algn, t->tls_algn * f);
+	printf("  TLS / plain  whole iteration %8.3f   all-reduce %9.3f  (target >= 0.70)\n",
+	       ratio(job->iter_ms, t->tls_iter_ms), ratio(t->tls_algn, algn));
+	if (t->ktls_kernel)
+		printf("  --tls-ktls=yes           %9.2f ms  all-reduce algbw %7.3f GB/s, %.3f of "
+		       "plain\n",
+		       t->ktls_iter_ms, t->ktls_algn, ratio(t->ktls_algn, algn));
+	printf("  kTLS: %s\n", t->ktls_note);
+	printf("  openssl speed AES-256-GCM, 16 KiB, one core  %9.1f MB/s  (%s)\n",
+	       t->openssl_Bps / 1e6, t->openssl_note);
+	printf("  encrypted busbw / that   %9.3f  (target >= 0.50: within 2x)\n",
+	       ratio(t->tls_algn * f * 1e9, t->openssl_Bps));
+}
+
 /* gloo_ms: torch's gloo all_reduce (the anchor; NAN where torch is not),
- * shim_ms: gloo through zerod's own shim (gloo_raw.c), step_ms: step_refs(). */
+ * shim_ms: gloo through zerod's own shim (gloo_raw.c), step_ms: step_refs(),
+ * tls: the --tls rounds (NULL without). */
 static void print_daemons(const struct opts *o, const struct job_result *job, double gloo_ms,
 			  double shim_ms, const double step_ms[2], double algn, double load,
-			  const struct job_result *sealed, double algs)
+			  const struct tls_report *tls)
 {
 	const struct bench_cfg *c = &o->cfg;
 	double n = c->daemons, f = 2.0 * (n - 1) / n, bytes = 4.0 * (double)c->params;
@@ -949,14 +1078,8 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 		}
 		jnum("algbw_net", algn, "%.3f", false);
 		jnum("busbw_net", algn * f, "%.3f", false);
-		if (sealed) {
-			/* the same job on daemons with CURVE keys: the sealed mesh */
-			jnum("curve_iter_ms", sealed->iter_ms, "%.3f", false);
-			jnum("curve_algbw_net", algs, "%.3f", false);
-			jnum("curve_vs_plain", ratio(job->iter_ms, sealed->iter_ms), "%.3f",
-			     false);
-			jnum("curve_vs_plain_net", ratio(algs, algn), "%.3f", false);
-		}
+		if (tls)
+			print_tls_json(tls, job, algn, f);
 		jnum("vs_gloo_net", ratio(algn, algg), "%.3f", true);
 		printf("}\n");
 		return;
@@ -982,25 +1105,15 @@ static void print_daemons(const struct opts *o, const struct job_result *job, do
 	       algn, algn * f);
 	printf("  zerod / gloo  whole iteration %9.3f   all-reduce %9.3f\n", ratio(algz, algg),
 	       ratio(algn, algg));
-	if (sealed) {
-		double algc = bytes / (sealed->iter_ms * 1e6);
-		printf("with CURVE keys (the tensors over the sealed mesh), the same job\n");
-		printf("  zerod (whole iteration)  %9.2f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n",
-		       sealed->iter_ms, algc, algc * f);
-		printf("  zerod's own all-reduce                 algbw %7.3f GB/s  busbw %7.3f "
-		       "GB/s\n",
-		       algs, algs * f);
-		printf("  sealed / plain  whole iteration %7.3f   all-reduce %9.3f  (speed, 1 = "
-		       "as fast)\n",
-		       ratio(job->iter_ms, sealed->iter_ms), ratio(algs, algn));
-	}
+	if (tls)
+		print_tls_table(tls, job, algn, f, bytes);
 	if (!job->checkpoints)
 		return;
 	printf("checkpoints over %u daemons\n", c->daemons);
 	printf("  checkpoint stall        %9.2f ms  zc_checkpoint()%s, median of %d (slowest "
 	       "%.2f ms)\n",
-	       job->ckpt_ms, c->checkpoint_sync ? " + zc_checkpoint_wait()" : "",
-	       job->checkpoints, job->ckpt_max_ms);
+	       job->ckpt_ms, c->checkpoint_sync ? " + zc_checkpoint_wait()" : "", job->checkpoints,
+	       job->ckpt_max_ms);
 	printf("  iteration + checkpoint  %9.2f ms  over one without, median (slowest %.2f ms)\n",
 	       job->ckpt_stall_ms, job->ckpt_stall_max_ms);
 	printf("  staging copy floor      %9.2f ms  memcpy of %.1f MB into a warm buffer; "
@@ -1049,59 +1162,288 @@ static const char *ckpt_tmp_make(struct bench_cfg *cfg)
 	return cfg->checkpoint_dir;
 }
 
-/* One CURVE key pair every daemon holds (a zerod trusts its own key), in
- * a temporary directory, as `zeroctl keygen` makes one (libzmq's
- * zmq_curve_keypair): the flags that give it to zerod in args. */
-struct curve_files {
-	char dir[64], key[96], peers[96];
-	const char *args[5];
-};
+/* ---- --tls: one TLS identity, the kernel's TLS, openssl speed ---- */
 
-static int curve_files_make(struct curve_files *cf)
+static const char *zeroctl_bin(void)
 {
-	char pub[41], sec[41];
-	FILE *f;
-	int fd;
+	return getenv("ZEROCTL_BIN") ? getenv("ZEROCTL_BIN") : ZEROCTL_BUILD_BIN;
+}
 
-	snprintf(cf->dir, sizeof(cf->dir), "/tmp/zerod-bench-curve.XXXXXX");
-	if (!mkdtemp(cf->dir))
-		return -errno;
-	if (zmq_curve_keypair(pub, sec) != 0)
-		return -ENOTSUP; /* a libzmq without CURVE */
-	snprintf(cf->key, sizeof(cf->key), "%s/node.key", cf->dir);
-	snprintf(cf->peers, sizeof(cf->peers), "%s/peers", cf->dir);
-	fd = open(cf->key, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return -errno;
-	dprintf(fd, "%s\n", sec);
-	close(fd);
-	f = fopen(cf->peers, "we");
+/* The SHA-256 fingerprint of the certificate in PEM file path, 64 lowercase
+ * hex digits (what tls-peers lists). 0 or -errno. */
+static int cert_fingerprint(const char *path, char fp[65])
+{
+	FILE *f = fopen(path, "re");
+	X509 *x = f ? PEM_read_X509(f, NULL, NULL, NULL) : NULL;
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned n = 0;
+	int r = -EIO;
+
 	if (!f)
 		return -errno;
+	if (x && X509_digest(x, EVP_sha256(), md, &n) == 1 && n == 32) {
+		for (unsigned i = 0; i < n; i++)
+			sprintf(fp + 2 * i, "%02x", md[i]);
+		r = 0;
+	}
+	X509_free(x);
 	fclose(f);
-	cf->args[0] = "--curve-secret-key";
-	cf->args[1] = cf->key;
-	cf->args[2] = "--curve-peers";
-	cf->args[3] = cf->peers;
-	cf->args[4] = NULL;
+	return r;
+}
+
+static int write_pem(const char *path, mode_t mode, EVP_PKEY *key, X509 *cert)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+	FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+	int ok;
+
+	if (!f) {
+		if (fd >= 0)
+			close(fd);
+		return -errno;
+	}
+	ok = key ? PEM_write_PrivateKey(f, key, NULL, NULL, 0, NULL, NULL)
+		 : PEM_write_X509(f, cert);
+	return fclose(f) == 0 && ok ? 0 : -EIO;
+}
+
+/* What `zeroctl keygen PREFIX` makes, made here: an Ed25519 key in
+ * PREFIX.key (0600) and its self-signed certificate in PREFIX.crt. */
+static int identity_generate(const char *key_path, const char *cert_path)
+{
+	EVP_PKEY *key = EVP_PKEY_Q_keygen(NULL, NULL, "ED25519");
+	X509 *x = X509_new();
+	X509_NAME *n = x ? X509_get_subject_name(x) : NULL;
+	int r = -EIO;
+
+	if (!key || !x)
+		goto out;
+	ASN1_INTEGER_set(X509_get_serialNumber(x), 1);
+	X509_gmtime_adj(X509_getm_notBefore(x), -3600);
+	X509_gmtime_adj(X509_getm_notAfter(x), 86400L * 30);
+	X509_NAME_add_entry_by_txt(n, "CN", MBSTRING_ASC, (const unsigned char *)"zerod-bench", -1,
+				   -1, 0);
+	X509_set_issuer_name(x, n);
+	if (X509_set_version(x, 2) != 1 || X509_set_pubkey(x, key) != 1 ||
+	    X509_sign(x, key, NULL) <= 0)
+		goto out;
+	r = write_pem(key_path, 0600, key, NULL);
+	if (r == 0)
+		r = write_pem(cert_path, 0644, NULL, x);
+out:
+	X509_free(x);
+	EVP_PKEY_free(key);
+	return r;
+}
+
+/* One TLS identity every daemon holds (a zerod trusts its own certificate),
+ * in a temporary directory: made by `zeroctl keygen DIR/node`, or, where
+ * that zeroctl writes no DIR/node.crt (an older one), by the same OpenSSL
+ * calls here; DIR/node.peers lists its fingerprint. The flags that give it
+ * to zerod: args_tls with --tls-ktls=no, args_ktls with the default. */
+struct tls_files {
+	char dir[64], key[96], cert[96], peers[96], pub[96], fp[65];
+	const char *args_tls[8], *args_ktls[8];
+};
+
+static int tls_files_make(struct tls_files *tf, char *how, size_t howlen)
+{
+	char cmd[512], line[256] = "", *p, *q;
+	int r, st;
+	FILE *f;
+
+	snprintf(tf->dir, sizeof(tf->dir), "/tmp/zerod-bench-tls.XXXXXX");
+	if (!mkdtemp(tf->dir))
+		return -errno;
+	snprintf(tf->key, sizeof(tf->key), "%s/node.key", tf->dir);
+	snprintf(tf->cert, sizeof(tf->cert), "%s/node.crt", tf->dir);
+	snprintf(tf->peers, sizeof(tf->peers), "%s/node.peers", tf->dir);
+	snprintf(tf->pub, sizeof(tf->pub), "%s/node.pub", tf->dir);
+	snprintf(cmd, sizeof(cmd), "'%s' keygen '%s/node' 2>/dev/null", zeroctl_bin(), tf->dir);
+	f = popen(cmd, "r");
+	if (f) {
+		if (!fgets(line, sizeof(line), f))
+			line[0] = 0;
+		while (fgetc(f) != EOF)
+			;
+		st = pclose(f);
+	} else {
+		st = -1;
+	}
+	if (st == 0 && access(tf->key, R_OK) == 0 && cert_fingerprint(tf->cert, tf->fp) == 0) {
+		/* what keygen printed: the fingerprint, colons allowed */
+		for (p = q = line; *p; p++)
+			if (*p != ':' && *p != '\n' && *p != ' ')
+				*q++ = (char)(*p >= 'A' && *p <= 'F' ? *p - 'A' + 'a' : *p);
+		*q = 0;
+		if (strcmp(line, tf->fp) != 0)
+			fprintf(stderr,
+				"zerod-bench: zeroctl keygen printed \"%s\", not the certificate's "
+				"SHA-256 fingerprint %s; the bench lists the latter\n",
+				line, tf->fp);
+		snprintf(how, howlen, "zeroctl keygen");
+	} else {
+		/* an older zeroctl (a CURVE key in node.key): made here instead */
+		unlink(tf->key);
+		unlink(tf->pub);
+		unlink(tf->cert);
+		r = identity_generate(tf->key, tf->cert);
+		if (r == 0)
+			r = cert_fingerprint(tf->cert, tf->fp);
+		if (r < 0)
+			return r;
+		snprintf(how, howlen,
+			 "Ed25519, self-signed, made by the bench: %s keygen wrote no PREFIX.crt",
+			 st == 0 ? "this zeroctl's" : "zeroctl");
+	}
+	f = fopen(tf->peers, "we");
+	if (!f)
+		return -errno;
+	fprintf(f, "# the bench's one identity: every daemon holds it\n%s\n", tf->fp);
+	if (fclose(f) != 0)
+		return -EIO;
+	const char *a[] = {"--tls-key", tf->key, "--tls-cert", tf->cert, "--tls-peers", tf->peers};
+	for (int i = 0; i < 6; i++)
+		tf->args_tls[i] = tf->args_ktls[i] = a[i];
+	tf->args_tls[6] = "--tls-ktls=no";
+	tf->args_tls[7] = tf->args_ktls[6] = tf->args_ktls[7] = NULL;
 	return 0;
 }
 
-static void curve_files_remove(struct curve_files *cf)
+static void tls_files_remove(struct tls_files *tf)
 {
-	unlink(cf->key);
-	unlink(cf->peers);
-	rmdir(cf->dir);
+	unlink(tf->key);
+	unlink(tf->cert);
+	unlink(tf->peers);
+	unlink(tf->pub);
+	rmdir(tf->dir);
 }
 
-/* The job across cfg->daemons daemons started with extra flags: its
- * iterations, and the daemons' own all-reduce bandwidth in *ret_algn. */
-static int daemons_job(struct opts *o, const char *const *extra, struct job_result *job,
-		       double *ret_algn, const char **ret_step)
+/* Whether this kernel can take a TLS connection's keys: TCP_ULP "tls" on
+ * an established loopback connection (what OpenSSL's kTLS sets). why says
+ * what it found. */
+static bool kernel_tls(char *why, size_t len)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t al = sizeof(a);
+	int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), c = -1, s = -1, e = 0;
+	bool ok = false;
+
+	if (l >= 0 && bind(l, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(l, 1) == 0 &&
+	    getsockname(l, (struct sockaddr *)&a, &al) == 0 &&
+	    (c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) >= 0 &&
+	    connect(c, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+	    (s = accept4(l, NULL, NULL, SOCK_CLOEXEC)) >= 0) {
+		ok = setsockopt(c, IPPROTO_TCP, TCP_ULP, "tls", sizeof("tls")) == 0;
+		e = ok ? 0 : errno;
+		snprintf(why, len,
+			 ok ? "the kernel takes TCP_ULP \"tls\""
+			    : "the kernel has no tls module (TCP_ULP \"tls\": %s): tls-ktls=yes "
+			      "runs "
+			      "OpenSSL's own code, as tls_iter_ms, so that variant is not run",
+			 strerror(e));
+	} else {
+		snprintf(why, len, "no loopback connection to probe TCP_ULP \"tls\" on: %s",
+			 strerror(errno));
+	}
+	if (s >= 0)
+		close(s);
+	if (c >= 0)
+		close(c);
+	if (l >= 0)
+		close(l);
+	return ok;
+}
+
+/* Whether daemon d's log says its mesh handed the TLS keys to the kernel:
+ * 1, 0, or -1 where it does not say (the job's start line only says
+ * "kernel TLS asked for"). */
+static int log_ktls(const struct bench_daemon *d)
+{
+	char line[1024];
+	FILE *f = fopen(d->log, "re");
+	int v = -1;
+
+	while (f && fgets(line, sizeof(line), f)) {
+		if (!strstr(line, "kernel TLS") && !strstr(line, "kTLS"))
+			continue;
+		if (strstr(line, "asked for") && !strstr(line, "active") && !strstr(line, "in use"))
+			continue;
+		if (strstr(line, " not ") || strstr(line, " off") || strstr(line, "unavailable") ||
+		    strstr(line, "without") || strstr(line, " no "))
+			v = 0;
+		else if (strstr(line, "active") || strstr(line, "in use") || strstr(line, " on"))
+			v = 1;
+	}
+	if (f)
+		fclose(f);
+	return v;
+}
+
+/* Whether daemon d's log says the job's tensors crossed TLS 1.3 (the job's
+ * start line, daemon/core/job.c). */
+static bool log_tls(const struct bench_daemon *d)
+{
+	char line[1024];
+	FILE *f = fopen(d->log, "re");
+	bool v = false;
+
+	while (f && fgets(line, sizeof(line), f))
+		v = v || strstr(line, "tensors between nodes over TLS 1.3");
+	if (f)
+		fclose(f);
+	return v;
+}
+
+/* `openssl speed -elapsed -evp aes-256-gcm` over 16 KiB blocks for a second,
+ * one process: bytes per second in *ret_Bps (NAN if it did not run), and
+ * note says which. */
+static void openssl_speed(double *ret_Bps, char *note, size_t len)
+{
+	const char *bin = getenv("OPENSSL_BIN") ? getenv("OPENSSL_BIN") : "openssl";
+	char cmd[512], line[512];
+	FILE *f;
+	int st;
+
+	*ret_Bps = NAN;
+	snprintf(cmd, sizeof(cmd),
+		 "'%s' speed -elapsed -seconds 1 -bytes 16384 -mr -evp aes-256-gcm 2>/dev/null",
+		 bin);
+	f = popen(cmd, "r");
+	if (!f) {
+		snprintf(note, len, "not run: %s", strerror(errno));
+		return;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		/* -mr: "+F:N:AES-256-GCM:BYTES_PER_S" (one column: -bytes 16384) */
+		char *c = strrchr(line, ':');
+		if (strncmp(line, "+F:", 3) == 0 && c)
+			*ret_Bps = strtod(c + 1, NULL);
+	}
+	st = pclose(f);
+	if (isfinite(*ret_Bps) && *ret_Bps > 0)
+		snprintf(note, len,
+			 "openssl speed -elapsed -seconds 1 -bytes 16384 -evp aes-256-gcm");
+	else if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
+		snprintf(note, len, "not run: no %s in PATH (tools/deps.sh installs openssl)", bin);
+	else
+		snprintf(note, len, "not run: %s speed printed no AES-256-GCM figure", bin);
+	if (!(*ret_Bps > 0))
+		*ret_Bps = NAN;
+}
+
+/* The job across cfg->daemons daemons started with extra flags (what: a
+ * name for the progress line): its iterations, the daemons' own all-reduce
+ * bandwidth in *ret_algn, and with ret_tls/ret_ktls what their logs said
+ * (log_tls: every daemon's; log_ktls: -1 unless every daemon said). */
+static int daemons_job(struct opts *o, const char *what, const char *const *extra,
+		       struct job_result *job, double *ret_algn, bool *ret_tls, int *ret_ktls,
+		       const char **ret_step)
 {
 	struct bench_cfg *cfg = &o->cfg;
 	const char *ckpt_tmp = ckpt_tmp_make(cfg);
 	struct bench_daemon d[16];
+	char line[256];
 	uint32_t k;
 	int r = 0;
 
@@ -1113,11 +1455,13 @@ static int daemons_job(struct opts *o, const char *const *extra, struct job_resu
 			dump_log(&d[k]);
 	}
 	if (r == 0) {
-		progress(extra ? "zerod: iterations across daemons with CURVE (sealed mesh)"
-			       : "zerod: iterations across daemons");
+		snprintf(line, sizeof(line), "zerod: iterations across daemons%s%s",
+			 what ? ", " : "", what ? what : "");
+		progress(line);
 		*ret_step = "iterations";
-		r = cfg->checkpoint_every && !cfg->checkpoint_dir ? -errno
-								  : job_iterations(d, cfg, job, NULL);
+		r = cfg->checkpoint_every && !cfg->checkpoint_dir
+			    ? -errno
+			    : job_iterations(d, cfg, job, NULL);
 		if (ckpt_tmp) {
 			ckpt_tmp_remove(ckpt_tmp);
 			cfg->checkpoint_dir = NULL;
@@ -1128,6 +1472,18 @@ static int daemons_job(struct opts *o, const char *const *extra, struct job_resu
 		else
 			*ret_algn = daemons_net_algbw(d, cfg->daemons);
 	}
+	if (r == 0 && ret_tls) {
+		*ret_tls = true;
+		for (k = 0; k < cfg->daemons; k++)
+			*ret_tls = *ret_tls && log_tls(&d[k]);
+	}
+	if (r == 0 && ret_ktls) {
+		*ret_ktls = log_ktls(&d[0]);
+		for (k = 1; k < cfg->daemons; k++) {
+			int v = log_ktls(&d[k]);
+			*ret_ktls = v < 0 || *ret_ktls < 0 ? -1 : v && *ret_ktls;
+		}
+	}
 	for (k = 0; k < cfg->daemons; k++)
 		if (daemon_stop(&d[k]) != 0 && r == 0) {
 			*ret_step = "stopping zerod";
@@ -1136,25 +1492,113 @@ static int daemons_job(struct opts *o, const char *const *extra, struct job_resu
 	return r;
 }
 
+static double median_of(const double *v, int n)
+{
+	double c[TLS_ROUNDS_MAX];
+
+	memcpy(c, v, sizeof(*v) * (size_t)n);
+	return bench_quantile(c, (size_t)n, 0.5);
+}
+
+/* --tls: cfg->tls rounds of the plain job (into *job and *algn: the first
+ * round's result, its iteration and all-reduce the medians over the rounds)
+ * and the job on daemons with the identity, alternating; then openssl
+ * speed. */
+static int tls_rounds(struct opts *o, struct job_result *job, double *algn, struct tls_report *t,
+		      const char **step)
+{
+	struct bench_cfg *cfg = &o->cfg;
+	struct tls_files tf;
+	struct job_result one;
+	int r, ktls = -1;
+
+	memset(t, 0, sizeof(*t));
+	t->rounds = cfg->tls;
+	t->tls_iter_ms = t->tls_algn = t->ktls_iter_ms = t->ktls_algn = NAN;
+	for (int k = 0; k < TLS_ROUNDS_MAX; k++)
+		t->plain_ms[k] = t->plain_net[k] = t->tls_ms[k] = t->tls_net[k] = t->ktls_ms[k] =
+			t->ktls_net[k] = NAN;
+	t->ktls_kernel = kernel_tls(t->ktls_note, sizeof(t->ktls_note));
+	t->ktls_active = t->ktls_kernel ? -1 : 0;
+	*step = "the TLS identity (zeroctl keygen)";
+	r = tls_files_make(&tf, t->ident, sizeof(t->ident));
+	for (int k = 0; r == 0 && k < t->rounds; k++) {
+		/* alternating: plain first in even rounds, last in odd ones */
+		for (int v = 0; r == 0 && v < 3; v++) {
+			int kind = k % 2 == 0 ? v : (v + 1) % 3; /* 0 plain, 1 TLS, 2 kTLS */
+			char what[64];
+			bool said = true;
+			int kt = -1;
+
+			if (kind == 2 && !t->ktls_kernel)
+				continue;
+			snprintf(what, sizeof(what), "%s (round %d/%d)",
+				 kind == 0   ? "plain gloo"
+				 : kind == 1 ? "TLS 1.3, --tls-ktls=no"
+					     : "TLS 1.3, --tls-ktls=yes",
+				 k + 1, t->rounds);
+			one = (struct job_result){0};
+			if (kind == 0) {
+				r = daemons_job(o, what, NULL, k == 0 ? job : &one,
+						&t->plain_net[k], NULL, NULL, step);
+				t->plain_ms[k] = (k == 0 ? job : &one)->iter_ms;
+				continue;
+			}
+			r = daemons_job(o, what, kind == 1 ? tf.args_tls : tf.args_ktls, &one,
+					kind == 1 ? &t->tls_net[k] : &t->ktls_net[k], &said,
+					kind == 2 ? &kt : NULL, step);
+			(kind == 1 ? t->tls_ms : t->ktls_ms)[k] = one.iter_ms;
+			if (r == 0 && !said) {
+				fprintf(stderr,
+					"zerod-bench: the daemons with --tls-key did not say "
+					"their tensors crossed TLS 1.3 (the job's start line)\n");
+				*step = "TLS between the daemons";
+				r = -EPROTO;
+			}
+			if (kind == 2)
+				ktls = k == 0 ? kt : (kt < 0 || ktls < 0 ? -1 : kt && ktls);
+		}
+	}
+	tls_files_remove(&tf);
+	if (r < 0)
+		return r;
+	job->iter_ms = median_of(t->plain_ms, t->rounds);
+	*algn = median_of(t->plain_net, t->rounds);
+	t->tls_iter_ms = median_of(t->tls_ms, t->rounds);
+	t->tls_algn = median_of(t->tls_net, t->rounds);
+	if (t->ktls_kernel) {
+		t->ktls_iter_ms = median_of(t->ktls_ms, t->rounds);
+		t->ktls_algn = median_of(t->ktls_net, t->rounds);
+		t->ktls_active = ktls;
+		snprintf(t->ktls_note, sizeof(t->ktls_note), "%s",
+			 ktls < 0 ? "the kernel takes TCP_ULP \"tls\", but the daemons' logs did "
+				    "not say whether the mesh handed it the keys: unknown"
+			 : ktls   ? "the kernel takes TCP_ULP \"tls\" and the daemons said their "
+				    "mesh handed it the keys"
+				  : "the kernel takes TCP_ULP \"tls\", but the daemons said their "
+				    "mesh "
+				    "did not hand it the keys");
+	}
+	progress("openssl speed -evp aes-256-gcm, one core");
+	openssl_speed(&t->openssl_Bps, t->openssl_note, sizeof(t->openssl_note));
+	return 0;
+}
+
 static int run_daemons(struct opts *o)
 {
 #ifdef ZEROD_BENCH_GLOO
 	struct bench_cfg *cfg = &o->cfg;
-	struct job_result job = {0}, sealed = {0};
-	double gloo_ms = NAN, shim_ms = NAN, algn = NAN, algs = NAN, load = loadavg();
+	struct job_result job = {0};
+	struct tls_report tls;
+	double gloo_ms = NAN, shim_ms = NAN, algn = NAN, load = loadavg();
 	double step_ms[2] = {NAN, NAN};
 	const char *step = "starting zerod";
-	struct curve_files cf;
 	int r;
 
-	r = daemons_job(o, NULL, &job, &algn, &step);
-	if (r == 0 && cfg->curve) {
-		step = "CURVE keys";
-		r = curve_files_make(&cf);
-		if (r == 0)
-			r = daemons_job(o, cf.args, &sealed, &algs, &step);
-		curve_files_remove(&cf);
-	}
+	if (cfg->tls)
+		r = tls_rounds(o, &job, &algn, &tls, &step);
+	else
+		r = daemons_job(o, NULL, NULL, &job, &algn, NULL, NULL, &step);
 	if (r == 0) {
 		progress("raw gloo all-reduce");
 		step = "raw gloo";
@@ -1168,8 +1612,9 @@ static int run_daemons(struct opts *o)
 	if (r == 0) {
 		progress("torch gloo all_reduce (the anchor)");
 		if (run_torch_gloo(o, &gloo_ms) < 0) {
-			fprintf(stderr, "zerod-bench: torch's gloo all_reduce did not run "
-					"(no torch for %s?): gloo_iter_ms is null\n",
+			fprintf(stderr,
+				"zerod-bench: torch's gloo all_reduce did not run "
+				"(no torch for %s?): gloo_iter_ms is null\n",
 				o->python);
 			gloo_ms = NAN;
 		}
@@ -1178,17 +1623,14 @@ static int run_daemons(struct opts *o)
 		fprintf(stderr, "zerod-bench: %s: %s\n", step, zc_strerror(r));
 		return 1;
 	}
-	print_daemons(o, &job, gloo_ms, shim_ms, step_ms, algn, load, cfg->curve ? &sealed : NULL,
-		      algs);
+	print_daemons(o, &job, gloo_ms, shim_ms, step_ms, algn, load, cfg->tls ? &tls : NULL);
 	return 0;
 #else
 	(void)o;
 	(void)print_daemons;
 	(void)run_torch_gloo;
 	(void)step_refs;
-	(void)daemons_job;
-	(void)curve_files_make;
-	(void)curve_files_remove;
+	(void)tls_rounds;
 	fprintf(stderr, "zerod-bench: --daemons is unavailable: zerod was built without gloo "
 			"(libgloo-dev, -Dgloo)\n");
 	return 2;

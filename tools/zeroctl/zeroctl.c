@@ -69,7 +69,8 @@ static void usage(FILE *f)
 		"  inspect JOB [--rank R] [--bucket B] [--uid U] [--ops N]\n"
 		"                             the job's plan, bucket sizes and who owns which\n"
 		"                             range; the last operations of its flight recorder\n"
-		"                             with their timings (the last %d; -o json: all kept);\n"
+		"                             with their timings (the last %d; -o json: all "
+		"kept);\n"
 		"                             for a stalled job, the ranks and buckets it waits\n"
 		"                             for. --rank/--bucket keep only what concerns them;\n"
 		"                             --uid names the user when several have a job JOB\n"
@@ -84,17 +85,24 @@ static void usage(FILE *f)
 		"  trace off                  stop it and complete the file\n"
 		"  checkpoint JOB [DIR] [--uid U] [--wait]\n"
 		"                             have the job's trainers write a checkpoint into DIR\n"
-		"                             (default: zerod's checkpoint-dir/JOB, refused if the\n"
+		"                             (default: zerod's checkpoint-dir/JOB, refused if "
+		"the\n"
 		"                             job's user cannot write it) at the next iteration\n"
-		"                             boundary, if they poll zc_checkpoint_due(); says which\n"
-		"                             iteration (one-node jobs). --wait: until the trainers\n"
+		"                             boundary, if they poll zc_checkpoint_due(); says "
+		"which\n"
+		"                             iteration (one-node jobs). --wait: until the "
+		"trainers\n"
 		"                             report it written (exit 0) or failed (exit 1, why),\n"
 		"                             at most 10 minutes\n"
-		"  keygen [PREFIX]            a CURVE key pair for the rendezvous between\n"
-		"                             daemons (ZeroMQ's Z85 keys): PREFIX.key, the secret\n"
-		"                             (mode 0600; zerod --curve-secret-key), and PREFIX.pub,\n"
-		"                             a line for the other nodes' --curve-peers files\n"
-		"                             (default PREFIX: zerod); needs no zerod\n"
+		"  keygen [PREFIX]            a TLS identity for zerod's connections between\n"
+		"                             daemons: PREFIX.key, an Ed25519 key (mode 0600;\n"
+		"                             zerod --tls-key), and PREFIX.crt, its self-signed\n"
+		"                             certificate (--tls-cert); prints the certificate's\n"
+		"                             SHA-256 fingerprint, a line for the other nodes'\n"
+		"                             --tls-peers files (default PREFIX: zerod); needs no "
+		"zerod\n"
+		"  fingerprint CERT           the SHA-256 fingerprint of a PEM certificate, as\n"
+		"                             --tls-peers lists it; needs no zerod\n"
 		"\n"
 		"Options:\n"
 		"  -s, --socket PATH    zerod's socket, as given to zerod --socket (default\n"
@@ -1141,6 +1149,8 @@ int main(int argc, char **argv)
 	opt.verb = argv[optind++];
 	if (strcmp(opt.verb, "keygen") == 0 && optind + 1 >= argc)
 		return zeroctl_keygen(optind < argc ? argv[optind] : "zerod", stdout, stderr);
+	if (strcmp(opt.verb, "fingerprint") == 0 && optind + 1 == argc)
+		return zeroctl_fingerprint(argv[optind], stdout, stderr);
 	if ((code = build_request(argc, argv, &n, &q)) >= 0)
 		return code;
 	code = call(&q.req, &rep);

@@ -1,150 +1,108 @@
 /*
- * fuzz_rdzv.c — libFuzzer target: bytes as what a peer daemon (or anyone who
- * reaches the port) sends to a rendezvous. They go down a socketpair and are
- * read with rdzv_recv_blocking(), the framing and decoding the rendezvous
- * server and its clients use: a 4-byte length, then one RdzvEnvelope, at
- * most RDZV_FUZZ_MAX bytes. Frames are read until the bytes run out; each
- * must end in a message or a clean error, and a decoded message must encode
- * again. CURVE's messages (rdzvcurve.h) go on into a channel as a host
- * meets them: a Curve to a host's fresh channel, a CurveAuth to one that
- * answered a real client, a sealed body to one whose handshake is done
- * (none of them may open: the fuzzer does not hold the keys).
+ * fuzz_rdzv.c — libFuzzer target: bytes as what anyone who reaches a
+ * rendezvous port sends to it. They go two ways:
+ *  - to a host's TLS server under a job's PSK (net/tls.h), as the first
+ *    bytes of a connection: OpenSSL's ClientHello parser and zerod's PSK
+ *    lookup; the handshake must fail or wait for more, never complete (the
+ *    fuzzer does not hold the PSK);
+ *  - as the plaintext a TLS connection delivers, to the framing and
+ *    decoding the rendezvous uses (net/rdzvwire.h): a 4-byte length, then
+ *    one RdzvEnvelope, at most RDZV_FUZZ_MAX bytes. Frames are read until
+ *    the bytes run out; each must end in a message or a clean refusal, and
+ *    a decoded message must encode again.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #include "common.h"
-#include "net/rdzvcurve.h"
 #include "net/rdzvwire.h"
+#include "net/tls.h"
 
 #define RDZV_FUZZ_MAX (1u << 20)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static struct rdzv_keys *keys;
+static SSL_CTX *server;
+static uint8_t psk_id[TLS_PSK_ID_BYTES], psk_key[TLS_PSK_BYTES];
 
-/* One key pair that trusts itself, from files as zerod reads them. */
-static struct rdzv_keys *load_keys(void)
+static bool find(void *arg, const uint8_t id[TLS_PSK_ID_BYTES], uint8_t key[TLS_PSK_BYTES])
 {
-	char dir[] = "/tmp/fuzz-rdzv-XXXXXX", sec[64], pub[64], err[300];
-	char pub_z85[41], sec_z85[41];
-	struct rdzv_keys *k = NULL;
-	FILE *f;
-
-	if (!mkdtemp(dir) || zmq_curve_keypair(pub_z85, sec_z85) != 0)
-		abort();
-	snprintf(sec, sizeof(sec), "%s/k.key", dir);
-	snprintf(pub, sizeof(pub), "%s/peers", dir);
-	f = fopen(sec, "w");
-	if (!f || fprintf(f, "%s\n", sec_z85) < 0 || fclose(f) != 0 || chmod(sec, 0600) != 0)
-		abort();
-	f = fopen(pub, "w");
-	if (!f || fprintf(f, "%s\n", pub_z85) < 0 || fclose(f) != 0)
-		abort();
-	if (rdzv_keys_load(sec, pub, &k, err, sizeof(err)) != 0) {
-		fprintf(stderr, "fuzz_rdzv: %s\n", err);
-		abort();
-	}
-	unlink(sec);
-	unlink(pub);
-	rmdir(dir);
-	return k;
+	(void)arg;
+	if (!tls_equal(id, psk_id, TLS_PSK_ID_BYTES))
+		return false;
+	memcpy(key, psk_key, TLS_PSK_BYTES);
+	return true;
 }
 
-/* A host's channel after a real client's Curve (and, with done, its
- * CurveAuth): the client's channel in *ret_client. */
-static struct rdzv_sec *host_channel(bool done, struct rdzv_sec **ret_client)
+static void handshake(const uint8_t *data, size_t size)
 {
-	Zerod__V1__RdzvCurve hello, reply;
-	Zerod__V1__RdzvCurveAuth auth;
-	struct rdzv_sec *c, *s;
-	char why[200];
+	char why[300];
+	int sv[2];
+	SSL *ssl;
 
-	if (rdzv_sec_new(keys, false, &c) != 0 || rdzv_sec_new(keys, true, &s) != 0)
+	if (!server) {
+		signal(SIGPIPE, SIG_IGN);
+		server = tls_ctx_new(NULL, true, false, why, sizeof(why));
+		tls_psk_derive("fuzz", "secret", 6, psk_id, psk_key);
+		if (!server)
+			abort();
+	}
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
 		abort();
-	rdzv_sec_hello(c, &hello);
-	if (rdzv_sec_on_hello(s, &hello, &reply, why, sizeof(why)) != 0 ||
-	    rdzv_sec_on_reply(c, &reply, &auth, why, sizeof(why)) != 0)
+	fcntl(sv[1], F_SETFL, O_NONBLOCK);
+	if (size && write(sv[0], data, size) != (ssize_t)size)
 		abort();
-	if (done && rdzv_sec_on_auth(s, &auth, why, sizeof(why)) != 0)
+	shutdown(sv[0], SHUT_WR);
+	ssl = tls_new(server, sv[1], true);
+	if (!ssl || tls_psk_server(ssl, find, NULL) < 0)
 		abort();
-	*ret_client = c;
-	return s;
+	for (int i = 0; i < 8; i++) {
+		enum tls_io io = tls_handshake(ssl, why, sizeof(why));
+		if (io == TLS_IO_OK)
+			abort(); /* a handshake without the PSK */
+		if (io != TLS_IO_READ && io != TLS_IO_WRITE)
+			break;
+	}
+	tls_free(ssl);
+	close(sv[0]);
+	close(sv[1]);
 }
 
-static void curve(const Zerod__V1__RdzvEnvelope *env)
+static void frames(const uint8_t *data, size_t size)
 {
-	struct rdzv_sec *s = NULL, *c = NULL;
-	Zerod__V1__RdzvEnvelope *in = NULL;
-	Zerod__V1__RdzvCurve reply;
-	char why[200];
-	int r;
+	for (int n = 0; n < 64 && size >= 4; n++) {
+		Zerod__V1__RdzvEnvelope *env;
+		uint32_t len = rdzv_frame_len(data);
+		uint8_t *buf = NULL;
+		size_t blen = 0;
 
-	switch (env->body_case) {
-	case ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE:
-		if (rdzv_sec_new(keys, true, &s) != 0)
+		if (len > RDZV_FUZZ_MAX || len > size - 4)
+			return; /* refused, or not all there */
+		env = rdzv_msg_decode(data + 4, len);
+		if (!env)
+			return;
+		(void)rdzv_msg_name(env->body_case);
+		if (rdzv_frame_encode(env, &buf, &blen) != 0)
 			abort();
-		r = rdzv_sec_on_hello(s, env->curve, &reply, why, sizeof(why));
-		if (r == 0 && !reply.has_proof)
-			abort();
-		break;
-	case ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE_AUTH:
-		s = host_channel(false, &c);
-		if (rdzv_sec_on_auth(s, env->curve_auth, why, sizeof(why)) == 0)
-			abort(); /* a proof nobody but the client could make */
-		break;
-	case ZEROD__V1__RDZV_ENVELOPE__BODY_SEALED:
-		s = host_channel(true, &c);
-		r = rdzv_sec_open(s, &env->sealed, &in);
-		if (r != -EBADMSG)
-			abort(); /* opened without the key */
-		break;
-	default:
-		return;
+		free(buf);
+		rdzv_msg_free(env);
+		data += 4 + len;
+		size -= 4 + len;
 	}
-	rdzv_sec_free(s);
-	rdzv_sec_free(c);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	int sv[2];
-
 	if (size > 64 * 1024)
 		return 0; /* a socketpair's buffer: the writer must not block */
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-		abort();
-	if (size && write(sv[0], data, size) != (ssize_t)size)
-		abort();
-	shutdown(sv[0], SHUT_WR);
-	for (int n = 0; n < 64; n++) {
-		Zerod__V1__RdzvEnvelope *env = NULL;
-		uint8_t *buf = NULL;
-		size_t len = 0;
-		int r = rdzv_recv_blocking(sv[1], RDZV_FUZZ_MAX, now_ms() + 1000, &env);
-
-		if (r == -ETIMEDOUT) {
-			fprintf(stderr, "a frame of bytes that are all there timed out\n");
-			abort();
-		}
-		if (r < 0)
-			break;
-		(void)rdzv_msg_name(env->body_case);
-		if (!keys)
-			keys = load_keys();
-		curve(env);
-		if (rdzv_frame_encode(env, &buf, &len) != 0)
-			abort();
-		free(buf);
-		rdzv_msg_free(env);
-	}
-	close(sv[0]);
-	close(sv[1]);
+	handshake(data, size);
+	frames(data, size);
 	return 0;
 }

@@ -6,13 +6,16 @@
  *   build-fuzz/tests/fuzz-mkseeds tests/fuzz/corpus
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "plan.h"
 #include "net/rdzvwire.h"
+#include "net/tls.h"
 #include "wire.h"
 
 static const char *top;
@@ -149,50 +152,34 @@ int main(int argc, char **argv)
 		dl += chunk(d + dl, m[i], ml[i]);
 	put("dispatch", "session", d, dl);
 
-	/* rdzv: every kind a peer sends, framed */
-	Zerod__V1__RdzvEnvelope re[8];
+	/* rdzv: every kind a peer sends inside TLS, framed */
+	Zerod__V1__RdzvEnvelope re[4];
 	Zerod__V1__RdzvHello rh = ZEROD__V1__RDZV_HELLO__INIT;
-	Zerod__V1__RdzvAuth ra = ZEROD__V1__RDZV_AUTH__INIT;
 	Zerod__V1__RdzvJoin rj = ZEROD__V1__RDZV_JOIN__INIT;
 	Zerod__V1__StoreSet ss = ZEROD__V1__STORE_SET__INIT;
 	Zerod__V1__StoreGet sg = ZEROD__V1__STORE_GET__INIT;
-	static uint8_t nonce[32], proof[32];
+	static uint8_t proof[32];
 	static uint32_t ranks[2] = {2, 3};
-	Zerod__V1__RdzvCurve rc = ZEROD__V1__RDZV_CURVE__INIT;
-	Zerod__V1__RdzvCurveAuth rca = ZEROD__V1__RDZV_CURVE_AUTH__INIT;
-	static uint8_t key[32] = {9}, header[24], sealed[64];
-	static const char *rnames[8] = {"hello",     "auth",      "join",       "store_set",
-					"store_get", "curve",     "curve_auth", "sealed"};
-	for (int i = 0; i < 8; i++)
+	static const char *rnames[4] = {"hello", "join", "store_set", "store_get"};
+	for (int i = 0; i < 4; i++)
 		re[i] = (Zerod__V1__RdzvEnvelope)ZEROD__V1__RDZV_ENVELOPE__INIT;
-	rh.protocol_version = ZC_PROTOCOL_VERSION;
+	rh.protocol_version = RDZV_PROTOCOL;
 	rh.job_id = "fuzz";
 	rh.kind = ZEROD__V1__RDZV_KIND__RDZV_JOIN;
-	rh.nonce = (ProtobufCBinaryData){.len = 32, .data = nonce};
+	rh.proof = (ProtobufCBinaryData){.len = 32, .data = proof};
 	re[0].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_HELLO, re[0].hello = &rh;
-	ra.proof = (ProtobufCBinaryData){.len = 32, .data = proof};
-	re[1].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_AUTH, re[1].auth = &ra;
 	rj.world_size = 4;
 	rj.nnodes = 2;
 	rj.n_ranks = 2, rj.ranks = ranks;
 	rj.plan = &plan;
-	re[2].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_JOIN, re[2].join = &rj;
+	re[1].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_JOIN, re[1].join = &rj;
 	ss.key = "job.1/rank_0";
 	ss.value = (ProtobufCBinaryData){.len = 4, .data = (uint8_t *)"addr"};
-	re[3].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_SET, re[3].store_set = &ss;
+	re[2].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_SET, re[2].store_set = &ss;
 	sg.key = "job.1/rank_0";
-	re[4].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_GET, re[4].store_get = &sg;
-	/* CURVE (rdzvcurve.h): a client's Curve, a CurveAuth, a sealed frame */
-	rc.static_key = rc.ephemeral_key = (ProtobufCBinaryData){.len = 32, .data = key};
-	rc.nonce = (ProtobufCBinaryData){.len = 32, .data = nonce};
-	re[5].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE, re[5].curve = &rc;
-	rca.proof = (ProtobufCBinaryData){.len = 32, .data = proof};
-	rca.header = (ProtobufCBinaryData){.len = 24, .data = header};
-	re[6].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_CURVE_AUTH, re[6].curve_auth = &rca;
-	re[7].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_SEALED;
-	re[7].sealed = (ProtobufCBinaryData){.len = sizeof(sealed), .data = sealed};
+	re[3].body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_GET, re[3].store_get = &sg;
 	dl = 0;
-	for (int i = 0; i < 8; i++) {
+	for (int i = 0; i < 4; i++) {
 		uint8_t *buf;
 		size_t len;
 		if (rdzv_frame_encode(&re[i], &buf, &len) != 0)
@@ -201,6 +188,32 @@ int main(int argc, char **argv)
 		memcpy(d + dl, buf, len);
 		dl += len;
 		free(buf);
+	}
+	/* a real ClientHello under a job's PSK: the first bytes a node sends */
+	{
+		char why[200];
+		uint8_t id[TLS_PSK_ID_BYTES], key[TLS_PSK_BYTES], hello[4096];
+		SSL_CTX *ctx = tls_ctx_new(NULL, false, false, why, sizeof(why));
+		int sv[2];
+		SSL *ssl;
+		ssize_t n;
+
+		if (!ctx || socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+			return 1;
+		ssl = tls_new(ctx, sv[0], false);
+		tls_psk_derive("fuzz", "secret", 6, id, key);
+		if (!ssl || tls_psk_client(ssl, id, key) < 0)
+			return 1;
+		fcntl(sv[0], F_SETFL, O_NONBLOCK);
+		(void)tls_handshake(ssl, why, sizeof(why));
+		n = read(sv[1], hello, sizeof(hello));
+		if (n <= 0)
+			return 1;
+		put("rdzv", "client_hello", hello, (size_t)n);
+		tls_free(ssl);
+		SSL_CTX_free(ctx);
+		close(sv[0]);
+		close(sv[1]);
 	}
 	put("rdzv", "all", d, dl);
 	plan_pb_free(&plan);
