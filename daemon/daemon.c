@@ -485,6 +485,26 @@ static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char 
 	r = tls_ident_load(cfg->tls_key, cfg->tls_cert, cfg->tls_peers, cfg->tls_ca, &id, why, len);
 	if (r < 0)
 		goto out;
+	/* the rendezvous (its TLS contexts, its resolver's eventfd) before any
+	 * socket: once zeroctl can reach this zerod, all of it is there */
+	r = rdzv_init(&d->core);
+	if (r < 0) {
+		snprintf(why, len, "rendezvous: %s", zc_strerror(r));
+		goto out;
+	}
+	if (id) {
+		r = rdzv_tls_use(&d->core, id, why, len);
+		if (r < 0)
+			goto out;
+		id = NULL;
+	}
+	if (rdzv_tls_fingerprint(&d->core))
+		log_notice("between daemons: TLS 1.3 with certificates (the rendezvous, its store "
+			   "and the host tensors): this zerod's certificate is SHA-256 %s",
+			   rdzv_tls_fingerprint(&d->core));
+	else
+		log_info("between daemons: TLS 1.3 under each job's secret (no --tls-key); host "
+			 "tensors on gloo's plain TCP");
 	r = open_router(d, why, len);
 	if (r < 0)
 		goto out;
@@ -499,25 +519,6 @@ static int daemon_setup(struct daemon *d, const struct daemon_config *cfg, char 
 	r = ops_open(&d->ops, cfg, why, len);
 	if (r < 0)
 		goto out;
-	r = rdzv_init(&d->core);
-	if (r < 0) {
-		snprintf(why, len, "rendezvous: %s", zc_strerror(r));
-		goto out;
-	}
-	if (id) {
-		r = rdzv_tls_use(&d->core, id, why, len);
-		if (r < 0) {
-			goto out;
-		}
-		id = NULL;
-	}
-	if (rdzv_tls_fingerprint(&d->core))
-		log_notice("between daemons: TLS 1.3 with certificates (the rendezvous, its store "
-			   "and the host tensors): this zerod's certificate is SHA-256 %s",
-			   rdzv_tls_fingerprint(&d->core));
-	else
-		log_info("between daemons: TLS 1.3 under each job's secret (no --tls-key); host "
-			 "tensors on gloo's plain TCP");
 	if ((r = loop_add_zsock(d->core.loop, d->edge.router, on_router, d)) < 0 ||
 	    (r = loop_add_fd(d->core.loop, completion_queue_fd(d->core.cq), on_completions, d)) <
 		    0 ||

@@ -1236,7 +1236,7 @@ static size_t client_hello(const char *job, uint8_t *buf, size_t max)
 		if (ssl && tls_psk_client(ssl, id, key) == 0 &&
 		    tls_handshake(ssl, why, sizeof(why)) == TLS_IO_READ)
 			n = read(sp[1], buf, max);
-		SSL_free(ssl);
+		tls_free(ssl);
 		close(sp[0]);
 		close(sp[1]);
 	}

@@ -777,7 +777,8 @@ static void t_psk_peer_vs_cert_peer(void)
 	CHECK(s.results[1].code != 0 && s.results[1].iterations == 0 && s.results[0].code != 0,
 	      "the PSK node: %s: %s", zc_strerror_name(s.results[1].code), s.results[1].msg);
 	CHECK(failed_with(&cl.zd[1], &s.results[1], "psknode", ZC_ETIMEDOUT,
-			  "the TLS handshake with the rendezvous failed (TLS: "),
+			  "authenticates with a certificate: it has TLS keys (--tls-key), and this "
+			  "zerod has none"),
 	      "the PSK node: %s: %s", zc_strerror_name(s.results[1].code), s.results[1].msg);
 	snprintf(host, sizeof(host), "rendezvous %s: refused 127.0.0.1:", cl.rdzv);
 	CHECK(log_line(&cl.zd[0], host, "TLS: ", line, sizeof(line)),
@@ -798,7 +799,7 @@ static void t_psk_peer_vs_cert_peer(void)
 	      "the certificate node: %s: %s", zc_strerror_name(t.results[1].code),
 	      t.results[1].msg);
 	snprintf(host, sizeof(host), "rendezvous %s: refused 127.0.0.1:", rdzv2);
-	CHECK(log_line(&cl.zd[1], host, "TLS: ", line, sizeof(line)),
+	CHECK(log_line(&cl.zd[1], host, "it offered no PSK (it has TLS keys", line, sizeof(line)),
 	      "daemon 1 did not log the refused certificate node");
 	test_note("the certificate node: %s; node 0: %s", t.results[1].msg, line);
 	cluster_stop(&cl, -1);

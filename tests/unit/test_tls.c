@@ -22,6 +22,7 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include "common.h"
 #include "multinode/testkeys.h"
@@ -289,6 +290,91 @@ static void t_certificates(void)
 	tls_ident_free(b_alone);
 }
 
+/* A CA (DIR/ca.crt) and a key DIR/c.key whose certificate DIR/c.crt it
+ * signed: c is trusted through --tls-ca, not pinned. */
+static void make_ca(void)
+{
+	EVP_PKEY *cak = EVP_PKEY_Q_keygen(NULL, NULL, "ED25519");
+	EVP_PKEY *k = EVP_PKEY_Q_keygen(NULL, NULL, "ED25519");
+	X509 *ca = X509_new(), *x = X509_new();
+	FILE *f;
+
+	REQUIRE(cak && k && ca && x, "keys");
+	for (int i = 0; i < 2; i++) {
+		X509 *c = i ? x : ca;
+		ASN1_INTEGER_set(X509_get_serialNumber(c), i + 10);
+		X509_set_version(c, 2);
+		X509_gmtime_adj(X509_getm_notBefore(c), -3600);
+		X509_gmtime_adj(X509_getm_notAfter(c), 86400);
+		X509_NAME_add_entry_by_txt(X509_get_subject_name(c), "CN", MBSTRING_ASC,
+					   (const unsigned char *)(i ? "leaf" : "test CA"), -1, -1,
+					   0);
+		X509_set_issuer_name(c, X509_get_subject_name(ca));
+		X509_set_pubkey(c, i ? k : cak);
+	}
+	{
+		X509V3_CTX v;
+		X509_EXTENSION *e;
+		X509V3_set_ctx_nodb(&v);
+		X509V3_set_ctx(&v, ca, ca, NULL, NULL, 0);
+		e = X509V3_EXT_conf_nid(NULL, &v, NID_basic_constraints, "critical,CA:TRUE");
+		X509_add_ext(ca, e, -1);
+		X509_EXTENSION_free(e);
+	}
+	REQUIRE(X509_sign(ca, cak, NULL) > 0 && X509_sign(x, cak, NULL) > 0, "sign");
+	f = fopen(path("ca.crt"), "w");
+	REQUIRE(f && PEM_write_X509(f, ca), "ca.crt");
+	fclose(f);
+	f = fopen(path("c.crt"), "w");
+	REQUIRE(f && PEM_write_X509(f, x), "c.crt");
+	fclose(f);
+	f = fopen(path("c.key"), "w");
+	REQUIRE(f && PEM_write_PrivateKey(f, k, NULL, NULL, 0, NULL, NULL), "c.key");
+	fclose(f);
+	chmod(path("c.key"), 0600);
+	X509_free(ca);
+	X509_free(x);
+	EVP_PKEY_free(cak);
+	EVP_PKEY_free(k);
+}
+
+static void t_ca(void)
+{
+	char err[300] = "", wa[300], wb[300];
+	struct tls_ident *c = NULL, *b = NULL;
+	SSL_CTX *cc, *cb;
+	enum tls_io ra, rb;
+	struct link l;
+
+	make_ca();
+	/* b trusts no fingerprint but the CA; c trusts b's fingerprint */
+	CHECK(tls_ident_load(path("b.key"), path("b.crt"), "", path("ca.crt"), &b, err,
+			     sizeof(err)) == 0 &&
+		      b && tls_ident_has_ca(b) && tls_ident_npeers(b) == 0,
+	      "an identity with only a CA file: %s", err);
+	CHECK(tls_ident_load(path("c.key"), path("c.crt"), put("cp", 0644, fp_b), NULL, &c, err,
+			     sizeof(err)) == 0 &&
+		      c,
+	      "the CA-signed identity: %s", err);
+	REQUIRE(b && c, "identities");
+	cc = tls_ctx_new(c, false, false, wa, sizeof(wa));
+	cb = tls_ctx_new(b, true, false, wb, sizeof(wb));
+	REQUIRE(cc && cb, "contexts");
+	link_open(&l, cc, cb);
+	handshake(&l, &ra, &rb, wa, wb);
+	CHECK(ra == TLS_IO_OK && rb == TLS_IO_OK,
+	      "a certificate that chains to --tls-ca is trusted unpinned: %s | %s", wa, wb);
+	link_close(&l);
+	SSL_CTX_free(cc);
+	SSL_CTX_free(cb);
+	tls_ident_free(c);
+	tls_ident_free(b);
+	CHECK(tls_ident_load(path("b.key"), path("b.crt"), "", put("notca", 0644, "x\n"), &b, err,
+			     sizeof(err)) == -EINVAL &&
+		      strstr(err, "notca"),
+	      "a CA file that holds no certificate: %s", err);
+}
+
 /* ------------------------------------------------------------ PSK --- */
 
 struct served {
@@ -464,11 +550,13 @@ static void t_mac(void)
 WITH_FILES(t_identity_files_case, t_identity_files)
 WITH_FILES(t_certificates_case, t_certificates)
 WITH_FILES(t_psk_case, t_psk)
+WITH_FILES(t_ca_case, t_ca)
 WITH_FILES(t_records_case, t_records)
 
 static const struct test_case cases[] = {
 	{"identity_files_loaded_or_refused_with_reasons", t_identity_files_case, 10000},
 	{"certificates_pinned_both_ways_untrusted_named", t_certificates_case, 10000},
+	{"ca_file_trusts_what_it_signed", t_ca_case, 10000},
 	{"psk_of_the_job_refusals_alike", t_psk_case, 10000},
 	{"records_changed_cut_closed_told_apart", t_records_case, 10000},
 	{"hmac_rfc4231", t_mac, 10000},

@@ -1,21 +1,26 @@
 /*
  * keygen.c — `zeroctl keygen [PREFIX]`: a TLS identity for zerod's
  * connections between daemons (zerod --tls-key PREFIX.key --tls-cert
- * PREFIX.crt), made with OpenSSL: an Ed25519 key and a self-signed X.509
- * certificate for it. Writes PREFIX.key (PKCS#8 PEM, mode 0600) and
- * PREFIX.crt (PEM), never over an existing file, and prints the
- * certificate's SHA-256 fingerprint (64 hex digits), the line the other
- * nodes' --tls-peers file lists. `zeroctl fingerprint CERT` prints that
- * line for any certificate. Needs no zerod.
+ * PREFIX.crt), made with OpenSSL's libcrypto. Writes PREFIX.key (an Ed25519
+ * private key, PEM PKCS#8, unencrypted, mode 0600) and PREFIX.crt (its
+ * self-signed X.509 v3 certificate, PEM, mode 0644; CN "zerod HOSTNAME",
+ * valid from a day ago for 10 years), neither over an existing file, and
+ * prints the certificate's fingerprint: SHA-256 over its DER encoding, 64
+ * lowercase hex digits, the line the other nodes put in their --tls-peers
+ * files. `zeroctl fingerprint CERT` prints the same of any PEM certificate.
+ * Needs no zerod.
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdbool.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <openssl/bio.h>
+#include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -25,147 +30,272 @@
 
 #include "keygen.h"
 
-#define VALID_DAYS (10 * 366)
+#define EXIT_FAILED 1
+#define EXIT_USAGE  64
 
-/* path, created exclusively with mode, holding key's PEM or cert's. */
-static int write_new(const char *path, mode_t mode, EVP_PKEY *key, X509 *cert)
+#define FP_LEN      32 /* SHA-256 */
+#define VALID_YEARS 10
+#define CN_MAX      64 /* ub-common-name (RFC 5280) */
+
+/* why: what failed, then OpenSSL's reason for it. Returns -1. */
+static int ossl_fail(char *why, size_t len, const char *what)
 {
-	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
-	FILE *f;
-	int ok, r = 0;
+	unsigned long e = ERR_peek_last_error();
+	const char *reason = e ? ERR_reason_error_string(e) : NULL;
 
+	snprintf(why, len, "%s: %s", what, reason ? reason : "OpenSSL failed");
+	ERR_clear_error();
+	return -1;
+}
+
+/* The certificate's fingerprint into hex (65 bytes). Returns 0 or -1. */
+static int fingerprint(X509 *x, char hex[2 * FP_LEN + 1])
+{
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned int n = 0;
+
+	if (X509_digest(x, EVP_sha256(), md, &n) != 1 || n != FP_LEN)
+		return -1;
+	for (unsigned int i = 0; i < n; i++)
+		snprintf(hex + 2 * i, 3, "%02x", md[i]);
+	return 0;
+}
+
+/* "zerod " and this host's name, cut to fit a CN (at a UTF-8 boundary). */
+static void common_name(char cn[CN_MAX + 1])
+{
+	char host[HOST_NAME_MAX + 1] = "";
+	size_t n;
+
+	if (gethostname(host, sizeof(host)) < 0 || !host[0])
+		snprintf(host, sizeof(host), "localhost");
+	host[HOST_NAME_MAX] = '\0';
+	n = strlen(host);
+	if (n > CN_MAX - 6) {
+		n = CN_MAX - 6;
+		while (n > 0 && ((unsigned char)host[n] & 0xc0) == 0x80)
+			n--;
+	}
+	snprintf(cn, CN_MAX + 1, "zerod %.*s", (int)n, host);
+}
+
+/* A random positive 128-bit serial number for x. Returns 0 or -1. */
+static int set_serial(X509 *x)
+{
+	unsigned char r[16];
+	BIGNUM *bn;
+	int ok;
+
+	if (RAND_bytes(r, sizeof(r)) != 1)
+		return -1;
+	bn = BN_bin2bn(r, sizeof(r), NULL);
+	ok = bn && (!BN_is_zero(bn) || BN_set_word(bn, 1)) &&
+	     BN_to_ASN1_INTEGER(bn, X509_get_serialNumber(x));
+	BN_free(bn);
+	return ok ? 0 : -1;
+}
+
+/* From a day ago until VALID_YEARS years after that. Returns 0 or -1. */
+static int set_validity(X509 *x)
+{
+	time_t from = time(NULL) - 24 * 60 * 60, until;
+	struct tm tm;
+
+	if (!gmtime_r(&from, &tm))
+		return -1;
+	tm.tm_year += VALID_YEARS;
+	until = timegm(&tm);
+	if (until == (time_t)-1 || !ASN1_TIME_set(X509_getm_notBefore(x), from) ||
+	    !ASN1_TIME_set(X509_getm_notAfter(x), until))
+		return -1;
+	return 0;
+}
+
+/* The v3 extensions of a certificate for both ends of a connection. */
+static int add_extensions(X509 *x)
+{
+	static const struct {
+		int nid;
+		const char *value;
+	} ext[] = {
+		{NID_basic_constraints, "critical,CA:FALSE"},
+		{NID_key_usage, "critical,digitalSignature"},
+		{NID_ext_key_usage, "serverAuth,clientAuth"},
+		{NID_subject_key_identifier, "hash"},
+	};
+	X509V3_CTX ctx;
+
+	X509V3_set_ctx_nodb(&ctx);
+	X509V3_set_ctx(&ctx, x, x, NULL, NULL, 0);
+	for (size_t i = 0; i < sizeof(ext) / sizeof(ext[0]); i++) {
+		X509_EXTENSION *e = X509V3_EXT_conf_nid(NULL, &ctx, ext[i].nid, ext[i].value);
+		int ok = e && X509_add_ext(x, e, -1);
+
+		X509_EXTENSION_free(e);
+		if (!ok)
+			return -1;
+	}
+	return 0;
+}
+
+/* A self-signed certificate for key into *out. Returns 0, or -1 with why. */
+static int make_cert(EVP_PKEY *key, X509 **out, char *why, size_t len)
+{
+	char cn[CN_MAX + 1];
+	X509 *x = X509_new();
+	X509_NAME *name;
+
+	common_name(cn);
+	if (!x || !X509_set_version(x, X509_VERSION_3)) {
+		X509_free(x);
+		return ossl_fail(why, len, "a new certificate");
+	}
+	if (set_serial(x) < 0) {
+		X509_free(x);
+		return ossl_fail(why, len, "a random serial number");
+	}
+	if (set_validity(x) < 0) {
+		X509_free(x);
+		return ossl_fail(why, len, "the validity period");
+	}
+	name = X509_get_subject_name(x);
+	if (!X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_UTF8, (const unsigned char *)cn, -1,
+					-1, 0) ||
+	    !X509_set_issuer_name(x, name) || !X509_set_pubkey(x, key)) {
+		X509_free(x);
+		return ossl_fail(why, len, "subject and issuer");
+	}
+	if (add_extensions(x) < 0) {
+		X509_free(x);
+		return ossl_fail(why, len, "the extensions");
+	}
+	if (X509_sign(x, key, NULL) <= 0) {
+		X509_free(x);
+		return ossl_fail(why, len, "signing it");
+	}
+	*out = x;
+	return 0;
+}
+
+/* The bytes in bio into a new file path, mode mode, synced to disk; never
+ * over an existing file or through a symbolic link. Returns 0 or -errno
+ * (no file left behind). */
+static int write_new(const char *path, mode_t mode, BIO *bio)
+{
+	char *p;
+	long n = BIO_get_mem_data(bio, &p);
+	int fd, r = 0;
+
+	if (n <= 0)
+		return -EIO;
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
 	if (fd < 0)
 		return -errno;
-	if (fchmod(fd, mode) < 0 || !(f = fdopen(fd, "w"))) {
+	if (fchmod(fd, mode) < 0)
 		r = -errno;
-		close(fd);
-		unlink(path);
-		return r;
+	while (!r && n > 0) {
+		ssize_t w = write(fd, p, (size_t)n);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			r = w < 0 ? -errno : -EIO;
+		else {
+			p += w;
+			n -= w;
+		}
 	}
-	ok = key ? PEM_write_PKCS8PrivateKey(f, key, NULL, NULL, 0, NULL, NULL)
-		 : PEM_write_X509(f, cert);
-	if (!ok || fflush(f) != 0 || fsync(fileno(f)) < 0)
-		r = errno ? -errno : -EIO;
-	if (fclose(f) != 0 && !r)
+	if (!r && fsync(fd) < 0)
+		r = -errno;
+	if (close(fd) < 0 && !r)
 		r = -errno;
 	if (r < 0)
 		unlink(path);
 	return r;
 }
 
-static bool add_ext(X509 *x, int nid, const char *value)
-{
-	X509V3_CTX ctx;
-	X509_EXTENSION *e;
-	bool ok;
-
-	X509V3_set_ctx_nodb(&ctx);
-	X509V3_set_ctx(&ctx, x, x, NULL, NULL, 0);
-	e = X509V3_EXT_conf_nid(NULL, &ctx, nid, value);
-	ok = e && X509_add_ext(x, e, -1) == 1;
-	X509_EXTENSION_free(e);
-	return ok;
-}
-
-/* A self-signed certificate of key, CN "zerod HOST"; NULL on failure. */
-static X509 *self_signed(EVP_PKEY *key)
-{
-	X509 *x = X509_new();
-	unsigned char serial[16];
-	char host[256] = "?", cn[300];
-	BIGNUM *bn = NULL;
-	bool ok;
-
-	gethostname(host, sizeof(host) - 1);
-	snprintf(cn, sizeof(cn), "zerod %s", host);
-	ok = x && RAND_bytes(serial, sizeof(serial)) == 1;
-	serial[0] &= 0x7f; /* positive */
-	ok = ok && (bn = BN_bin2bn(serial, sizeof(serial), NULL)) &&
-	     BN_to_ASN1_INTEGER(bn, X509_get_serialNumber(x)) && X509_set_version(x, 2) == 1 &&
-	     X509_gmtime_adj(X509_getm_notBefore(x), -86400) &&
-	     X509_time_adj_ex(X509_getm_notAfter(x), VALID_DAYS, 0, NULL) &&
-	     X509_NAME_add_entry_by_txt(X509_get_subject_name(x), "CN", MBSTRING_UTF8,
-					(const unsigned char *)cn, -1, -1, 0) == 1 &&
-	     X509_set_issuer_name(x, X509_get_subject_name(x)) == 1 &&
-	     X509_set_pubkey(x, key) == 1 &&
-	     add_ext(x, NID_basic_constraints, "critical,CA:FALSE") &&
-	     add_ext(x, NID_key_usage, "critical,digitalSignature") &&
-	     add_ext(x, NID_ext_key_usage, "serverAuth,clientAuth") &&
-	     add_ext(x, NID_subject_key_identifier, "hash") && X509_sign(x, key, NULL) > 0;
-	BN_free(bn);
-	if (!ok) {
-		X509_free(x);
-		return NULL;
-	}
-	return x;
-}
-
-static bool print_fingerprint(X509 *x, FILE *out)
-{
-	unsigned char md[EVP_MAX_MD_SIZE];
-	unsigned n = 0;
-
-	if (X509_digest(x, EVP_sha256(), md, &n) != 1 || n != 32)
-		return false;
-	for (unsigned i = 0; i < n; i++)
-		fprintf(out, "%02x", md[i]);
-	fprintf(out, "\n");
-	return true;
-}
-
 int zeroctl_keygen(const char *prefix, FILE *out, FILE *err)
 {
-	char path[4096], crtpath[4096];
+	char path[4096], crtpath[4096], why[256], fp[2 * FP_LEN + 1];
 	EVP_PKEY *key = NULL;
 	X509 *x = NULL;
-	int r, code = 1;
+	BIO *kb = NULL, *cb = NULL;
+	int r, code = EXIT_FAILED;
 
-	if (!*prefix || strlen(prefix) + 5 >= sizeof(path)) {
+	if (strlen(prefix) + 5 >= sizeof(path) || !*prefix) {
 		fprintf(err, "zeroctl: keygen: a prefix of 1..%zu characters\n", sizeof(path) - 6);
-		return 64;
+		return EXIT_USAGE;
 	}
 	snprintf(path, sizeof(path), "%s.key", prefix);
 	snprintf(crtpath, sizeof(crtpath), "%s.crt", prefix);
+
 	key = EVP_PKEY_Q_keygen(NULL, NULL, "ED25519");
-	x = key ? self_signed(key) : NULL;
-	if (!x) {
-		fprintf(err, "zeroctl: keygen: OpenSSL: %s\n",
-			ERR_reason_error_string(ERR_get_error()) ?: "cannot make the key");
+	if (!key) {
+		ossl_fail(why, sizeof(why), "an Ed25519 key");
+		fprintf(err, "zeroctl: keygen: %s: %s\n", path, why);
 		goto out;
 	}
-	r = write_new(path, 0600, key, NULL);
+	if (make_cert(key, &x, why, sizeof(why)) < 0) {
+		fprintf(err, "zeroctl: keygen: %s: %s\n", crtpath, why);
+		goto out;
+	}
+	kb = BIO_new(BIO_s_secmem());
+	cb = BIO_new(BIO_s_mem());
+	if (!kb || !cb || !PEM_write_bio_PrivateKey(kb, key, NULL, NULL, 0, NULL, NULL)) {
+		ossl_fail(why, sizeof(why), "PEM");
+		fprintf(err, "zeroctl: keygen: %s: %s\n", path, why);
+		goto out;
+	}
+	if (!PEM_write_bio_X509(cb, x) || fingerprint(x, fp) < 0) {
+		ossl_fail(why, sizeof(why), "PEM and fingerprint");
+		fprintf(err, "zeroctl: keygen: %s: %s\n", crtpath, why);
+		goto out;
+	}
+	r = write_new(path, 0600, kb);
 	if (r < 0) {
 		fprintf(err, "zeroctl: keygen: %s: %s\n", path, strerror(-r));
 		goto out;
 	}
-	r = write_new(crtpath, 0644, NULL, x);
+	r = write_new(crtpath, 0644, cb);
 	if (r < 0) {
 		fprintf(err, "zeroctl: keygen: %s: %s\n", crtpath, strerror(-r));
 		unlink(path);
 		goto out;
 	}
-	code = print_fingerprint(x, out) ? 0 : 1;
+	fprintf(out, "%s\n", fp);
+	code = 0;
 out:
+	BIO_free(kb);
+	BIO_free(cb);
 	X509_free(x);
 	EVP_PKEY_free(key);
 	return code;
 }
 
-int zeroctl_fingerprint(const char *cert, FILE *out, FILE *err)
+int zeroctl_fingerprint(const char *path, FILE *out, FILE *err)
 {
-	FILE *f = fopen(cert, "re");
-	X509 *x = f ? PEM_read_X509(f, NULL, NULL, NULL) : NULL;
-	int code = 0;
+	char why[256], fp[2 * FP_LEN + 1];
+	FILE *f = fopen(path, "re");
+	X509 *x;
 
 	if (!f) {
-		fprintf(err, "zeroctl: fingerprint: %s: %s\n", cert, strerror(errno));
-		return 1;
+		fprintf(err, "zeroctl: fingerprint: %s: %s\n", path, strerror(errno));
+		return EXIT_FAILED;
 	}
+	x = PEM_read_X509(f, NULL, NULL, NULL);
 	fclose(f);
-	if (!x || !print_fingerprint(x, out)) {
-		fprintf(err, "zeroctl: fingerprint: %s: not a PEM certificate\n", cert);
-		code = 1;
+	if (!x) {
+		ossl_fail(why, sizeof(why), "not a PEM certificate");
+		fprintf(err, "zeroctl: fingerprint: %s: %s\n", path, why);
+		return EXIT_FAILED;
+	}
+	if (fingerprint(x, fp) < 0) {
+		X509_free(x);
+		ossl_fail(why, sizeof(why), "its SHA-256 digest");
+		fprintf(err, "zeroctl: fingerprint: %s: %s\n", path, why);
+		return EXIT_FAILED;
 	}
 	X509_free(x);
-	return code;
+	fprintf(out, "%s\n", fp);
+	return 0;
 }
