@@ -496,22 +496,34 @@ static int local_addr(const struct coll_mesh_config *cfg, struct sockaddr_storag
 	return 0;
 }
 
-/* Listen on the node's address, port 0; its "host:port" in text. */
+/* Listen on the node's address, port 0 (a test may name one, below); its
+ * "host:port" in text. */
 static int listen_on(const struct coll_mesh_config *cfg, int *ret_fd, char *text, char *why,
 		     size_t wlen)
 {
 	struct sockaddr_storage ss = {0};
 	socklen_t len = 0;
 	char host[INET6_ADDRSTRLEN];
-	int fd, r = local_addr(cfg, &ss, &len, why, wlen);
+	int fd, one = 1, r = local_addr(cfg, &ss, &len, why, wlen);
+	/* Test only, never set in production: ZEROD_TEST_MESH_RELAY="NODE:
+	 * LISTEN:PUBLISH" makes node NODE listen on port LISTEN and publish
+	 * PUBLISH (a test's relay to LISTEN). Only the ports change: every
+	 * check of the connections still applies. */
+	const char *t = getenv("ZEROD_TEST_MESH_RELAY");
+	unsigned tn, tl = 0, tp = 0;
 
+	if (!t || sscanf(t, "%u:%u:%u", &tn, &tl, &tp) != 3 || tn != cfg->node || tl > 65535 ||
+	    tp > 65535)
+		tl = tp = 0;
 	if (r < 0)
 		return r;
 	if (ss.ss_family == AF_INET)
-		((struct sockaddr_in *)&ss)->sin_port = 0;
+		((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)tl);
 	else
-		((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+		((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)tl);
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && tl)
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	if (fd < 0 || bind(fd, (struct sockaddr *)&ss, len) < 0 ||
 	    listen(fd, (int)MIN(cfg->nnodes * LANES + PENDING_MAX, 4096u)) < 0 ||
 	    getsockname(fd, (struct sockaddr *)&ss, &len) < 0) {
@@ -525,11 +537,11 @@ static int listen_on(const struct coll_mesh_config *cfg, int *ret_fd, char *text
 	if (ss.ss_family == AF_INET) {
 		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
 		inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-		snprintf(text, ADDR_MAX, "%s:%u", host, ntohs(a->sin_port));
+		snprintf(text, ADDR_MAX, "%s:%u", host, tp ? tp : ntohs(a->sin_port));
 	} else {
 		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
 		inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-		snprintf(text, ADDR_MAX, "[%s]:%u", host, ntohs(a->sin6_port));
+		snprintf(text, ADDR_MAX, "[%s]:%u", host, tp ? tp : ntohs(a->sin6_port));
 	}
 	*ret_fd = fd;
 	return 0;

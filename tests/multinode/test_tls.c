@@ -32,7 +32,11 @@
  *    fingerprint, a key without a certificate, an old CURVE key as --tls-key,
  *    --curve-secret-key, curve-peers in a config file: zerod does not start
  *    (exit 78, the config refused; the flag: a bad command line, exit 2) and
- *    says why.
+ *    says why;
+ *  - the mesh between the two daemons through a relay (node 0 listens on
+ *    one port and publishes the relay's: ZEROD_TEST_MESH_RELAY, test only):
+ *    one tensor record flipped, replayed, or swapped with the next fails
+ *    every rank of its job, and the daemons then train a next job.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -371,11 +375,18 @@ enum relay_mode {
 	RELAY_FLIP_DOWN, /* ... of the host's Welcome */
 	RELAY_CUT,       /* after the host's Formed, a FIN both ways (no close_notify) */
 	RELAY_FORGE,     /* answer the ClientHello with a plaintext Fail, not the host */
+	/* the mesh's lanes (any connection, either way), once, on the first
+	 * application-data record of >= 1 KiB (tensor data): */
+	RELAY_MESH_PASS,   /* only forward */
+	RELAY_MESH_FLIP,   /* flip a bit in its middle */
+	RELAY_MESH_REPLAY, /* send it twice */
+	RELAY_MESH_SWAP,   /* send the next record of that direction before it */
 };
 
 struct relay_cfg {
 	enum relay_mode mode;
 	int forge_conns; /* RELAY_FORGE: on that many connections (from the first) */
+	int port;        /* listen on it (0: a free port) */
 };
 
 struct tlsrec {
@@ -533,6 +544,104 @@ static void relay_main(int from, int to, int ready_fd, int rec_fd, struct relay_
 	}
 }
 
+/* One direction of a mesh lane: the bytes of a record not whole yet, and
+ * a record held back (RELAY_MESH_SWAP). */
+struct mstream {
+	uint8_t pend[20000], hold[20000];
+	size_t plen, hlen;
+};
+
+/* Append got bytes to s; whole records, changed as mode says (once per
+ * relay: *done), into out; how many bytes to forward. */
+static size_t mesh_follow(struct mstream *s, const uint8_t *in, size_t got, uint8_t *out,
+			  enum relay_mode mode, bool *done)
+{
+	size_t n = 0, rl;
+
+	memcpy(s->pend + s->plen, in, got);
+	s->plen += got;
+	while (s->plen >= 5 && s->plen >= (rl = 5 + ((size_t)s->pend[3] << 8 | s->pend[4]))) {
+		uint8_t *r = s->pend;
+		bool big = r[0] == 23 && rl - 5 >= 1024;
+		memcpy(out + n, r, rl);
+		n += rl;
+		if (s->hlen) {
+			memcpy(out + n, s->hold, s->hlen);
+			n += s->hlen;
+			s->hlen = 0;
+		} else if (big && !*done && mode == RELAY_MESH_FLIP) {
+			out[n - rl + 5 + (rl - 5) / 2] ^= 0x01;
+			*done = true;
+		} else if (big && !*done && mode == RELAY_MESH_REPLAY) {
+			memcpy(out + n, r, rl);
+			n += rl;
+			*done = true;
+		} else if (big && !*done && mode == RELAY_MESH_SWAP) {
+			memcpy(s->hold, r, rl);
+			s->hlen = rl;
+			n -= rl;
+			*done = true;
+		}
+		memmove(s->pend, s->pend + rl, s->plen - rl);
+		s->plen -= rl;
+	}
+	return n;
+}
+
+/* A relay for the mesh's lanes, from port `from` to `to` on loopback. */
+static void mesh_relay_main(int from, int to, int ready_fd, struct relay_cfg cfg)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	enum { MAXC = 64 };
+	static struct mstream st[2 * MAXC];
+	static uint8_t buf[16384], out[3 * 20000];
+	struct pollfd p[1 + 2 * MAXC];
+	int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1, n = 0;
+	bool done = false;
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	sa.sin_port = htons((uint16_t)from);
+	if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(lfd, 64) < 0)
+		_exit(2);
+	signal_pipe(ready_fd);
+	p[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
+	for (;;) {
+		if (poll(p, (nfds_t)(1 + n), -1) < 0)
+			_exit(2);
+		if ((p[0].revents & POLLIN) && n < 2 * MAXC) {
+			int a = accept(lfd, NULL, NULL), b = socket(AF_INET, SOCK_STREAM, 0);
+			sa.sin_port = htons((uint16_t)to);
+			if (a >= 0 && b >= 0 &&
+			    connect(b, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+				st[n].plen = st[n].hlen = st[n + 1].plen = st[n + 1].hlen = 0;
+				p[1 + n++] = (struct pollfd){.fd = a, .events = POLLIN};
+				p[1 + n++] = (struct pollfd){.fd = b, .events = POLLIN};
+			} else {
+				close(a);
+				close(b);
+			}
+		}
+		for (int i = 0; i < n; i++) {
+			int peer = p[1 + (i ^ 1)].fd;
+			ssize_t got;
+			size_t fwd;
+			if (p[1 + i].fd < 0 || !(p[1 + i].revents & (POLLIN | POLLHUP | POLLERR)))
+				continue;
+			got = read(p[1 + i].fd, buf, sizeof(buf));
+			fwd = got > 0 ? mesh_follow(&st[i], buf, (size_t)got, out, cfg.mode, &done)
+				      : 0;
+			if (got > 0 && peer >= 0 &&
+			    (fwd == 0 || write(peer, out, fwd) == (ssize_t)fwd))
+				continue;
+			close(p[1 + i].fd);
+			if (peer >= 0)
+				close(peer);
+			p[1 + i].fd = p[1 + (i ^ 1)].fd = -1;
+		}
+	}
+}
+
 struct relay {
 	pid_t pid;
 	int port;
@@ -545,7 +654,7 @@ static bool relay_start(struct relay *r, int to, struct relay_cfg cfg, const cha
 	int pfd[2], rec;
 	bool ok;
 
-	r->port = zd_free_port();
+	r->port = cfg.port > 0 ? cfg.port : zd_free_port();
 	snprintf(r->rdzv, sizeof(r->rdzv), "127.0.0.1:%d", r->port);
 	snprintf(r->rec, sizeof(r->rec), "%s/%s.rec", keydir, name);
 	rec = open(r->rec, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
@@ -553,6 +662,8 @@ static bool relay_start(struct relay *r, int to, struct relay_cfg cfg, const cha
 		return false;
 	fflush(stdout);
 	r->pid = fork();
+	if (r->pid == 0 && cfg.mode >= RELAY_MESH_PASS)
+		mesh_relay_main(r->port, to, pfd[1], cfg);
 	if (r->pid == 0)
 		relay_main(r->port, to, pfd[1], rec, cfg);
 	close(rec);
@@ -1060,6 +1171,73 @@ static void t_bad_key_files(void)
 	}
 }
 
+/* The mesh between two real daemons through a relay (node 0 listens on P
+ * and publishes the relay's R: ZEROD_TEST_MESH_RELAY, test only): one
+ * tensor record (>= 1 KiB) flipped, replayed, or swapped with the next is
+ * refused by the job's every rank, and the daemons then train a next job
+ * through the relay forwarding only. */
+static void t_mesh_relay(void)
+{
+	static const int key[] = {0, 1};
+	static const char *const peers[] = {"ab", "ab"};
+	static const struct {
+		enum relay_mode mode;
+		const char *job;
+	} runs[] = {
+		{RELAY_MESH_FLIP, "meshflip"},
+		{RELAY_MESH_REPLAY, "meshreplay"},
+		{RELAY_MESH_SWAP, "meshswap"},
+	};
+	struct cluster cl;
+	char env[64];
+	int P = zd_free_port(), R = zd_free_port(), r;
+
+	REQUIRE(make_keys(), "no keys");
+	snprintf(env, sizeof(env), "0:%d:%d", P, R);
+	setenv("ZEROD_TEST_MESH_RELAY", env, 1);
+	r = tls_cluster_start(&cl, 2, key, peers);
+	unsetenv("ZEROD_TEST_MESH_RELAY");
+	REQUIRE(r == 0, "cannot start 2 daemons");
+	for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+		struct relay rl;
+		struct train_spec s;
+		char after[32], want[128];
+		int st[2] = {-1, -1};
+
+		REQUIRE(relay_start(&rl, P, (struct relay_cfg){runs[i].mode, 0, R}, runs[i].job),
+			"the mesh relay did not start");
+		s = spec2(runs[i].job, cl.rdzv, cl.socks, 0);
+		run2(&s, st);
+		relay_stop(&rl);
+		/* the mesh names the lane, the peer node and "does not open", but
+		 * only the code reaches the job's error, the first failure of
+		 * either node: EBADMSG where the record came, ECONNRESET at the
+		 * other (the alert, the close) */
+		for (int k = 0; k < 2; k++) {
+			const char *m = s.results[k].msg;
+			CHECK(st[k] != 0 && s.results[k].code == ZC_EINTERNAL &&
+				      has(m, "start of buckets") &&
+				      (has(m, "Bad message") || has(m, "Connection reset by peer")),
+			      "%s rank %d: exit %d after %d iterations: %s: %s: not refused", s.job,
+			      k, st[k], s.results[k].iterations,
+			      zc_strerror_name(s.results[k].code), m);
+			test_note("%s rank %d: %s: %s", s.job, k,
+				  zc_strerror_name(s.results[k].code), m);
+		}
+		snprintf(want, sizeof(want), "job %s: failed: ZC_EINTERNAL: ", s.job);
+		CHECK(zd_wait_log(&cl.zd[0], want, 5000) && zd_wait_log(&cl.zd[1], want, 5000),
+		      "%s: a daemon did not log the job's failure", s.job);
+		snprintf(after, sizeof(after), "%s-after", runs[i].job);
+		REQUIRE(relay_start(&rl, P, (struct relay_cfg){RELAY_MESH_PASS, 0, R}, after),
+			"the mesh relay did not start");
+		s = spec2(after, cl.rdzv, cl.socks, 0);
+		run2(&s, st);
+		relay_stop(&rl);
+		check_trained(&s, st);
+	}
+	cluster_stop(&cl, -1);
+}
+
 static const struct test_case cases[] = {
 	{"tls_job_trains_and_hides_identities", t_job_trains_and_hides, 90000},
 	{"tls_untrusted_cert_refused_job_beside_trains", t_untrusted_cert_refused, 90000},
@@ -1068,6 +1246,7 @@ static const struct test_case cases[] = {
 	{"tls_forged_plaintext_fail_before_handshake", t_forged_plaintext_fail, 60000},
 	{"tls_cut_at_record_boundary_named_truncation", t_cut_at_record_boundary, 60000},
 	{"tls_bad_key_files_zerod_does_not_start", t_bad_key_files, 60000},
+	{"tls_mesh_relay_between_daemons_flip_replay_reorder", t_mesh_relay, 90000},
 };
 
 TEST_MAIN(cases)

@@ -254,22 +254,39 @@ done
 if [ $st -eq 0 ] && [ -z "$miss" ]; then ok "zeroctl --help: every verb and exit status"; else
     notok "zeroctl --help: exit $st, lacks:$miss"; fi
 
-# zeroctl keygen: an Ed25519 key (0600) and its certificate, which OpenSSL
-# reads; the printed fingerprint is the certificate's SHA-256, as
+# zeroctl keygen: an Ed25519 key (0600) and its certificate (0644), which
+# OpenSSL reads; the printed fingerprint is the certificate's SHA-256, as
 # `zeroctl fingerprint` and `openssl x509` say; a second keygen with the same
-# prefix fails and leaves both files as they were
+# prefix fails naming the file and leaves both files as they were; no .pub
 kg="$dir/kg"
-fp=$("$build/tools/zeroctl" keygen "$kg" 2>"$dir/kg.err"); st=$?
+zctl="$build/tools/zeroctl"
+fp=$("$zctl" keygen "$kg" 2>"$dir/kg.err"); st=$?
 ossl=$(openssl x509 -in "$kg.crt" -noout -fingerprint -sha256 2>/dev/null | sed 's/.*=//; s/://g' | tr 'A-F' 'a-f')
-sum=$(sha256sum "$kg.crt" 2>/dev/null)
-"$build/tools/zeroctl" keygen "$kg" >/dev/null 2>"$dir/kg2.err"; st2=$?
-if [ $st -eq 0 ] && [ ${#fp} -eq 64 ] && [ "$fp" = "$ossl" ] &&
-    [ "$("$build/tools/zeroctl" fingerprint "$kg.crt")" = "$fp" ] &&
-    [ "$(stat -c %a "$kg.key")" = 600 ] && openssl pkey -in "$kg.key" -noout 2>/dev/null &&
-    [ $st2 -eq 1 ] && grep -q "File exists" "$dir/kg2.err" && [ "$(sha256sum "$kg.crt")" = "$sum" ]; then
+sum=$(sha256sum "$kg.key" "$kg.crt" 2>/dev/null)
+"$zctl" keygen "$kg" >"$dir/kg2.out" 2>"$dir/kg2.err"; st2=$?
+"$zctl" fingerprint "$dir/kg.err" >/dev/null 2>"$dir/kg3.err"; st3=$?
+"$zctl" fingerprint >/dev/null 2>&1; st4=$?
+miss=""
+[ $st -eq 0 ] || miss="$miss (keygen exit $st)"
+[ -f "$kg.key" ] && [ -f "$kg.crt" ] && [ ! -e "$kg.pub" ] || miss="$miss (files: not .key and .crt alone)"
+[ "$(stat -c %a "$kg.key" 2>/dev/null)" = 600 ] || miss="$miss (key mode $(stat -c %a "$kg.key" 2>/dev/null))"
+[ "$(stat -c %a "$kg.crt" 2>/dev/null)" = 644 ] || miss="$miss (certificate mode $(stat -c %a "$kg.crt" 2>/dev/null))"
+openssl pkey -in "$kg.key" -noout 2>/dev/null || miss="$miss (openssl pkey refuses the key)"
+openssl x509 -in "$kg.crt" -noout 2>/dev/null || miss="$miss (openssl x509 refuses the certificate)"
+printf '%s\n' "$fp" | grep -qx '[0-9a-f]\{64\}' && [ "$fp" = "$ossl" ] ||
+    miss="$miss (fingerprint '$fp', openssl's '$ossl')"
+[ "$("$zctl" fingerprint "$kg.crt" 2>&1)" = "$fp" ] || miss="$miss (zeroctl fingerprint differs)"
+[ $st2 -eq 1 ] && [ ! -s "$dir/kg2.out" ] &&
+    grep -qx "zeroctl: keygen: $kg.key: File exists" "$dir/kg2.err" &&
+    [ "$(sha256sum "$kg.key" "$kg.crt" 2>/dev/null)" = "$sum" ] ||
+    miss="$miss (second keygen: exit $st2, files changed or message)"
+[ $st3 -eq 1 ] && grep -q "zeroctl: fingerprint: $dir/kg.err: " "$dir/kg3.err" ||
+    miss="$miss (fingerprint of a non-certificate: exit $st3)"
+[ $st4 -eq 64 ] || miss="$miss (fingerprint without CERT: exit $st4)"
+if [ -z "$miss" ]; then
     ok "zeroctl keygen: key 0600 and certificate OpenSSL reads, its fingerprint; never over a file"
 else
-    notok "zeroctl keygen: exit $st/$st2, fingerprint '$fp' vs openssl '$ossl'"; show "$dir/kg.err"
+    notok "zeroctl keygen:$miss"; show "$dir/kg.err"; show "$dir/kg2.err"; show "$dir/kg3.err"
 fi
 
 # a bad config file: zerod refuses to start and names the file, line and key
