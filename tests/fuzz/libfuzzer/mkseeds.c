@@ -8,10 +8,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
-#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "plan.h"
 #include "net/rdzvwire.h"
@@ -192,7 +193,7 @@ int main(int argc, char **argv)
 	/* a real ClientHello under a job's PSK: the first bytes a node sends */
 	{
 		char why[200];
-		uint8_t id[TLS_PSK_ID_BYTES], key[TLS_PSK_BYTES], hello[4096];
+		uint8_t id[TLS_PSK_ID_BYTES], key[TLS_PSK_BYTES], ch[4096];
 		SSL_CTX *ctx = tls_ctx_new(NULL, false, false, why, sizeof(why));
 		int sv[2];
 		SSL *ssl;
@@ -206,10 +207,10 @@ int main(int argc, char **argv)
 			return 1;
 		fcntl(sv[0], F_SETFL, O_NONBLOCK);
 		(void)tls_handshake(ssl, why, sizeof(why));
-		n = read(sv[1], hello, sizeof(hello));
+		n = read(sv[1], ch, sizeof(ch));
 		if (n <= 0)
 			return 1;
-		put("rdzv", "client_hello", hello, (size_t)n);
+		put("rdzv", "client_hello", ch, (size_t)n);
 		tls_free(ssl);
 		SSL_CTX_free(ctx);
 		close(sv[0]);
