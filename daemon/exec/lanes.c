@@ -236,11 +236,12 @@ static void xop_finish(struct exec *e, struct xop *o, int r)
 			      : o->type == XOP_RELOAD ? "reload"
 			      : o->type == XOP_STATE  ? "state"
 						      : zop_name(z->kind),
-			/* why it failed: opening, an edit, or the job's semantics */
-			.detail = o->type == XOP_START ? e->open_err
-				  : e->step_err[0]     ? e->step_err
-				  : e->coll_err[0]     ? e->coll_err
-						       : e->sem_err,
+			/* why it failed: opening, an edit, the collective (the
+			 * start's broadcast too) or the job's semantics */
+			.detail = o->type == XOP_START && e->open_err[0] ? e->open_err
+				  : e->step_err[0]                       ? e->step_err
+				  : e->coll_err[0]                       ? e->coll_err
+									 : e->sem_err,
 			.lo = z ? z->lo : 0,
 			.hi = z ? z->hi : 0,
 			.status = r,

@@ -1209,15 +1209,18 @@ static void t_mesh_relay(void)
 		s = spec2(runs[i].job, cl.rdzv, cl.socks, 0);
 		run2(&s, st);
 		relay_stop(&rl);
-		/* the mesh names the lane, the peer node and "does not open", but
-		 * only the code reaches the job's error, the first failure of
-		 * either node: EBADMSG where the record came, ECONNRESET at the
-		 * other (the alert, the close) */
+		/* the job's error is the first failure of either node, in the
+		 * mesh's words: the lane, the peer node and its certificate, and
+		 * what happened (a record that does not open where it came; the
+		 * alert or the close at the other) */
 		for (int k = 0; k < 2; k++) {
 			const char *m = s.results[k].msg;
 			CHECK(st[k] != 0 && s.results[k].code == ZC_EINTERNAL &&
-				      has(m, "start of buckets") &&
-				      (has(m, "Bad message") || has(m, "Connection reset by peer")),
+				      has(m, "start failed") && has(m, "TLS mesh: lane ") &&
+				      has(m, "(certificate ") &&
+				      ((has(m, "Bad message") && has(m, "does not open")) ||
+				       (has(m, "Connection reset by peer") &&
+					has(m, "closed the connection"))),
 			      "%s rank %d: exit %d after %d iterations: %s: %s: not refused", s.job,
 			      k, st[k], s.results[k].iterations,
 			      zc_strerror_name(s.results[k].code), m);
