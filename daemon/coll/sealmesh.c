@@ -101,10 +101,12 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <openssl/err.h>
 
+#include "coll/netstats.h"
 #include "coll/sealmesh.h"
 #include "common.h"
 #include "net/rdzvwire.h"
@@ -1140,11 +1142,34 @@ static int xfer_step(struct xfer *x, bool *moved, char *why, size_t wlen)
 	return 0;
 }
 
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* The bytes a call's transfers send and receive. */
+static uint64_t call_bytes(const struct xfer *x, uint32_t nx)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < nx; i++) {
+		for (uint32_t k = 0; k < x[i].nout; k++)
+			n += x[i].out[k].n;
+		for (uint32_t k = 0; k < x[i].nin; k++)
+			n += x[i].in[k].n;
+	}
+	return n;
+}
+
 /* Run one call's transfers to the end, each connection's both ways at once. */
 static int run(struct coll_mesh *m, struct xfer *x, uint32_t nx, char *err, size_t errlen)
 {
 	struct pollfd p[nx + 1];
 	int64_t stall = now_ms() + m->timeout_ms;
+	uint64_t cpu0 = thread_cpu_ns();
 	int r = 0;
 
 	for (uint32_t i = 0; i < nx; i++) {
@@ -1183,8 +1208,10 @@ static int run(struct coll_mesh *m, struct xfer *x, uint32_t nx, char *err, size
 						  (x[i].io < x[i].nout ? x[i].wwait : 0)),
 			};
 		}
-		if (all)
+		if (all) {
+			netstats_tls(call_bytes(x, nx), thread_cpu_ns() - cpu0);
 			return 0;
+		}
 		if (now >= stall) {
 			for (uint32_t i = 0; i < nx; i++)
 				if (!xfer_done(&x[i])) {

@@ -194,6 +194,11 @@ void metrics_render(struct ops_env *env, struct sbuf *b)
 	    (double)net.allreduce_ns / 1e9);
 	one(b, "zerod_net_allreduce_calls_total", "counter", "those all-reduces (network windows)",
 	    (double)net.allreduce_calls);
+	one(b, "zerod_tls_mesh_bytes_total", "counter",
+	    "bytes the TLS mesh sealed and opened (sent and received)", (double)net.tls_bytes);
+	one(b, "zerod_tls_mesh_cpu_seconds_total", "counter",
+	    "CPU time of the TLS mesh's calls: records and socket calls, not the waits",
+	    (double)net.tls_cpu_ns / 1e9);
 	hist(b, "zerod_iteration_seconds", "time between two StepDones of a job",
 	     &o->m.iteration);
 	hist(b, "zerod_step_seconds", "an iteration's first BucketReady to its StepDone",

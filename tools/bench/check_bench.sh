@@ -69,11 +69,11 @@ keys = """daemons ranks params buckets bytes zerod_iter_ms gloo_iter_ms algbw_ze
 busbw_zerod busbw_gloo vs_gloo algbw_net busbw_net vs_gloo_net gloo_shim_iter_ms
 tls_iter_ms tls_algbw_net tls_busbw_net tls_vs_plain tls_vs_plain_net
 tls_vs_plain_net_target tls_bytes_vs_openssl_target step_bucket_ref_ms step_all_ref_ms
-vs_gloo_plus_step_target""".split()
+vs_gloo_plus_step_target tls_seal_cpu_GBps""".split()
 # present, a number or null: the kTLS variant runs only where the kernel has
 # its tls module; openssl speed's figure is null without openssl
 maybe = """tls_ktls_iter_ms tls_ktls_algbw_net tls_ktls_vs_plain tls_ktls_vs_plain_net
-openssl_aes256gcm_MBps tls_bytes_vs_openssl""".split()
+openssl_aes256gcm_MBps tls_bytes_vs_openssl tls_seal_cpu_vs_openssl""".split()
 import shutil
 # gloo_iter_ms is torch's gloo all_reduce: a number where torch is, else null,
 # and so are the ratios to it
@@ -93,7 +93,7 @@ if bad:
 for k, kind in (("tls_rounds", int), ("tls_identity", str), ("ktls_kernel", bool),
                 ("ktls_note", str), ("openssl_speed", str), ("plain_iter_ms_rounds", list),
                 ("tls_iter_ms_rounds", list), ("plain_algbw_net_rounds", list),
-                ("tls_algbw_net_rounds", list)):
+                ("tls_algbw_net_rounds", list), ("tls_seal_cpu_GBps_rounds", list)):
     if not isinstance(j.get(k), kind):
         print(f"# {k} missing or not {kind.__name__}: {j.get(k)!r}")
         sys.exit(1)
@@ -107,9 +107,15 @@ if (j["tls_ktls_iter_ms"] is not None) != j["ktls_kernel"] or \
     print(f"# kTLS: kernel {j['ktls_kernel']}, variant {j['tls_ktls_iter_ms']}, "
           f"active {j['ktls_active']}")
     sys.exit(1)
+# the TLS daemons said what their mesh sealed and opened and the CPU time
+# it took (zerod_tls_mesh_*): more than nothing, less than memory's speed
+if not 0 < j["tls_seal_cpu_GBps"] < 100:
+    print(f"# tls_seal_cpu_GBps out of range: {j['tls_seal_cpu_GBps']}")
+    sys.exit(1)
 # openssl speed's figure is there exactly where openssl is
 if (j["openssl_aes256gcm_MBps"] is not None) != (shutil.which("openssl") is not None) or \
-        (j["openssl_aes256gcm_MBps"] is None) != (j["tls_bytes_vs_openssl"] is None):
+        (j["openssl_aes256gcm_MBps"] is None) != (j["tls_bytes_vs_openssl"] is None) or \
+        (j["openssl_aes256gcm_MBps"] is None) != (j["tls_seal_cpu_vs_openssl"] is None):
     print(f"# openssl speed: {j['openssl_aes256gcm_MBps']} ({j['openssl_speed']})")
     sys.exit(1)
 # the step references: one bucket's step is a part of every bucket's, and the

@@ -645,7 +645,9 @@ anchor. `--json` prints one object; without it, a table with the same values.
   rounds with the plain one (`tls_iter_ms`, `tls_algbw_net`; `tls_ktls_*`
   with `--tls-ktls=yes` where the kernel has kTLS, `ktls_active`), and
   `openssl speed`'s AES-256-GCM on one core (`openssl_aes256gcm_MBps`,
-  `tls_bytes_vs_openssl`); the step alone, without zerod,
+  `tls_bytes_vs_openssl`), and what the TLS mesh sealed and opened per
+  second of its calls' CPU time, the slowest daemon's, from their metrics
+  (`tls_seal_cpu_GBps`, `tls_seal_cpu_vs_openssl`); the step alone, without zerod,
   the fused reference of one rank over one bucket and over all of them
   (`step_bucket_ref_ms`, `step_all_ref_ms`, warm caches), and
   `vs_gloo_plus_step`, the iteration over `gloo_iter_ms` plus the step the

@@ -70,7 +70,14 @@
  *                  first suite is TLS_AES_256_GCM_SHA384);
  *   tls_bytes_vs_openssl = tls_busbw_net (the bytes each daemon sends,
  *                  encrypted, per second of its all-reduce) over it
- *                  (target >= 0.5: within 2x).
+ *                  (target >= 0.5: within 2x);
+ *   tls_seal_cpu_GBps = the bytes the TLS mesh sealed and opened over the
+ *                  CPU time of its calls (zerod_tls_mesh_*: the records and
+ *                  the sockets' system calls, not the waits), the slowest
+ *                  daemon's: what one core moves through TLS while it
+ *                  works, which two daemons sharing this machine's cores
+ *                  do not show in wall time; tls_seal_cpu_vs_openssl = it
+ *                  over openssl speed's figure (sealing alone, no socket).
  * The floors, the handoff and the torch anchor are not run in this mode.
  */
 #include <dirent.h>
@@ -882,6 +889,23 @@ static double daemons_net_algbw(const struct bench_daemon *d, uint32_t n)
 	return worst;
 }
 
+/* What the TLS mesh sealed and opened per second of its calls' CPU time
+ * (GB/s), the slowest daemon's; NAN if one of them did not say. */
+static double daemons_seal_rate(const struct bench_daemon *d, uint32_t n)
+{
+	double worst = INFINITY;
+
+	for (uint32_t k = 0; k < n; k++) {
+		double b = daemon_metric(&d[k], "zerod_tls_mesh_bytes_total");
+		double s = daemon_metric(&d[k], "zerod_tls_mesh_cpu_seconds_total");
+		double bw = s > 0 && b > 0 ? b / (s * 1e9) : NAN;
+		if (!isfinite(bw))
+			return NAN;
+		worst = bw < worst ? bw : worst;
+	}
+	return worst;
+}
+
 /* The gloo anchor independent of zerod: torch.distributed's all_reduce over
  * its gloo backend between N processes, the same buckets
  * (torch_anchor.py --allreduce-only): the median iteration in ms. */
@@ -927,8 +951,10 @@ struct tls_report {
 	 * of the plain job, with TLS (--tls-ktls=no), with --tls-ktls=yes */
 	double plain_ms[TLS_ROUNDS_MAX], plain_net[TLS_ROUNDS_MAX];
 	double tls_ms[TLS_ROUNDS_MAX], tls_net[TLS_ROUNDS_MAX];
+	/* per round: daemons_seal_rate() of the TLS job */
+	double tls_seal[TLS_ROUNDS_MAX];
 	double ktls_ms[TLS_ROUNDS_MAX], ktls_net[TLS_ROUNDS_MAX];
-	double tls_iter_ms, tls_algn, ktls_iter_ms, ktls_algn; /* their medians */
+	double tls_iter_ms, tls_algn, ktls_iter_ms, ktls_algn, tls_sealr; /* their medians */
 	bool ktls_kernel; /* the kernel takes TCP_ULP "tls": the kTLS variant runs */
 	int ktls_active;  /* the daemons said the kernel had the keys: 1, 0, -1 unknown */
 	char ktls_note[256];
@@ -987,6 +1013,9 @@ static void print_tls_json(const struct tls_report *t, const struct job_result *
 	jstr("openssl_speed", t->openssl_note);
 	jnum("tls_bytes_vs_openssl", ratio(tls_bus * 1e9, t->openssl_Bps), "%.3f", false);
 	jnum("tls_bytes_vs_openssl_target", 0.5, "%.2f", false);
+	jnum("tls_seal_cpu_GBps", t->tls_sealr, "%.3f", false);
+	jnum("tls_seal_cpu_vs_openssl", ratio(t->tls_sealr * 1e9, t->openssl_Bps), "%.3f", false);
+	jlist("tls_seal_cpu_GBps_rounds", t->tls_seal, t->rounds);
 	jlist("plain_iter_ms_rounds", t->plain_ms, t->rounds);
 	jlist("plain_algbw_net_rounds", t->plain_net, t->rounds);
 	jlist("tls_iter_ms_rounds", t->tls_ms, t->rounds);
@@ -1020,6 +1049,8 @@ static void print_tls_table(const struct tls_report *t, const struct job_result 
 	       t->openssl_Bps / 1e6, t->openssl_note);
 	printf("  encrypted busbw / that   %9.3f  (target >= 0.50: within 2x)\n",
 	       ratio(t->tls_algn * f * 1e9, t->openssl_Bps));
+	printf("  sealed + opened per CPU second of the mesh's calls %7.3f GB/s, / that %.3f\n",
+	       t->tls_sealr, ratio(t->tls_sealr * 1e9, t->openssl_Bps));
 }
 
 /* gloo_ms: torch's gloo all_reduce (the anchor; NAN where torch is not),
@@ -1437,8 +1468,8 @@ static void openssl_speed(double *ret_Bps, char *note, size_t len)
  * bandwidth in *ret_algn, and with ret_tls/ret_ktls what their logs said
  * (log_tls: every daemon's; log_ktls: -1 unless every daemon said). */
 static int daemons_job(struct opts *o, const char *what, const char *const *extra,
-		       struct job_result *job, double *ret_algn, bool *ret_tls, int *ret_ktls,
-		       const char **ret_step)
+		       struct job_result *job, double *ret_algn, double *ret_seal, bool *ret_tls,
+		       int *ret_ktls, const char **ret_step)
 {
 	struct bench_cfg *cfg = &o->cfg;
 	const char *ckpt_tmp = ckpt_tmp_make(cfg);
@@ -1471,6 +1502,8 @@ static int daemons_job(struct opts *o, const char *what, const char *const *extr
 				dump_log(&d[k]);
 		else
 			*ret_algn = daemons_net_algbw(d, cfg->daemons);
+		if (r == 0 && ret_seal)
+			*ret_seal = daemons_seal_rate(d, cfg->daemons);
 	}
 	if (r == 0 && ret_tls) {
 		*ret_tls = true;
@@ -1517,7 +1550,7 @@ static int tls_rounds(struct opts *o, struct job_result *job, double *algn, stru
 	t->tls_iter_ms = t->tls_algn = t->ktls_iter_ms = t->ktls_algn = NAN;
 	for (int k = 0; k < TLS_ROUNDS_MAX; k++)
 		t->plain_ms[k] = t->plain_net[k] = t->tls_ms[k] = t->tls_net[k] = t->ktls_ms[k] =
-			t->ktls_net[k] = NAN;
+			t->ktls_net[k] = t->tls_seal[k] = NAN;
 	t->ktls_kernel = kernel_tls(t->ktls_note, sizeof(t->ktls_note));
 	t->ktls_active = t->ktls_kernel ? -1 : 0;
 	*step = "the TLS identity (zeroctl keygen)";
@@ -1540,12 +1573,13 @@ static int tls_rounds(struct opts *o, struct job_result *job, double *algn, stru
 			one = (struct job_result){0};
 			if (kind == 0) {
 				r = daemons_job(o, what, NULL, k == 0 ? job : &one,
-						&t->plain_net[k], NULL, NULL, step);
+						&t->plain_net[k], NULL, NULL, NULL, step);
 				t->plain_ms[k] = (k == 0 ? job : &one)->iter_ms;
 				continue;
 			}
 			r = daemons_job(o, what, kind == 1 ? tf.args_tls : tf.args_ktls, &one,
-					kind == 1 ? &t->tls_net[k] : &t->ktls_net[k], &said,
+					kind == 1 ? &t->tls_net[k] : &t->ktls_net[k],
+					kind == 1 ? &t->tls_seal[k] : NULL, &said,
 					kind == 2 ? &kt : NULL, step);
 			(kind == 1 ? t->tls_ms : t->ktls_ms)[k] = one.iter_ms;
 			if (r == 0 && !said) {
@@ -1566,6 +1600,7 @@ static int tls_rounds(struct opts *o, struct job_result *job, double *algn, stru
 	*algn = median_of(t->plain_net, t->rounds);
 	t->tls_iter_ms = median_of(t->tls_ms, t->rounds);
 	t->tls_algn = median_of(t->tls_net, t->rounds);
+	t->tls_sealr = median_of(t->tls_seal, t->rounds);
 	if (t->ktls_kernel) {
 		t->ktls_iter_ms = median_of(t->ktls_ms, t->rounds);
 		t->ktls_algn = median_of(t->ktls_net, t->rounds);
@@ -1598,7 +1633,7 @@ static int run_daemons(struct opts *o)
 	if (cfg->tls)
 		r = tls_rounds(o, &job, &algn, &tls, &step);
 	else
-		r = daemons_job(o, NULL, NULL, &job, &algn, NULL, NULL, &step);
+		r = daemons_job(o, NULL, NULL, &job, &algn, NULL, NULL, NULL, &step);
 	if (r == 0) {
 		progress("raw gloo all-reduce");
 		step = "raw gloo";
