@@ -75,11 +75,9 @@
  * SSL_read that wants to write waits for POLLOUT, an SSL_write that wants
  * to read for POLLIN. A call fails with -ETIMEDOUT when no byte moves for
  * the mesh's timeout; abort() makes the eventfd readable, which every poll
- * watches, so it wakes every blocked call at once. While a call's bytes to
- * a peer are handed over, its socket is corked (TCP_CORK), so the kernel
- * sends full segments rather than a packet (and a wake-up of the
- * receiver) per 16 KiB record, and uncorked as soon as the last record is
- * in the kernel's hands.
+ * watches, so it wakes every blocked call at once. A call that completes
+ * adds its bytes, both ways, and its thread's CPU time from start to end to
+ * coll/netstats.h (the metrics zerod_tls_mesh_*).
  *
  * Kernel TLS. With cfg->ktls the contexts ask for it (SSL_OP_ENABLE_KTLS):
  * where the kernel has its tls module, OpenSSL hands it each connection's
@@ -137,7 +135,6 @@ struct conn {
 	char fp[TLS_FP_HEX + 1]; /* the peer's certificate's fingerprint */
 	int err;                 /* sticky: the connection is shut */
 	bool broken;             /* a TLS error or end: no close_notify either */
-	bool corked;             /* TCP_CORK on: a call's output under way */
 	char why[WHY_LEN];
 };
 
@@ -1028,15 +1025,6 @@ static bool xfer_done(const struct xfer *x)
 	return x->io == x->nout && x->ii == x->nin;
 }
 
-/* A call's output to c under way (on) or all handed over. */
-static void cork(struct conn *c, bool on)
-{
-	int v = on;
-
-	if (c->corked != on && setsockopt(c->fd, IPPROTO_TCP, TCP_CORK, &v, sizeof(v)) == 0)
-		c->corked = on;
-}
-
 /* The connection failed: file why, and shut it (its stream is out of step
  * now), with a close_notify where TLS is still whole, so the peer hears of
  * it at once. The code back. */
@@ -1045,7 +1033,6 @@ static int conn_fail(struct conn *c, int code, const char *why)
 	if (!c->err) {
 		c->err = code;
 		snprintf(c->why, sizeof(c->why), "%s", why);
-		cork(c, false);
 		if (!c->broken && SSL_is_init_finished(c->ssl) &&
 		    !(SSL_get_shutdown(c->ssl) & SSL_SENT_SHUTDOWN))
 			SSL_shutdown(c->ssl);
@@ -1121,8 +1108,6 @@ static int xfer_step(struct xfer *x, bool *moved, char *why, size_t wlen)
 		*moved = true;
 		settle(x);
 	}
-	if (x->io == x->nout)
-		cork(x->c, false); /* the last record goes now */
 	/* in: until OpenSSL wants the socket, since what it holds already
 	 * would show on no poll() */
 	while (x->ii < x->nin) {
@@ -1179,8 +1164,6 @@ static int run(struct coll_mesh *m, struct xfer *x, uint32_t nx, char *err, size
 			return c->err;
 		}
 		settle(&x[i]);
-		if (x[i].io < x[i].nout)
-			cork(c, true);
 	}
 	for (;;) {
 		bool moved = false, all = true;

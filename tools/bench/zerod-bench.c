@@ -872,32 +872,15 @@ static double daemon_metric(const struct bench_daemon *d, const char *name)
 	return v;
 }
 
-/* algbw of the daemons' own cross-node all-reduces, the slowest daemon's;
- * NAN if one of them did not say. */
-static double daemons_net_algbw(const struct bench_daemon *d, uint32_t n)
+/* A rate from each daemon's metrics, bytes over seconds (GB/s), the slowest
+ * daemon's; NAN if one of them did not say. */
+static double daemons_rate(const struct bench_daemon *d, uint32_t n, const char *bytes,
+			   const char *seconds)
 {
 	double worst = INFINITY;
 
 	for (uint32_t k = 0; k < n; k++) {
-		double b = daemon_metric(&d[k], "zerod_net_allreduce_bytes_total");
-		double s = daemon_metric(&d[k], "zerod_net_allreduce_seconds_total");
-		double bw = s > 0 && b > 0 ? b / (s * 1e9) : NAN;
-		if (!isfinite(bw))
-			return NAN;
-		worst = bw < worst ? bw : worst;
-	}
-	return worst;
-}
-
-/* What the TLS mesh sealed and opened per second of its calls' CPU time
- * (GB/s), the slowest daemon's; NAN if one of them did not say. */
-static double daemons_seal_rate(const struct bench_daemon *d, uint32_t n)
-{
-	double worst = INFINITY;
-
-	for (uint32_t k = 0; k < n; k++) {
-		double b = daemon_metric(&d[k], "zerod_tls_mesh_bytes_total");
-		double s = daemon_metric(&d[k], "zerod_tls_mesh_cpu_seconds_total");
+		double b = daemon_metric(&d[k], bytes), s = daemon_metric(&d[k], seconds);
 		double bw = s > 0 && b > 0 ? b / (s * 1e9) : NAN;
 		if (!isfinite(bw))
 			return NAN;
@@ -951,7 +934,8 @@ struct tls_report {
 	 * of the plain job, with TLS (--tls-ktls=no), with --tls-ktls=yes */
 	double plain_ms[TLS_ROUNDS_MAX], plain_net[TLS_ROUNDS_MAX];
 	double tls_ms[TLS_ROUNDS_MAX], tls_net[TLS_ROUNDS_MAX];
-	/* per round: daemons_seal_rate() of the TLS job */
+	/* per round: the TLS job's mesh, bytes sealed and opened per CPU
+	 * second (daemons_rate() of zerod_tls_mesh_*) */
 	double tls_seal[TLS_ROUNDS_MAX];
 	double ktls_ms[TLS_ROUNDS_MAX], ktls_net[TLS_ROUNDS_MAX];
 	double tls_iter_ms, tls_algn, ktls_iter_ms, ktls_algn, tls_sealr; /* their medians */
@@ -1501,9 +1485,13 @@ static int daemons_job(struct opts *o, const char *what, const char *const *extr
 			for (k = 0; k < cfg->daemons; k++)
 				dump_log(&d[k]);
 		else
-			*ret_algn = daemons_net_algbw(d, cfg->daemons);
+			/* the daemons' own cross-node all-reduces */
+			*ret_algn = daemons_rate(d, cfg->daemons, "zerod_net_allreduce_bytes_total",
+						 "zerod_net_allreduce_seconds_total");
+		/* what the TLS mesh sealed and opened per second of its CPU */
 		if (r == 0 && ret_seal)
-			*ret_seal = daemons_seal_rate(d, cfg->daemons);
+			*ret_seal = daemons_rate(d, cfg->daemons, "zerod_tls_mesh_bytes_total",
+						 "zerod_tls_mesh_cpu_seconds_total");
 	}
 	if (r == 0 && ret_tls) {
 		*ret_tls = true;
