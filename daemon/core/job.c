@@ -377,14 +377,20 @@ static int join_existing(struct job *j, const struct join_req *h, const struct r
 {
 	int r;
 
-	if (j->local_size != h->local_size) {
-		snprintf(err, errlen, "job %s has %u ranks on this node, rank %u says %u", j->id,
-			 j->local_size, h->rank, h->local_size);
-		return ZC_EWORLD;
-	}
+	/* a restarted group of another size: the re-forming job takes it
+	 * (reform.c), on one node, all its ranks here */
+	if ((j->world != h->world || j->local_size != h->local_size) && j->state == JOB_REFORMING &&
+	    !sp && !j->rdzv && h->local_size == h->world &&
+	    (r = reform_resize(j, h->world, err, errlen)) < 0)
+		return r;
 	if (j->world != h->world) {
 		snprintf(err, errlen, "job %s has world size %u, rank %u says %u", j->id, j->world,
 			 h->rank, h->world);
+		return ZC_EWORLD;
+	}
+	if (j->local_size != h->local_size) {
+		snprintf(err, errlen, "job %s has %u ranks on this node, rank %u says %u", j->id,
+			 j->local_size, h->rank, h->local_size);
 		return ZC_EWORLD;
 	}
 	r = rdzv_check_spec(j, h->rank, sp, err, errlen);
@@ -417,7 +423,11 @@ int job_join(struct core *core, struct member *s, const struct join_req *h, char
 		j = job_find(core, h->job_id, s->uid); /* it may be gone: a fresh one forms */
 	/* a restarted rank may come before its predecessor's exit was seen:
 	 * the predecessor leaves now (the job re-forms, reform.c) */
-	if (j && !job_ended(j) && j->ranks[h->rank] && core->sink->gone(j->ranks[h->rank]) &&
+	if (j && !job_ended(j) && h->rank < j->world && j->ranks[h->rank] &&
+	    core->sink->gone(j->ranks[h->rank]) && job_drop_exited(j))
+		j = job_find(core, h->job_id, s->uid);
+	/* the same before the group takes another size: the old ranks gone */
+	if (j && j->state == JOB_REFORMING && j->world != h->world && j->nconnected &&
 	    job_drop_exited(j))
 		j = job_find(core, h->job_id, s->uid);
 	if (j && job_ended(j)) {

@@ -27,6 +27,11 @@
  *    it is another, and gives every rank the parameters from the old
  *    buffers (exec.h's exec_recover). PlanOk carries the iteration the job
  *    goes on at (zc_recovered()); the ranks' count moves there.
+ *  - The restarted group may be of another world size (on this node):
+ *    the first of its ranks to join, once the old group is gone, resizes
+ *    the job's per-rank arrays (reform_resize); the old buffers stay
+ *    mapped until the start, and the kept state is sharded again for the
+ *    new world as for another layout.
  *  - Ranks that do not all rejoin within --rejoin-timeout fail the job with
  *    ZC_ERANKDEAD, naming the dead rank and the missing ones; everything it
  *    held is freed then.
@@ -45,6 +50,7 @@
 #include "base/log.h"
 #include "core/job.h"
 #include "core/reform.h"
+#include "core/semantics.h"
 #include "core/sharedp.h"
 #include "core/sink.h"
 #include "exec/exec.h"
@@ -66,6 +72,11 @@ struct reform {
 	struct mem_map **grad_map, **param_map; /* [world]: their buffers */
 	struct sharedp *sharedp;                /* [world]: their sharing */
 	struct mem_map **old_param;             /* [world]: the old parameters, until the start */
+	/* the restarted group came with another world size (reform_resize):
+	 * the old group's size, and its buffers ([resized_from] each, with
+	 * old_param), kept mapped until the start; 0: the same size */
+	uint32_t resized_from;
+	struct mem_map **old_grad;
 	struct plan *old_plan;                  /* the plan the kept state is laid out by */
 	struct exec_recover rec;                /* what the next executor starts from */
 };
@@ -84,9 +95,14 @@ void reform_free(struct job *j)
 			mem->unmap(rf->grad_map[r]);
 		if (rf->param_map)
 			mem->unmap(rf->param_map[r]);
+	}
+	for (uint32_t r = 0; r < (rf->resized_from ? rf->resized_from : j->world); r++) {
 		if (rf->old_param)
 			mem->unmap(rf->old_param[r]);
+		if (rf->old_grad)
+			mem->unmap(rf->old_grad[r]);
 	}
+	free(rf->old_grad);
 	state_free(rf->state);
 	plan_free(rf->old_plan);
 	free(rf->plans);
@@ -213,7 +229,8 @@ static void restart(struct job *j)
 			continue;
 		core->mem->unmap(j->grad_map[r]);
 		j->grad_map[r] = rf->grad_map[r];
-		rf->old_param[r] = j->param_map[r];
+		if (!rf->resized_from) /* else they are in rf->old_param already */
+			rf->old_param[r] = j->param_map[r];
 		j->param_map[r] = rf->param_map[r];
 		rf->grad_map[r] = rf->param_map[r] = NULL;
 		plan_free(j->plans[r]);
@@ -280,6 +297,116 @@ void reform_leave(struct job *j, struct member *s, bool occupant)
 		 rf->n, j->local_size);
 }
 
+/* A job's and its re-forming's per-rank arrays for another world size. */
+struct rank_arrays {
+	struct member **ranks;
+	struct plan **plans, **rplans;
+	struct mem_map **gm, **pm, **rgm, **rpm;
+	struct sharedp *sp, *rsp;
+	uint32_t *next;
+	bool *joined;
+};
+
+static void rank_arrays_free(struct rank_arrays *a)
+{
+	free(a->ranks);
+	free(a->plans);
+	free(a->rplans);
+	free(a->gm);
+	free(a->pm);
+	free(a->rgm);
+	free(a->rpm);
+	free(a->sp);
+	free(a->rsp);
+	free(a->next);
+	free(a->joined);
+}
+
+static int rank_arrays_new(struct rank_arrays *a, uint32_t world)
+{
+	*a = (struct rank_arrays){
+		.ranks = calloc(world, sizeof(*a->ranks)),
+		.plans = calloc(world, sizeof(*a->plans)),
+		.rplans = calloc(world, sizeof(*a->rplans)),
+		.gm = calloc(world, sizeof(*a->gm)),
+		.pm = calloc(world, sizeof(*a->pm)),
+		.rgm = calloc(world, sizeof(*a->rgm)),
+		.rpm = calloc(world, sizeof(*a->rpm)),
+		.sp = calloc(world, sizeof(*a->sp)),
+		.rsp = calloc(world, sizeof(*a->rsp)),
+		.next = calloc(world, sizeof(*a->next)),
+		.joined = calloc(world, sizeof(*a->joined)),
+	};
+	if (a->ranks && a->plans && a->rplans && a->gm && a->pm && a->rgm && a->rpm && a->sp &&
+	    a->rsp && a->next && a->joined)
+		return 0;
+	rank_arrays_free(a);
+	return -ENOMEM;
+}
+
+/* Whether j may take another world size: no rank is here (the old
+ * group's were detached as it began re-forming, and dropped) and none
+ * rejoined; else its size is that of the restarted group's first rank. */
+static bool resizable(const struct job *j)
+{
+	return j->rf && !j->rf->n && !j->rf->resized_from && !j->nconnected;
+}
+
+int reform_resize(struct job *j, uint32_t world, char *err, size_t errlen)
+{
+	struct reform *rf = j->rf;
+	struct rank_arrays old, a;
+
+	if (!resizable(j))
+		return 1;
+	if (rank_arrays_new(&a, world) < 0) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	log_notice("job %s: its restarted ranks come with world size %u (it ran with %u): the "
+		   "kept state is sharded again for them",
+		   j->id, world, j->world);
+	/* the old group's buffers stay mapped until the start: the old
+	 * executor may still be stopping, and its parameters are the job's */
+	rf->resized_from = j->world;
+	free(rf->old_param);
+	rf->old_param = j->param_map;
+	rf->old_grad = j->grad_map;
+	for (uint32_t k = 0; k < j->world; k++) {
+		plan_free(j->plans[k]);
+		if (j->kept)
+			j->core->mem->unmap(j->kept[k].map);
+	}
+	free(j->kept);
+	j->kept = NULL;
+	sem_free(j->sem); /* sized by the old world; made again on use */
+	j->sem = NULL;
+	old = (struct rank_arrays){.ranks = j->ranks,
+				   .plans = j->plans,
+				   .rplans = rf->plans,
+				   .rgm = rf->grad_map,
+				   .rpm = rf->param_map,
+				   .sp = j->sharedp,
+				   .rsp = rf->sharedp,
+				   .next = j->next_bucket,
+				   .joined = j->joined};
+	rank_arrays_free(&old);
+	j->ranks = a.ranks;
+	j->plans = a.plans;
+	j->grad_map = a.gm;
+	j->param_map = a.pm;
+	j->sharedp = a.sp;
+	j->next_bucket = a.next;
+	j->joined = a.joined;
+	j->njoined = 0;
+	rf->plans = a.rplans;
+	rf->grad_map = a.rgm;
+	rf->param_map = a.rpm;
+	rf->sharedp = a.rsp;
+	j->world = j->local_size = world;
+	return 0;
+}
+
 bool reform_registered(const struct job *j, uint32_t rank)
 {
 	return j->rf && j->rf->plans[rank];
@@ -315,6 +442,12 @@ void reform_register(struct job *j, struct member *s, struct plan *p, const stru
 			snprintf(err, sizeof(err), "rank %u's plan differs from rank %u's at %s",
 				 rank, k, field);
 		}
+	if (r == 0 && rf->resized_from && (p->low_precision || j->plan->low_precision)) {
+		r = ZC_ENOTSUP;
+		snprintf(err, sizeof(err),
+			 "bf16/fp16 buckets on another world size (%u ranks, %u before)", j->world,
+			 rf->resized_from);
+	}
 	if (r == 0 && plan_diff(j->plan, p, field, sizeof(field)) &&
 	    (r = plan_replan_match(j->plan, p, NULL, err, sizeof(err))) == 0 &&
 	    (p->low_precision || j->plan->low_precision)) {
@@ -360,7 +493,7 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 	bool same;
 
 	*ret = NULL;
-	for (uint32_t r = 0; r < j->world && !from; r++)
+	for (uint32_t r = 0; r < (rf->resized_from ? rf->resized_from : j->world) && !from; r++)
 		if (rf->old_param[r])
 			from = j->core->mem->ptr(rf->old_param[r]);
 	if (!k || !from || !rf->old_plan) {
@@ -370,6 +503,11 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 	/* the executor takes back what the journal holds and, for the
 	 * rejoined ranks' other layout, lays the state out again (exec.h) */
 	same = !plan_diff(rf->old_plan, j->plan, field, sizeof(field));
+	if (same && rf->resized_from) { /* the same plan, shards of another size */
+		same = false;
+		snprintf(field, sizeof(field), "the world size, %u ranks for %u", j->world,
+			 rf->resized_from);
+	}
 	rf->rec = (struct exec_recover){.kept = same ? NULL : k,
 					.plan = rf->old_plan,
 					.params = from,

@@ -7,6 +7,7 @@
 #define ZEROD_REFORM_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct core;
@@ -28,6 +29,14 @@ bool reform_begin(struct job *j, struct member *s, const char *how);
 /* job_leave() of rank s while j re-forms (s left j->ranks already): a
  * rejoined rank's registration is dropped, so that it can rejoin again. */
 void reform_leave(struct job *j, struct member *s, bool occupant);
+/* job_join(): a rank of re-forming job j (of this node only) says world
+ * size `world` (all on this node), not j's. If no rank is here (the old
+ * group's were dropped as it began re-forming) and none rejoined, j takes
+ * that size: its ranks' arrays are made again, the old buffers kept
+ * mapped until the start, where the kept state is sharded anew
+ * (reform_take). 0; 1: j keeps its size, the restarted group's (a rank of
+ * it came first); -ENOMEM with the reason in err (j as it was). */
+int reform_resize(struct job *j, uint32_t world, char *err, size_t errlen);
 /* Whether rank of re-forming job j registered again. */
 bool reform_registered(const struct job *j, uint32_t rank);
 /* RegisterPlan of a rejoined rank s: plan p (taken over) with buffers gd

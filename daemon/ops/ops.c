@@ -288,15 +288,20 @@ static void ops_exec_done(void *ctx, const struct exec_done *done)
 	}
 }
 
-/* The per-bucket arrays, sized once the plan is known. */
+/* The per-bucket arrays, sized once the plan is known, and again for
+ * another plan or world size (a re-plan, a re-formed job). */
 static bool jobops_buckets(struct jobops *jo)
 {
 	struct job *j = jo->job;
 
-	if (jo->queued_us)
-		return true;
 	if (!j->plan)
-		return false;
+		return jo->queued_us != NULL;
+	if (jo->queued_us && jo->nb == j->plan->nbuckets && jo->world == j->world)
+		return true;
+	free(jo->queued_us);
+	free(jo->ready_us); /* trace.c's, [world][nb] */
+	jo->queued_us = NULL;
+	jo->ready_us = NULL;
 	jo->queued_us = calloc(j->plan->nbuckets, sizeof(*jo->queued_us));
 	if (!jo->queued_us)
 		return false;

@@ -77,7 +77,9 @@ struct script {
 	bool ids; /* segments named by param_id (else matched by position) */
 	uint32_t victim;
 	enum phase phase;
-	struct snap *want;              /* the uninterrupted reference at ITERS */
+	uint32_t first_world; /* restarted with another world size: the first one's; 0: none */
+	atomic_int linger;    /* set: a survivor told ZC_ERANKLOST stays connected until 0 */
+	struct snap *want;    /* the uninterrupted reference at ITERS */
 	atomic_int seen[NRANKS];        /* armed: iterations whose StepDone each rank saw */
 	atomic_llong recovered[NRANKS]; /* restarted: zc_recovered()'s iteration, -1: none */
 	atomic_int fatal_code[NRANKS];
@@ -130,7 +132,7 @@ static int rank_main(void *arg, int idx)
 	struct script *sc = arg;
 	uint32_t rank = (uint32_t)idx;
 	struct tplan *tp = calloc(1, sizeof(*tp));
-	struct snap *got = calloc(1, sizeof(*got));
+	struct snap *got = calloc(1, sizeof(*got)), *want = sc->want;
 	struct zc_config cfg;
 	zc_client *c = NULL;
 	const char *what = "connect";
@@ -176,6 +178,8 @@ static int rank_main(void *arg, int idx)
 	if (r < 0 && sc->armed && zc_error_recoverable(r)) {
 		printf("# rank %u: %s: %s: %s\n", rank, what, zc_strerror_name(r),
 		       zc_error_message());
+		while (atomic_load(&sc->linger))
+			usleep(10 * 1000);
 		zc_close(c);
 		return EXIT_LOST;
 	}
@@ -191,10 +195,20 @@ static int rank_main(void *arg, int idx)
 	what = "get_state";
 	r = export_snap(c, tp, sc->opt, got);
 	EXPECT(r >= 0, "rank %u: export: %s", rank, zc_strerror_name(r));
-	if (r >= 0 && sc->want)
-		EXPECT(snap_compare(sc->job, got, sc->want, sc->opt) == 0,
+	if (r >= 0 && sc->want && sc->first_world) {
+		/* another world size from the recovered iteration on: the first
+		 * size's run up to it, then the new size's */
+		want = calloc(1, sizeof(*want));
+		snap_init(want, sc->seed);
+		ref_train(want, sc->opt, sc->seed, sc->first_world, 0, (int)at);
+		ref_train(want, sc->opt, sc->seed, sc->world, (int)at, ITERS);
+	}
+	if (r >= 0 && want)
+		EXPECT(snap_compare(sc->job, got, want, sc->opt) == 0,
 		       "rank %u: differs from the uninterrupted run", rank);
 	zc_close(c);
+	if (want != sc->want)
+		free(want);
 	free(tp);
 	free(got);
 	return child_bad;
@@ -231,12 +245,13 @@ static struct script *script_new(const char *job, uint32_t world, enum zc_optimi
 	return sc;
 }
 
-/* One death at phase, victim rank, and the group's restart. */
-/* d: a zerod with --recovery-journal (journal), else without: there a
- * death between the buckets of an interleaved iteration fails the job. */
+/* One death at phase, victim rank, and the group's restart, of world
+ * size `again` (0: the job's). d: a zerod with --recovery-journal
+ * (journal), else without: there a death between the buckets of an
+ * interleaved iteration fails the job. */
 static void kill_and_recover_on(struct zd *d, bool journal, uint32_t world, enum zc_optimizer opt,
 				enum zc_shard_mode shard, enum zc_step_mode step, enum phase ph,
-				uint32_t victim)
+				uint32_t victim, uint32_t again)
 {
 	char job[64];
 	struct script *sc;
@@ -244,9 +259,9 @@ static void kill_and_recover_on(struct zd *d, bool journal, uint32_t world, enum
 	int maxseen = 0;
 	bool partial = !journal && step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
 
-	snprintf(job, sizeof(job), "rec-%c%c%c-%u-%d-%u", opt == ZC_OPT_SGD ? 's' : 'a',
+	snprintf(job, sizeof(job), "rec-%c%c%c-%u-%d-%u-%u", opt == ZC_OPT_SGD ? 's' : 'a',
 		 shard == ZC_SHARD_BUCKET ? 'b' : 's', step == ZC_STEP_AT_END ? 'e' : 'i', world,
-		 (int)ph, victim);
+		 (int)ph, victim, again);
 	sc = script_new(job, world, opt, shard, step);
 	sc->victim = victim;
 	sc->phase = ph;
@@ -280,6 +295,10 @@ static void kill_and_recover_on(struct zd *d, bool journal, uint32_t world, enum
 	CHECK(zd_wait_job(d, job, ZD_JOB_REFORMING, 10000) == 0, "%s: not re-forming", job);
 	sc->armed = false;
 	sc->restarted = true;
+	if (again && again != world) {
+		sc->first_world = world;
+		sc->world = world = again;
+	}
 	run_round(sc, st);
 	for (uint32_t r = 0; r < world; r++) {
 		long long at = atomic_load(&sc->recovered[r]);
@@ -292,14 +311,15 @@ static void kill_and_recover_on(struct zd *d, bool journal, uint32_t world, enum
 		      "%s: rank %u recovered at iteration %lld; some rank saw %d steps", job, r, at,
 		      maxseen);
 	}
-	test_note("%s: %s, recovered at iteration %lld", job, phase_name[ph],
-		  (long long)atomic_load(&sc->recovered[0]));
+	test_note("%s: %s, recovered at iteration %lld%s", job, phase_name[ph],
+		  (long long)atomic_load(&sc->recovered[0]),
+		  sc->first_world ? ", on another world size" : "");
 }
 
 static void kill_and_recover(uint32_t world, enum zc_optimizer opt, enum zc_shard_mode shard,
 			     enum zc_step_mode step, enum phase ph, uint32_t victim)
 {
-	kill_and_recover_on(&daemon_, true, world, opt, shard, step, ph, victim);
+	kill_and_recover_on(&daemon_, true, world, opt, shard, step, ph, victim, 0);
 }
 
 static void every_phase(uint32_t world, enum zc_optimizer opt, enum zc_shard_mode shard,
@@ -346,7 +366,7 @@ static void t_no_journal(void)
 	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
 	for (int ph = 0; ph < NPHASES; ph++)
 		kill_and_recover_on(&own, false, 2, ZC_OPT_ADAM, ZC_SHARD_SLICE,
-				    ZC_STEP_INTERLEAVED, (enum phase)ph, 1);
+				    ZC_STEP_INTERLEAVED, (enum phase)ph, 1, 0);
 	CHECK(zd_stop(&own, 5000) == 0, "zerod did not stop cleanly");
 }
 
@@ -375,6 +395,68 @@ static void t_other_layout(void)
 	      st[1], st[2]);
 	CHECK(atomic_load(&sc->recovered[0]) == KILL_ITER, "recovered at %lld",
 	      (long long)atomic_load(&sc->recovered[0]));
+}
+
+/* The restarted group brings another world size, larger or smaller, at
+ * every phase: zerod shards the kept state again for it (reform_resize),
+ * and the job ends bit for bit at the reference of the first size's run to
+ * the recovered iteration and the new size's after it. */
+static void t_world_grows(void)
+{
+	for (int ph = 0; ph < NPHASES; ph++)
+		kill_and_recover_on(&daemon_, true, 2, ZC_OPT_ADAM, ZC_SHARD_SLICE,
+				    ZC_STEP_INTERLEAVED, (enum phase)ph, (uint32_t)ph % 2, 3);
+}
+static void t_world_shrinks(void)
+{
+	for (int ph = 0; ph < NPHASES; ph++)
+		kill_and_recover_on(&daemon_, true, 3, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_AT_END,
+				    (enum phase)ph, (uint32_t)ph % 3, 2);
+}
+
+/* The restarted group's world size is its first rank's: an old survivor
+ * still connected (told ZC_ERANKLOST, detached) does not hold it back, a
+ * rank of the restarted group that says another size is refused with
+ * ZC_EWORLD naming both, and the group of the new size recovers. */
+static void t_world_mixed(void)
+{
+	struct script *sc =
+		script_new("rec-world-mixed", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+	struct zc_config c3 = test_config(&daemon_, sc->job, 2, 3);
+	struct zc_config c2 = test_config(&daemon_, sc->job, 1, 2);
+	zc_client *a = NULL, *b = NULL;
+	pid_t pids[2];
+	int st[NRANKS], r;
+
+	sc->victim = 1;
+	sc->phase = BETWEEN;
+	atomic_store(&sc->linger, 1);
+	for (uint32_t k = 0; k < 2; k++)
+		pids[k] = spawn(rank_main, sc, (int)k);
+	st[1] = wait_child(pids[1], test_timeout(30000));
+	CHECK(st[1] == 128 + SIGKILL, "the victim ended %d", st[1]);
+	CHECK(zd_wait_job(&daemon_, sc->job, ZD_JOB_REFORMING, 10000) == 0, "not re-forming");
+	r = zc_connect(&c3, &a);
+	CHECK(r == 0, "rank 2 of 3 beside the old group's rank 0: %s: %s", zc_strerror_name(r),
+	      zc_error_message());
+	r = zc_connect(&c2, &b);
+	CHECK(r == ZC_EWORLD && strstr(zc_error_message(), "world size 3, rank 1 says 2"),
+	      "rank 1 of 2 after rank 2 of 3: %s: %s", zc_strerror_name(r), zc_error_message());
+	if (r >= 0)
+		zc_close(b);
+	zc_close(a); /* it leaves unregistered: the job waits for a group of 3 */
+	atomic_store(&sc->linger, 0);
+	st[0] = wait_child(pids[0], test_timeout(30000));
+	CHECK(st[0] == EXIT_LOST, "the survivor ended %d", st[0]);
+	sc->armed = false;
+	sc->restarted = true;
+	sc->first_world = 2;
+	sc->world = 3;
+	run_round(sc, st);
+	CHECK(st[0] == 0 && st[1] == 0 && st[2] == 0, "restarted with 3 ranks: %d %d %d", st[0],
+	      st[1], st[2]);
+	CHECK(atomic_load(&sc->recovered[2]) == KILL_ITER, "recovered at %lld",
+	      (long long)atomic_load(&sc->recovered[2]));
 }
 
 /* Twice in one run: the recovered job loses a trainer again. */
@@ -482,6 +564,9 @@ static const struct test_case cases[] = {
 	{"interleaved_cut_without_journal_fails_named", t_no_journal, 120000},
 	{"killed_twice", t_killed_twice, 120000},
 	{"restart_with_another_layout_and_shard_mode", t_other_layout, 120000},
+	{"restart_with_more_ranks_w2_to_w3", t_world_grows, 120000},
+	{"restart_with_fewer_ranks_w3_to_w2", t_world_shrinks, 120000},
+	{"restarted_group_of_mixed_world_sizes_refused", t_world_mixed, 120000},
 	{"never_back_fails_named_and_frees", t_never_back, 120000},
 	{"job_beside_trains_on", t_beside, 120000},
 };
