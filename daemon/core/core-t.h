@@ -159,6 +159,7 @@ struct job {
 	struct statex_kept *sxk; /* a checkpoint's staging kept mapped (statex.c), or NULL */
 	struct reform *rf;       /* re-forming after a trainer died (reform.c), or NULL */
 	bool journal;            /* its executor keeps the undo journal (exec.h) */
+	bool keep_params;        /* ... and on the devices the fp32 copies (exec.h) */
 
 	uint64_t iterations_done, buckets_done;
 	/* a grad buffer mapped for a RegisterPlan that was refused for its param

@@ -14,8 +14,8 @@
 #include "core/devmem.h"
 #include "plan/state.h"
 
-int devmem_of(const struct state *s, struct cudabufs *const *bufs, struct devmem_use **ret,
-	      uint32_t *ret_n)
+int devmem_of(const struct state *s, struct cudabufs *const *bufs, bool keep,
+	      struct devmem_use **ret, uint32_t *ret_n)
 {
 	unsigned narr = !!(s->arrays & PLAN_STATE_M) + !!(s->arrays & PLAN_STATE_V) +
 			!!(s->arrays & PLAN_STATE_VMAX);
@@ -25,8 +25,8 @@ int devmem_of(const struct state *s, struct cudabufs *const *bufs, struct devmem
 	for (uint32_t k = 0; k < s->npieces; k++) {
 		const struct optim_piece *pc = &s->pieces[k];
 		const uint8_t *id = bufs[pc->owner]->param.cuda.uuid;
-		uint64_t b =
-			(pc->n * narr + (pc->dtype != ZC_DTYPE_F32 ? pc->n : 0)) * sizeof(float);
+		uint64_t b = (pc->n * narr + (pc->dtype != ZC_DTYPE_F32 || keep ? pc->n : 0)) *
+			     sizeof(float);
 		uint32_t i = 0;
 
 		while (i < n && memcmp(u[i].uuid, id, MEM_CUDA_UUID_BYTES) != 0)

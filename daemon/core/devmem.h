@@ -24,9 +24,11 @@ struct devmem_use {
 
 /* The bytes state s places on each device: each piece on its owner rank's
  * (bufs[owner]'s UUID), as optim/cuda.c lays it out (state_bytes() is their
- * sum). *ret (malloc'core, NULL when none) and *ret_n entries; 0 or -ENOMEM. */
-int devmem_of(const struct state *s, struct cudabufs *const *bufs, struct devmem_use **ret,
-	      uint32_t *ret_n);
+ * sum), with keep a copy of each fp32 piece's parameters too (optim.h's
+ * keep_params). *ret (malloc'core, NULL when none) and *ret_n entries; 0
+ * or -ENOMEM. */
+int devmem_of(const struct state *s, struct cudabufs *const *bufs, bool keep,
+	      struct devmem_use **ret, uint32_t *ret_n);
 
 /* Whether j's j->devmem fits under --max-device-memory beside what the other
  * jobs hold on the same devices: 0, or ZC_ELIMIT with why naming the device,

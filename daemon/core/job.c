@@ -603,7 +603,9 @@ static int start_admit(struct job *j, const struct state *st)
 	if (j->cuda) {
 		char why[256];
 
-		r = devmem_of(st, j->cuda, &j->devmem, &j->ndevmem);
+		/* a job that can re-form keeps a copy of its fp32 parameters */
+		j->keep_params = core->cfg->rejoin_timeout_ms > 0 && !j->rdzv;
+		r = devmem_of(st, j->cuda, j->keep_params, &j->devmem, &j->ndevmem);
 		if (r < 0)
 			return r;
 		if (devmem_check(core, j, why, sizeof(why)) < 0) {
@@ -645,6 +647,7 @@ static int start_exec(struct job *j, float **grads, float **params, struct state
 		.stall_timeout_ms = core->cfg->stall_timeout_ms,
 		.recover = recover,
 		.journal = j->journal,
+		.keep_params = j->cuda && j->keep_params,
 	};
 	int r;
 

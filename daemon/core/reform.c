@@ -36,8 +36,18 @@
  *    ZC_ERANKDEAD, naming the dead rank and the missing ones; everything it
  *    held is freed then.
  *
- * Not (yet) here: a job over several nodes, or of CUDA buffers (their
- * trainers' device memory dies with them), fails as before.
+ * A job of CUDA buffers: its trainers' device memory dies with them, so
+ * its executor keeps a copy of each owned fp32 piece's parameters, made
+ * current by every step (optim.h's keep_params; bf16/fp16 have their
+ * masters), and as it stops copies the state and those parameters off the
+ * devices (exec_take_params); the next executor copies them back and
+ * writes the parameters into the new buffers. Where the boundary would
+ * need the dead memory, the job fails, saying so: every bucket had come
+ * (the step reads the reduced gradients and writes the parameters in the
+ * trainers' buffers), or an interleaved iteration was partly stepped (no
+ * undo journal on the devices).
+ *
+ * Not (yet) here: a job over several nodes fails as before.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -77,6 +87,11 @@ struct reform {
 	 * old_param), kept mapped until the start; 0: the same size */
 	uint32_t resized_from;
 	struct mem_map **old_grad;
+	/* a job of CUDA buffers: the rejoined ranks' ([world]), the old
+	 * group's after a resize ([resized_from]), and the parameters the old
+	 * executor copied off the devices (exec_take_params) */
+	struct cudabufs **cuda, **old_cuda;
+	void *params;
 	struct plan *old_plan;                  /* the plan the kept state is laid out by */
 	struct exec_recover rec;                /* what the next executor starts from */
 };
@@ -89,6 +104,8 @@ void reform_free(struct job *j)
 	if (!rf)
 		return;
 	for (uint32_t r = 0; r < j->world; r++) {
+		if (rf->cuda)
+			cudabufs_free(rf->cuda[r]);
 		if (rf->plans)
 			plan_free(rf->plans[r]);
 		if (rf->grad_map)
@@ -101,8 +118,13 @@ void reform_free(struct job *j)
 			mem->unmap(rf->old_param[r]);
 		if (rf->old_grad)
 			mem->unmap(rf->old_grad[r]);
+		if (rf->old_cuda)
+			cudabufs_free(rf->old_cuda[r]);
 	}
 	free(rf->old_grad);
+	free(rf->old_cuda);
+	free(rf->cuda);
+	free(rf->params);
 	state_free(rf->state);
 	plan_free(rf->old_plan);
 	free(rf->plans);
@@ -127,19 +149,22 @@ static int reform_new(struct job *j)
 	rf->param_map = calloc(j->world, sizeof(*rf->param_map));
 	rf->sharedp = calloc(j->world, sizeof(*rf->sharedp));
 	rf->old_param = calloc(j->world, sizeof(*rf->old_param));
-	if (!rf->plans || !rf->grad_map || !rf->param_map || !rf->sharedp || !rf->old_param) {
+	rf->cuda = j->cuda ? calloc(j->world, sizeof(*rf->cuda)) : NULL;
+	if (!rf->plans || !rf->grad_map || !rf->param_map || !rf->sharedp || !rf->old_param ||
+	    (j->cuda && !rf->cuda)) {
 		reform_free(j);
 		return -ENOMEM;
 	}
 	return 0;
 }
 
-/* Whether j can re-form at all: host buffers on this node only, between
- * or inside an iteration, nothing else under way. */
+/* Whether j can re-form at all: on this node only (CUDA buffers: its
+ * executor keeps the fp32 copies), between or inside an iteration, nothing
+ * else under way. */
 static bool reformable(const struct job *j)
 {
-	return j->core->cfg->rejoin_timeout_ms > 0 && !j->rdzv && !j->cuda && j->exec &&
-	       j->exec_running && !j->sx && !j->rp && !j->reload_pending && j->arrived;
+	return j->core->cfg->rejoin_timeout_ms > 0 && !j->rdzv && (!j->cuda || j->keep_params) &&
+	       j->exec && j->exec_running && !j->sx && !j->rp && !j->reload_pending && j->arrived;
 }
 
 bool reform_begin(struct job *j, struct member *s, const char *how)
@@ -158,11 +183,21 @@ bool reform_begin(struct job *j, struct member *s, const char *how)
 		j->in_flight && full > 0 && full < nb && j->plan->step_mode == ZC_STEP_INTERLEAVED;
 	if (partial && !j->journal) {
 		job_fail(j, ZC_ERANKDEAD, true,
-			 "rank %u (pid %d) %s in iteration %" PRIu64 " after %u of its %u buckets "
-			 "were stepped (step mode interleaved, which steps in place): the job "
-			 "cannot go back to an iteration boundary without --recovery-journal; "
-			 "restore its checkpoint",
-			 s->rank, (int)s->pid, how, j->iter, full, nb);
+			 "rank %u (pid %d) %s in iteration %" PRIu64 " after %u of %u buckets "
+			 "stepped in place (interleaved): cannot go back to an iteration "
+			 "boundary without %s; restore its checkpoint",
+			 s->rank, (int)s->pid, how, j->iter, full, nb,
+			 j->cuda ? "an undo journal (host buffers only)" : "--recovery-journal");
+		return true;
+	}
+	/* CUDA buffers: the step would read the reduced gradients, and write
+	 * the parameters, in device memory that died with the trainer */
+	if (j->cuda && j->in_flight && full == nb) {
+		job_fail(j, ZC_ERANKDEAD, true,
+			 "rank %u (pid %d) %s in iteration %" PRIu64 " once every bucket was "
+			 "handed over: its step needs the trainers' device memory, which died "
+			 "with it (CUDA buffers); restore its checkpoint",
+			 s->rank, (int)s->pid, how, j->iter);
 		return true;
 	}
 	if (reform_new(j) < 0)
@@ -227,6 +262,11 @@ static void restart(struct job *j)
 	for (uint32_t r = 0; r < j->world; r++) {
 		if (!rf->plans[r])
 			continue;
+		if (j->cuda) { /* the old executor closed the old handles */
+			cudabufs_free(j->cuda[r]);
+			j->cuda[r] = rf->cuda[r];
+			rf->cuda[r] = NULL;
+		}
 		core->mem->unmap(j->grad_map[r]);
 		j->grad_map[r] = rf->grad_map[r];
 		if (!rf->resized_from) /* else they are in rf->old_param already */
@@ -259,15 +299,17 @@ bool reform_stopped(struct job *j)
 	core->stats.reduced_elems += es.reduced_elems;
 	core->stats.stepped_elems += es.stepped_elems;
 	rf->state = exec_take_state(j->exec);
+	rf->params = exec_take_params(j->exec);
 	exec_free(j->exec);
 	j->exec = NULL;
-	if (!rf->state) {
-		job_fail(j, ZC_EINTERNAL, true, "re-forming: the old executor kept no state");
+	if (!rf->state || (j->cuda && !rf->params)) {
+		job_fail(j, ZC_EINTERNAL, true, "re-forming: the old executor kept no state%s",
+			 j->cuda ? " (it could not be copied off the devices)" : "");
 		job_maybe_free(j);
 		return true;
 	}
 	/* the kept state stays charged while the job waits */
-	j->memory = state_bytes(rf->state);
+	j->memory = state_bytes(rf->state) + (rf->params ? plan_buffer_bytes(j->plan) : 0);
 	core->memory_used += j->memory;
 	log_info("job %s: state kept at iteration %" PRIu64 " (rank %u died in iteration %" PRIu64
 		 "); %u of %u ranks registered again",
@@ -288,6 +330,10 @@ void reform_leave(struct job *j, struct member *s, bool occupant)
 		return;
 	plan_free(rf->plans[r]);
 	rf->plans[r] = NULL;
+	if (rf->cuda) {
+		cudabufs_free(rf->cuda[r]);
+		rf->cuda[r] = NULL;
+	}
 	j->core->mem->unmap(rf->grad_map[r]);
 	j->core->mem->unmap(rf->param_map[r]);
 	rf->grad_map[r] = rf->param_map[r] = NULL;
@@ -305,6 +351,7 @@ struct rank_arrays {
 	struct sharedp *sp, *rsp;
 	uint32_t *next;
 	bool *joined;
+	struct cudabufs **cuda, **rcuda; /* a job of CUDA buffers */
 };
 
 static void rank_arrays_free(struct rank_arrays *a)
@@ -320,9 +367,11 @@ static void rank_arrays_free(struct rank_arrays *a)
 	free(a->rsp);
 	free(a->next);
 	free(a->joined);
+	free(a->cuda);
+	free(a->rcuda);
 }
 
-static int rank_arrays_new(struct rank_arrays *a, uint32_t world)
+static int rank_arrays_new(struct rank_arrays *a, uint32_t world, bool cuda)
 {
 	*a = (struct rank_arrays){
 		.ranks = calloc(world, sizeof(*a->ranks)),
@@ -336,9 +385,11 @@ static int rank_arrays_new(struct rank_arrays *a, uint32_t world)
 		.rsp = calloc(world, sizeof(*a->rsp)),
 		.next = calloc(world, sizeof(*a->next)),
 		.joined = calloc(world, sizeof(*a->joined)),
+		.cuda = cuda ? calloc(world, sizeof(*a->cuda)) : NULL,
+		.rcuda = cuda ? calloc(world, sizeof(*a->rcuda)) : NULL,
 	};
 	if (a->ranks && a->plans && a->rplans && a->gm && a->pm && a->rgm && a->rpm && a->sp &&
-	    a->rsp && a->next && a->joined)
+	    a->rsp && a->next && a->joined && (!cuda || (a->cuda && a->rcuda)))
 		return 0;
 	rank_arrays_free(a);
 	return -ENOMEM;
@@ -359,7 +410,7 @@ int reform_resize(struct job *j, uint32_t world, char *err, size_t errlen)
 
 	if (!resizable(j))
 		return 1;
-	if (rank_arrays_new(&a, world) < 0) {
+	if (rank_arrays_new(&a, world, j->cuda != NULL) < 0) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
@@ -372,6 +423,7 @@ int reform_resize(struct job *j, uint32_t world, char *err, size_t errlen)
 	free(rf->old_param);
 	rf->old_param = j->param_map;
 	rf->old_grad = j->grad_map;
+	rf->old_cuda = j->cuda; /* the old executor's bufs until it is gone */
 	for (uint32_t k = 0; k < j->world; k++) {
 		plan_free(j->plans[k]);
 		if (j->kept)
@@ -389,7 +441,8 @@ int reform_resize(struct job *j, uint32_t world, char *err, size_t errlen)
 				   .sp = j->sharedp,
 				   .rsp = rf->sharedp,
 				   .next = j->next_bucket,
-				   .joined = j->joined};
+				   .joined = j->joined,
+				   .rcuda = rf->cuda};
 	rank_arrays_free(&old);
 	j->ranks = a.ranks;
 	j->plans = a.plans;
@@ -403,6 +456,8 @@ int reform_resize(struct job *j, uint32_t world, char *err, size_t errlen)
 	rf->grad_map = a.rgm;
 	rf->param_map = a.rpm;
 	rf->sharedp = a.rsp;
+	j->cuda = a.cuda;
+	rf->cuda = a.rcuda;
 	j->world = j->local_size = world;
 	return 0;
 }
@@ -423,11 +478,12 @@ void reform_register(struct job *j, struct member *s, struct plan *p, const stru
 	struct sharedp sp = {0};
 	int r;
 
-	if (cb || rf->plans[rank]) {
-		sink_error(core->sink, s, cb ? ZC_ENOTSUP : ZC_ESTATE, false, SINK_NO_ITERATION, -1,
-			   "job %s re-forms: rank %u %s", j->id, rank,
-			   cb ? "registers CUDA buffers, the job ran on host buffers"
-			      : "registered already");
+	if (!cb != !j->cuda || rf->plans[rank]) {
+		sink_error(core->sink, s, rf->plans[rank] ? ZC_ESTATE : ZC_ENOTSUP, false,
+			   SINK_NO_ITERATION, -1, "job %s re-forms: rank %u %s", j->id, rank,
+			   rf->plans[rank] ? "registered already"
+			   : cb            ? "registers CUDA buffers, the job ran on host buffers"
+					   : "registers host buffers, the job ran on CUDA buffers");
 		plan_free(p);
 		cudabufs_free(cb);
 		return;
@@ -461,10 +517,14 @@ void reform_register(struct job *j, struct member *s, struct plan *p, const stru
 		plan_free(p);
 		return;
 	}
-	r = sharedp_check_in(j, rf->sharedp, rank, pd, &sp, err, sizeof(err));
-	if (r >= 0)
+	/* CUDA buffers are opened by the next executor, off the loop */
+	if (cb)
+		rf->cuda[rank] = cb;
+	else
+		r = sharedp_check_in(j, rf->sharedp, rank, pd, &sp, err, sizeof(err));
+	if (r >= 0 && !cb)
 		r = core->mem->map(gd, bytes, &rf->grad_map[rank], err, sizeof(err));
-	if (r >= 0 && !sharedp_mapped_in(j, rf->sharedp, rf->param_map, &sp))
+	if (r >= 0 && !cb && !sharedp_mapped_in(j, rf->sharedp, rf->param_map, &sp))
 		r = core->mem->map(pd, bytes, &rf->param_map[rank], err, sizeof(err));
 	if (r < 0) {
 		core->mem->unmap(rf->grad_map[rank]);
@@ -493,6 +553,7 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 	bool same;
 
 	*ret = NULL;
+	from = rf->params; /* copied off the devices, or the old host buffers */
 	for (uint32_t r = 0; r < (rf->resized_from ? rf->resized_from : j->world) && !from; r++)
 		if (rf->old_param[r])
 			from = j->core->mem->ptr(rf->old_param[r]);

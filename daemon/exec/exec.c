@@ -231,6 +231,14 @@ void exec_stop_keep(struct exec *e)
 	stop(e, true);
 }
 
+void *exec_take_params(struct exec *e)
+{
+	void *p = e->kept_params;
+
+	e->kept_params = NULL;
+	return p;
+}
+
 struct state *exec_take_state(struct exec *e)
 {
 	struct state *s = e->cfg.state;
@@ -256,6 +264,7 @@ void exec_free(struct exec *e)
 	e->cfg.optim->close(e->oc);
 	close_buffers(e);
 	state_free(e->cfg.state);
+	free(e->kept_params);
 	for (unsigned l = 0; l < LANE_COUNT; l++)
 		while (e->lanes[l].head) {
 			struct xop *o = e->lanes[l].head;

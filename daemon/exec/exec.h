@@ -32,7 +32,9 @@ struct mem_ops;
  * parameters (rank 0's buffer, then the broadcast) instead of rank 0's
  * own, the state as it was: exec_config.state itself when the plan is the
  * same (its arena allocated, kept by exec_stop_keep), else laid out from
- * `kept` (state_relayout) into exec_config.state. Off the loop thread. */
+ * `kept` (state_relayout) into exec_config.state. A state the backend
+ * keeps (cuda) is copied from there onto the devices. Off the loop
+ * thread. */
 struct exec_recover {
 	struct state *kept;      /* another layout's state (the journal writes it), or NULL */
 	const struct plan *plan; /* the plan the kept state is laid out by */
@@ -63,14 +65,19 @@ struct exec_config {
 	const struct mem_ops *mem;
 	struct cudabufs *const *bufs; /* [world] */
 	int stall_timeout_ms;         /* how long a collective waits for a trainer (nccl) */
-	/* A recovery (host buffers only): copied; what it points to stays the
-	 * caller's, valid until EXEC_STARTED. NULL: a fresh start. */
+	/* A recovery: copied; what it points to stays the caller's, valid
+	 * until EXEC_STARTED. NULL: a fresh start. */
 	const struct exec_recover *recover;
 	/* Keep the undo journal (state.h): each bucket's values from before
 	 * its step in the iteration under way, so that a recovery can take an
 	 * interleaved iteration cut between buckets back to its start. Host
 	 * state only. */
 	bool journal;
+	/* A state the backend keeps (cuda): keep what a recovery needs beyond
+	 * the trainers' device memory (optim.h's keep_params: a copy of each
+	 * owned fp32 piece's parameters, current after every step), and let
+	 * exec_stop_keep() copy it off the devices. */
+	bool keep_params;
 };
 
 /* Start the lane threads and queue the start: open the backends, allocate
@@ -171,12 +178,18 @@ void exec_stop(struct exec *e);
 /* exec_stop() that keeps the state (its arena and every piece's step
  * count) for the next executor of the job, exec_take_state(): only
  * between iterations (after the last EXEC_STEP_DONE, or with no step
- * queued since), so that what is kept is one iteration's boundary. Host
- * state only (a device's dies with its executor). */
+ * queued since), so that what is kept is one iteration's boundary. A state
+ * on the devices (cuda) is copied into a host arena as the executor ends,
+ * with the parameters (exec_take_params): only with keep_params. */
 void exec_stop_keep(struct exec *e);
 /* After EXEC_STOPPED of exec_stop_keep(): the state, now the caller's
- * (state_free), or NULL if the executor never allocated it. */
+ * (state_free), or NULL if the executor never allocated it (or could not
+ * copy it off the devices). */
 struct state *exec_take_state(struct exec *e);
+/* The same for a state that was on the devices: the parameters, a flat
+ * buffer of the plan (free()), from the owners' kept copies and masters;
+ * NULL for host state (its parameters are the trainers' mapped buffers). */
+void *exec_take_params(struct exec *e);
 
 /* Join and free: after EXEC_STOPPED only. Accepts NULL. */
 void exec_free(struct exec *e);

@@ -86,6 +86,7 @@ struct exec {
 	struct exec_done *fail_done, *stop_done;
 	bool stopping, failed, silent;
 	bool keep_state;    /* exec_stop_keep(): the state outlives the executor */
+	void *kept_params;  /* ... and, off the devices, the parameters (exec_take_params) */
 	char open_err[256]; /* why the collectives could not open, from the backend */
 	char step_err[256]; /* why a step failed (an edit without zc_params_changed()) */
 	char coll_err[256]; /* why the first collective failed, the backend's words */
@@ -144,6 +145,11 @@ int op_prog(struct exec *e, struct lane *ln, const struct zop *z, uint64_t t);
 /* A lane: the bf16/fp16 pieces' masters from their owners' parameters
  * (edits_only: only the pieces whose parameters were edited). */
 int load_masters(struct exec *e, bool edits_only);
+/* The last lane, as an executor of exec_stop_keep() on a state the backend
+ * keeps ends (before oc closes): the state into a host arena and the
+ * parameters into e->kept_params (start.c). 0 or a negative code (then
+ * nothing is kept). */
+int state_off_devices(struct exec *e, struct optim_ctx *oc);
 
 /* ---- state export/import (xfer.c) ---- */
 

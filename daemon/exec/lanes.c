@@ -357,14 +357,20 @@ void *lane_main(void *arg)
 		 * takes; exec_stop() and exec_free() find NULLs. */
 		struct coll_group *cg = e->cg;
 		struct optim_ctx *oc = e->oc;
+		int kept;
 
 		e->cg = NULL;
 		e->oc = NULL;
 		pthread_mutex_unlock(&e->mu);
 		e->cfg.coll->close(cg);
+		/* the trainers' device memory may be gone: what the next
+		 * executor needs is copied out of the backend's own first */
+		kept = e->keep_state && e->cfg.optim->state_io ? state_off_devices(e, oc) : 0;
 		e->cfg.optim->close(oc);
 		close_buffers(e);
 		pthread_mutex_lock(&e->mu);
+		if (kept < 0)
+			e->keep_state = false;
 		if (!e->keep_state)
 			state_release(e->cfg.state);
 		post(e, &e->stop_done);

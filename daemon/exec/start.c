@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "base/hostmem.h"
 #include "mem/cudabufs.h"
 #include "exec/exec_int.h"
 
@@ -101,6 +102,79 @@ void close_buffers(struct exec *e)
 	}
 }
 
+int state_off_devices(struct exec *e, struct optim_ctx *oc)
+{
+	const struct optim_ops *op = e->cfg.optim;
+	const struct plan *p = e->cfg.plan;
+	struct state *s = e->cfg.state;
+	char *img = e->cfg.keep_params ? calloc(1, plan_buffer_bytes(p) + 1) : NULL;
+	int r = img ? state_alloc(s) : -EINVAL;
+
+	for (uint32_t i = 0; i < s->npieces && r >= 0; i++) {
+		struct optim_piece *pc = &s->pieces[i];
+		float *arr[3] = {s->m, s->v, s->vmax};
+		char *at = img + pc->off * plan_dtype_size(pc->dtype);
+
+		for (unsigned a = 0; a < 3 && r >= 0; a++)
+			if (arr[a])
+				r = op->state_io(oc, pc, a, arr[a] + pc->at, false);
+		if (r >= 0 && pc->dtype == ZC_DTYPE_F32) /* the kept copy */
+			r = op->state_io(oc, pc, OPTIM_ARRAY_MASTER, (float *)at, false);
+		else if (r >= 0) { /* the master, and the parameters as the step stores them */
+			r = op->state_io(oc, pc, OPTIM_ARRAY_MASTER, s->master + pc->mat, false);
+			if (r >= 0)
+				host_narrow((uint16_t *)at, s->master + pc->mat, pc->n, pc->dtype);
+		}
+	}
+	if (r < 0) {
+		free(img);
+		state_release(s);
+		return r;
+	}
+	e->kept_params = img;
+	return 0;
+}
+
+/* start_recovered() of a state the backend keeps (cuda): the kept host
+ * state (laid out for this plan first, where it is another) copied onto
+ * the devices, then the host arena released as for any device state, and
+ * the parameters into rank 0's buffer. */
+static int start_recovered_dev(struct exec *e, struct state *k)
+{
+	const struct exec_recover *rc = &e->recover;
+	const struct optim_ops *op = e->cfg.optim;
+	struct state *s = e->cfg.state;
+	const void *img = rc->params;
+	void *own = NULL;
+	int r = op->state_alloc(e->oc, s->pieces, s->npieces, s->arrays);
+
+	if (r >= 0 && rc->kept) {
+		own = malloc(plan_buffer_bytes(e->cfg.plan) + 1);
+		r = own ? state_relayout(rc->plan, rc->kept, rc->params, e->cfg.plan, s, own)
+			: -ENOMEM;
+		img = own;
+		k = s;
+	}
+	for (uint32_t i = 0; i < s->npieces && r >= 0; i++) {
+		struct optim_piece *pc = &s->pieces[i];
+		float *arr[3] = {k->m, k->v, k->vmax};
+
+		for (unsigned a = 0; a < 3 && r >= 0; a++)
+			if (arr[a])
+				r = op->state_io(e->oc, pc, a, arr[a] + pc->at, true);
+		if (r >= 0 && pc->dtype != ZC_DTYPE_F32)
+			r = op->state_io(e->oc, pc, OPTIM_ARRAY_MASTER, k->master + pc->mat, true);
+	}
+	if (r >= 0)
+		r = op->params_write(e->oc, 0, img, plan_buffer_bytes(e->cfg.plan));
+	state_release(s); /* on the devices now */
+	free(own);
+	if (r < 0)
+		snprintf(e->open_err, sizeof(e->open_err),
+			 "the kept state cannot be copied onto the devices: %s", strerror(-r));
+	return r;
+}
+
 /* A recovery's state and parameters (exec.h's exec_recover): the buckets
  * the journal holds taken back, then the kept state as it is or laid out
  * for this plan, and the parameters into rank 0's buffer, which the
@@ -113,6 +187,8 @@ static int start_recovered(struct exec *e)
 
 	if (rc->undo_iter != UINT64_MAX)
 		(void)state_undo_restore(k, rc->undo_iter, rc->params);
+	if (e->cfg.optim->state_io)
+		return start_recovered_dev(e, k);
 	if (!rc->kept) {
 		memcpy(e->cfg.params[0], rc->params, plan_buffer_bytes(e->cfg.plan));
 		return 0;
@@ -144,6 +220,7 @@ int op_start(struct exec *e, struct lane *ln)
 						  e->seg_first[e->cfg.plan->nbuckets]) *
 						 sizeof(double)};
 	struct optim_config oc = {.world = e->cfg.world,
+				  .keep_params = e->cfg.keep_params,
 				  .grads = e->cfg.grads,
 				  .params = e->cfg.params,
 				  .nlocal = e->nlocal,
@@ -185,5 +262,8 @@ int op_start(struct exec *e, struct lane *ln)
 	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);
 	if (r >= 0 && !e->cfg.recover) /* a recovery keeps its masters */
 		r = load_masters(e, false);
+	if (r >= 0 && e->cfg.keep_params) /* the fp32 copies from what every rank has now */
+		r = e->cfg.optim->masters(e->oc, e->cfg.state->pieces, e->cfg.state->npieces,
+					  OPTIM_MASTER_KEEP);
 	return r;
 }

@@ -476,6 +476,9 @@ int xfer_import(struct exec *e, struct lane *ln, const struct exec_state_req *rq
 		stored = masters_given(p, rq);
 	if (r >= 0 && stored)
 		r = lane_coll(e, ln, COLL_BCAST, p->shard_mode, e->ranges, e->cfg.shard->nunits);
+	/* the fp32 copies a recovery needs: from the parameters as they are now */
+	if (r >= 0 && e->cfg.keep_params)
+		r = e->cfg.optim->masters(e->oc, s->pieces, s->npieces, OPTIM_MASTER_KEEP);
 	return r;
 }
 

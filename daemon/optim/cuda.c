@@ -10,7 +10,9 @@
  * The state lives on the owners' devices and nowhere else (optim.h's
  * state_alloc ... clip): for each local owner rank one allocation on its
  * device, compact over the pieces it owns: m | v | vmax (those the job
- * keeps), nelems floats each, then the masters of its bf16/fp16 pieces. The
+ * keeps), nelems floats each, then the masters of its bf16/fp16 pieces
+ * (with keep_params a slot for every piece: an fp32 one's holds the copy
+ * of its parameters that run() makes current after each kernel). The
  * executor keeps the layout (state.h) but no host arena, charges these
  * bytes to --max-memory and, per device, to --max-device-memory (job.c,
  * devmem.c), and exports and imports the state through state_io (blocking
@@ -79,6 +81,7 @@ struct optim_ctx {
 	bool allocated;
 	struct dpiece *dp; /* sorted by at */
 	uint32_t ndp;
+	bool keep; /* optim_config.keep_params: fp32 pieces have a master slot too */
 };
 
 /* The device that holds p, or a negative code. */
@@ -132,6 +135,7 @@ static int cuda_open(const struct optim_config *cfg, struct optim_ctx **ret)
 	if (!c)
 		return -ENOMEM;
 	c->world = cfg->world;
+	c->keep = cfg->keep_params;
 	c->grads = calloc(cfg->world, sizeof(*c->grads));
 	c->params = calloc(cfg->world, sizeof(*c->params));
 	c->dev = calloc(cfg->world, sizeof(*c->dev));
@@ -230,7 +234,7 @@ static int cuda_state_alloc(struct optim_ctx *c, const struct optim_piece *pcs, 
 		rs->npieces++;
 		rs->nchunks += nchunks(pc);
 		rs->nelems += pc->n;
-		if (pc->dtype != ZC_DTYPE_F32)
+		if (pc->dtype != ZC_DTYPE_F32 || c->keep)
 			rs->nmaster += pc->n;
 	}
 	c->ndp = n;
@@ -296,8 +300,9 @@ static float *piece_array(const struct optim_ctx *c, const struct optim_piece *p
 	if (!d)
 		return NULL;
 	rs = &c->rs[d->owner];
-	if (which == OPTIM_ARRAY_MASTER)
-		return pc->dtype != ZC_DTYPE_F32 && rs->master ? rs->master + d->dmat : NULL;
+	if (which == OPTIM_ARRAY_MASTER) /* fp32: the kept copy (keep_params) */
+		return (pc->dtype != ZC_DTYPE_F32 || c->keep) && rs->master ? rs->master + d->dmat
+									    : NULL;
 	return which < 3 && rs->arr[which] ? rs->arr[which] + d->dat : NULL;
 }
 
@@ -314,6 +319,32 @@ static int cuda_state_io(struct optim_ctx *c, const struct optim_piece *pc, unsi
 	if (write)
 		return copy_sync(c, pc->owner, d, buf, bytes, cudaMemcpyHostToDevice);
 	return copy_sync(c, pc->owner, buf, d, bytes, cudaMemcpyDeviceToHost);
+}
+
+static int cuda_params_write(struct optim_ctx *c, uint32_t r, const void *buf, size_t bytes)
+{
+	if (!local_rank(c, r))
+		return -EINVAL;
+	return bytes ? copy_sync(c, r, c->params[r], buf, bytes, cudaMemcpyHostToDevice) : 0;
+}
+
+/* Queue on fp32 piece pc's owner stream the copy between its parameters
+ * and its kept copy (keep_params): to the copy, or back from it. */
+static int copy_kept(struct optim_ctx *c, const struct optim_piece *pc, bool to_copy)
+{
+	float *k = piece_array(c, pc, OPTIM_ARRAY_MASTER);
+	float *p = (float *)c->params[pc->owner] + pc->off;
+	size_t bytes = pc->n * sizeof(float);
+
+	if (!k || !local_rank(c, pc->owner))
+		return -EINVAL;
+	if (bytes == 0)
+		return 0;
+	c->used[pc->owner] = true;
+	CUDA_TRY(cudaSetDevice(c->dev[pc->owner]));
+	CUDA_TRY(cudaMemcpyAsync(to_copy ? k : p, to_copy ? p : k, bytes, cudaMemcpyDeviceToDevice,
+				 c->stream[pc->owner]));
+	return 0;
 }
 
 /* Wait for every stream c->used marks: r, or else the first error. */
@@ -360,13 +391,20 @@ static int cuda_masters(struct optim_ctx *c, const struct optim_piece *pcs, uint
 	};
 	int r = 0;
 
-	if (how >= ARRAY_SIZE(ops))
+	if (how > OPTIM_MASTER_KEEP || (how == OPTIM_MASTER_KEEP && !c->keep))
 		return -EINVAL;
 	memset(c->used, 0, c->world * sizeof(*c->used));
 	for (uint32_t k = 0; k < n && r == 0; k++) {
-		struct optim_kern a = {.op = ops[how]};
+		struct optim_kern a = {.op = how < ARRAY_SIZE(ops) ? ops[how] : OPTIM_KOP_LOAD};
 
-		if (pcs[k].dtype == ZC_DTYPE_F32)
+		/* fp32: the owner's parameters are the master; a kept copy is
+		 * made again from them (KEEP, RELOAD), or they from it (STORE) */
+		if (pcs[k].dtype == ZC_DTYPE_F32) {
+			if (c->keep && how != OPTIM_MASTER_LOAD)
+				r = copy_kept(c, &pcs[k], how != OPTIM_MASTER_STORE);
+			continue;
+		}
+		if (how == OPTIM_MASTER_KEEP)
 			continue;
 		a.master = piece_array(c, &pcs[k], OPTIM_ARRAY_MASTER);
 		r = a.master ? launch(c, &pcs[k], &a) : -EINVAL;
@@ -472,12 +510,16 @@ static int cuda_run(struct optim_ctx *c, const struct optim_call *call)
 		a.m = piece_array(c, pc, OPTIM_ARRAY_M);
 		a.v = piece_array(c, pc, OPTIM_ARRAY_V);
 		a.vmax = piece_array(c, pc, OPTIM_ARRAY_VMAX);
-		a.master = piece_array(c, pc, OPTIM_ARRAY_MASTER);
+		if (pc->dtype != ZC_DTYPE_F32)
+			a.master = piece_array(c, pc, OPTIM_ARRAY_MASTER);
 		if (pc->dtype != ZC_DTYPE_F32 && !a.master) {
 			r = -EINVAL;
 			break;
 		}
 		r = launch(c, pc, &a);
+		/* the copy kept current: after the kernel, on its stream */
+		if (r == 0 && c->keep && pc->dtype == ZC_DTYPE_F32)
+			r = copy_kept(c, pc, true);
 	}
 	/* even after a failure: what was launched must end before we return */
 	return wait_used(c, r);
@@ -572,6 +614,7 @@ const struct optim_ops optim_cuda_ops = {
 	.close = cuda_close,
 	.state_alloc = cuda_state_alloc,
 	.state_io = cuda_state_io,
+	.params_write = cuda_params_write,
 	.masters = cuda_masters,
 	.measure = cuda_measure,
 	.clip = cuda_clip,

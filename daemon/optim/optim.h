@@ -109,6 +109,11 @@ struct optim_config {
 	uint32_t nlocal;
 	const uint32_t *local; /* the local ranks, ascending */
 	struct pool *pool;      /* host: the CPU workers */
+	/* A backend that keeps the state (cuda): also keep a copy of each
+	 * owned fp32 piece's parameters, made current by every step, so that
+	 * the job outlives its trainers' device memory (core/reform.c);
+	 * state_io's OPTIM_ARRAY_MASTER reads and writes it. */
+	bool keep_params;
 };
 
 struct optim_ctx;
@@ -147,6 +152,9 @@ struct optim_ops {
 	 * n floats; -EINVAL for a piece or array the state does not have. */
 	int (*state_io)(struct optim_ctx *c, const struct optim_piece *pc, unsigned which,
 			float *buf, bool write);
+	/* Copy `bytes` of host memory buf into local rank r's parameter
+	 * buffer, from its start (a recovery's parameters, core/reform.c). */
+	int (*params_write)(struct optim_ctx *c, uint32_t r, const void *buf, size_t bytes);
 	/* The masters of the bf16/fp16 pieces among pcs and their owners'
 	 * parameters (enum optim_master: which way). */
 	int (*masters)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
@@ -165,6 +173,8 @@ enum optim_master {
 	OPTIM_MASTER_RELOAD, /* the same where the parameter is not the narrowed
 			      * master (zc_params_changed(): hostmem.c's host_reload) */
 	OPTIM_MASTER_STORE,  /* the owner's parameter = the master, narrowed */
+	OPTIM_MASTER_KEEP,   /* keep_params: the fp32 pieces' copies = the owners'
+			      * parameters (bf16/fp16 masters untouched) */
 };
 
 /* The arrays of state_io. */

@@ -66,6 +66,9 @@
  *       cudaErrorDeviceUninitialized: "invalid device context");
  *       a handle opened twice gives the same pointer, counted, and each
  *       close matches an open;
+ *     - memory imported from a process that has exited died with it: its
+ *       bytes turn to garbage (0xff, NaN) before the importer's next task
+ *       runs, and what the importer writes there is lost;
  *     - cudaFree waits for all work queued on the allocation's device;
  *     - pageable cudaMemcpy host to device returns before the bytes land:
  *       they land later on the device's legacy default stream, which the
@@ -148,6 +151,7 @@ struct alloc {
 	unsigned ipc_opens;
 	int32_t src_pid; /* imported: which handle (exporter, block, offset) */
 	uint64_t src_ino, src_off;
+	bool dead; /* imported: its exporter exited, the bytes are garbage now */
 	struct alloc *next;
 };
 
@@ -1365,6 +1369,34 @@ static void run_task(struct CUstream_st *s, struct task *t)
 	}
 }
 
+static bool pid_gone(pid_t pid);
+
+/* An imported allocation whose exporter has exited: the memory died with
+ * it (CUDA: the exporter freeing it before the importer's close is
+ * undefined behaviour). The double makes it garbage, every byte 0xff (a
+ * NaN for floats, bf16 and fp16), so that a product that still reads it
+ * after the death computes NaNs its tests see, and what it writes there is
+ * lost. Checked before a task runs, at most once a millisecond. */
+static void poison_dead_imports(void)
+{
+	static _Atomic int64_t last_ns;
+	struct timespec ts;
+	int64_t now;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	if (now - atomic_load(&last_ns) < 1000000)
+		return;
+	atomic_store(&last_ns, now);
+	pthread_mutex_lock(&mu);
+	for (struct alloc *a = allocs; a; a = a->next)
+		if (a->imported && !a->dead && pid_gone(a->src_pid)) {
+			memset(a->map, 0xff, a->maplen);
+			a->dead = true;
+		}
+	pthread_mutex_unlock(&mu);
+}
+
 static void *stream_main(void *arg)
 {
 	struct CUstream_st *s = arg;
@@ -1384,6 +1416,7 @@ static void *stream_main(void *arg)
 		pthread_mutex_unlock(&s->mu);
 		if (cfg.jitter_us)
 			usleep((useconds_t)(rand_r(&s->seed) % cfg.jitter_us));
+		poison_dead_imports();
 		run_task(s, t);
 		free(t);
 		pthread_mutex_lock(&s->mu);

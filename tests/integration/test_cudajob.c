@@ -71,6 +71,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cudadouble.h"
+#include "cudarecover.h"
 #include "cudareplan.h"
 #include "harness.h"
 #include "refoptim.h"
@@ -1195,6 +1196,194 @@ static void t_trainer_killed_mid_iteration(void)
 		zd_dump_log(&kd);
 }
 
+/* ------------------------------------------------ recovery (issue 23) --- */
+
+#define REC_ITERS 7
+#define REC_KILL  3
+
+static struct zd rec_zd_; /* --rejoin-timeout: jobs re-form */
+
+static struct crc_script *crc_new(const char *job, uint32_t world, enum zc_optimizer opt,
+				  enum zc_shard_mode shard, enum zc_step_mode step, int layout)
+{
+	struct crc_script *sc = test_shared(sizeof(*sc));
+
+	sc->zd = &rec_zd_;
+	snprintf(sc->job, sizeof(sc->job), "%s", job);
+	sc->world = world;
+	sc->opt = opt;
+	sc->shard = shard;
+	sc->step = step;
+	sc->layout = layout;
+	sc->seed = 61;
+	sc->iters = REC_ITERS;
+	sc->kill_iter = REC_KILL;
+	return sc;
+}
+
+static void crc_round(struct crc_script *sc, int *st)
+{
+	pid_t pids[CRC_MAXR];
+
+	for (uint32_t r = 0; r < sc->world; r++)
+		pids[r] = spawn(crc_rank, sc, (int)r);
+	for (uint32_t r = 0; r < sc->world; r++)
+		st[r] = wait_child(pids[r], test_timeout(60000));
+}
+
+static bool rec_zd_up(void)
+{
+	char rejoin[16];
+	const char *const extra[] = {
+		"--backend", "cuda", "--stall-timeout", "4000", "--rejoin-timeout", rejoin, NULL};
+
+	if (zd_alive(&rec_zd_))
+		return true;
+	snprintf(rejoin, sizeof(rejoin), "%d", test_timeout(20000));
+	return zd_start(&rec_zd_, extra) == 0;
+}
+
+/* One death of sc's victim at its phase and the group's restart (of world
+ * size `again`, 0: the same). `fatal`: the job cannot go back to a boundary
+ * on CUDA buffers and fails naming why (needle). The restarted ranks end
+ * bit for bit at want (sc->want, set by the caller). */
+static void crc_kill(struct crc_script *sc, enum crc_phase ph, uint32_t victim, const char *fatal,
+		     uint32_t again)
+{
+	int st[CRC_MAXR], maxseen = 0;
+	uint32_t world = sc->world;
+
+	sc->armed = true;
+	sc->restarted = false;
+	sc->phase = ph;
+	sc->victim = victim;
+	crc_round(sc, st);
+	for (uint32_t r = 0; r < world; r++) {
+		if (r == victim) {
+			CHECK(st[r] == 128 + SIGKILL, "%s: the victim rank %u ended %d", sc->job, r,
+			      st[r]);
+			continue;
+		}
+		if (fatal) {
+			CHECK(st[r] == CRC_EXIT_FATAL && sc->fatal_code[r] == ZC_ERANKDEAD &&
+				      strstr(sc->fatal_msg[r], fatal),
+			      "%s: rank %u ended %d (%s: %s); want ZC_ERANKDEAD saying \"%s\"",
+			      sc->job, r, st[r], zc_strerror_name(sc->fatal_code[r]),
+			      sc->fatal_msg[r], fatal);
+			continue;
+		}
+		CHECK(st[r] == CRC_EXIT_LOST, "%s: survivor rank %u ended %d, want ZC_ERANKLOST",
+		      sc->job, r, st[r]);
+		if (atomic_load(&sc->seen[r]) > maxseen)
+			maxseen = atomic_load(&sc->seen[r]);
+	}
+	if (fatal) {
+		CHECK(zd_wait_job(&rec_zd_, sc->job, ZD_JOB_GONE, 15000) == 0, "%s: not gone",
+		      sc->job);
+		return;
+	}
+	CHECK(zd_wait_job(&rec_zd_, sc->job, ZD_JOB_REFORMING, 10000) == 0, "%s: not re-forming",
+	      sc->job);
+	sc->armed = false;
+	sc->restarted = true;
+	if (again)
+		sc->world = again;
+	crc_round(sc, st);
+	for (uint32_t r = 0; r < sc->world; r++) {
+		long long at = atomic_load(&sc->recovered[r]);
+
+		CHECK(st[r] == 0, "%s: restarted rank %u ended %d", sc->job, r, st[r]);
+		CHECK(at == atomic_load(&sc->recovered[0]) && at >= maxseen && at == REC_KILL,
+		      "%s: rank %u recovered at %lld; some rank saw %d steps", sc->job, r, at,
+		      maxseen);
+	}
+	test_note("%s: victim %u, phase %d: recovered at %lld", sc->job, victim, (int)ph,
+		  (long long)atomic_load(&sc->recovered[0]));
+}
+
+/* fp32, Adam, slice, at_end over 2 ranks on 2 devices: a death before the
+ * first bucket, between buckets and between iterations recovers at the
+ * iteration it cut, bit for bit; during the step (every bucket handed
+ * over, the victim's last event never completes) the job fails naming why. */
+static void t_recover_adam_at_end(void)
+{
+	struct crc_script *sc;
+	struct snap *want = test_shared(sizeof(*want));
+	const enum crc_phase ph[] = {CRC_BEFORE_FIRST, CRC_BETWEEN, CRC_BETWEEN_ITERS};
+	char job[64];
+
+	REQUIRE(rec_zd_up(), "cannot start zerod --rejoin-timeout");
+	snap_init(want, 61);
+	ref_train(want, ZC_OPT_ADAM, 61, 2, 0, REC_ITERS);
+	for (int k = 0; k < 3; k++) {
+		snprintf(job, sizeof(job), "cuda-rec-ae-%d", (int)ph[k]);
+		sc = crc_new(job, 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 0);
+		sc->want = want;
+		crc_kill(sc, ph[k], (uint32_t)k % 2, NULL, 0);
+	}
+	sc = crc_new("cuda-rec-ae-step", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 0);
+	crc_kill(sc, CRC_DURING_STEP, 1, "died with it (CUDA buffers)", 0);
+	CHECK(!zd_log_has(&rec_zd_, "cudadouble: violation"), "the double caught misuse in zerod");
+}
+
+/* fp32, SGD, bucket, interleaved over 3 ranks: a death before the first
+ * bucket or between iterations recovers; one between buckets, after some
+ * were stepped in place, fails: no undo journal on the devices. */
+static void t_recover_sgd_interleaved(void)
+{
+	struct crc_script *sc;
+	struct snap *want = test_shared(sizeof(*want));
+
+	REQUIRE(rec_zd_up(), "cannot start zerod --rejoin-timeout");
+	snap_init(want, 61);
+	ref_train(want, ZC_OPT_SGD, 61, 3, 0, REC_ITERS);
+	sc = crc_new("cuda-rec-si-0", 3, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0);
+	sc->want = want;
+	crc_kill(sc, CRC_BEFORE_FIRST, 2, NULL, 0);
+	sc = crc_new("cuda-rec-si-3", 3, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0);
+	sc->want = want;
+	crc_kill(sc, CRC_BETWEEN_ITERS, 0, NULL, 0);
+	sc = crc_new("cuda-rec-si-1", 3, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0);
+	crc_kill(sc, CRC_BETWEEN, 1, "undo journal (host buffers only)", 0);
+}
+
+/* fp32, bf16 and fp16 buckets: the masters come through the recovery, not
+ * the rounded parameters (a run that re-derived them would end elsewhere):
+ * the restarted job ends bit for bit where an uninterrupted run ends. */
+static void t_recover_lowp_masters(void)
+{
+	struct crc_script *sc;
+	struct snap *want = test_shared(sizeof(*want));
+
+	REQUIRE(rec_zd_up(), "cannot start zerod --rejoin-timeout");
+	sf_lowp = true;
+	sc = crc_new("cuda-rec-lp-ref", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 4);
+	sc->out = want;
+	crc_round(sc, (int[CRC_MAXR]){0});
+	REQUIRE(want->valid && !test_failed_, "the uninterrupted bf16/fp16 run failed");
+	sc = crc_new("cuda-rec-lp", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 4);
+	sc->want = want;
+	crc_kill(sc, CRC_BETWEEN, 0, NULL, 0);
+	sf_lowp = false;
+}
+
+/* The restarted group of a CUDA job has 3 ranks for 2 (on 3 devices): the
+ * kept state is sharded again for them, and the job ends bit for bit at the
+ * 2 ranks' run to the recovered iteration, the 3 ranks' after it. */
+static void t_recover_more_ranks(void)
+{
+	struct crc_script *sc;
+	struct snap *want = test_shared(sizeof(*want));
+
+	REQUIRE(rec_zd_up(), "cannot start zerod --rejoin-timeout");
+	snap_init(want, 61);
+	ref_train(want, ZC_OPT_ADAM, 61, 2, 0, REC_KILL);
+	ref_train(want, ZC_OPT_ADAM, 61, 3, REC_KILL, REC_ITERS);
+	sc = crc_new("cuda-rec-w3", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 0);
+	sc->want = want;
+	crc_kill(sc, CRC_BETWEEN, 1, NULL, 3);
+}
+
 /* zerod-double prints what the double caught on its stderr (its log):
  * every case on the shared daemon must leave none. */
 static void t_no_violations_in_zerod(void)
@@ -1331,6 +1520,10 @@ static void t_daemon_stops_cleanly(void)
 {
 	int st = zd_stop(&daemon_, 10000);
 	CHECK(st == 0, "zerod exited with %d after SIGTERM", st);
+	if (zd_alive(&rec_zd_)) {
+		st = zd_stop(&rec_zd_, 10000);
+		CHECK(st == 0, "the recovery cases' zerod exited with %d after SIGTERM", st);
+	}
 }
 
 static const struct test_case cases[] = {
@@ -1350,6 +1543,10 @@ static const struct test_case cases[] = {
 	{"unknown_uuid_refused", t_unknown_uuid_refused, 90000},
 	{"device_memory_limit", t_device_memory_limit, 90000},
 	{"trainer_killed_mid_iteration", t_trainer_killed_mid_iteration, 90000},
+	{"recover_adam_at_end_every_phase", t_recover_adam_at_end, 120000},
+	{"recover_sgd_interleaved_w3", t_recover_sgd_interleaved, 120000},
+	{"recover_lowp_masters", t_recover_lowp_masters, 120000},
+	{"recover_with_more_ranks_w2_to_w3", t_recover_more_ranks, 120000},
 	{"two_nodes_masks_clip_scale", t_two_nodes_masks_clip_scale, 120000},
 	{"two_nodes_group_clip_found_inf", t_two_nodes_group_clip_found_inf, 120000},
 	{"two_nodes_state_round_trip", t_two_nodes_state_round_trip, 120000},
