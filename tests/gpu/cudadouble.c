@@ -68,7 +68,7 @@
  *       close matches an open;
  *     - memory imported from a process that has exited died with it: its
  *       bytes turn to garbage (0xff, NaN) before the importer's next task
- *       runs, and what the importer writes there is lost;
+ *       runs;
  *     - cudaFree waits for all work queued on the allocation's device;
  *     - pageable cudaMemcpy host to device returns before the bytes land:
  *       they land later on the device's legacy default stream, which the
@@ -1375,8 +1375,8 @@ static bool pid_gone(pid_t pid);
  * it (CUDA: the exporter freeing it before the importer's close is
  * undefined behaviour). The double makes it garbage, every byte 0xff (a
  * NaN for floats, bf16 and fp16), so that a product that still reads it
- * after the death computes NaNs its tests see, and what it writes there is
- * lost. Checked before a task runs, at most once a millisecond. */
+ * after the death computes NaNs its tests see. Checked before a task runs,
+ * at most once a millisecond. */
 static void poison_dead_imports(void)
 {
 	static _Atomic int64_t last_ns;

@@ -15,6 +15,8 @@
  *    a non-blocking stream until synchronised; cudaMemset likewise;
  *  - host functions of one device's streams run one at a time;
  *  - a wait on an imported event outlives its exporter;
+ *  - memory imported from a process that exited is garbage (NaN) from the
+ *    importer's next task on;
  *  - cudaEventRecord on a stream of another device fails;
  *  - NCCL: two threads issuing to communicators of one device at once are
  *    a violation; a collective waits for every rank of its communicator,
@@ -203,6 +205,40 @@ static void t_ipc_opened_twice_refcounted(void)
 	(void)!write(tx, "x", 1);
 	waitpid(pid, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the exporter: %#x", st);
+}
+
+/* The exporter exits: what the importer reads of its memory afterwards is
+ * 0xff bytes (NaN), as reading freed device memory is undefined. */
+static void t_imported_memory_dies_with_exporter(void)
+{
+	cudaIpcMemHandle_t h[2];
+	cudaStream_t s;
+	float *a = NULL, got[64];
+	int rx, tx, st = 0, nan = 0;
+	pid_t pid = exporter(&rx, &tx);
+
+	REQUIRE(pid > 0 && read(rx, h, sizeof(h)) == sizeof(h), "the exporter's handles");
+	reset(2);
+	REQUIRE(cudaIpcOpenMemHandle((void **)&a, h[0], cudaIpcMemLazyEnablePeerAccess) ==
+				cudaSuccess &&
+			cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess,
+		"open, stream");
+	CHECK(cudaMemcpyAsync(got, a, sizeof(got), cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+		      cudaStreamSynchronize(s) == cudaSuccess && got[7] == 7.0f,
+	      "while the exporter lives: %g at 7", got[7]);
+	(void)!write(tx, "x", 1);
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the exporter: %#x", st);
+	usleep(5 * 1000);
+	CHECK(cudaMemcpyAsync(got, a, sizeof(got), cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+		      cudaStreamSynchronize(s) == cudaSuccess,
+	      "the copy after the exporter's exit");
+	for (int i = 0; i < 64; i++)
+		nan += got[i] != got[i];
+	CHECK(nan == 64, "%d of 64 floats NaN after the exporter exited (7: %g)", nan, got[7]);
+	CHECK(cudaIpcCloseMemHandle(a) == cudaSuccess && violations() == 0,
+	      "closing it is allowed");
+	cudaStreamDestroy(s);
 }
 
 static void t_small_allocation_inside_block(void)
@@ -710,6 +746,7 @@ static const struct test_case cases[] = {
 	{"pageable_copy_lands_later", t_pageable_copy_lands_later},
 	{"host_functions_one_at_a_time", t_host_functions_one_at_a_time},
 	{"imported_event_outlives_exporter", t_imported_event_outlives_exporter},
+	{"imported_memory_dies_with_exporter", t_imported_memory_dies_with_exporter},
 	{"event_record_other_device_refused", t_event_record_other_device},
 	{"event_elapsed_time_as_cuda", t_event_elapsed_time},
 	{"nccl_two_threads_one_device", t_nccl_two_threads_one_device},
