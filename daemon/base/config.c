@@ -63,9 +63,10 @@ static const struct key {
 	 "long for its restarted ranks to rejoin, and go on from the last iteration boundary "
 	 "(0: the job fails at once, ZC_ERANKDEAD)"},
 	{"recovery-journal", K_BOOL, offsetof(struct daemon_config, recovery_journal), 0, true, "B",
-	 "step mode interleaved: keep each bucket's state from before its step, so that a "
-	 "trainer dying between buckets recovers too (costs a copy of the state per "
-	 "iteration; without it that death fails the job); jobs that start later"},
+	 "keep each bucket's state from before its step (step mode interleaved; on CUDA "
+	 "buffers both modes, on the devices), so that a trainer dying after some buckets "
+	 "stepped recovers too (costs a copy of the state per iteration; without it that "
+	 "death fails the job); jobs that start later"},
 	{"join-timeout", K_MS, offsetof(struct daemon_config, join_timeout_ms), 1, true, "MS",
 	 "fail a job whose ranks connect but do not register"},
 	{"hello-timeout", K_MS, offsetof(struct daemon_config, hello_timeout_ms), 1, false, "MS",

@@ -14,7 +14,7 @@
 #include "core/devmem.h"
 #include "plan/state.h"
 
-int devmem_of(const struct state *s, struct cudabufs *const *bufs, bool keep,
+int devmem_of(const struct state *s, struct cudabufs *const *bufs, bool keep, bool journal,
 	      struct devmem_use **ret, uint32_t *ret_n)
 {
 	unsigned narr = !!(s->arrays & PLAN_STATE_M) + !!(s->arrays & PLAN_STATE_V) +
@@ -41,7 +41,7 @@ int devmem_of(const struct state *s, struct cudabufs *const *bufs, bool keep,
 			memcpy(u[n].uuid, id, MEM_CUDA_UUID_BYTES);
 			u[n++].bytes = 0;
 		}
-		u[i].bytes += b;
+		u[i].bytes += journal ? 2 * b : b; /* the journal mirrors it */
 	}
 	*ret = u;
 	*ret_n = n;

@@ -25,9 +25,9 @@ struct devmem_use {
 /* The bytes state s places on each device: each piece on its owner rank's
  * (bufs[owner]'s UUID), as optim/cuda.c lays it out (state_bytes() is their
  * sum), with keep a copy of each fp32 piece's parameters too (optim.h's
- * keep_params). *ret (malloc'core, NULL when none) and *ret_n entries; 0
- * or -ENOMEM. */
-int devmem_of(const struct state *s, struct cudabufs *const *bufs, bool keep,
+ * keep_params), with journal all of it twice (its undo mirror). *ret
+ * (malloc'core, NULL when none) and *ret_n entries; 0 or -ENOMEM. */
+int devmem_of(const struct state *s, struct cudabufs *const *bufs, bool keep, bool journal,
 	      struct devmem_use **ret, uint32_t *ret_n);
 
 /* Whether j's j->devmem fits under --max-device-memory beside what the other

@@ -603,9 +603,11 @@ static int start_admit(struct job *j, const struct state *st)
 	if (j->cuda) {
 		char why[256];
 
-		/* a job that can re-form keeps a copy of its fp32 parameters */
+		/* a job that can re-form keeps a copy of its fp32 parameters,
+		 * and with --recovery-journal the journal's copy of its state */
 		j->keep_params = core->cfg->rejoin_timeout_ms > 0 && !j->rdzv;
-		r = devmem_of(st, j->cuda, j->keep_params, &j->devmem, &j->ndevmem);
+		j->journal = j->keep_params && core->cfg->recovery_journal;
+		r = devmem_of(st, j->cuda, j->keep_params, j->journal, &j->devmem, &j->ndevmem);
 		if (r < 0)
 			return r;
 		if (devmem_check(core, j, why, sizeof(why)) < 0) {
@@ -653,9 +655,13 @@ static int start_exec(struct job *j, float **grads, float **params, struct state
 
 	*st = NULL; /* the executor's now */
 	/* the undo journal lets a recovery take back a partly stepped
-	 * interleaved iteration (reform.c): host buffers on this node */
-	j->journal = ec.journal = core->cfg->recovery_journal && core->cfg->rejoin_timeout_ms > 0 &&
-				  !j->cuda && !j->rdzv && j->plan->step_mode == ZC_STEP_INTERLEAVED;
+	 * interleaved iteration (reform.c), on this node; on CUDA buffers any
+	 * stepped one, since a step after the death read dead memory (set in
+	 * start_admit) */
+	if (!j->cuda)
+		j->journal = core->cfg->recovery_journal && core->cfg->rejoin_timeout_ms > 0 &&
+			     !j->rdzv && j->plan->step_mode == ZC_STEP_INTERLEAVED;
+	ec.journal = j->journal;
 	r = exec_new(&ec, &j->exec);
 	if (r < 0)
 		return r;

@@ -41,11 +41,13 @@
  * current by every step (optim.h's keep_params; bf16/fp16 have their
  * masters), and as it stops copies the state and those parameters off the
  * devices (exec_take_params); the next executor copies them back and
- * writes the parameters into the new buffers. Where the boundary would
- * need the dead memory, the job fails, saying so: every bucket had come
- * (the step reads the reduced gradients and writes the parameters in the
- * trainers' buffers), or an interleaved iteration was partly stepped (no
- * undo journal on the devices).
+ * writes the parameters into the new buffers. A step after the death may
+ * have read the dead memory, so the old executor stops at once and the
+ * iteration in flight goes back, whatever of it stepped, through the undo
+ * journal, which on CUDA buffers is kept on the devices (--recovery-journal,
+ * in both step modes). Without it, where something may have stepped (every
+ * bucket had come, or an interleaved iteration was partly stepped), the
+ * job fails, saying so.
  *
  * Not (yet) here: a job over several nodes fails as before.
  */
@@ -186,24 +188,26 @@ bool reform_begin(struct job *j, struct member *s, const char *how)
 			 "rank %u (pid %d) %s in iteration %" PRIu64 " after %u of %u buckets "
 			 "stepped in place (interleaved): cannot go back to an iteration "
 			 "boundary without %s; restore its checkpoint",
-			 s->rank, (int)s->pid, how, j->iter, full, nb,
-			 j->cuda ? "an undo journal (host buffers only)" : "--recovery-journal");
+			 s->rank, (int)s->pid, how, j->iter, full, nb, "--recovery-journal");
 		return true;
 	}
 	/* CUDA buffers: the step would read the reduced gradients, and write
-	 * the parameters, in device memory that died with the trainer */
-	if (j->cuda && j->in_flight && full == nb) {
+	 * the parameters, in device memory that died with the trainer; the
+	 * journal takes back whatever it stepped */
+	if (j->cuda && j->in_flight && full == nb && !j->journal) {
 		job_fail(j, ZC_ERANKDEAD, true,
-			 "rank %u (pid %d) %s in iteration %" PRIu64 " once every bucket was "
-			 "handed over: its step needs the trainers' device memory, which died "
-			 "with it (CUDA buffers); restore its checkpoint",
+			 "rank %u (pid %d) %s in iteration %" PRIu64 " once every bucket was in: "
+			 "its step needs the trainers' device memory, which died with it (CUDA "
+			 "buffers), and there is no --recovery-journal; restore its checkpoint",
 			 s->rank, (int)s->pid, how, j->iter);
 		return true;
 	}
 	if (reform_new(j) < 0)
 		return false;
 	rf = j->rf;
-	rf->undo = partial;
+	/* on CUDA buffers the old executor stops at once, and the iteration
+	 * in flight goes back, whatever of it stepped */
+	rf->undo = partial || (j->cuda && j->in_flight);
 	rf->since_ms = now_ms();
 	rf->dead_rank = s->rank;
 	rf->dead_pid = (int)s->pid;
@@ -224,7 +228,7 @@ bool reform_begin(struct job *j, struct member *s, const char *how)
 			   j->errmsg);
 		sink->detach(j->ranks[r]);
 	}
-	if (j->in_flight && full == nb) {
+	if (j->in_flight && full == nb && !j->cuda) {
 		rf->stop_after_step = true; /* reform_step_done */
 		return true;
 	}
@@ -278,6 +282,8 @@ static void restart(struct job *j)
 		rf->plans[r] = NULL;
 	}
 	j->in_flight = false;
+	if (rf->undo) /* a step that ended after the death is taken back too */
+		j->iter = rf->died_in;
 	memset(j->next_bucket, 0, j->world * sizeof(*j->next_bucket));
 	j->snap_iter = UINT64_MAX;
 	log_info("job %s: every rank rejoined: starting again at iteration %" PRIu64, j->id,

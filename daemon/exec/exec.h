@@ -70,8 +70,8 @@ struct exec_config {
 	const struct exec_recover *recover;
 	/* Keep the undo journal (state.h): each bucket's values from before
 	 * its step in the iteration under way, so that a recovery can take an
-	 * interleaved iteration cut between buckets back to its start. Host
-	 * state only. */
+	 * iteration cut after some of its buckets stepped back to its start.
+	 * A state the backend keeps journals on the devices (optim.h). */
 	bool journal;
 	/* A state the backend keeps (cuda): keep what a recovery needs beyond
 	 * the trainers' device memory (optim.h's keep_params: a copy of each

@@ -102,6 +102,51 @@ void close_buffers(struct exec *e)
 	}
 }
 
+/* state_off_devices(): the undo journal's copies into the host journal
+ * (state.h): arrays and masters as the arena, and each owned parameter as
+ * it was before its step, from the kept copy (fp32) or the master narrowed
+ * (bf16/fp16), as the step had stored it. The marks are the executor's. */
+static int journal_off_devices(struct exec *e, struct optim_ctx *oc)
+{
+	const struct optim_ops *op = e->cfg.optim;
+	struct state *s = e->cfg.state;
+	float *arr[3] = {s->m, s->v, s->vmax}, *tmp = NULL;
+	uint64_t most = 0;
+	int r = state_undo_alloc(s, e->cfg.plan->nbuckets);
+
+	for (uint32_t i = 0; i < s->npieces; i++)
+		most = s->pieces[i].n > most ? s->pieces[i].n : most;
+	if (r >= 0 && !(tmp = malloc((most + 1) * sizeof(float))))
+		r = -ENOMEM;
+	for (uint32_t i = 0; i < s->npieces && r >= 0; i++) {
+		struct optim_piece *pc = &s->pieces[i];
+
+		if (pc->n == 0)
+			continue;
+		for (unsigned a = 0; a < 3 && r >= 0; a++)
+			if (arr[a])
+				r = op->state_io(oc, pc, OPTIM_ARRAY_UNDO + a,
+						 s->undo + (arr[a] - s->arena) + pc->at, false);
+		if (r >= 0)
+			r = op->state_io(oc, pc, OPTIM_ARRAY_UNDO + OPTIM_ARRAY_MASTER, tmp, false);
+		if (r < 0)
+			break;
+		if (pc->dtype == ZC_DTYPE_F32) {
+			memcpy(s->undo_params + pc->at, tmp, pc->n * sizeof(float));
+			continue;
+		}
+		memcpy(s->undo + (s->master - s->arena) + pc->mat, tmp, pc->n * sizeof(float));
+		for (uint64_t x = 0; x < pc->n; x++) {
+			uint16_t h;
+
+			host_narrow(&h, tmp + x, 1, pc->dtype);
+			s->undo_params[pc->at + x] = h;
+		}
+	}
+	free(tmp);
+	return r;
+}
+
 int state_off_devices(struct exec *e, struct optim_ctx *oc)
 {
 	const struct optim_ops *op = e->cfg.optim;
@@ -115,6 +160,8 @@ int state_off_devices(struct exec *e, struct optim_ctx *oc)
 		float *arr[3] = {s->m, s->v, s->vmax};
 		char *at = img + pc->off * plan_dtype_size(pc->dtype);
 
+		if (pc->n == 0)
+			continue;
 		for (unsigned a = 0; a < 3 && r >= 0; a++)
 			if (arr[a])
 				r = op->state_io(oc, pc, a, arr[a] + pc->at, false);
@@ -126,6 +173,8 @@ int state_off_devices(struct exec *e, struct optim_ctx *oc)
 				host_narrow((uint16_t *)at, s->master + pc->mat, pc->n, pc->dtype);
 		}
 	}
+	if (r >= 0 && s->undo_iter) /* the journal too, in its host form (state.h) */
+		r = journal_off_devices(e, oc);
 	if (r < 0) {
 		free(img);
 		state_release(s);
@@ -159,6 +208,8 @@ static int start_recovered_dev(struct exec *e, struct state *k)
 		struct optim_piece *pc = &s->pieces[i];
 		float *arr[3] = {k->m, k->v, k->vmax};
 
+		if (pc->n == 0)
+			continue;
 		for (unsigned a = 0; a < 3 && r >= 0; a++)
 			if (arr[a])
 				r = op->state_io(e->oc, pc, a, arr[a] + pc->at, true);
@@ -221,6 +272,7 @@ int op_start(struct exec *e, struct lane *ln)
 						 sizeof(double)};
 	struct optim_config oc = {.world = e->cfg.world,
 				  .keep_params = e->cfg.keep_params,
+				  .journal = e->cfg.journal && e->cfg.optim->journal,
 				  .grads = e->cfg.grads,
 				  .params = e->cfg.params,
 				  .nlocal = e->nlocal,
@@ -255,8 +307,9 @@ int op_start(struct exec *e, struct lane *ln)
 					      e->cfg.state->arrays);
 	else
 		r = state_alloc(e->cfg.state);
-	if (r >= 0 && e->cfg.journal) /* host state only (job.c) */
-		r = state_undo_alloc(e->cfg.state, e->cfg.plan->nbuckets);
+	if (r >= 0 && e->cfg.journal) /* a state on the devices journals there */
+		r = e->cfg.optim->journal ? state_undo_marks(e->cfg.state, e->cfg.plan->nbuckets)
+					  : state_undo_alloc(e->cfg.state, e->cfg.plan->nbuckets);
 	if (r < 0)
 		return r;
 	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);

@@ -143,6 +143,16 @@ static int undo_save(struct exec *e, uint32_t lo, uint32_t hi, uint64_t t)
 
 	if (!first)
 		return -ENOMEM;
+	if (e->cfg.optim->journal) { /* the state on the devices: copied aside there */
+		free(first);
+		r = e->cfg.optim->journal(e->oc, s->pieces + k0, k1 - k0);
+		for (uint32_t k = k0; k < k1 && r >= 0; k++)
+			s->undo_pc[k] =
+				(struct state_undo){s->pieces[k].step, s->pieces[k].first_momentum};
+		for (uint32_t b = lo; b <= hi && r >= 0; b++)
+			s->undo_iter[b] = t;
+		return r;
+	}
 	first[0] = 0;
 	for (uint32_t k = k0; k < k1; k++) /* a piece of 0 elements still saves its step */
 		first[k - k0 + 1] = first[k - k0] + (s->pieces[k].n + UNDO_CHUNK - 1) / UNDO_CHUNK +

@@ -54,6 +54,7 @@ struct rstate {
 	float *base;   /* the one allocation (NULL: the rank owns nothing) */
 	float *arr[3]; /* m, v, vmax: nelems each, NULL where not kept */
 	float *master; /* nmaster floats */
+	float *undo;   /* optim_config.journal: a mirror of base, the journal's copies */
 	uint64_t nelems, nmaster;
 	void *scratch; /* flags or the norm's chunk sums and counts: npieces
 			* words, nchunks CHUNK_BYTES, whichever is more */
@@ -81,7 +82,8 @@ struct optim_ctx {
 	bool allocated;
 	struct dpiece *dp; /* sorted by at */
 	uint32_t ndp;
-	bool keep; /* optim_config.keep_params: fp32 pieces have a master slot too */
+	bool keep;    /* optim_config.keep_params: fp32 pieces have a master slot too */
+	bool journal; /* optim_config.journal: every rank's state has its undo mirror */
 };
 
 /* The device that holds p, or a negative code. */
@@ -114,6 +116,7 @@ static void cuda_close(struct optim_ctx *c)
 			continue;
 		(void)cudaSetDevice(c->dev[r]);
 		(void)cudaFree(c->rs[r].base);
+		(void)cudaFree(c->rs[r].undo);
 		(void)cudaFree(c->rs[r].scratch);
 	}
 	(void)cudaGetLastError();
@@ -136,6 +139,7 @@ static int cuda_open(const struct optim_config *cfg, struct optim_ctx **ret)
 		return -ENOMEM;
 	c->world = cfg->world;
 	c->keep = cfg->keep_params;
+	c->journal = cfg->journal;
 	c->grads = calloc(cfg->world, sizeof(*c->grads));
 	c->params = calloc(cfg->world, sizeof(*c->params));
 	c->dev = calloc(cfg->world, sizeof(*c->dev));
@@ -251,6 +255,8 @@ static int cuda_state_alloc(struct optim_ctx *c, const struct optim_piece *pcs, 
 		if (total == 0)
 			continue; /* only empty pieces: flags, no state */
 		CUDA_TRY(cudaMalloc((void **)&rs->base, total * sizeof(float)));
+		if (c->journal)
+			CUDA_TRY(cudaMalloc((void **)&rs->undo, total * sizeof(float)));
 		e = copy_sync(c, r, rs->base, NULL, total * sizeof(float), cudaMemcpyHostToDevice);
 		if (e < 0)
 			return e;
@@ -291,12 +297,22 @@ static const struct dpiece *known_piece(const struct optim_ctx *c, const struct 
 }
 
 /* Piece pc's array `which` (enum optim_array) on its owner's device, or
- * NULL where the state has none. */
+ * NULL where the state has none; OPTIM_ARRAY_UNDO + which: its copy in the
+ * journal's mirror. */
 static float *piece_array(const struct optim_ctx *c, const struct optim_piece *pc, unsigned which)
 {
 	const struct dpiece *d = known_piece(c, pc);
 	const struct rstate *rs;
+	float *at;
 
+	if (which >= OPTIM_ARRAY_UNDO) {
+		at = which - OPTIM_ARRAY_UNDO < OPTIM_ARRAY_UNDO
+			     ? piece_array(c, pc, which - OPTIM_ARRAY_UNDO)
+			     : NULL;
+		return at && d && c->rs[d->owner].undo
+			       ? c->rs[d->owner].undo + (at - c->rs[d->owner].base)
+			       : NULL;
+	}
 	if (!d)
 		return NULL;
 	rs = &c->rs[d->owner];
@@ -362,6 +378,37 @@ static int wait_used(struct optim_ctx *c, int r)
 			r = w;
 	}
 	return r;
+}
+
+static int cuda_journal(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n)
+{
+	int r = 0;
+
+	if (!c->journal || !c->allocated)
+		return -EINVAL;
+	memset(c->used, 0, c->world * sizeof(*c->used));
+	for (uint32_t k = 0; k < n && r == 0; k++) {
+		const struct optim_piece *pc = &pcs[k];
+
+		if (!known_piece(c, pc)) {
+			r = -EINVAL;
+			break;
+		}
+		for (unsigned a = OPTIM_ARRAY_M; a <= OPTIM_ARRAY_MASTER && r == 0 && pc->n; a++) {
+			float *from = piece_array(c, pc, a),
+			      *to = piece_array(c, pc, OPTIM_ARRAY_UNDO + a);
+
+			if (!from)
+				continue;
+			c->used[pc->owner] = true;
+			CUDA_GOTO(cudaSetDevice(c->dev[pc->owner]), r, out);
+			CUDA_GOTO(cudaMemcpyAsync(to, from, pc->n * sizeof(float),
+						  cudaMemcpyDeviceToDevice, c->stream[pc->owner]),
+				  r, out);
+		}
+	}
+out:
+	return wait_used(c, r);
 }
 
 /* Queue launch a over piece pc on its owner's stream. */
@@ -615,6 +662,7 @@ const struct optim_ops optim_cuda_ops = {
 	.state_alloc = cuda_state_alloc,
 	.state_io = cuda_state_io,
 	.params_write = cuda_params_write,
+	.journal = cuda_journal,
 	.masters = cuda_masters,
 	.measure = cuda_measure,
 	.clip = cuda_clip,

@@ -114,6 +114,9 @@ struct optim_config {
 	 * the job outlives its trainers' device memory (core/reform.c);
 	 * state_io's OPTIM_ARRAY_MASTER reads and writes it. */
 	bool keep_params;
+	/* ... and the undo journal's copies of the state on the devices
+	 * (journal(), state_io's OPTIM_ARRAY_UNDO + array). */
+	bool journal;
 };
 
 struct optim_ctx;
@@ -155,6 +158,10 @@ struct optim_ops {
 	/* Copy `bytes` of host memory buf into local rank r's parameter
 	 * buffer, from its start (a recovery's parameters, core/reform.c). */
 	int (*params_write)(struct optim_ctx *c, uint32_t r, const void *buf, size_t bytes);
+	/* optim_config.journal: before pcs step, each one's arrays and master
+	 * (fp32: its kept copy) copied aside on its device, where state_io
+	 * reads them as OPTIM_ARRAY_UNDO + the array. */
+	int (*journal)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n);
 	/* The masters of the bf16/fp16 pieces among pcs and their owners'
 	 * parameters (enum optim_master: which way). */
 	int (*masters)(struct optim_ctx *c, const struct optim_piece *pcs, uint32_t n,
@@ -183,6 +190,7 @@ enum optim_array {
 	OPTIM_ARRAY_V,
 	OPTIM_ARRAY_VMAX,
 	OPTIM_ARRAY_MASTER,
+	OPTIM_ARRAY_UNDO, /* + one of the above: its copy in the undo journal */
 };
 
 extern const struct optim_ops optim_cpu_ops;

@@ -135,22 +135,32 @@ void state_release(struct state *s)
 	s->undo_params = NULL;
 }
 
-int state_undo_alloc(struct state *s, uint32_t nbuckets)
+int state_undo_marks(struct state *s, uint32_t nbuckets)
 {
-	uint64_t total = s->nelems * count_arrays(s->arrays) + s->nmaster;
-
 	if (s->undo_iter)
 		return 0;
 	s->nbuckets = nbuckets;
-	s->undo = calloc(total ? total : 1, sizeof(float));
 	s->undo_pc = calloc(s->npieces ? s->npieces : 1, sizeof(*s->undo_pc));
-	s->undo_iter = malloc(nbuckets * sizeof(*s->undo_iter));
-	s->undo_params = calloc(s->nelems ? s->nelems : 1, sizeof(*s->undo_params));
-	if (!s->undo || !s->undo_pc || !s->undo_iter || !s->undo_params)
+	s->undo_iter = malloc((nbuckets ? nbuckets : 1) * sizeof(*s->undo_iter));
+	if (!s->undo_pc || !s->undo_iter)
 		return -ENOMEM;
 	for (uint32_t b = 0; b < nbuckets; b++)
 		s->undo_iter[b] = UINT64_MAX;
 	return 0;
+}
+
+int state_undo_alloc(struct state *s, uint32_t nbuckets)
+{
+	uint64_t total = s->nelems * count_arrays(s->arrays) + s->nmaster;
+	int r = state_undo_marks(s, nbuckets);
+
+	if (r < 0)
+		return r;
+	if (!s->undo)
+		s->undo = calloc(total ? total : 1, sizeof(float));
+	if (!s->undo_params)
+		s->undo_params = calloc(s->nelems ? s->nelems : 1, sizeof(*s->undo_params));
+	return s->undo && s->undo_params ? 0 : -ENOMEM;
 }
 
 /* The arena's arrays, by index (m, v, vmax) into their undo copies. */

@@ -73,8 +73,12 @@ void state_release(struct state *s);
 int state_relayout(const struct plan *old, const struct state *k, const void *from,
 		   const struct plan *p, struct state *st, void *to);
 
-/* The undo journal for a plan of nbuckets: 0 or -ENOMEM. */
+/* The undo journal for a plan of nbuckets (what is missing of it): 0 or
+ * -ENOMEM. */
 int state_undo_alloc(struct state *s, uint32_t nbuckets);
+/* Its bookkeeping only (undo_pc, undo_iter): a state the backend keeps
+ * (cuda) journals its arrays on the devices. 0 or -ENOMEM. */
+int state_undo_marks(struct state *s, uint32_t nbuckets);
 /* Before piece k steps: elements [x, x + n) of it into the journal.
  * params: every rank's buffer (the owner's is read). Any thread; the
  * caller marks the buckets saved (undo_iter) once all their pieces are. */

@@ -1201,7 +1201,7 @@ static void t_trainer_killed_mid_iteration(void)
 #define REC_ITERS 7
 #define REC_KILL  3
 
-static struct zd rec_zd_; /* --rejoin-timeout: jobs re-form */
+static struct zd rec_zd_; /* --rejoin-timeout --recovery-journal: jobs re-form */
 
 static struct crc_script *crc_new(const char *job, uint32_t world, enum zc_optimizer opt,
 				  enum zc_shard_mode shard, enum zc_step_mode step, int layout)
@@ -1231,22 +1231,32 @@ static void crc_round(struct crc_script *sc, int *st)
 		st[r] = wait_child(pids[r], test_timeout(60000));
 }
 
-static bool rec_zd_up(void)
+/* A zerod --backend cuda whose jobs re-form, with or without the journal. */
+static int rec_zd_start(struct zd *d, bool journal)
 {
 	char rejoin[16];
-	const char *const extra[] = {
-		"--backend", "cuda", "--stall-timeout", "4000", "--rejoin-timeout", rejoin, NULL};
+	const char *const extra[] = {"--backend",
+				     "cuda",
+				     "--stall-timeout",
+				     "4000",
+				     "--rejoin-timeout",
+				     rejoin,
+				     journal ? "--recovery-journal" : NULL,
+				     NULL};
 
-	if (zd_alive(&rec_zd_))
-		return true;
 	snprintf(rejoin, sizeof(rejoin), "%d", test_timeout(20000));
-	return zd_start(&rec_zd_, extra) == 0;
+	return zd_start(d, extra);
+}
+
+static bool rec_zd_up(void)
+{
+	return zd_alive(&rec_zd_) || rec_zd_start(&rec_zd_, true) == 0;
 }
 
 /* One death of sc's victim at its phase and the group's restart (of world
  * size `again`, 0: the same). `fatal`: the job cannot go back to a boundary
- * on CUDA buffers and fails naming why (needle). The restarted ranks end
- * bit for bit at want (sc->want, set by the caller). */
+ * and fails naming why (needle). The restarted ranks end bit for bit at
+ * sc->want, which the caller sets. */
 static void crc_kill(struct crc_script *sc, enum crc_phase ph, uint32_t victim, const char *fatal,
 		     uint32_t again)
 {
@@ -1278,11 +1288,11 @@ static void crc_kill(struct crc_script *sc, enum crc_phase ph, uint32_t victim, 
 			maxseen = atomic_load(&sc->seen[r]);
 	}
 	if (fatal) {
-		CHECK(zd_wait_job(&rec_zd_, sc->job, ZD_JOB_GONE, 15000) == 0, "%s: not gone",
+		CHECK(zd_wait_job(sc->zd, sc->job, ZD_JOB_GONE, 15000) == 0, "%s: not gone",
 		      sc->job);
 		return;
 	}
-	CHECK(zd_wait_job(&rec_zd_, sc->job, ZD_JOB_REFORMING, 10000) == 0, "%s: not re-forming",
+	CHECK(zd_wait_job(sc->zd, sc->job, ZD_JOB_REFORMING, 10000) == 0, "%s: not re-forming",
 	      sc->job);
 	sc->armed = false;
 	sc->restarted = true;
@@ -1301,69 +1311,103 @@ static void crc_kill(struct crc_script *sc, enum crc_phase ph, uint32_t victim, 
 		  (long long)atomic_load(&sc->recovered[0]));
 }
 
-/* fp32, Adam, slice, at_end over 2 ranks on 2 devices: a death before the
- * first bucket, between buckets and between iterations recovers at the
- * iteration it cut, bit for bit; during the step (every bucket handed
- * over, the victim's last event never completes) the job fails naming why. */
+/* Every phase of a death, the victim another rank each time: each
+ * recovers at the iteration it cut and ends at want bit for bit. */
+static void crc_every_phase(const char *name, uint32_t world, enum zc_optimizer opt,
+			    enum zc_shard_mode shard, enum zc_step_mode step, int layout,
+			    const struct snap *want)
+{
+	char job[64];
+
+	for (int ph = 0; ph < CRC_NPHASES; ph++) {
+		struct crc_script *sc;
+
+		snprintf(job, sizeof(job), "%s-%d", name, ph);
+		sc = crc_new(job, world, opt, shard, step, layout);
+		sc->want = want;
+		crc_kill(sc, (enum crc_phase)ph, (uint32_t)ph % world, NULL, 0);
+	}
+}
+
+/* fp32, Adam, slice, at_end over 2 ranks on 2 devices, a death before the
+ * first bucket, between buckets, during the step (every bucket handed
+ * over, the victim's last event never completes: the step is taken back
+ * by the journal on the devices) and between iterations: each recovers at
+ * the iteration it cut, bit for bit. */
 static void t_recover_adam_at_end(void)
 {
-	struct crc_script *sc;
 	struct snap *want = test_shared(sizeof(*want));
-	const enum crc_phase ph[] = {CRC_BEFORE_FIRST, CRC_BETWEEN, CRC_BETWEEN_ITERS};
-	char job[64];
 
 	REQUIRE(rec_zd_up(), "cannot start zerod --rejoin-timeout");
 	snap_init(want, 61);
 	ref_train(want, ZC_OPT_ADAM, 61, 2, 0, REC_ITERS);
-	for (int k = 0; k < 3; k++) {
-		snprintf(job, sizeof(job), "cuda-rec-ae-%d", (int)ph[k]);
-		sc = crc_new(job, 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 0);
-		sc->want = want;
-		crc_kill(sc, ph[k], (uint32_t)k % 2, NULL, 0);
-	}
-	sc = crc_new("cuda-rec-ae-step", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 0);
-	crc_kill(sc, CRC_DURING_STEP, 1, "died with it (CUDA buffers)", 0);
+	crc_every_phase("cuda-rec-ae", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 0, want);
 	CHECK(!zd_log_has(&rec_zd_, "cudadouble: violation"), "the double caught misuse in zerod");
 }
 
-/* fp32, SGD, bucket, interleaved over 3 ranks: a death before the first
- * bucket or between iterations recovers; one between buckets, after some
- * were stepped in place, fails: no undo journal on the devices. */
+/* fp32, SGD, bucket, interleaved over 3 ranks: between buckets some were
+ * stepped in place; the journal on the devices takes them back. */
 static void t_recover_sgd_interleaved(void)
 {
-	struct crc_script *sc;
 	struct snap *want = test_shared(sizeof(*want));
 
 	REQUIRE(rec_zd_up(), "cannot start zerod --rejoin-timeout");
 	snap_init(want, 61);
 	ref_train(want, ZC_OPT_SGD, 61, 3, 0, REC_ITERS);
-	sc = crc_new("cuda-rec-si-0", 3, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0);
-	sc->want = want;
-	crc_kill(sc, CRC_BEFORE_FIRST, 2, NULL, 0);
-	sc = crc_new("cuda-rec-si-3", 3, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0);
-	sc->want = want;
-	crc_kill(sc, CRC_BETWEEN_ITERS, 0, NULL, 0);
-	sc = crc_new("cuda-rec-si-1", 3, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0);
-	crc_kill(sc, CRC_BETWEEN, 1, "undo journal (host buffers only)", 0);
+	crc_every_phase("cuda-rec-si", 3, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0,
+			want);
 }
 
-/* fp32, bf16 and fp16 buckets: the masters come through the recovery, not
- * the rounded parameters (a run that re-derived them would end elsewhere):
- * the restarted job ends bit for bit where an uninterrupted run ends. */
+/* Without --recovery-journal a death that leaves stepped buckets (between
+ * the buckets of an interleaved iteration) or a step needing the dead
+ * trainer's memory (every bucket in) fails the job naming why; before the
+ * first bucket it recovers. */
+static void t_recover_without_journal(void)
+{
+	struct zd nj;
+	struct snap *want = test_shared(sizeof(*want));
+	struct crc_script *sc;
+
+	REQUIRE(rec_zd_start(&nj, false) == 0, "cannot start zerod --rejoin-timeout");
+	sc = crc_new("cuda-nj-si-1", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 0);
+	sc->zd = &nj;
+	crc_kill(sc, CRC_BETWEEN, 1, "without --recovery-journal", 0);
+	sc = crc_new("cuda-nj-ae-2", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 0);
+	sc->zd = &nj;
+	crc_kill(sc, CRC_DURING_STEP, 1, "died with it (CUDA buffers)", 0);
+	snap_init(want, 61);
+	ref_train(want, ZC_OPT_ADAM, 61, 2, 0, REC_ITERS);
+	sc = crc_new("cuda-nj-ae-0", 2, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END, 0);
+	sc->zd = &nj;
+	sc->want = want;
+	crc_kill(sc, CRC_BEFORE_FIRST, 0, NULL, 0);
+	CHECK(zd_stop(&nj, test_timeout(10000)) == 0, "zerod did not stop cleanly");
+}
+
+/* fp32, bf16 and fp16 buckets, interleaved: the masters come through the
+ * recovery, and the journal's, not the rounded parameters (a run that
+ * re-derived them would end elsewhere): the restarted job ends bit for bit
+ * where an uninterrupted run ends. */
 static void t_recover_lowp_masters(void)
 {
 	struct crc_script *sc;
 	struct snap *want = test_shared(sizeof(*want));
+	int st[CRC_MAXR];
 
 	REQUIRE(rec_zd_up(), "cannot start zerod --rejoin-timeout");
 	sf_lowp = true;
-	sc = crc_new("cuda-rec-lp-ref", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 4);
+	sc = crc_new("cuda-rec-lp-ref", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 4);
 	sc->out = want;
-	crc_round(sc, (int[CRC_MAXR]){0});
-	REQUIRE(want->valid && !test_failed_, "the uninterrupted bf16/fp16 run failed");
-	sc = crc_new("cuda-rec-lp", 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END, 4);
-	sc->want = want;
-	crc_kill(sc, CRC_BETWEEN, 0, NULL, 0);
+	crc_round(sc, st);
+	REQUIRE(want->valid && st[0] == 0 && st[1] == 0, "the uninterrupted bf16/fp16 run failed");
+	for (int ph = CRC_BETWEEN; ph <= CRC_DURING_STEP; ph++) {
+		char job[64];
+
+		snprintf(job, sizeof(job), "cuda-rec-lp-%d", ph);
+		sc = crc_new(job, 2, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 4);
+		sc->want = want;
+		crc_kill(sc, (enum crc_phase)ph, (uint32_t)ph % 2, NULL, 0);
+	}
 	sf_lowp = false;
 }
 
@@ -1544,7 +1588,8 @@ static const struct test_case cases[] = {
 	{"device_memory_limit", t_device_memory_limit, 90000},
 	{"trainer_killed_mid_iteration", t_trainer_killed_mid_iteration, 90000},
 	{"recover_adam_at_end_every_phase", t_recover_adam_at_end, 120000},
-	{"recover_sgd_interleaved_w3", t_recover_sgd_interleaved, 120000},
+	{"recover_sgd_interleaved_w3_every_phase", t_recover_sgd_interleaved, 120000},
+	{"recover_without_journal_fails_named", t_recover_without_journal, 120000},
 	{"recover_lowp_masters", t_recover_lowp_masters, 120000},
 	{"recover_with_more_ranks_w2_to_w3", t_recover_more_ranks, 120000},
 	{"two_nodes_masks_clip_scale", t_two_nodes_masks_clip_scale, 120000},
