@@ -12,7 +12,7 @@
  * device, compact over the pieces it owns: m | v | vmax (those the job
  * keeps), nelems floats each, then the masters of its bf16/fp16 pieces
  * (with keep_params a slot for every piece: an fp32 one's holds the copy
- * of its parameters that run() makes current after each kernel). The
+ * of its parameters, which the step kernel writes with them). The
  * executor keeps the layout (state.h) but no host arena, charges these
  * bytes to --max-memory and, per device, to --max-device-memory (job.c,
  * devmem.c), and exports and imports the state through state_io (blocking
@@ -557,16 +557,13 @@ static int cuda_run(struct optim_ctx *c, const struct optim_call *call)
 		a.m = piece_array(c, pc, OPTIM_ARRAY_M);
 		a.v = piece_array(c, pc, OPTIM_ARRAY_V);
 		a.vmax = piece_array(c, pc, OPTIM_ARRAY_VMAX);
-		if (pc->dtype != ZC_DTYPE_F32)
-			a.master = piece_array(c, pc, OPTIM_ARRAY_MASTER);
-		if (pc->dtype != ZC_DTYPE_F32 && !a.master) {
+		/* fp32: the copy the kernel keeps with the parameter (keep_params) */
+		a.master = piece_array(c, pc, OPTIM_ARRAY_MASTER);
+		if ((pc->dtype != ZC_DTYPE_F32 || c->keep) && !a.master) {
 			r = -EINVAL;
 			break;
 		}
 		r = launch(c, pc, &a);
-		/* the copy kept current: after the kernel, on its stream */
-		if (r == 0 && c->keep && pc->dtype == ZC_DTYPE_F32)
-			r = copy_kept(c, pc, true);
 	}
 	/* even after a failure: what was launched must end before we return */
 	return wait_used(c, r);

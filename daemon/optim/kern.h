@@ -57,7 +57,9 @@ struct optim_kern {
 	};
 	void *p;             /* the owner's parameters (of dtype) */
 	void *g;             /* the owner's averaged gradient (of dtype) */
-	float *master;       /* bf16/fp16: the fp32 masters, on the owner's device */
+	float *master;       /* bf16/fp16: the fp32 masters, on the owner's device;
+			      * fp32 STEP: NULL, or the copy of p the step keeps
+			      * (optim.h's keep_params) */
 	float *m, *v, *vmax; /* state on the owner's device (NULL where not kept) */
 	float coef;          /* MEASURE: inv_scale (used when scale); SCALE: the factor */
 	bool scale;
@@ -86,10 +88,14 @@ static ZD_INLINE ZD_HD float *optim_kern_param(const struct optim_kern *a, uint6
 	return a->dtype == ZC_DTYPE_F32 ? (float *)a->p + i : a->master + i;
 }
 
+/* After a step of item i: the parameter stored (bf16/fp16: the master
+ * narrowed), and an fp32 one's kept copy with it. */
 static ZD_INLINE ZD_HD void optim_kern_narrow(const struct optim_kern *a, uint64_t i)
 {
 	if (a->dtype != ZC_DTYPE_F32)
 		((uint16_t *)a->p)[i] = lowp_narrow(a->master[i], a->dtype);
+	else if (a->master)
+		a->master[i] = ((const float *)a->p)[i];
 }
 
 static ZD_INLINE ZD_HD void optim_kern_sgd(const struct optim_kern *a, uint64_t i)

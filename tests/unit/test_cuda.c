@@ -522,6 +522,10 @@ struct job_opts {
 	float **export_to;
 	float *const *import_from;
 	const struct exec_seg_state *import_segs;
+	/* cuda: keep_params and the journal on the devices; the job ends with
+	 * exec_stop_keep, and the parameters it copies off the devices must be
+	 * the buffers' last ones bit for bit */
+	bool keep;
 };
 
 /* Element i of bucket b of buf, written as v in the bucket's dtype. */
@@ -597,7 +601,9 @@ static void run_job_ex(const struct plan *p, uint32_t world, bool cuda, void *co
 				 .coll = cuda ? &coll_nccl_ops : &coll_host_ops,
 				 .optim = cuda ? &optim_cuda_ops : &optim_cpu_ops,
 				 .pool = pool(),
-				 .cq = cq};
+				 .cq = cq,
+				 .keep_params = o->keep,
+				 .journal = o->keep};
 	REQUIRE(exec_new(&ec, &e) == 0, "%s: exec_new", tag);
 	d = next_done(cq, &pending);
 	CHECK(d && d->ev == EXEC_STARTED, "%s: started (%d, status %d)", tag, d ? (int)d->ev : -1,
@@ -667,7 +673,10 @@ static void run_job_ex(const struct plan *p, uint32_t world, bool cuda, void *co
 	}
 	if (o->export_to && !test_failed_)
 		state_round(e, cq, &pending, p, world, o->export_to, NULL, tag);
-	exec_stop(e);
+	if (o->keep)
+		exec_stop_keep(e);
+	else
+		exec_stop(e);
 	while ((d = next_done(cq, &pending))) {
 		stopped = d->ev == EXEC_STOPPED;
 		free(d);
@@ -678,6 +687,27 @@ static void run_job_ex(const struct plan *p, uint32_t world, bool cuda, void *co
 	while ((d = pending)) {
 		pending = d->next;
 		free(d);
+	}
+	if (stopped && o->keep) {
+		char *kept = exec_take_params(e);
+		struct state *ks = exec_take_state(e);
+		uint32_t b = 0;
+
+		/* every bucket's elements (not the padding between them) */
+		while (kept && b < p->nbuckets &&
+		       memcmp(kept + plan_bucket_offset(p, b),
+			      (char *)params[0] + plan_bucket_offset(p, b),
+			      p->buckets[b].numel * plan_dtype_size(p->buckets[b].dtype)) == 0)
+			b++;
+		CHECK(kept && ks && ks->arena && b == p->nbuckets,
+		      "%s: the parameters kept off the devices are not the last ones (bucket %u)",
+		      tag, b);
+		CHECK(ks && ks->undo_iter && ks->undo_iter[p->nbuckets - 1] == o->iters - 1,
+		      "%s: the journal holds iteration %llu, not the last", tag,
+		      ks && ks->undo_iter ? (unsigned long long)ks->undo_iter[p->nbuckets - 1]
+					  : 0ull);
+		free(kept);
+		state_free(ks);
 	}
 	if (stopped)
 		exec_free(e);
@@ -734,7 +764,13 @@ static void t_jobs_match_host(void)
 				/* every non-blocking call answers ncclInProgress twice;
 				 * streams sleep up to 200 us per task */
 				reset(4, 2, 200);
-				run_job(p, w, true, init, 3, gpu, tag);
+				if (w == 3) { /* and what a job that can re-form keeps */
+					struct job_opts ko = {
+						.iters = 3, .nan_iter = -1, .keep = true};
+					run_job_ex(p, w, true, (void *const *)init, &ko,
+						   (void **)gpu, tag);
+				} else
+					run_job(p, w, true, init, 3, gpu, tag);
 				for (uint32_t r = 0; r < w && !test_failed_; r++) {
 					size_t i = 0;
 					while (i < p->total_numel &&
