@@ -708,6 +708,8 @@ static void job_start(struct job *j)
 		r = start_admit(j, st);
 	if (r == 0)
 		r = start_exec(j, grads, params, &st, recover, node, nnodes);
+	if (r == 0 && j->rf)
+		reform_handed(j); /* the old buffers are the executor's to unmap */
 out:
 	state_free(st);
 	/* the executor copied the arrays */

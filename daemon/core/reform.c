@@ -124,6 +124,7 @@ void reform_free(struct job *j)
 			cudabufs_free(rf->old_cuda[r]);
 	}
 	free(rf->old_grad);
+	free(rf->rec.release); /* not handed to an executor: the mappings are freed above */
 	free(rf->old_cuda);
 	free(rf->cuda);
 	free(rf->params);
@@ -262,6 +263,8 @@ static void restart(struct job *j)
 
 	core->memory_used -= j->memory; /* charged again as it starts */
 	j->memory = 0;
+	if (!rf->resized_from && !rf->old_grad) /* the old grads go with the old params */
+		rf->old_grad = calloc(j->world, sizeof(*rf->old_grad));
 	sharedp_take(j, rf->sharedp);
 	for (uint32_t r = 0; r < j->world; r++) {
 		if (!rf->plans[r])
@@ -271,10 +274,14 @@ static void restart(struct job *j)
 			j->cuda[r] = rf->cuda[r];
 			rf->cuda[r] = NULL;
 		}
-		core->mem->unmap(j->grad_map[r]);
-		j->grad_map[r] = rf->grad_map[r];
-		if (!rf->resized_from) /* else they are in rf->old_param already */
+		if (!rf->resized_from) { /* else they are in rf->old_* already */
+			if (rf->old_grad)
+				rf->old_grad[r] = j->grad_map[r];
+			else
+				core->mem->unmap(j->grad_map[r]);
 			rf->old_param[r] = j->param_map[r];
+		}
+		j->grad_map[r] = rf->grad_map[r];
 		j->param_map[r] = rf->param_map[r];
 		rf->grad_map[r] = rf->param_map[r] = NULL;
 		plan_free(j->plans[r]);
@@ -584,6 +591,20 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 		job_fail(j, ZC_EINTERNAL, true, "re-forming: the kept state's layout differs");
 		return 1;
 	}
+	/* the executor unmaps the old buffers once it has read them, off the
+	 * loop (their pages are freed then); ours until reform_handed() */
+	uint32_t oldw = rf->resized_from ? rf->resized_from : j->world, n = 0;
+	struct mem_map **rel = calloc(2 * (size_t)oldw + 1, sizeof(*rel));
+
+	for (uint32_t r = 0; rel && r < oldw; r++) {
+		if (rf->old_param[r])
+			rel[n++] = rf->old_param[r];
+		if (rf->old_grad && rf->old_grad[r])
+			rel[n++] = rf->old_grad[r];
+	}
+	rf->rec.release = rel;
+	rf->rec.nrelease = rel ? n : 0;
+	rf->rec.release_mem = j->core->mem;
 	if (same) {
 		state_free(*st);
 		*st = k; /* the executor's now */
@@ -595,6 +616,23 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 			j->id, field);
 	*ret = &rf->rec;
 	return 0;
+}
+
+void reform_handed(struct job *j)
+{
+	struct reform *rf = j->rf;
+	uint32_t oldw;
+
+	if (!rf || !rf->rec.release)
+		return;
+	oldw = rf->resized_from ? rf->resized_from : j->world;
+	for (uint32_t r = 0; r < oldw; r++) {
+		rf->old_param[r] = NULL;
+		if (rf->old_grad)
+			rf->old_grad[r] = NULL;
+	}
+	rf->rec.release = NULL;
+	rf->rec.nrelease = 0;
 }
 
 uint64_t reform_started(struct job *j)
@@ -609,7 +647,6 @@ uint64_t reform_started(struct job *j)
 		   rf->died_in);
 	j->err = 0;
 	j->errmsg[0] = 0;
-	reform_free(j);
 	return j->iter;
 }
 

@@ -58,9 +58,13 @@ bool reform_failure_expected(const struct job *j);
  * *ret says what the executor starts from (exec.h's exec_recover, valid
  * until EXEC_STARTED). 0, or 1: nothing to start from (the job failed). */
 int reform_take(struct job *j, struct state **st, const struct exec_recover **ret);
+/* job_start(): the executor that reform_take() gave its exec_recover to
+ * was made; the old buffers listed there are its to unmap now. */
+void reform_handed(struct job *j);
 /* sched_start() of a re-formed job: the iteration it goes on at, the
- * re-forming done (its old buffers unmapped). UINT64_MAX: j did not
- * re-form. */
+ * re-forming done; what it kept (the old buffers, the kept state) is
+ * released by reform_free() once the ranks are told. UINT64_MAX: j did
+ * not re-form. */
 uint64_t reform_started(struct job *j);
 /* sched_check_stalls(): re-forming jobs whose ranks did not all rejoin
  * within --rejoin-timeout fail, naming them. */

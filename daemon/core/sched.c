@@ -59,6 +59,10 @@ void sched_start(struct job *j)
 	for (uint32_t r = 0; r < j->world; r++)
 		if (j->ranks[r])
 			j->core->sink->plan_ok(j->ranks[r], j->plan->hash, recovered);
+	/* unmapping the old buffers frees their pages (zerod held the last
+	 * mapping): after the ranks were told, who meanwhile fill their first
+	 * gradients */
+	reform_free(j);
 	log_info("job %s: active", j->id);
 }
 

@@ -263,6 +263,7 @@ void exec_free(struct exec *e)
 	e->cfg.coll->close(e->cg);
 	e->cfg.optim->close(e->oc);
 	close_buffers(e);
+	release_recovered(e);
 	state_free(e->cfg.state);
 	free(e->kept_params);
 	for (unsigned l = 0; l < LANE_COUNT; l++)
@@ -415,6 +416,8 @@ int exec_new(const struct exec_config *cfg, struct exec **ret)
 fail:
 	if (start)
 		xop_release(start);
+	e->recover.release = NULL; /* still the caller's */
+	e->recover.nrelease = 0;
 	exec_free(e);
 	return r;
 }

@@ -40,6 +40,14 @@ struct exec_recover {
 	const struct plan *plan; /* the plan the kept state is laid out by */
 	void *params;            /* the parameters, a flat buffer of plan */
 	uint64_t undo_iter;      /* take back its stepped buckets; UINT64_MAX: none */
+	/* The old buffers (params points into one), unmapped with release_mem
+	 * by the start once it has read them, off the loop thread: zerod held
+	 * the dead trainers' last mappings, so the unmapping frees their pages.
+	 * The array and the mappings are the executor's once exec_new()
+	 * returned 0 (NULL: none). */
+	struct mem_map **release;
+	uint32_t nrelease;
+	const struct mem_ops *release_mem;
 };
 
 struct exec_config {

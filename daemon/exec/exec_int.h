@@ -150,6 +150,9 @@ int load_masters(struct exec *e, bool edits_only);
  * parameters into e->kept_params (start.c). 0 or a negative code (then
  * nothing is kept). */
 int state_off_devices(struct exec *e, struct optim_ctx *oc);
+/* A recovery's old buffers, once read (exec_recover.release): unmapped
+ * (start.c; exec_free() if the start never ran). */
+void release_recovered(struct exec *e);
 
 /* ---- state export/import (xfer.c) ---- */
 

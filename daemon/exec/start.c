@@ -226,6 +226,18 @@ static int start_recovered_dev(struct exec *e, struct state *k)
 	return r;
 }
 
+void release_recovered(struct exec *e)
+{
+	struct exec_recover *rc = &e->recover;
+
+	for (uint32_t i = 0; i < rc->nrelease; i++)
+		rc->release_mem->unmap(rc->release[i]);
+	free(rc->release);
+	rc->release = NULL;
+	rc->nrelease = 0;
+	rc->params = NULL; /* it pointed into them */
+}
+
 /* A recovery's state and parameters (exec.h's exec_recover): the buckets
  * the journal holds taken back, then the kept state as it is or laid out
  * for this plan, and the parameters into rank 0's buffer, which the
@@ -300,9 +312,10 @@ int op_start(struct exec *e, struct lane *ln)
 	pthread_mutex_unlock(&e->mu);
 	if (r < 0)
 		return r;
-	if (e->cfg.recover) /* the state and parameters from before (host) */
+	if (e->cfg.recover) { /* the state and parameters from before */
 		r = start_recovered(e);
-	else if (e->cfg.optim->state_alloc) /* on the devices: no host arena */
+		release_recovered(e);
+	} else if (e->cfg.optim->state_alloc) /* on the devices: no host arena */
 		r = e->cfg.optim->state_alloc(e->oc, e->cfg.state->pieces, e->cfg.state->npieces,
 					      e->cfg.state->arrays);
 	else
