@@ -42,23 +42,6 @@ static void hold_forever(void *arg)
 		pause();
 }
 
-static int cuda_buffers(zc_client *c, const struct tplan *tp)
-{
-	struct zc_buffers b = ZC_BUFFERS_INIT;
-	uint64_t bytes;
-	char *base;
-	int r;
-
-	if ((r = zc_plan_buffer_bytes(&tp->plan, &bytes)) < 0)
-		return r;
-	if (cudaMalloc((void **)&base, 2 * bytes + 512) != cudaSuccess)
-		return -ENOMEM;
-	b.kind = ZC_BUFFERS_CUDA;
-	b.grad_dev = base + 256;
-	b.param_dev = base + 256 + bytes;
-	return zc_register_buffers(c, &tp->plan, &b);
-}
-
 static int one_iteration(zc_client *c, const struct crc_script *sc, const struct tplan *tp,
 			 uint32_t rank)
 {
@@ -133,8 +116,10 @@ int crc_rank(void *arg, int idx)
 		return 1;
 	r = zc_connect(&cfg, &c);
 	if (r >= 0) {
+		char *base;
+
 		what = "register_buffers";
-		r = cuda_buffers(c, tp);
+		r = crp_buffers(c, tp, &base);
 	}
 	/* the trainer's own initial values: a recovery overwrites them */
 	if (r >= 0)

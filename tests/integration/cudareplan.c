@@ -34,9 +34,7 @@ const struct layout crp_layouts[] = {
 
 static cudaStream_t stream_;
 
-/* Device buffers for tp's plan (both in one allocation, at offsets), and
- * zc_register_buffers(): the first registration or a re-plan's. */
-static int cuda_buffers(zc_client *c, const struct tplan *tp, char **ret_base)
+int crp_buffers(zc_client *c, const struct tplan *tp, char **ret_base)
 {
 	struct zc_buffers b = ZC_BUFFERS_INIT;
 	uint64_t bytes;
@@ -125,7 +123,7 @@ static int replan(zc_client *c, const struct crp_script *sc, struct tplan *tp, s
 		       zc_strerror_name(r), zc_error_message());
 	}
 	*step = "re-plan: register_buffers";
-	r = cuda_buffers(c, tp2, &nbase);
+	r = crp_buffers(c, tp2, &nbase);
 	if (r < 0 && sc->replan_code && r == sc->replan_code) {
 		printf("# rank %u: re-plan refused: %s\n", rank, zc_error_message());
 		EXPECT(zc_param_ptr(c, 0) == old[0],
@@ -175,7 +173,7 @@ int crp_rank(void *arg, int idx)
 		r = zc_connect(&cfg, &c);
 	if (r >= 0) {
 		step = "register_buffers";
-		r = cuda_buffers(c, tp, &base);
+		r = crp_buffers(c, tp, &base);
 	}
 	if (r >= 0)
 		r = sf_begin(c, tp, sc->opt, sc->load ? sc->in : NULL, sc->seed, &step);

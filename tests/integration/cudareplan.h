@@ -36,6 +36,11 @@ struct crp_script {
 
 extern const struct layout crp_layouts[];
 
+/* Device buffers for tp's plan (both in one allocation, at offsets, on
+ * the current device), and zc_register_buffers(): the first registration
+ * or a re-plan's; the allocation in *ret_base. */
+int crp_buffers(zc_client *c, const struct tplan *tp, char **ret_base);
+
 /* spawn()'s function: rank idx runs the script arg; 0 if all went as
  * expected. */
 int crp_rank(void *arg, int idx);
