@@ -180,6 +180,10 @@ struct core_stats {
 	uint64_t errors_sent;     /* these three: the edge's */
 	uint64_t replies_dropped; /* error replies over a connection's budget */
 	uint64_t conns_shed;      /* connections closed over the limit or idle */
+	/* trainers' deaths the jobs re-formed after (reform.c), and how they
+	 * ended: went on from zerod's memory, or failed (no boundary to go
+	 * back to, a rank that never came back, nothing kept) */
+	uint64_t recoveries, recoveries_failed;
 };
 
 /* What the core is: daemon.c fills it before any job (the shared services

@@ -170,6 +170,13 @@ static bool reformable(const struct job *j)
 	       j->exec && j->exec_running && !j->sx && !j->rp && !j->reload_pending && j->arrived;
 }
 
+/* A trainer's death that the job cannot recover from: counted (the
+ * caller fails the job). */
+static void recovery_failed(struct job *j)
+{
+	j->core->stats.recoveries_failed++;
+}
+
 bool reform_begin(struct job *j, struct member *s, const char *how)
 {
 	const struct sink_ops *sink = j->core->sink;
@@ -185,6 +192,7 @@ bool reform_begin(struct job *j, struct member *s, const char *how)
 	partial =
 		j->in_flight && full > 0 && full < nb && j->plan->step_mode == ZC_STEP_INTERLEAVED;
 	if (partial && !j->journal) {
+		recovery_failed(j);
 		job_fail(j, ZC_ERANKDEAD, true,
 			 "rank %u (pid %d) %s in iteration %" PRIu64 " after %u of %u buckets "
 			 "stepped in place (interleaved): cannot go back to an iteration "
@@ -196,6 +204,7 @@ bool reform_begin(struct job *j, struct member *s, const char *how)
 	 * the parameters, in device memory that died with the trainer; the
 	 * journal takes back whatever it stepped */
 	if (j->cuda && j->in_flight && full == nb && !j->journal) {
+		recovery_failed(j);
 		job_fail(j, ZC_ERANKDEAD, true,
 			 "rank %u (pid %d) %s in iteration %" PRIu64 " once every bucket was in: "
 			 "its step needs the trainers' device memory, which died with it (CUDA "
@@ -316,6 +325,7 @@ bool reform_stopped(struct job *j)
 	exec_free(j->exec);
 	j->exec = NULL;
 	if (!rf->state || (j->cuda && !rf->params)) {
+		recovery_failed(j);
 		job_fail(j, ZC_EINTERNAL, true, "re-forming: the old executor kept no state%s",
 			 j->cuda ? " (it could not be copied off the devices)" : "");
 		job_maybe_free(j);
@@ -571,6 +581,7 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 		if (rf->old_param[r])
 			from = j->core->mem->ptr(rf->old_param[r]);
 	if (!k || !from || !rf->old_plan) {
+		recovery_failed(j);
 		job_fail(j, ZC_EINTERNAL, true, "re-forming: no state or parameters kept");
 		return 1;
 	}
@@ -588,6 +599,7 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 					.undo_iter = rf->undo ? rf->died_in : UINT64_MAX};
 	if (same && (k->nelems != (*st)->nelems || k->npieces != (*st)->npieces ||
 		     k->arrays != (*st)->arrays || k->nmaster != (*st)->nmaster)) {
+		recovery_failed(j);
 		job_fail(j, ZC_EINTERNAL, true, "re-forming: the kept state's layout differs");
 		return 1;
 	}
@@ -641,6 +653,7 @@ uint64_t reform_started(struct job *j)
 
 	if (!rf)
 		return UINT64_MAX;
+	j->core->stats.recoveries++;
 	log_notice("job %s: recovered at iteration %" PRIu64 ", %" PRId64
 		   " ms after rank %u (pid %d) died in iteration %" PRIu64,
 		   j->id, j->iter, now_ms() - rf->since_ms, rf->dead_rank, rf->dead_pid,
@@ -664,6 +677,7 @@ void reform_check(struct core *core, int64_t now)
 		if (j->state != JOB_REFORMING || !rf || now - rf->since_ms < timeout)
 			continue;
 		missing[0] = 0;
+		recovery_failed(j);
 		for (uint32_t r = 0; r < j->world && at + 16 < sizeof(missing); r++)
 			if (!rf->plans[r])
 				at += (size_t)snprintf(missing + at, sizeof(missing) - at, "%s%u",

@@ -227,6 +227,13 @@ void metrics_render(struct ops_env *env, struct sbuf *b)
 	sbuf_printf(b, "zerod_checkpoints_total{result=\"done\"} %" PRIu64 "\n"
 		       "zerod_checkpoints_total{result=\"failed\"} %" PRIu64 "\n",
 		    o->m.checkpoints_done, o->m.checkpoints_failed);
+	head(b, "zerod_recoveries_total", "counter",
+	     "trainers' deaths a job re-formed after, by result: went on from zerod's memory, "
+	     "or failed");
+	sbuf_printf(b,
+		    "zerod_recoveries_total{result=\"recovered\"} %" PRIu64 "\n"
+		    "zerod_recoveries_total{result=\"failed\"} %" PRIu64 "\n",
+		    env->core->stats.recoveries, env->core->stats.recoveries_failed);
 	head(b, "zerod_reloads_total", "counter", "config reloads, by result");
 	sbuf_printf(b, "zerod_reloads_total{result=\"ok\"} %" PRIu64 "\n"
 		       "zerod_reloads_total{result=\"refused\"} %" PRIu64 "\n",

@@ -47,6 +47,7 @@ int zd_start_ex(struct zd *d, const char *const *extra, const struct zd_opts *o)
 struct zd_status {
 	unsigned jobs, sessions, conns;
 	unsigned long long memory, replies_dropped, conns_closed, log_dropped;
+	unsigned long long recovered, recovery_failed; /* zerod_recoveries_total */
 };
 /* Ask for a status line (SIGUSR1) and read it from the log: 0, or -ETIMEDOUT
  * if none came within 3 s. */

@@ -393,6 +393,10 @@ int zd_ctl_levels(const struct zd *d, struct zd_status *ret)
 				metric(m->metrics->text, "zerod_error_replies_dropped_total"),
 			.conns_closed = metric(m->metrics->text, "zerod_connections_closed_total"),
 			.log_dropped = metric(m->metrics->text, "zerod_log_lines_dropped_total"),
+			.recovered = metric(m->metrics->text,
+					    "zerod_recoveries_total{result=\"recovered\"}"),
+			.recovery_failed = metric(m->metrics->text,
+						  "zerod_recoveries_total{result=\"failed\"}"),
 		};
 	if (st)
 		zerod__v1__ctl__free_unpacked(st, NULL);

@@ -382,6 +382,9 @@ static void t_no_journal(void)
 	r = zd_ctl_levels(&own, &lv);
 	CHECK(r == 0 && lv.jobs == 0 && lv.memory == 0 && lv.sessions == 0,
 	      "after: %d jobs, %llu bytes of state, %u sessions", lv.jobs, lv.memory, lv.sessions);
+	CHECK(r == 0 && lv.recovered == 3 && lv.recovery_failed == 1,
+	      "zerod_recoveries_total: %llu recovered, %llu failed; want 3 and 1", lv.recovered,
+	      lv.recovery_failed);
 	CHECK(zd_fd_count(&own) == fds0, "zerod had %d fds before the jobs, %d after", fds0,
 	      zd_fd_count(&own));
 	/* the trainers' buffers zerod mapped (36 kB each): none stays resident */
@@ -546,6 +549,9 @@ static void t_never_back(void)
 	r = zd_ctl_levels(&own, &lv);
 	CHECK(r == 0 && lv.jobs == 0 && lv.memory == 0 && lv.sessions == 0,
 	      "after: %d jobs, %llu bytes of state, %u sessions", lv.jobs, lv.memory, lv.sessions);
+	CHECK(r == 0 && lv.recovered == 0 && lv.recovery_failed == 1,
+	      "zerod_recoveries_total: %llu recovered, %llu failed; want 0 and 1", lv.recovered,
+	      lv.recovery_failed);
 	fds1 = zd_fd_count(&own);
 	CHECK(fds1 == fds0, "zerod had %d fds before the job, %d after", fds0, fds1);
 	CHECK(zd_stop(&own, 5000) == 0, "zerod did not stop cleanly");
