@@ -83,12 +83,12 @@ struct reform {
 	struct plan **plans;                    /* [world]: the rejoined ranks' */
 	struct mem_map **grad_map, **param_map; /* [world]: their buffers */
 	struct sharedp *sharedp;                /* [world]: their sharing */
-	struct mem_map **old_param;             /* [world]: the old parameters, until the start */
+	/* the old group's buffers ([old_world()]), mapped until the next
+	 * executor has read them (it unmaps them: reform_handed) */
+	struct mem_map **old_param, **old_grad;
 	/* the restarted group came with another world size (reform_resize):
-	 * the old group's size, and its buffers ([resized_from] each, with
-	 * old_param), kept mapped until the start; 0: the same size */
+	 * the old group's size; 0: the same size */
 	uint32_t resized_from;
-	struct mem_map **old_grad;
 	/* a job of CUDA buffers: the rejoined ranks' ([world]), the old
 	 * group's after a resize ([resized_from]), and the parameters the old
 	 * executor copied off the devices (exec_take_params) */
@@ -97,6 +97,13 @@ struct reform {
 	struct plan *old_plan;                  /* the plan the kept state is laid out by */
 	struct exec_recover rec;                /* what the next executor starts from */
 };
+
+/* The old group's size: its arrays (old_param, old_grad, old_cuda) have
+ * this many entries. */
+static uint32_t old_world(const struct job *j)
+{
+	return j->rf->resized_from ? j->rf->resized_from : j->world;
+}
 
 void reform_free(struct job *j)
 {
@@ -115,7 +122,7 @@ void reform_free(struct job *j)
 		if (rf->param_map)
 			mem->unmap(rf->param_map[r]);
 	}
-	for (uint32_t r = 0; r < (rf->resized_from ? rf->resized_from : j->world); r++) {
+	for (uint32_t r = 0; r < old_world(j); r++) {
 		if (rf->old_param)
 			mem->unmap(rf->old_param[r]);
 		if (rf->old_grad)
@@ -152,9 +159,10 @@ static int reform_new(struct job *j)
 	rf->param_map = calloc(j->world, sizeof(*rf->param_map));
 	rf->sharedp = calloc(j->world, sizeof(*rf->sharedp));
 	rf->old_param = calloc(j->world, sizeof(*rf->old_param));
+	rf->old_grad = calloc(j->world, sizeof(*rf->old_grad));
 	rf->cuda = j->cuda ? calloc(j->world, sizeof(*rf->cuda)) : NULL;
 	if (!rf->plans || !rf->grad_map || !rf->param_map || !rf->sharedp || !rf->old_param ||
-	    (j->cuda && !rf->cuda)) {
+	    !rf->old_grad || (j->cuda && !rf->cuda)) {
 		reform_free(j);
 		return -ENOMEM;
 	}
@@ -196,8 +204,8 @@ bool reform_begin(struct job *j, struct member *s, const char *how)
 		job_fail(j, ZC_ERANKDEAD, true,
 			 "rank %u (pid %d) %s in iteration %" PRIu64 " after %u of %u buckets "
 			 "stepped in place (interleaved): cannot go back to an iteration "
-			 "boundary without %s; restore its checkpoint",
-			 s->rank, (int)s->pid, how, j->iter, full, nb, "--recovery-journal");
+			 "boundary without --recovery-journal; restore its checkpoint",
+			 s->rank, (int)s->pid, how, j->iter, full, nb);
 		return true;
 	}
 	/* CUDA buffers: the step would read the reduced gradients, and write
@@ -272,8 +280,6 @@ static void restart(struct job *j)
 
 	core->memory_used -= j->memory; /* charged again as it starts */
 	j->memory = 0;
-	if (!rf->resized_from && !rf->old_grad) /* the old grads go with the old params */
-		rf->old_grad = calloc(j->world, sizeof(*rf->old_grad));
 	sharedp_take(j, rf->sharedp);
 	for (uint32_t r = 0; r < j->world; r++) {
 		if (!rf->plans[r])
@@ -284,10 +290,7 @@ static void restart(struct job *j)
 			rf->cuda[r] = NULL;
 		}
 		if (!rf->resized_from) { /* else they are in rf->old_* already */
-			if (rf->old_grad)
-				rf->old_grad[r] = j->grad_map[r];
-			else
-				core->mem->unmap(j->grad_map[r]);
+			rf->old_grad[r] = j->grad_map[r];
 			rf->old_param[r] = j->param_map[r];
 		}
 		j->grad_map[r] = rf->grad_map[r];
@@ -443,7 +446,8 @@ int reform_resize(struct job *j, uint32_t world, char *err, size_t errlen)
 	/* the old group's buffers stay mapped until the start: the old
 	 * executor may still be stopping, and its parameters are the job's */
 	rf->resized_from = j->world;
-	free(rf->old_param);
+	free(rf->old_param); /* empty until the restart */
+	free(rf->old_grad);
 	rf->old_param = j->param_map;
 	rf->old_grad = j->grad_map;
 	rf->old_cuda = j->cuda; /* the old executor's bufs until it is gone */
@@ -567,6 +571,26 @@ void reform_register(struct job *j, struct member *s, struct plan *p, const stru
 		restart(j);
 }
 
+/* What the next executor unmaps once it has read it, off the loop (the
+ * pages are freed then): the old buffers, ours until reform_handed(). No
+ * list (no memory): they are unmapped here, on the loop, as before. */
+static void release_list(struct job *j)
+{
+	struct reform *rf = j->rf;
+	struct mem_map **rel = calloc(2 * (size_t)old_world(j) + 1, sizeof(*rel));
+	uint32_t n = 0;
+
+	for (uint32_t r = 0; rel && r < old_world(j); r++) {
+		if (rf->old_param[r])
+			rel[n++] = rf->old_param[r];
+		if (rf->old_grad[r])
+			rel[n++] = rf->old_grad[r];
+	}
+	rf->rec.release = rel;
+	rf->rec.nrelease = n;
+	rf->rec.release_mem = j->core->mem;
+}
+
 int reform_take(struct job *j, struct state **st, const struct exec_recover **ret)
 {
 	struct reform *rf = j->rf;
@@ -577,7 +601,7 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 
 	*ret = NULL;
 	from = rf->params; /* copied off the devices, or the old host buffers */
-	for (uint32_t r = 0; r < (rf->resized_from ? rf->resized_from : j->world) && !from; r++)
+	for (uint32_t r = 0; r < old_world(j) && !from; r++)
 		if (rf->old_param[r])
 			from = j->core->mem->ptr(rf->old_param[r]);
 	if (!k || !from || !rf->old_plan) {
@@ -603,20 +627,7 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 		job_fail(j, ZC_EINTERNAL, true, "re-forming: the kept state's layout differs");
 		return 1;
 	}
-	/* the executor unmaps the old buffers once it has read them, off the
-	 * loop (their pages are freed then); ours until reform_handed() */
-	uint32_t oldw = rf->resized_from ? rf->resized_from : j->world, n = 0;
-	struct mem_map **rel = calloc(2 * (size_t)oldw + 1, sizeof(*rel));
-
-	for (uint32_t r = 0; rel && r < oldw; r++) {
-		if (rf->old_param[r])
-			rel[n++] = rf->old_param[r];
-		if (rf->old_grad && rf->old_grad[r])
-			rel[n++] = rf->old_grad[r];
-	}
-	rf->rec.release = rel;
-	rf->rec.nrelease = rel ? n : 0;
-	rf->rec.release_mem = j->core->mem;
+	release_list(j);
 	if (same) {
 		state_free(*st);
 		*st = k; /* the executor's now */
@@ -633,16 +644,11 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 void reform_handed(struct job *j)
 {
 	struct reform *rf = j->rf;
-	uint32_t oldw;
 
 	if (!rf || !rf->rec.release)
 		return;
-	oldw = rf->resized_from ? rf->resized_from : j->world;
-	for (uint32_t r = 0; r < oldw; r++) {
-		rf->old_param[r] = NULL;
-		if (rf->old_grad)
-			rf->old_grad[r] = NULL;
-	}
+	for (uint32_t r = 0; r < old_world(j); r++)
+		rf->old_param[r] = rf->old_grad[r] = NULL;
 	rf->rec.release = NULL;
 	rf->rec.nrelease = 0;
 }

@@ -365,7 +365,9 @@ void *lane_main(void *arg)
 		e->cfg.coll->close(cg);
 		/* the trainers' device memory may be gone: what the next
 		 * executor needs is copied out of the backend's own first */
-		kept = e->keep_state && e->cfg.optim->state_io ? state_off_devices(e, oc) : 0;
+		kept = 0;
+		if (e->keep_state && e->cfg.optim->state_io) /* never opened: nothing to keep */
+			kept = oc ? state_off_devices(e, oc) : -EINVAL;
 		e->cfg.optim->close(oc);
 		close_buffers(e);
 		pthread_mutex_lock(&e->mu);

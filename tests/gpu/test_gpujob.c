@@ -130,7 +130,9 @@ static int killed_trainer(const struct zd *d, int fd)
 static int killed_main(void)
 {
 	char stall[16];
-	const char *const extra[] = {"--backend", "cuda", "--stall-timeout", stall, NULL};
+	/* the job fails rather than re-forming after its trainer's death */
+	const char *const extra[] = {
+		"--backend", "cuda", "--stall-timeout", stall, "--rejoin-timeout", "0", NULL};
 	int fds[2], status = 1, st = 0;
 	int64_t t0;
 	struct zd d;

@@ -48,7 +48,6 @@ static int one_iteration(zc_client *c, const struct crc_script *sc, const struct
 	uint64_t t = zc_iteration(c);
 	bool victim = sc->armed && rank == sc->victim && t == (uint64_t)sc->kill_iter;
 	uint32_t nb = tp->plan.nbuckets;
-	zc_future *step = NULL;
 	int r;
 
 	if (victim && sc->phase == CRC_BEFORE_FIRST)
@@ -70,17 +69,7 @@ static int one_iteration(zc_client *c, const struct crc_script *sc, const struct
 		usleep(200 * 1000); /* every bucket is in; the last one's event never completes */
 		die();
 	}
-	r = zc_step_future(c, t, &step);
-	if (r >= 0)
-		r = zc_future_wait(step, test_timeout(30000));
-	if (r == 0)
-		r = ZC_ETIMEDOUT;
-	if (r > 0)
-		r = zc_step_wait_cuda(step, stream_);
-	if (r >= 0 && cudaStreamSynchronize(stream_) != cudaSuccess)
-		r = -EIO;
-	zc_future_free(step);
-	return r < 0 ? r : 0;
+	return crp_step(c, t, stream_);
 }
 
 /* The end of a rank that could not train on: what it was told. */

@@ -77,10 +77,26 @@ static int copy_params(zc_client *c, const struct tplan *tp, const void *const *
 	return cudaStreamSynchronize(stream_) == cudaSuccess ? 0 : -EIO;
 }
 
+int crp_step(zc_client *c, uint64_t t, void *stream)
+{
+	zc_future *step = NULL;
+	int r = zc_step_future(c, t, &step);
+
+	if (r >= 0)
+		r = zc_future_wait(step, test_timeout(30000));
+	if (r == 0)
+		r = ZC_ETIMEDOUT;
+	if (r > 0)
+		r = zc_step_wait_cuda(step, stream);
+	if (r >= 0 && cudaStreamSynchronize(stream) != cudaSuccess)
+		r = -EIO;
+	zc_future_free(step);
+	return r < 0 ? r : 0;
+}
+
 static int one_iteration(zc_client *c, const struct crp_script *sc, const struct tplan *tp,
 			 uint32_t rank, int it)
 {
-	zc_future *step = NULL;
 	uint64_t t = zc_iteration(c);
 	int r;
 
@@ -89,17 +105,7 @@ static int one_iteration(zc_client *c, const struct crp_script *sc, const struct
 	for (uint32_t b = 0; b < tp->plan.nbuckets; b++)
 		if ((r = zc_bucket_ready_cuda(c, b, stream_, NULL)) < 0)
 			return r;
-	r = zc_step_future(c, t, &step);
-	if (r >= 0)
-		r = zc_future_wait(step, test_timeout(20000));
-	if (r == 0)
-		r = ZC_ETIMEDOUT;
-	if (r > 0)
-		r = zc_step_wait_cuda(step, stream_);
-	if (r >= 0 && cudaStreamSynchronize(stream_) != cudaSuccess)
-		r = -EIO;
-	zc_future_free(step);
-	return r < 0 ? r : 0;
+	return crp_step(c, t, stream_);
 }
 
 /* The re-plan before iteration `it`: 1 it took, 0 it was refused as the

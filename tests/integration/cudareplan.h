@@ -41,6 +41,11 @@ extern const struct layout crp_layouts[];
  * or a re-plan's; the allocation in *ret_base. */
 int crp_buffers(zc_client *c, const struct tplan *tp, char **ret_base);
 
+/* Iteration t's step on a CUDA client: its future, waited for (30 s),
+ * then stream ordered behind zerod's writes and synchronised. 0 or the
+ * error (ZC_ETIMEDOUT if it did not complete). */
+int crp_step(zc_client *c, uint64_t t, void *stream);
+
 /* spawn()'s function: rank idx runs the script arg; 0 if all went as
  * expected. */
 int crp_rank(void *arg, int idx);

@@ -1158,7 +1158,9 @@ static int killed_rank(void *arg, int idx)
 
 static void t_trainer_killed_mid_iteration(void)
 {
-	const char *const extra[] = {"--backend", "cuda", "--stall-timeout", "4000", NULL};
+	/* the job fails rather than re-forming (the recover_* cases re-form) */
+	const char *const extra[] = {
+		"--backend", "cuda", "--stall-timeout", "4000", "--rejoin-timeout", "0", NULL};
 	struct train_spec s =
 		spec("cuda-killed", 2, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED, 46);
 	struct train_spec after =
