@@ -35,7 +35,11 @@
  *      the cipher the two ends agreed on) frame and authenticate them;
  *      both ends know how many bytes a call moves, so there is no framing
  *      of zerod's own. Each SSL_write makes records of its own, so no
- *      record holds bytes of two calls.
+ *      record holds bytes of two calls. A call's records are gathered,
+ *      GATHER_BYTES at a time, before they go to the socket
+ *      (tls_gather_writes(); not where the kernel encrypts), so the
+ *      kernel's TCP path runs once for many records; a call is done once
+ *      its last ones are flushed.
  *
  * Threat model. An attacker on the network can read, drop, change, replay,
  * reorder and inject bytes, and connect to the mesh's port. Authenticated:
@@ -128,6 +132,8 @@
 #define ACCEPT_BURST 64
 /* bytes one SSL_write is handed (it writes a record at a time) */
 #define WRITE_MAX (1u << 30)
+/* the records gathered before they go to the socket (tls_gather_writes()) */
+#define GATHER_BYTES (256u << 10)
 
 struct conn {
 	int fd; /* -1: none (this node) */
@@ -966,7 +972,11 @@ static int sm_open(const struct coll_mesh_config *cfg, struct coll_mesh **ret, c
 			for (unsigned l = 0; j != m->node && l < LANES; l++) {
 				m->ktls_send &= tls_ktls(conn_of(m, j, l)->ssl, true);
 				m->ktls_recv &= tls_ktls(conn_of(m, j, l)->ssl, false);
+				if (r >= 0)
+					r = tls_gather_writes(conn_of(m, j, l)->ssl, GATHER_BYTES);
 			}
+		if (r < 0)
+			snprintf(err, errlen, "TLS mesh: out of memory");
 	}
 out:
 	for (uint32_t i = 0; o.cl && i < o.ncl; i++)
@@ -1008,6 +1018,7 @@ struct xfer {
 	uint32_t nout, nin;
 	uint32_t io, ii;    /* the span under way each way */
 	size_t oat, iat;    /* bytes of it done */
+	bool unflushed;     /* records still gathered, not yet on the socket */
 	short wwait, rwait; /* what the write side and the read side wait for */
 };
 
@@ -1020,9 +1031,14 @@ static void settle(struct xfer *x)
 		x->ii++, x->iat = 0;
 }
 
+static bool out_done(const struct xfer *x)
+{
+	return x->io == x->nout && !x->unflushed;
+}
+
 static bool xfer_done(const struct xfer *x)
 {
-	return x->io == x->nout && x->ii == x->nin;
+	return out_done(x) && x->ii == x->nin;
 }
 
 /* The connection failed: file why, and shut it (its stream is out of step
@@ -1105,8 +1121,20 @@ static int xfer_step(struct xfer *x, bool *moved, char *why, size_t wlen)
 		if (io != TLS_IO_OK)
 			return xfer_broken(x, false, io, e, sub, why, wlen);
 		x->oat += done;
+		x->unflushed = true;
 		*moved = true;
 		settle(x);
+	}
+	/* once all is written, what was gathered goes to the socket */
+	if (x->io == x->nout && x->unflushed) {
+		io = tls_flush(ssl, sub, sizeof(sub));
+		e = errno;
+		if (io == TLS_IO_WRITE)
+			x->wwait = POLLOUT;
+		else if (io != TLS_IO_OK)
+			return xfer_broken(x, false, io, e, sub, why, wlen);
+		else
+			x->unflushed = false;
 	}
 	/* in: until OpenSSL wants the socket, since what it holds already
 	 * would show on no poll() */
@@ -1188,7 +1216,7 @@ static int run(struct coll_mesh *m, struct xfer *x, uint32_t nx, char *err, size
 			p[np++] = (struct pollfd){
 				.fd = x[i].c->fd,
 				.events = (short)((x[i].ii < x[i].nin ? x[i].rwait : 0) |
-						  (x[i].io < x[i].nout ? x[i].wwait : 0)),
+						  (!out_done(&x[i]) ? x[i].wwait : 0)),
 			};
 		}
 		if (all) {

@@ -708,6 +708,34 @@ void tls_peer_fingerprint(SSL *ssl, char out[TLS_FP_HEX + 1])
 		snprintf(out, TLS_FP_HEX + 1, "?");
 }
 
+int tls_gather_writes(SSL *ssl, size_t n)
+{
+	BIO *sock = SSL_get_wbio(ssl), *buf;
+
+	if (tls_ktls(ssl, true))
+		return 0; /* the kernel takes the records from the socket's BIO */
+	buf = BIO_new(BIO_f_buffer());
+	if (!buf || BIO_set_write_buffer_size(buf, (long)n) != 1 || !BIO_up_ref(sock)) {
+		BIO_free(buf);
+		return -ENOMEM;
+	}
+	SSL_set0_wbio(ssl, BIO_push(buf, sock));
+	return 0;
+}
+
+enum tls_io tls_flush(SSL *ssl, char *why, size_t len)
+{
+	BIO *b = SSL_get_wbio(ssl);
+
+	errno = 0;
+	if (BIO_flush(b) > 0)
+		return TLS_IO_OK;
+	if (BIO_should_retry(b))
+		return TLS_IO_WRITE;
+	snprintf(why, len, "%s", errno ? strerror(errno) : "the connection was cut");
+	return TLS_IO_ERROR;
+}
+
 bool tls_ktls(SSL *ssl, bool send)
 {
 	return send ? BIO_get_ktls_send(SSL_get_wbio(ssl)) > 0

@@ -98,6 +98,16 @@ enum tls_io tls_handshake(SSL *ssl, char *why, size_t len);
 enum tls_io tls_read(SSL *ssl, void *buf, size_t n, size_t *done, char *why, size_t len);
 enum tls_io tls_write(SSL *ssl, const void *buf, size_t n, size_t *done, char *why, size_t len);
 
+/* Gather what ssl writes (its records) in a buffer of n bytes, so the
+ * socket takes many records a write and the kernel's path runs once for
+ * them, not once a record; nothing where the kernel encrypts. Whatever is
+ * written then goes out only when the buffer fills or at tls_flush(), which
+ * the writer calls once it has written what it had. 0 or -ENOMEM. */
+int tls_gather_writes(SSL *ssl, size_t n);
+/* The gathered bytes to the socket: OK (all out), WRITE (wait until it is
+ * writable, then again), or ERROR with why and errno. */
+enum tls_io tls_flush(SSL *ssl, char *why, size_t len);
+
 /* Blocking forms on a non-blocking socket, within deadline (now_ms()):
  * 0, -ETIMEDOUT, -ECONNRESET (closed), -EPIPE (cut), -EBADMSG (broken),
  * with why where given. */
