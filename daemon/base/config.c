@@ -80,8 +80,9 @@ static const struct key {
 	{"max-sessions", K_COUNT, offsetof(struct daemon_config, max_sessions), 0, false, "N",
 	 "trainers at once (0: 1024, or fewer if RLIMIT_NOFILE cannot hold them; two fds each)"},
 	{"max-memory", K_SIZE, offsetof(struct daemon_config, max_memory), 0, true, "SIZE",
-	 "optimizer state of all jobs together, bytes or with K, M, G, T (0: half the RAM); a "
-	 "reload applies it to jobs that start later"},
+	 "optimizer state of all jobs together, with what their recovery keeps (the undo "
+	 "journal, a CUDA job's copies off its devices), bytes or with K, M, G, T (0: half the "
+	 "RAM); a reload applies it to jobs that start later"},
 	{"max-user-memory", K_SIZE, offsetof(struct daemon_config, max_user_memory), 0, true,
 	 "SIZE",
 	 "of --max-memory, what the jobs of one user (the trainers' uid) may hold together "

@@ -557,23 +557,67 @@ static int start_layout(struct job *j, uint32_t *node, uint32_t *nnodes, struct 
 	return state_layout(j->plan, j->shard, &j->topo, j->state_arrays, ret_st);
 }
 
-/* job_start's third step: charge state st against --max-memory and
- * --max-user-memory, a CUDA job's device memory against its devices, and
- * refuse plain NCCL between nodes where TLS keys are. 1: refused (the job
- * failed, nothing charged), 0: charged, or -errno. */
+/* What a recovery needs of j beyond its state (reform.c), decided before
+ * it is charged: on CUDA buffers, a job that can re-form keeps a copy of
+ * its fp32 parameters on the devices, and with --recovery-journal the
+ * journal's copy of its state; on host buffers the journal is for step
+ * mode interleaved. */
+static void start_recovery_kind(struct job *j)
+{
+	const struct daemon_config *cfg = j->core->cfg;
+	bool reforms = cfg->rejoin_timeout_ms > 0 && !j->rdzv;
+
+	j->keep_params = j->cuda && reforms;
+	j->journal = cfg->recovery_journal && reforms &&
+		     (j->cuda || j->plan->step_mode == ZC_STEP_INTERLEAVED);
+}
+
+/* The host memory j may hold beyond the state st, what it is into *what:
+ * the host journal (a copy of the arena and of every owned parameter), or
+ * on CUDA buffers what the old executor copies off the devices when a
+ * trainer dies (exec_take_params: the whole buffer's image; and the
+ * journal). */
+static uint64_t recovery_bytes(const struct job *j, const struct state *st, const char **what)
+{
+	uint64_t journal = j->journal ? state_bytes(st) + st->nelems * sizeof(uint32_t) : 0;
+
+	*what = "";
+	if (j->keep_params) {
+		*what = " and what a recovery copies off the devices";
+		return plan_buffer_bytes(j->plan) + journal;
+	}
+	if (j->journal)
+		*what = " and its undo journal (--recovery-journal)";
+	return journal;
+}
+
+uint64_t job_memory_of(const struct job *j, const struct state *st)
+{
+	const char *what;
+
+	return state_bytes(st) + recovery_bytes(j, st, &what);
+}
+
+/* job_start's third step: charge state st (and what a recovery of it
+ * needs) against --max-memory and --max-user-memory, a CUDA job's device
+ * memory against its devices, and refuse plain NCCL between nodes where
+ * TLS keys are. 1: refused (the job failed, nothing charged), 0: charged,
+ * or -errno. */
 static int start_admit(struct job *j, const struct state *st)
 {
 	struct core *core = j->core;
+	const char *what;
 	int r;
 
-	j->memory = state_bytes(st);
+	start_recovery_kind(j);
+	j->memory = state_bytes(st) + recovery_bytes(j, st, &what);
 	if (j->memory > core->cfg->max_memory - core->memory_used) {
 		char need[16], left[16], max[16];
 
 		job_fail(j, ZC_ELIMIT, true,
-			 "the job needs %s of optimizer state, zerod has %s of its --max-memory %s "
-			 "left",
-			 fmt_bytes(need, j->memory),
+			 "the job needs %s for optimizer state%s, zerod has %s of its "
+			 "--max-memory %s left",
+			 fmt_bytes(need, j->memory), what,
 			 fmt_bytes(left, core->cfg->max_memory - core->memory_used),
 			 fmt_bytes(max, core->cfg->max_memory));
 		j->memory = 0;
@@ -589,9 +633,9 @@ static int start_admit(struct job *j, const struct state *st)
 		if (j->memory > core->cfg->max_user_memory ||
 		    mine > core->cfg->max_user_memory - j->memory) {
 			job_fail(j, ZC_ELIMIT, true,
-				 "the job needs %s of optimizer state, the other jobs of user %u "
-				 "hold %s of their --max-user-memory %s",
-				 fmt_bytes(need, j->memory), (unsigned)j->uid,
+				 "the job needs %s for optimizer state%s, the other jobs of user "
+				 "%u hold %s of their --max-user-memory %s",
+				 fmt_bytes(need, j->memory), what, (unsigned)j->uid,
 				 fmt_bytes(held, mine), fmt_bytes(max, core->cfg->max_user_memory));
 			j->memory = 0;
 			return 1;
@@ -603,10 +647,6 @@ static int start_admit(struct job *j, const struct state *st)
 	if (j->cuda) {
 		char why[256];
 
-		/* a job that can re-form keeps a copy of its fp32 parameters,
-		 * and with --recovery-journal the journal's copy of its state */
-		j->keep_params = core->cfg->rejoin_timeout_ms > 0 && !j->rdzv;
-		j->journal = j->keep_params && core->cfg->recovery_journal;
 		r = devmem_of(st, j->cuda, j->keep_params, j->journal, &j->devmem, &j->ndevmem);
 		if (r < 0)
 			return r;
@@ -654,14 +694,6 @@ static int start_exec(struct job *j, float **grads, float **params, struct state
 	int r;
 
 	*st = NULL; /* the executor's now */
-	/* the undo journal lets a recovery take back a partly stepped
-	 * interleaved iteration (reform.c), on this node; on CUDA buffers any
-	 * stepped one, since a step after the death read dead memory (set in
-	 * start_admit) */
-	if (!j->cuda)
-		j->journal = core->cfg->recovery_journal && core->cfg->rejoin_timeout_ms > 0 &&
-			     !j->rdzv && j->plan->step_mode == ZC_STEP_INTERLEAVED;
-	ec.journal = j->journal;
 	r = exec_new(&ec, &j->exec);
 	if (r < 0)
 		return r;

@@ -12,6 +12,7 @@
 
 struct cudabufs;
 struct mem_desc;
+struct state;
 
 /* Rank s (its pid and uid filled) joins the job h names, made if new:
  * s->job and s->rank set. 0, or a code with why in err (s joins nothing). */
@@ -27,6 +28,10 @@ void job_formed(struct job *j);
 /* A re-plan (statex.c): the old executor is gone and j->plans[], the maps,
  * hold the new plan's; drop what came of the old plan and start again. */
 void job_restart(struct job *j);
+/* The host memory j's state st takes with what a recovery of it needs
+ * (the undo journal; on CUDA buffers the copies off the devices): what
+ * --max-memory is charged. */
+uint64_t job_memory_of(const struct job *j, const struct state *st);
 void job_fail(struct job *j, int code, bool loud, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void job_leave(struct job *j, struct member *s, enum leave_reason why);

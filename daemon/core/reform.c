@@ -335,7 +335,7 @@ bool reform_stopped(struct job *j)
 		return true;
 	}
 	/* the kept state stays charged while the job waits */
-	j->memory = state_bytes(rf->state) + (rf->params ? plan_buffer_bytes(j->plan) : 0);
+	j->memory = job_memory_of(j, rf->state);
 	core->memory_used += j->memory;
 	log_info("job %s: state kept at iteration %" PRIu64 " (rank %u died in iteration %" PRIu64
 		 "); %u of %u ranks registered again",

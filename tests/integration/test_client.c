@@ -838,6 +838,52 @@ static void t_user_memory_limit(void)
 	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
 }
 
+/* --max-memory counts what a recovery needs too: with --recovery-journal an
+ * interleaved job holds its undo journal beside its state (a copy of the
+ * state, and a 4-byte slot per parameter), an at_end one none. The plan
+ * above: 164 elements of SGD's momentum, 656 B of state; interleaved with
+ * the journal 656 + 656 + 656 = 1968 B, over 1K; at_end 656 B, under it. */
+static int journal_memory_checks(void *arg, int idx)
+{
+	struct zc_plan inter = plan;
+	struct zc_config cfg = test_config(&small, "journaled", 0, 1);
+	zc_client *a = NULL, *b = NULL;
+	int r;
+
+	(void)arg, (void)idx;
+	inter.step_mode = ZC_STEP_INTERLEAVED;
+	if ((r = zc_connect(&cfg, &a)) < 0 || (r = zc_alloc_buffers(a, &inter)) < 0)
+		FAIL("journaled: %s", zc_strerror_name(r));
+	r = zc_register_plan(a);
+	printf("# an interleaved job with its journal -> %s: %s\n", zc_strerror_name(r),
+	       zc_error_message());
+	if (r != ZC_ELIMIT || !strstr(zc_error_message(), "--max-memory") ||
+	    !strstr(zc_error_message(), "1.9 KiB") ||
+	    !strstr(zc_error_message(), "undo journal (--recovery-journal)"))
+		FAIL("an interleaved job of 656 B of state and 1.3 KiB of journal under "
+		     "--max-memory 1K: %s, want ZC_ELIMIT naming the journal",
+		     zc_strerror_name(r));
+	zc_close(a);
+	cfg = test_config(&small, "unjournaled", 0, 1);
+	if ((r = zc_connect(&cfg, &b)) < 0 || (r = zc_alloc_buffers(b, &plan)) < 0 ||
+	    (r = zc_register_plan(b)) < 0)
+		FAIL("an at_end job (no journal) of 656 B under --max-memory 1K: %s %s",
+		     zc_strerror_name(r), zc_error_message());
+	zc_close(b);
+	return 0;
+}
+
+static void t_memory_limit_counts_journal(void)
+{
+	static const char *const extra[] = {"--max-memory",       "1K", "--rejoin-timeout", "5000",
+					    "--recovery-journal", NULL};
+
+	REQUIRE(zd_start(&small, extra) == 0, "zerod --max-memory 1K --recovery-journal");
+	CHECK(wait_child(spawn(journal_memory_checks, NULL, 0), 20000) == 0,
+	      "the journal is not counted against --max-memory");
+	CHECK(zd_stop(&small, 10000) == 0, "zerod did not stop cleanly");
+}
+
 /* A listening socket at path that is not zerod's: it answers like a web
  * server (answer) or says nothing (silent). */
 struct fake {
@@ -995,6 +1041,7 @@ static const struct test_case cases[] = {
 	{"many_buckets_at_once", t_many_buckets, 70000},
 	{"memory_limit_ELIMIT", t_memory_limit},
 	{"user_memory_limit_ELIMIT", t_user_memory_limit},
+	{"memory_limit_counts_the_recovery_journal", t_memory_limit_counts_journal},
 	{"register_timeout", t_register_timeout},
 	{"connect_errors_at_once", t_connect_errors},
 	{"missing_rank_named", t_missing_rank_named},
