@@ -45,6 +45,11 @@ struct coll_store {
 	 * copy of its value (the caller frees it) and *ret_len its length.
 	 * 0, -ETIMEDOUT, or -errno; nothing is returned on failure. */
 	int (*get)(void *ctx, const char *key, int timeout_ms, void **ret_value, size_t *ret_len);
+	/* Any thread, at any time: the executor stops while its group opens
+	 * (exec_stop()), so every get under way and to come fails now with
+	 * -ECANCELED instead of waiting for keys the other nodes may never
+	 * set. NULL: gets wait their time out. */
+	void (*cancel)(void *ctx);
 };
 
 /* A job spread over several nodes: where its ranks are and how this node

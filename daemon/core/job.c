@@ -470,7 +470,9 @@ int job_join(struct core *core, struct member *s, const struct join_req *h, char
 	s->rank = h->rank; /* job.h: the caller's member learns its rank here */
 	log_info("job %s: rank %u joined (pid %d, %u/%u)", j->id, h->rank, (int)s->pid,
 		 j->nconnected, j->local_size);
-	if (j->rdzv && j->nconnected == j->local_size)
+	/* a re-forming job's rendezvous formed already: its restarted ranks
+	 * meet the other nodes' under a new prefix (reform.c) */
+	if (j->rdzv && j->nconnected == j->local_size && j->state != JOB_REFORMING)
 		rdzv_local_joined(j);
 	return 0;
 }

@@ -37,6 +37,7 @@
 #include "base/log.h"
 #include "base/loop.h"
 #include "core/rdzv.h"
+#include "core/reform.h"
 #include "core/rdzv_int.h"
 #include "core/rdzvstore.h"
 #include "net/rdzvnet.h"
@@ -197,6 +198,66 @@ static void on_host_fail(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 	}
 	job_end_remote(rj->j, code, f->quiet, f->has_iteration ? f->iteration : UINT64_MAX,
 		       f->message);
+}
+
+void rdzv_reform(struct job *j, uint32_t rank, uint64_t iteration, const char *msg)
+{
+	struct rdzv_job *rj = j->rdzv;
+	char text[400], name[RNET_NAME_LEN + 16];
+
+	if (!rj->hosting) {
+		if (rj->up && rj->up->st == CS_OPEN)
+			rnet_send_reform(rj->up, rank, iteration, msg);
+		return;
+	}
+	snprintf(text, sizeof(text), "on %s: %s", rdzv_node_name(rj, rj->node, name, sizeof(name)),
+		 msg);
+	for (struct rnet_conn *c = rnet_conns(rj->rd->net); c; c = c->next)
+		if (RJ(c) == rj && c->kind == ZEROD__V1__RDZV_KIND__RDZV_JOIN && c->st == CS_OPEN)
+			rnet_send_reform(c, rank, iteration, text);
+}
+
+/* The host: a rank of a node died and the job re-forms. Only a node of the
+ * formed job may say so, and only of its own ranks (anything else is
+ * refused, and the job goes on); every other node hears it, then it
+ * applies here. */
+static void on_node_reform(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
+{
+	struct rdzv_job *rj = RJ(c);
+	const Zerod__V1__RdzvReform *f = m->reform;
+	char msg[400], name[RNET_NAME_LEN + 16];
+	uint32_t k = 0;
+
+	if (job_ended(rj->j))
+		return;
+	while (rj->formed && k < rj->nnodes && rj->node_conn[k] != c)
+		k++;
+	if (!rj->formed || k == rj->nnodes || f->rank >= rj->j->world ||
+	    rj->node_of[f->rank] != k) {
+		log_warning("job %s: rendezvous: a Reform of rank %u from %s, which is not a node "
+			    "of the job holding that rank, refused; the job goes on",
+			    rj->j->id, f->rank, c->peer);
+		rnet_gone(c, "a Reform from a connection that is not the node of its rank");
+		return;
+	}
+	snprintf(msg, sizeof(msg), "on %s: %s", rdzv_node_name(rj, k, name, sizeof(name)),
+		 f->message);
+	for (struct rnet_conn *o = rnet_conns(rj->rd->net); o; o = o->next)
+		if (o != c && RJ(o) == rj && o->kind == ZEROD__V1__RDZV_KIND__RDZV_JOIN &&
+		    o->st == CS_OPEN)
+			rnet_send_reform(o, f->rank, f->iteration, msg);
+	reform_remote(rj->j, f->rank, f->iteration, msg);
+}
+
+/* A node: the host says a rank of another node died. */
+static void on_host_reform(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
+{
+	struct rdzv_job *rj = RJ(c);
+	const Zerod__V1__RdzvReform *f = m->reform;
+
+	if (!rj->formed || f->rank >= rj->j->world || rj->node_of[f->rank] == rj->node)
+		return; /* not of a formed job, or of our own rank: we said it */
+	reform_remote(rj->j, f->rank, f->iteration, f->message);
 }
 
 static void on_node_lost(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
@@ -607,6 +668,12 @@ static void net_message(void *ctx, struct rnet_conn *c, const Zerod__V1__RdzvEnv
 	case ZEROD__V1__RDZV_ENVELOPE__BODY_NODE_LOST:
 		on_node_lost(c, m);
 		break;
+	case ZEROD__V1__RDZV_ENVELOPE__BODY_REFORM:
+		if (c->server)
+			on_node_reform(c, m);
+		else
+			on_host_reform(c, m);
+		break;
 	default:
 		break; /* the transport's table routes nothing else here */
 	}
@@ -759,6 +826,7 @@ void rdzv_replanned(struct job *j)
 	/* under the job's prefix (node 0's store takes nothing else), and the
 	 * same on every node: each counts the job's re-plans alike */
 	rj->run++;
+	rdzv_store_resume(rj->store);
 	snprintf(rj->run_prefix, sizeof(rj->run_prefix), "%sp%u/", rj->prefix, rj->run);
 	rj->net.prefix = rj->run_prefix;
 }

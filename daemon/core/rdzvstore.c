@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ struct rdzv_store {
 	SSL_CTX *ctx; /* certificates (the daemon's identity), or the job's PSK */
 	bool psk;
 	int timeout_ms;
+	atomic_bool cancelled; /* st_cancel(): gets fail until rdzv_store_resume() */
 };
 
 static void drop(struct rdzv_store *s)
@@ -214,6 +216,8 @@ static int st_get(void *ctx, const char *key, int timeout_ms, void **ret_value, 
 	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_GET;
 	env.store_get = &m;
 	for (;;) {
+		if (atomic_load(&s->cancelled))
+			return -ECANCELED;
 		/* each request may take the store's own timeout: a get that
 		 * waits 0 ms still asks once */
 		in = NULL;
@@ -274,9 +278,21 @@ int rdzv_store_new(const struct sockaddr *addr, socklen_t addrlen, const char *j
 	return 0;
 }
 
+static void st_cancel(void *ctx)
+{
+	struct rdzv_store *s = ctx;
+
+	atomic_store(&s->cancelled, true);
+}
+
+void rdzv_store_resume(struct rdzv_store *s)
+{
+	atomic_store(&s->cancelled, false);
+}
+
 struct coll_store rdzv_store_ops(struct rdzv_store *s)
 {
-	return (struct coll_store){.ctx = s, .set = st_set, .get = st_get};
+	return (struct coll_store){.ctx = s, .set = st_set, .get = st_get, .cancel = st_cancel};
 }
 
 void rdzv_store_free(struct rdzv_store *s)

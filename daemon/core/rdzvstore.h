@@ -24,6 +24,9 @@ int rdzv_store_new(const struct sockaddr *addr, socklen_t addrlen, const char *j
 		   int timeout_ms, struct rdzv_store **ret);
 /* The coll_store calling it (valid while s lives). */
 struct coll_store rdzv_store_ops(struct rdzv_store *s);
+/* The gets of the next executor wait again after an earlier one's stop
+ * cancelled them (coll_store.cancel). Loop thread, no executor opening. */
+void rdzv_store_resume(struct rdzv_store *s);
 /* Closes its connection. Accepts NULL. Nothing may be calling it. */
 void rdzv_store_free(struct rdzv_store *s);
 

@@ -49,9 +49,25 @@
  * bucket had come, or an interleaved iteration was partly stepped), the
  * job fails, saying so.
  *
- * Not (yet) here: a job over several nodes fails as before.
+ * A job over several nodes (host buffers): the node whose rank died picks
+ * the boundary as above (the next iteration if every bucket of the one in
+ * flight came from every rank here, else that one) and tells the others
+ * through the rendezvous (rdzv_reform(): to the host, which takes it only
+ * from the node of that rank and relays it; several deaths: the lowest
+ * boundary said). Every node then finishes the iterations before the
+ * boundary, which it can (its own ranks live, and the dead one's buckets
+ * before it are all in), and only then re-forms and stops its executor:
+ * nothing of the boundary's iteration completes anywhere, since the dead
+ * rank sends none of it, and no node aborts a collective another still
+ * needs. Each node keeps its shard and its old buffers, its restarted
+ * ranks rejoin it, and its next executor meets the others' under a new
+ * store prefix (rdzv_replanned()); rank 0's node gives the parameters.
+ * Not here yet: a death between the buckets of an interleaved iteration
+ * (some stepped on every node; the job fails, saying so), another plan or
+ * world size, CUDA buffers over several nodes, and a node's zerod lost.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +77,7 @@
 #include "base/config.h"
 #include "base/log.h"
 #include "core/job.h"
+#include "core/rdzv.h"
 #include "core/reform.h"
 #include "core/semantics.h"
 #include "core/sharedp.h"
@@ -78,6 +95,12 @@ struct reform {
 	bool stop_after_step;                   /* every bucket had come: its step first */
 	bool stopping;                          /* exec_stop_keep() asked */
 	bool undo; /* an interleaved iteration cut between buckets: its stepped buckets go back */
+	/* a job over several nodes: the boundary every node goes back to (the
+	 * first iteration none completes), the lowest any node said; each
+	 * finishes the iterations before it, then stops */
+	bool nodes;
+	uint64_t cap;
+	char why[256];                          /* nodes: what happened, for the ranks */
 	struct state *state;                    /* kept */
 	uint32_t n;                             /* local ranks registered again */
 	struct plan **plans;                    /* [world]: the rejoined ranks' */
@@ -174,8 +197,8 @@ static int reform_new(struct job *j)
  * else under way. */
 static bool reformable(const struct job *j)
 {
-	return j->core->cfg->rejoin_timeout_ms > 0 && !j->rdzv && (!j->cuda || j->keep_params) &&
-	       j->exec && j->exec_running && !j->sx && !j->rp && !j->reload_pending && j->arrived;
+	return j->core->cfg->rejoin_timeout_ms > 0 && (!j->cuda || j->keep_params) && j->exec &&
+	       j->exec_running && !j->sx && !j->rp && !j->reload_pending && j->arrived;
 }
 
 /* A trainer's death that the job cannot recover from: counted (the
@@ -185,18 +208,166 @@ static void recovery_failed(struct job *j)
 	j->core->stats.recoveries_failed++;
 }
 
-bool reform_begin(struct job *j, struct member *s, const char *how)
+/* j re-forms from now (why, the reason its sessions are told): its local
+ * ranks hear ZC_ERANKLOST (zc_error_recoverable) and are detached. */
+static void __attribute__((format(printf, 2, 3))) enter(struct job *j, const char *fmt, ...)
 {
 	const struct sink_ops *sink = j->core->sink;
+	va_list ap;
+
+	j->rf->since_ms = now_ms();
+	job_set_state(j, JOB_REFORMING);
+	/* while it re-forms, what the job's sessions are told as they go
+	 * (the edge retires their fast paths with it) */
+	j->err = ZC_ERANKLOST;
+	va_start(ap, fmt);
+	vsnprintf(j->errmsg, sizeof(j->errmsg), fmt, ap);
+	va_end(ap);
+	log_notice("job %s: re-forming: %s", j->id, j->errmsg);
+	for (uint32_t r = 0; r < j->world; r++) {
+		if (!j->ranks[r])
+			continue;
+		sink_error(sink, j->ranks[r], ZC_ERANKLOST, true, j->iter, -1, "job %s: %s", j->id,
+			   j->errmsg);
+		sink->detach(j->ranks[r]);
+	}
+}
+
+/* A job over several nodes at its boundary: once this node finished every
+ * iteration before it, it re-forms (if it had not yet: a node whose ranks
+ * all live) and its executor stops, aborting the collectives of the
+ * boundary's iteration that some node may have begun (no node completes
+ * one of those: a rank that died sends none of its buckets). */
+void reform_boundary(struct job *j)
+{
+	struct reform *rf = j->rf;
+	int timeout = j->core->cfg->rejoin_timeout_ms;
+
+	if (!rf || !rf->nodes || rf->stopping || job_ended(j) || j->iter < rf->cap)
+		return;
+	if (j->iter > rf->cap) {
+		recovery_failed(j);
+		job_fail(j, ZC_EINTERNAL, true,
+			 "re-forming: this node completed iteration %" PRIu64
+			 ", past the boundary %" PRIu64 " another node went back to",
+			 j->iter - 1, rf->cap);
+		return;
+	}
+	if (j->state != JOB_REFORMING)
+		enter(j,
+		      "%s; the job goes back to iteration %" PRIu64 " and waits %d ms "
+		      "(--rejoin-timeout) for its ranks to rejoin",
+		      rf->why, rf->cap, timeout);
+	rf->stopping = true;
+	exec_stop_keep(j->exec); /* EXEC_STOPPED: reform_stopped */
+}
+
+/* The boundary a job over several nodes goes back to: the lowest said. */
+static int set_cap(struct job *j, uint64_t cap, const char *why)
+{
+	struct reform *rf = j->rf;
+
+	if (!rf) {
+		if (reform_new(j) < 0)
+			return -ENOMEM;
+		rf = j->rf;
+		rf->nodes = true;
+		rf->cap = cap;
+		rf->died_in = cap;
+		snprintf(rf->why, sizeof(rf->why), "%s", why);
+	} else if (cap < rf->cap)
+		rf->cap = cap;
+	return 0;
+}
+
+/* reform_begin() of a job over several nodes (host buffers): the boundary
+ * is the iteration in flight, or the next one if every bucket of it came
+ * from every rank here (every node can finish it then: the others' ranks
+ * live). Every other node hears it through the rendezvous. */
+static bool begin_nodes(struct job *j, struct member *s, const char *how, uint32_t full,
+			uint32_t nb)
+{
+	struct reform *rf;
+	uint64_t cap = j->in_flight && full == nb ? j->iter + 1 : j->iter;
+	char why[256];
+
+	if (j->in_flight && full > 0 && full < nb && j->plan->step_mode == ZC_STEP_INTERLEAVED) {
+		recovery_failed(j);
+		job_fail(j, ZC_ERANKDEAD, true,
+			 "rank %u (pid %d) %s in iteration %" PRIu64 " after %u of %u buckets "
+			 "stepped in place (interleaved) on every node: a job over several nodes "
+			 "cannot go back to an iteration boundary from there (not built yet); "
+			 "restore its checkpoint",
+			 s->rank, (int)s->pid, how, j->iter, full, nb);
+		return true;
+	}
+	snprintf(why, sizeof(why), "rank %u (pid %d) %s in iteration %" PRIu64, s->rank,
+		 (int)s->pid, how, j->iter);
+	if (set_cap(j, cap, why) < 0)
+		return false;
+	rf = j->rf;
+	rf->dead_rank = s->rank;
+	rf->dead_pid = (int)s->pid;
+	rf->died_in = j->iter;
+	rdzv_reform(j, s->rank, cap, why);
+	/* the ranks here have sent all they will: told now; the executor
+	 * finishes what comes before the boundary */
+	if (j->state != JOB_REFORMING)
+		enter(j,
+		      "%s; the job goes back to iteration %" PRIu64 " and waits %d ms "
+		      "(--rejoin-timeout) for its ranks to rejoin",
+		      why, rf->cap, j->core->cfg->rejoin_timeout_ms);
+	reform_boundary(j);
+	return true;
+}
+
+void reform_remote(struct job *j, uint32_t rank, uint64_t iteration, const char *how)
+{
+	bool first;
+
+	if (job_ended(j))
+		return;
+	if (!j->rf && (j->state != JOB_ACTIVE || !reformable(j))) {
+		recovery_failed(j);
+		job_fail(j, ZC_ERANKDEAD, true,
+			 "%s; the job cannot re-form on this node now (%s): restore its checkpoint",
+			 how,
+			 j->core->cfg->rejoin_timeout_ms <= 0 ? "--rejoin-timeout 0"
+			 : j->cuda                            ? "CUDA buffers over several nodes"
+			 : j->state != JOB_ACTIVE             ? "it is not training"
+						  : "a state round or re-plan is under way");
+		return;
+	}
+	if (j->rf && !j->rf->nodes)
+		return;
+	first = !j->rf;
+	if (set_cap(j, iteration, how) < 0) {
+		job_fail(j, ZC_ELIMIT, true, "re-forming: out of memory");
+		return;
+	}
+	if (first) {
+		j->rf->dead_rank = rank;
+		j->rf->dead_pid = -1; /* another node's trainer */
+	}
+	log_notice("job %s: %s; this node finishes the iterations before %" PRIu64
+		   " (it is at %" PRIu64 "), then re-forms",
+		   j->id, how, j->rf->cap, j->iter);
+	reform_boundary(j);
+}
+
+bool reform_begin(struct job *j, struct member *s, const char *how)
+{
 	uint32_t nb, full = 0;
 	struct reform *rf;
 	bool partial;
 
-	if (!reformable(j))
+	if (!reformable(j) || (j->rf && !j->rf->nodes))
 		return false;
 	nb = j->plan->nbuckets;
 	for (uint32_t b = 0; b < nb; b++)
 		full += j->arrived[b] == j->local_size;
+	if (j->rdzv)
+		return begin_nodes(j, s, how, full, nb);
 	partial =
 		j->in_flight && full > 0 && full < nb && j->plan->step_mode == ZC_STEP_INTERLEAVED;
 	if (partial && !j->journal) {
@@ -226,26 +397,13 @@ bool reform_begin(struct job *j, struct member *s, const char *how)
 	/* on CUDA buffers the old executor stops at once, and the iteration
 	 * in flight goes back, whatever of it stepped */
 	rf->undo = partial || (j->cuda && j->in_flight);
-	rf->since_ms = now_ms();
 	rf->dead_rank = s->rank;
 	rf->dead_pid = (int)s->pid;
 	rf->died_in = j->iter;
-	job_set_state(j, JOB_REFORMING);
-	/* while it re-forms, what the job's sessions are told as they go
-	 * (the edge retires their fast paths with it) */
-	j->err = ZC_ERANKLOST;
-	snprintf(j->errmsg, sizeof(j->errmsg),
-		 "rank %u (pid %d) %s in iteration %" PRIu64 "; the job waits %d ms "
-		 "(--rejoin-timeout) for its ranks to rejoin",
-		 s->rank, (int)s->pid, how, j->iter, j->core->cfg->rejoin_timeout_ms);
-	log_notice("job %s: re-forming: %s", j->id, j->errmsg);
-	for (uint32_t r = 0; r < j->world; r++) {
-		if (!j->ranks[r])
-			continue;
-		sink_error(sink, j->ranks[r], ZC_ERANKLOST, true, j->iter, -1, "job %s: %s", j->id,
-			   j->errmsg);
-		sink->detach(j->ranks[r]);
-	}
+	enter(j,
+	      "rank %u (pid %d) %s in iteration %" PRIu64 "; the job waits %d ms "
+	      "(--rejoin-timeout) for its ranks to rejoin",
+	      s->rank, (int)s->pid, how, j->iter, j->core->cfg->rejoin_timeout_ms);
 	if (j->in_flight && full == nb && !j->cuda) {
 		rf->stop_after_step = true; /* reform_step_done */
 		return true;
@@ -261,6 +419,10 @@ void reform_step_done(struct job *j)
 
 	if (!rf || rf->stopping || job_ended(j))
 		return;
+	if (rf->nodes) {
+		reform_boundary(j);
+		return;
+	}
 	rf->stopping = true;
 	exec_stop_keep(j->exec);
 }
@@ -307,6 +469,8 @@ static void restart(struct job *j)
 	j->snap_iter = UINT64_MAX;
 	log_info("job %s: every rank rejoined: starting again at iteration %" PRIu64, j->id,
 		 j->iter);
+	if (j->rdzv) /* the other nodes' executors meet this one's under a new prefix */
+		rdzv_replanned(j);
 	rf->old_plan = j->plan; /* the kept state's layout (job_restart frees j->plan) */
 	j->plan = NULL;
 	job_restart(j);
@@ -501,7 +665,7 @@ void reform_register(struct job *j, struct member *s, struct plan *p, const stru
 	struct reform *rf = j->rf;
 	uint32_t rank = s->rank;
 	uint64_t bytes = plan_buffer_bytes(p);
-	char err[256], field[192];
+	char err[320], field[192];
 	struct sharedp sp = {0};
 	int r;
 
@@ -530,6 +694,13 @@ void reform_register(struct job *j, struct member *s, struct plan *p, const stru
 		snprintf(err, sizeof(err),
 			 "bf16/fp16 buckets on another world size (%u ranks, %u before)", j->world,
 			 rf->resized_from);
+	}
+	if (r == 0 && j->rdzv && plan_diff(j->plan, p, field, sizeof(field))) {
+		r = ZC_ENOTSUP;
+		snprintf(err, sizeof(err),
+			 "another layout over several nodes (%s): each node keeps only its own "
+			 "shard",
+			 field);
 	}
 	if (r == 0 && plan_diff(j->plan, p, field, sizeof(field)) &&
 	    (r = plan_replan_match(j->plan, p, NULL, err, sizeof(err))) == 0 &&
@@ -685,7 +856,7 @@ void reform_check(struct core *core, int64_t now)
 		missing[0] = 0;
 		recovery_failed(j);
 		for (uint32_t r = 0; r < j->world && at + 16 < sizeof(missing); r++)
-			if (!rf->plans[r])
+			if (!rf->plans[r] && (!j->node_of || j->node_of[r] == j->topo.node))
 				at += (size_t)snprintf(missing + at, sizeof(missing) - at, "%s%u",
 						       at ? ", " : "", r);
 		job_fail(j, ZC_ERANKDEAD, true,

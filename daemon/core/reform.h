@@ -23,9 +23,19 @@ struct state;
  * `how` says. True if reform.c took it: j re-forms (its other ranks are
  * told ZC_ERANKLOST and detached), or it cannot go back to an iteration
  * boundary and failed with that reason. False: j does not re-form (no
- * --rejoin-timeout, a job over several nodes or of CUDA buffers, a state
- * round or re-plan under way); the caller fails it as before. */
+ * --rejoin-timeout, CUDA buffers without the kept copies (over several
+ * nodes), a state round or re-plan under way); the caller fails it as
+ * before. A job over several nodes tells the others (rdzv_reform()). */
 bool reform_begin(struct job *j, struct member *s, const char *how);
+/* rdzv.c: a rank of another node of j died (how says it), and the job
+ * goes back to boundary `iteration`: this node finishes the iterations
+ * before it, then re-forms too (its ranks told ZC_ERANKLOST), its executor
+ * stopped and its state kept. Where j cannot re-form here, it fails, and
+ * with it every node. */
+void reform_remote(struct job *j, uint32_t rank, uint64_t iteration, const char *how);
+/* sched.c: an iteration of j ended; a job over several nodes that reached
+ * its boundary re-forms now. */
+void reform_boundary(struct job *j);
 /* job_leave() of rank s while j re-forms (s left j->ranks already): a
  * rejoined rank's registration is dropped, so that it can rejoin again. */
 void reform_leave(struct job *j, struct member *s, bool occupant);

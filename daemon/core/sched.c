@@ -344,6 +344,8 @@ static void finish_iteration(struct job *j, uint64_t t, bool found_inf, double g
 			j->core->sink->step_done(j->ranks[r], t);
 	if (j->rdzv && !job_ended(j))
 		job_iteration_done(j); /* another node may have ended after t */
+	if (j->rf && !job_ended(j))
+		reform_boundary(j); /* another node's rank died: go back there */
 }
 
 void sched_on_done(struct core *core, struct exec_done *done)

@@ -218,6 +218,8 @@ static void stop(struct exec *e, bool keep)
 	 * some backends, but it is bounded and never waits for the lanes */
 	if (cg)
 		e->cfg.coll->abort(cg);
+	else if (e->cfg.net && e->cfg.net->store && e->cfg.net->store->cancel)
+		e->cfg.net->store->cancel(e->cfg.net->store->ctx); /* an open waits on it */
 	pthread_mutex_unlock(&e->mu);
 }
 

@@ -252,8 +252,9 @@ static int start_recovered(struct exec *e)
 		(void)state_undo_restore(k, rc->undo_iter, rc->params);
 	if (e->cfg.optim->state_io)
 		return start_recovered_dev(e, k);
-	if (!rc->kept) {
-		memcpy(e->cfg.params[0], rc->params, plan_buffer_bytes(e->cfg.plan));
+	if (!rc->kept) { /* over several nodes, rank 0's node gives them */
+		memcpy(e->cfg.params[0] ? e->cfg.params[0] : e->cfg.params[e->local[0]], rc->params,
+		       plan_buffer_bytes(e->cfg.plan));
 		return 0;
 	}
 	r = state_relayout(rc->plan, rc->kept, rc->params, e->cfg.plan, e->cfg.state,

@@ -216,6 +216,19 @@ void rnet_send_fail(struct rnet_conn *c, int code, const char *msg, uint64_t ite
 	rnet_send(c, &env);
 }
 
+void rnet_send_reform(struct rnet_conn *c, uint32_t rank, uint64_t iteration, const char *msg)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
+	Zerod__V1__RdzvReform f = ZEROD__V1__RDZV_REFORM__INIT;
+
+	f.rank = rank;
+	f.iteration = iteration;
+	f.message = (char *)msg;
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_REFORM;
+	env.reform = &f;
+	rnet_send(c, &env);
+}
+
 /* Send a last word, then close once it is out (or after RDZV_CLOSE_MS). */
 void rnet_refuse(struct rnet_conn *c, int code, const char *msg)
 {
@@ -641,6 +654,8 @@ static const struct handler {
 	 NULL},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL, ROLE_HOST, CS_OPEN, ZEROD__V1__RDZV_KIND__RDZV_JOIN,
 	 NULL},
+	{ZEROD__V1__RDZV_ENVELOPE__BODY_REFORM, ROLE_HOST, CS_OPEN, ZEROD__V1__RDZV_KIND__RDZV_JOIN,
+	 NULL},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_SET, ROLE_HOST, CS_OPEN,
 	 ZEROD__V1__RDZV_KIND__RDZV_STORE, rnet_kv_set},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_STORE_GET, ROLE_HOST, CS_OPEN,
@@ -650,6 +665,7 @@ static const struct handler {
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL, ROLE_NODE, ANY_STATE, 0, NULL},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_FORMED, ROLE_NODE, CS_OPEN, 0, NULL},
 	{ZEROD__V1__RDZV_ENVELOPE__BODY_NODE_LOST, ROLE_NODE, CS_OPEN, 0, NULL},
+	{ZEROD__V1__RDZV_ENVELOPE__BODY_REFORM, ROLE_NODE, CS_OPEN, 0, NULL},
 };
 
 /* A peer broke the protocol: the host refuses it (and logs it), a node

@@ -43,6 +43,10 @@ int cluster_start(struct cluster *cl, uint32_t n, const struct cluster_opts *o)
 			args[a++] = "--tls-peers";
 			args[a++] = o->tls_peers[k];
 		}
+		if (o->rejoin) {
+			args[a++] = "--rejoin-timeout";
+			args[a++] = o->rejoin;
+		}
 		args[a] = NULL;
 		r = zd_start(&cl->zd[k], args);
 		if (r < 0)

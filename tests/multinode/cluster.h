@@ -35,6 +35,7 @@ struct cluster_opts {
 	const char *const *tls_key;
 	const char *const *tls_cert;
 	const char *const *tls_peers;
+	const char *rejoin; /* --rejoin-timeout (ms, as given); NULL: zerod's default */
 };
 
 /* Start n (<= CLUSTER_MAXN) daemons, each with "--workers 2". 0 or -errno;

@@ -107,6 +107,11 @@ static int ident_setup(void)
 	return 0;
 }
 
+/* --rejoin-timeout of the daemons a case starts next; NULL: zerod's own
+ * (a job over several nodes re-forms when a trainer dies: reform.c, and
+ * tests/reliability/test_recovery.c's nodes_* cases) */
+static const char *rejoin;
+
 /* n daemons with the identity (ident) or without (the jobs' PSKs). */
 static int nodes_start_mode(struct cluster *cl, uint32_t n, int join_ms, int hello_ms, bool ident)
 {
@@ -120,6 +125,7 @@ static int nodes_start_mode(struct cluster *cl, uint32_t n, int join_ms, int hel
 		.tls_key = ident ? key : NULL,
 		.tls_cert = cert,
 		.tls_peers = peers,
+		.rejoin = rejoin,
 	};
 
 	if (ident && ident_setup() < 0) {
@@ -518,6 +524,8 @@ static void t_rendezvous_host_killed_mid_iteration(void)
 	peer_killed(0);
 }
 
+/* With --rejoin-timeout 0 a trainer's death fails a job over several
+ * nodes, and every rank on every node hears who died and where. */
 static void t_rank_dies_on_one_node(void)
 {
 	static const uint32_t node_of[] = {0, 0, 1, 1};
@@ -526,7 +534,9 @@ static void t_rank_dies_on_one_node(void)
 	pid_t pids[4];
 	int st[4];
 
+	rejoin = "0"; /* the job fails at once, as it did before re-forming */
 	REQUIRE(nodes_start(&cl, 2) == 0, "cannot start 2 daemons");
+	rejoin = NULL;
 	s = spec_for(&cl, "rankdies", 4, node_of, false);
 	s.iters = 6;
 	s.die_rank = 3;
@@ -1129,27 +1139,52 @@ static void t_refusals_say_nothing_certs(void)
 	refusals_say_nothing(true);
 }
 
-/* A connection that proves the secret but never joins says the job failed
- * (issue 24 item 2): once before the job forms and once while it trains.
- * Only a node of the job may fail it: the host closes that connection,
- * logs it, and the job trains to the end on both nodes. */
-static void forged_fail(int port, const char *job, const char *secret)
+/* Send env over a connection that proved job's secret but never joined. */
+static void forged_send(int port, const char *job, const char *secret,
+			const Zerod__V1__RdzvEnvelope *env)
 {
-	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
-	Zerod__V1__RdzvFail f = ZEROD__V1__RDZV_FAIL__INIT;
 	struct raw t;
 
 	REQUIRE(raw_welcomed(&t, port, job, secret, ZEROD__V1__RDZV_KIND__RDZV_JOIN, NULL),
 		"the secret's proof was not welcomed");
-	f.code = 1001;
-	f.message = "FORGED by a connection that never joined";
-	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL;
-	env.fail = &f;
-	CHECK(rdzv_send_tls(t.ssl, &env, now_ms() + test_timeout(5000)) == 0, "send the Fail");
+	CHECK(rdzv_send_tls(t.ssl, env, now_ms() + test_timeout(5000)) == 0, "send the forgery");
 	usleep(100000);
 	raw_close(&t);
 }
 
+static void forged_fail(int port, const char *job, const char *secret)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
+	Zerod__V1__RdzvFail f = ZEROD__V1__RDZV_FAIL__INIT;
+
+	f.code = 1001;
+	f.message = "FORGED by a connection that never joined";
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_FAIL;
+	env.fail = &f;
+	forged_send(port, job, secret, &env);
+}
+
+/* Such a connection says a rank of node 1 died (a Reform, issue 23): the
+ * host refuses it as it refuses a member-less Fail, and the job neither
+ * re-forms nor stops. */
+static void forged_reform(int port, const char *job, const char *secret)
+{
+	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
+	Zerod__V1__RdzvReform f = ZEROD__V1__RDZV_REFORM__INIT;
+
+	f.rank = 1;
+	f.iteration = 0;
+	f.message = "FORGED by a connection that never joined";
+	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_REFORM;
+	env.reform = &f;
+	forged_send(port, job, secret, &env);
+}
+
+/* A connection that proves the secret but never joins says the job failed
+ * (issue 24 item 2): once before the job forms and once while it trains,
+ * and then that a rank died. Only a node of the job may fail it or say
+ * that of its own ranks: the host closes that connection, logs it, and
+ * the job trains to the end on both nodes. */
 static void t_nonmember_fail_refused(void)
 {
 	static const uint32_t node_of[] = {0, 1};
@@ -1169,10 +1204,16 @@ static void t_nonmember_fail_refused(void)
 	CHECK(zd_wait_log(&cl.zd[0], "job nmfail: formed over 2 nodes", 15000), "never formed");
 	usleep(200000);
 	forged_fail(cl.port, "nmfail", s.secret); /* while it trains */
+	forged_reform(cl.port, "nmfail", s.secret);
 	wait_ranks(pids, 0, 2, st, 60000);
 	ranks_trained(&s, st, 2);
 	CHECK(zd_wait_log(&cl.zd[0], "which is not a node of the job, refused", 3000),
 	      "the refusal is not logged");
+	CHECK(zd_wait_log(&cl.zd[0], "which is not a node of the job holding that rank, refused",
+			  3000),
+	      "the Reform's refusal is not logged");
+	CHECK(!zd_log_has(&cl.zd[0], "re-forming") && !zd_log_has(&cl.zd[1], "re-forming"),
+	      "the forged Reform was acted on");
 	CHECK(!zd_wait_log(&cl.zd[1], "FORGED", 100) && !zd_wait_log(&cl.zd[0], "FORGED", 100),
 	      "the forged text reached a log");
 	cluster_stop(&cl, -1);

@@ -79,6 +79,11 @@ struct script {
 	enum phase phase;
 	uint32_t first_world; /* restarted with another world size: the first one's; 0: none */
 	atomic_int linger;    /* set: a survivor told ZC_ERANKLOST stays connected until 0 */
+	/* over two zerods (TEST_RECOVERY_NODES): rank r on node node_of[r] */
+	uint32_t nnodes;
+	uint32_t node_of[NRANKS];
+	const char *socks[2]; /* the forked ranks see the parent's nodes_ */
+	char rdzv[32];
 	struct snap *want;    /* the uninterrupted reference at ITERS */
 	atomic_int seen[NRANKS];        /* armed: iterations whose StepDone each rank saw */
 	atomic_llong recovered[NRANKS]; /* restarted: zc_recovered()'s iteration, -1: none */
@@ -144,6 +149,11 @@ static int rank_main(void *arg, int idx)
 	cfg = test_config(&daemon_, sc->job, rank, sc->world);
 	if (sc->sock)
 		cfg.socket = sc->sock;
+	if (sc->nnodes) {
+		cfg.socket = sc->socks[sc->node_of[rank]];
+		sf_config_nodes(&cfg, rank, sc->world, sc->node_of, sc->nnodes, sc->rdzv,
+				"recovery secret");
+	}
 	cfg.register_timeout_ms = sc->register_timeout_ms;
 	r = zc_connect(&cfg, &c);
 	if (r >= 0) {
@@ -245,39 +255,39 @@ static struct script *script_new(const char *job, uint32_t world, enum zc_optimi
 	return sc;
 }
 
-/* One death at phase, victim rank, and the group's restart, of world
- * size `again` (0: the job's). d: a zerod with --recovery-journal
- * (journal), else without: there a death between the buckets of an
- * interleaved iteration fails the job. */
-static void kill_and_recover_on(struct zd *d, bool journal, uint32_t world, enum zc_optimizer opt,
-				enum zc_shard_mode shard, enum zc_step_mode step, enum phase ph,
-				uint32_t victim, uint32_t again)
+/* Whether sc's job is in one of the states `want` on each of the n zerods. */
+static bool jobs_in(const struct script *sc, struct zd *const *zds, uint32_t n, unsigned want)
 {
-	char job[64];
-	struct script *sc;
+	bool ok = true;
+
+	for (uint32_t k = 0; k < n; k++)
+		ok &= zd_wait_job(zds[k], sc->job, want, 10000) == 0;
+	return ok;
+}
+
+/* sc's round with its death, then the group's restart (of world size
+ * `again`, 0: the job's), on the n zerods the job spans. partial: the
+ * death must fail the job instead, every survivor's error holding why1 and
+ * why2. */
+static void kill_then_restart(struct script *sc, struct zd *const *zds, uint32_t n, bool partial,
+			      const char *why1, const char *why2, uint32_t again)
+{
+	const char *job = sc->job;
+	uint32_t world = sc->world;
 	int st[NRANKS];
 	int maxseen = 0;
-	bool partial = !journal && step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
 
-	snprintf(job, sizeof(job), "rec-%c%c%c-%u-%d-%u-%u", opt == ZC_OPT_SGD ? 's' : 'a',
-		 shard == ZC_SHARD_BUCKET ? 'b' : 's', step == ZC_STEP_AT_END ? 'e' : 'i', world,
-		 (int)ph, victim, again);
-	sc = script_new(job, world, opt, shard, step);
-	sc->victim = victim;
-	sc->phase = ph;
-	if (d != &daemon_)
-		sc->sock = d->sock;
 	run_round(sc, st);
 	for (uint32_t r = 0; r < world; r++) {
-		if (r == victim) {
+		if (r == sc->victim) {
 			CHECK(st[r] == 128 + SIGKILL, "%s: the victim rank %u ended %d", job, r,
 			      st[r]);
 			continue;
 		}
 		if (partial) {
 			CHECK(st[r] == EXIT_FATAL && sc->fatal_code[r] == ZC_ERANKDEAD &&
-				      strstr(sc->fatal_msg[r], "cannot go back") &&
-				      strstr(sc->fatal_msg[r], "--recovery-journal"),
+				      strstr(sc->fatal_msg[r], why1) &&
+				      strstr(sc->fatal_msg[r], why2),
 			      "%s: rank %u ended %d (%s: %s); want ZC_ERANKDEAD, a partly stepped "
 			      "interleaved iteration",
 			      job, r, st[r], zc_strerror_name(sc->fatal_code[r]), sc->fatal_msg[r]);
@@ -289,10 +299,10 @@ static void kill_and_recover_on(struct zd *d, bool journal, uint32_t world, enum
 			maxseen = atomic_load(&sc->seen[r]);
 	}
 	if (partial) {
-		CHECK(zd_wait_job(d, job, ZD_JOB_GONE, 10000) == 0, "%s: not gone", job);
+		CHECK(jobs_in(sc, zds, n, ZD_JOB_GONE), "%s: not gone", job);
 		return;
 	}
-	CHECK(zd_wait_job(d, job, ZD_JOB_REFORMING, 10000) == 0, "%s: not re-forming", job);
+	CHECK(jobs_in(sc, zds, n, ZD_JOB_REFORMING), "%s: not re-forming", job);
 	sc->armed = false;
 	sc->restarted = true;
 	if (again && again != world) {
@@ -311,9 +321,33 @@ static void kill_and_recover_on(struct zd *d, bool journal, uint32_t world, enum
 		      "%s: rank %u recovered at iteration %lld; some rank saw %d steps", job, r, at,
 		      maxseen);
 	}
-	test_note("%s: %s, recovered at iteration %lld%s", job, phase_name[ph],
-		  (long long)atomic_load(&sc->recovered[0]),
-		  sc->first_world ? ", on another world size" : "");
+}
+
+/* One death at phase, victim rank, and the group's restart, of world
+ * size `again` (0: the job's). d: a zerod with --recovery-journal
+ * (journal), else without: there a death between the buckets of an
+ * interleaved iteration fails the job. */
+static void kill_and_recover_on(struct zd *d, bool journal, uint32_t world, enum zc_optimizer opt,
+				enum zc_shard_mode shard, enum zc_step_mode step, enum phase ph,
+				uint32_t victim, uint32_t again)
+{
+	char job[64];
+	struct script *sc;
+	bool partial = !journal && step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
+
+	snprintf(job, sizeof(job), "rec-%c%c%c-%u-%d-%u-%u", opt == ZC_OPT_SGD ? 's' : 'a',
+		 shard == ZC_SHARD_BUCKET ? 'b' : 's', step == ZC_STEP_AT_END ? 'e' : 'i', world,
+		 (int)ph, victim, again);
+	sc = script_new(job, world, opt, shard, step);
+	sc->victim = victim;
+	sc->phase = ph;
+	if (d != &daemon_)
+		sc->sock = d->sock;
+	kill_then_restart(sc, &d, 1, partial, "cannot go back", "--recovery-journal", again);
+	if (!partial)
+		test_note("%s: %s, recovered at iteration %lld%s", job, phase_name[ph],
+			  (long long)atomic_load(&sc->recovered[0]),
+			  sc->first_world ? ", on another world size" : "");
 }
 
 static void kill_and_recover(uint32_t world, enum zc_optimizer opt, enum zc_shard_mode shard,
@@ -513,21 +547,14 @@ static void t_killed_twice(void)
 	      (long long)atomic_load(&sc->recovered[0]));
 }
 
-/* A rank that never comes back: the job fails after --rejoin-timeout,
- * naming it, and nothing of it stays. */
-static void t_never_back(void)
+/* sc's 3 ranks, rank 2 killed between its buckets, then the group's
+ * restart without rank 2: the others are told ZC_ERANKLOST, then, once
+ * --rejoin-timeout passed, ZC_ERANKDEAD naming rank 2. */
+static void never_back_rounds(struct script *sc)
 {
-	struct zd own;
-	const char *const args[] = {"--rejoin-timeout", "1500", NULL};
-	struct script *sc = script_new("rec-never", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
-	struct zd_status lv;
-	int st[NRANKS], fds0, fds1;
+	int st[NRANKS];
 	pid_t pids[NRANKS];
-	int r = zd_start(&own, args);
 
-	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
-	sc->sock = own.sock;
-	fds0 = zd_fd_count(&own);
 	sc->victim = 2;
 	sc->phase = BETWEEN;
 	run_round(sc, st);
@@ -545,6 +572,23 @@ static void t_never_back(void)
 		      "rank %u ended %d (%s: %s), want ZC_ERANKDEAD naming rank 2", k, st[k],
 		      zc_strerror_name(sc->fatal_code[k]), sc->fatal_msg[k]);
 	}
+}
+
+/* A rank that never comes back: the job fails after --rejoin-timeout,
+ * naming it, and nothing of it stays. */
+static void t_never_back(void)
+{
+	struct zd own;
+	const char *const args[] = {"--rejoin-timeout", "1500", NULL};
+	struct script *sc = script_new("rec-never", 3, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	struct zd_status lv;
+	int fds0, fds1;
+	int r = zd_start(&own, args);
+
+	REQUIRE(r == 0, "cannot start zerod: %s", strerror(-r));
+	sc->sock = own.sock;
+	fds0 = zd_fd_count(&own);
+	never_back_rounds(sc);
 	CHECK(zd_wait_job(&own, sc->job, ZD_JOB_GONE, 10000) == 0, "the job stays");
 	r = zd_ctl_levels(&own, &lv);
 	CHECK(r == 0 && lv.jobs == 0 && lv.memory == 0 && lv.sessions == 0,
@@ -584,6 +628,226 @@ static void t_beside(void)
 	CHECK(st[0] == 0 && st[1] == 0, "a restarted: %d %d", st[0], st[1]);
 }
 
+/* ------------------------------------------- over two nodes (gloo) --- */
+
+/* Two zerods on loopback, the jobs' rendezvous on node 0's. A trainer of a
+ * job over both dies: its node tells the other through the rendezvous
+ * (RdzvReform, reform.c), every node finishes the iterations before the
+ * boundary and stops there, the whole group restarts (as torchrun's agents
+ * restart every node's workers), and the job goes on on both nodes from
+ * zerod's memory, bit for bit at the uninterrupted reference. */
+static struct zd nodes_[2];
+
+static void nodes_stop(void)
+{
+	for (uint32_t k = 0; k < 2; k++) {
+		if (test_failed_) {
+			printf("# ---- node %u ----\n", k);
+			zd_dump_log(&nodes_[k]);
+		}
+		CHECK(zd_stop(&nodes_[k], 10000) == 0, "node %u's zerod did not stop cleanly", k);
+	}
+}
+
+/* tls: both zerods hold one TLS identity (`zeroctl keygen`; a zerod trusts
+ * its own certificate), so the tensors between them cross the TLS mesh
+ * (coll/sealmesh.c) and its connections are made again for the restart. */
+static char keydir[] = "/tmp/zerod-recovery-keys.XXXXXX", key[64], crt[64], peers[64];
+
+static void nodes_start_tls(const char *rejoin_ms, bool tls)
+{
+	const char *dir = keydir;
+	const char *const plain[] = {"--workers", "2", "--rejoin-timeout", rejoin_ms, NULL};
+	const char *const keyed[] = {
+		"--workers",  "2", "--rejoin-timeout", rejoin_ms, "--tls-key", key,
+		"--tls-cert", crt, "--tls-peers",      peers,     NULL};
+
+	if (tls) {
+		const char *bin = getenv("ZEROCTL_BIN");
+		char cmd[256];
+
+		REQUIRE(bin && mkdtemp(keydir), "no $ZEROCTL_BIN or no key directory");
+		snprintf(key, sizeof(key), "%s/node.key", dir);
+		snprintf(crt, sizeof(crt), "%s/node.crt", dir);
+		snprintf(peers, sizeof(peers), "%s/node.peers", dir);
+		snprintf(cmd, sizeof(cmd), "'%s' keygen %s/node > %s", bin, dir, peers);
+		REQUIRE(system(cmd) == 0, "zeroctl keygen failed");
+	}
+	for (uint32_t k = 0; k < 2; k++)
+		REQUIRE(zd_start(&nodes_[k], tls ? keyed : plain) == 0,
+			"cannot start node %u's zerod", k);
+}
+
+static void nodes_start(const char *rejoin_ms)
+{
+	nodes_start_tls(rejoin_ms, false);
+}
+
+static struct script *nodes_script(const char *job, uint32_t world, const uint32_t *node_of,
+				   enum zc_optimizer opt, enum zc_shard_mode shard,
+				   enum zc_step_mode step)
+{
+	struct script *sc = script_new(job, world, opt, shard, step);
+
+	sc->nnodes = 2;
+	memcpy(sc->node_of, node_of, world * sizeof(*node_of));
+	for (uint32_t k = 0; k < 2; k++)
+		sc->socks[k] = nodes_[k].sock;
+	snprintf(sc->rdzv, sizeof(sc->rdzv), "127.0.0.1:%d", zd_free_port());
+	return sc;
+}
+
+/* Once the cases' jobs are gone: neither zerod holds a job, state, session
+ * or fd of them (fds0: each one's before), and each counted `recovered`
+ * recoveries and failed[k] failed ones (zerod_recoveries_total: counted
+ * where the failure was decided, the victim's node). */
+static void nodes_levels(const int *fds0, unsigned long long recovered,
+			 const unsigned long long *failed)
+{
+	struct zd_status lv;
+
+	for (uint32_t k = 0; k < 2; k++) {
+		int r = zd_ctl_levels(&nodes_[k], &lv);
+
+		CHECK(r == 0 && lv.jobs == 0 && lv.memory == 0 && lv.sessions == 0,
+		      "node %u after: %d jobs, %llu bytes of state, %u sessions", k, lv.jobs,
+		      lv.memory, lv.sessions);
+		CHECK(r == 0 && lv.recovered == recovered && lv.recovery_failed == failed[k],
+		      "node %u: zerod_recoveries_total: %llu recovered, %llu failed; want %llu and "
+		      "%llu",
+		      k, lv.recovered, lv.recovery_failed, recovered, failed[k]);
+		/* the rendezvous's connections close a moment after a job went */
+		for (int i = 0; i < 100 && zd_fd_count(&nodes_[k]) != fds0[k]; i++)
+			usleep(20000);
+		CHECK(zd_fd_count(&nodes_[k]) == fds0[k],
+		      "node %u's zerod had %d fds before the jobs, %d after", k, fds0[k],
+		      zd_fd_count(&nodes_[k]));
+	}
+}
+
+/* One death over the two nodes at phase ph, of rank victim, then the
+ * group's restart. A death between the buckets of an interleaved
+ * iteration (some stepped on every node) fails the job on both nodes
+ * with ZC_ERANKDEAD saying why: that boundary is not built over nodes. */
+static void nodes_kill_and_recover(uint32_t world, const uint32_t *node_of, enum zc_optimizer opt,
+				   enum zc_shard_mode shard, enum zc_step_mode step, enum phase ph,
+				   uint32_t victim)
+{
+	struct zd *const zds[] = {&nodes_[0], &nodes_[1]};
+	char job[64];
+	struct script *sc;
+	bool partial = step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
+
+	snprintf(job, sizeof(job), "recn-%c%c%c-%u-%d-%u", opt == ZC_OPT_SGD ? 's' : 'a',
+		 shard == ZC_SHARD_BUCKET ? 'b' : 's', step == ZC_STEP_AT_END ? 'e' : 'i', world,
+		 (int)ph, victim);
+	sc = nodes_script(job, world, node_of, opt, shard, step);
+	sc->victim = victim;
+	sc->phase = ph;
+	kill_then_restart(sc, zds, 2, partial, "several nodes", "interleaved", 0);
+	if (partial)
+		return;
+	CHECK(jobs_in(sc, zds, 2, ZD_JOB_GONE), "%s: not gone on both nodes after it ended", job);
+	test_note("%s: %s, victim rank %u on node %u, recovered at iteration %lld", job,
+		  phase_name[ph], victim, node_of[victim],
+		  (long long)atomic_load(&sc->recovered[0]));
+}
+
+static void nodes_every_phase_on(bool tls, uint32_t world, const uint32_t *node_of,
+				 enum zc_optimizer opt, enum zc_shard_mode shard,
+				 enum zc_step_mode step)
+{
+	char rejoin[16];
+	int fds0[2];
+	unsigned long long recovered = 0, failed[2] = {0, 0};
+
+	snprintf(rejoin, sizeof(rejoin), "%d", test_timeout(REJOIN_MS));
+	nodes_start_tls(rejoin, tls);
+	for (uint32_t k = 0; k < 2; k++)
+		fds0[k] = zd_fd_count(&nodes_[k]);
+	for (int ph = 0; ph < NPHASES; ph++) { /* the host's ranks die too */
+		bool partial = step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
+		nodes_kill_and_recover(world, node_of, opt, shard, step, (enum phase)ph,
+				       (uint32_t)(ph + 1) % world);
+		recovered += !partial;
+		failed[node_of[(ph + 1) % world]] += partial;
+	}
+	nodes_levels(fds0, recovered, failed);
+	for (uint32_t k = 0; tls && k < 2; k++)
+		CHECK(zd_log_has(&nodes_[k], "tensors between nodes over TLS 1.3") &&
+			      !zd_log_has(&nodes_[k], "over gloo (not encrypted)"),
+		      "node %u's jobs did not run over the TLS mesh", k);
+	nodes_stop();
+	if (tls) {
+		unlink(key), unlink(crt), unlink(peers);
+		rmdir(keydir);
+	}
+}
+
+static void nodes_every_phase(uint32_t world, const uint32_t *node_of, enum zc_optimizer opt,
+			      enum zc_shard_mode shard, enum zc_step_mode step)
+{
+	nodes_every_phase_on(false, world, node_of, opt, shard, step);
+}
+
+static void t_nodes_tls_adam_slice_interleaved_w3(void)
+{
+	static const uint32_t node_of[] = {0, 1, 1};
+
+	nodes_every_phase_on(true, 3, node_of, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+}
+
+static void t_nodes_adam_slice_atend_w3(void)
+{
+	static const uint32_t node_of[] = {0, 1, 1};
+
+	nodes_every_phase(3, node_of, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+}
+
+static void t_nodes_sgd_bucket_interleaved_w2(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+
+	nodes_every_phase(2, node_of, ZC_OPT_SGD, ZC_SHARD_BUCKET, ZC_STEP_INTERLEAVED);
+}
+
+static void t_nodes_adam_bucket_atend_w3(void)
+{
+	static const uint32_t node_of[] = {0, 0, 1};
+
+	nodes_every_phase(3, node_of, ZC_OPT_ADAM, ZC_SHARD_BUCKET, ZC_STEP_AT_END);
+}
+
+/* Over two nodes, a rank of node 1 never comes back: node 1's job fails
+ * after --rejoin-timeout naming it, node 0's hears it through the
+ * rendezvous, every restarted rank on both nodes gets that ZC_ERANKDEAD,
+ * and neither zerod keeps a job, state, session or fd of it. */
+static void t_nodes_never_back(void)
+{
+	static const uint32_t node_of[] = {0, 1, 1};
+	struct script *sc;
+	int fds0[2];
+
+	nodes_start("1500");
+	sc = nodes_script("recn-never", 3, node_of, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
+	for (uint32_t k = 0; k < 2; k++)
+		fds0[k] = zd_fd_count(&nodes_[k]);
+	never_back_rounds(sc);
+	CHECK(jobs_in(sc, (struct zd *const[]){&nodes_[0], &nodes_[1]}, 2, ZD_JOB_GONE),
+	      "the job stays on a node");
+	nodes_levels(fds0, 0, (const unsigned long long[]){0, 1}); /* node 1 decided */
+	nodes_stop();
+}
+
+static const struct test_case node_cases[] = {
+	{"nodes_killed_adam_slice_at_end_w3", t_nodes_adam_slice_atend_w3, 180000},
+	{"nodes_killed_sgd_bucket_interleaved_w2", t_nodes_sgd_bucket_interleaved_w2, 180000},
+	{"nodes_killed_adam_bucket_at_end_w3", t_nodes_adam_bucket_atend_w3, 180000},
+	{"nodes_tls_killed_adam_slice_interleaved_w3", t_nodes_tls_adam_slice_interleaved_w3,
+	 180000},
+	{"nodes_never_back_fails_named_and_frees", t_nodes_never_back, 120000},
+};
+
 static const struct test_case cases[] = {
 	{"killed_adam_bucket_at_end_w2", t_adam_bucket_atend_w2, 120000},
 	{"killed_adam_slice_at_end_w3", t_adam_slice_atend_w3, 120000},
@@ -606,5 +870,9 @@ int main(int argc, char **argv)
 	const char *const extra[] = {"--rejoin-timeout", rejoin, "--recovery-journal", NULL};
 
 	snprintf(rejoin, sizeof(rejoin), "%d", test_timeout(REJOIN_MS));
+	/* TEST_RECOVERY_NODES=1: the cases over two zerods (they need gloo) */
+	if (getenv("TEST_RECOVERY_NODES"))
+		return zd_test_main(&daemon_, extra, node_cases,
+				    sizeof(node_cases) / sizeof(node_cases[0]), argc, argv);
 	return zd_test_main(&daemon_, extra, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }
