@@ -567,11 +567,12 @@ static int start_layout(struct job *j, uint32_t *node, uint32_t *nnodes, struct 
 static void start_recovery_kind(struct job *j)
 {
 	const struct daemon_config *cfg = j->core->cfg;
-	bool reforms = cfg->rejoin_timeout_ms > 0 && !j->rdzv;
+	bool reforms = cfg->rejoin_timeout_ms > 0;
 
-	j->keep_params = j->cuda && reforms;
+	/* over several nodes only host buffers re-form */
+	j->keep_params = j->cuda && reforms && !j->rdzv;
 	j->journal = cfg->recovery_journal && reforms &&
-		     (j->cuda || j->plan->step_mode == ZC_STEP_INTERLEAVED);
+		     (j->cuda ? !j->rdzv : j->plan->step_mode == ZC_STEP_INTERLEAVED);
 }
 
 /* The host memory j may hold beyond the state st, what it is into *what:

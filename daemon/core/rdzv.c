@@ -200,21 +200,21 @@ static void on_host_fail(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)
 		       f->message);
 }
 
-void rdzv_reform(struct job *j, uint32_t rank, uint64_t iteration, const char *msg)
+void rdzv_reform(struct job *j, uint32_t rank, uint64_t iteration, bool undo, const char *msg)
 {
 	struct rdzv_job *rj = j->rdzv;
 	char text[400], name[RNET_NAME_LEN + 16];
 
 	if (!rj->hosting) {
 		if (rj->up && rj->up->st == CS_OPEN)
-			rnet_send_reform(rj->up, rank, iteration, msg);
+			rnet_send_reform(rj->up, rank, iteration, undo, msg);
 		return;
 	}
 	snprintf(text, sizeof(text), "on %s: %s", rdzv_node_name(rj, rj->node, name, sizeof(name)),
 		 msg);
 	for (struct rnet_conn *c = rnet_conns(rj->rd->net); c; c = c->next)
 		if (RJ(c) == rj && c->kind == ZEROD__V1__RDZV_KIND__RDZV_JOIN && c->st == CS_OPEN)
-			rnet_send_reform(c, rank, iteration, text);
+			rnet_send_reform(c, rank, iteration, undo, text);
 }
 
 /* The host: a rank of a node died and the job re-forms. Only a node of the
@@ -245,8 +245,8 @@ static void on_node_reform(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m
 	for (struct rnet_conn *o = rnet_conns(rj->rd->net); o; o = o->next)
 		if (o != c && RJ(o) == rj && o->kind == ZEROD__V1__RDZV_KIND__RDZV_JOIN &&
 		    o->st == CS_OPEN)
-			rnet_send_reform(o, f->rank, f->iteration, msg);
-	reform_remote(rj->j, f->rank, f->iteration, msg);
+			rnet_send_reform(o, f->rank, f->iteration, f->undo, msg);
+	reform_remote(rj->j, f->rank, f->iteration, f->undo, msg);
 }
 
 /* A node: the host says a rank of another node died. */
@@ -257,7 +257,7 @@ static void on_host_reform(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m
 
 	if (!rj->formed || f->rank >= rj->j->world || rj->node_of[f->rank] == rj->node)
 		return; /* not of a formed job, or of our own rank: we said it */
-	reform_remote(rj->j, f->rank, f->iteration, f->message);
+	reform_remote(rj->j, f->rank, f->iteration, f->undo, f->message);
 }
 
 static void on_node_lost(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *m)

@@ -73,10 +73,11 @@ const struct coll_net *rdzv_net(struct job *j);
  * opens under a store prefix of its own, fresh for this run of the
  * executor (every node counts them alike). */
 void rdzv_replanned(struct job *j);
-/* A local rank of j died and j re-forms at boundary `iteration` (reform.c):
+/* A local rank of j died and j re-forms at boundary `iteration` (reform.c;
+ * undo: that iteration was partly stepped, every node takes it back):
  * every other node hears it, through the host (rdzv.c relays it and
  * reform_remote() applies it there). msg says what happened. */
-void rdzv_reform(struct job *j, uint32_t rank, uint64_t iteration, const char *msg);
+void rdzv_reform(struct job *j, uint32_t rank, uint64_t iteration, bool undo, const char *msg);
 /* j just failed here (job_fail): the other nodes are told. */
 void rdzv_job_failed(struct job *j);
 /* j's executor failed with `what`: true if the rendezvous fails the job

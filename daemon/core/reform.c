@@ -61,10 +61,13 @@
  * rank sends none of it, and no node aborts a collective another still
  * needs. Each node keeps its shard and its old buffers, its restarted
  * ranks rejoin it, and its next executor meets the others' under a new
- * store prefix (rdzv_replanned()); rank 0's node gives the parameters.
- * Not here yet: a death between the buckets of an interleaved iteration
- * (some stepped on every node; the job fails, saying so), another plan or
- * world size, CUDA buffers over several nodes, and a node's zerod lost.
+ * store prefix (rdzv_replanned()). A death between the buckets of an
+ * interleaved iteration (some stepped on every node) says so (undo): each
+ * node takes back what it stepped through its journal, and each owner
+ * gives its pieces of the parameters (exec's start, by_owners()); a node
+ * without --recovery-journal fails the job then, saying so.
+ * Not here yet: another plan or world size, CUDA buffers over several
+ * nodes, and a node's zerod lost.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -120,6 +123,13 @@ struct reform {
 	struct plan *old_plan;                  /* the plan the kept state is laid out by */
 	struct exec_recover rec;                /* what the next executor starts from */
 };
+
+/* The iteration a re-forming's undo journal takes back: over several nodes
+ * the boundary they agreed on, else the one the death cut. */
+static uint64_t undo_at(const struct reform *rf)
+{
+	return rf->nodes ? rf->cap : rf->died_in;
+}
 
 /* The old group's size: its arrays (old_param, old_grad, old_cuda) have
  * this many entries. */
@@ -253,6 +263,15 @@ void reform_boundary(struct job *j)
 			 j->iter - 1, rf->cap);
 		return;
 	}
+	if (rf->undo && !j->journal) {
+		recovery_failed(j);
+		job_fail(j, ZC_ERANKDEAD, true,
+			 "%s, after some buckets of iteration %" PRIu64 " were stepped in place "
+			 "(interleaved) on every node: this node cannot take them back without "
+			 "--recovery-journal; restore its checkpoint",
+			 rf->why, rf->cap);
+		return;
+	}
 	if (j->state != JOB_REFORMING)
 		enter(j,
 		      "%s; the job goes back to iteration %" PRIu64 " and waits %d ms "
@@ -262,8 +281,9 @@ void reform_boundary(struct job *j)
 	exec_stop_keep(j->exec); /* EXEC_STOPPED: reform_stopped */
 }
 
-/* The boundary a job over several nodes goes back to: the lowest said. */
-static int set_cap(struct job *j, uint64_t cap, const char *why)
+/* The boundary a job over several nodes goes back to: the lowest said,
+ * and whether it was partly stepped (undo), as who said it knows. */
+static int set_cap(struct job *j, uint64_t cap, bool undo, const char *why)
 {
 	struct reform *rf = j->rf;
 
@@ -273,10 +293,14 @@ static int set_cap(struct job *j, uint64_t cap, const char *why)
 		rf = j->rf;
 		rf->nodes = true;
 		rf->cap = cap;
+		rf->undo = undo;
 		rf->died_in = cap;
 		snprintf(rf->why, sizeof(rf->why), "%s", why);
-	} else if (cap < rf->cap)
+	} else if (cap < rf->cap) {
 		rf->cap = cap;
+		rf->undo = undo;
+	} else if (cap == rf->cap)
+		rf->undo |= undo;
 	return 0;
 }
 
@@ -289,27 +313,30 @@ static bool begin_nodes(struct job *j, struct member *s, const char *how, uint32
 {
 	struct reform *rf;
 	uint64_t cap = j->in_flight && full == nb ? j->iter + 1 : j->iter;
+	/* the buckets before the dead rank's first missing one step on every
+	 * node: each takes its own back */
+	bool undo =
+		j->in_flight && full > 0 && full < nb && j->plan->step_mode == ZC_STEP_INTERLEAVED;
 	char why[256];
 
-	if (j->in_flight && full > 0 && full < nb && j->plan->step_mode == ZC_STEP_INTERLEAVED) {
+	if (undo && !j->journal) {
 		recovery_failed(j);
 		job_fail(j, ZC_ERANKDEAD, true,
 			 "rank %u (pid %d) %s in iteration %" PRIu64 " after %u of %u buckets "
-			 "stepped in place (interleaved) on every node: a job over several nodes "
-			 "cannot go back to an iteration boundary from there (not built yet); "
-			 "restore its checkpoint",
+			 "stepped in place (interleaved) on every node: cannot go back to an "
+			 "iteration boundary without --recovery-journal; restore its checkpoint",
 			 s->rank, (int)s->pid, how, j->iter, full, nb);
 		return true;
 	}
 	snprintf(why, sizeof(why), "rank %u (pid %d) %s in iteration %" PRIu64, s->rank,
 		 (int)s->pid, how, j->iter);
-	if (set_cap(j, cap, why) < 0)
+	if (set_cap(j, cap, undo, why) < 0)
 		return false;
 	rf = j->rf;
 	rf->dead_rank = s->rank;
 	rf->dead_pid = (int)s->pid;
 	rf->died_in = j->iter;
-	rdzv_reform(j, s->rank, cap, why);
+	rdzv_reform(j, s->rank, cap, undo, why);
 	/* the ranks here have sent all they will: told now; the executor
 	 * finishes what comes before the boundary */
 	if (j->state != JOB_REFORMING)
@@ -321,7 +348,7 @@ static bool begin_nodes(struct job *j, struct member *s, const char *how, uint32
 	return true;
 }
 
-void reform_remote(struct job *j, uint32_t rank, uint64_t iteration, const char *how)
+void reform_remote(struct job *j, uint32_t rank, uint64_t iteration, bool undo, const char *how)
 {
 	bool first;
 
@@ -341,7 +368,7 @@ void reform_remote(struct job *j, uint32_t rank, uint64_t iteration, const char 
 	if (j->rf && !j->rf->nodes)
 		return;
 	first = !j->rf;
-	if (set_cap(j, iteration, how) < 0) {
+	if (set_cap(j, iteration, undo, how) < 0) {
 		job_fail(j, ZC_ELIMIT, true, "re-forming: out of memory");
 		return;
 	}
@@ -464,7 +491,7 @@ static void restart(struct job *j)
 	}
 	j->in_flight = false;
 	if (rf->undo) /* a step that ended after the death is taken back too */
-		j->iter = rf->died_in;
+		j->iter = undo_at(rf);
 	memset(j->next_bucket, 0, j->world * sizeof(*j->next_bucket));
 	j->snap_iter = UINT64_MAX;
 	log_info("job %s: every rank rejoined: starting again at iteration %" PRIu64, j->id,
@@ -791,7 +818,7 @@ int reform_take(struct job *j, struct state **st, const struct exec_recover **re
 	rf->rec = (struct exec_recover){.kept = same ? NULL : k,
 					.plan = rf->old_plan,
 					.params = from,
-					.undo_iter = rf->undo ? rf->died_in : UINT64_MAX};
+					.undo_iter = rf->undo ? undo_at(rf) : UINT64_MAX};
 	if (same && (k->nelems != (*st)->nelems || k->npieces != (*st)->npieces ||
 		     k->arrays != (*st)->arrays || k->nmaster != (*st)->nmaster)) {
 		recovery_failed(j);

@@ -30,9 +30,10 @@ bool reform_begin(struct job *j, struct member *s, const char *how);
 /* rdzv.c: a rank of another node of j died (how says it), and the job
  * goes back to boundary `iteration`: this node finishes the iterations
  * before it, then re-forms too (its ranks told ZC_ERANKLOST), its executor
- * stopped and its state kept. Where j cannot re-form here, it fails, and
+ * stopped and its state kept; undo: what it stepped of that iteration goes
+ * back through its undo journal. Where j cannot re-form here, it fails, and
  * with it every node. */
-void reform_remote(struct job *j, uint32_t rank, uint64_t iteration, const char *how);
+void reform_remote(struct job *j, uint32_t rank, uint64_t iteration, bool undo, const char *how);
 /* sched.c: an iteration of j ended; a job over several nodes that reached
  * its boundary re-forms now. */
 void reform_boundary(struct job *j);

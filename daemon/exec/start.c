@@ -238,10 +238,19 @@ void release_recovered(struct exec *e)
 	rc->params = NULL; /* it pointed into them */
 }
 
+/* Whether a recovery's parameters come from their owners: over several
+ * nodes each node kept (and its journal took back) only its own pieces
+ * exactly; the others' in its old buffers may be a step ahead. */
+static bool by_owners(const struct exec *e)
+{
+	return e->cfg.recover && e->cfg.net && e->cfg.net->nnodes > 1;
+}
+
 /* A recovery's state and parameters (exec.h's exec_recover): the buckets
  * the journal holds taken back, then the kept state as it is or laid out
  * for this plan, and the parameters into rank 0's buffer, which the
- * broadcast gives the others (the masters are the kept ones). */
+ * broadcast gives the others (the masters are the kept ones); over several
+ * nodes into every local rank's, and each owner broadcasts its pieces. */
 static int start_recovered(struct exec *e)
 {
 	const struct exec_recover *rc = &e->recover;
@@ -252,9 +261,14 @@ static int start_recovered(struct exec *e)
 		(void)state_undo_restore(k, rc->undo_iter, rc->params);
 	if (e->cfg.optim->state_io)
 		return start_recovered_dev(e, k);
-	if (!rc->kept) { /* over several nodes, rank 0's node gives them */
-		memcpy(e->cfg.params[0] ? e->cfg.params[0] : e->cfg.params[e->local[0]], rc->params,
-		       plan_buffer_bytes(e->cfg.plan));
+	if (!rc->kept && by_owners(e)) { /* each owner's pieces are its node's */
+		for (uint32_t l = 0; l < e->nlocal; l++)
+			memcpy(e->cfg.params[e->local[l]], rc->params,
+			       plan_buffer_bytes(e->cfg.plan));
+		return 0;
+	}
+	if (!rc->kept) {
+		memcpy(e->cfg.params[0], rc->params, plan_buffer_bytes(e->cfg.plan));
 		return 0;
 	}
 	r = state_relayout(rc->plan, rc->kept, rc->params, e->cfg.plan, e->cfg.state,
@@ -326,7 +340,12 @@ int op_start(struct exec *e, struct lane *ln)
 					  : state_undo_alloc(e->cfg.state, e->cfg.plan->nbuckets);
 	if (r < 0)
 		return r;
-	r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges, e->cfg.plan->nbuckets);
+	if (by_owners(e))
+		r = lane_coll(e, ln, COLL_BCAST, e->cfg.plan->shard_mode, e->ranges,
+			      e->cfg.shard->nunits);
+	else
+		r = lane_coll(e, ln, COLL_BCAST, ZC_SHARD_BUCKET, e->init_ranges,
+			      e->cfg.plan->nbuckets);
 	if (r >= 0 && !e->cfg.recover) /* a recovery keeps its masters */
 		r = load_masters(e, false);
 	if (r >= 0 && e->cfg.keep_params) /* the fp32 copies from what every rank has now */

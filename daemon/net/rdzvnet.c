@@ -216,7 +216,8 @@ void rnet_send_fail(struct rnet_conn *c, int code, const char *msg, uint64_t ite
 	rnet_send(c, &env);
 }
 
-void rnet_send_reform(struct rnet_conn *c, uint32_t rank, uint64_t iteration, const char *msg)
+void rnet_send_reform(struct rnet_conn *c, uint32_t rank, uint64_t iteration, bool undo,
+		      const char *msg)
 {
 	Zerod__V1__RdzvEnvelope env = ZEROD__V1__RDZV_ENVELOPE__INIT;
 	Zerod__V1__RdzvReform f = ZEROD__V1__RDZV_REFORM__INIT;
@@ -224,6 +225,8 @@ void rnet_send_reform(struct rnet_conn *c, uint32_t rank, uint64_t iteration, co
 	f.rank = rank;
 	f.iteration = iteration;
 	f.message = (char *)msg;
+	f.has_undo = undo;
+	f.undo = undo;
 	env.body_case = ZEROD__V1__RDZV_ENVELOPE__BODY_REFORM;
 	env.reform = &f;
 	rnet_send(c, &env);

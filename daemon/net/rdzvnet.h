@@ -147,7 +147,8 @@ int rnet_connect(struct rnet *rn, struct rnet_scope *sc, const struct sockaddr_s
  * Never frees c: one that cannot take it is marked dead. */
 void rnet_send(struct rnet_conn *c, const Zerod__V1__RdzvEnvelope *env);
 void rnet_send_fail(struct rnet_conn *c, int code, const char *msg, uint64_t iteration, bool quiet);
-void rnet_send_reform(struct rnet_conn *c, uint32_t rank, uint64_t iteration, const char *msg);
+void rnet_send_reform(struct rnet_conn *c, uint32_t rank, uint64_t iteration, bool undo,
+		      const char *msg);
 /* Send a last word, then close once it is out. */
 void rnet_refuse(struct rnet_conn *c, int code, const char *msg);
 /* Close and free c now (ops->freed runs, not ops->gone): its owner went. */

@@ -20,7 +20,7 @@ int cluster_start(struct cluster *cl, uint32_t n, const struct cluster_opts *o)
 	memset(cl, 0, sizeof(*cl));
 	cl->n = n;
 	for (uint32_t k = 0; k < n; k++) {
-		const char *args[16] = {"--workers", "2"};
+		const char *args[24] = {"--workers", "2"};
 		int a = 2, r;
 
 		if (o->stall_ms) {

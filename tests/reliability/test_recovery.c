@@ -649,20 +649,28 @@ static void nodes_stop(void)
 	}
 }
 
-/* tls: both zerods hold one TLS identity (`zeroctl keygen`; a zerod trusts
- * its own certificate), so the tensors between them cross the TLS mesh
- * (coll/sealmesh.c) and its connections are made again for the restart. */
+/* How the two zerods run. NODES_TLS: both hold one TLS identity (`zeroctl
+ * keygen`; a zerod trusts its own certificate), so the tensors between them
+ * cross the TLS mesh (coll/sealmesh.c) and its connections are made again
+ * for the restart. NODES_JOURNAL: --recovery-journal, so a death between
+ * the buckets of an interleaved iteration recovers too. */
+enum { NODES_TLS = 1, NODES_JOURNAL = 2 };
 static char keydir[] = "/tmp/zerod-recovery-keys.XXXXXX", key[64], crt[64], peers[64];
 
-static void nodes_start_tls(const char *rejoin_ms, bool tls)
+static void nodes_start_mode(const char *rejoin_ms, unsigned mode)
 {
 	const char *dir = keydir;
-	const char *const plain[] = {"--workers", "2", "--rejoin-timeout", rejoin_ms, NULL};
-	const char *const keyed[] = {
-		"--workers",  "2", "--rejoin-timeout", rejoin_ms, "--tls-key", key,
-		"--tls-cert", crt, "--tls-peers",      peers,     NULL};
+	const char *args[16] = {"--workers", "2", "--rejoin-timeout", rejoin_ms};
+	int a = 4;
 
-	if (tls) {
+	if (mode & NODES_JOURNAL)
+		args[a++] = "--recovery-journal";
+	if (mode & NODES_TLS) {
+		args[a++] = "--tls-key", args[a++] = key;
+		args[a++] = "--tls-cert", args[a++] = crt;
+		args[a++] = "--tls-peers", args[a++] = peers;
+	}
+	if (mode & NODES_TLS) {
 		const char *bin = getenv("ZEROCTL_BIN");
 		char cmd[256];
 
@@ -674,13 +682,7 @@ static void nodes_start_tls(const char *rejoin_ms, bool tls)
 		REQUIRE(system(cmd) == 0, "zeroctl keygen failed");
 	}
 	for (uint32_t k = 0; k < 2; k++)
-		REQUIRE(zd_start(&nodes_[k], tls ? keyed : plain) == 0,
-			"cannot start node %u's zerod", k);
-}
-
-static void nodes_start(const char *rejoin_ms)
-{
-	nodes_start_tls(rejoin_ms, false);
+		REQUIRE(zd_start(&nodes_[k], args) == 0, "cannot start node %u's zerod", k);
 }
 
 static struct script *nodes_script(const char *job, uint32_t world, const uint32_t *node_of,
@@ -727,16 +729,16 @@ static void nodes_levels(const int *fds0, unsigned long long recovered,
 
 /* One death over the two nodes at phase ph, of rank victim, then the
  * group's restart. A death between the buckets of an interleaved
- * iteration (some stepped on every node) fails the job on both nodes
- * with ZC_ERANKDEAD saying why: that boundary is not built over nodes. */
-static void nodes_kill_and_recover(uint32_t world, const uint32_t *node_of, enum zc_optimizer opt,
-				   enum zc_shard_mode shard, enum zc_step_mode step, enum phase ph,
-				   uint32_t victim)
+ * iteration (some stepped on every node) goes back through every node's
+ * journal; without one (partial) it fails the job on both nodes with
+ * ZC_ERANKDEAD saying why. */
+static void nodes_kill_and_recover(bool partial, uint32_t world, const uint32_t *node_of,
+				   enum zc_optimizer opt, enum zc_shard_mode shard,
+				   enum zc_step_mode step, enum phase ph, uint32_t victim)
 {
 	struct zd *const zds[] = {&nodes_[0], &nodes_[1]};
 	char job[64];
 	struct script *sc;
-	bool partial = step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
 
 	snprintf(job, sizeof(job), "recn-%c%c%c-%u-%d-%u", opt == ZC_OPT_SGD ? 's' : 'a',
 		 shard == ZC_SHARD_BUCKET ? 'b' : 's', step == ZC_STEP_AT_END ? 'e' : 'i', world,
@@ -744,7 +746,7 @@ static void nodes_kill_and_recover(uint32_t world, const uint32_t *node_of, enum
 	sc = nodes_script(job, world, node_of, opt, shard, step);
 	sc->victim = victim;
 	sc->phase = ph;
-	kill_then_restart(sc, zds, 2, partial, "several nodes", "interleaved", 0);
+	kill_then_restart(sc, zds, 2, partial, "on every node", "--recovery-journal", 0);
 	if (partial)
 		return;
 	CHECK(jobs_in(sc, zds, 2, ZD_JOB_GONE), "%s: not gone on both nodes after it ended", job);
@@ -753,21 +755,23 @@ static void nodes_kill_and_recover(uint32_t world, const uint32_t *node_of, enum
 		  (long long)atomic_load(&sc->recovered[0]));
 }
 
-static void nodes_every_phase_on(bool tls, uint32_t world, const uint32_t *node_of,
+static void nodes_every_phase_on(unsigned mode, uint32_t world, const uint32_t *node_of,
 				 enum zc_optimizer opt, enum zc_shard_mode shard,
 				 enum zc_step_mode step)
 {
+	bool tls = mode & NODES_TLS;
 	char rejoin[16];
 	int fds0[2];
 	unsigned long long recovered = 0, failed[2] = {0, 0};
 
 	snprintf(rejoin, sizeof(rejoin), "%d", test_timeout(REJOIN_MS));
-	nodes_start_tls(rejoin, tls);
+	nodes_start_mode(rejoin, mode);
 	for (uint32_t k = 0; k < 2; k++)
 		fds0[k] = zd_fd_count(&nodes_[k]);
 	for (int ph = 0; ph < NPHASES; ph++) { /* the host's ranks die too */
-		bool partial = step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
-		nodes_kill_and_recover(world, node_of, opt, shard, step, (enum phase)ph,
+		bool partial =
+			!(mode & NODES_JOURNAL) && step == ZC_STEP_INTERLEAVED && ph == BETWEEN;
+		nodes_kill_and_recover(partial, world, node_of, opt, shard, step, (enum phase)ph,
 				       (uint32_t)(ph + 1) % world);
 		recovered += !partial;
 		failed[node_of[(ph + 1) % world]] += partial;
@@ -787,14 +791,24 @@ static void nodes_every_phase_on(bool tls, uint32_t world, const uint32_t *node_
 static void nodes_every_phase(uint32_t world, const uint32_t *node_of, enum zc_optimizer opt,
 			      enum zc_shard_mode shard, enum zc_step_mode step)
 {
-	nodes_every_phase_on(false, world, node_of, opt, shard, step);
+	nodes_every_phase_on(NODES_JOURNAL, world, node_of, opt, shard, step);
 }
 
 static void t_nodes_tls_adam_slice_interleaved_w3(void)
 {
 	static const uint32_t node_of[] = {0, 1, 1};
 
-	nodes_every_phase_on(true, 3, node_of, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
+	nodes_every_phase_on(NODES_TLS | NODES_JOURNAL, 3, node_of, ZC_OPT_ADAM, ZC_SHARD_SLICE,
+			     ZC_STEP_INTERLEAVED);
+}
+
+/* Without --recovery-journal: the death between an interleaved iteration's
+ * buckets fails the job on both nodes, named; the other phases recover. */
+static void t_nodes_no_journal(void)
+{
+	static const uint32_t node_of[] = {0, 1};
+
+	nodes_every_phase_on(0, 2, node_of, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_INTERLEAVED);
 }
 
 static void t_nodes_adam_slice_atend_w3(void)
@@ -828,7 +842,7 @@ static void t_nodes_never_back(void)
 	struct script *sc;
 	int fds0[2];
 
-	nodes_start("1500");
+	nodes_start_mode("1500", 0);
 	sc = nodes_script("recn-never", 3, node_of, ZC_OPT_ADAM, ZC_SHARD_SLICE, ZC_STEP_AT_END);
 	for (uint32_t k = 0; k < 2; k++)
 		fds0[k] = zd_fd_count(&nodes_[k]);
@@ -845,6 +859,7 @@ static const struct test_case node_cases[] = {
 	{"nodes_killed_adam_bucket_at_end_w3", t_nodes_adam_bucket_atend_w3, 180000},
 	{"nodes_tls_killed_adam_slice_interleaved_w3", t_nodes_tls_adam_slice_interleaved_w3,
 	 180000},
+	{"nodes_interleaved_cut_without_journal_fails_named", t_nodes_no_journal, 180000},
 	{"nodes_never_back_fails_named_and_frees", t_nodes_never_back, 120000},
 };
 
