@@ -100,6 +100,14 @@ int daemon_start(struct bench_daemon *d, const char *bin);
 int daemon_start_args(struct bench_daemon *d, const char *bin, const char *const *extra);
 /* SIGTERM, wait, remove the directory. 0, or -errno / the exit status. */
 int daemon_stop(struct bench_daemon *d);
+/* A job over several daemons: a free loopback port for node 0's
+ * rendezvous ("127.0.0.1:PORT", bound, read back and closed: the daemon
+ * binds it a moment later) and a random secret (hex). 0 or -errno. */
+int bench_rdzv(char rdzv[32], char secret[33]);
+/* Where rank of world sits over `nodes` daemons: node k holds the
+ * contiguous ranks [k*world/nodes, (k+1)*world/nodes). */
+void bench_node_of(uint32_t nodes, uint32_t world, uint32_t rank, uint32_t *node,
+		   uint32_t *local_rank, uint32_t *local_size);
 
 struct job_result {
 	double iter_ms;          /* median over iterations of the slowest rank's time */

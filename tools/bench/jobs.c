@@ -510,13 +510,10 @@ static int rank_main(struct run *run, uint32_t proc)
 	zc.rank = zc.local_rank = rank;
 	zc.world_size = zc.local_size = run->cfg->ranks;
 	if (run->cfg->daemons >= 2) {
-		uint32_t n = run->cfg->daemons, w = run->cfg->ranks, node = 0;
+		uint32_t n = run->cfg->daemons, node;
 
-		while (node + 1 < n && rank >= (node + 1) * w / n)
-			node++;
+		bench_node_of(n, run->cfg->ranks, rank, &node, &zc.local_rank, &zc.local_size);
 		zc.socket = run->d[node].sock;
-		zc.local_rank = rank - node * w / n;
-		zc.local_size = (node + 1) * w / n - node * w / n;
 		zc.rdzv = run->rdzv;
 		zc.job_secret = run->secret;
 		zc.nnodes = n;
@@ -602,9 +599,7 @@ static void end_run(struct run *run)
 		munmap(run->sh, size);
 }
 
-/* A free loopback port (bound to port 0, read back, closed: the daemon of
- * node 0 binds it a moment later) and a random secret. */
-static int rdzv_setup(struct run *run)
+int bench_rdzv(char rdzv[32], char secret[33])
 {
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t len = sizeof(a);
@@ -623,9 +618,21 @@ static int rdzv_setup(struct run *run)
 	if (getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key))
 		return -EIO;
 	for (size_t i = 0; i < sizeof(key); i++)
-		snprintf(run->secret + 2 * i, 3, "%02x", key[i]);
-	snprintf(run->rdzv, sizeof(run->rdzv), "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+		snprintf(secret + 2 * i, 3, "%02x", key[i]);
+	snprintf(rdzv, 32, "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
 	return 0;
+}
+
+void bench_node_of(uint32_t nodes, uint32_t world, uint32_t rank, uint32_t *node,
+		   uint32_t *local_rank, uint32_t *local_size)
+{
+	uint32_t k = 0;
+
+	while (k + 1 < nodes && rank >= (k + 1) * world / nodes)
+		k++;
+	*node = k;
+	*local_rank = rank - k * world / nodes;
+	*local_size = (k + 1) * world / nodes - k * world / nodes;
 }
 
 /* The stall of the iterations that checkpoint (checkpoint k after timed
@@ -731,7 +738,7 @@ int job_iterations(const struct bench_daemon *d, const struct bench_cfg *cfg,
 	if (!segs || !bks || !it)
 		goto out;
 	if (cfg->daemons >= 2) {
-		r = rdzv_setup(&run);
+		r = bench_rdzv(run.rdzv, run.secret);
 		if (r < 0)
 			goto out;
 		r = -ENOMEM;

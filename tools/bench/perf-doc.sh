@@ -176,6 +176,8 @@ for ((r = 1; r <= rounds; r++)); do
     done
     run gpu "$r" --gpu --params "$head_params"
     run recovery "$r" --recovery=1 --params "$head_params" --buckets 4 --ranks 2 --optim adam
+    run recovery-daemons-2 "$r" --recovery=1 --daemons 2 --params "$head_params" --buckets 4 \
+        --ranks 2 --optim adam
 done
 
 /usr/bin/python3 "$top/tools/bench/perf_doc.py" "$out" "$doc"

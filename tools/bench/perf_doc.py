@@ -88,57 +88,74 @@ def ratio_runs(runs, num, den):
     return out
 
 
-def recovery_section(runs, h):
+def recovery_section(runs, runs2, h):
     """Issue 23 §3: a trainer's death through zerod's memory against the
     disk, from `zerod-bench --recovery=1` once per round (its *_median keys
-    are that round's values)."""
+    are that round's values), on one zerod (runs) and over two (runs2)."""
     hp = h[0]["params"] / 1e6
     head = (f"## A trainer's death: recovery from zerod's memory against the disk\n\n"
             f"{hp:g}M parameters, 4 buckets, 2 ranks, Adam (shard bucket, step interleaved):\n"
             f"`zerod-bench --recovery=1 --params {h[0]['params']} --buckets 4 --ranks 2 --optim "
-            f"adam --json`, once per round (`tools/bench/recovery.c`). A rank is SIGKILLed in "
+            f"adam --json`, once per round (`tools/bench/recovery.c`), on one zerod and, with "
+            f"`--daemons 2`, over two zerods on loopback (one rank each; the job re-forms on "
+            f"both). A rank (the last) is SIGKILLed in "
             f"the middle of iteration 12 (half its buckets handed over), the bench ends the "
             f"others and starts the group again at once, as torchrun's agent does. Memory: "
             f"zerod with `--rejoin-timeout` and `--recovery-journal`, the new ranks rejoin the "
             f"job id and go on from zerod's state. Disk: `--rejoin-timeout 0`, "
             f"`zc_checkpoint()` every 5 iterations (waited for until durable), the new "
-            f"ranks form the job again and `zc_restore()`. Times are from the SIGKILL: to the "
+            f"ranks form the job again (over two zerods asking again while the failed job's "
+            f"record is still stopping) and `zc_restore()`. Times are from the SIGKILL: to the "
             f"new group's first completed iteration, of that the restart of the processes "
             f"alone (the old ones reaped, the new ones forked and connected), which neither "
             f"path can shorten, and to the completion of the iteration the death cut short "
             f"(the disk path computes the lost ones again first). \"disk / memory\" is per "
             f"round.\n\n")
-    if not runs:
+    if not runs and not runs2:
         return head + "Not measured in this run.\n"
-    lost_m = sorted({j.get("memory_lost_iterations") for j in runs})
-    lost_d = sorted({j.get("disk_lost_iterations") for j in runs})
-    beyond = spread(runs, "memory_beyond_start_ms_median")
-    ratio = spread(runs, "disk_over_memory_median")
-    rows = "\n".join([
-        f"| first iteration done after the death, ms | {cell(runs, 'memory_recover_ms_median')} "
-        f"| {cell(runs, 'disk_recover_ms_median')} |",
-        f"| of it, beyond the processes' restart, ms | "
-        f"{cell(runs, 'memory_beyond_start_ms_median')} | – |",
-        f"| back at the iteration cut short, ms | {cell(runs, 'memory_back_ms_median')} | "
-        f"{cell(runs, 'disk_back_ms_median')} |",
-        f"| iterations lost | {', '.join(map(str, lost_m))} | {', '.join(map(str, lost_d))} |",
-        f"| checkpoint bytes read | 0 | "
-        f"{cell(runs, 'disk_checkpoint_bytes', '{:.0f}')} (the checkpoint's size) |",
-        f"| an iteration with the undo journal over one without (before the death) | "
-        f"{cell(runs, 'journal_over_plain_median', '{:.2f}', '×')} | (without) |",
-        f"| load (each round) | {loads(runs)} | |",
-    ])
+
+    def col(rs, f):
+        return f(rs) if rs else "not measured"
+
+    def lost(rs, key):
+        return ", ".join(map(str, sorted({j.get(key) for j in rs})))
+
+    rows = []
+    for what, fm, fd in (
+            ("first iteration done after the death, ms",
+             lambda r: cell(r, 'memory_recover_ms_median'),
+             lambda r: cell(r, 'disk_recover_ms_median')),
+            ("of it, beyond the processes' restart, ms",
+             lambda r: cell(r, 'memory_beyond_start_ms_median'), lambda r: "–"),
+            ("back at the iteration cut short, ms",
+             lambda r: cell(r, 'memory_back_ms_median'),
+             lambda r: cell(r, 'disk_back_ms_median')),
+            ("iterations lost", lambda r: lost(r, "memory_lost_iterations"),
+             lambda r: lost(r, "disk_lost_iterations")),
+            ("checkpoint bytes read", lambda r: "0",
+             lambda r: f"{cell(r, 'disk_checkpoint_bytes', '{:.0f}')} (the checkpoint's size)"),
+            ("an iteration with the undo journal over one without (before the death)",
+             lambda r: cell(r, 'journal_over_plain_median', '{:.2f}', '×'),
+             lambda r: "(without)"),
+            ("load (each round)", loads, lambda r: "")):
+        rows.append(f"| {what} | {col(runs, fm)} | {col(runs, fd)} | {col(runs2, fm)} | "
+                    f"{col(runs2, fd)} |")
     met = []
-    if beyond:
-        met.append(f"recovery beyond the restart {beyond['median']:.0f} ms against the target "
-                   f"of under 2000 ms: {'met' if beyond['median'] < 2000 else 'not met'}")
-    if ratio:
-        met.append(f"disk / memory {ratio['median']:.1f}× [{ratio['min']:.1f}–"
-                   f"{ratio['max']:.1f}] against at least 10×: "
-                   f"{'met' if ratio['median'] >= 10 else 'not met'} on the median, "
-                   f"{sum(1 for v in values(runs, 'disk_over_memory_median') if v >= 10)} of "
-                   f"{ratio['n']} rounds")
-    return (head + "| | from zerod's memory | from the disk |\n|---|---|---|\n" + rows +
+    for name, rs in (("one zerod", runs), ("two zerods", runs2)):
+        beyond = spread(rs, "memory_beyond_start_ms_median") if rs else None
+        ratio = spread(rs, "disk_over_memory_median") if rs else None
+        if beyond:
+            met.append(f"{name}: recovery beyond the restart {beyond['median']:.0f} ms against "
+                       f"the target of under 2000 ms: "
+                       f"{'met' if beyond['median'] < 2000 else 'not met'}")
+        if ratio:
+            met.append(f"{name}: disk / memory {ratio['median']:.1f}× [{ratio['min']:.1f}–"
+                       f"{ratio['max']:.1f}] against at least 10×: "
+                       f"{'met' if ratio['median'] >= 10 else 'not met'} on the median, "
+                       f"{sum(1 for v in values(rs, 'disk_over_memory_median') if v >= 10)} "
+                       f"of {ratio['n']} rounds")
+    return (head + "| | memory, one zerod | disk, one zerod | memory, two zerods | "
+            "disk, two zerods |\n|---|---|---|---|---|\n" + "\n".join(rows) +
             "\n\n" + "; ".join(met) + ". The disk path here is at its fastest: its "
             "checkpoint was written a few seconds before on the same machine, so the restore "
             "reads it from the page cache; a restore from storage (another node, a reboot) "
@@ -352,7 +369,7 @@ def main():
                   f"issue 24, TLS 1.3 between two daemons, {R[k][0]['step']}: {what}")
         for k in nodes for key, dflt, what in TLS_TARGETS
         if any(key in j for j in R[k])])
-    rec_text = recovery_section(R.get("recovery"), h)
+    rec_text = recovery_section(R.get("recovery"), R.get("recovery-daemons-2"), h)
     phase_rows, phase_text = "", ""
     if "phases" in R:
         ph = R["phases"]
